@@ -1,0 +1,144 @@
+//! ferry's fabric layer: one API over every fabric.
+//!
+//! Endpoints are addressed by URL-like strings (`tcp://127.0.0.1:7000`, `ofi+tcp://…`,
+//! `ofi+shm://name`, `ofi+verbs://…`). An endpoint offers two-sided send/receive and one-sided
+//! RMA write (local gather list → remote range) and read (remote range → local scatter list)
+//! on memory registered with its [`Domain`]. Every posted operation ends with exactly one
+//! [`Completion`] on the endpoint's [`CompletionQueue`]; a post that returns an error posted
+//! nothing.
+//!
+//! Drivers: [`drivers::tcp`] (ferry's native TCP driver, RMA emulated by its progress engine
+//! with key, bounds, rights and generation checks) and [`drivers::ofi`] (libfabric, any
+//! provider by name). Each reports its [`Capabilities`].
+
+pub mod addr;
+pub mod caps;
+pub mod cq;
+pub mod drivers;
+pub mod error;
+pub mod mem;
+pub mod rcache;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use addr::{Address, Scheme};
+pub use caps::{Capabilities, Ordering, Progress};
+pub use cq::{Completion, CompletionQueue, OpKind};
+pub use error::{FabricError, RemoteAccessError, Result};
+pub use mem::{Access, Buffer, DomainId, LocalSlice, MemoryRegion, RemoteSlice};
+pub use rcache::{CacheStats, RegistrationCache};
+
+/// A local fabric access point. Memory registered here can be used by every endpoint the
+/// domain (or its listener) creates.
+pub trait Domain: Send + Sync {
+    /// Process-unique id; regions carry it so they cannot be used with another domain.
+    fn id(&self) -> DomainId;
+    /// What this driver can do.
+    fn capabilities(&self) -> &Capabilities;
+    /// Registers `buf` (sharing it) with the given remote rights.
+    fn register(&self, buf: &Buffer, access: Access) -> Result<MemoryRegion>;
+    /// Connects to a listener at `addr`.
+    fn connect(&self, addr: &Address, timeout: Duration) -> Result<Box<dyn Endpoint>>;
+}
+
+/// A bound, listening address that yields connected endpoints.
+pub trait Listener: Send + Sync {
+    /// The domain accepted endpoints belong to.
+    fn domain(&self) -> Arc<dyn Domain>;
+    /// The address actually bound (an ephemeral port resolved), for clients to connect to.
+    fn local_addr(&self) -> Address;
+    /// Waits up to `timeout` for the next connection.
+    fn accept(&self, timeout: Duration) -> Result<Box<dyn Endpoint>>;
+}
+
+/// One connection. All methods may be called from any thread.
+pub trait Endpoint: Send + Sync {
+    /// The domain whose registrations this endpoint uses.
+    fn domain(&self) -> Arc<dyn Domain>;
+    /// What this driver can do.
+    fn capabilities(&self) -> &Capabilities;
+    /// Where completions of this endpoint's operations arrive.
+    fn cq(&self) -> &CompletionQueue;
+    /// The peer, as text (for logs and errors).
+    fn peer(&self) -> String;
+    /// Sends the concatenation of `data` as one message.
+    fn post_send(&self, data: &[LocalSlice], context: u64) -> Result<()>;
+    /// Posts a receive for one message, scattered over `buf`. Receives match messages in order.
+    fn post_recv(&self, buf: &[LocalSlice], context: u64) -> Result<()>;
+    /// Writes the concatenation of `local` into `remote` (whose length must equal the total).
+    fn post_write(&self, local: &[LocalSlice], remote: RemoteSlice, context: u64) -> Result<()>;
+    /// Reads `remote` and scatters it over `local` (whose total must equal its length).
+    fn post_read(&self, local: &[LocalSlice], remote: RemoteSlice, context: u64) -> Result<()>;
+}
+
+/// Opens a client-side domain for the driver `addr` names, bound to a local interface that
+/// reaches `addr`.
+pub fn open(addr: &Address) -> Result<Arc<dyn Domain>> {
+    match &addr.scheme {
+        Scheme::Tcp => drivers::tcp::open(addr),
+        Scheme::Ofi(_) => drivers::ofi::open(addr),
+    }
+}
+
+/// Binds and listens on `addr` (port 0 picks a free port; see [`Listener::local_addr`]).
+pub fn listen(addr: &Address) -> Result<Box<dyn Listener>> {
+    match &addr.scheme {
+        Scheme::Tcp => drivers::tcp::listen(addr),
+        Scheme::Ofi(_) => drivers::ofi::listen(addr),
+    }
+}
+
+/// Opens a domain and connects it to `addr`.
+pub fn connect(addr: &Address, timeout: Duration) -> Result<Box<dyn Endpoint>> {
+    open(addr)?.connect(addr, timeout)
+}
+
+/// Checks a gather/scatter list against the endpoint's domain and capabilities; drivers call
+/// this before posting so that every driver rejects the same mistakes the same way.
+pub fn check_local(list: &[LocalSlice], domain: DomainId, caps: &Capabilities) -> Result<u64> {
+    if list.len() > caps.max_gather {
+        return Err(FabricError::Unsupported(format!(
+            "{} segments exceed the driver's gather limit of {}",
+            list.len(),
+            caps.max_gather
+        )));
+    }
+    for s in list {
+        if s.region.domain() != domain {
+            return Err(FabricError::InvalidArgument(
+                "memory region belongs to another domain".into(),
+            ));
+        }
+    }
+    let total = LocalSlice::total(list);
+    if total > caps.max_msg_size {
+        return Err(FabricError::Unsupported(format!(
+            "{total} bytes exceed the driver's message limit of {}",
+            caps.max_msg_size
+        )));
+    }
+    Ok(total)
+}
+
+/// Like [`check_local`], and also that the remote range has the same length as the list.
+pub fn check_rma(
+    list: &[LocalSlice],
+    remote: &RemoteSlice,
+    domain: DomainId,
+    caps: &Capabilities,
+) -> Result<u64> {
+    let total = check_local(list, domain, caps)?;
+    if list.is_empty() {
+        return Err(FabricError::InvalidArgument(
+            "RMA needs at least one local segment".into(),
+        ));
+    }
+    if total != remote.len {
+        return Err(FabricError::InvalidArgument(format!(
+            "local segments total {total} bytes but the remote range is {} bytes",
+            remote.len
+        )));
+    }
+    Ok(total)
+}

@@ -1,0 +1,479 @@
+//! Memory that the fabric may touch: buffers, registered regions, local and remote slices.
+//!
+//! This module and the driver FFI modules are the only places with `unsafe`. The rules it
+//! enforces:
+//! - a [`Buffer`] is a page-aligned allocation shared by reference count, so an operation in
+//!   flight or a registration keeps it alive: memory cannot be freed while registered;
+//! - direct `&[u8]`/`&mut [u8]` access is given only to the sole owner of a buffer; anyone else
+//!   copies with [`Buffer::read_at`]/[`Buffer::write_at`], because a peer may write concurrently;
+//! - a [`MemoryRegion`] drops its driver registration before its memory.
+
+use std::alloc::{self, Layout};
+use std::any::Any;
+use std::fmt;
+use std::ops::{BitOr, Bound, RangeBounds};
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use crate::error::{FabricError, Result};
+
+const PAGE: usize = 4096;
+
+/// The raw allocation behind a [`Buffer`].
+struct RawMem {
+    ptr: NonNull<u8>,
+    len: usize,
+    layout: Layout,
+}
+
+// SAFETY: RawMem is a plain heap allocation; all access goes through the rules in the module
+// documentation (exclusive slices only for the sole owner, copies otherwise).
+unsafe impl Send for RawMem {}
+// SAFETY: as above; shared access never hands out overlapping &mut.
+unsafe impl Sync for RawMem {}
+
+impl Drop for RawMem {
+    fn drop(&mut self) {
+        // SAFETY: ptr was returned by alloc_zeroed with exactly this layout and is freed once.
+        unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+/// A page-aligned, zero-initialised byte buffer that the fabric can register.
+///
+/// Cloning shares the same memory. While a buffer is shared (registered, or used by an
+/// operation in flight) its bytes are reached by copying; the sole owner may borrow them.
+#[derive(Clone)]
+pub struct Buffer {
+    raw: Arc<RawMem>,
+}
+
+impl Buffer {
+    /// Allocates `len` zeroed bytes aligned to a page.
+    pub fn new(len: usize) -> Self {
+        let size = len.max(1).next_multiple_of(PAGE);
+        // A layout error here means `len` is near usize::MAX, which no allocation can satisfy.
+        let layout = Layout::from_size_align(size, PAGE).expect("buffer size overflows");
+        // SAFETY: layout has non-zero size.
+        let ptr = unsafe { alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(ptr).unwrap_or_else(|| alloc::handle_alloc_error(layout));
+        Self {
+            raw: Arc::new(RawMem { ptr, len, layout }),
+        }
+    }
+
+    /// A new buffer holding a copy of `data`.
+    pub fn from_slice(data: &[u8]) -> Self {
+        let buf = Self::new(data.len());
+        buf.write_at(0, data);
+        buf
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.raw.len
+    }
+
+    /// True if the buffer holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.raw.len == 0
+    }
+
+    /// Start address (for registration and virtual-address RMA).
+    pub fn addr(&self) -> usize {
+        self.raw.ptr.as_ptr() as usize
+    }
+
+    /// True if both handles share one allocation.
+    pub fn same_memory(&self, other: &Buffer) -> bool {
+        Arc::ptr_eq(&self.raw, &other.raw)
+    }
+
+    /// How many handles (buffers, regions, operations in flight) share this memory.
+    pub fn handle_count(&self) -> usize {
+        Arc::strong_count(&self.raw)
+    }
+
+    /// The bytes, if this handle is the only one.
+    pub fn as_slice(&self) -> Option<&[u8]> {
+        (Arc::strong_count(&self.raw) == 1).then(|| {
+            // SAFETY: sole handle, so no region or operation can write concurrently.
+            unsafe { std::slice::from_raw_parts(self.raw.ptr.as_ptr(), self.raw.len) }
+        })
+    }
+
+    /// The bytes, mutably, if this handle is the only one.
+    pub fn as_mut_slice(&mut self) -> Option<&mut [u8]> {
+        (Arc::strong_count(&self.raw) == 1).then(|| {
+            // SAFETY: sole handle and &mut self: nobody else can observe the memory.
+            unsafe { std::slice::from_raw_parts_mut(self.raw.ptr.as_ptr(), self.raw.len) }
+        })
+    }
+
+    /// Copies `out.len()` bytes starting at `offset` into `out`. Panics if out of range
+    /// (a caller bug, never data from the network).
+    pub fn read_at(&self, offset: usize, out: &mut [u8]) {
+        self.check(offset, out.len());
+        // SAFETY: range checked; the copy may race with a remote write the owner granted,
+        // which is the documented RDMA contract and yields at worst mixed old/new bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.raw.ptr.as_ptr().add(offset),
+                out.as_mut_ptr(),
+                out.len(),
+            )
+        }
+    }
+
+    /// Copies `data` into the buffer at `offset`. Panics if out of range (a caller bug).
+    pub fn write_at(&self, offset: usize, data: &[u8]) {
+        self.check(offset, data.len());
+        // SAFETY: range checked; see read_at for the concurrency contract.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                self.raw.ptr.as_ptr().add(offset),
+                data.len(),
+            )
+        }
+    }
+
+    /// Fills the whole buffer with `byte`.
+    pub fn fill(&self, byte: u8) {
+        // SAFETY: whole allocation; same contract as write_at.
+        unsafe { std::ptr::write_bytes(self.raw.ptr.as_ptr(), byte, self.raw.len) }
+    }
+
+    /// A copy of the whole contents.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0; self.len()];
+        self.read_at(0, &mut v);
+        v
+    }
+
+    fn check(&self, offset: usize, len: usize) {
+        assert!(
+            offset
+                .checked_add(len)
+                .is_some_and(|end| end <= self.raw.len),
+            "range {offset}+{len} outside buffer of {}",
+            self.raw.len
+        );
+    }
+
+    /// Immutable view of a range for a driver sending it.
+    ///
+    /// # Safety
+    /// The range must be in bounds, and the caller must accept that a concurrent remote write
+    /// into the same range (granted by the owner) may change the bytes being read.
+    pub(crate) unsafe fn bytes(&self, offset: usize, len: usize) -> &[u8] {
+        debug_assert!(offset + len <= self.raw.len);
+        // SAFETY: per the function contract.
+        unsafe { std::slice::from_raw_parts(self.raw.ptr.as_ptr().add(offset), len) }
+    }
+
+    /// Mutable view of a range for a driver receiving into it.
+    ///
+    /// # Safety
+    /// The range must be in bounds and no other driver path may write the same range at the
+    /// same time (receives and RMA targets are serialised per connection by the drivers).
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn bytes_mut(&self, offset: usize, len: usize) -> &mut [u8] {
+        debug_assert!(offset + len <= self.raw.len);
+        // SAFETY: per the function contract.
+        unsafe { std::slice::from_raw_parts_mut(self.raw.ptr.as_ptr().add(offset), len) }
+    }
+}
+
+impl fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Buffer({:#x}, {} B)", self.addr(), self.len())
+    }
+}
+
+/// Rights a registration grants. Local send/receive/RMA-source use is always granted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Access(u8);
+
+impl Access {
+    /// Local use only: the region can be sent from, received into, and be the local side of RMA.
+    pub const LOCAL: Access = Access(0);
+    /// Peers may RMA-read the region.
+    pub const REMOTE_READ: Access = Access(1);
+    /// Peers may RMA-write the region.
+    pub const REMOTE_WRITE: Access = Access(2);
+    /// Everything.
+    pub const ALL: Access = Access(3);
+
+    /// True if every right in `other` is granted here.
+    pub fn contains(self, other: Access) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl BitOr for Access {
+    type Output = Access;
+    fn bitor(self, rhs: Access) -> Access {
+        Access(self.0 | rhs.0)
+    }
+}
+
+/// Identifies the domain that made a registration, so regions cannot be mixed across domains.
+pub type DomainId = u64;
+
+/// Hands out process-unique domain ids.
+pub(crate) fn next_domain_id() -> DomainId {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The driver's side of a registration; dropping it deregisters.
+pub(crate) trait Registration: Any + Send + Sync {
+    fn as_any(&self) -> &dyn Any;
+}
+
+struct RegionInner {
+    // Field order matters: the registration is dropped (deregistered) before the memory.
+    registration: Box<dyn Registration>,
+    buffer: Buffer,
+    key: u64,
+    access: Access,
+    domain: DomainId,
+    virt_addr: bool,
+}
+
+/// A registered buffer: memory plus the key peers use to reach it.
+///
+/// Cheap to clone (a shared handle). The registration ends when the last handle is dropped,
+/// including the handles held by operations in flight, and only then is the memory released.
+#[derive(Clone)]
+pub struct MemoryRegion {
+    inner: Arc<RegionInner>,
+}
+
+impl MemoryRegion {
+    pub(crate) fn new(
+        buffer: Buffer,
+        access: Access,
+        key: u64,
+        domain: DomainId,
+        virt_addr: bool,
+        registration: Box<dyn Registration>,
+    ) -> Self {
+        Self {
+            inner: Arc::new(RegionInner {
+                registration,
+                buffer,
+                key,
+                access,
+                domain,
+                virt_addr,
+            }),
+        }
+    }
+
+    /// The registered memory.
+    pub fn buffer(&self) -> &Buffer {
+        &self.inner.buffer
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.inner.buffer.len()
+    }
+
+    /// True if the region is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The remote key.
+    pub fn key(&self) -> u64 {
+        self.inner.key
+    }
+
+    /// Granted rights.
+    pub fn access(&self) -> Access {
+        self.inner.access
+    }
+
+    /// The domain that registered it.
+    pub fn domain(&self) -> DomainId {
+        self.inner.domain
+    }
+
+    pub(crate) fn registration(&self) -> &dyn Any {
+        self.inner.registration.as_any()
+    }
+
+    /// A local slice of the region for send, receive or the local side of RMA.
+    pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<LocalSlice> {
+        let (offset, len) = resolve(range, self.len())?;
+        Ok(LocalSlice {
+            region: self.clone(),
+            offset,
+            len,
+        })
+    }
+
+    /// The whole region as a local slice.
+    pub fn full(&self) -> LocalSlice {
+        LocalSlice {
+            region: self.clone(),
+            offset: 0,
+            len: self.len(),
+        }
+    }
+
+    /// Describes a range of the region for a peer (to be sent in a message).
+    pub fn remote(&self, range: impl RangeBounds<usize>) -> Result<RemoteSlice> {
+        let (offset, len) = resolve(range, self.len())?;
+        let base = if self.inner.virt_addr {
+            self.buffer().addr() as u64
+        } else {
+            0
+        };
+        Ok(RemoteSlice {
+            addr: base + offset as u64,
+            len: len as u64,
+            key: self.key(),
+        })
+    }
+}
+
+impl fmt::Debug for MemoryRegion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryRegion")
+            .field("buffer", &self.inner.buffer)
+            .field("key", &format_args!("{:#x}", self.inner.key))
+            .field("access", &self.inner.access)
+            .finish()
+    }
+}
+
+fn resolve(range: impl RangeBounds<usize>, len: usize) -> Result<(usize, usize)> {
+    let start = match range.start_bound() {
+        Bound::Included(&s) => s,
+        Bound::Excluded(&s) => s.saturating_add(1),
+        Bound::Unbounded => 0,
+    };
+    let end = match range.end_bound() {
+        Bound::Included(&e) => e.saturating_add(1),
+        Bound::Excluded(&e) => e,
+        Bound::Unbounded => len,
+    };
+    if start > end || end > len {
+        return Err(FabricError::InvalidArgument(format!(
+            "range {start}..{end} outside region of {len} bytes"
+        )));
+    }
+    Ok((start, end - start))
+}
+
+/// A range of a local registered region, held by an operation until it completes.
+#[derive(Clone, Debug)]
+pub struct LocalSlice {
+    /// The region.
+    pub region: MemoryRegion,
+    /// Start within the region.
+    pub offset: usize,
+    /// Length in bytes.
+    pub len: usize,
+}
+
+impl LocalSlice {
+    /// Total length of a gather/scatter list.
+    pub fn total(list: &[LocalSlice]) -> u64 {
+        list.iter().map(|s| s.len as u64).sum()
+    }
+
+    /// Start address of the slice in memory.
+    pub fn addr(&self) -> usize {
+        self.region.buffer().addr() + self.offset
+    }
+}
+
+/// A range of a peer's registered region: what one side advertises so the other can RMA it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RemoteSlice {
+    /// Virtual address or offset, as the driver's `virt_addr` capability says.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// The region's remote key.
+    pub key: u64,
+}
+
+impl RemoteSlice {
+    /// Encoded size on the wire.
+    pub const WIRE_LEN: usize = 24;
+
+    /// A sub-range, checked against this slice.
+    pub fn sub(&self, offset: u64, len: u64) -> Result<RemoteSlice> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(RemoteSlice {
+                addr: self.addr + offset,
+                len,
+                key: self.key,
+            }),
+            _ => Err(FabricError::InvalidArgument(format!(
+                "remote range {offset}+{len} outside slice of {} bytes",
+                self.len
+            ))),
+        }
+    }
+
+    /// Little-endian wire form: addr, len, key.
+    pub fn encode(&self) -> [u8; Self::WIRE_LEN] {
+        let mut b = [0u8; Self::WIRE_LEN];
+        b[0..8].copy_from_slice(&self.addr.to_le_bytes());
+        b[8..16].copy_from_slice(&self.len.to_le_bytes());
+        b[16..24].copy_from_slice(&self.key.to_le_bytes());
+        b
+    }
+
+    /// Decodes the wire form; `None` if `b` is too short.
+    pub fn decode(b: &[u8]) -> Option<RemoteSlice> {
+        let word = |i: usize| Some(u64::from_le_bytes(b.get(i..i + 8)?.try_into().ok()?));
+        Some(RemoteSlice {
+            addr: word(0)?,
+            len: word(8)?,
+            key: word(16)?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffer_is_aligned_zeroed_and_exclusive_only_when_unique() {
+        let mut b = Buffer::new(10_000);
+        assert_eq!(b.addr() % PAGE, 0);
+        assert!(b.as_slice().unwrap().iter().all(|&x| x == 0));
+        b.as_mut_slice().unwrap()[9_999] = 7;
+        let shared = b.clone();
+        assert!(b.as_mut_slice().is_none());
+        let mut one = [0u8];
+        shared.read_at(9_999, &mut one);
+        assert_eq!(one, [7]);
+        drop(shared);
+        assert!(b.as_slice().is_some());
+        assert!(Buffer::new(0).is_empty());
+    }
+
+    #[test]
+    fn remote_slice_round_trips_and_bounds() {
+        let r = RemoteSlice {
+            addr: 4096,
+            len: 100,
+            key: 0xdead_beef,
+        };
+        assert_eq!(RemoteSlice::decode(&r.encode()), Some(r));
+        assert_eq!(RemoteSlice::decode(&[0; 23]), None);
+        assert_eq!(r.sub(90, 10).unwrap().addr, 4186);
+        assert!(r.sub(91, 10).is_err());
+        assert!(r.sub(u64::MAX, 2).is_err());
+    }
+}
