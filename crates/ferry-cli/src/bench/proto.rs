@@ -1,0 +1,137 @@
+//! The control protocol between `ferry bench fabric` and its peer process, carried as
+//! fixed-size frames over the fabric endpoint under test.
+//!
+//! The client drives; the peer answers each request with exactly one reply. The peer keeps one
+//! control receive posted, except during a send phase, where it keeps `slots` bulk receives
+//! posted instead. 8-byte messages outside a phase are pings, answered by an 8-byte pong.
+//!
+//! Send phase: `SendPhase` → `Ready`; bulk messages; `End{sent}` → `Drain{leftover}`;
+//! `leftover` × `Fill` (consuming the receives still posted) → `Done{received}`.
+
+use anyhow::{bail, Context, Result};
+use ferry_fabric::RemoteSlice;
+
+/// Size of every control frame; bulk messages are always larger.
+pub const CTRL_LEN: usize = 64;
+/// Size of a ping or pong.
+pub const PING_LEN: usize = 8;
+const MAGIC: &[u8; 4] = b"FRB1";
+
+/// One control frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Msg {
+    /// Client: register a target region of this many bytes.
+    Hello { bytes: u64 },
+    /// Peer: the registered region, for RMA.
+    Advert(RemoteSlice),
+    /// Client: report your CPU usage so far.
+    Usage,
+    /// Peer: CPU usage so far.
+    UsageReply { user_us: u64, sys_us: u64 },
+    /// Client: post `slots` receives of `size` bytes for a stream of sends.
+    SendPhase { size: u64, slots: u64 },
+    /// Peer: receives are posted.
+    Ready,
+    /// Client: the stream is over after `sent` bulk messages.
+    End { sent: u64 },
+    /// Peer: send this many fill frames to consume my leftover receives.
+    Drain { leftover: u64 },
+    /// Client: a filler frame.
+    Fill,
+    /// Peer: the send phase is over; this many bytes arrived.
+    Done { received: u64 },
+    /// Client: report usage and exit.
+    Bye,
+}
+
+impl Msg {
+    /// Encodes the frame: magic, type byte, then up to three little-endian u64 at 8, 16, 24.
+    pub fn encode(&self) -> [u8; CTRL_LEN] {
+        let (ty, words): (u8, [u64; 3]) = match *self {
+            Msg::Hello { bytes } => (1, [bytes, 0, 0]),
+            Msg::Advert(r) => (2, [r.addr, r.len, r.key]),
+            Msg::Usage => (3, [0; 3]),
+            Msg::UsageReply { user_us, sys_us } => (4, [user_us, sys_us, 0]),
+            Msg::SendPhase { size, slots } => (5, [size, slots, 0]),
+            Msg::Ready => (6, [0; 3]),
+            Msg::End { sent } => (7, [sent, 0, 0]),
+            Msg::Drain { leftover } => (8, [leftover, 0, 0]),
+            Msg::Fill => (9, [0; 3]),
+            Msg::Done { received } => (10, [received, 0, 0]),
+            Msg::Bye => (11, [0; 3]),
+        };
+        let mut b = [0u8; CTRL_LEN];
+        b[..4].copy_from_slice(MAGIC);
+        b[4] = ty;
+        for (i, w) in words.iter().enumerate() {
+            b[8 + 8 * i..16 + 8 * i].copy_from_slice(&w.to_le_bytes());
+        }
+        b
+    }
+
+    /// Decodes a frame received from the other side.
+    pub fn decode(b: &[u8]) -> Result<Msg> {
+        if b.len() != CTRL_LEN || &b[..4] != MAGIC {
+            bail!("not a bench control frame ({} bytes)", b.len());
+        }
+        let w = |i: usize| -> Result<u64> {
+            let bytes = b.get(8 + 8 * i..16 + 8 * i).context("short frame")?;
+            Ok(u64::from_le_bytes(bytes.try_into()?))
+        };
+        Ok(match b[4] {
+            1 => Msg::Hello { bytes: w(0)? },
+            2 => Msg::Advert(RemoteSlice::decode(&b[8..]).context("short advert")?),
+            3 => Msg::Usage,
+            4 => Msg::UsageReply {
+                user_us: w(0)?,
+                sys_us: w(1)?,
+            },
+            5 => Msg::SendPhase {
+                size: w(0)?,
+                slots: w(1)?,
+            },
+            6 => Msg::Ready,
+            7 => Msg::End { sent: w(0)? },
+            8 => Msg::Drain { leftover: w(0)? },
+            9 => Msg::Fill,
+            10 => Msg::Done { received: w(0)? },
+            11 => Msg::Bye,
+            t => bail!("unknown control frame type {t}"),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip_and_garbage_is_an_error() {
+        let r = RemoteSlice {
+            addr: 1,
+            len: 2,
+            key: 3,
+        };
+        for m in [
+            Msg::Hello { bytes: 64 << 20 },
+            Msg::Advert(r),
+            Msg::UsageReply {
+                user_us: 5,
+                sys_us: 6,
+            },
+            Msg::SendPhase {
+                size: 4096,
+                slots: 16,
+            },
+            Msg::Done { received: 9 },
+            Msg::Bye,
+        ] {
+            assert_eq!(Msg::decode(&m.encode()).unwrap(), m);
+        }
+        assert!(Msg::decode(&[0; CTRL_LEN]).is_err());
+        assert!(Msg::decode(&Msg::Bye.encode()[..8]).is_err());
+        let mut bad = Msg::Bye.encode();
+        bad[4] = 200;
+        assert!(Msg::decode(&bad).is_err());
+    }
+}
