@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs what ferry needs on Debian 12, skipping what is already there. Safe to re-run.
+set -euo pipefail
+
+# Build: libfabric headers, libclang for bindgen. Run: iperf3 (benchmark peer), a font for plots.
+packages=(build-essential pkg-config libfabric-dev libfabric-bin libclang-dev iperf3 fonts-dejavu-core procps)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "ferry: installing ${missing[*]}" >&2
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+  [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+fi
+command -v cargo >/dev/null 2>&1 || {
+  echo "ferry: Rust (cargo) is required: install it with rustup (https://rustup.rs), then re-run." >&2
+  exit 1
+}
+for c in rustfmt clippy; do
+  rustup component list --installed 2>/dev/null | grep -q "^$c" || rustup component add "$c" >/dev/null 2>&1 || true
+done
