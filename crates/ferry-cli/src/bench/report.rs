@@ -152,8 +152,8 @@ pub struct Report {
 /// `4 KiB`, `16 MiB`, `8 B`.
 pub fn human_size(n: u64) -> String {
     match n {
-        _ if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{} MiB", n >> 20),
-        _ if n >= 1 << 10 && n % (1 << 10) == 0 => format!("{} KiB", n >> 10),
+        _ if n >= 1 << 20 && n.trailing_zeros() >= 20 => format!("{} MiB", n >> 20),
+        _ if n >= 1 << 10 && n.trailing_zeros() >= 10 => format!("{} KiB", n >> 10),
         _ => format!("{n} B"),
     }
 }

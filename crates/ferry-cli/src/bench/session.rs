@@ -203,9 +203,9 @@ impl Session {
         let start = Instant::now();
         let mut half_rtt = Vec::with_capacity(count);
         while half_rtt.len() < count && (half_rtt.len() < 10 || start.elapsed() < cap) {
-            self.ep.post_recv(&[pong.clone()], CTX_REPLY)?;
+            self.ep.post_recv(std::slice::from_ref(&pong), CTX_REPLY)?;
             let t = Instant::now();
-            self.ep.post_send(&[ping.clone()], CTX_REQ)?;
+            self.ep.post_send(std::slice::from_ref(&ping), CTX_REQ)?;
             let got = self.pair()?;
             half_rtt.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
             ensure!(got == PING_LEN as u64, "pong of {got} bytes");
