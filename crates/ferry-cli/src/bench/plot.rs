@@ -11,6 +11,18 @@ use plotters::style::{register_font, FontStyle};
 use super::report::{human_size, Report};
 
 const FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
+/// Tableau 10 without grey: distinct on white, no pale yellow.
+const COLORS: [(u8, u8, u8); 9] = [
+    (31, 119, 180),
+    (255, 127, 14),
+    (44, 160, 44),
+    (214, 39, 40),
+    (148, 103, 189),
+    (140, 86, 75),
+    (227, 119, 194),
+    (23, 190, 207),
+    (188, 189, 34),
+];
 
 /// Registers DejaVuSans as plotters' `sans-serif`, once; false if the font is missing.
 fn font_ready() -> bool {
@@ -85,7 +97,8 @@ pub fn write_png(report: &Report, path: &Path) -> Result<bool> {
         .draw()
         .map_err(|e| err(&e))?;
     for (i, (name, pts)) in lines.into_iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
+        let (r, g, b) = COLORS[i % COLORS.len()];
+        let color = RGBColor(r, g, b);
         chart
             .draw_series(LineSeries::new(pts, color.stroke_width(2)).point_size(3))
             .map_err(|e| err(&e))?

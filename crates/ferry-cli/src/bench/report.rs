@@ -193,9 +193,10 @@ impl Report {
         let m = &self.machine;
         let sm = &self.summary;
         let mut s = String::new();
+        let reps = self.rows.iter().map(|r| r.reps).max().unwrap_or(0);
         let _ = writeln!(
             s,
-            "ferry bench fabric{}: loopback, {} cores, Linux {}",
+            "ferry bench fabric{}: loopback, {} cores, Linux {}; median of {reps} after warm-up",
             if self.quick { " --quick" } else { "" },
             m.cores,
             m.kernel
