@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferry_fabric::{
-    Access, Address, Buffer, Completion, Endpoint, FabricError, Listener, LocalSlice, MemoryRegion, OpKind,
-    RegistrationCache, RemoteAccessError,
+    Access, Address, Buffer, Completion, Endpoint, FabricError, Listener, LocalSlice, MemoryRegion,
+    OpKind, RegistrationCache, RemoteAccessError,
 };
 
 const T: Duration = Duration::from_secs(20);
@@ -38,7 +38,10 @@ fn pair(driver: &str) -> Pair {
     let (server, client) = std::thread::scope(|s| {
         let accept = s.spawn(|| listener.accept(T));
         let client = ferry_fabric::connect(&addr, T).expect("connect");
-        (accept.join().expect("accept thread").expect("accept"), client)
+        (
+            accept.join().expect("accept thread").expect("accept"),
+            client,
+        )
     });
     Pair {
         listener,
@@ -48,11 +51,15 @@ fn pair(driver: &str) -> Pair {
 }
 
 fn register(ep: &dyn Endpoint, len: usize, access: Access) -> MemoryRegion {
-    ep.domain().register(&Buffer::new(len), access).expect("register")
+    ep.domain()
+        .register(&Buffer::new(len), access)
+        .expect("register")
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
 }
 
 fn ok(ep: &dyn Endpoint) -> Completion {
@@ -67,7 +74,10 @@ fn failed(ep: &dyn Endpoint) -> FabricError {
     let c = ep.cq().wait(T).expect("completion within timeout");
     match c.result {
         Err(e) => e,
-        Ok(()) => panic!("{:?} (context {}) succeeded but should have failed", c.op, c.context),
+        Ok(()) => panic!(
+            "{:?} (context {}) succeeded but should have failed",
+            c.op, c.context
+        ),
     }
 }
 
@@ -102,15 +112,25 @@ fn send_recv_sizes(driver: &str) {
     let inline = p.client.capabilities().inline_size;
     for (i, len) in [0, 1, inline, 4 << 20].into_iter().enumerate() {
         let data = pattern(len, i as u8);
-        let src = p.client.domain().register(&Buffer::from_slice(&data), Access::LOCAL).unwrap();
+        let src = p
+            .client
+            .domain()
+            .register(&Buffer::from_slice(&data), Access::LOCAL)
+            .unwrap();
         let dst = register(&*p.server, len + 64, Access::LOCAL);
         p.server.post_recv(&[dst.full()], 100 + i as u64).unwrap();
         p.client.post_send(&[src.full()], i as u64).unwrap();
         let s = ok(&*p.client);
         assert_eq!((s.op, s.context), (OpKind::Send, i as u64));
         let r = ok(&*p.server);
-        assert_eq!((r.op, r.context, r.len), (OpKind::Recv, 100 + i as u64, len as u64));
-        assert!(dst.buffer().to_vec()[..len] == data[..], "{len}-byte message corrupted");
+        assert_eq!(
+            (r.op, r.context, r.len),
+            (OpKind::Recv, 100 + i as u64, len as u64)
+        );
+        assert!(
+            dst.buffer().to_vec()[..len] == data[..],
+            "{len}-byte message corrupted"
+        );
     }
 }
 
@@ -118,7 +138,11 @@ fn send_gather_recv_scatter(driver: &str) {
     let p = pair(driver);
     let n = p.client.capabilities().max_gather.min(4);
     let data = pattern(10_000, 3);
-    let src = p.client.domain().register(&Buffer::from_slice(&data), Access::LOCAL).unwrap();
+    let src = p
+        .client
+        .domain()
+        .register(&Buffer::from_slice(&data), Access::LOCAL)
+        .unwrap();
     let dst = register(&*p.server, 10_000, Access::LOCAL);
     p.server.post_recv(&split(&dst, 10_000, n), 1).unwrap();
     p.client.post_send(&split(&src, 10_000, n), 2).unwrap();
@@ -129,7 +153,11 @@ fn send_gather_recv_scatter(driver: &str) {
 
 fn truncation(driver: &str) {
     let p = pair(driver);
-    let src = p.client.domain().register(&Buffer::from_slice(&pattern(1000, 9)), Access::LOCAL).unwrap();
+    let src = p
+        .client
+        .domain()
+        .register(&Buffer::from_slice(&pattern(1000, 9)), Access::LOCAL)
+        .unwrap();
     let dst = register(&*p.server, 1000, Access::LOCAL);
     let small = dst.slice(0..100).unwrap();
     p.server.post_recv(&[small], 1).unwrap();
@@ -138,7 +166,10 @@ fn truncation(driver: &str) {
     assert!(matches!(failed(&*p.server), FabricError::Truncated { .. }));
     let got = dst.buffer().to_vec();
     assert_eq!(got[..100], pattern(1000, 9)[..100], "prefix lands");
-    assert!(got[100..].iter().all(|&b| b == 0), "nothing written past the buffer");
+    assert!(
+        got[100..].iter().all(|&b| b == 0),
+        "nothing written past the buffer"
+    );
     // The connection still works afterwards.
     let dst2 = register(&*p.server, 1000, Access::LOCAL);
     p.server.post_recv(&[dst2.full()], 2).unwrap();
@@ -150,7 +181,11 @@ fn truncation(driver: &str) {
 /// Sends the target region's descriptor from server to client, as upper layers do.
 fn advertise(p: &Pair, target: &MemoryRegion) -> ferry_fabric::RemoteSlice {
     let remote = target.remote(..).unwrap();
-    let msg = p.server.domain().register(&Buffer::from_slice(&remote.encode()), Access::LOCAL).unwrap();
+    let msg = p
+        .server
+        .domain()
+        .register(&Buffer::from_slice(&remote.encode()), Access::LOCAL)
+        .unwrap();
     let inbox = register(&*p.client, 64, Access::LOCAL);
     p.client.post_recv(&[inbox.full()], 0).unwrap();
     p.server.post_send(&[msg.full()], 0).unwrap();
@@ -167,8 +202,14 @@ fn rma_write_gather(driver: &str) {
     let remote = advertise(&p, &target);
     for (i, n) in [1, 2, max].into_iter().enumerate() {
         let data = pattern(len, 10 + i as u8);
-        let src = p.client.domain().register(&Buffer::from_slice(&data), Access::LOCAL).unwrap();
-        p.client.post_write(&split(&src, len, n), remote, i as u64).unwrap();
+        let src = p
+            .client
+            .domain()
+            .register(&Buffer::from_slice(&data), Access::LOCAL)
+            .unwrap();
+        p.client
+            .post_write(&split(&src, len, n), remote, i as u64)
+            .unwrap();
         let c = ok(&*p.client);
         assert_eq!((c.op, c.context), (OpKind::Write, i as u64));
         // Writes are visible at the target once they complete at the requester.
@@ -181,18 +222,26 @@ fn rma_read_scatter(driver: &str) {
     let max = p.client.capabilities().max_gather;
     let len = 1 << 20;
     let data = pattern(len, 77);
-    let target = p.server.domain().register(&Buffer::from_slice(&data), Access::REMOTE_READ).unwrap();
+    let target = p
+        .server
+        .domain()
+        .register(&Buffer::from_slice(&data), Access::REMOTE_READ)
+        .unwrap();
     let remote = advertise(&p, &target);
     for n in [1, 2, max] {
         let dst = register(&*p.client, len, Access::LOCAL);
-        p.client.post_read(&split(&dst, len, n), remote, n as u64).unwrap();
+        p.client
+            .post_read(&split(&dst, len, n), remote, n as u64)
+            .unwrap();
         let c = ok(&*p.client);
         assert_eq!((c.op, c.len), (OpKind::Read, len as u64));
         assert!(dst.buffer().to_vec() == data, "read with {n} segments");
     }
     // A sub-range at the far edge.
     let dst = register(&*p.client, 10, Access::LOCAL);
-    p.client.post_read(&[dst.full()], remote.sub(len as u64 - 10, 10).unwrap(), 9).unwrap();
+    p.client
+        .post_read(&[dst.full()], remote.sub(len as u64 - 10, 10).unwrap(), 9)
+        .unwrap();
     ok(&*p.client);
     assert_eq!(dst.buffer().to_vec(), data[len - 10..]);
 }
@@ -202,7 +251,9 @@ fn completion_order(driver: &str) {
     let src = register(&*p.client, 64, Access::LOCAL);
     let dst = register(&*p.server, 64 * 32, Access::LOCAL);
     for i in 0..32 {
-        p.server.post_recv(&[dst.slice(i * 64..(i + 1) * 64).unwrap()], i as u64).unwrap();
+        p.server
+            .post_recv(&[dst.slice(i * 64..(i + 1) * 64).unwrap()], i as u64)
+            .unwrap();
     }
     for i in 0..32u64 {
         src.buffer().write_at(0, &i.to_le_bytes());
@@ -217,7 +268,11 @@ fn completion_order(driver: &str) {
     for i in 0..32 {
         let mut b = [0u8; 8];
         dst.buffer().read_at(i * 64, &mut b);
-        assert_eq!(u64::from_le_bytes(b), i as u64, "message {i} in receive {i}");
+        assert_eq!(
+            u64::from_le_bytes(b),
+            i as u64,
+            "message {i} in receive {i}"
+        );
     }
 }
 
@@ -227,7 +282,10 @@ fn window_of_64(driver: &str) {
     let p = pair(driver);
     let src = register(&*p.client, 8 * WINDOW as usize, Access::LOCAL);
     let dst = register(&*p.server, 8 * WINDOW as usize, Access::LOCAL);
-    let slot = |r: &MemoryRegion, i: u64| r.slice((i % WINDOW) as usize * 8..(i % WINDOW + 1) as usize * 8).unwrap();
+    let slot = |r: &MemoryRegion, i: u64| {
+        r.slice((i % WINDOW) as usize * 8..(i % WINDOW + 1) as usize * 8)
+            .unwrap()
+    };
     std::thread::scope(|s| {
         s.spawn(|| {
             let mut next = 0;
@@ -255,7 +313,8 @@ fn window_of_64(driver: &str) {
                 in_flight -= 1;
                 done += 1;
             }
-            src.buffer().write_at((i % WINDOW) as usize * 8, &i.to_le_bytes());
+            src.buffer()
+                .write_at((i % WINDOW) as usize * 8, &i.to_le_bytes());
             p.client.post_send(&[slot(&src, i)], i).unwrap();
             in_flight += 1;
         }
@@ -264,7 +323,10 @@ fn window_of_64(driver: &str) {
             done += 1;
         }
     });
-    assert!(p.client.cq().is_empty() && p.server.cq().is_empty(), "no extra completions");
+    assert!(
+        p.client.cq().is_empty() && p.server.cq().is_empty(),
+        "no extra completions"
+    );
 }
 
 fn registration_cache(driver: &str) {
@@ -286,7 +348,9 @@ fn registration_cache(driver: &str) {
     // A cached registration is usable for a transfer.
     let dst = register(&*p.server, 4096, Access::LOCAL);
     p.server.post_recv(&[dst.full()], 0).unwrap();
-    p.client.post_send(&[cache.get(&a, Access::LOCAL).unwrap().full()], 0).unwrap();
+    p.client
+        .post_send(&[cache.get(&a, Access::LOCAL).unwrap().full()], 0)
+        .unwrap();
     ok(&*p.client);
     ok(&*p.server);
     // Invalidation: explicit, and when the caller's memory goes away.
@@ -306,41 +370,89 @@ fn rma_errors_keep_target_serving(driver: &str) {
     let src = register(&*p.client, 8192, Access::LOCAL);
 
     // Out of bounds: one byte past the end.
-    let past = ferry_fabric::RemoteSlice { len: 4097, ..remote };
-    p.client.post_write(&[src.slice(0..4097).unwrap()], past, 1).unwrap();
-    assert!(matches!(failed(&*p.client), FabricError::RemoteAccess(_)), "out-of-bounds write");
-    p.client.post_read(&[src.slice(0..4097).unwrap()], past, 2).unwrap();
-    assert!(matches!(failed(&*p.client), FabricError::RemoteAccess(_)), "out-of-bounds read");
+    let past = ferry_fabric::RemoteSlice {
+        len: 4097,
+        ..remote
+    };
+    p.client
+        .post_write(&[src.slice(0..4097).unwrap()], past, 1)
+        .unwrap();
+    assert!(
+        matches!(failed(&*p.client), FabricError::RemoteAccess(_)),
+        "out-of-bounds write"
+    );
+    p.client
+        .post_read(&[src.slice(0..4097).unwrap()], past, 2)
+        .unwrap();
+    assert!(
+        matches!(failed(&*p.client), FabricError::RemoteAccess(_)),
+        "out-of-bounds read"
+    );
 
     // A foreign key: a region of another domain (a second listener) on the target host.
     let other = ferry_fabric::listen(&listen_url(driver)).unwrap();
-    let foreign = other.domain().register(&Buffer::new(4096), Access::ALL).unwrap();
+    let foreign = other
+        .domain()
+        .register(&Buffer::new(4096), Access::ALL)
+        .unwrap();
     let foreign_remote = ferry_fabric::RemoteSlice {
         key: foreign.key(),
         ..remote
     };
     if foreign.key() != target.key() {
-        p.client.post_write(&[src.slice(0..64).unwrap()], foreign_remote.sub(0, 64).unwrap(), 3).unwrap();
-        assert!(matches!(failed(&*p.client), FabricError::RemoteAccess(_)), "foreign key");
+        p.client
+            .post_write(
+                &[src.slice(0..64).unwrap()],
+                foreign_remote.sub(0, 64).unwrap(),
+                3,
+            )
+            .unwrap();
+        assert!(
+            matches!(failed(&*p.client), FabricError::RemoteAccess(_)),
+            "foreign key"
+        );
     }
 
     // A stale key: the region was deregistered.
     let stale = register(&*p.server, 4096, Access::REMOTE_WRITE);
     let stale_remote = stale.remote(..).unwrap();
     drop(stale);
-    p.client.post_write(&[src.slice(0..64).unwrap()], stale_remote.sub(0, 64).unwrap(), 4).unwrap();
-    assert!(matches!(failed(&*p.client), FabricError::RemoteAccess(_)), "stale key");
+    p.client
+        .post_write(
+            &[src.slice(0..64).unwrap()],
+            stale_remote.sub(0, 64).unwrap(),
+            4,
+        )
+        .unwrap();
+    assert!(
+        matches!(failed(&*p.client), FabricError::RemoteAccess(_)),
+        "stale key"
+    );
 
     // Missing right: a read-only region written to.
     let ro = register(&*p.server, 4096, Access::REMOTE_READ);
     let ro_remote = advertise(&p, &ro);
-    p.client.post_write(&[src.slice(0..64).unwrap()], ro_remote.sub(0, 64).unwrap(), 5).unwrap();
-    assert!(matches!(failed(&*p.client), FabricError::RemoteAccess(_)), "write to read-only region");
-    assert!(ro.buffer().to_vec().iter().all(|&b| b == 0), "read-only region untouched");
+    p.client
+        .post_write(
+            &[src.slice(0..64).unwrap()],
+            ro_remote.sub(0, 64).unwrap(),
+            5,
+        )
+        .unwrap();
+    assert!(
+        matches!(failed(&*p.client), FabricError::RemoteAccess(_)),
+        "write to read-only region"
+    );
+    assert!(
+        ro.buffer().to_vec().iter().all(|&b| b == 0),
+        "read-only region untouched"
+    );
 
     // The target keeps serving: this connection and a new one.
     src.buffer().write_at(0, b"still here");
-    p.client.post_write(&[src.slice(0..10).unwrap()], remote.sub(0, 10).unwrap(), 6).unwrap();
+    p.client
+        .post_write(&[src.slice(0..10).unwrap()], remote.sub(0, 10).unwrap(), 6)
+        .unwrap();
     ok(&*p.client);
     assert_eq!(&target.buffer().to_vec()[..10], b"still here");
     let addr = p.listener.local_addr();
@@ -348,7 +460,10 @@ fn rma_errors_keep_target_serving(driver: &str) {
         let acc = s.spawn(|| p.listener.accept(T));
         let c2 = ferry_fabric::connect(&addr, T).expect("new connection after errors");
         let s2 = acc.join().unwrap().unwrap();
-        let m = c2.domain().register(&Buffer::from_slice(b"hello"), Access::LOCAL).unwrap();
+        let m = c2
+            .domain()
+            .register(&Buffer::from_slice(b"hello"), Access::LOCAL)
+            .unwrap();
         let d = register(&*s2, 5, Access::LOCAL);
         s2.post_recv(&[d.full()], 0).unwrap();
         c2.post_send(&[m.full()], 0).unwrap();
@@ -364,13 +479,31 @@ fn bad_posts_are_rejected(driver: &str) {
     let caps = p.client.capabilities().clone();
     let r = register(&*p.client, 4096 * (caps.max_gather + 1), Access::LOCAL);
     let too_many = split(&r, r.len(), caps.max_gather + 1);
-    assert!(p.client.post_send(&too_many, 0).is_err(), "gather limit enforced");
+    assert!(
+        p.client.post_send(&too_many, 0).is_err(),
+        "gather limit enforced"
+    );
     let foreign = register(&*p.server, 64, Access::LOCAL);
-    assert!(p.client.post_send(&[foreign.full()], 0).is_err(), "region of another domain");
-    let remote = ferry_fabric::RemoteSlice { addr: 0, len: 10, key: 1 };
-    assert!(p.client.post_write(&[r.slice(0..5).unwrap()], remote, 0).is_err(), "length mismatch");
+    assert!(
+        p.client.post_send(&[foreign.full()], 0).is_err(),
+        "region of another domain"
+    );
+    let remote = ferry_fabric::RemoteSlice {
+        addr: 0,
+        len: 10,
+        key: 1,
+    };
+    assert!(
+        p.client
+            .post_write(&[r.slice(0..5).unwrap()], remote, 0)
+            .is_err(),
+        "length mismatch"
+    );
     assert!(p.client.post_read(&[], remote, 0).is_err(), "empty list");
-    assert!(p.client.cq().wait(Duration::from_millis(200)).is_err(), "rejected posts complete nothing");
+    assert!(
+        p.client.cq().wait(Duration::from_millis(200)).is_err(),
+        "rejected posts complete nothing"
+    );
 }
 
 /// The child side of `peer_killed`: connect, post a stream of sends, then wait to be killed.
@@ -389,7 +522,12 @@ fn peer_killed(driver: &str) {
     let listener = ferry_fabric::listen(&listen_url(driver)).unwrap();
     let exe = std::env::current_exe().unwrap();
     let mut child = std::process::Command::new(exe)
-        .args(["--exact", "killed_peer_child_entry", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "killed_peer_child_entry",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("FERRY_KILLED_PEER_ADDR", listener.local_addr().to_string())
         .stdout(std::process::Stdio::null())
         .spawn()
