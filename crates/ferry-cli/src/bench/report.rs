@@ -211,16 +211,26 @@ impl Report {
         };
         let _ = writeln!(
             s,
-            "references: iperf3 single stream {}, memcpy {}\n",
+            "references: iperf3 single stream {}, memcpy {}",
             refs(sm.iperf3_gbps, &err_of("iperf3")),
             refs(sm.memcpy_gbps, &err_of("memcpy"))
         );
-        let _ = writeln!(
+        let providers: Vec<String> = self
+            .drivers
+            .iter()
+            .map(|d| match &d.provider {
+                Some(p) if *p != d.driver => format!("{} ({p})", d.driver),
+                _ => d.driver.clone(),
+            })
+            .collect();
+        let _ = writeln!(s, "drivers: {}\n", providers.join(", "));
+        let _ = write!(
             s,
             "{:<9} {:<8} {:>7} {:>10} {:>8} {:>8} {:>7} {:>9}",
             "driver", "op", "size", "GB/s", "×iperf3", "×memcpy", "cpu s", "GB/cpu·s"
         );
         for d in &self.drivers {
+            s.push('\n');
             let rows: Vec<&Row> = self.rows.iter().filter(|r| r.driver == d.driver).collect();
             if rows.iter().all(|r| r.error.is_some()) {
                 let why = d
