@@ -2,7 +2,7 @@
 //! accepts one connection and serves the client's measurements (see [`super::proto`]).
 
 use std::io::{Read, Write};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 use ferry_fabric::{Access, Address, Buffer, Completion, Endpoint, MemoryRegion, OpKind};
@@ -14,6 +14,9 @@ use super::proto::{Msg, CTRL_LEN, PING_LEN};
 const IDLE: Duration = Duration::from_secs(600);
 /// Longest the peer waits for any single message inside a phase.
 const STEP: Duration = Duration::from_secs(30);
+/// Longest a send phase may last, and the peer's whole life.
+const PHASE_MAX: Duration = Duration::from_secs(120);
+const LIFETIME: Duration = Duration::from_secs(3 * 3600);
 /// Largest target region a client may ask for.
 const MAX_REGION: u64 = 1 << 30;
 
@@ -75,7 +78,8 @@ struct Peer {
 impl Peer {
     fn serve(&mut self) -> Result<()> {
         self.post_ctrl_recv()?;
-        loop {
+        let born = Instant::now();
+        while born.elapsed() < LIFETIME {
             let c = self.next_recv(IDLE)?;
             if c.len == PING_LEN as u64 {
                 self.post_ctrl_recv()?;
@@ -109,6 +113,7 @@ impl Peer {
                 other => bail!("unexpected request {other:?}"),
             }
         }
+        bail!("peer lived {LIFETIME:?}; giving up")
     }
 
     /// Receives a stream of `size`-byte sends into `slots` rotating receives.
@@ -128,7 +133,12 @@ impl Peer {
         let mut posted = slots;
         self.reply(Msg::Ready)?;
         let (mut received, mut bytes, mut end) = (0u64, 0u64, None);
+        let started = Instant::now();
         while end != Some(received) {
+            ensure!(
+                started.elapsed() < PHASE_MAX,
+                "send phase longer than {PHASE_MAX:?}"
+            );
             let c = self.next_recv(STEP)?;
             let i = c.context & !CTX_BULK;
             ensure!(
@@ -203,9 +213,9 @@ impl Peer {
 
     /// The next receive completion, checking (and dropping) send completions on the way.
     fn next_recv(&self, timeout: Duration) -> Result<Completion> {
-        let deadline = std::time::Instant::now() + timeout;
+        let deadline = Instant::now() + timeout;
         loop {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let left = deadline.saturating_duration_since(Instant::now());
             let c = self.ep.cq().wait(left).context("waiting for the client")?;
             if let Err(e) = &c.result {
                 bail!("{:?} failed: {e}", c.op);
