@@ -34,6 +34,9 @@ pub struct CacheStats {
 struct Entry {
     region: MemoryRegion,
     last_use: u64,
+    /// Buffer handles held by the registration itself (the region, and any the driver keeps);
+    /// more than this means a caller still holds the memory.
+    internal_handles: usize,
 }
 
 struct Inner {
@@ -85,12 +88,15 @@ impl RegistrationCache {
             }
         }
         inner.stats.misses += 1;
+        let before = buf.handle_count();
         let region = self.domain.register(buf, access)?;
+        let internal_handles = buf.handle_count().saturating_sub(before);
         if let Some(old) = inner.entries.insert(
             key,
             Entry {
                 region: region.clone(),
                 last_use: now,
+                internal_handles,
             },
         ) {
             // Same address and length but other memory: the old allocation is gone.
@@ -127,13 +133,12 @@ impl RegistrationCache {
         self.lock().stats
     }
 
-    /// Drops entries whose buffer is held by nobody but the cache's own region.
+    /// Drops entries whose buffer is held by nobody but the registration itself.
     fn sweep_dead(inner: &mut Inner) {
         let mut freed = 0;
         let mut gone = 0;
         inner.entries.retain(|_, e| {
-            // The region holds one handle; a caller, if any, holds another.
-            let alive = e.region.buffer().handle_count() > 1;
+            let alive = e.region.buffer().handle_count() > e.internal_handles;
             if !alive {
                 freed += e.region.len();
                 gone += 1;
