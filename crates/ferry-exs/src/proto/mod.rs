@@ -20,12 +20,13 @@
 
 mod conn;
 mod credit;
+mod remote;
 mod stats;
 pub mod wire;
 
 pub use conn::Connection;
 pub use credit::CreditState;
-pub use ferry_fabric::RemoteSlice;
+pub use remote::RemoteSlice;
 pub use stats::Stats;
 
 use crate::error::ExsError;

@@ -5,7 +5,7 @@
 //! integers are little-endian. The layouts are documented in `PROTOCOL.md`. [`decode`] is the
 //! fuzzing entry point: it never panics and rejects anything it would not itself encode.
 
-use ferry_fabric::RemoteSlice;
+use super::RemoteSlice;
 
 use crate::error::ExsError;
 

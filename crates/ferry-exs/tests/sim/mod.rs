@@ -98,6 +98,9 @@ pub struct Side {
     /// Unsolicited frames sent minus credits received back, as the wire shows them.
     unsolicited_out: i64,
     pub max_unsolicited_out: i64,
+    /// The runtime shut the endpoint down (after a Close event): frames to it are dropped
+    /// and RMAs touching it fail, as a real fabric would flush them.
+    pub down: bool,
 }
 
 pub struct Sim {
@@ -127,6 +130,7 @@ impl Sim {
             work: Workload::default(),
             unsolicited_out: 0,
             max_unsolicited_out: 0,
+            down: false,
         };
         let mut sim = Sim {
             rng: StdRng::seed_from_u64(seed),
@@ -176,10 +180,15 @@ impl Sim {
         offset: u64,
     ) -> SimBuf {
         let buf = self.alloc(side, data, true);
-        self.sides[side].sends_out.insert(ctx, buf.key);
-        self.sides[side].conn.send(ctx, buf.clone(), flags, offset);
-        self.drain(side);
+        self.send_buf(side, ctx, buf.clone(), flags, offset);
         buf
+    }
+
+    /// Posts a send of an existing buffer now.
+    pub fn send_buf(&mut self, side: usize, ctx: u64, buf: SimBuf, flags: Flags, offset: u64) {
+        self.sides[side].sends_out.insert(ctx, buf.key);
+        self.sides[side].conn.send(ctx, buf, flags, offset);
+        self.drain(side);
     }
 
     /// Posts a recv of `len` bytes now (ctx gets the [`RECV`] bit); returns its buffer.
@@ -305,6 +314,9 @@ impl Sim {
 
     fn deliver(&mut self, s: usize) {
         let bytes = self.sides[s].link_in.pop_front().expect("enabled");
+        if self.sides[s].down {
+            return;
+        }
         if let Ok(d) = wire::decode(&bytes) {
             // The credits come back to the side receiving them.
             self.sides[s].unsolicited_out -= i64::from(d.credits);
@@ -386,6 +398,10 @@ impl Sim {
                 bytes.len()
             ));
         }
+        if self.sides[s].down {
+            self.violations
+                .push(format!("side {s} sent a frame after closing"));
+        }
         if self.sides[peer].link_in.len() >= cfg.control_buffers() {
             self.violations.push(format!(
                 "side {s} overran the peer: {} frames in flight, {} buffers posted",
@@ -414,6 +430,9 @@ impl Sim {
 
     /// Executes one RMA with the checks a real NIC makes; a failure is a protocol bug here.
     fn execute_rma(&mut self, s: usize, rma: &PendingRma) -> Result<(), ExsError> {
+        if self.sides[0].down || self.sides[1].down {
+            return Err(ExsError::Transfer);
+        }
         let len = rma.remote.len;
         let remote_ok = self.regions.get(&rma.remote.key).is_some_and(|r| {
             let start = base(rma.remote.key);
@@ -443,6 +462,9 @@ impl Sim {
 
     fn record(&mut self, s: usize, e: Event<SimBuf>) {
         let data = e.buf.as_ref().map(|b| self.mem(b.key).to_vec());
+        if e.kind == EventKind::Close {
+            self.sides[s].down = true;
+        }
         let outstanding = match e.kind {
             EventKind::Send => Some(&mut self.sides[s].sends_out),
             EventKind::Recv => Some(&mut self.sides[s].recvs_out),

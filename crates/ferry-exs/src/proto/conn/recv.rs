@@ -143,12 +143,8 @@ impl<B> RecvSide<B> {
 impl<B: LocalBuf> Connection<B> {
     pub(super) fn recv_op(&mut self, op: RecvOp<B>) {
         let persistent = op.flags.contains(Flags::PERSISTENT);
-        let check = if let Some(e) = self.closed_err() {
-            Err(if e == ExsError::Canceled {
-                ExsError::NotConnected
-            } else {
-                e
-            })
+        let check = if self.closed_err().is_some() {
+            Err(ExsError::NotConnected)
         } else if op.flags.0 & !Flags::PERSISTENT.0 != 0 || (persistent && op.offset != 0) {
             Err(ExsError::InvalidFlags)
         } else if self.rx.persistent_posted {
@@ -296,7 +292,7 @@ impl<B: LocalBuf> Connection<B> {
                 self.read(Target::Recv(op), 0, src, msg_len, Some(id), None);
             }
             Incoming::Push { id, .. } => {
-                let Some(dst) = op.buf.remote().and_then(|r| r.sub(0, len).ok()) else {
+                let Some(dst) = op.buf.remote().and_then(|r| r.sub(0, len)) else {
                     // This recv cannot take a push; the message waits for the next one.
                     self.rx.incoming.push_front(msg);
                     return self.finish_recv(op, 0, Err(ExsError::NotRemoteAccessible));
@@ -431,7 +427,7 @@ impl<B: LocalBuf> Connection<B> {
     /// Our persistent recv reached the head: advertise it and let everything already
     /// waiting land in it.
     fn open_block(&mut self, op: RecvOp<B>) {
-        let Some(remote) = op.buf.remote().and_then(|r| r.sub(0, op.buf.len()).ok()) else {
+        let Some(remote) = op.buf.remote().and_then(|r| r.sub(0, op.buf.len())) else {
             self.rx.persistent_posted = false;
             return self.finish_recv(op, 0, Err(ExsError::NotRemoteAccessible));
         };

@@ -92,19 +92,15 @@ impl<B> SendSide<B> {
 /// The advertised part of a local buffer, if the peer can reach it.
 fn remote_of<B: LocalBuf>(buf: &B) -> Result<RemoteSlice, ExsError> {
     buf.remote()
-        .and_then(|r| r.sub(0, buf.len()).ok())
+        .and_then(|r| r.sub(0, buf.len()))
         .ok_or(ExsError::NotRemoteAccessible)
 }
 
 impl<B: LocalBuf> Connection<B> {
     pub(super) fn send_op(&mut self, op: SendOp<B>) {
         let persistent = op.persistent();
-        let check = if let Some(e) = self.closed_err() {
-            Err(if e == ExsError::Canceled {
-                ExsError::NotConnected
-            } else {
-                e
-            })
+        let check = if self.closed_err().is_some() {
+            Err(ExsError::NotConnected)
         } else if op.flags.0 & !(Flags::PERSISTENT | Flags::NOTIFY_ON_READ).0 != 0
             || (op.flags.contains(Flags::NOTIFY_ON_READ) && !persistent)
             || (persistent && op.offset != 0)
@@ -397,5 +393,5 @@ pub(super) fn block_range(
     if offset > block.len {
         return Err(ExsError::OffsetOutOfRange);
     }
-    block.sub(offset, len).map_err(|_| ExsError::MessageSize)
+    block.sub(offset, len).ok_or(ExsError::MessageSize)
 }
