@@ -56,7 +56,11 @@ pub struct Connection<B> {
     /// Largest immediate both sides accept (known after the HELLO exchange).
     imm_max: u64,
     stats: Stats,
+    /// Ids this side gives messages, recv blocks and RMAs: strictly increasing.
     next_id: u64,
+    /// The last id the peer gave a message or block; a peer's ids must increase, so a
+    /// replayed or duplicated frame cannot alias live state.
+    last_peer_id: u64,
     next_frame: u64,
     out: VecDeque<Out<B>>,
     frames_queued: usize,
@@ -71,6 +75,7 @@ impl<B: LocalBuf> Connection<B> {
     pub fn new(cfg: Config) -> Result<Self, ExsError> {
         cfg.validate()?;
         let hello = Hello {
+            minor: wire::VERSION_MINOR,
             send_credits: cfg.send_credits,
             recv_credits: cfg.recv_credits,
             max_imm: cfg.small_packet_max_size,
@@ -82,6 +87,7 @@ impl<B: LocalBuf> Connection<B> {
             imm_max: 0,
             stats: Stats::default(),
             next_id: 1,
+            last_peer_id: 0,
             next_frame: 1,
             out: VecDeque::new(),
             frames_queued: 0,
@@ -328,6 +334,14 @@ impl<B: LocalBuf> Connection<B> {
             self.credits
                 .received()
                 .map_err(|()| "unsolicited frame beyond the credit window")?;
+        }
+        if let Frame::Advert { id, .. } | Frame::PushReq { id, .. } | Frame::RecvAdvert { id, .. } =
+            frame
+        {
+            if id <= self.last_peer_id {
+                return Err("message id not above the previous one");
+            }
+            self.last_peer_id = id;
         }
         match frame {
             Frame::Hello(_) => Err("second HELLO"),

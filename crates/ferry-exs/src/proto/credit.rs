@@ -112,6 +112,7 @@ mod tests {
             ..Config::default()
         };
         let hello = Hello {
+            minor: 0,
             send_credits: peer_send,
             recv_credits: peer_recv,
             max_imm: 0,

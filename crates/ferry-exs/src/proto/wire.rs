@@ -69,6 +69,8 @@ pub type Status = Result<(), ExsError>;
 /// Connection parameters each side announces once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Hello {
+    /// The sender's minor version (its major is ours, or the HELLO was refused).
+    pub minor: u16,
     /// Unsolicited frames this side wants to be able to send.
     pub send_credits: u16,
     /// Unsolicited frames this side can receive.
@@ -250,7 +252,7 @@ pub fn encode(frame: &Frame, credits: u16, payload_len: usize, out: &mut Vec<u8>
     match frame {
         Frame::Hello(h) => {
             out.extend_from_slice(&MAGIC.to_le_bytes());
-            for v in [VERSION_MAJOR, VERSION_MINOR, h.send_credits, h.recv_credits] {
+            for v in [VERSION_MAJOR, h.minor, h.send_credits, h.recv_credits] {
                 out.extend_from_slice(&v.to_le_bytes());
             }
             out.extend_from_slice(&h.max_imm.to_le_bytes());
@@ -499,6 +501,7 @@ fn decode_hello(raw: &[u8], flags: u8, credits: u16) -> Result<Hello, WireError>
         return Err(WireError::BadField(ty::HELLO));
     }
     Ok(Hello {
+        minor,
         send_credits: f.u16(8),
         recv_credits: f.u16(10),
         max_imm: f.u32(12),

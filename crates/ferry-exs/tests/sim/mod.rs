@@ -111,6 +111,10 @@ pub struct Sim {
     /// Every broken rule the harness saw; tests assert it stays empty.
     pub violations: Vec<String>,
     pub steps: u64,
+    /// When set, one step in this many corrupts the links (flip, drop, duplicate or cut a
+    /// frame); the peer's RMA targets then may be garbage, so remote faults are not counted
+    /// as violations, but everything local still is.
+    pub tamper: Option<u32>,
 }
 
 /// The ctx bit that marks a recv (sends and recvs share one ctx space per side).
@@ -139,6 +143,7 @@ impl Sim {
             sides: [side(a), side(b)],
             violations: Vec::new(),
             steps: 0,
+            tamper: None,
         };
         sim.drain(0);
         sim.drain(1);
@@ -278,6 +283,11 @@ impl Sim {
             return false;
         }
         self.steps += 1;
+        if let Some(one_in) = self.tamper {
+            if self.rng.random_ratio(1, one_in) && self.corrupt_link() {
+                return true;
+            }
+        }
         let (kind, s) = choices[self.rng.random_range(0..n)];
         match kind {
             0 => self.deliver(s),
@@ -307,6 +317,38 @@ impl Sim {
                 let ctx = w.recv_ctx;
                 w.recv_ctx += 1;
                 self.recv(s, ctx, len, flags, offset);
+            }
+        }
+        true
+    }
+
+    /// Damages one frame in flight; false if no link holds one.
+    fn corrupt_link(&mut self) -> bool {
+        let s = self.rng.random_range(0..2);
+        let link = &mut self.sides[s].link_in;
+        if link.is_empty() {
+            return false;
+        }
+        let i = self.rng.random_range(0..link.len());
+        match self.rng.random_range(0..4) {
+            0 => {
+                let f = &mut link[i];
+                if !f.is_empty() {
+                    let j = self.rng.random_range(0..f.len());
+                    f[j] ^= self.rng.random_range(1..=255u8);
+                }
+            }
+            1 => {
+                link.remove(i);
+            }
+            2 => {
+                let f = link[i].clone();
+                link.insert(i, f);
+            }
+            _ => {
+                let f = &mut link[i];
+                let keep = self.rng.random_range(0..=f.len());
+                f.truncate(keep);
             }
         }
         true
@@ -379,7 +421,7 @@ impl Sim {
                 side.unsolicited_out += 1;
                 side.max_unsolicited_out = side.max_unsolicited_out.max(side.unsolicited_out);
                 let window = i64::from(side.conn.credits().send_window);
-                if side.unsolicited_out > window {
+                if side.unsolicited_out > window && self.tamper.is_none() {
                     let n = side.unsolicited_out;
                     self.violations.push(format!(
                         "side {s}: {n} unsolicited frames out, window {window}"
@@ -402,7 +444,7 @@ impl Sim {
             self.violations
                 .push(format!("side {s} sent a frame after closing"));
         }
-        if self.sides[peer].link_in.len() >= cfg.control_buffers() {
+        if self.sides[peer].link_in.len() >= cfg.control_buffers() && self.tamper.is_none() {
             self.violations.push(format!(
                 "side {s} overran the peer: {} frames in flight, {} buffers posted",
                 self.sides[peer].link_in.len() + 1,
@@ -438,8 +480,13 @@ impl Sim {
             let start = base(rma.remote.key);
             r.owner != s
                 && rma.remote.addr >= start
-                && rma.remote.addr - start + len <= r.data.len() as u64
+                && (rma.remote.addr - start)
+                    .checked_add(len)
+                    .is_some_and(|end| end <= r.data.len() as u64)
         });
+        if !remote_ok && self.tamper.is_some() {
+            return Err(ExsError::Transfer);
+        }
         if !remote_ok {
             self.violations
                 .push(format!("side {s}: remote access {:?} invalid", rma.remote));
