@@ -451,6 +451,14 @@ impl Sim {
                 cfg.control_buffers()
             ));
         }
+        // The tighter bound PROTOCOL.md derives: one frame per credit each way, plus one.
+        let c = self.sides[s].conn.credits();
+        let bound = usize::from(c.send_window) + usize::from(c.recv_window) + 1;
+        let depth = self.sides[peer].link_in.len() + 1;
+        if c.send_window > 0 && depth > bound && self.tamper.is_none() {
+            self.violations
+                .push(format!("side {s}: {depth} frames in flight, bound {bound}"));
+        }
         self.sides[peer].link_in.push_back(bytes);
         self.sides[s].sent_pending.push(id);
     }
