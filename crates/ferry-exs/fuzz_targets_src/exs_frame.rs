@@ -67,7 +67,7 @@ pub fn exs_frame(data: &[u8]) {
         c.recv(i as u64, FuzzBuf(len), Flags(flags.0 & 1), 0);
     }
     let mut pending = Vec::new();
-    let mut answer = |c: &mut Connection<FuzzBuf>, pending: &mut Vec<Action<FuzzBuf>>| {
+    let answer = |c: &mut Connection<FuzzBuf>, pending: &mut Vec<Action<FuzzBuf>>| {
         while let Some(a) = c.poll_action() {
             match &a {
                 Action::SendFrame { bytes, .. } => assert!(bytes.len() <= cfg.control_buf_size()),
