@@ -524,6 +524,44 @@ fn close_completes_every_pending_operation() {
     }
 }
 
+/// A failed RMA fails that one transfer at both ends and nothing else.
+#[test]
+fn rma_failures_fail_exactly_their_transfer_at_both_ends() {
+    let mut total_failed = 0;
+    for seed in 0..30 {
+        let push = seed % 2 == 1;
+        let mut sim = Sim::new(seed, cfg(32, push), cfg(32, push));
+        sim.fail_rma = Some(3);
+        let msgs: Vec<Vec<u8>> = (0..20)
+            .map(|i| pattern(i, (i as usize * 61) % 300))
+            .collect();
+        sim.plan_sends(0, msgs.clone(), NONE, 5);
+        sim.plan_recvs(1, vec![300; 20], 5);
+        sim.run();
+        sim.assert_quiescent();
+        sim.assert_credits_restored();
+        let (sends, recvs) = (
+            sim.completions(0, EventKind::Send),
+            sim.completions(1, EventKind::Recv),
+        );
+        let mut failed = 0;
+        for (i, m) in msgs.iter().enumerate() {
+            let (s, r) = (&sends[&(i as u64)], &recvs[&(i as u64 | RECV)]);
+            assert_eq!(s.result, r.result, "message {i}");
+            match r.result {
+                Ok(()) => assert_eq!(&r.data.as_ref().unwrap()[..m.len()], &m[..]),
+                Err(e) => {
+                    assert_eq!((e, r.len, s.len), (ExsError::Transfer, 0, 0));
+                    failed += 1;
+                }
+            }
+        }
+        assert!(failed < msgs.len());
+        total_failed += failed;
+    }
+    assert!(total_failed > 30, "{total_failed}");
+}
+
 /// 100,000 small messages with a posting window far above the credits: nothing lost,
 /// reordered or stuck, credits restored, stalls counted.
 #[test]

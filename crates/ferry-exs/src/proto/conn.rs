@@ -155,8 +155,10 @@ impl<B: LocalBuf> Connection<B> {
         self.settle();
     }
 
-    /// The RMA `op` finished (an error fails that transfer, not the connection).
+    /// The RMA `op` finished. An error fails that transfer (on both sides, as
+    /// [`ExsError::Transfer`]), not the connection.
     pub fn rma_done(&mut self, op: OpId, result: Result<(), ExsError>) {
+        let result = result.map_err(|_| ExsError::Transfer);
         if !self.write_done(op, result) {
             self.read_done(op, result);
         }

@@ -206,3 +206,45 @@ pub struct Event<B> {
     /// Outcome.
     pub result: Result<(), ExsError>,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_ranges_and_control_buffer_needs() {
+        let c = Config::default();
+        assert_eq!(c.validate(), Ok(()));
+        assert_eq!(c.control_buffers(), 33);
+        assert_eq!(c.control_buf_size(), 48 + 512);
+        for bad in [
+            Config {
+                send_credits: 0,
+                ..Config::default()
+            },
+            Config {
+                recv_credits: 0,
+                ..Config::default()
+            },
+            Config {
+                small_packet_max_size: MAX_IMMEDIATE + 1,
+                ..Config::default()
+            },
+        ] {
+            assert_eq!(bad.validate(), Err(ExsError::InvalidConfig));
+            assert!(Connection::<Nothing>::new(bad).is_err());
+        }
+    }
+
+    #[derive(Clone)]
+    struct Nothing;
+
+    impl LocalBuf for Nothing {
+        fn len(&self) -> u64 {
+            0
+        }
+        fn remote(&self) -> Option<RemoteSlice> {
+            None
+        }
+    }
+}

@@ -9,7 +9,8 @@ pub struct Stats {
     pub frames_received: u64,
     /// Explicit CREDIT frames sent (credits that found no other frame to ride on).
     pub credit_frames: u64,
-    /// Operations that had to wait for a credit before their unsolicited frame could go.
+    /// Operations that had to wait for a credit before their unsolicited frame could go
+    /// (each counted once, when it reaches the head of its queue and finds none).
     pub credit_stalls: u64,
     /// Messages sent as pull ADVERTs.
     pub adverts: u64,

@@ -507,3 +507,17 @@ fn decode_hello(raw: &[u8], flags: u8, credits: u16) -> Result<Hello, WireError>
         max_imm: f.u32(12),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn close_version_reason_is_the_version_mismatch_code() {
+        let e = ExsError::VersionMismatch {
+            peer_major: 0,
+            our_major: 0,
+        };
+        assert_eq!(e.code(), CLOSE_VERSION);
+    }
+}

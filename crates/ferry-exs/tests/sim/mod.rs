@@ -115,6 +115,8 @@ pub struct Sim {
     /// frame); the peer's RMA targets then may be garbage, so remote faults are not counted
     /// as violations, but everything local still is.
     pub tamper: Option<u32>,
+    /// When set, one RMA in this many fails (as a NIC reports a key or link error).
+    pub fail_rma: Option<u32>,
 }
 
 /// The ctx bit that marks a recv (sends and recvs share one ctx space per side).
@@ -144,6 +146,7 @@ impl Sim {
             violations: Vec::new(),
             steps: 0,
             tamper: None,
+            fail_rma: None,
         };
         sim.drain(0);
         sim.drain(1);
@@ -482,6 +485,11 @@ impl Sim {
     fn execute_rma(&mut self, s: usize, rma: &PendingRma) -> Result<(), ExsError> {
         if self.sides[0].down || self.sides[1].down {
             return Err(ExsError::Transfer);
+        }
+        if let Some(one_in) = self.fail_rma {
+            if self.rng.random_ratio(1, one_in) {
+                return Err(ExsError::Transfer);
+            }
         }
         let len = rma.remote.len;
         let remote_ok = self.regions.get(&rma.remote.key).is_some_and(|r| {
