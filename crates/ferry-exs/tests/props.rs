@@ -69,7 +69,7 @@ fn check_direction(sim: &Sim, from: usize, msgs: &[Vec<u8>], bufs: &[u64]) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 160, ..ProptestConfig::default() })]
 
     #[test]
     fn every_recv_gets_exactly_its_send_in_order(
