@@ -412,7 +412,7 @@ impl RemoteSlice {
     pub fn sub(&self, offset: u64, len: u64) -> Result<RemoteSlice> {
         match offset.checked_add(len) {
             Some(end) if end <= self.len => Ok(RemoteSlice {
-                addr: self.addr + offset,
+                addr: self.addr.wrapping_add(offset),
                 len,
                 key: self.key,
             }),
