@@ -234,7 +234,7 @@ fn ten_thousand_rma_ops_window_64() {
     // Even ops write slot i with a stamp; odd ops read back the slot the previous op wrote.
     let stamp = |i: u64| pattern(SLOT, (i / 2) as u8 ^ (i / 512) as u8);
     let mut in_flight = std::collections::VecDeque::new();
-    let mut check = |c: ferry_fabric::Completion, want: u64| {
+    let check = |c: ferry_fabric::Completion, want: u64| {
         assert!(c.result.is_ok(), "op {} failed: {:?}", c.context, c.result);
         assert_eq!(c.context, want, "completions in posting order");
         if want % 2 == 1 {

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::io::Span;
 use crate::error::{FabricError, RemoteAccessError, Result};
-use crate::mem::{Access, Buffer, Registration};
+use crate::mem::{Access, Buffer, Registration, WeakBuffer};
 
 const SLOT_BITS: u32 = 20;
 const GEN_BITS: u32 = 20;
@@ -24,7 +24,9 @@ const REUSE_AFTER: usize = 256;
 
 struct Slot {
     generation: u32,
-    entry: Option<(Buffer, Access)>,
+    /// Weak, because the registration cache judges whether the caller still holds a buffer by
+    /// its handle count; the region itself keeps the memory alive while the key exists.
+    entry: Option<(WeakBuffer, Access)>,
 }
 
 struct Slots {
@@ -56,7 +58,7 @@ impl KeyTable {
     }
 
     /// Adds a region and returns its key.
-    pub(super) fn insert(&self, buf: Buffer, access: Access) -> Result<u64> {
+    pub(super) fn insert(&self, buf: &Buffer, access: Access) -> Result<u64> {
         let mut t = self.lock();
         let slot = if t.free.len() >= REUSE_AFTER || t.slots.len() > SLOT_MASK as usize {
             t.free.pop_front().ok_or_else(|| {
@@ -70,7 +72,7 @@ impl KeyTable {
             t.slots.len() - 1
         };
         let s = &mut t.slots[slot];
-        s.entry = Some((buf, access));
+        s.entry = Some((buf.downgrade(), access));
         Ok(self.salt << SALT_SHIFT | u64::from(s.generation) << SLOT_BITS | slot as u64)
     }
 
@@ -104,13 +106,14 @@ impl KeyTable {
             .ok_or(RemoteAccessError::UnknownKey)?;
         let generation = ((key >> SLOT_BITS) as u32) & GEN_MASK;
         let (buf, access) = match &slot.entry {
-            Some(e) if slot.generation == generation => e,
+            Some((weak, access)) if slot.generation == generation => (weak.upgrade(), *access),
             _ => return Err(RemoteAccessError::StaleKey),
         };
+        let buf = buf.ok_or(RemoteAccessError::StaleKey)?;
         let (Ok(off), Ok(len)) = (usize::try_from(offset), usize::try_from(len)) else {
             return Err(RemoteAccessError::OutOfBounds);
         };
-        let span = Span::new(buf.clone(), off, len).ok_or(RemoteAccessError::OutOfBounds)?;
+        let span = Span::new(buf, off, len).ok_or(RemoteAccessError::OutOfBounds)?;
         if !access.contains(need) {
             return Err(RemoteAccessError::NoPermission);
         }
@@ -144,7 +147,8 @@ mod tests {
     fn checks_key_generation_bounds_and_rights() {
         let t = KeyTable::new();
         let other = KeyTable::new();
-        let k = t.insert(Buffer::new(100), Access::REMOTE_READ).unwrap();
+        let b = Buffer::new(100);
+        let k = t.insert(&b, Access::REMOTE_READ).unwrap();
         assert!(t.lookup(k, 90, 10, Access::REMOTE_READ).is_ok());
         let e = |r: std::result::Result<Span, RemoteAccessError>| r.err();
         assert_eq!(
@@ -160,7 +164,7 @@ mod tests {
             Some(RemoteAccessError::NoPermission)
         );
         if other.salt != t.salt {
-            let foreign = other.insert(Buffer::new(100), Access::ALL).unwrap();
+            let foreign = other.insert(&b, Access::ALL).unwrap();
             assert_eq!(
                 e(t.lookup(foreign, 0, 1, Access::LOCAL)),
                 Some(RemoteAccessError::UnknownKey)
@@ -180,18 +184,19 @@ mod tests {
     #[test]
     fn freed_slots_are_reused_late_with_a_new_generation() {
         let t = KeyTable::new();
-        let first = t.insert(Buffer::new(1), Access::ALL).unwrap();
+        let b = Buffer::new(1);
+        let first = t.insert(&b, Access::ALL).unwrap();
         t.remove(first);
         let mut keys = Vec::new();
         for _ in 0..REUSE_AFTER {
-            let k = t.insert(Buffer::new(1), Access::ALL).unwrap();
+            let k = t.insert(&b, Access::ALL).unwrap();
             assert_ne!(k & SLOT_MASK, first & SLOT_MASK, "reused too early");
             keys.push(k);
         }
         for k in keys {
             t.remove(k);
         }
-        let again = t.insert(Buffer::new(1), Access::ALL).unwrap();
+        let again = t.insert(&b, Access::ALL).unwrap();
         assert_eq!(again & SLOT_MASK, first & SLOT_MASK);
         assert_ne!(again, first);
         assert_eq!(

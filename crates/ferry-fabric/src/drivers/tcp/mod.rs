@@ -141,9 +141,8 @@ impl TcpDomain {
             peer,
             threads: Vec::with_capacity(2),
         };
-        let workers: [(&str, fn(Arc<Conn>)); 2] =
-            [("ferry-tcp-rx", rx::run), ("ferry-tcp-tx", tx::run)];
-        for (name, run) in workers {
+        let run_rx: fn(Arc<Conn>) = rx::run;
+        for (name, run) in [("ferry-tcp-rx", run_rx), ("ferry-tcp-tx", tx::run)] {
             let conn = ep.conn.clone();
             // On failure `ep` drops, which stops the thread already started.
             let t = std::thread::Builder::new()
@@ -166,7 +165,7 @@ impl Domain for TcpDomain {
     }
 
     fn register(&self, buf: &Buffer, access: Access) -> Result<MemoryRegion> {
-        let key = self.keys.insert(buf.clone(), access)?;
+        let key = self.keys.insert(buf, access)?;
         let reg = Reg {
             keys: self.keys.clone(),
             key,
