@@ -44,6 +44,7 @@ impl Close {
 
 /// What a job sends after its header.
 pub(super) enum Payload {
+    /// Header only.
     None,
     /// Copied at post time (inline sends).
     Inline(Vec<u8>),
@@ -109,19 +110,17 @@ pub(super) struct Conn {
     pub(super) stream: TcpStream,
     pub(super) cq: CompletionQueue,
     pub(super) keys: Arc<KeyTable>,
-    pub(super) inline_size: usize,
     state: Mutex<State>,
     /// The writer sleeps here while it has nothing to write.
     pub(super) wake: Condvar,
 }
 
 impl Conn {
-    pub(super) fn new(stream: TcpStream, keys: Arc<KeyTable>, inline_size: usize) -> Result<Self> {
+    pub(super) fn new(stream: TcpStream, keys: Arc<KeyTable>) -> Result<Self> {
         Ok(Self {
             stream,
             cq: CompletionQueue::new()?,
             keys,
-            inline_size,
             state: Mutex::new(State {
                 closed: None,
                 rx_done: false,
@@ -178,7 +177,7 @@ impl Conn {
     }
 
     fn post_send(&self, spans: Vec<Span>, total: u64, context: u64) {
-        let inline = total <= self.inline_size as u64;
+        let inline = total <= super::INLINE_SIZE as u64;
         let payload = if inline {
             Payload::Inline(io::copy_out(&spans))
         } else {

@@ -31,7 +31,8 @@ const T_READ_RESP: u8 = 0x06;
 /// One decoded frame header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Frame {
-    /// First frame in each direction. Its layout is the same in every protocol version.
+    /// First frame in each direction. Its layout is the same in every protocol version, and
+    /// only its magic is validated.
     Hello {
         /// Sender's protocol major version.
         major: u16,
@@ -210,6 +211,19 @@ pub fn decode(buf: &[u8]) -> Result<Option<(Frame, usize)>, DecodeError> {
         w.copy_from_slice(&h[i..i + 8]);
         u64::from_le_bytes(w)
     };
+    if ty == T_HELLO {
+        // Only the magic is checked: a HELLO of any version must decode, so that a peer of
+        // another major version is told so instead of being rejected as garbage.
+        if h[16..24] != MAGIC {
+            return Err(DecodeError::BadMagic);
+        }
+        let hello = Frame::Hello {
+            major: u16_at(24),
+            minor: u16_at(26),
+            flags: u32_at(28),
+        };
+        return Ok(Some((hello, n)));
+    }
     let len = u64_at(0);
     let st = h[9];
     let id = u32_at(12);
@@ -224,19 +238,6 @@ pub fn decode(buf: &[u8]) -> Result<Option<(Frame, usize)>, DecodeError> {
         }
     };
     let frame = match ty {
-        T_HELLO => {
-            if h[16..24] != MAGIC {
-                return Err(DecodeError::BadMagic);
-            }
-            if len != 0 || st != 0 || id != 0 {
-                return Err(DecodeError::Reserved(ty));
-            }
-            Frame::Hello {
-                major: u16_at(24),
-                minor: u16_at(26),
-                flags: u32_at(28),
-            }
-        }
         T_SEND if st == 0 && id == 0 => Frame::Send { len: checked(len)? },
         T_WRITE if st == 0 => Frame::Write {
             id,
@@ -349,6 +350,19 @@ mod tests {
         .encode()
         .as_bytes()
         .to_vec();
+        let future = {
+            let mut f = b.clone();
+            f[0..8].fill(0xff);
+            f[9..16].fill(0xff);
+            f[24] = 9;
+            f
+        };
+        let hello = Frame::Hello {
+            major: 9,
+            minor: 0,
+            flags: 0,
+        };
+        assert_eq!(decode(&future), Ok(Some((hello, 32))), "any version's HELLO decodes");
         b[16] = b'X';
         assert_eq!(decode(&b), Err(DecodeError::BadMagic));
         let mut b = Frame::ReadResp {

@@ -69,7 +69,7 @@ pub(super) fn scatter(list: &[LocalSlice]) -> Result<Vec<Span>> {
     ranges.sort_unstable();
     if ranges.windows(2).any(|w| w[1].0 < w[0].1) {
         return Err(FabricError::InvalidArgument(
-            "receive segments overlap".into(),
+            "scatter segments overlap".into(),
         ));
     }
     Ok(spans)
@@ -149,9 +149,11 @@ impl<'a> Fill<'a> {
             }
             let n = (s.len - pos).min(want);
             // SAFETY: the span was bounds-checked at creation and `pos + n <= s.len`. The list
-            // has no overlapping segments (`scatter`), so these slices are disjoint, and they
-            // live only for this one readv. The connection's single reader thread is the only
-            // driver path writing a receive or RMA-write target of this connection.
+            // has no overlapping segments (`scatter`), so these slices are disjoint; they live
+            // only for this one readv and Rust code never reads or writes through them. Within
+            // a connection only its reader thread writes receive and RMA-write targets. Peers
+            // writing one range over different connections race inside the kernel's copy, as
+            // they would on RDMA hardware (the contract of `bytes_mut`).
             iov.push(IoSliceMut::new(unsafe { s.buf.bytes_mut(s.off + pos, n) }));
             want -= n;
             pos = 0;

@@ -36,8 +36,9 @@ use crate::error::{FabricError, Result};
 use crate::mem::{next_domain_id, Access, Buffer, DomainId, MemoryRegion};
 use crate::{Address, Domain, Endpoint, Listener, Scheme};
 
-/// Most segments per operation. writev takes 1024; 64 covers every layer above while
-/// keeping a batch of frames within one writev call.
+/// Most segments per operation. writev accepts 1024 iovecs (`UIO_MAXIOV`); at 64, one frame
+/// (header and segments) uses a small share of that, so a burst of frames still leaves in one
+/// writev. Longer lists are split by the layers above.
 const MAX_GATHER: usize = 64;
 /// Sends up to this size are copied at post time and complete immediately.
 const INLINE_SIZE: usize = 4096;
@@ -134,7 +135,7 @@ impl TcpDomain {
         let peer = stream
             .peer_addr()
             .map_or_else(|_| "unknown peer".into(), |a| a.to_string());
-        let conn = Arc::new(Conn::new(stream, self.keys.clone(), INLINE_SIZE)?);
+        let conn = Arc::new(Conn::new(stream, self.keys.clone())?);
         let mut ep = TcpEndpoint {
             domain,
             conn,
