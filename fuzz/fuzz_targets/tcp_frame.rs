@@ -11,7 +11,10 @@ fuzz_target!(|data: &[u8]| {
     while let Ok(Some((f, n))) = frame::decode(rest) {
         assert!(n <= rest.len());
         let again = f.encode();
-        assert_eq!(frame::decode(again.as_bytes()), Ok(Some((f, again.as_bytes().len()))));
+        assert_eq!(
+            frame::decode(again.as_bytes()),
+            Ok(Some((f, again.as_bytes().len())))
+        );
         let skip = usize::try_from(f.payload_len()).unwrap_or(usize::MAX);
         rest = rest.get(n.saturating_add(skip)..).unwrap_or(&[]);
     }

@@ -362,7 +362,11 @@ mod tests {
             minor: 0,
             flags: 0,
         };
-        assert_eq!(decode(&future), Ok(Some((hello, 32))), "any version's HELLO decodes");
+        assert_eq!(
+            decode(&future),
+            Ok(Some((hello, 32))),
+            "any version's HELLO decodes"
+        );
         b[16] = b'X';
         assert_eq!(decode(&b), Err(DecodeError::BadMagic));
         let mut b = Frame::ReadResp {
