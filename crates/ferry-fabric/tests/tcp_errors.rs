@@ -389,10 +389,44 @@ fn killed_peer_child() {
     std::thread::sleep(Duration::from_secs(60));
 }
 
+/// Kills the child process however the test ends, so a failure cannot leave it stopped.
+struct Reaper(std::process::Child);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Stops `pid` and waits until every one of its threads is stopped.
+fn stop(pid: u32) {
+    let st = std::process::Command::new("kill")
+        .args(["-STOP", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let stopped = || {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .all(|t| {
+                let stat =
+                    std::fs::read_to_string(t.unwrap().path().join("stat")).unwrap_or_default();
+                let state = stat.rsplit(')').next().unwrap_or("").trim_start();
+                state.starts_with('T') || state.starts_with('t')
+            })
+    };
+    let start = Instant::now();
+    while !stopped() {
+        assert!(start.elapsed() < T, "child did not stop");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 #[test]
 fn killed_peer_process() {
     let l = listener();
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+    let child = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
             "killed_peer_child",
@@ -403,20 +437,13 @@ fn killed_peer_process() {
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
+    let mut child = Reaper(child);
     let ep = l.accept(T).expect("child connects");
     let dst = register(&*ep, 1 << 20, Access::LOCAL);
     ep.post_recv(&[dst.full()], 0).unwrap();
     ok(&*ep);
     // Stopped, the child cannot answer the read: it stays pending until the child dies.
-    let signal = |sig: &str| {
-        let pid = child.id().to_string();
-        let st = std::process::Command::new("kill")
-            .args([sig, &pid])
-            .status()
-            .unwrap();
-        assert!(st.success());
-    };
-    signal("-STOP");
+    stop(child.0.id());
     let target = register(&*ep, 64, Access::LOCAL);
     let remote = ferry_fabric::RemoteSlice {
         addr: 0,
@@ -424,12 +451,11 @@ fn killed_peer_process() {
         key: 1,
     };
     ep.post_read(&[target.full()], remote, 1).unwrap();
-    assert!(
-        ep.cq().wait(Duration::from_millis(200)).is_err(),
-        "read pending"
-    );
-    signal("-KILL");
-    child.wait().unwrap();
+    if let Ok(c) = ep.cq().wait(Duration::from_millis(200)) {
+        panic!("the read should be pending, but completed: {c:?}");
+    }
+    child.0.kill().unwrap();
+    child.0.wait().unwrap();
     let start = Instant::now();
     let (c, e) = failed(&*ep);
     assert_eq!(c.op, OpKind::Read);
