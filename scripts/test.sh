@@ -11,3 +11,19 @@ echo "== cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo test"
 cargo test --workspace --locked
+
+# Fuzz smoke: every wire decoder for a few seconds (cargo-fuzz needs the nightly toolchain;
+# without it this step says so and is skipped — the decoders' proptests above still ran).
+secs=${FERRY_FUZZ_SECONDS:-10}
+if [ "$secs" -gt 0 ] && rustup run nightly rustc --version >/dev/null 2>&1; then
+  command -v cargo-fuzz >/dev/null 2>&1 || cargo install --locked cargo-fuzz >/dev/null 2>&1 \
+    || echo "ferry: could not install cargo-fuzz; skipping the fuzz smoke run" >&2
+  if command -v cargo-fuzz >/dev/null 2>&1; then
+    for target in $(cd fuzz && cargo +nightly fuzz list); do
+      echo "== fuzz $target (${secs}s)"
+      (cd fuzz && cargo +nightly fuzz run "$target" -- -max_total_time="$secs" 2>&1 | tail -n 1)
+    done
+  fi
+else
+  echo "== fuzz smoke skipped (no nightly toolchain, or FERRY_FUZZ_SECONDS=0)"
+fi

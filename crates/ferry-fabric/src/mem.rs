@@ -94,6 +94,12 @@ impl Buffer {
         Arc::strong_count(&self.raw)
     }
 
+    /// A handle that neither keeps the memory alive nor counts in [`Self::handle_count`], for
+    /// driver tables whose entries live exactly as long as a registration.
+    pub(crate) fn downgrade(&self) -> WeakBuffer {
+        WeakBuffer(Arc::downgrade(&self.raw))
+    }
+
     /// The bytes, if this handle is the only one.
     pub fn as_slice(&self) -> Option<&[u8]> {
         (Arc::strong_count(&self.raw) == 1).then(|| {
@@ -188,6 +194,16 @@ impl Buffer {
 impl fmt::Debug for Buffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Buffer({:#x}, {} B)", self.addr(), self.len())
+    }
+}
+
+/// A non-owning [`Buffer`] handle (see [`Buffer::downgrade`]).
+pub(crate) struct WeakBuffer(std::sync::Weak<RawMem>);
+
+impl WeakBuffer {
+    /// The buffer, if its memory still exists.
+    pub(crate) fn upgrade(&self) -> Option<Buffer> {
+        self.0.upgrade().map(|raw| Buffer { raw })
     }
 }
 
@@ -302,6 +318,7 @@ impl MemoryRegion {
         self.inner.domain
     }
 
+    #[allow(dead_code)] // Used by the ofi driver only; the tcp driver keeps its state in its key table.
     pub(crate) fn registration(&self) -> &dyn Any {
         self.inner.registration.as_any()
     }

@@ -6,7 +6,7 @@
 //! (ACK, refused PUSH_GRANT) or, for operations without a final response (push after its
 //! DONE, READ_NOTIFY once handled), once it is done with it. That keeps every response
 //! bounded by the operations the peer still has open, which is what makes the control-buffer
-//! count in `PROTOCOL.md` sufficient.
+//! count in `docs/protocol.md` (section "EXS control protocol") sufficient.
 
 use super::wire::Hello;
 use super::Config;

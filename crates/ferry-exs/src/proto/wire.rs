@@ -2,7 +2,7 @@
 //!
 //! Every frame is an 8-byte header (total length, type, flags, credits returned) and a
 //! fixed-size body; only an immediate ADVERT carries a variable payload after its body. All
-//! integers are little-endian. The layouts are documented in `PROTOCOL.md`. [`decode`] is the
+//! integers are little-endian. The layouts are documented in `docs/protocol.md` (section "EXS control protocol"). [`decode`] is the
 //! fuzzing entry point: it never panics and rejects anything it would not itself encode.
 
 use super::RemoteSlice;

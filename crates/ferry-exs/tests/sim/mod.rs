@@ -454,7 +454,7 @@ impl Sim {
                 cfg.control_buffers()
             ));
         }
-        // The tighter bound PROTOCOL.md derives: one frame per credit each way, plus one.
+        // The tighter bound docs/protocol.md derives: one frame per credit each way, plus one.
         let c = self.sides[s].conn.credits();
         let bound = usize::from(c.send_window) + usize::from(c.recv_window) + 1;
         let depth = self.sides[peer].link_in.len() + 1;

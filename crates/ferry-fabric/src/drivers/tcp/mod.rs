@@ -1,15 +1,316 @@
-//! Driver `tcp` (under construction).
+//! Driver `tcp`: ferry's native TCP driver.
+//!
+//! One TCP connection per endpoint, served by a reader thread and a writer thread; the
+//! posting thread only queues work. Payloads move between the socket and registered memory
+//! with vectored I/O and no staging copy, except sends up to the inline size, which are copied
+//! at post time and complete at once. RMA is emulated with request/response frames
+//! ([`frame`]): the target's reader checks every access (key salt and generation, bounds,
+//! rights) before it touches memory. Remote addresses are offsets into the region.
+//!
+//! Completions are in posting order per kind. When the connection ends (peer gone, reset,
+//! protocol violation, endpoint dropped), every pending operation fails, and later posts are
+//! accepted and fail at once with the same error, so callers handle loss in one place.
+//! Dropping an endpoint aborts what is still in flight.
+//!
+//! Wire protocol: `docs/protocol.md`, section "Native TCP driver wire protocol".
 
-use std::sync::Arc;
+mod conn;
+pub mod frame;
+mod io;
+mod keys;
+mod rx;
+mod tx;
 
-use crate::{Address, Domain, FabricError, Listener, Result};
+use std::io::{ErrorKind, Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
-/// Opens a client domain.
-pub fn open(_addr: &Address) -> Result<Arc<dyn Domain>> {
-    Err(FabricError::Unavailable("tcp driver not built yet".into()))
+use rustix::event::{poll, PollFd, PollFlags};
+
+use self::conn::{Conn, TcpEndpoint};
+use self::frame::Frame;
+use self::keys::{KeyTable, Reg};
+use crate::caps::{Capabilities, Ordering, Progress};
+use crate::error::{FabricError, Result};
+use crate::mem::{next_domain_id, Access, Buffer, DomainId, MemoryRegion};
+use crate::{Address, Domain, Endpoint, Listener, Scheme};
+
+/// Most segments per operation. writev accepts 1024 iovecs (`UIO_MAXIOV`); at 64, one frame
+/// (header and segments) uses a small share of that, so a burst of frames still leaves in one
+/// writev. Longer lists are split by the layers above.
+const MAX_GATHER: usize = 64;
+/// Sends up to this size are copied at post time and complete immediately.
+const INLINE_SIZE: usize = 4096;
+
+fn capabilities() -> Capabilities {
+    Capabilities {
+        driver: "tcp".into(),
+        provider: "tcp".into(),
+        rma: true,
+        max_gather: MAX_GATHER,
+        inline_size: INLINE_SIZE,
+        max_msg_size: frame::MAX_LEN,
+        // One TCP stream, one reader applying frames in order, answers in request order.
+        ordering: Ordering {
+            send_after_send: true,
+            send_after_write: true,
+            write_after_write: true,
+            completion_in_order: true,
+        },
+        progress: Progress::Auto,
+        virt_addr: false,
+    }
 }
 
-/// Listens on `addr`.
-pub fn listen(_addr: &Address) -> Result<Box<dyn Listener>> {
-    Err(FabricError::Unavailable("tcp driver not built yet".into()))
+/// Opens a client domain.
+pub fn open(addr: &Address) -> Result<Arc<dyn Domain>> {
+    check_scheme(addr)?;
+    Ok(TcpDomain::new())
+}
+
+/// Listens on `addr` with a domain of its own.
+pub fn listen(addr: &Address) -> Result<Box<dyn Listener>> {
+    check_scheme(addr)?;
+    let listener = std::net::TcpListener::bind(addr.host_port())
+        .map_err(|e| FabricError::io(format!("bind {addr}"), e))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| FabricError::io("listener O_NONBLOCK", e))?;
+    let local = listener
+        .local_addr()
+        .map_err(|e| FabricError::io("listener address", e))?;
+    Ok(Box::new(TcpListener {
+        domain: TcpDomain::new(),
+        listener,
+        local: Address {
+            scheme: Scheme::Tcp,
+            host: local.ip().to_string(),
+            port: Some(local.port()),
+        },
+    }))
+}
+
+/// `timeout` from now, saturating instead of overflowing for huge timeouts.
+fn deadline(timeout: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(timeout)
+        .unwrap_or(now + Duration::from_secs(100 * 365 * 86_400))
+}
+
+fn check_scheme(addr: &Address) -> Result<()> {
+    match addr.scheme {
+        Scheme::Tcp => Ok(()),
+        _ => Err(FabricError::InvalidArgument(format!(
+            "{addr} is not a tcp:// address"
+        ))),
+    }
+}
+
+/// A domain of the native TCP driver: its capabilities and key table.
+struct TcpDomain {
+    id: DomainId,
+    caps: Capabilities,
+    keys: Arc<KeyTable>,
+    me: Weak<TcpDomain>,
+}
+
+impl TcpDomain {
+    fn new() -> Arc<Self> {
+        Arc::new_cyclic(|me| Self {
+            id: next_domain_id(),
+            caps: capabilities(),
+            keys: Arc::new(KeyTable::new()),
+            me: me.clone(),
+        })
+    }
+
+    /// Handshakes on a connected socket and starts its reader and writer.
+    fn endpoint(&self, stream: TcpStream, timeout: Duration) -> Result<Box<dyn Endpoint>> {
+        let domain = self.me.upgrade().ok_or(FabricError::Cancelled)?;
+        stream
+            .set_nodelay(true)
+            .map_err(|e| FabricError::io("TCP_NODELAY", e))?;
+        handshake(&stream, deadline(timeout), timeout)?;
+        let peer = stream
+            .peer_addr()
+            .map_or_else(|_| "unknown peer".into(), |a| a.to_string());
+        let conn = Arc::new(Conn::new(stream, self.keys.clone())?);
+        let mut ep = TcpEndpoint {
+            domain,
+            conn,
+            peer,
+            threads: Vec::with_capacity(2),
+        };
+        let run_rx: fn(Arc<Conn>) = rx::run;
+        for (name, run) in [("ferry-tcp-rx", run_rx), ("ferry-tcp-tx", tx::run)] {
+            let conn = ep.conn.clone();
+            // On failure `ep` drops, which stops the thread already started.
+            let t = std::thread::Builder::new()
+                .name(name.into())
+                .spawn(move || run(conn))
+                .map_err(|e| FabricError::io("spawn connection thread", e))?;
+            ep.threads.push(t);
+        }
+        Ok(Box::new(ep))
+    }
+}
+
+impl Domain for TcpDomain {
+    fn id(&self) -> DomainId {
+        self.id
+    }
+
+    fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    fn register(&self, buf: &Buffer, access: Access) -> Result<MemoryRegion> {
+        let key = self.keys.insert(buf, access)?;
+        let reg = Reg {
+            keys: self.keys.clone(),
+            key,
+        };
+        Ok(MemoryRegion::new(
+            buf.clone(),
+            access,
+            key,
+            self.id,
+            false,
+            Box::new(reg),
+        ))
+    }
+
+    fn connect(&self, addr: &Address, timeout: Duration) -> Result<Box<dyn Endpoint>> {
+        check_scheme(addr)?;
+        let deadline = deadline(timeout);
+        let targets = addr
+            .host_port()
+            .to_socket_addrs()
+            .map_err(|e| FabricError::io(format!("resolve {addr}"), e))?;
+        let mut last = None;
+        for target in targets {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(FabricError::Timeout(timeout));
+            }
+            match TcpStream::connect_timeout(&target, left) {
+                Ok(s) => {
+                    return self.endpoint(s, deadline.saturating_duration_since(Instant::now()))
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(match last {
+            Some(e) if e.kind() == ErrorKind::TimedOut => FabricError::Timeout(timeout),
+            Some(e) => FabricError::io(format!("connect {addr}"), e),
+            None => FabricError::BadAddress {
+                addr: addr.to_string(),
+                why: "resolves to no address".into(),
+            },
+        })
+    }
+}
+
+/// Exchanges HELLO frames: both sides send theirs, then check the peer's magic and major.
+fn handshake(stream: &TcpStream, deadline: Instant, timeout: Duration) -> Result<()> {
+    let io_err = |e: std::io::Error| match e.kind() {
+        ErrorKind::WouldBlock | ErrorKind::TimedOut => FabricError::Timeout(timeout),
+        ErrorKind::UnexpectedEof => {
+            FabricError::ConnectionLost("peer closed the connection during HELLO".into())
+        }
+        _ => FabricError::io("HELLO", e),
+    };
+    let set = |t: Option<Duration>| -> Result<()> {
+        stream
+            .set_read_timeout(t)
+            .and_then(|()| stream.set_write_timeout(t))
+            .map_err(|e| FabricError::io("socket timeout", e))
+    };
+    let left = deadline.saturating_duration_since(Instant::now());
+    set(Some(left.max(Duration::from_millis(1))))?;
+    let hello = Frame::Hello {
+        major: frame::VERSION_MAJOR,
+        minor: frame::VERSION_MINOR,
+        flags: 0,
+    }
+    .encode();
+    let mut s = stream;
+    s.write_all(hello.as_bytes()).map_err(io_err)?;
+    // Read no further than a HELLO: the peer's first frames may follow it at once.
+    let mut buf = [0u8; frame::MAX_HEADER_LEN];
+    let hello_len = hello.as_bytes().len();
+    s.read_exact(&mut buf[..frame::PREFIX_LEN])
+        .map_err(io_err)?;
+    let peer = match frame::decode(&buf[..frame::PREFIX_LEN]) {
+        Ok(None) => {
+            s.read_exact(&mut buf[frame::PREFIX_LEN..hello_len])
+                .map_err(io_err)?;
+            frame::decode(&buf[..hello_len])
+        }
+        other => other,
+    };
+    match peer {
+        Ok(Some((Frame::Hello { major, .. }, _))) if major == frame::VERSION_MAJOR => set(None),
+        Ok(Some((Frame::Hello { major, .. }, _))) => Err(FabricError::VersionMismatch {
+            peer_major: major,
+            our_major: frame::VERSION_MAJOR,
+        }),
+        Ok(_) => Err(FabricError::Protocol(
+            "peer did not start with HELLO".into(),
+        )),
+        Err(e) => Err(FabricError::Protocol(format!("bad HELLO: {e}"))),
+    }
+}
+
+/// A listening socket; accepted endpoints share its domain.
+struct TcpListener {
+    domain: Arc<TcpDomain>,
+    listener: std::net::TcpListener,
+    local: Address,
+}
+
+impl Listener for TcpListener {
+    fn domain(&self) -> Arc<dyn Domain> {
+        self.domain.clone()
+    }
+
+    fn local_addr(&self) -> Address {
+        self.local.clone()
+    }
+
+    /// Waits for a connection and handshakes on it. An error from a failed handshake concerns
+    /// that connection only; the listener keeps accepting.
+    fn accept(&self, timeout: Duration) -> Result<Box<dyn Endpoint>> {
+        let deadline = deadline(timeout);
+        loop {
+            match self.listener.accept() {
+                Ok((stream, _)) => {
+                    stream
+                        .set_nonblocking(false)
+                        .map_err(|e| FabricError::io("accepted socket blocking mode", e))?;
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    return self.domain.endpoint(stream, left);
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => return Err(FabricError::io("accept", e)),
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(FabricError::Timeout(timeout));
+            }
+            // Bounded so the conversion cannot fail; the loop polls again.
+            let ts = rustix::time::Timespec::try_from(left.min(Duration::from_secs(3600)))
+                .unwrap_or(rustix::time::Timespec {
+                    tv_sec: 1,
+                    tv_nsec: 0,
+                });
+            let mut fds = [PollFd::new(&self.listener, PollFlags::IN)];
+            match poll(&mut fds, Some(&ts)) {
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(FabricError::io("poll listener", e.into())),
+            }
+        }
+    }
 }

@@ -1,0 +1,339 @@
+//! One connection: the state shared by the posting threads, the reader ([`super::rx`]) and the
+//! writer ([`super::tx`]), and the endpoint built on it.
+//!
+//! Who completes what, so that every accepted post completes exactly once and in posting order
+//! per kind: the writer completes sends (when their bytes are in the socket, or with the close
+//! reason when it shuts down); the reader completes receives, RMA writes (at WRITE_ACK) and
+//! RMA reads (at READ_RESP), and on shutdown fails everything still pending. A post that finds
+//! its completer already gone completes at once with the close reason.
+
+use std::collections::VecDeque;
+use std::net::{Shutdown, TcpStream};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use super::frame::{Frame, Header};
+use super::io::{self, Span};
+use super::keys::KeyTable;
+use super::TcpDomain;
+use crate::cq::{Completion, CompletionQueue, OpKind};
+use crate::error::{FabricError, Result};
+use crate::{check_local, check_rma, Capabilities, Domain, Endpoint, LocalSlice, RemoteSlice};
+
+/// Why a connection ended; every pending operation fails with the matching error.
+#[derive(Debug, Clone)]
+pub(super) enum Close {
+    /// EOF, reset, or an I/O error.
+    Lost(String),
+    /// The peer broke the protocol.
+    Protocol(String),
+    /// The endpoint was dropped.
+    Cancelled,
+}
+
+impl Close {
+    /// The error operations fail with.
+    pub(super) fn error(&self) -> FabricError {
+        match self {
+            Close::Lost(why) => FabricError::ConnectionLost(why.clone()),
+            Close::Protocol(why) => FabricError::Protocol(why.clone()),
+            Close::Cancelled => FabricError::Cancelled,
+        }
+    }
+}
+
+/// What a job sends after its header.
+pub(super) enum Payload {
+    /// Header only.
+    None,
+    /// Copied at post time (inline sends).
+    Inline(Vec<u8>),
+    /// Straight from registered memory.
+    Spans(Vec<Span>),
+}
+
+/// One frame queued for the writer.
+pub(super) struct Job {
+    pub(super) header: Header,
+    pub(super) payload: Payload,
+    /// A send to complete (context, length) once the frame is in the socket.
+    pub(super) done: Option<(u64, u64)>,
+}
+
+impl Job {
+    fn control(frame: Frame, payload: Payload) -> Self {
+        Self {
+            header: frame.encode(),
+            payload,
+            done: None,
+        }
+    }
+}
+
+/// A posted receive.
+pub(super) struct Recv {
+    pub(super) context: u64,
+    pub(super) spans: Vec<Span>,
+}
+
+/// An RMA operation waiting for its answer.
+pub(super) struct Pending {
+    pub(super) id: u32,
+    pub(super) context: u64,
+    pub(super) len: u64,
+    /// The read's destination (empty for writes).
+    pub(super) spans: Vec<Span>,
+}
+
+/// Mutable connection state, behind one lock so that posting order is wire order.
+pub(super) struct State {
+    pub(super) closed: Option<Close>,
+    /// The reader has exited and failed everything it owned.
+    pub(super) rx_done: bool,
+    /// The writer has exited and failed every queued send.
+    pub(super) tx_done: bool,
+    pub(super) jobs: VecDeque<Job>,
+    pub(super) writer_idle: bool,
+    /// Sends queued or being written that still owe a completion; an inline send completes
+    /// at post time only when this is zero, to keep send completions in order.
+    pub(super) unfinished_sends: usize,
+    pub(super) recvs: VecDeque<Recv>,
+    /// Messages that arrived before a receive was posted.
+    pub(super) unexpected: VecDeque<Vec<u8>>,
+    pub(super) writes: VecDeque<Pending>,
+    pub(super) reads: VecDeque<Pending>,
+    next_id: u32,
+}
+
+/// The shared part of a connection.
+pub(super) struct Conn {
+    pub(super) stream: TcpStream,
+    pub(super) cq: CompletionQueue,
+    pub(super) keys: Arc<KeyTable>,
+    state: Mutex<State>,
+    /// The writer sleeps here while it has nothing to write.
+    pub(super) wake: Condvar,
+}
+
+impl Conn {
+    pub(super) fn new(stream: TcpStream, keys: Arc<KeyTable>) -> Result<Self> {
+        Ok(Self {
+            stream,
+            cq: CompletionQueue::new()?,
+            keys,
+            state: Mutex::new(State {
+                closed: None,
+                rx_done: false,
+                tx_done: false,
+                jobs: VecDeque::new(),
+                writer_idle: false,
+                unfinished_sends: 0,
+                recvs: VecDeque::new(),
+                unexpected: VecDeque::new(),
+                writes: VecDeque::new(),
+                reads: VecDeque::new(),
+                next_id: 0,
+            }),
+            wake: Condvar::new(),
+        })
+    }
+
+    pub(super) fn lock(&self) -> MutexGuard<'_, State> {
+        // Critical sections never leave the state half-updated, so poison carries no risk.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues a job for the writer, waking it if it sleeps.
+    pub(super) fn enqueue(&self, st: &mut State, job: Job) {
+        st.jobs.push_back(job);
+        if st.writer_idle {
+            st.writer_idle = false;
+            self.wake.notify_one();
+        }
+    }
+
+    /// Queues a control frame from the reader (WRITE_ACK, READ_RESP); dropped once closed.
+    pub(super) fn answer(&self, frame: Frame, payload: Payload) {
+        let mut st = self.lock();
+        if st.closed.is_none() {
+            self.enqueue(&mut st, Job::control(frame, payload));
+        }
+    }
+
+    /// Records why the connection ends (the first reason wins) and wakes both threads.
+    pub(super) fn close(&self, st: &mut State, why: Close) {
+        if st.closed.is_none() {
+            tracing::debug!(?why, "tcp connection closing");
+            st.closed = Some(why);
+        }
+        self.wake.notify_one();
+        // Unblocks the reader's read and the writer's write; fails only if already shut down.
+        let _ = self.stream.shutdown(Shutdown::Both);
+    }
+
+    fn fail_now(&self, st: &State, context: u64, op: OpKind) {
+        let why = st.closed.clone().unwrap_or(Close::Cancelled);
+        self.cq.push(Completion::err(context, op, why.error()));
+    }
+
+    fn post_send(&self, spans: Vec<Span>, total: u64, context: u64) {
+        let inline = total <= super::INLINE_SIZE as u64;
+        let payload = if inline {
+            Payload::Inline(io::copy_out(&spans))
+        } else {
+            Payload::Spans(spans)
+        };
+        let mut st = self.lock();
+        if st.tx_done {
+            return self.fail_now(&st, context, OpKind::Send);
+        }
+        let mut job = Job::control(Frame::Send { len: total }, payload);
+        if inline && st.unfinished_sends == 0 && st.closed.is_none() {
+            self.cq.push(Completion::ok(context, OpKind::Send, total));
+        } else {
+            job.done = Some((context, total));
+            st.unfinished_sends += 1;
+        }
+        self.enqueue(&mut st, job);
+    }
+
+    fn post_recv(&self, spans: Vec<Span>, context: u64) {
+        let mut st = self.lock();
+        if let Some(msg) = st.unexpected.pop_front() {
+            return self.cq.push(deliver(&spans, &msg, context));
+        }
+        if st.rx_done {
+            return self.fail_now(&st, context, OpKind::Recv);
+        }
+        st.recvs.push_back(Recv { context, spans });
+    }
+
+    fn post_rma(&self, op: OpKind, spans: Vec<Span>, remote: RemoteSlice, context: u64) {
+        let mut st = self.lock();
+        if st.rx_done {
+            return self.fail_now(&st, context, op);
+        }
+        let id = st.next_id;
+        st.next_id = id.wrapping_add(1);
+        let (key, offset, len) = (remote.key, remote.addr, remote.len);
+        let mut pending = Pending {
+            id,
+            context,
+            len,
+            spans: Vec::new(),
+        };
+        let job = if op == OpKind::Write {
+            st.writes.push_back(pending);
+            let frame = Frame::Write {
+                id,
+                key,
+                offset,
+                len,
+            };
+            Job::control(frame, Payload::Spans(spans))
+        } else {
+            pending.spans = spans;
+            st.reads.push_back(pending);
+            Job::control(
+                Frame::ReadReq {
+                    id,
+                    key,
+                    offset,
+                    len,
+                },
+                Payload::None,
+            )
+        };
+        if st.closed.is_none() {
+            self.enqueue(&mut st, job);
+        }
+    }
+}
+
+/// Copies a buffered message into a receive's segments: the completion of that receive.
+pub(super) fn deliver(spans: &[Span], msg: &[u8], context: u64) -> Completion {
+    let mut fill = io::Fill::new(spans, msg.len());
+    let placed = fill.copy_from(msg) as u64;
+    recv_done(context, msg.len() as u64, placed)
+}
+
+/// A receive's completion: `Truncated` if the message was longer than what was placed.
+pub(super) fn recv_done(context: u64, msg_len: u64, placed: u64) -> Completion {
+    if placed == msg_len {
+        return Completion::ok(context, OpKind::Recv, msg_len);
+    }
+    Completion {
+        context,
+        op: OpKind::Recv,
+        len: placed,
+        result: Err(FabricError::Truncated {
+            msg_len,
+            buf_len: placed,
+        }),
+    }
+}
+
+/// An endpoint of the native TCP driver.
+pub(super) struct TcpEndpoint {
+    pub(super) domain: Arc<TcpDomain>,
+    pub(super) conn: Arc<Conn>,
+    pub(super) peer: String,
+    pub(super) threads: Vec<JoinHandle<()>>,
+}
+
+impl Endpoint for TcpEndpoint {
+    fn domain(&self) -> Arc<dyn Domain> {
+        self.domain.clone()
+    }
+
+    fn capabilities(&self) -> &Capabilities {
+        &self.domain.caps
+    }
+
+    fn cq(&self) -> &CompletionQueue {
+        &self.conn.cq
+    }
+
+    fn peer(&self) -> String {
+        self.peer.clone()
+    }
+
+    fn post_send(&self, data: &[LocalSlice], context: u64) -> Result<()> {
+        let total = check_local(data, self.domain.id, &self.domain.caps)?;
+        self.conn.post_send(io::gather(data)?, total, context);
+        Ok(())
+    }
+
+    fn post_recv(&self, buf: &[LocalSlice], context: u64) -> Result<()> {
+        check_local(buf, self.domain.id, &self.domain.caps)?;
+        self.conn.post_recv(io::scatter(buf)?, context);
+        Ok(())
+    }
+
+    fn post_write(&self, local: &[LocalSlice], remote: RemoteSlice, context: u64) -> Result<()> {
+        check_rma(local, &remote, self.domain.id, &self.domain.caps)?;
+        let spans = io::gather(local)?;
+        self.conn.post_rma(OpKind::Write, spans, remote, context);
+        Ok(())
+    }
+
+    fn post_read(&self, local: &[LocalSlice], remote: RemoteSlice, context: u64) -> Result<()> {
+        check_rma(local, &remote, self.domain.id, &self.domain.caps)?;
+        let spans = io::scatter(local)?;
+        self.conn.post_rma(OpKind::Read, spans, remote, context);
+        Ok(())
+    }
+}
+
+impl Drop for TcpEndpoint {
+    fn drop(&mut self) {
+        {
+            let mut st = self.conn.lock();
+            self.conn.close(&mut st, Close::Cancelled);
+        }
+        for t in self.threads.drain(..) {
+            // A driver thread that panicked has nothing left to clean up.
+            let _ = t.join();
+        }
+    }
+}
