@@ -16,6 +16,9 @@ include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
 /// `FI_ADDR_UNSPEC`: `((uint64_t) -1)` in fabric.h, a cast bindgen skips.
 pub const FI_ADDR_UNSPEC: fi_addr_t = u64::MAX;
 
+/// `FI_KEY_NOTAVAIL`: `((uint64_t) -1)` in fi_domain.h; `fi_mr_key` returns it for raw keys.
+pub const FI_KEY_NOTAVAIL: u64 = u64::MAX;
+
 /// `FI_VERSION(major, minor)`: a function-like macro in fabric.h.
 pub const fn FI_VERSION(major: u32, minor: u32) -> u32 {
     (major << 16) | minor

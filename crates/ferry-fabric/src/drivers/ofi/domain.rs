@@ -1,0 +1,626 @@
+//! The ofi domain: one RDM endpoint (with its CQ and AV) shared by every connection of the
+//! domain, the connection handshake, and the listener.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
+use std::thread::{JoinHandle, Thread};
+use std::time::{Duration, Instant};
+
+use ferry_ofi_sys as sys;
+
+use super::endpoint::{Conn, OfiEndpoint};
+use super::ffi::{self, errno, Event, Fabric, FiAddr, Info, Meta, ADDR_UNSPEC};
+use super::progress::{self, Op, Purpose};
+use super::wire::{self, Control};
+use super::{info, CONTROL_TAG};
+use crate::caps::Capabilities;
+use crate::error::{FabricError, Result};
+use crate::mem::{next_domain_id, Access, Buffer, DomainId, LocalSlice, MemoryRegion};
+use crate::{Address, Domain, Endpoint, Listener};
+
+/// Standing receives for control messages; more than one so a burst of handshakes is not
+/// left to the provider's unexpected-message buffering.
+const CONTROL_SLOTS: usize = 4;
+
+/// How long a post keeps retrying while the provider reports -FI_EAGAIN (its queues full,
+/// e.g. because the peer stopped progressing) before it fails with `Timeout`.
+pub(super) const POST_STALL: Duration = Duration::from_secs(5);
+
+/// How long closing a domain waits for operations in flight to finish before cancelling them.
+const CLOSE_GRACE: Duration = Duration::from_millis(500);
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section leaves its data consistent, so a poisoned lock is still usable.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A connection attempt waiting for the listener's answer.
+struct Connecting {
+    peer: FiAddr,
+    /// `None` once `connect` gave up; a late ACCEPT is then answered with DISCONNECT.
+    reply: Option<mpsc::SyncSender<Result<u64>>>,
+}
+
+/// A CONNECT waiting for `accept`.
+struct ConnectRequest {
+    major: u16,
+    conn: u64,
+    name: Vec<u8>,
+}
+
+/// Pending CONNECTs of a listening domain.
+struct AcceptQueue {
+    queue: Mutex<VecDeque<ConnectRequest>>,
+    ready: Condvar,
+    /// False once the listener is dropped: further CONNECTs are ignored.
+    open: AtomicBool,
+}
+
+/// State shared by the domain's handles, its endpoints and its progress thread.
+pub(super) struct Shared {
+    /// The libfabric objects.
+    pub fab: Fabric,
+    /// Process-unique id (regions carry it).
+    pub id: DomainId,
+    /// What the provider can do.
+    pub caps: Capabilities,
+    /// The provider can filter receives by source.
+    pub directed: bool,
+    /// The address the domain was opened for (its scheme names the provider).
+    addr: Address,
+    /// Address format of the provider's names.
+    pub format: u32,
+    /// This endpoint's own name.
+    name: Vec<u8>,
+    key_base: u64,
+    key_mask: u64,
+    next_key: AtomicU64,
+    next_conn: AtomicU64,
+    av: Mutex<HashMap<Vec<u8>, FiAddr>>,
+    /// Live connections by id, for DISCONNECT.
+    conns: Mutex<HashMap<u64, Weak<Conn>>>,
+    connecting: Mutex<HashMap<u64, Connecting>>,
+    accept: Option<AcceptQueue>,
+    /// Buffers of the standing control receives (released before the endpoint closes).
+    control: Mutex<Option<MemoryRegion>>,
+    stop: AtomicBool,
+    /// The progress thread is (about to be) asleep and must be woken for new work.
+    pub sleeping: AtomicBool,
+    thread: OnceLock<Thread>,
+}
+
+impl Shared {
+    /// True once the domain is closing.
+    pub fn stopping(&self) -> bool {
+        self.stop.load(SeqCst)
+    }
+
+    /// True if user operations (beyond the standing control receives) are in flight.
+    pub fn user_ops_in_flight(&self) -> bool {
+        self.fab.in_flight() > CONTROL_SLOTS
+    }
+
+    /// Makes sure the progress thread will look at the CQ soon.
+    pub fn wake(&self) {
+        if self.sleeping.load(SeqCst) {
+            self.fab.signal();
+            if let Some(t) = self.thread.get() {
+                t.unpark();
+            }
+        }
+    }
+
+    /// A retry hook for posts that hit -FI_EAGAIN: progress the CQ from this thread, give up
+    /// after [`POST_STALL`].
+    pub fn again(&self) -> impl FnMut() -> Result<()> + '_ {
+        let deadline = Instant::now() + POST_STALL;
+        move || {
+            if progress::progress(self, None) == 0 {
+                std::thread::yield_now();
+            }
+            if Instant::now() >= deadline {
+                return Err(FabricError::Timeout(POST_STALL));
+            }
+            Ok(())
+        }
+    }
+
+    fn register(&self, buf: &Buffer, access: Access) -> Result<MemoryRegion> {
+        let mut flags = (sys::FI_SEND | sys::FI_RECV | sys::FI_READ | sys::FI_WRITE) as u64;
+        if access.contains(Access::REMOTE_READ) {
+            flags |= sys::FI_REMOTE_READ as u64;
+        }
+        if access.contains(Access::REMOTE_WRITE) {
+            flags |= sys::FI_REMOTE_WRITE as u64;
+        }
+        let key = self.key_base.wrapping_add(self.next_key.fetch_add(1, SeqCst)) & self.key_mask;
+        let mr = self.fab.register(buf, flags, key)?;
+        Ok(MemoryRegion::new(
+            buf.clone(),
+            access,
+            mr.key(),
+            self.id,
+            self.caps.virt_addr,
+            Box::new(mr),
+        ))
+    }
+
+    /// The AV handle of a peer name, inserting it once.
+    pub fn peer(&self, name: &[u8]) -> Result<FiAddr> {
+        let mut av = lock(&self.av);
+        if let Some(&a) = av.get(name) {
+            return Ok(a);
+        }
+        let a = self.fab.av_insert(name)?;
+        av.insert(name.to_vec(), a);
+        Ok(a)
+    }
+
+    /// Sends a control message to `peer`; `connect` names a connection attempt to fail if the
+    /// send does.
+    pub fn send_control(&self, peer: FiAddr, msg: &Control, connect: Option<u64>) -> Result<()> {
+        let region = self.register(&Buffer::from_slice(&msg.encode()), Access::LOCAL)?;
+        self.send_control_region(peer, region, connect)
+    }
+
+    fn send_control_region(
+        &self,
+        peer: FiAddr,
+        region: MemoryRegion,
+        connect: Option<u64>,
+    ) -> Result<()> {
+        let op = Op {
+            slices: vec![region.full()],
+            purpose: Purpose::ControlSend { connect },
+        };
+        self.fab.send(op, peer, CONTROL_TAG, 0, &mut self.again())?;
+        self.wake();
+        Ok(())
+    }
+
+    fn post_control_recv(&self, slice: LocalSlice) -> Result<()> {
+        let op = Op {
+            slices: vec![slice],
+            purpose: Purpose::ControlRecv,
+        };
+        let meta = Meta {
+            conn: 0,
+            recv_seq: None,
+            lost: false,
+        };
+        // Reposts happen while routing completions, possibly on a thread already inside a
+        // retry loop: wait by yielding instead of progressing again.
+        let deadline = Instant::now() + POST_STALL;
+        let mut again = || {
+            std::thread::yield_now();
+            if Instant::now() >= deadline {
+                Err(FabricError::Timeout(POST_STALL))
+            } else {
+                Ok(())
+            }
+        };
+        self.fab.recv(op, ADDR_UNSPEC, CONTROL_TAG, meta, &mut again)
+    }
+
+    /// Handles a completed control receive and posts it again.
+    pub fn on_control(&self, ev: Event, slices: Vec<LocalSlice>) {
+        let msg = match (ev.err, slices.first()) {
+            (Some(e), _) if e.code == errno::ECANCELED => return,
+            (Some(e), _) => {
+                tracing::debug!("control receive failed: {}", ffi::strerror(e.code));
+                None
+            }
+            (None, Some(s)) => {
+                let mut msg = vec![0u8; ev.len.min(s.len)];
+                s.region.buffer().read_at(s.offset, &mut msg);
+                Some(msg)
+            }
+            (None, None) => None,
+        };
+        if !self.stopping() {
+            for s in slices {
+                if let Err(e) = self.post_control_recv(s) {
+                    tracing::warn!("cannot repost a control receive: {e}");
+                }
+            }
+        }
+        match msg.map(|m| Control::decode(&m)) {
+            Some(Ok(c)) => self.handle(c),
+            Some(Err(why)) => tracing::debug!("ignoring control message: {why}"),
+            None => {}
+        }
+    }
+
+    fn handle(&self, msg: Control) {
+        match msg {
+            Control::Connect { major, conn, name } => match &self.accept {
+                Some(q) if q.open.load(SeqCst) => {
+                    lock(&q.queue).push_back(ConnectRequest { major, conn, name });
+                    q.ready.notify_one();
+                }
+                _ => tracing::debug!("CONNECT to a domain that is not listening"),
+            },
+            Control::Accept { target, conn } => match lock(&self.connecting).remove(&target) {
+                Some(Connecting {
+                    reply: Some(tx), ..
+                }) => {
+                    let _ = tx.try_send(Ok(conn));
+                }
+                Some(Connecting { peer, reply: None }) => {
+                    // connect() gave up: close the connection the listener just made.
+                    let bye = Control::Disconnect {
+                        target: conn,
+                        sender: target,
+                        sent: 0,
+                    };
+                    if let Err(e) = self.send_control(peer, &bye, None) {
+                        tracing::debug!("cannot close an abandoned connection: {e}");
+                    }
+                }
+                None => tracing::debug!("ACCEPT for unknown connection {target}"),
+            },
+            Control::Refuse { target, major } => {
+                self.connect_failed(
+                    target,
+                    FabricError::VersionMismatch {
+                        peer_major: major,
+                        our_major: wire::MAJOR,
+                    },
+                );
+            }
+            Control::Disconnect {
+                target,
+                sender,
+                sent,
+            } => {
+                let conn = lock(&self.conns).get(&target).and_then(Weak::upgrade);
+                match conn {
+                    Some(c) if c.peer_id == sender => {
+                        c.peer_sent.store(sent, SeqCst);
+                        self.reap(&c);
+                    }
+                    _ => tracing::debug!("DISCONNECT for unknown connection {target}"),
+                }
+            }
+        }
+    }
+
+    /// Fails connection attempt `id`.
+    pub fn connect_failed(&self, id: u64, err: FabricError) {
+        if let Some(Connecting {
+            reply: Some(tx), ..
+        }) = lock(&self.connecting).remove(&id)
+        {
+            let _ = tx.try_send(Err(err));
+        }
+    }
+
+    /// After the peer of `conn` closed: cancels the receives its remaining messages cannot
+    /// satisfy (the newest ones; receives match in posting order), reporting them as
+    /// `ConnectionLost`. Called whenever the counts change, so races between threads only
+    /// ever delay a cancellation until the next call.
+    pub fn reap(&self, conn: &Conn) {
+        let Some(sent) = conn.peer_closed() else {
+            return;
+        };
+        let expecting = sent.saturating_sub(conn.received.load(SeqCst));
+        let pending = self.fab.pending_recvs(conn.id);
+        let Some(&first_surplus) = usize::try_from(expecting)
+            .ok()
+            .and_then(|i| pending.get(i))
+        else {
+            return;
+        };
+        self.fab.cancel_recvs(|m| {
+            let surplus = m.conn == conn.id && m.recv_seq >= Some(first_surplus);
+            m.lost |= surplus;
+            surplus
+        });
+        self.wake();
+    }
+
+    fn new_conn(&self, id: u64, peer_id: u64, peer: FiAddr, peer_name: &[u8]) -> Result<Arc<Conn>> {
+        let conn = Arc::new(Conn::new(
+            id,
+            peer_id,
+            peer,
+            info::describe(self.format, peer_name),
+        )?);
+        lock(&self.conns).insert(id, Arc::downgrade(&conn));
+        Ok(conn)
+    }
+
+    /// Forgets a connection whose endpoint is gone.
+    pub fn remove_conn(&self, id: u64) {
+        lock(&self.conns).remove(&id);
+    }
+
+    /// Cancels what is left, closes the endpoint, and fails whatever never completed.
+    fn close(&self) {
+        lock(&self.control).take();
+        self.fab.cancel_recvs(|_| true);
+        let deadline = Instant::now() + CLOSE_GRACE;
+        while self.fab.in_flight() > 0 && Instant::now() < deadline {
+            if progress::progress(self, None) == 0 {
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        }
+        self.fab.shutdown(|op| {
+            if let Purpose::User {
+                conn,
+                context,
+                kind,
+                ..
+            } = &op.purpose
+            {
+                conn.cq.push(crate::Completion::err(
+                    *context,
+                    *kind,
+                    FabricError::Cancelled,
+                ));
+            }
+        });
+    }
+}
+
+/// Owns the progress thread; when the last handle of the domain goes, stops it and closes.
+pub(super) struct DomainCore {
+    /// Shared state.
+    pub shared: Arc<Shared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl DomainCore {
+    fn open(addr: &Address, info: Info, listening: bool) -> Result<Arc<DomainCore>> {
+        let name = listening.then(|| info::listener_name(addr, &info)).flatten();
+        let fab = Fabric::open(&info, name.as_deref())?;
+        let name = fab.getname()?;
+        let (key_base, key_mask) = info::key_base(&info);
+        let shared = Arc::new(Shared {
+            id: next_domain_id(),
+            caps: info::capabilities(addr, &info),
+            directed: info.caps() & sys::FI_DIRECTED_RECV != 0,
+            addr: addr.clone(),
+            format: info.addr_format(),
+            name,
+            key_base,
+            key_mask,
+            next_key: AtomicU64::new(0),
+            next_conn: AtomicU64::new(1),
+            av: Mutex::new(HashMap::new()),
+            conns: Mutex::new(HashMap::new()),
+            connecting: Mutex::new(HashMap::new()),
+            accept: listening.then(|| AcceptQueue {
+                queue: Mutex::new(VecDeque::new()),
+                ready: Condvar::new(),
+                open: AtomicBool::new(true),
+            }),
+            control: Mutex::new(None),
+            stop: AtomicBool::new(false),
+            sleeping: AtomicBool::new(false),
+            thread: OnceLock::new(),
+            fab,
+        });
+        let core = Arc::new(DomainCore {
+            shared: shared.clone(),
+            thread: Mutex::new(None),
+        });
+        // From here on, dropping `core` closes everything properly.
+        let region = shared.register(&Buffer::new(CONTROL_SLOTS * wire::MAX_LEN), Access::LOCAL)?;
+        for i in 0..CONTROL_SLOTS {
+            shared.post_control_recv(region.slice(i * wire::MAX_LEN..(i + 1) * wire::MAX_LEN)?)?;
+        }
+        *lock(&shared.control) = Some(region);
+        let runner = shared.clone();
+        let handle = std::thread::Builder::new()
+            .name(format!("ferry-ofi-{}", shared.id))
+            .spawn(move || progress::run(runner))
+            .map_err(|e| FabricError::io("spawning the ofi progress thread", e))?;
+        let _ = shared.thread.set(handle.thread().clone());
+        *lock(&core.thread) = Some(handle);
+        Ok(core)
+    }
+
+    /// A new handle to this domain.
+    pub(super) fn handle(self: &Arc<Self>) -> Arc<dyn Domain> {
+        Arc::new(OfiDomain { core: self.clone() })
+    }
+}
+
+impl Drop for DomainCore {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, SeqCst);
+        self.shared.sleeping.store(true, SeqCst);
+        self.shared.wake();
+        if let Some(t) = lock(&self.thread).take() {
+            let _ = t.join();
+        }
+        self.shared.close();
+    }
+}
+
+/// A handle to an ofi domain. Cheap to create: every handle (and every endpoint and listener)
+/// shares one [`DomainCore`].
+pub(super) struct OfiDomain {
+    core: Arc<DomainCore>,
+}
+
+/// Opens a client domain for `addr`.
+pub(super) fn open(addr: &Address) -> Result<Arc<dyn Domain>> {
+    let info = info::for_client(addr)?;
+    Ok(DomainCore::open(addr, info, false)?.handle())
+}
+
+/// Opens a listening domain bound to exactly `addr`.
+pub(super) fn listen(addr: &Address) -> Result<Box<dyn Listener>> {
+    let info = info::for_listener(addr)?;
+    let core = DomainCore::open(addr, info, true)?;
+    let local = info::to_address(addr, core.shared.format, &core.shared.name)?;
+    Ok(Box::new(OfiListener { core, local }))
+}
+
+impl DomainCore {
+    /// The handshake of `Domain::connect`, speaking protocol `major`.
+    pub(super) fn connect(
+        self: &Arc<Self>,
+        addr: &Address,
+        timeout: Duration,
+        major: u16,
+    ) -> Result<Box<dyn Endpoint>> {
+        let shared = &self.shared;
+        if addr.scheme != shared.addr.scheme {
+            return Err(FabricError::InvalidArgument(format!(
+                "a {} domain cannot connect to {addr}",
+                shared.addr.driver_name()
+            )));
+        }
+        let deadline = Instant::now() + timeout;
+        let name = info::peer_name(addr, shared.format)?;
+        let peer = shared.peer(&name)?;
+        let id = shared.next_conn.fetch_add(1, SeqCst);
+        let (tx, rx) = mpsc::sync_channel(1);
+        lock(&shared.connecting).insert(
+            id,
+            Connecting {
+                peer,
+                reply: Some(tx),
+            },
+        );
+        let hello = Control::Connect {
+            major,
+            conn: id,
+            name: shared.name.clone(),
+        };
+        let region = shared.register(&Buffer::from_slice(&hello.encode_as(major)), Access::LOCAL);
+        if let Err(e) = region.and_then(|r| shared.send_control_region(peer, r, Some(id))) {
+            lock(&shared.connecting).remove(&id);
+            return Err(e);
+        }
+        let answer = rx.recv_timeout(deadline.saturating_duration_since(Instant::now()));
+        match answer {
+            Ok(Ok(server)) => {
+                let conn = shared.new_conn(id, server, peer, &name)?;
+                Ok(Box::new(OfiEndpoint::new(self.clone(), conn)))
+            }
+            Ok(Err(e)) => Err(e),
+            Err(_) => {
+                // Keep the entry, without a reply channel, to close a late ACCEPT.
+                let mut connecting = lock(&shared.connecting);
+                match connecting.get_mut(&id) {
+                    Some(c) => c.reply = None,
+                    None => {
+                        // Answered just now; the reply is in the channel.
+                        drop(connecting);
+                        if let Ok(Ok(server)) = rx.try_recv() {
+                            let conn = shared.new_conn(id, server, peer, &name)?;
+                            return Ok(Box::new(OfiEndpoint::new(self.clone(), conn)));
+                        }
+                    }
+                }
+                Err(FabricError::Timeout(timeout))
+            }
+        }
+    }
+}
+
+impl Domain for OfiDomain {
+    fn id(&self) -> DomainId {
+        self.core.shared.id
+    }
+
+    fn capabilities(&self) -> &Capabilities {
+        &self.core.shared.caps
+    }
+
+    fn register(&self, buf: &Buffer, access: Access) -> Result<MemoryRegion> {
+        self.core.shared.register(buf, access)
+    }
+
+    fn connect(&self, addr: &Address, timeout: Duration) -> Result<Box<dyn Endpoint>> {
+        self.core.connect(addr, timeout, wire::MAJOR)
+    }
+}
+
+/// A listening ofi domain.
+pub(super) struct OfiListener {
+    core: Arc<DomainCore>,
+    local: Address,
+}
+
+impl Listener for OfiListener {
+    fn domain(&self) -> Arc<dyn Domain> {
+        self.core.handle()
+    }
+
+    fn local_addr(&self) -> Address {
+        self.local.clone()
+    }
+
+    fn accept(&self, timeout: Duration) -> Result<Box<dyn Endpoint>> {
+        let shared = &self.core.shared;
+        let Some(q) = &shared.accept else {
+            return Err(FabricError::InvalidArgument("domain is not listening".into()));
+        };
+        let deadline = Instant::now() + timeout;
+        loop {
+            let req = {
+                let mut queue = lock(&q.queue);
+                loop {
+                    if let Some(r) = queue.pop_front() {
+                        break r;
+                    }
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(FabricError::Timeout(timeout));
+                    }
+                    queue = q
+                        .ready
+                        .wait_timeout(queue, left)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                }
+            };
+            let peer = match shared.peer(&req.name) {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::debug!("ignoring CONNECT with an unusable address: {e}");
+                    continue;
+                }
+            };
+            if req.major != wire::MAJOR {
+                let no = Control::Refuse {
+                    target: req.conn,
+                    major: wire::MAJOR,
+                };
+                if let Err(e) = shared.send_control(peer, &no, None) {
+                    tracing::debug!("cannot refuse a protocol {} client: {e}", req.major);
+                }
+                continue;
+            }
+            let id = shared.next_conn.fetch_add(1, SeqCst);
+            let conn = shared.new_conn(id, req.conn, peer, &req.name)?;
+            let yes = Control::Accept {
+                target: req.conn,
+                conn: id,
+            };
+            match shared.send_control(peer, &yes, None) {
+                Ok(()) => return Ok(Box::new(OfiEndpoint::new(self.core.clone(), conn))),
+                Err(e) => {
+                    shared.remove_conn(id);
+                    tracing::debug!("cannot answer a CONNECT: {e}");
+                }
+            }
+        }
+    }
+}
+
+impl Drop for OfiListener {
+    fn drop(&mut self) {
+        if let Some(q) = &self.core.shared.accept {
+            q.open.store(false, SeqCst);
+            lock(&q.queue).clear();
+        }
+    }
+}

@@ -1,0 +1,210 @@
+//! A connection emulated on the domain's RDM endpoint: a peer address plus the peer's
+//! connection id, which tags every data message sent to it.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::Arc;
+
+use super::data_tag;
+use super::domain::{DomainCore, Shared};
+use super::ffi::{FiAddr, Meta, ADDR_UNSPEC};
+use super::progress::{Op, Purpose};
+use super::wire::Control;
+use crate::caps::Capabilities;
+use crate::cq::{Completion, CompletionQueue, OpKind};
+use crate::error::{FabricError, Result};
+use crate::mem::{LocalSlice, RemoteSlice};
+use crate::{check_local, check_rma, Domain, Endpoint};
+
+/// `peer_sent` while the peer has not closed.
+const PEER_OPEN: u64 = u64::MAX;
+
+/// One connection's state, shared with the op records of its operations in flight (which
+/// deliver into its queue even after the endpoint itself is gone).
+pub(super) struct Conn {
+    /// Our connection id: the peer tags data for us with it.
+    pub id: u64,
+    /// The peer's connection id: we tag data for it with it.
+    pub peer_id: u64,
+    /// The peer's address handle.
+    pub peer: FiAddr,
+    /// The peer, as text.
+    pub peer_text: String,
+    /// Where this connection's completions go.
+    pub cq: CompletionQueue,
+    /// Data messages posted (told to the peer on close).
+    pub sent: AtomicU64,
+    /// Data messages received (completed receives, including truncated ones).
+    pub received: AtomicU64,
+    /// Data messages the peer sent before closing, or [`PEER_OPEN`].
+    pub peer_sent: AtomicU64,
+    next_recv: AtomicU64,
+}
+
+impl Conn {
+    /// A new connection with an empty queue.
+    pub fn new(id: u64, peer_id: u64, peer: FiAddr, peer_text: String) -> Result<Conn> {
+        Ok(Conn {
+            id,
+            peer_id,
+            peer,
+            peer_text,
+            cq: CompletionQueue::new()?,
+            sent: AtomicU64::new(0),
+            received: AtomicU64::new(0),
+            peer_sent: AtomicU64::new(PEER_OPEN),
+            next_recv: AtomicU64::new(0),
+        })
+    }
+
+    /// How many data messages the peer sent, if it has closed.
+    pub fn peer_closed(&self) -> Option<u64> {
+        Some(self.peer_sent.load(SeqCst)).filter(|&n| n != PEER_OPEN)
+    }
+}
+
+fn peer_gone() -> FabricError {
+    FabricError::ConnectionLost("the peer closed the connection".into())
+}
+
+/// An ofi connection.
+pub(super) struct OfiEndpoint {
+    core: Arc<DomainCore>,
+    conn: Arc<Conn>,
+}
+
+impl OfiEndpoint {
+    /// An endpoint for an established connection of `core`'s domain.
+    pub fn new(core: Arc<DomainCore>, conn: Arc<Conn>) -> Self {
+        Self { core, conn }
+    }
+
+    fn shared(&self) -> &Shared {
+        &self.core.shared
+    }
+
+    fn user_op(&self, slices: &[LocalSlice], context: u64, kind: OpKind, len: u64) -> Op {
+        Op {
+            slices: slices.to_vec(),
+            purpose: Purpose::User {
+                conn: self.conn.clone(),
+                context,
+                kind,
+                len,
+            },
+        }
+    }
+
+    fn rma(&self, read: bool, local: &[LocalSlice], remote: RemoteSlice, ctx: u64) -> Result<()> {
+        let sh = self.shared();
+        let total = check_rma(local, &remote, sh.id, &sh.caps)?;
+        if self.conn.peer_closed().is_some() {
+            return Err(peer_gone());
+        }
+        let kind = if read { OpKind::Read } else { OpKind::Write };
+        let op = self.user_op(local, ctx, kind, total);
+        sh.fab
+            .rma(read, op, self.conn.peer, remote, self.conn.id, &mut sh.again())?;
+        sh.wake();
+        Ok(())
+    }
+}
+
+impl Endpoint for OfiEndpoint {
+    fn domain(&self) -> Arc<dyn Domain> {
+        self.core.handle()
+    }
+
+    fn capabilities(&self) -> &Capabilities {
+        &self.shared().caps
+    }
+
+    fn cq(&self) -> &CompletionQueue {
+        &self.conn.cq
+    }
+
+    fn peer(&self) -> String {
+        self.conn.peer_text.clone()
+    }
+
+    fn post_send(&self, data: &[LocalSlice], context: u64) -> Result<()> {
+        let sh = self.shared();
+        let total = check_local(data, sh.id, &sh.caps)?;
+        if self.conn.peer_closed().is_some() {
+            return Err(peer_gone());
+        }
+        let tag = data_tag(self.conn.peer_id);
+        if total <= sh.caps.inline_size as u64 {
+            // Injected: copied before the call returns, and the provider reports nothing.
+            sh.fab.inject(data, self.conn.peer, tag, &mut sh.again())?;
+            self.conn.sent.fetch_add(1, SeqCst);
+            self.conn
+                .cq
+                .push(Completion::ok(context, OpKind::Send, total));
+        } else {
+            let op = self.user_op(data, context, OpKind::Send, total);
+            sh.fab
+                .send(op, self.conn.peer, tag, self.conn.id, &mut sh.again())?;
+            self.conn.sent.fetch_add(1, SeqCst);
+        }
+        sh.wake();
+        Ok(())
+    }
+
+    fn post_recv(&self, buf: &[LocalSlice], context: u64) -> Result<()> {
+        let sh = self.shared();
+        let total = check_local(buf, sh.id, &sh.caps)?;
+        if let Some(sent) = self.conn.peer_closed() {
+            // Messages the peer sent before closing may still be waiting unmatched.
+            let pending = sh.fab.pending_recvs(self.conn.id).len() as u64;
+            if self.conn.received.load(SeqCst) + pending >= sent {
+                return Err(peer_gone());
+            }
+        }
+        let meta = Meta {
+            conn: self.conn.id,
+            recv_seq: Some(self.conn.next_recv.fetch_add(1, SeqCst)),
+            lost: false,
+        };
+        let src = if sh.directed {
+            self.conn.peer
+        } else {
+            ADDR_UNSPEC
+        };
+        let op = self.user_op(buf, context, OpKind::Recv, total);
+        sh.fab
+            .recv(op, src, data_tag(self.conn.id), meta, &mut sh.again())?;
+        // The peer may have closed meanwhile; this receive may be one too many.
+        sh.reap(&self.conn);
+        sh.wake();
+        Ok(())
+    }
+
+    fn post_write(&self, local: &[LocalSlice], remote: RemoteSlice, context: u64) -> Result<()> {
+        self.rma(false, local, remote, context)
+    }
+
+    fn post_read(&self, local: &[LocalSlice], remote: RemoteSlice, context: u64) -> Result<()> {
+        self.rma(true, local, remote, context)
+    }
+}
+
+impl Drop for OfiEndpoint {
+    fn drop(&mut self) {
+        let sh = self.shared();
+        sh.remove_conn(self.conn.id);
+        if self.conn.peer_closed().is_none() {
+            let bye = Control::Disconnect {
+                target: self.conn.peer_id,
+                sender: self.conn.id,
+                sent: self.conn.sent.load(SeqCst),
+            };
+            if let Err(e) = sh.send_control(self.conn.peer, &bye, None) {
+                tracing::debug!("cannot tell {} about the close: {e}", self.conn.peer_text);
+            }
+        }
+        let id = self.conn.id;
+        sh.fab.cancel_recvs(|m| m.conn == id);
+        sh.wake();
+    }
+}
