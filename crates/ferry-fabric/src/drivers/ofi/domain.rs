@@ -13,6 +13,7 @@ use ferry_ofi_sys as sys;
 use super::endpoint::{Conn, OfiEndpoint};
 use super::ffi::{self, errno, Event, Fabric, FiAddr, Info, Meta, ADDR_UNSPEC};
 use super::progress::{self, Op, Purpose};
+use super::rma::Checked;
 use super::wire::{self, Control};
 use super::{info, CONTROL_TAG};
 use crate::caps::Capabilities;
@@ -31,16 +32,34 @@ pub(super) const POST_STALL: Duration = Duration::from_secs(5);
 /// How long closing a domain waits for operations in flight to finish before cancelling them.
 const CLOSE_GRACE: Duration = Duration::from_millis(500);
 
+fn peer_gone() -> FabricError {
+    FabricError::ConnectionLost("the peer closed the connection".into())
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Every critical section leaves its data consistent, so a poisoned lock is still usable.
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// How long `connect` pauses before sending CONNECT again after the provider reported the
+/// transport to the listener as going down (tcp: until ofi_rxm notices and reconnects).
+const CONNECT_RETRY: Duration = Duration::from_millis(10);
+
 /// A connection attempt waiting for the listener's answer.
 struct Connecting {
     peer: FiAddr,
     /// `None` once `connect` gave up; a late ACCEPT is then answered with DISCONNECT.
-    reply: Option<mpsc::SyncSender<Result<u64>>>,
+    reply: Option<mpsc::SyncSender<Reply>>,
+}
+
+/// What became of a CONNECT.
+pub(super) enum Reply {
+    /// Accepted; the listener's connection id.
+    Accepted(u64),
+    /// Refused or undeliverable.
+    Failed(FabricError),
+    /// Undeliverable for now (the transport is being torn down); worth sending again.
+    Retry(FabricError),
 }
 
 /// A CONNECT waiting for `accept`.
@@ -83,6 +102,8 @@ pub(super) struct Shared {
     conns: Mutex<HashMap<u64, Weak<Conn>>>,
     connecting: Mutex<HashMap<u64, Connecting>>,
     accept: Option<AcceptQueue>,
+    /// Checked-RMA state, on providers that need it.
+    pub rma: Option<Checked>,
     /// Buffers of the standing control receives (released before the endpoint closes).
     control: Mutex<Option<MemoryRegion>>,
     stop: AtomicBool,
@@ -105,7 +126,6 @@ impl Shared {
     /// Makes sure the progress thread will look at the CQ soon.
     pub fn wake(&self) {
         if self.sleeping.load(SeqCst) {
-            self.fab.signal();
             if let Some(t) = self.thread.get() {
                 t.unpark();
             }
@@ -117,7 +137,7 @@ impl Shared {
     pub fn again(&self) -> impl FnMut() -> Result<()> + '_ {
         let deadline = Instant::now() + POST_STALL;
         move || {
-            if progress::progress(self, None) == 0 {
+            if progress::progress(self) == 0 {
                 std::thread::yield_now();
             }
             if Instant::now() >= deadline {
@@ -137,14 +157,23 @@ impl Shared {
         }
         let key = self.key_base.wrapping_add(self.next_key.fetch_add(1, SeqCst)) & self.key_mask;
         let mr = self.fab.register(buf, flags, key)?;
-        Ok(MemoryRegion::new(
+        let region = MemoryRegion::new(
             buf.clone(),
             access,
             mr.key(),
             self.id,
             self.caps.virt_addr,
             Box::new(mr),
-        ))
+        );
+        if let Some(rma) = &self.rma {
+            rma.add(&region);
+        }
+        Ok(region)
+    }
+
+    /// The live connection with id `id`.
+    pub fn conn(&self, id: u64) -> Option<Arc<Conn>> {
+        lock(&self.conns).get(&id).and_then(Weak::upgrade)
     }
 
     /// The AV handle of a peer name, inserting it once.
@@ -158,11 +187,17 @@ impl Shared {
         Ok(a)
     }
 
-    /// Sends a control message to `peer`; `connect` names a connection attempt to fail if the
-    /// send does.
-    pub fn send_control(&self, peer: FiAddr, msg: &Control, connect: Option<u64>) -> Result<()> {
-        let region = self.register(&Buffer::from_slice(&msg.encode()), Access::LOCAL)?;
-        self.send_control_region(peer, region, connect)
+    /// Sends a control message to `peer`: injected where it fits (all but CONNECT on the
+    /// providers tested), else from a freshly registered buffer.
+    pub fn send_control(&self, peer: FiAddr, msg: &Control) -> Result<()> {
+        let bytes = msg.encode();
+        if bytes.len() <= self.caps.inline_size {
+            self.fab.inject(&bytes, peer, CONTROL_TAG, &mut self.again())?;
+            self.wake();
+            return Ok(());
+        }
+        let region = self.register(&Buffer::from_slice(&bytes), Access::LOCAL)?;
+        self.send_control_region(peer, region, None)
     }
 
     fn send_control_region(
@@ -187,7 +222,7 @@ impl Shared {
         };
         let meta = Meta {
             conn: 0,
-            recv_seq: None,
+            recv_seq: Some(0),
             lost: false,
         };
         // Reposts happen while routing completions, possibly on a thread already inside a
@@ -242,32 +277,35 @@ impl Shared {
                 }
                 _ => tracing::debug!("CONNECT to a domain that is not listening"),
             },
-            Control::Accept { target, conn } => match lock(&self.connecting).remove(&target) {
-                Some(Connecting {
-                    reply: Some(tx), ..
-                }) => {
-                    let _ = tx.try_send(Ok(conn));
-                }
-                Some(Connecting { peer, reply: None }) => {
-                    // connect() gave up: close the connection the listener just made.
-                    let bye = Control::Disconnect {
-                        target: conn,
-                        sender: target,
-                        sent: 0,
-                    };
-                    if let Err(e) = self.send_control(peer, &bye, None) {
-                        tracing::debug!("cannot close an abandoned connection: {e}");
+            Control::Accept { target, conn } => {
+                let entry = lock(&self.connecting).remove(&target);
+                match entry {
+                    Some(Connecting {
+                        reply: Some(tx), ..
+                    }) => {
+                        let _ = tx.try_send(Reply::Accepted(conn));
                     }
+                    Some(Connecting { peer, reply: None }) => {
+                        // connect() gave up: close the connection the listener just made.
+                        let bye = Control::Disconnect {
+                            target: conn,
+                            sender: target,
+                            sent: 0,
+                        };
+                        if let Err(e) = self.send_control(peer, &bye) {
+                            tracing::debug!("cannot close an abandoned connection: {e}");
+                        }
+                    }
+                    None => tracing::debug!("ACCEPT for unknown connection {target}"),
                 }
-                None => tracing::debug!("ACCEPT for unknown connection {target}"),
-            },
+            }
             Control::Refuse { target, major } => {
                 self.connect_failed(
                     target,
-                    FabricError::VersionMismatch {
+                    Reply::Failed(FabricError::VersionMismatch {
                         peer_major: major,
                         our_major: wire::MAJOR,
-                    },
+                    }),
                 );
             }
             Control::Disconnect {
@@ -275,25 +313,35 @@ impl Shared {
                 sender,
                 sent,
             } => {
-                let conn = lock(&self.conns).get(&target).and_then(Weak::upgrade);
-                match conn {
+                match self.conn(target) {
                     Some(c) if c.peer_id == sender => {
-                        c.peer_sent.store(sent, SeqCst);
+                        c.peer_left(sent);
                         self.reap(&c);
+                        self.fail_pending_rma(c.id, peer_gone);
                     }
                     _ => tracing::debug!("DISCONNECT for unknown connection {target}"),
                 }
             }
+            Control::RmaRequest {
+                target,
+                sender,
+                token,
+                remote,
+                write,
+            } => self.on_rma_request(target, sender, token, remote, write),
+            Control::RmaAnswer { token, status, .. } => self.on_rma_answer(token, status),
+            Control::RmaDone { target, token, .. } => self.on_rma_done(target, token),
         }
     }
 
-    /// Fails connection attempt `id`.
-    pub fn connect_failed(&self, id: u64, err: FabricError) {
+    /// Fails connection attempt `id` (`reply` is `Failed` or `Retry`).
+    pub fn connect_failed(&self, id: u64, reply: Reply) {
+        let entry = lock(&self.connecting).remove(&id);
         if let Some(Connecting {
             reply: Some(tx), ..
-        }) = lock(&self.connecting).remove(&id)
+        }) = entry
         {
-            let _ = tx.try_send(Err(err));
+            let _ = tx.try_send(reply);
         }
     }
 
@@ -321,6 +369,25 @@ impl Shared {
         self.wake();
     }
 
+    /// Gives up on `conn` after the provider lost its transport (messages may be lost): its
+    /// receives fail, later posts fail, and the peer is told to do the same.
+    pub fn abort(&self, conn: &Conn) {
+        if conn.abort() {
+            let bye = Control::Disconnect {
+                target: conn.peer_id,
+                sender: conn.id,
+                sent: 0,
+            };
+            if let Err(e) = self.send_control(conn.peer, &bye) {
+                tracing::debug!("cannot tell {} about the abort: {e}", conn.peer_text);
+            }
+            self.reap(conn);
+            self.fail_pending_rma(conn.id, || {
+                FabricError::ConnectionLost("the provider lost the transport".into())
+            });
+        }
+    }
+
     fn new_conn(&self, id: u64, peer_id: u64, peer: FiAddr, peer_name: &[u8]) -> Result<Arc<Conn>> {
         let conn = Arc::new(Conn::new(
             id,
@@ -340,10 +407,11 @@ impl Shared {
     /// Cancels what is left, closes the endpoint, and fails whatever never completed.
     fn close(&self) {
         lock(&self.control).take();
+        self.close_rma();
         self.fab.cancel_recvs(|_| true);
         let deadline = Instant::now() + CLOSE_GRACE;
         while self.fab.in_flight() > 0 && Instant::now() < deadline {
-            if progress::progress(self, None) == 0 {
+            if progress::progress(self) == 0 {
                 std::thread::sleep(Duration::from_micros(100));
             }
         }
@@ -375,7 +443,8 @@ pub(super) struct DomainCore {
 impl DomainCore {
     fn open(addr: &Address, info: Info, listening: bool) -> Result<Arc<DomainCore>> {
         let name = listening.then(|| info::listener_name(addr, &info)).flatten();
-        let fab = Fabric::open(&info, name.as_deref())?;
+        let quirks = info::quirks(&info);
+        let fab = Fabric::open(&info, name.as_deref(), quirks)?;
         let name = fab.getname()?;
         let (key_base, key_mask) = info::key_base(&info);
         let shared = Arc::new(Shared {
@@ -397,6 +466,7 @@ impl DomainCore {
                 ready: Condvar::new(),
                 open: AtomicBool::new(true),
             }),
+            rma: quirks.checked_rma.then(Checked::default),
             control: Mutex::new(None),
             stop: AtomicBool::new(false),
             sleeping: AtomicBool::new(false),
@@ -479,47 +549,56 @@ impl DomainCore {
         let deadline = Instant::now() + timeout;
         let name = info::peer_name(addr, shared.format)?;
         let peer = shared.peer(&name)?;
-        let id = shared.next_conn.fetch_add(1, SeqCst);
-        let (tx, rx) = mpsc::sync_channel(1);
-        lock(&shared.connecting).insert(
-            id,
-            Connecting {
-                peer,
-                reply: Some(tx),
-            },
-        );
-        let hello = Control::Connect {
-            major,
-            conn: id,
-            name: shared.name.clone(),
-        };
-        let region = shared.register(&Buffer::from_slice(&hello.encode_as(major)), Access::LOCAL);
-        if let Err(e) = region.and_then(|r| shared.send_control_region(peer, r, Some(id))) {
-            lock(&shared.connecting).remove(&id);
-            return Err(e);
-        }
-        let answer = rx.recv_timeout(deadline.saturating_duration_since(Instant::now()));
-        match answer {
-            Ok(Ok(server)) => {
-                let conn = shared.new_conn(id, server, peer, &name)?;
-                Ok(Box::new(OfiEndpoint::new(self.clone(), conn)))
+        loop {
+            let id = shared.next_conn.fetch_add(1, SeqCst);
+            let (tx, rx) = mpsc::sync_channel(1);
+            lock(&shared.connecting).insert(
+                id,
+                Connecting {
+                    peer,
+                    reply: Some(tx),
+                },
+            );
+            let hello = Control::Connect {
+                major,
+                conn: id,
+                name: shared.name.clone(),
+            };
+            let sent = shared
+                .register(&Buffer::from_slice(&hello.encode_as(major)), Access::LOCAL)
+                .and_then(|r| shared.send_control_region(peer, r, Some(id)));
+            if let Err(e) = sent {
+                lock(&shared.connecting).remove(&id);
+                return Err(e);
             }
-            Ok(Err(e)) => Err(e),
-            Err(_) => {
-                // Keep the entry, without a reply channel, to close a late ACCEPT.
-                let mut connecting = lock(&shared.connecting);
-                match connecting.get_mut(&id) {
-                    Some(c) => c.reply = None,
-                    None => {
-                        // Answered just now; the reply is in the channel.
-                        drop(connecting);
-                        if let Ok(Ok(server)) = rx.try_recv() {
-                            let conn = shared.new_conn(id, server, peer, &name)?;
-                            return Ok(Box::new(OfiEndpoint::new(self.clone(), conn)));
+            let left = deadline.saturating_duration_since(Instant::now());
+            let reply = match rx.recv_timeout(left) {
+                Ok(r) => r,
+                Err(_) => {
+                    // Keep the entry, without a reply channel, so a late ACCEPT is closed;
+                    // unless the answer is already on its way.
+                    let answered = match lock(&shared.connecting).get_mut(&id) {
+                        Some(c) => {
+                            c.reply = None;
+                            false
                         }
+                        None => true,
+                    };
+                    match answered.then(|| rx.recv().ok()).flatten() {
+                        Some(r) => r,
+                        None => return Err(FabricError::Timeout(timeout)),
                     }
                 }
-                Err(FabricError::Timeout(timeout))
+            };
+            match reply {
+                Reply::Accepted(server) => {
+                    let conn = shared.new_conn(id, server, peer, &name)?;
+                    return Ok(Box::new(OfiEndpoint::new(self.clone(), conn)));
+                }
+                Reply::Retry(_) if Instant::now() + CONNECT_RETRY < deadline => {
+                    std::thread::sleep(CONNECT_RETRY);
+                }
+                Reply::Retry(e) | Reply::Failed(e) => return Err(e),
             }
         }
     }
@@ -594,7 +673,7 @@ impl Listener for OfiListener {
                     target: req.conn,
                     major: wire::MAJOR,
                 };
-                if let Err(e) = shared.send_control(peer, &no, None) {
+                if let Err(e) = shared.send_control(peer, &no) {
                     tracing::debug!("cannot refuse a protocol {} client: {e}", req.major);
                 }
                 continue;
@@ -605,7 +684,7 @@ impl Listener for OfiListener {
                 target: req.conn,
                 conn: id,
             };
-            match shared.send_control(peer, &yes, None) {
+            match shared.send_control(peer, &yes) {
                 Ok(()) => return Ok(Box::new(OfiEndpoint::new(self.core.clone(), conn))),
                 Err(e) => {
                     shared.remove_conn(id);

@@ -1,7 +1,7 @@
 //! A connection emulated on the domain's RDM endpoint: a peer address plus the peer's
 //! connection id, which tags every data message sent to it.
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 
@@ -36,8 +36,10 @@ pub(super) struct Conn {
     pub sent: AtomicU64,
     /// Data messages received (completed receives, including truncated ones).
     pub received: AtomicU64,
-    /// Data messages the peer sent before closing, or [`PEER_OPEN`].
+    /// Data messages the peer sent before closing, or [`PEER_OPEN`]; 0 after an abort.
     pub peer_sent: AtomicU64,
+    /// The peer told us it closed (so closing needs no DISCONNECT).
+    pub peer_said_bye: AtomicBool,
     next_recv: AtomicU64,
 }
 
@@ -53,8 +55,25 @@ impl Conn {
             sent: AtomicU64::new(0),
             received: AtomicU64::new(0),
             peer_sent: AtomicU64::new(PEER_OPEN),
+            peer_said_bye: AtomicBool::new(false),
             next_recv: AtomicU64::new(0),
         })
+    }
+
+    /// Marks the connection broken, as if the peer had closed without sending anything:
+    /// every receive fails. False if it was closed already.
+    pub fn abort(&self) -> bool {
+        self.peer_sent
+            .compare_exchange(PEER_OPEN, 0, SeqCst, SeqCst)
+            .is_ok()
+    }
+
+    /// Records the peer's DISCONNECT; only the first one counts.
+    pub fn peer_left(&self, sent: u64) {
+        let _ = self
+            .peer_sent
+            .compare_exchange(PEER_OPEN, sent, SeqCst, SeqCst);
+        self.peer_said_bye.store(true, SeqCst);
     }
 
     /// How many data messages the peer sent, if it has closed.
@@ -91,6 +110,7 @@ impl OfiEndpoint {
                 context,
                 kind,
                 len,
+                done: None,
             },
         }
     }
@@ -103,8 +123,12 @@ impl OfiEndpoint {
         }
         let kind = if read { OpKind::Read } else { OpKind::Write };
         let op = self.user_op(local, ctx, kind, total);
-        sh.fab
-            .rma(read, op, self.conn.peer, remote, self.conn.id, &mut sh.again())?;
+        match &sh.rma {
+            Some(rma) => sh.post_checked(rma, &self.conn, read, op, remote)?,
+            None => sh
+                .fab
+                .rma(read, op, self.conn.peer, remote, self.conn.id, &mut sh.again())?,
+        }
         sh.wake();
         Ok(())
     }
@@ -136,7 +160,8 @@ impl Endpoint for OfiEndpoint {
         let tag = data_tag(self.conn.peer_id);
         if total <= sh.caps.inline_size as u64 {
             // Injected: copied before the call returns, and the provider reports nothing.
-            sh.fab.inject(data, self.conn.peer, tag, &mut sh.again())?;
+            sh.fab
+                .inject_slices(data, self.conn.peer, tag, &mut sh.again())?;
             self.conn.sent.fetch_add(1, SeqCst);
             self.conn
                 .cq
@@ -193,13 +218,18 @@ impl Drop for OfiEndpoint {
     fn drop(&mut self) {
         let sh = self.shared();
         sh.remove_conn(self.conn.id);
-        if self.conn.peer_closed().is_none() {
+        if !self.conn.peer_said_bye.load(SeqCst) {
+            // After an abort the peer may not have heard of it yet: say nothing was sent.
+            let sent = match self.conn.peer_closed() {
+                Some(_) => 0,
+                None => self.conn.sent.load(SeqCst),
+            };
             let bye = Control::Disconnect {
                 target: self.conn.peer_id,
                 sender: self.conn.id,
-                sent: self.conn.sent.load(SeqCst),
+                sent,
             };
-            if let Err(e) = sh.send_control(self.conn.peer, &bye, None) {
+            if let Err(e) = sh.send_control(self.conn.peer, &bye) {
                 tracing::debug!("cannot tell {} about the close: {e}", self.conn.peer_text);
             }
         }

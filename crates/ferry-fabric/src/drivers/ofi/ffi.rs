@@ -17,11 +17,12 @@ use std::any::Any;
 use std::collections::HashMap;
 use std::ffi::{c_void, CStr, CString};
 use std::ptr::{self, NonNull};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
 use ferry_ofi_sys as sys;
 
+use super::info::Quirks;
 use super::progress::Op;
 use crate::error::{FabricError, Result};
 use crate::mem::{Buffer, LocalSlice, Registration, RemoteSlice};
@@ -308,7 +309,48 @@ struct EpFid {
     _ep: Closer,
     _av: Closer,
     _cq: Closer,
+    /// Leaves the registry of local endpoints only once the endpoint is really closed.
+    local: OnceLock<LocalName>,
     _domain: Arc<DomainFid>,
+}
+
+/// shm lets an endpoint use the memory of another endpoint of the same process directly
+/// (found by name when the peer is inserted into the AV), and frees that memory when the
+/// owner closes: a peer still holding it in its AV would then crash on its next send or AV
+/// removal. So the endpoints of such providers are registered here by name, and an AV entry
+/// for one of them holds it open (see `Fabric::av_insert` and `Fabric::shutdown`).
+static LOCAL_EPS: Mutex<Vec<LocalEntry>> = Mutex::new(Vec::new());
+
+struct LocalEntry {
+    key: Vec<u8>,
+    id: u64,
+    ep: Weak<EpFid>,
+}
+
+/// An endpoint's entry in [`LOCAL_EPS`], removed when dropped (after the endpoint closed).
+struct LocalName {
+    id: u64,
+}
+
+impl Drop for LocalName {
+    fn drop(&mut self) {
+        lock(&LOCAL_EPS).retain(|e| e.id != self.id);
+    }
+}
+
+/// The part of a name that identifies the endpoint: without NUL padding or scheme prefix.
+fn local_key(name: &[u8]) -> Vec<u8> {
+    let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    let name = &name[..end];
+    match name.windows(3).position(|w| w == b"://") {
+        Some(i) => name[i + 3..].to_vec(),
+        None => name.to_vec(),
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section leaves its data consistent, so a poisoned lock is still usable.
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 // SAFETY: libfabric objects of a domain opened with FI_THREAD_SAFE may be used from any thread.
@@ -334,7 +376,7 @@ struct OpCtx {
 pub(super) struct Meta {
     /// The connection it belongs to (0: the domain's control traffic).
     pub conn: u64,
-    /// For receives: posting order on the connection.
+    /// For receives: posting order on the connection (`Some(0)` for control receives).
     pub recv_seq: Option<u64>,
     /// Cancelled because the peer closed: report `ConnectionLost`, not `Cancelled`.
     pub lost: bool,
@@ -367,7 +409,14 @@ pub(super) struct Fabric {
     ep: *mut sys::fid_ep,
     cq: *mut sys::fid_cq,
     av: *mut sys::fid_av,
-    cq_wait: bool,
+    /// Extra receive space past every posted receive (see [`Sink`]).
+    sink: Option<Sink>,
+    /// The provider shares memory between endpoints of this process (see [`LOCAL_EPS`]).
+    shares_local: bool,
+    /// Flags of RMA writes (see `Quirks::write_delivery`).
+    write_flags: u64,
+    /// Endpoints of this process in our AV, held open until their entries are removed.
+    pins: Mutex<Vec<(FiAddr, Arc<EpFid>)>>,
     /// Owns ep/AV/CQ; taken (closed) by [`Fabric::shutdown`].
     ep_fid: Mutex<Option<Arc<EpFid>>>,
     domain: Arc<DomainFid>,
@@ -409,10 +458,73 @@ impl Mr {
     }
 }
 
+/// Length of the [`Sink`]; also the largest message on providers that use one.
+pub(super) const SINK_LEN: usize = 1 << 30;
+
+/// Receive space appended to every posted receive on providers whose own truncation handling
+/// is broken (libfabric 1.17): shm copies a message longer than the receive (past its 4 KiB
+/// inline size) in an endless loop once the local iov runs out, wedging the receiving progress
+/// thread; ofi_rxm over tcp (dynamic receive buffers) places nothing and drops the TCP
+/// connection, losing the messages behind the truncated one. With the sink the provider never
+/// truncates: the excess lands here and is discarded, and the driver reports the truncation.
+///
+/// A lazily backed anonymous mapping: it costs address space, not memory, except for pages a
+/// truncated message touched, which are handed back after each truncation. It is not
+/// registered, so it is only used on providers without FI_MR_LOCAL.
+struct Sink {
+    addr: NonNull<c_void>,
+}
+
+// SAFETY: the mapping is only ever written by the provider and never read; any thread may
+// hand it to libfabric or release its pages.
+unsafe impl Send for Sink {}
+// SAFETY: as above.
+unsafe impl Sync for Sink {}
+
+impl Sink {
+    fn new() -> Result<Sink> {
+        // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
+        let p = unsafe {
+            libc::mmap(
+                ptr::null_mut(),
+                SINK_LEN,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(FabricError::io(
+                "mapping the receive overflow sink",
+                std::io::Error::last_os_error(),
+            ));
+        }
+        NonNull::new(p)
+            .map(|addr| Sink { addr })
+            .ok_or_else(|| FabricError::Unavailable("mmap returned null".into()))
+    }
+
+    fn iov(&self) -> sys::iovec {
+        sys::iovec {
+            iov_base: self.addr.as_ptr(),
+            iov_len: SINK_LEN,
+        }
+    }
+}
+
+impl Drop for Sink {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in new(); the endpoint that could write it is closed, since
+        // the Fabric owning the sink is dropped only after shutdown.
+        unsafe { libc::munmap(self.addr.as_ptr(), SINK_LEN) };
+    }
+}
+
 impl Fabric {
     /// Opens fabric, domain, CQ, AV and endpoint for `info` and enables the endpoint.
     /// `name` overrides the endpoint's own address (fi_setname) before it is enabled.
-    pub fn open(info: &Info, name: Option<&[u8]>) -> Result<Fabric> {
+    pub fn open(info: &Info, name: Option<&[u8]>, quirks: Quirks) -> Result<Fabric> {
         let raw = info.0.as_ptr();
         let mut fabric: *mut sys::fid_fabric = ptr::null_mut();
         // SAFETY: raw is a valid fi_info from getinfo; its fabric_attr is non-null there.
@@ -439,7 +551,7 @@ impl Fabric {
             _fabric_close: fabric_close,
         });
 
-        let (cq, cq_wait) = open_cq(domain.domain)?;
+        let cq = open_cq(domain.domain)?;
         // SAFETY: cq was just opened.
         let cq_close = Closer {
             fid: unsafe { &mut (*cq).fid },
@@ -472,6 +584,7 @@ impl Fabric {
             },
             _av: av_close,
             _cq: cq_close,
+            local: OnceLock::new(),
             _domain: domain.clone(),
         });
         // SAFETY: ep, cq, av are open objects of the same domain.
@@ -495,21 +608,40 @@ impl Fabric {
             }
             check("fi_enable", sys::fi_enable(ep))?;
         }
-        Ok(Fabric {
+        let fab = Fabric {
             ep,
             cq,
             av,
-            cq_wait,
-            ep_fid: Mutex::new(Some(ep_fid)),
+            sink: if quirks.sink {
+                Some(Sink::new()?)
+            } else {
+                None
+            },
+            shares_local: quirks.shares_local,
+            write_flags: if quirks.write_delivery {
+                (sys::FI_COMPLETION | sys::FI_DELIVERY_COMPLETE) as u64
+            } else {
+                sys::FI_COMPLETION as u64
+            },
+            pins: Mutex::new(Vec::new()),
+            ep_fid: Mutex::new(Some(ep_fid.clone())),
             domain,
             mr_endpoint: info.mr_mode() & sys::FI_MR_ENDPOINT as u64 != 0,
             ops: Mutex::new(HashMap::new()),
-        })
-    }
-
-    /// True if the CQ has a wait object, so [`Fabric::sread`] can sleep in the kernel.
-    pub fn has_wait(&self) -> bool {
-        self.cq_wait
+        };
+        if fab.shares_local {
+            static NEXT: AtomicU64 = AtomicU64::new(0);
+            let id = NEXT.fetch_add(1, SeqCst);
+            let key = local_key(&fab.getname()?);
+            let mut reg = lock(&LOCAL_EPS);
+            reg.push(LocalEntry {
+                key,
+                id,
+                ep: Arc::downgrade(&ep_fid),
+            });
+            let _ = ep_fid.local.set(LocalName { id });
+        }
+        Ok(fab)
     }
 
     /// The endpoint's own address, in the provider's format.
@@ -536,6 +668,18 @@ impl Fabric {
         // NUL-terminates string formats.
         let mut padded = vec![0u8; 2 * MAX_NAME];
         padded[..name.len()].copy_from_slice(name);
+        let mut pins = lock(&self.pins);
+        let pin = if self.shares_local {
+            let key = local_key(name);
+            match lock(&LOCAL_EPS).iter().find(|e| e.key == key) {
+                Some(e) => Some(e.ep.upgrade().ok_or_else(|| {
+                    FabricError::ConnectionLost("the peer endpoint is closing".into())
+                })?),
+                None => None,
+            }
+        } else {
+            None
+        };
         let mut addr: FiAddr = ADDR_UNSPEC;
         // SAFETY: padded is readable for more than any provider address; addr is writable.
         let ret = unsafe {
@@ -549,7 +693,11 @@ impl Fabric {
             )
         };
         if ret != 1 {
-            return Err(ofi_error("fi_av_insert", if ret < 0 { ret as isize } else { -(errno::EINVAL as isize) }));
+            let ret = if ret < 0 { ret as isize } else { -(errno::EINVAL as isize) };
+            return Err(ofi_error("fi_av_insert", ret));
+        }
+        if let Some(ep) = pin {
+            pins.push((addr, ep));
         }
         Ok(addr)
     }
@@ -606,11 +754,11 @@ impl Fabric {
     }
 
     fn lock_ep(&self) -> MutexGuard<'_, Option<Arc<EpFid>>> {
-        self.ep_fid.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.ep_fid)
     }
 
     fn lock_ops(&self) -> MutexGuard<'_, HashMap<usize, Meta>> {
-        self.ops.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.ops)
     }
 
     // -----------------------------------------------------------------------------------------
@@ -626,7 +774,11 @@ impl Fabric {
         again: &mut dyn FnMut() -> Result<()>,
         call: &mut dyn FnMut(*mut c_void, &[sys::iovec], &mut [*mut c_void]) -> isize,
     ) -> Result<()> {
-        let (iov, mut desc) = local_iov(&op.slices)?;
+        let (mut iov, mut desc) = local_iov(&op.slices)?;
+        if let (Some(sink), Some(_)) = (&self.sink, meta.recv_seq) {
+            iov.push(sink.iov());
+            desc.push(ptr::null_mut());
+        }
         let ctx = Box::into_raw(Box::new(OpCtx {
             fi: Default::default(),
             op,
@@ -749,46 +901,26 @@ impl Fabric {
                 if read {
                     sys::fi_readmsg(self.ep, &msg, sys::FI_COMPLETION as u64)
                 } else {
-                    // Delivery complete: the target's verdict (key, bounds, rights) must reach
-                    // the requester, and the data must be visible when the write completes.
-                    sys::fi_writemsg(
-                        self.ep,
-                        &msg,
-                        (sys::FI_COMPLETION | sys::FI_DELIVERY_COMPLETE) as u64,
-                    )
+                    sys::fi_writemsg(self.ep, &msg, self.write_flags)
                 }
             }
         })
     }
 
-    /// Sends `slices` (at most the inject size in total) without a completion: the data is
-    /// copied before this returns.
+    /// Sends `data` (at most the inject size) without a completion: it is copied before this
+    /// returns.
     pub fn inject(
         &self,
-        slices: &[LocalSlice],
+        data: &[u8],
         dest: FiAddr,
         tag: u64,
         again: &mut dyn FnMut() -> Result<()>,
     ) -> Result<()> {
-        let gathered;
-        let (ptr, len) = match slices {
-            [] => (ptr::null(), 0),
-            [one] => (one.addr() as *const c_void, one.len),
-            many => {
-                let mut v = Vec::with_capacity(LocalSlice::total(many) as usize);
-                for s in many {
-                    let start = v.len();
-                    v.resize(start + s.len, 0);
-                    s.region.buffer().read_at(s.offset, &mut v[start..]);
-                }
-                gathered = v;
-                (gathered.as_ptr().cast(), gathered.len())
-            }
-        };
         loop {
-            // SAFETY: ptr/len is a live slice (held by the caller's LocalSlice, or `gathered`);
-            // fi_tinject copies it before returning.
-            let ret = unsafe { sys::fi_tinject(self.ep, ptr, len, dest, tag) };
+            // SAFETY: data is a live slice; fi_tinject copies it before returning.
+            let ret = unsafe {
+                sys::fi_tinject(self.ep, data.as_ptr().cast(), data.len(), dest, tag)
+            };
             if ret == 0 {
                 return Ok(());
             }
@@ -799,31 +931,39 @@ impl Fabric {
         }
     }
 
+    /// [`Fabric::inject`] of the concatenation of `slices`.
+    pub fn inject_slices(
+        &self,
+        slices: &[LocalSlice],
+        dest: FiAddr,
+        tag: u64,
+        again: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<()> {
+        if let [one] = slices {
+            // SAFETY: the slice lies within its region (LocalSlice is only made in bounds); a
+            // remote write the owner granted may change the bytes while they are copied,
+            // which is the RMA contract.
+            let bytes = unsafe { one.region.buffer().bytes(one.offset, one.len) };
+            return self.inject(bytes, dest, tag, again);
+        }
+        let mut v = Vec::with_capacity(LocalSlice::total(slices) as usize);
+        for s in slices {
+            let start = v.len();
+            v.resize(start + s.len, 0);
+            s.region.buffer().read_at(s.offset, &mut v[start..]);
+        }
+        self.inject(&v, dest, tag, again)
+    }
+
     // -----------------------------------------------------------------------------------------
     // Completions
 
-    /// Reads up to `max` completions without blocking, or sleeps up to `timeout` for the first
-    /// one when given and the CQ has a wait object.
-    pub fn read_cq(&self, max: usize, timeout: Option<Duration>, out: &mut Vec<Event>) {
+    /// Reads up to `max` completions without blocking.
+    pub fn read_cq(&self, max: usize, out: &mut Vec<Event>) {
         let mut entries: [sys::fi_cq_tagged_entry; 32] = Default::default();
         let n = max.clamp(1, entries.len());
-        let ret = match timeout {
-            Some(t) if self.cq_wait => {
-                let ms = i32::try_from(t.as_millis()).unwrap_or(i32::MAX).max(1);
-                // SAFETY: entries holds n tagged entries, the CQ's format.
-                unsafe {
-                    sys::fi_cq_sread(
-                        self.cq,
-                        entries.as_mut_ptr().cast(),
-                        n,
-                        ptr::null(),
-                        ms,
-                    )
-                }
-            }
-            // SAFETY: as above.
-            _ => unsafe { sys::fi_cq_read(self.cq, entries.as_mut_ptr().cast(), n) },
-        };
+        // SAFETY: entries holds n entries of the CQ's format (tagged).
+        let ret = unsafe { sys::fi_cq_read(self.cq, entries.as_mut_ptr().cast(), n) };
         if ret > 0 {
             for e in &entries[..ret as usize] {
                 out.push(Event {
@@ -853,11 +993,12 @@ impl Fabric {
         }
     }
 
-    /// Wakes a thread sleeping in [`Fabric::read_cq`].
-    pub fn signal(&self) {
-        if self.cq_wait {
-            // SAFETY: the CQ is open.
-            unsafe { sys::fi_cq_signal(self.cq) };
+    /// Returns the pages a truncated message wrote into the sink to the kernel.
+    pub fn release_sink(&self) {
+        if let Some(sink) = &self.sink {
+            // SAFETY: MADV_DONTNEED on our own private anonymous mapping only zeroes it; a
+            // provider writing there concurrently writes discarded bytes either way.
+            unsafe { libc::madvise(sink.addr.as_ptr(), SINK_LEN, libc::MADV_DONTNEED) };
         }
     }
 
@@ -909,6 +1050,14 @@ impl Fabric {
     /// operation that never completed to `orphan`. Their memory is released only if the
     /// endpoint really closed; otherwise it is leaked, since libfabric might still touch it.
     pub fn shutdown(&self, mut orphan: impl FnMut(&Op)) {
+        // Entries for endpoints of this process go first, while those are still held open.
+        for (mut addr, _) in lock(&self.pins).drain(..) {
+            // SAFETY: addr is a live entry of our open AV; nothing posts any more.
+            let ret = unsafe { sys::fi_av_remove(self.av, &mut addr, 1, 0) };
+            if ret != 0 {
+                tracing::warn!("fi_av_remove: {}", strerror(-ret));
+            }
+        }
         let ep = self.lock_ep().take();
         let closed = match ep {
             Some(ep) => Arc::try_unwrap(ep).is_ok(),
@@ -938,23 +1087,20 @@ impl Drop for Fabric {
     }
 }
 
-fn open_cq(domain: *mut sys::fid_domain) -> Result<(*mut sys::fid_cq, bool)> {
-    let mut last = 0;
-    // A wait object lets the progress thread sleep in the kernel; not every provider has one.
-    for wait_obj in [sys::FI_WAIT_UNSPEC, sys::FI_WAIT_NONE] {
-        let mut attr = sys::fi_cq_attr {
-            format: sys::FI_CQ_FORMAT_TAGGED,
-            wait_obj,
-            ..Default::default()
-        };
-        let mut cq: *mut sys::fid_cq = ptr::null_mut();
-        // SAFETY: domain is open; attr lives across the call.
-        last = unsafe { sys::fi_cq_open(domain, &mut attr, &mut cq, ptr::null_mut()) };
-        if last == 0 {
-            return Ok((cq, wait_obj != sys::FI_WAIT_NONE));
-        }
-    }
-    Err(ofi_error("fi_cq_open", last as isize))
+fn open_cq(domain: *mut sys::fid_domain) -> Result<*mut sys::fid_cq> {
+    // No wait object: the progress thread sleeps on its own (see progress.rs), because
+    // fi_cq_sread on ofi_rxm was seen spinning forever after a connection teardown.
+    let mut attr = sys::fi_cq_attr {
+        format: sys::FI_CQ_FORMAT_TAGGED,
+        wait_obj: sys::FI_WAIT_NONE,
+        ..Default::default()
+    };
+    let mut cq: *mut sys::fid_cq = ptr::null_mut();
+    // SAFETY: domain is open; attr lives across the call.
+    check("fi_cq_open", unsafe {
+        sys::fi_cq_open(domain, &mut attr, &mut cq, ptr::null_mut())
+    })?;
+    Ok(cq)
 }
 
 /// The iovec and descriptor lists for a gather/scatter list of this driver's registrations.

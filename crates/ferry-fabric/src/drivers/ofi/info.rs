@@ -234,19 +234,59 @@ pub(super) fn peer_name(addr: &Address, format: u32) -> Result<Vec<u8>> {
         })
 }
 
+/// Workarounds for provider defects found with libfabric 1.17 (see `tests/ofi_driver.rs`).
+/// Providers that could not be tested here (verbs, efa, cxi) get none.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Quirks {
+    /// Receives get an overflow sink (`ffi::Sink`): shm and tcp;ofi_rxm mishandle messages
+    /// longer than the posted receive.
+    pub sink: bool,
+    /// RMA is first granted by the target's driver (`rma.rs`): shm checks nothing on its fast
+    /// (CMA) path and wedges the pair of endpoints when its command path refuses an access;
+    /// ofi_rxm makes every region remotely readable, and tcp drops the connection on a
+    /// refused access.
+    pub checked_rma: bool,
+    /// Writes ask for delivery completion, so the target has the data when they complete.
+    /// Not on shm: its fast path completes on delivery anyway, and the flag disables it.
+    pub write_delivery: bool,
+    /// Endpoints of one process share memory (shm; see `ffi::LOCAL_EPS`).
+    pub shares_local: bool,
+}
+
+/// The workarounds the provider of `info` needs.
+pub(super) fn quirks(info: &Info) -> Quirks {
+    let prov = info.prov_name();
+    let shm = prov == "shm";
+    let tcp = prov == "tcp" || prov.starts_with("tcp;");
+    Quirks {
+        // The sink is an extra receive iov entry, and unregistered.
+        sink: (shm || tcp)
+            && info.iov_limits().1 >= 2
+            && info.mr_mode() & sys::FI_MR_LOCAL as u64 == 0,
+        checked_rma: shm || tcp,
+        write_delivery: !shm,
+        shares_local: shm,
+    }
+}
+
 /// What the chosen provider entry can do, as ferry reports it.
 pub(super) fn capabilities(addr: &Address, info: &Info) -> Capabilities {
     let (tx_iov, rx_iov) = info.iov_limits();
+    let sink = quirks(info).sink;
     let order = info.msg_order();
     Capabilities {
         driver: addr.driver_name(),
         provider: info.prov_name(),
         rma: true,
         // The local list of an RMA is bounded by the tx iov limit (rma_iov_limit bounds the
-        // remote list, which is always one entry here); receives by the rx limit.
-        max_gather: tx_iov.min(rx_iov).max(1),
+        // remote list, which is always one entry here); receives by the rx limit, less the sink.
+        max_gather: tx_iov.min(rx_iov - usize::from(sink)).max(1),
         inline_size: info.inject_size(),
-        max_msg_size: info.max_msg_size(),
+        max_msg_size: if sink {
+            info.max_msg_size().min(ffi::SINK_LEN as u64)
+        } else {
+            info.max_msg_size()
+        },
         ordering: Ordering {
             send_after_send: order & sys::FI_ORDER_SAS as u64 != 0,
             send_after_write: order & sys::FI_ORDER_SAW as u64 != 0,

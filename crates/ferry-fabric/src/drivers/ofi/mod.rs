@@ -22,6 +22,7 @@ mod endpoint;
 mod ffi;
 mod info;
 mod progress;
+mod rma;
 mod wire;
 
 use std::sync::Arc;

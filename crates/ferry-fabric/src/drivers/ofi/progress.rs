@@ -8,15 +8,16 @@
 //!
 //! Idle strategy, for 2-core hosts: poll without pause for [`SPIN`] after the last completion
 //! (a ping-pong reply on the same host comes back well within it), then, while user operations
-//! are in flight, poll between `yield`s up to [`YIELD`]; after that sleep, in the kernel on the
-//! CQ's wait object where the provider has one (woken by `fi_cq_signal` when a post needs
-//! progress), else in naps doubling up to [`MAX_NAP`] (woken by `unpark`).
+//! are in flight, poll between `yield`s up to [`YIELD`]; after that nap, doubling from
+//! [`MIN_NAP`] to [`MAX_NAP`]. A post wakes a napping thread at once (`unpark`), so only
+//! traffic nobody on this side initiated (an incoming message for a receive posted long ago,
+//! the target side of RMA) can wait up to one nap.
 
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::domain::Shared;
+use super::domain::{Reply, Shared};
 use super::endpoint::Conn;
 use super::ffi::{errno, strerror, CqError, Event};
 use crate::cq::{Completion, OpKind};
@@ -27,12 +28,9 @@ use crate::mem::LocalSlice;
 const SPIN: Duration = Duration::from_micros(50);
 /// Polling with `yield` while user operations are in flight.
 const YIELD: Duration = Duration::from_millis(2);
-/// Shortest and longest nap without a wait object.
+/// Shortest and longest nap.
 const MIN_NAP: Duration = Duration::from_micros(50);
 const MAX_NAP: Duration = Duration::from_millis(1);
-/// Kernel sleep on the CQ wait object, with and without user operations in flight.
-const WAIT_BUSY: Duration = Duration::from_millis(10);
-const WAIT_IDLE: Duration = Duration::from_millis(100);
 
 /// An operation handed to libfabric.
 pub(super) struct Op {
@@ -51,6 +49,8 @@ pub(super) enum Purpose {
         kind: OpKind,
         /// Bytes the operation covers (receives: the buffer size).
         len: u64,
+        /// A checked RMA's token, to release the target's grant when done.
+        done: Option<u64>,
     },
     /// One of the domain's standing control receives.
     ControlRecv,
@@ -58,11 +58,10 @@ pub(super) enum Purpose {
     ControlSend { connect: Option<u64> },
 }
 
-/// Reads one batch of completions (sleeping up to `wait` for the first one if the CQ has a
-/// wait object) and routes them. Returns how many were handled.
-pub(super) fn progress(shared: &Shared, wait: Option<Duration>) -> usize {
+/// Reads one batch of completions and routes them. Returns how many were handled.
+pub(super) fn progress(shared: &Shared) -> usize {
     let mut events = Vec::new();
-    shared.fab.read_cq(16, wait, &mut events);
+    shared.fab.read_cq(16, &mut events);
     let n = events.len();
     for ev in events {
         route(shared, ev);
@@ -82,20 +81,33 @@ fn route(shared: &Shared, ev: Event) {
             context,
             kind,
             len,
+            done: token,
         } => {
             let (done, result) = match ev.err {
+                // More than the buffer holds arrived: the rest went to the sink.
+                None if kind == OpKind::Recv && ev.len as u64 > len => {
+                    shared.fab.release_sink();
+                    let msg_len = ev.len as u64;
+                    (len, Err(FabricError::Truncated { msg_len, buf_len: len }))
+                }
                 None if kind == OpKind::Recv => (ev.len as u64, Ok(())),
                 None => (len, Ok(())),
                 Some(e) => {
-                    let placed = if e.code == errno::ETRUNC { len } else { 0 };
+                    // What the provider says it placed, never more than the buffer.
+                    let placed = if e.code == errno::ETRUNC {
+                        (ev.len as u64).min(len)
+                    } else {
+                        0
+                    };
                     (placed, Err(map_error(kind, e, meta.lost, len)))
                 }
             };
             // Release the memory before reporting, so a caller woken by the completion finds
             // itself the sole owner of its buffer again.
             drop(slices);
+            let lost_transport = ev.err.is_some_and(|e| transport_lost(kind, e.code));
             let received = kind == OpKind::Recv
-                && (ev.err.is_none() || ev.err.is_some_and(|e| e.code == errno::ETRUNC));
+                && (result.is_ok() || matches!(result, Err(FabricError::Truncated { .. })));
             conn.cq.push(Completion {
                 context,
                 op: kind,
@@ -106,18 +118,44 @@ fn route(shared: &Shared, ev: Event) {
                 conn.received.fetch_add(1, SeqCst);
                 shared.reap(&conn);
             }
+            if let Some(token) = token {
+                shared.rma_done(&conn, token);
+            }
+            if lost_transport {
+                shared.abort(&conn);
+            }
         }
         Purpose::ControlRecv => shared.on_control(ev, slices),
         Purpose::ControlSend { connect } => {
             if let Some(e) = ev.err {
                 let err = map_error(OpKind::Send, e, false, 0);
                 match connect {
-                    Some(id) => shared.connect_failed(id, err),
+                    // Refused outright (nobody listens) fails; a transport being torn down
+                    // (tcp after a refused RMA, until ofi_rxm reconnects) is retried.
+                    Some(id) if e.code != errno::ECONNREFUSED && transport_lost(OpKind::Send, e.code) => {
+                        shared.connect_failed(id, Reply::Retry(err))
+                    }
+                    Some(id) => shared.connect_failed(id, Reply::Failed(err)),
                     None => tracing::debug!("control send failed: {err}"),
                 }
             }
         }
     }
+}
+
+/// True if an error means the provider tore down the transport under the connection (tcp
+/// does so when the target refuses an RMA, or the peer dies): messages may have been lost.
+fn transport_lost(kind: OpKind, code: i32) -> bool {
+    matches!(
+        code,
+        errno::ECONNREFUSED
+            | errno::ECONNRESET
+            | errno::ECONNABORTED
+            | errno::ENOTCONN
+            | errno::EPIPE
+            | errno::EHOSTUNREACH
+            | errno::ETIMEDOUT
+    ) || (code == errno::ECANCELED && kind != OpKind::Recv)
 }
 
 /// Turns a provider error completion into the ferry error for an operation of `kind`
@@ -126,12 +164,20 @@ pub(super) fn map_error(kind: OpKind, e: CqError, lost: bool, len: u64) -> Fabri
     let rma = matches!(kind, OpKind::Write | OpKind::Read);
     let text = || format!("{} (provider errno {})", strerror(e.code), e.prov_errno);
     match e.code {
-        errno::ECANCELED if lost => {
+        errno::ECANCELED if kind == OpKind::Recv && lost => {
             FabricError::ConnectionLost("the peer closed the connection".into())
         }
-        errno::ECANCELED => FabricError::Cancelled,
+        errno::ECANCELED if kind == OpKind::Recv => FabricError::Cancelled,
+        // ferry cancels only receives: anything else was aborted by the provider, which is how
+        // tcp refuses a bad RMA (the target drops the connection when ofi_mr_verify fails).
+        errno::ECANCELED if rma => FabricError::RemoteAccess(RemoteAccessError::Other),
+        errno::ECANCELED => FabricError::ConnectionLost(format!(
+            "the provider aborted the operation: {}",
+            text()
+        )),
+        // Where the provider does not say by how much, only a lower bound is known.
         errno::ETRUNC => FabricError::Truncated {
-            msg_len: len.saturating_add(e.olen as u64),
+            msg_len: len.saturating_add((e.olen as u64).max(1)),
             buf_len: len,
         },
         errno::EKEYREJECTED | errno::ENOKEY if rma => {
@@ -160,7 +206,7 @@ pub(super) fn run(shared: Arc<Shared>) {
     let mut last = Instant::now();
     let mut nap = MIN_NAP;
     while !shared.stopping() {
-        if progress(&shared, None) > 0 {
+        if progress(&shared) > 0 {
             last = Instant::now();
             nap = MIN_NAP;
             continue;
@@ -170,28 +216,20 @@ pub(super) fn run(shared: Arc<Shared>) {
             std::hint::spin_loop();
             continue;
         }
-        let busy = shared.user_ops_in_flight();
-        if busy && idle < YIELD {
+        if idle < YIELD && shared.user_ops_in_flight() {
             std::thread::yield_now();
             continue;
         }
         shared.sleeping.store(true, SeqCst);
-        let n = if shared.fab.has_wait() {
-            progress(&shared, Some(if busy { WAIT_BUSY } else { WAIT_IDLE }))
+        // One more look after announcing the nap: a post that saw this thread awake did not
+        // wake it.
+        if progress(&shared) == 0 {
+            std::thread::park_timeout(nap);
+            nap = (nap * 2).min(MAX_NAP);
         } else {
-            // One more look after announcing the sleep, so a post that saw us awake is not
-            // left waiting for a whole nap.
-            let n = progress(&shared, None);
-            if n == 0 {
-                std::thread::park_timeout(nap);
-                nap = (nap * 2).min(MAX_NAP);
-            }
-            n
-        };
-        shared.sleeping.store(false, SeqCst);
-        if n > 0 {
             last = Instant::now();
             nap = MIN_NAP;
         }
+        shared.sleeping.store(false, SeqCst);
     }
 }

@@ -10,12 +10,19 @@
 //! | 2 ACCEPT | client conn id u64, server conn id u64 |
 //! | 3 REFUSE | client conn id u64 |
 //! | 4 DISCONNECT | receiver's conn id u64, sender's conn id u64, data messages sent u64 |
+//! | 5 RMA_REQUEST | receiver's conn id u64, sender's conn id u64, token u64, key u64, addr u64, length u64, write u8 |
+//! | 6 RMA_ANSWER | receiver's conn id u64, token u64, status u8 (0 granted, else the refusal) |
+//! | 7 RMA_DONE | receiver's conn id u64, sender's conn id u64, token u64 |
+//!
+//! The RMA messages implement checked RMA (see `domain.rs`): the target checks an access
+//! before the initiator lets the provider make it, and holds the region until it is done.
 //!
 //! Control messages travel with the domain's control tag; data with the receiver's
 //! connection id in the tag (see `mod.rs`), so the two never consume each other's receives.
 //! Trailing bytes are ignored so later minor versions can extend a body.
 
 use super::ffi::MAX_NAME;
+use crate::mem::RemoteSlice;
 
 /// Major protocol version; a peer with another one is refused.
 pub(super) const MAJOR: u16 = 1;
@@ -63,6 +70,37 @@ pub(super) enum Control {
         /// Data messages the sender posted on the connection.
         sent: u64,
     },
+    /// The sender asks to access `remote` in the receiver's memory.
+    RmaRequest {
+        /// The receiver's connection id.
+        target: u64,
+        /// The sender's connection id.
+        sender: u64,
+        /// Names the access in the answer and the DONE.
+        token: u64,
+        /// What is to be accessed.
+        remote: RemoteSlice,
+        /// A write (else a read).
+        write: bool,
+    },
+    /// The answer to an RMA_REQUEST: 0 granted, else a `RemoteAccessError` wire byte.
+    RmaAnswer {
+        /// The receiver's (requester's) connection id.
+        target: u64,
+        /// The request's token.
+        token: u64,
+        /// 0, or why the access was refused.
+        status: u8,
+    },
+    /// A granted access is finished; the region may go.
+    RmaDone {
+        /// The receiver's connection id.
+        target: u64,
+        /// The sender's connection id.
+        sender: u64,
+        /// The request's token.
+        token: u64,
+    },
 }
 
 impl Control {
@@ -100,9 +138,42 @@ impl Control {
                 sent,
             } => {
                 b.push(4);
+                for w in [target, sender, sent] {
+                    b.extend_from_slice(&w.to_le_bytes());
+                }
+            }
+            Control::RmaRequest {
+                target,
+                sender,
+                token,
+                remote,
+                write,
+            } => {
+                b.push(5);
+                for w in [target, sender, token, &remote.key, &remote.addr, &remote.len] {
+                    b.extend_from_slice(&w.to_le_bytes());
+                }
+                b.push(u8::from(*write));
+            }
+            Control::RmaAnswer {
+                target,
+                token,
+                status,
+            } => {
+                b.push(6);
                 b.extend_from_slice(&target.to_le_bytes());
-                b.extend_from_slice(&sender.to_le_bytes());
-                b.extend_from_slice(&sent.to_le_bytes());
+                b.extend_from_slice(&token.to_le_bytes());
+                b.push(*status);
+            }
+            Control::RmaDone {
+                target,
+                sender,
+                token,
+            } => {
+                b.push(7);
+                for w in [target, sender, token] {
+                    b.extend_from_slice(&w.to_le_bytes());
+                }
             }
         }
         b
@@ -141,6 +212,28 @@ impl Control {
                 target: r.u64()?,
                 sender: r.u64()?,
                 sent: r.u64()?,
+            }),
+            5 => Ok(Control::RmaRequest {
+                target: r.u64()?,
+                sender: r.u64()?,
+                token: r.u64()?,
+                remote: {
+                    let key = r.u64()?;
+                    let addr = r.u64()?;
+                    let len = r.u64()?;
+                    RemoteSlice { addr, len, key }
+                },
+                write: r.take(1)?[0] != 0,
+            }),
+            6 => Ok(Control::RmaAnswer {
+                target: r.u64()?,
+                token: r.u64()?,
+                status: r.take(1)?[0],
+            }),
+            7 => Ok(Control::RmaDone {
+                target: r.u64()?,
+                sender: r.u64()?,
+                token: r.u64()?,
             }),
             k => Err(format!("unknown control message kind {k}")),
         }
@@ -193,6 +286,27 @@ mod tests {
                 target: 1,
                 sender: 2,
                 sent: 3,
+            },
+            Control::RmaRequest {
+                target: 1,
+                sender: 2,
+                token: 3,
+                remote: RemoteSlice {
+                    addr: 4,
+                    len: 5,
+                    key: 6,
+                },
+                write: true,
+            },
+            Control::RmaAnswer {
+                target: 1,
+                token: 2,
+                status: 3,
+            },
+            Control::RmaDone {
+                target: 1,
+                sender: 2,
+                token: 3,
             },
         ] {
             assert_eq!(Control::decode(&m.encode()), Ok(m));
