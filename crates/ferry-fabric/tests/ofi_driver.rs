@@ -64,11 +64,14 @@ fn pair(addr: &Address) -> Pair {
 }
 
 fn pattern(len: usize, seed: usize) -> Vec<u8> {
-    (0..len).map(|i| (i.wrapping_mul(31) ^ seed) as u8).collect()
+    (0..len)
+        .map(|i| (i.wrapping_mul(31) ^ seed) as u8)
+        .collect()
 }
 
 fn reg(d: &dyn Domain, data: &[u8], access: Access) -> MemoryRegion {
-    d.register(&Buffer::from_slice(data), access).expect("register")
+    d.register(&Buffer::from_slice(data), access)
+        .expect("register")
 }
 
 fn done(ep: &dyn Endpoint) -> Completion {
@@ -121,7 +124,10 @@ fn send_recv_sizes() {
         // The other direction, with the receive posted only after the message arrived.
         let data = pattern(4 << 20, 99);
         let src = reg(&*sd, &data, Access::LOCAL);
-        let dst = p.client_domain.register(&Buffer::new(4 << 20), Access::LOCAL).unwrap();
+        let dst = p
+            .client_domain
+            .register(&Buffer::new(4 << 20), Access::LOCAL)
+            .unwrap();
         p.server.post_send(&[src.full()], 1).unwrap();
         thread::sleep(Duration::from_millis(50));
         p.client.post_recv(&[dst.full()], 2).unwrap();
@@ -137,14 +143,22 @@ fn send_gathers_and_recv_scatters() {
         let p = pair(a);
         let n = p.client.capabilities().max_gather;
         let sizes: Vec<usize> = (0..n).map(|i| 1000 * (i + 1) + i).collect();
-        let parts: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, &s)| pattern(s, i)).collect();
+        let parts: Vec<Vec<u8>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &s)| pattern(s, i))
+            .collect();
         let regions: Vec<MemoryRegion> = parts
             .iter()
             .map(|d| reg(&*p.client_domain, d, Access::LOCAL))
             .collect();
         let gather: Vec<LocalSlice> = regions.iter().map(|r| r.full()).collect();
         let total: usize = sizes.iter().sum();
-        let dst = p.server.domain().register(&Buffer::new(total), Access::LOCAL).unwrap();
+        let dst = p
+            .server
+            .domain()
+            .register(&Buffer::new(total), Access::LOCAL)
+            .unwrap();
         let half = total / 2;
         let scatter = [dst.slice(..half).unwrap(), dst.slice(half..).unwrap()];
         p.server.post_recv(&scatter, 1).unwrap();
@@ -176,7 +190,9 @@ fn rma_write_gathers_1_2_and_max_segments() {
         let mut counts = vec![1, 2, max];
         counts.dedup();
         for (round, n) in counts.into_iter().enumerate() {
-            let parts: Vec<Vec<u8>> = (0..n).map(|i| pattern(777 * (i + 1), round * 10 + i)).collect();
+            let parts: Vec<Vec<u8>> = (0..n)
+                .map(|i| pattern(777 * (i + 1), round * 10 + i))
+                .collect();
             let regions: Vec<MemoryRegion> = parts
                 .iter()
                 .map(|d| reg(&*p.client_domain, d, Access::LOCAL))
@@ -194,8 +210,14 @@ fn rma_write_gathers_1_2_and_max_segments() {
         // Large single-segment write.
         let big = pattern(4 << 20, 5);
         let src = reg(&*p.client_domain, &big, Access::LOCAL);
-        let dst = p.server.domain().register(&Buffer::new(4 << 20), Access::REMOTE_WRITE).unwrap();
-        p.client.post_write(&[src.full()], dst.remote(..).unwrap(), 9).unwrap();
+        let dst = p
+            .server
+            .domain()
+            .register(&Buffer::new(4 << 20), Access::REMOTE_WRITE)
+            .unwrap();
+        p.client
+            .post_write(&[src.full()], dst.remote(..).unwrap(), 9)
+            .unwrap();
         done_ok(&*p.client, 9, OpKind::Write, 4 << 20);
         assert!(dst.buffer().to_vec() == big);
     });
@@ -207,15 +229,26 @@ fn rma_read_scatters_into_two_segments() {
         let p = pair(a);
         let data = pattern(3 << 20, 3);
         let target = reg(&*p.server.domain(), &data, Access::REMOTE_READ);
-        let l1 = p.client_domain.register(&Buffer::new(1 << 20), Access::LOCAL).unwrap();
-        let l2 = p.client_domain.register(&Buffer::new(2 << 20), Access::LOCAL).unwrap();
+        let l1 = p
+            .client_domain
+            .register(&Buffer::new(1 << 20), Access::LOCAL)
+            .unwrap();
+        let l2 = p
+            .client_domain
+            .register(&Buffer::new(2 << 20), Access::LOCAL)
+            .unwrap();
         let remote = target.remote(..).unwrap();
-        p.client.post_read(&[l1.full(), l2.full()], remote, 7).unwrap();
+        p.client
+            .post_read(&[l1.full(), l2.full()], remote, 7)
+            .unwrap();
         done_ok(&*p.client, 7, OpKind::Read, 3 << 20);
         assert!(l1.buffer().to_vec() == data[..1 << 20]);
         assert!(l2.buffer().to_vec() == data[1 << 20..]);
         // A small sub-range read.
-        let l3 = p.client_domain.register(&Buffer::new(10), Access::LOCAL).unwrap();
+        let l3 = p
+            .client_domain
+            .register(&Buffer::new(10), Access::LOCAL)
+            .unwrap();
         let sub = remote.sub(12345, 10).unwrap();
         p.client.post_read(&[l3.full()], sub, 8).unwrap();
         done_ok(&*p.client, 8, OpKind::Read, 10);
@@ -266,7 +299,11 @@ fn ten_thousand_sends_window_64() {
                 assert_eq!(c.len, len as u64, "message {k}");
                 let mut got = vec![0; len];
                 ring.buffer().read_at(slot * SLOT, &mut got);
-                assert_eq!(got[..8], (k as u64).to_le_bytes(), "message {k} out of order");
+                assert_eq!(
+                    got[..8],
+                    (k as u64).to_le_bytes(),
+                    "message {k} out of order"
+                );
                 assert!(got[8..].iter().all(|&b| b == k as u8));
                 if next < N {
                     post(slot, &mut posted_as, &mut next);
@@ -309,10 +346,15 @@ fn truncation_is_reported_and_stays_in_bounds() {
     each(|a| {
         let p = pair(a);
         let sd = p.server.domain();
-        for (i, (msg, buf)) in [(1usize << 20, 64usize << 10), (100, 10), (8000, 5000)].into_iter().enumerate() {
+        for (i, (msg, buf)) in [(1usize << 20, 64usize << 10), (100, 10), (8000, 5000)]
+            .into_iter()
+            .enumerate()
+        {
             let data = pattern(msg, i);
             let src = reg(&*p.client_domain, &data, Access::LOCAL);
-            let dst = sd.register(&Buffer::new(buf + 4096), Access::LOCAL).unwrap();
+            let dst = sd
+                .register(&Buffer::new(buf + 4096), Access::LOCAL)
+                .unwrap();
             dst.buffer().fill(0xEE);
             p.server.post_recv(&[dst.slice(..buf).unwrap()], 1).unwrap();
             p.client.post_send(&[src.full()], 2).unwrap();
@@ -328,7 +370,10 @@ fn truncation_is_reported_and_stays_in_bounds() {
             let got = dst.buffer().to_vec();
             assert_eq!(c.len, buf as u64);
             assert!(got[..buf] == data[..buf], "prefix");
-            assert!(got[buf..].iter().all(|&b| b == 0xEE), "written outside the buffer");
+            assert!(
+                got[buf..].iter().all(|&b| b == 0xEE),
+                "written outside the buffer"
+            );
             // The connection still works.
             let ok = reg(&*p.client_domain, b"after", Access::LOCAL);
             let into = sd.register(&Buffer::new(5), Access::LOCAL).unwrap();
@@ -341,9 +386,7 @@ fn truncation_is_reported_and_stays_in_bounds() {
     });
 }
 
-/// A bad RMA must fail at the requester with a remote access error. tcp;ofi_rxm registers
-/// every region remotely readable (its rendezvous protocol reads senders' buffers), so a read
-/// from a write-only region succeeds there.
+/// A bad RMA must fail at the requester with a remote access error, touching nothing.
 #[test]
 fn rma_errors_reach_the_requester_and_the_target_keeps_serving() {
     each(|a| {
@@ -359,13 +402,21 @@ fn rma_errors_reach_the_requester_and_the_target_keeps_serving() {
         let gone = sd.register(&Buffer::new(4096), Access::ALL).unwrap();
         let stale = gone.remote(..).unwrap();
         drop(gone);
-        let read_only = sd.register(&Buffer::new(4096), Access::REMOTE_READ).unwrap();
-        let write_only = sd.register(&Buffer::new(4096), Access::REMOTE_WRITE).unwrap();
+        let read_only = sd
+            .register(&Buffer::new(4096), Access::REMOTE_READ)
+            .unwrap();
+        let write_only = sd
+            .register(&Buffer::new(4096), Access::REMOTE_WRITE)
+            .unwrap();
         let local_only = sd.register(&Buffer::new(4096), Access::LOCAL).unwrap();
 
         let bad_domain = open(&la).unwrap();
-        let foreign = bad_domain.register(&Buffer::new(4096), Access::ALL).unwrap();
-        let local = bad_domain.register(&Buffer::new(4096), Access::LOCAL).unwrap();
+        let foreign = bad_domain
+            .register(&Buffer::new(4096), Access::ALL)
+            .unwrap();
+        let local = bad_domain
+            .register(&Buffer::new(4096), Access::LOCAL)
+            .unwrap();
         local.buffer().fill(0x22);
         let oob = RemoteSlice {
             addr: whole.addr + 8000,
@@ -377,15 +428,30 @@ fn rma_errors_reach_the_requester_and_the_target_keeps_serving() {
             ("read out of bounds", true, oob),
             ("write with a stale key", false, stale),
             ("read with a stale key", true, stale),
-            ("write with a foreign key", false, foreign.remote(..).unwrap()),
+            (
+                "write with a foreign key",
+                false,
+                foreign.remote(..).unwrap(),
+            ),
             ("read with a foreign key", true, foreign.remote(..).unwrap()),
-            ("write to a read-only region", false, read_only.remote(..).unwrap()),
-            ("read from a write-only region", true, write_only.remote(..).unwrap()),
-            ("write to a local-only region", false, local_only.remote(..).unwrap()),
+            (
+                "write to a read-only region",
+                false,
+                read_only.remote(..).unwrap(),
+            ),
+            (
+                "read from a write-only region",
+                true,
+                write_only.remote(..).unwrap(),
+            ),
+            (
+                "write to a local-only region",
+                false,
+                local_only.remote(..).unwrap(),
+            ),
         ];
         for (i, (what, read, remote)) in cases.into_iter().enumerate() {
-            // A fresh connection each time: on tcp the target drops the transport connection
-            // of a peer that made a bad access, and the driver then treats it as lost.
+            // A fresh connection each time, as a caller would after a refused access.
             let h = {
                 let (d, la) = (bad_domain.clone(), la.clone());
                 thread::spawn(move || d.connect(&la, T).unwrap())
@@ -400,17 +466,18 @@ fn rma_errors_reach_the_requester_and_the_target_keeps_serving() {
             }
             let c = done(&*bad);
             eprintln!("  {what}: {:?}", c.result);
-            let quirk = read && what.contains("write-only") && caps_provider(&*bad) == "tcp;ofi_rxm";
-            if !quirk {
-                assert!(
-                    matches!(c.result, Err(FabricError::RemoteAccess(_))),
-                    "{what}: expected a remote access error, got {:?}",
-                    c.result
-                );
-            }
+            assert!(
+                matches!(c.result, Err(FabricError::RemoteAccess(_))),
+                "{what}: expected a remote access error, got {:?}",
+                c.result
+            );
             // The target keeps serving its other connection.
-            let v = good_domain.register(&Buffer::from_slice(&[i as u8; 8]), Access::LOCAL).unwrap();
-            good_client.post_write(&[v.full()], whole.sub(8 * i as u64, 8).unwrap(), 100).unwrap();
+            let v = good_domain
+                .register(&Buffer::from_slice(&[i as u8; 8]), Access::LOCAL)
+                .unwrap();
+            good_client
+                .post_write(&[v.full()], whole.sub(8 * i as u64, 8).unwrap(), 100)
+                .unwrap();
             done_ok(&*good_client, 100, OpKind::Write, 8);
         }
         let mut got = vec![0; 8192];
@@ -418,15 +485,17 @@ fn rma_errors_reach_the_requester_and_the_target_keeps_serving() {
         for (i, chunk) in got[..8 * 9].chunks(8).enumerate() {
             assert!(chunk.iter().all(|&b| b == i as u8));
         }
-        assert!(got[8 * 9..].iter().all(|&b| b == 0x11), "target modified out of bounds");
+        assert!(
+            got[8 * 9..].iter().all(|&b| b == 0x11),
+            "target modified out of bounds"
+        );
         for r in [&read_only, &local_only] {
-            assert!(r.buffer().to_vec().iter().all(|&b| b == 0), "protected region modified");
+            assert!(
+                r.buffer().to_vec().iter().all(|&b| b == 0),
+                "protected region modified"
+            );
         }
     });
-}
-
-fn caps_provider(ep: &dyn Endpoint) -> String {
-    ep.capabilities().provider.clone()
 }
 
 #[test]
@@ -438,7 +507,10 @@ fn waits_time_out() {
             p.client.cq().wait(Duration::from_millis(100)),
             Err(FabricError::Timeout(_))
         ));
-        let r = p.client_domain.register(&Buffer::new(8), Access::LOCAL).unwrap();
+        let r = p
+            .client_domain
+            .register(&Buffer::new(8), Access::LOCAL)
+            .unwrap();
         p.client.post_recv(&[r.full()], 1).unwrap();
         assert!(matches!(
             p.client.cq().wait(Duration::from_millis(100)),
@@ -466,7 +538,10 @@ fn connect_to_nobody_fails_or_times_out() {
         let r = open(&a).and_then(|d| d.connect(&a, Duration::from_secs(2)));
         eprintln!("{a}: {:?} after {:?}", r.as_ref().err(), t0.elapsed());
         assert!(r.is_err());
-        assert!(t0.elapsed() < Duration::from_secs(10));
+        assert!(
+            t0.elapsed() < Duration::from_secs(4),
+            "connect overran its timeout"
+        );
     }
 }
 
@@ -550,7 +625,11 @@ fn closing_an_endpoint_fails_the_peers_surplus_receives() {
         assert!(results[0].result.is_ok() && results[0].len == 100_000);
         assert!(results[1].result.is_ok() && results[1].len == 3);
         if let Some(c) = results.get(2) {
-            assert!(matches!(c.result, Err(FabricError::ConnectionLost(_))), "{:?}", c.result);
+            assert!(
+                matches!(c.result, Err(FabricError::ConnectionLost(_))),
+                "{:?}",
+                c.result
+            );
         } else {
             assert!(matches!(third, Err(FabricError::ConnectionLost(_))));
         }
@@ -569,13 +648,21 @@ fn closing_an_endpoint_fails_the_peers_surplus_receives() {
 fn pending_receive_fails_when_the_peer_closes() {
     each(|a| {
         let p = pair(a);
-        let r = p.server.domain().register(&Buffer::new(64), Access::LOCAL).unwrap();
+        let r = p
+            .server
+            .domain()
+            .register(&Buffer::new(64), Access::LOCAL)
+            .unwrap();
         p.server.post_recv(&[r.full()], 5).unwrap();
         thread::sleep(Duration::from_millis(20));
         drop(p.client);
         let c = done(&*p.server);
         assert_eq!(c.context, 5);
-        assert!(matches!(c.result, Err(FabricError::ConnectionLost(_))), "{:?}", c.result);
+        assert!(
+            matches!(c.result, Err(FabricError::ConnectionLost(_))),
+            "{:?}",
+            c.result
+        );
     });
 }
 
@@ -610,7 +697,11 @@ fn dropping_releases_memory_and_regions_outlive_domains() {
 fn foreign_regions_are_refused_at_post_time() {
     each(|a| {
         let p = pair(a);
-        let other = p.server.domain().register(&Buffer::new(8), Access::LOCAL).unwrap();
+        let other = p
+            .server
+            .domain()
+            .register(&Buffer::new(8), Access::LOCAL)
+            .unwrap();
         assert!(matches!(
             p.client.post_send(&[other.full()], 1),
             Err(FabricError::InvalidArgument(_))
@@ -651,7 +742,9 @@ fn killed_peer_never_hangs() {
             .unwrap();
         let ep = l.accept(T).expect("child connects");
         let d = ep.domain();
-        let ad = d.register(&Buffer::new(RemoteSlice::WIRE_LEN), Access::LOCAL).unwrap();
+        let ad = d
+            .register(&Buffer::new(RemoteSlice::WIRE_LEN), Access::LOCAL)
+            .unwrap();
         ep.post_recv(&[ad.full()], 0).unwrap();
         done_ok(&*ep, 0, OpKind::Recv, RemoteSlice::WIRE_LEN as u64);
         let remote = RemoteSlice::decode(&ad.buffer().to_vec()).unwrap();
@@ -671,13 +764,20 @@ fn killed_peer_never_hangs() {
         let read = ep.post_read(&[local.full()], remote, 3);
         let send = ep.post_send(&[local.full()], 4);
         eprintln!("  posts after the kill: recv {recv:?}, read {read:?}, send {send:?}");
-        let posted = [recv.is_ok(), read.is_ok(), send.is_ok()].iter().filter(|&&x| x).count();
+        let posted = [recv.is_ok(), read.is_ok(), send.is_ok()]
+            .iter()
+            .filter(|&&x| x)
+            .count();
         for _ in 0..posted {
             match ep.cq().wait(Duration::from_secs(3)) {
                 Ok(c) => eprintln!("  {:?} {}: {:?}", c.op, c.context, c.result),
                 Err(e) => eprintln!("  no further completion: {e}"),
             }
         }
-        assert!(t0.elapsed() < Duration::from_secs(30), "took {:?}", t0.elapsed());
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "took {:?}",
+            t0.elapsed()
+        );
     });
 }

@@ -135,13 +135,18 @@ impl Shared {
     /// A retry hook for posts that hit -FI_EAGAIN: progress the CQ from this thread, give up
     /// after [`POST_STALL`].
     pub fn again(&self) -> impl FnMut() -> Result<()> + '_ {
-        let deadline = Instant::now() + POST_STALL;
+        self.again_until(Instant::now() + POST_STALL)
+    }
+
+    /// [`Shared::again`], giving up at `deadline`.
+    fn again_until(&self, deadline: Instant) -> impl FnMut() -> Result<()> + '_ {
+        let stall = deadline.saturating_duration_since(Instant::now());
         move || {
             if progress::progress(self) == 0 {
                 std::thread::yield_now();
             }
             if Instant::now() >= deadline {
-                return Err(FabricError::Timeout(POST_STALL));
+                return Err(FabricError::Timeout(stall));
             }
             Ok(())
         }
@@ -155,7 +160,10 @@ impl Shared {
         if access.contains(Access::REMOTE_WRITE) {
             flags |= sys::FI_REMOTE_WRITE as u64;
         }
-        let key = self.key_base.wrapping_add(self.next_key.fetch_add(1, SeqCst)) & self.key_mask;
+        let key = self
+            .key_base
+            .wrapping_add(self.next_key.fetch_add(1, SeqCst))
+            & self.key_mask;
         let mr = self.fab.register(buf, flags, key)?;
         let region = MemoryRegion::new(
             buf.clone(),
@@ -192,25 +200,30 @@ impl Shared {
     pub fn send_control(&self, peer: FiAddr, msg: &Control) -> Result<()> {
         let bytes = msg.encode();
         if bytes.len() <= self.caps.inline_size {
-            self.fab.inject(&bytes, peer, CONTROL_TAG, &mut self.again())?;
+            self.fab
+                .inject(&bytes, peer, CONTROL_TAG, &mut self.again())?;
             self.wake();
             return Ok(());
         }
         let region = self.register(&Buffer::from_slice(&bytes), Access::LOCAL)?;
-        self.send_control_region(peer, region, None)
+        self.send_control_region(peer, region, None, Instant::now() + POST_STALL)
     }
 
+    /// Sends a registered control message, giving up at `deadline` if the provider keeps
+    /// saying -FI_EAGAIN.
     fn send_control_region(
         &self,
         peer: FiAddr,
         region: MemoryRegion,
         connect: Option<u64>,
+        deadline: Instant,
     ) -> Result<()> {
         let op = Op {
             slices: vec![region.full()],
             purpose: Purpose::ControlSend { connect },
         };
-        self.fab.send(op, peer, CONTROL_TAG, 0, &mut self.again())?;
+        self.fab
+            .send(op, peer, CONTROL_TAG, 0, &mut self.again_until(deadline))?;
         self.wake();
         Ok(())
     }
@@ -236,7 +249,8 @@ impl Shared {
                 Ok(())
             }
         };
-        self.fab.recv(op, ADDR_UNSPEC, CONTROL_TAG, meta, &mut again)
+        self.fab
+            .recv(op, ADDR_UNSPEC, CONTROL_TAG, meta, &mut again)
     }
 
     /// Handles a completed control receive and posts it again.
@@ -312,16 +326,14 @@ impl Shared {
                 target,
                 sender,
                 sent,
-            } => {
-                match self.conn(target) {
-                    Some(c) if c.peer_id == sender => {
-                        c.peer_left(sent);
-                        self.reap(&c);
-                        self.fail_pending_rma(c.id, peer_gone);
-                    }
-                    _ => tracing::debug!("DISCONNECT for unknown connection {target}"),
+            } => match self.conn(target) {
+                Some(c) if c.peer_id == sender => {
+                    c.peer_left(sent);
+                    self.reap(&c);
+                    self.fail_pending_rma(c.id, peer_gone);
                 }
-            }
+                _ => tracing::debug!("DISCONNECT for unknown connection {target}"),
+            },
             Control::RmaRequest {
                 target,
                 sender,
@@ -355,9 +367,7 @@ impl Shared {
         };
         let expecting = sent.saturating_sub(conn.received.load(SeqCst));
         let pending = self.fab.pending_recvs(conn.id);
-        let Some(&first_surplus) = usize::try_from(expecting)
-            .ok()
-            .and_then(|i| pending.get(i))
+        let Some(&first_surplus) = usize::try_from(expecting).ok().and_then(|i| pending.get(i))
         else {
             return;
         };
@@ -442,7 +452,9 @@ pub(super) struct DomainCore {
 
 impl DomainCore {
     fn open(addr: &Address, info: Info, listening: bool) -> Result<Arc<DomainCore>> {
-        let name = listening.then(|| info::listener_name(addr, &info)).flatten();
+        let name = listening
+            .then(|| info::listener_name(addr, &info))
+            .flatten();
         let quirks = info::quirks(&info);
         let fab = Fabric::open(&info, name.as_deref(), quirks)?;
         let name = fab.getname()?;
@@ -566,10 +578,15 @@ impl DomainCore {
             };
             let sent = shared
                 .register(&Buffer::from_slice(&hello.encode_as(major)), Access::LOCAL)
-                .and_then(|r| shared.send_control_region(peer, r, Some(id)));
+                .and_then(|r| shared.send_control_region(peer, r, Some(id), deadline));
             if let Err(e) = sent {
                 lock(&shared.connecting).remove(&id);
-                return Err(e);
+                // The provider never took the CONNECT: nobody there (shm), or still trying to
+                // reach it (tcp).
+                return Err(match e {
+                    FabricError::Timeout(_) => FabricError::Timeout(timeout),
+                    e => e,
+                });
             }
             let left = deadline.saturating_duration_since(Instant::now());
             let reply = match rx.recv_timeout(left) {
@@ -640,7 +657,9 @@ impl Listener for OfiListener {
     fn accept(&self, timeout: Duration) -> Result<Box<dyn Endpoint>> {
         let shared = &self.core.shared;
         let Some(q) = &shared.accept else {
-            return Err(FabricError::InvalidArgument("domain is not listening".into()));
+            return Err(FabricError::InvalidArgument(
+                "domain is not listening".into(),
+            ));
         };
         let deadline = Instant::now() + timeout;
         loop {
@@ -700,6 +719,41 @@ impl Drop for OfiListener {
         if let Some(q) = &self.core.shared.accept {
             q.open.store(false, SeqCst);
             lock(&q.queue).clear();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_client_of_another_major_version_is_refused() {
+        let shm = format!("ofi+shm://ferry-unit-{}", std::process::id());
+        for addr in ["ofi+tcp://127.0.0.1:0", shm.as_str()] {
+            let listener = listen(&addr.parse().unwrap()).unwrap();
+            let la = listener.local_addr();
+            let server = std::thread::spawn(move || {
+                listener.accept(Duration::from_millis(1500)).map(|_| ())
+            });
+            let core = DomainCore::open(&la, info::for_client(&la).unwrap(), false).unwrap();
+            let r = core.connect(&la, Duration::from_secs(10), wire::MAJOR + 1);
+            assert!(
+                matches!(
+                    r,
+                    Err(FabricError::VersionMismatch {
+                        peer_major: wire::MAJOR,
+                        ..
+                    })
+                ),
+                "{addr}: {:?}",
+                r.err()
+            );
+            // The listener refused it and kept waiting for a real client.
+            assert!(matches!(
+                server.join().unwrap(),
+                Err(FabricError::Timeout(_))
+            ));
         }
     }
 }

@@ -1,8 +1,8 @@
 //! A connection emulated on the domain's RDM endpoint: a peer address plus the peer's
 //! connection id, which tags every data message sent to it.
 
-use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::atomic::Ordering::SeqCst;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 
 use super::data_tag;
@@ -125,9 +125,14 @@ impl OfiEndpoint {
         let op = self.user_op(local, ctx, kind, total);
         match &sh.rma {
             Some(rma) => sh.post_checked(rma, &self.conn, read, op, remote)?,
-            None => sh
-                .fab
-                .rma(read, op, self.conn.peer, remote, self.conn.id, &mut sh.again())?,
+            None => sh.fab.rma(
+                read,
+                op,
+                self.conn.peer,
+                remote,
+                self.conn.id,
+                &mut sh.again(),
+            )?,
         }
         sh.wake();
         Ok(())

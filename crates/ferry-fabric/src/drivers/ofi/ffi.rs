@@ -153,7 +153,11 @@ impl Info {
         attr(self, self.raw().fabric_attr)
             .filter(|f| !f.prov_name.is_null())
             // SAFETY: prov_name is a NUL-terminated string owned by the fi_info.
-            .map(|f| unsafe { CStr::from_ptr(f.prov_name) }.to_string_lossy().into_owned())
+            .map(|f| {
+                unsafe { CStr::from_ptr(f.prov_name) }
+                    .to_string_lossy()
+                    .into_owned()
+            })
             .unwrap_or_default()
     }
 
@@ -403,6 +407,9 @@ pub(super) struct CqError {
     pub olen: usize,
 }
 
+/// A post call: context, local iov list, descriptors; returns libfabric's status.
+type PostCall<'a> = dyn FnMut(*mut c_void, &[sys::iovec], &mut [*mut c_void]) -> isize + 'a;
+
 /// One domain's libfabric objects: fabric, domain, CQ, AV and the RDM endpoint, plus the table
 /// of operations in flight on it.
 pub(super) struct Fabric {
@@ -591,11 +598,7 @@ impl Fabric {
         unsafe {
             check(
                 "fi_ep_bind(cq)",
-                sys::fi_ep_bind(
-                    ep,
-                    &mut (*cq).fid,
-                    (sys::FI_TRANSMIT | sys::FI_RECV) as u64,
-                ),
+                sys::fi_ep_bind(ep, &mut (*cq).fid, (sys::FI_TRANSMIT | sys::FI_RECV) as u64),
             )?;
             check("fi_ep_bind(av)", sys::fi_ep_bind(ep, &mut (*av).fid, 0))?;
             if let Some(name) = name {
@@ -649,7 +652,8 @@ impl Fabric {
         let mut buf = vec![0u8; MAX_NAME];
         let mut len = buf.len();
         // SAFETY: buf has len writable bytes; len is updated to the name length.
-        let ret = unsafe { sys::fi_getname(&mut (*self.ep).fid, buf.as_mut_ptr().cast(), &mut len) };
+        let ret =
+            unsafe { sys::fi_getname(&mut (*self.ep).fid, buf.as_mut_ptr().cast(), &mut len) };
         check("fi_getname", ret)?;
         buf.truncate(len.min(MAX_NAME));
         Ok(buf)
@@ -693,7 +697,11 @@ impl Fabric {
             )
         };
         if ret != 1 {
-            let ret = if ret < 0 { ret as isize } else { -(errno::EINVAL as isize) };
+            let ret = if ret < 0 {
+                ret as isize
+            } else {
+                -(errno::EINVAL as isize)
+            };
             return Err(ofi_error("fi_av_insert", ret));
         }
         if let Some(ep) = pin {
@@ -772,7 +780,7 @@ impl Fabric {
         op: Op,
         meta: Meta,
         again: &mut dyn FnMut() -> Result<()>,
-        call: &mut dyn FnMut(*mut c_void, &[sys::iovec], &mut [*mut c_void]) -> isize,
+        call: &mut PostCall<'_>,
     ) -> Result<()> {
         let (mut iov, mut desc) = local_iov(&op.slices)?;
         if let (Some(sink), Some(_)) = (&self.sink, meta.recv_seq) {
@@ -918,9 +926,8 @@ impl Fabric {
     ) -> Result<()> {
         loop {
             // SAFETY: data is a live slice; fi_tinject copies it before returning.
-            let ret = unsafe {
-                sys::fi_tinject(self.ep, data.as_ptr().cast(), data.len(), dest, tag)
-            };
+            let ret =
+                unsafe { sys::fi_tinject(self.ep, data.as_ptr().cast(), data.len(), dest, tag) };
             if ret == 0 {
                 return Ok(());
             }

@@ -203,10 +203,12 @@ pub(super) fn for_client(addr: &Address) -> Result<Info> {
     if addr.port.is_some() {
         if let Some(ip) = source_ip(addr) {
             let node = ip.to_string();
-            let found = getinfo(prov, Some(&node), Some("0"), true)?.into_iter().find(|i| {
-                is_sockaddr(i.addr_format())
-                    && sockaddr(&i.src_addr()).is_some_and(|sa| sa.ip() == ip)
-            });
+            let found = getinfo(prov, Some(&node), Some("0"), true)?
+                .into_iter()
+                .find(|i| {
+                    is_sockaddr(i.addr_format())
+                        && sockaddr(&i.src_addr()).is_some_and(|sa| sa.ip() == ip)
+                });
             if let Some(info) = found {
                 return Ok(info);
             }

@@ -88,7 +88,13 @@ fn route(shared: &Shared, ev: Event) {
                 None if kind == OpKind::Recv && ev.len as u64 > len => {
                     shared.fab.release_sink();
                     let msg_len = ev.len as u64;
-                    (len, Err(FabricError::Truncated { msg_len, buf_len: len }))
+                    (
+                        len,
+                        Err(FabricError::Truncated {
+                            msg_len,
+                            buf_len: len,
+                        }),
+                    )
                 }
                 None if kind == OpKind::Recv => (ev.len as u64, Ok(())),
                 None => (len, Ok(())),
@@ -132,7 +138,10 @@ fn route(shared: &Shared, ev: Event) {
                 match connect {
                     // Refused outright (nobody listens) fails; a transport being torn down
                     // (tcp after a refused RMA, until ofi_rxm reconnects) is retried.
-                    Some(id) if e.code != errno::ECONNREFUSED && transport_lost(OpKind::Send, e.code) => {
+                    Some(id)
+                        if e.code != errno::ECONNREFUSED
+                            && transport_lost(OpKind::Send, e.code) =>
+                    {
                         shared.connect_failed(id, Reply::Retry(err))
                     }
                     Some(id) => shared.connect_failed(id, Reply::Failed(err)),
@@ -164,17 +173,16 @@ pub(super) fn map_error(kind: OpKind, e: CqError, lost: bool, len: u64) -> Fabri
     let rma = matches!(kind, OpKind::Write | OpKind::Read);
     let text = || format!("{} (provider errno {})", strerror(e.code), e.prov_errno);
     match e.code {
-        errno::ECANCELED if kind == OpKind::Recv && lost => {
-            FabricError::ConnectionLost("the peer closed the connection".into())
-        }
+        errno::ECANCELED if kind == OpKind::Recv && lost => FabricError::ConnectionLost(
+            "the peer closed the connection, or the provider lost it".into(),
+        ),
         errno::ECANCELED if kind == OpKind::Recv => FabricError::Cancelled,
         // ferry cancels only receives: anything else was aborted by the provider, which is how
         // tcp refuses a bad RMA (the target drops the connection when ofi_mr_verify fails).
         errno::ECANCELED if rma => FabricError::RemoteAccess(RemoteAccessError::Other),
-        errno::ECANCELED => FabricError::ConnectionLost(format!(
-            "the provider aborted the operation: {}",
-            text()
-        )),
+        errno::ECANCELED => {
+            FabricError::ConnectionLost(format!("the provider aborted the operation: {}", text()))
+        }
         // Where the provider does not say by how much, only a lower bound is known.
         errno::ETRUNC => FabricError::Truncated {
             msg_len: len.saturating_add((e.olen as u64).max(1)),

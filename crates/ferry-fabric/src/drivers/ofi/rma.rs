@@ -66,7 +66,7 @@ impl Checked {
     pub fn add(&self, region: &MemoryRegion) {
         let mut r = lock(&self.regions);
         r.added += 1;
-        if r.added % SWEEP_EVERY == 0 {
+        if r.added.is_multiple_of(SWEEP_EVERY) {
             let dead: Vec<u64> = r
                 .live
                 .iter()
@@ -95,9 +95,7 @@ impl Checked {
             let r = lock(&self.regions);
             match r.live.get(&remote.key) {
                 Some(w) => w.upgrade().ok_or(RemoteAccessError::StaleKey)?,
-                None if r.stale.contains(&remote.key) => {
-                    return Err(RemoteAccessError::StaleKey)
-                }
+                None if r.stale.contains(&remote.key) => return Err(RemoteAccessError::StaleKey),
                 None => return Err(RemoteAccessError::UnknownKey),
             }
         };
@@ -194,7 +192,11 @@ impl Shared {
 
     /// Initiator: the target answered; post the RMA or fail it.
     pub fn on_rma_answer(&self, token: u64, status: u8) {
-        let Some(p) = self.rma.as_ref().and_then(|r| lock(&r.pending).remove(&token)) else {
+        let Some(p) = self
+            .rma
+            .as_ref()
+            .and_then(|r| lock(&r.pending).remove(&token))
+        else {
             tracing::debug!("answer for unknown RMA {token}");
             return;
         };
@@ -205,9 +207,11 @@ impl Shared {
         if status != 0 {
             let why = RemoteAccessError::from_wire(status);
             drop(p.op);
-            p.conn
-                .cq
-                .push(Completion::err(context, kind, FabricError::RemoteAccess(why)));
+            p.conn.cq.push(Completion::err(
+                context,
+                kind,
+                FabricError::RemoteAccess(why),
+            ));
             return;
         }
         let mut op = p.op;
