@@ -6,12 +6,17 @@
 //! connection's ferry queue, wherever they are read: user threads also read the CQ while a
 //! post waits out -FI_EAGAIN.
 //!
-//! Idle strategy, for 2-core hosts: poll without pause for [`SPIN`] after the last completion
-//! (a ping-pong reply on the same host comes back well within it), then, while user operations
-//! are in flight, poll between `yield`s up to [`YIELD`]; after that nap, doubling from
+//! Idle strategy, for 2-core hosts: after the last completion, poll between `yield`s for
+//! [`SPIN`], and on up to [`YIELD`] while user operations are in flight; then nap, doubling from
 //! [`MIN_NAP`] to [`MAX_NAP`]. A post wakes a napping thread at once (`unpark`), so only
 //! traffic nobody on this side initiated (an incoming message for a receive posted long ago,
 //! the target side of RMA) can wait up to one nap.
+//!
+//! Measured (8-byte ping-pong between two domains of one process, half round trip, median):
+//! polling with `yield` 18 us on tcp and 3.5 us on shm; busy-polling without `yield` for the
+//! first 50 us instead 56 us and 28 us (it starves the application's own threads on 2 cores);
+//! napping right after the first 50 us 205 us and 135 us. Idle, the two progress threads of a
+//! connected pair use about 2% of one core.
 
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
@@ -24,7 +29,7 @@ use crate::cq::{Completion, OpKind};
 use crate::error::{FabricError, RemoteAccessError};
 use crate::mem::LocalSlice;
 
-/// Busy polling after the last completion.
+/// Polling after the last completion, in any case.
 const SPIN: Duration = Duration::from_micros(50);
 /// Polling with `yield` while user operations are in flight.
 const YIELD: Duration = Duration::from_millis(2);
@@ -220,11 +225,7 @@ pub(super) fn run(shared: Arc<Shared>) {
             continue;
         }
         let idle = last.elapsed();
-        if idle < SPIN {
-            std::hint::spin_loop();
-            continue;
-        }
-        if idle < YIELD && shared.user_ops_in_flight() {
+        if idle < SPIN || (idle < YIELD && shared.user_ops_in_flight()) {
             std::thread::yield_now();
             continue;
         }
