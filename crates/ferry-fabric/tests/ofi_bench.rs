@@ -66,7 +66,9 @@ fn ping_pong_8_bytes() {
             }
             server
         });
-        let s = d.register(&Buffer::from_slice(&[7; 8]), Access::LOCAL).unwrap();
+        let s = d
+            .register(&Buffer::from_slice(&[7; 8]), Access::LOCAL)
+            .unwrap();
         let r = d.register(&Buffer::new(8), Access::LOCAL).unwrap();
         let mut rtts = Vec::with_capacity(n);
         for _ in 0..n {
@@ -102,13 +104,18 @@ fn bandwidth(url: &str, kind: OpKind) {
     const SIZE: usize = 4 << 20;
     const N: usize = 100;
     let (d, client, server) = pair(url);
-    let target = server.domain().register(&Buffer::new(SIZE), Access::ALL).unwrap();
+    let target = server
+        .domain()
+        .register(&Buffer::new(SIZE), Access::ALL)
+        .unwrap();
     let local = d.register(&Buffer::new(SIZE), Access::LOCAL).unwrap();
     let remote = target.remote(..).unwrap();
     let t0 = Instant::now();
     for i in 0..N {
         match kind {
-            OpKind::Write => client.post_write(&[local.full()], remote, i as u64).unwrap(),
+            OpKind::Write => client
+                .post_write(&[local.full()], remote, i as u64)
+                .unwrap(),
             _ => client.post_read(&[local.full()], remote, i as u64).unwrap(),
         }
         let c = client.cq().wait(T).unwrap();
@@ -167,7 +174,10 @@ fn send_4_mib_bandwidth() {
 fn rma_8_bytes_latency() {
     for url in urls() {
         let (d, client, server) = pair(&url);
-        let target = server.domain().register(&Buffer::new(8), Access::ALL).unwrap();
+        let target = server
+            .domain()
+            .register(&Buffer::new(8), Access::ALL)
+            .unwrap();
         let local = d.register(&Buffer::new(8), Access::LOCAL).unwrap();
         let remote = target.remote(..).unwrap();
         let mut lat = Vec::new();

@@ -694,7 +694,7 @@ fn dropping_releases_memory_and_regions_outlive_domains() {
 }
 
 #[test]
-fn foreign_regions_are_refused_at_post_time() {
+fn foreign_and_out_of_bounds_slices_are_refused_at_post_time() {
     each(|a| {
         let p = pair(a);
         let other = p
@@ -710,6 +710,42 @@ fn foreign_regions_are_refused_at_post_time() {
             p.client.post_recv(&[other.full()], 1),
             Err(FabricError::InvalidArgument(_))
         ));
+        // A hand-made slice past the end of its region (the fields are public).
+        let mine = p
+            .client_domain
+            .register(&Buffer::new(100), Access::LOCAL)
+            .unwrap();
+        let bad = LocalSlice {
+            region: mine.clone(),
+            offset: 90,
+            len: 20,
+        };
+        for r in [
+            p.client.post_send(&[bad.clone()], 2),
+            p.client.post_recv(&[bad.clone()], 3),
+            p.client.post_send(&[mine.full(), bad.clone()], 4),
+            p.client.post_write(
+                &[bad.clone()],
+                RemoteSlice {
+                    addr: 0,
+                    len: 20,
+                    key: 1,
+                },
+                5,
+            ),
+            p.client.post_read(
+                &[bad.clone()],
+                RemoteSlice {
+                    addr: 0,
+                    len: 20,
+                    key: 1,
+                },
+                6,
+            ),
+        ] {
+            assert!(matches!(r, Err(FabricError::InvalidArgument(_))), "{r:?}");
+        }
+        assert!(p.client.cq().wait(Duration::from_millis(50)).is_err());
     });
 }
 

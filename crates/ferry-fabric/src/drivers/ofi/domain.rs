@@ -4,18 +4,18 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
+use std::sync::{mpsc, Arc, Condvar, Mutex, OnceLock, Weak};
 use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
 use ferry_ofi_sys as sys;
 
-use super::endpoint::{Conn, OfiEndpoint};
+use super::endpoint::{peer_gone, Conn, OfiEndpoint};
 use super::ffi::{self, errno, Event, Fabric, FiAddr, Info, Meta, ADDR_UNSPEC};
 use super::progress::{self, Op, Purpose};
 use super::rma::Checked;
 use super::wire::{self, Control};
-use super::{info, CONTROL_TAG};
+use super::{info, lock, CONTROL_TAG};
 use crate::caps::Capabilities;
 use crate::error::{FabricError, Result};
 use crate::mem::{next_domain_id, Access, Buffer, DomainId, LocalSlice, MemoryRegion};
@@ -25,21 +25,15 @@ use crate::{Address, Domain, Endpoint, Listener};
 /// left to the provider's unexpected-message buffering.
 const CONTROL_SLOTS: usize = 4;
 
+/// CONNECTs queued for `accept` at most; more are ignored (their clients time out).
+const BACKLOG: usize = 1024;
+
 /// How long a post keeps retrying while the provider reports -FI_EAGAIN (its queues full,
 /// e.g. because the peer stopped progressing) before it fails with `Timeout`.
-pub(super) const POST_STALL: Duration = Duration::from_secs(5);
+const POST_STALL: Duration = Duration::from_secs(5);
 
 /// How long closing a domain waits for operations in flight to finish before cancelling them.
 const CLOSE_GRACE: Duration = Duration::from_millis(500);
-
-fn peer_gone() -> FabricError {
-    FabricError::ConnectionLost("the peer closed the connection".into())
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Every critical section leaves its data consistent, so a poisoned lock is still usable.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// How long `connect` pauses before sending CONNECT again after the provider reported the
 /// transport to the listener as going down (tcp: until ofi_rxm notices and reconnects).
@@ -48,14 +42,16 @@ const CONNECT_RETRY: Duration = Duration::from_millis(10);
 /// A connection attempt waiting for the listener's answer.
 struct Connecting {
     peer: FiAddr,
+    /// The listener's name, for the connection's description.
+    name: Vec<u8>,
     /// `None` once `connect` gave up; a late ACCEPT is then answered with DISCONNECT.
     reply: Option<mpsc::SyncSender<Reply>>,
 }
 
 /// What became of a CONNECT.
 pub(super) enum Reply {
-    /// Accepted; the listener's connection id.
-    Accepted(u64),
+    /// Accepted: the connection, registered before any later message from the peer is read.
+    Accepted(Arc<Conn>),
     /// Refused or undeliverable.
     Failed(FabricError),
     /// Undeliverable for now (the transport is being torn down); worth sending again.
@@ -107,6 +103,8 @@ pub(super) struct Shared {
     /// Buffers of the standing control receives (released before the endpoint closes).
     control: Mutex<Option<MemoryRegion>>,
     stop: AtomicBool,
+    /// Closing: control receives are no longer reposted.
+    closing: AtomicBool,
     /// The progress thread is (about to be) asleep and must be woken for new work.
     pub sleeping: AtomicBool,
     thread: OnceLock<Thread>,
@@ -118,9 +116,10 @@ impl Shared {
         self.stop.load(SeqCst)
     }
 
-    /// True if user operations (beyond the standing control receives) are in flight.
+    /// True if user operations (beyond the standing control receives) are in flight, or
+    /// checked RMAs wait for their grant.
     pub fn user_ops_in_flight(&self) -> bool {
-        self.fab.in_flight() > CONTROL_SLOTS
+        self.fab.in_flight() > CONTROL_SLOTS || self.rma.as_ref().is_some_and(Checked::waiting)
     }
 
     /// Makes sure the progress thread will look at the CQ soon.
@@ -261,14 +260,20 @@ impl Shared {
                 tracing::debug!("control receive failed: {}", ffi::strerror(e.code));
                 None
             }
+            (None, Some(s)) if ev.len > s.len => {
+                // Not ours (none is that long); the excess went to the sink.
+                self.fab.release_sink();
+                tracing::debug!("ignoring a {}-byte control message", ev.len);
+                None
+            }
             (None, Some(s)) => {
-                let mut msg = vec![0u8; ev.len.min(s.len)];
+                let mut msg = vec![0u8; ev.len];
                 s.region.buffer().read_at(s.offset, &mut msg);
                 Some(msg)
             }
             (None, None) => None,
         };
-        if !self.stopping() {
+        if !self.closing.load(SeqCst) {
             for s in slices {
                 if let Err(e) = self.post_control_recv(s) {
                     tracing::warn!("cannot repost a control receive: {e}");
@@ -286,8 +291,11 @@ impl Shared {
         match msg {
             Control::Connect { major, conn, name } => match &self.accept {
                 Some(q) if q.open.load(SeqCst) => {
-                    lock(&q.queue).push_back(ConnectRequest { major, conn, name });
-                    q.ready.notify_one();
+                    let mut queue = lock(&q.queue);
+                    if queue.len() < BACKLOG {
+                        queue.push_back(ConnectRequest { major, conn, name });
+                        q.ready.notify_one();
+                    }
                 }
                 _ => tracing::debug!("CONNECT to a domain that is not listening"),
             },
@@ -295,11 +303,22 @@ impl Shared {
                 let entry = lock(&self.connecting).remove(&target);
                 match entry {
                     Some(Connecting {
-                        reply: Some(tx), ..
+                        peer,
+                        name,
+                        reply: Some(tx),
+                    }) => match self.new_conn(target, conn, peer, &name) {
+                        Ok(c) => {
+                            if tx.try_send(Reply::Accepted(c)).is_err() {
+                                self.remove_conn(target);
+                            }
+                        }
+                        Err(e) => {
+                            let _ = tx.try_send(Reply::Failed(e));
+                        }
+                    },
+                    Some(Connecting {
+                        peer, reply: None, ..
                     }) => {
-                        let _ = tx.try_send(Reply::Accepted(conn));
-                    }
-                    Some(Connecting { peer, reply: None }) => {
                         // connect() gave up: close the connection the listener just made.
                         let bye = Control::Disconnect {
                             target: conn,
@@ -409,22 +428,32 @@ impl Shared {
         Ok(conn)
     }
 
+    fn drain_until(&self, deadline: Instant, busy: impl Fn() -> bool) {
+        while busy() && Instant::now() < deadline {
+            if progress::progress(self) == 0 {
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        }
+    }
+
     /// Forgets a connection whose endpoint is gone.
     pub fn remove_conn(&self, id: u64) {
         lock(&self.conns).remove(&id);
     }
 
-    /// Cancels what is left, closes the endpoint, and fails whatever never completed.
+    /// Lets what is in flight finish (for a while), cancels the rest, closes the endpoint, and
+    /// fails whatever never completed.
     fn close(&self) {
+        let deadline = Instant::now() + CLOSE_GRACE;
+        // Operations in flight, and peers' RMAs into our regions (whose DONE arrives as a
+        // control message), get a chance to finish.
+        let busy = || self.user_ops_in_flight() || self.rma.as_ref().is_some_and(Checked::granted);
+        self.drain_until(deadline, busy);
+        self.closing.store(true, SeqCst);
         lock(&self.control).take();
         self.close_rma();
         self.fab.cancel_recvs(|_| true);
-        let deadline = Instant::now() + CLOSE_GRACE;
-        while self.fab.in_flight() > 0 && Instant::now() < deadline {
-            if progress::progress(self) == 0 {
-                std::thread::sleep(Duration::from_micros(100));
-            }
-        }
+        self.drain_until(deadline, || self.fab.in_flight() > 0);
         self.fab.shutdown(|op| {
             if let Purpose::User {
                 conn,
@@ -481,6 +510,7 @@ impl DomainCore {
             rma: quirks.checked_rma.then(Checked::default),
             control: Mutex::new(None),
             stop: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
             sleeping: AtomicBool::new(false),
             thread: OnceLock::new(),
             fab,
@@ -539,7 +569,7 @@ pub(super) fn open(addr: &Address) -> Result<Arc<dyn Domain>> {
 pub(super) fn listen(addr: &Address) -> Result<Box<dyn Listener>> {
     let info = info::for_listener(addr)?;
     let core = DomainCore::open(addr, info, true)?;
-    let local = info::to_address(addr, core.shared.format, &core.shared.name)?;
+    let local = info::to_address(addr, core.shared.format, &core.shared.name);
     Ok(Box::new(OfiListener { core, local }))
 }
 
@@ -568,6 +598,7 @@ impl DomainCore {
                 id,
                 Connecting {
                     peer,
+                    name: name.clone(),
                     reply: Some(tx),
                 },
             );
@@ -608,10 +639,7 @@ impl DomainCore {
                 }
             };
             match reply {
-                Reply::Accepted(server) => {
-                    let conn = shared.new_conn(id, server, peer, &name)?;
-                    return Ok(Box::new(OfiEndpoint::new(self.clone(), conn)));
-                }
+                Reply::Accepted(conn) => return Ok(Box::new(OfiEndpoint::new(self.clone(), conn))),
                 Reply::Retry(_) if Instant::now() + CONNECT_RETRY < deadline => {
                     std::thread::sleep(CONNECT_RETRY);
                 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::data_tag;
 use super::domain::{DomainCore, Shared};
-use super::ffi::{FiAddr, Meta, ADDR_UNSPEC};
+use super::ffi::{self, FiAddr, Meta, ADDR_UNSPEC};
 use super::progress::{Op, Purpose};
 use super::wire::Control;
 use crate::caps::Capabilities;
@@ -82,7 +82,8 @@ impl Conn {
     }
 }
 
-fn peer_gone() -> FabricError {
+/// The error of posts on, and receives cancelled for, a connection the peer closed.
+pub(super) fn peer_gone() -> FabricError {
     FabricError::ConnectionLost("the peer closed the connection".into())
 }
 
@@ -124,7 +125,10 @@ impl OfiEndpoint {
         let kind = if read { OpKind::Read } else { OpKind::Write };
         let op = self.user_op(local, ctx, kind, total);
         match &sh.rma {
-            Some(rma) => sh.post_checked(rma, &self.conn, read, op, remote)?,
+            Some(rma) => {
+                ffi::validate(local)?;
+                sh.post_checked(rma, &self.conn, read, op, remote)?
+            }
             None => sh.fab.rma(
                 read,
                 op,

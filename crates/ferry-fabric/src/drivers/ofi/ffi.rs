@@ -17,12 +17,13 @@ use std::any::Any;
 use std::collections::HashMap;
 use std::ffi::{c_void, CStr, CString};
 use std::ptr::{self, NonNull};
-use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
 use ferry_ofi_sys as sys;
 
 use super::info::Quirks;
+use super::lock;
 use super::progress::Op;
 use crate::error::{FabricError, Result};
 use crate::mem::{Buffer, LocalSlice, Registration, RemoteSlice};
@@ -70,9 +71,14 @@ pub(super) fn strerror(code: i32) -> String {
     s.to_string_lossy().into_owned()
 }
 
+/// The positive error number of a negative libfabric return value.
+fn errcode(ret: isize) -> i32 {
+    i32::try_from(ret.unsigned_abs()).unwrap_or(i32::MAX)
+}
+
 /// A failed libfabric call as a ferry error.
 pub(super) fn ofi_error(call: &'static str, ret: isize) -> FabricError {
-    let code = i32::try_from(ret.unsigned_abs()).unwrap_or(i32::MAX);
+    let code = errcode(ret);
     FabricError::Ofi {
         call,
         code,
@@ -295,7 +301,11 @@ impl Drop for Closer {
         // owners are arranged so children close first.
         let ret = unsafe { sys::fi_close(self.fid) };
         if ret != 0 {
-            tracing::warn!("fi_close({}) failed: {}", self.what, strerror(-ret));
+            tracing::warn!(
+                "fi_close({}) failed: {}",
+                self.what,
+                strerror(errcode(ret as isize))
+            );
         }
     }
 }
@@ -350,11 +360,6 @@ fn local_key(name: &[u8]) -> Vec<u8> {
         Some(i) => name[i + 3..].to_vec(),
         None => name.to_vec(),
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Every critical section leaves its data consistent, so a poisoned lock is still usable.
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 // SAFETY: libfabric objects of a domain opened with FI_THREAD_SAFE may be used from any thread.
@@ -426,6 +431,8 @@ pub(super) struct Fabric {
     pins: Mutex<Vec<(FiAddr, Arc<EpFid>)>>,
     /// Owns ep/AV/CQ; taken (closed) by [`Fabric::shutdown`].
     ep_fid: Mutex<Option<Arc<EpFid>>>,
+    /// Shutdown could not close the endpoint (something else still holds it).
+    ep_open: AtomicBool,
     domain: Arc<DomainFid>,
     mr_endpoint: bool,
     ops: Mutex<HashMap<usize, Meta>>,
@@ -628,6 +635,7 @@ impl Fabric {
             },
             pins: Mutex::new(Vec::new()),
             ep_fid: Mutex::new(Some(ep_fid.clone())),
+            ep_open: AtomicBool::new(false),
             domain,
             mr_endpoint: info.mr_mode() & sys::FI_MR_ENDPOINT as u64 != 0,
             ops: Mutex::new(HashMap::new()),
@@ -947,14 +955,15 @@ impl Fabric {
         again: &mut dyn FnMut() -> Result<()>,
     ) -> Result<()> {
         if let [one] = slices {
-            // SAFETY: the slice lies within its region (LocalSlice is only made in bounds); a
-            // remote write the owner granted may change the bytes while they are copied,
-            // which is the RMA contract.
+            in_bounds(one)?;
+            // SAFETY: in bounds (checked); a remote write the owner granted may change the
+            // bytes while they are copied, which is the RMA contract.
             let bytes = unsafe { one.region.buffer().bytes(one.offset, one.len) };
             return self.inject(bytes, dest, tag, again);
         }
         let mut v = Vec::with_capacity(LocalSlice::total(slices) as usize);
         for s in slices {
+            in_bounds(s)?;
             let start = v.len();
             v.resize(start + s.len, 0);
             s.region.buffer().read_at(s.offset, &mut v[start..]);
@@ -972,7 +981,7 @@ impl Fabric {
         // SAFETY: entries holds n entries of the CQ's format (tagged).
         let ret = unsafe { sys::fi_cq_read(self.cq, entries.as_mut_ptr().cast(), n) };
         if ret > 0 {
-            for e in &entries[..ret as usize] {
+            for e in entries.iter().take(ret as usize) {
                 out.push(Event {
                     ctx: e.op_context as usize,
                     len: e.len,
@@ -989,14 +998,14 @@ impl Fabric {
                     ctx: e.op_context as usize,
                     len: e.len,
                     err: Some(CqError {
-                        code: e.err.abs(),
+                        code: errcode(e.err as isize),
                         prov_errno: e.prov_errno,
                         olen: e.olen,
                     }),
                 });
             }
         } else if ret < 0 && ret != -(errno::EAGAIN as isize) {
-            tracing::warn!("fi_cq_read: {}", strerror(-ret as i32));
+            tracing::warn!("fi_cq_read: {}", strerror(errcode(ret)));
         }
     }
 
@@ -1047,7 +1056,7 @@ impl Fabric {
                 // SAFETY: ctx is a live context of this endpoint (in the table, table locked).
                 let ret = unsafe { sys::fi_cancel(&mut (*self.ep).fid, ctx as *mut c_void) };
                 if ret != 0 && ret != -(sys::FI_ENOENT as isize) {
-                    tracing::debug!("fi_cancel: {}", strerror(-ret as i32));
+                    tracing::debug!("fi_cancel: {}", strerror(errcode(ret)));
                 }
             }
         }
@@ -1062,7 +1071,7 @@ impl Fabric {
             // SAFETY: addr is a live entry of our open AV; nothing posts any more.
             let ret = unsafe { sys::fi_av_remove(self.av, &mut addr, 1, 0) };
             if ret != 0 {
-                tracing::warn!("fi_av_remove: {}", strerror(-ret));
+                tracing::warn!("fi_av_remove: {}", strerror(errcode(ret as isize)));
             }
         }
         let ep = self.lock_ep().take();
@@ -1070,16 +1079,17 @@ impl Fabric {
             Some(ep) => Arc::try_unwrap(ep).is_ok(),
             None => true,
         };
+        self.ep_open.store(!closed, SeqCst);
         let left: Vec<usize> = self.lock_ops().drain().map(|(ctx, _)| ctx).collect();
         for ctx in left {
             let p = ctx as *mut OpCtx;
-            // SAFETY: ctx came from the table (a live Box::into_raw pointer), drained so it is
-            // reclaimed once. With the endpoint closed libfabric no longer references it.
             if closed {
+                // SAFETY: ctx came from the table (a live Box::into_raw pointer), drained so it
+                // is reclaimed once; with the endpoint closed libfabric no longer uses it.
                 let b = unsafe { Box::from_raw(p) };
                 orphan(&b.op);
             } else {
-                // SAFETY: as above, only read; the allocation is deliberately leaked.
+                // SAFETY: as above, but only read: the allocation is deliberately leaked.
                 orphan(unsafe { &(*p).op });
             }
         }
@@ -1091,6 +1101,10 @@ impl Drop for Fabric {
         // A Fabric that was never shut down (failed construction of its domain) still owns its
         // endpoint; ops cannot exist yet, so just close.
         self.lock_ep().take();
+        // Receives the provider still holds may point into the sink.
+        if self.ep_open.load(SeqCst) {
+            std::mem::forget(self.sink.take());
+        }
     }
 }
 
@@ -1110,11 +1124,32 @@ fn open_cq(domain: *mut sys::fid_domain) -> Result<*mut sys::fid_cq> {
     Ok(cq)
 }
 
+/// Checks that a slice lies within its region: its fields are public, and libfabric is about
+/// to be handed its address range.
+fn in_bounds(s: &LocalSlice) -> Result<()> {
+    match s.offset.checked_add(s.len) {
+        Some(end) if end <= s.region.len() => Ok(()),
+        _ => Err(FabricError::InvalidArgument(format!(
+            "slice {}+{} outside its region of {} bytes",
+            s.offset,
+            s.len,
+            s.region.len()
+        ))),
+    }
+}
+
+/// Checks a gather/scatter list the way posting it would, without posting (checked RMA posts
+/// only after the target's grant, and must not fail then for a reason known now).
+pub(super) fn validate(slices: &[LocalSlice]) -> Result<()> {
+    local_iov(slices).map(|_| ())
+}
+
 /// The iovec and descriptor lists for a gather/scatter list of this driver's registrations.
 fn local_iov(slices: &[LocalSlice]) -> Result<(Vec<sys::iovec>, Vec<*mut c_void>)> {
     let mut iov = Vec::with_capacity(slices.len());
     let mut desc = Vec::with_capacity(slices.len());
     for s in slices {
+        in_bounds(s)?;
         let mr = s
             .region
             .registration()

@@ -119,26 +119,36 @@ pub(super) fn describe(format: u32, name: &[u8]) -> String {
     if format == sys::FI_ADDR_STR {
         return str_name(name);
     }
-    name.iter().map(|b| format!("{b:02x}")).collect()
+    hex(name)
 }
 
 /// The ferry address of an endpoint name, in the scheme of `like`.
-pub(super) fn to_address(like: &Address, format: u32, name: &[u8]) -> Result<Address> {
+/// Names of other formats (efa, cxi: opaque device addresses) are written as hex.
+pub(super) fn to_address(like: &Address, format: u32, name: &[u8]) -> Address {
     let (host, port) = match sockaddr(name).filter(|_| is_sockaddr(format)) {
         Some(sa) => (sa.ip().to_string(), Some(sa.port())),
         None if format == sys::FI_ADDR_STR => (strip_scheme(&str_name(name)).to_string(), None),
-        None => {
-            return Err(FabricError::Unsupported(format!(
-                "cannot express a {} address as a ferry URL",
-                like.driver_name()
-            )))
-        }
+        None => (hex(name), None),
     };
-    Ok(Address {
+    Address {
         scheme: like.scheme.clone(),
         host,
         port,
-    })
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 || s.is_empty() {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
 }
 
 fn resolve(addr: &Address) -> Result<Vec<SocketAddr>> {
@@ -153,7 +163,15 @@ fn resolve(addr: &Address) -> Result<Vec<SocketAddr>> {
 pub(super) fn for_listener(addr: &Address) -> Result<Info> {
     let prov = provider(addr)?;
     let service = addr.port.map(|p| p.to_string());
-    let infos = getinfo(prov, Some(&addr.host), service.as_deref(), true)?;
+    // Providers whose names are not host:port (efa, cxi) may not resolve the node at all;
+    // they listen on their default address (see Listener::local_addr).
+    let infos =
+        getinfo(prov, Some(&addr.host), service.as_deref(), true).or_else(|e| {
+            match getinfo(prov, None, None, false) {
+                Ok(v) if v.first().is_some_and(|i| !is_sockaddr(i.addr_format())) => Ok(v),
+                _ => Err(e),
+            }
+        })?;
     let wanted = if addr.port.is_some() {
         resolve(addr).unwrap_or_default()
     } else {
@@ -222,8 +240,13 @@ pub(super) fn for_client(addr: &Address) -> Result<Info> {
 
 /// The provider-format name of the listener at `addr`, for an endpoint whose names have
 /// address format `format`.
+/// Opaque formats are taken from the hex a listener reported (see [`to_address`]).
 pub(super) fn peer_name(addr: &Address, format: u32) -> Result<Vec<u8>> {
     let prov = provider(addr)?;
+    let opaque = !is_sockaddr(format) && format != sys::FI_ADDR_STR;
+    if let Some(raw) = unhex(&addr.host).filter(|_| opaque && addr.port.is_none()) {
+        return Ok(raw);
+    }
     let service = addr.port.map(|p| p.to_string());
     getinfo(prov, Some(&addr.host), service.as_deref(), false)?
         .into_iter()
@@ -328,5 +351,16 @@ mod tests {
         assert_eq!(sockaddr(&[]), None);
         assert_eq!(describe(sys::FI_SOCKADDR_IN, &v4), "127.0.0.1:7000");
         assert_eq!(describe(sys::FI_ADDR_STR, b"fi_shm://a\0\0"), "fi_shm://a");
+    }
+
+    #[test]
+    fn opaque_names_round_trip_through_hex() {
+        let like: Address = "ofi+efa://x".parse().unwrap();
+        let name = [0u8, 1, 0xab, 0xff];
+        let a = to_address(&like, sys::FI_ADDR_EFA, &name);
+        assert_eq!(a.host, "0001abff");
+        assert_eq!(unhex(&a.host).unwrap(), name);
+        assert_eq!(unhex("abc"), None);
+        assert_eq!(unhex("zz"), None);
     }
 }

@@ -16,10 +16,11 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::SeqCst;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use super::domain::Shared;
 use super::endpoint::Conn;
+use super::lock;
 use super::progress::{Op, Purpose};
 use super::wire::Control;
 use crate::cq::Completion;
@@ -30,11 +31,6 @@ use crate::mem::{Access, MemoryRegion, RemoteSlice, WeakRegion};
 const STALE_KEYS: usize = 4096;
 /// Registrations between sweeps of dead entries.
 const SWEEP_EVERY: usize = 256;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Every critical section leaves its data consistent, so a poisoned lock is still usable.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 #[derive(Default)]
 struct Regions {
@@ -82,6 +78,16 @@ impl Checked {
             }
         }
         r.live.insert(region.key(), region.downgrade());
+    }
+
+    /// True if peers hold grants to our regions.
+    pub fn granted(&self) -> bool {
+        !lock(&self.leases).is_empty()
+    }
+
+    /// True if RMAs wait for the target's answer.
+    pub fn waiting(&self) -> bool {
+        !lock(&self.pending).is_empty()
     }
 
     /// The region `remote` names, if the access is allowed.
