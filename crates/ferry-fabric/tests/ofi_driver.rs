@@ -715,33 +715,22 @@ fn foreign_and_out_of_bounds_slices_are_refused_at_post_time() {
             .client_domain
             .register(&Buffer::new(100), Access::LOCAL)
             .unwrap();
-        let bad = LocalSlice {
+        let bad = [LocalSlice {
             region: mine.clone(),
             offset: 90,
             len: 20,
+        }];
+        let nowhere = RemoteSlice {
+            addr: 0,
+            len: 20,
+            key: 1,
         };
         for r in [
-            p.client.post_send(&[bad.clone()], 2),
-            p.client.post_recv(&[bad.clone()], 3),
-            p.client.post_send(&[mine.full(), bad.clone()], 4),
-            p.client.post_write(
-                &[bad.clone()],
-                RemoteSlice {
-                    addr: 0,
-                    len: 20,
-                    key: 1,
-                },
-                5,
-            ),
-            p.client.post_read(
-                &[bad.clone()],
-                RemoteSlice {
-                    addr: 0,
-                    len: 20,
-                    key: 1,
-                },
-                6,
-            ),
+            p.client.post_send(&bad, 2),
+            p.client.post_recv(&bad, 3),
+            p.client.post_send(&[mine.full(), bad[0].clone()], 4),
+            p.client.post_write(&bad, nowhere, 5),
+            p.client.post_read(&bad, nowhere, 6),
         ] {
             assert!(matches!(r, Err(FabricError::InvalidArgument(_))), "{r:?}");
         }

@@ -360,7 +360,11 @@ impl Shared {
                 remote,
                 write,
             } => self.on_rma_request(target, sender, token, remote, write),
-            Control::RmaAnswer { token, status, .. } => self.on_rma_answer(token, status),
+            Control::RmaAnswer {
+                target,
+                token,
+                status,
+            } => self.on_rma_answer(target, token, status),
             Control::RmaDone { target, token, .. } => self.on_rma_done(target, token),
         }
     }

@@ -87,6 +87,17 @@ pub(super) fn peer_gone() -> FabricError {
     FabricError::ConnectionLost("the peer closed the connection".into())
 }
 
+impl Conn {
+    /// Why posts on this closed connection fail.
+    fn closed_error(&self) -> FabricError {
+        if self.peer_said_bye.load(SeqCst) {
+            peer_gone()
+        } else {
+            FabricError::ConnectionLost("the provider lost the transport to the peer".into())
+        }
+    }
+}
+
 /// An ofi connection.
 pub(super) struct OfiEndpoint {
     core: Arc<DomainCore>,
@@ -120,7 +131,7 @@ impl OfiEndpoint {
         let sh = self.shared();
         let total = check_rma(local, &remote, sh.id, &sh.caps)?;
         if self.conn.peer_closed().is_some() {
-            return Err(peer_gone());
+            return Err(self.conn.closed_error());
         }
         let kind = if read { OpKind::Read } else { OpKind::Write };
         let op = self.user_op(local, ctx, kind, total);
@@ -164,7 +175,7 @@ impl Endpoint for OfiEndpoint {
         let sh = self.shared();
         let total = check_local(data, sh.id, &sh.caps)?;
         if self.conn.peer_closed().is_some() {
-            return Err(peer_gone());
+            return Err(self.conn.closed_error());
         }
         let tag = data_tag(self.conn.peer_id);
         if total <= sh.caps.inline_size as u64 {
@@ -192,7 +203,7 @@ impl Endpoint for OfiEndpoint {
             // Messages the peer sent before closing may still be waiting unmatched.
             let pending = sh.fab.pending_recvs(self.conn.id).len() as u64;
             if self.conn.received.load(SeqCst) + pending >= sent {
-                return Err(peer_gone());
+                return Err(self.conn.closed_error());
             }
         }
         let meta = Meta {

@@ -196,13 +196,17 @@ impl Shared {
         }
     }
 
-    /// Initiator: the target answered; post the RMA or fail it.
-    pub fn on_rma_answer(&self, token: u64, status: u8) {
-        let Some(p) = self
-            .rma
-            .as_ref()
-            .and_then(|r| lock(&r.pending).remove(&token))
-        else {
+    /// Initiator: the target answered the RMA `token` of our connection `target`; post the
+    /// RMA or fail it.
+    pub fn on_rma_answer(&self, target: u64, token: u64, status: u8) {
+        let p = self.rma.as_ref().and_then(|r| {
+            let mut pending = lock(&r.pending);
+            match pending.get(&token) {
+                Some(p) if p.conn.id == target => pending.remove(&token),
+                _ => None,
+            }
+        });
+        let Some(p) = p else {
             tracing::debug!("answer for unknown RMA {token}");
             return;
         };
