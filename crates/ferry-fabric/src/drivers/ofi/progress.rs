@@ -12,11 +12,11 @@
 //! traffic nobody on this side initiated (an incoming message for a receive posted long ago,
 //! the target side of RMA) can wait up to one nap.
 //!
-//! Measured (8-byte ping-pong between two domains of one process, half round trip, median):
-//! polling with `yield` 18 us on tcp and 3.5 us on shm; busy-polling without `yield` for the
-//! first 50 us instead 56 us and 28 us (it starves the application's own threads on 2 cores);
-//! napping right after the first 50 us 205 us and 135 us. Idle, the two progress threads of a
-//! connected pair use about 2% of one core.
+//! Measured on 2 cores (8-byte ping-pong between two domains of one process, half round trip,
+//! median; `tests/ofi_bench.rs`): polling with `yield` 13-18 us on tcp and 3-5 us on shm;
+//! busy-polling without `yield` for the first 50 us instead 56 us and 28 us (it starves the
+//! application's own threads); napping right after the first 50 us 205 us and 135 us. Idle,
+//! the two progress threads of a connected pair use about 2% of one core.
 
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
