@@ -806,3 +806,71 @@ fn killed_peer_never_hangs() {
         );
     });
 }
+
+#[test]
+fn zero_length_operations() {
+    each(|a| {
+        let p = pair(a);
+        let target = p
+            .server
+            .domain()
+            .register(&Buffer::new(64), Access::ALL)
+            .unwrap();
+        let local = p
+            .client_domain
+            .register(&Buffer::new(64), Access::LOCAL)
+            .unwrap();
+        let nothing = target.remote(10..10).unwrap();
+        let empty = [local.slice(0..0).unwrap()];
+        p.client.post_write(&empty, nothing, 1).unwrap();
+        done_ok(&*p.client, 1, OpKind::Write, 0);
+        p.client.post_read(&empty, nothing, 2).unwrap();
+        done_ok(&*p.client, 2, OpKind::Read, 0);
+        p.server.post_recv(&[], 3).unwrap();
+        p.client.post_send(&[], 4).unwrap();
+        done_ok(&*p.client, 4, OpKind::Send, 0);
+        done_ok(&*p.server, 3, OpKind::Recv, 0);
+    });
+}
+
+#[test]
+fn posts_from_several_threads() {
+    each(|a| {
+        const PER: usize = 500;
+        let p = pair(a);
+        let rb = p
+            .server
+            .domain()
+            .register(&Buffer::new(8 * 2 * PER), Access::LOCAL)
+            .unwrap();
+        for i in 0..2 * PER {
+            let s = rb.slice(i * 8..i * 8 + 8).unwrap();
+            p.server.post_recv(&[s], i as u64).unwrap();
+        }
+        let client: Arc<dyn Endpoint> = Arc::from(p.client);
+        let senders: Vec<_> = (0..2u8)
+            .map(|k| {
+                let (c, d) = (client.clone(), p.client_domain.clone());
+                thread::spawn(move || {
+                    let m = d
+                        .register(&Buffer::from_slice(&[k + 1; 8]), Access::LOCAL)
+                        .unwrap();
+                    for i in 0..PER {
+                        c.post_send(&[m.full()], i as u64).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for s in senders {
+            s.join().unwrap();
+        }
+        for _ in 0..2 * PER {
+            assert!(done(&*client).result.is_ok());
+            assert!(done(&*p.server).result.is_ok());
+        }
+        let got = rb.buffer().to_vec();
+        let ones = got.chunks(8).filter(|c| c.iter().all(|&b| b == 1)).count();
+        let twos = got.chunks(8).filter(|c| c.iter().all(|&b| b == 2)).count();
+        assert_eq!((ones, twos), (PER, PER));
+    });
+}

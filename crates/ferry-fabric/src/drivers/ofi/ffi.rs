@@ -813,6 +813,12 @@ impl Fabric {
             if ret == 0 {
                 return Ok(());
             }
+            if ret == -(libc::ENOMEM as isize) {
+                // shm's way of saying its queue of posted receives (rx_attr.size) is full.
+                return fail(FabricError::Unsupported(format!(
+                    "{call_name}: the provider's queue of posted operations is full"
+                )));
+            }
             if ret != -(errno::EAGAIN as isize) {
                 return fail(ofi_error(call_name, ret));
             }
