@@ -207,7 +207,10 @@ impl Shared {
             }
         });
         let Some(p) = p else {
-            tracing::debug!("answer for unknown RMA {token}");
+            // Failed meanwhile (peer closed, connection lost): give a grant back.
+            if let Some(conn) = self.conn(target).filter(|_| status == 0) {
+                self.rma_done(&conn, token);
+            }
             return;
         };
         let Purpose::User { context, kind, .. } = &p.op.purpose else {
