@@ -874,3 +874,18 @@ fn posts_from_several_threads() {
         assert_eq!((ones, twos), (PER, PER));
     });
 }
+
+#[test]
+fn missing_providers_are_reported_as_unavailable() {
+    for a in [
+        "ofi+nosuchprovider://127.0.0.1:0",
+        "ofi+verbs://127.0.0.1:0",
+    ] {
+        let a: Address = a.parse().unwrap();
+        let l = listen(&a).err().expect("no such listener");
+        let o = open(&a).err().expect("no such domain");
+        eprintln!("{a}: {l} / {o}");
+        assert!(matches!(l, FabricError::Unavailable(_)), "{l:?}");
+        assert!(matches!(o, FabricError::Unavailable(_)), "{o:?}");
+    }
+}
