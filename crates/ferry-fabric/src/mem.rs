@@ -318,7 +318,6 @@ impl MemoryRegion {
         self.inner.domain
     }
 
-    #[allow(dead_code)] // Used by the ofi driver only; the tcp driver keeps its state in its key table.
     pub(crate) fn registration(&self) -> &dyn Any {
         self.inner.registration.as_any()
     }

@@ -87,3 +87,15 @@ pub fn open(addr: &Address) -> Result<Arc<dyn Domain>> {
 pub fn listen(addr: &Address) -> Result<Box<dyn Listener>> {
     domain::listen(addr)
 }
+
+/// Fuzzing entry point: decodes `bytes` as an ofi control message and checks that whatever
+/// the decoder accepts encodes and decodes again. Must never panic on any input.
+#[doc(hidden)]
+pub fn fuzz_control(bytes: &[u8]) {
+    if let Ok(msg) = wire::Control::decode(bytes) {
+        assert!(
+            wire::Control::decode(&msg.encode()).is_ok(),
+            "re-encoded {msg:?} does not decode"
+        );
+    }
+}
