@@ -110,6 +110,18 @@ pub fn check_local(list: &[LocalSlice], domain: DomainId, caps: &Capabilities) -
                 "memory region belongs to another domain".into(),
             ));
         }
+        // LocalSlice fields are public, so a slice may have been built by hand.
+        if s.offset
+            .checked_add(s.len)
+            .is_none_or(|end| end > s.region.len())
+        {
+            return Err(FabricError::InvalidArgument(format!(
+                "slice {}+{} outside its region of {} bytes",
+                s.offset,
+                s.len,
+                s.region.len()
+            )));
+        }
     }
     let total = LocalSlice::total(list);
     if total > caps.max_msg_size {

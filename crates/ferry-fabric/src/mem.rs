@@ -13,7 +13,7 @@ use std::any::Any;
 use std::fmt;
 use std::ops::{BitOr, Bound, RangeBounds};
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use crate::error::{FabricError, Result};
 
@@ -318,9 +318,15 @@ impl MemoryRegion {
         self.inner.domain
     }
 
-    #[allow(dead_code)] // Used by the ofi driver only; the tcp driver keeps its state in its key table.
     pub(crate) fn registration(&self) -> &dyn Any {
         self.inner.registration.as_any()
+    }
+
+    /// A handle that does not keep the registration alive (drivers' key tables).
+    pub(crate) fn downgrade(&self) -> WeakRegion {
+        WeakRegion {
+            inner: Arc::downgrade(&self.inner),
+        }
     }
 
     /// A local slice of the region for send, receive or the local side of RMA.
@@ -365,6 +371,19 @@ impl fmt::Debug for MemoryRegion {
             .field("key", &format_args!("{:#x}", self.inner.key))
             .field("access", &self.inner.access)
             .finish()
+    }
+}
+
+/// A non-owning handle to a [`MemoryRegion`], for drivers that look regions up by key.
+#[derive(Clone)]
+pub(crate) struct WeakRegion {
+    inner: Weak<RegionInner>,
+}
+
+impl WeakRegion {
+    /// The region, if it is still registered.
+    pub(crate) fn upgrade(&self) -> Option<MemoryRegion> {
+        self.inner.upgrade().map(|inner| MemoryRegion { inner })
     }
 }
 

@@ -1,0 +1,791 @@
+//! The ofi domain: one RDM endpoint (with its CQ and AV) shared by every connection of the
+//! domain, the connection handshake, and the listener.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{mpsc, Arc, Condvar, Mutex, OnceLock, Weak};
+use std::thread::{JoinHandle, Thread};
+use std::time::{Duration, Instant};
+
+use ferry_ofi_sys as sys;
+
+use super::endpoint::{peer_gone, Conn, OfiEndpoint};
+use super::ffi::{self, errno, Event, Fabric, FiAddr, Info, Meta, ADDR_UNSPEC};
+use super::progress::{self, Op, Purpose};
+use super::rma::Checked;
+use super::wire::{self, Control};
+use super::{info, lock, CONTROL_TAG};
+use crate::caps::Capabilities;
+use crate::error::{FabricError, Result};
+use crate::mem::{next_domain_id, Access, Buffer, DomainId, LocalSlice, MemoryRegion};
+use crate::{Address, Domain, Endpoint, Listener};
+
+/// Standing receives for control messages; more than one so a burst of handshakes is not
+/// left to the provider's unexpected-message buffering.
+const CONTROL_SLOTS: usize = 4;
+
+/// CONNECTs queued for `accept` at most; more are ignored (their clients time out).
+const BACKLOG: usize = 1024;
+
+/// How long a post keeps retrying while the provider reports -FI_EAGAIN (its queues full,
+/// e.g. because the peer stopped progressing) before it fails with `Timeout`.
+const POST_STALL: Duration = Duration::from_secs(5);
+
+/// How long closing a domain waits for operations in flight to finish before cancelling them.
+const CLOSE_GRACE: Duration = Duration::from_millis(500);
+
+/// How long `connect` pauses before sending CONNECT again after the provider reported the
+/// transport to the listener as going down (tcp: until ofi_rxm notices and reconnects).
+const CONNECT_RETRY: Duration = Duration::from_millis(10);
+
+/// A connection attempt waiting for the listener's answer.
+struct Connecting {
+    peer: FiAddr,
+    /// The listener's name, for the connection's description.
+    name: Vec<u8>,
+    /// `None` once `connect` gave up; a late ACCEPT is then answered with DISCONNECT.
+    reply: Option<mpsc::SyncSender<Reply>>,
+}
+
+/// What became of a CONNECT.
+pub(super) enum Reply {
+    /// Accepted: the connection, registered before any later message from the peer is read.
+    Accepted(Arc<Conn>),
+    /// Refused or undeliverable.
+    Failed(FabricError),
+    /// Undeliverable for now (the transport is being torn down); worth sending again.
+    Retry(FabricError),
+}
+
+/// A CONNECT waiting for `accept`.
+struct ConnectRequest {
+    major: u16,
+    conn: u64,
+    name: Vec<u8>,
+}
+
+/// Pending CONNECTs of a listening domain.
+struct AcceptQueue {
+    queue: Mutex<VecDeque<ConnectRequest>>,
+    ready: Condvar,
+    /// False once the listener is dropped: further CONNECTs are ignored.
+    open: AtomicBool,
+}
+
+/// State shared by the domain's handles, its endpoints and its progress thread.
+pub(super) struct Shared {
+    /// The libfabric objects.
+    pub fab: Fabric,
+    /// Process-unique id (regions carry it).
+    pub id: DomainId,
+    /// What the provider can do.
+    pub caps: Capabilities,
+    /// The provider can filter receives by source.
+    pub directed: bool,
+    /// The address the domain was opened for (its scheme names the provider).
+    addr: Address,
+    /// Address format of the provider's names.
+    pub format: u32,
+    /// This endpoint's own name.
+    name: Vec<u8>,
+    key_base: u64,
+    key_mask: u64,
+    next_key: AtomicU64,
+    next_conn: AtomicU64,
+    av: Mutex<HashMap<Vec<u8>, FiAddr>>,
+    /// Live connections by id, for DISCONNECT.
+    conns: Mutex<HashMap<u64, Weak<Conn>>>,
+    connecting: Mutex<HashMap<u64, Connecting>>,
+    accept: Option<AcceptQueue>,
+    /// Checked-RMA state, on providers that need it.
+    pub rma: Option<Checked>,
+    /// Buffers of the standing control receives (released before the endpoint closes).
+    control: Mutex<Option<MemoryRegion>>,
+    stop: AtomicBool,
+    /// Closing: control receives are no longer reposted.
+    closing: AtomicBool,
+    /// The progress thread is (about to be) asleep and must be woken for new work.
+    pub sleeping: AtomicBool,
+    thread: OnceLock<Thread>,
+}
+
+impl Shared {
+    /// True once the domain is closing.
+    pub fn stopping(&self) -> bool {
+        self.stop.load(SeqCst)
+    }
+
+    /// True if user operations (beyond the standing control receives) are in flight, or
+    /// checked RMAs wait for their grant.
+    pub fn user_ops_in_flight(&self) -> bool {
+        self.fab.in_flight() > CONTROL_SLOTS || self.rma.as_ref().is_some_and(Checked::waiting)
+    }
+
+    /// Makes sure the progress thread will look at the CQ soon.
+    pub fn wake(&self) {
+        if self.sleeping.load(SeqCst) {
+            if let Some(t) = self.thread.get() {
+                t.unpark();
+            }
+        }
+    }
+
+    /// A retry hook for posts that hit -FI_EAGAIN: progress the CQ from this thread, give up
+    /// after [`POST_STALL`].
+    pub fn again(&self) -> impl FnMut() -> Result<()> + '_ {
+        self.again_until(Instant::now() + POST_STALL)
+    }
+
+    /// [`Shared::again`], giving up at `deadline`.
+    fn again_until(&self, deadline: Instant) -> impl FnMut() -> Result<()> + '_ {
+        let stall = deadline.saturating_duration_since(Instant::now());
+        move || {
+            if progress::progress(self) == 0 {
+                std::thread::yield_now();
+            }
+            if Instant::now() >= deadline {
+                return Err(FabricError::Timeout(stall));
+            }
+            Ok(())
+        }
+    }
+
+    fn register(&self, buf: &Buffer, access: Access) -> Result<MemoryRegion> {
+        let mut flags = (sys::FI_SEND | sys::FI_RECV | sys::FI_READ | sys::FI_WRITE) as u64;
+        if access.contains(Access::REMOTE_READ) {
+            flags |= sys::FI_REMOTE_READ as u64;
+        }
+        if access.contains(Access::REMOTE_WRITE) {
+            flags |= sys::FI_REMOTE_WRITE as u64;
+        }
+        let key = self
+            .key_base
+            .wrapping_add(self.next_key.fetch_add(1, SeqCst))
+            & self.key_mask;
+        let mr = self.fab.register(buf, flags, key)?;
+        let region = MemoryRegion::new(
+            buf.clone(),
+            access,
+            mr.key(),
+            self.id,
+            self.caps.virt_addr,
+            Box::new(mr),
+        );
+        if let Some(rma) = &self.rma {
+            rma.add(&region);
+        }
+        Ok(region)
+    }
+
+    /// The live connection with id `id`.
+    pub fn conn(&self, id: u64) -> Option<Arc<Conn>> {
+        lock(&self.conns).get(&id).and_then(Weak::upgrade)
+    }
+
+    /// The AV handle of a peer name, inserting it once.
+    pub fn peer(&self, name: &[u8]) -> Result<FiAddr> {
+        let mut av = lock(&self.av);
+        if let Some(&a) = av.get(name) {
+            return Ok(a);
+        }
+        let a = self.fab.av_insert(name)?;
+        av.insert(name.to_vec(), a);
+        Ok(a)
+    }
+
+    /// Sends a control message to `peer`: injected where it fits (all but CONNECT on the
+    /// providers tested), else from a freshly registered buffer.
+    pub fn send_control(&self, peer: FiAddr, msg: &Control) -> Result<()> {
+        let bytes = msg.encode();
+        if bytes.len() <= self.caps.inline_size {
+            self.fab
+                .inject(&bytes, peer, CONTROL_TAG, &mut self.again())?;
+            self.wake();
+            return Ok(());
+        }
+        let region = self.register(&Buffer::from_slice(&bytes), Access::LOCAL)?;
+        self.send_control_region(peer, region, None, Instant::now() + POST_STALL)
+    }
+
+    /// Sends a registered control message, giving up at `deadline` if the provider keeps
+    /// saying -FI_EAGAIN.
+    fn send_control_region(
+        &self,
+        peer: FiAddr,
+        region: MemoryRegion,
+        connect: Option<u64>,
+        deadline: Instant,
+    ) -> Result<()> {
+        let op = Op {
+            slices: vec![region.full()],
+            purpose: Purpose::ControlSend { connect },
+        };
+        self.fab
+            .send(op, peer, CONTROL_TAG, 0, &mut self.again_until(deadline))?;
+        self.wake();
+        Ok(())
+    }
+
+    fn post_control_recv(&self, slice: LocalSlice) -> Result<()> {
+        let op = Op {
+            slices: vec![slice],
+            purpose: Purpose::ControlRecv,
+        };
+        let meta = Meta {
+            conn: 0,
+            recv_seq: Some(0),
+            lost: false,
+        };
+        // Reposts happen while routing completions, possibly on a thread already inside a
+        // retry loop: wait by yielding instead of progressing again.
+        let deadline = Instant::now() + POST_STALL;
+        let mut again = || {
+            std::thread::yield_now();
+            if Instant::now() >= deadline {
+                Err(FabricError::Timeout(POST_STALL))
+            } else {
+                Ok(())
+            }
+        };
+        self.fab
+            .recv(op, ADDR_UNSPEC, CONTROL_TAG, meta, &mut again)
+    }
+
+    /// Handles a completed control receive and posts it again.
+    pub fn on_control(&self, ev: Event, slices: Vec<LocalSlice>) {
+        let msg = match (ev.err, slices.first()) {
+            (Some(e), _) if e.code == errno::ECANCELED => return,
+            (Some(e), _) => {
+                tracing::debug!("control receive failed: {}", ffi::strerror(e.code));
+                None
+            }
+            (None, Some(s)) if ev.len > s.len => {
+                // Not ours (none is that long); the excess went to the sink.
+                self.fab.release_sink();
+                tracing::debug!("ignoring a {}-byte control message", ev.len);
+                None
+            }
+            (None, Some(s)) => {
+                let mut msg = vec![0u8; ev.len];
+                s.region.buffer().read_at(s.offset, &mut msg);
+                Some(msg)
+            }
+            (None, None) => None,
+        };
+        if !self.closing.load(SeqCst) {
+            for s in slices {
+                if let Err(e) = self.post_control_recv(s) {
+                    tracing::warn!("cannot repost a control receive: {e}");
+                }
+            }
+        }
+        match msg.map(|m| Control::decode(&m)) {
+            Some(Ok(c)) => self.handle(c),
+            Some(Err(why)) => tracing::debug!("ignoring control message: {why}"),
+            None => {}
+        }
+    }
+
+    fn handle(&self, msg: Control) {
+        match msg {
+            Control::Connect { major, conn, name } => match &self.accept {
+                Some(q) if q.open.load(SeqCst) => {
+                    let mut queue = lock(&q.queue);
+                    if queue.len() < BACKLOG {
+                        queue.push_back(ConnectRequest { major, conn, name });
+                        q.ready.notify_one();
+                    }
+                }
+                _ => tracing::debug!("CONNECT to a domain that is not listening"),
+            },
+            Control::Accept { target, conn } => {
+                let entry = lock(&self.connecting).remove(&target);
+                match entry {
+                    Some(Connecting {
+                        peer,
+                        name,
+                        reply: Some(tx),
+                    }) => match self.new_conn(target, conn, peer, &name) {
+                        Ok(c) => {
+                            if tx.try_send(Reply::Accepted(c)).is_err() {
+                                self.remove_conn(target);
+                            }
+                        }
+                        Err(e) => {
+                            let _ = tx.try_send(Reply::Failed(e));
+                        }
+                    },
+                    Some(Connecting {
+                        peer, reply: None, ..
+                    }) => {
+                        // connect() gave up: close the connection the listener just made.
+                        let bye = Control::Disconnect {
+                            target: conn,
+                            sender: target,
+                            sent: 0,
+                        };
+                        if let Err(e) = self.send_control(peer, &bye) {
+                            tracing::debug!("cannot close an abandoned connection: {e}");
+                        }
+                    }
+                    None => tracing::debug!("ACCEPT for unknown connection {target}"),
+                }
+            }
+            Control::Refuse { target, major } => {
+                self.connect_failed(
+                    target,
+                    Reply::Failed(FabricError::VersionMismatch {
+                        peer_major: major,
+                        our_major: wire::MAJOR,
+                    }),
+                );
+            }
+            Control::Disconnect {
+                target,
+                sender,
+                sent,
+            } => match self.conn(target) {
+                Some(c) if c.peer_id == sender => {
+                    c.peer_left(sent);
+                    self.reap(&c);
+                    self.fail_pending_rma(c.id, peer_gone);
+                }
+                _ => tracing::debug!("DISCONNECT for unknown connection {target}"),
+            },
+            Control::RmaRequest {
+                target,
+                sender,
+                token,
+                remote,
+                write,
+            } => self.on_rma_request(target, sender, token, remote, write),
+            Control::RmaAnswer {
+                target,
+                token,
+                status,
+            } => self.on_rma_answer(target, token, status),
+            Control::RmaDone { target, token, .. } => self.on_rma_done(target, token),
+        }
+    }
+
+    /// Fails connection attempt `id` (`reply` is `Failed` or `Retry`).
+    pub fn connect_failed(&self, id: u64, reply: Reply) {
+        let entry = lock(&self.connecting).remove(&id);
+        if let Some(Connecting {
+            reply: Some(tx), ..
+        }) = entry
+        {
+            let _ = tx.try_send(reply);
+        }
+    }
+
+    /// After the peer of `conn` closed: cancels the receives its remaining messages cannot
+    /// satisfy (the newest ones; receives match in posting order), reporting them as
+    /// `ConnectionLost`. Called whenever the counts change, so races between threads only
+    /// ever delay a cancellation until the next call.
+    pub fn reap(&self, conn: &Conn) {
+        let Some(sent) = conn.peer_closed() else {
+            return;
+        };
+        let expecting = sent.saturating_sub(conn.received.load(SeqCst));
+        let pending = self.fab.pending_recvs(conn.id);
+        let Some(&first_surplus) = usize::try_from(expecting).ok().and_then(|i| pending.get(i))
+        else {
+            return;
+        };
+        self.fab.cancel_recvs(|m| {
+            let surplus = m.conn == conn.id && m.recv_seq >= Some(first_surplus);
+            m.lost |= surplus;
+            surplus
+        });
+        self.wake();
+    }
+
+    /// Gives up on `conn` after the provider lost its transport (messages may be lost): its
+    /// receives fail, later posts fail, and the peer is told to do the same.
+    pub fn abort(&self, conn: &Conn) {
+        if conn.abort() {
+            let bye = Control::Disconnect {
+                target: conn.peer_id,
+                sender: conn.id,
+                sent: 0,
+            };
+            if let Err(e) = self.send_control(conn.peer, &bye) {
+                tracing::debug!("cannot tell {} about the abort: {e}", conn.peer_text);
+            }
+            self.reap(conn);
+            self.fail_pending_rma(conn.id, || {
+                FabricError::ConnectionLost("the provider lost the transport".into())
+            });
+        }
+    }
+
+    fn new_conn(&self, id: u64, peer_id: u64, peer: FiAddr, peer_name: &[u8]) -> Result<Arc<Conn>> {
+        let conn = Arc::new(Conn::new(
+            id,
+            peer_id,
+            peer,
+            info::describe(self.format, peer_name),
+        )?);
+        lock(&self.conns).insert(id, Arc::downgrade(&conn));
+        Ok(conn)
+    }
+
+    fn drain_until(&self, deadline: Instant, busy: impl Fn() -> bool) {
+        while busy() && Instant::now() < deadline {
+            if progress::progress(self) == 0 {
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        }
+    }
+
+    /// Forgets a connection whose endpoint is gone.
+    pub fn remove_conn(&self, id: u64) {
+        lock(&self.conns).remove(&id);
+    }
+
+    /// Lets what is in flight finish (for a while), cancels the rest, closes the endpoint, and
+    /// fails whatever never completed.
+    fn close(&self) {
+        let deadline = Instant::now() + CLOSE_GRACE;
+        // Operations in flight, and peers' RMAs into our regions (whose DONE arrives as a
+        // control message), get a chance to finish.
+        let busy = || self.user_ops_in_flight() || self.rma.as_ref().is_some_and(Checked::granted);
+        self.drain_until(deadline, busy);
+        self.closing.store(true, SeqCst);
+        lock(&self.control).take();
+        self.close_rma();
+        self.fab.cancel_recvs(|_| true);
+        self.drain_until(deadline, || self.fab.in_flight() > 0);
+        self.fab.shutdown(|op| {
+            if let Purpose::User {
+                conn,
+                context,
+                kind,
+                ..
+            } = &op.purpose
+            {
+                conn.cq.push(crate::Completion::err(
+                    *context,
+                    *kind,
+                    FabricError::Cancelled,
+                ));
+            }
+        });
+    }
+}
+
+/// Owns the progress thread; when the last handle of the domain goes, stops it and closes.
+pub(super) struct DomainCore {
+    /// Shared state.
+    pub shared: Arc<Shared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl DomainCore {
+    fn open(addr: &Address, info: Info, listening: bool) -> Result<Arc<DomainCore>> {
+        let name = listening
+            .then(|| info::listener_name(addr, &info))
+            .flatten();
+        let quirks = info::quirks(&info);
+        let fab = Fabric::open(&info, name.as_deref(), quirks)?;
+        let name = fab.getname()?;
+        let (key_base, key_mask) = info::key_base(&info);
+        let shared = Arc::new(Shared {
+            id: next_domain_id(),
+            caps: info::capabilities(addr, &info),
+            directed: info.caps() & sys::FI_DIRECTED_RECV != 0,
+            addr: addr.clone(),
+            format: info.addr_format(),
+            name,
+            key_base,
+            key_mask,
+            next_key: AtomicU64::new(0),
+            next_conn: AtomicU64::new(1),
+            av: Mutex::new(HashMap::new()),
+            conns: Mutex::new(HashMap::new()),
+            connecting: Mutex::new(HashMap::new()),
+            accept: listening.then(|| AcceptQueue {
+                queue: Mutex::new(VecDeque::new()),
+                ready: Condvar::new(),
+                open: AtomicBool::new(true),
+            }),
+            rma: quirks.checked_rma.then(Checked::default),
+            control: Mutex::new(None),
+            stop: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
+            sleeping: AtomicBool::new(false),
+            thread: OnceLock::new(),
+            fab,
+        });
+        let core = Arc::new(DomainCore {
+            shared: shared.clone(),
+            thread: Mutex::new(None),
+        });
+        // From here on, dropping `core` closes everything properly.
+        let region = shared.register(&Buffer::new(CONTROL_SLOTS * wire::MAX_LEN), Access::LOCAL)?;
+        for i in 0..CONTROL_SLOTS {
+            shared.post_control_recv(region.slice(i * wire::MAX_LEN..(i + 1) * wire::MAX_LEN)?)?;
+        }
+        *lock(&shared.control) = Some(region);
+        let runner = shared.clone();
+        let handle = std::thread::Builder::new()
+            .name(format!("ferry-ofi-{}", shared.id))
+            .spawn(move || progress::run(runner))
+            .map_err(|e| FabricError::io("spawning the ofi progress thread", e))?;
+        let _ = shared.thread.set(handle.thread().clone());
+        *lock(&core.thread) = Some(handle);
+        Ok(core)
+    }
+
+    /// A new handle to this domain.
+    pub(super) fn handle(self: &Arc<Self>) -> Arc<dyn Domain> {
+        Arc::new(OfiDomain { core: self.clone() })
+    }
+}
+
+impl Drop for DomainCore {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, SeqCst);
+        self.shared.sleeping.store(true, SeqCst);
+        self.shared.wake();
+        if let Some(t) = lock(&self.thread).take() {
+            let _ = t.join();
+        }
+        self.shared.close();
+    }
+}
+
+/// A handle to an ofi domain. Cheap to create: every handle (and every endpoint and listener)
+/// shares one [`DomainCore`].
+pub(super) struct OfiDomain {
+    core: Arc<DomainCore>,
+}
+
+/// Opens a client domain for `addr`.
+pub(super) fn open(addr: &Address) -> Result<Arc<dyn Domain>> {
+    let info = info::for_client(addr)?;
+    Ok(DomainCore::open(addr, info, false)?.handle())
+}
+
+/// Opens a listening domain bound to exactly `addr`.
+pub(super) fn listen(addr: &Address) -> Result<Box<dyn Listener>> {
+    let info = info::for_listener(addr)?;
+    let core = DomainCore::open(addr, info, true)?;
+    let local = info::to_address(addr, core.shared.format, &core.shared.name);
+    Ok(Box::new(OfiListener { core, local }))
+}
+
+impl DomainCore {
+    /// The handshake of `Domain::connect`, speaking protocol `major`.
+    pub(super) fn connect(
+        self: &Arc<Self>,
+        addr: &Address,
+        timeout: Duration,
+        major: u16,
+    ) -> Result<Box<dyn Endpoint>> {
+        let shared = &self.shared;
+        if addr.scheme != shared.addr.scheme {
+            return Err(FabricError::InvalidArgument(format!(
+                "a {} domain cannot connect to {addr}",
+                shared.addr.driver_name()
+            )));
+        }
+        let deadline = Instant::now() + timeout;
+        let name = info::peer_name(addr, shared.format)?;
+        let peer = shared.peer(&name)?;
+        loop {
+            let id = shared.next_conn.fetch_add(1, SeqCst);
+            let (tx, rx) = mpsc::sync_channel(1);
+            lock(&shared.connecting).insert(
+                id,
+                Connecting {
+                    peer,
+                    name: name.clone(),
+                    reply: Some(tx),
+                },
+            );
+            let hello = Control::Connect {
+                major,
+                conn: id,
+                name: shared.name.clone(),
+            };
+            let sent = shared
+                .register(&Buffer::from_slice(&hello.encode_as(major)), Access::LOCAL)
+                .and_then(|r| shared.send_control_region(peer, r, Some(id), deadline));
+            if let Err(e) = sent {
+                lock(&shared.connecting).remove(&id);
+                // The provider never took the CONNECT: nobody there (shm), or still trying to
+                // reach it (tcp).
+                return Err(match e {
+                    FabricError::Timeout(_) => FabricError::Timeout(timeout),
+                    e => e,
+                });
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            let reply = match rx.recv_timeout(left) {
+                Ok(r) => r,
+                Err(_) => {
+                    // Keep the entry, without a reply channel, so a late ACCEPT is closed;
+                    // unless the answer is already on its way.
+                    let answered = match lock(&shared.connecting).get_mut(&id) {
+                        Some(c) => {
+                            c.reply = None;
+                            false
+                        }
+                        None => true,
+                    };
+                    match answered.then(|| rx.recv().ok()).flatten() {
+                        Some(r) => r,
+                        None => return Err(FabricError::Timeout(timeout)),
+                    }
+                }
+            };
+            match reply {
+                Reply::Accepted(conn) => return Ok(Box::new(OfiEndpoint::new(self.clone(), conn))),
+                Reply::Retry(_) if Instant::now() + CONNECT_RETRY < deadline => {
+                    std::thread::sleep(CONNECT_RETRY);
+                }
+                Reply::Retry(e) | Reply::Failed(e) => return Err(e),
+            }
+        }
+    }
+}
+
+impl Domain for OfiDomain {
+    fn id(&self) -> DomainId {
+        self.core.shared.id
+    }
+
+    fn capabilities(&self) -> &Capabilities {
+        &self.core.shared.caps
+    }
+
+    fn register(&self, buf: &Buffer, access: Access) -> Result<MemoryRegion> {
+        self.core.shared.register(buf, access)
+    }
+
+    fn connect(&self, addr: &Address, timeout: Duration) -> Result<Box<dyn Endpoint>> {
+        self.core.connect(addr, timeout, wire::MAJOR)
+    }
+}
+
+/// A listening ofi domain.
+pub(super) struct OfiListener {
+    core: Arc<DomainCore>,
+    local: Address,
+}
+
+impl Listener for OfiListener {
+    fn domain(&self) -> Arc<dyn Domain> {
+        self.core.handle()
+    }
+
+    fn local_addr(&self) -> Address {
+        self.local.clone()
+    }
+
+    fn accept(&self, timeout: Duration) -> Result<Box<dyn Endpoint>> {
+        let shared = &self.core.shared;
+        let Some(q) = &shared.accept else {
+            return Err(FabricError::InvalidArgument(
+                "domain is not listening".into(),
+            ));
+        };
+        let deadline = Instant::now() + timeout;
+        loop {
+            let req = {
+                let mut queue = lock(&q.queue);
+                loop {
+                    if let Some(r) = queue.pop_front() {
+                        break r;
+                    }
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(FabricError::Timeout(timeout));
+                    }
+                    queue = q
+                        .ready
+                        .wait_timeout(queue, left)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                }
+            };
+            let peer = match shared.peer(&req.name) {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::debug!("ignoring CONNECT with an unusable address: {e}");
+                    continue;
+                }
+            };
+            if req.major != wire::MAJOR {
+                let no = Control::Refuse {
+                    target: req.conn,
+                    major: wire::MAJOR,
+                };
+                if let Err(e) = shared.send_control(peer, &no) {
+                    tracing::debug!("cannot refuse a protocol {} client: {e}", req.major);
+                }
+                continue;
+            }
+            let id = shared.next_conn.fetch_add(1, SeqCst);
+            let conn = shared.new_conn(id, req.conn, peer, &req.name)?;
+            let yes = Control::Accept {
+                target: req.conn,
+                conn: id,
+            };
+            match shared.send_control(peer, &yes) {
+                Ok(()) => return Ok(Box::new(OfiEndpoint::new(self.core.clone(), conn))),
+                Err(e) => {
+                    shared.remove_conn(id);
+                    tracing::debug!("cannot answer a CONNECT: {e}");
+                }
+            }
+        }
+    }
+}
+
+impl Drop for OfiListener {
+    fn drop(&mut self) {
+        if let Some(q) = &self.core.shared.accept {
+            q.open.store(false, SeqCst);
+            lock(&q.queue).clear();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_client_of_another_major_version_is_refused() {
+        let shm = format!("ofi+shm://ferry-unit-{}", std::process::id());
+        for addr in ["ofi+tcp://127.0.0.1:0", shm.as_str()] {
+            let listener = listen(&addr.parse().unwrap()).unwrap();
+            let la = listener.local_addr();
+            let server = std::thread::spawn(move || {
+                listener.accept(Duration::from_millis(1500)).map(|_| ())
+            });
+            let core = DomainCore::open(&la, info::for_client(&la).unwrap(), false).unwrap();
+            let r = core.connect(&la, Duration::from_secs(10), wire::MAJOR + 1);
+            assert!(
+                matches!(
+                    r,
+                    Err(FabricError::VersionMismatch {
+                        peer_major: wire::MAJOR,
+                        ..
+                    })
+                ),
+                "{addr}: {:?}",
+                r.err()
+            );
+            // The listener refused it and kept waiting for a real client.
+            assert!(matches!(
+                server.join().unwrap(),
+                Err(FabricError::Timeout(_))
+            ));
+        }
+    }
+}

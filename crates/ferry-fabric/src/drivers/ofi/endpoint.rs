@@ -1,0 +1,260 @@
+//! A connection emulated on the domain's RDM endpoint: a peer address plus the peer's
+//! connection id, which tags every data message sent to it.
+
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::Arc;
+
+use super::data_tag;
+use super::domain::{DomainCore, Shared};
+use super::ffi::{self, FiAddr, Meta, ADDR_UNSPEC};
+use super::progress::{Op, Purpose};
+use super::wire::Control;
+use crate::caps::Capabilities;
+use crate::cq::{Completion, CompletionQueue, OpKind};
+use crate::error::{FabricError, Result};
+use crate::mem::{LocalSlice, RemoteSlice};
+use crate::{check_local, check_rma, Domain, Endpoint};
+
+/// `peer_sent` while the peer has not closed.
+const PEER_OPEN: u64 = u64::MAX;
+
+/// One connection's state, shared with the op records of its operations in flight (which
+/// deliver into its queue even after the endpoint itself is gone).
+pub(super) struct Conn {
+    /// Our connection id: the peer tags data for us with it.
+    pub id: u64,
+    /// The peer's connection id: we tag data for it with it.
+    pub peer_id: u64,
+    /// The peer's address handle.
+    pub peer: FiAddr,
+    /// The peer, as text.
+    pub peer_text: String,
+    /// Where this connection's completions go.
+    pub cq: CompletionQueue,
+    /// Data messages posted (told to the peer on close).
+    pub sent: AtomicU64,
+    /// Data messages received (completed receives, including truncated ones).
+    pub received: AtomicU64,
+    /// Data messages the peer sent before closing, or [`PEER_OPEN`]; 0 after an abort.
+    pub peer_sent: AtomicU64,
+    /// The peer told us it closed (so closing needs no DISCONNECT).
+    pub peer_said_bye: AtomicBool,
+    next_recv: AtomicU64,
+}
+
+impl Conn {
+    /// A new connection with an empty queue.
+    pub fn new(id: u64, peer_id: u64, peer: FiAddr, peer_text: String) -> Result<Conn> {
+        Ok(Conn {
+            id,
+            peer_id,
+            peer,
+            peer_text,
+            cq: CompletionQueue::new()?,
+            sent: AtomicU64::new(0),
+            received: AtomicU64::new(0),
+            peer_sent: AtomicU64::new(PEER_OPEN),
+            peer_said_bye: AtomicBool::new(false),
+            next_recv: AtomicU64::new(0),
+        })
+    }
+
+    /// Marks the connection broken, as if the peer had closed without sending anything:
+    /// every receive fails. False if it was closed already.
+    pub fn abort(&self) -> bool {
+        self.peer_sent
+            .compare_exchange(PEER_OPEN, 0, SeqCst, SeqCst)
+            .is_ok()
+    }
+
+    /// Records the peer's DISCONNECT; only the first one counts.
+    pub fn peer_left(&self, sent: u64) {
+        let _ = self
+            .peer_sent
+            .compare_exchange(PEER_OPEN, sent, SeqCst, SeqCst);
+        self.peer_said_bye.store(true, SeqCst);
+    }
+
+    /// How many data messages the peer sent, if it has closed.
+    pub fn peer_closed(&self) -> Option<u64> {
+        Some(self.peer_sent.load(SeqCst)).filter(|&n| n != PEER_OPEN)
+    }
+}
+
+/// The error of posts on, and receives cancelled for, a connection the peer closed.
+pub(super) fn peer_gone() -> FabricError {
+    FabricError::ConnectionLost("the peer closed the connection".into())
+}
+
+impl Conn {
+    /// Why posts on this closed connection fail.
+    fn closed_error(&self) -> FabricError {
+        if self.peer_said_bye.load(SeqCst) {
+            peer_gone()
+        } else {
+            FabricError::ConnectionLost("the provider lost the transport to the peer".into())
+        }
+    }
+}
+
+/// An ofi connection.
+pub(super) struct OfiEndpoint {
+    core: Arc<DomainCore>,
+    conn: Arc<Conn>,
+}
+
+impl OfiEndpoint {
+    /// An endpoint for an established connection of `core`'s domain.
+    pub fn new(core: Arc<DomainCore>, conn: Arc<Conn>) -> Self {
+        Self { core, conn }
+    }
+
+    fn shared(&self) -> &Shared {
+        &self.core.shared
+    }
+
+    fn user_op(&self, slices: &[LocalSlice], context: u64, kind: OpKind, len: u64) -> Op {
+        Op {
+            slices: slices.to_vec(),
+            purpose: Purpose::User {
+                conn: self.conn.clone(),
+                context,
+                kind,
+                len,
+                done: None,
+            },
+        }
+    }
+
+    fn rma(&self, read: bool, local: &[LocalSlice], remote: RemoteSlice, ctx: u64) -> Result<()> {
+        let sh = self.shared();
+        let total = check_rma(local, &remote, sh.id, &sh.caps)?;
+        if self.conn.peer_closed().is_some() {
+            return Err(self.conn.closed_error());
+        }
+        let kind = if read { OpKind::Read } else { OpKind::Write };
+        let op = self.user_op(local, ctx, kind, total);
+        match &sh.rma {
+            Some(rma) => {
+                ffi::validate(local)?;
+                sh.post_checked(rma, &self.conn, read, op, remote)?
+            }
+            None => sh.fab.rma(
+                read,
+                op,
+                self.conn.peer,
+                remote,
+                self.conn.id,
+                &mut sh.again(),
+            )?,
+        }
+        sh.wake();
+        Ok(())
+    }
+}
+
+impl Endpoint for OfiEndpoint {
+    fn domain(&self) -> Arc<dyn Domain> {
+        self.core.handle()
+    }
+
+    fn capabilities(&self) -> &Capabilities {
+        &self.shared().caps
+    }
+
+    fn cq(&self) -> &CompletionQueue {
+        &self.conn.cq
+    }
+
+    fn peer(&self) -> String {
+        self.conn.peer_text.clone()
+    }
+
+    fn post_send(&self, data: &[LocalSlice], context: u64) -> Result<()> {
+        let sh = self.shared();
+        let total = check_local(data, sh.id, &sh.caps)?;
+        if self.conn.peer_closed().is_some() {
+            return Err(self.conn.closed_error());
+        }
+        let tag = data_tag(self.conn.peer_id);
+        if total <= sh.caps.inline_size as u64 {
+            // Injected: copied before the call returns, and the provider reports nothing.
+            sh.fab
+                .inject_slices(data, self.conn.peer, tag, &mut sh.again())?;
+            self.conn.sent.fetch_add(1, SeqCst);
+            self.conn
+                .cq
+                .push(Completion::ok(context, OpKind::Send, total));
+        } else {
+            let op = self.user_op(data, context, OpKind::Send, total);
+            sh.fab
+                .send(op, self.conn.peer, tag, self.conn.id, &mut sh.again())?;
+            self.conn.sent.fetch_add(1, SeqCst);
+        }
+        sh.wake();
+        Ok(())
+    }
+
+    fn post_recv(&self, buf: &[LocalSlice], context: u64) -> Result<()> {
+        let sh = self.shared();
+        let total = check_local(buf, sh.id, &sh.caps)?;
+        if let Some(sent) = self.conn.peer_closed() {
+            // Messages the peer sent before closing may still be waiting unmatched.
+            let pending = sh.fab.pending_recvs(self.conn.id).len() as u64;
+            if self.conn.received.load(SeqCst) + pending >= sent {
+                return Err(self.conn.closed_error());
+            }
+        }
+        let meta = Meta {
+            conn: self.conn.id,
+            recv_seq: Some(self.conn.next_recv.fetch_add(1, SeqCst)),
+            lost: false,
+        };
+        let src = if sh.directed {
+            self.conn.peer
+        } else {
+            ADDR_UNSPEC
+        };
+        let op = self.user_op(buf, context, OpKind::Recv, total);
+        sh.fab
+            .recv(op, src, data_tag(self.conn.id), meta, &mut sh.again())?;
+        // The peer may have closed meanwhile; this receive may be one too many.
+        sh.reap(&self.conn);
+        sh.wake();
+        Ok(())
+    }
+
+    fn post_write(&self, local: &[LocalSlice], remote: RemoteSlice, context: u64) -> Result<()> {
+        self.rma(false, local, remote, context)
+    }
+
+    fn post_read(&self, local: &[LocalSlice], remote: RemoteSlice, context: u64) -> Result<()> {
+        self.rma(true, local, remote, context)
+    }
+}
+
+impl Drop for OfiEndpoint {
+    fn drop(&mut self) {
+        let sh = self.shared();
+        sh.remove_conn(self.conn.id);
+        if !self.conn.peer_said_bye.load(SeqCst) {
+            // After an abort the peer may not have heard of it yet: say nothing was sent.
+            let sent = match self.conn.peer_closed() {
+                Some(_) => 0,
+                None => self.conn.sent.load(SeqCst),
+            };
+            let bye = Control::Disconnect {
+                target: self.conn.peer_id,
+                sender: self.conn.id,
+                sent,
+            };
+            if let Err(e) = sh.send_control(self.conn.peer, &bye) {
+                tracing::debug!("cannot tell {} about the close: {e}", self.conn.peer_text);
+            }
+        }
+        let id = self.conn.id;
+        sh.fab.cancel_recvs(|m| m.conn == id);
+        sh.wake();
+    }
+}

@@ -1,0 +1,365 @@
+//! Control messages that emulate connections on a reliable-datagram (RDM) endpoint.
+//!
+//! Every message starts with the same header, frozen across protocol versions so that a peer
+//! of another major version can still be understood well enough to be refused:
+//! `magic "FOFI" | major u16 | minor u16 | kind u8`, little-endian, then the body:
+//!
+//! | kind | body |
+//! |---|---|
+//! | 1 CONNECT | client conn id u64, name length u16, client endpoint name |
+//! | 2 ACCEPT | client conn id u64, server conn id u64 |
+//! | 3 REFUSE | client conn id u64 |
+//! | 4 DISCONNECT | receiver's conn id u64, sender's conn id u64, data messages sent u64 |
+//! | 5 RMA_REQUEST | receiver's conn id u64, sender's conn id u64, token u64, key u64, addr u64, length u64, write u8 |
+//! | 6 RMA_ANSWER | receiver's conn id u64, token u64, status u8 (0 granted, else the refusal) |
+//! | 7 RMA_DONE | receiver's conn id u64, sender's conn id u64, token u64 |
+//!
+//! The RMA messages implement checked RMA (see `domain.rs`): the target checks an access
+//! before the initiator lets the provider make it, and holds the region until it is done.
+//!
+//! Control messages travel with the domain's control tag; data with the receiver's
+//! connection id in the tag (see `mod.rs`), so the two never consume each other's receives.
+//! Trailing bytes are ignored so later minor versions can extend a body.
+
+use super::ffi::MAX_NAME;
+use crate::mem::RemoteSlice;
+
+/// Major protocol version; a peer with another one is refused.
+pub(super) const MAJOR: u16 = 1;
+/// Minor protocol version (compatible additions).
+pub(super) const MINOR: u16 = 0;
+
+const MAGIC: [u8; 4] = *b"FOFI";
+const HEADER: usize = 9;
+
+/// The largest control message (a CONNECT with the longest name).
+pub(super) const MAX_LEN: usize = HEADER + 8 + 2 + MAX_NAME;
+
+/// A decoded control message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Control {
+    /// A client asks to connect.
+    Connect {
+        /// The client's protocol major version.
+        major: u16,
+        /// The client's connection id (the listener tags data for the client with it).
+        conn: u64,
+        /// The client endpoint's address, for the listener's AV.
+        name: Vec<u8>,
+    },
+    /// The listener accepted `target`, giving its own connection id.
+    Accept {
+        /// The client's connection id.
+        target: u64,
+        /// The listener's connection id.
+        conn: u64,
+    },
+    /// The listener refused `target` because it speaks protocol `major`.
+    Refuse {
+        /// The client's connection id.
+        target: u64,
+        /// The listener's major version.
+        major: u16,
+    },
+    /// The sender closed its end of connection `target` after sending `sent` data messages.
+    Disconnect {
+        /// The receiver's connection id.
+        target: u64,
+        /// The sender's connection id (checked against the connection's peer).
+        sender: u64,
+        /// Data messages the sender posted on the connection.
+        sent: u64,
+    },
+    /// The sender asks to access `remote` in the receiver's memory.
+    RmaRequest {
+        /// The receiver's connection id.
+        target: u64,
+        /// The sender's connection id.
+        sender: u64,
+        /// Names the access in the answer and the DONE.
+        token: u64,
+        /// What is to be accessed.
+        remote: RemoteSlice,
+        /// A write (else a read).
+        write: bool,
+    },
+    /// The answer to an RMA_REQUEST: 0 granted, else a `RemoteAccessError` wire byte.
+    RmaAnswer {
+        /// The receiver's (requester's) connection id.
+        target: u64,
+        /// The request's token.
+        token: u64,
+        /// 0, or why the access was refused.
+        status: u8,
+    },
+    /// A granted access is finished; the region may go.
+    RmaDone {
+        /// The receiver's connection id.
+        target: u64,
+        /// The sender's connection id.
+        sender: u64,
+        /// The request's token.
+        token: u64,
+    },
+}
+
+impl Control {
+    /// Encodes with our protocol version.
+    pub fn encode(&self) -> Vec<u8> {
+        self.encode_as(MAJOR)
+    }
+
+    /// Encodes with the given major version (tests speak other versions with it).
+    pub fn encode_as(&self, major: u16) -> Vec<u8> {
+        let mut b = Vec::with_capacity(MAX_LEN);
+        b.extend_from_slice(&MAGIC);
+        b.extend_from_slice(&major.to_le_bytes());
+        b.extend_from_slice(&MINOR.to_le_bytes());
+        match self {
+            Control::Connect { conn, name, .. } => {
+                b.push(1);
+                b.extend_from_slice(&conn.to_le_bytes());
+                // Names are at most MAX_NAME bytes (checked where they come from).
+                b.extend_from_slice(&(name.len() as u16).to_le_bytes());
+                b.extend_from_slice(name);
+            }
+            Control::Accept { target, conn } => {
+                b.push(2);
+                b.extend_from_slice(&target.to_le_bytes());
+                b.extend_from_slice(&conn.to_le_bytes());
+            }
+            Control::Refuse { target, .. } => {
+                b.push(3);
+                b.extend_from_slice(&target.to_le_bytes());
+            }
+            Control::Disconnect {
+                target,
+                sender,
+                sent,
+            } => {
+                b.push(4);
+                for w in [target, sender, sent] {
+                    b.extend_from_slice(&w.to_le_bytes());
+                }
+            }
+            Control::RmaRequest {
+                target,
+                sender,
+                token,
+                remote,
+                write,
+            } => {
+                b.push(5);
+                for w in [
+                    target,
+                    sender,
+                    token,
+                    &remote.key,
+                    &remote.addr,
+                    &remote.len,
+                ] {
+                    b.extend_from_slice(&w.to_le_bytes());
+                }
+                b.push(u8::from(*write));
+            }
+            Control::RmaAnswer {
+                target,
+                token,
+                status,
+            } => {
+                b.push(6);
+                b.extend_from_slice(&target.to_le_bytes());
+                b.extend_from_slice(&token.to_le_bytes());
+                b.push(*status);
+            }
+            Control::RmaDone {
+                target,
+                sender,
+                token,
+            } => {
+                b.push(7);
+                for w in [target, sender, token] {
+                    b.extend_from_slice(&w.to_le_bytes());
+                }
+            }
+        }
+        b
+    }
+
+    /// Decodes a message from a peer. Messages of another major version decode only as
+    /// CONNECT (so they can be refused) or REFUSE (so the refusal can be reported).
+    pub fn decode(b: &[u8]) -> Result<Control, String> {
+        let mut r = Reader(b);
+        if r.take(4)? != MAGIC {
+            return Err("not a ferry ofi control message".into());
+        }
+        let major = r.u16()?;
+        let _minor = r.u16()?;
+        let kind = r.take(1)?[0];
+        match kind {
+            1 => {
+                let conn = r.u64()?;
+                let len = usize::from(r.u16()?);
+                if len == 0 || len > MAX_NAME {
+                    return Err(format!("CONNECT with a {len}-byte name"));
+                }
+                let name = r.take(len)?.to_vec();
+                Ok(Control::Connect { major, conn, name })
+            }
+            3 => Ok(Control::Refuse {
+                target: r.u64()?,
+                major,
+            }),
+            _ if major != MAJOR => Err(format!("kind {kind} from protocol version {major}")),
+            2 => Ok(Control::Accept {
+                target: r.u64()?,
+                conn: r.u64()?,
+            }),
+            4 => Ok(Control::Disconnect {
+                target: r.u64()?,
+                sender: r.u64()?,
+                sent: r.u64()?,
+            }),
+            5 => Ok(Control::RmaRequest {
+                target: r.u64()?,
+                sender: r.u64()?,
+                token: r.u64()?,
+                remote: {
+                    let key = r.u64()?;
+                    let addr = r.u64()?;
+                    let len = r.u64()?;
+                    RemoteSlice { addr, len, key }
+                },
+                write: r.take(1)?[0] != 0,
+            }),
+            6 => Ok(Control::RmaAnswer {
+                target: r.u64()?,
+                token: r.u64()?,
+                status: r.take(1)?[0],
+            }),
+            7 => Ok(Control::RmaDone {
+                target: r.u64()?,
+                sender: r.u64()?,
+                token: r.u64()?,
+            }),
+            k => Err(format!("unknown control message kind {k}")),
+        }
+    }
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        if self.0.len() < n {
+            return Err("control message too short".into());
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+
+    fn u16(&mut self) -> Result<u16, String> {
+        let b = self.take(2)?;
+        Ok(u16::from_le_bytes([b[0], b[1]]))
+    }
+
+    fn u64(&mut self) -> Result<u64, String> {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(self.take(8)?);
+        Ok(u64::from_le_bytes(a))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn round_trips() {
+        for m in [
+            Control::Connect {
+                major: MAJOR,
+                conn: 7,
+                name: b"fi_shm://x".to_vec(),
+            },
+            Control::Accept { target: 7, conn: 9 },
+            Control::Refuse {
+                target: 7,
+                major: MAJOR,
+            },
+            Control::Disconnect {
+                target: 1,
+                sender: 2,
+                sent: 3,
+            },
+            Control::RmaRequest {
+                target: 1,
+                sender: 2,
+                token: 3,
+                remote: RemoteSlice {
+                    addr: 4,
+                    len: 5,
+                    key: 6,
+                },
+                write: true,
+            },
+            Control::RmaAnswer {
+                target: 1,
+                token: 2,
+                status: 3,
+            },
+            Control::RmaDone {
+                target: 1,
+                sender: 2,
+                token: 3,
+            },
+        ] {
+            // All but CONNECT fit ofi_rxm's 64-byte inject size, so they need no registration.
+            assert!(m.encode().len() <= 64 || matches!(m, Control::Connect { .. }));
+            assert_eq!(Control::decode(&m.encode()), Ok(m));
+        }
+    }
+
+    #[test]
+    fn other_major_decodes_only_as_connect_or_refuse() {
+        let c = Control::Connect {
+            major: MAJOR + 1,
+            conn: 1,
+            name: vec![1],
+        };
+        assert_eq!(Control::decode(&c.encode_as(MAJOR + 1)), Ok(c));
+        let a = Control::Accept { target: 1, conn: 2 };
+        assert!(Control::decode(&a.encode_as(MAJOR + 1)).is_err());
+        let r = Control::Refuse {
+            target: 1,
+            major: MAJOR + 1,
+        };
+        assert_eq!(Control::decode(&r.encode_as(MAJOR + 1)), Ok(r));
+    }
+
+    #[test]
+    fn rejects_bad_names_and_short_input() {
+        let mut m = Control::Connect {
+            major: MAJOR,
+            conn: 1,
+            name: vec![0; 4],
+        }
+        .encode();
+        m.truncate(m.len() - 1);
+        assert!(Control::decode(&m).is_err());
+        assert!(Control::decode(b"FOFI").is_err());
+        assert!(Control::decode(b"XXXX\x01\x00\x00\x00\x02").is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn decode_never_panics(b in proptest::collection::vec(any::<u8>(), 0..400)) {
+            let _ = Control::decode(&b);
+            let mut framed = MAGIC.to_vec();
+            framed.extend_from_slice(&b);
+            let _ = Control::decode(&framed);
+        }
+    }
+}
