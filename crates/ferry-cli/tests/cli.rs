@@ -95,8 +95,9 @@ fn quick_json_has_the_bench_shape() {
         .is_some_and(|g| g > 0.0));
 }
 
-/// Needs the native tcp driver (crates/ferry-fabric/src/drivers/tcp). Until it is merged the
-/// stub reports "unavailable", and this test fails saying so instead of passing vacuously.
+/// Needs a working native tcp driver (crates/ferry-fabric/src/drivers/tcp): if the driver is
+/// unavailable or fails, the bench reports it as failed and this test fails with that error
+/// instead of passing on an empty table.
 #[test]
 fn quick_json_measures_the_tcp_driver() {
     let v = quick_tcp();
