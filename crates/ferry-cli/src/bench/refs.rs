@@ -1,6 +1,7 @@
 //! Reference measurements run alongside ferry: iperf3 single-stream TCP over loopback (what a
 //! user has today) and single-thread memcpy (what the memory system allows).
 
+use ferry_fabric::Buffer;
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -89,28 +90,33 @@ pub fn parse_iperf3(json: &[u8]) -> Result<Sample> {
     })
 }
 
-/// Two buffers for the memcpy reference, allocated and touched once.
+/// Two buffers for the memcpy reference, allocated and touched once. They come from the same
+/// allocator as the fabric's registered buffers (huge pages when large), so the reference and
+/// the drivers stand on the same memory.
 pub struct Memcpy {
-    src: Vec<u8>,
-    dst: Vec<u8>,
+    src: Buffer,
+    dst: Buffer,
 }
 
 impl Memcpy {
     /// Allocates and faults in both buffers.
     pub fn new() -> Self {
-        Self {
-            src: vec![0x5a; MEMCPY_BYTES],
-            dst: vec![0; MEMCPY_BYTES],
-        }
+        let (src, dst) = (Buffer::new(MEMCPY_BYTES), Buffer::new(MEMCPY_BYTES));
+        src.fill(0x5a);
+        dst.fill(0);
+        Self { src, dst }
     }
 
     /// Median GB/s of `reps` single-threaded copies (bytes copied per second).
     pub fn measure(&mut self, reps: usize) -> Sample {
         let mut secs: Vec<f64> = (0..reps.max(1))
             .map(|_| {
+                let (Some(src), Some(dst)) = (self.src.as_slice(), self.dst.as_mut_slice()) else {
+                    unreachable!("the reference owns both buffers alone")
+                };
                 let t = Instant::now();
-                self.dst.copy_from_slice(std::hint::black_box(&self.src));
-                std::hint::black_box(&self.dst);
+                dst.copy_from_slice(std::hint::black_box(src));
+                std::hint::black_box(dst);
                 t.elapsed().as_secs_f64()
             })
             .collect();
