@@ -570,6 +570,19 @@ mod tests {
     }
 
     #[test]
+    fn large_buffers_are_mapped_aligned_and_zeroed() {
+        let mut b = Buffer::new(3 * HUGE + 5);
+        assert_eq!(b.addr() % HUGE, 0);
+        assert_eq!(b.len(), 3 * HUGE + 5);
+        let s = b.as_mut_slice().unwrap();
+        assert!(s.iter().all(|&x| x == 0));
+        s[3 * HUGE + 4] = 9;
+        let mut last = [0u8];
+        b.read_at(3 * HUGE + 4, &mut last);
+        assert_eq!(last, [9]);
+    }
+
+    #[test]
     fn remote_slice_round_trips_and_bounds() {
         let r = RemoteSlice {
             addr: 4096,
