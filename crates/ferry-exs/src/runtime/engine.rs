@@ -1,0 +1,330 @@
+//! The socket's engine: the core connection plus everything it has out on the fabric.
+//!
+//! All of it lives behind the socket's one mutex. Whoever holds the lock (a user call or the
+//! progress thread) feeds the core and then executes the actions it asks for, in order, still
+//! under the lock: frames must leave in the order the core numbered them, and a `CopyIn` must
+//! land before the event that reports it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use ferry_fabric::{Access, Buffer, Completion, Endpoint, LocalSlice, MemoryRegion, OpKind};
+use tracing::debug;
+
+use super::buf::ExsBuf;
+use super::queue::{EventQueue, ExsEvent, SocketId};
+use crate::error::ExsError;
+use crate::proto::wire::{self, Frame};
+use crate::proto::{Action, Config, Connection, Event, EventKind, FrameId, OpId};
+
+/// What a fabric context stands for.
+enum Pending {
+    /// Control receive slot `i`.
+    CtrlRecv(usize),
+    /// A frame, with the send buffer that holds its header.
+    Frame(FrameId, MemoryRegion),
+    /// An RMA the core asked for.
+    Rma(OpId),
+}
+
+/// Connection lifecycle as the waiting `connect` sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    Handshake,
+    Open,
+    Closed,
+}
+
+pub(crate) struct Engine {
+    pub(crate) conn: Connection<ExsBuf>,
+    pub(crate) phase: Phase,
+    /// `close()` was called (a second call is an error).
+    pub(crate) user_closed: bool,
+    ep: Arc<dyn Endpoint>,
+    queue: EventQueue,
+    id: SocketId,
+    pending: HashMap<u64, Pending>,
+    next_ctx: u64,
+    ctrl: MemoryRegion,
+    ctrl_size: usize,
+    /// Free registered buffers for outgoing frames (header, plus a copied payload when the
+    /// driver cannot gather).
+    send_pool: Vec<MemoryRegion>,
+    send_size: usize,
+    gather: bool,
+}
+
+impl Engine {
+    /// Registers and posts the control receives, then sends HELLO.
+    pub(crate) fn start(
+        ep: Arc<dyn Endpoint>,
+        cfg: Config,
+        queue: EventQueue,
+        id: SocketId,
+    ) -> Result<Engine, super::Error> {
+        let conn = Connection::new(cfg.clone())?;
+        let ctrl_size = cfg.control_buf_size();
+        let n = cfg.control_buffers();
+        let ctrl = ep
+            .domain()
+            .register(&Buffer::new(ctrl_size * n), Access::LOCAL)?;
+        let gather = ep.capabilities().max_gather >= 2;
+        let mut e = Engine {
+            conn,
+            phase: Phase::Handshake,
+            user_closed: false,
+            ep,
+            queue,
+            id,
+            pending: HashMap::new(),
+            next_ctx: 1,
+            ctrl,
+            ctrl_size,
+            send_pool: Vec::new(),
+            send_size: ctrl_size,
+            gather,
+        };
+        for i in 0..n {
+            e.post_ctrl(i)?;
+        }
+        e.drain();
+        Ok(e)
+    }
+
+    /// Frames posted and not yet completed.
+    pub(crate) fn frames_out(&self) -> usize {
+        self.pending
+            .values()
+            .filter(|p| matches!(p, Pending::Frame(..)))
+            .count()
+    }
+
+    fn ctx(&mut self, p: Pending) -> u64 {
+        let c = self.next_ctx;
+        self.next_ctx += 1;
+        self.pending.insert(c, p);
+        c
+    }
+
+    fn post_ctrl(&mut self, i: usize) -> Result<(), ferry_fabric::FabricError> {
+        let slice = self
+            .ctrl
+            .slice(i * self.ctrl_size..(i + 1) * self.ctrl_size)?;
+        let c = self.ctx(Pending::CtrlRecv(i));
+        self.ep.post_recv(&[slice], c).inspect_err(|_| {
+            self.pending.remove(&c);
+        })
+    }
+
+    /// The transport broke: the core learns it as a peer CLOSE with ConnectionReset, which
+    /// runs exactly the shutdown path a real CLOSE would.
+    fn transport_broken(&mut self) {
+        let mut bytes = Vec::new();
+        let frame = Frame::Close {
+            reason: ExsError::ConnectionReset.code(),
+            major: wire::VERSION_MAJOR,
+            minor: wire::VERSION_MINOR,
+        };
+        wire::encode(&frame, 0, 0, &mut bytes);
+        self.conn.handle_frame(&bytes);
+    }
+
+    /// Feeds one fabric completion to the core (actions are executed by `drain`).
+    pub(crate) fn complete(&mut self, c: Completion) {
+        let Some(p) = self.pending.remove(&c.context) else {
+            // Answered already (failed locally at close); the fabric's late word is moot.
+            return;
+        };
+        match p {
+            Pending::CtrlRecv(i) => match c.result {
+                Ok(()) if c.op == OpKind::Recv => {
+                    let len = (c.len as usize).min(self.ctrl_size);
+                    let mut bytes = vec![0; len];
+                    self.ctrl.buffer().read_at(i * self.ctrl_size, &mut bytes);
+                    // Repost before handling: the credit rules count on the slot being back.
+                    if self.phase != Phase::Closed && self.post_ctrl(i).is_err() {
+                        self.transport_broken();
+                    }
+                    self.conn.handle_frame(&bytes);
+                }
+                Ok(()) => self.transport_broken(),
+                Err(e) => {
+                    if self.phase != Phase::Closed {
+                        debug!(%e, "EXS control receive failed");
+                    }
+                    // A frame too big for the slot breaks the protocol; anything else is the link.
+                    match e {
+                        ferry_fabric::FabricError::Truncated { .. } => {
+                            self.conn.handle_frame(&[]);
+                        }
+                        _ => self.transport_broken(),
+                    }
+                }
+            },
+            Pending::Frame(id, buf) => {
+                self.send_pool.push(buf);
+                self.conn
+                    .frame_sent(id, c.result.map_err(|_| ExsError::ConnectionReset));
+            }
+            Pending::Rma(op) => self
+                .conn
+                .rma_done(op, c.result.map_err(|_| ExsError::Transfer)),
+        }
+    }
+
+    /// Executes every action the core has, in order; after a close, also answers every RMA
+    /// still out on the fabric so no operation waits for a completion that may never come
+    /// (frames are left to complete: the CLOSE frame among them must still leave).
+    pub(crate) fn drain(&mut self) {
+        loop {
+            while let Some(a) = self.conn.poll_action() {
+                self.execute(a);
+            }
+            if self.phase != Phase::Closed {
+                return;
+            }
+            let mut keys: Vec<u64> = self
+                .pending
+                .iter()
+                .filter(|(_, p)| matches!(p, Pending::Rma(_)))
+                .map(|(c, _)| *c)
+                .collect();
+            keys.sort_unstable();
+            let out: Vec<(u64, Pending)> = keys
+                .into_iter()
+                .filter_map(|c| self.pending.remove(&c).map(|p| (c, p)))
+                .collect();
+            if out.is_empty() {
+                return;
+            }
+            for (_, p) in out {
+                if let Pending::Rma(op) = p {
+                    self.conn.rma_done(op, Err(ExsError::Canceled));
+                }
+            }
+        }
+    }
+
+    fn execute(&mut self, a: Action<ExsBuf>) {
+        match a {
+            Action::SendFrame { id, bytes, payload } => {
+                if let Err(e) = self.send_frame(id, &bytes, payload) {
+                    debug!(%e, "EXS frame post failed");
+                    self.conn.frame_sent(id, Err(ExsError::ConnectionReset));
+                }
+            }
+            Action::RmaRead {
+                op,
+                local,
+                local_offset,
+                remote,
+            } => self.rma(op, false, &local, local_offset, remote),
+            Action::RmaWrite {
+                op,
+                local,
+                local_offset,
+                remote,
+            } => self.rma(op, true, &local, local_offset, remote),
+            Action::CopyIn { buf, offset, data } => buf.write_at(offset as usize, &data),
+            Action::Event(ev) => self.event(ev),
+        }
+    }
+
+    fn send_buf(&mut self) -> Result<MemoryRegion, ferry_fabric::FabricError> {
+        match self.send_pool.pop() {
+            Some(b) => Ok(b),
+            None => self
+                .ep
+                .domain()
+                .register(&Buffer::new(self.send_size), Access::LOCAL),
+        }
+    }
+
+    fn send_frame(
+        &mut self,
+        id: FrameId,
+        bytes: &[u8],
+        payload: Option<ExsBuf>,
+    ) -> Result<(), ferry_fabric::FabricError> {
+        let buf = self.send_buf()?;
+        buf.buffer().write_at(0, bytes);
+        let plen = payload.as_ref().map_or(0, |p| p.len());
+        let mut list: Vec<LocalSlice> = Vec::with_capacity(2);
+        match payload {
+            Some(p) if plen > 0 && self.gather => {
+                list.push(buf.slice(..bytes.len())?);
+                list.push(p.local(0, plen as u64));
+            }
+            Some(p) if plen > 0 => {
+                // The driver cannot gather: copy the (small, bounded) immediate data instead.
+                buf.buffer().write_at(bytes.len(), &p.to_vec());
+                list.push(buf.slice(..bytes.len() + plen)?);
+            }
+            _ => list.push(buf.slice(..bytes.len())?),
+        }
+        let c = self.ctx(Pending::Frame(id, buf));
+        self.ep.post_send(&list, c).inspect_err(|_| {
+            if let Some(Pending::Frame(_, b)) = self.pending.remove(&c) {
+                self.send_pool.push(b);
+            }
+        })
+    }
+
+    fn rma(
+        &mut self,
+        op: OpId,
+        write: bool,
+        local: &ExsBuf,
+        offset: u64,
+        remote: crate::proto::RemoteSlice,
+    ) {
+        if remote.len == 0 {
+            self.conn.rma_done(op, Ok(()));
+            return;
+        }
+        if offset
+            .checked_add(remote.len)
+            .is_none_or(|end| end > local.len() as u64)
+        {
+            self.conn.rma_done(op, Err(ExsError::Transfer));
+            return;
+        }
+        let list = [local.local(offset, remote.len)];
+        let r = ferry_fabric::RemoteSlice {
+            addr: remote.addr,
+            len: remote.len,
+            key: remote.key,
+        };
+        let c = self.ctx(Pending::Rma(op));
+        let posted = if write {
+            self.ep.post_write(&list, r, c)
+        } else {
+            self.ep.post_read(&list, r, c)
+        };
+        if let Err(e) = posted {
+            debug!(%e, "EXS RMA post failed");
+            self.pending.remove(&c);
+            self.conn.rma_done(op, Err(ExsError::Transfer));
+        }
+    }
+
+    fn event(&mut self, ev: Event<ExsBuf>) {
+        match ev.kind {
+            // `connect`/`accept` wait for this themselves; the queue never sees it.
+            EventKind::Connect => {
+                self.phase = Phase::Open;
+                return;
+            }
+            EventKind::Close => self.phase = Phase::Closed,
+            _ => {}
+        }
+        self.queue.push(ExsEvent {
+            kind: ev.kind,
+            socket: self.id,
+            ctx: ev.ctx,
+            buf: ev.buf,
+            len: ev.len,
+            result: ev.result,
+        });
+    }
+}

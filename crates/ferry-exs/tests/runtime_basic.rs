@@ -1,0 +1,129 @@
+//! Runtime basics on every driver: ping-pong, and normal, immediate, push and persistent
+//! transfers delivering identical bytes.
+
+mod runtime_util;
+
+use ferry_exs::proto::{Config, EventKind, Flags};
+use runtime_util::*;
+
+fn ping_pong(driver: &str) {
+    let p = pair(driver);
+    for round in 0..50u8 {
+        let rb = p.b.alloc(64).unwrap();
+        p.b.recv(rb, Flags::NONE, 1);
+        let sa = p.a.alloc(64).unwrap();
+        sa.write_at(0, &pattern(64, round));
+        p.a.send(sa, Flags::NONE, 2);
+        let ev = ok(&p.qb, EventKind::Recv);
+        assert_eq!(ev.len, 64);
+        assert_eq!(ev.buf.unwrap().to_vec(), pattern(64, round));
+        assert_eq!(ok(&p.qa, EventKind::Send).ctx, 2);
+        // And back.
+        let ra = p.a.alloc(64).unwrap();
+        p.a.recv(ra, Flags::NONE, 3);
+        let sb = p.b.alloc(64).unwrap();
+        sb.write_at(0, &pattern(64, round ^ 0xff));
+        p.b.send(sb, Flags::NONE, 4);
+        assert_eq!(
+            ok(&p.qa, EventKind::Recv).buf.unwrap().to_vec(),
+            pattern(64, round ^ 0xff)
+        );
+        ok(&p.qb, EventKind::Send);
+    }
+}
+
+/// Sends `len` bytes from a to b with the given configs and returns what b received.
+fn one_transfer(driver: &str, push: bool, len: usize) {
+    let cfg = Config {
+        push,
+        ..Config::default()
+    };
+    let p = pair_with(driver, cfg.clone(), cfg);
+    let data = pattern(len, len as u8);
+    let rb = p.b.alloc(len).unwrap();
+    p.b.recv(rb, Flags::NONE, 7);
+    let sa = p.a.alloc(len).unwrap();
+    sa.write_at(0, &data);
+    p.a.send(sa, Flags::NONE, 8);
+    let ev = ok(&p.qb, EventKind::Recv);
+    assert_eq!((ev.ctx, ev.len), (7, len as u64));
+    assert!(
+        ev.buf.unwrap().to_vec() == data,
+        "{driver} push={push} len={len}: bytes differ"
+    );
+    let ev = ok(&p.qa, EventKind::Send);
+    assert_eq!((ev.ctx, ev.len), (8, len as u64));
+}
+
+fn transfers(driver: &str) {
+    // Immediate (<= 512), pull, push, and a large one.
+    for len in [1, 512, 513, 100_000, 4 << 20] {
+        one_transfer(driver, false, len);
+        one_transfer(driver, true, len);
+    }
+}
+
+/// A persistent send block read repeatedly by ordinary recvs, at offsets.
+fn persistent(driver: &str) {
+    let p = pair(driver);
+    let data = pattern(8192, 3);
+    let block = p.a.alloc(8192).unwrap();
+    block.write_at(0, &data);
+    p.a.send(block, Flags::PERSISTENT, 100);
+    for i in 0..20u64 {
+        let off = (i * 397) % 8000;
+        let rb = p.b.alloc(192).unwrap();
+        p.b.recv_offset(rb, off, Flags::NONE, i);
+        let ev = ok(&p.qb, EventKind::Recv);
+        assert_eq!(ev.ctx, i);
+        let o = off as usize;
+        assert_eq!(ev.buf.unwrap().to_vec(), data[o..o + 192].to_vec());
+    }
+    // Exactly at the edge, then past it.
+    let rb = p.b.alloc(192).unwrap();
+    p.b.recv_offset(rb, 8192 - 192, Flags::NONE, 50);
+    assert_eq!(
+        ok(&p.qb, EventKind::Recv).buf.unwrap().to_vec(),
+        data[8000..].to_vec()
+    );
+    // Near the end the read is short: only what the block holds past the offset.
+    let rb = p.b.alloc(192).unwrap();
+    p.b.recv_offset(rb, 8192 - 191, Flags::NONE, 51);
+    let ev = ok(&p.qb, EventKind::Recv);
+    assert_eq!(ev.len, 191);
+    assert_eq!(ev.buf.unwrap().to_vec()[..191], data[8001..]);
+    let rb = p.b.alloc(192).unwrap();
+    p.b.recv_offset(rb, 8193, Flags::NONE, 51);
+    let ev = next(&p.qb, "out-of-range recv");
+    assert_eq!(ev.kind, EventKind::Recv);
+    assert_eq!(
+        ev.result,
+        Err(ferry_exs::ExsError::OffsetOutOfRange),
+        "{ev:?}"
+    );
+    assert!(ev.buf.is_some());
+    // The block is still there.
+    let rb = p.b.alloc(8192).unwrap();
+    p.b.recv(rb, Flags::NONE, 52);
+    assert_eq!(ok(&p.qb, EventKind::Recv).buf.unwrap().to_vec(), data);
+    // Closing hands the persistent block back.
+    p.a.close().unwrap();
+    let mut got_block = false;
+    while let Some(ev) = p.qa.dequeue(T) {
+        if ev.ctx == 100 {
+            got_block = ev.buf.is_some();
+            break;
+        }
+    }
+    assert!(got_block);
+}
+
+macro_rules! on_all_drivers {
+    ($($name:ident),*) => {
+        mod tcp { $( #[test] fn $name() { super::$name("tcp") } )* }
+        mod ofi_tcp { $( #[test] fn $name() { super::$name("ofi+tcp") } )* }
+        mod ofi_shm { $( #[test] fn $name() { super::$name("ofi+shm") } )* }
+    };
+}
+
+on_all_drivers!(ping_pong, transfers, persistent);
