@@ -2,7 +2,7 @@
 //! queue; a queue has an eventfd readable exactly while events wait, so it can sit in epoll.
 
 use std::collections::VecDeque;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -123,5 +123,12 @@ impl EventQueue {
     /// any handle to the queue lives; after it fires, drain with [`Self::try_dequeue`].
     pub fn wait_fd(&self) -> RawFd {
         self.shared.efd.as_fd().as_raw_fd()
+    }
+}
+
+impl AsFd for EventQueue {
+    /// The same descriptor as [`EventQueue::wait_fd`], borrowed safely.
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.shared.efd.as_fd()
     }
 }
