@@ -118,6 +118,18 @@ fn persistent(driver: &str) {
     assert!(got_block);
 }
 
+/// The per-driver default configuration is valid and connects.
+fn default_config_connects(driver: &str) {
+    let addr: ferry_fabric::Address = listen_url(driver).parse().unwrap();
+    let cfg = ferry_exs::runtime::default_config(&addr);
+    assert_eq!(cfg.validate(), Ok(()));
+    let p = pair_with(driver, cfg.clone(), cfg);
+    p.b.recv(p.b.alloc(100_000).unwrap(), Flags::NONE, 1);
+    p.a.send(p.a.alloc(100_000).unwrap(), Flags::NONE, 2);
+    ok(&p.qb, EventKind::Recv);
+    ok(&p.qa, EventKind::Send);
+}
+
 macro_rules! on_all_drivers {
     ($($name:ident),*) => {
         mod tcp { $( #[test] fn $name() { super::$name("tcp") } )* }
@@ -126,4 +138,4 @@ macro_rules! on_all_drivers {
     };
 }
 
-on_all_drivers!(ping_pong, transfers, persistent);
+on_all_drivers!(ping_pong, transfers, persistent, default_config_connects);

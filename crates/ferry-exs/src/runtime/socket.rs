@@ -22,10 +22,15 @@ const LINGER: Duration = Duration::from_secs(1);
 
 /// The recommended [`Config`] for the driver `addr` names: the defaults, with the rendezvous
 /// (push or pull) that measured faster on that driver.
-///
-/// Measured with `tests/runtime_bench.rs` (1 MiB messages, loopback, 2-core VM, MB/s):
-/// see the numbers in that file. Pull is the default everywhere it is not slower.
 pub fn default_config(addr: &Address) -> Config {
+    // Measured with tests/runtime_bench.rs (release, loopback, best of 3, shared 2-core VM
+    // with load ~4, so +-20% noise; MB/s, pull/push, two runs):
+    //   tcp      4 KiB x1: 32/28, 37/19   64 KiB x8: 1446/1351, 1435/1240   1 MiB x8: 2156/2026, 2187/2376
+    //   ofi+tcp  4 KiB x1: 25/25, 25/22   64 KiB x8:  612/599,   861/618    1 MiB x8: 2566/2255, 2949/3023
+    //   ofi+shm  4 KiB x1: 53/48, 62/71   64 KiB x8: 2589/1719, 2680/4126   1 MiB x8: 5663/4436, 7640/8403
+    // Pull has one round trip fewer (ADVERT, read, ACK against REQ, GRANT, write, DONE) and
+    // wins or ties on every driver, the native tcp driver included, so pull is the default
+    // everywhere; ofi+shm is a tie within the noise and is worth re-measuring on a quiet host.
     let push = match &addr.scheme {
         Scheme::Tcp => false,
         Scheme::Ofi(_) => false,

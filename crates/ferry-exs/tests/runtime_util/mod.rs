@@ -34,10 +34,20 @@ pub struct Pair {
 
 /// A connected pair: `a` connected, `b` accepted; each reports to its own queue.
 pub fn pair_with(driver: &str, ca: Config, cb: Config) -> Pair {
+    pair_on(driver, ca, cb, false)
+}
+
+/// Like [`pair_with`]; with `shared`, both sockets report to one queue (`qa` and `qb` are
+/// handles to it).
+pub fn pair_on(driver: &str, ca: Config, cb: Config, shared: bool) -> Pair {
     let listener = ExsListener::bind(&listen_url(driver), cb).expect("bind");
     let addr = listener.local_addr();
     let qa = EventQueue::new().expect("queue");
-    let qb = EventQueue::new().expect("queue");
+    let qb = if shared {
+        qa.clone()
+    } else {
+        EventQueue::new().expect("queue")
+    };
     let (a, b) = std::thread::scope(|s| {
         let acc = s.spawn(|| listener.accept(&qb, T));
         let a = ExsSocket::connect(&addr, ca, &qa, T).expect("connect");
