@@ -118,6 +118,64 @@ fn persistent(driver: &str) {
     assert!(got_block);
 }
 
+/// A persistent recv block written by sends at offsets (no recv events), and a persistent
+/// NOTIFY_ON_READ send reporting each read.
+fn persistent_recv_and_notify(driver: &str) {
+    let p = pair(driver);
+    let block = p.b.alloc(4096).unwrap();
+    let view = block.region().clone();
+    let before = p.a.stats().frames_received;
+    p.b.recv(block, Flags::PERSISTENT, 1);
+    // The sends need the block's advert first (else they are plain sends with an offset).
+    let deadline = std::time::Instant::now() + T;
+    while p.a.stats().frames_received == before {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "RECV_ADVERT never arrived"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let mut want = vec![0u8; 4096];
+    for (i, (off, len)) in [
+        (0usize, 100usize),
+        (1000, 700),
+        (4096 - 600, 600),
+        (3000, 64),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let data = pattern(len, i as u8);
+        let s = p.a.alloc(len).unwrap();
+        s.write_at(0, &data);
+        p.a.send_offset(s, off as u64, Flags::NONE, i as u64);
+        let ev = ok(&p.qa, EventKind::Send);
+        assert_eq!((ev.ctx, ev.len), (i as u64, len as u64));
+        want[off..off + len].copy_from_slice(&data);
+    }
+    assert!(view.buffer().to_vec() == want, "block content differs");
+    // Past the end of the block: the send fails, nothing is written.
+    p.a.send_offset(p.a.alloc(100).unwrap(), 4000, Flags::NONE, 9);
+    let ev = next(&p.qa, "send past the block");
+    assert_eq!(ev.result, Err(ferry_exs::ExsError::MessageSize));
+    assert!(view.buffer().to_vec() == want);
+    assert!(p.qb.is_empty(), "a persistent recv reports no events");
+
+    // The other direction: b exposes a NOTIFY_ON_READ block, a reads it twice.
+    let data = pattern(2048, 77);
+    let sblock = p.b.alloc(2048).unwrap();
+    sblock.write_at(0, &data);
+    p.b.send(sblock, Flags::PERSISTENT | Flags::NOTIFY_ON_READ, 5);
+    for round in 0..2 {
+        p.a.recv_offset(p.a.alloc(1024).unwrap(), 512, Flags::NONE, 20 + round);
+        let ev = ok(&p.qa, EventKind::Recv);
+        assert_eq!(ev.buf.unwrap().to_vec(), data[512..1536].to_vec());
+        let ev = ok(&p.qb, EventKind::ReadNotify);
+        assert_eq!(ev.len, 1024);
+        assert!(ev.buf.is_none());
+    }
+}
+
 /// The per-driver default configuration is valid and connects.
 fn default_config_connects(driver: &str) {
     let addr: ferry_fabric::Address = listen_url(driver).parse().unwrap();
@@ -138,4 +196,10 @@ macro_rules! on_all_drivers {
     };
 }
 
-on_all_drivers!(ping_pong, transfers, persistent, default_config_connects);
+on_all_drivers!(
+    ping_pong,
+    transfers,
+    persistent,
+    persistent_recv_and_notify,
+    default_config_connects
+);

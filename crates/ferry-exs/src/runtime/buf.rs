@@ -4,13 +4,19 @@
 //! type system keeps the user from touching or reusing a buffer while the fabric may access it.
 
 use std::ops::RangeBounds;
+use std::sync::Arc;
 
 use ferry_fabric::{Access, Buffer, LocalSlice, MemoryRegion};
 
 use crate::proto::{LocalBuf, RemoteSlice};
 
 /// A range of a registered region (`exs_mregister`'s result), owned by one operation at a time.
-#[derive(Clone, Debug)]
+///
+/// Deliberately not `Clone`: an operation takes it and its completion event gives it back, so
+/// safe code cannot reuse a buffer the fabric may still be reading or writing. (Someone who
+/// keeps the [`MemoryRegion`] can still reach the memory, with copy semantics; it is never
+/// freed while an operation holds it.)
+#[derive(Debug)]
 pub struct ExsBuf {
     region: MemoryRegion,
     offset: usize,
@@ -106,11 +112,42 @@ fn resolve(range: impl RangeBounds<usize>, len: usize) -> Option<(usize, usize)>
     (start <= end && end <= len).then_some((start, end))
 }
 
-impl LocalBuf for ExsBuf {
-    fn len(&self) -> u64 {
-        self.len as u64
+/// The core's handle to an [`ExsBuf`] it holds: the core clones handles freely (an operation,
+/// its RMA actions, its event), the user never sees them.
+#[derive(Clone, Debug)]
+pub(crate) struct Held(Arc<ExsBuf>);
+
+impl Held {
+    pub(crate) fn new(buf: ExsBuf) -> Self {
+        Held(Arc::new(buf))
     }
 
+    /// The user's buffer back. The core hands a buffer back in its completion event after
+    /// dropping its other handles; should one still live, the user gets an equal handle.
+    pub(crate) fn into_buf(self) -> ExsBuf {
+        Arc::try_unwrap(self.0).unwrap_or_else(|shared| ExsBuf {
+            region: shared.region.clone(),
+            offset: shared.offset,
+            len: shared.len,
+        })
+    }
+
+    pub(crate) fn buf(&self) -> &ExsBuf {
+        &self.0
+    }
+}
+
+impl LocalBuf for Held {
+    fn len(&self) -> u64 {
+        self.0.len as u64
+    }
+
+    fn remote(&self) -> Option<RemoteSlice> {
+        self.0.remote()
+    }
+}
+
+impl ExsBuf {
     fn remote(&self) -> Option<RemoteSlice> {
         // The core asks only when the peer must reach the buffer; a region without remote
         // rights then fails the operation with NotRemoteAccessible instead of an RMA fault.

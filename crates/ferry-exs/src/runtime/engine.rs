@@ -11,7 +11,7 @@ use std::sync::Arc;
 use ferry_fabric::{Access, Buffer, Completion, Endpoint, LocalSlice, MemoryRegion, OpKind};
 use tracing::debug;
 
-use super::buf::ExsBuf;
+use super::buf::Held;
 use super::queue::{EventQueue, ExsEvent, SocketId};
 use crate::error::ExsError;
 use crate::proto::wire::{self, Frame};
@@ -36,7 +36,7 @@ pub(crate) enum Phase {
 }
 
 pub(crate) struct Engine {
-    pub(crate) conn: Connection<ExsBuf>,
+    pub(crate) conn: Connection<Held>,
     pub(crate) phase: Phase,
     /// `close()` was called (a second call is an error).
     pub(crate) user_closed: bool,
@@ -205,7 +205,7 @@ impl Engine {
         }
     }
 
-    fn execute(&mut self, a: Action<ExsBuf>) {
+    fn execute(&mut self, a: Action<Held>) {
         match a {
             Action::SendFrame { id, bytes, payload } => {
                 if let Err(e) = self.send_frame(id, &bytes, payload) {
@@ -225,7 +225,7 @@ impl Engine {
                 local_offset,
                 remote,
             } => self.rma(op, true, &local, local_offset, remote),
-            Action::CopyIn { buf, offset, data } => buf.write_at(offset as usize, &data),
+            Action::CopyIn { buf, offset, data } => buf.buf().write_at(offset as usize, &data),
             Action::Event(ev) => self.event(ev),
         }
     }
@@ -244,20 +244,20 @@ impl Engine {
         &mut self,
         id: FrameId,
         bytes: &[u8],
-        payload: Option<ExsBuf>,
+        payload: Option<Held>,
     ) -> Result<(), ferry_fabric::FabricError> {
         let buf = self.send_buf()?;
         buf.buffer().write_at(0, bytes);
-        let plen = payload.as_ref().map_or(0, |p| p.len());
+        let plen = payload.as_ref().map_or(0, |p| p.buf().len());
         let mut list: Vec<LocalSlice> = Vec::with_capacity(2);
         match payload {
             Some(p) if plen > 0 && self.gather => {
                 list.push(buf.slice(..bytes.len())?);
-                list.push(p.local(0, plen as u64));
+                list.push(p.buf().local(0, plen as u64));
             }
             Some(p) if plen > 0 => {
                 // The driver cannot gather: copy the (small, bounded) immediate data instead.
-                buf.buffer().write_at(bytes.len(), &p.to_vec());
+                buf.buffer().write_at(bytes.len(), &p.buf().to_vec());
                 list.push(buf.slice(..bytes.len() + plen)?);
             }
             _ => list.push(buf.slice(..bytes.len())?),
@@ -274,7 +274,7 @@ impl Engine {
         &mut self,
         op: OpId,
         write: bool,
-        local: &ExsBuf,
+        local: &Held,
         offset: u64,
         remote: crate::proto::RemoteSlice,
     ) {
@@ -282,6 +282,7 @@ impl Engine {
             self.conn.rma_done(op, Ok(()));
             return;
         }
+        let local = local.buf();
         if offset
             .checked_add(remote.len)
             .is_none_or(|end| end > local.len() as u64)
@@ -308,7 +309,7 @@ impl Engine {
         }
     }
 
-    fn event(&mut self, ev: Event<ExsBuf>) {
+    fn event(&mut self, ev: Event<Held>) {
         match ev.kind {
             // `connect`/`accept` wait for this themselves; the queue never sees it.
             EventKind::Connect => {
@@ -322,7 +323,7 @@ impl Engine {
             kind: ev.kind,
             socket: self.id,
             ctx: ev.ctx,
-            buf: ev.buf,
+            buf: ev.buf.map(Held::into_buf),
             len: ev.len,
             result: ev.result,
         });

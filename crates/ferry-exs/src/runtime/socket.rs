@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use ferry_fabric::{Access, Address, Buffer, Completion, Endpoint, Listener, Scheme};
 
-use super::buf::ExsBuf;
+use super::buf::{ExsBuf, Held};
 use super::engine::{Engine, Phase};
 use super::queue::{EventQueue, SocketId};
 use super::Error;
@@ -192,7 +192,8 @@ impl ExsSocket {
 
     /// `exs_send` with an offset into the peer's persistent recv block.
     pub fn send_offset(&self, buf: ExsBuf, offset: u64, flags: Flags, ctx: u64) {
-        self.inner.with(|e| e.conn.send(ctx, buf, flags, offset));
+        self.inner
+            .with(|e| e.conn.send(ctx, Held::new(buf), flags, offset));
     }
 
     /// `exs_recv`: receives the next message into `buf`. The buffer comes back in the Recv event.
@@ -202,7 +203,8 @@ impl ExsSocket {
 
     /// `exs_recv` of the range at `offset` of the peer's persistent send block.
     pub fn recv_offset(&self, buf: ExsBuf, offset: u64, flags: Flags, ctx: u64) {
-        self.inner.with(|e| e.conn.recv(ctx, buf, flags, offset));
+        self.inner
+            .with(|e| e.conn.recv(ctx, Held::new(buf), flags, offset));
     }
 
     /// `exs_close`: tells the peer and completes every pending operation (with
