@@ -86,6 +86,12 @@ impl Inner {
 }
 
 /// One EXS socket over one fabric endpoint.
+///
+/// A dead peer is noticed when the fabric reports it: at once on the native tcp driver (its
+/// reader sees the connection drop and fails the posted control receives); on libfabric
+/// drivers only when an operation reaches the peer (ofi+tcp fails the next frame or RMA,
+/// ofi+shm may not fail at all), so an operation that only waits for the peer (a recv with
+/// no message) ends at [`ExsSocket::close`], which never waits for the peer.
 pub struct ExsSocket {
     inner: Arc<Inner>,
     thread: Option<JoinHandle<()>>,
