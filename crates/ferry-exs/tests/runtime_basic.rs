@@ -176,6 +176,26 @@ fn persistent_recv_and_notify(driver: &str) {
     }
 }
 
+/// Transfers split into many RMA pieces arrive whole, pull and push.
+fn chunked_rma(driver: &str) {
+    for push in [false, true] {
+        let cfg = Config {
+            push,
+            ..Config::default()
+        };
+        let p = pair_with(driver, cfg.clone(), cfg);
+        p.a.set_rma_chunk(4096);
+        p.b.set_rma_chunk(4096);
+        let data = pattern(100_001, 5);
+        p.b.recv(p.b.alloc(100_001).unwrap(), Flags::NONE, 1);
+        let s = p.a.alloc(100_001).unwrap();
+        s.write_at(0, &data);
+        p.a.send(s, Flags::NONE, 2);
+        assert!(ok(&p.qb, EventKind::Recv).buf.unwrap().to_vec() == data);
+        ok(&p.qa, EventKind::Send);
+    }
+}
+
 /// The per-driver default configuration is valid and connects.
 fn default_config_connects(driver: &str) {
     let addr: ferry_fabric::Address = listen_url(driver).parse().unwrap();
@@ -201,5 +221,6 @@ on_all_drivers!(
     transfers,
     persistent,
     persistent_recv_and_notify,
+    chunked_rma,
     default_config_connects
 );

@@ -23,7 +23,7 @@ enum Pending {
     CtrlRecv(usize),
     /// A frame, with the send buffer that holds its header.
     Frame(FrameId, MemoryRegion),
-    /// An RMA the core asked for.
+    /// One piece of an RMA the core asked for.
     Rma(OpId),
 }
 
@@ -52,6 +52,10 @@ pub(crate) struct Engine {
     send_pool: Vec<MemoryRegion>,
     send_size: usize,
     gather: bool,
+    /// Largest RMA piece (the driver's limit unless set lower).
+    pub(crate) rma_chunk: u64,
+    /// RMAs split into driver-sized pieces: pieces still out, and the first failure.
+    rma_parts: HashMap<OpId, (usize, Result<(), ExsError>)>,
 }
 
 impl Engine {
@@ -83,6 +87,8 @@ impl Engine {
             send_pool: Vec::new(),
             send_size: ctrl_size,
             gather,
+            rma_parts: HashMap::new(),
+            rma_chunk: u64::MAX,
         };
         for i in 0..n {
             e.post_ctrl(i)?;
@@ -166,9 +172,7 @@ impl Engine {
                 self.conn
                     .frame_sent(id, c.result.map_err(|_| ExsError::ConnectionReset));
             }
-            Pending::Rma(op) => self
-                .conn
-                .rma_done(op, c.result.map_err(|_| ExsError::Transfer)),
+            Pending::Rma(op) => self.piece_done(op, c.result.map_err(|_| ExsError::Transfer)),
         }
     }
 
@@ -199,7 +203,7 @@ impl Engine {
             }
             for (_, p) in out {
                 if let Pending::Rma(op) = p {
-                    self.conn.rma_done(op, Err(ExsError::Canceled));
+                    self.piece_done(op, Err(ExsError::Canceled));
                 }
             }
         }
@@ -290,22 +294,59 @@ impl Engine {
             self.conn.rma_done(op, Err(ExsError::Transfer));
             return;
         }
-        let list = [local.local(offset, remote.len)];
-        let r = ferry_fabric::RemoteSlice {
-            addr: remote.addr,
-            len: remote.len,
-            key: remote.key,
-        };
-        let c = self.ctx(Pending::Rma(op));
-        let posted = if write {
-            self.ep.post_write(&list, r, c)
+        // The core sizes transfers by messages, the driver by max_msg_size: split to fit.
+        let max = self
+            .ep
+            .capabilities()
+            .max_msg_size
+            .min(self.rma_chunk)
+            .max(1);
+        let mut posted = 0;
+        let mut failed = Ok(());
+        let mut done = 0u64;
+        while done < remote.len {
+            let n = (remote.len - done).min(max);
+            let list = [local.local(offset + done, n)];
+            let r = ferry_fabric::RemoteSlice {
+                addr: remote.addr.wrapping_add(done),
+                len: n,
+                key: remote.key,
+            };
+            let c = self.ctx(Pending::Rma(op));
+            let res = if write {
+                self.ep.post_write(&list, r, c)
+            } else {
+                self.ep.post_read(&list, r, c)
+            };
+            if let Err(e) = res {
+                debug!(%e, "EXS RMA post failed");
+                self.pending.remove(&c);
+                failed = Err(ExsError::Transfer);
+                break;
+            }
+            posted += 1;
+            done += n;
+        }
+        if posted == 0 {
+            self.conn.rma_done(op, failed);
         } else {
-            self.ep.post_read(&list, r, c)
+            self.rma_parts.insert(op, (posted, failed));
+        }
+    }
+
+    /// One piece of `op` ended; the core hears of the whole RMA once every piece has.
+    fn piece_done(&mut self, op: OpId, result: Result<(), ExsError>) {
+        let Some((left, first)) = self.rma_parts.get_mut(&op) else {
+            return;
         };
-        if let Err(e) = posted {
-            debug!(%e, "EXS RMA post failed");
-            self.pending.remove(&c);
-            self.conn.rma_done(op, Err(ExsError::Transfer));
+        *left -= 1;
+        if first.is_ok() {
+            *first = result;
+        }
+        if *left == 0 {
+            let r = *first;
+            self.rma_parts.remove(&op);
+            self.conn.rma_done(op, r);
         }
     }
 

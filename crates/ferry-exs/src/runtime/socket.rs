@@ -227,6 +227,12 @@ impl ExsSocket {
         })
     }
 
+    /// Splits this side's RMA transfers into pieces of at most `bytes` (they are always split
+    /// at the driver's `max_msg_size`): bounds how long one transfer occupies the link.
+    pub fn set_rma_chunk(&self, bytes: u64) {
+        self.inner.lock().rma_chunk = bytes.max(1);
+    }
+
     /// True from the handshake until the connection closes (either side).
     pub fn is_connected(&self) -> bool {
         self.inner.lock().phase == Phase::Open
