@@ -12,7 +12,7 @@ fn ping_pong(driver: &str) {
         let rb = p.b.alloc(64).unwrap();
         p.b.recv(rb, Flags::NONE, 1);
         let sa = p.a.alloc(64).unwrap();
-        sa.write_at(0, &pattern(64, round));
+        sa.write_at(0, &pattern(64, round)).unwrap();
         p.a.send(sa, Flags::NONE, 2);
         let ev = ok(&p.qb, EventKind::Recv);
         assert_eq!(ev.len, 64);
@@ -22,7 +22,7 @@ fn ping_pong(driver: &str) {
         let ra = p.a.alloc(64).unwrap();
         p.a.recv(ra, Flags::NONE, 3);
         let sb = p.b.alloc(64).unwrap();
-        sb.write_at(0, &pattern(64, round ^ 0xff));
+        sb.write_at(0, &pattern(64, round ^ 0xff)).unwrap();
         p.b.send(sb, Flags::NONE, 4);
         assert_eq!(
             ok(&p.qa, EventKind::Recv).buf.unwrap().to_vec(),
@@ -43,7 +43,7 @@ fn one_transfer(driver: &str, push: bool, len: usize) {
     let rb = p.b.alloc(len).unwrap();
     p.b.recv(rb, Flags::NONE, 7);
     let sa = p.a.alloc(len).unwrap();
-    sa.write_at(0, &data);
+    sa.write_at(0, &data).unwrap();
     p.a.send(sa, Flags::NONE, 8);
     let ev = ok(&p.qb, EventKind::Recv);
     assert_eq!((ev.ctx, ev.len), (7, len as u64));
@@ -68,7 +68,7 @@ fn persistent(driver: &str) {
     let p = pair(driver);
     let data = pattern(8192, 3);
     let block = p.a.alloc(8192).unwrap();
-    block.write_at(0, &data);
+    block.write_at(0, &data).unwrap();
     p.a.send(block, Flags::PERSISTENT, 100);
     for i in 0..20u64 {
         let off = (i * 397) % 8000;
@@ -147,7 +147,7 @@ fn persistent_recv_and_notify(driver: &str) {
     {
         let data = pattern(len, i as u8);
         let s = p.a.alloc(len).unwrap();
-        s.write_at(0, &data);
+        s.write_at(0, &data).unwrap();
         p.a.send_offset(s, off as u64, Flags::NONE, i as u64);
         let ev = ok(&p.qa, EventKind::Send);
         assert_eq!((ev.ctx, ev.len), (i as u64, len as u64));
@@ -164,7 +164,7 @@ fn persistent_recv_and_notify(driver: &str) {
     // The other direction: b exposes a NOTIFY_ON_READ block, a reads it twice.
     let data = pattern(2048, 77);
     let sblock = p.b.alloc(2048).unwrap();
-    sblock.write_at(0, &data);
+    sblock.write_at(0, &data).unwrap();
     p.b.send(sblock, Flags::PERSISTENT | Flags::NOTIFY_ON_READ, 5);
     for round in 0..2 {
         p.a.recv_offset(p.a.alloc(1024).unwrap(), 512, Flags::NONE, 20 + round);
@@ -189,10 +189,16 @@ fn chunked_rma(driver: &str) {
         let data = pattern(100_001, 5);
         p.b.recv(p.b.alloc(100_001).unwrap(), Flags::NONE, 1);
         let s = p.a.alloc(100_001).unwrap();
-        s.write_at(0, &data);
+        s.write_at(0, &data).unwrap();
         p.a.send(s, Flags::NONE, 2);
         assert!(ok(&p.qb, EventKind::Recv).buf.unwrap().to_vec() == data);
         ok(&p.qa, EventKind::Send);
+        let split = if push {
+            p.a.runtime_stats()
+        } else {
+            p.b.runtime_stats()
+        };
+        assert_eq!((split.rma_split, split.rma_pieces), (1, 25), "{split:?}");
     }
 }
 

@@ -91,6 +91,11 @@ fn misuse(driver: &str) {
     p.b.recv(p.b.alloc(8).unwrap(), Flags::NONE, 6);
     assert_eq!(ok(&p.qb, EventKind::Recv).ctx, 6);
     ok(&p.qa, EventKind::Send);
+    // Writing past a buffer is an error, not a panic.
+    let b = p.a.alloc(8).unwrap();
+    assert!(b.write_at(4, &[0; 5]).is_err());
+    assert!(b.write_at(usize::MAX, &[0; 2]).is_err());
+    assert!(b.slice(4..9).is_err());
     // Close twice; use after close.
     assert_eq!(p.a.close(), Ok(()));
     assert_eq!(p.a.close(), Err(ExsError::NotConnected));

@@ -43,7 +43,7 @@ fn many_small(driver: &str) {
         }
         while sent < n && sent - send_done < WINDOW {
             let b = p.a.alloc(8).unwrap();
-            b.write_at(0, &sent.to_le_bytes());
+            b.write_at(0, &sent.to_le_bytes()).unwrap();
             p.a.send(b, Flags::NONE, sent);
             sent += 1;
         }
@@ -85,6 +85,9 @@ fn many_small(driver: &str) {
         "a window of {WINDOW} over 8 credits must stall: {stats:?}"
     );
     assert_eq!(stats.immediates, n);
+    // Frame send buffers are pooled: bounded by what is in flight, not by the message count.
+    let rt = p.a.runtime_stats();
+    assert!(rt.send_buffers < 200, "{rt:?}");
     // Every credit comes home once the receiver has returned them.
     let deadline = Instant::now() + T;
     loop {
@@ -118,7 +121,7 @@ fn truncation(driver: &str) {
             .unwrap();
         p.b.recv(rb, Flags::NONE, 1);
         let sa = p.a.alloc(len).unwrap();
-        sa.write_at(0, &pattern(len, 9));
+        sa.write_at(0, &pattern(len, 9)).unwrap();
         p.a.send(sa, Flags::NONE, 2);
         let ev = next(&p.qb, "truncated recv");
         assert_eq!(ev.kind, EventKind::Recv);

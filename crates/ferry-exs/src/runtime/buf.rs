@@ -71,15 +71,27 @@ impl ExsBuf {
         v
     }
 
-    /// Copies `data` in at `offset`. Panics if it does not fit, like slice indexing.
-    pub fn write_at(&self, offset: usize, data: &[u8]) {
-        assert!(offset + data.len() <= self.len, "write outside ExsBuf");
+    /// Copies `data` in at `offset`; an error if it does not fit.
+    pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<(), ferry_fabric::FabricError> {
+        if offset
+            .checked_add(data.len())
+            .is_none_or(|end| end > self.len)
+        {
+            return Err(ferry_fabric::FabricError::InvalidArgument(format!(
+                "{} bytes at {offset} outside buffer of {} bytes",
+                data.len(),
+                self.len
+            )));
+        }
         self.region.buffer().write_at(self.offset + offset, data);
+        Ok(())
     }
 
     /// Fills the buffer with `byte`.
     pub fn fill(&self, byte: u8) {
-        self.write_at(0, &vec![byte; self.len]);
+        self.region
+            .buffer()
+            .write_at(self.offset, &vec![byte; self.len]);
     }
 
     /// The fabric slice `offset..offset + len` of this buffer (callers check bounds first).

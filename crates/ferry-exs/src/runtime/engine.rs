@@ -52,6 +52,8 @@ pub(crate) struct Engine {
     send_pool: Vec<MemoryRegion>,
     send_size: usize,
     gather: bool,
+    /// What the runtime had to do in software, for diagnostics.
+    pub(crate) stats: super::RuntimeStats,
     /// Largest RMA piece (the driver's limit unless set lower).
     pub(crate) rma_chunk: u64,
     /// RMAs split into driver-sized pieces: pieces still out, and the first failure.
@@ -89,6 +91,7 @@ impl Engine {
             gather,
             rma_parts: HashMap::new(),
             rma_chunk: u64::MAX,
+            stats: super::RuntimeStats::default(),
         };
         for i in 0..n {
             e.post_ctrl(i)?;
@@ -229,7 +232,12 @@ impl Engine {
                 local_offset,
                 remote,
             } => self.rma(op, true, &local, local_offset, remote),
-            Action::CopyIn { buf, offset, data } => buf.buf().write_at(offset as usize, &data),
+            Action::CopyIn { buf, offset, data } => {
+                // The core only asks for copies within the buffer.
+                if let Err(e) = buf.buf().write_at(offset as usize, &data) {
+                    debug!(%e, "EXS immediate copy out of bounds");
+                }
+            }
             Action::Event(ev) => self.event(ev),
         }
     }
@@ -237,10 +245,12 @@ impl Engine {
     fn send_buf(&mut self) -> Result<MemoryRegion, ferry_fabric::FabricError> {
         match self.send_pool.pop() {
             Some(b) => Ok(b),
-            None => self
-                .ep
-                .domain()
-                .register(&Buffer::new(self.send_size), Access::LOCAL),
+            None => {
+                self.stats.send_buffers += 1;
+                self.ep
+                    .domain()
+                    .register(&Buffer::new(self.send_size), Access::LOCAL)
+            }
         }
     }
 
@@ -262,6 +272,7 @@ impl Engine {
             Some(p) if plen > 0 => {
                 // The driver cannot gather: copy the (small, bounded) immediate data instead.
                 buf.buffer().write_at(bytes.len(), &p.buf().to_vec());
+                self.stats.payload_copies += 1;
                 list.push(buf.slice(..bytes.len() + plen)?);
             }
             _ => list.push(buf.slice(..bytes.len())?),
@@ -327,6 +338,8 @@ impl Engine {
             posted += 1;
             done += n;
         }
+        self.stats.rma_pieces += posted as u64;
+        self.stats.rma_split += u64::from(posted > 1);
         if posted == 0 {
             self.conn.rma_done(op, failed);
         } else {

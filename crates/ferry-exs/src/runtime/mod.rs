@@ -29,3 +29,17 @@ pub enum Error {
     #[error("EXS handshake timed out")]
     Timeout,
 }
+
+/// What a socket's runtime did beyond the protocol core's own [`crate::proto::Stats`]: the
+/// software stand-ins for missing driver capabilities, made visible.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RuntimeStats {
+    /// Immediate payloads copied into a send buffer because the driver cannot gather.
+    pub payload_copies: u64,
+    /// RMA operations posted to the fabric (pieces included).
+    pub rma_pieces: u64,
+    /// Transfers split into several pieces (driver `max_msg_size` or [`ExsSocket::set_rma_chunk`]).
+    pub rma_split: u64,
+    /// Frame send buffers registered (the pool grows to the most frames ever in flight).
+    pub send_buffers: u64,
+}

@@ -243,6 +243,11 @@ impl ExsSocket {
         *self.inner.lock().conn.stats()
     }
 
+    /// The runtime's own counters.
+    pub fn runtime_stats(&self) -> super::RuntimeStats {
+        self.inner.lock().stats
+    }
+
     /// The credit counters.
     pub fn credits(&self) -> CreditState {
         self.inner.lock().conn.credits()
