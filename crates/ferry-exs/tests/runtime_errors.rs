@@ -181,6 +181,34 @@ fn queue_fd_and_sharing(driver: &str) {
     assert_eq!(seen, want);
 }
 
+/// Connecting with a bad configuration, or to a listener that never accepts, fails cleanly.
+fn bad_connect(driver: &str) {
+    use ferry_exs::proto::Config;
+    use ferry_exs::runtime::{Error, ExsListener, ExsSocket};
+    let q = EventQueue::new().unwrap();
+    let l = ExsListener::bind(&listen_url(driver), Config::default()).unwrap();
+    let bad = Config {
+        send_credits: 0,
+        ..Config::default()
+    };
+    assert!(matches!(
+        ExsSocket::connect(&l.local_addr(), bad.clone(), &q, T),
+        Err(Error::Exs(ExsError::InvalidConfig))
+    ));
+    assert!(ExsListener::bind(&listen_url(driver), bad).is_err());
+    assert!(ExsSocket::connect("nonsense://x", Config::default(), &q, T).is_err());
+    // Nobody accepts: the handshake (or the fabric connect) times out; nothing hangs.
+    let start = std::time::Instant::now();
+    let r = ExsSocket::connect(
+        &l.local_addr(),
+        Config::default(),
+        &q,
+        Duration::from_millis(300),
+    );
+    assert!(r.is_err(), "{r:?}");
+    assert!(start.elapsed() < Duration::from_secs(10));
+}
+
 macro_rules! on_all_drivers {
     ($($name:ident),*) => {
         mod tcp { $( #[test] fn $name() { super::$name("tcp") } )* }
@@ -194,5 +222,6 @@ on_all_drivers!(
     peer_dies_mid_transfer,
     misuse,
     local_close_cancels_pending,
-    queue_fd_and_sharing
+    queue_fd_and_sharing,
+    bad_connect
 );

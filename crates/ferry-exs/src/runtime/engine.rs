@@ -40,6 +40,8 @@ pub(crate) struct Engine {
     pub(crate) phase: Phase,
     /// `close()` was called (a second call is an error).
     pub(crate) user_closed: bool,
+    /// Why the connection closed, if not by a local `close()`.
+    pub(crate) close_err: Option<ExsError>,
     ep: Arc<dyn Endpoint>,
     queue: EventQueue,
     id: SocketId,
@@ -79,6 +81,7 @@ impl Engine {
             conn,
             phase: Phase::Handshake,
             user_closed: false,
+            close_err: None,
             ep,
             queue,
             id,
@@ -370,7 +373,10 @@ impl Engine {
                 self.phase = Phase::Open;
                 return;
             }
-            EventKind::Close => self.phase = Phase::Closed,
+            EventKind::Close => {
+                self.phase = Phase::Closed;
+                self.close_err = ev.result.err();
+            }
             _ => {}
         }
         self.queue.push(ExsEvent {

@@ -157,7 +157,9 @@ impl ExsSocket {
         loop {
             match e.phase {
                 Phase::Open => return Ok(()),
-                Phase::Closed => return Err(ExsError::ConnectionReset.into()),
+                Phase::Closed => {
+                    return Err(e.close_err.unwrap_or(ExsError::ConnectionReset).into())
+                }
                 Phase::Handshake => {}
             }
             let left = deadline.saturating_duration_since(Instant::now());
