@@ -1,9 +1,10 @@
 //! ferry's Extended Sockets (EXS) face.
 //!
-//! This slice holds the protocol core, [`proto`]: a sans-I/O state machine for one EXS
-//! connection (advertisements and acknowledgments, credit-based flow control, the pull and
-//! sender-push rendezvous, immediate data, persistent sends and receives, offsets). The
-//! runtime that drives it over `ferry-fabric` endpoints, and the C API, build on it.
+//! [`proto`] is the protocol core: a sans-I/O state machine for one EXS connection
+//! (advertisements and acknowledgments, credit-based flow control, the pull and sender-push
+//! rendezvous, immediate data, persistent sends and receives, offsets). [`runtime`] drives it
+//! over `ferry-fabric` endpoints with owned registered buffers and event queues; the C API
+//! will build on the runtime.
 //! The wire format is specified in `docs/protocol.md` (section "EXS control protocol").
 
 #![forbid(unsafe_code)]
@@ -11,5 +12,6 @@
 
 pub mod error;
 pub mod proto;
+pub mod runtime;
 
 pub use error::ExsError;

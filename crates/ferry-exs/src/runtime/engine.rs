@@ -1,0 +1,272 @@
+//! The socket's engine: the core connection plus everything it has out on the fabric.
+//!
+//! All of it lives behind the socket's one mutex. Whoever holds the lock (a user call or the
+//! progress thread) feeds the core and then executes the actions it asks for, in order, still
+//! under the lock: frames must leave in the order the core numbered them, and a `CopyIn` must
+//! land before the event that reports it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use ferry_fabric::{Access, Buffer, Completion, Endpoint, MemoryRegion, OpKind};
+use tracing::debug;
+
+mod post;
+
+use super::buf::Held;
+use super::queue::{EventQueue, ExsEvent, SocketId};
+use crate::error::ExsError;
+use crate::proto::wire::{self, Frame};
+use crate::proto::{Action, Config, Connection, Event, EventKind, FrameId, OpId};
+
+/// What a fabric context stands for.
+enum Pending {
+    /// Control receive slot `i`.
+    CtrlRecv(usize),
+    /// A frame, with the send buffer that holds its header.
+    Frame(FrameId, MemoryRegion),
+    /// One piece of an RMA the core asked for.
+    Rma(OpId),
+}
+
+/// Connection lifecycle as the waiting `connect` sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    Handshake,
+    Open,
+    Closed,
+}
+
+pub(crate) struct Engine {
+    pub(crate) conn: Connection<Held>,
+    pub(crate) phase: Phase,
+    /// `close()` was called (a second call is an error).
+    pub(crate) user_closed: bool,
+    /// Why the connection closed, if not by a local `close()`.
+    pub(crate) close_err: Option<ExsError>,
+    ep: Arc<dyn Endpoint>,
+    queue: EventQueue,
+    id: SocketId,
+    pending: HashMap<u64, Pending>,
+    next_ctx: u64,
+    ctrl: MemoryRegion,
+    ctrl_size: usize,
+    /// Free registered buffers for outgoing frames (header, plus a copied payload when the
+    /// driver cannot gather).
+    send_pool: Vec<MemoryRegion>,
+    send_size: usize,
+    gather: bool,
+    /// What the runtime had to do in software, for diagnostics.
+    pub(crate) stats: super::RuntimeStats,
+    /// Largest RMA piece (the driver's limit unless set lower).
+    pub(crate) rma_chunk: u64,
+    /// RMAs split into driver-sized pieces: pieces still out, and the first failure.
+    rma_parts: HashMap<OpId, (usize, Result<(), ExsError>)>,
+}
+
+impl Engine {
+    /// Registers and posts the control receives, then sends HELLO.
+    pub(crate) fn start(
+        ep: Arc<dyn Endpoint>,
+        cfg: Config,
+        queue: EventQueue,
+        id: SocketId,
+    ) -> Result<Engine, super::Error> {
+        let conn = Connection::new(cfg.clone())?;
+        let ctrl_size = cfg.control_buf_size();
+        let n = cfg.control_buffers();
+        let ctrl = ep
+            .domain()
+            .register(&Buffer::new(ctrl_size * n), Access::LOCAL)?;
+        let gather = ep.capabilities().max_gather >= 2;
+        let mut e = Engine {
+            conn,
+            phase: Phase::Handshake,
+            user_closed: false,
+            close_err: None,
+            ep,
+            queue,
+            id,
+            pending: HashMap::new(),
+            next_ctx: 1,
+            ctrl,
+            ctrl_size,
+            send_pool: Vec::new(),
+            send_size: ctrl_size,
+            gather,
+            rma_parts: HashMap::new(),
+            rma_chunk: u64::MAX,
+            stats: super::RuntimeStats::default(),
+        };
+        for i in 0..n {
+            e.post_ctrl(i)?;
+        }
+        e.drain();
+        Ok(e)
+    }
+
+    /// Frames posted and not yet completed.
+    pub(crate) fn frames_out(&self) -> usize {
+        self.pending
+            .values()
+            .filter(|p| matches!(p, Pending::Frame(..)))
+            .count()
+    }
+
+    fn ctx(&mut self, p: Pending) -> u64 {
+        let c = self.next_ctx;
+        self.next_ctx += 1;
+        self.pending.insert(c, p);
+        c
+    }
+
+    fn post_ctrl(&mut self, i: usize) -> Result<(), ferry_fabric::FabricError> {
+        let slice = self
+            .ctrl
+            .slice(i * self.ctrl_size..(i + 1) * self.ctrl_size)?;
+        let c = self.ctx(Pending::CtrlRecv(i));
+        self.ep.post_recv(&[slice], c).inspect_err(|_| {
+            self.pending.remove(&c);
+        })
+    }
+
+    /// The transport broke: the core learns it as a peer CLOSE with ConnectionReset, which
+    /// runs exactly the shutdown path a real CLOSE would.
+    fn transport_broken(&mut self) {
+        let mut bytes = Vec::new();
+        let frame = Frame::Close {
+            reason: ExsError::ConnectionReset.code(),
+            major: wire::VERSION_MAJOR,
+            minor: wire::VERSION_MINOR,
+        };
+        wire::encode(&frame, 0, 0, &mut bytes);
+        self.conn.handle_frame(&bytes);
+    }
+
+    /// Feeds one fabric completion to the core (actions are executed by `drain`).
+    pub(crate) fn complete(&mut self, c: Completion) {
+        let Some(p) = self.pending.remove(&c.context) else {
+            // Answered already (failed locally at close); the fabric's late word is moot.
+            return;
+        };
+        match p {
+            Pending::CtrlRecv(i) => match c.result {
+                Ok(()) if c.op == OpKind::Recv => {
+                    let len = (c.len as usize).min(self.ctrl_size);
+                    let mut bytes = vec![0; len];
+                    self.ctrl.buffer().read_at(i * self.ctrl_size, &mut bytes);
+                    // Repost before handling: the credit rules count on the slot being back.
+                    if self.phase != Phase::Closed && self.post_ctrl(i).is_err() {
+                        self.transport_broken();
+                    }
+                    self.conn.handle_frame(&bytes);
+                }
+                Ok(()) => self.transport_broken(),
+                Err(e) => {
+                    if self.phase != Phase::Closed {
+                        debug!(%e, "EXS control receive failed");
+                    }
+                    // A frame too big for the slot breaks the protocol; anything else is the link.
+                    match e {
+                        ferry_fabric::FabricError::Truncated { .. } => {
+                            self.conn.handle_frame(&[]);
+                        }
+                        _ => self.transport_broken(),
+                    }
+                }
+            },
+            Pending::Frame(id, buf) => {
+                self.send_pool.push(buf);
+                self.conn
+                    .frame_sent(id, c.result.map_err(|_| ExsError::ConnectionReset));
+            }
+            Pending::Rma(op) => self.piece_done(op, c.result.map_err(|_| ExsError::Transfer)),
+        }
+    }
+
+    /// Executes every action the core has, in order; after a close, also answers every RMA
+    /// still out on the fabric so no operation waits for a completion that may never come
+    /// (frames are left to complete: the CLOSE frame among them must still leave).
+    pub(crate) fn drain(&mut self) {
+        loop {
+            while let Some(a) = self.conn.poll_action() {
+                self.execute(a);
+            }
+            if self.phase != Phase::Closed {
+                return;
+            }
+            let mut keys: Vec<u64> = self
+                .pending
+                .iter()
+                .filter(|(_, p)| matches!(p, Pending::Rma(_)))
+                .map(|(c, _)| *c)
+                .collect();
+            keys.sort_unstable();
+            let out: Vec<(u64, Pending)> = keys
+                .into_iter()
+                .filter_map(|c| self.pending.remove(&c).map(|p| (c, p)))
+                .collect();
+            if out.is_empty() {
+                return;
+            }
+            for (_, p) in out {
+                if let Pending::Rma(op) = p {
+                    self.piece_done(op, Err(ExsError::Canceled));
+                }
+            }
+        }
+    }
+
+    fn execute(&mut self, a: Action<Held>) {
+        match a {
+            Action::SendFrame { id, bytes, payload } => {
+                if let Err(e) = self.send_frame(id, &bytes, payload) {
+                    debug!(%e, "EXS frame post failed");
+                    self.conn.frame_sent(id, Err(ExsError::ConnectionReset));
+                }
+            }
+            Action::RmaRead {
+                op,
+                local,
+                local_offset,
+                remote,
+            } => self.rma(op, false, &local, local_offset, remote),
+            Action::RmaWrite {
+                op,
+                local,
+                local_offset,
+                remote,
+            } => self.rma(op, true, &local, local_offset, remote),
+            Action::CopyIn { buf, offset, data } => {
+                // The core only asks for copies within the buffer.
+                if let Err(e) = buf.buf().write_at(offset as usize, &data) {
+                    debug!(%e, "EXS immediate copy out of bounds");
+                }
+            }
+            Action::Event(ev) => self.event(ev),
+        }
+    }
+
+    fn event(&mut self, ev: Event<Held>) {
+        match ev.kind {
+            // `connect`/`accept` wait for this themselves; the queue never sees it.
+            EventKind::Connect => {
+                self.phase = Phase::Open;
+                return;
+            }
+            EventKind::Close => {
+                self.phase = Phase::Closed;
+                self.close_err = ev.result.err();
+            }
+            _ => {}
+        }
+        self.queue.push(ExsEvent {
+            kind: ev.kind,
+            socket: self.id,
+            ctx: ev.ctx,
+            buf: ev.buf.map(Held::into_buf),
+            len: ev.len,
+            result: ev.result,
+        });
+    }
+}

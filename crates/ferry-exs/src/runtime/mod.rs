@@ -1,0 +1,45 @@
+//! The EXS runtime: runs the sans-I/O [`crate::proto`] core over `ferry-fabric` endpoints.
+//!
+//! One [`ExsSocket`] owns one fabric endpoint, its core [`crate::proto::Connection`] (behind a
+//! mutex), registered control receive and frame send buffers, and a progress thread that feeds
+//! completions to the core. User calls run the core and post to the fabric from the caller's
+//! thread, so no wake-up hop sits on the fast path. Completions arrive on an [`EventQueue`].
+
+mod buf;
+mod engine;
+mod queue;
+mod socket;
+
+pub use buf::ExsBuf;
+pub use queue::{EventQueue, ExsEvent, SocketId};
+pub use socket::{default_config, ExsListener, ExsSocket};
+
+use crate::error::ExsError;
+
+/// Why a runtime call failed before any operation was started.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An EXS-level error (bad configuration, socket already closed, ...).
+    #[error(transparent)]
+    Exs(#[from] ExsError),
+    /// The fabric refused (bad address, driver unavailable, registration failed, ...).
+    #[error(transparent)]
+    Fabric(#[from] ferry_fabric::FabricError),
+    /// The HELLO exchange did not finish in time.
+    #[error("EXS handshake timed out")]
+    Timeout,
+}
+
+/// What a socket's runtime did beyond the protocol core's own [`crate::proto::Stats`]: the
+/// software stand-ins for missing driver capabilities, made visible.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RuntimeStats {
+    /// Immediate payloads copied into a send buffer because the driver cannot gather.
+    pub payload_copies: u64,
+    /// RMA operations posted to the fabric (pieces included).
+    pub rma_pieces: u64,
+    /// Transfers split into several pieces (driver `max_msg_size` or [`ExsSocket::set_rma_chunk`]).
+    pub rma_split: u64,
+    /// Frame send buffers registered (the pool grows to the most frames ever in flight).
+    pub send_buffers: u64,
+}

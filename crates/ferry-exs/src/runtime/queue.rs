@@ -1,0 +1,134 @@
+//! Event queues (`exs_qcreate`): where sockets report completions. Many sockets may share one
+//! queue; a queue has an eventfd readable exactly while events wait, so it can sit in epoll.
+
+use std::collections::VecDeque;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use rustix::event::{eventfd, EventfdFlags};
+
+use super::buf::ExsBuf;
+use crate::error::ExsError;
+use crate::proto::EventKind;
+
+/// Identifies a socket in events (process-unique).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SocketId(pub u64);
+
+/// A completion or notification (`exs_event`).
+#[derive(Debug)]
+pub struct ExsEvent {
+    /// What happened.
+    pub kind: EventKind,
+    /// The socket it happened on.
+    pub socket: SocketId,
+    /// The user context given to the operation (0 for connection events).
+    pub ctx: u64,
+    /// The operation's buffer, handed back (None for connection events and notifications).
+    pub buf: Option<ExsBuf>,
+    /// Bytes transferred.
+    pub len: u64,
+    /// Outcome.
+    pub result: Result<(), ExsError>,
+}
+
+struct Shared {
+    events: Mutex<VecDeque<ExsEvent>>,
+    ready: Condvar,
+    efd: OwnedFd,
+}
+
+/// A queue sockets deliver events to. Cheap to clone (shared handle).
+#[derive(Clone)]
+pub struct EventQueue {
+    shared: Arc<Shared>,
+}
+
+impl EventQueue {
+    /// An empty queue.
+    pub fn new() -> std::io::Result<Self> {
+        let efd = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
+        Ok(EventQueue {
+            shared: Arc::new(Shared {
+                events: Mutex::new(VecDeque::new()),
+                ready: Condvar::new(),
+                efd,
+            }),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, VecDeque<ExsEvent>> {
+        // Only push/pop happen under this lock, so a poisoned queue is still consistent.
+        self.shared.events.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn push(&self, ev: ExsEvent) {
+        let mut q = self.lock();
+        if q.is_empty() {
+            // The fd's count goes non-zero on the empty → non-empty edge only.
+            let _ = rustix::io::write(&self.shared.efd, &1u64.to_ne_bytes());
+        }
+        q.push_back(ev);
+        self.shared.ready.notify_one();
+    }
+
+    /// Takes the next event without blocking.
+    pub fn try_dequeue(&self) -> Option<ExsEvent> {
+        let mut q = self.lock();
+        let ev = q.pop_front();
+        if ev.is_some() && q.is_empty() {
+            let mut b = [0u8; 8];
+            let _ = rustix::io::read(&self.shared.efd, &mut b);
+        }
+        ev
+    }
+
+    /// Waits up to `timeout` for the next event (`exs_qdequeue`); None on timeout.
+    pub fn dequeue(&self, timeout: Duration) -> Option<ExsEvent> {
+        let deadline = Instant::now() + timeout;
+        let mut q = self.lock();
+        loop {
+            if let Some(ev) = q.pop_front() {
+                if q.is_empty() {
+                    let mut b = [0u8; 8];
+                    let _ = rustix::io::read(&self.shared.efd, &mut b);
+                }
+                return Some(ev);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            q = self
+                .shared
+                .ready
+                .wait_timeout(q, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// Events waiting.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// True if no event waits.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// A file descriptor readable exactly while events wait, for poll/epoll. Valid as long as
+    /// any handle to the queue lives; after it fires, drain with [`Self::try_dequeue`].
+    pub fn wait_fd(&self) -> RawFd {
+        self.shared.efd.as_fd().as_raw_fd()
+    }
+}
+
+impl AsFd for EventQueue {
+    /// The same descriptor as [`EventQueue::wait_fd`], borrowed safely.
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.shared.efd.as_fd()
+    }
+}

@@ -1,0 +1,325 @@
+//! `ExsSocket` and `ExsListener`: the user-facing API and the per-socket progress thread.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use ferry_fabric::{Access, Address, Buffer, Completion, Endpoint, Listener, Scheme};
+
+use super::buf::{ExsBuf, Held};
+use super::engine::{Engine, Phase};
+use super::queue::{EventQueue, SocketId};
+use super::Error;
+use crate::error::ExsError;
+use crate::proto::{Config, CreditState, Flags, Stats};
+
+/// How long the progress thread sleeps in the completion queue before checking for shutdown.
+const TICK: Duration = Duration::from_millis(20);
+
+/// How long dropping a socket waits for its last frames to leave.
+const LINGER: Duration = Duration::from_secs(1);
+
+/// The recommended [`Config`] for the driver `addr` names: the defaults, with the rendezvous
+/// (push or pull) that measured faster on that driver.
+pub fn default_config(addr: &Address) -> Config {
+    // Measured with tests/runtime_bench.rs (release, loopback, best of 3, shared 2-core VM
+    // with load ~4, so +-20% noise; MB/s, pull/push, two runs):
+    //   tcp      4 KiB x1: 32/28, 37/19   64 KiB x8: 1446/1351, 1435/1240   1 MiB x8: 2156/2026, 2187/2376
+    //   ofi+tcp  4 KiB x1: 25/25, 25/22   64 KiB x8:  612/599,   861/618    1 MiB x8: 2566/2255, 2949/3023
+    //   ofi+shm  4 KiB x1: 53/48, 62/71   64 KiB x8: 2589/1719, 2680/4126   1 MiB x8: 5663/4436, 7640/8403
+    // Pull has one round trip fewer (ADVERT, read, ACK against REQ, GRANT, write, DONE) and
+    // wins or ties on every driver, the native tcp driver included, so pull is the default
+    // everywhere; ofi+shm is a tie within the noise and is worth re-measuring on a quiet host.
+    let push = match &addr.scheme {
+        Scheme::Tcp => false,
+        Scheme::Ofi(_) => false,
+    };
+    Config {
+        push,
+        ..Config::default()
+    }
+}
+
+struct Inner {
+    id: SocketId,
+    ep: Arc<dyn Endpoint>,
+    engine: Mutex<Engine>,
+    phase_changed: Condvar,
+    stop: AtomicBool,
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, Engine> {
+        // A panic under the lock is a bug in this crate; the state is still the best we have.
+        self.engine.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `f` on the engine, executes what it caused, and wakes `connect` if the phase moved.
+    fn with<R>(&self, f: impl FnOnce(&mut Engine) -> R) -> R {
+        let mut e = self.lock();
+        let before = e.phase;
+        let r = f(&mut e);
+        e.drain();
+        if e.phase != before {
+            self.phase_changed.notify_all();
+        }
+        r
+    }
+
+    fn progress(&self) {
+        let mut batch: Vec<Completion> = Vec::with_capacity(64);
+        while !self.stop.load(Ordering::Acquire) {
+            match self.ep.cq().wait(TICK) {
+                Ok(c) => batch.push(c),
+                Err(ferry_fabric::FabricError::Timeout(_)) => continue,
+                Err(_) => break,
+            }
+            self.ep.cq().poll_into(&mut batch, 63);
+            self.with(|e| {
+                for c in batch.drain(..) {
+                    e.complete(c);
+                }
+            });
+        }
+    }
+}
+
+/// One EXS socket over one fabric endpoint.
+///
+/// A dead peer is noticed when the fabric reports it: at once on the native tcp driver (its
+/// reader sees the connection drop and fails the posted control receives); on libfabric
+/// drivers only when an operation reaches the peer (ofi+tcp fails the next frame or RMA,
+/// ofi+shm may not fail at all), so an operation that only waits for the peer (a recv with
+/// no message) ends at [`ExsSocket::close`], which never waits for the peer.
+pub struct ExsSocket {
+    inner: Arc<Inner>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for ExsSocket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExsSocket")
+            .field("id", &self.inner.id)
+            .field("peer", &self.inner.ep.peer())
+            .finish()
+    }
+}
+
+impl ExsSocket {
+    /// Connects to an [`ExsListener`] at `addr` (e.g. `tcp://127.0.0.1:7000`) and waits up to
+    /// `timeout` for the connection and the EXS handshake. Events go to `queue`.
+    pub fn connect(
+        addr: &str,
+        cfg: Config,
+        queue: &EventQueue,
+        timeout: Duration,
+    ) -> Result<ExsSocket, Error> {
+        cfg.validate()?;
+        let addr: Address = addr.parse()?;
+        let ep = ferry_fabric::connect(&addr, timeout)?;
+        Self::start(ep, cfg, queue, timeout)
+    }
+
+    fn start(
+        ep: Box<dyn Endpoint>,
+        cfg: Config,
+        queue: &EventQueue,
+        timeout: Duration,
+    ) -> Result<ExsSocket, Error> {
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+        let id = SocketId(NEXT_ID.fetch_add(1, Ordering::Relaxed));
+        let ep: Arc<dyn Endpoint> = Arc::from(ep);
+        let engine = Engine::start(ep.clone(), cfg, queue.clone(), id)?;
+        let inner = Arc::new(Inner {
+            id,
+            ep,
+            engine: Mutex::new(engine),
+            phase_changed: Condvar::new(),
+            stop: AtomicBool::new(false),
+        });
+        let t = inner.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("exs-progress-{}", id.0))
+            .spawn(move || t.progress())
+            .map_err(|e| ferry_fabric::FabricError::io("spawn EXS progress thread", e))?;
+        let sock = ExsSocket {
+            inner,
+            thread: Some(thread),
+        };
+        sock.wait_open(timeout)?;
+        Ok(sock)
+    }
+
+    fn wait_open(&self, timeout: Duration) -> Result<(), Error> {
+        let deadline = Instant::now() + timeout;
+        let mut e = self.inner.lock();
+        loop {
+            match e.phase {
+                Phase::Open => return Ok(()),
+                Phase::Closed => {
+                    return Err(e.close_err.unwrap_or(ExsError::ConnectionReset).into())
+                }
+                Phase::Handshake => {}
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::Timeout);
+            }
+            e = self
+                .inner
+                .phase_changed
+                .wait_timeout(e, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// This socket's id, as events report it.
+    pub fn id(&self) -> SocketId {
+        self.inner.id
+    }
+
+    /// Registers `buf` for use with this socket (`exs_mregister`), with remote read and write
+    /// rights so it can serve every transfer mode.
+    pub fn register(&self, buf: Buffer) -> Result<ExsBuf, Error> {
+        Ok(ExsBuf::new(
+            self.inner.ep.domain().register(&buf, Access::ALL)?,
+        ))
+    }
+
+    /// Allocates and registers a zeroed buffer of `len` bytes.
+    pub fn alloc(&self, len: usize) -> Result<ExsBuf, Error> {
+        self.register(Buffer::new(len))
+    }
+
+    /// `exs_send`: sends all of `buf` as one message. The buffer comes back in the Send event.
+    pub fn send(&self, buf: ExsBuf, flags: Flags, ctx: u64) {
+        self.send_offset(buf, 0, flags, ctx);
+    }
+
+    /// `exs_send` with an offset into the peer's persistent recv block.
+    pub fn send_offset(&self, buf: ExsBuf, offset: u64, flags: Flags, ctx: u64) {
+        self.inner
+            .with(|e| e.conn.send(ctx, Held::new(buf), flags, offset));
+    }
+
+    /// `exs_recv`: receives the next message into `buf`. The buffer comes back in the Recv event.
+    pub fn recv(&self, buf: ExsBuf, flags: Flags, ctx: u64) {
+        self.recv_offset(buf, 0, flags, ctx);
+    }
+
+    /// `exs_recv` of the range at `offset` of the peer's persistent send block.
+    pub fn recv_offset(&self, buf: ExsBuf, offset: u64, flags: Flags, ctx: u64) {
+        self.inner
+            .with(|e| e.conn.recv(ctx, Held::new(buf), flags, offset));
+    }
+
+    /// `exs_close`: tells the peer and completes every pending operation (with
+    /// [`ExsError::Canceled`]); a Close event follows on the queue. A second call fails with
+    /// [`ExsError::NotConnected`].
+    pub fn close(&self) -> Result<(), ExsError> {
+        self.inner.with(|e| {
+            if e.user_closed {
+                return Err(ExsError::NotConnected);
+            }
+            e.user_closed = true;
+            e.conn.close();
+            Ok(())
+        })
+    }
+
+    /// Splits this side's RMA transfers into pieces of at most `bytes` (they are always split
+    /// at the driver's `max_msg_size`): bounds how long one transfer occupies the link.
+    pub fn set_rma_chunk(&self, bytes: u64) {
+        self.inner.lock().rma_chunk = bytes.max(1);
+    }
+
+    /// True from the handshake until the connection closes (either side).
+    pub fn is_connected(&self) -> bool {
+        self.inner.lock().phase == Phase::Open
+    }
+
+    /// The connection's counters.
+    pub fn stats(&self) -> Stats {
+        *self.inner.lock().conn.stats()
+    }
+
+    /// The runtime's own counters.
+    pub fn runtime_stats(&self) -> super::RuntimeStats {
+        self.inner.lock().stats
+    }
+
+    /// The credit counters.
+    pub fn credits(&self) -> CreditState {
+        self.inner.lock().conn.credits()
+    }
+
+    /// The driver's name and provider (for logs and benchmarks).
+    pub fn driver(&self) -> String {
+        self.inner.ep.capabilities().provider.clone()
+    }
+
+    /// Drops the socket without telling the peer, as a crashed process would (tests only).
+    #[doc(hidden)]
+    pub fn abort(mut self) {
+        self.stop_thread();
+        self.inner.lock().user_closed = true;
+    }
+
+    fn stop_thread(&mut self) {
+        self.inner.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for ExsSocket {
+    fn drop(&mut self) {
+        if !self.inner.lock().user_closed {
+            let _ = self.close();
+        }
+        // Let the CLOSE frame (and any other frame) leave before the endpoint goes away.
+        let deadline = Instant::now() + LINGER;
+        while self.thread.is_some()
+            && self.inner.lock().frames_out() > 0
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.stop_thread();
+    }
+}
+
+/// A listening EXS address (`exs_listen`).
+pub struct ExsListener {
+    listener: Box<dyn Listener>,
+    cfg: Config,
+}
+
+impl ExsListener {
+    /// Binds `addr` (port 0 picks a free port; see [`Self::local_addr`]). Accepted sockets use
+    /// `cfg`.
+    pub fn bind(addr: &str, cfg: Config) -> Result<ExsListener, Error> {
+        cfg.validate()?;
+        let addr: Address = addr.parse()?;
+        Ok(ExsListener {
+            listener: ferry_fabric::listen(&addr)?,
+            cfg,
+        })
+    }
+
+    /// The address clients connect to, as text.
+    pub fn local_addr(&self) -> String {
+        self.listener.local_addr().to_string()
+    }
+
+    /// Waits up to `timeout` for a connection and its handshake (`exs_accept`).
+    pub fn accept(&self, queue: &EventQueue, timeout: Duration) -> Result<ExsSocket, Error> {
+        let start = Instant::now();
+        let ep = self.listener.accept(timeout)?;
+        let left = timeout.saturating_sub(start.elapsed()).max(TICK);
+        ExsSocket::start(ep, self.cfg.clone(), queue, left)
+    }
+}

@@ -1,0 +1,67 @@
+//! Pull versus push rendezvous throughput on each driver, to choose
+//! `runtime::default_config`'s mode. Ignored by default (timing, not correctness):
+//! `cargo test --release -p ferry-exs --test runtime_bench -- --ignored --nocapture`.
+
+mod runtime_util;
+
+use std::time::{Duration, Instant};
+
+use ferry_exs::proto::{Config, EventKind, Flags};
+use runtime_util::*;
+
+/// MB/s for `count` messages of `size` bytes, `window` in flight.
+fn throughput(driver: &str, push: bool, size: usize, count: usize, window: usize) -> f64 {
+    let cfg = Config {
+        push,
+        ..Config::default()
+    };
+    let p = pair_on(driver, cfg.clone(), cfg, true);
+    let mut sbufs: Vec<_> = (0..window).map(|_| p.a.alloc(size).unwrap()).collect();
+    let mut rbufs: Vec<_> = (0..window).map(|_| p.b.alloc(size).unwrap()).collect();
+    let start = Instant::now();
+    let (mut sent, mut sdone, mut posted, mut rdone) = (0, 0, 0, 0);
+    while rdone < count || sdone < count {
+        while posted < count && !rbufs.is_empty() {
+            p.b.recv(rbufs.pop().unwrap(), Flags::NONE, posted as u64);
+            posted += 1;
+        }
+        while sent < count && !sbufs.is_empty() {
+            p.a.send(sbufs.pop().unwrap(), Flags::NONE, sent as u64);
+            sent += 1;
+        }
+        // One queue for both sockets, so whichever completes first wakes us.
+        if let Some(ev) = p.qa.dequeue(Duration::from_millis(100)) {
+            assert_eq!(ev.result, Ok(()));
+            if ev.socket == p.b.id() {
+                assert_eq!(ev.kind, EventKind::Recv);
+                rbufs.push(ev.buf.unwrap());
+                rdone += 1;
+            } else {
+                assert_eq!(ev.kind, EventKind::Send);
+                sbufs.push(ev.buf.unwrap());
+                sdone += 1;
+            }
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "bench stuck");
+    }
+    (size * count) as f64 / start.elapsed().as_secs_f64() / 1e6
+}
+
+#[test]
+#[ignore]
+fn pull_vs_push() {
+    for driver in DRIVERS {
+        for (size, count, window) in [(4 << 10, 2000, 1), (64 << 10, 2000, 8), (1 << 20, 300, 8)] {
+            // Alternate and keep the best of three: the test machine is shared and noisy.
+            let (mut pull, mut push) = (0f64, 0f64);
+            for _ in 0..3 {
+                pull = pull.max(throughput(driver, false, size, count, window));
+                push = push.max(throughput(driver, true, size, count, window));
+            }
+            eprintln!(
+                "{driver:8} {:5} KiB x{window}: pull {pull:8.0} MB/s, push {push:8.0} MB/s",
+                size >> 10
+            );
+        }
+    }
+}
