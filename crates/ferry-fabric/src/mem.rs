@@ -516,9 +516,10 @@ impl RemoteSlice {
 
     /// A sub-range, checked against this slice.
     pub fn sub(&self, offset: u64, len: u64) -> Result<RemoteSlice> {
-        match offset.checked_add(len) {
-            Some(end) if end <= self.len => Ok(RemoteSlice {
-                addr: self.addr.wrapping_add(offset),
+        let addr = self.addr.checked_add(offset);
+        match (offset.checked_add(len), addr) {
+            (Some(end), Some(addr)) if end <= self.len => Ok(RemoteSlice {
+                addr,
                 len,
                 key: self.key,
             }),
@@ -594,5 +595,14 @@ mod tests {
         assert_eq!(r.sub(90, 10).unwrap().addr, 4186);
         assert!(r.sub(91, 10).is_err());
         assert!(r.sub(u64::MAX, 2).is_err());
+        let high = RemoteSlice {
+            addr: u64::MAX,
+            len: 10,
+            key: 1,
+        };
+        assert!(
+            high.sub(1, 1).is_err(),
+            "a peer-chosen address that overflows is refused"
+        );
     }
 }
