@@ -500,7 +500,7 @@ impl LocalSlice {
 }
 
 /// A range of a peer's registered region: what one side advertises so the other can RMA it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct RemoteSlice {
     /// Virtual address or offset, as the driver's `virt_addr` capability says.
     pub addr: u64,

@@ -167,14 +167,6 @@ impl ExsBuf {
         if !access.contains(Access::REMOTE_READ) && !access.contains(Access::REMOTE_WRITE) {
             return None;
         }
-        let r = self
-            .region
-            .remote(self.offset..self.offset + self.len)
-            .ok()?;
-        Some(RemoteSlice {
-            addr: r.addr,
-            len: r.len,
-            key: r.key,
-        })
+        self.region.remote(self.offset..self.offset + self.len).ok()
     }
 }

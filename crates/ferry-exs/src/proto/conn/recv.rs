@@ -292,7 +292,7 @@ impl<B: LocalBuf> Connection<B> {
                 self.read(Target::Recv(op), 0, src, msg_len, Some(id), None);
             }
             Incoming::Push { id, .. } => {
-                let Some(dst) = op.buf.remote().and_then(|r| r.sub(0, len)) else {
+                let Some(dst) = op.buf.remote().and_then(|r| r.sub(0, len).ok()) else {
                     // This recv cannot take a push; the message waits for the next one.
                     self.rx.incoming.push_front(msg);
                     return self.finish_recv(op, 0, Err(ExsError::NotRemoteAccessible));
@@ -427,7 +427,7 @@ impl<B: LocalBuf> Connection<B> {
     /// Our persistent recv reached the head: advertise it and let everything already
     /// waiting land in it.
     fn open_block(&mut self, op: RecvOp<B>) {
-        let Some(remote) = op.buf.remote().and_then(|r| r.sub(0, op.buf.len())) else {
+        let Some(remote) = op.buf.remote().and_then(|r| r.sub(0, op.buf.len()).ok()) else {
             self.rx.persistent_posted = false;
             return self.finish_recv(op, 0, Err(ExsError::NotRemoteAccessible));
         };

@@ -92,7 +92,7 @@ impl<B> SendSide<B> {
 /// The advertised part of a local buffer, if the peer can reach it.
 fn remote_of<B: LocalBuf>(buf: &B) -> Result<RemoteSlice, ExsError> {
     buf.remote()
-        .and_then(|r| r.sub(0, buf.len()))
+        .and_then(|r| r.sub(0, buf.len()).ok())
         .ok_or(ExsError::NotRemoteAccessible)
 }
 
@@ -393,5 +393,5 @@ pub(super) fn block_range(
     if offset > block.len {
         return Err(ExsError::OffsetOutOfRange);
     }
-    block.sub(offset, len).ok_or(ExsError::MessageSize)
+    block.sub(offset, len).map_err(|_| ExsError::MessageSize)
 }

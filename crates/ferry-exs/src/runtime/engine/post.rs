@@ -60,7 +60,7 @@ impl Engine {
         write: bool,
         local: &Held,
         offset: u64,
-        remote: crate::proto::RemoteSlice,
+        remote: ferry_fabric::RemoteSlice,
     ) {
         if remote.len == 0 {
             self.conn.rma_done(op, Ok(()));
@@ -90,7 +90,7 @@ impl Engine {
             let r = ferry_fabric::RemoteSlice {
                 addr: remote.addr.wrapping_add(done),
                 len: n,
-                key: remote.key,
+                ..remote
             };
             let c = self.ctx(Pending::Rma(op));
             let res = if write {
