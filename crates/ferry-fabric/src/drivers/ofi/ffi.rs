@@ -843,16 +843,7 @@ impl Fabric {
             lost: false,
         };
         self.submit("fi_tsendmsg", op, meta, again, &mut |ctx, iov, desc| {
-            let msg = sys::fi_msg_tagged {
-                msg_iov: iov.as_ptr(),
-                desc: desc.as_mut_ptr(),
-                iov_count: iov.len(),
-                addr: dest,
-                tag,
-                ignore: 0,
-                context: ctx,
-                data: 0,
-            };
+            let msg = tagged_msg(iov, desc, dest, tag, ctx);
             // SAFETY: iov/desc describe registered memory held by the op until completion;
             // ctx is the op's boxed context, valid until reclaimed from the table.
             unsafe { sys::fi_tsendmsg(self.ep, &msg, sys::FI_COMPLETION as u64) }
@@ -869,16 +860,7 @@ impl Fabric {
         again: &mut dyn FnMut() -> Result<()>,
     ) -> Result<()> {
         self.submit("fi_trecvmsg", op, meta, again, &mut |ctx, iov, desc| {
-            let msg = sys::fi_msg_tagged {
-                msg_iov: iov.as_ptr(),
-                desc: desc.as_mut_ptr(),
-                iov_count: iov.len(),
-                addr: src,
-                tag,
-                ignore: 0,
-                context: ctx,
-                data: 0,
-            };
+            let msg = tagged_msg(iov, desc, src, tag, ctx);
             // SAFETY: as in send; the receive memory is held by the op until completion.
             unsafe { sys::fi_trecvmsg(self.ep, &msg, sys::FI_COMPLETION as u64) }
         })
@@ -1128,6 +1110,26 @@ fn open_cq(domain: *mut sys::fid_domain) -> Result<*mut sys::fid_cq> {
         sys::fi_cq_open(domain, &mut attr, &mut cq, ptr::null_mut())
     })?;
     Ok(cq)
+}
+
+/// A tagged-message descriptor over `iov`/`desc` (which must outlive the post it is used for).
+fn tagged_msg(
+    iov: &[sys::iovec],
+    desc: &mut [*mut std::ffi::c_void],
+    addr: FiAddr,
+    tag: u64,
+    context: *mut std::ffi::c_void,
+) -> sys::fi_msg_tagged {
+    sys::fi_msg_tagged {
+        msg_iov: iov.as_ptr(),
+        desc: desc.as_mut_ptr(),
+        iov_count: iov.len(),
+        addr,
+        tag,
+        ignore: 0,
+        context,
+        data: 0,
+    }
 }
 
 /// Checks that a slice lies within its region: its fields are public, and libfabric is about

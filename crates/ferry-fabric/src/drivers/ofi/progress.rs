@@ -160,6 +160,11 @@ fn route(shared: &Shared, ev: Event) {
 /// True if an error means the provider tore down the transport under the connection (tcp
 /// does so when the target refuses an RMA, or the peer dies): messages may have been lost.
 fn transport_lost(kind: OpKind, code: i32) -> bool {
+    is_transport_error(code) || (code == errno::ECANCELED && kind != OpKind::Recv)
+}
+
+/// Errors by which a provider says the connection underneath is gone.
+fn is_transport_error(code: i32) -> bool {
     matches!(
         code,
         errno::ECONNREFUSED
@@ -169,7 +174,7 @@ fn transport_lost(kind: OpKind, code: i32) -> bool {
             | errno::EPIPE
             | errno::EHOSTUNREACH
             | errno::ETIMEDOUT
-    ) || (code == errno::ECANCELED && kind != OpKind::Recv)
+    )
 }
 
 /// Turns a provider error completion into the ferry error for an operation of `kind`
@@ -199,13 +204,7 @@ pub(super) fn map_error(kind: OpKind, e: CqError, lost: bool, len: u64) -> Fabri
         errno::EACCES | errno::EINVAL | errno::EFAULT | errno::EIO | errno::EREMOTEIO if rma => {
             FabricError::RemoteAccess(RemoteAccessError::Other)
         }
-        errno::ECONNREFUSED
-        | errno::ECONNRESET
-        | errno::ECONNABORTED
-        | errno::ENOTCONN
-        | errno::EPIPE
-        | errno::EHOSTUNREACH
-        | errno::ETIMEDOUT => FabricError::ConnectionLost(text()),
+        code if is_transport_error(code) => FabricError::ConnectionLost(text()),
         code => FabricError::Ofi {
             call: "fi_cq_readerr",
             code,
