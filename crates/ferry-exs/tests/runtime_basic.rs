@@ -214,6 +214,70 @@ fn default_config_connects(driver: &str) {
     ok(&p.qa, EventKind::Send);
 }
 
+/// exs_sendfile delivers exactly the file's range, whether it travels as immediate data or
+/// is pulled from the mapped page cache, at unaligned offsets too; a range past the end is
+/// refused before anything is sent.
+fn sendfile(driver: &str) {
+    use std::io::Write;
+    let p = pair(driver);
+    let path = std::env::temp_dir().join(format!("ferry-sendfile-{}-{driver}", std::process::id()));
+    let data = pattern(3 << 20, 5);
+    std::fs::File::create(&path)
+        .and_then(|mut f| f.write_all(&data))
+        .unwrap();
+    let file = std::fs::File::open(&path).unwrap();
+    for (off, len) in [
+        (0usize, 0usize),
+        (7, 100),
+        (4_097, 1 << 20),
+        (0, 3 << 20),
+        (1, (3 << 20) - 1),
+    ] {
+        p.b.recv(p.b.alloc(len.max(1)).unwrap(), Flags::NONE, 1);
+        p.a.sendfile(&file, off as u64, len as u64, Flags::NONE, 2)
+            .unwrap();
+        let ev = ok(&p.qb, EventKind::Recv);
+        assert_eq!(ev.len, len as u64);
+        assert!(
+            ev.buf.unwrap().to_vec()[..len] == data[off..off + len],
+            "{off}+{len}"
+        );
+        let ev = ok(&p.qa, EventKind::Send);
+        assert_eq!((ev.ctx, ev.len), (2, len as u64));
+    }
+    assert!(p.a.sendfile(&file, 1, 3 << 20, Flags::NONE, 3).is_err());
+    assert!(p.a.sendfile(&file, u64::MAX, 2, Flags::NONE, 3).is_err());
+    assert!(p.qa.dequeue(std::time::Duration::from_millis(50)).is_none());
+    std::fs::remove_file(&path).unwrap();
+}
+
+/// Addresses name both ends consistently, and readiness follows messages and close.
+fn names_and_readiness(driver: &str) {
+    let p = pair(driver);
+    assert_eq!(p.a.local_addr(), p.b.peer_addr());
+    assert_eq!(p.a.peer_addr(), p.b.local_addr());
+    let r = p.b.readiness();
+    assert!(!r.readable && r.writable && !r.closed, "{r:?}");
+    p.a.send(p.a.alloc(10).unwrap(), Flags::NONE, 1);
+    let deadline = std::time::Instant::now() + T;
+    while !p.b.readiness().readable {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "message never became readable"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    p.b.recv(p.b.alloc(10).unwrap(), Flags::NONE, 2);
+    ok(&p.qb, EventKind::Recv);
+    assert!(!p.b.readiness().readable);
+    p.a.close().unwrap();
+    while !p.b.readiness().closed {
+        assert!(std::time::Instant::now() < deadline, "close never seen");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert!(!p.b.readiness().writable);
+}
+
 macro_rules! on_all_drivers {
     ($($name:ident),*) => {
         mod tcp { $( #[test] fn $name() { super::$name("tcp") } )* }
@@ -228,5 +292,7 @@ on_all_drivers!(
     persistent,
     persistent_recv_and_notify,
     chunked_rma,
-    default_config_connects
+    default_config_connects,
+    sendfile,
+    names_and_readiness
 );

@@ -62,6 +62,8 @@ pub trait Endpoint: Send + Sync {
     fn cq(&self) -> &CompletionQueue;
     /// The peer, as text (for logs and errors).
     fn peer(&self) -> String;
+    /// This side of the connection, as text (`getsockname`).
+    fn local(&self) -> String;
     /// Sends the concatenation of `data` as one message.
     fn post_send(&self, data: &[LocalSlice], context: u64) -> Result<()>;
     /// Posts a receive for one message, scattered over `buf`. Receives match messages in order.

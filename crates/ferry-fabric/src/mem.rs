@@ -32,6 +32,11 @@ enum Source {
     Heap(Layout),
     /// An anonymous mapping of this many bytes, 2 MiB aligned and eligible for huge pages.
     Map(usize),
+    /// A private mapping of a file: `size` bytes from `base` (page aligned, at or before the
+    /// buffer's start).
+    File { base: usize, size: usize },
+    /// Memory the caller owns (the C API's `exs_mregister`): never freed here.
+    Borrowed,
 }
 
 /// Buffers at least this large are mapped with transparent huge pages: the kernel then pins
@@ -111,6 +116,11 @@ impl Drop for RawMem {
             Source::Map(size) => unsafe {
                 let _ = rustix::mm::munmap(self.ptr.as_ptr().cast(), size);
             },
+            // SAFETY: base..base+size is the file mapping made in `map_file`, unmapped once.
+            Source::File { base, size } => unsafe {
+                let _ = rustix::mm::munmap(base as *mut _, size);
+            },
+            Source::Borrowed => {}
         }
     }
 }
@@ -129,6 +139,60 @@ impl Buffer {
     pub fn new(len: usize) -> Self {
         Self {
             raw: Arc::new(RawMem::new(len)),
+        }
+    }
+
+    /// Maps `len` bytes of `file` from `offset` without reading them: a private, copy-on-write
+    /// mapping of the page cache, so the fabric sends straight from it (`exs_sendfile`) and a
+    /// write through the buffer never reaches the file.
+    ///
+    /// Like every file mapping, it assumes the file is not truncated below `offset + len`
+    /// while the buffer lives: touching a page past the new end raises SIGBUS.
+    pub fn map_file(file: &std::fs::File, offset: u64, len: usize) -> Result<Self> {
+        use rustix::mm::{mmap, MapFlags, ProtFlags};
+        if len == 0 {
+            return Ok(Self::new(0));
+        }
+        let bad = |what: &str| FabricError::InvalidArgument(format!("map_file: {what}"));
+        let skew = (offset % PAGE as u64) as usize;
+        let size = len
+            .checked_add(skew)
+            .ok_or_else(|| bad("length overflows"))?;
+        // SAFETY: a fresh private mapping aliases no Rust object; it is unmapped in Drop.
+        let base = unsafe {
+            mmap(
+                std::ptr::null_mut(),
+                size,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::PRIVATE,
+                file,
+                offset - skew as u64,
+            )
+        }
+        .map_err(|e| FabricError::io("mmap file", e.into()))? as usize;
+        Ok(Self {
+            raw: Arc::new(RawMem {
+                ptr: NonNull::new((base + skew) as *mut u8).ok_or_else(|| bad("null mapping"))?,
+                len,
+                source: Source::File { base, size },
+            }),
+        })
+    }
+
+    /// A buffer over memory the caller owns and keeps: the C API registers user memory
+    /// this way. Nothing is freed when the last handle drops.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` must be valid for reads and writes and stay allocated until every
+    /// handle to the returned buffer (registrations and operations in flight included,
+    /// see [`Self::handle_count`]) has been dropped.
+    pub unsafe fn from_raw_parts(ptr: NonNull<u8>, len: usize) -> Self {
+        Self {
+            raw: Arc::new(RawMem {
+                ptr,
+                len,
+                source: Source::Borrowed,
+            }),
         }
     }
 
@@ -553,6 +617,46 @@ impl RemoteSlice {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn file_mapping_reads_the_file_at_any_offset_and_never_writes_it() {
+        use std::io::Write;
+        let path = std::env::temp_dir().join(format!("ferry-map-{}", std::process::id()));
+        let data: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
+        std::fs::File::create(&path)
+            .and_then(|mut f| f.write_all(&data))
+            .unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        for (off, len) in [
+            (0usize, 20_000usize),
+            (5_000, 100),
+            (4_096, 4_096),
+            (19_999, 1),
+        ] {
+            let b = Buffer::map_file(&file, off as u64, len).unwrap();
+            assert_eq!(b.to_vec(), &data[off..off + len]);
+            b.write_at(0, &[0xff]);
+        }
+        assert!(Buffer::map_file(&file, 0, 0).unwrap().is_empty());
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            data,
+            "private mapping leaked a write"
+        );
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn borrowed_memory_is_used_in_place_and_not_freed() {
+        let mut backing = vec![3u8; 64];
+        let ptr = NonNull::new(backing.as_mut_ptr()).unwrap();
+        // SAFETY: `backing` outlives `b`, which is dropped at the end of this block.
+        let b = unsafe { Buffer::from_raw_parts(ptr, 64) };
+        b.write_at(10, &[9]);
+        assert_eq!(b.to_vec()[..11], [3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 9]);
+        drop(b);
+        assert_eq!(backing[10], 9);
+    }
 
     #[test]
     fn buffer_is_aligned_zeroed_and_exclusive_only_when_unique() {

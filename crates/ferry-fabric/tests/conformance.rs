@@ -95,7 +95,11 @@ fn split(region: &MemoryRegion, len: usize, n: usize) -> Vec<LocalSlice> {
 
 fn connect_accept(driver: &str) {
     let p = pair(driver);
-    assert!(!p.client.peer().is_empty());
+    // Each side names the other the way the other names itself, as a ferry address.
+    assert_eq!(p.client.peer(), p.server.local());
+    assert_eq!(p.server.peer(), p.client.local());
+    assert!(p.client.peer().starts_with(driver), "{}", p.client.peer());
+    assert!(p.client.local().parse::<Address>().is_ok());
     assert_eq!(p.client.capabilities().driver, driver);
     assert_eq!(p.server.capabilities(), p.client.capabilities());
     // The listener keeps accepting after the first connection.

@@ -229,6 +229,16 @@ impl<B: LocalBuf> Connection<B> {
         self.credits.state()
     }
 
+    /// Largest message that travels as immediate data (0 before the handshake).
+    pub fn immediate_max(&self) -> u64 {
+        self.imm_max
+    }
+
+    /// Peer messages that wait for a recv (a persistent block counts as one, always waiting).
+    pub fn waiting_messages(&self) -> usize {
+        self.rx.waiting()
+    }
+
     /// True once the HELLO exchange finished and until the connection closes.
     pub fn is_connected(&self) -> bool {
         self.state == State::Open

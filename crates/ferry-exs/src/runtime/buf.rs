@@ -54,6 +54,16 @@ impl ExsBuf {
         &self.region
     }
 
+    /// Where in the registration this buffer starts.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// Start address (what the C API hands back in events).
+    pub fn addr(&self) -> usize {
+        self.region.buffer().addr() + self.offset
+    }
+
     /// Length in bytes.
     pub fn len(&self) -> usize {
         self.len

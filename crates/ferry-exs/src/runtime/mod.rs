@@ -30,6 +30,18 @@ pub enum Error {
     Timeout,
 }
 
+/// What `exs_poll` reports for a connected socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Readiness {
+    /// A peer message waits for a recv (POLLIN).
+    pub readable: bool,
+    /// A send would go out at once: the connection is open with a send credit free
+    /// (POLLOUT). Sends are accepted either way; without credit they wait in order.
+    pub writable: bool,
+    /// The connection has closed (POLLHUP).
+    pub closed: bool,
+}
+
 /// What a socket's runtime did beyond the protocol core's own [`crate::proto::Stats`]: the
 /// software stand-ins for missing driver capabilities, made visible.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -215,6 +215,68 @@ impl ExsSocket {
             .with(|e| e.conn.recv(ctx, Held::new(buf), flags, offset));
     }
 
+    /// `exs_sendfile`: sends `len` bytes of `file` from `offset` as one message. The bytes
+    /// go straight from the page cache: the range is mapped (copy-on-write, so nothing can
+    /// write the file), registered for remote read and advertised, and the peer pulls it, so
+    /// no user-space copy happens on the drivers that read registered memory in place
+    /// (native tcp writes it to the socket, shm reads it by CMA, verbs by the NIC). Ranges up
+    /// to the immediate size are read into a small buffer instead, as mapping costs more.
+    ///
+    /// The Send event hands back a buffer over the mapping; dropping it unmaps. The file must
+    /// not be truncated below `offset + len` while the send is in flight (mapped pages past
+    /// the end of a file raise SIGBUS), as with every zero-copy file path.
+    pub fn sendfile(
+        &self,
+        file: &std::fs::File,
+        offset: u64,
+        len: u64,
+        flags: Flags,
+        ctx: u64,
+    ) -> Result<(), Error> {
+        let size = file
+            .metadata()
+            .map_err(|e| ferry_fabric::FabricError::io("stat file to send", e))?
+            .len();
+        let fits = offset.checked_add(len).is_some_and(|end| end <= size);
+        let len = usize::try_from(len).ok().filter(|_| fits).ok_or_else(|| {
+            ferry_fabric::FabricError::InvalidArgument(format!(
+                "sendfile range {offset}+{len} outside file of {size} bytes"
+            ))
+        })?;
+        let buf = if len <= self.inner.lock().conn.immediate_max() as usize {
+            let mut v = vec![0; len];
+            std::os::unix::fs::FileExt::read_exact_at(file, &mut v, offset)
+                .map_err(|e| ferry_fabric::FabricError::io("read file to send", e))?;
+            Buffer::from_slice(&v)
+        } else {
+            Buffer::map_file(file, offset, len)?
+        };
+        let region = self.inner.ep.domain().register(&buf, Access::REMOTE_READ)?;
+        self.send(ExsBuf::new(region), flags, ctx);
+        Ok(())
+    }
+
+    /// `exs_poll`'s view of the socket, at this instant.
+    pub fn readiness(&self) -> super::Readiness {
+        let e = self.inner.lock();
+        let open = e.phase == Phase::Open;
+        super::Readiness {
+            readable: e.conn.waiting_messages() > 0,
+            writable: open && e.conn.credits().available > 0,
+            closed: e.phase == Phase::Closed,
+        }
+    }
+
+    /// This side's address (`exs_getsockname`), e.g. `tcp://127.0.0.1:40112`.
+    pub fn local_addr(&self) -> String {
+        self.inner.ep.local()
+    }
+
+    /// The peer's address (`exs_getpeername`).
+    pub fn peer_addr(&self) -> String {
+        self.inner.ep.peer()
+    }
+
     /// `exs_close`: tells the peer and completes every pending operation (with
     /// [`ExsError::Canceled`]); a Close event follows on the queue. A second call fails with
     /// [`ExsError::NotConnected`].

@@ -130,6 +130,11 @@ impl<B> RecvSide<B> {
         }
     }
 
+    /// Peer messages no posted recv has taken yet.
+    pub fn waiting(&self) -> usize {
+        self.incoming.len()
+    }
+
     pub fn is_idle(&self) -> bool {
         self.queue.is_empty()
             && self.incoming.is_empty()

@@ -89,6 +89,8 @@ pub(super) struct Shared {
     pub format: u32,
     /// This endpoint's own name.
     name: Vec<u8>,
+    /// The same, as a ferry address (`getsockname`).
+    pub local_text: String,
     key_base: u64,
     key_mask: u64,
     next_key: AtomicU64,
@@ -426,7 +428,7 @@ impl Shared {
             id,
             peer_id,
             peer,
-            info::describe(self.format, peer_name),
+            info::to_address(&self.addr, self.format, peer_name).to_string(),
         )?);
         lock(&self.conns).insert(id, Arc::downgrade(&conn));
         Ok(conn)
@@ -498,6 +500,7 @@ impl DomainCore {
             directed: info.caps() & sys::FI_DIRECTED_RECV != 0,
             addr: addr.clone(),
             format: info.addr_format(),
+            local_text: info::to_address(addr, info.addr_format(), &name).to_string(),
             name,
             key_base,
             key_mask,

@@ -171,6 +171,10 @@ impl Endpoint for OfiEndpoint {
         self.conn.peer_text.clone()
     }
 
+    fn local(&self) -> String {
+        self.shared().local_text.clone()
+    }
+
     fn post_send(&self, data: &[LocalSlice], context: u64) -> Result<()> {
         let sh = self.shared();
         let total = check_local(data, sh.id, &sh.caps)?;

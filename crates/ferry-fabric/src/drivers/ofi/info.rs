@@ -111,17 +111,6 @@ fn strip_scheme(s: &str) -> &str {
     s.split_once("://").map_or(s, |(_, rest)| rest)
 }
 
-/// A peer or local endpoint name as text for logs and [`crate::Endpoint::peer`].
-pub(super) fn describe(format: u32, name: &[u8]) -> String {
-    if let Some(sa) = sockaddr(name).filter(|_| is_sockaddr(format)) {
-        return sa.to_string();
-    }
-    if format == sys::FI_ADDR_STR {
-        return str_name(name);
-    }
-    hex(name)
-}
-
 /// The ferry address of an endpoint name, in the scheme of `like`.
 /// Names of other formats (efa, cxi: opaque device addresses) are written as hex.
 pub(super) fn to_address(like: &Address, format: u32, name: &[u8]) -> Address {
@@ -349,8 +338,12 @@ mod tests {
         assert_eq!(sockaddr(&v4), Some("127.0.0.1:7000".parse().unwrap()));
         assert_eq!(sockaddr(&v4[..6]), None);
         assert_eq!(sockaddr(&[]), None);
-        assert_eq!(describe(sys::FI_SOCKADDR_IN, &v4), "127.0.0.1:7000");
-        assert_eq!(describe(sys::FI_ADDR_STR, b"fi_shm://a\0\0"), "fi_shm://a");
+        let tcp: Address = "ofi+tcp://127.0.0.1:0".parse().unwrap();
+        let text = to_address(&tcp, sys::FI_SOCKADDR_IN, &v4).to_string();
+        assert_eq!(text, "ofi+tcp://127.0.0.1:7000");
+        let shm: Address = "ofi+shm://x".parse().unwrap();
+        let text = to_address(&shm, sys::FI_ADDR_STR, b"fi_shm://a\0\0").to_string();
+        assert_eq!(text, "ofi+shm://a");
     }
 
     #[test]

@@ -278,6 +278,7 @@ pub(super) struct TcpEndpoint {
     pub(super) domain: Arc<TcpDomain>,
     pub(super) conn: Arc<Conn>,
     pub(super) peer: String,
+    pub(super) local: String,
     pub(super) threads: Vec<JoinHandle<()>>,
 }
 
@@ -296,6 +297,10 @@ impl Endpoint for TcpEndpoint {
 
     fn peer(&self) -> String {
         self.peer.clone()
+    }
+
+    fn local(&self) -> String {
+        self.local.clone()
     }
 
     fn post_send(&self, data: &[LocalSlice], context: u64) -> Result<()> {

@@ -134,12 +134,16 @@ impl TcpDomain {
         handshake(&stream, deadline(timeout), timeout)?;
         let peer = stream
             .peer_addr()
-            .map_or_else(|_| "unknown peer".into(), |a| a.to_string());
+            .map_or_else(|_| "unknown peer".into(), |a| format!("tcp://{a}"));
+        let local = stream
+            .local_addr()
+            .map_or_else(|_| "unknown".into(), |a| format!("tcp://{a}"));
         let conn = Arc::new(Conn::new(stream, self.keys.clone())?);
         let mut ep = TcpEndpoint {
             domain,
             conn,
             peer,
+            local,
             threads: Vec::with_capacity(2),
         };
         let run_rx: fn(Arc<Conn>) = rx::run;
