@@ -234,7 +234,7 @@ fn sendfile(driver: &str) {
         (1, (3 << 20) - 1),
     ] {
         p.b.recv(p.b.alloc(len.max(1)).unwrap(), Flags::NONE, 1);
-        p.a.sendfile(&file, off as u64, len as u64, Flags::NONE, 2)
+        p.a.sendfile(None, &file, off as u64, len as u64, Flags::NONE, 2)
             .unwrap();
         let ev = ok(&p.qb, EventKind::Recv);
         assert_eq!(ev.len, len as u64);
@@ -245,10 +245,49 @@ fn sendfile(driver: &str) {
         let ev = ok(&p.qa, EventKind::Send);
         assert_eq!((ev.ctx, ev.len), (2, len as u64));
     }
-    assert!(p.a.sendfile(&file, 1, 3 << 20, Flags::NONE, 3).is_err());
-    assert!(p.a.sendfile(&file, u64::MAX, 2, Flags::NONE, 3).is_err());
+    assert!(p
+        .a
+        .sendfile(None, &file, 1, 3 << 20, Flags::NONE, 3)
+        .is_err());
+    assert!(p
+        .a
+        .sendfile(None, &file, u64::MAX, 2, Flags::NONE, 3)
+        .is_err());
     assert!(p.qa.dequeue(std::time::Duration::from_millis(50)).is_none());
     std::fs::remove_file(&path).unwrap();
+}
+
+/// An operation reports to the queue it names, with the caller's ctx; notifications of a
+/// persistent send follow its queue; the socket's own queue sees nothing of them.
+fn per_operation_queues(driver: &str) {
+    let p = pair(driver);
+    let other = ferry_exs::runtime::EventQueue::new().unwrap();
+    p.b.recv_to(
+        Some(&other),
+        p.b.alloc(10).unwrap(),
+        0,
+        Flags::NONE,
+        u64::MAX,
+    );
+    p.a.send_to(Some(&other), p.a.alloc(10).unwrap(), 0, Flags::NONE, 0);
+    let mut got: Vec<_> = (0..2).map(|_| next(&other, "routed")).collect();
+    got.sort_by_key(|e| e.ctx);
+    assert_eq!((got[0].kind, got[0].ctx), (EventKind::Send, 0));
+    assert_eq!((got[1].kind, got[1].ctx), (EventKind::Recv, u64::MAX));
+    assert_eq!(got[1].socket, p.b.id());
+    p.b.send_to(
+        Some(&other),
+        p.b.alloc(64).unwrap(),
+        0,
+        Flags::PERSISTENT | Flags::NOTIFY_ON_READ,
+        42,
+    );
+    for _ in 0..2 {
+        p.a.recv_to(Some(&p.qa), p.a.alloc(64).unwrap(), 0, Flags::NONE, 7);
+        assert_eq!(ok(&p.qa, EventKind::Recv).ctx, 7);
+        assert_eq!(ok(&other, EventKind::ReadNotify).ctx, 42);
+    }
+    assert!(p.qa.is_empty() && p.qb.is_empty());
 }
 
 /// Addresses name both ends consistently, and readiness follows messages and close.
@@ -294,5 +333,6 @@ on_all_drivers!(
     chunked_rma,
     default_config_connects,
     sendfile,
-    names_and_readiness
+    names_and_readiness,
+    per_operation_queues
 );

@@ -46,6 +46,10 @@ pub(crate) struct Engine {
     pub(crate) close_err: Option<ExsError>,
     ep: Arc<dyn Endpoint>,
     queue: EventQueue,
+    /// Each operation's token (the ctx the core knows it by) → the user's ctx and the queue
+    /// it reports to, when not the socket's own.
+    routes: HashMap<u64, (u64, Option<EventQueue>)>,
+    next_route: u64,
     id: SocketId,
     pending: HashMap<u64, Pending>,
     next_ctx: u64,
@@ -86,6 +90,8 @@ impl Engine {
             close_err: None,
             ep,
             queue,
+            routes: HashMap::new(),
+            next_route: 0,
             id,
             pending: HashMap::new(),
             next_ctx: 1,
@@ -247,6 +253,15 @@ impl Engine {
         }
     }
 
+    /// The token to give the core for an operation of the user's `ctx` reporting to `queue`
+    /// (None: the socket's own queue). Tokens start at 1; connection events carry 0.
+    pub(crate) fn route(&mut self, ctx: u64, queue: Option<&EventQueue>) -> u64 {
+        self.next_route += 1;
+        let queue = queue.filter(|q| !q.same_queue(&self.queue)).cloned();
+        self.routes.insert(self.next_route, (ctx, queue));
+        self.next_route
+    }
+
     fn event(&mut self, ev: Event<Held>) {
         match ev.kind {
             // `connect`/`accept` wait for this themselves; the queue never sees it.
@@ -260,10 +275,17 @@ impl Engine {
             }
             _ => {}
         }
-        self.queue.push(ExsEvent {
+        // A notification leaves its persistent send posted, and its route with it.
+        let route = if ev.kind == EventKind::ReadNotify {
+            self.routes.get(&ev.ctx).cloned()
+        } else {
+            self.routes.remove(&ev.ctx)
+        };
+        let (ctx, queue) = route.unwrap_or((0, None));
+        queue.as_ref().unwrap_or(&self.queue).push(ExsEvent {
             kind: ev.kind,
             socket: self.id,
-            ctx: ev.ctx,
+            ctx,
             buf: ev.buf.map(Held::into_buf),
             len: ev.len,
             result: ev.result,

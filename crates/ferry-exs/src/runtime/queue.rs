@@ -109,6 +109,11 @@ impl EventQueue {
         }
     }
 
+    /// True if both handles name one queue.
+    pub fn same_queue(&self, other: &EventQueue) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+
     /// Events waiting.
     pub fn len(&self) -> usize {
         self.lock().len()

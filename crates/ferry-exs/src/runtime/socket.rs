@@ -195,27 +195,56 @@ impl ExsSocket {
 
     /// `exs_send`: sends all of `buf` as one message. The buffer comes back in the Send event.
     pub fn send(&self, buf: ExsBuf, flags: Flags, ctx: u64) {
-        self.send_offset(buf, 0, flags, ctx);
+        self.send_to(None, buf, 0, flags, ctx);
     }
 
     /// `exs_send` with an offset into the peer's persistent recv block.
     pub fn send_offset(&self, buf: ExsBuf, offset: u64, flags: Flags, ctx: u64) {
-        self.inner
-            .with(|e| e.conn.send(ctx, Held::new(buf), flags, offset));
+        self.send_to(None, buf, offset, flags, ctx);
+    }
+
+    /// `exs_send` in full: the completion goes to `queue` (None: the socket's queue).
+    pub fn send_to(
+        &self,
+        queue: Option<&EventQueue>,
+        buf: ExsBuf,
+        offset: u64,
+        flags: Flags,
+        ctx: u64,
+    ) {
+        self.inner.with(|e| {
+            let token = e.route(ctx, queue);
+            e.conn.send(token, Held::new(buf), flags, offset)
+        });
     }
 
     /// `exs_recv`: receives the next message into `buf`. The buffer comes back in the Recv event.
     pub fn recv(&self, buf: ExsBuf, flags: Flags, ctx: u64) {
-        self.recv_offset(buf, 0, flags, ctx);
+        self.recv_to(None, buf, 0, flags, ctx);
     }
 
     /// `exs_recv` of the range at `offset` of the peer's persistent send block.
     pub fn recv_offset(&self, buf: ExsBuf, offset: u64, flags: Flags, ctx: u64) {
-        self.inner
-            .with(|e| e.conn.recv(ctx, Held::new(buf), flags, offset));
+        self.recv_to(None, buf, offset, flags, ctx);
     }
 
-    /// `exs_sendfile`: sends `len` bytes of `file` from `offset` as one message. The bytes
+    /// `exs_recv` in full: the completion goes to `queue` (None: the socket's queue).
+    pub fn recv_to(
+        &self,
+        queue: Option<&EventQueue>,
+        buf: ExsBuf,
+        offset: u64,
+        flags: Flags,
+        ctx: u64,
+    ) {
+        self.inner.with(|e| {
+            let token = e.route(ctx, queue);
+            e.conn.recv(token, Held::new(buf), flags, offset)
+        });
+    }
+
+    /// `exs_sendfile`: sends `len` bytes of `file` from `offset` as one message (the
+    /// completion goes to `queue`, None: the socket's). The bytes
     /// go straight from the page cache: the range is mapped (copy-on-write, so nothing can
     /// write the file), registered for remote read and advertised, and the peer pulls it, so
     /// no user-space copy happens on the drivers that read registered memory in place
@@ -227,6 +256,7 @@ impl ExsSocket {
     /// the end of a file raise SIGBUS), as with every zero-copy file path.
     pub fn sendfile(
         &self,
+        queue: Option<&EventQueue>,
         file: &std::fs::File,
         offset: u64,
         len: u64,
@@ -252,7 +282,7 @@ impl ExsSocket {
             Buffer::map_file(file, offset, len)?
         };
         let region = self.inner.ep.domain().register(&buf, Access::REMOTE_READ)?;
-        self.send(ExsBuf::new(region), flags, ctx);
+        self.send_to(queue, ExsBuf::new(region), 0, flags, ctx);
         Ok(())
     }
 
