@@ -65,3 +65,59 @@ fn pull_vs_push() {
         }
     }
 }
+
+/// Half the median round trip of `size`-byte ping-pongs (µs); `imm` allows immediate data.
+fn latency(driver: &str, size: usize, imm: bool, iters: usize) -> f64 {
+    let cfg = Config {
+        small_packet_max_size: if imm { 512 } else { 0 },
+        ..Config::default()
+    };
+    let p = pair_on(driver, cfg.clone(), cfg, false);
+    let (mut sa, mut ra) = (
+        Some(p.a.alloc(size).unwrap()),
+        Some(p.a.alloc(size).unwrap()),
+    );
+    let (mut sb, mut rb) = (
+        Some(p.b.alloc(size).unwrap()),
+        Some(p.b.alloc(size).unwrap()),
+    );
+    let mut rtts = Vec::with_capacity(iters);
+    // b echoes from a thread so each side waits on its own queue, as two processes would.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for _ in 0..iters {
+                p.b.recv(rb.take().unwrap(), Flags::NONE, 1);
+                let ev = p.qb.dequeue(Duration::from_secs(10)).expect("ping");
+                rb = ev.buf;
+                p.b.send(sb.take().unwrap(), Flags::NONE, 2);
+                let ev = p.qb.dequeue(Duration::from_secs(10)).expect("pong sent");
+                sb = ev.buf;
+            }
+        });
+        for _ in 0..iters {
+            let t = Instant::now();
+            p.a.recv(ra.take().unwrap(), Flags::NONE, 1);
+            p.a.send(sa.take().unwrap(), Flags::NONE, 2);
+            for _ in 0..2 {
+                let ev = p.qa.dequeue(Duration::from_secs(10)).expect("pong");
+                match ev.kind {
+                    EventKind::Recv => ra = ev.buf,
+                    _ => sa = ev.buf,
+                }
+            }
+            rtts.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
+        }
+    });
+    rtts.sort_by(f64::total_cmp);
+    rtts[rtts.len() / 2]
+}
+
+#[test]
+#[ignore]
+fn ping_pong_latency() {
+    for driver in DRIVERS {
+        let imm = latency(driver, 10, true, 2000);
+        let normal = latency(driver, 10, false, 2000);
+        eprintln!("{driver:8} 10 B one-way: immediate {imm:6.1} µs, normal {normal:6.1} µs");
+    }
+}

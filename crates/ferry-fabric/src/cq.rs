@@ -152,18 +152,34 @@ impl CompletionQueue {
         v.pop()
     }
 
-    /// Waits up to `timeout` for one completion.
+    /// Waits up to `timeout` for one completion, spinning briefly before it sleeps.
     pub fn wait(&self, timeout: Duration) -> Result<Completion> {
-        let start = Instant::now();
+        let deadline = Instant::now() + timeout;
         loop {
             if let Some(c) = self.try_next() {
                 return Ok(c);
             }
-            let waited = start.elapsed();
-            if waited >= timeout {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if !self.wait_ready(left, SPIN) {
                 return Err(FabricError::Timeout(timeout));
             }
-            if waited < SPIN {
+        }
+    }
+
+    /// Waits up to `timeout` until a completion is waiting, without taking it: for a
+    /// consumer that must take completions under its own lock to keep their order. Spins
+    /// (yielding the CPU) for at most `spin` before it sleeps. True if one is waiting.
+    pub fn wait_ready(&self, timeout: Duration, spin: Duration) -> bool {
+        let start = Instant::now();
+        loop {
+            if !self.is_empty() {
+                return true;
+            }
+            let waited = start.elapsed();
+            if waited >= timeout {
+                return false;
+            }
+            if waited < spin {
                 std::hint::spin_loop();
                 std::thread::yield_now();
                 continue;
@@ -171,7 +187,7 @@ impl CompletionQueue {
             {
                 let mut st = self.lock();
                 if !st.queue.is_empty() {
-                    continue;
+                    return true;
                 }
                 st.sleepers += 1;
             }

@@ -16,7 +16,7 @@ fn connect_accept_and_capabilities() {
     assert!(caps.rma && !caps.virt_addr);
     assert_eq!(caps.progress, Progress::Auto);
     assert_eq!(caps, p.server.capabilities());
-    assert!(p.client.peer().starts_with("127.0.0.1:"));
+    assert!(p.client.peer().starts_with("tcp://127.0.0.1:"));
     // The accepted endpoint shares the listener's domain; the client has its own.
     assert_eq!(p.server.domain().id(), p.listener.domain().id());
     assert_ne!(p.server.domain().id(), p.client.domain().id());
@@ -417,4 +417,63 @@ fn inline_and_large_sends_complete_in_posting_order() {
     assert_eq!(got, [0, 1, 2, 3, 4, 5]);
     let got: Vec<u64> = (0..6).map(|_| ok(&*p.server).len).collect();
     assert_eq!(got, [8 << 20, 16, 16, 8 << 20, 16, 16]);
+}
+
+/// Sends small enough to be written by the posting thread, posted faster than the peer
+/// drains them, from both sides at once: the socket fills, direct writes end part-way and
+/// the writer takes over the rest; every message still arrives whole and in order, and send
+/// completions keep posting order.
+#[test]
+fn direct_writes_hand_over_to_the_writer_when_the_socket_fills() {
+    const N: usize = 3000;
+    const LEN: usize = 12_000;
+    let p = pair();
+    let eps = [&*p.client, &*p.server];
+    let srcs: Vec<_> = eps
+        .iter()
+        .enumerate()
+        .map(|(side, ep)| {
+            let data: Vec<u8> = (0..N)
+                .flat_map(|i| pattern(LEN, (i * 7 + side) as u8))
+                .collect();
+            register_data(*ep, &data, Access::LOCAL)
+        })
+        .collect();
+    std::thread::scope(|s| {
+        for (side, ep) in eps.iter().enumerate() {
+            let src = &srcs[side];
+            s.spawn(move || {
+                for i in 0..N {
+                    let slice = src.slice(i * LEN..(i + 1) * LEN).unwrap();
+                    ep.post_send(&[slice], i as u64).unwrap();
+                }
+            });
+        }
+    });
+    for (side, ep) in eps.iter().enumerate() {
+        let dst = register(*ep, LEN, Access::LOCAL);
+        let peer = 1 - side;
+        let mut sends = 0u64;
+        let take_send = |c: &ferry_fabric::Completion, sends: &mut u64| {
+            assert_eq!(c.context, *sends, "send completions out of order");
+            *sends += 1;
+        };
+        for i in 0..N {
+            ep.post_recv(&[dst.full()], 1 << 40).unwrap();
+            loop {
+                let c = ok(*ep);
+                if c.op == OpKind::Send {
+                    take_send(&c, &mut sends);
+                    continue;
+                }
+                assert_eq!(c.len, LEN as u64);
+                let want = pattern(LEN, (i * 7 + peer) as u8);
+                assert!(dst.buffer().to_vec() == want, "message {i} differs");
+                break;
+            }
+        }
+        while sends < N as u64 {
+            take_send(&ok(*ep), &mut sends);
+        }
+    }
 }

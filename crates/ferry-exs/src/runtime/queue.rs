@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use rustix::event::{eventfd, EventfdFlags};
@@ -33,10 +33,23 @@ pub struct ExsEvent {
     pub result: Result<(), ExsError>,
 }
 
+/// A socket whose completions a waiting dequeuer may process itself.
+pub(crate) trait Drive: Send + Sync {
+    /// Handles whatever completions wait, without blocking; true if there were any.
+    fn drive(&self) -> bool;
+}
+
+/// How long `dequeue` keeps driving its sockets after the last sign of life before it
+/// sleeps: a reply on the same host comes back well within it, and the dequeuing thread
+/// then handles it itself instead of waiting for two wake-ups (progress thread, then us).
+const SPIN: Duration = Duration::from_micros(50);
+
 struct Shared {
     events: Mutex<VecDeque<ExsEvent>>,
     ready: Condvar,
     efd: OwnedFd,
+    /// The sockets that report here.
+    sources: Mutex<Vec<Weak<dyn Drive>>>,
 }
 
 /// A queue sockets deliver events to. Cheap to clone (shared handle).
@@ -54,6 +67,7 @@ impl EventQueue {
                 events: Mutex::new(VecDeque::new()),
                 ready: Condvar::new(),
                 efd,
+                sources: Mutex::new(Vec::new()),
             }),
         })
     }
@@ -73,6 +87,31 @@ impl EventQueue {
         self.shared.ready.notify_one();
     }
 
+    /// Lets dequeuers drive `source` (a socket reporting here).
+    pub(crate) fn attach(&self, source: Weak<dyn Drive>) {
+        let mut s = self
+            .shared
+            .sources
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        s.retain(|w| w.strong_count() > 0);
+        s.push(source);
+    }
+
+    /// Processes the completions waiting on every attached socket; true if any did work.
+    fn drive(&self) -> bool {
+        let s = self
+            .shared
+            .sources
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let mut any = false;
+        for src in s.iter().filter_map(Weak::upgrade) {
+            any |= src.drive();
+        }
+        any
+    }
+
     /// Takes the next event without blocking.
     pub fn try_dequeue(&self) -> Option<ExsEvent> {
         let mut q = self.lock();
@@ -85,8 +124,28 @@ impl EventQueue {
     }
 
     /// Waits up to `timeout` for the next event (`exs_qdequeue`); None on timeout.
+    ///
+    /// While it waits, the calling thread processes its sockets' completions itself for a
+    /// short while (the socket's progress thread does the same work otherwise), which takes
+    /// two thread wake-ups off every round trip.
     pub fn dequeue(&self, timeout: Duration) -> Option<ExsEvent> {
-        let deadline = Instant::now() + timeout;
+        let start = Instant::now();
+        let deadline = start + timeout;
+        let mut busy = start;
+        loop {
+            if let Some(ev) = self.try_dequeue() {
+                return Some(ev);
+            }
+            if self.drive() {
+                busy = Instant::now();
+                continue;
+            }
+            let now = Instant::now();
+            if now >= deadline || now - busy >= SPIN {
+                break;
+            }
+            std::thread::yield_now();
+        }
         let mut q = self.lock();
         loop {
             if let Some(ev) = q.pop_front() {

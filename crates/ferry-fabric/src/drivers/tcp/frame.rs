@@ -111,6 +111,12 @@ pub struct Header {
 }
 
 impl Header {
+    /// No bytes (the rest of a partly written frame travels as plain payload).
+    pub const EMPTY: Header = Header {
+        bytes: [0; MAX_HEADER_LEN],
+        len: 0,
+    };
+
     /// The header's bytes.
     pub fn as_bytes(&self) -> &[u8] {
         &self.bytes[..usize::from(self.len)]

@@ -1,7 +1,9 @@
 //! The writer thread: drains the connection's job queue with writev, headers and payloads in
 //! one call, payloads straight from registered memory (inline sends excepted).
 
-use std::io::{self, IoSlice, Write};
+use std::io::{self, IoSlice};
+
+use rustix::net::{sendmsg, SendAncillaryBuffer, SendFlags};
 use std::sync::Arc;
 
 use super::conn::{Close, Conn, Job, Payload, State};
@@ -18,7 +20,7 @@ pub(super) fn run(conn: Arc<Conn>) {
     loop {
         {
             let mut st = conn.lock();
-            while st.jobs.is_empty() && st.closed.is_none() {
+            while (st.jobs.is_empty() || st.direct) && st.closed.is_none() {
                 st.writer_idle = true;
                 st = conn.wake.wait(st).unwrap_or_else(|p| p.into_inner());
             }
@@ -62,6 +64,58 @@ fn sends_written(conn: &Conn, jobs: &[Job]) {
     }
 }
 
+/// The job's bytes as I/O slices (empty ones left out), appended to `iov`; returns their total.
+fn slices<'a>(job: &'a Job, iov: &mut Vec<IoSlice<'a>>) -> usize {
+    let header = std::iter::once(IoSlice::new(job.header.as_bytes()));
+    let payload: Vec<IoSlice<'a>> = match &job.payload {
+        Payload::None => Vec::new(),
+        Payload::Inline(v) => vec![IoSlice::new(v)],
+        Payload::Spans(spans) => spans.iter().map(|s| s.io_slice()).collect(),
+    };
+    let mut total = 0;
+    for s in header.chain(payload) {
+        total += s.len();
+        if !s.is_empty() {
+            iov.push(s);
+        }
+    }
+    total
+}
+
+/// One `sendmsg`: MSG_NOSIGNAL so a vanished peer is an EPIPE error, never a SIGPIPE that
+/// would kill a C program hosting ferry.
+fn send(conn: &Conn, bufs: &[IoSlice<'_>], flags: SendFlags) -> io::Result<usize> {
+    let bufs = &bufs[..bufs.len().min(IOV_MAX)];
+    let flags = flags | SendFlags::NOSIGNAL;
+    Ok(sendmsg(
+        &conn.stream,
+        bufs,
+        &mut SendAncillaryBuffer::default(),
+        flags,
+    )?)
+}
+
+/// Writes as much of `job` as the socket takes right now, without blocking: the bytes
+/// written (WouldBlock counts as none).
+pub(super) fn write_now(conn: &Conn, job: &Job) -> io::Result<usize> {
+    let mut iov = Vec::with_capacity(4);
+    let total = slices(job, &mut iov);
+    let (mut bufs, mut written) = (&mut iov[..], 0);
+    while written < total {
+        match send(conn, bufs, SendFlags::DONTWAIT) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                written += n;
+                IoSlice::advance_slices(&mut bufs, n);
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(written)
+}
+
 /// Writes every job of `batch`, completing sends as soon as their bytes are out. On failure
 /// returns the error and how many jobs were fully written.
 fn write_batch(conn: &Conn, batch: &[Job]) -> Result<(), (io::Error, usize)> {
@@ -69,23 +123,12 @@ fn write_batch(conn: &Conn, batch: &[Job]) -> Result<(), (io::Error, usize)> {
     let mut ends = Vec::with_capacity(batch.len());
     let mut total = 0;
     for job in batch {
-        let payload: &[IoSlice<'_>] = &match &job.payload {
-            Payload::None => Vec::new(),
-            Payload::Inline(v) => vec![IoSlice::new(v)],
-            Payload::Spans(spans) => spans.iter().map(|s| s.io_slice()).collect(),
-        };
-        for s in std::iter::once(IoSlice::new(job.header.as_bytes())).chain(payload.iter().copied())
-        {
-            total += s.len();
-            if !s.is_empty() {
-                iov.push(s);
-            }
-        }
+        total += slices(job, &mut iov);
         ends.push(total);
     }
     let (mut bufs, mut written, mut done) = (&mut iov[..], 0, 0);
     while written < total {
-        let n = match (&conn.stream).write_vectored(&bufs[..bufs.len().min(IOV_MAX)]) {
+        let n = match send(conn, bufs, SendFlags::empty()) {
             Ok(0) => return Err((io::ErrorKind::WriteZero.into(), done)),
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
