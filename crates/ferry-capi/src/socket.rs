@@ -158,6 +158,37 @@ impl Socket {
     }
 }
 
+/// Runs `f` with SIGPIPE blocked in the calling thread, restoring the mask after. Threads
+/// started inside (ours, and the drivers' writer and progress threads, which inherit the
+/// mask) then never take SIGPIPE: a write to a connection the peer reset fails with EPIPE
+/// and ends the connection, instead of killing a C program that, unlike a Rust one, did not
+/// ignore SIGPIPE at start-up.
+fn sigpipe_blocked<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(libc::sigset_t);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            // SAFETY: restores a mask pthread_sigmask filled in below; no pointers kept.
+            unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.0, std::ptr::null_mut()) };
+        }
+    }
+    // SAFETY: sigset_t is plain data that sigemptyset initialises; the calls only read and
+    // write the two local sets and this thread's signal mask.
+    let _restore = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGPIPE);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+        Restore(old)
+    };
+    f()
+}
+
+/// Starts a thread of this library (SIGPIPE blocked, see [`sigpipe_blocked`]).
+fn spawn(name: String, f: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
+    sigpipe_blocked(|| std::thread::Builder::new().name(name).spawn(f).map(drop))
+}
+
 /// `exs_socket`: a fresh socket.
 pub fn create() -> Res<i32> {
     handle::insert(Obj::Sock(Arc::new(Socket::new(
@@ -208,7 +239,7 @@ pub fn listen(h: i32, backlog: i32) -> Res<()> {
         State::Failed => return Err(Errno::INVAL),
     };
     let settings = i.settings.resolved(&parse(&url)?);
-    let exs = ExsListener::bind(&url, settings.cfg.clone())?;
+    let exs = sigpipe_blocked(|| ExsListener::bind(&url, settings.cfg.clone()))?;
     let l = Arc::new(Listen {
         exs,
         handle: h,
@@ -223,10 +254,12 @@ pub fn listen(h: i32, backlog: i32) -> Res<()> {
         thread: Mutex::new(None),
     });
     let t = l.clone();
-    let thread = std::thread::Builder::new()
-        .name(format!("exs-listen-{h}"))
-        .spawn(move || t.run())
-        .map_err(Errno::from)?;
+    let thread = sigpipe_blocked(|| {
+        std::thread::Builder::new()
+            .name(format!("exs-listen-{h}"))
+            .spawn(move || t.run())
+    })
+    .map_err(Errno::from)?;
     *l.thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(thread);
     i.settings = settings;
     i.state = State::Listening(l);
@@ -276,18 +309,16 @@ pub fn connect(h: i32, url: &str, q: Arc<Queue>, ctx: usize) -> Res<()> {
     let url = url.to_owned();
     let sock = s.clone();
     let q2 = q.clone();
-    let spawned = std::thread::Builder::new()
-        .name(format!("exs-connect-{h}"))
-        .spawn(move || {
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                ExsSocket::connect(&url, settings.cfg, &q2.rt, settings.connect_timeout)
-            }));
-            let r = match r {
-                Ok(r) => r.map_err(Errno::from),
-                Err(_) => Err(Errno(libc::EIO)),
-            };
-            connected(h, &sock, r, &q2, ctx);
-        });
+    let spawned = spawn(format!("exs-connect-{h}"), move || {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            ExsSocket::connect(&url, settings.cfg, &q2.rt, settings.connect_timeout)
+        }));
+        let r = match r {
+            Ok(r) => r.map_err(Errno::from),
+            Err(_) => Err(Errno(libc::EIO)),
+        };
+        connected(h, &sock, r, &q2, ctx);
+    });
     if let Err(e) = spawned {
         s.lock().state = State::Failed;
         return Err(Errno::from(e));
@@ -507,32 +538,30 @@ impl Listen {
     fn handshake(&self, inc: ExsIncoming, req: Req) {
         let (lh, settings) = (self.handle, self.settings.clone());
         let (q, ctx) = (req.q.clone(), req.ctx);
-        let spawned = std::thread::Builder::new()
-            .name(format!("exs-accept-{lh}"))
-            .spawn(move || {
-                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    inc.start(&req.q.rt, HANDSHAKE_TIMEOUT)
-                }));
-                let exs = match r {
-                    Ok(Ok(exs)) => exs,
-                    Ok(Err(e)) => {
-                        let err = Errno::from(e).0;
-                        return req.q.push(Ev::conn(EVT_ACCEPT, lh, -1, err, req.ctx));
-                    }
-                    Err(_) => return req.q.push(Ev::conn(EVT_ACCEPT, lh, -1, libc::EIO, req.ctx)),
-                };
-                let id = exs.id();
-                let sock = Socket::new(settings, State::Connected(Arc::new(exs)));
-                match handle::insert(Obj::Sock(Arc::new(sock))) {
-                    Ok(h) => req
-                        .q
-                        .announce(Ev::conn(EVT_ACCEPT, lh, h, 0, req.ctx), Some((id, h))),
-                    Err(e) => {
-                        let ev = Ev::conn(EVT_ACCEPT, lh, -1, e.0, req.ctx);
-                        req.q.announce(ev, Some((id, -1)))
-                    }
+        let spawned = spawn(format!("exs-accept-{lh}"), move || {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                inc.start(&req.q.rt, HANDSHAKE_TIMEOUT)
+            }));
+            let exs = match r {
+                Ok(Ok(exs)) => exs,
+                Ok(Err(e)) => {
+                    let err = Errno::from(e).0;
+                    return req.q.push(Ev::conn(EVT_ACCEPT, lh, -1, err, req.ctx));
                 }
-            });
+                Err(_) => return req.q.push(Ev::conn(EVT_ACCEPT, lh, -1, libc::EIO, req.ctx)),
+            };
+            let id = exs.id();
+            let sock = Socket::new(settings, State::Connected(Arc::new(exs)));
+            match handle::insert(Obj::Sock(Arc::new(sock))) {
+                Ok(h) => req
+                    .q
+                    .announce(Ev::conn(EVT_ACCEPT, lh, h, 0, req.ctx), Some((id, h))),
+                Err(e) => {
+                    let ev = Ev::conn(EVT_ACCEPT, lh, -1, e.0, req.ctx);
+                    req.q.announce(ev, Some((id, -1)))
+                }
+            }
+        });
         if spawned.is_err() {
             q.push(Ev::conn(EVT_ACCEPT, lh, -1, libc::EAGAIN, ctx));
         }
@@ -563,5 +592,33 @@ impl Listen {
                 r.ctx,
             ));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sigpipe_is_blocked() -> bool {
+        // SAFETY: reads this thread's mask into a local set (a null `set` changes nothing).
+        unsafe {
+            let mut cur: libc::sigset_t = std::mem::zeroed();
+            libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut cur);
+            libc::sigismember(&cur, libc::SIGPIPE) == 1
+        }
+    }
+
+    #[test]
+    fn library_threads_block_sigpipe_and_callers_keep_their_mask() {
+        assert!(!sigpipe_is_blocked());
+        let (tx, rx) = std::sync::mpsc::channel();
+        spawn("sigpipe-test".into(), move || {
+            let _ = tx.send(sigpipe_is_blocked());
+        })
+        .unwrap();
+        assert!(rx.recv().unwrap());
+        assert!(!sigpipe_is_blocked());
+        assert!(sigpipe_blocked(sigpipe_is_blocked));
+        assert!(!sigpipe_is_blocked());
     }
 }

@@ -80,7 +80,7 @@ typedef int exs_mhandle_t;
 #define EXS_EVT_ACCEPT 3      /**< an exs_accept completed; the new socket is in accepted */
 #define EXS_EVT_CONNECT 4     /**< an exs_connect completed (err != 0: it failed) */
 #define EXS_EVT_READ_NOTIFY 5 /**< the peer read a persistent EXS_NOTIFY_ON_READ send */
-#define EXS_EVT_CLOSE 6       /**< the connection ended (err 0: closed here; else why) */
+#define EXS_EVT_CLOSE 6       /**< the connection ended (err: see exs_event_t) */
 
 /**
  * A completion or notification, as exs_qdequeue returns it.
@@ -90,14 +90,19 @@ typedef int exs_mhandle_t;
  *             socket; for EXS_EVT_CLOSE the socket that closed).
  * - accepted: EXS_EVT_ACCEPT: the new connected socket (-1 if err != 0). Its own events
  *             (close) go to the queue the accept named. Otherwise -1.
- * - err:      0, or an errno value: EMSGSIZE (a message larger than the recv buffer: the
+ * - err:      0, or an errno value. EXS_EVT_CLOSE: 0 if exs_close was called here first,
+ *             ECONNRESET if the peer closed or the connection was lost (EXS does not tell
+ *             the two apart), EPROTO / EPROTONOSUPPORT if the peer broke the protocol or
+ *             speaks another major version. Operations: EMSGSIZE (a message larger than the recv buffer: the
  *             buffer holds its prefix, len = buffer length; or a send past the end of the
  *             peer's persistent recv buffer), EINVAL (bad flags or offset), ECANCELED
  *             (the socket was closed here first), ECONNRESET (the peer closed or went
  *             away), ECONNREFUSED / ETIMEDOUT (connect), EPROTO, EIO.
  * - buf:      the buffer pointer given to the operation (NULL for exs_sendfile, accept,
  *             connect and close; the persistent buffer for EXS_EVT_READ_NOTIFY).
- * - len:      bytes transferred (bytes read for EXS_EVT_READ_NOTIFY).
+ * - len:      bytes transferred: for EXS_EVT_SEND the bytes the receiver took (fewer than
+ *             posted, with err 0, if its recv buffer was shorter), for EXS_EVT_RECV the
+ *             bytes written, for EXS_EVT_READ_NOTIFY the bytes read.
  * - context:  the ctx given to the call (NULL for EXS_EVT_CLOSE).
  */
 typedef struct exs_event {
