@@ -210,13 +210,11 @@ fn post(
     let flags = op_flags(flags)?;
     let exs = s.connected()?;
     let range = mem.range(buf as usize, len)?;
-    let (region, hold) = mem.acquire(&s, &exs)?;
-    let xb = ExsBuf::new(region).slice(range)?;
+    let xb = ExsBuf::new(mem.region(&s, &exs)?).slice(range)?;
     let token = op_token(OpRec {
         sock,
         ctx: ctx as usize,
         buf: buf as usize,
-        hold: Some(hold),
     });
     if send {
         exs.send_to(Some(&q.rt), xb, offset, Flags(flags), token);
@@ -314,7 +312,6 @@ pub extern "C" fn exs_sendfile(
             sock,
             ctx: ctx as usize,
             buf: 0,
-            hold: None,
         });
         exs.sendfile(Some(&q.rt), &file, offset, len as u64, Flags(flags), token)
             .inspect_err(|_| op_forget(token))?;

@@ -6,16 +6,20 @@
 //! connecting socket has its own). So a [`Mem`] records the range and wraps it once as a
 //! [`Buffer`] over the caller's memory; the first operation on a socket of a domain registers
 //! that buffer there and caches the [`MemoryRegion`] by domain, and later operations in the
-//! same domain reuse it. `exs_mderegister` drops the cache, and succeeds only once nothing
-//! holds the memory: no operation whose completion event has not been dequeued (counted
-//! here), and no fabric registration (the buffer's handle count, checked after dropping the
-//! cache) — only then may the caller free it.
+//! same domain reuse it.
+//!
+//! `exs_mderegister` drops the cache and then asks the buffer how many handles it has: every
+//! live registration holds one, and a registration lives while anything holds it: an
+//! operation in flight, or its completion event not yet dequeued. Only when the buffer is
+//! the last handle is nothing able to reach the memory, and only then may the caller free
+//! it. The count is the truth, so it also settles by itself when events are lost with a
+//! deleted queue (they die with the queue or their socket); the price is that an EBUSY
+//! answer has emptied the cache, and the next operation registers the memory again.
 
 use std::collections::HashMap;
 use std::ops::Range;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 
 use ferry_exs::runtime::ExsSocket;
 use ferry_fabric::{Buffer, DomainId, MemoryRegion};
@@ -28,23 +32,12 @@ pub struct Mem {
     addr: usize,
     len: usize,
     st: Mutex<MemState>,
-    /// Operations posted from this memory whose completion event has not been dequeued.
-    ops: AtomicUsize,
 }
 
 struct MemState {
     /// None once deregistered.
     buffer: Option<Buffer>,
     regions: HashMap<DomainId, MemoryRegion>,
-}
-
-/// Counts one operation against its memory until dropped (when its final event is dequeued).
-pub struct InFlight(Arc<Mem>);
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.ops.fetch_sub(1, Ordering::AcqRel);
-    }
 }
 
 impl Mem {
@@ -69,7 +62,6 @@ impl Mem {
                 buffer: Some(buffer),
                 regions: HashMap::new(),
             }),
-            ops: AtomicUsize::new(0),
         })
     }
 
@@ -87,13 +79,9 @@ impl Mem {
         Ok(start..end)
     }
 
-    /// The registration of this memory in `sock`'s domain (made on first use), counted as
-    /// held by one more operation. EBADF once deregistered.
-    pub fn acquire(
-        self: &Arc<Self>,
-        sock: &Socket,
-        exs: &ExsSocket,
-    ) -> Res<(MemoryRegion, InFlight)> {
+    /// The registration of this memory in `sock`'s domain (made on first use). EBADF once
+    /// deregistered.
+    pub fn region(&self, sock: &Socket, exs: &ExsSocket) -> Res<MemoryRegion> {
         let mut st = self.lock();
         let buffer = st.buffer.clone().ok_or(Errno::BADF)?;
         let cached = sock.domain.get().and_then(|d| st.regions.get(d)).cloned();
@@ -106,23 +94,18 @@ impl Mem {
                 st.regions.entry(d).or_insert(region).clone()
             }
         };
-        self.ops.fetch_add(1, Ordering::AcqRel);
-        Ok((region, InFlight(self.clone())))
+        Ok(region)
     }
 
-    /// Drops every registration; EBUSY (and the memory stays registered with the operations
-    /// that hold it) while an operation holds it. After success the caller may free it.
+    /// Drops every registration; EBUSY while an operation (or its undequeued event) still
+    /// holds one. After success the caller may free the memory.
     pub fn deregister(&self) -> Res<()> {
         let mut st = self.lock();
         if st.buffer.is_none() {
             return Err(Errno::BADF);
         }
-        if self.ops.load(Ordering::Acquire) > 0 {
-            return Err(Errno(libc::EBUSY));
-        }
-        // Dropping the cache deregisters every region nothing else holds; a region an
-        // operation still holds (its event not yet dequeued, or its queue deleted) keeps a
-        // buffer handle, so the count tells.
+        // Dropping the cache deregisters every region nothing else holds; a region still
+        // held keeps a buffer handle, so the count tells.
         st.regions.clear();
         if st.buffer.as_ref().is_some_and(|b| b.handle_count() > 1) {
             return Err(Errno(libc::EBUSY));

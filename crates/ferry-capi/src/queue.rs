@@ -23,8 +23,6 @@ use ferry_exs::proto::EventKind;
 use ferry_exs::runtime::{EventQueue, ExsEvent, SocketId};
 use rustix::event::{epoll, eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
 
-use crate::mem::InFlight;
-
 /// `EXS_EVT_*` values (see exs.h).
 pub const EVT_SEND: i32 = 1;
 pub const EVT_RECV: i32 = 2;
@@ -66,8 +64,6 @@ pub struct OpRec {
     pub ctx: usize,
     /// The caller's buffer pointer (0 for sendfile, whose buffer is ferry's mapping).
     pub buf: usize,
-    /// Keeps the registration counted as busy until the final event is dequeued.
-    pub hold: Option<InFlight>,
 }
 
 static OPS: LazyLock<Mutex<HashMap<u64, OpRec>>> = LazyLock::new(Default::default);
@@ -131,25 +127,18 @@ fn convert(ev: ExsEvent) -> Conv {
         _ => return Conv::Discard,
     };
     let fallback_buf = ev.buf.as_ref().map_or(0, |b| b.addr());
-    // The buffer (and with it the registration) is released before the operation's record,
-    // so a registration is never reported free while an event still holds it.
+    // The event's buffer (its hold on the registration) is dropped here, when dequeued.
     drop(ev.buf);
     let rec = if kind == EVT_READ_NOTIFY {
         // The persistent send stays posted; so does its record.
-        ops().get(&ev.ctx).map(|r| (r.sock, r.ctx, r.buf, None))
+        ops().get(&ev.ctx).map(|r| (r.sock, r.ctx, r.buf))
     } else {
-        ops()
-            .remove(&ev.ctx)
-            .map(|r| (r.sock, r.ctx, r.buf, Some(r)))
+        ops().remove(&ev.ctx).map(|r| (r.sock, r.ctx, r.buf))
     };
-    let (sock, ctx, buf, rec) = match rec {
-        Some(r) => r,
-        None => {
-            let sock = ids().get(&ev.socket).copied().unwrap_or(-1);
-            (sock, 0, fallback_buf, None)
-        }
-    };
-    drop(rec);
+    let (sock, ctx, buf) = rec.unwrap_or_else(|| {
+        let sock = ids().get(&ev.socket).copied().unwrap_or(-1);
+        (sock, 0, fallback_buf)
+    });
     Conv::Deliver(Ev {
         kind,
         sock,

@@ -330,3 +330,43 @@ fn connect_refused_reports_an_event_and_may_retry() {
     assert_eq!(exs_close(s), 0);
     assert_eq!(exs_qdelete(q), 0);
 }
+
+/// Memory held by an operation whose queue was deleted is released when its socket closes
+/// (the event dies with the queue), so exs_mderegister does not stay EBUSY forever.
+#[test]
+fn deleted_queue_releases_memory_at_close() {
+    let q = exs_qcreate(0);
+    let l = sock();
+    let u = url("tcp", "lost");
+    // SAFETY: NUL-terminated strings; `mem` outlives its registration.
+    unsafe {
+        assert_eq!(exs_bind(l, u.as_ptr()), 0);
+        assert_eq!(exs_listen(l, 1), 0);
+        let addr = CString::new(name(exs_getsockname, l)).unwrap();
+        let c = sock();
+        assert_eq!(exs_connect(c, addr.as_ptr(), q, null_mut()), 0);
+        assert_eq!(exs_accept(l, q, null_mut()), 0);
+        let mut a = -1;
+        for _ in 0..2 {
+            let ev = next(q);
+            assert_eq!(ev.err, 0);
+            if ev.type_ == 3 {
+                a = ev.accepted;
+            }
+        }
+        let lost = exs_qcreate(0);
+        let mut mem = vec![0u8; 4096];
+        let mh = exs_mregister(mem.as_mut_ptr().cast(), mem.len(), 0);
+        assert_eq!(
+            exs_recv(a, mem.as_mut_ptr().cast(), 4096, 0, mh, lost, null_mut()),
+            0
+        );
+        assert_eq!(exs_qdelete(lost), 0);
+        fails(exs_mderegister(mh), libc::EBUSY);
+        assert_eq!(exs_close(a), 0);
+        assert_eq!(exs_mderegister(mh), 0);
+        assert_eq!(exs_close(c), 0);
+        assert_eq!(exs_close(l), 0);
+        assert_eq!(exs_qdelete(q), 0);
+    }
+}
