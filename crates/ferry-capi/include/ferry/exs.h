@@ -144,8 +144,9 @@ struct exs_pollfd {
 
 /**
  * Checks that the program was built against a header this library implements. Call it
- * once, first, with EXS_VERSION. Fails with ENOTSUP if the major version differs or the
- * header's minor version is newer than the library's.
+ * once, first, with EXS_VERSION (the ES-API requires it; this library does not enforce
+ * the order). Fails with ENOTSUP if the major version differs or the header's minor
+ * version is newer than the library's.
  */
 int exs_init(int version);
 
