@@ -22,6 +22,9 @@ SOMAJOR  := 0
 CAPI     := crates/ferry-capi
 BUILT    := $(or $(CARGO_TARGET_DIR),target)/release/libferry.so
 REALNAME := libferry.so.$(VERSION)
+# ferry.pc names its directories relative to ${prefix} when they lie under it.
+PC_LIBDIR     := $(patsubst $(PREFIX)/%,$${prefix}/%,$(LIBDIR))
+PC_INCLUDEDIR := $(patsubst $(PREFIX)/%,$${prefix}/%,$(INCLUDEDIR))
 
 .PHONY: all build install uninstall check-c
 
@@ -37,7 +40,7 @@ install: build
 	ln -sf libferry.so.$(SOMAJOR) $(DESTDIR)$(LIBDIR)/libferry.so
 	$(INSTALL) -m 0644 $(CAPI)/include/ferry/exs.h $(DESTDIR)$(INCLUDEDIR)/ferry/exs.h
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' \
-	    -e 's|^libdir=.*|libdir=$(LIBDIR)|' -e 's|^includedir=.*|includedir=$(INCLUDEDIR)|' \
+	    -e 's|^libdir=.*|libdir=$(PC_LIBDIR)|' -e 's|^includedir=.*|includedir=$(PC_INCLUDEDIR)|' \
 	    $(CAPI)/ferry.pc.in > $(DESTDIR)$(PKGCONFIGDIR)/ferry.pc
 	chmod 0644 $(DESTDIR)$(PKGCONFIGDIR)/ferry.pc
 
