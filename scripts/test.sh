@@ -11,6 +11,8 @@ echo "== cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo test"
 cargo test --workspace --locked
+echo "== C API (libferry via pkg-config, every driver)"
+bash scripts/test-capi.sh
 
 # Fuzz smoke: every wire decoder for a few seconds (cargo-fuzz needs the nightly toolchain;
 # without it this step says so and is skipped — the decoders' proptests above still ran).

@@ -12,7 +12,7 @@ mod socket;
 
 pub use buf::ExsBuf;
 pub use queue::{EventQueue, ExsEvent, SocketId};
-pub use socket::{default_config, ExsListener, ExsSocket};
+pub use socket::{default_config, ExsIncoming, ExsListener, ExsSocket};
 
 use crate::error::ExsError;
 

@@ -444,4 +444,44 @@ impl ExsListener {
         let left = timeout.saturating_sub(start.elapsed()).max(TICK);
         ExsSocket::start(ep, self.cfg.clone(), queue, left)
     }
+
+    /// Waits up to `timeout` for the next connection and hands it over without starting EXS
+    /// on it: the caller picks its event queue later with [`ExsIncoming::start`]. Lets a
+    /// caller accept ahead of time (a backlog, readiness for `exs_poll`) and wait for
+    /// connections in short slices without cutting a handshake short.
+    pub fn accept_incoming(&self, timeout: Duration) -> Result<ExsIncoming, Error> {
+        Ok(ExsIncoming {
+            ep: self.listener.accept(timeout)?,
+            cfg: self.cfg.clone(),
+        })
+    }
+}
+
+/// A connection taken from an [`ExsListener`] whose EXS handshake has not started
+/// ([`ExsListener::accept_incoming`]). The peer's HELLO waits at the fabric meanwhile;
+/// dropping it closes the connection.
+pub struct ExsIncoming {
+    ep: Box<dyn Endpoint>,
+    cfg: Config,
+}
+
+impl std::fmt::Debug for ExsIncoming {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExsIncoming")
+            .field("peer", &self.ep.peer())
+            .finish()
+    }
+}
+
+impl ExsIncoming {
+    /// Starts EXS on the connection with events going to `queue`, and waits up to `timeout`
+    /// for the handshake.
+    pub fn start(self, queue: &EventQueue, timeout: Duration) -> Result<ExsSocket, Error> {
+        ExsSocket::start(self.ep, self.cfg, queue, timeout)
+    }
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> String {
+        self.ep.peer()
+    }
 }
