@@ -57,6 +57,9 @@ pub enum ExsError {
     /// The fabric failed the data transfer (RMA error: bad key, bounds, or a broken link).
     #[error("the fabric failed the data transfer")]
     Transfer,
+    /// The peer closed the connection in an orderly way (`exs_close`).
+    #[error("the peer closed the connection")]
+    PeerClosed,
 }
 
 impl ExsError {
@@ -77,6 +80,7 @@ impl ExsError {
             Self::Canceled => libc::ECANCELED,
             Self::VersionMismatch { .. } => libc::EPROTONOSUPPORT,
             Self::Transfer => libc::EIO,
+            Self::PeerClosed => libc::EPIPE,
         }
     }
 
@@ -97,6 +101,7 @@ impl ExsError {
             Self::Canceled => 12,
             Self::VersionMismatch { .. } => 13,
             Self::Transfer => 14,
+            Self::PeerClosed => 15,
         }
     }
 
@@ -117,6 +122,7 @@ impl ExsError {
             11 => Self::Protocol,
             12 => Self::Canceled,
             14 => Self::Transfer,
+            15 => Self::PeerClosed,
             _ => return None,
         })
     }

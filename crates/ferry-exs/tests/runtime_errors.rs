@@ -37,7 +37,7 @@ fn peer_closes_mid_transfer(driver: &str) {
     p.a.recv(p.a.alloc(64).unwrap(), Flags::NONE, 10);
     p.b.close().unwrap();
     let (ops, close) = until_closed(&p.qa, 4);
-    assert_eq!(close.result, Err(ExsError::ConnectionReset));
+    assert_eq!(close.result, Err(ExsError::PeerClosed));
     // The sends the peer never took, and our recv, fail; every buffer comes back.
     assert!(ops.iter().all(|e| e.buf.is_some()));
     assert!(
@@ -108,7 +108,7 @@ fn misuse(driver: &str) {
     let ev = next(&p.qb, "peer close");
     assert_eq!(
         (ev.kind, ev.result),
-        (EventKind::Close, Err(ExsError::ConnectionReset))
+        (EventKind::Close, Err(ExsError::PeerClosed))
     );
     assert_eq!(p.b.close(), Ok(()));
     assert_eq!(p.b.close(), Err(ExsError::NotConnected));

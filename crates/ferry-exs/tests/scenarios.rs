@@ -506,7 +506,7 @@ fn close_completes_every_pending_operation() {
             sim.close(closer);
             sim.run();
             sim.assert_quiescent();
-            let reset = Err(ExsError::ConnectionReset);
+            let reset = Err(ExsError::PeerClosed);
             assert_eq!(one(&sim, closer, EventKind::Close, 0).result, Ok(()));
             assert_eq!(one(&sim, 1 - closer, EventKind::Close, 0).result, reset);
             // The simulated users keep posting after the close: those fail at once.

@@ -21,6 +21,7 @@ fn error() -> impl Strategy<Value = ExsError> {
         ExsError::Protocol,
         ExsError::Canceled,
         ExsError::Transfer,
+        ExsError::PeerClosed,
     ])
 }
 

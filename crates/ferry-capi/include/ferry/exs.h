@@ -91,13 +91,13 @@ typedef int exs_mhandle_t;
  * - accepted: EXS_EVT_ACCEPT: the new connected socket (-1 if err != 0). Its own events
  *             (close) go to the queue the accept named. Otherwise -1.
  * - err:      0, or an errno value. EXS_EVT_CLOSE: 0 if exs_close was called here first,
- *             ECONNRESET if the peer closed or the connection was lost (EXS does not tell
- *             the two apart), EPROTO / EPROTONOSUPPORT if the peer broke the protocol or
+ *             EPIPE if the peer closed with exs_close, ECONNRESET if the connection was
+ *             lost, EPROTO / EPROTONOSUPPORT if the peer broke the protocol or
  *             speaks another major version. Operations: EMSGSIZE (a message larger than the recv buffer: the
  *             buffer holds its prefix, len = buffer length; or a send past the end of the
  *             peer's persistent recv buffer), EINVAL (bad flags or offset), ECANCELED
- *             (the socket was closed here first), ECONNRESET (the peer closed or went
- *             away), ECONNREFUSED / ETIMEDOUT (connect), EPROTO, EIO.
+ *             (the socket was closed here first), EPIPE (the peer closed), ECONNRESET
+ *             (the connection was lost), ECONNREFUSED / ETIMEDOUT (connect), EPROTO, EIO.
  * - buf:      the buffer pointer given to the operation (NULL for exs_sendfile, accept,
  *             connect and close; the persistent buffer for EXS_EVT_READ_NOTIFY).
  * - len:      bytes transferred: for EXS_EVT_SEND the bytes the receiver took (fewer than

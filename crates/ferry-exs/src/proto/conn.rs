@@ -319,7 +319,7 @@ impl<B: LocalBuf> Connection<B> {
     fn dispatch(&mut self, credits: u16, frame: Frame, payload: &[u8]) -> Result<(), Violation> {
         if let Frame::Close { reason, major, .. } = frame {
             let e = match reason {
-                0 => ExsError::ConnectionReset,
+                0 => ExsError::PeerClosed,
                 wire::CLOSE_VERSION => ExsError::VersionMismatch {
                     peer_major: major,
                     our_major: wire::VERSION_MAJOR,
