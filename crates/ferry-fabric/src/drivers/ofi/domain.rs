@@ -548,12 +548,32 @@ impl DomainCore {
     }
 }
 
+/// How long closing a domain waits for its progress thread to leave the provider.
+const PROGRESS_EXIT: Duration = Duration::from_secs(5);
+
 impl Drop for DomainCore {
     fn drop(&mut self) {
         self.shared.stop.store(true, SeqCst);
         self.shared.sleeping.store(true, SeqCst);
         self.shared.wake();
         if let Some(t) = lock(&self.thread).take() {
+            let deadline = Instant::now() + PROGRESS_EXIT;
+            while !t.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if !t.is_finished() {
+                // libfabric 1.17's shm keeps spinlocks in memory shared with its peers; a
+                // peer killed while holding one leaves fi_cq_read spinning forever. Closing
+                // the provider's objects under that thread would be unsafe, and waiting
+                // would hang the caller: leave both to the process exit (the thread keeps
+                // `Shared` alive).
+                tracing::warn!(
+                    domain = self.shared.id,
+                    "ofi progress thread stuck in the provider (a peer died holding a lock?); \
+                     leaking the domain"
+                );
+                return;
+            }
             let _ = t.join();
         }
         self.shared.close();
