@@ -118,9 +118,9 @@ impl Drive for Inner {
 ///
 /// A dead peer is noticed when the fabric reports it: at once on the native tcp driver (its
 /// reader sees the connection drop and fails the posted control receives); on libfabric
-/// drivers only when an operation reaches the peer (ofi+tcp fails the next frame or RMA,
-/// ofi+shm may not fail at all), so an operation that only waits for the peer (a recv with
-/// no message) ends at [`ExsSocket::close`], which never waits for the peer.
+/// drivers when the driver's keepalive has heard nothing from the peer for its timeout
+/// (10 s, `FERRY_OFI_PEER_TIMEOUT`), or earlier if an operation reaches the dead peer.
+/// [`ExsSocket::close`] never waits for the peer.
 pub struct ExsSocket {
     inner: Arc<Inner>,
     thread: Option<JoinHandle<()>>,

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use ferry_ofi_sys as sys;
 
-use super::endpoint::{peer_gone, Conn, OfiEndpoint};
+use super::endpoint::{peer_gone, Conn, Liveness, OfiEndpoint};
 use super::ffi::{self, errno, Event, Fabric, FiAddr, Info, Meta, ADDR_UNSPEC};
 use super::progress::{self, Op, Purpose};
 use super::rma::Checked;
@@ -38,6 +38,34 @@ const CLOSE_GRACE: Duration = Duration::from_millis(500);
 /// How long `connect` pauses before sending CONNECT again after the provider reported the
 /// transport to the listener as going down (tcp: until ofi_rxm notices and reconnects).
 const CONNECT_RETRY: Duration = Duration::from_millis(10);
+
+/// How long a peer that answers PINGs may stay silent before its connection is declared
+/// lost, unless `FERRY_OFI_PEER_TIMEOUT` (seconds, fractions allowed) says otherwise. RDM
+/// providers report a dead peer only to operations that reach it, and shm not even then;
+/// without this, a recv waiting on a killed peer would wait forever.
+const PEER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Keepalive timing: PING a connection quiet for `every`; give up after `limit`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Keepalive {
+    pub every: Duration,
+    pub limit: Duration,
+}
+
+impl Keepalive {
+    fn from_env() -> Self {
+        let limit = std::env::var("FERRY_OFI_PEER_TIMEOUT")
+            .ok()
+            .and_then(|s| s.parse::<f64>().ok())
+            .and_then(|s| Duration::try_from_secs_f64(s).ok())
+            .filter(|d| !d.is_zero())
+            .unwrap_or(PEER_TIMEOUT);
+        Keepalive {
+            every: (limit / 4).min(Duration::from_secs(1)),
+            limit,
+        }
+    }
+}
 
 /// A connection attempt waiting for the listener's answer.
 struct Connecting {
@@ -110,6 +138,8 @@ pub(super) struct Shared {
     /// The progress thread is (about to be) asleep and must be woken for new work.
     pub sleeping: AtomicBool,
     thread: OnceLock<Thread>,
+    /// Dead-peer detection timing.
+    pub keepalive: Keepalive,
 }
 
 impl Shared {
@@ -368,6 +398,67 @@ impl Shared {
                 status,
             } => self.on_rma_answer(target, token, status),
             Control::RmaDone { target, token, .. } => self.on_rma_done(target, token),
+            Control::Ping { target, sender } => match self.conn(target) {
+                Some(c) if c.peer_id == sender => {
+                    c.heard(false);
+                    let pong = Control::Pong {
+                        target: sender,
+                        sender: target,
+                    };
+                    if let Err(e) = self.try_send_control(c.peer, &pong) {
+                        tracing::debug!("cannot answer a PING from {}: {e}", c.peer_text);
+                    }
+                }
+                _ => tracing::debug!("PING for unknown connection {target}"),
+            },
+            Control::Pong { target, sender } => match self.conn(target) {
+                Some(c) if c.peer_id == sender => c.heard(true),
+                _ => tracing::debug!("PONG for unknown connection {target}"),
+            },
+        }
+    }
+
+    /// Sends a small control message if the provider takes it within a millisecond: for
+    /// keepalives, which the progress thread sends and which must never stall it (a dead
+    /// peer's queue may stay full forever). The next round tries again.
+    pub fn try_send_control(&self, peer: FiAddr, msg: &Control) -> Result<()> {
+        let bytes = msg.encode();
+        if bytes.len() > self.caps.inline_size {
+            return self.send_control(peer, msg);
+        }
+        let deadline = Instant::now() + Duration::from_millis(1);
+        self.fab
+            .inject(&bytes, peer, CONTROL_TAG, &mut self.again_until(deadline))?;
+        self.wake();
+        Ok(())
+    }
+
+    /// One keepalive round (the progress thread runs it every `keepalive.every / 2`):
+    /// PINGs quiet peers, and aborts the connections of peers that answered PINGs before
+    /// but have now been silent longer than `keepalive.limit`.
+    pub fn keepalive(&self) {
+        let conns: Vec<Arc<Conn>> = lock(&self.conns)
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect();
+        let Keepalive { every, limit } = self.keepalive;
+        for c in conns.iter().filter(|c| c.peer_closed().is_none()) {
+            match c.liveness(every, limit) {
+                Liveness::Fine => {}
+                Liveness::Ping => {
+                    let ping = Control::Ping {
+                        target: c.peer_id,
+                        sender: c.id,
+                    };
+                    if let Err(e) = self.try_send_control(c.peer, &ping) {
+                        tracing::debug!("cannot PING {}: {e}", c.peer_text);
+                    }
+                }
+                Liveness::Dead => {
+                    tracing::warn!("{} silent for {limit:?}: connection lost", c.peer_text);
+                    self.abort(c);
+                }
+            }
         }
     }
 
@@ -413,7 +504,7 @@ impl Shared {
                 sender: conn.id,
                 sent: 0,
             };
-            if let Err(e) = self.send_control(conn.peer, &bye) {
+            if let Err(e) = self.try_send_control(conn.peer, &bye) {
                 tracing::debug!("cannot tell {} about the abort: {e}", conn.peer_text);
             }
             self.reap(conn);
@@ -520,6 +611,7 @@ impl DomainCore {
             closing: AtomicBool::new(false),
             sleeping: AtomicBool::new(false),
             thread: OnceLock::new(),
+            keepalive: Keepalive::from_env(),
             fab,
         });
         let core = Arc::new(DomainCore {

@@ -4,6 +4,7 @@
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::data_tag;
 use super::domain::{DomainCore, Shared};
@@ -41,6 +42,24 @@ pub(super) struct Conn {
     /// The peer told us it closed (so closing needs no DISCONNECT).
     pub peer_said_bye: AtomicBool,
     next_recv: AtomicU64,
+    /// Keepalive: when the connection was made, when the peer's driver last spoke
+    /// (milliseconds since `born`), when we last pinged it, and whether it answers PINGs
+    /// at all (1.0 peers do not; they are never declared dead for silence).
+    born: Instant,
+    heard_ms: AtomicU64,
+    pinged_ms: AtomicU64,
+    answers: AtomicBool,
+}
+
+/// What the keepalive sweep should do about a connection.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Liveness {
+    /// Nothing for now.
+    Fine,
+    /// Send a PING.
+    Ping,
+    /// The peer answered PINGs before and has been silent longer than allowed.
+    Dead,
 }
 
 impl Conn {
@@ -57,7 +76,45 @@ impl Conn {
             peer_sent: AtomicU64::new(PEER_OPEN),
             peer_said_bye: AtomicBool::new(false),
             next_recv: AtomicU64::new(0),
+            born: Instant::now(),
+            heard_ms: AtomicU64::new(0),
+            pinged_ms: AtomicU64::new(0),
+            answers: AtomicBool::new(false),
         })
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// The peer's driver spoke (a PING or PONG); `pong` proves it answers PINGs.
+    pub fn heard(&self, pong: bool) {
+        self.heard_ms.fetch_max(self.now_ms(), SeqCst);
+        if pong {
+            self.answers.store(true, SeqCst);
+        }
+    }
+
+    /// The keepalive verdict, given the ping interval and the silence allowed. A PING is
+    /// due at once on a new connection (to learn whether the peer answers), then whenever
+    /// both the peer and we have been quiet for `every`.
+    pub fn liveness(&self, every: Duration, limit: Duration) -> Liveness {
+        let now = self.now_ms();
+        let silent = now.saturating_sub(self.heard_ms.load(SeqCst));
+        let answers = self.answers.load(SeqCst);
+        if answers && u128::from(silent) > limit.as_millis() {
+            return Liveness::Dead;
+        }
+        let since_ping = now.saturating_sub(self.pinged_ms.load(SeqCst));
+        let first = !answers && self.pinged_ms.load(SeqCst) == 0;
+        if first
+            || (u128::from(silent) >= every.as_millis()
+                && u128::from(since_ping) >= every.as_millis())
+        {
+            self.pinged_ms.store(now.max(1), SeqCst);
+            return Liveness::Ping;
+        }
+        Liveness::Fine
     }
 
     /// Marks the connection broken, as if the peer had closed without sending anything:
@@ -243,17 +300,24 @@ impl Drop for OfiEndpoint {
         let sh = self.shared();
         sh.remove_conn(self.conn.id);
         if !self.conn.peer_said_bye.load(SeqCst) {
-            // After an abort the peer may not have heard of it yet: say nothing was sent.
-            let sent = match self.conn.peer_closed() {
-                Some(_) => 0,
-                None => self.conn.sent.load(SeqCst),
-            };
+            // After an abort the peer may not have heard of it yet: say nothing was sent,
+            // and do not wait for a transport that is likely gone.
+            let aborted = self.conn.peer_closed().is_some();
             let bye = Control::Disconnect {
                 target: self.conn.peer_id,
                 sender: self.conn.id,
-                sent,
+                sent: if aborted {
+                    0
+                } else {
+                    self.conn.sent.load(SeqCst)
+                },
             };
-            if let Err(e) = sh.send_control(self.conn.peer, &bye) {
+            let told = if aborted {
+                sh.try_send_control(self.conn.peer, &bye)
+            } else {
+                sh.send_control(self.conn.peer, &bye)
+            };
+            if let Err(e) = told {
                 tracing::debug!("cannot tell {} about the close: {e}", self.conn.peer_text);
             }
         }

@@ -217,7 +217,13 @@ pub(super) fn map_error(kind: OpKind, e: CqError, lost: bool, len: u64) -> Fabri
 pub(super) fn run(shared: Arc<Shared>) {
     let mut last = Instant::now();
     let mut nap = MIN_NAP;
+    let sweep_every = (shared.keepalive.every / 2).max(Duration::from_millis(10));
+    let mut next_sweep = Instant::now();
     while !shared.stopping() {
+        if Instant::now() >= next_sweep {
+            shared.keepalive();
+            next_sweep = Instant::now() + sweep_every;
+        }
         if progress(&shared) > 0 {
             last = Instant::now();
             nap = MIN_NAP;

@@ -13,6 +13,8 @@
 //! | 5 RMA_REQUEST | receiver's conn id u64, sender's conn id u64, token u64, key u64, addr u64, length u64, write u8 |
 //! | 6 RMA_ANSWER | receiver's conn id u64, token u64, status u8 (0 granted, else the refusal) |
 //! | 7 RMA_DONE | receiver's conn id u64, sender's conn id u64, token u64 |
+//! | 8 PING | receiver's conn id u64, sender's conn id u64 (since 1.1) |
+//! | 9 PONG | receiver's conn id u64, sender's conn id u64 (since 1.1) |
 //!
 //! The RMA messages implement checked RMA (see `domain.rs`): the target checks an access
 //! before the initiator lets the provider make it, and holds the region until it is done.
@@ -26,8 +28,8 @@ use crate::mem::RemoteSlice;
 
 /// Major protocol version; a peer with another one is refused.
 pub(super) const MAJOR: u16 = 1;
-/// Minor protocol version (compatible additions).
-pub(super) const MINOR: u16 = 0;
+/// Minor protocol version (compatible additions). 1.1 added PING/PONG.
+pub(super) const MINOR: u16 = 1;
 
 const MAGIC: [u8; 4] = *b"FOFI";
 const HEADER: usize = 9;
@@ -100,6 +102,20 @@ pub(super) enum Control {
         sender: u64,
         /// The request's token.
         token: u64,
+    },
+    /// Keepalive: is the peer's driver still there? Answered with PONG.
+    Ping {
+        /// The receiver's connection id.
+        target: u64,
+        /// The sender's connection id.
+        sender: u64,
+    },
+    /// The answer to a PING.
+    Pong {
+        /// The receiver's connection id.
+        target: u64,
+        /// The sender's connection id.
+        sender: u64,
     },
 }
 
@@ -182,6 +198,15 @@ impl Control {
                     b.extend_from_slice(&w.to_le_bytes());
                 }
             }
+            Control::Ping { target, sender } | Control::Pong { target, sender } => {
+                b.push(if matches!(self, Control::Ping { .. }) {
+                    8
+                } else {
+                    9
+                });
+                b.extend_from_slice(&target.to_le_bytes());
+                b.extend_from_slice(&sender.to_le_bytes());
+            }
         }
         b
     }
@@ -241,6 +266,14 @@ impl Control {
                 target: r.u64()?,
                 sender: r.u64()?,
                 token: r.u64()?,
+            }),
+            8 => Ok(Control::Ping {
+                target: r.u64()?,
+                sender: r.u64()?,
+            }),
+            9 => Ok(Control::Pong {
+                target: r.u64()?,
+                sender: r.u64()?,
             }),
             k => Err(format!("unknown control message kind {k}")),
         }
@@ -314,6 +347,14 @@ mod tests {
                 target: 1,
                 sender: 2,
                 token: 3,
+            },
+            Control::Ping {
+                target: 1,
+                sender: 2,
+            },
+            Control::Pong {
+                target: 1,
+                sender: 2,
             },
         ] {
             // All but CONNECT fit ofi_rxm's 64-byte inject size, so they need no registration.
