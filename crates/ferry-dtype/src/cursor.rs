@@ -25,7 +25,7 @@ impl Segment {
 
     /// The segment's indices in a buffer whose origin (displacement 0) is at index `origin`,
     /// or `None` if they would fall below index 0 or overflow `usize`. The caller still checks
-    /// the end against the buffer's length.
+    /// the end against the buffer's length; [`crate::Packer`] checks the whole layout at once.
     pub fn buffer_range(&self, origin: usize) -> Option<Range<usize>> {
         let start = i128::try_from(origin).ok()? + i128::from(self.offset);
         let start = usize::try_from(start).ok()?;

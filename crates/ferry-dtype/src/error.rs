@@ -55,6 +55,31 @@ pub enum DtypeError {
         /// Bytes in the stream.
         total: u64,
     },
+    /// The layout reaches bytes outside the buffer it is applied to. Nothing was copied.
+    #[error(
+        "the layout touches bytes [{lo}, {hi}) around the origin at index {origin}, outside the \
+         {len}-byte buffer; the origin must be at least {} and the buffer at least origin + {hi} \
+         bytes",
+        lo.saturating_neg().max(0)
+    )]
+    OutOfBuffer {
+        /// Lowest offset touched, relative to the origin (the type's true lower bound).
+        lo: i64,
+        /// One past the highest offset touched, relative to the origin.
+        hi: i64,
+        /// Index in the buffer of displacement 0.
+        origin: usize,
+        /// Buffer length.
+        len: usize,
+    },
+    /// A packed buffer whose length is not the packed size of the layout.
+    #[error("the packed data holds {got} bytes but the layout packs to {expected}")]
+    PackedLength {
+        /// Bytes given.
+        got: usize,
+        /// The layout's packed size.
+        expected: u64,
+    },
 }
 
 /// Result alias of this crate.

@@ -1,8 +1,10 @@
-//! ferry's data-layout layer: MPI-like datatypes and a lazy, seekable segment cursor.
+//! ferry's data-layout layer: MPI-like datatypes, a lazy seekable segment cursor, and
+//! resumable pack/unpack.
 //!
 //! Noncontiguous transfers (scattered memory, file views) describe *where* the bytes of a
 //! message lie with a [`Datatype`]; the transfer layers above walk it with a [`Cursor`] to
-//! build gather/scatter lists for zero-copy sends and RMA.
+//! build gather/scatter lists for zero-copy sends and RMA, or with a [`Packer`]/[`Unpacker`]
+//! where a copy through a staging buffer is cheaper (many tiny segments).
 //!
 //! # The model
 //!
@@ -42,12 +44,12 @@
 //! ([`Segment::buffer_range`]); for a registered region it is `LocalSlice { offset: origin +
 //! s.offset, len: s.len, .. }`. A layout of `count` instances touches the offsets
 //! [`Datatype::true_range`]: the origin must be at least `-start` and the buffer at least
-//! `origin + end` bytes.
+//! `origin + end` bytes. [`Packer`] and [`Unpacker`] check exactly that before copying.
 //!
 //! # Example
 //!
 //! ```
-//! use ferry_dtype::{Cursor, Datatype, Order, Segment};
+//! use ferry_dtype::{pack, Cursor, Datatype, Order, Segment};
 //!
 //! // A 2x3 window at row 1, column 1 of a 4x5 array of 4-byte integers (C order).
 //! let int = Datatype::primitive(4)?;
@@ -58,7 +60,12 @@
 //! // Two runs of 12 bytes, one row (20 bytes) apart.
 //! let segs: Vec<Segment> = Cursor::new(&window, 1)?.collect();
 //! assert_eq!(segs, [Segment::new(24, 12), Segment::new(44, 12)]);
-
+//!
+//! // Pack it out of the array.
+//! let array: Vec<u8> = (0..80).collect();
+//! let packed = pack(&window, 1, &array, 0)?;
+//! assert_eq!(&packed[..4], &[24, 25, 26, 27]);
+//! assert_eq!(packed.len(), 24);
 //! # Ok::<(), ferry_dtype::DtypeError>(())
 //! ```
 //!
@@ -69,8 +76,10 @@
 
 mod cursor;
 pub mod error;
+mod pack;
 mod types;
 
 pub use cursor::{Cursor, Segment};
 pub use error::{DtypeError, Result};
+pub use pack::{pack, unpack, Packer, Unpacker};
 pub use types::{Datatype, Order};

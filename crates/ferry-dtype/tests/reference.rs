@@ -3,9 +3,9 @@
 //! The reference materializes the type map byte by byte, straight from the MPI definitions
 //! (each constructor places copies of its old type's map at the displacements the standard
 //! gives; bounds follow the sticky-marker rule), so it is slow and obviously right. The crate's
-//! figures and cursor must agree with it.
+//! figures, cursor, pack and unpack must agree with it.
 
-use ferry_dtype::{Cursor, Datatype, DtypeError, Order, Segment};
+use ferry_dtype::{Cursor, Datatype, DtypeError, Order, Packer, Segment, Unpacker};
 use proptest::prelude::*;
 
 // ---------------------------------------------------------------------------------------------
@@ -250,6 +250,10 @@ fn expand(segs: &[Segment]) -> Vec<i64> {
         .collect()
 }
 
+fn noise(i: usize) -> u8 {
+    ((i as u64 ^ 0x5bd1).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8
+}
+
 // ---------------------------------------------------------------------------------------------
 // Strategies.
 
@@ -327,7 +331,7 @@ fn config() -> ProptestConfig {
 proptest! {
     #![proptest_config(config())]
 
-    /// Figures, flattening, merging, segment-count hint, receive check.
+    /// Figures, flattening, merging, segment-count hint.
     #[test]
     fn layout_matches_reference((s, count, one, all) in case()) {
         let t = build(&s).expect("small specs build");
@@ -385,6 +389,78 @@ proptest! {
         }
         prop_assert!(c.is_done());
         prop_assert_eq!(expand(&got), stream);
+    }
+
+    /// Pack and unpack, at once and resumed in random chunks, match the reference.
+    #[test]
+    fn pack_unpack((s, count, _one, all) in case(), slack in 0usize..3,
+                   chunks in prop::collection::vec(1usize..48, 1..16)) {
+        let t = build(&s).unwrap();
+        let stream = bytes(&all);
+        let lo = stream.iter().copied().min().unwrap_or(0);
+        let hi = stream.iter().map(|o| o + 1).max().unwrap_or(0);
+        let origin = (-lo).max(0) as usize + slack;
+        let len = (origin as i64 + hi).max(0) as usize + slack;
+        let src: Vec<u8> = (0..len).map(noise).collect();
+        let at = |o: i64| (origin as i64 + o) as usize;
+
+        let expect: Vec<u8> = stream.iter().map(|&o| src[at(o)]).collect();
+        prop_assert_eq!(&ferry_dtype::pack(&t, count, &src, origin).unwrap(), &expect);
+
+        // Resumed packing in random chunk sizes, reusing one packer.
+        let mut packer = Packer::new(&t, count).unwrap();
+        prop_assert_eq!(packer.packed_size(), expect.len() as u64);
+        let mut got = Vec::new();
+        for &n in chunks.iter().cycle() {
+            let mut buf = vec![0u8; n];
+            let w = packer.pack(&src, origin, got.len() as u64, &mut buf).unwrap();
+            got.extend_from_slice(&buf[..w]);
+            if w < n {
+                break;
+            }
+        }
+        prop_assert_eq!(&got, &expect);
+
+        // Unpack: writes in stream order (the last write wins where entries overlap).
+        let input: Vec<u8> = (0..stream.len()).map(|i| noise(i + 977)).collect();
+        let mut want = vec![0xEEu8; len];
+        for (i, &o) in stream.iter().enumerate() {
+            want[at(o)] = input[i];
+        }
+        let mut dst = vec![0xEEu8; len];
+        ferry_dtype::unpack(&t, count, &input, &mut dst, origin).unwrap();
+        prop_assert_eq!(&dst, &want);
+
+        let mut dst = vec![0xEEu8; len];
+        let mut unpacker = Unpacker::new(&t, count).unwrap();
+        let mut pos = 0;
+        for &n in chunks.iter().cycle() {
+            let end = (pos + n).min(input.len());
+            let r = unpacker.unpack(&mut dst, origin, pos as u64, &input[pos..end]).unwrap();
+            prop_assert_eq!(r, end - pos);
+            pos = end;
+            if pos == input.len() {
+                break;
+            }
+        }
+        prop_assert_eq!(&dst, &want);
+
+        // A buffer one byte short at either end is refused before anything is written.
+        if !stream.is_empty() {
+            let mut out = vec![0x55u8; expect.len()];
+            let short = &src[..at(hi) - 1];
+            let err = packer.pack(short, origin, 0, &mut out).unwrap_err();
+            prop_assert!(matches!(err, DtypeError::OutOfBuffer { .. }), "{err}");
+            prop_assert!(out.iter().all(|&b| b == 0x55));
+            if at(lo) == 0 && origin > 0 {
+                let err = packer.pack(&src[..], origin - 1, 0, &mut out).unwrap_err();
+                prop_assert!(matches!(err, DtypeError::OutOfBuffer { .. }), "{err}");
+            }
+            let mut d = dst.clone();
+            let err = unpacker.unpack(&mut d[..at(hi) - 1], origin, 0, &input).unwrap_err();
+            prop_assert!(matches!(err, DtypeError::OutOfBuffer { .. }), "{err}");
+            prop_assert_eq!(&d, &dst);
+        }
     }
 }
 
