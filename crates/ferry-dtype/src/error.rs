@@ -1,5 +1,7 @@
 //! Errors of the data-layout layer: every bad description is one of these, never a panic.
 
+use crate::Segment;
+
 /// What went wrong building or using a datatype.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum DtypeError {
@@ -46,6 +48,17 @@ pub enum DtypeError {
         op: &'static str,
         /// What is wrong.
         reason: &'static str,
+    },
+    /// Two receive segments share bytes: the data landing there would depend on arrival order.
+    #[error(
+        "receive segments overlap: [{}, +{}) and [{}, +{}); give each byte one segment",
+        first.offset, first.len, second.offset, second.len
+    )]
+    Overlap {
+        /// The segment with the lower offset.
+        first: Segment,
+        /// A segment starting before `first` ends.
+        second: Segment,
     },
     /// A data-stream position past the end of the stream.
     #[error("position {pos} is past the end of the {total}-byte data stream")]

@@ -1,5 +1,5 @@
-//! ferry's data-layout layer: MPI-like datatypes, a lazy seekable segment cursor, and
-//! resumable pack/unpack.
+//! ferry's data-layout layer: MPI-like datatypes, a lazy seekable segment cursor, resumable
+//! pack/unpack, and segment lists.
 //!
 //! Noncontiguous transfers (scattered memory, file views) describe *where* the bytes of a
 //! message lie with a [`Datatype`]; the transfer layers above walk it with a [`Cursor`] to
@@ -69,7 +69,8 @@
 //! # Ok::<(), ferry_dtype::DtypeError>(())
 //! ```
 //!
-//! Segment lists are datatypes too ([`Datatype::from_segments`]).
+//! Segment lists are datatypes too ([`Datatype::from_segments`]); a list meant for receiving
+//! must not overlap ([`validate_receive_segments`], [`Datatype::check_receive`]).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -77,9 +78,11 @@
 mod cursor;
 pub mod error;
 mod pack;
+mod segments;
 mod types;
 
 pub use cursor::{Cursor, Segment};
 pub use error::{DtypeError, Result};
 pub use pack::{pack, unpack, Packer, Unpacker};
+pub use segments::validate_receive_segments;
 pub use types::{Datatype, Order};

@@ -464,7 +464,7 @@ impl Datatype {
 
     /// A segment list as a datatype: the bytes `[offset, offset + len)` of each segment, in
     /// list order (an hindexed type of bytes). Zero-length segments are allowed and carry
-    /// nothing.
+    /// nothing. To check a list meant for receiving, see [`crate::validate_receive_segments`].
     pub fn from_segments(segments: &[crate::Segment]) -> Result<Datatype> {
         Self::indexed_bytes(
             "from_segments",

@@ -331,7 +331,7 @@ fn config() -> ProptestConfig {
 proptest! {
     #![proptest_config(config())]
 
-    /// Figures, flattening, merging, segment-count hint.
+    /// Figures, flattening, merging, segment-count hint, receive check.
     #[test]
     fn layout_matches_reference((s, count, one, all) in case()) {
         let t = build(&s).expect("small specs build");
@@ -359,6 +359,11 @@ proptest! {
             *stream.iter().min().unwrap()..stream.iter().max().unwrap() + 1
         });
         prop_assert_eq!(range, expect_range);
+
+        let mut sorted = stream.clone();
+        sorted.sort_unstable();
+        let unique = sorted.windows(2).all(|w| w[0] != w[1]);
+        prop_assert_eq!(t.check_receive(count).is_ok(), unique);
     }
 
     /// Seeking then walking yields the suffix of the full walk; bounded batches reassemble it.
