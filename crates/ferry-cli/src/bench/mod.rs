@@ -1,8 +1,11 @@
 //! `ferry bench`: measurements that run their peers and the machine's limits in the same run
 //! and report ratios (see bench/results/README.md).
 
+mod addr;
+mod child;
 mod cpu;
 mod fabric;
+mod fabric_report;
 mod peer;
 mod plot;
 mod proto;
