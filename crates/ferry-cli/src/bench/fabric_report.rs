@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::Result;
 use serde::Serialize;
 
-use super::plot::{self, Axis, Panel, RefLine, Series};
+use super::plot::{self, Axis, Corner, Panel, RefLine, Series};
 use super::report::{csv_num, csv_text, human_size, num, Report};
 
 /// One measured point (median over repetitions) or a failed one (values null, `error` set).
@@ -260,8 +260,9 @@ impl Report {
             log_y: false,
             series,
             refs,
+            legend: Corner::UpperLeft,
         };
-        plot::write_png(path, &title, &[panel], (1100, 660))
+        plot::write_png(path, &title, &[panel], 1, (1100, 660))
     }
 }
 

@@ -60,6 +60,17 @@ impl Axis {
     }
 }
 
+/// Where a panel's legend sits (put it where the lines are not).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Corner {
+    /// Top left.
+    UpperLeft,
+    /// Top right.
+    UpperRight,
+    /// Bottom right.
+    LowerRight,
+}
+
 /// One line: (x, y) in data units.
 #[derive(Debug, Clone)]
 pub struct Series {
@@ -97,6 +108,8 @@ pub struct Panel {
     pub series: Vec<Series>,
     /// The reference lines.
     pub refs: Vec<RefLine>,
+    /// Legend position.
+    pub legend: Corner,
 }
 
 /// Registers DejaVuSans as plotters' `sans-serif`, once; false if the font is missing.
@@ -110,14 +123,20 @@ fn font_ready() -> bool {
     })
 }
 
-/// Draws `panels` (up to three per row, each `cell` pixels) under `title` to `path`.
+/// Draws `panels` row by row, `cols` per row, each `cell` pixels, under `title` to `path`.
 /// Returns false (and draws nothing) when the font is missing.
-pub fn write_png(path: &Path, title: &str, panels: &[Panel], cell: (u32, u32)) -> Result<bool> {
+pub fn write_png(
+    path: &Path,
+    title: &str,
+    panels: &[Panel],
+    cols: usize,
+    cell: (u32, u32),
+) -> Result<bool> {
     if !font_ready() {
         tracing::warn!("{FONT} not found (apt-get install fonts-dejavu-core): skipping the PNG");
         return Ok(false);
     }
-    let cols = panels.len().clamp(1, 3);
+    let cols = cols.clamp(1, panels.len().max(1));
     let rows = panels.len().div_ceil(cols).max(1);
     let size = (cell.0 * cols as u32, cell.1 * rows as u32 + 40);
     let root = BitMapBackend::new(path, size).into_drawing_area();
@@ -172,7 +191,9 @@ fn draw_panel(area: &DrawingArea<BitMapBackend<'_>, Shift>, p: &Panel) -> DrawRe
     let (y0, y1) = match p.log_y {
         true if y0 <= y1 => (y0.floor(), y1.ceil().max(y0.floor() + 1.0)),
         true => (-1.0, 1.0),
-        false => (0.0, y1 * 1.1),
+        // Head room for a legend at the top.
+        false if p.legend == Corner::LowerRight => (0.0, y1 * 1.1),
+        false => (0.0, y1 * 1.45),
     };
     let pad = 0.3;
     let mut chart = ChartBuilder::on(area)
@@ -190,6 +211,7 @@ fn draw_panel(area: &DrawingArea<BitMapBackend<'_>, Shift>, p: &Panel) -> DrawRe
         .x_label_formatter(&|x| p.x.label(*x))
         .y_label_formatter(&|y| match log_y {
             true => power_of_ten(*y),
+            false if y1 >= 20.0 => format!("{y:.0}"),
             false => format!("{y:.2}"),
         })
         .label_style(("sans-serif", 13))
@@ -216,7 +238,11 @@ fn draw_panel(area: &DrawingArea<BitMapBackend<'_>, Shift>, p: &Panel) -> DrawRe
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .label_font(("sans-serif", 13))
-        .position(SeriesLabelPosition::UpperLeft)
+        .position(match p.legend {
+            Corner::UpperLeft => SeriesLabelPosition::UpperLeft,
+            Corner::UpperRight => SeriesLabelPosition::UpperRight,
+            Corner::LowerRight => SeriesLabelPosition::LowerRight,
+        })
         .draw()
 }
 

@@ -155,12 +155,15 @@ pub fn round(x: f64, digits: i32) -> f64 {
     (x * scale).round() / scale
 }
 
-/// Writes `files` (name, contents) under `dir`, then each PNG `draw` produces (it returns
-/// false when it could not draw, e.g. without the font); returns the paths written.
+/// Draws a PNG to the path given; false when it could not (e.g. the font is missing).
+pub type Draw<'a> = &'a dyn Fn(&Path) -> Result<bool>;
+
+/// Writes `files` (name, contents) under `dir`, then each PNG (name, drawing); returns the
+/// paths written.
 pub fn write_files(
     dir: &Path,
     files: &[(&str, String)],
-    pngs: &[(&str, &dyn Fn(&Path) -> Result<bool>)],
+    pngs: &[(&str, Draw<'_>)],
 ) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut written = Vec::new();
