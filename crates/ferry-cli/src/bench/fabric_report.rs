@@ -301,6 +301,7 @@ mod tests {
                 cores: 2,
                 kernel: "6.1".into(),
                 memcpy_gbps: Some(10.0),
+                loadavg: None,
             },
             drivers: vec![DriverStatus {
                 driver: "tcp".into(),

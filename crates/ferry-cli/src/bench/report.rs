@@ -28,16 +28,21 @@ pub struct Machine {
     pub kernel: String,
     /// Single-thread memcpy bandwidth, GB/s.
     pub memcpy_gbps: Option<f64>,
+    /// One-minute load average at the end of the run, the bench's own processes included
+    /// (other work competing for the cores shows up as noise).
+    pub loadavg: Option<f64>,
 }
 
 impl Machine {
     /// This machine, with a memcpy bandwidth measured by the caller.
     pub fn detect(memcpy_gbps: Option<f64>) -> Machine {
+        let load = std::fs::read_to_string("/proc/loadavg").ok();
         Machine {
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
             kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
                 .map_or_else(|_| "unknown".into(), |k| k.trim().to_string()),
             memcpy_gbps,
+            loadavg: load.and_then(|l| l.split_whitespace().next()?.parse().ok()),
         }
     }
 }

@@ -20,8 +20,10 @@ pub const LATENCY_SIZES: [usize; 3] = [1, 10, 100];
 pub struct Plan {
     /// Payloads of the throughput sweep.
     pub sizes: Vec<usize>,
-    /// Bytes per throughput point, at most.
+    /// Bytes per point of the size sweep (and of each reference), at most.
     pub total: u64,
+    /// Bytes per point of the in-flight sweep, at most.
+    pub inflight_total: u64,
     /// Messages per throughput point, at most (bounds the small sizes).
     pub max_msgs: u64,
     /// Payloads and in-flight counts of the in-flight sweep (normal mode).
@@ -42,7 +44,8 @@ impl Plan {
         if quick {
             Plan {
                 sizes: vec![1, 256, 64 * KIB, MIB, LARGE],
-                total: 256 << 20,
+                total: 512 << 20,
+                inflight_total: 256 << 20,
                 max_msgs: 1000,
                 inflight_sizes: vec![MIB],
                 inflight: vec![1, 2, 4, 8],
@@ -53,7 +56,8 @@ impl Plan {
         } else {
             Plan {
                 sizes: vec![1, 16, 256, 4 * KIB, 64 * KIB, MIB, 4 * MIB, LARGE],
-                total: 512 << 20,
+                total: 2 << 30,
+                inflight_total: 512 << 20,
                 max_msgs: 4000,
                 inflight_sizes: vec![64 * KIB, MIB],
                 inflight: vec![1, 2, 4, 8],
@@ -64,10 +68,16 @@ impl Plan {
         }
     }
 
-    /// Messages for a throughput point of `size` bytes with `window` in flight.
-    pub fn count(&self, size: usize, window: usize) -> u64 {
+    /// Messages for a point of `size` bytes with `window` in flight: at most `total` bytes
+    /// (the in-flight sweep's for `op` `inflight`) and `max_msgs`, at least 2 × `window`.
+    pub fn count(&self, op: &str, size: usize, window: usize) -> u64 {
+        let total = if op == "inflight" {
+            self.inflight_total
+        } else {
+            self.total
+        };
         let min = 2 * window as u64;
-        (self.total / size as u64).min(self.max_msgs).max(min)
+        (total / size as u64).min(self.max_msgs).max(min)
     }
 }
 
@@ -213,8 +223,9 @@ mod tests {
         for quick in [true, false] {
             let p = Plan::new(quick);
             assert!(p.sizes.contains(&LARGE) && p.sizes.contains(&1));
-            assert!(p.count(LARGE, window(LARGE)) >= 8);
-            assert!(p.count(1, 8) <= p.max_msgs);
+            assert!(p.count("stream", LARGE, window(LARGE)) >= 32);
+            assert!(p.count("stream", 1, 8) <= p.max_msgs);
+            assert!(p.count("inflight", 1 << 20, 1) < p.count("stream", 1 << 20, 8));
         }
         assert_eq!((window(1), window(LARGE)), (8, 4));
         let g = grid_of("tcp", &Plan::new(false));

@@ -116,7 +116,7 @@ fn exs_session(plan: &Plan, n: usize, cells: &mut [Cell], st: &mut DriverStatus)
         for c in cells.iter_mut().filter(|c| c.mode() == Some(mode)) {
             let m = match c.kind {
                 Kind::Stream(_, size, window) => {
-                    client.stream(size, plan.count(size, window), window)
+                    client.stream(size, plan.count(c.op, size, window), window)
                 }
                 Kind::Latency(_, size) => client.latency(size, plan.warm, plan.pings),
                 Kind::FabricRead(_) | Kind::Blast(_) => continue,
@@ -139,11 +139,11 @@ fn grid_size(k: Kind) -> usize {
 /// short warm-up); the peer is the target, so its CPU counts as the sender's.
 fn fabric_read(plan: &Plan, driver: &str, n: usize) -> Result<Measured> {
     let mut s = Session::open(&addr::address(driver, n)?, REGION)?;
-    let cap = Duration::from_secs(20);
+    let cap = Duration::from_secs(30);
     s.bandwidth(Op::Read, 1 << 20, 32 << 20, cap)
         .context("warm-up")?;
     let size = grid::LARGE;
-    let total = plan.count(size, grid::window(size)) * size as u64;
+    let total = plan.count("stream", size, grid::window(size)) * size as u64;
     let m = s.bandwidth(Op::Read, size, total, cap)?;
     s.close()?;
     let send_cpu = m.peer_cpu_s.unwrap_or(0.0);
@@ -160,7 +160,10 @@ fn socket_blast(plan: &Plan, n: usize) -> Result<Measured> {
     let mut c = Client::spawn(&addr::address("tcp", n)?)?;
     let size = grid::LARGE;
     c.blast(size, 64 << 20).context("warm-up")?;
-    c.blast(size, plan.count(size, grid::window(size)) * size as u64)
+    c.blast(
+        size,
+        plan.count("stream", size, grid::window(size)) * size as u64,
+    )
 }
 
 fn output(report: &Report<ExsRow, ExsSummary>, args: &ExsArgs) -> Result<()> {

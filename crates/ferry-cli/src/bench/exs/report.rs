@@ -174,10 +174,12 @@ impl Report<ExsRow, ExsSummary> {
         let reps = self.rows.iter().map(|r| r.reps).max().unwrap_or(0);
         let _ = writeln!(
             s,
-            "ferry bench exs{}: loopback, {} cores, Linux {}; median of {reps} after warm-up",
+            "ferry bench exs{}: loopback, {} cores, Linux {}, load {}; median of {reps} after \
+             warm-up",
             if self.quick { " --quick" } else { "" },
             m.cores,
-            m.kernel
+            m.kernel,
+            num(m.loadavg, 0, 2)
         );
         let _ = writeln!(
             s,
