@@ -1,4 +1,5 @@
-//! The `ferry` binary end to end: help, version, and `bench fabric --quick --json`.
+//! The `ferry` binary end to end: help, version, `bench fabric --quick --json` and
+//! `bench exs --quick --json`.
 
 use std::process::{Command, Output};
 use std::sync::OnceLock;
@@ -39,6 +40,15 @@ fn help_explains_and_mentions_bench() {
         !fabric.contains("fabric-peer"),
         "the peer subcommand is hidden"
     );
+    let bench = stdout(&ferry(&["bench", "--help"]));
+    assert!(
+        bench.contains("exs") && !bench.contains("exs-peer"),
+        "{bench}"
+    );
+    let exs = stdout(&ferry(&["bench", "exs", "--help"]));
+    for flag in ["--quick", "--json", "--drivers", "--out"] {
+        assert!(exs.contains(flag), "{flag} missing from:\n{exs}");
+    }
 }
 
 #[test]
@@ -128,4 +138,49 @@ fn quick_json_measures_the_tcp_driver() {
     if v["summary"]["iperf3_gbps"].is_number() {
         assert!(v["summary"]["tcp_write_vs_iperf3"].as_f64().is_some());
     }
+}
+
+/// `ferry bench exs --quick --json --drivers tcp` (a few seconds): the bench shape, every
+/// summary key the issue names with a finite number for the native tcp driver, and a target
+/// verdict for each ratio.
+#[test]
+fn exs_quick_json_has_the_summary_keys() {
+    let o = ferry(&["bench", "exs", "--quick", "--json", "--drivers", "tcp"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "bench failed: {err}");
+    let v: Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("stdout is not one JSON: {e}"));
+    assert_eq!(v["bench"], "exs");
+    assert_eq!(v["quick"], true);
+    assert!(v["machine"]["cores"].as_u64().is_some_and(|n| n >= 1));
+    for k in [
+        "immediate_vs_normal_latency",
+        "immediate_vs_normal_latency_tcp",
+        "persistent_vs_normal_latency",
+        "persistent_vs_normal_latency_tcp",
+        "large_vs_fabric",
+        "large_vs_fabric_tcp",
+        "tcp_exs_vs_socket",
+        "socket_gbps",
+    ] {
+        let x = v["summary"][k].as_f64();
+        assert!(
+            x.is_some_and(|x| x.is_finite() && x > 0.0),
+            "summary {k} = {}",
+            v["summary"][k]
+        );
+    }
+    // Drivers not asked for are null, never guessed.
+    assert!(v["summary"]["large_vs_fabric_ofi_shm"].is_null());
+    let rows = v["rows"].as_array().expect("rows is an array");
+    for r in rows {
+        assert!(r["error"].is_null(), "failed row: {r}");
+    }
+    for mode in ["normal", "immediate", "persistent", "fabric-read", "blast"] {
+        assert!(rows.iter().any(|r| r["mode"] == mode), "no {mode} row");
+    }
+    let targets = v["targets"].as_array().expect("targets");
+    assert!(targets
+        .iter()
+        .any(|t| t["metric"] == "tcp_exs_vs_socket" && t["pass"].is_boolean()));
 }

@@ -4,12 +4,13 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::Args;
-use ferry_fabric::Address;
 
+use super::addr;
+use super::fabric_report::{Row, Summary};
 use super::refs::{self, Memcpy, IPERF3_WRITE, MEMCPY_BYTES};
-use super::report::{median, DriverStatus, Machine, Report, Row, Summary};
+use super::report::{self, median, round, DriverStatus, Machine, Report};
 use super::session::{Op, Sample, Session};
 
 /// Buffer bytes each side sets aside for operations in flight.
@@ -124,12 +125,8 @@ impl Cell {
     fn row(mut self) -> Row {
         let ok = self.error.is_none();
         // Medians, rounded to what the clocks can tell apart.
-        let mid = |v: &mut Vec<f64>, digits: i32| {
-            let scale = 10f64.powi(digits);
-            median(v)
-                .filter(|_| ok)
-                .map(|x| (x * scale).round() / scale)
-        };
+        let mid =
+            |v: &mut Vec<f64>, digits: i32| median(v).filter(|_| ok).map(|x| round(x, digits));
         let value = mid(&mut self.vals, 4);
         let latency = self.kind == Some(Kind::Latency);
         Row {
@@ -146,36 +143,12 @@ impl Cell {
     }
 }
 
-/// The address a driver's peer listens on; `n` keeps shm names unique per session.
-fn address(driver: &str, n: usize) -> Result<Address> {
-    let url = match driver {
-        "tcp" => "tcp://127.0.0.1:0".to_string(),
-        "ofi+shm" => format!("ofi+shm://ferry-bench-{}-{n}", std::process::id()),
-        d if d.starts_with("ofi+") => format!("{d}://127.0.0.1:0"),
-        d => bail!("unknown driver {d:?}: expected tcp, ofi+tcp, ofi+shm or ofi+<provider>"),
-    };
-    url.parse().with_context(|| format!("driver {driver:?}"))
-}
-
 /// Runs the benchmark and prints (and writes) the report.
 pub fn run(args: &FabricArgs) -> Result<()> {
     let plan = Plan::new(args.quick);
-    let mut drivers: Vec<String> = Vec::new();
-    for d in &args.drivers {
-        address(d, 0)?;
-        if !drivers.contains(d) {
-            drivers.push(d.clone());
-        }
-    }
+    let drivers = addr::drivers(&args.drivers)?;
     let mut grid: Vec<Vec<Cell>> = drivers.iter().map(|d| grid_of(d, &plan)).collect();
-    let mut status: Vec<DriverStatus> = drivers
-        .iter()
-        .map(|d| DriverStatus {
-            driver: d.clone(),
-            provider: None,
-            error: None,
-        })
-        .collect();
+    let mut status: Vec<DriverStatus> = drivers.iter().map(|d| DriverStatus::new(d)).collect();
     let mut iperf3 = Cell::new("iperf3", "stream", IPERF3_WRITE, None);
     let mut memcpy = Cell::new("memcpy", "copy", MEMCPY_BYTES, None);
     let mut mc = Memcpy::new();
@@ -208,15 +181,11 @@ pub fn run(args: &FabricArgs) -> Result<()> {
     let report = Report {
         bench: "fabric",
         quick: args.quick,
-        machine: Machine {
-            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
-                .map_or_else(|_| "unknown".into(), |k| k.trim().to_string()),
-            memcpy_gbps: summary.memcpy_gbps,
-        },
+        machine: Machine::detect(summary.memcpy_gbps),
         drivers: status,
         rows,
         summary,
+        targets: vec![],
     };
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
@@ -254,7 +223,7 @@ fn run_session(
     cells: &mut [Cell],
     st: &mut DriverStatus,
 ) -> Result<()> {
-    let mut s = Session::open(&address(driver, n)?, INFLIGHT)?;
+    let mut s = Session::open(&addr::address(driver, n)?, INFLIGHT)?;
     let caps = s.caps().clone();
     st.provider = Some(caps.provider.clone());
     let warm = if caps.rma { Op::Write } else { Op::Send };
@@ -282,19 +251,10 @@ fn run_session(
 
 /// Writes fabric.csv, fabric.json and fabric.png (if the font is there) under `dir`.
 fn write_files(report: &Report, dir: &std::path::Path) -> Result<Vec<PathBuf>> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let mut written = Vec::new();
-    for (name, body) in [
-        ("fabric.csv", report.csv()),
-        ("fabric.json", serde_json::to_string_pretty(report)? + "\n"),
-    ] {
-        let p = dir.join(name);
-        std::fs::write(&p, body).with_context(|| format!("writing {}", p.display()))?;
-        written.push(p);
-    }
-    let png = dir.join("fabric.png");
-    if super::plot::write_png(report, &png)? {
-        written.push(png);
-    }
-    Ok(written)
+    let json = serde_json::to_string_pretty(report)? + "\n";
+    report::write_files(
+        dir,
+        &[("fabric.csv", report.csv()), ("fabric.json", json)],
+        &[("fabric.png", &|p| report.png(p))],
+    )
 }

@@ -1,8 +1,12 @@
 //! `ferry bench`: measurements that run their peers and the machine's limits in the same run
 //! and report ratios (see bench/results/README.md).
 
+mod addr;
+mod child;
 mod cpu;
+mod exs;
 mod fabric;
+mod fabric_report;
 mod peer;
 mod plot;
 mod proto;
@@ -19,6 +23,17 @@ pub enum BenchCmd {
     /// Fabric bandwidth (send, RMA write, RMA read by size) and 8-byte latency per driver,
     /// against iperf3 over loopback and memcpy, with the CPU both sides spent.
     Fabric(fabric::FabricArgs),
+    /// EXS per driver (the UNH-EXS paper's figures): throughput by payload in normal,
+    /// immediate and persistent mode and by transfers in flight, latency, CPU of sender and
+    /// receiver, against a plain TCP socket blast and the driver's raw fabric RMA read.
+    Exs(exs::ExsArgs),
+    /// Internal: the peer process `bench exs` spawns (the sending side).
+    #[command(hide = true)]
+    ExsPeer {
+        /// The driver's address to listen on (port 0 or a unique shm name).
+        #[arg(long)]
+        listen: String,
+    },
     /// Internal: the peer process `bench fabric` spawns for each driver.
     #[command(hide = true)]
     FabricPeer {
@@ -33,5 +48,7 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
     match cmd {
         BenchCmd::Fabric(args) => fabric::run(&args),
         BenchCmd::FabricPeer { listen } => peer::run(&listen),
+        BenchCmd::Exs(args) => exs::run(&args),
+        BenchCmd::ExsPeer { listen } => exs::run_peer(&listen),
     }
 }

@@ -87,6 +87,7 @@ pub fn parse_iperf3(json: &[u8]) -> Result<Sample> {
         value: bps / 8e9,
         secs,
         cpu_s: (cpu_pct > 0.0).then_some(cpu_pct / 100.0 * secs),
+        peer_cpu_s: None,
     })
 }
 
@@ -125,6 +126,7 @@ impl Memcpy {
             value: MEMCPY_BYTES as f64 / secs / 1e9,
             secs,
             cpu_s: Some(secs),
+            peer_cpu_s: None,
         }
     }
 }

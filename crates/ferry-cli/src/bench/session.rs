@@ -1,8 +1,5 @@
 //! One bench connection: a peer process, an endpoint to it, and the measurements run over it.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
@@ -10,6 +7,7 @@ use ferry_fabric::{
     Access, Address, Buffer, Capabilities, Completion, Endpoint, MemoryRegion, OpKind, RemoteSlice,
 };
 
+use super::child::PeerProcess;
 use super::cpu::{self, Usage};
 use super::proto::{Msg, CTRL_LEN, PING_LEN};
 use super::report::median;
@@ -61,29 +59,13 @@ pub struct Sample {
     pub secs: f64,
     /// User+system seconds of both sides, where known.
     pub cpu_s: Option<f64>,
+    /// The part of `cpu_s` the peer process spent, where known separately.
+    pub peer_cpu_s: Option<f64>,
 }
 
 /// Ops in flight for `size`-byte transfers within `inflight` bytes of buffer.
 pub fn window(size: usize, inflight: usize) -> usize {
     (inflight / size).clamp(1, MAX_WINDOW)
-}
-
-/// The peer process; dropping it closes its stdin (it exits) and reaps it, killing if needed.
-struct PeerProcess(Child);
-
-impl Drop for PeerProcess {
-    fn drop(&mut self) {
-        drop(self.0.stdin.take());
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if !matches!(self.0.try_wait(), Ok(None)) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// A connected client with its peer process.
@@ -99,16 +81,8 @@ impl Session {
     /// Spawns a peer listening on `addr`, connects, and sets up `inflight` bytes of buffer on
     /// both sides.
     pub fn open(addr: &Address, inflight: usize) -> Result<Session> {
-        let exe = std::env::current_exe().context("locating the ferry binary")?;
-        let child = Command::new(exe)
-            .args(["bench", "fabric-peer", "--listen", &addr.to_string()])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .context("spawning the bench peer")?;
-        let mut peer = PeerProcess(child);
-        let line = first_line(&mut peer.0, Duration::from_secs(15))?;
+        let mut peer = PeerProcess::spawn(&["fabric-peer", "--listen", &addr.to_string()])?;
+        let line = peer.line(Duration::from_secs(15))?;
         let bound = match line.trim_end().split_once(' ') {
             Some(("addr", a)) => a.parse::<Address>()?,
             Some(("error", e)) => bail!("{e}"),
@@ -188,10 +162,12 @@ impl Session {
         }
         let p1 = self.peer_usage()?;
         let secs = t0.elapsed().as_secs_f64();
+        let peer = p1.secs_since(p0);
         Ok(Sample {
             value: bytes as f64 / secs / 1e9,
             secs,
-            cpu_s: Some(cpu::self_usage().secs_since(u0) + p1.secs_since(p0)),
+            cpu_s: Some(cpu::self_usage().secs_since(u0) + peer),
+            peer_cpu_s: Some(peer),
         })
     }
 
@@ -210,11 +186,12 @@ impl Session {
             half_rtt.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
             ensure!(got == PING_LEN as u64, "pong of {got} bytes");
         }
-        let p1 = self.peer_usage()?;
+        let peer = self.peer_usage()?.secs_since(p0);
         Ok(Sample {
             value: median(&mut half_rtt).context("no ping-pong completed")?,
             secs: start.elapsed().as_secs_f64(),
-            cpu_s: Some(cpu::self_usage().secs_since(u0) + p1.secs_since(p0)),
+            cpu_s: Some(cpu::self_usage().secs_since(u0) + peer),
+            peer_cpu_s: Some(peer),
         })
     }
 
@@ -307,22 +284,5 @@ impl Session {
             Ok(()) => Ok(c),
             Err(e) => Err(anyhow!(e).context(format!("{:?} completed with an error", c.op))),
         }
-    }
-}
-
-/// Reads the first stdout line of `child`, waiting at most `timeout`.
-fn first_line(child: &mut Child, timeout: Duration) -> Result<String> {
-    let out = child.stdout.take().context("peer stdout not captured")?;
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let r = BufReader::new(out).read_line(&mut line).map(|_| line);
-        let _ = tx.send(r);
-    });
-    match rx.recv_timeout(timeout) {
-        Ok(Ok(line)) if !line.is_empty() => Ok(line),
-        Ok(Ok(_)) => bail!("peer exited before announcing its address"),
-        Ok(Err(e)) => Err(e).context("reading the peer's address"),
-        Err(_) => bail!("peer did not announce its address within {timeout:?}"),
     }
 }

@@ -1,0 +1,239 @@
+//! What `bench exs` measures (the plan) and the cells that collect each point's repetitions.
+
+use super::client::Measured;
+use super::conn::Mode;
+use super::report::ExsRow;
+use crate::bench::report::{median, round};
+
+const KIB: usize = 1 << 10;
+const MIB: usize = 1 << 20;
+/// Registered bytes on each side of every EXS connection (and the persistent block).
+pub const REGION: usize = 64 * MIB;
+/// The size the summary compares with the fabric and the socket.
+pub const LARGE: usize = 16 * MIB;
+/// Most transfers in flight in the size sweep (fewer when they would not fit in REGION).
+pub const STREAM_WINDOW: usize = 8;
+/// Latency payloads.
+pub const LATENCY_SIZES: [usize; 3] = [1, 10, 100];
+
+/// How much to measure.
+pub struct Plan {
+    /// Payloads of the throughput sweep.
+    pub sizes: Vec<usize>,
+    /// Bytes per point of the size sweep (and of each reference), at most.
+    pub total: u64,
+    /// Bytes per point of the in-flight sweep, at most.
+    pub inflight_total: u64,
+    /// Messages per throughput point, at most (bounds the small sizes).
+    pub max_msgs: u64,
+    /// Payloads and in-flight counts of the in-flight sweep (normal mode).
+    pub inflight_sizes: Vec<usize>,
+    /// In-flight counts.
+    pub inflight: Vec<usize>,
+    /// Latency rounds recorded, after this many unrecorded.
+    pub pings: usize,
+    /// Unrecorded warm-up rounds.
+    pub warm: usize,
+    /// Repetitions (median taken).
+    pub reps: usize,
+}
+
+impl Plan {
+    /// The full plan, or the `--quick` one.
+    pub fn new(quick: bool) -> Plan {
+        if quick {
+            Plan {
+                sizes: vec![1, 256, 64 * KIB, MIB, LARGE],
+                total: 512 << 20,
+                inflight_total: 256 << 20,
+                max_msgs: 1000,
+                inflight_sizes: vec![MIB],
+                inflight: vec![1, 2, 4, 8],
+                pings: 1000,
+                warm: 100,
+                reps: 1,
+            }
+        } else {
+            Plan {
+                sizes: vec![1, 16, 256, 4 * KIB, 64 * KIB, MIB, 4 * MIB, LARGE],
+                total: 2 << 30,
+                inflight_total: 512 << 20,
+                max_msgs: 4000,
+                inflight_sizes: vec![64 * KIB, MIB],
+                inflight: vec![1, 2, 4, 8],
+                pings: 2000,
+                warm: 200,
+                reps: 3,
+            }
+        }
+    }
+
+    /// Messages for a point of `size` bytes with `window` in flight: at most `total` bytes
+    /// (the in-flight sweep's for `op` `inflight`) and `max_msgs`, at least 2 × `window`.
+    pub fn count(&self, op: &str, size: usize, window: usize) -> u64 {
+        let total = if op == "inflight" {
+            self.inflight_total
+        } else {
+            self.total
+        };
+        let min = 2 * window as u64;
+        (total / size as u64).min(self.max_msgs).max(min)
+    }
+}
+
+/// Transfers in flight for `size`-byte messages in the size sweep.
+pub fn window(size: usize) -> usize {
+    (REGION / size).clamp(1, STREAM_WINDOW)
+}
+
+/// What a cell measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// EXS throughput: payload, transfers in flight.
+    Stream(Mode, usize, usize),
+    /// EXS latency: payload.
+    Latency(Mode, usize),
+    /// The driver's raw fabric RMA read bandwidth at this size.
+    FabricRead(usize),
+    /// The plain TCP socket blast at this write size.
+    Blast(usize),
+}
+
+/// One point of the grid, accumulating repetitions.
+pub struct Cell {
+    /// Driver (`socket` for the blast).
+    pub driver: String,
+    /// `stream` (size sweep), `inflight` (in-flight sweep) or `latency`.
+    pub op: &'static str,
+    /// What it measures.
+    pub kind: Kind,
+    vals: Vec<f64>,
+    send_cpu: Vec<f64>,
+    recv_cpu: Vec<f64>,
+    send_per: Vec<f64>,
+    recv_per: Vec<f64>,
+    error: Option<String>,
+}
+
+impl Cell {
+    /// An empty cell.
+    pub fn new(driver: &str, op: &'static str, kind: Kind) -> Cell {
+        Cell {
+            driver: driver.into(),
+            op,
+            kind,
+            vals: vec![],
+            send_cpu: vec![],
+            recv_cpu: vec![],
+            send_per: vec![],
+            recv_per: vec![],
+            error: None,
+        }
+    }
+
+    /// Adds one repetition.
+    pub fn add(&mut self, m: Measured) {
+        self.vals.push(m.value);
+        self.send_cpu.push(m.send_cpu);
+        self.recv_cpu.push(m.recv_cpu);
+        let gb = m.bytes as f64 / 1e9;
+        if m.bytes > 0 && m.send_cpu > 0.0 {
+            self.send_per.push(gb / m.send_cpu);
+        }
+        if m.bytes > 0 && m.recv_cpu > 0.0 {
+            self.recv_per.push(gb / m.recv_cpu);
+        }
+    }
+
+    /// Marks the cell failed (the first reason sticks).
+    pub fn fail(&mut self, why: impl Into<String>) {
+        self.error.get_or_insert_with(|| why.into());
+    }
+
+    /// The mode this cell measures, if it is an EXS cell.
+    pub fn mode(&self) -> Option<Mode> {
+        match self.kind {
+            Kind::Stream(m, ..) | Kind::Latency(m, _) => Some(m),
+            Kind::FabricRead(_) | Kind::Blast(_) => None,
+        }
+    }
+
+    /// The row: medians, or nulls and the error.
+    pub fn row(mut self) -> ExsRow {
+        let ok = self.error.is_none();
+        let mid = |v: &mut Vec<f64>, digits| median(v).filter(|_| ok).map(|x| round(x, digits));
+        let value = mid(&mut self.vals, 7);
+        let (mode, size, inflight, latency) = match self.kind {
+            Kind::Stream(m, s, w) => (m.name(), s, Some(w), false),
+            Kind::Latency(m, s) => (m.name(), s, None, true),
+            Kind::FabricRead(s) => ("fabric-read", s, None, false),
+            Kind::Blast(s) => ("blast", s, None, false),
+        };
+        ExsRow {
+            driver: self.driver,
+            mode: mode.into(),
+            op: self.op.into(),
+            size: size as u64,
+            inflight,
+            gbps: value.filter(|_| !latency),
+            usec: value.filter(|_| latency).map(|x| round(x, 2)),
+            send_cpu_s: mid(&mut self.send_cpu, 4),
+            recv_cpu_s: mid(&mut self.recv_cpu, 4),
+            send_gb_per_cpu_s: mid(&mut self.send_per, 4),
+            recv_gb_per_cpu_s: mid(&mut self.recv_per, 4),
+            reps: if ok { self.vals.len() } else { 0 },
+            error: self.error,
+        }
+    }
+}
+
+/// The cells of one driver, in the order a session measures them: per mode, the size sweep,
+/// then (normal) the in-flight sweep, then latency; last the fabric reference.
+pub fn grid_of(driver: &str, plan: &Plan) -> Vec<Cell> {
+    let mut cells = Vec::new();
+    for mode in Mode::ALL {
+        for &s in plan.sizes.iter().filter(|&&s| s as u64 <= mode.max_size()) {
+            cells.push(Cell::new(
+                driver,
+                "stream",
+                Kind::Stream(mode, s, window(s)),
+            ));
+        }
+        if mode == Mode::Normal {
+            for &s in &plan.inflight_sizes {
+                for &n in &plan.inflight {
+                    cells.push(Cell::new(driver, "inflight", Kind::Stream(mode, s, n)));
+                }
+            }
+        }
+        for s in LATENCY_SIZES {
+            cells.push(Cell::new(driver, "latency", Kind::Latency(mode, s)));
+        }
+    }
+    cells.push(Cell::new(driver, "stream", Kind::FabricRead(LARGE)));
+    cells
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plans_and_grid() {
+        for quick in [true, false] {
+            let p = Plan::new(quick);
+            assert!(p.sizes.contains(&LARGE) && p.sizes.contains(&1));
+            assert!(p.count("stream", LARGE, window(LARGE)) >= 32);
+            assert!(p.count("stream", 1, 8) <= p.max_msgs);
+            assert!(p.count("inflight", 1 << 20, 1) < p.count("stream", 1 << 20, 8));
+        }
+        assert_eq!((window(1), window(LARGE)), (8, 4));
+        let g = grid_of("tcp", &Plan::new(false));
+        let imm = g
+            .iter()
+            .filter(|c| matches!(c.kind, Kind::Stream(Mode::Immediate, ..)));
+        assert_eq!(imm.count(), 5, "immediate stops at 64 KiB");
+        assert_eq!(g.iter().filter(|c| c.op == "latency").count(), 9);
+        assert_eq!(g.last().map(|c| c.kind), Some(Kind::FabricRead(LARGE)));
+    }
+}
