@@ -23,8 +23,8 @@ pub struct ExsRow {
     pub inflight: Option<usize>,
     /// Throughput: bytes received per second, GB/s (10^9 B/s).
     pub gbps: Option<f64>,
-    /// Latency, µs: one-way (half a ping-pong) for normal and immediate; for persistent the
-    /// whole time of one pull (recv posted → completed).
+    /// One-way latency, µs: half a round trip (a ping-pong for normal and immediate; one
+    /// pull of the peer's block, recv posted → completed, for persistent).
     pub usec: Option<f64>,
     /// User+system CPU seconds of the sending process.
     pub send_cpu_s: Option<f64>,
