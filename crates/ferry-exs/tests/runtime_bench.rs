@@ -121,3 +121,84 @@ fn ping_pong_latency() {
         eprintln!("{driver:8} 10 B one-way: immediate {imm:6.1} µs, normal {normal:6.1} µs");
     }
 }
+
+/// GB/s of `count` RMA reads of `size` bytes, `window` in flight, straight on the fabric.
+fn fabric_reads(driver: &str, size: usize, count: usize, window: usize) -> f64 {
+    use ferry_fabric::{Access, Buffer};
+    let l = ferry_fabric::listen(&listen_url(driver).parse().unwrap()).unwrap();
+    let addr = l.local_addr();
+    let (srv, cli) = std::thread::scope(|s| {
+        let a = s.spawn(|| l.accept(Duration::from_secs(10)).unwrap());
+        let c = ferry_fabric::connect(&addr, Duration::from_secs(10)).unwrap();
+        (a.join().unwrap(), c)
+    });
+    let src = srv
+        .domain()
+        .register(&Buffer::new(size * window), Access::ALL)
+        .unwrap();
+    let dst = cli
+        .domain()
+        .register(&Buffer::new(size * window), Access::LOCAL)
+        .unwrap();
+    let remote = src.remote(..).unwrap();
+    let start = Instant::now();
+    let post = |slot: usize| {
+        let local = [dst.slice(slot * size..(slot + 1) * size).unwrap()];
+        cli.post_read(
+            &local,
+            remote.sub((slot * size) as u64, size as u64).unwrap(),
+            slot as u64,
+        )
+        .unwrap();
+    };
+    for s in 0..window {
+        post(s);
+    }
+    let mut done = 0;
+    let mut posted = window;
+    while done < count {
+        let c = cli.cq().wait(Duration::from_secs(10)).unwrap();
+        c.result.unwrap();
+        done += 1;
+        if posted < count {
+            post(c.context as usize);
+            posted += 1;
+        }
+    }
+    (size * count) as f64 / start.elapsed().as_secs_f64() / 1e9
+}
+
+/// GB/s of EXS recvs of `size` bytes pulled from the peer's persistent block.
+fn exs_persistent(driver: &str, size: usize, count: usize, window: usize) -> f64 {
+    let cfg = Config::default();
+    let p = pair_on(driver, cfg.clone(), cfg, false);
+    let block = p.a.alloc(size).unwrap();
+    p.a.send(block, Flags::PERSISTENT, 0);
+    let mut bufs: Vec<_> = (0..window).map(|_| p.b.alloc(size).unwrap()).collect();
+    let start = Instant::now();
+    let (mut posted, mut done) = (0, 0);
+    while done < count {
+        while posted < count && !bufs.is_empty() {
+            p.b.recv(bufs.pop().unwrap(), Flags::NONE, posted as u64);
+            posted += 1;
+        }
+        let ev = p.qb.dequeue(Duration::from_secs(10)).unwrap();
+        assert_eq!(ev.result, Ok(()));
+        bufs.push(ev.buf.unwrap());
+        done += 1;
+    }
+    (size * count) as f64 / start.elapsed().as_secs_f64() / 1e9
+}
+
+#[test]
+#[ignore]
+fn large_pulls_vs_fabric() {
+    for driver in DRIVERS {
+        for _ in 0..3 {
+            let f = fabric_reads(driver, 16 << 20, 120, 4);
+            let e = exs_persistent(driver, 16 << 20, 120, 4);
+            let n = throughput(driver, false, 16 << 20, 120, 4) / 1e3;
+            eprintln!("{driver:8} 16 MiB x4: fabric {f:6.2} GB/s, EXS persistent {e:6.2} GB/s, normal {n:6.2}");
+        }
+    }
+}

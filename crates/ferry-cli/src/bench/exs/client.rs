@@ -196,12 +196,17 @@ impl Client {
         })
     }
 
-    /// The reference: the peer writes `total` bytes in `size`-byte writes to a blocking
-    /// `std::net::TcpStream` over loopback, this process reads them with `size`-byte reads.
-    /// GB/s = bytes read / time from connecting until the last byte was read.
+    /// The reference: the peer writes `total` bytes as `size`-byte messages to a blocking
+    /// `std::net::TcpStream` over loopback, this process reads each whole message
+    /// (`read_exact`); both sides take their buffers in turn from as many as EXS keeps in
+    /// flight at that size. GB/s = bytes read / time from connecting until the last byte.
     pub fn blast(&mut self, size: usize, total: u64) -> Result<Measured> {
         let peer = &mut self.peer;
-        let mut buf = vec![1u8; size];
+        // Whole messages into buffers taken in turn, as many as EXS keeps in flight (see
+        // the peer's `blast`).
+        let mut bufs: Vec<Vec<u8>> = (0..super::grid::window(size))
+            .map(|_| vec![1u8; size])
+            .collect();
         let (u0, p0) = (cpu::self_usage(), peer_usage(peer)?);
         let blast = Cmd::Blast {
             size: size as u64,
@@ -213,9 +218,13 @@ impl Client {
         let t0 = Instant::now();
         let mut s = TcpStream::connect(("127.0.0.1", port)).context("connecting the blast")?;
         let mut bytes = 0u64;
-        while bytes < total {
-            let n = s.read(&mut buf).context("blast read")?;
-            ensure!(n > 0, "blast ended after {bytes} of {total} B");
+        for i in (0..bufs.len()).cycle() {
+            if bytes >= total {
+                break;
+            }
+            let n = (total - bytes).min(size as u64) as usize;
+            s.read_exact(&mut bufs[i][..n])
+                .with_context(|| format!("blast ended after {bytes} of {total} B"))?;
             bytes += n as u64;
         }
         let secs = t0.elapsed().as_secs_f64();

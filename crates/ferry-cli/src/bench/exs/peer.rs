@@ -188,10 +188,14 @@ impl Peer {
     }
 }
 
-/// Accepts one TCP connection and writes `total` bytes in `size`-byte writes.
+/// Accepts one TCP connection and writes `total` bytes as `size`-byte messages, taking
+/// them in turn from as many buffers as EXS keeps in flight at that size (the same memory
+/// footprint as the EXS run it is compared with, so neither side gains from the cache).
 fn blast(size: u64, total: u64) -> Result<String> {
     ensure!(size > 0 && size <= MAX_REGION, "write size {size} refused");
-    let buf = vec![0x5au8; size as usize];
+    let bufs: Vec<Vec<u8>> = (0..super::grid::window(size as usize))
+        .map(|i| vec![0x5a ^ i as u8; size as usize])
+        .collect();
     let l = TcpListener::bind("127.0.0.1:0").context("binding the blast listener")?;
     say(&format!("port {}", l.local_addr()?.port()))?;
     l.set_nonblocking(true)?;
@@ -210,7 +214,10 @@ fn blast(size: u64, total: u64) -> Result<String> {
     };
     s.set_nonblocking(false)?;
     let mut left = total;
-    while left > 0 {
+    for buf in bufs.iter().cycle() {
+        if left == 0 {
+            break;
+        }
         let n = left.min(size) as usize;
         s.write_all(&buf[..n]).context("blast write")?;
         left -= n as u64;
