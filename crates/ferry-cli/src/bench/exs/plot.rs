@@ -116,7 +116,7 @@ impl Report<ExsRow, ExsSummary> {
         let series = self.series(
             |r| r.driver == d && r.op == "latency",
             |r| match r.mode.as_str() {
-                "persistent" => "persistent (one pull)".into(),
+                "persistent" => "persistent (half a pull)".into(),
                 m => format!("{m} (one-way)"),
             },
             |r| r.size as f64,

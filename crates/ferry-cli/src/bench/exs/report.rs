@@ -274,7 +274,7 @@ impl Report<ExsRow, ExsSummary> {
         let _ = writeln!(
             s,
             "\nlatency, µs (normal, immediate: one-way = half a ping-pong round trip; \
-             persistent: one pull, recv posted → completed)\n{:<8} {:<11} {:>7} {:>9} {:>8}",
+             persistent: half of one pull, recv posted → completed)\n{:<8} {:<11} {:>7} {:>9} {:>8}",
             "driver", "mode", "size", "µs", "×normal"
         );
         for r in self.rows.iter().filter(|r| r.op == "latency") {
