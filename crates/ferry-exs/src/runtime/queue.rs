@@ -3,6 +3,7 @@
 
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -37,6 +38,8 @@ pub struct ExsEvent {
 pub(crate) trait Drive: Send + Sync {
     /// Handles whatever completions wait, without blocking; true if there were any.
     fn drive(&self) -> bool;
+    /// Nobody drives the socket any more: its progress thread takes over at once.
+    fn wake(&self);
 }
 
 /// How long `dequeue` keeps driving its sockets after the last sign of life before it
@@ -50,6 +53,9 @@ struct Shared {
     efd: OwnedFd,
     /// The sockets that report here.
     sources: Mutex<Vec<Weak<dyn Drive>>>,
+    /// When a dequeuer last drove the sockets (µs since `epoch`; 0: it went to sleep).
+    driven_at: AtomicU64,
+    epoch: Instant,
 }
 
 /// A queue sockets deliver events to. Cheap to clone (shared handle).
@@ -68,6 +74,8 @@ impl EventQueue {
                 ready: Condvar::new(),
                 efd,
                 sources: Mutex::new(Vec::new()),
+                driven_at: AtomicU64::new(0),
+                epoch: Instant::now(),
             }),
         })
     }
@@ -98,18 +106,33 @@ impl EventQueue {
         s.push(source);
     }
 
-    /// Processes the completions waiting on every attached socket; true if any did work.
-    fn drive(&self) -> bool {
+    fn sources(&self) -> Vec<Arc<dyn Drive>> {
         let s = self
             .shared
             .sources
             .lock()
             .unwrap_or_else(|p| p.into_inner());
+        s.iter().filter_map(Weak::upgrade).collect()
+    }
+
+    /// Processes the completions waiting on every attached socket; true if any did work.
+    fn drive(&self, sources: &[Arc<dyn Drive>]) -> bool {
+        let now = self.shared.epoch.elapsed().as_micros().max(1);
+        self.shared
+            .driven_at
+            .store(u64::try_from(now).unwrap_or(u64::MAX), Ordering::Release);
         let mut any = false;
-        for src in s.iter().filter_map(Weak::upgrade) {
+        for src in sources {
             any |= src.drive();
         }
         any
+    }
+
+    /// True while a dequeuer drives this queue's sockets (it did within `within` and has not
+    /// gone to sleep since): their progress threads then stay out of its way.
+    pub(crate) fn driven(&self, within: Duration) -> bool {
+        let at = self.shared.driven_at.load(Ordering::Acquire);
+        at != 0 && self.shared.epoch.elapsed().as_micros() < u128::from(at) + within.as_micros()
     }
 
     /// Takes the next event without blocking.
@@ -132,11 +155,12 @@ impl EventQueue {
         let start = Instant::now();
         let deadline = start + timeout;
         let mut busy = start;
+        let sources = self.sources();
         loop {
             if let Some(ev) = self.try_dequeue() {
                 return Some(ev);
             }
-            if self.drive() {
+            if self.drive(&sources) {
                 busy = Instant::now();
                 continue;
             }
@@ -145,6 +169,11 @@ impl EventQueue {
                 break;
             }
             std::thread::yield_now();
+        }
+        // Going to sleep: the progress threads take over now, not when they next look.
+        self.shared.driven_at.store(0, Ordering::Release);
+        for src in &sources {
+            src.wake();
         }
         let mut q = self.lock();
         loop {
