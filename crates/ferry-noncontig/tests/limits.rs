@@ -262,3 +262,70 @@ fn errors_come_before_anything_moves() {
         );
     });
 }
+
+#[test]
+fn a_refused_key_fails_the_transfer_after_draining() {
+    each(|p, d| {
+        let t = Datatype::vector(8, 16, 32, &Datatype::byte()).unwrap();
+        let lr = p.local(&pattern(256, 1));
+        let rr = p.target(&[0; 256]);
+        let mut bad = remote_layout(&rr, 0, &t, 1);
+        bad.slice.key ^= 0x5a5a;
+        for path in [Path::ZeroCopy, Path::Packed] {
+            let e = write(
+                p.client.as_ref(),
+                &local_layout(&lr, 0, &t, 1),
+                &bad,
+                &forced(path),
+            )
+            .unwrap_err();
+            assert!(
+                matches!(e, NoncontigError::Completion(_)),
+                "{d} {path:?}: {e}"
+            );
+            assert!(p.client.cq().is_empty(), "{d}: everything drained");
+        }
+        assert_eq!(rr.buffer().to_vec(), [0; 256], "{d}");
+        // The endpoint still works.
+        write(
+            p.client.as_ref(),
+            &local_layout(&lr, 0, &t, 1),
+            &remote_layout(&rr, 0, &t, 1),
+            &Options::default(),
+        )
+        .unwrap();
+    });
+}
+
+#[test]
+fn a_caller_staging_region_is_used_in_chunks() {
+    each(|p, d| {
+        let l = Datatype::vector(300, 2, 5, &Datatype::byte()).unwrap();
+        let src = pattern(1500, 4);
+        let lr = p.local(&src);
+        let rr = p.target(&[0; 600]);
+        let staging = p
+            .client
+            .domain()
+            .register(&ferry_fabric::Buffer::new(64), ferry_fabric::Access::LOCAL)
+            .unwrap();
+        let s = write(
+            p.client.as_ref(),
+            &local_layout(&lr, 0, &l, 1),
+            &remote_layout(&rr, 0, &Datatype::byte(), 600),
+            &Options {
+                path: Path::Packed,
+                staging: Some(staging),
+                ..Options::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            (s.path, s.packed_bytes, s.ops),
+            (Path::Packed, 600, 10),
+            "{d}"
+        );
+        let want = reference((&src, 0, &l, 1), (&[0; 600], 0, &Datatype::byte(), 600));
+        assert_eq!(rr.buffer().to_vec(), want, "{d}");
+    });
+}

@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use ferry_dtype::{Datatype, Segment};
+use ferry_dtype::{Datatype, Order, Segment};
 use ferry_noncontig::{read, write, Options, Path, Stats};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
@@ -61,8 +61,8 @@ fn partition(total: u64, cuts: &[u64], gaps: &[u64], rot: usize) -> Vec<Segment>
     segs
 }
 
-/// A random layout: a vector datatype (element 1..8 bytes) or a segment list, plus the
-/// other side as a random partition of the same bytes.
+/// A random layout — a vector, a 2-D subarray, a nested indexed type or a segment list —
+/// plus the other side as a random partition of the same bytes (swapped at random).
 fn sides() -> impl Strategy<Value = (Side, Side)> {
     let vector = (1u64..8, 1u64..40, 1u64..6, 0i64..5, 1u64..3).prop_map(
         |(elem, count, block, extra, n)| {
@@ -81,8 +81,41 @@ fn sides() -> impl Strategy<Value = (Side, Side)> {
             let t = Datatype::from_segments(&partition(total, &cuts, &gaps, rot)).expect("list");
             Side::new(t, 1)
         });
+    let subarray = (
+        2u64..8,
+        2u64..8,
+        0u64..8,
+        0u64..8,
+        0u64..8,
+        0u64..8,
+        1u64..5,
+        1u64..3,
+    )
+        .prop_map(|(a, b, sa, sb, oa, ob, elem, n)| {
+            let (sa, sb) = (1 + sa % a, 1 + sb % b);
+            let (oa, ob) = (oa % (a - sa + 1), ob % (b - sb + 1));
+            let e = Datatype::primitive(elem).expect("primitive");
+            let t =
+                Datatype::subarray(&[a, b], &[sa, sb], &[oa, ob], Order::C, &e).expect("subarray");
+            Side::new(t, n)
+        });
+    let indexed = proptest::collection::vec((0u64..5, 0i64..4), 1..10).prop_map(|blocks| {
+        // Ascending, non-overlapping blocks of 3-byte elements (a valid receive layout),
+        // nested in a contiguous type of 2.
+        let e = Datatype::primitive(3).expect("primitive");
+        let mut at = 0i64;
+        let (mut lens, mut displs) = (Vec::new(), Vec::new());
+        for (len, gap) in blocks {
+            at += gap;
+            lens.push(len);
+            displs.push(at);
+            at += len as i64;
+        }
+        let t = Datatype::indexed(&lens, &displs, &e).expect("indexed");
+        Side::new(Datatype::contiguous(2, &t).expect("contiguous"), 1)
+    });
     (
-        prop_oneof![vector, list],
+        prop_oneof![vector, list, subarray, indexed],
         proptest::collection::vec(0u64..4096, 0..24),
         proptest::collection::vec(0u64..32, 0..24),
         0usize..24,
