@@ -10,6 +10,9 @@ use ferry_fabric::{
 use crate::error::{NoncontigError, Result};
 use crate::layout::{pack_to_buffer, unpack_from_buffer, LocalLayout, RemoteLayout};
 
+/// The low bits of a completion context that number the transfer's operations.
+const SEQ_MASK: u64 = 0xffff_ffff;
+
 /// Which way a transfer moved its bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Path {
@@ -41,7 +44,8 @@ pub struct Options {
     pub max_gather: Option<usize>,
     /// Longest wait for any single completion.
     pub timeout: Duration,
-    /// High bits of the operations' completion contexts (the low 32 bits count).
+    /// High bits of the operations' completion contexts (the low 32 bits count operations
+    /// and are ignored here).
     pub context: u64,
 }
 
@@ -199,6 +203,7 @@ fn transfer(
         inflight: 0,
         seq: 0,
         failed: None,
+        foreign: None,
         stats: Stats::default(),
     };
     if ls == 0 {
@@ -213,6 +218,11 @@ fn transfer(
     let drained = run.drain();
     result?;
     drained?;
+    if let Some((op, ctx)) = run.foreign {
+        return Err(NoncontigError::Invalid(format!(
+            "a foreign {op:?} completion (context {ctx:#x}) arrived during the transfer"
+        )));
+    }
     match run.failed.take() {
         Some(e) => Err(NoncontigError::Completion(e)),
         None => Ok(run.stats),
@@ -226,6 +236,8 @@ struct Run<'a> {
     inflight: usize,
     seq: u64,
     failed: Option<ferry_fabric::FabricError>,
+    /// The first completion that was not ours, if any.
+    foreign: Option<(OpKind, u64)>,
     stats: Stats,
 }
 
@@ -234,7 +246,7 @@ impl Run<'_> {
         while self.inflight >= self.opts.window {
             self.reap()?;
         }
-        let ctx = self.opts.context | (self.seq & 0xffff_ffff);
+        let ctx = (self.opts.context & !SEQ_MASK) | (self.seq & SEQ_MASK);
         match self.dir {
             Dir::Write => self.ep.post_write(list, remote, ctx)?,
             Dir::Read => self.ep.post_read(list, remote, ctx)?,
@@ -247,16 +259,18 @@ impl Run<'_> {
     }
 
     /// Waits for one completion of ours.
+    /// Waits for one completion of ours. A foreign completion (the queue is meant to be ours
+    /// alone) is consumed and remembered, so the transfer still drains and then fails.
     fn reap(&mut self) -> Result<()> {
-        let c = self.ep.cq().wait(self.opts.timeout)?;
-        let ours = c.context & !0xffff_ffff == self.opts.context
-            && matches!(c.op, OpKind::Write | OpKind::Read);
-        if !ours {
-            return Err(NoncontigError::Invalid(format!(
-                "a foreign {:?} completion (context {:#x}) arrived during the transfer",
-                c.op, c.context
-            )));
-        }
+        let c = loop {
+            let c = self.ep.cq().wait(self.opts.timeout)?;
+            let ours = c.context & !SEQ_MASK == self.opts.context & !SEQ_MASK
+                && matches!(c.op, OpKind::Write | OpKind::Read);
+            if ours {
+                break c;
+            }
+            self.foreign.get_or_insert((c.op, c.context));
+        };
         self.inflight -= 1;
         if let Err(e) = c.result {
             self.failed.get_or_insert(e);

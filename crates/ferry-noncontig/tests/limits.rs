@@ -329,3 +329,24 @@ fn a_caller_staging_region_is_used_in_chunks() {
         assert_eq!(rr.buffer().to_vec(), want, "{d}");
     });
 }
+
+#[test]
+fn a_foreign_completion_is_an_error_after_draining() {
+    let p = pair("tcp");
+    let t = Datatype::vector(4, 8, 16, &Datatype::byte()).unwrap();
+    let lr = p.local(&pattern(64, 1));
+    let rr = p.target(&[0; 64]);
+    // Someone else's operation completes on the same queue during the transfer.
+    p.client
+        .post_write(&[lr.slice(0..8).unwrap()], rr.remote(56..64).unwrap(), 7)
+        .unwrap();
+    let e = write(
+        p.client.as_ref(),
+        &local_layout(&lr, 0, &t, 1),
+        &remote_layout(&rr, 0, &t, 1),
+        &Options::default(),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("foreign"), "{e}");
+    assert!(p.client.cq().is_empty(), "everything drained");
+}
