@@ -1,7 +1,7 @@
 //! The measurement behind `Options::measured_threshold` (ignored: a benchmark).
 //!
 //! For each segment size, 4 MiB of the local layout (blocks of that size, every other block)
-//! are written into a contiguous remote range, zero-copy and packed, on tcp and ofi+shm;
+//! are written into a contiguous remote range, zero-copy and packed, on tcp, ofi+shm and ofi+tcp;
 //! prints GB/s of each and the smallest segment size from which zero-copy stays ahead.
 //!
 //! `cargo test -p ferry-noncontig --release --test threshold -- --ignored --nocapture`
@@ -47,14 +47,15 @@ fn gbps(p: &Pair, seg: u64, path: Path) -> f64 {
 #[test]
 #[ignore = "benchmark: run with --release --ignored --nocapture"]
 fn sweep_segment_sizes() {
-    for d in ["tcp", "ofi+shm"] {
+    let only = std::env::var("THRESHOLD_DRIVERS").unwrap_or_else(|_| "tcp,ofi+shm,ofi+tcp".into());
+    for d in only.split(',') {
         let p = pair(d);
         println!(
             "{d} (max_gather {}): segment  zero-copy GB/s  packed GB/s",
             p.client.capabilities().max_gather
         );
         let mut crossover = None;
-        for shift in 3..=16 {
+        for shift in 3..=18 {
             let seg = 1u64 << shift;
             let (z, k) = (gbps(&p, seg, Path::ZeroCopy), gbps(&p, seg, Path::Packed));
             println!("{d}: {seg:>8} {z:>14.3} {k:>12.3}");
