@@ -281,6 +281,46 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// Posts one operation per remote segment (cut at `max_op`) of the next `n` bytes of the
+    /// remote stream, from (or into) `staging[at..at + n]`.
+    fn post_chunk(
+        &mut self,
+        rc: &mut ferry_dtype::Cursor,
+        staging: &MemoryRegion,
+        at: usize,
+        n: usize,
+        remote: &RemoteLayout,
+        max_op: u64,
+    ) -> Result<()> {
+        let mut off = 0usize;
+        while off < n {
+            let Some(rseg) = rc.next_segment(((n - off) as u64).min(max_op)) else {
+                return Err(NoncontigError::Invalid(
+                    "remote layout ended before the local one (a bug)".into(),
+                ));
+            };
+            self.stats.remote_segments += 1;
+            let len = rseg.len as usize;
+            let piece = staging.slice(at + off..at + off + len)?;
+            self.post(
+                &[piece],
+                remote.slice.sub(remote.at(rseg.offset), rseg.len)?,
+            )?;
+            off += len;
+        }
+        Ok(())
+    }
+
+    /// Drains, then fails if any operation did (a staging half is reused only after its
+    /// chunk landed).
+    fn settle(&mut self) -> Result<()> {
+        self.drain()?;
+        match self.failed.take() {
+            Some(e) => Err(NoncontigError::Completion(e)),
+            None => Ok(()),
+        }
+    }
+
     fn drain(&mut self) -> Result<()> {
         while self.inflight > 0 {
             self.reap()?;
@@ -337,7 +377,7 @@ impl Run<'_> {
 
     /// Chunks of the stream through a staging buffer: pack, then one operation per remote
     /// segment of the chunk (writes); or one operation per remote segment, then unpack
-    /// (reads).
+    /// (reads). With two halves, copying one chunk overlaps moving the other.
     fn packed(&mut self, local: &LocalLayout, remote: &RemoteLayout, max_op: u64) -> Result<()> {
         self.stats.path = Path::Packed;
         let total = local.size();
@@ -357,40 +397,60 @@ impl Run<'_> {
                     .register(&Buffer::new(len), Access::LOCAL)?
             }
         };
-        let chunk = staging.len() as u64;
+        // Two halves when there is room: the next chunk is packed (or the last one
+        // unpacked) while the other half's operations are in flight.
+        let two = staging.len() >= 2;
+        let half = if two {
+            staging.len() / 2
+        } else {
+            staging.len()
+        };
+        let base = |which: usize| if two { which * half } else { 0 };
         let mut rc = remote.cursor()?;
-        let mut pos = 0u64;
-        while pos < total {
-            let n = chunk.min(total - pos) as usize;
-            if self.dir == Dir::Write {
-                pack_to_buffer(local, pos, staging.buffer(), 0, n)?;
+        let size_of = |pos: u64| (half as u64).min(total - pos) as usize;
+        let (mut pos, mut which) = (0u64, 0usize);
+        let mut n = size_of(0);
+        match self.dir {
+            Dir::Write => {
+                pack_to_buffer(local, 0, staging.buffer(), base(0), n)?;
+                loop {
+                    self.post_chunk(&mut rc, &staging, base(which), n, remote, max_op)?;
+                    let next = pos + n as u64;
+                    let m = size_of(next);
+                    if !two {
+                        self.settle()?;
+                    }
+                    if m > 0 {
+                        pack_to_buffer(local, next, staging.buffer(), base(which ^ 1), m)?;
+                    }
+                    self.settle()?;
+                    self.stats.packed_bytes += n as u64;
+                    (pos, n, which) = (next, m, which ^ 1);
+                    if n == 0 {
+                        break;
+                    }
+                }
             }
-            let mut off = 0usize;
-            while off < n {
-                let Some(rseg) = rc.next_segment(((n - off) as u64).min(max_op)) else {
-                    return Err(NoncontigError::Invalid(
-                        "remote layout ended before the local one (a bug)".into(),
-                    ));
-                };
-                self.stats.remote_segments += 1;
-                let len = rseg.len as usize;
-                let piece = staging.slice(off..off + len)?;
-                self.post(
-                    &[piece],
-                    remote.slice.sub(remote.at(rseg.offset), rseg.len)?,
-                )?;
-                off += len;
+            Dir::Read => {
+                self.post_chunk(&mut rc, &staging, base(0), n, remote, max_op)?;
+                loop {
+                    self.settle()?;
+                    let next = pos + n as u64;
+                    let m = size_of(next);
+                    if m > 0 && two {
+                        self.post_chunk(&mut rc, &staging, base(which ^ 1), m, remote, max_op)?;
+                    }
+                    unpack_from_buffer(local, pos, staging.buffer(), base(which), n)?;
+                    self.stats.packed_bytes += n as u64;
+                    if m == 0 {
+                        break;
+                    }
+                    if !two {
+                        self.post_chunk(&mut rc, &staging, base(which), m, remote, max_op)?;
+                    }
+                    (pos, n, which) = (next, m, which ^ 1);
+                }
             }
-            // The staging buffer is reused: this chunk must land before the next is packed.
-            self.drain()?;
-            if let Some(e) = self.failed.take() {
-                return Err(NoncontigError::Completion(e));
-            }
-            if self.dir == Dir::Read {
-                unpack_from_buffer(local, pos, staging.buffer(), 0, n)?;
-            }
-            self.stats.packed_bytes += n as u64;
-            pos += n as u64;
         }
         Ok(())
     }

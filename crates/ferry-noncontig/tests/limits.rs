@@ -303,30 +303,50 @@ fn a_caller_staging_region_is_used_in_chunks() {
         let l = Datatype::vector(300, 2, 5, &Datatype::byte()).unwrap();
         let src = pattern(1500, 4);
         let lr = p.local(&src);
-        let rr = p.target(&[0; 600]);
-        let staging = p
-            .client
-            .domain()
-            .register(&ferry_fabric::Buffer::new(64), ferry_fabric::Access::LOCAL)
+        // Two halves of 32 bytes (19 chunks), and a 1-byte staging buffer (no halves).
+        for (len, ops) in [(64, 19), (1, 600)] {
+            let rr = p.target(&[0; 600]);
+            let staging = p
+                .client
+                .domain()
+                .register(&ferry_fabric::Buffer::new(len), ferry_fabric::Access::LOCAL)
+                .unwrap();
+            let s = write(
+                p.client.as_ref(),
+                &local_layout(&lr, 0, &l, 1),
+                &remote_layout(&rr, 0, &Datatype::byte(), 600),
+                &Options {
+                    path: Path::Packed,
+                    staging: Some(staging.clone()),
+                    ..Options::default()
+                },
+            )
             .unwrap();
-        let s = write(
-            p.client.as_ref(),
-            &local_layout(&lr, 0, &l, 1),
-            &remote_layout(&rr, 0, &Datatype::byte(), 600),
-            &Options {
-                path: Path::Packed,
-                staging: Some(staging),
-                ..Options::default()
-            },
-        )
-        .unwrap();
-        assert_eq!(
-            (s.path, s.packed_bytes, s.ops),
-            (Path::Packed, 600, 10),
-            "{d}"
-        );
-        let want = reference((&src, 0, &l, 1), (&[0; 600], 0, &Datatype::byte(), 600));
-        assert_eq!(rr.buffer().to_vec(), want, "{d}");
+            assert_eq!(
+                (s.path, s.packed_bytes, s.ops),
+                (Path::Packed, 600, ops),
+                "{d}"
+            );
+            let want = reference((&src, 0, &l, 1), (&[0; 600], 0, &Datatype::byte(), 600));
+            assert_eq!(rr.buffer().to_vec(), want, "{d} staging {len}");
+            // And back, through the same staging.
+            let back = p.local(&[0; 1500]);
+            let s = read(
+                p.client.as_ref(),
+                &local_layout(&back, 0, &l, 1),
+                &remote_layout(&rr, 0, &Datatype::byte(), 600),
+                &Options {
+                    path: Path::Packed,
+                    staging: Some(staging),
+                    ..Options::default()
+                },
+            )
+            .unwrap();
+            assert_eq!(s.packed_bytes, 600, "{d}");
+            let target = rr.buffer().to_vec();
+            let want = reference((&target, 0, &Datatype::byte(), 600), (&[0; 1500], 0, &l, 1));
+            assert_eq!(back.buffer().to_vec(), want, "{d} staging {len} read");
+        }
     });
 }
 
