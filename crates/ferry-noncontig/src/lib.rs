@@ -39,6 +39,39 @@
 //!
 //! The engine assumes it is the only user of the endpoint's completion queue while a
 //! transfer runs (it consumes every completion it sees and checks its context tag).
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::Duration;
+//! use ferry_fabric::{Access, Buffer};
+//! use ferry_noncontig::{write, Datatype, LocalLayout, Options, Path, RemoteLayout};
+//!
+//! let t = Duration::from_secs(10);
+//! let listener = ferry_fabric::listen(&"tcp://127.0.0.1:0".parse()?)?;
+//! let (server, client) = std::thread::scope(|s| {
+//!     let accept = s.spawn(|| listener.accept(t));
+//!     let client = ferry_fabric::connect(&listener.local_addr(), t);
+//!     (accept.join().expect("accept thread"), client)
+//! });
+//! let (server, client) = (server?, client?);
+//!
+//! // Every other 4-byte block of 64 bytes here, into every fourth 2-byte block there.
+//! let src: Vec<u8> = (0..64).collect();
+//! let local = client.domain().register(&Buffer::from_slice(&src), Access::LOCAL)?;
+//! let target = server.domain().register(&Buffer::new(128), Access::ALL)?;
+//! let here = Datatype::vector(8, 4, 8, &Datatype::byte())?;
+//! let there = Datatype::vector(16, 2, 8, &Datatype::byte())?;
+//! let stats = write(
+//!     client.as_ref(),
+//!     &LocalLayout::new(local, 0, here, 1),
+//!     &RemoteLayout::new(target.remote(..)?, 0, there, 1),
+//!     &Options::default(),
+//! )?;
+//! assert_eq!((stats.path, stats.ops, stats.bytes), (Path::ZeroCopy, 16, 32));
+//! assert_eq!(&target.buffer().to_vec()[..10], &[0, 1, 0, 0, 0, 0, 0, 0, 2, 3]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
