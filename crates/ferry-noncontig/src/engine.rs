@@ -147,7 +147,7 @@ pub fn write(
     transfer(ep, local, remote, opts, Dir::Write)
 }
 
-/// Reads `remote`'s data stream into `local` over `ep`: the mirror of [`write`] (the local
+/// Reads `remote`'s data stream into `local` over `ep`: the mirror of [`write()`] (the local
 /// layout is the receive side and must not overlap itself).
 pub fn read(
     ep: &dyn Endpoint,

@@ -15,8 +15,8 @@
 //!
 //! A [`LocalLayout`] is a registered [`MemoryRegion`], an origin (the region offset of
 //! displacement 0) and `count` instances of a [`Datatype`]; a [`RemoteLayout`] is the same
-//! over a [`RemoteSlice`] a peer advertised. [`write`] moves the local data stream into the
-//! remote layout, [`read`] the other way. Both walk the two layouts with lazy
+//! over a [`RemoteSlice`] a peer advertised. [`write()`] moves the local data stream into the
+//! remote layout, [`read()`] the other way. Both walk the two layouts with lazy
 //! [`ferry_dtype::Cursor`]s, so a layout of 2^20 segments costs a few hundred bytes of state.
 //!
 //! - **Zero-copy** ([`Path::ZeroCopy`]): for each remote contiguous segment, the local
