@@ -177,15 +177,16 @@ fn transfer(
             "window and staging bytes must be at least 1".into(),
         ));
     }
+    // The bounds checks also refuse layouts whose arithmetic overflows.
+    local.check()?;
+    remote.check()?;
     let (ls, rs) = (local.size(), remote.size());
-    if ls != rs || local.dtype.size().checked_mul(local.count).is_none() {
+    if ls != rs {
         return Err(NoncontigError::SizeMismatch {
             local: ls,
             remote: rs,
         });
     }
-    local.check()?;
-    remote.check()?;
     match dir {
         Dir::Write => remote.dtype.check_receive(remote.count)?,
         Dir::Read => local.dtype.check_receive(local.count)?,

@@ -237,6 +237,10 @@ fn errors_come_before_anything_moves() {
             matches!(e, NoncontigError::RemoteOutOfSlice { .. }),
             "{d}: {e}"
         );
+        // Layouts whose arithmetic overflows 64 bits are refused, not wrapped.
+        let big = Datatype::contiguous(1 << 40, &b).unwrap();
+        assert!(run(&big, 1 << 30, &b, 16, 0).is_err(), "{d}");
+        assert!(run(&b, 16, &big, u64::MAX, 0).is_err(), "{d}");
         // Local layout outside its region.
         let e = run(&far, 1, &b, 16, 0).unwrap_err();
         assert!(
