@@ -1,5 +1,5 @@
-//! The `ferry` binary end to end: help, version, `bench fabric --quick --json` and
-//! `bench exs --quick --json`.
+//! The `ferry` binary end to end: help, version, `bench fabric --quick --json`,
+//! `bench exs --quick --json` and `bench noncontig --quick --json`.
 
 use std::process::{Command, Output};
 use std::sync::OnceLock;
@@ -183,4 +183,74 @@ fn exs_quick_json_has_the_summary_keys() {
     assert!(targets
         .iter()
         .any(|t| t["metric"] == "tcp_exs_vs_socket" && t["pass"].is_boolean()));
+}
+
+/// `ferry bench noncontig --quick --json` on tcp and ofi+shm (a few seconds): the bench
+/// shape, the four summary keys the issue names as finite ratios, a row per driver, method
+/// and size, and verdicts for the two shm targets.
+#[test]
+fn noncontig_quick_json_has_the_summary_keys() {
+    let help = stdout(&ferry(&["bench", "noncontig", "--help"]));
+    for flag in ["--quick", "--json", "--drivers", "--out"] {
+        assert!(help.contains(flag), "{flag} missing from:\n{help}");
+    }
+    let o = ferry(&[
+        "bench",
+        "noncontig",
+        "--quick",
+        "--json",
+        "--drivers",
+        "tcp,ofi+shm",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "bench failed: {err}");
+    let v: Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("stdout is not one JSON: {e}"));
+    assert_eq!(v["bench"], "noncontig");
+    assert_eq!(v["quick"], true);
+    let summary = v["summary"].as_object().expect("summary");
+    let keys = [
+        "zerocopy_vs_pack_shm_4m",
+        "zerocopy_vs_contig_shm_16m",
+        "zerocopy_vs_pack_tcp_4m",
+        "zerocopy_vs_contig_tcp_16m",
+    ];
+    assert_eq!(
+        summary.len(),
+        keys.len(),
+        "exactly the issue's keys: {summary:?}"
+    );
+    for k in keys {
+        let x = summary[k].as_f64();
+        assert!(
+            x.is_some_and(|x| x.is_finite() && x > 0.0),
+            "summary {k} = {}",
+            summary[k]
+        );
+    }
+    let rows = v["rows"].as_array().expect("rows is an array");
+    for r in rows {
+        assert!(r["error"].is_null(), "failed row: {r}");
+    }
+    for d in ["tcp", "ofi+shm"] {
+        for op in ["contig", "pack", "zerocopy"] {
+            assert!(
+                rows.iter()
+                    .any(|r| r["driver"] == d && r["op"] == op && r["size"] == 4 << 20),
+                "no {d} {op} row at 4 MiB"
+            );
+        }
+    }
+    // The engine's zero-copy path posts one write per destination segment.
+    let zc = rows
+        .iter()
+        .find(|r| r["op"] == "zerocopy" && r["size"] == 4 << 20)
+        .expect("zerocopy row");
+    assert_eq!(zc["ops_per_message"], 16);
+    let targets = v["targets"].as_array().expect("targets");
+    for k in &keys[..2] {
+        assert!(targets
+            .iter()
+            .any(|t| t["metric"] == *k && t["pass"].is_boolean()));
+    }
 }

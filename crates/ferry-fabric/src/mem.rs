@@ -278,6 +278,24 @@ impl Buffer {
         }
     }
 
+    /// Copies `len` bytes from `src` at `src_offset` to this buffer at `offset`, with no
+    /// intermediate copy (the ranges may overlap when both handles share one allocation).
+    /// This is how layers above pack and unpack between registered regions, which only
+    /// their sole owner could borrow. Panics if either range is out of bounds (a caller bug).
+    pub fn copy_from(&self, offset: usize, src: &Buffer, src_offset: usize, len: usize) {
+        self.check(offset, len);
+        src.check(src_offset, len);
+        // SAFETY: both ranges checked; `copy` tolerates overlap; the concurrency contract is
+        // read_at's and write_at's (a granted remote write may race, mixing old/new bytes).
+        unsafe {
+            std::ptr::copy(
+                src.raw.ptr.as_ptr().add(src_offset),
+                self.raw.ptr.as_ptr().add(offset),
+                len,
+            )
+        }
+    }
+
     /// Fills the whole buffer with `byte`.
     pub fn fill(&self, byte: u8) {
         // SAFETY: whole allocation; same contract as write_at.
@@ -617,6 +635,16 @@ impl RemoteSlice {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn copy_from_between_and_within_buffers() {
+        let a = Buffer::from_slice(b"abcdefgh");
+        let b = Buffer::new(8);
+        b.copy_from(2, &a, 4, 3);
+        assert_eq!(&b.to_vec()[..6], b"\0\0efg\0");
+        a.copy_from(1, &a.clone(), 0, 4);
+        assert_eq!(a.to_vec(), b"aabcdfgh");
+    }
 
     #[test]
     fn file_mapping_reads_the_file_at_any_offset_and_never_writes_it() {

@@ -7,6 +7,7 @@ mod cpu;
 mod exs;
 mod fabric;
 mod fabric_report;
+mod noncontig;
 mod peer;
 mod plot;
 mod proto;
@@ -34,7 +35,11 @@ pub enum BenchCmd {
         #[arg(long)]
         listen: String,
     },
-    /// Internal: the peer process `bench fabric` spawns for each driver.
+    /// Noncontiguous I/O per driver (the EXIO paper's figure 5): bandwidth by message size
+    /// for messages in 16 segments 1 MiB apart, moved contiguously, by pack/unpack and by
+    /// zero-copy RMA gather, with the CPU of both sides.
+    Noncontig(noncontig::NoncontigArgs),
+    /// Internal: the peer process `bench fabric` and `bench noncontig` spawn per driver.
     #[command(hide = true)]
     FabricPeer {
         /// Address to listen on (port 0 or a unique shm name); the bound one goes to stdout.
@@ -48,6 +53,7 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
     match cmd {
         BenchCmd::Fabric(args) => fabric::run(&args),
         BenchCmd::FabricPeer { listen } => peer::run(&listen),
+        BenchCmd::Noncontig(args) => noncontig::run(&args),
         BenchCmd::Exs(args) => exs::run(&args),
         BenchCmd::ExsPeer { listen } => exs::run_peer(&listen),
     }

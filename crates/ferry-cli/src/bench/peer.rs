@@ -8,7 +8,8 @@ use anyhow::{bail, ensure, Context, Result};
 use ferry_fabric::{Access, Address, Buffer, Completion, Endpoint, MemoryRegion, OpKind};
 
 use super::cpu;
-use super::proto::{Msg, CTRL_LEN, PING_LEN};
+use super::proto::{Msg, CTRL_LEN, PING_LEN, UNPACK_BLOCKS};
+use ferry_noncontig::{unpack_from_buffer, Datatype, LocalLayout};
 
 /// Longest the peer waits for its client between requests (the client interleaves other work).
 const IDLE: Duration = Duration::from_secs(600);
@@ -109,6 +110,20 @@ impl Peer {
                     self.reply(usage())?;
                 }
                 Msg::SendPhase { size, slots } => self.send_phase(size, slots)?,
+                Msg::Unpack {
+                    size,
+                    stride,
+                    stage,
+                    origin,
+                } => {
+                    self.unpack(size, stride, stage, origin)?;
+                    self.post_ctrl_recv()?;
+                    self.reply(Msg::Done { received: size })?;
+                }
+                Msg::Notify { bytes } => {
+                    self.post_ctrl_recv()?;
+                    self.reply(Msg::Done { received: bytes })?;
+                }
                 Msg::Bye => return self.goodbye(),
                 other => bail!("unexpected request {other:?}"),
             }
@@ -173,6 +188,30 @@ impl Peer {
         }
         self.post_ctrl_recv()?;
         self.reply(Msg::Done { received: bytes })
+    }
+
+    /// Unpacks `size` bytes at `stage` of the target region into the noncontiguous layout
+    /// [`Msg::Unpack`] names; every figure comes from the client and is checked (by the
+    /// engine's layout and range checks) before a byte is copied.
+    fn unpack(&mut self, size: u64, stride: u64, stage: u64, origin: u64) -> Result<()> {
+        let region = self.bulk.clone().context("Unpack before Hello")?;
+        ensure!(
+            size.is_multiple_of(UNPACK_BLOCKS) && size > 0,
+            "unpack size {size} not a multiple of {UNPACK_BLOCKS}"
+        );
+        let stride = i64::try_from(stride).context("unpack stride")?;
+        let dtype = Datatype::hvector(
+            UNPACK_BLOCKS,
+            size / UNPACK_BLOCKS,
+            stride,
+            &Datatype::byte(),
+        )?;
+        let origin = usize::try_from(origin).context("unpack origin")?;
+        let layout = LocalLayout::new(region.clone(), origin, dtype, 1);
+        let (stage, size) = (usize::try_from(stage)?, usize::try_from(size)?);
+        let n = unpack_from_buffer(&layout, 0, region.buffer(), stage, size)?;
+        ensure!(n == size, "unpacked {n} of {size} bytes");
+        Ok(())
     }
 
     /// Reports final usage, then waits (bounded) for the client to hang up first.

@@ -42,23 +42,45 @@ pub enum Msg {
     Done { received: u64 },
     /// Client: report usage and exit.
     Bye,
+    /// Client (`bench noncontig`): `size` packed bytes are at offset `stage` of the region;
+    /// unpack them into [`UNPACK_BLOCKS`] blocks of `size / UNPACK_BLOCKS` bytes, `stride`
+    /// apart, from offset `origin`. The peer answers `Done`.
+    Unpack {
+        size: u64,
+        stride: u64,
+        stage: u64,
+        origin: u64,
+    },
+    /// Client (`bench noncontig`): a message of `bytes` has landed by RMA; the peer answers
+    /// `Done` (the notification EXIO sends after its RMA writes).
+    Notify { bytes: u64 },
 }
 
+/// Blocks of the noncontiguous layout [`Msg::Unpack`] names (EXIO's 16 segments).
+pub const UNPACK_BLOCKS: u64 = 16;
+
 impl Msg {
-    /// Encodes the frame: magic, type byte, then up to three little-endian u64 at 8, 16, 24.
+    /// Encodes the frame: magic, type byte, then up to four little-endian u64 at 8, 16, 24, 32.
     pub fn encode(&self) -> [u8; CTRL_LEN] {
-        let (ty, words): (u8, [u64; 3]) = match *self {
-            Msg::Hello { bytes } => (1, [bytes, 0, 0]),
-            Msg::Advert(r) => (2, [r.addr, r.len, r.key]),
-            Msg::Usage => (3, [0; 3]),
-            Msg::UsageReply { user_us, sys_us } => (4, [user_us, sys_us, 0]),
-            Msg::SendPhase { size, slots } => (5, [size, slots, 0]),
-            Msg::Ready => (6, [0; 3]),
-            Msg::End { sent } => (7, [sent, 0, 0]),
-            Msg::Drain { leftover } => (8, [leftover, 0, 0]),
-            Msg::Fill => (9, [0; 3]),
-            Msg::Done { received } => (10, [received, 0, 0]),
-            Msg::Bye => (11, [0; 3]),
+        let (ty, words): (u8, [u64; 4]) = match *self {
+            Msg::Hello { bytes } => (1, [bytes, 0, 0, 0]),
+            Msg::Advert(r) => (2, [r.addr, r.len, r.key, 0]),
+            Msg::Usage => (3, [0; 4]),
+            Msg::UsageReply { user_us, sys_us } => (4, [user_us, sys_us, 0, 0]),
+            Msg::SendPhase { size, slots } => (5, [size, slots, 0, 0]),
+            Msg::Ready => (6, [0; 4]),
+            Msg::End { sent } => (7, [sent, 0, 0, 0]),
+            Msg::Drain { leftover } => (8, [leftover, 0, 0, 0]),
+            Msg::Fill => (9, [0; 4]),
+            Msg::Done { received } => (10, [received, 0, 0, 0]),
+            Msg::Bye => (11, [0; 4]),
+            Msg::Unpack {
+                size,
+                stride,
+                stage,
+                origin,
+            } => (12, [size, stride, stage, origin]),
+            Msg::Notify { bytes } => (13, [bytes, 0, 0, 0]),
         };
         let mut b = [0u8; CTRL_LEN];
         b[..4].copy_from_slice(MAGIC);
@@ -96,6 +118,13 @@ impl Msg {
             9 => Msg::Fill,
             10 => Msg::Done { received: w(0)? },
             11 => Msg::Bye,
+            12 => Msg::Unpack {
+                size: w(0)?,
+                stride: w(1)?,
+                stage: w(2)?,
+                origin: w(3)?,
+            },
+            13 => Msg::Notify { bytes: w(0)? },
             t => bail!("unknown control frame type {t}"),
         })
     }
@@ -125,6 +154,13 @@ mod tests {
             },
             Msg::Done { received: 9 },
             Msg::Bye,
+            Msg::Unpack {
+                size: 1 << 20,
+                stride: 1 << 20,
+                stage: 16 << 20,
+                origin: 3 << 20,
+            },
+            Msg::Notify { bytes: 7 },
         ] {
             assert_eq!(Msg::decode(&m.encode()).unwrap(), m);
         }

@@ -195,6 +195,44 @@ impl Session {
         })
     }
 
+    /// The endpoint to the peer, for benches that post their own operations (each must be
+    /// complete before the next request).
+    pub fn endpoint(&self) -> &dyn Endpoint {
+        self.ep.as_ref()
+    }
+
+    /// The peer's target region, as it advertised it.
+    pub fn remote(&self) -> RemoteSlice {
+        self.remote
+    }
+
+    /// The peer's CPU usage so far.
+    pub fn peer_cpu(&mut self) -> Result<Usage> {
+        self.peer_usage()
+    }
+
+    /// Asks the peer to unpack `size` bytes at `stage` of its region into its noncontiguous
+    /// layout (see [`Msg::Unpack`]) and waits until it has.
+    pub fn unpack(&mut self, size: u64, stride: u64, stage: u64, origin: u64) -> Result<()> {
+        match self.request(Msg::Unpack {
+            size,
+            stride,
+            stage,
+            origin,
+        })? {
+            Msg::Done { received } if received == size => Ok(()),
+            m => bail!("peer answered Unpack with {m:?}"),
+        }
+    }
+
+    /// Tells the peer a `bytes`-byte message has landed and waits for its answer.
+    pub fn notify(&mut self, bytes: u64) -> Result<()> {
+        match self.request(Msg::Notify { bytes })? {
+            Msg::Done { received } if received == bytes => Ok(()),
+            m => bail!("peer answered Notify with {m:?}"),
+        }
+    }
+
     /// Says goodbye so the peer exits on its own.
     pub fn close(mut self) -> Result<()> {
         self.request(Msg::Bye).map(drop)
