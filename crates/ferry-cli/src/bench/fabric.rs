@@ -187,22 +187,17 @@ pub fn run(args: &FabricArgs) -> Result<()> {
         summary,
         targets: vec![],
     };
-    if args.json {
-        println!("{}", serde_json::to_string(&report)?);
-        if let Some(dir) = &args.out {
-            write_files(&report, dir)?;
-        }
-    } else {
-        print!("{}", report.table());
-        let dir = args
-            .out
-            .clone()
-            .unwrap_or_else(|| "bench/results/fabric".into());
-        for f in write_files(&report, &dir)? {
-            println!("wrote {}", f.display());
-        }
-    }
-    Ok(())
+    let png = |p: &std::path::Path| report.png(p);
+    let (table, csv) = (report.table(), report.csv());
+    report::emit(
+        "fabric",
+        &report,
+        &table,
+        csv,
+        &png,
+        args.json,
+        args.out.as_deref(),
+    )
 }
 
 fn grid_of(driver: &str, plan: &Plan) -> Vec<Cell> {
@@ -247,14 +242,4 @@ fn run_session(
         c.add(sample.with_context(|| format!("{} {} B", c.op, c.size))?);
     }
     s.close()
-}
-
-/// Writes fabric.csv, fabric.json and fabric.png (if the font is there) under `dir`.
-fn write_files(report: &Report, dir: &std::path::Path) -> Result<Vec<PathBuf>> {
-    let json = serde_json::to_string_pretty(report)? + "\n";
-    report::write_files(
-        dir,
-        &[("fabric.csv", report.csv()), ("fabric.json", json)],
-        &[("fabric.png", &|p| report.png(p))],
-    )
 }

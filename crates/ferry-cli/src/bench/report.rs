@@ -163,6 +163,44 @@ pub fn round(x: f64, digits: i32) -> f64 {
 /// Draws a PNG to the path given; false when it could not (e.g. the font is missing).
 pub type Draw<'a> = &'a dyn Fn(&Path) -> Result<bool>;
 
+/// Where a bench's report goes: `--json` prints exactly one JSON object on stdout (files
+/// only with `--out`); otherwise the table is printed and `<name>.csv`, `<name>.json` and
+/// `<name>.png` are written to `--out` (default `bench/results/<name>`).
+pub fn emit<R: Serialize>(
+    name: &str,
+    report: &R,
+    table: &str,
+    csv: String,
+    png: Draw<'_>,
+    json: bool,
+    out: Option<&Path>,
+) -> Result<()> {
+    let write = |dir: &Path| {
+        let pretty = serde_json::to_string_pretty(report)? + "\n";
+        write_files(
+            dir,
+            &[
+                (&format!("{name}.csv"), csv.clone()),
+                (&format!("{name}.json"), pretty),
+            ],
+            &[(&format!("{name}.png"), png)],
+        )
+    };
+    if json {
+        println!("{}", serde_json::to_string(report)?);
+        if let Some(dir) = out {
+            write(dir)?;
+        }
+        return Ok(());
+    }
+    print!("{table}");
+    let default = PathBuf::from("bench/results").join(name);
+    for f in write(out.unwrap_or(&default))? {
+        println!("wrote {}", f.display());
+    }
+    Ok(())
+}
+
 /// Writes `files` (name, contents) under `dir`, then each PNG (name, drawing); returns the
 /// paths written.
 pub fn write_files(

@@ -22,7 +22,7 @@ use clap::Args;
 
 use super::addr;
 use super::refs::Memcpy;
-use super::report::{write_files, DriverStatus, Machine, Report};
+use super::report::{emit, DriverStatus, Machine, Report};
 use super::session::{Op, Session};
 use client::{Client, Measured};
 use grid::{grid_of, Cell, Kind, Plan, REGION};
@@ -167,28 +167,14 @@ fn socket_blast(plan: &Plan, n: usize) -> Result<Measured> {
 }
 
 fn output(report: &Report<ExsRow, ExsSummary>, args: &ExsArgs) -> Result<()> {
-    let write = |dir: &std::path::Path| {
-        let json = serde_json::to_string_pretty(report)? + "\n";
-        write_files(
-            dir,
-            &[("exs.csv", report.csv()), ("exs.json", json)],
-            &[("exs.png", &|p| report.png(p))],
-        )
-    };
-    if args.json {
-        println!("{}", serde_json::to_string(report)?);
-        if let Some(dir) = &args.out {
-            write(dir)?;
-        }
-    } else {
-        print!("{}", report.table());
-        let dir = args
-            .out
-            .clone()
-            .unwrap_or_else(|| "bench/results/exs".into());
-        for f in write(&dir)? {
-            println!("wrote {}", f.display());
-        }
-    }
-    Ok(())
+    let png = |p: &std::path::Path| report.png(p);
+    emit(
+        "exs",
+        report,
+        &report.table(),
+        report.csv(),
+        &png,
+        args.json,
+        args.out.as_deref(),
+    )
 }

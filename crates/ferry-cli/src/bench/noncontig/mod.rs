@@ -30,7 +30,7 @@ use ferry_noncontig::{pack_to_buffer, Datatype, LocalLayout, Options, Path, Remo
 use super::addr;
 use super::cpu;
 use super::refs::Memcpy;
-use super::report::{median, round, write_files, DriverStatus, Machine, Report};
+use super::report::{emit, median, round, DriverStatus, Machine, Report};
 use super::session::Session;
 pub use report::{NcRow, NcSummary};
 
@@ -266,30 +266,16 @@ fn measure(
 }
 
 fn output(report: &Report<NcRow, NcSummary>, args: &NoncontigArgs) -> Result<()> {
-    let write = |dir: &std::path::Path| {
-        let json = serde_json::to_string_pretty(report)? + "\n";
-        write_files(
-            dir,
-            &[("noncontig.csv", report.csv()), ("noncontig.json", json)],
-            &[("noncontig.png", &|p| report.png(p))],
-        )
-    };
-    if args.json {
-        println!("{}", serde_json::to_string(report)?);
-        if let Some(dir) = &args.out {
-            write(dir)?;
-        }
-    } else {
-        print!("{}", report.table());
-        let dir = args
-            .out
-            .clone()
-            .unwrap_or_else(|| "bench/results/noncontig".into());
-        for f in write(&dir)? {
-            println!("wrote {}", f.display());
-        }
-    }
-    Ok(())
+    let png = |p: &std::path::Path| report.png(p);
+    emit(
+        "noncontig",
+        report,
+        &report.table(),
+        report.csv(),
+        &png,
+        args.json,
+        args.out.as_deref(),
+    )
 }
 
 /// Median of one field over samples.
