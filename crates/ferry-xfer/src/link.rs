@@ -1,0 +1,327 @@
+//! One transfer connection over EXS, and the staging ring that moves file blocks over it.
+//!
+//! Every EXS message is one protocol frame. The receiving side keeps `ring` receive
+//! buffers of `BLOCK_HEADER_LEN + block_size` bytes posted (registered memory); a control
+//! frame fits the immediate size and is copied out of the advert, a BLOCK frame is pulled
+//! by RMA straight into a posted buffer. Received messages are delivered in posting order.
+//!
+//! Sending a file range ([`BlockSender`]): the calling thread is the disk reader. It takes a
+//! free registered block (at most `ring` exist), `pread`s into it, computes the block's
+//! CRC-32C, writes the BLOCK header in front and posts the EXS send; the transfer itself
+//! proceeds in the EXS progress thread and the peer's RMA read while the reader fills the
+//! next block. A block comes back for reuse when its send completes, so a slow network or a
+//! slow receiver (which stops re-posting receive buffers while its writer lags) stalls the
+//! reader: bounded memory, back-pressure end to end.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use ferry_exs::proto::{EventKind, Flags};
+use ferry_exs::runtime::{default_config, EventQueue, ExsBuf, ExsSocket};
+use ferry_exs::ExsError;
+
+use crate::error::{Result, XferError};
+use crate::proto::{self, BlockHeader, Msg, BLOCK_HEADER_LEN};
+
+/// Context of control sends (their completions are only checked for errors).
+const CTX_CONTROL: u64 = u64::MAX;
+
+/// How long a handshake may take.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A connected transfer link: an EXS socket, its queue, and the posted receive ring.
+pub struct Link {
+    sock: ExsSocket,
+    q: EventQueue,
+    next_post: u64,
+    next_deliver: u64,
+    done: BTreeMap<u64, (ExsBuf, usize)>,
+    recv_size: usize,
+    /// How long [`Link::recv`] waits for the peer before giving up.
+    pub timeout: Duration,
+}
+
+fn exs_err(what: &str, e: ExsError) -> XferError {
+    match e {
+        ExsError::PeerClosed | ExsError::ConnectionReset | ExsError::NotConnected => {
+            XferError::conn(format!("{what}: the peer closed the connection"))
+        }
+        ExsError::MessageSize => XferError::conn(format!(
+            "{what}: the peer sent a message larger than agreed"
+        )),
+        e => XferError::conn(format!("{what}: {e}")),
+    }
+}
+
+impl Link {
+    /// Connects to a `ferry serve` at a fabric address (`tcp://h:p`, `ofi+tcp://h:p`,
+    /// `ofi+shm://name`).
+    pub fn connect(addr: &str, timeout: Duration) -> Result<Link> {
+        let fabric: ferry_fabric::Address = addr
+            .parse()
+            .map_err(|e| XferError::new(crate::Kind::Usage, format!("bad address {addr}: {e}")))?;
+        let q = EventQueue::new().map_err(|e| XferError::io("create event queue", &e))?;
+        let sock = ExsSocket::connect(addr, default_config(&fabric), &q, timeout).map_err(|e| {
+            XferError::conn(format!(
+                "cannot connect to {addr}: {e} (is `ferry serve` running there, and is the driver right?)"
+            ))
+        })?;
+        Ok(Self::new(sock, q))
+    }
+
+    /// Wraps a connected socket whose events go to `q`.
+    pub fn new(sock: ExsSocket, q: EventQueue) -> Link {
+        Link {
+            sock,
+            q,
+            next_post: 0,
+            next_deliver: 0,
+            done: BTreeMap::new(),
+            recv_size: 0,
+            timeout: Duration::from_secs(120),
+        }
+    }
+
+    /// The socket underneath.
+    pub fn socket(&self) -> &ExsSocket {
+        &self.sock
+    }
+
+    /// Posts receive buffers until `count` are outstanding, each `size` bytes (the first
+    /// call fixes the size; later messages must fit it).
+    pub fn post_ring(&mut self, count: usize, size: usize) -> Result<()> {
+        self.recv_size = size;
+        let outstanding = (self.next_post - self.next_deliver) as usize;
+        for _ in outstanding..count {
+            let buf = self
+                .sock
+                .alloc(size)
+                .map_err(|e| XferError::conn(format!("register receive buffer: {e}")))?;
+            self.sock.recv(buf, Flags::NONE, self.next_post);
+            self.next_post += 1;
+        }
+        Ok(())
+    }
+
+    /// Sends one control frame.
+    pub fn send(&self, msg: &Msg) -> Result<()> {
+        let bytes =
+            proto::to_vec(msg).map_err(|e| XferError::conn(format!("encode frame: {e}")))?;
+        let buf = self
+            .sock
+            .alloc(bytes.len())
+            .map_err(|e| XferError::conn(format!("register send buffer: {e}")))?;
+        buf.write_at(0, &bytes)
+            .map_err(|e| XferError::conn(format!("fill send buffer: {e}")))?;
+        self.sock.send(buf, Flags::NONE, CTX_CONTROL);
+        Ok(())
+    }
+
+    /// Receives the next message into `out` (resized to the message) and re-posts its
+    /// buffer. Send completions met on the way are checked.
+    pub fn recv_into(&mut self, out: &mut Vec<u8>) -> Result<()> {
+        loop {
+            if let Some((buf, len)) = self.done.remove(&self.next_deliver) {
+                self.next_deliver += 1;
+                out.resize(len, 0);
+                buf.buffer().read_at(buf.offset(), out);
+                // Re-post the same registered buffer.
+                self.sock.recv(buf, Flags::NONE, self.next_post);
+                self.next_post += 1;
+                return Ok(());
+            }
+            if self.next_post == self.next_deliver {
+                return Err(XferError::conn("internal: receive with no buffer posted"));
+            }
+            let ev = self.q.dequeue(self.timeout).ok_or_else(|| {
+                XferError::conn(format!(
+                    "the peer sent nothing for {} s; giving up",
+                    self.timeout.as_secs()
+                ))
+            })?;
+            match ev.kind {
+                EventKind::Recv => {
+                    ev.result.map_err(|e| exs_err("receive", e))?;
+                    let buf = ev
+                        .buf
+                        .ok_or_else(|| XferError::conn("receive completed without its buffer"))?;
+                    let len = usize::try_from(ev.len).unwrap_or(usize::MAX).min(buf.len());
+                    self.done.insert(ev.ctx, (buf, len));
+                }
+                EventKind::Send => ev.result.map_err(|e| exs_err("send", e))?,
+                EventKind::Close => {
+                    return Err(match ev.result {
+                        Err(e) => exs_err("connection", e),
+                        Ok(()) => XferError::conn("the connection was closed"),
+                    })
+                }
+                EventKind::Connect | EventKind::ReadNotify => {}
+            }
+        }
+    }
+
+    /// Receives and decodes the next control frame (a BLOCK is an error here).
+    pub fn recv_msg(&mut self) -> Result<Msg> {
+        let mut v = Vec::new();
+        self.recv_into(&mut v)?;
+        let (msg, _) = proto::decode(&v)
+            .map_err(|e| XferError::conn(format!("the peer sent a bad frame: {e}")))?;
+        if matches!(msg, Msg::Block(_)) {
+            return Err(XferError::conn("unexpected BLOCK frame"));
+        }
+        Ok(msg)
+    }
+
+    /// The largest message the posted buffers take.
+    pub fn recv_size(&self) -> usize {
+        self.recv_size
+    }
+
+    /// Closes the connection (the peer sees it closed).
+    pub fn close(&self) {
+        let _ = self.sock.close();
+    }
+}
+
+/// Test hook: `FERRY_TEST_CORRUPT_BLOCKS=N` flips a byte in the first N blocks this process
+/// sends (after their CRC was computed), so tests can watch the receiver catch and re-fetch
+/// them. Unset in normal use.
+fn corrupt_this_block() -> bool {
+    static SENT: AtomicU64 = AtomicU64::new(0);
+    static LIMIT: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let limit = *LIMIT.get_or_init(|| {
+        std::env::var("FERRY_TEST_CORRUPT_BLOCKS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    });
+    limit > 0 && SENT.fetch_add(1, Ordering::Relaxed) < limit
+}
+
+/// The sending half of the staging ring: reads file ranges into registered blocks and
+/// sends them as BLOCK frames (see the module documentation).
+pub struct BlockSender<'a> {
+    sock: &'a ExsSocket,
+    dq: EventQueue,
+    free: Vec<ExsBuf>,
+    allocated: usize,
+    in_flight: usize,
+    ring: usize,
+    block: usize,
+    scratch: Vec<u8>,
+    timeout: Duration,
+    /// Blocks sent.
+    pub blocks: u64,
+}
+
+impl<'a> BlockSender<'a> {
+    /// A sender of blocks of at most `block` bytes, with at most `ring` in flight.
+    pub fn new(link: &'a Link, block: u32, ring: usize) -> Result<Self> {
+        Ok(BlockSender {
+            sock: &link.sock,
+            dq: EventQueue::new().map_err(|e| XferError::io("create event queue", &e))?,
+            free: Vec::new(),
+            allocated: 0,
+            in_flight: 0,
+            ring: ring.max(1),
+            block: block as usize,
+            scratch: Vec::new(),
+            timeout: link.timeout,
+            blocks: 0,
+        })
+    }
+
+    fn reap_one(&mut self) -> Result<()> {
+        let ev = self
+            .dq
+            .dequeue(self.timeout)
+            .ok_or_else(|| XferError::conn("the peer stopped taking data; giving up"))?;
+        if ev.kind == EventKind::Send {
+            self.in_flight -= 1;
+        }
+        ev.result.map_err(|e| exs_err("send block", e))?;
+        if let Some(buf) = ev.buf {
+            // The send used a prefix of the block; keep the whole block.
+            self.free.push(ExsBuf::new(buf.region().clone()));
+        }
+        Ok(())
+    }
+
+    fn take_block(&mut self) -> Result<ExsBuf> {
+        loop {
+            if let Some(b) = self.free.pop() {
+                return Ok(b);
+            }
+            if self.allocated < self.ring {
+                self.allocated += 1;
+                return self
+                    .sock
+                    .alloc(BLOCK_HEADER_LEN + self.block)
+                    .map_err(|e| XferError::conn(format!("register staging block: {e}")));
+            }
+            self.reap_one()?;
+        }
+    }
+
+    /// Sends `file[offset..offset+len]` as BLOCK frames of `file_id`, feeding every byte
+    /// read to `hasher` in order, and `progress` with each block's length.
+    pub fn send_range(
+        &mut self,
+        file: &std::fs::File,
+        file_id: u32,
+        offset: u64,
+        len: u64,
+        mut hasher: Option<&mut blake3::Hasher>,
+        progress: &dyn Fn(u64),
+    ) -> Result<()> {
+        let mut pos = offset;
+        let end = offset.saturating_add(len);
+        while pos < end {
+            let n = (end - pos).min(self.block as u64) as usize;
+            self.scratch.resize(n, 0);
+            file.read_exact_at(&mut self.scratch, pos)
+                .map_err(|e| XferError::io(format!("read at offset {pos}"), &e))?;
+            let h = BlockHeader {
+                file_id,
+                stream: 0,
+                offset: pos,
+                len: n as u32,
+                crc32c: crc32c::crc32c(&self.scratch),
+            };
+            if let Some(hs) = hasher.as_deref_mut() {
+                hs.update(&self.scratch);
+            }
+            let head = proto::encode_block_header(&h)
+                .map_err(|e| XferError::conn(format!("encode block: {e}")))?;
+            let buf = self.take_block()?;
+            let fill = |b: &ExsBuf| -> std::result::Result<(), ferry_fabric::FabricError> {
+                b.write_at(0, &head)?;
+                b.write_at(BLOCK_HEADER_LEN, &self.scratch)
+            };
+            fill(&buf).map_err(|e| XferError::conn(format!("fill staging block: {e}")))?;
+            if n > 0 && corrupt_this_block() {
+                let _ = buf.write_at(BLOCK_HEADER_LEN, &[self.scratch[0] ^ 0xff]);
+            }
+            let msg = buf
+                .slice(..BLOCK_HEADER_LEN + n)
+                .map_err(|e| XferError::conn(format!("slice staging block: {e}")))?;
+            self.sock
+                .send_to(Some(&self.dq), msg, 0, Flags::NONE, self.blocks);
+            self.in_flight += 1;
+            self.blocks += 1;
+            progress(n as u64);
+            pos += n as u64;
+        }
+        Ok(())
+    }
+
+    /// Waits until every block sent has completed.
+    pub fn flush(&mut self) -> Result<()> {
+        while self.in_flight > 0 {
+            self.reap_one()?;
+        }
+        Ok(())
+    }
+}
