@@ -106,6 +106,7 @@ impl LocalPart {
             .into_owned();
         let tmp = dest.with_file_name(part_name(&name));
         let file = std::fs::OpenOptions::new()
+            .read(true)
             .write(true)
             .create(true)
             .truncate(true)

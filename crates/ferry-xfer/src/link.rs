@@ -127,7 +127,14 @@ impl Link {
                 self.next_deliver += 1;
                 out.resize(len, 0);
                 buf.buffer().read_at(buf.offset(), out);
-                // Re-post the same registered buffer.
+                // Re-post the same registered buffer (a fresh one if the ring grew since).
+                let buf = if buf.len() < self.recv_size {
+                    self.sock
+                        .alloc(self.recv_size)
+                        .map_err(|e| XferError::conn(format!("register receive buffer: {e}")))?
+                } else {
+                    buf
+                };
                 self.sock.recv(buf, Flags::NONE, self.next_post);
                 self.next_post += 1;
                 return Ok(());

@@ -178,16 +178,10 @@ impl Roots {
         Ok((File::from(fd), st))
     }
 
-    /// Describes a path (the last component is not followed if it is a symlink).
+    /// Describes a path. Symlinks are followed as long as they stay inside the root.
     pub fn stat(&self, path: &str) -> PResult<Entry> {
-        let (parent, name) = self.parent(path)?;
-        let st = match &name {
-            None => rustix::fs::fstat(&parent),
-            Some(n) => {
-                rustix::fs::statat(&parent, n.as_str(), rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
-            }
-        }
-        .map_err(|e| errno_refusal(path, e))?;
+        let fd = self.open_at(path, OFlags::PATH)?;
+        let st = rustix::fs::fstat(&fd).map_err(|e| errno_refusal(path, e))?;
         let shown = path
             .trim_end_matches('/')
             .rsplit('/')
@@ -316,7 +310,7 @@ impl PartFile {
         let fd = rustix::fs::openat(
             &dir,
             tmp.as_str(),
-            OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            OFlags::RDWR | OFlags::CREATE | OFlags::TRUNC | OFlags::NOFOLLOW | OFlags::CLOEXEC,
             Mode::from_raw_mode(0o600),
         )
         .map_err(|e| errno_refusal(path, e))?;
