@@ -74,7 +74,7 @@ impl Progress for () {}
 pub struct Client {
     link: Link,
     block: u32,
-    ring: usize,
+    tx: BlockSender,
     next_id: u32,
     /// Counters so far.
     pub stats: Stats,
@@ -181,7 +181,7 @@ impl Client {
         Ok(Client {
             link,
             block,
-            ring: opts.ring.max(1),
+            tx: BlockSender::new(block, opts.ring.max(1), Duration::from_secs(120))?,
             next_id: 1,
             stats: Stats::default(),
         })
@@ -447,9 +447,9 @@ impl Client {
         }
         let mut hasher = blake3::Hasher::new();
         {
-            let mut tx = BlockSender::new(&self.link, self.block, self.ring)?;
+            let tx = &mut self.tx;
             let add = |n| progress.add(n);
-            let sent = tx.send_range(&file, file_id, 0, size, Some(&mut hasher), &add);
+            let sent = tx.send_range(&self.link, &file, file_id, 0, size, Some(&mut hasher), &add);
             if let Err(e) = sent {
                 let _ = tx.flush();
                 let _ = self.link.send(&Msg::Error {
@@ -459,7 +459,7 @@ impl Client {
                 });
                 return Err(e);
             }
-            tx.flush()?;
+            // The server answers FILE_DONE only after taking every block: no flush needed.
         }
         let hash = *hasher.finalize().as_bytes();
         loop {
@@ -472,16 +472,16 @@ impl Client {
                 Msg::Ok { .. } => break,
                 Msg::Resend { ranges, .. } => {
                     self.stats.blocks_resent += ranges.len() as u64;
-                    let mut tx = BlockSender::new(&self.link, self.block, self.ring)?;
+                    let tx = &mut self.tx;
                     for (off, len) in ranges {
                         if off.saturating_add(u64::from(len)) > size {
                             return Err(XferError::conn(
                                 "the server asked for a range past the end",
                             ));
                         }
-                        tx.send_range(&file, file_id, off, u64::from(len), None, &|_| {})?;
+                        tx.send_range(&self.link, &file, file_id, off, u64::from(len), None, &|_| {})?;
                     }
-                    tx.flush()?;
+
                 }
                 Msg::Error { code, message, .. } => return Err(remote_err(code, &message)),
                 m => return Err(unexpected(&m)),

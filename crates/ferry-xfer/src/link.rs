@@ -28,6 +28,9 @@ use crate::proto::{self, BlockHeader, Msg, BLOCK_HEADER_LEN};
 /// Context of control sends (their completions are only checked for errors).
 const CTX_CONTROL: u64 = u64::MAX;
 
+/// Size of a pooled control send buffer (larger frames get their own).
+const CONTROL_BUF: usize = 4096;
+
 /// How long a handshake may take.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -39,6 +42,8 @@ pub struct Link {
     next_deliver: u64,
     done: BTreeMap<u64, (ExsBuf, usize)>,
     recv_size: usize,
+    /// Registered control send buffers whose sends completed, for reuse.
+    ctrl_pool: std::sync::Mutex<Vec<ExsBuf>>,
     /// How long [`Link::recv`] waits for the peer before giving up.
     pub timeout: Duration,
 }
@@ -80,6 +85,7 @@ impl Link {
             next_deliver: 0,
             done: BTreeMap::new(),
             recv_size: 0,
+            ctrl_pool: std::sync::Mutex::new(Vec::new()),
             timeout: Duration::from_secs(120),
         }
     }
@@ -109,12 +115,24 @@ impl Link {
     pub fn send(&self, msg: &Msg) -> Result<()> {
         let bytes =
             proto::to_vec(msg).map_err(|e| XferError::conn(format!("encode frame: {e}")))?;
-        let buf = self
-            .sock
-            .alloc(bytes.len())
-            .map_err(|e| XferError::conn(format!("register send buffer: {e}")))?;
+        let pooled = {
+            let mut pool = self.ctrl_pool.lock().unwrap_or_else(|p| p.into_inner());
+            pool.iter()
+                .position(|b| b.len() >= bytes.len())
+                .map(|i| pool.swap_remove(i))
+        };
+        let buf = match pooled {
+            Some(b) => b,
+            None => self
+                .sock
+                .alloc(bytes.len().max(CONTROL_BUF))
+                .map_err(|e| XferError::conn(format!("register send buffer: {e}")))?,
+        };
         buf.write_at(0, &bytes)
             .map_err(|e| XferError::conn(format!("fill send buffer: {e}")))?;
+        let buf = buf
+            .slice(..bytes.len())
+            .map_err(|e| XferError::conn(format!("slice send buffer: {e}")))?;
         self.sock.send(buf, Flags::NONE, CTX_CONTROL);
         Ok(())
     }
@@ -157,7 +175,15 @@ impl Link {
                     let len = usize::try_from(ev.len).unwrap_or(usize::MAX).min(buf.len());
                     self.done.insert(ev.ctx, (buf, len));
                 }
-                EventKind::Send => ev.result.map_err(|e| exs_err("send", e))?,
+                EventKind::Send => {
+                    ev.result.map_err(|e| exs_err("send", e))?;
+                    if let Some(b) = ev.buf {
+                        let mut pool = self.ctrl_pool.lock().unwrap_or_else(|p| p.into_inner());
+                        if pool.len() < 16 {
+                            pool.push(ExsBuf::new(b.region().clone()));
+                        }
+                    }
+                }
                 EventKind::Close => {
                     return Err(match ev.result {
                         Err(e) => exs_err("connection", e),
@@ -209,8 +235,7 @@ fn corrupt_this_block() -> bool {
 
 /// The sending half of the staging ring: reads file ranges into registered blocks and
 /// sends them as BLOCK frames (see the module documentation).
-pub struct BlockSender<'a> {
-    sock: &'a ExsSocket,
+pub struct BlockSender {
     dq: EventQueue,
     free: Vec<ExsBuf>,
     allocated: usize,
@@ -223,11 +248,11 @@ pub struct BlockSender<'a> {
     pub blocks: u64,
 }
 
-impl<'a> BlockSender<'a> {
-    /// A sender of blocks of at most `block` bytes, with at most `ring` in flight.
-    pub fn new(link: &'a Link, block: u32, ring: usize) -> Result<Self> {
+impl BlockSender {
+    /// A sender of blocks of at most `block` bytes, with at most `ring` in flight; it keeps
+    /// its registered blocks for the next ranges it sends.
+    pub fn new(block: u32, ring: usize, timeout: Duration) -> Result<Self> {
         Ok(BlockSender {
-            sock: &link.sock,
             dq: EventQueue::new().map_err(|e| XferError::io("create event queue", &e))?,
             free: Vec::new(),
             allocated: 0,
@@ -235,7 +260,7 @@ impl<'a> BlockSender<'a> {
             ring: ring.max(1),
             block: block as usize,
             scratch: Vec::new(),
-            timeout: link.timeout,
+            timeout,
             blocks: 0,
         })
     }
@@ -256,15 +281,14 @@ impl<'a> BlockSender<'a> {
         Ok(())
     }
 
-    fn take_block(&mut self) -> Result<ExsBuf> {
+    fn take_block(&mut self, sock: &ExsSocket) -> Result<ExsBuf> {
         loop {
             if let Some(b) = self.free.pop() {
                 return Ok(b);
             }
             if self.allocated < self.ring {
                 self.allocated += 1;
-                return self
-                    .sock
+                return sock
                     .alloc(BLOCK_HEADER_LEN + self.block)
                     .map_err(|e| XferError::conn(format!("register staging block: {e}")));
             }
@@ -276,6 +300,7 @@ impl<'a> BlockSender<'a> {
     /// read to `hasher` in order, and `progress` with each block's length.
     pub fn send_range(
         &mut self,
+        link: &Link,
         file: &std::fs::File,
         file_id: u32,
         offset: u64,
@@ -302,7 +327,7 @@ impl<'a> BlockSender<'a> {
             }
             let head = proto::encode_block_header(&h)
                 .map_err(|e| XferError::conn(format!("encode block: {e}")))?;
-            let buf = self.take_block()?;
+            let buf = self.take_block(&link.sock)?;
             let fill = |b: &ExsBuf| -> std::result::Result<(), ferry_fabric::FabricError> {
                 b.write_at(0, &head)?;
                 b.write_at(BLOCK_HEADER_LEN, &self.scratch)
@@ -314,7 +339,7 @@ impl<'a> BlockSender<'a> {
             let msg = buf
                 .slice(..BLOCK_HEADER_LEN + n)
                 .map_err(|e| XferError::conn(format!("slice staging block: {e}")))?;
-            self.sock
+            link.sock
                 .send_to(Some(&self.dq), msg, 0, Flags::NONE, self.blocks);
             self.in_flight += 1;
             self.blocks += 1;

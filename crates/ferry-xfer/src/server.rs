@@ -556,6 +556,7 @@ impl Server {
         })?;
         link.timeout = Duration::from_secs(600);
         link.post_ring(self.cfg.ring, BLOCK_HEADER_LEN + block as usize)?;
+        let mut tx = BlockSender::new(block, self.cfg.ring, link.timeout)?;
         loop {
             let msg = link.recv_msg()?;
             match msg {
@@ -589,7 +590,7 @@ impl Server {
                     offset,
                     length,
                     path,
-                } => self.get(link, block, file_id, offset, length, &path)?,
+                } => self.get(link, &mut tx, file_id, offset, length, &path)?,
                 Msg::Put {
                     file_id,
                     flags,
@@ -618,7 +619,7 @@ impl Server {
     fn get(
         &self,
         link: &mut Link,
-        block: u32,
+        tx: &mut BlockSender,
         file_id: u32,
         offset: u64,
         length: u64,
@@ -648,8 +649,7 @@ impl Server {
         })?;
         let whole = offset == 0 && len == size;
         let mut hasher = whole.then(blake3::Hasher::new);
-        let mut tx = BlockSender::new(link, block, self.cfg.ring)?;
-        let sent = tx.send_range(&file, file_id, offset, len, hasher.as_mut(), &|_| {});
+        let sent = tx.send_range(link, &file, file_id, offset, len, hasher.as_mut(), &|_| {});
         if let Err(e) = sent {
             tx.flush().ok();
             // Mid-file read failure: tell the client, keep the connection.
@@ -659,7 +659,7 @@ impl Server {
                 refuse(ErrorCode::Io, format!("{path}: {}", e.msg)),
             );
         }
-        tx.flush()?;
+        // No flush: blocks and FILE_DONE leave in order; blocks are reaped as the ring needs them.
         link.send(&Msg::FileDone {
             file_id,
             length: len,
