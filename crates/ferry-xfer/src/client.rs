@@ -14,9 +14,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::error::{Kind, Result, XferError};
-use crate::link::{BlockSender, Link, HANDSHAKE_TIMEOUT};
+use crate::link::{BlockSender, BlockWriter, Link, HANDSHAKE_TIMEOUT};
 use crate::proto::{self, Entry, EntryKind, Msg, BLOCK_HEADER_LEN};
-use crate::server::{part_name, BlockSink};
+use crate::server::part_name;
 use crate::url::{Location, Remote};
 
 /// A tree: its directories (relative, parents first) and its files with their sizes.
@@ -75,6 +75,7 @@ pub struct Client {
     link: Link,
     block: u32,
     tx: BlockSender,
+    ring: usize,
     next_id: u32,
     /// Counters so far.
     pub stats: Stats,
@@ -144,7 +145,8 @@ struct Dl {
     path: String,
     dest: PathBuf,
     part: Option<LocalPart>,
-    sink: BlockSink,
+    writer: Option<BlockWriter>,
+    size: u64,
     mode: u32,
     hash: Option<[u8; 32]>,
     outstanding: u32,
@@ -182,6 +184,7 @@ impl Client {
             link,
             block,
             tx: BlockSender::new(block, opts.ring.max(1), Duration::from_secs(120))?,
+            ring: opts.ring.max(1),
             next_id: 1,
             stats: Stats::default(),
         })
@@ -293,7 +296,8 @@ impl Client {
                         path,
                         dest,
                         part: None,
-                        sink: BlockSink::new(file_id, 0),
+                        writer: None,
+                        size: 0,
                         mode: 0o644,
                         hash: None,
                         outstanding: 1,
@@ -305,7 +309,7 @@ impl Client {
                 return Ok(());
             }
             self.link.recv_into(&mut buf)?;
-            let (msg, payload) = proto::decode(&buf)
+            let (msg, _) = proto::decode(&buf)
                 .map_err(|e| XferError::conn(format!("the server sent a bad frame: {e}")))?;
             let id = match &msg {
                 Msg::Ready { file_id, .. }
@@ -325,22 +329,21 @@ impl Client {
             match msg {
                 Msg::Ready { size, mode, .. } => {
                     if dl.part.is_none() {
-                        dl.part = Some(LocalPart::create(&dl.dest)?);
-                        dl.sink = BlockSink::new(id, size);
+                        let part = LocalPart::create(&dl.dest)?;
+                        dl.writer = Some(BlockWriter::new(id, size, &part.file, self.ring)?);
+                        dl.part = Some(part);
+                        dl.size = size;
                         dl.mode = mode;
                     }
                 }
                 Msg::Block(h) => {
-                    let part = dl
-                        .part
-                        .as_ref()
+                    let writer = dl
+                        .writer
+                        .as_mut()
                         .ok_or_else(|| XferError::conn("BLOCK before READY"))?;
-                    let bad = dl.sink.bad.len();
-                    dl.sink.block(&part.file, &h, payload)?;
-                    if dl.sink.bad.len() == bad {
-                        self.stats.bytes += u64::from(h.len);
-                        progress.add(u64::from(h.len));
-                    }
+                    let next = writer.spare();
+                    writer.push(std::mem::replace(&mut buf, next))?;
+                    progress.add(u64::from(h.len));
                 }
                 Msg::Error { code, message, .. } => {
                     return Err(remote_err(code, &message));
@@ -353,7 +356,11 @@ impl Client {
                     if dl.outstanding > 0 {
                         continue;
                     }
-                    if !dl.sink.bad.is_empty() {
+                    let bad = match dl.writer.as_mut() {
+                        Some(w) => w.sync()?,
+                        None => return Err(XferError::conn("FILE_DONE before READY")),
+                    };
+                    if !bad.is_empty() {
                         dl.rounds += 1;
                         if dl.rounds > crate::BLOCK_RETRIES {
                             return Err(XferError::new(
@@ -365,7 +372,6 @@ impl Client {
                                 ),
                             ));
                         }
-                        let bad = std::mem::take(&mut dl.sink.bad);
                         self.stats.blocks_resent += bad.len() as u64;
                         for (offset, len) in bad {
                             self.link.send(&Msg::Get {
@@ -381,17 +387,18 @@ impl Client {
                     let Some(mut dl) = live.remove(&id) else {
                         continue;
                     };
-                    let Some(part) = dl.part.take() else {
+                    let (Some(part), Some(writer)) = (dl.part.take(), dl.writer.take()) else {
                         return Err(XferError::conn("FILE_DONE before READY"));
                     };
+                    let mut sink = writer.finish()?;
                     let fail = |part: LocalPart, e: XferError| {
                         part.discard();
                         Err(e)
                     };
-                    if let Some(e) = dl.sink.io_error.take() {
+                    if let Some(e) = sink.io_error.take() {
                         return fail(part, XferError::io(dl.dest.display(), &e));
                     }
-                    let got = match dl.sink.hash(&part.file) {
+                    let got = match sink.hash(&part.file) {
                         Ok(h) => h,
                         Err(e) => return fail(part, XferError::io(dl.dest.display(), &e)),
                     };
@@ -409,6 +416,7 @@ impl Client {
                     }
                     part.commit(dl.mode)?;
                     self.stats.files += 1;
+                    self.stats.bytes += dl.size;
                 }
                 m => return Err(unexpected(&m)),
             }
@@ -479,9 +487,16 @@ impl Client {
                                 "the server asked for a range past the end",
                             ));
                         }
-                        tx.send_range(&self.link, &file, file_id, off, u64::from(len), None, &|_| {})?;
+                        tx.send_range(
+                            &self.link,
+                            &file,
+                            file_id,
+                            off,
+                            u64::from(len),
+                            None,
+                            &|_| {},
+                        )?;
                     }
-
                 }
                 Msg::Error { code, message, .. } => return Err(remote_err(code, &message)),
                 m => return Err(unexpected(&m)),

@@ -357,3 +357,136 @@ impl BlockSender {
         Ok(())
     }
 }
+
+/// Blocks larger files get a writer thread for; smaller ones are written inline.
+const THREADED_MIN: u64 = 2 * crate::DEFAULT_BLOCK as u64;
+
+enum ToWriter {
+    Block(Vec<u8>),
+    Sync(std::sync::mpsc::SyncSender<(Vec<(u64, u32)>, Option<XferError>)>),
+}
+
+/// The receiving half of the staging ring: BLOCK messages go to a disk writer thread through
+/// a channel bounded by the ring depth (so a slow disk stops the network thread re-posting
+/// receive buffers, which stalls the sender), and the message buffers come back for reuse.
+/// The writer checks each block's CRC-32C, `pwrite`s the good ones and hashes the file in
+/// order ([`crate::server::BlockSink`]). Files up to two blocks are written inline.
+pub struct BlockWriter {
+    inner: WriterKind,
+    /// Spare message buffers.
+    pool: std::sync::mpsc::Receiver<Vec<u8>>,
+}
+
+enum WriterKind {
+    Inline(Box<crate::server::BlockSink>, std::fs::File),
+    Thread {
+        tx: std::sync::mpsc::SyncSender<ToWriter>,
+        handle: std::thread::JoinHandle<crate::server::BlockSink>,
+    },
+}
+
+impl BlockWriter {
+    /// A writer of transfer `file_id` (`size` bytes) into `file` (a duplicate handle is
+    /// kept; the caller's stays usable), with at most `ring` blocks queued.
+    pub fn new(file_id: u32, size: u64, file: &std::fs::File, ring: usize) -> Result<Self> {
+        let sink = crate::server::BlockSink::new(file_id, size);
+        let file = file
+            .try_clone()
+            .map_err(|e| XferError::io("duplicate file handle", &e))?;
+        let (back_tx, pool) = std::sync::mpsc::channel();
+        if size < THREADED_MIN {
+            return Ok(BlockWriter {
+                inner: WriterKind::Inline(Box::new(sink), file),
+                pool,
+            });
+        }
+        let (tx, rx) = std::sync::mpsc::sync_channel::<ToWriter>(ring.max(1));
+        let handle = std::thread::Builder::new()
+            .name("ferry-writer".into())
+            .spawn(move || {
+                let mut sink = sink;
+                let mut fatal: Option<XferError> = None;
+                for m in rx {
+                    match m {
+                        ToWriter::Block(bytes) => {
+                            if fatal.is_none() {
+                                if let Err(e) = write_block(&mut sink, &file, &bytes) {
+                                    fatal = Some(e);
+                                }
+                            }
+                            let _ = back_tx.send(bytes);
+                        }
+                        ToWriter::Sync(reply) => {
+                            let _ = reply.send((std::mem::take(&mut sink.bad), fatal.take()));
+                        }
+                    }
+                }
+                sink
+            })
+            .map_err(|e| XferError::io("start writer thread", &e))?;
+        Ok(BlockWriter {
+            inner: WriterKind::Thread { tx, handle },
+            pool,
+        })
+    }
+
+    /// A buffer to receive the next message into.
+    pub fn spare(&self) -> Vec<u8> {
+        self.pool.try_recv().unwrap_or_default()
+    }
+
+    /// Hands over one BLOCK message (its bytes); blocks while the ring is full.
+    pub fn push(&mut self, bytes: Vec<u8>) -> Result<()> {
+        match &mut self.inner {
+            WriterKind::Inline(sink, file) => write_block(sink, file, &bytes),
+            WriterKind::Thread { tx, .. } => tx
+                .send(ToWriter::Block(bytes))
+                .map_err(|_| XferError::conn("the disk writer thread stopped")),
+        }
+    }
+
+    /// Waits until every block handed over is written, and takes the ranges whose CRC
+    /// failed since the last call.
+    pub fn sync(&mut self) -> Result<Vec<(u64, u32)>> {
+        match &mut self.inner {
+            WriterKind::Inline(sink, _) => Ok(std::mem::take(&mut sink.bad)),
+            WriterKind::Thread { tx, .. } => {
+                let (rtx, rrx) = std::sync::mpsc::sync_channel(1);
+                tx.send(ToWriter::Sync(rtx))
+                    .map_err(|_| XferError::conn("the disk writer thread stopped"))?;
+                let (bad, fatal) = rrx
+                    .recv()
+                    .map_err(|_| XferError::conn("the disk writer thread stopped"))?;
+                match fatal {
+                    Some(e) => Err(e),
+                    None => Ok(bad),
+                }
+            }
+        }
+    }
+
+    /// Stops the writer and returns its sink (write errors, hash state).
+    pub fn finish(self) -> Result<crate::server::BlockSink> {
+        match self.inner {
+            WriterKind::Inline(sink, _) => Ok(*sink),
+            WriterKind::Thread { tx, handle } => {
+                drop(tx);
+                handle
+                    .join()
+                    .map_err(|_| XferError::conn("the disk writer thread failed"))
+            }
+        }
+    }
+}
+
+fn write_block(
+    sink: &mut crate::server::BlockSink,
+    file: &std::fs::File,
+    bytes: &[u8],
+) -> Result<()> {
+    match proto::decode(bytes) {
+        Ok((Msg::Block(h), payload)) => sink.block(file, &h, payload),
+        Ok((m, _)) => Err(XferError::conn(format!("expected a BLOCK, got {m:?}"))),
+        Err(e) => Err(XferError::conn(format!("the peer sent a bad frame: {e}"))),
+    }
+}

@@ -20,7 +20,7 @@ use rustix::io::Errno;
 
 use crate::config::ServerConfig;
 use crate::error::{Kind, Result, XferError};
-use crate::link::{BlockSender, Link, HANDSHAKE_TIMEOUT};
+use crate::link::{BlockSender, BlockWriter, Link, HANDSHAKE_TIMEOUT};
 use crate::proto::{self, BlockHeader, Entry, EntryKind, ErrorCode, Msg, BLOCK_HEADER_LEN};
 
 /// An exported directory, held open.
@@ -678,87 +678,102 @@ impl Server {
             mode,
             offset: 0,
         })?;
-        let mut sink = BlockSink::new(file_id, size);
-        let mut rounds = 0;
-        let mut buf = Vec::new();
-        loop {
-            if let Err(e) = link.recv_into(&mut buf) {
+        match self.receive(link, &part, file_id, size, path) {
+            // Connection-level failure: the connection ends.
+            Err(e) => {
                 part.discard();
-                return Err(e);
+                Err(e)
             }
-            let decoded = proto::decode(&buf)
-                .map_err(|e| XferError::conn(format!("the peer sent a bad frame: {e}")));
-            let (blake3, length) = match decoded {
-                Ok((Msg::Block(h), payload)) => match sink.block(&part.file, &h, payload) {
-                    Ok(()) => continue,
-                    Err(e) => {
-                        part.discard();
-                        return Err(e);
-                    }
-                },
-                Ok((Msg::FileDone { blake3, length, .. }, _)) => (blake3, length),
-                // The client gave up on this file.
-                Ok((Msg::Error { .. }, _)) => {
-                    part.discard();
-                    return Ok(());
+            // The client gave up on this file.
+            Ok(None) => {
+                part.discard();
+                Ok(())
+            }
+            Ok(Some(Err(r))) => {
+                part.discard();
+                reply_refusal(link, file_id, r)
+            }
+            Ok(Some(Ok(()))) => match part.commit(mode) {
+                Ok(()) => link.send(&Msg::Ok { file_id }),
+                Err(e) => reply_refusal(
+                    link,
+                    file_id,
+                    refuse(ErrorCode::Io, format!("{path}: commit failed: {e}")),
+                ),
+            },
+        }
+    }
+
+    /// Receives a PUT's blocks through the staging ring's writer until the file is whole
+    /// and verified (`Some(Ok)`), refused (`Some(Err)`) or abandoned by the client (`None`).
+    fn receive(
+        &self,
+        link: &mut Link,
+        part: &PartFile,
+        file_id: u32,
+        size: u64,
+        path: &str,
+    ) -> Result<Option<PResult<()>>> {
+        let mut writer = BlockWriter::new(file_id, size, &part.file, self.cfg.ring)?;
+        let mut rounds = 0;
+        loop {
+            let mut buf = writer.spare();
+            link.recv_into(&mut buf)?;
+            let (blake3, length) = match proto::decode(&buf) {
+                Ok((Msg::Block(_), _)) => {
+                    writer.push(buf)?;
+                    continue;
                 }
+                Ok((Msg::FileDone { blake3, length, .. }, _)) => (blake3, length),
+                Ok((Msg::Error { .. }, _)) => return Ok(None),
                 Ok((m, _)) => {
-                    part.discard();
                     return Err(XferError::conn(format!(
                         "unexpected frame during a PUT: {m:?}"
-                    )));
+                    )))
                 }
-                Err(e) => {
-                    part.discard();
-                    return Err(e);
-                }
+                Err(e) => return Err(XferError::conn(format!("the peer sent a bad frame: {e}"))),
             };
-            if !sink.bad.is_empty() {
+            let bad = writer.sync()?;
+            if !bad.is_empty() {
                 rounds += 1;
                 if rounds > crate::BLOCK_RETRIES {
-                    part.discard();
-                    return reply_refusal(link, file_id, refuse(ErrorCode::Integrity, format!("{path}: blocks kept failing their CRC after {} retries; check the network path (NIC, cable, memory) and try again", crate::BLOCK_RETRIES)));
+                    return Ok(Some(Err(refuse(
+                        ErrorCode::Integrity,
+                        format!(
+                            "{path}: blocks kept failing their CRC after {} retries; nothing was written. Check the network path (NIC, cable, memory) and try again",
+                            crate::BLOCK_RETRIES
+                        ),
+                    ))));
                 }
-                let ranges = std::mem::take(&mut sink.bad);
-                link.send(&Msg::Resend { file_id, ranges })?;
+                link.send(&Msg::Resend {
+                    file_id,
+                    ranges: bad,
+                })?;
                 continue;
             }
+            let mut sink = writer.finish()?;
             if let Some(e) = sink.io_error.take() {
-                part.discard();
                 let code = if e.raw_os_error() == Some(Errno::NOSPC.raw_os_error()) {
                     ErrorCode::NoSpace
                 } else {
                     ErrorCode::Io
                 };
-                return reply_refusal(
-                    link,
-                    file_id,
-                    refuse(code, format!("{path}: write failed: {e}")),
-                );
+                return Ok(Some(Err(refuse(
+                    code,
+                    format!("{path}: write failed: {e}"),
+                ))));
             }
             let got = match sink.hash(&part.file) {
                 Ok(h) => h,
-                Err(e) => {
-                    part.discard();
-                    return reply_refusal(
-                        link,
-                        file_id,
-                        refuse(ErrorCode::Io, format!("{path}: {e}")),
-                    );
-                }
+                Err(e) => return Ok(Some(Err(refuse(ErrorCode::Io, format!("{path}: {e}"))))),
             };
             if length != size || blake3 != Some(got) {
-                part.discard();
-                return reply_refusal(link, file_id, refuse(ErrorCode::Integrity, format!("{path}: the whole-file BLAKE3 does not match what was sent; nothing was written, try again")));
+                return Ok(Some(Err(refuse(
+                    ErrorCode::Integrity,
+                    format!("{path}: the whole-file BLAKE3 does not match what was sent; nothing was written, try again"),
+                ))));
             }
-            if let Err(e) = part.commit(mode) {
-                return reply_refusal(
-                    link,
-                    file_id,
-                    refuse(ErrorCode::Io, format!("{path}: commit failed: {e}")),
-                );
-            }
-            return link.send(&Msg::Ok { file_id });
+            return Ok(Some(Ok(())));
         }
     }
 }
