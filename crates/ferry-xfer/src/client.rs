@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::error::{Kind, Result, XferError};
-use crate::link::{BlockSender, BlockWriter, Link, HANDSHAKE_TIMEOUT};
+use crate::link::{BlockSender, BlockWriter, Link, Span, HANDSHAKE_TIMEOUT};
 use crate::proto::{self, Entry, EntryKind, Msg, BLOCK_HEADER_LEN};
 use crate::server::part_name;
 use crate::url::{Location, Remote};
@@ -457,7 +457,17 @@ impl Client {
         {
             let tx = &mut self.tx;
             let add = |n| progress.add(n);
-            let sent = tx.send_range(&self.link, &file, file_id, 0, size, Some(&mut hasher), &add);
+            let sent = tx.send_range(
+                &self.link,
+                &file,
+                Span {
+                    file_id,
+                    offset: 0,
+                    len: size,
+                },
+                Some(&mut hasher),
+                &add,
+            );
             if let Err(e) = sent {
                 let _ = tx.flush();
                 let _ = self.link.send(&Msg::Error {
@@ -490,9 +500,11 @@ impl Client {
                         tx.send_range(
                             &self.link,
                             &file,
-                            file_id,
-                            off,
-                            u64::from(len),
+                            Span {
+                                file_id,
+                                offset: off,
+                                len: u64::from(len),
+                            },
                             None,
                             &|_| {},
                         )?;

@@ -68,11 +68,24 @@ impl Link {
             .parse()
             .map_err(|e| XferError::new(crate::Kind::Usage, format!("bad address {addr}: {e}")))?;
         let q = EventQueue::new().map_err(|e| XferError::io("create event queue", &e))?;
-        let sock = ExsSocket::connect(addr, default_config(&fabric), &q, timeout).map_err(|e| {
-            XferError::conn(format!(
-                "cannot connect to {addr}: {e} (is `ferry serve` running there, and is the driver right?)"
-            ))
-        })?;
+        // A refused or failed connect is retried twice after a short pause: libfabric's shm
+        // provider occasionally fails fi_enable with EBUSY on a loaded host.
+        let mut attempt = 0;
+        let sock = loop {
+            match ExsSocket::connect(addr, default_config(&fabric), &q, timeout) {
+                Ok(s) => break s,
+                Err(ferry_exs::runtime::Error::Fabric(e)) if attempt < 2 => {
+                    attempt += 1;
+                    tracing::debug!("connect to {addr} failed ({e}); retrying");
+                    std::thread::sleep(Duration::from_millis(100 * attempt));
+                }
+                Err(e) => {
+                    return Err(XferError::conn(format!(
+                        "cannot connect to {addr}: {e} (is `ferry serve` running there, and is the driver right?)"
+                    )))
+                }
+            }
+        };
         Ok(Self::new(sock, q))
     }
 
@@ -233,6 +246,17 @@ fn corrupt_this_block() -> bool {
     limit > 0 && SENT.fetch_add(1, Ordering::Relaxed) < limit
 }
 
+/// A byte range of one transfer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    /// The transfer.
+    pub file_id: u32,
+    /// First byte.
+    pub offset: u64,
+    /// Length.
+    pub len: u64,
+}
+
 /// The sending half of the staging ring: reads file ranges into registered blocks and
 /// sends them as BLOCK frames (see the module documentation).
 pub struct BlockSender {
@@ -296,35 +320,82 @@ impl BlockSender {
         }
     }
 
-    /// Sends `file[offset..offset+len]` as BLOCK frames of `file_id`, feeding every byte
-    /// read to `hasher` in order, and `progress` with each block's length.
+    /// Sends `file[span.offset..span.offset + span.len]` as BLOCK frames of `span.file_id`,
+    /// feeding every byte read to `hasher` in order, and `progress` with each block's length.
+    /// For ranges of more than two blocks the hash runs on its own thread, fed the blocks
+    /// the reader has read (the reader's buffers travel there and back, no copy), so reading,
+    /// CRC and hashing overlap.
     pub fn send_range(
         &mut self,
         link: &Link,
         file: &std::fs::File,
-        file_id: u32,
-        offset: u64,
-        len: u64,
-        mut hasher: Option<&mut blake3::Hasher>,
+        span: Span,
+        hasher: Option<&mut blake3::Hasher>,
         progress: &dyn Fn(u64),
     ) -> Result<()> {
-        let mut pos = offset;
-        let end = offset.saturating_add(len);
+        match hasher {
+            Some(h) if span.len > 2 * self.block as u64 => std::thread::scope(|s| {
+                let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(self.ring);
+                let (back_tx, back_rx) = std::sync::mpsc::channel::<Vec<u8>>();
+                let worker = s.spawn(move || {
+                    for v in rx {
+                        h.update(&v);
+                        let _ = back_tx.send(v);
+                    }
+                });
+                let res = self.send_blocks(
+                    link,
+                    file,
+                    span,
+                    &mut |v: &mut Vec<u8>| {
+                        let spare = back_rx.try_recv().unwrap_or_default();
+                        let full = std::mem::replace(v, spare);
+                        tx.send(full)
+                            .map_err(|_| XferError::conn("the hashing thread stopped"))
+                    },
+                    progress,
+                );
+                drop(tx);
+                let joined = worker.join();
+                res?;
+                joined.map_err(|_| XferError::conn("the hashing thread failed"))
+            }),
+            Some(h) => self.send_blocks(
+                link,
+                file,
+                span,
+                &mut |v: &mut Vec<u8>| {
+                    h.update(v);
+                    Ok(())
+                },
+                progress,
+            ),
+            None => self.send_blocks(link, file, span, &mut |_: &mut Vec<u8>| Ok(()), progress),
+        }
+    }
+
+    fn send_blocks(
+        &mut self,
+        link: &Link,
+        file: &std::fs::File,
+        span: Span,
+        after_read: &mut dyn FnMut(&mut Vec<u8>) -> Result<()>,
+        progress: &dyn Fn(u64),
+    ) -> Result<()> {
+        let mut pos = span.offset;
+        let end = span.offset.saturating_add(span.len);
         while pos < end {
             let n = (end - pos).min(self.block as u64) as usize;
             self.scratch.resize(n, 0);
             file.read_exact_at(&mut self.scratch, pos)
                 .map_err(|e| XferError::io(format!("read at offset {pos}"), &e))?;
             let h = BlockHeader {
-                file_id,
+                file_id: span.file_id,
                 stream: 0,
                 offset: pos,
                 len: n as u32,
                 crc32c: crc32c::crc32c(&self.scratch),
             };
-            if let Some(hs) = hasher.as_deref_mut() {
-                hs.update(&self.scratch);
-            }
             let head = proto::encode_block_header(&h)
                 .map_err(|e| XferError::conn(format!("encode block: {e}")))?;
             let buf = self.take_block(&link.sock)?;
@@ -343,6 +414,7 @@ impl BlockSender {
                 .send_to(Some(&self.dq), msg, 0, Flags::NONE, self.blocks);
             self.in_flight += 1;
             self.blocks += 1;
+            after_read(&mut self.scratch)?;
             progress(n as u64);
             pos += n as u64;
         }
@@ -361,9 +433,12 @@ impl BlockSender {
 /// Blocks larger files get a writer thread for; smaller ones are written inline.
 const THREADED_MIN: u64 = 2 * crate::DEFAULT_BLOCK as u64;
 
+/// The writer's answer to a sync: CRC failures since the last one, or what stopped it.
+type SyncReply = (Vec<(u64, u32)>, Option<XferError>);
+
 enum ToWriter {
     Block(Vec<u8>),
-    Sync(std::sync::mpsc::SyncSender<(Vec<(u64, u32)>, Option<XferError>)>),
+    Sync(std::sync::mpsc::SyncSender<SyncReply>),
 }
 
 /// The receiving half of the staging ring: BLOCK messages go to a disk writer thread through

@@ -20,7 +20,7 @@ use rustix::io::Errno;
 
 use crate::config::ServerConfig;
 use crate::error::{Kind, Result, XferError};
-use crate::link::{BlockSender, BlockWriter, Link, HANDSHAKE_TIMEOUT};
+use crate::link::{BlockSender, BlockWriter, Link, Span, HANDSHAKE_TIMEOUT};
 use crate::proto::{self, BlockHeader, Entry, EntryKind, ErrorCode, Msg, BLOCK_HEADER_LEN};
 
 /// An exported directory, held open.
@@ -649,7 +649,17 @@ impl Server {
         })?;
         let whole = offset == 0 && len == size;
         let mut hasher = whole.then(blake3::Hasher::new);
-        let sent = tx.send_range(link, &file, file_id, offset, len, hasher.as_mut(), &|_| {});
+        let sent = tx.send_range(
+            link,
+            &file,
+            Span {
+                file_id,
+                offset,
+                len,
+            },
+            hasher.as_mut(),
+            &|_| {},
+        );
         if let Err(e) = sent {
             tx.flush().ok();
             // Mid-file read failure: tell the client, keep the connection.
