@@ -152,9 +152,19 @@ fn no_part_files(dir: &Path) {
     }
 }
 
+/// The staging ring's helper threads (writer, hasher) on for tcp and ofi+shm, off (work on
+/// the network thread, the default on small hosts) for ofi+tcp, so both paths are tested.
+fn threads(driver: &str) -> [(&'static str, &'static str); 1] {
+    [(
+        "FERRY_STAGING_THREADS",
+        if driver == "ofi+tcp" { "off" } else { "on" },
+    )]
+}
+
 /// Files of 0, 1, block-1, block, block+1 bytes and 64 MiB, down and up, byte-identical.
 fn sizes(driver: &str) {
-    let s = serve(driver, &[]);
+    let env = threads(driver);
+    let s = serve(driver, &env);
     let local = scratch("local");
     for (i, len) in [0, 1, BLOCK - 1, BLOCK, BLOCK + 1, 64 << 20]
         .into_iter()
@@ -283,23 +293,25 @@ fn same_tree(a: &Path, b: &Path) {
 /// Corrupted blocks are caught by their CRC and fetched again, both directions; corruption
 /// that never stops fails loudly with exit 4 and leaves nothing behind.
 fn corruption(driver: &str) {
-    let s = serve(driver, &[("FERRY_TEST_CORRUPT_BLOCKS", "2")]);
+    // With the writer and hasher threads, so re-fetches cross the writer's sync.
+    const ON: (&str, &str) = ("FERRY_STAGING_THREADS", "on");
+    let s = serve(driver, &[("FERRY_TEST_CORRUPT_BLOCKS", "2"), ON]);
     let local = scratch("local");
     let data = pattern(3 * BLOCK + 5, 9);
     std::fs::write(s.root.join("c"), &data).unwrap();
-    let v = ok(&cp(&[&s.url("c"), local.to_str().unwrap()], &[]));
+    let v = ok(&cp(&[&s.url("c"), local.to_str().unwrap()], &[ON]));
     assert_eq!(v["blocks_resent"].as_u64(), Some(2), "{v}");
     same_file(&s.root.join("c"), &local.join("c"));
     let v = ok(&cp(
         &[local.join("c").to_str().unwrap(), &s.url("c2")],
-        &[("FERRY_TEST_CORRUPT_BLOCKS", "1")],
+        &[("FERRY_TEST_CORRUPT_BLOCKS", "1"), ON],
     ));
     assert_eq!(v["blocks_resent"].as_u64(), Some(1), "{v}");
     same_file(&local.join("c"), &s.root.join("c2"));
     // Upload that never gets through.
     let o = cp(
         &[local.join("c").to_str().unwrap(), &s.url("c3")],
-        &[("FERRY_TEST_CORRUPT_BLOCKS", "1000")],
+        &[("FERRY_TEST_CORRUPT_BLOCKS", "1000"), ON],
     );
     fails(&o, 4, "CRC");
     assert_eq!(json(&o)["exit_code"].as_u64(), Some(4));
@@ -307,10 +319,10 @@ fn corruption(driver: &str) {
     no_part_files(&s.root);
     drop(s);
     // Download that never gets through.
-    let s = serve(driver, &[("FERRY_TEST_CORRUPT_BLOCKS", "1000")]);
+    let s = serve(driver, &[("FERRY_TEST_CORRUPT_BLOCKS", "1000"), ON]);
     std::fs::write(s.root.join("c"), &data).unwrap();
     let dest = local.join("never");
-    fails(&cp(&[&s.url("c"), dest.to_str().unwrap()], &[]), 4, "CRC");
+    fails(&cp(&[&s.url("c"), dest.to_str().unwrap()], &[ON]), 4, "CRC");
     assert!(!dest.exists());
     no_part_files(&local);
     std::fs::remove_dir_all(&local).unwrap();
