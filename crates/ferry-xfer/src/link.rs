@@ -470,7 +470,11 @@ pub struct BlockWriter {
 }
 
 enum WriterKind {
-    Inline(Box<crate::server::BlockSink>, std::fs::File),
+    Inline(
+        Box<crate::server::BlockSink>,
+        std::fs::File,
+        std::sync::mpsc::Sender<Vec<u8>>,
+    ),
     Thread {
         tx: std::sync::mpsc::SyncSender<ToWriter>,
         handle: std::thread::JoinHandle<crate::server::BlockSink>,
@@ -488,7 +492,7 @@ impl BlockWriter {
         let (back_tx, pool) = std::sync::mpsc::channel();
         if size < THREADED_MIN || !staging_threads() {
             return Ok(BlockWriter {
-                inner: WriterKind::Inline(Box::new(sink), file),
+                inner: WriterKind::Inline(Box::new(sink), file, back_tx),
                 pool,
             });
         }
@@ -530,7 +534,11 @@ impl BlockWriter {
     /// Hands over one BLOCK message (its bytes); blocks while the ring is full.
     pub fn push(&mut self, bytes: Vec<u8>) -> Result<()> {
         match &mut self.inner {
-            WriterKind::Inline(sink, file) => write_block(sink, file, &bytes),
+            WriterKind::Inline(sink, file, back) => {
+                let res = write_block(sink, file, &bytes);
+                let _ = back.send(bytes);
+                res
+            }
             WriterKind::Thread { tx, .. } => tx
                 .send(ToWriter::Block(bytes))
                 .map_err(|_| XferError::conn("the disk writer thread stopped")),
@@ -541,7 +549,7 @@ impl BlockWriter {
     /// failed since the last call.
     pub fn sync(&mut self) -> Result<Vec<(u64, u32)>> {
         match &mut self.inner {
-            WriterKind::Inline(sink, _) => Ok(std::mem::take(&mut sink.bad)),
+            WriterKind::Inline(sink, _, _) => Ok(std::mem::take(&mut sink.bad)),
             WriterKind::Thread { tx, .. } => {
                 let (rtx, rrx) = std::sync::mpsc::sync_channel(1);
                 tx.send(ToWriter::Sync(rtx))
@@ -560,7 +568,7 @@ impl BlockWriter {
     /// Stops the writer and returns its sink (write errors, hash state).
     pub fn finish(self) -> Result<crate::server::BlockSink> {
         match self.inner {
-            WriterKind::Inline(sink, _) => Ok(*sink),
+            WriterKind::Inline(sink, _, _) => Ok(*sink),
             WriterKind::Thread { tx, handle } => {
                 drop(tx);
                 handle
