@@ -438,9 +438,10 @@ const THREADED_MIN: u64 = 2 * crate::DEFAULT_BLOCK as u64;
 /// Whether the staging ring runs its helper threads (the receiver's disk writer, the
 /// sender's hasher) or does that work on the network thread. `FERRY_STAGING_THREADS=on|off`
 /// decides; by default they run on hosts with at least 4 CPUs. Measured on a 2-core VM with
-/// both ends on it (1 GiB /dev/shm to /dev/shm, tcp, interleaved runs, median of 3): inline
-/// 1.10 GB/s down, 1.12 up; threaded 0.86 and 0.90, since four busy threads then share two
-/// cores with the EXS progress threads.
+/// both ends on it (1 GiB /dev/shm to /dev/shm, median of 3, GB/s down/up): tcp inline
+/// 1.12/1.07, threaded 1.05/1.04; ofi+shm inline 1.22/1.13, threaded 1.04/1.07: with four
+/// busy threads sharing two cores with the EXS progress threads, the hand-offs cost more
+/// than the overlap gains.
 pub fn staging_threads() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| match std::env::var("FERRY_STAGING_THREADS").as_deref() {
