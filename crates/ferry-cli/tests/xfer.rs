@@ -514,3 +514,33 @@ fn usage_and_help() {
     c.args(["serve", "--root", "d=/tmp", "--listen", "tcp://127.0.0.1:0"]);
     fails(&run(c), 1, "anonymous");
 }
+
+/// Several clients at once, downloading and uploading against one server.
+#[test]
+fn many_clients_at_once() {
+    let s = serve("tcp", &[]);
+    let data = pattern(9 << 20, 4);
+    std::fs::write(s.root.join("shared"), &data).unwrap();
+    let local = scratch("local");
+    std::fs::write(local.join("up"), &data).unwrap();
+    let mut kids = Vec::new();
+    for i in 0..4 {
+        let mut c = ferry();
+        c.args(["cp", "-q", "--token", TOKEN, &s.url("shared")])
+            .arg(local.join(format!("down{i}")));
+        kids.push(c.spawn().unwrap());
+        let mut c = ferry();
+        c.args(["cp", "-q", "--token", TOKEN])
+            .arg(local.join("up"))
+            .arg(s.url(&format!("up{i}")));
+        kids.push(c.spawn().unwrap());
+    }
+    for mut k in kids {
+        assert!(k.wait().unwrap().success());
+    }
+    for i in 0..4 {
+        same_file(&s.root.join("shared"), &local.join(format!("down{i}")));
+        same_file(&local.join("up"), &s.root.join(format!("up{i}")));
+    }
+    std::fs::remove_dir_all(&local).unwrap();
+}
