@@ -1,6 +1,7 @@
 //! The `ferry` command line.
 
 mod bench;
+mod xfer;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -8,9 +9,10 @@ use tracing_subscriber::EnvFilter;
 
 /// ferry moves data between machines as fast as the wire allows: over RDMA fabrics
 /// (libfabric: InfiniBand, RoCE, EFA, shm, tcp) and plain TCP, between memory buffers, files
-/// and block devices. Today the command measures the fabric layer; cp, serve and block follow.
+/// and block devices. `serve` exports directories, `cp`/`ls`/`sum` reach them (see
+/// docs/xfer.md); `bench` measures ferry against its peers.
 #[derive(Parser)]
-#[command(name = "ferry", version)]
+#[command(name = "ferry", version, after_help = xfer::EXIT_CODES)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -23,6 +25,19 @@ enum Cmd {
         #[command(subcommand)]
         which: bench::BenchCmd,
     },
+    /// Export directories to `ferry cp` clients (token auth, sandboxed roots).
+    #[command(after_help = xfer::EXIT_CODES)]
+    Serve(xfer::ServeArgs),
+    /// Copy files or trees to or from a `ferry serve`, scp-like, with per-block CRC-32C
+    /// and whole-file BLAKE3; files land by temp name + fsync + rename.
+    #[command(after_help = xfer::EXIT_CODES)]
+    Cp(xfer::CpArgs),
+    /// List a directory (or the roots) on a `ferry serve`.
+    #[command(after_help = xfer::EXIT_CODES)]
+    Ls(xfer::LsArgs),
+    /// Print the BLAKE3 of a local or remote file (b3sum format).
+    #[command(after_help = xfer::EXIT_CODES)]
+    Sum(xfer::SumArgs),
 }
 
 fn main() -> Result<()> {
@@ -31,7 +46,24 @@ fn main() -> Result<()> {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
-    match Cli::parse().cmd {
-        Cmd::Bench { which } => bench::run(which),
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            // Help and version go to stdout with 0; usage errors exit 1 (documented).
+            let _ = e.print();
+            std::process::exit(if e.use_stderr() { 1 } else { 0 });
+        }
+    };
+    let res = match cli.cmd {
+        Cmd::Bench { which } => return bench::run(which),
+        Cmd::Serve(a) => xfer::serve(a),
+        Cmd::Cp(a) => xfer::cp(a),
+        Cmd::Ls(a) => xfer::ls(a),
+        Cmd::Sum(a) => xfer::sum(a),
+    };
+    if let Err(e) = res {
+        eprintln!("ferry: {e}");
+        std::process::exit(e.kind.exit_code());
     }
+    Ok(())
 }

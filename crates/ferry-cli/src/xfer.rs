@@ -1,0 +1,276 @@
+//! `ferry serve`, `ferry cp`, `ferry ls`, `ferry sum`: the file-transfer face.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use clap::Args;
+use ferry_xfer::client::{self, Options, Progress};
+use ferry_xfer::config::{RootConfig, ServerConfig};
+use ferry_xfer::url::{self, Location};
+use ferry_xfer::{Kind, XferError};
+
+/// Exit codes, as `--help` shows them.
+pub const EXIT_CODES: &str = "\
+Exit codes (serve, cp, ls, sum):
+  0  success
+  1  usage: bad arguments, or an unsupported combination
+  2  authentication refused: check --token / FERRY_TOKEN
+  3  not found: no such root, file or directory
+  4  integrity failure: a checksum kept failing; nothing was written
+  5  I/O error or disk full (local or on the server)
+  6  connection failed, broke, or the peer spoke nonsense
+  7  permission denied, or the path leaves its root";
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// TOML configuration (listen, block_size, ring, [auth] tokens/anonymous, [[root]] name/path).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Export a directory as NAME (repeatable; adds to the config's roots).
+    #[arg(long = "root", value_name = "NAME=PATH")]
+    roots: Vec<String>,
+    /// Address to listen on [default: tcp://0.0.0.0:7370]; also ofi+tcp://HOST:PORT, ofi+shm://NAME.
+    #[arg(long, value_name = "URL")]
+    listen: Option<String>,
+    /// Accept clients without a token (trusted networks only).
+    #[arg(long)]
+    anonymous: bool,
+    /// Accept this token (repeatable; adds to the config's [auth] tokens).
+    #[arg(long = "token", value_name = "TOKEN")]
+    tokens: Vec<String>,
+}
+
+#[derive(Args)]
+pub struct Remote {
+    /// Token for the server [default: $FERRY_TOKEN].
+    #[arg(long, value_name = "TOKEN")]
+    token: Option<String>,
+    /// Driver for ferry:// and host:path forms: tcp, ofi+tcp or ofi+shm.
+    #[arg(long, default_value = "tcp")]
+    driver: String,
+}
+
+impl Remote {
+    fn options(&self) -> Options {
+        Options {
+            token: self
+                .token
+                .clone()
+                .or_else(|| std::env::var("FERRY_TOKEN").ok())
+                .unwrap_or_default(),
+            ..Options::default()
+        }
+    }
+}
+
+#[derive(Args)]
+pub struct CpArgs {
+    /// Copy directories recursively.
+    #[arg(short = 'r', long)]
+    recursive: bool,
+    /// No progress bar, no summary.
+    #[arg(short, long)]
+    quiet: bool,
+    /// Print one JSON summary line on stdout (and nothing else there).
+    #[arg(long)]
+    json: bool,
+    /// Staging block size in bytes (the server may lower it).
+    #[arg(long, value_name = "BYTES", default_value_t = ferry_xfer::DEFAULT_BLOCK)]
+    block_size: u32,
+    #[command(flatten)]
+    remote: Remote,
+    /// Source: a local path, HOST:ROOT/PATH, or ferry://HOST[:PORT]/ROOT/PATH (also tcp://, ofi+tcp://, ofi+shm://NAME/...).
+    src: String,
+    /// Destination, in the same forms.
+    dst: String,
+}
+
+#[derive(Args)]
+pub struct LsArgs {
+    #[command(flatten)]
+    remote: Remote,
+    /// What to list: HOST:ROOT/PATH or ferry://HOST[:PORT]/ROOT/PATH (HOST: alone lists the roots).
+    target: String,
+}
+
+#[derive(Args)]
+pub struct SumArgs {
+    #[command(flatten)]
+    remote: Remote,
+    /// A local file, or a remote one (the server computes the hash).
+    target: String,
+}
+
+fn remote_of(target: &str, driver: &str) -> Result<ferry_xfer::url::Remote, XferError> {
+    match url::parse(target, driver)? {
+        Location::Remote(r) => Ok(r),
+        Location::Local(_) => Err(XferError::new(
+            Kind::Usage,
+            format!("{target}: not a remote path; write HOST:ROOT/PATH or ferry://HOST/ROOT/PATH"),
+        )),
+    }
+}
+
+pub fn serve(a: ServeArgs) -> Result<(), XferError> {
+    let mut cfg = match &a.config {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).map_err(|e| XferError::io(p.display(), &e))?;
+            ServerConfig::from_toml(&text)?
+        }
+        None => ServerConfig::default(),
+    };
+    for r in &a.roots {
+        let (name, path) = r
+            .split_once('=')
+            .ok_or_else(|| XferError::new(Kind::Usage, format!("--root {r}: write NAME=PATH")))?;
+        cfg.roots.push(RootConfig {
+            name: name.into(),
+            path: path.into(),
+        });
+    }
+    if let Some(l) = a.listen {
+        cfg.listen = l;
+    }
+    cfg.auth.anonymous |= a.anonymous;
+    cfg.auth.tokens.extend(a.tokens);
+    let server = ferry_xfer::server::Server::new(cfg)?;
+    let listener = server.bind()?;
+    println!("listening on {}", listener.local_addr());
+    let _ = std::io::stdout().flush();
+    server.serve(&listener)
+}
+
+struct Bar(Option<indicatif::ProgressBar>);
+
+impl Progress for Bar {
+    fn total(&self, bytes: u64) {
+        if let Some(b) = &self.0 {
+            b.set_length(bytes);
+        }
+    }
+    fn add(&self, bytes: u64) {
+        if let Some(b) = &self.0 {
+            b.inc(bytes);
+        }
+    }
+}
+
+pub fn cp(a: CpArgs) -> Result<(), XferError> {
+    let src = url::parse(&a.src, &a.remote.driver)?;
+    let dst = url::parse(&a.dst, &a.remote.driver)?;
+    let opts = Options {
+        block_size: a.block_size,
+        ..a.remote.options()
+    };
+    let bar = (!a.quiet && !a.json && std::io::stderr().is_terminal()).then(|| {
+        let b = indicatif::ProgressBar::new(0);
+        if let Ok(style) = indicatif::ProgressStyle::with_template(
+            "{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}",
+        ) {
+            b.set_style(style);
+        }
+        b
+    });
+    let bar = Bar(bar);
+    let start = Instant::now();
+    let res = client::copy(&src, &dst, a.recursive, &opts, &bar);
+    if let Some(b) = &bar.0 {
+        b.finish_and_clear();
+    }
+    let secs = start.elapsed().as_secs_f64();
+    match res {
+        Ok(s) => {
+            let gbps = s.bytes as f64 / secs.max(1e-9) / 1e9;
+            if a.json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "ok": true,
+                        "op": "cp",
+                        "files": s.files,
+                        "bytes": s.bytes,
+                        "seconds": secs,
+                        "gbps": gbps,
+                        "blocks_resent": s.blocks_resent,
+                    })
+                );
+            } else if !a.quiet {
+                eprintln!(
+                    "{} file(s), {} bytes in {secs:.2} s ({gbps:.3} GB/s){}",
+                    s.files,
+                    s.bytes,
+                    if s.blocks_resent > 0 {
+                        format!(", {} block(s) resent after CRC mismatch", s.blocks_resent)
+                    } else {
+                        String::new()
+                    }
+                );
+            }
+            Ok(())
+        }
+        Err(e) => {
+            if a.json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "ok": false,
+                        "op": "cp",
+                        "exit_code": e.kind.exit_code(),
+                        "error": e.msg,
+                    })
+                );
+            }
+            Err(e)
+        }
+    }
+}
+
+pub fn ls(a: LsArgs) -> Result<(), XferError> {
+    let r = remote_of(&a.target, &a.remote.driver)?;
+    let mut c = client::Client::connect(&r.addr, &a.remote.options())?;
+    let entry = if r.path.is_empty() {
+        None
+    } else {
+        Some(c.stat(&r.path)?)
+    };
+    let entries = match entry {
+        Some(e) if e.kind != ferry_xfer::proto::EntryKind::Dir => vec![e],
+        _ => c.list(&r.path)?,
+    };
+    let mut out = std::io::stdout().lock();
+    for e in entries {
+        let kind = match e.kind {
+            ferry_xfer::proto::EntryKind::File => '-',
+            ferry_xfer::proto::EntryKind::Dir => 'd',
+            ferry_xfer::proto::EntryKind::Symlink => 'l',
+            ferry_xfer::proto::EntryKind::Other => '?',
+        };
+        let suffix = if e.kind == ferry_xfer::proto::EntryKind::Dir {
+            "/"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            out,
+            "{kind}{:04o} {:>14} {}{suffix}",
+            e.mode, e.size, e.name
+        );
+    }
+    c.bye();
+    Ok(())
+}
+
+pub fn sum(a: SumArgs) -> Result<(), XferError> {
+    let (hash, shown) = match url::parse(&a.target, &a.remote.driver)? {
+        Location::Local(p) => (client::sum_local(&p)?.1, p.display().to_string()),
+        Location::Remote(r) => {
+            let mut c = client::Client::connect(&r.addr, &a.remote.options())?;
+            let (_, h) = c.sum(&r.path)?;
+            c.bye();
+            (h, a.target.clone())
+        }
+    };
+    println!("{}  {shown}", client::hex(&hash));
+    Ok(())
+}

@@ -1,0 +1,165 @@
+//! `ferry serve` configuration (TOML).
+//!
+//! ```toml
+//! listen = "tcp://0.0.0.0:7370"      # default; ofi+tcp://host:port and ofi+shm://name work too
+//! block_size = 4194304               # staging block, bytes (default 4 MiB)
+//! ring = 8                           # staging blocks in flight per connection (default 8)
+//!
+//! [auth]
+//! tokens = ["s3cret-token"]          # clients send one of these (ferry cp --token / FERRY_TOKEN)
+//! anonymous = false                  # true: no token needed (trusted networks only)
+//!
+//! [[root]]
+//! name = "data"                      # clients write ferry://host/data/...
+//! path = "/srv/data"
+//! ```
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use crate::error::{Kind, Result, XferError};
+
+/// One exported directory.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct RootConfig {
+    /// The name clients use as the first path component.
+    pub name: String,
+    /// The directory on this host.
+    pub path: PathBuf,
+}
+
+/// Who may connect.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    /// Accepted tokens.
+    #[serde(default)]
+    pub tokens: Vec<String>,
+    /// Accept clients without a token.
+    #[serde(default)]
+    pub anonymous: bool,
+}
+
+/// The whole server configuration.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Fabric address to listen on.
+    #[serde(default = "default_listen")]
+    pub listen: String,
+    /// Largest staging block (the client may ask for less).
+    #[serde(default = "default_block")]
+    pub block_size: u32,
+    /// Staging blocks in flight per connection and direction.
+    #[serde(default = "default_ring")]
+    pub ring: usize,
+    /// Authentication.
+    #[serde(default)]
+    pub auth: AuthConfig,
+    /// Exported roots.
+    #[serde(default, rename = "root")]
+    pub roots: Vec<RootConfig>,
+}
+
+fn default_listen() -> String {
+    format!("tcp://0.0.0.0:{}", crate::DEFAULT_PORT)
+}
+fn default_block() -> u32 {
+    crate::DEFAULT_BLOCK
+}
+fn default_ring() -> usize {
+    crate::DEFAULT_RING
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: default_listen(),
+            block_size: default_block(),
+            ring: default_ring(),
+            auth: AuthConfig::default(),
+            roots: Vec::new(),
+        }
+    }
+}
+
+impl ServerConfig {
+    /// Parses a TOML configuration.
+    pub fn from_toml(text: &str) -> Result<Self> {
+        toml::from_str(text)
+            .map_err(|e| XferError::new(Kind::Usage, format!("bad server configuration: {e}")))
+    }
+
+    /// Checks the configuration makes a usable server: at least one root, unique plain
+    /// names, a sane block size, and either tokens or anonymous access.
+    pub fn validate(&self) -> Result<()> {
+        let usage = |m: String| Err(XferError::new(Kind::Usage, m));
+        if self.roots.is_empty() {
+            return usage(
+                "no roots exported: add a [[root]] name/path to the config or pass --root NAME=PATH"
+                    .into(),
+            );
+        }
+        for (i, r) in self.roots.iter().enumerate() {
+            if r.name.is_empty() || r.name.contains('/') || r.name == "." || r.name == ".." {
+                return usage(format!(
+                    "root name {:?} must be one plain path component",
+                    r.name
+                ));
+            }
+            if self.roots[..i].iter().any(|o| o.name == r.name) {
+                return usage(format!("root name {:?} is exported twice", r.name));
+            }
+        }
+        if !(crate::proto::MIN_BLOCK..=crate::proto::MAX_BLOCK).contains(&self.block_size) {
+            return usage(format!(
+                "block_size {} outside {}..={}",
+                self.block_size,
+                crate::proto::MIN_BLOCK,
+                crate::proto::MAX_BLOCK
+            ));
+        }
+        if self.ring == 0 || self.ring > 1024 {
+            return usage(format!("ring {} outside 1..=1024", self.ring));
+        }
+        if self.auth.tokens.is_empty() && !self.auth.anonymous {
+            return usage(
+                "no way to authenticate: add [auth] tokens = [\"...\"] (or --token), or allow anonymous access with [auth] anonymous = true (or --anonymous)"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_documented_example() {
+        let c = ServerConfig::from_toml(
+            r#"
+listen = "tcp://0.0.0.0:7370"
+block_size = 4194304
+ring = 8
+[auth]
+tokens = ["s3cret-token"]
+anonymous = false
+[[root]]
+name = "data"
+path = "/srv/data"
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.roots[0].name, "data");
+        assert_eq!(c.auth.tokens, vec!["s3cret-token".to_string()]);
+        c.validate().unwrap();
+        let d = ServerConfig::from_toml("[[root]]\nname='a'\npath='/x'\n").unwrap();
+        assert_eq!(d.listen, "tcp://0.0.0.0:7370");
+        assert!(d.validate().is_err(), "no auth configured must be refused");
+        assert!(ServerConfig::from_toml("lisen = 'x'").is_err());
+    }
+}

@@ -1,0 +1,45 @@
+//! ferry's file-transfer face (ADTS/GridFTP style): `ferry serve` and `ferry cp`.
+//!
+//! - [`proto`]: the versioned control protocol, pure encode/decode (fuzzed).
+//! - [`link`]: one transfer connection over EXS: control frames as small (immediate) EXS
+//!   messages, file blocks as EXS sends of registered staging blocks the receiver pulls by
+//!   RMA; the staging ring (disk reader → registered blocks → network → disk writer) with
+//!   bounded depth and back-pressure.
+//! - [`server`]: exported roots behind an `openat2(RESOLVE_BENEATH)` sandbox, token auth,
+//!   a thread per connection.
+//! - [`client`]: download and upload of files and trees with per-block CRC-32C (bad blocks
+//!   are fetched again) and whole-file BLAKE3, landing by temp name + fsync + rename.
+//!
+//! The wire format is `docs/protocol.md`, section "File transfer protocol"; the user guide
+//! is `docs/xfer.md`.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod client;
+pub mod config;
+pub mod error;
+pub mod link;
+pub mod proto;
+pub mod server;
+pub mod url;
+
+pub use error::{Kind, Result, XferError};
+
+/// The TCP port `ferry serve` listens on unless told otherwise.
+pub const DEFAULT_PORT: u16 = 7370;
+/// Default staging block size (4 MiB).
+pub const DEFAULT_BLOCK: u32 = 4 << 20;
+/// Default staging ring depth (blocks in flight per direction).
+pub const DEFAULT_RING: usize = 8;
+/// How many times a block whose CRC fails is fetched again before the transfer fails.
+pub const BLOCK_RETRIES: u32 = 3;
+
+/// Compares two secrets in time independent of where they differ.
+pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(diff) == 0
+}

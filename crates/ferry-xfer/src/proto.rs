@@ -1,0 +1,853 @@
+//! The file-transfer control protocol, version 1.0: pure encode/decode, no I/O.
+//!
+//! Every EXS message on a transfer connection is exactly one frame. A frame is an 8-byte
+//! header (`len u32` total length, `type u8`, `flags u8`, 2 reserved zero bytes) and a body;
+//! only BLOCK carries a payload (the file bytes) after its body. All integers are
+//! little-endian; strings are `len u16` + UTF-8. The decoder accepts only what the encoder
+//! produces (reserved bytes zero, no unknown flags, exact lengths, limits below) and never
+//! panics. The specification is `docs/protocol.md`, section "File transfer protocol".
+
+use std::fmt;
+
+/// Protocol major version: a peer with another major is refused at HELLO.
+pub const VERSION_MAJOR: u16 = 1;
+/// Protocol minor version.
+pub const VERSION_MINOR: u16 = 0;
+/// Header length in bytes.
+pub const HEADER_LEN: usize = 8;
+/// The largest control frame (every frame but BLOCK).
+pub const MAX_CONTROL: usize = 64 * 1024;
+/// The largest BLOCK payload either side may negotiate.
+pub const MAX_BLOCK: u32 = 64 << 20;
+/// The smallest block size either side may negotiate.
+pub const MIN_BLOCK: u32 = 4096;
+/// The length of a BLOCK frame without its payload.
+pub const BLOCK_HEADER_LEN: usize = HEADER_LEN + 4 + 2 + 2 + 8 + 4 + 4;
+/// The longest path (bytes).
+pub const MAX_PATH: usize = 4096;
+/// The longest token (bytes).
+pub const MAX_TOKEN: usize = 1024;
+/// The longest error message (bytes).
+pub const MAX_MESSAGE: usize = 4096;
+/// The most ranges in one RESEND.
+pub const MAX_RANGES: usize = 1024;
+
+/// Why a peer refused a request (ERROR frames). Unknown codes from a later minor decode as
+/// [`ErrorCode::Other`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorCode {
+    /// The request was malformed or not allowed in this state.
+    BadRequest,
+    /// The token was missing or wrong, or anonymous access is off.
+    AuthRefused,
+    /// No such root, file or directory.
+    NotFound,
+    /// The path leaves its root (`..`, absolute, symlink escape) or the OS denied access.
+    PermissionDenied,
+    /// A block or file checksum kept failing.
+    Integrity,
+    /// A disk read or write failed.
+    Io,
+    /// The disk is full.
+    NoSpace,
+    /// The peer speaks another major version.
+    VersionMismatch,
+    /// A directory was expected.
+    NotADirectory,
+    /// A file was expected.
+    IsADirectory,
+    /// Not supported by this build (e.g. resume, before the slice that adds it).
+    Unsupported,
+    /// A code this build does not know.
+    Other(u16),
+}
+
+impl ErrorCode {
+    /// The wire value.
+    pub fn to_u16(self) -> u16 {
+        match self {
+            ErrorCode::BadRequest => 1,
+            ErrorCode::AuthRefused => 2,
+            ErrorCode::NotFound => 3,
+            ErrorCode::PermissionDenied => 4,
+            ErrorCode::Integrity => 5,
+            ErrorCode::Io => 6,
+            ErrorCode::NoSpace => 7,
+            ErrorCode::VersionMismatch => 8,
+            ErrorCode::NotADirectory => 9,
+            ErrorCode::IsADirectory => 10,
+            ErrorCode::Unsupported => 11,
+            ErrorCode::Other(n) => n,
+        }
+    }
+
+    /// From the wire value.
+    pub fn from_u16(n: u16) -> Self {
+        match n {
+            1 => ErrorCode::BadRequest,
+            2 => ErrorCode::AuthRefused,
+            3 => ErrorCode::NotFound,
+            4 => ErrorCode::PermissionDenied,
+            5 => ErrorCode::Integrity,
+            6 => ErrorCode::Io,
+            7 => ErrorCode::NoSpace,
+            8 => ErrorCode::VersionMismatch,
+            9 => ErrorCode::NotADirectory,
+            10 => ErrorCode::IsADirectory,
+            11 => ErrorCode::Unsupported,
+            n => ErrorCode::Other(n),
+        }
+    }
+}
+
+/// What a directory entry is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryKind {
+    /// A regular file.
+    File = 0,
+    /// A directory.
+    Dir = 1,
+    /// A symbolic link (listed, never followed).
+    Symlink = 2,
+    /// Anything else (device, socket, fifo).
+    Other = 3,
+}
+
+impl EntryKind {
+    fn from_u8(b: u8) -> Option<Self> {
+        Some(match b {
+            0 => EntryKind::File,
+            1 => EntryKind::Dir,
+            2 => EntryKind::Symlink,
+            3 => EntryKind::Other,
+            _ => return None,
+        })
+    }
+}
+
+/// A file or directory as STAT and LIST describe it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// Kind.
+    pub kind: EntryKind,
+    /// Permission bits (`st_mode & 0o7777`).
+    pub mode: u32,
+    /// Size in bytes (0 for directories).
+    pub size: u64,
+    /// Modification time, seconds since the epoch.
+    pub mtime: i64,
+    /// The name (one path component; for STAT, the last component of the path).
+    pub name: String,
+}
+
+/// The header of a BLOCK frame; its `len` payload bytes follow it in the same message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockHeader {
+    /// The transfer this block belongs to (chosen by the client in GET/PUT).
+    pub file_id: u32,
+    /// The stream that carried it (0 until parallel streams arrive).
+    pub stream: u16,
+    /// Byte offset in the file.
+    pub offset: u64,
+    /// Payload length.
+    pub len: u32,
+    /// CRC-32C (Castagnoli) of the payload.
+    pub crc32c: u32,
+}
+
+/// PUT flags.
+pub const PUT_RESUME: u8 = 1;
+/// FILE_DONE flag: `blake3` holds the hash of the whole file.
+pub const DONE_HASH: u8 = 1;
+
+/// One frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Msg {
+    /// Client → server, first frame: version, proposed block size, auth token, and the
+    /// session/stream a parallel stream will join (0/0 for a new session).
+    Hello {
+        /// Client major version.
+        major: u16,
+        /// Client minor version.
+        minor: u16,
+        /// Proposed block size.
+        block_size: u32,
+        /// Session to join (0: new).
+        session: u64,
+        /// Stream number within the session.
+        stream: u16,
+        /// Auth token ("" for anonymous).
+        token: String,
+    },
+    /// Server → client: accepted; the block size both sides use and the session id.
+    Welcome {
+        /// Server major.
+        major: u16,
+        /// Server minor.
+        minor: u16,
+        /// Negotiated block size.
+        block_size: u32,
+        /// Session id.
+        session: u64,
+    },
+    /// A refusal; `file_id` names the transfer it ends (0: the request or connection).
+    Error {
+        /// Why.
+        code: ErrorCode,
+        /// Transfer it concerns, or 0.
+        file_id: u32,
+        /// Human-readable explanation, with what to do.
+        message: String,
+    },
+    /// Describe one path (reply: ENTRY or ERROR).
+    Stat {
+        /// `root/relative/path`.
+        path: String,
+    },
+    /// Reply to STAT.
+    Entry(Entry),
+    /// List a directory (reply: ENTRIES frames until one without `more`, or ERROR).
+    List {
+        /// `root/relative/dir` ("" lists the roots).
+        path: String,
+    },
+    /// A batch of directory entries.
+    Entries {
+        /// More ENTRIES frames follow.
+        more: bool,
+        /// The entries.
+        entries: Vec<Entry>,
+    },
+    /// Read `length` bytes at `offset` (`u64::MAX`: to the end). Reply: READY, BLOCKs,
+    /// FILE_DONE, or ERROR.
+    Get {
+        /// Client-chosen transfer id.
+        file_id: u32,
+        /// Start.
+        offset: u64,
+        /// Length, or `u64::MAX` for the rest of the file.
+        length: u64,
+        /// Path.
+        path: String,
+    },
+    /// Write a file of `size` bytes (reply READY, then the client streams BLOCKs and
+    /// FILE_DONE; the server answers OK, RESEND or ERROR).
+    Put {
+        /// Client-chosen transfer id.
+        file_id: u32,
+        /// [`PUT_RESUME`] (refused as Unsupported in 1.0).
+        flags: u8,
+        /// Permission bits for the new file.
+        mode: u32,
+        /// Final size.
+        size: u64,
+        /// Path.
+        path: String,
+    },
+    /// The transfer may start: the file's size and mode, and where the data starts.
+    Ready {
+        /// Transfer id.
+        file_id: u32,
+        /// File size (GET) or accepted size (PUT).
+        size: u64,
+        /// Permission bits.
+        mode: u32,
+        /// First offset that will travel (resume point; 0 in 1.0).
+        offset: u64,
+    },
+    /// File data; the payload follows the header in the same message.
+    Block(BlockHeader),
+    /// The sender has sent every block of the transfer.
+    FileDone {
+        /// Transfer id.
+        file_id: u32,
+        /// Bytes covered.
+        length: u64,
+        /// BLAKE3 of the whole file, when the transfer covered it from offset 0.
+        blake3: Option<[u8; 32]>,
+    },
+    /// Receiver of a PUT → sender: these blocks failed their CRC; send them again, then
+    /// FILE_DONE again.
+    Resend {
+        /// Transfer id.
+        file_id: u32,
+        /// (offset, length) of each block.
+        ranges: Vec<(u64, u32)>,
+    },
+    /// Success (PUT committed, MKDIR done).
+    Ok {
+        /// Transfer id (0 for MKDIR).
+        file_id: u32,
+    },
+    /// Create a directory (existing is fine).
+    Mkdir {
+        /// Permission bits.
+        mode: u32,
+        /// Path.
+        path: String,
+    },
+    /// Hash a file on the server (reply: SUM_REPLY or ERROR).
+    Sum {
+        /// Path.
+        path: String,
+    },
+    /// A file's size and BLAKE3.
+    SumReply {
+        /// Size.
+        size: u64,
+        /// BLAKE3.
+        blake3: [u8; 32],
+    },
+    /// Orderly end of the connection.
+    Bye,
+}
+
+mod ty {
+    pub const HELLO: u8 = 1;
+    pub const WELCOME: u8 = 2;
+    pub const ERROR: u8 = 3;
+    pub const STAT: u8 = 4;
+    pub const ENTRY: u8 = 5;
+    pub const LIST: u8 = 6;
+    pub const ENTRIES: u8 = 7;
+    pub const GET: u8 = 8;
+    pub const PUT: u8 = 9;
+    pub const READY: u8 = 10;
+    pub const BLOCK: u8 = 11;
+    pub const FILE_DONE: u8 = 12;
+    pub const RESEND: u8 = 13;
+    pub const OK: u8 = 14;
+    pub const MKDIR: u8 = 15;
+    pub const SUM: u8 = 16;
+    pub const SUM_REPLY: u8 = 17;
+    pub const BYE: u8 = 18;
+}
+
+/// Why bytes are not a valid frame.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// Fewer bytes than the frame needs.
+    #[error("truncated frame")]
+    Truncated,
+    /// The header's length disagrees with the message length.
+    #[error("frame length {header} but message of {actual} bytes")]
+    Length {
+        /// What the header says.
+        header: u32,
+        /// What arrived.
+        actual: usize,
+    },
+    /// A frame over its limit.
+    #[error("frame too large")]
+    TooLarge,
+    /// Unknown frame type.
+    #[error("unknown frame type {0}")]
+    UnknownType(u8),
+    /// Unknown flags, nonzero reserved bytes, bad enum value, invalid UTF-8, bytes left over.
+    #[error("malformed frame: {0}")]
+    Malformed(&'static str),
+}
+
+/// Why a frame cannot be encoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EncodeError {
+    /// A field over its limit (path, token, message, ranges, control frame size).
+    #[error("{0} too long")]
+    TooLong(&'static str),
+}
+
+struct W<'a> {
+    out: &'a mut Vec<u8>,
+}
+
+impl W<'_> {
+    fn u8(&mut self, v: u8) {
+        self.out.push(v);
+    }
+    fn u16(&mut self, v: u16) {
+        self.out.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u32(&mut self, v: u32) {
+        self.out.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.out.extend_from_slice(&v.to_le_bytes());
+    }
+    fn str(&mut self, s: &str, max: usize, what: &'static str) -> Result<(), EncodeError> {
+        if s.len() > max {
+            return Err(EncodeError::TooLong(what));
+        }
+        self.u16(s.len() as u16);
+        self.out.extend_from_slice(s.as_bytes());
+        Ok(())
+    }
+    fn entry(&mut self, e: &Entry) -> Result<(), EncodeError> {
+        self.u8(e.kind as u8);
+        self.u32(e.mode);
+        self.u64(e.size);
+        self.u64(e.mtime as u64);
+        self.str(&e.name, MAX_PATH, "entry name")
+    }
+}
+
+struct R<'a> {
+    b: &'a [u8],
+}
+
+impl<'a> R<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        if self.b.len() < n {
+            return Err(DecodeError::Truncated);
+        }
+        let (h, t) = self.b.split_at(n);
+        self.b = t;
+        Ok(h)
+    }
+    fn arr<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.take(N)?);
+        Ok(a)
+    }
+    fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.arr::<1>()?[0])
+    }
+    fn u16(&mut self) -> Result<u16, DecodeError> {
+        Ok(u16::from_le_bytes(self.arr()?))
+    }
+    fn u32(&mut self) -> Result<u32, DecodeError> {
+        Ok(u32::from_le_bytes(self.arr()?))
+    }
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        Ok(u64::from_le_bytes(self.arr()?))
+    }
+    fn str(&mut self, max: usize) -> Result<String, DecodeError> {
+        let n = self.u16()? as usize;
+        if n > max {
+            return Err(DecodeError::TooLarge);
+        }
+        let b = self.take(n)?;
+        std::str::from_utf8(b)
+            .map(str::to_owned)
+            .map_err(|_| DecodeError::Malformed("string is not UTF-8"))
+    }
+    fn entry(&mut self) -> Result<Entry, DecodeError> {
+        let kind =
+            EntryKind::from_u8(self.u8()?).ok_or(DecodeError::Malformed("unknown entry kind"))?;
+        Ok(Entry {
+            kind,
+            mode: self.u32()?,
+            size: self.u64()?,
+            mtime: self.u64()? as i64,
+            name: self.str(MAX_PATH)?,
+        })
+    }
+}
+
+/// Appends the encoding of `msg` to `out`. For [`Msg::Block`] only the header is written:
+/// the caller appends exactly `len` payload bytes (see [`encode_block_header`]).
+pub fn encode(msg: &Msg, out: &mut Vec<u8>) -> Result<(), EncodeError> {
+    let start = out.len();
+    let (t, flags) = match msg {
+        Msg::Hello { .. } => (ty::HELLO, 0),
+        Msg::Welcome { .. } => (ty::WELCOME, 0),
+        Msg::Error { .. } => (ty::ERROR, 0),
+        Msg::Stat { .. } => (ty::STAT, 0),
+        Msg::Entry(_) => (ty::ENTRY, 0),
+        Msg::List { .. } => (ty::LIST, 0),
+        Msg::Entries { more, .. } => (ty::ENTRIES, u8::from(*more)),
+        Msg::Get { .. } => (ty::GET, 0),
+        Msg::Put { flags, .. } => (ty::PUT, *flags),
+        Msg::Ready { .. } => (ty::READY, 0),
+        Msg::Block(_) => (ty::BLOCK, 0),
+        Msg::FileDone { blake3, .. } => (ty::FILE_DONE, u8::from(blake3.is_some())),
+        Msg::Resend { .. } => (ty::RESEND, 0),
+        Msg::Ok { .. } => (ty::OK, 0),
+        Msg::Mkdir { .. } => (ty::MKDIR, 0),
+        Msg::Sum { .. } => (ty::SUM, 0),
+        Msg::SumReply { .. } => (ty::SUM_REPLY, 0),
+        Msg::Bye => (ty::BYE, 0),
+    };
+    let mut w = W { out };
+    w.u32(0);
+    w.u8(t);
+    w.u8(flags);
+    w.u16(0);
+    let res = (|| {
+        match msg {
+            Msg::Hello {
+                major,
+                minor,
+                block_size,
+                session,
+                stream,
+                token,
+            } => {
+                w.u16(*major);
+                w.u16(*minor);
+                w.u32(*block_size);
+                w.u64(*session);
+                w.u16(*stream);
+                w.str(token, MAX_TOKEN, "token")?;
+            }
+            Msg::Welcome {
+                major,
+                minor,
+                block_size,
+                session,
+            } => {
+                w.u16(*major);
+                w.u16(*minor);
+                w.u32(*block_size);
+                w.u64(*session);
+            }
+            Msg::Error {
+                code,
+                file_id,
+                message,
+            } => {
+                w.u16(code.to_u16());
+                w.u32(*file_id);
+                w.str(message, MAX_MESSAGE, "error message")?;
+            }
+            Msg::Stat { path } | Msg::List { path } | Msg::Sum { path } => {
+                w.str(path, MAX_PATH, "path")?
+            }
+            Msg::Entry(e) => w.entry(e)?,
+            Msg::Entries { entries, .. } => {
+                w.u16(u16::try_from(entries.len()).map_err(|_| EncodeError::TooLong("entries"))?);
+                for e in entries {
+                    w.entry(e)?;
+                }
+            }
+            Msg::Get {
+                file_id,
+                offset,
+                length,
+                path,
+            } => {
+                w.u32(*file_id);
+                w.u64(*offset);
+                w.u64(*length);
+                w.str(path, MAX_PATH, "path")?;
+            }
+            Msg::Put {
+                file_id,
+                mode,
+                size,
+                path,
+                ..
+            } => {
+                w.u32(*file_id);
+                w.u32(*mode);
+                w.u64(*size);
+                w.str(path, MAX_PATH, "path")?;
+            }
+            Msg::Ready {
+                file_id,
+                size,
+                mode,
+                offset,
+            } => {
+                w.u32(*file_id);
+                w.u64(*size);
+                w.u32(*mode);
+                w.u64(*offset);
+            }
+            Msg::Block(h) => {
+                w.u32(h.file_id);
+                w.u16(h.stream);
+                w.u16(0);
+                w.u64(h.offset);
+                w.u32(h.len);
+                w.u32(h.crc32c);
+            }
+            Msg::FileDone {
+                file_id,
+                length,
+                blake3,
+            } => {
+                w.u32(*file_id);
+                w.u64(*length);
+                w.out.extend_from_slice(&blake3.unwrap_or([0; 32]));
+            }
+            Msg::Resend { file_id, ranges } => {
+                if ranges.len() > MAX_RANGES {
+                    return Err(EncodeError::TooLong("ranges"));
+                }
+                w.u32(*file_id);
+                w.u16(ranges.len() as u16);
+                for (o, l) in ranges {
+                    w.u64(*o);
+                    w.u32(*l);
+                }
+            }
+            Msg::Ok { file_id } => w.u32(*file_id),
+            Msg::Mkdir { mode, path } => {
+                w.u32(*mode);
+                w.str(path, MAX_PATH, "path")?;
+            }
+            Msg::SumReply { size, blake3 } => {
+                w.u64(*size);
+                w.out.extend_from_slice(blake3);
+            }
+            Msg::Bye => {}
+        }
+        Ok(())
+    })();
+    let len = out.len() - start;
+    if let Err(e) = res {
+        out.truncate(start);
+        return Err(e);
+    }
+    let total = match msg {
+        Msg::Block(h) => len + h.len as usize,
+        _ if len > MAX_CONTROL => {
+            out.truncate(start);
+            return Err(EncodeError::TooLong("control frame"));
+        }
+        _ => len,
+    };
+    if let Msg::Block(h) = msg {
+        if h.len > MAX_BLOCK {
+            out.truncate(start);
+            return Err(EncodeError::TooLong("block"));
+        }
+    }
+    out[start..start + 4].copy_from_slice(&(total as u32).to_le_bytes());
+    Ok(())
+}
+
+/// Writes a BLOCK header into the first [`BLOCK_HEADER_LEN`] bytes of `out`.
+pub fn encode_block_header(h: &BlockHeader) -> Result<[u8; BLOCK_HEADER_LEN], EncodeError> {
+    let mut v = Vec::with_capacity(BLOCK_HEADER_LEN);
+    encode(&Msg::Block(*h), &mut v)?;
+    let mut a = [0u8; BLOCK_HEADER_LEN];
+    a.copy_from_slice(&v);
+    Ok(a)
+}
+
+/// Encodes a control frame into a new vector.
+pub fn to_vec(msg: &Msg) -> Result<Vec<u8>, EncodeError> {
+    let mut v = Vec::new();
+    encode(msg, &mut v)?;
+    Ok(v)
+}
+
+/// Decodes one whole message: the frame, and for BLOCK its payload (empty otherwise). The
+/// payload's CRC is not checked here; see [`BlockHeader::crc32c`].
+pub fn decode(b: &[u8]) -> Result<(Msg, &[u8]), DecodeError> {
+    let mut r = R { b };
+    let len = r.u32()?;
+    if len as usize != b.len() {
+        return Err(DecodeError::Length {
+            header: len,
+            actual: b.len(),
+        });
+    }
+    let t = r.u8()?;
+    let flags = r.u8()?;
+    if r.u16()? != 0 {
+        return Err(DecodeError::Malformed("reserved header bytes"));
+    }
+    if t != ty::BLOCK && b.len() > MAX_CONTROL {
+        return Err(DecodeError::TooLarge);
+    }
+    let allowed = match t {
+        ty::ENTRIES => 1,
+        ty::PUT => PUT_RESUME,
+        ty::FILE_DONE => DONE_HASH,
+        _ => 0,
+    };
+    if flags & !allowed != 0 {
+        return Err(DecodeError::Malformed("unknown flags"));
+    }
+    let msg = match t {
+        ty::HELLO => Msg::Hello {
+            major: r.u16()?,
+            minor: r.u16()?,
+            block_size: r.u32()?,
+            session: r.u64()?,
+            stream: r.u16()?,
+            token: r.str(MAX_TOKEN)?,
+        },
+        ty::WELCOME => Msg::Welcome {
+            major: r.u16()?,
+            minor: r.u16()?,
+            block_size: r.u32()?,
+            session: r.u64()?,
+        },
+        ty::ERROR => Msg::Error {
+            code: ErrorCode::from_u16(r.u16()?),
+            file_id: r.u32()?,
+            message: r.str(MAX_MESSAGE)?,
+        },
+        ty::STAT => Msg::Stat {
+            path: r.str(MAX_PATH)?,
+        },
+        ty::ENTRY => Msg::Entry(r.entry()?),
+        ty::LIST => Msg::List {
+            path: r.str(MAX_PATH)?,
+        },
+        ty::ENTRIES => {
+            let n = r.u16()?;
+            let mut entries = Vec::new();
+            for _ in 0..n {
+                entries.push(r.entry()?);
+            }
+            Msg::Entries {
+                more: flags & 1 != 0,
+                entries,
+            }
+        }
+        ty::GET => Msg::Get {
+            file_id: r.u32()?,
+            offset: r.u64()?,
+            length: r.u64()?,
+            path: r.str(MAX_PATH)?,
+        },
+        ty::PUT => Msg::Put {
+            flags,
+            file_id: r.u32()?,
+            mode: r.u32()?,
+            size: r.u64()?,
+            path: r.str(MAX_PATH)?,
+        },
+        ty::READY => Msg::Ready {
+            file_id: r.u32()?,
+            size: r.u64()?,
+            mode: r.u32()?,
+            offset: r.u64()?,
+        },
+        ty::BLOCK => {
+            let file_id = r.u32()?;
+            let stream = r.u16()?;
+            if r.u16()? != 0 {
+                return Err(DecodeError::Malformed("reserved block bytes"));
+            }
+            let h = BlockHeader {
+                file_id,
+                stream,
+                offset: r.u64()?,
+                len: r.u32()?,
+                crc32c: r.u32()?,
+            };
+            if h.len > MAX_BLOCK {
+                return Err(DecodeError::TooLarge);
+            }
+            if h.offset.checked_add(u64::from(h.len)).is_none() {
+                return Err(DecodeError::Malformed("block range overflows"));
+            }
+            let payload = r.take(h.len as usize)?;
+            if !r.b.is_empty() {
+                return Err(DecodeError::Malformed("bytes after block payload"));
+            }
+            return Ok((Msg::Block(h), payload));
+        }
+        ty::FILE_DONE => {
+            let file_id = r.u32()?;
+            let length = r.u64()?;
+            let hash: [u8; 32] = r.arr()?;
+            if flags & DONE_HASH == 0 && hash != [0; 32] {
+                return Err(DecodeError::Malformed("hash without its flag"));
+            }
+            Msg::FileDone {
+                file_id,
+                length,
+                blake3: (flags & DONE_HASH != 0).then_some(hash),
+            }
+        }
+        ty::RESEND => {
+            let file_id = r.u32()?;
+            let n = r.u16()? as usize;
+            if n > MAX_RANGES {
+                return Err(DecodeError::TooLarge);
+            }
+            let mut ranges = Vec::with_capacity(n);
+            for _ in 0..n {
+                ranges.push((r.u64()?, r.u32()?));
+            }
+            Msg::Resend { file_id, ranges }
+        }
+        ty::OK => Msg::Ok { file_id: r.u32()? },
+        ty::MKDIR => Msg::Mkdir {
+            mode: r.u32()?,
+            path: r.str(MAX_PATH)?,
+        },
+        ty::SUM => Msg::Sum {
+            path: r.str(MAX_PATH)?,
+        },
+        ty::SUM_REPLY => Msg::SumReply {
+            size: r.u64()?,
+            blake3: r.arr()?,
+        },
+        ty::BYE => Msg::Bye,
+        t => return Err(DecodeError::UnknownType(t)),
+    };
+    if !r.b.is_empty() {
+        return Err(DecodeError::Malformed("bytes after frame"));
+    }
+    Ok((msg, &[]))
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = match self {
+            ErrorCode::BadRequest => "bad request",
+            ErrorCode::AuthRefused => "authentication refused",
+            ErrorCode::NotFound => "not found",
+            ErrorCode::PermissionDenied => "permission denied",
+            ErrorCode::Integrity => "integrity failure",
+            ErrorCode::Io => "I/O error",
+            ErrorCode::NoSpace => "no space left",
+            ErrorCode::VersionMismatch => "protocol version mismatch",
+            ErrorCode::NotADirectory => "not a directory",
+            ErrorCode::IsADirectory => "is a directory",
+            ErrorCode::Unsupported => "unsupported",
+            ErrorCode::Other(n) => return write!(f, "error code {n}"),
+        };
+        f.write_str(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_round_trip() {
+        let h = BlockHeader {
+            file_id: 7,
+            stream: 0,
+            offset: 1 << 40,
+            len: 3,
+            crc32c: crc32c::crc32c(b"abc"),
+        };
+        let mut v = encode_block_header(&h).unwrap().to_vec();
+        v.extend_from_slice(b"abc");
+        assert_eq!(decode(&v).unwrap(), (Msg::Block(h), &b"abc"[..]));
+        // One byte short or long.
+        assert!(decode(&v[..v.len() - 1]).is_err());
+        v.push(0);
+        assert!(decode(&v).is_err());
+    }
+
+    #[test]
+    fn limits() {
+        let long = "x".repeat(MAX_PATH + 1);
+        assert!(to_vec(&Msg::Stat { path: long }).is_err());
+        let many = Msg::Entries {
+            more: false,
+            entries: vec![
+                Entry {
+                    kind: EntryKind::File,
+                    mode: 0,
+                    size: 0,
+                    mtime: 0,
+                    name: "y".repeat(1000),
+                };
+                100
+            ],
+        };
+        assert_eq!(to_vec(&many), Err(EncodeError::TooLong("control frame")));
+    }
+}

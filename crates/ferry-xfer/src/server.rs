@@ -1,0 +1,819 @@
+//! `ferry serve`: exported roots behind a sandbox, token auth, a thread per connection.
+//!
+//! Every path a client names is `root/relative/path`. The relative part is opened with
+//! `openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)` relative to the root's directory
+//! descriptor, so `..`, absolute paths and symlinks that lead outside the root are refused
+//! by the kernel, whatever races happen meanwhile. New files are created inside a directory
+//! opened that way, under a temporary name, and renamed into place only after their BLAKE3
+//! matched and they were fsynced.
+
+use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_exs::runtime::{default_config, EventQueue, ExsListener};
+use rustix::fs::{Mode, OFlags, ResolveFlags};
+use rustix::io::Errno;
+
+use crate::config::ServerConfig;
+use crate::error::{Kind, Result, XferError};
+use crate::link::{BlockSender, BlockWriter, Link, Span, HANDSHAKE_TIMEOUT};
+use crate::proto::{self, BlockHeader, Entry, EntryKind, ErrorCode, Msg, BLOCK_HEADER_LEN};
+
+/// An exported directory, held open.
+struct Root {
+    name: String,
+    dir: OwnedFd,
+}
+
+/// Why a path operation failed, as the ERROR frame the client gets.
+#[derive(Debug)]
+pub struct Refusal {
+    /// The code.
+    pub code: ErrorCode,
+    /// The message.
+    pub message: String,
+}
+
+type PResult<T> = std::result::Result<T, Refusal>;
+
+fn refuse(code: ErrorCode, message: impl Into<String>) -> Refusal {
+    Refusal {
+        code,
+        message: message.into(),
+    }
+}
+
+fn errno_refusal(path: &str, e: Errno) -> Refusal {
+    let code = match e {
+        Errno::NOENT => ErrorCode::NotFound,
+        Errno::XDEV | Errno::LOOP => {
+            return refuse(
+                ErrorCode::PermissionDenied,
+                format!("{path}: refused, the path leads outside its root"),
+            )
+        }
+        Errno::ACCESS | Errno::PERM => ErrorCode::PermissionDenied,
+        Errno::NOSPC | Errno::DQUOT => ErrorCode::NoSpace,
+        Errno::NOTDIR => ErrorCode::NotADirectory,
+        Errno::ISDIR => ErrorCode::IsADirectory,
+        _ => ErrorCode::Io,
+    };
+    refuse(code, format!("{path}: {}", std::io::Error::from(e)))
+}
+
+/// The exported roots and the sandboxed operations on them.
+pub struct Roots {
+    roots: Vec<Root>,
+}
+
+/// Resolve flags for every client path.
+const BENEATH: ResolveFlags = ResolveFlags::BENEATH.union(ResolveFlags::NO_MAGICLINKS);
+
+fn kind_of(st: &rustix::fs::Stat) -> EntryKind {
+    match rustix::fs::FileType::from_raw_mode(st.st_mode) {
+        rustix::fs::FileType::RegularFile => EntryKind::File,
+        rustix::fs::FileType::Directory => EntryKind::Dir,
+        rustix::fs::FileType::Symlink => EntryKind::Symlink,
+        _ => EntryKind::Other,
+    }
+}
+
+fn entry_of(name: &str, st: &rustix::fs::Stat) -> Entry {
+    let kind = kind_of(st);
+    Entry {
+        kind,
+        mode: st.st_mode & 0o7777,
+        size: if kind == EntryKind::File {
+            st.st_size as u64
+        } else {
+            0
+        },
+        mtime: st.st_mtime,
+        name: name.to_string(),
+    }
+}
+
+impl Roots {
+    /// Opens every root directory of `cfg`.
+    pub fn open(cfg: &ServerConfig) -> Result<Roots> {
+        let mut roots = Vec::new();
+        for r in &cfg.roots {
+            let dir = rustix::fs::open(
+                &r.path,
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(|e| {
+                XferError::io(format!("root {} ({})", r.name, r.path.display()), &e.into())
+            })?;
+            roots.push(Root {
+                name: r.name.clone(),
+                dir,
+            });
+        }
+        Ok(Roots { roots })
+    }
+
+    /// Splits `root/rel` and finds the root; `rel` is "." for the root itself.
+    fn split<'p>(&self, path: &'p str) -> PResult<(&Root, &'p str)> {
+        if path.starts_with('/') {
+            return Err(refuse(
+                ErrorCode::PermissionDenied,
+                format!("{path}: refused, paths are root/relative/path, never absolute"),
+            ));
+        }
+        if path.contains('\0') {
+            return Err(refuse(ErrorCode::BadRequest, "path contains a NUL byte"));
+        }
+        let (name, rel) = path.split_once('/').unwrap_or((path, ""));
+        let root = self.roots.iter().find(|r| r.name == name).ok_or_else(|| {
+            refuse(
+                ErrorCode::NotFound,
+                format!(
+                    "no root named {name:?} (exported: {})",
+                    self.roots
+                        .iter()
+                        .map(|r| r.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            )
+        })?;
+        let rel = rel.trim_end_matches('/');
+        if rel.starts_with('/') {
+            return Err(refuse(
+                ErrorCode::PermissionDenied,
+                format!("{path}: refused, absolute path inside a root"),
+            ));
+        }
+        Ok((root, if rel.is_empty() { "." } else { rel }))
+    }
+
+    fn open_at(&self, path: &str, flags: OFlags) -> PResult<OwnedFd> {
+        let (root, rel) = self.split(path)?;
+        rustix::fs::openat2(
+            &root.dir,
+            rel,
+            flags | OFlags::CLOEXEC,
+            Mode::empty(),
+            BENEATH,
+        )
+        .map_err(|e| errno_refusal(path, e))
+    }
+
+    /// Opens a regular file for reading.
+    pub fn open_read(&self, path: &str) -> PResult<(File, rustix::fs::Stat)> {
+        let fd = self.open_at(path, OFlags::RDONLY)?;
+        let st = rustix::fs::fstat(&fd).map_err(|e| errno_refusal(path, e))?;
+        if kind_of(&st) != EntryKind::File {
+            return Err(refuse(
+                ErrorCode::IsADirectory,
+                format!("{path}: not a regular file (use -r for directories)"),
+            ));
+        }
+        Ok((File::from(fd), st))
+    }
+
+    /// Describes a path. Symlinks are followed as long as they stay inside the root.
+    pub fn stat(&self, path: &str) -> PResult<Entry> {
+        let fd = self.open_at(path, OFlags::PATH)?;
+        let st = rustix::fs::fstat(&fd).map_err(|e| errno_refusal(path, e))?;
+        let shown = path
+            .trim_end_matches('/')
+            .rsplit('/')
+            .next()
+            .unwrap_or(path);
+        Ok(entry_of(shown, &st))
+    }
+
+    /// Lists a directory ("" lists the roots).
+    pub fn list(&self, path: &str) -> PResult<Vec<Entry>> {
+        if path.trim_matches('/').is_empty() {
+            return Ok(self
+                .roots
+                .iter()
+                .map(|r| Entry {
+                    kind: EntryKind::Dir,
+                    mode: 0o755,
+                    size: 0,
+                    mtime: 0,
+                    name: r.name.clone(),
+                })
+                .collect());
+        }
+        let fd = self.open_at(path, OFlags::RDONLY | OFlags::DIRECTORY)?;
+        let mut dir = rustix::fs::Dir::read_from(&fd).map_err(|e| errno_refusal(path, e))?;
+        let mut out = Vec::new();
+        while let Some(ent) = dir.read() {
+            let ent = ent.map_err(|e| errno_refusal(path, e))?;
+            let name = ent.file_name().to_string_lossy().into_owned();
+            if name == "." || name == ".." {
+                continue;
+            }
+            // Names that are not UTF-8 cannot be named back; skip them visibly.
+            if std::str::from_utf8(ent.file_name().to_bytes()).is_err() {
+                tracing::warn!("{path}: skipping a name that is not UTF-8");
+                continue;
+            }
+            let st =
+                rustix::fs::statat(&fd, ent.file_name(), rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+                    .map_err(|e| errno_refusal(path, e))?;
+            out.push(entry_of(&name, &st));
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    /// The directory holding `path`'s last component, opened inside the sandbox, and that
+    /// component (None when the path is a root itself).
+    fn parent(&self, path: &str) -> PResult<(OwnedFd, Option<String>)> {
+        let (root, rel) = self.split(path)?;
+        if rel == "." {
+            let fd = rustix::io::dup(&root.dir).map_err(|e| errno_refusal(path, e))?;
+            return Ok((fd, None));
+        }
+        let (dir, name) = rel.rsplit_once('/').unwrap_or(("", rel));
+        if name == "." || name == ".." || name.is_empty() {
+            return Err(refuse(
+                ErrorCode::PermissionDenied,
+                format!("{path}: refused, the last component must be a plain name"),
+            ));
+        }
+        let dir = if dir.is_empty() { "." } else { dir };
+        let fd = rustix::fs::openat2(
+            &root.dir,
+            dir,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+            BENEATH,
+        )
+        .map_err(|e| errno_refusal(path, e))?;
+        Ok((fd, Some(name.to_string())))
+    }
+
+    /// Creates a directory (an existing directory is fine).
+    pub fn mkdir(&self, path: &str, mode: u32) -> PResult<()> {
+        let (parent, name) = self.parent(path)?;
+        let Some(name) = name else { return Ok(()) };
+        match rustix::fs::mkdirat(&parent, name.as_str(), Mode::from_raw_mode(mode & 0o7777)) {
+            Ok(()) => Ok(()),
+            Err(Errno::EXIST) => {
+                let st = rustix::fs::statat(
+                    &parent,
+                    name.as_str(),
+                    rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+                )
+                .map_err(|e| errno_refusal(path, e))?;
+                if kind_of(&st) == EntryKind::Dir {
+                    Ok(())
+                } else {
+                    Err(refuse(
+                        ErrorCode::NotADirectory,
+                        format!("{path}: exists and is not a directory"),
+                    ))
+                }
+            }
+            Err(e) => Err(errno_refusal(path, e)),
+        }
+    }
+}
+
+/// A file being written: `.<name>.ferry-part` in its directory until committed.
+pub struct PartFile {
+    dir: OwnedFd,
+    name: String,
+    tmp: String,
+    /// The open temporary file.
+    pub file: File,
+}
+
+/// The temporary name a file is written under before its rename.
+pub fn part_name(name: &str) -> String {
+    format!(".{name}.ferry-part")
+}
+
+impl PartFile {
+    /// Creates the temporary file for `path` (truncating a stale one).
+    pub fn create(roots: &Roots, path: &str) -> PResult<PartFile> {
+        let (dir, name) = roots.parent(path)?;
+        let Some(name) = name else {
+            return Err(refuse(
+                ErrorCode::IsADirectory,
+                format!("{path}: is a root directory"),
+            ));
+        };
+        let tmp = part_name(&name);
+        let fd = rustix::fs::openat(
+            &dir,
+            tmp.as_str(),
+            OFlags::RDWR | OFlags::CREATE | OFlags::TRUNC | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )
+        .map_err(|e| errno_refusal(path, e))?;
+        Ok(PartFile {
+            dir,
+            name,
+            tmp,
+            file: File::from(fd),
+        })
+    }
+
+    /// Sets the mode, fsyncs, renames into place and fsyncs the directory.
+    pub fn commit(self, mode: u32) -> std::io::Result<()> {
+        rustix::fs::fchmod(&self.file, Mode::from_raw_mode(mode & 0o7777))?;
+        self.file.sync_all()?;
+        rustix::fs::renameat(&self.dir, self.tmp.as_str(), &self.dir, self.name.as_str())?;
+        rustix::fs::fsync(&self.dir)?;
+        Ok(())
+    }
+
+    /// Removes the temporary file.
+    pub fn discard(self) {
+        let _ = rustix::fs::unlinkat(&self.dir, self.tmp.as_str(), rustix::fs::AtFlags::empty());
+    }
+}
+
+/// Receives the BLOCKs and FILE_DONE of one transfer into `file`: verifies each block's
+/// CRC-32C, writes the good ones and hashes the file in order. Shared by the server (PUT)
+/// and the client (GET).
+pub struct BlockSink {
+    file_id: u32,
+    size: u64,
+    hasher: blake3::Hasher,
+    hashed: u64,
+    rehash: bool,
+    /// Ranges whose CRC failed in the current round.
+    pub bad: Vec<(u64, u32)>,
+    /// Blocks that failed their CRC, over all rounds.
+    pub bad_total: u64,
+    /// The first write error (the transfer keeps draining blocks, then reports it).
+    pub io_error: Option<std::io::Error>,
+}
+
+impl BlockSink {
+    /// A sink for transfer `file_id` of a file of `size` bytes.
+    pub fn new(file_id: u32, size: u64) -> Self {
+        BlockSink {
+            file_id,
+            size,
+            hasher: blake3::Hasher::new(),
+            hashed: 0,
+            rehash: false,
+            bad: Vec::new(),
+            bad_total: 0,
+            io_error: None,
+        }
+    }
+
+    /// Checks one BLOCK against its CRC-32C and the transfer's bounds; writes it if good,
+    /// remembers its range for a re-fetch if not.
+    pub fn block(&mut self, file: &File, h: &BlockHeader, payload: &[u8]) -> Result<()> {
+        if h.file_id != self.file_id || h.offset.saturating_add(u64::from(h.len)) > self.size {
+            return Err(XferError::conn(format!(
+                "the peer sent a block outside the transfer (file {} offset {} len {})",
+                h.file_id, h.offset, h.len
+            )));
+        }
+        if crc32c::crc32c(payload) != h.crc32c {
+            tracing::warn!(
+                offset = h.offset,
+                len = h.len,
+                "block CRC mismatch; it will be sent again"
+            );
+            self.bad.push((h.offset, h.len));
+            self.bad_total += 1;
+            return Ok(());
+        }
+        if self.io_error.is_none() {
+            if let Err(e) = file.write_all_at(payload, h.offset) {
+                self.io_error = Some(e);
+            }
+        }
+        if h.offset == self.hashed && !self.rehash {
+            self.hasher.update(payload);
+            self.hashed += u64::from(h.len);
+        } else {
+            self.rehash = true;
+        }
+        Ok(())
+    }
+
+    /// The BLAKE3 of what was written (re-reading the file if blocks arrived out of order).
+    pub fn hash(&mut self, file: &File) -> std::io::Result<[u8; 32]> {
+        if !self.rehash && self.hashed == self.size {
+            return Ok(*self.hasher.finalize().as_bytes());
+        }
+        hash_file(file, self.size)
+    }
+}
+
+/// BLAKE3 of the first `size` bytes of `file`.
+pub fn hash_file(file: &File, size: u64) -> std::io::Result<[u8; 32]> {
+    let mut h = blake3::Hasher::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut pos = 0u64;
+    while pos < size {
+        let n = (size - pos).min(buf.len() as u64) as usize;
+        file.read_exact_at(&mut buf[..n], pos)?;
+        h.update(&buf[..n]);
+        pos += n as u64;
+    }
+    Ok(*h.finalize().as_bytes())
+}
+
+/// A running server's shared state.
+pub struct Server {
+    cfg: ServerConfig,
+    roots: Roots,
+    sessions: AtomicU64,
+}
+
+impl Server {
+    /// Validates `cfg` and opens its roots.
+    pub fn new(cfg: ServerConfig) -> Result<Arc<Server>> {
+        cfg.validate()?;
+        let roots = Roots::open(&cfg)?;
+        Ok(Arc::new(Server {
+            cfg,
+            roots,
+            sessions: AtomicU64::new(1),
+        }))
+    }
+
+    /// Binds the configured address.
+    pub fn bind(&self) -> Result<ExsListener> {
+        let addr: ferry_fabric::Address = self.cfg.listen.parse().map_err(|e| {
+            XferError::new(
+                Kind::Usage,
+                format!("bad listen address {}: {e}", self.cfg.listen),
+            )
+        })?;
+        ExsListener::bind(&self.cfg.listen, default_config(&addr)).map_err(|e| {
+            XferError::conn(format!(
+                "cannot listen on {}: {e} (is another server using it? pick another with --listen)",
+                self.cfg.listen
+            ))
+        })
+    }
+
+    /// Accepts connections forever, serving each on its own thread. A failing connection
+    /// ends only itself.
+    pub fn serve(self: &Arc<Self>, listener: &ExsListener) -> Result<()> {
+        loop {
+            let inc = match listener.accept_incoming(Duration::from_secs(1)) {
+                Ok(i) => i,
+                Err(ferry_exs::runtime::Error::Timeout) => continue,
+                Err(e) => {
+                    tracing::debug!("accept: {e}");
+                    continue;
+                }
+            };
+            let me = self.clone();
+            let peer = inc.peer_addr();
+            let spawned = std::thread::Builder::new()
+                .name("ferry-conn".into())
+                .spawn(move || {
+                    let q = match EventQueue::new() {
+                        Ok(q) => q,
+                        Err(e) => return tracing::warn!("{peer}: event queue: {e}"),
+                    };
+                    let sock = match inc.start(&q, HANDSHAKE_TIMEOUT) {
+                        Ok(s) => s,
+                        Err(e) => return tracing::info!("{peer}: handshake failed: {e}"),
+                    };
+                    let mut link = Link::new(sock, q);
+                    match me.connection(&mut link) {
+                        Ok(()) => tracing::debug!("{peer}: done"),
+                        Err(e) => tracing::info!("{peer}: connection ended: {e}"),
+                    }
+                    link.close();
+                });
+            if let Err(e) = spawned {
+                tracing::warn!("cannot start a connection thread: {e}");
+            }
+        }
+    }
+
+    fn authorized(&self, token: &str) -> bool {
+        let mut ok = self.cfg.auth.anonymous;
+        for t in &self.cfg.auth.tokens {
+            ok |= crate::ct_eq(t.as_bytes(), token.as_bytes());
+        }
+        ok
+    }
+
+    /// Serves one connection: handshake, then requests in order until BYE or close.
+    pub fn connection(&self, link: &mut Link) -> Result<()> {
+        link.timeout = HANDSHAKE_TIMEOUT;
+        link.post_ring(1, proto::MAX_CONTROL)?;
+        let (major, block_size, token) = match link.recv_msg()? {
+            Msg::Hello {
+                major,
+                block_size,
+                token,
+                ..
+            } => (major, block_size, token),
+            m => return Err(XferError::conn(format!("expected HELLO, got {m:?}"))),
+        };
+        if major != proto::VERSION_MAJOR {
+            let message = format!(
+                "this server speaks ferry transfer protocol {}.{}, the client {major}.x: upgrade the older side",
+                proto::VERSION_MAJOR,
+                proto::VERSION_MINOR
+            );
+            link.send(&Msg::Error {
+                code: ErrorCode::VersionMismatch,
+                file_id: 0,
+                message: message.clone(),
+            })?;
+            return Err(XferError::conn(message));
+        }
+        if !self.authorized(&token) {
+            let message = if token.is_empty() {
+                "this server needs a token: pass --token or set FERRY_TOKEN"
+            } else {
+                "the token was not accepted: check --token / FERRY_TOKEN against the server's [auth] tokens"
+            };
+            link.send(&Msg::Error {
+                code: ErrorCode::AuthRefused,
+                file_id: 0,
+                message: message.into(),
+            })?;
+            // Let the refusal reach the client before the connection goes.
+            std::thread::sleep(Duration::from_millis(50));
+            return Err(XferError::new(Kind::Auth, "client refused: bad token"));
+        }
+        let block = block_size.clamp(proto::MIN_BLOCK, self.cfg.block_size);
+        link.send(&Msg::Welcome {
+            major: proto::VERSION_MAJOR,
+            minor: proto::VERSION_MINOR,
+            block_size: block,
+            session: self.sessions.fetch_add(1, Ordering::Relaxed),
+        })?;
+        link.timeout = Duration::from_secs(600);
+        link.post_ring(self.cfg.ring, BLOCK_HEADER_LEN + block as usize)?;
+        let mut tx = BlockSender::new(block, self.cfg.ring, link.timeout)?;
+        loop {
+            let msg = link.recv_msg()?;
+            match msg {
+                Msg::Bye => return Ok(()),
+                Msg::Stat { path } => match self.roots.stat(&path) {
+                    Ok(e) => link.send(&Msg::Entry(e))?,
+                    Err(r) => reply_refusal(link, 0, r)?,
+                },
+                Msg::List { path } => match self.roots.list(&path) {
+                    Ok(entries) => send_entries(link, entries)?,
+                    Err(r) => reply_refusal(link, 0, r)?,
+                },
+                Msg::Mkdir { mode, path } => match self.roots.mkdir(&path, mode) {
+                    Ok(()) => link.send(&Msg::Ok { file_id: 0 })?,
+                    Err(r) => reply_refusal(link, 0, r)?,
+                },
+                Msg::Sum { path } => match self.roots.open_read(&path) {
+                    Ok((f, st)) => match hash_file(&f, st.st_size as u64) {
+                        Ok(h) => link.send(&Msg::SumReply {
+                            size: st.st_size as u64,
+                            blake3: h,
+                        })?,
+                        Err(e) => {
+                            reply_refusal(link, 0, refuse(ErrorCode::Io, format!("{path}: {e}")))?
+                        }
+                    },
+                    Err(r) => reply_refusal(link, 0, r)?,
+                },
+                Msg::Get {
+                    file_id,
+                    offset,
+                    length,
+                    path,
+                } => self.get(link, &mut tx, file_id, offset, length, &path)?,
+                Msg::Put {
+                    file_id,
+                    flags,
+                    mode,
+                    size,
+                    path,
+                } => {
+                    if flags & proto::PUT_RESUME != 0 {
+                        reply_refusal(
+                            link,
+                            file_id,
+                            refuse(
+                                ErrorCode::Unsupported,
+                                "resume is not supported by this server yet",
+                            ),
+                        )?;
+                        continue;
+                    }
+                    self.put(link, file_id, mode, size, &path)?
+                }
+                m => return Err(XferError::conn(format!("unexpected request {m:?}"))),
+            }
+        }
+    }
+
+    fn get(
+        &self,
+        link: &mut Link,
+        tx: &mut BlockSender,
+        file_id: u32,
+        offset: u64,
+        length: u64,
+        path: &str,
+    ) -> Result<()> {
+        let (file, st) = match self.roots.open_read(path) {
+            Ok(f) => f,
+            Err(r) => return reply_refusal(link, file_id, r),
+        };
+        let size = st.st_size as u64;
+        if offset > size {
+            return reply_refusal(
+                link,
+                file_id,
+                refuse(
+                    ErrorCode::BadRequest,
+                    format!("{path}: offset {offset} past the end ({size} bytes)"),
+                ),
+            );
+        }
+        let len = length.min(size - offset);
+        link.send(&Msg::Ready {
+            file_id,
+            size,
+            mode: st.st_mode & 0o7777,
+            offset,
+        })?;
+        let whole = offset == 0 && len == size;
+        let mut hasher = whole.then(blake3::Hasher::new);
+        let sent = tx.send_range(
+            link,
+            &file,
+            Span {
+                file_id,
+                offset,
+                len,
+            },
+            hasher.as_mut(),
+            &|_| {},
+        );
+        if let Err(e) = sent {
+            tx.flush().ok();
+            // Mid-file read failure: tell the client, keep the connection.
+            return reply_refusal(
+                link,
+                file_id,
+                refuse(ErrorCode::Io, format!("{path}: {}", e.msg)),
+            );
+        }
+        // No flush: blocks and FILE_DONE leave in order; blocks are reaped as the ring needs them.
+        link.send(&Msg::FileDone {
+            file_id,
+            length: len,
+            blake3: hasher.map(|h| *h.finalize().as_bytes()),
+        })
+    }
+
+    fn put(&self, link: &mut Link, file_id: u32, mode: u32, size: u64, path: &str) -> Result<()> {
+        let part = match PartFile::create(&self.roots, path) {
+            Ok(p) => p,
+            Err(r) => return reply_refusal(link, file_id, r),
+        };
+        link.send(&Msg::Ready {
+            file_id,
+            size,
+            mode,
+            offset: 0,
+        })?;
+        match self.receive(link, &part, file_id, size, path) {
+            // Connection-level failure: the connection ends.
+            Err(e) => {
+                part.discard();
+                Err(e)
+            }
+            // The client gave up on this file.
+            Ok(None) => {
+                part.discard();
+                Ok(())
+            }
+            Ok(Some(Err(r))) => {
+                part.discard();
+                reply_refusal(link, file_id, r)
+            }
+            Ok(Some(Ok(()))) => match part.commit(mode) {
+                Ok(()) => link.send(&Msg::Ok { file_id }),
+                Err(e) => reply_refusal(
+                    link,
+                    file_id,
+                    refuse(ErrorCode::Io, format!("{path}: commit failed: {e}")),
+                ),
+            },
+        }
+    }
+
+    /// Receives a PUT's blocks through the staging ring's writer until the file is whole
+    /// and verified (`Some(Ok)`), refused (`Some(Err)`) or abandoned by the client (`None`).
+    fn receive(
+        &self,
+        link: &mut Link,
+        part: &PartFile,
+        file_id: u32,
+        size: u64,
+        path: &str,
+    ) -> Result<Option<PResult<()>>> {
+        let mut writer = BlockWriter::new(file_id, size, &part.file, self.cfg.ring)?;
+        let mut rounds = 0;
+        loop {
+            let mut buf = writer.spare();
+            link.recv_into(&mut buf)?;
+            let (blake3, length) = match proto::decode(&buf) {
+                Ok((Msg::Block(_), _)) => {
+                    writer.push(buf)?;
+                    continue;
+                }
+                Ok((Msg::FileDone { blake3, length, .. }, _)) => (blake3, length),
+                Ok((Msg::Error { .. }, _)) => return Ok(None),
+                Ok((m, _)) => {
+                    return Err(XferError::conn(format!(
+                        "unexpected frame during a PUT: {m:?}"
+                    )))
+                }
+                Err(e) => return Err(XferError::conn(format!("the peer sent a bad frame: {e}"))),
+            };
+            let bad = writer.sync()?;
+            if !bad.is_empty() {
+                rounds += 1;
+                if rounds > crate::BLOCK_RETRIES {
+                    return Ok(Some(Err(refuse(
+                        ErrorCode::Integrity,
+                        format!(
+                            "{path}: blocks kept failing their CRC after {} retries; nothing was written. Check the network path (NIC, cable, memory) and try again",
+                            crate::BLOCK_RETRIES
+                        ),
+                    ))));
+                }
+                link.send(&Msg::Resend {
+                    file_id,
+                    ranges: bad,
+                })?;
+                continue;
+            }
+            let mut sink = writer.finish()?;
+            if let Some(e) = sink.io_error.take() {
+                let code = if e.raw_os_error() == Some(Errno::NOSPC.raw_os_error()) {
+                    ErrorCode::NoSpace
+                } else {
+                    ErrorCode::Io
+                };
+                return Ok(Some(Err(refuse(
+                    code,
+                    format!("{path}: write failed: {e}"),
+                ))));
+            }
+            let got = match sink.hash(&part.file) {
+                Ok(h) => h,
+                Err(e) => return Ok(Some(Err(refuse(ErrorCode::Io, format!("{path}: {e}"))))),
+            };
+            if length != size || blake3 != Some(got) {
+                return Ok(Some(Err(refuse(
+                    ErrorCode::Integrity,
+                    format!("{path}: the whole-file BLAKE3 does not match what was sent; nothing was written, try again"),
+                ))));
+            }
+            return Ok(Some(Ok(())));
+        }
+    }
+}
+
+fn reply_refusal(link: &Link, file_id: u32, r: Refusal) -> Result<()> {
+    tracing::debug!("refused: {}", r.message);
+    link.send(&Msg::Error {
+        code: r.code,
+        file_id,
+        message: r.message,
+    })
+}
+
+fn send_entries(link: &Link, entries: Vec<Entry>) -> Result<()> {
+    let mut batch: Vec<Entry> = Vec::new();
+    let mut bytes = 0;
+    for e in entries {
+        let sz = e.name.len() + 32;
+        if bytes + sz > proto::MAX_CONTROL - 64 {
+            link.send(&Msg::Entries {
+                more: true,
+                entries: std::mem::take(&mut batch),
+            })?;
+            bytes = 0;
+        }
+        bytes += sz;
+        batch.push(e);
+    }
+    link.send(&Msg::Entries {
+        more: false,
+        entries: batch,
+    })
+}

@@ -1,0 +1,211 @@
+//! A real server (in-process, on loopback) driven frame by frame by a hand-written client:
+//! version and auth refusals, ranged GETs, requests this version refuses, and a client that
+//! breaks the protocol losing only its own connection.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use ferry_xfer::client::{Client, Options};
+use ferry_xfer::config::{AuthConfig, RootConfig, ServerConfig};
+use ferry_xfer::link::Link;
+use ferry_xfer::proto::{self, BlockHeader, ErrorCode, Msg, BLOCK_HEADER_LEN};
+use ferry_xfer::server::Server;
+
+const T: Duration = Duration::from_secs(10);
+
+/// Starts a server exporting a fresh directory as `d`; returns its address and the directory.
+fn start(driver: &str, anonymous: bool) -> (String, std::path::PathBuf) {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("ferry-xfer-conn-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let listen = match driver {
+        "ofi+shm" => format!("ofi+shm://ferry-xfer-conn-{}-{n}", std::process::id()),
+        d => format!("{d}://127.0.0.1:0"),
+    };
+    let cfg = ServerConfig {
+        listen,
+        block_size: 64 * 1024,
+        ring: 4,
+        auth: AuthConfig {
+            tokens: vec!["tok".into()],
+            anonymous,
+        },
+        roots: vec![RootConfig {
+            name: "d".into(),
+            path: dir.clone(),
+        }],
+    };
+    let server = Server::new(cfg).unwrap();
+    let listener = server.bind().unwrap();
+    let addr = listener.local_addr();
+    std::thread::spawn(move || server.serve(&listener));
+    (addr, dir)
+}
+
+/// Connects and sends HELLO; returns the link and the server's answer.
+fn hello(addr: &str, major: u16, token: &str) -> (Link, Msg) {
+    let mut link = Link::connect(addr, T).unwrap();
+    link.post_ring(1, proto::MAX_CONTROL).unwrap();
+    link.send(&Msg::Hello {
+        major,
+        minor: 0,
+        block_size: 64 * 1024,
+        session: 0,
+        stream: 0,
+        token: token.into(),
+    })
+    .unwrap();
+    let answer = link.recv_msg().unwrap();
+    (link, answer)
+}
+
+fn code(m: &Msg) -> ErrorCode {
+    match m {
+        Msg::Error { code, .. } => *code,
+        m => panic!("expected ERROR, got {m:?}"),
+    }
+}
+
+#[test]
+fn version_and_auth_refusals() {
+    let (addr, _) = start("tcp", false);
+    assert_eq!(code(&hello(&addr, 2, "tok").1), ErrorCode::VersionMismatch);
+    let (_, m) = hello(&addr, proto::VERSION_MAJOR, "");
+    assert_eq!(code(&m), ErrorCode::AuthRefused);
+    assert!(format!("{m:?}").contains("FERRY_TOKEN"));
+    assert_eq!(
+        code(&hello(&addr, 1, "tok-but-longer").1),
+        ErrorCode::AuthRefused
+    );
+    assert!(matches!(
+        hello(&addr, 1, "tok").1,
+        Msg::Welcome {
+            block_size: 65536,
+            ..
+        }
+    ));
+    // Anonymous servers take anyone.
+    let (addr, _) = start("tcp", true);
+    assert!(matches!(hello(&addr, 1, "").1, Msg::Welcome { .. }));
+}
+
+/// GET of a range returns exactly it, with FILE_DONE carrying no hash; an offset past the
+/// end and a PUT asking for resume are refused, and the connection stays usable.
+fn ranges_and_refusals(driver: &str) {
+    let (addr, dir) = start(driver, false);
+    let data: Vec<u8> = (0..200_000u32).map(|i| (i * 7) as u8).collect();
+    std::fs::write(dir.join("f"), &data).unwrap();
+    let (mut link, m) = hello(&addr, 1, "tok");
+    assert!(matches!(m, Msg::Welcome { .. }));
+    link.post_ring(4, BLOCK_HEADER_LEN + 64 * 1024).unwrap();
+    link.send(&Msg::Get {
+        file_id: 9,
+        offset: 70_000,
+        length: 100_000,
+        path: "d/f".into(),
+    })
+    .unwrap();
+    assert!(matches!(
+        link.recv_msg().unwrap(),
+        Msg::Ready {
+            file_id: 9,
+            size: 200_000,
+            ..
+        }
+    ));
+    let mut got = Vec::new();
+    let mut buf = Vec::new();
+    loop {
+        link.recv_into(&mut buf).unwrap();
+        match proto::decode(&buf).unwrap() {
+            (Msg::Block(h), payload) => {
+                assert_eq!(h.offset, 70_000 + got.len() as u64);
+                assert_eq!(crc32c::crc32c(payload), h.crc32c);
+                got.extend_from_slice(payload);
+            }
+            (
+                Msg::FileDone {
+                    file_id,
+                    length,
+                    blake3,
+                },
+                _,
+            ) => {
+                assert_eq!((file_id, length, blake3), (9, 100_000, None));
+                break;
+            }
+            (m, _) => panic!("unexpected {m:?}"),
+        }
+    }
+    assert!(got == data[70_000..170_000]);
+    link.send(&Msg::Get {
+        file_id: 10,
+        offset: 200_001,
+        length: 1,
+        path: "d/f".into(),
+    })
+    .unwrap();
+    assert_eq!(code(&link.recv_msg().unwrap()), ErrorCode::BadRequest);
+    link.send(&Msg::Put {
+        file_id: 11,
+        flags: proto::PUT_RESUME,
+        mode: 0o644,
+        size: 1,
+        path: "d/g".into(),
+    })
+    .unwrap();
+    assert_eq!(code(&link.recv_msg().unwrap()), ErrorCode::Unsupported);
+    link.send(&Msg::Stat { path: "d/f".into() }).unwrap();
+    assert!(matches!(link.recv_msg().unwrap(), Msg::Entry(e) if e.size == 200_000));
+}
+
+#[test]
+fn ranges_and_refusals_tcp() {
+    ranges_and_refusals("tcp");
+}
+
+#[test]
+fn ranges_and_refusals_ofi_shm() {
+    ranges_and_refusals("ofi+shm");
+}
+
+/// A client that sends a BLOCK where a request belongs is disconnected; a client connected
+/// meanwhile is unaffected.
+#[test]
+fn protocol_breaker_loses_only_its_connection() {
+    let (addr, dir) = start("tcp", false);
+    std::fs::write(dir.join("a"), b"abc").unwrap();
+    let mut good = Client::connect(
+        &addr,
+        &Options {
+            token: "tok".into(),
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    let (mut bad, m) = hello(&addr, 1, "tok");
+    assert!(matches!(m, Msg::Welcome { .. }));
+    let mut frame = proto::encode_block_header(&BlockHeader {
+        file_id: 1,
+        stream: 0,
+        offset: 0,
+        len: 3,
+        crc32c: 0,
+    })
+    .unwrap()
+    .to_vec();
+    frame.extend_from_slice(b"xyz");
+    let sb = bad.socket().alloc(frame.len()).unwrap();
+    sb.write_at(0, &frame).unwrap();
+    bad.socket().send(sb, ferry_exs::proto::Flags::NONE, 1);
+    bad.timeout = T;
+    assert!(
+        bad.recv_msg().is_err(),
+        "the server must close the connection"
+    );
+    assert_eq!(good.stat("d/a").unwrap().size, 3);
+    assert_eq!(good.list("").unwrap()[0].name, "d");
+    good.bye();
+}
