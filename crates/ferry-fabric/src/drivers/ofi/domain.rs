@@ -578,9 +578,15 @@ pub(super) struct DomainCore {
 
 impl DomainCore {
     fn open(addr: &Address, info: Info, listening: bool) -> Result<Arc<DomainCore>> {
-        let name = listening
-            .then(|| info::listener_name(addr, &info))
-            .flatten();
+        let name = if listening {
+            info::listener_name(addr, &info)
+        } else {
+            let name = info::client_name(&info);
+            if name.is_some() {
+                info::sweep_dead_client_regions();
+            }
+            name
+        };
         let quirks = info::quirks(&info);
         let fab = Fabric::open(&info, name.as_deref(), quirks)?;
         let name = fab.getname()?;

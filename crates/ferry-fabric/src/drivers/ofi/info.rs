@@ -190,6 +190,47 @@ pub(super) fn listener_name(addr: &Address, info: &Info) -> Option<Vec<u8>> {
     (info.addr_format() == sys::FI_ADDR_STR).then(|| addr.host.as_bytes().to_vec())
 }
 
+/// Prefix of the names clients give themselves on name-addressed providers.
+const CLIENT_PREFIX: &str = "ferryc-";
+
+/// The name a client endpoint on a name-addressed provider (shm) takes: unique across
+/// processes and time. shm's own choice (`pid:uid:index`) collides with the region a killed
+/// process left behind under a recycled pid, and fi_enable then fails with EBUSY.
+pub(super) fn client_name(info: &Info) -> Option<Vec<u8>> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    (info.addr_format() == sys::FI_ADDR_STR).then(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        format!("{CLIENT_PREFIX}{}-{nanos:x}-{n}", std::process::id()).into_bytes()
+    })
+}
+
+/// Removes the shared-memory regions that clients of processes no longer alive left in
+/// /dev/shm (a killed process cannot clean up; each region holds 16 MiB). Only names of the
+/// `client_name` form are touched, and only when their process is gone.
+pub(super) fn sweep_dead_client_regions() {
+    let Ok(dir) = std::fs::read_dir("/dev/shm") else {
+        return;
+    };
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(CLIENT_PREFIX))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
 /// The local IP the kernel would use to reach `addr` (no packet is sent).
 fn source_ip(addr: &Address) -> Option<IpAddr> {
     let dest = resolve(addr).ok()?.into_iter().next()?;
