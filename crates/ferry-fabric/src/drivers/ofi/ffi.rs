@@ -341,6 +341,26 @@ struct LocalEntry {
     ep: Weak<EpFid>,
 }
 
+/// At process exit, removes the names of the shared-memory regions of endpoints still open
+/// (held open for a same-process peer, or never closed before `exit`): shm unlinks a region
+/// only when its endpoint closes, and every region left behind keeps 16 MiB of /dev/shm,
+/// i.e. of RAM, until reboot. Unlinking removes only the name; mappings stay valid for the
+/// threads still running.
+extern "C" fn unlink_regions_at_exit() {
+    // Never block at exit: a thread may hold the registry.
+    let Ok(eps) = LOCAL_EPS.try_lock() else {
+        return;
+    };
+    for e in eps.iter() {
+        let mut path = b"/".to_vec();
+        path.extend_from_slice(&e.key);
+        if let Ok(c) = CString::new(path) {
+            // SAFETY: c is a valid NUL-terminated string; shm_unlink only removes a name.
+            unsafe { libc::shm_unlink(c.as_ptr()) };
+        }
+    }
+}
+
 /// An endpoint's entry in [`LOCAL_EPS`], removed when dropped (after the endpoint closed).
 struct LocalName {
     id: u64,
@@ -642,6 +662,11 @@ impl Fabric {
         };
         if fab.shares_local {
             static NEXT: AtomicU64 = AtomicU64::new(0);
+            static AT_EXIT: std::sync::Once = std::sync::Once::new();
+            // SAFETY: registering a plain extern "C" fn with no captured state.
+            AT_EXIT.call_once(|| unsafe {
+                libc::atexit(unlink_regions_at_exit);
+            });
             let id = NEXT.fetch_add(1, SeqCst);
             let key = local_key(&fab.getname()?);
             let mut reg = lock(&LOCAL_EPS);
