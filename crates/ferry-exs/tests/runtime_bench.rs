@@ -202,3 +202,51 @@ fn large_pulls_vs_fabric() {
         }
     }
 }
+
+/// GB/s of `count` normal messages of `size` bytes, `window` in flight, sender and receiver
+/// each on its own thread and queue (as two processes would be).
+fn two_sided(driver: &str, size: usize, count: usize, window: usize) -> f64 {
+    let cfg = Config::default();
+    let p = pair_on(driver, cfg.clone(), cfg, false);
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut free: Vec<_> = (0..window).map(|_| p.a.alloc(size).unwrap()).collect();
+            let (mut sent, mut done) = (0, 0);
+            while done < count {
+                while sent < count && !free.is_empty() {
+                    p.a.send(free.pop().unwrap(), Flags::NONE, sent as u64);
+                    sent += 1;
+                }
+                let ev = p.qa.dequeue(Duration::from_secs(10)).unwrap();
+                assert_eq!(ev.result, Ok(()));
+                free.push(ev.buf.unwrap());
+                done += 1;
+            }
+        });
+        let mut bufs: Vec<_> = (0..window).map(|_| p.b.alloc(size).unwrap()).collect();
+        let (mut posted, mut done) = (0, 0);
+        while done < count {
+            while posted < count && !bufs.is_empty() {
+                p.b.recv(bufs.pop().unwrap(), Flags::NONE, posted as u64);
+                posted += 1;
+            }
+            let ev = p.qb.dequeue(Duration::from_secs(10)).unwrap();
+            assert_eq!(ev.result, Ok(()));
+            bufs.push(ev.buf.unwrap());
+            done += 1;
+        }
+    });
+    (size * count) as f64 / start.elapsed().as_secs_f64() / 1e9
+}
+
+#[test]
+#[ignore]
+fn large_two_sided_vs_fabric() {
+    let driver = std::env::var("FERRY_BENCH_DRIVER").unwrap_or_else(|_| "ofi+shm".into());
+    for _ in 0..3 {
+        let f = fabric_reads(&driver, 16 << 20, 120, 4);
+        let e = two_sided(&driver, 16 << 20, 120, 4);
+        eprintln!("{driver:8} 16 MiB x4: fabric {f:6.2} GB/s, EXS normal two threads {e:6.2} GB/s");
+    }
+}

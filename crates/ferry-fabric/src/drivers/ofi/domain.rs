@@ -150,6 +150,13 @@ impl Shared {
 
     /// True if user operations (beyond the standing control receives) are in flight, or
     /// checked RMAs wait for their grant.
+    /// True if sends or RMAs are in flight (they finish only as this side progresses), or
+    /// checked RMAs wait for their grant; unlike [`Self::user_ops_in_flight`], posted
+    /// receives do not count.
+    pub fn active_ops(&self) -> bool {
+        self.fab.active() > 0 || self.rma.as_ref().is_some_and(Checked::waiting)
+    }
+
     pub fn user_ops_in_flight(&self) -> bool {
         self.fab.in_flight() > CONTROL_SLOTS || self.rma.as_ref().is_some_and(Checked::waiting)
     }

@@ -1046,6 +1046,14 @@ impl Fabric {
         self.lock_ops().len()
     }
 
+    /// Operations in flight other than receives (sends and RMA).
+    pub fn active(&self) -> usize {
+        self.lock_ops()
+            .values()
+            .filter(|m| m.recv_seq.is_none())
+            .count()
+    }
+
     /// Posting order numbers of the receives in flight on `conn`.
     pub fn pending_recvs(&self, conn: u64) -> Vec<u64> {
         let mut v: Vec<u64> = self

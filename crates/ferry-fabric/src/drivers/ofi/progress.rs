@@ -7,7 +7,8 @@
 //! post waits out -FI_EAGAIN.
 //!
 //! Idle strategy, for 2-core hosts: after the last completion, poll between `yield`s for
-//! [`SPIN`], and on up to [`YIELD`] while user operations are in flight; then nap, doubling from
+//! [`SPIN`], on up to [`YIELD`] while sends or RMAs are in flight and up to [`RECV_YIELD`]
+//! while only receives are posted; then nap, doubling from
 //! [`MIN_NAP`] to [`MAX_NAP`]. A post wakes a napping thread at once (`unpark`), so only
 //! traffic nobody on this side initiated (an incoming message for a receive posted long ago,
 //! the target side of RMA) can wait up to one nap.
@@ -31,8 +32,13 @@ use crate::mem::LocalSlice;
 
 /// Polling after the last completion, in any case.
 const SPIN: Duration = Duration::from_micros(50);
-/// Polling with `yield` while user operations are in flight.
+/// Polling with `yield` while sends or RMAs are in flight.
 const YIELD: Duration = Duration::from_millis(2);
+/// Polling with `yield` while only receives are posted. Upper layers keep receives posted
+/// all the time (EXS: one per credit), so polling for them as long as for RMAs kept a
+/// thread spinning on every EXS connection, taking CPU from the copies on 2 cores; this
+/// window still covers a reply in a ping-pong (EXS round trips are well under 250 µs).
+const RECV_YIELD: Duration = Duration::from_micros(250);
 /// Shortest and longest nap.
 const MIN_NAP: Duration = Duration::from_micros(50);
 const MAX_NAP: Duration = Duration::from_millis(1);
@@ -230,7 +236,10 @@ pub(super) fn run(shared: Arc<Shared>) {
             continue;
         }
         let idle = last.elapsed();
-        if idle < SPIN || (idle < YIELD && shared.user_ops_in_flight()) {
+        let poll = idle < SPIN
+            || (idle < YIELD && shared.active_ops())
+            || (idle < RECV_YIELD && shared.user_ops_in_flight());
+        if poll {
             std::thread::yield_now();
             continue;
         }
