@@ -37,6 +37,11 @@ pub struct Capabilities {
     pub inline_size: usize,
     /// Largest single message or RMA transfer.
     pub max_msg_size: u64,
+    /// The RMA size to split large transfers into (measured per driver, a hint): pieces of
+    /// this size, several in flight, move a large transfer faster than one operation where
+    /// the driver streams pieces better than it streams one giant operation. `u64::MAX` when
+    /// splitting does not help.
+    pub rma_piece: u64,
     /// Ordering guarantees.
     pub ordering: Ordering,
     /// Progress model.

@@ -62,7 +62,8 @@ pub(crate) struct Engine {
     gather: bool,
     /// What the runtime had to do in software, for diagnostics.
     pub(crate) stats: super::RuntimeStats,
-    /// Largest RMA piece (the driver's limit unless set lower).
+    /// Largest RMA piece: the driver's measured `rma_piece` unless set otherwise (and never
+    /// above its `max_msg_size`).
     pub(crate) rma_chunk: u64,
     /// RMAs split into driver-sized pieces: pieces still out, and the first failure.
     rma_parts: HashMap<OpId, (usize, Result<(), ExsError>)>,
@@ -82,6 +83,7 @@ impl Engine {
         let ctrl = ep
             .domain()
             .register(&Buffer::new(ctrl_size * n), Access::LOCAL)?;
+        let caps_piece = ep.capabilities().rma_piece.max(1);
         let gather = ep.capabilities().max_gather >= 2;
         let mut e = Engine {
             conn,
@@ -101,7 +103,7 @@ impl Engine {
             send_size: ctrl_size,
             gather,
             rma_parts: HashMap::new(),
-            rma_chunk: u64::MAX,
+            rma_chunk: caps_piece,
             stats: super::RuntimeStats::default(),
         };
         for i in 0..n {

@@ -50,7 +50,8 @@ pub struct RuntimeStats {
     pub payload_copies: u64,
     /// RMA operations posted to the fabric (pieces included).
     pub rma_pieces: u64,
-    /// Transfers split into several pieces (driver `max_msg_size` or [`ExsSocket::set_rma_chunk`]).
+    /// Transfers split into several pieces (driver `rma_piece` or `max_msg_size`, or
+    /// [`ExsSocket::set_rma_chunk`]).
     pub rma_split: u64,
     /// Frame send buffers registered (the pool grows to the most frames ever in flight).
     pub send_buffers: u64,

@@ -376,8 +376,9 @@ impl ExsSocket {
         })
     }
 
-    /// Splits this side's RMA transfers into pieces of at most `bytes` (they are always split
-    /// at the driver's `max_msg_size`): bounds how long one transfer occupies the link.
+    /// Splits this side's RMA transfers into pieces of at most `bytes` (default: the
+    /// driver's measured `Capabilities::rma_piece`; `u64::MAX` turns splitting off). They are
+    /// always split at the driver's `max_msg_size`.
     pub fn set_rma_chunk(&self, bytes: u64) {
         self.inner.lock().rma_chunk = bytes.max(1);
     }

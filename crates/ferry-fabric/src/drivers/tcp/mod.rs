@@ -51,6 +51,9 @@ fn capabilities() -> Capabilities {
         max_gather: MAX_GATHER,
         inline_size: INLINE_SIZE,
         max_msg_size: frame::MAX_LEN,
+        // `ferry bench exs`, 16 MiB messages, 4 in flight: 1 MiB pieces 3.63 GB/s against
+        // 3.07 unsplit (the reader and writer overlap pieces instead of one 16 MiB readv).
+        rma_piece: 1 << 20,
         // One TCP stream, one reader applying frames in order, answers in request order.
         ordering: Ordering {
             send_after_send: true,
