@@ -7,6 +7,7 @@ mod runtime_util;
 use std::time::{Duration, Instant};
 
 use ferry_exs::proto::{Config, EventKind, Flags};
+use ferry_exs::runtime::{EventQueue, ExsBuf, ExsSocket};
 use runtime_util::*;
 
 /// MB/s for `count` messages of `size` bytes, `window` in flight.
@@ -168,25 +169,37 @@ fn fabric_reads(driver: &str, size: usize, count: usize, window: usize) -> f64 {
     (size * count) as f64 / start.elapsed().as_secs_f64() / 1e9
 }
 
+/// Keeps `window` operations of `size`-byte buffers of `sock` posted with `post` until
+/// `count` have completed (successfully) on `q`.
+fn keep_posted(
+    sock: &ExsSocket,
+    q: &EventQueue,
+    (size, count, window): (usize, usize, usize),
+    post: impl Fn(ExsBuf, u64),
+) {
+    let mut free: Vec<_> = (0..window).map(|_| sock.alloc(size).unwrap()).collect();
+    let (mut posted, mut done) = (0, 0);
+    while done < count {
+        while posted < count && !free.is_empty() {
+            post(free.pop().unwrap(), posted as u64);
+            posted += 1;
+        }
+        let ev = q.dequeue(Duration::from_secs(10)).unwrap();
+        assert_eq!(ev.result, Ok(()));
+        free.push(ev.buf.unwrap());
+        done += 1;
+    }
+}
+
 /// GB/s of EXS recvs of `size` bytes pulled from the peer's persistent block.
 fn exs_persistent(driver: &str, size: usize, count: usize, window: usize) -> f64 {
     let cfg = Config::default();
     let p = pair_on(driver, cfg.clone(), cfg, false);
-    let block = p.a.alloc(size).unwrap();
-    p.a.send(block, Flags::PERSISTENT, 0);
-    let mut bufs: Vec<_> = (0..window).map(|_| p.b.alloc(size).unwrap()).collect();
+    p.a.send(p.a.alloc(size).unwrap(), Flags::PERSISTENT, 0);
     let start = Instant::now();
-    let (mut posted, mut done) = (0, 0);
-    while done < count {
-        while posted < count && !bufs.is_empty() {
-            p.b.recv(bufs.pop().unwrap(), Flags::NONE, posted as u64);
-            posted += 1;
-        }
-        let ev = p.qb.dequeue(Duration::from_secs(10)).unwrap();
-        assert_eq!(ev.result, Ok(()));
-        bufs.push(ev.buf.unwrap());
-        done += 1;
-    }
+    keep_posted(&p.b, &p.qb, (size, count, window), |b, i| {
+        p.b.recv(b, Flags::NONE, i)
+    });
     (size * count) as f64 / start.elapsed().as_secs_f64() / 1e9
 }
 
@@ -209,33 +222,10 @@ fn two_sided(driver: &str, size: usize, count: usize, window: usize) -> f64 {
     let cfg = Config::default();
     let p = pair_on(driver, cfg.clone(), cfg, false);
     let start = Instant::now();
+    let shape = (size, count, window);
     std::thread::scope(|s| {
-        s.spawn(|| {
-            let mut free: Vec<_> = (0..window).map(|_| p.a.alloc(size).unwrap()).collect();
-            let (mut sent, mut done) = (0, 0);
-            while done < count {
-                while sent < count && !free.is_empty() {
-                    p.a.send(free.pop().unwrap(), Flags::NONE, sent as u64);
-                    sent += 1;
-                }
-                let ev = p.qa.dequeue(Duration::from_secs(10)).unwrap();
-                assert_eq!(ev.result, Ok(()));
-                free.push(ev.buf.unwrap());
-                done += 1;
-            }
-        });
-        let mut bufs: Vec<_> = (0..window).map(|_| p.b.alloc(size).unwrap()).collect();
-        let (mut posted, mut done) = (0, 0);
-        while done < count {
-            while posted < count && !bufs.is_empty() {
-                p.b.recv(bufs.pop().unwrap(), Flags::NONE, posted as u64);
-                posted += 1;
-            }
-            let ev = p.qb.dequeue(Duration::from_secs(10)).unwrap();
-            assert_eq!(ev.result, Ok(()));
-            bufs.push(ev.buf.unwrap());
-            done += 1;
-        }
+        s.spawn(|| keep_posted(&p.a, &p.qa, shape, |b, i| p.a.send(b, Flags::NONE, i)));
+        keep_posted(&p.b, &p.qb, shape, |b, i| p.b.recv(b, Flags::NONE, i));
     });
     (size * count) as f64 / start.elapsed().as_secs_f64() / 1e9
 }

@@ -68,24 +68,11 @@ impl Link {
             .parse()
             .map_err(|e| XferError::new(crate::Kind::Usage, format!("bad address {addr}: {e}")))?;
         let q = EventQueue::new().map_err(|e| XferError::io("create event queue", &e))?;
-        // A refused or failed connect is retried twice after a short pause: libfabric's shm
-        // provider occasionally fails fi_enable with EBUSY on a loaded host.
-        let mut attempt = 0;
-        let sock = loop {
-            match ExsSocket::connect(addr, default_config(&fabric), &q, timeout) {
-                Ok(s) => break s,
-                Err(ferry_exs::runtime::Error::Fabric(e)) if attempt < 2 => {
-                    attempt += 1;
-                    tracing::debug!("connect to {addr} failed ({e}); retrying");
-                    std::thread::sleep(Duration::from_millis(100 * attempt));
-                }
-                Err(e) => {
-                    return Err(XferError::conn(format!(
-                        "cannot connect to {addr}: {e} (is `ferry serve` running there, and is the driver right?)"
-                    )))
-                }
-            }
-        };
+        let sock = ExsSocket::connect(addr, default_config(&fabric), &q, timeout).map_err(|e| {
+            XferError::conn(format!(
+                "cannot connect to {addr}: {e} (is `ferry serve` running there, and is the driver right?)"
+            ))
+        })?;
         Ok(Self::new(sock, q))
     }
 

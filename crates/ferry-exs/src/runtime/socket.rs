@@ -13,7 +13,7 @@ use super::engine::{Engine, Phase};
 use super::queue::{Drive, EventQueue, SocketId};
 use super::Error;
 use crate::error::ExsError;
-use crate::proto::{Config, CreditState, Flags, Stats};
+use crate::proto::{Config, Connection, CreditState, Flags, Stats};
 
 /// How long the progress thread sleeps in the completion queue before checking for shutdown.
 const TICK: Duration = Duration::from_millis(20);
@@ -267,9 +267,8 @@ impl ExsSocket {
         flags: Flags,
         ctx: u64,
     ) {
-        self.inner.with(|e| {
-            let token = e.route(ctx, queue);
-            e.conn.send(token, Held::new(buf), flags, offset)
+        self.post(queue, ctx, |conn, token| {
+            conn.send(token, Held::new(buf), flags, offset)
         });
     }
 
@@ -292,9 +291,21 @@ impl ExsSocket {
         flags: Flags,
         ctx: u64,
     ) {
+        self.post(queue, ctx, |conn, token| {
+            conn.recv(token, Held::new(buf), flags, offset)
+        });
+    }
+
+    /// Runs one user operation on the core, under the token that routes its completion.
+    fn post(
+        &self,
+        queue: Option<&EventQueue>,
+        ctx: u64,
+        op: impl FnOnce(&mut Connection<Held>, u64),
+    ) {
         self.inner.with(|e| {
             let token = e.route(ctx, queue);
-            e.conn.recv(token, Held::new(buf), flags, offset)
+            op(&mut e.conn, token)
         });
     }
 
