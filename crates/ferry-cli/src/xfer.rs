@@ -39,6 +39,9 @@ pub struct ServeArgs {
     /// Accept this token (repeatable; adds to the config's [auth] tokens).
     #[arg(long = "token", value_name = "TOKEN")]
     tokens: Vec<String>,
+    /// Let clients have this server send third-party copies to ADDR (a fabric address such as tcp://HOST:7370, or * for any; repeatable).
+    #[arg(long = "allow-third-party", value_name = "ADDR")]
+    third_party: Vec<String>,
 }
 
 #[derive(Args)]
@@ -75,12 +78,15 @@ pub struct CpArgs {
     /// Print one JSON summary line on stdout (and nothing else there).
     #[arg(long)]
     json: bool,
+    /// Token for the destination server of a server-to-server copy [default: $FERRY_DEST_TOKEN, else the same token].
+    #[arg(long, value_name = "TOKEN")]
+    dest_token: Option<String>,
     /// Staging block size in bytes (the server may lower it).
     #[arg(long, value_name = "BYTES", default_value_t = ferry_xfer::DEFAULT_BLOCK)]
     block_size: u32,
     #[command(flatten)]
     remote: Remote,
-    /// Source: a local path, HOST:ROOT/PATH, or ferry://HOST[:PORT]/ROOT/PATH (also tcp://, ofi+tcp://, ofi+shm://NAME/...).
+    /// Source: a local path, HOST:ROOT/PATH, or ferry://HOST[:PORT]/ROOT/PATH (also tcp://, ofi+tcp://, ofi+shm://NAME/...). With both SRC and DST remote, the source server sends straight to the destination (third-party copy).
     src: String,
     /// Destination, in the same forms.
     dst: String,
@@ -134,6 +140,7 @@ pub fn serve(a: ServeArgs) -> Result<(), XferError> {
     }
     cfg.auth.anonymous |= a.anonymous;
     cfg.auth.tokens.extend(a.tokens);
+    cfg.third_party.extend(a.third_party);
     let server = ferry_xfer::server::Server::new(cfg)?;
     let listener = server.bind()?;
     println!("listening on {}", listener.local_addr());
@@ -161,6 +168,9 @@ pub fn cp(a: CpArgs) -> Result<(), XferError> {
     let dst = url::parse(&a.dst, &a.remote.driver)?;
     let opts = Options {
         block_size: a.block_size,
+        dest_token: a
+            .dest_token
+            .or_else(|| std::env::var("FERRY_DEST_TOKEN").ok()),
         ..a.remote.options()
     };
     let bar = (!a.quiet && !a.json && std::io::stderr().is_terminal()).then(|| {

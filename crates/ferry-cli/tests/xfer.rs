@@ -55,11 +55,17 @@ fn listen_url(driver: &str) -> String {
 }
 
 fn serve(driver: &str, env: &[(&str, &str)]) -> Server {
+    serve_with(driver, env, &[])
+}
+
+/// A server with more command-line arguments.
+fn serve_with(driver: &str, env: &[(&str, &str)], args: &[&str]) -> Server {
     let root = scratch("root");
     let mut cmd = ferry();
     cmd.args(["serve", "--root"])
         .arg(format!("d={}", root.display()))
         .args(["--listen", &listen_url(driver), "--token", TOKEN])
+        .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
     for (k, v) in env {
@@ -425,7 +431,47 @@ macro_rules! on_all_drivers {
     };
 }
 
-on_all_drivers!(sizes, tree, corruption, auth, sandbox);
+on_all_drivers!(sizes, tree, corruption, auth, sandbox, third_party);
+
+/// Server-to-server copies: a file and a tree go from A straight to B; A copies only to
+/// the destinations its operator allowed, and B's own token check still applies.
+fn third_party(driver: &str) {
+    let b = serve(driver, &[]);
+    let a = serve_with(driver, &[], &["--allow-third-party", &b.addr]);
+    std::fs::write(a.root.join("big"), pattern(BLOCK * 2 + 5, 9)).unwrap();
+    make_tree(&a.root.join("tree"), 30);
+
+    let v = ok(&cp(&[&a.url("big"), &b.url("")], &[]));
+    assert_eq!(
+        (v["files"].as_u64(), v["bytes"].as_u64()),
+        (Some(1), Some(BLOCK as u64 * 2 + 5))
+    );
+    same_file(&a.root.join("big"), &b.root.join("big"));
+    let v = ok(&cp(&["-r", &a.url("tree"), &b.url("copy")], &[]));
+    assert_eq!(v["files"].as_u64(), Some(30));
+    same_tree(&a.root.join("tree"), &b.root.join("copy"));
+    no_part_files(&b.root);
+
+    fails(&cp(&[&a.url("tree"), &b.url("t2")], &[]), 1, "use -r");
+    fails(
+        &cp(&["--dest-token", "wrong", &a.url("big"), &b.url("x")], &[]),
+        2,
+        "destination",
+    );
+    // A destination A was not told about, and a server allowed none.
+    let c = serve(driver, &[]);
+    fails(
+        &cp(&[&a.url("big"), &c.url("x")], &[]),
+        7,
+        "may not copy to",
+    );
+    fails(
+        &cp(&[&b.url("big"), &a.url("back")], &[]),
+        7,
+        "makes no third-party copies",
+    );
+    assert!(!c.root.join("x").exists() && !a.root.join("back").exists());
+}
 
 fn big_tree(files: usize) {
     let s = serve("tcp", &[]);

@@ -20,7 +20,33 @@ use crate::server::part_name;
 use crate::url::{Location, Remote};
 
 /// A tree: its directories (relative, parents first) and its files with their sizes.
-type Tree = (Vec<String>, Vec<(String, u64)>);
+pub(crate) type Tree = (Vec<String>, Vec<(String, u64)>);
+
+/// Walks the tree under `path` with `list` (which lists one directory). Symlinks and
+/// special files are skipped with a warning.
+pub(crate) fn walk_entries<E>(
+    path: &str,
+    mut list: impl FnMut(&str) -> std::result::Result<Vec<Entry>, E>,
+) -> std::result::Result<Tree, E> {
+    let mut dirs = Vec::new();
+    let mut files = Vec::new();
+    let mut todo = vec![String::new()];
+    while let Some(rel) = todo.pop() {
+        for e in list(&join(path, &rel))? {
+            let r = join(&rel, &e.name);
+            match e.kind {
+                EntryKind::Dir => {
+                    dirs.push(r.clone());
+                    todo.push(r);
+                }
+                EntryKind::File => files.push((r, e.size)),
+                _ => tracing::warn!("{}: skipping (not a file or directory)", join(path, &r)),
+            }
+        }
+    }
+    dirs.sort();
+    Ok((dirs, files))
+}
 
 /// GETs a download keeps outstanding.
 pub const GET_WINDOW: usize = 16;
@@ -36,6 +62,8 @@ pub struct Options {
     pub ring: usize,
     /// Connect timeout.
     pub timeout: Duration,
+    /// Token for the destination server of a third-party copy (`None`: the same token).
+    pub dest_token: Option<String>,
 }
 
 impl Default for Options {
@@ -45,6 +73,7 @@ impl Default for Options {
             block_size: crate::DEFAULT_BLOCK,
             ring: crate::DEFAULT_RING,
             timeout: Duration::from_secs(10),
+            dest_token: None,
         }
     }
 }
@@ -79,6 +108,8 @@ pub struct Client {
     next_id: u32,
     /// Counters so far.
     pub stats: Stats,
+    /// The server's protocol minor version (what it can do).
+    server_minor: u16,
 }
 
 fn remote_err(code: proto::ErrorCode, message: &str) -> XferError {
@@ -167,8 +198,10 @@ impl Client {
             stream: 0,
             token: opts.token.clone(),
         })?;
-        let block = match link.recv_msg() {
-            Ok(Msg::Welcome { block_size, .. }) => block_size,
+        let (block, server_minor) = match link.recv_msg() {
+            Ok(Msg::Welcome {
+                block_size, minor, ..
+            }) => (block_size, minor),
             Ok(Msg::Error { code, message, .. }) => return Err(remote_err(code, &message)),
             Ok(m) => return Err(unexpected(&m)),
             Err(e) => return Err(e),
@@ -187,6 +220,7 @@ impl Client {
             ring: opts.ring.max(1),
             next_id: 1,
             stats: Stats::default(),
+            server_minor,
         })
     }
 
@@ -439,12 +473,30 @@ impl Client {
                 ),
             ));
         }
-        let size = md.len();
+        self.upload_open(
+            &file,
+            md.len(),
+            md.permissions().mode() & 0o7777,
+            path,
+            progress,
+        )
+    }
+
+    /// Uploads an open regular file of `size` bytes to a remote path, creating it with
+    /// permission bits `mode`.
+    pub fn upload_open(
+        &mut self,
+        file: &File,
+        size: u64,
+        mode: u32,
+        path: &str,
+        progress: &dyn Progress,
+    ) -> Result<()> {
         let file_id = self.id();
         self.link.send(&Msg::Put {
             file_id,
             flags: 0,
-            mode: md.permissions().mode() & 0o7777,
+            mode,
             size,
             path: path.into(),
         })?;
@@ -459,7 +511,7 @@ impl Client {
             let add = |n| progress.add(n);
             let sent = tx.send_range(
                 &self.link,
-                &file,
+                file,
                 Span {
                     file_id,
                     offset: 0,
@@ -499,7 +551,7 @@ impl Client {
                         }
                         tx.send_range(
                             &self.link,
-                            &file,
+                            file,
                             Span {
                                 file_id,
                                 offset: off,
@@ -519,27 +571,20 @@ impl Client {
         Ok(())
     }
 
+    /// Where a copy of a source named `name` lands when its destination is `path`: inside
+    /// `path` if that is an existing directory (as `scp` does), else at `path` itself.
+    pub fn target(&mut self, path: &str, name: &str) -> Result<String> {
+        Ok(match self.stat(path) {
+            Ok(e) if e.kind == EntryKind::Dir && !name.is_empty() => join(path, name),
+            Ok(_) => path.to_string(),
+            Err(e) if e.kind == Kind::NotFound => path.to_string(),
+            Err(e) => return Err(e),
+        })
+    }
+
     /// Lists a remote tree: its directories (relative, parents first) and files.
     fn walk_remote(&mut self, path: &str) -> Result<Tree> {
-        let mut dirs = Vec::new();
-        let mut files = Vec::new();
-        let mut todo = vec![String::new()];
-        while let Some(rel) = todo.pop() {
-            let full = join(path, &rel);
-            for e in self.list(&full)? {
-                let r = join(&rel, &e.name);
-                match e.kind {
-                    EntryKind::Dir => {
-                        dirs.push(r.clone());
-                        todo.push(r);
-                    }
-                    EntryKind::File => files.push((r, e.size)),
-                    _ => tracing::warn!("{}: skipping (not a file or directory)", join(path, &r)),
-                }
-            }
-        }
-        dirs.sort();
-        Ok((dirs, files))
+        walk_entries(path, |p| self.list(p))
     }
 
     /// Ends the session politely.
@@ -549,7 +594,7 @@ impl Client {
     }
 }
 
-fn join(a: &str, b: &str) -> String {
+pub(crate) fn join(a: &str, b: &str) -> String {
     match (a.is_empty(), b.is_empty()) {
         (true, _) => b.to_string(),
         (_, true) => a.to_string(),
@@ -557,7 +602,7 @@ fn join(a: &str, b: &str) -> String {
     }
 }
 
-fn basename(path: &str) -> &str {
+pub(crate) fn basename(path: &str) -> &str {
     path.trim_end_matches('/')
         .rsplit('/')
         .next()
@@ -576,10 +621,7 @@ pub fn copy(
     match (src, dst) {
         (Location::Remote(r), Location::Local(l)) => download(r, l, recursive, opts, progress),
         (Location::Local(l), Location::Remote(r)) => upload(l, r, recursive, opts, progress),
-        (Location::Remote(_), Location::Remote(_)) => Err(XferError::new(
-            Kind::Usage,
-            "server-to-server (third-party) copies are not supported yet: copy through this host in two steps",
-        )),
+        (Location::Remote(s), Location::Remote(d)) => third_party(s, d, recursive, opts, progress),
         (Location::Local(_), Location::Local(_)) => Err(XferError::new(
             Kind::Usage,
             "both paths are local: one of SRC and DST must be remote (host:root/path or ferry://host/root/path); use cp for local copies",
@@ -659,12 +701,7 @@ fn upload(
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let target = match c.stat(&r.path) {
-        Ok(e) if e.kind == EntryKind::Dir && !name.is_empty() => join(&r.path, &name),
-        Ok(_) => r.path.clone(),
-        Err(e) if e.kind == Kind::NotFound => r.path.clone(),
-        Err(e) => return Err(e),
-    };
+    let target = c.target(&r.path, &name)?;
     if md.is_file() {
         progress.total(md.len());
         c.upload_file(local, &target, progress)?;
@@ -682,6 +719,67 @@ fn upload(
     let stats = c.stats;
     c.bye();
     Ok(stats)
+}
+
+/// A third-party copy: the source server sends straight to the destination server, and
+/// this client only watches.
+fn third_party(
+    src: &Remote,
+    dst: &Remote,
+    recursive: bool,
+    opts: &Options,
+    progress: &dyn Progress,
+) -> Result<Stats> {
+    let mut c = Client::connect(&src.addr, opts)?;
+    if c.server_minor < 1 {
+        return Err(XferError::new(
+            Kind::Usage,
+            format!(
+                "{} speaks transfer protocol 1.{} and cannot make third-party copies: upgrade it, or copy through this host in two steps",
+                src.addr, c.server_minor
+            ),
+        ));
+    }
+    let file_id = c.id();
+    c.link.send(&Msg::SendTo {
+        flags: if recursive { proto::SEND_RECURSIVE } else { 0 },
+        file_id,
+        path: src.path.clone(),
+        dest: dst.addr.clone(),
+        dest_path: dst.path.clone(),
+        token: opts
+            .dest_token
+            .clone()
+            .unwrap_or_else(|| opts.token.clone()),
+    })?;
+    let mut shown = 0;
+    loop {
+        match c.link.recv_msg()? {
+            Msg::Progress { done, total, .. } => {
+                if shown == 0 {
+                    progress.total(total);
+                }
+                progress.add(done.saturating_sub(shown));
+                shown = shown.max(done);
+            }
+            Msg::Copied {
+                files,
+                bytes,
+                blocks_resent,
+                ..
+            } => {
+                progress.add(bytes.saturating_sub(shown));
+                c.bye();
+                return Ok(Stats {
+                    files,
+                    bytes,
+                    blocks_resent,
+                });
+            }
+            Msg::Error { code, message, .. } => return Err(remote_err(code, &message)),
+            m => return Err(unexpected(&m)),
+        }
+    }
 }
 
 /// A local tree's directories (relative, parents first) and files; symlinks are skipped

@@ -4,6 +4,7 @@
 //! listen = "tcp://0.0.0.0:7370"      # default; ofi+tcp://host:port and ofi+shm://name work too
 //! block_size = 4194304               # staging block, bytes (default 4 MiB)
 //! ring = 8                           # staging blocks in flight per connection (default 8)
+//! third_party = ["tcp://dtn2:7370"]  # servers this one may send third-party copies to ("*": any)
 //!
 //! [auth]
 //! tokens = ["s3cret-token"]          # clients send one of these (ferry cp --token / FERRY_TOKEN)
@@ -61,6 +62,10 @@ pub struct ServerConfig {
     /// Exported roots.
     #[serde(default, rename = "root")]
     pub roots: Vec<RootConfig>,
+    /// Servers this one may send third-party copies to, as fabric addresses
+    /// (`tcp://host:7370`, `ofi+shm://name`), or `"*"` for any. Empty: none.
+    #[serde(default)]
+    pub third_party: Vec<String>,
 }
 
 fn default_listen() -> String {
@@ -81,6 +86,7 @@ impl Default for ServerConfig {
             ring: default_ring(),
             auth: AuthConfig::default(),
             roots: Vec::new(),
+            third_party: Vec::new(),
         }
     }
 }
@@ -124,6 +130,13 @@ impl ServerConfig {
         if self.ring == 0 || self.ring > 1024 {
             return usage(format!("ring {} outside 1..=1024", self.ring));
         }
+        for a in &self.third_party {
+            if a != "*" && a.parse::<ferry_fabric::Address>().is_err() {
+                return usage(format!(
+                    "third_party entry {a:?} is not a fabric address (tcp://HOST:PORT, ofi+tcp://HOST:PORT, ofi+shm://NAME) or \"*\""
+                ));
+            }
+        }
         if self.auth.tokens.is_empty() && !self.auth.anonymous {
             return usage(
                 "no way to authenticate: add [auth] tokens = [\"...\"] (or --token), or allow anonymous access with [auth] anonymous = true (or --anonymous)"
@@ -161,5 +174,18 @@ path = "/srv/data"
         assert_eq!(d.listen, "tcp://0.0.0.0:7370");
         assert!(d.validate().is_err(), "no auth configured must be refused");
         assert!(ServerConfig::from_toml("lisen = 'x'").is_err());
+    }
+
+    #[test]
+    fn third_party_destinations_must_be_addresses() {
+        let base = "[auth]\nanonymous = true\n[[root]]\nname='a'\npath='/x'\n";
+        for (list, ok) in [
+            ("['tcp://dtn2:7370', 'ofi+shm://n']", true),
+            ("['*']", true),
+            ("['dtn2:7370']", false),
+        ] {
+            let c = ServerConfig::from_toml(&format!("third_party = {list}\n{base}")).unwrap();
+            assert_eq!(c.validate().is_ok(), ok, "{list}");
+        }
     }
 }

@@ -100,7 +100,7 @@ impl XferError {
             Kind::NotFound => ErrorCode::NotFound,
             Kind::Integrity => ErrorCode::Integrity,
             Kind::Io => ErrorCode::Io,
-            Kind::Connection => ErrorCode::BadRequest,
+            Kind::Connection => ErrorCode::Unreachable,
             Kind::Permission => ErrorCode::PermissionDenied,
         }
     }

@@ -7,6 +7,8 @@
 //!   bounded depth and back-pressure.
 //! - [`server`]: exported roots behind an `openat2(RESOLVE_BENEATH)` sandbox, token auth,
 //!   a thread per connection.
+//! - `third_party`: server-to-server copies (SEND_TO): the source server uploads to the
+//!   destination as an ordinary client, to destinations its operator allowed.
 //! - [`client`]: download and upload of files and trees with per-block CRC-32C (bad blocks
 //!   are fetched again) and whole-file BLAKE3, landing by temp name + fsync + rename.
 //!
@@ -22,6 +24,7 @@ pub mod error;
 pub mod link;
 pub mod proto;
 pub mod server;
+mod third_party;
 pub mod url;
 
 pub use error::{Kind, Result, XferError};

@@ -1,4 +1,4 @@
-//! The file-transfer control protocol, version 1.0: pure encode/decode, no I/O.
+//! The file-transfer control protocol, version 1.1: pure encode/decode, no I/O.
 //!
 //! Every EXS message on a transfer connection is exactly one frame. A frame is an 8-byte
 //! header (`len u32` total length, `type u8`, `flags u8`, 2 reserved zero bytes) and a body;
@@ -12,7 +12,7 @@ use std::fmt;
 /// Protocol major version: a peer with another major is refused at HELLO.
 pub const VERSION_MAJOR: u16 = 1;
 /// Protocol minor version.
-pub const VERSION_MINOR: u16 = 0;
+pub const VERSION_MINOR: u16 = 1;
 /// Header length in bytes.
 pub const HEADER_LEN: usize = 8;
 /// The largest control frame (every frame but BLOCK).
@@ -58,6 +58,9 @@ pub enum ErrorCode {
     IsADirectory,
     /// Not supported by this build (e.g. resume, before the slice that adds it).
     Unsupported,
+    /// A server this one had to reach (the destination of a third-party copy) could not be
+    /// reached, or its connection broke (since 1.1).
+    Unreachable,
     /// A code this build does not know.
     Other(u16),
 }
@@ -77,6 +80,7 @@ impl ErrorCode {
             ErrorCode::NotADirectory => 9,
             ErrorCode::IsADirectory => 10,
             ErrorCode::Unsupported => 11,
+            ErrorCode::Unreachable => 12,
             ErrorCode::Other(n) => n,
         }
     }
@@ -95,6 +99,7 @@ impl ErrorCode {
             9 => ErrorCode::NotADirectory,
             10 => ErrorCode::IsADirectory,
             11 => ErrorCode::Unsupported,
+            12 => ErrorCode::Unreachable,
             n => ErrorCode::Other(n),
         }
     }
@@ -159,6 +164,10 @@ pub struct BlockHeader {
 pub const PUT_RESUME: u8 = 1;
 /// FILE_DONE flag: `blake3` holds the hash of the whole file.
 pub const DONE_HASH: u8 = 1;
+/// SEND_TO flag: the source is a directory; copy the tree.
+pub const SEND_RECURSIVE: u8 = 1;
+/// The longest fabric address in a frame (bytes).
+pub const MAX_ADDR: usize = 512;
 
 /// One frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -300,6 +309,43 @@ pub enum Msg {
     },
     /// Orderly end of the connection.
     Bye,
+    /// Third-party copy (since 1.1): the server copies `path` (a tree with
+    /// [`SEND_RECURSIVE`]) to `dest_path` on the `ferry serve` at `dest`, connecting to it
+    /// as a client with `token`. Reply: PROGRESS frames, then COPIED or ERROR.
+    SendTo {
+        /// [`SEND_RECURSIVE`] or 0.
+        flags: u8,
+        /// Client-chosen request id, echoed by PROGRESS, COPIED and ERROR.
+        file_id: u32,
+        /// Source path on this server.
+        path: String,
+        /// Fabric address of the destination server (`tcp://host:port`, `ofi+shm://name`…).
+        dest: String,
+        /// Path on the destination server (an existing directory keeps the source's name).
+        dest_path: String,
+        /// Token for the destination server.
+        token: String,
+    },
+    /// How far a third-party copy has got (at most a few per second).
+    Progress {
+        /// Request id.
+        file_id: u32,
+        /// Bytes copied so far.
+        done: u64,
+        /// Bytes to copy in all.
+        total: u64,
+    },
+    /// A third-party copy finished: what it moved.
+    Copied {
+        /// Request id.
+        file_id: u32,
+        /// Files copied.
+        files: u64,
+        /// File bytes copied.
+        bytes: u64,
+        /// Blocks the destination asked for again after a CRC mismatch.
+        blocks_resent: u64,
+    },
 }
 
 mod ty {
@@ -321,6 +367,9 @@ mod ty {
     pub const SUM: u8 = 16;
     pub const SUM_REPLY: u8 = 17;
     pub const BYE: u8 = 18;
+    pub const SEND_TO: u8 = 32;
+    pub const PROGRESS: u8 = 33;
+    pub const COPIED: u8 = 34;
 }
 
 /// Why bytes are not a valid frame.
@@ -466,6 +515,9 @@ pub fn encode(msg: &Msg, out: &mut Vec<u8>) -> Result<(), EncodeError> {
         Msg::Sum { .. } => (ty::SUM, 0),
         Msg::SumReply { .. } => (ty::SUM_REPLY, 0),
         Msg::Bye => (ty::BYE, 0),
+        Msg::SendTo { flags, .. } => (ty::SEND_TO, *flags),
+        Msg::Progress { .. } => (ty::PROGRESS, 0),
+        Msg::Copied { .. } => (ty::COPIED, 0),
     };
     let mut w = W { out };
     w.u32(0);
@@ -591,6 +643,40 @@ pub fn encode(msg: &Msg, out: &mut Vec<u8>) -> Result<(), EncodeError> {
                 w.out.extend_from_slice(blake3);
             }
             Msg::Bye => {}
+            Msg::SendTo {
+                file_id,
+                path,
+                dest,
+                dest_path,
+                token,
+                ..
+            } => {
+                w.u32(*file_id);
+                w.str(path, MAX_PATH, "path")?;
+                w.str(dest, MAX_ADDR, "destination address")?;
+                w.str(dest_path, MAX_PATH, "destination path")?;
+                w.str(token, MAX_TOKEN, "token")?;
+            }
+            Msg::Progress {
+                file_id,
+                done,
+                total,
+            } => {
+                w.u32(*file_id);
+                w.u64(*done);
+                w.u64(*total);
+            }
+            Msg::Copied {
+                file_id,
+                files,
+                bytes,
+                blocks_resent,
+            } => {
+                w.u32(*file_id);
+                w.u64(*files);
+                w.u64(*bytes);
+                w.u64(*blocks_resent);
+            }
         }
         Ok(())
     })();
@@ -656,6 +742,7 @@ pub fn decode(b: &[u8]) -> Result<(Msg, &[u8]), DecodeError> {
         ty::ENTRIES => 1,
         ty::PUT => PUT_RESUME,
         ty::FILE_DONE => DONE_HASH,
+        ty::SEND_TO => SEND_RECURSIVE,
         _ => 0,
     };
     if flags & !allowed != 0 {
@@ -781,6 +868,25 @@ pub fn decode(b: &[u8]) -> Result<(Msg, &[u8]), DecodeError> {
             blake3: r.arr()?,
         },
         ty::BYE => Msg::Bye,
+        ty::SEND_TO => Msg::SendTo {
+            flags,
+            file_id: r.u32()?,
+            path: r.str(MAX_PATH)?,
+            dest: r.str(MAX_ADDR)?,
+            dest_path: r.str(MAX_PATH)?,
+            token: r.str(MAX_TOKEN)?,
+        },
+        ty::PROGRESS => Msg::Progress {
+            file_id: r.u32()?,
+            done: r.u64()?,
+            total: r.u64()?,
+        },
+        ty::COPIED => Msg::Copied {
+            file_id: r.u32()?,
+            files: r.u64()?,
+            bytes: r.u64()?,
+            blocks_resent: r.u64()?,
+        },
         t => return Err(DecodeError::UnknownType(t)),
     };
     if !r.b.is_empty() {
@@ -803,6 +909,7 @@ impl fmt::Display for ErrorCode {
             ErrorCode::NotADirectory => "not a directory",
             ErrorCode::IsADirectory => "is a directory",
             ErrorCode::Unsupported => "unsupported",
+            ErrorCode::Unreachable => "destination unreachable",
             ErrorCode::Other(n) => return write!(f, "error code {n}"),
         };
         f.write_str(s)

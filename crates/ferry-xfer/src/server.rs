@@ -40,7 +40,7 @@ pub struct Refusal {
 
 type PResult<T> = std::result::Result<T, Refusal>;
 
-fn refuse(code: ErrorCode, message: impl Into<String>) -> Refusal {
+pub(crate) fn refuse(code: ErrorCode, message: impl Into<String>) -> Refusal {
     Refusal {
         code,
         message: message.into(),
@@ -611,6 +611,26 @@ impl Server {
                     }
                     self.put(link, file_id, mode, size, &path)?
                 }
+                Msg::SendTo {
+                    flags,
+                    file_id,
+                    path,
+                    dest,
+                    dest_path,
+                    token,
+                } => crate::third_party::serve(
+                    &self.cfg,
+                    &self.roots,
+                    link,
+                    crate::third_party::SendTo {
+                        file_id,
+                        recursive: flags & proto::SEND_RECURSIVE != 0,
+                        path: &path,
+                        dest: &dest,
+                        dest_path: &dest_path,
+                        token: &token,
+                    },
+                )?,
                 m => return Err(XferError::conn(format!("unexpected request {m:?}"))),
             }
         }

@@ -36,6 +36,7 @@ fn start(driver: &str, anonymous: bool) -> (String, std::path::PathBuf) {
             name: "d".into(),
             path: dir.clone(),
         }],
+        ..ServerConfig::default()
     };
     let server = Server::new(cfg).unwrap();
     let listener = server.bind().unwrap();

@@ -1,0 +1,176 @@
+//! Third-party (server-to-server) copies, the server's half.
+//!
+//! A client connected to the source server sends SEND_TO; the source server connects to the
+//! destination server as an ordinary client and uploads, so the data goes straight from one
+//! server to the other and the destination needs nothing new: it sees a PUT like any other,
+//! with its own sandbox, token check, CRCs and BLAKE3. The client watches PROGRESS frames
+//! and gets COPIED or ERROR at the end.
+//!
+//! A server makes outgoing connections only to the destinations its operator listed
+//! (`third_party` in the config, `--allow-third-party`), so an authenticated client cannot
+//! turn it into a probe of other hosts.
+
+use std::cell::Cell;
+use std::time::{Duration, Instant};
+
+use crate::client::{basename, join, walk_entries, Client, Options, Progress, Stats};
+use crate::config::ServerConfig;
+use crate::error::XferError;
+use crate::link::Link;
+use crate::proto::{EntryKind, ErrorCode, Msg};
+use crate::server::{refuse, Refusal, Roots};
+
+/// How often PROGRESS frames go to the watching client.
+const PROGRESS_EVERY: Duration = Duration::from_millis(250);
+
+/// A SEND_TO request.
+pub(crate) struct SendTo<'a> {
+    /// Request id.
+    pub file_id: u32,
+    /// Copy a tree.
+    pub recursive: bool,
+    /// Source path on this server.
+    pub path: &'a str,
+    /// Destination server address.
+    pub dest: &'a str,
+    /// Destination path there.
+    pub dest_path: &'a str,
+    /// Token for the destination.
+    pub token: &'a str,
+}
+
+/// Whether `cfg` lets this server connect to `dest` for a third-party copy.
+fn allowed(cfg: &ServerConfig, dest: &str) -> bool {
+    cfg.third_party.iter().any(|a| a == "*" || a == dest)
+}
+
+/// Runs a SEND_TO and answers it with COPIED or ERROR. Only a failure to answer the client
+/// is an error of this connection.
+pub(crate) fn serve(
+    cfg: &ServerConfig,
+    roots: &Roots,
+    link: &Link,
+    req: SendTo,
+) -> crate::Result<()> {
+    match copy(cfg, roots, link, &req) {
+        Ok(s) => link.send(&Msg::Copied {
+            file_id: req.file_id,
+            files: s.files,
+            bytes: s.bytes,
+            blocks_resent: s.blocks_resent,
+        }),
+        Err(r) => {
+            tracing::info!(
+                "third-party copy {} -> {}: {}",
+                req.path,
+                req.dest,
+                r.message
+            );
+            link.send(&Msg::Error {
+                code: r.code,
+                file_id: req.file_id,
+                message: r.message,
+            })
+        }
+    }
+}
+
+fn copy(cfg: &ServerConfig, roots: &Roots, link: &Link, req: &SendTo) -> Result<Stats, Refusal> {
+    if !allowed(cfg, req.dest) {
+        let how = "its operator can allow destinations with `third_party = [\"ADDR\"]` in serve.toml or --allow-third-party ADDR";
+        return Err(refuse(
+            ErrorCode::PermissionDenied,
+            if cfg.third_party.is_empty() {
+                format!("this server makes no third-party copies; {how}")
+            } else {
+                format!("this server may not copy to {}; {how}", req.dest)
+            },
+        ));
+    }
+    let entry = roots.stat(req.path)?;
+    let (dirs, files) = match entry.kind {
+        EntryKind::File => (Vec::new(), vec![(String::new(), entry.size)]),
+        EntryKind::Dir if req.recursive => walk_entries(req.path, |p| roots.list(p))?,
+        EntryKind::Dir => {
+            return Err(refuse(
+                ErrorCode::IsADirectory,
+                format!("{}: is a directory; use -r to copy trees", req.path),
+            ))
+        }
+        _ => {
+            return Err(refuse(
+                ErrorCode::BadRequest,
+                format!("{}: not a regular file or directory", req.path),
+            ))
+        }
+    };
+    let at_dest = |e: XferError| refuse(e.code(), format!("destination {}: {}", req.dest, e.msg));
+    let opts = Options {
+        token: req.token.to_string(),
+        block_size: cfg.block_size,
+        ring: cfg.ring,
+        ..Options::default()
+    };
+    let mut c = Client::connect(req.dest, &opts).map_err(at_dest)?;
+    let target = c
+        .target(req.dest_path, basename(req.path))
+        .map_err(at_dest)?;
+    let relay = Relay {
+        link,
+        file_id: req.file_id,
+        total: files.iter().map(|f| f.1).sum(),
+        done: Cell::new(0),
+        last: Cell::new(Instant::now()),
+    };
+    relay.send();
+    if entry.kind == EntryKind::Dir {
+        c.mkdir(&target, entry.mode).map_err(at_dest)?;
+        for d in &dirs {
+            c.mkdir(&join(&target, d), 0o755).map_err(at_dest)?;
+        }
+    }
+    for (rel, _) in &files {
+        let (file, st) = roots.open_read(&join(req.path, rel))?;
+        c.upload_open(
+            &file,
+            st.st_size as u64,
+            st.st_mode & 0o7777,
+            &join(&target, rel),
+            &relay,
+        )
+        .map_err(at_dest)?;
+    }
+    let stats = c.stats;
+    c.bye();
+    Ok(stats)
+}
+
+/// Relays upload progress to the watching client as PROGRESS frames, a few per second.
+struct Relay<'a> {
+    link: &'a Link,
+    file_id: u32,
+    total: u64,
+    done: Cell<u64>,
+    last: Cell<Instant>,
+}
+
+impl Relay<'_> {
+    fn send(&self) {
+        // A client that went away does not stop the copy; it only misses the news.
+        let _ = self.link.send(&Msg::Progress {
+            file_id: self.file_id,
+            done: self.done.get(),
+            total: self.total,
+        });
+        self.last.set(Instant::now());
+    }
+}
+
+impl Progress for Relay<'_> {
+    fn add(&self, bytes: u64) {
+        self.done.set(self.done.get() + bytes);
+        if self.last.get().elapsed() >= PROGRESS_EVERY {
+            self.send();
+        }
+    }
+}
