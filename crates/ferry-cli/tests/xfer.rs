@@ -60,8 +60,12 @@ fn serve(driver: &str, env: &[(&str, &str)]) -> Server {
 
 /// A server with more command-line arguments.
 fn serve_with(driver: &str, env: &[(&str, &str)], args: &[&str]) -> Server {
+    serve_as(ferry(), driver, env, args)
+}
+
+/// A server started by `cmd` (`ferry`, or `ferry` behind a wrapper).
+fn serve_as(mut cmd: Command, driver: &str, env: &[(&str, &str)], args: &[&str]) -> Server {
     let root = scratch("root");
-    let mut cmd = ferry();
     cmd.args(["serve", "--root"])
         .arg(format!("d={}", root.display()))
         .args(["--listen", &listen_url(driver), "--token", TOKEN])
@@ -431,7 +435,15 @@ macro_rules! on_all_drivers {
     };
 }
 
-on_all_drivers!(sizes, tree, corruption, auth, sandbox, third_party);
+on_all_drivers!(
+    sizes,
+    tree,
+    corruption,
+    auth,
+    sandbox,
+    third_party,
+    unreadable
+);
 
 /// Server-to-server copies: a file and a tree go from A straight to B; A copies only to
 /// the destinations its operator allowed, and B's own token check still applies.
@@ -471,6 +483,59 @@ fn third_party(driver: &str) {
         "makes no third-party copies",
     );
     assert!(!c.root.join("x").exists() && !a.root.join("back").exists());
+}
+
+/// `ferry` as a process that file permissions bind even when the tests run as root: the
+/// capabilities that override them are dropped from its bounding set.
+fn ferry_bound_by_permissions() -> Command {
+    use std::os::unix::fs::MetadataExt;
+    if std::fs::metadata("/proc/self")
+        .map(|m| m.uid())
+        .unwrap_or(0)
+        != 0
+    {
+        return ferry();
+    }
+    let mut c = Command::new("setpriv");
+    c.args(["--bounding-set=-dac_override,-dac_read_search", "--"])
+        .arg(env!("CARGO_BIN_EXE_ferry"))
+        .env("RUST_LOG", "warn")
+        .env_remove("FERRY_TOKEN");
+    c
+}
+
+/// An unreadable source, remote or local, is a clear permission error (exit 7); nothing
+/// lands, and the server goes on serving.
+fn unreadable(driver: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let s = serve_as(ferry_bound_by_permissions(), driver, &[], &[]);
+    let local = scratch("local");
+    let locked = |p: &Path| {
+        std::fs::write(p, b"secret").unwrap();
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o000)).unwrap();
+    };
+    locked(&s.root.join("locked"));
+    std::fs::write(s.root.join("open"), pattern(1000, 3)).unwrap();
+    fails(
+        &cp(&[&s.url("locked"), local.to_str().unwrap()], &[]),
+        7,
+        "ermission denied",
+    );
+    assert!(!local.join("locked").exists());
+    no_part_files(&local);
+    let o = run({
+        let mut c = ferry_bound_by_permissions();
+        c.args(["cp", "--token", TOKEN])
+            .arg(local.join("mine"))
+            .arg(s.url("mine"));
+        locked(&local.join("mine"));
+        c
+    });
+    fails(&o, 7, "ermission denied");
+    assert!(!s.root.join("mine").exists());
+    ok(&cp(&[&s.url("open"), local.to_str().unwrap()], &[]));
+    same_file(&s.root.join("open"), &local.join("open"));
+    std::fs::remove_dir_all(&local).unwrap();
 }
 
 fn big_tree(files: usize) {
