@@ -442,7 +442,8 @@ on_all_drivers!(
     auth,
     sandbox,
     third_party,
-    unreadable
+    unreadable,
+    disk_full
 );
 
 /// Server-to-server copies: a file and a tree go from A straight to B; A copies only to
@@ -536,6 +537,75 @@ fn unreadable(driver: &str) {
     ok(&cp(&[&s.url("open"), local.to_str().unwrap()], &[]));
     same_file(&s.root.join("open"), &local.join("open"));
     std::fs::remove_dir_all(&local).unwrap();
+}
+
+/// A small tmpfs, unmounted on drop.
+struct SmallDisk(PathBuf);
+
+impl SmallDisk {
+    /// Mounts `size` of tmpfs on a new directory (the tests run as root on the CI machine).
+    fn mount(size: &str) -> SmallDisk {
+        let d = scratch("small");
+        let o = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&d)
+            .output()
+            .expect("run mount");
+        assert!(
+            o.status.success(),
+            "mount tmpfs (needs root): {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        SmallDisk(d)
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// A full disk on either side is exit 5 with a message that says so; nothing half-written
+/// is left, and the server goes on serving.
+fn disk_full(driver: &str) {
+    let s = serve(driver, &[]);
+    let small = SmallDisk::mount("8m");
+    std::fs::write(s.root.join("big"), pattern(12 << 20, 5)).unwrap();
+    // Download onto the small disk.
+    fails(
+        &cp(&[&s.url("big"), small.0.to_str().unwrap()], &[]),
+        5,
+        "disk is full",
+    );
+    assert_eq!(std::fs::read_dir(&small.0).unwrap().count(), 0);
+    // Upload to a server whose root is the small disk.
+    let full = serve_with(
+        driver,
+        &[],
+        &["--root", &format!("s={}", small.0.display())],
+    );
+    let o = cp(
+        &[
+            s.root.join("big").to_str().unwrap(),
+            &format!("{}/s/big", full.addr),
+        ],
+        &[],
+    );
+    fails(&o, 5, "no space");
+    assert_eq!(std::fs::read_dir(&small.0).unwrap().count(), 0);
+    // The space came back, and the server still serves.
+    std::fs::write(s.root.join("small"), pattern(1 << 20, 6)).unwrap();
+    ok(&cp(
+        &[
+            s.root.join("small").to_str().unwrap(),
+            &format!("{}/s/small", full.addr),
+        ],
+        &[],
+    ));
+    same_file(&s.root.join("small"), &small.0.join("small"));
+    drop(full);
 }
 
 fn big_tree(files: usize) {
