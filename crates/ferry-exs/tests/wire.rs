@@ -417,6 +417,11 @@ proptest! {
                         assert!(local_offset + remote.len <= local.0, "RMA outside the local buffer");
                         rmas.push(op);
                     }
+                    Action::RmaReadLayout { op, local, local_offset, len, layout, remote } => {
+                        assert!(local_offset + len <= local.0, "RMA outside the local buffer");
+                        assert!(len <= layout.size() && remote.addr.checked_add(remote.len).is_some());
+                        rmas.push(op);
+                    }
                     Action::CopyIn { buf, offset, data } => {
                         assert!(offset + data.len() as u64 <= buf.0, "copy outside the buffer");
                     }
