@@ -14,6 +14,7 @@ use tracing::debug;
 mod layout;
 mod post;
 
+use layout::Far;
 pub(crate) use layout::{local_layout, Staged};
 
 use super::buf::Held;
@@ -252,7 +253,12 @@ impl Engine {
                 local_offset,
                 remote,
             } if local.layout().is_some() => {
-                self.layout_rma(op, false, &local, local_offset, remote, None, remote.len)
+                let far = Far {
+                    remote,
+                    layout: None,
+                    len: remote.len,
+                };
+                self.layout_rma(op, false, &local, local_offset, far)
             }
             Action::RmaRead {
                 op,
@@ -267,14 +273,26 @@ impl Engine {
                 remote,
                 layout,
                 len,
-            } => self.layout_rma(op, false, &local, local_offset, remote, Some(layout), len),
+            } => {
+                let far = Far {
+                    remote,
+                    layout: Some(layout),
+                    len,
+                };
+                self.layout_rma(op, false, &local, local_offset, far)
+            }
             Action::RmaWrite {
                 op,
                 local,
                 local_offset,
                 remote,
             } if local.layout().is_some() => {
-                self.layout_rma(op, true, &local, local_offset, remote, None, remote.len)
+                let far = Far {
+                    remote,
+                    layout: None,
+                    len: remote.len,
+                };
+                self.layout_rma(op, true, &local, local_offset, far)
             }
             Action::RmaWrite {
                 op,

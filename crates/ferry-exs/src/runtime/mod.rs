@@ -12,9 +12,9 @@ mod queue;
 mod socket;
 
 pub use buf::ExsBuf;
-pub use layout::{Layout, LayoutError, LayoutStats, Refused};
 /// The path of a layout transfer (re-exported from `ferry-noncontig`).
 pub use ferry_noncontig::Path as LayoutPath;
+pub use layout::{Layout, LayoutError, LayoutStats, Refused};
 pub use queue::{EventQueue, ExsEvent, SocketId};
 pub use socket::{default_config, ExsIncoming, ExsListener, ExsSocket};
 

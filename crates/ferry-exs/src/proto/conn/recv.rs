@@ -7,9 +7,7 @@ use std::collections::{HashMap, VecDeque};
 use super::send::block_range;
 use super::{Connection, Violation};
 use crate::error::ExsError;
-use crate::proto::wire::{
-    Frame, Status, F_IMMEDIATE, F_LAYOUT, F_NOTIFY, F_PERSISTENT, NO_REMOTE,
-};
+use crate::proto::wire::{Frame, Status, F_IMMEDIATE, F_LAYOUT, F_NOTIFY, F_PERSISTENT, NO_REMOTE};
 use crate::proto::{Action, EventKind, Flags, LocalBuf, OpId, RemoteSlice, WireLayout};
 
 /// A posted recv.

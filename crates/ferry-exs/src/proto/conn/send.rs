@@ -162,8 +162,7 @@ impl<B: LocalBuf> Connection<B> {
             Plan::Push
         } else if let Some(layout) = op.buf.layout() {
             // The runtime packs instead when the peer is older or the layout too long.
-            if self.peer_minor < wire::LAYOUT_MINOR || layout.encoded_len() as u64 > self.imm_max
-            {
+            if self.peer_minor < wire::LAYOUT_MINOR || layout.encoded_len() as u64 > self.imm_max {
                 return Err(ExsError::InvalidFlags);
             }
             let remote = op.buf.remote().ok_or(ExsError::NotRemoteAccessible)?;

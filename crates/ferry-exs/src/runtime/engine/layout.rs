@@ -63,6 +63,14 @@ enum After {
     },
 }
 
+/// The remote side of a layout transfer: `len` stream bytes of `remote` (contiguous), or of
+/// the peer's `layout` inside it.
+pub(super) struct Far {
+    pub(super) remote: RemoteSlice,
+    pub(super) layout: Option<WireLayout>,
+    pub(super) len: u64,
+}
+
 /// One layout transfer in flight.
 struct Xfer {
     write: bool,
@@ -100,9 +108,7 @@ impl LayoutState {
             .map(|(i, _)| i);
         match best {
             Some(i) => Ok(self.pool.swap_remove(i)),
-            None => ep
-                .domain()
-                .register(&Buffer::new(n.max(4096)), Access::ALL),
+            None => ep.domain().register(&Buffer::new(n.max(4096)), Access::ALL),
         }
     }
 
@@ -170,19 +176,17 @@ impl Engine {
         }
     }
 
-    /// Starts an RMA of `len` stream bytes between `local` (from stream position
-    /// `local_offset`) and the remote side: `remote` contiguous, or `layout` inside it.
+    /// Starts an RMA of `far.len` stream bytes between `local` (from stream position
+    /// `local_offset`) and the remote side.
     pub(super) fn layout_rma(
         &mut self,
         op: OpId,
         write: bool,
         local: &Held,
         local_offset: u64,
-        remote: RemoteSlice,
-        layout: Option<WireLayout>,
-        len: u64,
+        far: Far,
     ) {
-        match self.start_xfer(write, local, local_offset, remote, layout, len) {
+        match self.start_xfer(write, local, local_offset, far.remote, far.layout, far.len) {
             Ok(Some(x)) => {
                 self.nc.xfers.insert(op, x);
                 self.pump(op);
@@ -324,16 +328,25 @@ impl Engine {
         self.conn.rma_done(op, result);
     }
 
-    fn post_one(&mut self, op: OpId, x: &mut Xfer, gather: usize, piece: u64) -> Result<(), ExsError> {
+    fn post_one(
+        &mut self,
+        op: OpId,
+        x: &mut Xfer,
+        gather: usize,
+        piece: u64,
+    ) -> Result<(), ExsError> {
         if x.seg.1 == 0 {
-            let s = x
-                .rc
-                .next_segment(x.left.min(piece))
-                .ok_or(ExsError::Transfer)?;
+            let s =
+                x.rc.next_segment(x.left.min(piece))
+                    .ok_or(ExsError::Transfer)?;
             if x.seg.2 > 1 {
                 self.nc.stats.splits += 1;
             }
-            x.seg = (u64::try_from(s.offset).map_err(|_| ExsError::Transfer)?, s.len, 0);
+            x.seg = (
+                u64::try_from(s.offset).map_err(|_| ExsError::Transfer)?,
+                s.len,
+                0,
+            );
             self.nc.stats.remote_segments += 1;
         }
         x.batch.clear();
@@ -343,7 +356,8 @@ impl Engine {
         }
         let mut list = Vec::with_capacity(x.batch.len());
         for s in &x.batch {
-            let at = usize::try_from(x.lbase + i128::from(s.offset)).map_err(|_| ExsError::Transfer)?;
+            let at =
+                usize::try_from(x.lbase + i128::from(s.offset)).map_err(|_| ExsError::Transfer)?;
             list.push(LocalSlice {
                 region: x.lregion.clone(),
                 offset: at,
