@@ -68,6 +68,13 @@ pub struct NoncontigArgs {
     /// Where to write CSV, JSON and PNG [default without --json: bench/results/noncontig].
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Only these message sizes, in bytes, comma-separated (each 16 blocks of at most
+    /// 1 MiB), e.g. `--sizes 4194304` to iterate on one point.
+    #[arg(long, value_delimiter = ',')]
+    sizes: Vec<u64>,
+    /// Repetitions (interleaved; medians are reported) instead of the plan's 3 (1 quick).
+    #[arg(long)]
+    reps: Option<usize>,
 }
 
 /// Sizes, message counts and repetitions.
@@ -119,7 +126,13 @@ struct Measured {
 
 /// Runs the benchmark and prints (and writes) the report.
 pub fn run(args: &NoncontigArgs) -> Result<()> {
-    let plan = Plan::new(args.quick);
+    let mut plan = Plan::new(args.quick);
+    if !args.sizes.is_empty() {
+        plan.sizes = args.sizes.clone();
+    }
+    if let Some(r) = args.reps {
+        plan.reps = r.max(1);
+    }
     let drivers = addr::drivers(&args.drivers)?;
     let memcpy = Memcpy::new().measure(5).value;
     let mut status: Vec<DriverStatus> = drivers.iter().map(|d| DriverStatus::new(d)).collect();
