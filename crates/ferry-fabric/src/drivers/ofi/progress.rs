@@ -73,7 +73,7 @@ pub(super) enum Purpose {
 pub(super) fn progress(shared: &Shared) -> usize {
     let mut events = Vec::new();
     shared.fab.read_cq(16, &mut events);
-    let n = events.len();
+    let n = events.len() + shared.flush_rma_batches();
     for ev in events {
         route(shared, ev);
     }

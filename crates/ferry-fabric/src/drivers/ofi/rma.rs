@@ -19,8 +19,8 @@
 //! per request, so each still fails (or not) for its own reason.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::SeqCst;
+use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex};
 
 use super::domain::Shared;
@@ -66,6 +66,8 @@ pub(super) struct Checked {
     /// A request is unanswered for this connection, key and direction: RMAs posted
     /// meanwhile wait here to share the next one.
     batches: Mutex<HashMap<BatchKey, Vec<Pending>>>,
+    /// RMAs waiting in `batches` (lets the progress thread skip the lock when none do).
+    queued: AtomicUsize,
     /// Granted tokens shared by several RMAs: how many have not completed yet.
     shares: Mutex<HashMap<u64, usize>>,
     next_token: AtomicU64,
@@ -166,6 +168,7 @@ impl Shared {
             match batches.get_mut(&(conn.id, remote.key, !read)) {
                 Some(queue) => {
                     queue.push(pending);
+                    rma.queued.fetch_add(1, SeqCst);
                     return Ok(());
                 }
                 None => {
@@ -301,7 +304,10 @@ impl Shared {
         let queued = {
             let mut batches = lock(&rma.batches);
             match batches.get_mut(&batch) {
-                Some(q) if !q.is_empty() => std::mem::take(q),
+                Some(q) if !q.is_empty() => {
+                    rma.queued.fetch_sub(q.len(), SeqCst);
+                    std::mem::take(q)
+                }
                 Some(_) => {
                     batches.remove(&batch);
                     Vec::new()
@@ -313,6 +319,38 @@ impl Shared {
             lock(&rma.batches).remove(&batch);
             fail_all(back, &e);
         }
+    }
+
+    /// Initiator: sends one request for each group of RMAs queued behind an unanswered one
+    /// (the progress thread calls this on every round, so a burst of posts shares requests
+    /// that are already in flight while the first one is answered). Returns the requests
+    /// sent.
+    pub fn flush_rma_batches(&self) -> usize {
+        let Some(rma) = &self.rma else {
+            return 0;
+        };
+        if rma.queued.load(SeqCst) == 0 {
+            return 0;
+        }
+        let groups: Vec<(BatchKey, Vec<Pending>)> = {
+            let mut batches = lock(&rma.batches);
+            batches
+                .iter_mut()
+                .filter(|(_, q)| !q.is_empty())
+                .map(|(k, q)| {
+                    rma.queued.fetch_sub(q.len(), SeqCst);
+                    (*k, std::mem::take(q))
+                })
+                .collect()
+        };
+        let n = groups.len();
+        for (batch, ops) in groups {
+            if let Err((e, back)) = self.request(rma, ops) {
+                lock(&rma.batches).remove(&batch);
+                fail_all(back, &e);
+            }
+        }
+        n
     }
 
     /// Initiator: hands a granted RMA to the provider.
@@ -389,7 +427,9 @@ impl Shared {
             let mut batches = lock(&rma.batches);
             let keys: Vec<BatchKey> = batches.keys().filter(|k| k.0 == conn).copied().collect();
             for k in keys {
-                failed.extend(batches.remove(&k).unwrap_or_default());
+                let q = batches.remove(&k).unwrap_or_default();
+                rma.queued.fetch_sub(q.len(), SeqCst);
+                failed.extend(q);
             }
             failed
         };
@@ -406,6 +446,7 @@ impl Shared {
         };
         let mut pending: Vec<Pending> = lock(&rma.pending).drain().flat_map(|(_, p)| p).collect();
         pending.extend(lock(&rma.batches).drain().flat_map(|(_, q)| q));
+        rma.queued.store(0, SeqCst);
         for p in pending {
             fail(p, FabricError::Cancelled);
         }
