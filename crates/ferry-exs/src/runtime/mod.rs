@@ -12,6 +12,8 @@ mod queue;
 mod socket;
 
 pub use buf::ExsBuf;
+/// The datatype vocabulary layouts are built from (re-exported from `ferry-dtype`).
+pub use ferry_dtype::{Datatype, Segment};
 /// The path of a layout transfer (re-exported from `ferry-noncontig`).
 pub use ferry_noncontig::Path as LayoutPath;
 pub use layout::{Layout, LayoutError, LayoutStats, Refused};
