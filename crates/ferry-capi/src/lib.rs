@@ -16,6 +16,9 @@ pub mod handle;
 pub mod mem;
 pub mod queue;
 pub mod socket;
+pub mod vec;
+
+pub use vec::{exs_iovec, exs_recvv, exs_sendv};
 
 use std::ffi::{c_char, c_int, c_long, c_short, c_void, CStr};
 use std::os::fd::{FromRawFd, OwnedFd};

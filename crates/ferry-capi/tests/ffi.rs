@@ -377,3 +377,112 @@ fn deleted_queue_releases_memory_at_close() {
         assert_eq!(exs_qdelete(q), 0);
     }
 }
+
+/// exs_sendv / exs_recvv on every driver: scattered segments both ways (and plain exs_send
+/// into exs_recvv), overlap and out-of-registration refusals, truncation.
+#[test]
+fn vectored_send_and_recv() {
+    for driver in DRIVERS {
+        let q = exs_qcreate(0);
+        let l = sock();
+        let u = url(driver, "vec");
+        // SAFETY: NUL-terminated strings; the buffers outlive their registrations and every
+        // operation on them completes before they are read or dropped.
+        unsafe {
+            assert_eq!(exs_bind(l, u.as_ptr()), 0);
+            assert_eq!(exs_listen(l, 4), 0);
+            let addr = CString::new(name(exs_getsockname, l)).unwrap();
+            let c = sock();
+            assert_eq!(exs_connect(c, addr.as_ptr(), q, ctx(7)), 0);
+            assert_eq!(exs_accept(l, q, ctx(9)), 0);
+            let mut a = -1;
+            for _ in 0..2 {
+                let ev = next(q);
+                assert_eq!(ev.err, 0, "{ev:?}");
+                if ev.type_ == 3 {
+                    a = ev.accepted;
+                }
+            }
+            assert!(a > 0);
+            let mut sbuf: Vec<u8> = (0..300_000).map(|i| (i * 13 % 251) as u8).collect();
+            let mut rbuf = vec![0u8; 300_000];
+            let smh = exs_mregister(sbuf.as_mut_ptr().cast(), sbuf.len(), 0);
+            let rmh = exs_mregister(rbuf.as_mut_ptr().cast(), rbuf.len(), 0);
+            let sp = sbuf.as_mut_ptr();
+            let rp = rbuf.as_mut_ptr();
+            let iov = |p: *mut u8, at: usize, len: usize| exs_iovec {
+                iov_base: p.add(at).cast(),
+                iov_len: len,
+            };
+            // Refusals: overlapping receive segments, a segment outside the registration.
+            let overlap = [iov(rp, 0, 100), iov(rp, 50, 100)];
+            fails(
+                exs_recvv(a, overlap.as_ptr(), 2, rmh, q, null_mut()),
+                libc::EINVAL,
+            );
+            let outside = [iov(rp, 299_990, 100)];
+            fails(
+                exs_recvv(a, outside.as_ptr(), 1, rmh, q, null_mut()),
+                libc::EFAULT,
+            );
+            fails(
+                exs_sendv(c, outside.as_ptr(), -1, smh, q, null_mut()),
+                libc::EINVAL,
+            );
+            // 100 000 bytes from three scattered segments into two, in list order.
+            let riov = [iov(rp, 200_000, 60_000), iov(rp, 1_000, 40_000)];
+            assert_eq!(exs_recvv(a, riov.as_ptr(), 2, rmh, q, ctx(1)), 0);
+            let siov = [
+                iov(sp, 150_000, 30_000),
+                iov(sp, 10, 50_000),
+                iov(sp, 90_000, 20_000),
+            ];
+            assert_eq!(exs_sendv(c, siov.as_ptr(), 3, smh, q, ctx(2)), 0);
+            for _ in 0..2 {
+                let ev = next(q);
+                assert_eq!((ev.err, ev.len), (0, 100_000), "{ev:?}");
+                match ev.context as usize {
+                    1 => assert_eq!(ev.buf, riov[0].iov_base),
+                    2 => assert_eq!(ev.buf, siov[0].iov_base),
+                    n => panic!("unexpected context {n}"),
+                }
+            }
+            let stream: Vec<u8> = [
+                &sbuf[150_000..180_000],
+                &sbuf[10..50_010],
+                &sbuf[90_000..110_000],
+            ]
+            .concat();
+            assert_eq!(&rbuf[200_000..260_000], &stream[..60_000]);
+            assert_eq!(&rbuf[1_000..41_000], &stream[60_000..]);
+            assert!(rbuf[..1_000].iter().all(|&b| b == 0));
+            assert!(rbuf[41_000..200_000].iter().all(|&b| b == 0));
+            // A plain send larger than the segments: truncated, nothing outside written.
+            rbuf.fill(0);
+            let small = [iov(rp, 500, 10), iov(rp, 100, 10)];
+            assert_eq!(exs_recvv(a, small.as_ptr(), 2, rmh, q, ctx(3)), 0);
+            assert_eq!(exs_send(c, sp.cast(), 1000, 0, smh, q, ctx(4)), 0);
+            for _ in 0..2 {
+                let ev = next(q);
+                match ev.context as usize {
+                    3 => assert_eq!((ev.err, ev.len), (libc::EMSGSIZE, 20), "{ev:?}"),
+                    4 => assert_eq!(ev.err, 0, "{ev:?}"),
+                    n => panic!("unexpected context {n}"),
+                }
+            }
+            assert_eq!(&rbuf[500..510], &sbuf[..10]);
+            assert_eq!(&rbuf[100..110], &sbuf[10..20]);
+            assert_eq!(
+                rbuf.iter().filter(|&&b| b != 0).count(),
+                20 - sbuf[..20].iter().filter(|&&b| b == 0).count()
+            );
+            assert_eq!(exs_close(c), 0);
+            assert_eq!(exs_close(a), 0);
+            assert_eq!(exs_close(l), 0);
+            while exs_qdequeue(q, [exs_event_t::EMPTY].as_mut_ptr(), 1, 200) > 0 {}
+            assert_eq!(exs_mderegister(smh), 0);
+            assert_eq!(exs_mderegister(rmh), 0);
+            assert_eq!(exs_qdelete(q), 0);
+        }
+    }
+}

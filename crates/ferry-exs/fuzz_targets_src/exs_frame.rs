@@ -5,7 +5,7 @@
 //! (`tests/fuzz_src.rs` compiles and runs it in the normal test suite).
 
 use ferry_exs::proto::wire::{self, Frame, Hello};
-use ferry_exs::proto::{Action, Config, Connection, Flags, LocalBuf, RemoteSlice};
+use ferry_exs::proto::{Action, Config, Connection, Flags, LocalBuf, RemoteSlice, WireLayout};
 
 /// A buffer that only has a length; nothing is transferred.
 #[derive(Debug, Clone)]
@@ -21,6 +21,10 @@ impl LocalBuf for FuzzBuf {
             len: self.0,
             key: 1,
         })
+    }
+    /// The largest buffer sends as a noncontiguous layout (EXS 1.1): two runs 2500 apart.
+    fn layout(&self) -> Option<WireLayout> {
+        (self.0 == 5000).then(|| WireLayout::new(2, 2500, vec![(0, 2500)], 5000))?
     }
 }
 
@@ -85,6 +89,15 @@ pub fn exs_frame(data: &[u8]) {
                 } => {
                     assert!(local_offset + remote.len <= local.0)
                 }
+                Action::RmaReadLayout {
+                    local,
+                    local_offset,
+                    len,
+                    layout,
+                    ..
+                } => {
+                    assert!(local_offset + len <= local.0 && *len <= layout.size())
+                }
                 Action::CopyIn { buf, offset, data } => {
                     assert!(offset + data.len() as u64 <= buf.0)
                 }
@@ -105,7 +118,9 @@ pub fn exs_frame(data: &[u8]) {
         for a in pending.drain(..) {
             match a {
                 Action::SendFrame { id, .. } => c.frame_sent(id, Ok(())),
-                Action::RmaRead { op, .. } | Action::RmaWrite { op, .. } => c.rma_done(op, Ok(())),
+                Action::RmaRead { op, .. }
+                | Action::RmaReadLayout { op, .. }
+                | Action::RmaWrite { op, .. } => c.rma_done(op, Ok(())),
                 _ => {}
             }
         }
@@ -119,7 +134,9 @@ pub fn exs_frame(data: &[u8]) {
         for a in pending.drain(..) {
             match a {
                 Action::SendFrame { id, .. } => c.frame_sent(id, Ok(())),
-                Action::RmaRead { op, .. } | Action::RmaWrite { op, .. } => c.rma_done(op, Ok(())),
+                Action::RmaRead { op, .. }
+                | Action::RmaReadLayout { op, .. }
+                | Action::RmaWrite { op, .. } => c.rma_done(op, Ok(())),
                 _ => {}
             }
         }

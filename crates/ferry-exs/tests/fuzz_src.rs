@@ -27,6 +27,10 @@ fn seed_corpus() {
         len: 3,
         key: 0,
     };
+    let mut layout = Vec::new();
+    ferry_exs::proto::WireLayout::new(2, 5, vec![(1, 3)], 10)
+        .expect("fits")
+        .encode(&mut layout);
     let corpus = [
         vec![],
         vec![0xff],
@@ -56,6 +60,21 @@ fn seed_corpus() {
                 },
                 0,
                 b"abc",
+            ),
+        ]
+        .concat(),
+        // A peer's noncontiguous message (EXS 1.1): two runs of 3 bytes, 5 apart.
+        [
+            vec![0],
+            frame(
+                Frame::Advert {
+                    id: 1,
+                    flags: wire::F_LAYOUT,
+                    offset: 0,
+                    remote,
+                },
+                0,
+                &layout,
             ),
         ]
         .concat(),

@@ -417,6 +417,11 @@ proptest! {
                         assert!(local_offset + remote.len <= local.0, "RMA outside the local buffer");
                         rmas.push(op);
                     }
+                    Action::RmaReadLayout { op, local, local_offset, len, layout, remote } => {
+                        assert!(local_offset + len <= local.0, "RMA outside the local buffer");
+                        assert!(len <= layout.size() && remote.addr.checked_add(remote.len).is_some());
+                        rmas.push(op);
+                    }
                     Action::CopyIn { buf, offset, data } => {
                         assert!(offset + data.len() as u64 <= buf.0, "copy outside the buffer");
                     }
@@ -470,5 +475,119 @@ proptest! {
         }
         prop_assert!(c.is_idle());
         prop_assert_eq!(completed, posted);
+    }
+}
+
+/// EXS 1.1's ADVERT with a layout: canonical forms round-trip; a layout combined with
+/// IMMEDIATE, PERSISTENT or an offset, or reaching outside the slice, is refused.
+#[test]
+fn layout_adverts_decode_only_when_canonical() {
+    use ferry_exs::proto::WireLayout;
+    let remote = RemoteSlice {
+        addr: 4096,
+        len: 100,
+        key: 9,
+    };
+    let advert = |flags, offset, remote| Frame::Advert {
+        id: 3,
+        flags,
+        offset,
+        remote,
+    };
+    let mut layout = Vec::new();
+    WireLayout::new(4, 25, vec![(0, 10), (12, 3)], 100)
+        .expect("fits")
+        .encode(&mut layout);
+    let good = encoded(&advert(wire::F_LAYOUT, 0, remote), 2, &layout);
+    let d = wire::decode(&good).expect("canonical layout advert");
+    assert_eq!(d.payload, &layout[..]);
+    assert_eq!(d.frame, advert(wire::F_LAYOUT, 0, remote));
+    check_canonical(&good);
+    for bad in [
+        encoded(
+            &advert(wire::F_LAYOUT | F_PERSISTENT, 0, remote),
+            0,
+            &layout,
+        ),
+        encoded(&advert(wire::F_LAYOUT, 8, remote), 0, &layout),
+        encoded(
+            &advert(wire::F_LAYOUT, 0, RemoteSlice { len: 86, ..remote }),
+            0,
+            &layout,
+        ),
+        encoded(
+            &advert(wire::F_LAYOUT, 0, remote),
+            0,
+            &layout[..layout.len() - 1],
+        ),
+        encoded(&advert(wire::F_LAYOUT, 0, remote), 0, &[]),
+    ] {
+        assert!(wire::decode(&bad).is_err(), "accepted {bad:?}");
+    }
+    // IMMEDIATE and LAYOUT together, whatever the payload.
+    let imm = RemoteSlice {
+        addr: 0,
+        len: layout.len() as u64,
+        key: 0,
+    };
+    let both = encoded(&advert(wire::F_LAYOUT | F_IMMEDIATE, 0, imm), 0, &layout);
+    assert!(wire::decode(&both).is_err());
+}
+
+/// The core advertises a layout only to a peer of minor 1 or later; with an older peer a
+/// layout send fails (the runtime packs such sends instead, so this is a safety net).
+#[test]
+fn layouts_need_a_minor_one_peer() {
+    use ferry_exs::proto::{EventKind, WireLayout};
+    #[derive(Clone)]
+    struct Scattered;
+    impl LocalBuf for Scattered {
+        fn len(&self) -> u64 {
+            4000
+        }
+        fn remote(&self) -> Option<RemoteSlice> {
+            Some(RemoteSlice {
+                addr: 1 << 30,
+                len: 8000,
+                key: 5,
+            })
+        }
+        fn layout(&self) -> Option<WireLayout> {
+            WireLayout::new(2, 4000, vec![(0, 2000)], 8000)
+        }
+    }
+    for (minor, advertised) in [(0u16, false), (1, true)] {
+        let mut c: Connection<Scattered> = Connection::new(Config::default()).unwrap();
+        let hello = Frame::Hello(Hello {
+            minor,
+            send_credits: 4,
+            recv_credits: 4,
+            max_imm: 512,
+        });
+        c.handle_frame(&encoded(&hello, 0, &[]));
+        assert_eq!(c.peer_minor(), minor);
+        c.send(1, Scattered, Flags::NONE, 0);
+        let mut saw_layout = false;
+        let mut failed = None;
+        while let Some(a) = c.poll_action() {
+            match a {
+                Action::SendFrame { bytes, .. } => {
+                    let d = wire::decode(&bytes).expect("own frame");
+                    if let Frame::Advert { flags, remote, .. } = d.frame {
+                        assert_eq!(flags, wire::F_LAYOUT);
+                        assert_eq!(remote.len, 8000);
+                        let l = WireLayout::decode(d.payload, remote.len).expect("layout");
+                        assert_eq!(l.size(), 4000);
+                        saw_layout = true;
+                    }
+                }
+                Action::Event(e) if e.kind == EventKind::Send => failed = Some(e.result),
+                _ => {}
+            }
+        }
+        assert_eq!(saw_layout, advertised);
+        if !advertised {
+            assert_eq!(failed, Some(Err(ExsError::InvalidFlags)));
+        }
     }
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use ferry_fabric::{
     listen, open, Access, Address, Buffer, Completion, Domain, Endpoint, FabricError, Listener,
-    LocalSlice, MemoryRegion, OpKind, RemoteSlice,
+    LocalSlice, MemoryRegion, OpKind, RemoteAccessError, RemoteSlice,
 };
 
 const T: Duration = Duration::from_secs(20);
@@ -888,4 +888,86 @@ fn missing_providers_are_reported_as_unavailable() {
         assert!(matches!(l, FabricError::Unavailable(_)), "{l:?}");
         assert!(matches!(o, FabricError::Unavailable(_)), "{o:?}");
     }
+}
+
+/// RMAs posted together share the target's grants (one request for the span of those
+/// posted while one is unanswered); a refused shared request is retried per RMA, so only
+/// the bad one fails, for its own reason, and nothing outside the region is touched.
+#[test]
+fn rmas_posted_together_share_grants_and_keep_their_own_errors() {
+    each(|a| {
+        let p = pair(a);
+        let sd = p.server.domain();
+        let target = sd.register(&Buffer::new(64 << 10), Access::ALL).unwrap();
+        target.buffer().fill(0x11);
+        let whole = target.remote(..).unwrap();
+        let src = pattern(32 << 10, 5);
+        let local = reg(&*p.client_domain, &src, Access::LOCAL);
+        let bad = 17u64;
+        for i in 0..32u64 {
+            let l = [local
+                .slice(i as usize * 1024..(i as usize + 1) * 1024)
+                .unwrap()];
+            let remote = if i == bad {
+                RemoteSlice {
+                    addr: whole.addr + (64 << 10) - 512,
+                    len: 1024,
+                    key: whole.key,
+                }
+            } else {
+                whole.sub(i * 2048, 1024).unwrap()
+            };
+            p.client.post_write(&l, remote, i).unwrap();
+        }
+        let mut seen = [false; 32];
+        for _ in 0..32 {
+            let c = done(&*p.client);
+            let i = c.context as usize;
+            assert!(!seen[i], "completion {i} twice");
+            seen[i] = true;
+            if c.context == bad {
+                assert!(
+                    matches!(
+                        c.result,
+                        Err(FabricError::RemoteAccess(RemoteAccessError::OutOfBounds))
+                    ),
+                    "{:?}",
+                    c.result
+                );
+            } else {
+                assert!(c.result.is_ok(), "write {i}: {:?}", c.result);
+            }
+        }
+        let got = target.buffer().to_vec();
+        for i in 0..32usize {
+            let at = i * 2048;
+            if i as u64 == bad {
+                assert!(got[at..at + 2048].iter().all(|&b| b == 0x11));
+            } else {
+                assert_eq!(&got[at..at + 1024], &src[i * 1024..(i + 1) * 1024]);
+                assert!(got[at + 1024..at + 2048].iter().all(|&b| b == 0x11));
+            }
+        }
+        // Reads posted together come back too, and the target keeps serving.
+        let back = p
+            .client_domain
+            .register(&Buffer::new(32 << 10), Access::LOCAL)
+            .unwrap();
+        for i in 0..32u64 {
+            let l = [back
+                .slice(i as usize * 1024..(i as usize + 1) * 1024)
+                .unwrap()];
+            let from = if i == bad { 0 } else { i * 2048 };
+            p.client
+                .post_read(&l, whole.sub(from, 1024).unwrap(), 100 + i)
+                .unwrap();
+        }
+        for _ in 0..32 {
+            let c = done(&*p.client);
+            assert!(c.result.is_ok(), "read {}: {:?}", c.context, c.result);
+        }
+        let b = back.buffer().to_vec();
+        assert_eq!(&b[..1024], &src[..1024]);
+        assert_eq!(&b[31 * 1024..], &src[31 * 1024..]);
+    });
 }

@@ -221,6 +221,31 @@ int exs_send(int sock, void *buf, size_t len, int flags, exs_mhandle_t mh, exs_q
 int exs_recv(int sock, void *buf, size_t len, int flags, exs_mhandle_t mh, exs_qhandle_t q,
              void *ctx);
 
+/** One segment of a noncontiguous message (exs_sendv, exs_recvv). */
+struct exs_iovec {
+    void *iov_base;
+    size_t iov_len;
+};
+
+/**
+ * Sends the bytes of iov[0..iovcnt), in list order, as one message (like exs_send; matched
+ * by an exs_recv or exs_recvv). Every segment lies in the memory registered as mh. Large
+ * segments go zero-copy (the peer gathers them by RMA, EXS 1.1); tiny ones (below the
+ * driver's measured pack threshold) are packed first. EXS_EVT_SEND's buf is iov[0].iov_base.
+ * -1/EFAULT if a segment is outside mh, -1/EINVAL for iovcnt < 0 or above 2^20.
+ */
+int exs_sendv(int sock, const struct exs_iovec *iov, int iovcnt, exs_mhandle_t mh,
+              exs_qhandle_t q, void *ctx);
+
+/**
+ * Receives the next message into iov[0..iovcnt), in list order (like exs_recv; the peer
+ * may use exs_send or exs_sendv). A message longer than the segments fills them and
+ * completes with err EMSGSIZE; nothing outside them is written. -1/EINVAL if two segments
+ * overlap, -1/EFAULT if one is outside mh.
+ */
+int exs_recvv(int sock, const struct exs_iovec *iov, int iovcnt, exs_mhandle_t mh,
+              exs_qhandle_t q, void *ctx);
+
 /**
  * Like exs_send, writing buf[0..len) at byte offset `offset` of the peer's persistent recv
  * buffer. A message that does not fit there completes with err EMSGSIZE (nothing written).

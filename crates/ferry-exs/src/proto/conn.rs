@@ -43,6 +43,8 @@ enum Out<B> {
         payload: Option<B>,
         /// The send whose immediate payload rides on this frame.
         send_id: Option<u64>,
+        /// Bytes encoded after the body (an ADVERT's layout), empty for most frames.
+        extra: Vec<u8>,
     },
     Action(Action<B>),
 }
@@ -55,6 +57,8 @@ pub struct Connection<B> {
     credits: Credits,
     /// Largest immediate both sides accept (known after the HELLO exchange).
     imm_max: u64,
+    /// The peer's minor version (known after the HELLO exchange).
+    peer_minor: u16,
     stats: Stats,
     /// Ids this side gives messages, recv blocks and RMAs: strictly increasing.
     next_id: u64,
@@ -85,6 +89,7 @@ impl<B: LocalBuf> Connection<B> {
             state: State::Handshake,
             credits: Credits::default(),
             imm_max: 0,
+            peer_minor: 0,
             stats: Stats::default(),
             next_id: 1,
             last_peer_id: 0,
@@ -198,6 +203,7 @@ impl<B: LocalBuf> Connection<B> {
                     own_credit,
                     payload,
                     send_id,
+                    extra,
                 } => {
                     self.frames_queued -= 1;
                     if frame == Frame::Credit && self.credits.state().owed == 0 {
@@ -207,7 +213,8 @@ impl<B: LocalBuf> Connection<B> {
                     let credits = self.credits.take_return(own_credit);
                     let mut bytes = Vec::with_capacity(wire::MAX_FIXED_FRAME);
                     let plen = payload.as_ref().map_or(0, |b| b.len() as usize);
-                    wire::encode(&frame, credits, plen, &mut bytes);
+                    wire::encode(&frame, credits, plen + extra.len(), &mut bytes);
+                    bytes.extend_from_slice(&extra);
                     let id = FrameId(self.next_frame);
                     self.next_frame += 1;
                     self.in_flight.insert(id, send_id);
@@ -232,6 +239,17 @@ impl<B: LocalBuf> Connection<B> {
     /// Largest message that travels as immediate data (0 before the handshake).
     pub fn immediate_max(&self) -> u64 {
         self.imm_max
+    }
+
+    /// The settings this side was created with.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// The peer's protocol minor version (0 before the handshake). Layout ADVERTs need
+    /// [`wire::LAYOUT_MINOR`].
+    pub fn peer_minor(&self) -> u16 {
+        self.peer_minor
     }
 
     /// Peer messages that wait for a recv (a persistent block counts as one, always waiting).
@@ -272,6 +290,19 @@ impl<B: LocalBuf> Connection<B> {
             own_credit,
             payload,
             send_id,
+            extra: Vec::new(),
+        });
+    }
+
+    /// Queues a frame followed by `extra` encoded bytes (an ADVERT's layout).
+    fn queue_frame_with(&mut self, frame: Frame, extra: Vec<u8>) {
+        self.frames_queued += 1;
+        self.out.push_back(Out::Frame {
+            frame,
+            own_credit: false,
+            payload: None,
+            send_id: None,
+            extra,
         });
     }
 
@@ -335,6 +366,7 @@ impl<B: LocalBuf> Connection<B> {
             };
             self.credits = Credits::negotiate(&self.cfg, &h);
             self.imm_max = u64::from(self.cfg.small_packet_max_size.min(h.max_imm));
+            self.peer_minor = h.minor;
             self.state = State::Open;
             self.event(EventKind::Connect, 0, None, 0, Ok(()));
             return Ok(());

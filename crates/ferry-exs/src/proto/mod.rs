@@ -20,12 +20,14 @@
 
 mod conn;
 mod credit;
+mod layout;
 mod remote;
 mod stats;
 pub mod wire;
 
 pub use conn::Connection;
 pub use credit::CreditState;
+pub use layout::WireLayout;
 pub use remote::RemoteSlice;
 pub use stats::Stats;
 
@@ -118,6 +120,16 @@ pub trait LocalBuf: Clone {
     /// How the peer reaches the whole buffer, if it is registered for remote access. Needed
     /// for pull sends, persistent sends, push receives and persistent receives.
     fn remote(&self) -> Option<RemoteSlice>;
+    /// For a send from a noncontiguous buffer (EXS 1.1): where the message's [`len`]
+    /// bytes lie inside [`remote`], advertised with the ADVERT so the receiver gathers them.
+    /// `None` (the default) for a contiguous buffer. The core uses it only for pulled
+    /// messages, with a peer of minor 1 or later, and when it fits the immediate limit.
+    ///
+    /// [`len`]: LocalBuf::len
+    /// [`remote`]: LocalBuf::remote
+    fn layout(&self) -> Option<WireLayout> {
+        None
+    }
 }
 
 /// Identifies one RMA the core asked for; echoed in [`Connection::rma_done`].
@@ -151,6 +163,22 @@ pub enum Action<B> {
         local_offset: u64,
         /// Source range at the peer.
         remote: RemoteSlice,
+    },
+    /// RMA-read the first `len` bytes of the message stream `layout` describes inside
+    /// `remote` (the peer's noncontiguous send, EXS 1.1) into `local` at `local_offset`.
+    RmaReadLayout {
+        /// Report its completion with [`Connection::rma_done`].
+        op: OpId,
+        /// Destination buffer.
+        local: B,
+        /// Where in `local` the bytes land.
+        local_offset: u64,
+        /// The peer's advertised slice.
+        remote: RemoteSlice,
+        /// Where the message's bytes lie inside `remote`.
+        layout: WireLayout,
+        /// Bytes of the stream to read (a prefix when the recv is smaller).
+        len: u64,
     },
     /// RMA-write `remote.len` bytes of `local` from `local_offset` into `remote`.
     RmaWrite {

@@ -12,7 +12,9 @@ use crate::error::ExsError;
 /// Protocol major version; another major is refused at connect time.
 pub const VERSION_MAJOR: u16 = 1;
 /// Protocol minor version; a higher minor may append fields to HELLO.
-pub const VERSION_MINOR: u16 = 0;
+pub const VERSION_MINOR: u16 = 1;
+/// The first minor that understands [`F_LAYOUT`]: a sender uses it only with such a peer.
+pub const LAYOUT_MINOR: u16 = 1;
 /// `"FEXS"` as a little-endian u32: the first four bytes of every HELLO body.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"FEXS");
 /// Size of the fixed frame header.
@@ -38,6 +40,9 @@ pub const F_IMMEDIATE: u8 = 1;
 pub const F_PERSISTENT: u8 = 2;
 /// ADVERT flag (with [`F_PERSISTENT`]): the reader sends READ_NOTIFY after each read.
 pub const F_NOTIFY: u8 = 4;
+/// ADVERT flag (EXS 1.1): a [`WireLayout`](super::WireLayout) follows the body and says where
+/// the message's bytes lie inside `remote`; the message length is the layout's size.
+pub const F_LAYOUT: u8 = 8;
 
 /// A remote descriptor with every field zero: what a refusal carries instead of a buffer.
 pub const NO_REMOTE: RemoteSlice = RemoteSlice {
@@ -181,7 +186,8 @@ pub struct Decoded<'a> {
     pub credits: u16,
     /// The frame.
     pub frame: Frame,
-    /// Immediate payload (empty unless an immediate ADVERT).
+    /// Immediate payload, or the encoded layout of an ADVERT with [`F_LAYOUT`] (empty
+    /// otherwise).
     pub payload: &'a [u8],
 }
 
@@ -371,7 +377,7 @@ pub fn decode(b: &[u8]) -> Result<Decoded<'_>, WireError> {
     let (body, payload) = raw.split_at(need);
     let f = Body(body);
     let allowed_flags = match t {
-        ty::ADVERT => F_IMMEDIATE | F_PERSISTENT | F_NOTIFY,
+        ty::ADVERT => F_IMMEDIATE | F_PERSISTENT | F_NOTIFY | F_LAYOUT,
         ty::RECV_ADVERT => F_PERSISTENT,
         _ => 0,
     };
@@ -393,9 +399,19 @@ pub fn decode(b: &[u8]) -> Result<Decoded<'_>, WireError> {
             if !canonical || (flags & F_NOTIFY != 0 && !persistent) {
                 return Err(bad);
             }
-            let want_payload = if imm { remote.len } else { 0 };
-            if payload.len() as u64 != want_payload {
-                return Err(WireError::BadLength);
+            if flags & F_LAYOUT != 0 {
+                // A layout describes an ordinary pulled message.
+                if imm || persistent || offset != 0 {
+                    return Err(bad);
+                }
+                if super::WireLayout::decode(payload, remote.len).is_none() {
+                    return Err(bad);
+                }
+            } else {
+                let want_payload = if imm { remote.len } else { 0 };
+                if payload.len() as u64 != want_payload {
+                    return Err(WireError::BadLength);
+                }
             }
             Frame::Advert {
                 id,

@@ -137,11 +137,31 @@ fn resolve(range: impl RangeBounds<usize>, len: usize) -> Option<(usize, usize)>
 /// The core's handle to an [`ExsBuf`] it holds: the core clones handles freely (an operation,
 /// its RMA actions, its event), the user never sees them.
 #[derive(Clone, Debug)]
-pub(crate) struct Held(Arc<ExsBuf>);
+pub(crate) struct Held(Arc<ExsBuf>, Option<Arc<HeldLayout>>);
+
+/// Where the message lies in a held buffer, for layout operations (`runtime/layout.rs`).
+#[derive(Debug)]
+pub(crate) struct HeldLayout {
+    pub(crate) layout: super::layout::Layout,
+    /// What a send advertises (pull sends only).
+    pub(crate) wire: Option<crate::proto::WireLayout>,
+    /// A send (its buffer is advertised whole); a receive is never reachable by the peer.
+    pub(crate) send: bool,
+}
 
 impl Held {
     pub(crate) fn new(buf: ExsBuf) -> Self {
-        Held(Arc::new(buf))
+        Held(Arc::new(buf), None)
+    }
+
+    /// A buffer whose message lies where `layout` says (checked against it already).
+    pub(crate) fn with_layout(buf: ExsBuf, layout: HeldLayout) -> Self {
+        Held(Arc::new(buf), Some(Arc::new(layout)))
+    }
+
+    /// The layout, if the message is noncontiguous.
+    pub(crate) fn layout(&self) -> Option<&HeldLayout> {
+        self.1.as_deref()
     }
 
     /// The user's buffer back. The core hands a buffer back in its completion event after
@@ -161,11 +181,21 @@ impl Held {
 
 impl LocalBuf for Held {
     fn len(&self) -> u64 {
-        self.0.len as u64
+        match &self.1 {
+            Some(l) => l.layout.size(),
+            None => self.0.len as u64,
+        }
     }
 
     fn remote(&self) -> Option<RemoteSlice> {
-        self.0.remote()
+        match &self.1 {
+            Some(l) if !l.send => None,
+            _ => self.0.remote(),
+        }
+    }
+
+    fn layout(&self) -> Option<crate::proto::WireLayout> {
+        self.1.as_ref().and_then(|l| l.wire.clone())
     }
 }
 

@@ -11,7 +11,11 @@ use std::sync::Arc;
 use ferry_fabric::{Access, Buffer, Completion, Endpoint, MemoryRegion, OpKind};
 use tracing::debug;
 
+mod layout;
 mod post;
+
+use layout::Far;
+pub(crate) use layout::{local_layout, Staged};
 
 use super::buf::Held;
 use super::queue::{EventQueue, ExsEvent, SocketId};
@@ -27,6 +31,8 @@ enum Pending {
     Frame(FrameId, MemoryRegion),
     /// One piece of an RMA the core asked for.
     Rma(OpId),
+    /// One operation of a layout transfer (`engine/layout.rs`).
+    Layout(OpId),
 }
 
 /// Connection lifecycle as the waiting `connect` sees it.
@@ -67,6 +73,8 @@ pub(crate) struct Engine {
     pub(crate) rma_chunk: u64,
     /// RMAs split into driver-sized pieces: pieces still out, and the first failure.
     rma_parts: HashMap<OpId, (usize, Result<(), ExsError>)>,
+    /// Noncontiguous (layout) transfers, staging buffers and their counters.
+    pub(crate) nc: layout::LayoutState,
 }
 
 impl Engine {
@@ -104,6 +112,7 @@ impl Engine {
             gather,
             rma_parts: HashMap::new(),
             rma_chunk: caps_piece,
+            nc: layout::LayoutState::default(),
             stats: super::RuntimeStats::default(),
         };
         for i in 0..n {
@@ -189,6 +198,9 @@ impl Engine {
                     .frame_sent(id, c.result.map_err(|_| ExsError::ConnectionReset));
             }
             Pending::Rma(op) => self.piece_done(op, c.result.map_err(|_| ExsError::Transfer)),
+            Pending::Layout(op) => {
+                self.layout_piece_done(op, c.result.map_err(|_| ExsError::Transfer))
+            }
         }
     }
 
@@ -206,7 +218,7 @@ impl Engine {
             let mut keys: Vec<u64> = self
                 .pending
                 .iter()
-                .filter(|(_, p)| matches!(p, Pending::Rma(_)))
+                .filter(|(_, p)| matches!(p, Pending::Rma(_) | Pending::Layout(_)))
                 .map(|(c, _)| *c)
                 .collect();
             keys.sort_unstable();
@@ -218,8 +230,10 @@ impl Engine {
                 return;
             }
             for (_, p) in out {
-                if let Pending::Rma(op) = p {
-                    self.piece_done(op, Err(ExsError::Canceled));
+                match p {
+                    Pending::Rma(op) => self.piece_done(op, Err(ExsError::Canceled)),
+                    Pending::Layout(op) => self.layout_piece_done(op, Err(ExsError::Canceled)),
+                    _ => {}
                 }
             }
         }
@@ -238,13 +252,57 @@ impl Engine {
                 local,
                 local_offset,
                 remote,
+            } if local.layout().is_some() => {
+                let far = Far {
+                    remote,
+                    layout: None,
+                    len: remote.len,
+                };
+                self.layout_rma(op, false, &local, local_offset, far)
+            }
+            Action::RmaRead {
+                op,
+                local,
+                local_offset,
+                remote,
             } => self.rma(op, false, &local, local_offset, remote),
+            Action::RmaReadLayout {
+                op,
+                local,
+                local_offset,
+                remote,
+                layout,
+                len,
+            } => {
+                let far = Far {
+                    remote,
+                    layout: Some(layout),
+                    len,
+                };
+                self.layout_rma(op, false, &local, local_offset, far)
+            }
+            Action::RmaWrite {
+                op,
+                local,
+                local_offset,
+                remote,
+            } if local.layout().is_some() => {
+                let far = Far {
+                    remote,
+                    layout: None,
+                    len: remote.len,
+                };
+                self.layout_rma(op, true, &local, local_offset, far)
+            }
             Action::RmaWrite {
                 op,
                 local,
                 local_offset,
                 remote,
             } => self.rma(op, true, &local, local_offset, remote),
+            Action::CopyIn { buf, offset, data } if buf.layout().is_some() => {
+                self.layout_copy_in(&buf, offset, &data);
+            }
             Action::CopyIn { buf, offset, data } => {
                 // The core only asks for copies within the buffer.
                 if let Err(e) = buf.buf().write_at(offset as usize, &data) {
@@ -265,6 +323,7 @@ impl Engine {
     }
 
     fn event(&mut self, ev: Event<Held>) {
+        let ev = self.unstage(ev);
         match ev.kind {
             // `connect`/`accept` wait for this themselves; the queue never sees it.
             EventKind::Connect => {

@@ -7,10 +7,16 @@
 
 mod buf;
 mod engine;
+mod layout;
 mod queue;
 mod socket;
 
 pub use buf::ExsBuf;
+/// The datatype vocabulary layouts are built from (re-exported from `ferry-dtype`).
+pub use ferry_dtype::{Datatype, Segment};
+/// The path of a layout transfer (re-exported from `ferry-noncontig`).
+pub use ferry_noncontig::Path as LayoutPath;
+pub use layout::{Layout, LayoutError, LayoutStats, Refused};
 pub use queue::{EventQueue, ExsEvent, SocketId};
 pub use socket::{default_config, ExsIncoming, ExsListener, ExsSocket};
 

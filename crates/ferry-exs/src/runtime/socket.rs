@@ -12,6 +12,8 @@ use super::buf::{ExsBuf, Held};
 use super::engine::{Engine, Phase};
 use super::queue::{Drive, EventQueue, SocketId};
 use super::Error;
+
+mod layout;
 use crate::error::ExsError;
 use crate::proto::{Config, Connection, CreditState, Flags, Stats};
 

@@ -375,6 +375,9 @@ impl Sim {
         while let Some(action) = self.sides[s].conn.poll_action() {
             match action {
                 Action::SendFrame { id, bytes, payload } => self.transmit(s, id, bytes, payload),
+                Action::RmaReadLayout { .. } => {
+                    unreachable!("simulated buffers advertise no layouts")
+                }
                 Action::RmaRead {
                     op,
                     local,

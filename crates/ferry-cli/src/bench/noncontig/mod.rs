@@ -68,6 +68,16 @@ pub struct NoncontigArgs {
     /// Where to write CSV, JSON and PNG [default without --json: bench/results/noncontig].
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Only these message sizes, in bytes, comma-separated (each 16 blocks of at most
+    /// 1 MiB), e.g. `--sizes 4194304` to iterate on one point.
+    #[arg(long, value_delimiter = ',')]
+    sizes: Vec<u64>,
+    /// Repetitions (interleaved; medians are reported) instead of the plan's 3 (1 quick).
+    #[arg(long)]
+    reps: Option<usize>,
+    /// Only these methods (contig, pack, zerocopy), e.g. to profile one.
+    #[arg(long, value_delimiter = ',')]
+    methods: Vec<String>,
 }
 
 /// Sizes, message counts and repetitions.
@@ -78,6 +88,8 @@ struct Plan {
     /// Most bytes per point (large messages send fewer than `messages`).
     cap_bytes: u64,
     reps: usize,
+    /// Methods to run (all when empty).
+    only: Vec<String>,
 }
 
 impl Plan {
@@ -89,6 +101,7 @@ impl Plan {
                 warm: 10,
                 cap_bytes: 1 << 30,
                 reps: 1,
+                only: Vec::new(),
             }
         } else {
             Plan {
@@ -97,6 +110,7 @@ impl Plan {
                 warm: 50,
                 cap_bytes: 2 << 30,
                 reps: 3,
+                only: Vec::new(),
             }
         }
     }
@@ -119,7 +133,14 @@ struct Measured {
 
 /// Runs the benchmark and prints (and writes) the report.
 pub fn run(args: &NoncontigArgs) -> Result<()> {
-    let plan = Plan::new(args.quick);
+    let mut plan = Plan::new(args.quick);
+    if !args.sizes.is_empty() {
+        plan.sizes = args.sizes.clone();
+    }
+    if let Some(r) = args.reps {
+        plan.reps = r.max(1);
+    }
+    plan.only = args.methods.clone();
     let drivers = addr::drivers(&args.drivers)?;
     let memcpy = Memcpy::new().measure(5).value;
     let mut status: Vec<DriverStatus> = drivers.iter().map(|d| DriverStatus::new(d)).collect();
@@ -173,6 +194,9 @@ fn driver_rows(plan: &Plan, driver: &str, n: usize) -> Result<(String, Vec<NcRow
         tracing::info!("{driver}: repetition {rep}/{}", plan.reps);
         for (si, &size) in plan.sizes.iter().enumerate() {
             for (mi, m) in METHODS.iter().enumerate() {
+                if !plan.only.is_empty() && !plan.only.iter().any(|o| o == m) {
+                    continue;
+                }
                 if rep == 1 {
                     measure(&mut s, &local, m, size, plan.warm)
                         .with_context(|| format!("{m} {size} B warm-up"))?;
@@ -187,6 +211,9 @@ fn driver_rows(plan: &Plan, driver: &str, n: usize) -> Result<(String, Vec<NcRow
     let mut rows = Vec::new();
     for (si, &size) in plan.sizes.iter().enumerate() {
         for (mi, m) in METHODS.iter().enumerate() {
+            if samples[si][mi].is_empty() {
+                continue;
+            }
             rows.push(NcRow::from_samples(driver, m, size, &samples[si][mi]));
         }
     }

@@ -7,8 +7,8 @@ use std::collections::{HashMap, VecDeque};
 use super::send::block_range;
 use super::{Connection, Violation};
 use crate::error::ExsError;
-use crate::proto::wire::{Frame, Status, F_IMMEDIATE, F_NOTIFY, F_PERSISTENT, NO_REMOTE};
-use crate::proto::{Action, EventKind, Flags, LocalBuf, OpId, RemoteSlice};
+use crate::proto::wire::{Frame, Status, F_IMMEDIATE, F_LAYOUT, F_NOTIFY, F_PERSISTENT, NO_REMOTE};
+use crate::proto::{Action, EventKind, Flags, LocalBuf, OpId, RemoteSlice, WireLayout};
 
 /// A posted recv.
 pub(super) struct RecvOp<B> {
@@ -27,6 +27,8 @@ enum Incoming {
         remote: RemoteSlice,
         /// Immediate bytes, copied out of the control buffer so it can be reposted at once.
         data: Vec<u8>,
+        /// Where the bytes lie inside `remote` (a noncontiguous send, EXS 1.1).
+        layout: Option<WireLayout>,
     },
     Push {
         id: u64,
@@ -54,6 +56,9 @@ impl Incoming {
 
     fn len(&self) -> u64 {
         match self {
+            Incoming::Advert {
+                layout: Some(l), ..
+            } => l.size(),
             Incoming::Advert { remote, .. } => remote.len,
             Incoming::Push { len, .. } => *len,
         }
@@ -64,6 +69,14 @@ impl Incoming {
 enum Target<B> {
     Recv(RecvOp<B>),
     Block,
+}
+
+/// What an RMA read reads from.
+enum Source {
+    /// A contiguous range of the peer's memory.
+    Slice(RemoteSlice),
+    /// The first `len` bytes of a noncontiguous message inside the peer's slice.
+    Layout(RemoteSlice, WireLayout, u64),
 }
 
 /// An RMA read in flight.
@@ -206,12 +219,25 @@ impl<B: LocalBuf> Connection<B> {
                 if flags & F_IMMEDIATE != 0 && remote.len > self.imm_max {
                     return Err("immediate data larger than agreed");
                 }
+                let layout = if flags & F_LAYOUT != 0 {
+                    if payload.len() as u64 > self.imm_max {
+                        return Err("layout longer than the immediate limit");
+                    }
+                    Some(WireLayout::decode(payload, remote.len).ok_or("bad layout")?)
+                } else {
+                    None
+                };
                 Incoming::Advert {
                     id,
                     flags,
                     offset,
                     remote,
-                    data: payload.to_vec(),
+                    data: if layout.is_some() {
+                        Vec::new()
+                    } else {
+                        payload.to_vec()
+                    },
+                    layout,
                 }
             }
             Frame::PushReq { id, offset, len } => Incoming::Push { id, offset, len },
@@ -292,8 +318,18 @@ impl<B: LocalBuf> Connection<B> {
                 self.respond_ack(id, len, Ok(()));
                 self.finish_recv(op, len, truncation(len, msg_len));
             }
+            Incoming::Advert {
+                id,
+                remote,
+                layout: Some(layout),
+                ..
+            } => {
+                let src = Source::Layout(remote, layout, len);
+                self.read(Target::Recv(op), 0, src, msg_len, Some(id), None);
+            }
             Incoming::Advert { id, remote, .. } => {
                 let src = remote.sub(0, len).expect("prefix of a checked range");
+                let src = Source::Slice(src);
                 self.read(Target::Recv(op), 0, src, msg_len, Some(id), None);
             }
             Incoming::Push { id, .. } => {
@@ -317,7 +353,7 @@ impl<B: LocalBuf> Connection<B> {
         let len = op.buf.len().min(pb.remote.len - op.offset);
         let notify = pb.notify.then_some((pb.id, op.offset));
         let src = pb.remote.sub(op.offset, len).expect("checked range");
-        self.read(Target::Recv(op), 0, src, len, None, notify);
+        self.read(Target::Recv(op), 0, Source::Slice(src), len, None, notify);
     }
 
     /// Posts an RMA read, or finishes at once if there is nothing to move.
@@ -325,19 +361,23 @@ impl<B: LocalBuf> Connection<B> {
         &mut self,
         target: Target<B>,
         local_offset: u64,
-        src: RemoteSlice,
+        src: Source,
         msg_len: u64,
         ack: Option<u64>,
         notify: Option<(u64, u64)>,
     ) {
+        let len = match &src {
+            Source::Slice(s) => s.len,
+            Source::Layout(_, _, len) => *len,
+        };
         let rd = Reading {
             target,
-            len: src.len,
+            len,
             msg_len,
             ack,
             notify,
         };
-        if src.len == 0 {
+        if len == 0 {
             return self.finish_read(rd, Ok(()));
         }
         let local = match &rd.target {
@@ -349,11 +389,21 @@ impl<B: LocalBuf> Connection<B> {
             }
         };
         let op = OpId(self.fresh_id());
-        self.action(Action::RmaRead {
-            op,
-            local,
-            local_offset,
-            remote: src,
+        self.action(match src {
+            Source::Slice(remote) => Action::RmaRead {
+                op,
+                local,
+                local_offset,
+                remote,
+            },
+            Source::Layout(remote, layout, len) => Action::RmaReadLayout {
+                op,
+                local,
+                local_offset,
+                remote,
+                layout,
+                len,
+            },
         });
         self.rx.reading.insert(op, rd);
     }
@@ -473,8 +523,18 @@ impl<B: LocalBuf> Connection<B> {
                 self.stats.bytes_received += msg_len;
                 self.respond_ack(id, msg_len, Ok(()));
             }
+            Incoming::Advert {
+                id,
+                remote,
+                layout: Some(layout),
+                ..
+            } => {
+                let src = Source::Layout(remote, layout, msg_len);
+                self.read(Target::Block, offset, src, msg_len, Some(id), None);
+            }
             Incoming::Advert { id, remote, .. } => {
-                self.read(Target::Block, offset, remote, msg_len, Some(id), None);
+                let src = Source::Slice(remote);
+                self.read(Target::Block, offset, src, msg_len, Some(id), None);
             }
             Incoming::Push { id, .. } => self.grant(id, Target::Block, dst, msg_len),
         }

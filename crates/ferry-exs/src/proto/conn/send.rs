@@ -5,8 +5,8 @@ use std::collections::{HashMap, VecDeque};
 
 use super::{Connection, Violation};
 use crate::error::ExsError;
-use crate::proto::wire::{Frame, Status, F_IMMEDIATE, F_NOTIFY, F_PERSISTENT};
-use crate::proto::{Action, EventKind, Flags, LocalBuf, OpId, RemoteSlice};
+use crate::proto::wire::{self, Frame, Status, F_IMMEDIATE, F_LAYOUT, F_NOTIFY, F_PERSISTENT};
+use crate::proto::{Action, EventKind, Flags, LocalBuf, OpId, RemoteSlice, WireLayout};
 
 /// A posted send.
 pub(super) struct SendOp<B> {
@@ -59,6 +59,8 @@ enum Plan {
     Block(RemoteSlice),
     Immediate,
     Pull(RemoteSlice),
+    /// Pull from a noncontiguous buffer: the slice holding it and where the bytes lie.
+    PullLayout(RemoteSlice, WireLayout),
     Push,
     Persistent(RemoteSlice),
 }
@@ -158,6 +160,13 @@ impl<B: LocalBuf> Connection<B> {
             Plan::Immediate
         } else if self.cfg.push {
             Plan::Push
+        } else if let Some(layout) = op.buf.layout() {
+            // The runtime packs instead when the peer is older or the layout too long.
+            if self.peer_minor < wire::LAYOUT_MINOR || layout.encoded_len() as u64 > self.imm_max {
+                return Err(ExsError::InvalidFlags);
+            }
+            let remote = op.buf.remote().ok_or(ExsError::NotRemoteAccessible)?;
+            Plan::PullLayout(remote, layout)
         } else {
             Plan::Pull(remote_of(&op.buf)?)
         })
@@ -219,6 +228,18 @@ impl<B: LocalBuf> Connection<B> {
                     },
                     false,
                 );
+            }
+            Plan::PullLayout(remote, layout) => {
+                self.stats.adverts += 1;
+                let mut extra = Vec::with_capacity(layout.encoded_len());
+                layout.encode(&mut extra);
+                let frame = Frame::Advert {
+                    id,
+                    flags: F_LAYOUT,
+                    offset: 0,
+                    remote,
+                };
+                self.queue_frame_with(frame, extra);
             }
             Plan::Push => {
                 self.stats.pushes += 1;

@@ -73,7 +73,7 @@ pub(super) enum Purpose {
 pub(super) fn progress(shared: &Shared) -> usize {
     let mut events = Vec::new();
     shared.fab.read_cq(16, &mut events);
-    let n = events.len();
+    let n = events.len() + shared.flush_rma_batches();
     for ev in events {
         route(shared, ev);
     }
@@ -125,6 +125,12 @@ fn route(shared: &Shared, ev: Event) {
             let lost_transport = ev.err.is_some_and(|e| transport_lost(kind, e.code));
             let received = kind == OpKind::Recv
                 && (result.is_ok() || matches!(result, Err(FabricError::Truncated { .. })));
+            // Release the target's grant before reporting too: the caller may answer its peer
+            // at once (an EXS ACK), and the peer may deregister the region as soon as it reads
+            // that answer; the release must be ahead of it on the wire.
+            if let Some(token) = token {
+                shared.rma_done(&conn, token);
+            }
             conn.cq.push(Completion {
                 context,
                 op: kind,
@@ -134,9 +140,6 @@ fn route(shared: &Shared, ev: Event) {
             if received {
                 conn.received.fetch_add(1, SeqCst);
                 shared.reap(&conn);
-            }
-            if let Some(token) = token {
-                shared.rma_done(&conn, token);
             }
             if lost_transport {
                 shared.abort(&conn);

@@ -11,11 +11,16 @@
 //!        (or: ◀── RMA_ANSWER{refusal}: the op completes with RemoteAccess, nothing touched)
 //! ```
 //!
-//! It costs one round trip per RMA and gives exact refusal reasons.
+//! It costs one round trip per request and gives exact refusal reasons. RMAs posted while a
+//! request for the same connection, key and direction is unanswered wait for it and then
+//! share one request for the range spanning them all (the EXIO pattern posts one RMA per
+//! destination segment, all together: 16 segments cost 2 requests, not 16), and one
+//! RMA_DONE once the last of them completes. A refused shared request is retried one RMA
+//! per request, so each still fails (or not) for its own reason.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::SeqCst;
+use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex};
 
 use super::domain::Shared;
@@ -47,13 +52,24 @@ struct Pending {
     read: bool,
 }
 
+/// What RMAs share a request: connection id, key, write.
+type BatchKey = (u64, u64, bool);
+
 /// One domain's checked-RMA state, both as initiator and as target.
 #[derive(Default)]
 pub(super) struct Checked {
     regions: Mutex<Regions>,
     /// Granted accesses by (our connection id, token).
     leases: Mutex<HashMap<(u64, u64), MemoryRegion>>,
-    pending: Mutex<HashMap<u64, Pending>>,
+    /// Unanswered requests by token, with the RMAs each one covers.
+    pending: Mutex<HashMap<u64, Vec<Pending>>>,
+    /// A request is unanswered for this connection, key and direction: RMAs posted
+    /// meanwhile wait here to share the next one.
+    batches: Mutex<HashMap<BatchKey, Vec<Pending>>>,
+    /// RMAs waiting in `batches` (lets the progress thread skip the lock when none do).
+    queued: AtomicUsize,
+    /// Granted tokens shared by several RMAs: how many have not completed yet.
+    shares: Mutex<HashMap<u64, usize>>,
     next_token: AtomicU64,
 }
 
@@ -87,7 +103,7 @@ impl Checked {
 
     /// True if RMAs wait for the target's answer.
     pub fn waiting(&self) -> bool {
-        !lock(&self.pending).is_empty()
+        !lock(&self.pending).is_empty() || lock(&self.batches).values().any(|q| !q.is_empty())
     }
 
     /// The region `remote` names, if the access is allowed.
@@ -130,8 +146,9 @@ impl Checked {
 }
 
 impl Shared {
-    /// Initiator: asks the target to grant `op` (an RMA of `remote`) before posting it.
-    /// `rma` is this domain's checked-RMA state.
+    /// Initiator: asks the target to grant `op` (an RMA of `remote`) before posting it, or,
+    /// if a request for the same key and direction is unanswered, queues it to share the
+    /// next one. `rma` is this domain's checked-RMA state.
     pub fn post_checked(
         &self,
         rma: &Checked,
@@ -140,24 +157,67 @@ impl Shared {
         op: Op,
         remote: RemoteSlice,
     ) -> Result<()> {
-        let token = rma.next_token.fetch_add(1, SeqCst);
         let pending = Pending {
             op,
             conn: conn.clone(),
             remote,
             read,
         };
-        lock(&rma.pending).insert(token, pending);
+        {
+            let mut batches = lock(&rma.batches);
+            match batches.get_mut(&(conn.id, remote.key, !read)) {
+                Some(queue) => {
+                    queue.push(pending);
+                    rma.queued.fetch_add(1, SeqCst);
+                    return Ok(());
+                }
+                None => {
+                    batches.insert((conn.id, remote.key, !read), Vec::new());
+                }
+            }
+        }
+        self.request(rma, vec![pending]).map_err(|(e, _)| {
+            lock(&rma.batches).remove(&(conn.id, remote.key, !read));
+            e
+        })
+    }
+
+    /// Sends one request covering every RMA of `ops` (one connection, key and direction):
+    /// the range from the lowest address to the highest end among them. On failure the
+    /// RMAs come back unposted.
+    fn request(
+        &self,
+        rma: &Checked,
+        ops: Vec<Pending>,
+    ) -> std::result::Result<(), (FabricError, Vec<Pending>)> {
+        let Some(first) = ops.first() else {
+            return Ok(());
+        };
+        let (conn, read, key) = (first.conn.clone(), first.read, first.remote.key);
+        let lo = ops.iter().map(|p| p.remote.addr).min().unwrap_or(0);
+        // Each range was checked not to overflow when it was sliced.
+        let hi = ops
+            .iter()
+            .map(|p| p.remote.addr.saturating_add(p.remote.len))
+            .max()
+            .unwrap_or(lo);
+        let span = RemoteSlice {
+            addr: lo,
+            len: hi - lo,
+            key,
+        };
+        let token = rma.next_token.fetch_add(1, SeqCst);
+        lock(&rma.pending).insert(token, ops);
         let ask = Control::RmaRequest {
             target: conn.peer_id,
             sender: conn.id,
             token,
-            remote,
+            remote: span,
             write: !read,
         };
         if let Err(e) = self.send_control(conn.peer, &ask) {
-            lock(&rma.pending).remove(&token);
-            return Err(e);
+            let ops = lock(&rma.pending).remove(&token).unwrap_or_default();
+            return Err((e, ops));
         }
         Ok(())
     }
@@ -196,37 +256,109 @@ impl Shared {
         }
     }
 
-    /// Initiator: the target answered the RMA `token` of our connection `target`; post the
-    /// RMA or fail it.
+    /// Initiator: the target answered the request `token` of our connection `target`; post
+    /// its RMAs or fail them, then send the request the RMAs queued meanwhile share.
     pub fn on_rma_answer(&self, target: u64, token: u64, status: u8) {
-        let p = self.rma.as_ref().and_then(|r| {
-            let mut pending = lock(&r.pending);
+        let Some(rma) = &self.rma else {
+            return;
+        };
+        let ops = {
+            let mut pending = lock(&rma.pending);
             match pending.get(&token) {
-                Some(p) if p.conn.id == target => pending.remove(&token),
+                Some(ops) if ops.first().is_some_and(|p| p.conn.id == target) => {
+                    pending.remove(&token)
+                }
                 _ => None,
             }
-        });
-        let Some(p) = p else {
+        };
+        let Some(ops) = ops else {
             // Failed meanwhile (peer closed, connection lost): give a grant back.
             if let Some(conn) = self.conn(target).filter(|_| status == 0) {
                 self.rma_done(&conn, token);
             }
             return;
         };
+        let Some(batch) = ops.first().map(|p| (p.conn.id, p.remote.key, !p.read)) else {
+            return;
+        };
+        if status != 0 && ops.len() > 1 {
+            // A shared request refused: ask again one RMA at a time, for exact reasons.
+            for p in ops {
+                if let Err((e, back)) = self.request(rma, vec![p]) {
+                    fail_all(back, &e);
+                }
+            }
+        } else if status != 0 {
+            let why = RemoteAccessError::from_wire(status);
+            ops.into_iter()
+                .for_each(|p| fail(p, FabricError::RemoteAccess(why)));
+        } else {
+            if ops.len() > 1 {
+                lock(&rma.shares).insert(token, ops.len());
+            }
+            for p in ops {
+                self.post_granted(p, token);
+            }
+        }
+        // The RMAs that waited for this answer share the next request.
+        let queued = {
+            let mut batches = lock(&rma.batches);
+            match batches.get_mut(&batch) {
+                Some(q) if !q.is_empty() => {
+                    rma.queued.fetch_sub(q.len(), SeqCst);
+                    std::mem::take(q)
+                }
+                Some(_) => {
+                    batches.remove(&batch);
+                    Vec::new()
+                }
+                None => Vec::new(),
+            }
+        };
+        if let Err((e, back)) = self.request(rma, queued) {
+            lock(&rma.batches).remove(&batch);
+            fail_all(back, &e);
+        }
+    }
+
+    /// Initiator: sends one request for each group of RMAs queued behind an unanswered one
+    /// (the progress thread calls this on every round, so a burst of posts shares requests
+    /// that are already in flight while the first one is answered). Returns the requests
+    /// sent.
+    pub fn flush_rma_batches(&self) -> usize {
+        let Some(rma) = &self.rma else {
+            return 0;
+        };
+        if rma.queued.load(SeqCst) == 0 {
+            return 0;
+        }
+        let groups: Vec<(BatchKey, Vec<Pending>)> = {
+            let mut batches = lock(&rma.batches);
+            batches
+                .iter_mut()
+                .filter(|(_, q)| !q.is_empty())
+                .map(|(k, q)| {
+                    rma.queued.fetch_sub(q.len(), SeqCst);
+                    (*k, std::mem::take(q))
+                })
+                .collect()
+        };
+        let n = groups.len();
+        for (batch, ops) in groups {
+            if let Err((e, back)) = self.request(rma, ops) {
+                lock(&rma.batches).remove(&batch);
+                fail_all(back, &e);
+            }
+        }
+        n
+    }
+
+    /// Initiator: hands a granted RMA to the provider.
+    fn post_granted(&self, p: Pending, token: u64) {
         let Purpose::User { context, kind, .. } = &p.op.purpose else {
             return;
         };
         let (context, kind) = (*context, *kind);
-        if status != 0 {
-            let why = RemoteAccessError::from_wire(status);
-            drop(p.op);
-            p.conn.cq.push(Completion::err(
-                context,
-                kind,
-                FabricError::RemoteAccess(why),
-            ));
-            return;
-        }
         let mut op = p.op;
         if let Purpose::User { done, .. } = &mut op.purpose {
             *done = Some(token);
@@ -245,8 +377,19 @@ impl Shared {
         }
     }
 
-    /// Initiator: a granted RMA finished; the target may release the region.
+    /// Initiator: a granted RMA finished; once every RMA sharing its grant has, the target
+    /// may release the region.
     pub fn rma_done(&self, conn: &Conn, token: u64) {
+        if let Some(rma) = &self.rma {
+            let mut shares = lock(&rma.shares);
+            if let Some(left) = shares.get_mut(&token) {
+                *left -= 1;
+                if *left > 0 {
+                    return;
+                }
+                shares.remove(&token);
+            }
+        }
         let done = Control::RmaDone {
             target: conn.peer_id,
             sender: conn.id,
@@ -273,10 +416,22 @@ impl Shared {
             let mut pending = lock(&rma.pending);
             let tokens: Vec<u64> = pending
                 .iter()
-                .filter(|(_, p)| p.conn.id == conn)
+                .filter(|(_, ops)| ops.first().is_some_and(|p| p.conn.id == conn))
                 .map(|(&t, _)| t)
                 .collect();
-            tokens.iter().filter_map(|t| pending.remove(t)).collect()
+            let mut failed: Vec<Pending> = tokens
+                .iter()
+                .filter_map(|t| pending.remove(t))
+                .flatten()
+                .collect();
+            let mut batches = lock(&rma.batches);
+            let keys: Vec<BatchKey> = batches.keys().filter(|k| k.0 == conn).copied().collect();
+            for k in keys {
+                let q = batches.remove(&k).unwrap_or_default();
+                rma.queued.fetch_sub(q.len(), SeqCst);
+                failed.extend(q);
+            }
+            failed
         };
         for p in failed {
             fail(p, why());
@@ -289,13 +444,25 @@ impl Shared {
         let Some(rma) = &self.rma else {
             return;
         };
-        let pending: Vec<Pending> = lock(&rma.pending).drain().map(|(_, p)| p).collect();
+        let mut pending: Vec<Pending> = lock(&rma.pending).drain().flat_map(|(_, p)| p).collect();
+        pending.extend(lock(&rma.batches).drain().flat_map(|(_, q)| q));
+        rma.queued.store(0, SeqCst);
         for p in pending {
             fail(p, FabricError::Cancelled);
         }
         for (_, region) in lock(&rma.leases).drain() {
             std::mem::forget(region);
         }
+    }
+}
+
+/// Completes unanswered RMAs whose request could not be sent.
+fn fail_all(ops: Vec<Pending>, e: &FabricError) {
+    for p in ops {
+        fail(
+            p,
+            FabricError::ConnectionLost(format!("RMA request not sent: {e}")),
+        );
     }
 }
 
