@@ -306,6 +306,9 @@ pub(super) struct Quirks {
     pub write_delivery: bool,
     /// Endpoints of one process share memory (shm; see `ffi::LOCAL_EPS`).
     pub shares_local: bool,
+    /// One thread at a time in the provider, the others queue their calls (`gate.rs`):
+    /// shm copies RMA data inside the post, holding locks other calls spin on.
+    pub funnel: bool,
 }
 
 /// The workarounds the provider of `info` needs.
@@ -321,6 +324,7 @@ pub(super) fn quirks(info: &Info) -> Quirks {
         checked_rma: shm || tcp,
         write_delivery: !shm,
         shares_local: shm,
+        funnel: shm,
     }
 }
 

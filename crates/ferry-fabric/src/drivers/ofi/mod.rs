@@ -54,6 +54,7 @@
 mod domain;
 mod endpoint;
 mod ffi;
+mod gate;
 mod info;
 mod progress;
 mod rma;
