@@ -310,13 +310,10 @@ impl Shared {
                     Ok(())
                 }
             };
-            sh.fab
-                .recv(op, ADDR_UNSPEC, CONTROL_TAG, meta, &mut again)
+            sh.fab.recv(op, ADDR_UNSPEC, CONTROL_TAG, meta, &mut again)
         };
-        self.gate.call(
-            self,
-            Job::logged("cannot repost a control receive", run),
-        )
+        self.gate
+            .call(self, Job::logged("cannot repost a control receive", run))
     }
 
     /// Handles a completed control receive and posts it again.

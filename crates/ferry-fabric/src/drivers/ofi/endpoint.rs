@@ -255,7 +255,9 @@ impl Endpoint for OfiEndpoint {
             let mut bytes = vec![0u8; total as usize];
             let mut at = 0;
             for s in data {
-                s.region.buffer().read_at(s.offset, &mut bytes[at..at + s.len]);
+                s.region
+                    .buffer()
+                    .read_at(s.offset, &mut bytes[at..at + s.len]);
                 at += s.len;
             }
             let run = move |sh: &Shared| {
@@ -337,11 +339,7 @@ impl Drop for OfiEndpoint {
                 let bye = Control::Disconnect {
                     target: conn.peer_id,
                     sender: conn.id,
-                    sent: if aborted {
-                        0
-                    } else {
-                        conn.sent.load(SeqCst)
-                    },
+                    sent: if aborted { 0 } else { conn.sent.load(SeqCst) },
                 };
                 if aborted {
                     sh.try_send_control(conn.peer, &bye)

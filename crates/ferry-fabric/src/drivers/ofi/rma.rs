@@ -20,8 +20,8 @@ use std::sync::{Arc, Mutex};
 
 use super::domain::Shared;
 use super::endpoint::Conn;
-use super::lock;
 use super::gate::Job;
+use super::lock;
 use super::progress::{Op, Purpose};
 use super::wire::Control;
 use crate::cq::Completion;
@@ -159,7 +159,10 @@ impl Shared {
         // Queued behind a copy and then refused: the RMA fails as if the target had not
         // answered.
         let fail = move |sh: &Shared, e: FabricError| {
-            let p = sh.rma.as_ref().and_then(|r| lock(&r.pending).remove(&token));
+            let p = sh
+                .rma
+                .as_ref()
+                .and_then(|r| lock(&r.pending).remove(&token));
             if let Some(p) = p {
                 fail(p, e);
             }
@@ -327,4 +330,3 @@ fn fail(p: Pending, err: FabricError) {
         p.conn.cq.push(Completion::err(context, kind, err));
     }
 }
-
