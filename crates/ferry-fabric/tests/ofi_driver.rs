@@ -936,7 +936,7 @@ fn sends_posted_during_large_reads_keep_their_order() {
         };
         for i in 0..MSGS {
             // Alternately injected (8 bytes) and sent from the buffer (a whole slot).
-            let len = if i % 2 == 0 { 8 } else { SLOT };
+            let len = if i.is_multiple_of(2) { 8 } else { SLOT };
             let s = sb.slice(i * SLOT..i * SLOT + len).unwrap();
             client.post_send(&[s], i as u64).unwrap();
         }
@@ -955,7 +955,11 @@ fn sends_posted_during_large_reads_keep_their_order() {
         for i in 0..MSGS {
             let c = done(&*p.server);
             assert!(c.result.is_ok(), "{c:?}");
-            let len = if c.context % 2 == 0 { 8 } else { SLOT as u64 };
+            let len = if c.context.is_multiple_of(2) {
+                8
+            } else {
+                SLOT as u64
+            };
             assert_eq!(
                 (c.context, c.len),
                 (i as u64, len),

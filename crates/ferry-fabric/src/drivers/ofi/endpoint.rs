@@ -199,8 +199,11 @@ impl OfiEndpoint {
             None => {
                 let conn = self.conn.clone();
                 let run = move |sh: &Shared| {
-                    sh.fab
-                        .rma(read, op, conn.peer, remote, conn.id, &mut sh.again())?;
+                    let inside = sh.gate.enter_wait(sh);
+                    inside.long(|| {
+                        sh.fab
+                            .rma(read, op, conn.peer, remote, conn.id, &mut sh.again())
+                    })?;
                     sh.wake();
                     Ok(())
                 };

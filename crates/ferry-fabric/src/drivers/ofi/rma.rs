@@ -259,8 +259,11 @@ impl Shared {
         let queued_fail = fail(conn.clone());
         let now_fail = fail(conn.clone());
         let run = move |sh: &Shared| {
-            sh.fab
-                .rma(read, op, conn.peer, remote, conn.id, &mut sh.again())
+            let inside = sh.gate.enter_wait(sh);
+            inside.long(|| {
+                sh.fab
+                    .rma(read, op, conn.peer, remote, conn.id, &mut sh.again())
+            })
         };
         // Completions are routed inside the gate, so this normally runs at once.
         if let Err(e) = self.gate.call(self, Job::new(run, queued_fail)) {
