@@ -94,7 +94,11 @@ fn capabilities_are_reported() {
         assert!(caps.rma && caps.max_gather >= 1);
         assert!(caps.ordering.send_after_send);
         // The measured piece sizes (info::rma_piece): 1 MiB on tcp;ofi_rxm, 4 MiB on shm.
-        let piece = if caps.provider == "shm" { 4 << 20 } else { 1 << 20 };
+        let piece = if caps.provider == "shm" {
+            4 << 20
+        } else {
+            1 << 20
+        };
         assert_eq!(caps.rma_piece, piece, "{}", caps.provider);
         assert_eq!(caps, p.server.capabilities());
         assert!(!p.client.peer().is_empty());
