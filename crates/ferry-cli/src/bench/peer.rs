@@ -100,6 +100,10 @@ impl Peer {
                         .domain()
                         .register(&Buffer::new(bytes as usize), Access::ALL)
                         .context("registering the target region")?;
+                    // Real data, like the memory the measured side moves: never-written
+                    // pages are the kernel's shared zero page, which RMA reads (shm's CMA
+                    // copy above all) would read from cache instead of memory.
+                    region.buffer().fill(0x3c);
                     let advert = Msg::Advert(region.remote(..)?);
                     self.bulk = Some(region);
                     self.post_ctrl_recv()?;

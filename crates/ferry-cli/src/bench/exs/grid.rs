@@ -36,6 +36,8 @@ pub struct Plan {
     pub warm: usize,
     /// Repetitions (median taken).
     pub reps: usize,
+    /// Latency payloads (none: no latency cells).
+    pub latency_sizes: Vec<usize>,
 }
 
 impl Plan {
@@ -52,6 +54,7 @@ impl Plan {
                 pings: 1000,
                 warm: 100,
                 reps: 1,
+                latency_sizes: LATENCY_SIZES.to_vec(),
             }
         } else {
             Plan {
@@ -64,8 +67,18 @@ impl Plan {
                 pings: 2000,
                 warm: 200,
                 reps: 3,
+                latency_sizes: LATENCY_SIZES.to_vec(),
             }
         }
+    }
+
+    /// Only what the `large_vs_fabric` ratio needs: the 16 MiB stream point in normal and
+    /// persistent mode, and the fabric reference (same totals and repetitions as `self`).
+    pub fn large_only(mut self) -> Plan {
+        self.sizes = vec![LARGE];
+        self.inflight_sizes.clear();
+        self.latency_sizes.clear();
+        self
     }
 
     /// Messages for a point of `size` bytes with `window` in flight: at most `total` bytes
@@ -206,7 +219,7 @@ pub fn grid_of(driver: &str, plan: &Plan) -> Vec<Cell> {
                 }
             }
         }
-        for s in LATENCY_SIZES {
+        for &s in &plan.latency_sizes {
             cells.push(Cell::new(driver, "latency", Kind::Latency(mode, s)));
         }
     }
@@ -235,5 +248,15 @@ mod tests {
         assert_eq!(imm.count(), 5, "immediate stops at 64 KiB");
         assert_eq!(g.iter().filter(|c| c.op == "latency").count(), 9);
         assert_eq!(g.last().map(|c| c.kind), Some(Kind::FabricRead(LARGE)));
+        let large = grid_of("ofi+shm", &Plan::new(false).large_only());
+        let kinds: Vec<Kind> = large.iter().map(|c| c.kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                Kind::Stream(Mode::Normal, LARGE, 4),
+                Kind::Stream(Mode::Persistent, LARGE, 4),
+                Kind::FabricRead(LARGE)
+            ]
+        );
     }
 }

@@ -36,6 +36,10 @@ pub struct ExsArgs {
     /// Short run (under a minute): fewer sizes and rounds, smaller totals, one repetition.
     #[arg(long)]
     quick: bool,
+    /// Measure only the 16 MiB stream point (normal and persistent) and the fabric
+    /// reference: the `large_vs_fabric` ratios, in a fraction of the time.
+    #[arg(long)]
+    large_only: bool,
     /// Print exactly one JSON object on stdout instead of the table (files only with --out).
     #[arg(long)]
     json: bool,
@@ -49,7 +53,10 @@ pub struct ExsArgs {
 
 /// Runs the benchmark and prints (and writes) the report.
 pub fn run(args: &ExsArgs) -> Result<()> {
-    let plan = Plan::new(args.quick);
+    let plan = match args.large_only {
+        true => Plan::new(args.quick).large_only(),
+        false => Plan::new(args.quick),
+    };
     let drivers = addr::drivers(&args.drivers)?;
     let mut grid: Vec<Vec<Cell>> = drivers.iter().map(|d| grid_of(d, &plan)).collect();
     let mut status: Vec<DriverStatus> = drivers.iter().map(|d| DriverStatus::new(d)).collect();
@@ -106,6 +113,9 @@ pub fn run(args: &ExsArgs) -> Result<()> {
 fn exs_session(plan: &Plan, n: usize, cells: &mut [Cell], st: &mut DriverStatus) -> Result<()> {
     let mut client = Client::spawn(&addr::address(&st.driver, n)?)?;
     for mode in conn::Mode::ALL {
+        if !cells.iter().any(|c| c.mode() == Some(mode)) {
+            continue;
+        }
         client
             .open(mode, REGION)
             .with_context(|| format!("opening a {} connection", mode.name()))?;

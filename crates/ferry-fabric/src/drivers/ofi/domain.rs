@@ -12,6 +12,7 @@ use ferry_ofi_sys as sys;
 
 use super::endpoint::{peer_gone, Conn, Liveness, OfiEndpoint};
 use super::ffi::{self, errno, Event, Fabric, FiAddr, Info, Meta, ADDR_UNSPEC};
+use super::gate::{Gate, Job};
 use super::progress::{self, Op, Purpose};
 use super::rma::Checked;
 use super::wire::{self, Control};
@@ -140,6 +141,8 @@ pub(super) struct Shared {
     thread: OnceLock<Thread>,
     /// Dead-peer detection timing.
     pub keepalive: Keepalive,
+    /// Who may call into the provider (`gate.rs`).
+    pub gate: Gate,
 }
 
 impl Shared {
@@ -236,15 +239,33 @@ impl Shared {
     /// Sends a control message to `peer`: injected where it fits (all but CONNECT on the
     /// providers tested), else from a freshly registered buffer.
     pub fn send_control(&self, peer: FiAddr, msg: &Control) -> Result<()> {
+        self.send_control_or(peer, msg, |_, e| {
+            tracing::debug!("control message not sent: {e}")
+        })
+    }
+
+    /// [`Self::send_control`]; if the send had to be queued (`gate.rs`) and then fails,
+    /// `fail` is told instead of the caller.
+    pub fn send_control_or(
+        &self,
+        peer: FiAddr,
+        msg: &Control,
+        fail: impl FnOnce(&Shared, FabricError) + Send + 'static,
+    ) -> Result<()> {
         let bytes = msg.encode();
         if bytes.len() <= self.caps.inline_size {
-            self.fab
-                .inject(&bytes, peer, CONTROL_TAG, &mut self.again())?;
-            self.wake();
-            return Ok(());
+            let run = move |sh: &Shared| {
+                sh.fab.inject(&bytes, peer, CONTROL_TAG, &mut sh.again())?;
+                sh.wake();
+                Ok(())
+            };
+            return self.gate.call(self, Job::new(run, fail));
         }
         let region = self.register(&Buffer::from_slice(&bytes), Access::LOCAL)?;
-        self.send_control_region(peer, region, None, Instant::now() + POST_STALL)
+        let run = move |sh: &Shared| {
+            sh.send_control_region(peer, region, None, Instant::now() + POST_STALL)
+        };
+        self.gate.call(self, Job::new(run, fail))
     }
 
     /// Sends a registered control message, giving up at `deadline` if the provider keeps
@@ -260,6 +281,7 @@ impl Shared {
             slices: vec![region.full()],
             purpose: Purpose::ControlSend { connect },
         };
+        let _inside = self.gate.enter_wait(self);
         self.fab
             .send(op, peer, CONTROL_TAG, 0, &mut self.again_until(deadline))?;
         self.wake();
@@ -278,17 +300,20 @@ impl Shared {
         };
         // Reposts happen while routing completions, possibly on a thread already inside a
         // retry loop: wait by yielding instead of progressing again.
-        let deadline = Instant::now() + POST_STALL;
-        let mut again = || {
-            std::thread::yield_now();
-            if Instant::now() >= deadline {
-                Err(FabricError::Timeout(POST_STALL))
-            } else {
-                Ok(())
-            }
+        let run = move |sh: &Shared| {
+            let deadline = Instant::now() + POST_STALL;
+            let mut again = || {
+                std::thread::yield_now();
+                if Instant::now() >= deadline {
+                    Err(FabricError::Timeout(POST_STALL))
+                } else {
+                    Ok(())
+                }
+            };
+            sh.fab.recv(op, ADDR_UNSPEC, CONTROL_TAG, meta, &mut again)
         };
-        self.fab
-            .recv(op, ADDR_UNSPEC, CONTROL_TAG, meta, &mut again)
+        self.gate
+            .call(self, Job::logged("cannot repost a control receive", run))
     }
 
     /// Handles a completed control receive and posts it again.
@@ -433,11 +458,15 @@ impl Shared {
         if bytes.len() > self.caps.inline_size {
             return self.send_control(peer, msg);
         }
-        let deadline = Instant::now() + Duration::from_millis(1);
-        self.fab
-            .inject(&bytes, peer, CONTROL_TAG, &mut self.again_until(deadline))?;
-        self.wake();
-        Ok(())
+        let run = move |sh: &Shared| {
+            let deadline = Instant::now() + Duration::from_millis(1);
+            sh.fab
+                .inject(&bytes, peer, CONTROL_TAG, &mut sh.again_until(deadline))?;
+            sh.wake();
+            Ok(())
+        };
+        self.gate
+            .call(self, Job::logged("control message not sent", run))
     }
 
     /// One keepalive round (the progress thread runs it every `keepalive.every / 2`):
@@ -494,12 +523,22 @@ impl Shared {
         else {
             return;
         };
-        self.fab.cancel_recvs(|m| {
-            let surplus = m.conn == conn.id && m.recv_seq >= Some(first_surplus);
+        let id = conn.id;
+        self.cancel_recvs(move |m| {
+            let surplus = m.conn == id && m.recv_seq >= Some(first_surplus);
             m.lost |= surplus;
             surplus
         });
         self.wake();
+    }
+
+    /// Cancels the receives `select` picks (see `Fabric::cancel_recvs`), through the gate.
+    pub fn cancel_recvs(&self, select: impl FnMut(&mut Meta) -> bool + Send + 'static) {
+        let run = move |sh: &Shared| {
+            sh.fab.cancel_recvs(select);
+            Ok(())
+        };
+        let _ = self.gate.call(self, Job::logged("cancel", run));
     }
 
     /// Gives up on `conn` after the provider lost its transport (messages may be lost): its
@@ -554,6 +593,9 @@ impl Shared {
         let busy = || self.user_ops_in_flight() || self.rma.as_ref().is_some_and(Checked::granted);
         self.drain_until(deadline, busy);
         self.closing.store(true, SeqCst);
+        // Nobody else is left to post; this runs what is still queued, and keeps the
+        // provider to this thread until the end.
+        let _inside = self.gate.enter_wait(self);
         lock(&self.control).take();
         self.close_rma();
         self.fab.cancel_recvs(|_| true);
@@ -625,6 +667,7 @@ impl DomainCore {
             sleeping: AtomicBool::new(false),
             thread: OnceLock::new(),
             keepalive: Keepalive::from_env(),
+            gate: Gate::new(quirks.funnel),
             fab,
         });
         let core = Arc::new(DomainCore {
@@ -863,7 +906,11 @@ impl Listener for OfiListener {
                 target: req.conn,
                 conn: id,
             };
-            match shared.send_control(peer, &yes) {
+            // Synchronously (not queued behind a copy): a failure must drop the connection.
+            let inside = shared.gate.enter_wait(shared);
+            let answered = shared.send_control(peer, &yes);
+            drop(inside);
+            match answered {
                 Ok(()) => return Ok(Box::new(OfiEndpoint::new(self.core.clone(), conn))),
                 Err(e) => {
                     shared.remove_conn(id);

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use super::data_tag;
 use super::domain::{DomainCore, Shared};
 use super::ffi::{self, FiAddr, Meta, ADDR_UNSPEC};
+use super::gate::Job;
 use super::progress::{Op, Purpose};
 use super::wire::Control;
 use crate::caps::Capabilities;
@@ -192,22 +193,32 @@ impl OfiEndpoint {
         }
         let kind = if read { OpKind::Read } else { OpKind::Write };
         let op = self.user_op(local, ctx, kind, total);
+        ffi::validate(local)?;
         match &sh.rma {
-            Some(rma) => {
-                ffi::validate(local)?;
-                sh.post_checked(rma, &self.conn, read, op, remote)?
+            Some(rma) => sh.post_checked(rma, &self.conn, read, op, remote)?,
+            None => {
+                let conn = self.conn.clone();
+                let run = move |sh: &Shared| {
+                    let inside = sh.gate.enter_wait(sh);
+                    inside.long(|| {
+                        sh.fab
+                            .rma(read, op, conn.peer, remote, conn.id, &mut sh.again())
+                    })?;
+                    sh.wake();
+                    Ok(())
+                };
+                sh.gate.call(sh, Job::new(run, self.fail_op(ctx, kind)))?;
             }
-            None => sh.fab.rma(
-                read,
-                op,
-                self.conn.peer,
-                remote,
-                self.conn.id,
-                &mut sh.again(),
-            )?,
         }
         sh.wake();
         Ok(())
+    }
+
+    /// What a queued post of operation `context` does when the provider refuses it: the
+    /// operation completes with the error.
+    fn fail_op(&self, context: u64, kind: OpKind) -> impl FnOnce(&Shared, FabricError) + Send {
+        let conn = self.conn.clone();
+        move |_, e| conn.cq.push(Completion::err(context, kind, e))
     }
 }
 
@@ -239,21 +250,37 @@ impl Endpoint for OfiEndpoint {
             return Err(self.conn.closed_error());
         }
         let tag = data_tag(self.conn.peer_id);
+        ffi::validate(data)?;
+        let conn = self.conn.clone();
+        let fail = self.fail_op(context, OpKind::Send);
         if total <= sh.caps.inline_size as u64 {
-            // Injected: copied before the call returns, and the provider reports nothing.
-            sh.fab
-                .inject_slices(data, self.conn.peer, tag, &mut sh.again())?;
-            self.conn.sent.fetch_add(1, SeqCst);
-            self.conn
-                .cq
-                .push(Completion::ok(context, OpKind::Send, total));
+            // Injected: copied now (the post may be queued), and the provider reports nothing.
+            let mut bytes = vec![0u8; total as usize];
+            let mut at = 0;
+            for s in data {
+                s.region
+                    .buffer()
+                    .read_at(s.offset, &mut bytes[at..at + s.len]);
+                at += s.len;
+            }
+            let run = move |sh: &Shared| {
+                sh.fab.inject(&bytes, conn.peer, tag, &mut sh.again())?;
+                conn.sent.fetch_add(1, SeqCst);
+                conn.cq.push(Completion::ok(context, OpKind::Send, total));
+                sh.wake();
+                Ok(())
+            };
+            sh.gate.call(sh, Job::new(run, fail))?;
         } else {
             let op = self.user_op(data, context, OpKind::Send, total);
-            sh.fab
-                .send(op, self.conn.peer, tag, self.conn.id, &mut sh.again())?;
-            self.conn.sent.fetch_add(1, SeqCst);
+            let run = move |sh: &Shared| {
+                sh.fab.send(op, conn.peer, tag, conn.id, &mut sh.again())?;
+                conn.sent.fetch_add(1, SeqCst);
+                sh.wake();
+                Ok(())
+            };
+            sh.gate.call(sh, Job::new(run, fail))?;
         }
-        sh.wake();
         Ok(())
     }
 
@@ -278,12 +305,18 @@ impl Endpoint for OfiEndpoint {
             ADDR_UNSPEC
         };
         let op = self.user_op(buf, context, OpKind::Recv, total);
-        sh.fab
-            .recv(op, src, data_tag(self.conn.id), meta, &mut sh.again())?;
-        // The peer may have closed meanwhile; this receive may be one too many.
-        sh.reap(&self.conn);
-        sh.wake();
-        Ok(())
+        ffi::validate(buf)?;
+        let conn = self.conn.clone();
+        let run = move |sh: &Shared| {
+            sh.fab
+                .recv(op, src, data_tag(conn.id), meta, &mut sh.again())?;
+            // The peer may have closed meanwhile; this receive may be one too many.
+            sh.reap(&conn);
+            sh.wake();
+            Ok(())
+        };
+        sh.gate
+            .call(sh, Job::new(run, self.fail_op(context, OpKind::Recv)))
     }
 
     fn post_write(&self, local: &[LocalSlice], remote: RemoteSlice, context: u64) -> Result<()> {
@@ -301,28 +334,32 @@ impl Drop for OfiEndpoint {
         sh.remove_conn(self.conn.id);
         if !self.conn.peer_said_bye.load(SeqCst) {
             // After an abort the peer may not have heard of it yet: say nothing was sent,
-            // and do not wait for a transport that is likely gone.
+            // and do not wait for a transport that is likely gone. The count is taken when
+            // the DISCONNECT leaves, after every send queued before it.
             let aborted = self.conn.peer_closed().is_some();
-            let bye = Control::Disconnect {
-                target: self.conn.peer_id,
-                sender: self.conn.id,
-                sent: if aborted {
-                    0
+            let conn = self.conn.clone();
+            let run = move |sh: &Shared| {
+                let bye = Control::Disconnect {
+                    target: conn.peer_id,
+                    sender: conn.id,
+                    sent: if aborted { 0 } else { conn.sent.load(SeqCst) },
+                };
+                if aborted {
+                    sh.try_send_control(conn.peer, &bye)
                 } else {
-                    self.conn.sent.load(SeqCst)
-                },
+                    sh.send_control(conn.peer, &bye)
+                }
             };
-            let told = if aborted {
-                sh.try_send_control(self.conn.peer, &bye)
-            } else {
-                sh.send_control(self.conn.peer, &bye)
+            let text = self.conn.peer_text.clone();
+            let fail = move |_: &Shared, e: FabricError| {
+                tracing::debug!("cannot tell {text} about the close: {e}");
             };
-            if let Err(e) = told {
+            if let Err(e) = sh.gate.call(sh, Job::new(run, fail)) {
                 tracing::debug!("cannot tell {} about the close: {e}", self.conn.peer_text);
             }
         }
         let id = self.conn.id;
-        sh.fab.cancel_recvs(|m| m.conn == id);
+        sh.cancel_recvs(move |m| m.conn == id);
         sh.wake();
     }
 }

@@ -959,31 +959,6 @@ impl Fabric {
         }
     }
 
-    /// [`Fabric::inject`] of the concatenation of `slices`.
-    pub fn inject_slices(
-        &self,
-        slices: &[LocalSlice],
-        dest: FiAddr,
-        tag: u64,
-        again: &mut dyn FnMut() -> Result<()>,
-    ) -> Result<()> {
-        if let [one] = slices {
-            in_bounds(one)?;
-            // SAFETY: in bounds (checked); a remote write the owner granted may change the
-            // bytes while they are copied, which is the RMA contract.
-            let bytes = unsafe { one.region.buffer().bytes(one.offset, one.len) };
-            return self.inject(bytes, dest, tag, again);
-        }
-        let mut v = Vec::with_capacity(LocalSlice::total(slices) as usize);
-        for s in slices {
-            in_bounds(s)?;
-            let start = v.len();
-            v.resize(start + s.len, 0);
-            s.region.buffer().read_at(s.offset, &mut v[start..]);
-        }
-        self.inject(&v, dest, tag, again)
-    }
-
     // -----------------------------------------------------------------------------------------
     // Completions
 

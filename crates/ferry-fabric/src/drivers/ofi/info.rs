@@ -306,6 +306,9 @@ pub(super) struct Quirks {
     pub write_delivery: bool,
     /// Endpoints of one process share memory (shm; see `ffi::LOCAL_EPS`).
     pub shares_local: bool,
+    /// One thread at a time in the provider, the others queue their calls (`gate.rs`):
+    /// shm copies RMA data inside the post, holding locks other calls spin on.
+    pub funnel: bool,
 }
 
 /// The workarounds the provider of `info` needs.
@@ -321,16 +324,23 @@ pub(super) fn quirks(info: &Info) -> Quirks {
         checked_rma: shm || tcp,
         write_delivery: !shm,
         shares_local: shm,
+        funnel: shm,
     }
 }
 
 /// The RMA piece size that measured best (`ferry bench exs`, 16 MiB messages, 4 in flight,
 /// pieces of 1 and 4 MiB against none): tcp;ofi_rxm streams 1 MiB pieces at 5.2–5.3 GB/s
-/// and whole 16 MiB reads at 2.8–3.1; shm lost with pieces (10.3 and 12.2 against 12.5–13
-/// GB/s: every piece pays the checked-RMA grant). Unmeasured providers are not split.
+/// and whole 16 MiB reads at 2.8–3.1. shm lost with pieces while every grant request spun on
+/// the lock the copy holds (10.3 and 12.2 against 12.5–13 GB/s); since calls queue behind a
+/// copy instead (`gate.rs`), 4 MiB pieces win: EXS normal 15.1–15.8 GB/s against 12.7–14.7
+/// whole (medians 15.3 and 14.0 of 4 runs; 2 and 8 MiB in between), because the peer's
+/// region lock, which shm holds for a whole copy, is free every 4 MiB. Unmeasured providers
+/// are not split.
 fn rma_piece(provider: &str) -> u64 {
     if provider.starts_with("tcp") {
         1 << 20
+    } else if provider == "shm" {
+        4 << 20
     } else {
         u64::MAX
     }

@@ -10,6 +10,8 @@
 //! matching `fi_info`, not the host's other interfaces); a client binds the interface that
 //! routes to the server. shm listens under the name given; providers with opaque addresses
 //! (efa, cxi) listen on their default address and report it as hex (`ofi+efa://<hex>`).
+//! On shm, whose RMA copies inside the post call under locks other calls spin on, one thread
+//! at a time calls into the provider, and calls behind a copy queue (`gate.rs`).
 //!
 //! Connections are emulated: a connection is the peer's address plus the peer's connection
 //! id. Tags keep traffic apart: data for a connection carries `(receiver's conn id << 8) |
@@ -54,6 +56,7 @@
 mod domain;
 mod endpoint;
 mod ffi;
+mod gate;
 mod info;
 mod progress;
 mod rma;

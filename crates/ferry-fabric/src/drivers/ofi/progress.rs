@@ -70,12 +70,19 @@ pub(super) enum Purpose {
 }
 
 /// Reads one batch of completions and routes them. Returns how many were handled.
+/// 0 also when another thread is in the provider (`gate.rs`): that thread progresses.
 pub(super) fn progress(shared: &Shared) -> usize {
+    let Some(inside) = shared.gate.enter(shared) else {
+        return 0;
+    };
     let mut events = Vec::new();
     shared.fab.read_cq(16, &mut events);
     let n = events.len() + shared.flush_rma_batches();
     for ev in events {
         route(shared, ev);
+        // Calls that queued while this completion was handled (an shm RMA copies inside
+        // its post) go before the next one.
+        inside.run_queued();
     }
     n
 }

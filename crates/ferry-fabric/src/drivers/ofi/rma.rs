@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex};
 
 use super::domain::Shared;
 use super::endpoint::Conn;
+use super::gate::Job;
 use super::lock;
 use super::progress::{Op, Purpose};
 use super::wire::Control;
@@ -215,7 +216,18 @@ impl Shared {
             remote: span,
             write: !read,
         };
-        if let Err(e) = self.send_control(conn.peer, &ask) {
+        // Queued behind a copy and then refused: the RMAs fail as if the target had not
+        // answered.
+        let fail = move |sh: &Shared, e: FabricError| {
+            let ops = sh
+                .rma
+                .as_ref()
+                .and_then(|r| lock(&r.pending).remove(&token));
+            if let Some(ops) = ops {
+                fail_all(ops, &e);
+            }
+        };
+        if let Err(e) = self.send_control_or(conn.peer, &ask, fail) {
             let ops = lock(&rma.pending).remove(&token).unwrap_or_default();
             return Err((e, ops));
         }
@@ -250,7 +262,13 @@ impl Shared {
             token,
             status,
         };
-        if let Err(e) = self.send_control(conn.peer, &answer) {
+        let release = move |sh: &Shared, e: FabricError| {
+            tracing::debug!("cannot answer an RMA request: {e}");
+            if let Some(rma) = &sh.rma {
+                lock(&rma.leases).remove(&(target, token));
+            }
+        };
+        if let Err(e) = self.send_control_or(conn.peer, &answer, release) {
             tracing::debug!("cannot answer an RMA request: {e}");
             lock(&rma.leases).remove(&(target, token));
         }
@@ -363,17 +381,25 @@ impl Shared {
         if let Purpose::User { done, .. } = &mut op.purpose {
             *done = Some(token);
         }
-        let posted = self.fab.rma(
-            p.read,
-            op,
-            p.conn.peer,
-            p.remote,
-            p.conn.id,
-            &mut self.again(),
-        );
-        if let Err(e) = posted {
-            self.rma_done(&p.conn, token);
-            p.conn.cq.push(Completion::err(context, kind, e));
+        let (read, remote, conn) = (p.read, p.remote, p.conn);
+        let fail = |failed: Arc<Conn>| {
+            move |sh: &Shared, e: FabricError| {
+                sh.rma_done(&failed, token);
+                failed.cq.push(Completion::err(context, kind, e));
+            }
+        };
+        let queued_fail = fail(conn.clone());
+        let now_fail = fail(conn.clone());
+        let run = move |sh: &Shared| {
+            let inside = sh.gate.enter_wait(sh);
+            inside.long(|| {
+                sh.fab
+                    .rma(read, op, conn.peer, remote, conn.id, &mut sh.again())
+            })
+        };
+        // Completions are routed inside the gate, so this normally runs at once.
+        if let Err(e) = self.gate.call(self, Job::new(run, queued_fail)) {
+            now_fail(self, e);
         }
     }
 
