@@ -4,6 +4,7 @@
 //! listen = "tcp://0.0.0.0:7370"      # default; ofi+tcp://host:port and ofi+shm://name work too
 //! block_size = 4194304               # staging block, bytes (default 4 MiB)
 //! ring = 8                           # staging blocks in flight per connection (default 8)
+//! mem = false                        # true: export the virtual root `mem` (zero/SIZE, null)
 //!
 //! [auth]
 //! tokens = ["s3cret-token"]          # clients send one of these (ferry cp --token / FERRY_TOKEN)
@@ -55,6 +56,9 @@ pub struct ServerConfig {
     /// Staging blocks in flight per connection and direction.
     #[serde(default = "default_ring")]
     pub ring: usize,
+    /// Export the memory-mode root `mem` (`mem/zero/SIZE`, `mem/null`; see [`crate::mem`]).
+    #[serde(default)]
+    pub mem: bool,
     /// Authentication.
     #[serde(default)]
     pub auth: AuthConfig,
@@ -79,6 +83,7 @@ impl Default for ServerConfig {
             listen: default_listen(),
             block_size: default_block(),
             ring: default_ring(),
+            mem: false,
             auth: AuthConfig::default(),
             roots: Vec::new(),
         }
@@ -96,9 +101,9 @@ impl ServerConfig {
     /// names, a sane block size, and either tokens or anonymous access.
     pub fn validate(&self) -> Result<()> {
         let usage = |m: String| Err(XferError::new(Kind::Usage, m));
-        if self.roots.is_empty() {
+        if self.roots.is_empty() && !self.mem {
             return usage(
-                "no roots exported: add a [[root]] name/path to the config or pass --root NAME=PATH"
+                "no roots exported: add a [[root]] name/path to the config or pass --root NAME=PATH (or --mem for memory mode only)"
                     .into(),
             );
         }
@@ -106,6 +111,12 @@ impl ServerConfig {
             if r.name.is_empty() || r.name.contains('/') || r.name == "." || r.name == ".." {
                 return usage(format!(
                     "root name {:?} must be one plain path component",
+                    r.name
+                ));
+            }
+            if self.mem && r.name == crate::mem::MEM_ROOT {
+                return usage(format!(
+                    "root name {:?} is taken by memory mode (--mem): pick another name",
                     r.name
                 ));
             }
