@@ -37,7 +37,10 @@ fn quick_json_run() {
             .iter()
             .find(|r| r["workload"] == "small" && r["tool"] == "ferry" && r["variant"] == d)
             .unwrap_or_else(|| panic!("no ferry small-files row for {d}"));
-        assert!(small["files_per_s"].as_f64().is_some_and(|f| f > 0.0), "{small}");
+        assert!(
+            small["files_per_s"].as_f64().is_some_and(|f| f > 0.0),
+            "{small}"
+        );
     }
     // Every peer row either measured or says why not.
     for r in rows {
@@ -56,7 +59,12 @@ fn quick_json_run() {
     ] {
         assert!(s[k].is_number() || s[k].is_null(), "{k}: {s}");
         if s[k].is_number() {
-            assert!(v["best"][k].as_str().is_some_and(|b| b.starts_with("ferry ")), "{v}");
+            assert!(
+                v["best"][k]
+                    .as_str()
+                    .is_some_and(|b| b.starts_with("ferry ")),
+                "{v}"
+            );
         }
     }
     // iperf3 is a long-standing dependency: that ratio must be there.

@@ -129,7 +129,6 @@ fn fails(o: &Output, code: i32, says: &str) {
     assert!(err.contains(says), "{says:?} not in: {err}");
 }
 
-
 /// Two blocks and a partial one.
 const SIZE: u64 = 2 * BLOCK + 12345;
 
@@ -139,10 +138,18 @@ fn zero_to_null(driver: &str) {
     let s = serve(driver, true, &[]);
     let zero = s.url(&format!("mem/zero/{SIZE}"));
     let v = ok(&cp(&[&zero, "null:"], &[]));
-    assert_eq!((v["files"].as_u64(), v["bytes"].as_u64()), (Some(1), Some(SIZE)), "{v}");
+    assert_eq!(
+        (v["files"].as_u64(), v["bytes"].as_u64()),
+        (Some(1), Some(SIZE)),
+        "{v}"
+    );
     assert_eq!(v["blocks_resent"].as_u64(), Some(0), "{v}");
     let v = ok(&cp(&[&format!("zero:{SIZE}"), &s.url("mem/null")], &[]));
-    assert_eq!((v["files"].as_u64(), v["bytes"].as_u64()), (Some(1), Some(SIZE)), "{v}");
+    assert_eq!(
+        (v["files"].as_u64(), v["bytes"].as_u64()),
+        (Some(1), Some(SIZE)),
+        "{v}"
+    );
     // The client's own sender damages blocks: the server's null sink asks for them again.
     let v = ok(&cp(
         &[&format!("zero:{SIZE}"), &s.url("mem/null")],
@@ -153,7 +160,10 @@ fn zero_to_null(driver: &str) {
     drop(s);
     // The server damages blocks: the client's null sink fetches them again.
     let s = serve(driver, true, &[("FERRY_TEST_CORRUPT_BLOCKS", "2")]);
-    let v = ok(&cp(&[&s.url(&format!("mem/zero/{SIZE}")), "/dev/null"], &[]));
+    let v = ok(&cp(
+        &[&s.url(&format!("mem/zero/{SIZE}")), "/dev/null"],
+        &[],
+    ));
     assert_eq!(v["blocks_resent"].as_u64(), Some(2), "{v}");
     assert_eq!(v["bytes"].as_u64(), Some(SIZE), "{v}");
 }
@@ -183,13 +193,29 @@ fn zeros_into_files_and_refusals() {
     assert_eq!(v["bytes"].as_u64(), Some(3 << 20));
     let got = std::fs::read(s.root.join("z3")).unwrap();
     assert!(got.len() == 3 << 20 && got.iter().all(|b| *b == 0));
-    fails(&cp(&[&s.url("mem/null"), "null:"], &[]), 1, "not a regular file");
-    fails(&cp(&["zero:1M", &s.url("mem/zero/1M")], &[]), 7, "read-only");
-    fails(&cp(&[&s.url("mem/zero/lots"), "null:"], &[]), 3, "name a size");
+    fails(
+        &cp(&[&s.url("mem/null"), "null:"], &[]),
+        1,
+        "not a regular file",
+    );
+    fails(
+        &cp(&["zero:1M", &s.url("mem/zero/1M")], &[]),
+        7,
+        "read-only",
+    );
+    fails(
+        &cp(&[&s.url("mem/zero/lots"), "null:"], &[]),
+        3,
+        "name a size",
+    );
     fails(&cp(&["zero:1M", "null:"], &[]), 1, "both ends are local");
     fails(&cp(&["null:", &s.url("mem/null")], &[]), 1, "sink only");
     drop(s);
     let s = serve("tcp", false, &[]);
-    fails(&cp(&[&s.url("mem/zero/1M"), "null:"], &[]), 3, "no root named");
+    fails(
+        &cp(&[&s.url("mem/zero/1M"), "null:"], &[]),
+        3,
+        "no root named",
+    );
     std::fs::remove_dir_all(&local).unwrap();
 }

@@ -912,7 +912,7 @@ impl Server {
         writer: &mut BlockWriter,
         file_id: u32,
         path: &str,
-    ) -> Result<Option<(u64, PResult<Option<[u8; 32]>>)>> {
+    ) -> Result<Option<Received>> {
         let mut rounds = 0;
         loop {
             let step = link.recv_with(|buf| match proto::decode(buf) {
@@ -951,6 +951,10 @@ impl Server {
         }
     }
 }
+
+/// How a PUT's blocks ended: FILE_DONE's `length`, and its hash once every block was good
+/// (or the refusal after too many CRC rounds).
+type Received = (u64, PResult<Option<[u8; 32]>>);
 
 fn reply_refusal(link: &Link, file_id: u32, r: Refusal) -> Result<()> {
     tracing::debug!("refused: {}", r.message);

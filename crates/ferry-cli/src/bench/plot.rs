@@ -288,7 +288,8 @@ pub fn write_bars_png(
 
 fn draw_bars(area: &DrawingArea<BitMapBackend<'_>, Shift>, p: &Bars) -> DrawResult<()> {
     let n = p.bars.len().max(1);
-    let top = p.bars.iter().fold(1e-9f64, |a, b| a.max(b.1)) * 1.15;
+    // Head room for the rotated value labels above the bars.
+    let top = p.bars.iter().fold(1e-9f64, |a, b| a.max(b.1)) * 1.5;
     let mut chart = ChartBuilder::on(area)
         .caption(&p.title, ("sans-serif", 18))
         .margin(12)
@@ -313,11 +314,20 @@ fn draw_bars(area: &DrawingArea<BitMapBackend<'_>, Shift>, p: &Bars) -> DrawResu
             [(x + 0.1, 0.0), (x + 0.9, *v)],
             RGBColor(r, g, b).filled(),
         )))?;
-        let label = format!("{name}: {}", if *v >= 20.0 { format!("{v:.0}") } else { format!("{v:.2}") });
+        let label = format!(
+            "{name}: {}",
+            if *v >= 20.0 {
+                format!("{v:.0}")
+            } else {
+                format!("{v:.2}")
+            }
+        );
         chart.draw_series(std::iter::once(Text::new(
             label,
             (x + 0.15, v + top * 0.02),
-            ("sans-serif", 12).into_font().transform(FontTransform::Rotate270),
+            ("sans-serif", 12)
+                .into_font()
+                .transform(FontTransform::Rotate270),
         )))?;
     }
     Ok(())

@@ -27,7 +27,8 @@ impl Drop for Workspace {
 
 /// Writes `len` bytes of a cheap pseudo-random stream (not compressible, not all zeros).
 fn write_data(path: &Path, len: u64, seed: u64) -> Result<()> {
-    let mut f = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    let mut f =
+        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
     let mut x = seed | 1;
     let mut block = vec![0u8; 1 << 20];
     let mut left = len;
@@ -43,7 +44,8 @@ fn write_data(path: &Path, len: u64, seed: u64) -> Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
         left -= n as u64;
     }
-    f.sync_all().with_context(|| format!("syncing {}", path.display()))
+    f.sync_all()
+        .with_context(|| format!("syncing {}", path.display()))
 }
 
 impl Workspace {
@@ -58,7 +60,11 @@ impl Workspace {
         for d in [&ws.shm, &ws.disk, &ws.shm.join("small")] {
             std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
         }
-        tracing::info!("writing test data under {} and {}", ws.shm.display(), ws.disk.display());
+        tracing::info!(
+            "writing test data under {} and {}",
+            ws.shm.display(),
+            ws.disk.display()
+        );
         write_data(&ws.shm.join("big"), plan.mem_bytes, 0x9e37_79b9)?;
         write_data(&ws.disk.join("big"), plan.disk_bytes, 0x7f4a_7c15)?;
         for i in 0..plan.small_files {
@@ -108,13 +114,21 @@ impl Workspace {
                     .with_context(|| format!("{}: no output", dst.display()))?
                     .len();
                 if len != row.bytes {
-                    bail!("{}: {len} bytes written, {} expected", dst.display(), row.bytes);
+                    bail!(
+                        "{}: {len} bytes written, {} expected",
+                        dst.display(),
+                        row.bytes
+                    );
                 }
             }
             "small" => {
                 let n = count_files(&dst);
                 if n != self.small_files {
-                    bail!("{}: {n} files arrived, {} expected", dst.display(), self.small_files);
+                    bail!(
+                        "{}: {n} files arrived, {} expected",
+                        dst.display(),
+                        self.small_files
+                    );
                 }
             }
             _ => {}

@@ -20,8 +20,8 @@ use clap::Args;
 use super::addr;
 use super::report::{emit, median, round, DriverStatus, Machine, Report};
 use data::Workspace;
-pub use report::CpRow;
 use report::CpReport;
+pub use report::CpRow;
 use tools::{installed, run_client, Measured, Server};
 
 /// Options of `ferry bench cp`.
@@ -176,8 +176,7 @@ pub fn run(args: &CpArgs) -> Result<()> {
             .iter()
             .enumerate()
             .map(|(i, d)| {
-                let s = addr::address(d, i)
-                    .and_then(|a| Server::ferry(&a.to_string(), &roots));
+                let s = addr::address(d, i).and_then(|a| Server::ferry(&a.to_string(), &roots));
                 (d.clone(), s)
             })
             .collect(),
@@ -204,7 +203,8 @@ pub fn run(args: &CpArgs) -> Result<()> {
         tracing::info!("repetition {rep}/{}", plan.reps);
         for c in cells.iter_mut().filter(|c| !c.failed()) {
             if c.row.workload == "disk" && !data::drop_caches() {
-                let n = "could not drop the page cache (needs root): disk rows may read from memory";
+                let n =
+                    "could not drop the page cache (needs root): disk rows may read from memory";
                 if !notes.iter().any(|x| x == n) {
                     notes.push(n.into());
                 }
@@ -298,13 +298,17 @@ fn warm_up(plan: &Plan, ws: &Workspace, servers: &Servers) {
         }
     }
     for (d, _) in &servers.ferry {
-        let _ = transfer(&warm, ws, servers, &Cell::new("mem", "ferry", d, 64 << 20, 1).row);
+        let _ = transfer(
+            &warm,
+            ws,
+            servers,
+            &Cell::new("mem", "ferry", d, 64 << 20, 1).row,
+        );
     }
 }
 
 fn ok<'a>(s: &'a Result<Server>, name: &str) -> Result<&'a Server> {
-    s.as_ref()
-        .map_err(|e| anyhow::anyhow!("{name}: {e:#}"))
+    s.as_ref().map_err(|e| anyhow::anyhow!("{name}: {e:#}"))
 }
 
 /// Runs one transfer of `row`'s tool and workload.
@@ -327,7 +331,9 @@ fn transfer(plan: &Plan, ws: &Workspace, servers: &Servers, row: &CpRow) -> Resu
             c.args(["cp", "--quiet"]);
             let remote = |rel: &str| format!("{}/{rel}", server.addr);
             match row.workload.as_str() {
-                "mem" => c.arg(remote(&format!("mem/zero/{}", row.bytes))).arg("null:"),
+                "mem" => c
+                    .arg(remote(&format!("mem/zero/{}", row.bytes)))
+                    .arg("null:"),
                 "shm" => c.arg(remote("shm/big")).arg("null:"),
                 "disk" => c.arg(remote("disk/big")).arg(&dst),
                 _ => c.arg("-r").arg(remote("shm/small")).arg(&dst),
@@ -356,10 +362,18 @@ fn transfer(plan: &Plan, ws: &Workspace, servers: &Servers, row: &CpRow) -> Resu
             let mut c = Command::new("xrdcp");
             c.args(["-f", "-s"]);
             if row.workload == "small" {
+                // xrdcp -r wants its target directory to exist (it copies into it).
                 c.arg("-r");
+                ws.clear_output(&row.workload)?;
+                std::fs::create_dir_all(&dst)
+                    .with_context(|| format!("creating {}", dst.display()))?;
             }
-            c.arg(format!("root://127.0.0.1:{}/{}", server.addr, src.display()))
-                .arg(&dst);
+            c.arg(format!(
+                "root://127.0.0.1:{}/{}",
+                server.addr,
+                src.display()
+            ))
+            .arg(&dst);
             (server, c)
         }
         "iperf3" => {
@@ -371,7 +385,9 @@ fn transfer(plan: &Plan, ws: &Workspace, servers: &Servers, row: &CpRow) -> Resu
         }
         t => bail!("unknown tool {t}"),
     };
-    ws.clear_output(&row.workload)?;
+    if !(row.tool == "xrdcp" && row.workload == "small") {
+        ws.clear_output(&row.workload)?;
+    }
     let (mut m, out) = run_client(cmd, server, plan.timeout, || {
         data::sync_output(&row.workload, &dst)
     })?;

@@ -85,6 +85,7 @@ enum Better {
 /// ferry's best row against the peer's best row of `(workload, tool)`: ratio and names.
 fn best_ratio(
     rows: &[CpRow],
+    driver: Option<&str>,
     ferry_workload: &str,
     peer: (&str, &str),
     value: impl Fn(&CpRow) -> Option<f64>,
@@ -110,7 +111,8 @@ fn best_ratio(
     let (f, fname) = pick(
         &mut rows
             .iter()
-            .filter(|r| r.tool == "ferry" && r.workload == ferry_workload),
+            .filter(|r| r.tool == "ferry" && r.workload == ferry_workload)
+            .filter(|r| driver.is_none_or(|d| r.variant == d)),
     )?;
     let (p, pname) = pick(
         &mut rows
@@ -132,27 +134,91 @@ pub fn summary(rows: &[CpRow]) -> (Summary, BTreeMap<String, String>) {
     let gbps = |r: &CpRow| r.gbps;
     let fps = |r: &CpRow| r.files_per_s;
     let cpu = |r: &CpRow| r.cpu_s;
-    type Pick<'a> = (&'a str, &'a str, (&'a str, &'a str), &'a dyn Fn(&CpRow) -> Option<f64>, Better);
+    type Pick<'a> = (
+        &'a str,
+        &'a str,
+        (&'a str, &'a str),
+        &'a dyn Fn(&CpRow) -> Option<f64>,
+        Better,
+    );
     let picks: [Pick<'_>; 10] = [
-        ("mem_vs_gridftp", "mem", ("shm", "gridftp"), &gbps, Better::High),
-        ("mem_vs_iperf3", "mem", ("mem", "iperf3"), &gbps, Better::High),
-        ("disk_vs_gridftp", "disk", ("disk", "gridftp"), &gbps, Better::High),
-        ("smallfiles_vs_gridftp", "small", ("small", "gridftp"), &fps, Better::High),
-        ("cpu_vs_gridftp", "mem", ("shm", "gridftp"), &cpu, Better::Low),
-        ("shm_vs_gridftp", "shm", ("shm", "gridftp"), &gbps, Better::High),
+        (
+            "mem_vs_gridftp",
+            "mem",
+            ("shm", "gridftp"),
+            &gbps,
+            Better::High,
+        ),
+        (
+            "mem_vs_iperf3",
+            "mem",
+            ("mem", "iperf3"),
+            &gbps,
+            Better::High,
+        ),
+        (
+            "disk_vs_gridftp",
+            "disk",
+            ("disk", "gridftp"),
+            &gbps,
+            Better::High,
+        ),
+        (
+            "smallfiles_vs_gridftp",
+            "small",
+            ("small", "gridftp"),
+            &fps,
+            Better::High,
+        ),
+        (
+            "cpu_vs_gridftp",
+            "mem",
+            ("shm", "gridftp"),
+            &cpu,
+            Better::Low,
+        ),
+        (
+            "shm_vs_gridftp",
+            "shm",
+            ("shm", "gridftp"),
+            &gbps,
+            Better::High,
+        ),
         ("shm_vs_xrdcp", "shm", ("shm", "xrdcp"), &gbps, Better::High),
-        ("disk_vs_xrdcp", "disk", ("disk", "xrdcp"), &gbps, Better::High),
-        ("smallfiles_vs_xrdcp", "small", ("small", "xrdcp"), &fps, Better::High),
+        (
+            "disk_vs_xrdcp",
+            "disk",
+            ("disk", "xrdcp"),
+            &gbps,
+            Better::High,
+        ),
+        (
+            "smallfiles_vs_xrdcp",
+            "small",
+            ("small", "xrdcp"),
+            &fps,
+            Better::High,
+        ),
         ("cpu_vs_xrdcp", "mem", ("shm", "xrdcp"), &cpu, Better::Low),
     ];
     let mut out = Vec::new();
     let mut best = BTreeMap::new();
     for (key, fw, peer, value, better) in picks {
-        let r = best_ratio(rows, fw, peer, value, better);
+        let r = best_ratio(rows, None, fw, peer, value, better);
         if let Some((_, names)) = &r {
             best.insert(key.to_string(), names.clone());
         }
         out.push((key.to_string(), r.map(|x| x.0)));
+    }
+    // The same ratios with ferry on its native tcp driver alone (ofi+shm is a shared-memory
+    // transport: it wins on one host but says nothing about a network).
+    for (key, fw, peer, value, better) in &picks[..5] {
+        let r = best_ratio(rows, Some("tcp"), fw, *peer, value, *better);
+        let key = format!("{key}_tcp");
+        if let Some((_, names)) = &r {
+            best.insert(key.clone(), names.clone());
+        }
+        out.push((key, r.map(|x| x.0)));
     }
     (Summary(out), best)
 }
@@ -237,7 +303,10 @@ impl CpReport {
                 num(r.server_cpu_s, 8, 2)
             );
         }
-        let _ = writeln!(s, "\nsummary (ferry's best driver vs the peer's best variant):");
+        let _ = writeln!(
+            s,
+            "\nsummary (ferry's best driver vs the peer's best variant):"
+        );
         for (k, v) in &rep.summary.0 {
             let t = rep.targets.iter().find(|t| t.metric == *k);
             let goal = t.map_or(String::new(), |t| format!("{} {}", t.op, t.target));
@@ -294,6 +363,9 @@ mod tests {
         assert_eq!(best["cpu_vs_gridftp"], "ferry tcp vs gridftp -p 1");
         assert_eq!(s.get("smallfiles_vs_gridftp"), Some(2.5));
         assert_eq!(s.get("disk_vs_gridftp"), None);
+        // The tcp-only variant ignores the faster ofi+shm row.
+        assert_eq!(s.get("mem_vs_gridftp_tcp"), Some(1.2));
+        assert_eq!(best["mem_vs_gridftp_tcp"], "ferry tcp vs gridftp -p 4");
         let t = targets(&s);
         let verdict = |k: &str| t.iter().find(|t| t.metric == k).map(Target::verdict);
         assert_eq!(verdict("mem_vs_gridftp"), Some("pass"));

@@ -27,9 +27,8 @@ pub struct Measured {
 /// Whether `prog` is on the PATH.
 pub fn installed(prog: &str) -> bool {
     std::env::var_os("PATH").is_some_and(|p| {
-        std::env::split_paths(&p).any(|d| {
-            std::fs::metadata(d.join(prog)).is_ok_and(|m| m.is_file())
-        })
+        std::env::split_paths(&p)
+            .any(|d| std::fs::metadata(d.join(prog)).is_ok_and(|m| m.is_file()))
     })
 }
 
@@ -119,7 +118,12 @@ impl Server {
         let port = free_port()?;
         let mut child = Command::new("globus-gridftp-server")
             .args(["-aa", "-anonymous-user", "nobody", "-p", &port.to_string()])
-            .args(["-control-interface", "127.0.0.1", "-data-interface", "127.0.0.1"])
+            .args([
+                "-control-interface",
+                "127.0.0.1",
+                "-data-interface",
+                "127.0.0.1",
+            ])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -230,7 +234,11 @@ pub fn run_client(
     let stderr = err_reader.join().unwrap_or_default();
     if !status.success() {
         let msg = String::from_utf8_lossy(&stderr);
-        let msg = msg.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("");
+        let msg = msg
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("");
         bail!("{what} failed ({status}): {}", msg.trim());
     }
     std::thread::sleep(SETTLE);
