@@ -691,6 +691,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn reads_a_file_in_place_and_views_bytes() {
+        let path = std::env::temp_dir().join(format!("ferry-mem-read-{}", std::process::id()));
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        let f = std::fs::File::open(&path).unwrap();
+        let b = Buffer::new(4096 + 100);
+        b.read_file_at(100, 4096, &f, 5000).unwrap();
+        assert_eq!(b.with_bytes(100, 4096, <[u8]>::to_vec), &data[5000..9096]);
+        assert!(b.with_bytes(0, 100, |s| s.iter().all(|x| *x == 0)));
+        // Past the end of the file: an error, not a short buffer.
+        let e = b.read_file_at(0, 4096, &f, 8000).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof);
+        drop(f);
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
     fn copy_from_between_and_within_buffers() {
         let a = Buffer::from_slice(b"abcdefgh");
         let b = Buffer::new(8);
