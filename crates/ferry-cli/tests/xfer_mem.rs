@@ -43,6 +43,10 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.root);
+        // A killed ofi+shm server cannot remove its region in /dev/shm.
+        if let Some(name) = self.addr.strip_prefix("ofi+shm://") {
+            let _ = std::fs::remove_file(PathBuf::from("/dev/shm").join(name));
+        }
     }
 }
 

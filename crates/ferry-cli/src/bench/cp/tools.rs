@@ -66,6 +66,12 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // A killed ofi+shm server cannot remove its 16 MiB region in /dev/shm.
+        if let Some(name) = self.addr.strip_prefix("ofi+shm://") {
+            if !name.is_empty() && !name.contains('/') {
+                let _ = std::fs::remove_file(Path::new("/dev/shm").join(name));
+            }
+        }
     }
 }
 
