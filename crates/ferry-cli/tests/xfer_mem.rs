@@ -213,6 +213,11 @@ fn zeros_into_files_and_refusals() {
         "name a size",
     );
     fails(&cp(&["zero:1M", "null:"], &[]), 1, "both ends are local");
+    let mut sum = ferry();
+    sum.args(["sum", "--token", TOKEN, &s.url("mem/zero/1M")]);
+    let o = run(sum);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no checksums"));
     fails(&cp(&["null:", &s.url("mem/null")], &[]), 1, "sink only");
     drop(s);
     let s = serve("tcp", false, &[]);

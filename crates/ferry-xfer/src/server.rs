@@ -704,7 +704,15 @@ impl Server {
                 file_id,
                 denied("write-only (read from mem/zero/SIZE)"),
             )?,
-            (Msg::Get { .. } | Msg::Sum { .. }, _) => reply_refusal(
+            (Msg::Sum { .. }, _) => reply_refusal(
+                link,
+                0,
+                refuse(
+                    ErrorCode::Unsupported,
+                    format!("{path}: no checksums on the memory root (nothing is stored)"),
+                ),
+            )?,
+            (Msg::Get { .. }, _) => reply_refusal(
                 link,
                 file_id,
                 refuse(

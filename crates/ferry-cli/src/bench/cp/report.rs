@@ -314,7 +314,7 @@ impl CpReport {
             let names = self.best.get(k).map_or("", String::as_str);
             let _ = writeln!(
                 s,
-                "  {k:<22} {} {goal:<8} {verdict:<7} {names}",
+                "  {k:<26} {} {goal:<8} {verdict:<7} {names}",
                 num(*v, 7, 3)
             );
         }
