@@ -2,8 +2,10 @@
 # Installs what ferry needs on Debian 12, skipping what is already there. Safe to re-run.
 set -euo pipefail
 
-# Build: libfabric headers, libclang for bindgen. Run: iperf3 (benchmark peer), a font for plots.
-packages=(build-essential pkg-config libfabric-dev libfabric-bin libclang-dev iperf3 fonts-dejavu-core procps)
+# Build: libfabric headers, libclang for bindgen. Run: a font for plots. Benchmark peers
+# (`ferry bench`): iperf3, GridFTP (server and globus-url-copy), XRootD (server and xrdcp).
+packages=(build-essential pkg-config libfabric-dev libfabric-bin libclang-dev fonts-dejavu-core procps
+  iperf3 globus-gridftp-server-progs globus-gass-copy-progs xrootd-server xrootd-client)
 
 missing=()
 for p in "${packages[@]}"; do

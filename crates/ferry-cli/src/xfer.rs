@@ -36,6 +36,10 @@ pub struct ServeArgs {
     /// Accept clients without a token (trusted networks only).
     #[arg(long)]
     anonymous: bool,
+    /// Memory mode: also export the virtual root `mem` (read mem/zero/SIZE, write mem/null)
+    /// so copies can skip the disk on this side.
+    #[arg(long)]
+    mem: bool,
     /// Accept this token (repeatable; adds to the config's [auth] tokens).
     #[arg(long = "token", value_name = "TOKEN")]
     tokens: Vec<String>,
@@ -86,9 +90,9 @@ pub struct CpArgs {
     block_size: u32,
     #[command(flatten)]
     remote: Remote,
-    /// Source: a local path, HOST:ROOT/PATH, or ferry://HOST[:PORT]/ROOT/PATH (also tcp://, ofi+tcp://, ofi+shm://NAME/...). With both SRC and DST remote, the source server sends straight to the destination (third-party copy).
+    /// Source: a local path, HOST:ROOT/PATH, or ferry://HOST[:PORT]/ROOT/PATH (also tcp://, ofi+tcp://, ofi+shm://NAME/...), or zero:SIZE (memory mode: SIZE zero bytes, e.g. zero:4G). With both SRC and DST remote, the source server sends straight to the destination (third-party copy).
     src: String,
-    /// Destination, in the same forms.
+    /// Destination, in the same forms, or null: (or /dev/null): check and discard.
     dst: String,
 }
 
@@ -111,7 +115,7 @@ pub struct SumArgs {
 fn remote_of(target: &str, driver: &str) -> Result<ferry_xfer::url::Remote, XferError> {
     match url::parse(target, driver)? {
         Location::Remote(r) => Ok(r),
-        Location::Local(_) => Err(XferError::new(
+        _ => Err(XferError::new(
             Kind::Usage,
             format!("{target}: not a remote path; write HOST:ROOT/PATH or ferry://HOST/ROOT/PATH"),
         )),
@@ -139,6 +143,7 @@ pub fn serve(a: ServeArgs) -> Result<(), XferError> {
         cfg.listen = l;
     }
     cfg.auth.anonymous |= a.anonymous;
+    cfg.mem |= a.mem;
     cfg.auth.tokens.extend(a.tokens);
     cfg.third_party.extend(a.third_party);
     let server = ferry_xfer::server::Server::new(cfg)?;
@@ -279,6 +284,13 @@ pub fn sum(a: SumArgs) -> Result<(), XferError> {
             let (_, h) = c.sum(&r.path)?;
             c.bye();
             (h, a.target.clone())
+        }
+        Location::Zero(n) => (ferry_xfer::mem::zero_hash(n), a.target.clone()),
+        Location::Null => {
+            return Err(XferError::new(
+                Kind::Usage,
+                "null: is a sink: nothing to hash",
+            ))
         }
     };
     println!("{}  {shown}", client::hex(&hash));

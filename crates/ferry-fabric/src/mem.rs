@@ -296,6 +296,60 @@ impl Buffer {
         }
     }
 
+    /// Reads `len` bytes of `file` at `pos` straight into the buffer at `offset` (`pread`
+    /// into the memory, no intermediate copy): how a file sender fills a registered staging
+    /// block. An early end of file is an `UnexpectedEof` error. Panics if the range is out
+    /// of bounds (a caller bug).
+    pub fn read_file_at(
+        &self,
+        offset: usize,
+        len: usize,
+        file: &std::fs::File,
+        pos: u64,
+    ) -> std::io::Result<()> {
+        use std::os::fd::AsRawFd;
+        self.check(offset, len);
+        let mut done = 0usize;
+        while done < len {
+            let at = i64::try_from(pos + done as u64)
+                .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+            // SAFETY: the range was checked against the allocation; the kernel writes into it
+            // like a device would (no Rust reference is formed), with write_at's concurrency
+            // contract; `file` is an open descriptor borrowed for the call.
+            let n = unsafe {
+                libc::pread(
+                    file.as_raw_fd(),
+                    self.raw.ptr.as_ptr().add(offset + done).cast(),
+                    len - done,
+                    at,
+                )
+            };
+            match n {
+                0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                n if n < 0 => {
+                    let e = std::io::Error::last_os_error();
+                    if e.kind() != std::io::ErrorKind::Interrupted {
+                        return Err(e);
+                    }
+                }
+                n => done += n as usize,
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs `f` over `len` bytes at `offset` in place (no copy), e.g. to checksum a received
+    /// block. Panics if the range is out of bounds (a caller bug). The view has read_at's
+    /// concurrency contract: a remote write the owner granted into the same range while `f`
+    /// runs may change the bytes it sees (hold the memory in an operation-free state, as
+    /// a completed receive is, to see stable bytes).
+    pub fn with_bytes<R>(&self, offset: usize, len: usize, f: impl FnOnce(&[u8]) -> R) -> R {
+        self.check(offset, len);
+        // SAFETY: range checked just above; concurrency per the documented contract, the
+        // same one drivers rely on when they send from registered memory.
+        f(unsafe { self.bytes(offset, len) })
+    }
+
     /// Fills the whole buffer with `byte`.
     pub fn fill(&self, byte: u8) {
         // SAFETY: whole allocation; same contract as write_at.
@@ -635,6 +689,23 @@ impl RemoteSlice {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_a_file_in_place_and_views_bytes() {
+        let path = std::env::temp_dir().join(format!("ferry-mem-read-{}", std::process::id()));
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        let f = std::fs::File::open(&path).unwrap();
+        let b = Buffer::new(4096 + 100);
+        b.read_file_at(100, 4096, &f, 5000).unwrap();
+        assert_eq!(b.with_bytes(100, 4096, <[u8]>::to_vec), &data[5000..9096]);
+        assert!(b.with_bytes(0, 100, |s| s.iter().all(|x| *x == 0)));
+        // Past the end of the file: an error, not a short buffer.
+        let e = b.read_file_at(0, 4096, &f, 8000).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof);
+        drop(f);
+        std::fs::remove_file(&path).unwrap();
+    }
 
     #[test]
     fn copy_from_between_and_within_buffers() {

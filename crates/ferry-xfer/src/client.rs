@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::error::{Kind, Result, XferError};
-use crate::link::{BlockSender, BlockWriter, Link, Span, HANDSHAKE_TIMEOUT};
+use crate::link::{BlockSender, BlockWriter, Link, Source, Span, HANDSHAKE_TIMEOUT};
 use crate::proto::{self, Entry, EntryKind, Msg, BLOCK_HEADER_LEN};
 use crate::server::part_name;
 use crate::url::{Location, Remote};
@@ -174,6 +174,8 @@ impl LocalPart {
 /// One file of a download.
 struct Dl {
     path: String,
+    /// Discard the data (the null sink): CRCs are checked, nothing is written.
+    null: bool,
     dest: PathBuf,
     part: Option<LocalPart>,
     writer: Option<BlockWriter>,
@@ -286,10 +288,10 @@ impl Client {
         }
     }
 
-    /// Downloads remote files to local paths, pipelined.
+    /// Downloads remote files to local paths (`None`: the null sink), pipelined.
     pub fn download_files(
         &mut self,
-        jobs: Vec<(String, PathBuf)>,
+        jobs: Vec<(String, Option<PathBuf>)>,
         progress: &dyn Progress,
     ) -> Result<()> {
         let mut jobs = jobs.into_iter();
@@ -307,11 +309,10 @@ impl Client {
 
     fn download_loop(
         &mut self,
-        jobs: &mut impl Iterator<Item = (String, PathBuf)>,
+        jobs: &mut impl Iterator<Item = (String, Option<PathBuf>)>,
         live: &mut HashMap<u32, Dl>,
         progress: &dyn Progress,
     ) -> Result<()> {
-        let mut buf = Vec::new();
         loop {
             while live.len() < GET_WINDOW {
                 let Some((path, dest)) = jobs.next() else {
@@ -328,7 +329,8 @@ impl Client {
                     file_id,
                     Dl {
                         path,
-                        dest,
+                        null: dest.is_none(),
+                        dest: dest.unwrap_or_default(),
                         part: None,
                         writer: None,
                         size: 0,
@@ -342,9 +344,20 @@ impl Client {
             if live.is_empty() {
                 return Ok(());
             }
-            self.link.recv_into(&mut buf)?;
-            let (msg, _) = proto::decode(&buf)
-                .map_err(|e| XferError::conn(format!("the server sent a bad frame: {e}")))?;
+            // BLOCKs are checked (and written) in place in the receive buffer.
+            let msg = self.link.recv_with(|bytes| -> Result<Msg> {
+                let (msg, _) = proto::decode(bytes)
+                    .map_err(|e| XferError::conn(format!("the server sent a bad frame: {e}")))?;
+                if let Msg::Block(h) = &msg {
+                    let writer = live
+                        .get_mut(&h.file_id)
+                        .and_then(|dl| dl.writer.as_mut())
+                        .ok_or_else(|| XferError::conn("BLOCK of no transfer in progress"))?;
+                    writer.push_slice(bytes)?;
+                    progress.add(u64::from(h.len));
+                }
+                Ok(msg)
+            })??;
             let id = match &msg {
                 Msg::Ready { file_id, .. }
                 | Msg::FileDone { file_id, .. }
@@ -361,6 +374,12 @@ impl Client {
                 )));
             };
             match msg {
+                Msg::Ready { size, .. } if dl.null => {
+                    if dl.writer.is_none() {
+                        dl.writer = Some(BlockWriter::null(id, size));
+                        dl.size = size;
+                    }
+                }
                 Msg::Ready { size, mode, .. } => {
                     if dl.part.is_none() {
                         let part = LocalPart::create(&dl.dest)?;
@@ -370,15 +389,7 @@ impl Client {
                         dl.mode = mode;
                     }
                 }
-                Msg::Block(h) => {
-                    let writer = dl
-                        .writer
-                        .as_mut()
-                        .ok_or_else(|| XferError::conn("BLOCK before READY"))?;
-                    let next = writer.spare();
-                    writer.push(std::mem::replace(&mut buf, next))?;
-                    progress.add(u64::from(h.len));
-                }
+                Msg::Block(_) => {}
                 Msg::Error { code, message, .. } => {
                     return Err(remote_err(code, &message));
                 }
@@ -421,6 +432,15 @@ impl Client {
                     let Some(mut dl) = live.remove(&id) else {
                         continue;
                     };
+                    if dl.null {
+                        self.stats.files += 1;
+                        self.stats.bytes += dl.size;
+                        continue;
+                    }
+                    if dl.hash.is_none() && crate::mem::classify(&dl.path).is_some() {
+                        // A server's zero source sends no hash: what was written must be zeros.
+                        dl.hash = Some(crate::mem::zero_hash(dl.size));
+                    }
                     let (Some(part), Some(writer)) = (dl.part.take(), dl.writer.take()) else {
                         return Err(XferError::conn("FILE_DONE before READY"));
                     };
@@ -473,13 +493,8 @@ impl Client {
                 ),
             ));
         }
-        self.upload_open(
-            &file,
-            md.len(),
-            md.permissions().mode() & 0o7777,
-            path,
-            progress,
-        )
+        let mode = md.permissions().mode() & 0o7777;
+        self.put(Source::File(&file), md.len(), mode, path, progress)
     }
 
     /// Uploads an open regular file of `size` bytes to a remote path, creating it with
@@ -487,6 +502,23 @@ impl Client {
     pub fn upload_open(
         &mut self,
         file: &File,
+        size: u64,
+        mode: u32,
+        path: &str,
+        progress: &dyn Progress,
+    ) -> Result<()> {
+        self.put(Source::File(file), size, mode, path, progress)
+    }
+
+    /// Uploads `size` zero bytes (the `zero:SIZE` source of memory mode) to a remote path;
+    /// no file is read. To the server's null sink (`mem/null`) nothing is hashed.
+    pub fn upload_zero(&mut self, size: u64, path: &str, progress: &dyn Progress) -> Result<()> {
+        self.put(Source::Zero, size, 0o644, path, progress)
+    }
+
+    fn put(
+        &mut self,
+        src: Source<'_>,
         size: u64,
         mode: u32,
         path: &str,
@@ -505,19 +537,20 @@ impl Client {
             Msg::Error { code, message, .. } => return Err(remote_err(code, &message)),
             m => return Err(unexpected(&m)),
         }
-        let mut hasher = blake3::Hasher::new();
+        let to_null = crate::mem::classify(path) == Some(Ok(crate::mem::Virtual::Null));
+        let mut hasher = (!to_null).then(blake3::Hasher::new);
         {
             let tx = &mut self.tx;
             let add = |n| progress.add(n);
             let sent = tx.send_range(
                 &self.link,
-                file,
+                src,
                 Span {
                     file_id,
                     offset: 0,
                     len: size,
                 },
-                Some(&mut hasher),
+                hasher.as_mut(),
                 &add,
             );
             if let Err(e) = sent {
@@ -531,12 +564,12 @@ impl Client {
             }
             // The server answers FILE_DONE only after taking every block: no flush needed.
         }
-        let hash = *hasher.finalize().as_bytes();
+        let hash = hasher.map(|h| *h.finalize().as_bytes());
         loop {
             self.link.send(&Msg::FileDone {
                 file_id,
                 length: size,
-                blake3: Some(hash),
+                blake3: hash,
             })?;
             match self.link.recv_msg()? {
                 Msg::Ok { .. } => break,
@@ -551,7 +584,7 @@ impl Client {
                         }
                         tx.send_range(
                             &self.link,
-                            file,
+                            src,
                             Span {
                                 file_id,
                                 offset: off,
@@ -619,31 +652,42 @@ pub fn copy(
     progress: &dyn Progress,
 ) -> Result<Stats> {
     match (src, dst) {
-        (Location::Remote(r), Location::Local(l)) => download(r, l, recursive, opts, progress),
+        (Location::Remote(r), Location::Local(l)) => {
+            download(r, Some(l), recursive, opts, progress)
+        }
+        (Location::Remote(r), Location::Null) => download(r, None, recursive, opts, progress),
         (Location::Local(l), Location::Remote(r)) => upload(l, r, recursive, opts, progress),
         (Location::Remote(s), Location::Remote(d)) => third_party(s, d, recursive, opts, progress),
-        (Location::Local(_), Location::Local(_)) => Err(XferError::new(
+        (Location::Zero(n), Location::Remote(r)) => upload_zero(*n, r, opts, progress),
+        (_, Location::Zero(_)) => Err(XferError::new(
             Kind::Usage,
-            "both paths are local: one of SRC and DST must be remote (host:root/path or ferry://host/root/path); use cp for local copies",
+            "zero:SIZE is a source only; to discard data write to null: (or the server's mem/null)",
+        )),
+        (Location::Null, _) => Err(XferError::new(
+            Kind::Usage,
+            "null: is a sink only; to send zeros read zero:SIZE (or the server's mem/zero/SIZE)",
+        )),
+        (Location::Zero(_) | Location::Local(_), Location::Null | Location::Local(_)) => Err(XferError::new(
+            Kind::Usage,
+            "both ends are local: one of SRC and DST must be remote (host:root/path or ferry://host/root/path)",
         )),
     }
 }
 
+/// Downloads to `local` (`None`: the null sink, nothing is written).
 fn download(
     r: &Remote,
-    local: &Path,
+    local: Option<&Path>,
     recursive: bool,
     opts: &Options,
     progress: &dyn Progress,
 ) -> Result<Stats> {
     let mut c = Client::connect(&r.addr, opts)?;
     let entry = c.stat(&r.path)?;
-    let into_dir = local.is_dir();
-    let dest = if into_dir {
-        local.join(basename(&r.path))
-    } else {
-        local.to_path_buf()
-    };
+    let dest = local.map(|l| match l.is_dir() {
+        true => l.join(basename(&r.path)),
+        false => l.to_path_buf(),
+    });
     match entry.kind {
         EntryKind::File => {
             progress.total(entry.size);
@@ -654,13 +698,15 @@ fn download(
             progress.total(files.iter().map(|f| f.1).sum());
             let mk =
                 |p: &Path| std::fs::create_dir_all(p).map_err(|e| XferError::io(p.display(), &e));
-            mk(&dest)?;
-            for d in &dirs {
-                mk(&dest.join(d))?;
+            if let Some(dest) = &dest {
+                mk(dest)?;
+                for d in &dirs {
+                    mk(&dest.join(d))?;
+                }
             }
             let jobs = files
                 .into_iter()
-                .map(|(rel, _)| (join(&r.path, &rel), dest.join(rel)))
+                .map(|(rel, _)| (join(&r.path, &rel), dest.as_ref().map(|d| d.join(&rel))))
                 .collect();
             c.download_files(jobs, progress)?;
         }
@@ -780,6 +826,17 @@ fn third_party(
             m => return Err(unexpected(&m)),
         }
     }
+}
+
+/// Uploads `size` zero bytes to `r` (into a directory: as `zero`).
+fn upload_zero(size: u64, r: &Remote, opts: &Options, progress: &dyn Progress) -> Result<Stats> {
+    let mut c = Client::connect(&r.addr, opts)?;
+    let target = c.target(&r.path, "zero")?;
+    progress.total(size);
+    c.upload_zero(size, &target, progress)?;
+    let stats = c.stats;
+    c.bye();
+    Ok(stats)
 }
 
 /// A local tree's directories (relative, parents first) and files; symlinks are skipped

@@ -5,6 +5,7 @@
 //! block_size = 4194304               # staging block, bytes (default 4 MiB)
 //! ring = 8                           # staging blocks in flight per connection (default 8)
 //! third_party = ["tcp://dtn2:7370"]  # servers this one may send third-party copies to ("*": any)
+//! mem = false                        # true: export the virtual root `mem` (zero/SIZE, null)
 //!
 //! [auth]
 //! tokens = ["s3cret-token"]          # clients send one of these (ferry cp --token / FERRY_TOKEN)
@@ -56,6 +57,9 @@ pub struct ServerConfig {
     /// Staging blocks in flight per connection and direction.
     #[serde(default = "default_ring")]
     pub ring: usize,
+    /// Export the memory-mode root `mem` (`mem/zero/SIZE`, `mem/null`; see [`crate::mem`]).
+    #[serde(default)]
+    pub mem: bool,
     /// Authentication.
     #[serde(default)]
     pub auth: AuthConfig,
@@ -84,6 +88,7 @@ impl Default for ServerConfig {
             listen: default_listen(),
             block_size: default_block(),
             ring: default_ring(),
+            mem: false,
             auth: AuthConfig::default(),
             roots: Vec::new(),
             third_party: Vec::new(),
@@ -102,9 +107,9 @@ impl ServerConfig {
     /// names, a sane block size, and either tokens or anonymous access.
     pub fn validate(&self) -> Result<()> {
         let usage = |m: String| Err(XferError::new(Kind::Usage, m));
-        if self.roots.is_empty() {
+        if self.roots.is_empty() && !self.mem {
             return usage(
-                "no roots exported: add a [[root]] name/path to the config or pass --root NAME=PATH"
+                "no roots exported: add a [[root]] name/path to the config or pass --root NAME=PATH (or --mem for memory mode only)"
                     .into(),
             );
         }
@@ -112,6 +117,12 @@ impl ServerConfig {
             if r.name.is_empty() || r.name.contains('/') || r.name == "." || r.name == ".." {
                 return usage(format!(
                     "root name {:?} must be one plain path component",
+                    r.name
+                ));
+            }
+            if self.mem && r.name == crate::mem::MEM_ROOT {
+                return usage(format!(
+                    "root name {:?} is taken by memory mode (--mem): pick another name",
                     r.name
                 ));
             }

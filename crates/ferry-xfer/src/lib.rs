@@ -11,6 +11,7 @@
 //!   destination as an ordinary client, to destinations its operator allowed.
 //! - [`client`]: download and upload of files and trees with per-block CRC-32C (bad blocks
 //!   are fetched again) and whole-file BLAKE3, landing by temp name + fsync + rename.
+//! - [`mem`]: memory-to-memory mode (a zero source, a null sink) for benchmarking.
 //!
 //! The wire format is `docs/protocol.md`, section "File transfer protocol"; the user guide
 //! is `docs/xfer.md`.
@@ -22,6 +23,7 @@ pub mod client;
 pub mod config;
 pub mod error;
 pub mod link;
+pub mod mem;
 pub mod proto;
 pub mod server;
 mod third_party;

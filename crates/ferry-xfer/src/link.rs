@@ -14,7 +14,6 @@
 //! reader: bounded memory, back-pressure end to end.
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -140,22 +139,33 @@ impl Link {
     /// Receives the next message into `out` (resized to the message) and re-posts its
     /// buffer. Send completions met on the way are checked.
     pub fn recv_into(&mut self, out: &mut Vec<u8>) -> Result<()> {
+        let (buf, len) = self.next_done()?;
+        out.resize(len, 0);
+        buf.buffer().read_at(buf.offset(), out);
+        self.repost(buf)
+    }
+
+    /// Re-posts a delivered receive buffer (a fresh one if the ring grew since).
+    fn repost(&mut self, buf: ExsBuf) -> Result<()> {
+        let buf = if buf.len() < self.recv_size {
+            self.sock
+                .alloc(self.recv_size)
+                .map_err(|e| XferError::conn(format!("register receive buffer: {e}")))?
+        } else {
+            buf
+        };
+        self.sock.recv(buf, Flags::NONE, self.next_post);
+        self.next_post += 1;
+        Ok(())
+    }
+
+    /// The next received message in posting order: its buffer and length. Send completions
+    /// met on the way are checked.
+    fn next_done(&mut self) -> Result<(ExsBuf, usize)> {
         loop {
             if let Some((buf, len)) = self.done.remove(&self.next_deliver) {
                 self.next_deliver += 1;
-                out.resize(len, 0);
-                buf.buffer().read_at(buf.offset(), out);
-                // Re-post the same registered buffer (a fresh one if the ring grew since).
-                let buf = if buf.len() < self.recv_size {
-                    self.sock
-                        .alloc(self.recv_size)
-                        .map_err(|e| XferError::conn(format!("register receive buffer: {e}")))?
-                } else {
-                    buf
-                };
-                self.sock.recv(buf, Flags::NONE, self.next_post);
-                self.next_post += 1;
-                return Ok(());
+                return Ok((buf, len));
             }
             if self.next_post == self.next_deliver {
                 return Err(XferError::conn("internal: receive with no buffer posted"));
@@ -193,6 +203,15 @@ impl Link {
                 EventKind::Connect | EventKind::ReadNotify => {}
             }
         }
+    }
+
+    /// Receives the next message and runs `f` over its bytes in place, in the registered
+    /// receive buffer (no copy), then re-posts the buffer.
+    pub fn recv_with<R>(&mut self, f: impl FnOnce(&[u8]) -> R) -> Result<R> {
+        let (buf, len) = self.next_done()?;
+        let out = buf.buffer().with_bytes(buf.offset(), len, f);
+        self.repost(buf)?;
+        Ok(out)
     }
 
     /// Receives and decodes the next control frame (a BLOCK is an error here).
@@ -233,6 +252,31 @@ fn corrupt_this_block() -> bool {
     limit > 0 && SENT.fetch_add(1, Ordering::Relaxed) < limit
 }
 
+/// Where the bytes of a sent range come from.
+#[derive(Debug, Clone, Copy)]
+pub enum Source<'a> {
+    /// A file, read at the range's offsets.
+    File(&'a std::fs::File),
+    /// Zeros (memory-to-memory mode: no file is read).
+    Zero,
+}
+
+/// A registered-size buffer of zeros, shared by every sender of a process, to clear a
+/// staging block from.
+fn zero_block(len: usize) -> ferry_fabric::Buffer {
+    static ZEROS: std::sync::Mutex<Option<ferry_fabric::Buffer>> = std::sync::Mutex::new(None);
+    let mut z = ZEROS.lock().unwrap_or_else(|p| p.into_inner());
+    match &*z {
+        Some(b) if b.len() >= len => b.clone(),
+        _ => {
+            let b = ferry_fabric::Buffer::new(len);
+            b.fill(0);
+            *z = Some(b.clone());
+            b
+        }
+    }
+}
+
 /// A byte range of one transfer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Span {
@@ -253,7 +297,8 @@ pub struct BlockSender {
     in_flight: usize,
     ring: usize,
     block: usize,
-    scratch: Vec<u8>,
+    /// Staging blocks (by address) whose payload area holds only zeros.
+    zeroed: std::collections::HashSet<usize>,
     timeout: Duration,
     /// Blocks sent.
     pub blocks: u64,
@@ -270,7 +315,7 @@ impl BlockSender {
             in_flight: 0,
             ring: ring.max(1),
             block: block as usize,
-            scratch: Vec::new(),
+            zeroed: std::collections::HashSet::new(),
             timeout,
             blocks: 0,
         })
@@ -307,15 +352,16 @@ impl BlockSender {
         }
     }
 
-    /// Sends `file[span.offset..span.offset + span.len]` as BLOCK frames of `span.file_id`,
-    /// feeding every byte read to `hasher` in order, and `progress` with each block's length.
-    /// For ranges of more than two blocks the hash runs on its own thread, fed the blocks
-    /// the reader has read (the reader's buffers travel there and back, no copy), so reading,
-    /// CRC and hashing overlap.
+    /// Sends `span` of `src` as BLOCK frames of `span.file_id`, feeding every byte read to
+    /// `hasher` in order, and `progress` with each block's length. Each block is read straight
+    /// into its registered staging block (no copy; a zero source's blocks are zeroed once),
+    /// and its CRC-32C is computed there. For ranges of more than two blocks with staging
+    /// threads on, the hash runs on its own thread, fed copies of the blocks, so reading, CRC
+    /// and hashing overlap.
     pub fn send_range(
         &mut self,
         link: &Link,
-        file: &std::fs::File,
+        src: Source<'_>,
         span: Span,
         hasher: Option<&mut blake3::Hasher>,
         progress: &dyn Fn(u64),
@@ -333,12 +379,13 @@ impl BlockSender {
                     });
                     let res = self.send_blocks(
                         link,
-                        file,
+                        src,
                         span,
-                        &mut |v: &mut Vec<u8>| {
-                            let spare = back_rx.try_recv().unwrap_or_default();
-                            let full = std::mem::replace(v, spare);
-                            tx.send(full)
+                        &mut |b: &[u8]| {
+                            let mut v = back_rx.try_recv().unwrap_or_default();
+                            v.clear();
+                            v.extend_from_slice(b);
+                            tx.send(v)
                                 .map_err(|_| XferError::conn("the hashing thread stopped"))
                         },
                         progress,
@@ -351,50 +398,67 @@ impl BlockSender {
             }
             Some(h) => self.send_blocks(
                 link,
-                file,
+                src,
                 span,
-                &mut |v: &mut Vec<u8>| {
-                    h.update(v);
+                &mut |b: &[u8]| {
+                    h.update(b);
                     Ok(())
                 },
                 progress,
             ),
-            None => self.send_blocks(link, file, span, &mut |_: &mut Vec<u8>| Ok(()), progress),
+            None => self.send_blocks(link, src, span, &mut |_: &[u8]| Ok(()), progress),
         }
     }
 
     fn send_blocks(
         &mut self,
         link: &Link,
-        file: &std::fs::File,
+        src: Source<'_>,
         span: Span,
-        after_read: &mut dyn FnMut(&mut Vec<u8>) -> Result<()>,
+        after_read: &mut dyn FnMut(&[u8]) -> Result<()>,
         progress: &dyn Fn(u64),
     ) -> Result<()> {
         let mut pos = span.offset;
         let end = span.offset.saturating_add(span.len);
         while pos < end {
             let n = (end - pos).min(self.block as u64) as usize;
-            self.scratch.resize(n, 0);
-            file.read_exact_at(&mut self.scratch, pos)
-                .map_err(|e| XferError::io(format!("read at offset {pos}"), &e))?;
+            let buf = self.take_block(&link.sock)?;
+            let mem = buf.buffer();
+            let at = buf.offset() + BLOCK_HEADER_LEN;
+            if buf.len() < BLOCK_HEADER_LEN + n {
+                return Err(XferError::conn("internal: staging block too small"));
+            }
+            match src {
+                Source::File(file) => {
+                    self.zeroed.remove(&buf.addr());
+                    mem.read_file_at(at, n, file, pos)
+                        .map_err(|e| XferError::io(format!("read at offset {pos}"), &e))?;
+                }
+                Source::Zero => {
+                    if self.zeroed.insert(buf.addr()) {
+                        mem.copy_from(at, &zero_block(self.block), 0, self.block);
+                    }
+                }
+            }
+            let crc = mem.with_bytes(at, n, |b| -> Result<u32> {
+                after_read(b)?;
+                Ok(crc32c::crc32c(b))
+            })?;
             let h = BlockHeader {
                 file_id: span.file_id,
                 stream: 0,
                 offset: pos,
                 len: n as u32,
-                crc32c: crc32c::crc32c(&self.scratch),
+                crc32c: crc,
             };
             let head = proto::encode_block_header(&h)
                 .map_err(|e| XferError::conn(format!("encode block: {e}")))?;
-            let buf = self.take_block(&link.sock)?;
-            let fill = |b: &ExsBuf| -> std::result::Result<(), ferry_fabric::FabricError> {
-                b.write_at(0, &head)?;
-                b.write_at(BLOCK_HEADER_LEN, &self.scratch)
-            };
-            fill(&buf).map_err(|e| XferError::conn(format!("fill staging block: {e}")))?;
+            buf.write_at(0, &head)
+                .map_err(|e| XferError::conn(format!("fill staging block: {e}")))?;
             if n > 0 && corrupt_this_block() {
-                let _ = buf.write_at(BLOCK_HEADER_LEN, &[self.scratch[0] ^ 0xff]);
+                self.zeroed.remove(&buf.addr());
+                let first = mem.with_bytes(at, 1, |b| b[0]);
+                let _ = buf.write_at(BLOCK_HEADER_LEN, &[first ^ 0xff]);
             }
             let msg = buf
                 .slice(..BLOCK_HEADER_LEN + n)
@@ -403,7 +467,6 @@ impl BlockSender {
                 .send_to(Some(&self.dq), msg, 0, Flags::NONE, self.blocks);
             self.in_flight += 1;
             self.blocks += 1;
-            after_read(&mut self.scratch)?;
             progress(n as u64);
             pos += n as u64;
         }
@@ -458,9 +521,10 @@ pub struct BlockWriter {
 }
 
 enum WriterKind {
+    /// `None` for the null sink.
     Inline(
         Box<crate::server::BlockSink>,
-        std::fs::File,
+        Option<std::fs::File>,
         std::sync::mpsc::Sender<Vec<u8>>,
     ),
     Thread {
@@ -480,7 +544,7 @@ impl BlockWriter {
         let (back_tx, pool) = std::sync::mpsc::channel();
         if size < THREADED_MIN || !staging_threads() {
             return Ok(BlockWriter {
-                inner: WriterKind::Inline(Box::new(sink), file, back_tx),
+                inner: WriterKind::Inline(Box::new(sink), Some(file), back_tx),
                 pool,
             });
         }
@@ -494,7 +558,7 @@ impl BlockWriter {
                     match m {
                         ToWriter::Block(bytes) => {
                             if fatal.is_none() {
-                                if let Err(e) = write_block(&mut sink, &file, &bytes) {
+                                if let Err(e) = write_block(&mut sink, Some(&file), &bytes) {
                                     fatal = Some(e);
                                 }
                             }
@@ -514,6 +578,31 @@ impl BlockWriter {
         })
     }
 
+    /// The null sink of memory mode for transfer `file_id` (`size` bytes): every block's
+    /// CRC-32C and bounds are checked, nothing is written or hashed.
+    pub fn null(file_id: u32, size: u64) -> Self {
+        let (back_tx, pool) = std::sync::mpsc::channel();
+        let sink = crate::server::BlockSink::new(file_id, size);
+        BlockWriter {
+            inner: WriterKind::Inline(Box::new(sink), None, back_tx),
+            pool,
+        }
+    }
+
+    /// Checks and writes one BLOCK message read in place from the receive buffer (no copy),
+    /// on the calling thread; for a threaded writer the bytes are copied to it.
+    pub fn push_slice(&mut self, bytes: &[u8]) -> Result<()> {
+        match &mut self.inner {
+            WriterKind::Inline(sink, file, _) => write_block(sink, file.as_ref(), bytes),
+            WriterKind::Thread { .. } => {
+                let mut v = self.spare();
+                v.clear();
+                v.extend_from_slice(bytes);
+                self.push(v)
+            }
+        }
+    }
+
     /// A buffer to receive the next message into.
     pub fn spare(&self) -> Vec<u8> {
         self.pool.try_recv().unwrap_or_default()
@@ -523,7 +612,7 @@ impl BlockWriter {
     pub fn push(&mut self, bytes: Vec<u8>) -> Result<()> {
         match &mut self.inner {
             WriterKind::Inline(sink, file, back) => {
-                let res = write_block(sink, file, &bytes);
+                let res = write_block(sink, file.as_ref(), &bytes);
                 let _ = back.send(bytes);
                 res
             }
@@ -569,7 +658,7 @@ impl BlockWriter {
 
 fn write_block(
     sink: &mut crate::server::BlockSink,
-    file: &std::fs::File,
+    file: Option<&std::fs::File>,
     bytes: &[u8],
 ) -> Result<()> {
     match proto::decode(bytes) {

@@ -20,7 +20,8 @@ use rustix::io::Errno;
 
 use crate::config::ServerConfig;
 use crate::error::{Kind, Result, XferError};
-use crate::link::{BlockSender, BlockWriter, Link, Span, HANDSHAKE_TIMEOUT};
+use crate::link::{BlockSender, BlockWriter, Link, Source, Span, HANDSHAKE_TIMEOUT};
+use crate::mem::{Virtual, MEM_ROOT};
 use crate::proto::{self, BlockHeader, Entry, EntryKind, ErrorCode, Msg, BLOCK_HEADER_LEN};
 
 /// An exported directory, held open.
@@ -369,9 +370,10 @@ impl BlockSink {
         }
     }
 
-    /// Checks one BLOCK against its CRC-32C and the transfer's bounds; writes it if good,
+    /// Checks one BLOCK against its CRC-32C and the transfer's bounds; writes it if good
+    /// (to `file`; `None` is the null sink of memory mode: nothing is written or hashed),
     /// remembers its range for a re-fetch if not.
-    pub fn block(&mut self, file: &File, h: &BlockHeader, payload: &[u8]) -> Result<()> {
+    pub fn block(&mut self, file: Option<&File>, h: &BlockHeader, payload: &[u8]) -> Result<()> {
         if h.file_id != self.file_id || h.offset.saturating_add(u64::from(h.len)) > self.size {
             return Err(XferError::conn(format!(
                 "the peer sent a block outside the transfer (file {} offset {} len {})",
@@ -388,6 +390,9 @@ impl BlockSink {
             self.bad_total += 1;
             return Ok(());
         }
+        let Some(file) = file else {
+            return Ok(());
+        };
         if self.io_error.is_none() {
             if let Err(e) = file.write_all_at(payload, h.offset) {
                 self.io_error = Some(e);
@@ -559,6 +564,9 @@ impl Server {
         let mut tx = BlockSender::new(block, self.cfg.ring, link.timeout)?;
         loop {
             let msg = link.recv_msg()?;
+            if self.cfg.mem && self.virtual_request(link, &mut tx, &msg)? {
+                continue;
+            }
             match msg {
                 Msg::Bye => return Ok(()),
                 Msg::Stat { path } => match self.roots.stat(&path) {
@@ -636,6 +644,154 @@ impl Server {
         }
     }
 
+    /// Answers a request on the memory root (`mem/...`, see [`crate::mem`]); false if
+    /// `msg` is not about it.
+    fn virtual_request(&self, link: &mut Link, tx: &mut BlockSender, msg: &Msg) -> Result<bool> {
+        let (path, file_id) = match msg {
+            Msg::Stat { path } | Msg::List { path } | Msg::Sum { path } => (path, 0),
+            Msg::Mkdir { path, .. } => (path, 0),
+            Msg::Get { path, file_id, .. } | Msg::Put { path, file_id, .. } => (path, *file_id),
+            _ => return Ok(false),
+        };
+        let v = match crate::mem::classify(path) {
+            None => return Ok(false),
+            Some(Ok(v)) => v,
+            Some(Err(m)) => {
+                reply_refusal(link, file_id, refuse(ErrorCode::NotFound, m))?;
+                return Ok(true);
+            }
+        };
+        let entry = |kind, mode, size, name: &str| Entry {
+            kind,
+            mode,
+            size,
+            mtime: 0,
+            name: name.into(),
+        };
+        let denied = |what: &str| refuse(ErrorCode::PermissionDenied, format!("{path}: {what}"));
+        match (msg, v) {
+            (Msg::Stat { .. }, Virtual::Root) => {
+                link.send(&Msg::Entry(entry(EntryKind::Dir, 0o555, 0, MEM_ROOT)))?
+            }
+            (Msg::Stat { .. }, Virtual::ZeroDir) => {
+                link.send(&Msg::Entry(entry(EntryKind::Dir, 0o555, 0, "zero")))?
+            }
+            (Msg::Stat { .. }, Virtual::Zero(n)) => {
+                let name = path.trim_end_matches('/').rsplit('/').next().unwrap_or("");
+                link.send(&Msg::Entry(entry(EntryKind::File, 0o444, n, name)))?
+            }
+            (Msg::Stat { .. }, Virtual::Null) => {
+                link.send(&Msg::Entry(entry(EntryKind::Other, 0o222, 0, "null")))?
+            }
+            (Msg::List { .. }, Virtual::Root) => send_entries(
+                link,
+                vec![
+                    entry(EntryKind::Other, 0o222, 0, "null"),
+                    entry(EntryKind::Dir, 0o555, 0, "zero"),
+                ],
+            )?,
+            (Msg::List { .. }, Virtual::ZeroDir) => send_entries(link, vec![])?,
+            (Msg::Get { offset, length, .. }, Virtual::Zero(size)) => {
+                self.send_zero(link, tx, file_id, *offset, *length, size)?
+            }
+            (Msg::Put { size, .. }, Virtual::Null) => {
+                link.send(&Msg::Ready {
+                    file_id,
+                    size: *size,
+                    mode: 0o222,
+                    offset: 0,
+                })?;
+                let mut sink = BlockWriter::null(file_id, *size);
+                match self.receive_into(link, &mut sink, file_id, path)? {
+                    None => {}
+                    Some((_, Err(r))) => reply_refusal(link, file_id, r)?,
+                    Some((length, Ok(_))) if length != *size => reply_refusal(
+                        link,
+                        file_id,
+                        refuse(
+                            ErrorCode::Integrity,
+                            format!("{path}: {length} bytes announced, {size} received"),
+                        ),
+                    )?,
+                    Some((_, Ok(_))) => link.send(&Msg::Ok { file_id })?,
+                }
+            }
+            (Msg::Put { .. }, _) => {
+                reply_refusal(link, file_id, denied("read-only (write to mem/null)"))?
+            }
+            (Msg::Get { .. }, Virtual::Null) => reply_refusal(
+                link,
+                file_id,
+                denied("write-only (read from mem/zero/SIZE)"),
+            )?,
+            (Msg::Sum { .. }, _) => reply_refusal(
+                link,
+                0,
+                refuse(
+                    ErrorCode::Unsupported,
+                    format!("{path}: no checksums on the memory root (nothing is stored)"),
+                ),
+            )?,
+            (Msg::Get { .. }, _) => reply_refusal(
+                link,
+                file_id,
+                refuse(
+                    ErrorCode::IsADirectory,
+                    format!("{path}: not a file; read mem/zero/SIZE, e.g. mem/zero/4G"),
+                ),
+            )?,
+            (Msg::List { .. }, _) => reply_refusal(
+                link,
+                0,
+                refuse(ErrorCode::NotADirectory, format!("{path}: not a directory")),
+            )?,
+            (Msg::Mkdir { .. }, _) => reply_refusal(link, 0, denied("the memory root is fixed"))?,
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// Answers a GET of `mem/zero/SIZE`: READY, zero BLOCKs (each with its CRC-32C),
+    /// FILE_DONE without a hash.
+    fn send_zero(
+        &self,
+        link: &mut Link,
+        tx: &mut BlockSender,
+        file_id: u32,
+        offset: u64,
+        length: u64,
+        size: u64,
+    ) -> Result<()> {
+        if offset > size {
+            return reply_refusal(
+                link,
+                file_id,
+                refuse(
+                    ErrorCode::BadRequest,
+                    format!("offset {offset} past the end ({size} bytes)"),
+                ),
+            );
+        }
+        let len = length.min(size - offset);
+        link.send(&Msg::Ready {
+            file_id,
+            size,
+            mode: 0o444,
+            offset,
+        })?;
+        let span = Span {
+            file_id,
+            offset,
+            len,
+        };
+        tx.send_range(link, Source::Zero, span, None, &|_| {})?;
+        link.send(&Msg::FileDone {
+            file_id,
+            length: len,
+            blake3: None,
+        })
+    }
+
     fn get(
         &self,
         link: &mut Link,
@@ -671,7 +827,7 @@ impl Server {
         let mut hasher = whole.then(blake3::Hasher::new);
         let sent = tx.send_range(
             link,
-            &file,
+            Source::File(&file),
             Span {
                 file_id,
                 offset,
@@ -745,35 +901,73 @@ impl Server {
         path: &str,
     ) -> Result<Option<PResult<()>>> {
         let mut writer = BlockWriter::new(file_id, size, &part.file, self.cfg.ring)?;
+        let (length, blake3) = match self.receive_into(link, &mut writer, file_id, path)? {
+            None => return Ok(None),
+            Some((_, Err(r))) => return Ok(Some(Err(r))),
+            Some((length, Ok(h))) => (length, h),
+        };
+        let mut sink = writer.finish()?;
+        if let Some(e) = sink.io_error.take() {
+            let code = if e.raw_os_error() == Some(Errno::NOSPC.raw_os_error()) {
+                ErrorCode::NoSpace
+            } else {
+                ErrorCode::Io
+            };
+            return Ok(Some(Err(refuse(
+                code,
+                format!("{path}: write failed: {e}"),
+            ))));
+        }
+        let got = match sink.hash(&part.file) {
+            Ok(h) => h,
+            Err(e) => return Ok(Some(Err(refuse(ErrorCode::Io, format!("{path}: {e}"))))),
+        };
+        if length != size || blake3 != Some(got) {
+            return Ok(Some(Err(refuse(
+                ErrorCode::Integrity,
+                format!("{path}: the whole-file BLAKE3 does not match what was sent; nothing was written, try again"),
+            ))));
+        }
+        Ok(Some(Ok(())))
+    }
+
+    /// Feeds a PUT's BLOCKs to `writer` (checked in place in the receive buffers) until a
+    /// FILE_DONE finds every block good: its `length` and hash. Bad blocks are asked for
+    /// again (RESEND) up to the retry limit (then `Err`); `None` if the client gave up.
+    fn receive_into(
+        &self,
+        link: &mut Link,
+        writer: &mut BlockWriter,
+        file_id: u32,
+        path: &str,
+    ) -> Result<Option<Received>> {
         let mut rounds = 0;
         loop {
-            let mut buf = writer.spare();
-            link.recv_into(&mut buf)?;
-            let (blake3, length) = match proto::decode(&buf) {
-                Ok((Msg::Block(_), _)) => {
-                    writer.push(buf)?;
-                    continue;
-                }
-                Ok((Msg::FileDone { blake3, length, .. }, _)) => (blake3, length),
-                Ok((Msg::Error { .. }, _)) => return Ok(None),
-                Ok((m, _)) => {
-                    return Err(XferError::conn(format!(
-                        "unexpected frame during a PUT: {m:?}"
-                    )))
-                }
-                Err(e) => return Err(XferError::conn(format!("the peer sent a bad frame: {e}"))),
+            let step = link.recv_with(|buf| match proto::decode(buf) {
+                Ok((Msg::Block(_), _)) => writer.push_slice(buf).map(|()| None),
+                Ok((Msg::FileDone { blake3, length, .. }, _)) => Ok(Some(Some((blake3, length)))),
+                Ok((Msg::Error { .. }, _)) => Ok(Some(None)),
+                Ok((m, _)) => Err(XferError::conn(format!(
+                    "unexpected frame during a PUT: {m:?}"
+                ))),
+                Err(e) => Err(XferError::conn(format!("the peer sent a bad frame: {e}"))),
+            })??;
+            let (blake3, length) = match step {
+                None => continue,
+                Some(None) => return Ok(None),
+                Some(Some(done)) => done,
             };
             let bad = writer.sync()?;
             if !bad.is_empty() {
                 rounds += 1;
                 if rounds > crate::BLOCK_RETRIES {
-                    return Ok(Some(Err(refuse(
+                    return Ok(Some((length, Err(refuse(
                         ErrorCode::Integrity,
                         format!(
                             "{path}: blocks kept failing their CRC after {} retries; nothing was written. Check the network path (NIC, cable, memory) and try again",
                             crate::BLOCK_RETRIES
                         ),
-                    ))));
+                    )))));
                 }
                 link.send(&Msg::Resend {
                     file_id,
@@ -781,32 +975,14 @@ impl Server {
                 })?;
                 continue;
             }
-            let mut sink = writer.finish()?;
-            if let Some(e) = sink.io_error.take() {
-                let code = if e.raw_os_error() == Some(Errno::NOSPC.raw_os_error()) {
-                    ErrorCode::NoSpace
-                } else {
-                    ErrorCode::Io
-                };
-                return Ok(Some(Err(refuse(
-                    code,
-                    format!("{path}: write failed: {e}"),
-                ))));
-            }
-            let got = match sink.hash(&part.file) {
-                Ok(h) => h,
-                Err(e) => return Ok(Some(Err(refuse(ErrorCode::Io, format!("{path}: {e}"))))),
-            };
-            if length != size || blake3 != Some(got) {
-                return Ok(Some(Err(refuse(
-                    ErrorCode::Integrity,
-                    format!("{path}: the whole-file BLAKE3 does not match what was sent; nothing was written, try again"),
-                ))));
-            }
-            return Ok(Some(Ok(())));
+            return Ok(Some((length, Ok(blake3))));
         }
     }
 }
+
+/// How a PUT's blocks ended: FILE_DONE's `length`, and its hash once every block was good
+/// (or the refusal after too many CRC rounds).
+type Received = (u64, PResult<Option<[u8; 32]>>);
 
 fn reply_refusal(link: &Link, file_id: u32, r: Refusal) -> Result<()> {
     tracing::debug!("refused: {}", r.message);

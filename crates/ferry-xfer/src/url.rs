@@ -5,6 +5,9 @@
 //!   with `ofi+shm` the host is the shm name;
 //! - `tcp://host:port/root/path`, `ofi+tcp://host:port/root/path`, `ofi+shm://name/root/path`;
 //! - `host:root/path` — scp-like shorthand, default port and driver;
+//! - `zero:SIZE` (a source of SIZE zero bytes) and `null:` or `/dev/null` (a sink that
+//!   discards), memory-to-memory mode: no file is read or written (a host named `zero` or
+//!   `null` needs the `ferry://` form);
 //! - anything else is a local path (write `./a:b` for a local name with a colon).
 
 use crate::error::{Kind, Result, XferError};
@@ -25,6 +28,10 @@ pub enum Location {
     Local(std::path::PathBuf),
     /// A path on a server.
     Remote(Remote),
+    /// `zero:SIZE`: SIZE zero bytes, no file read (memory-to-memory mode; a source only).
+    Zero(u64),
+    /// `null:` or `/dev/null`: data received is checked and discarded (a sink only).
+    Null,
 }
 
 const DRIVERS: [&str; 3] = ["tcp", "ofi+tcp", "ofi+shm"];
@@ -59,6 +66,17 @@ pub fn parse(arg: &str, driver: &str) -> Result<Location> {
             Kind::Usage,
             format!("unknown driver {driver:?}: use tcp, ofi+tcp or ofi+shm"),
         ));
+    }
+    if arg == "null:" || arg == "/dev/null" {
+        return Ok(Location::Null);
+    }
+    if let Some(size) = arg.strip_prefix("zero:") {
+        return crate::mem::parse_size(size).map(Location::Zero).ok_or_else(|| {
+            XferError::new(
+                Kind::Usage,
+                format!("{arg}: write zero:SIZE with SIZE in bytes or with K, M, G, T (e.g. zero:4G)"),
+            )
+        });
     }
     if let Some((scheme, rest)) = arg.split_once("://") {
         let drv = match scheme {
@@ -127,6 +145,10 @@ mod tests {
             parse("/tmp/a", "tcp").unwrap(),
             Location::Local("/tmp/a".into())
         );
+        assert_eq!(parse("zero:4G", "tcp").unwrap(), Location::Zero(4 << 30));
+        assert_eq!(parse("null:", "tcp").unwrap(), Location::Null);
+        assert_eq!(parse("/dev/null", "tcp").unwrap(), Location::Null);
+        assert!(parse("zero:lots", "tcp").is_err());
         assert!(parse("http://x/y", "tcp").is_err());
         assert!(parse("x", "udp").is_err());
     }

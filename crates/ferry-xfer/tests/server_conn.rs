@@ -28,6 +28,7 @@ fn start(driver: &str, anonymous: bool) -> (String, std::path::PathBuf) {
         listen,
         block_size: 64 * 1024,
         ring: 4,
+        mem: false,
         auth: AuthConfig {
             tokens: vec!["tok".into()],
             anonymous,

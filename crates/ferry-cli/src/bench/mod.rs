@@ -3,6 +3,7 @@
 
 mod addr;
 mod child;
+mod cp;
 mod cpu;
 mod exs;
 mod fabric;
@@ -28,6 +29,10 @@ pub enum BenchCmd {
     /// immediate and persistent mode and by transfers in flight, latency, CPU of sender and
     /// receiver, against a plain TCP socket blast and the driver's raw fabric RMA read.
     Exs(exs::ExsArgs),
+    /// `ferry cp` against GridFTP (globus-url-copy -p 1/-p 4), xrdcp and iperf3 on loopback:
+    /// a large file memory to memory and /dev/shm to /dev/null, disk to disk with the cache
+    /// dropped, and 10,000 small files; throughput, files/s and CPU of both sides.
+    Cp(cp::CpArgs),
     /// Internal: the peer process `bench exs` spawns (the sending side).
     #[command(hide = true)]
     ExsPeer {
@@ -55,6 +60,7 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
         BenchCmd::FabricPeer { listen } => peer::run(&listen),
         BenchCmd::Noncontig(args) => noncontig::run(&args),
         BenchCmd::Exs(args) => exs::run(&args),
+        BenchCmd::Cp(args) => cp::run(&args),
         BenchCmd::ExsPeer { listen } => exs::run_peer(&listen),
     }
 }

@@ -1,5 +1,5 @@
 //! PNG plots shared by the benches: one or more panels of lines (value against size or count)
-//! with dashed horizontal reference lines, drawn with plotters.
+//! with dashed horizontal reference lines, or of bars (one per tool), drawn with plotters.
 
 use std::path::Path;
 use std::sync::OnceLock;
@@ -244,6 +244,93 @@ fn draw_panel(area: &DrawingArea<BitMapBackend<'_>, Shift>, p: &Panel) -> DrawRe
             Corner::LowerRight => SeriesLabelPosition::LowerRight,
         })
         .draw()
+}
+
+/// A bar chart: one bar per named value.
+#[derive(Debug, Clone)]
+pub struct Bars {
+    /// Caption above the chart.
+    pub title: String,
+    /// Y axis description.
+    pub y_desc: String,
+    /// (label, value) per bar, in order; missing values are left out.
+    pub bars: Vec<(String, f64)>,
+}
+
+/// Draws bar charts row by row, `cols` per row, each `cell` pixels, under `title` to `path`.
+/// Returns false (and draws nothing) when the font is missing.
+pub fn write_bars_png(
+    path: &Path,
+    title: &str,
+    panels: &[Bars],
+    cols: usize,
+    cell: (u32, u32),
+) -> Result<bool> {
+    if !font_ready() {
+        tracing::warn!("{FONT} not found (apt-get install fonts-dejavu-core): skipping the PNG");
+        return Ok(false);
+    }
+    let cols = cols.clamp(1, panels.len().max(1));
+    let rows = panels.len().div_ceil(cols).max(1);
+    let size = (cell.0 * cols as u32, cell.1 * rows as u32 + 40);
+    let root = BitMapBackend::new(path, size).into_drawing_area();
+    let err = |e: &dyn std::fmt::Display| anyhow!("drawing {}: {e}", path.display());
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let body = root
+        .titled(title, ("sans-serif", 24))
+        .map_err(|e| err(&e))?;
+    for (panel, area) in panels.iter().zip(body.split_evenly((rows, cols))) {
+        draw_bars(&area, panel).map_err(|e| err(&e))?;
+    }
+    root.present().map_err(|e| err(&e))?;
+    Ok(true)
+}
+
+fn draw_bars(area: &DrawingArea<BitMapBackend<'_>, Shift>, p: &Bars) -> DrawResult<()> {
+    let n = p.bars.len().max(1);
+    // Head room for the rotated value labels above the bars.
+    let top = p.bars.iter().fold(1e-9f64, |a, b| a.max(b.1)) * 1.5;
+    let mut chart = ChartBuilder::on(area)
+        .caption(&p.title, ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(20)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0f64..n as f64, 0f64..top)?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .disable_x_axis()
+        .y_desc(p.y_desc.as_str())
+        .y_label_formatter(&|y| match top >= 20.0 {
+            true => format!("{y:.0}"),
+            false => format!("{y:.2}"),
+        })
+        .label_style(("sans-serif", 13))
+        .draw()?;
+    for (i, (name, v)) in p.bars.iter().enumerate() {
+        let (r, g, b) = COLORS[i % COLORS.len()];
+        let x = i as f64;
+        chart.draw_series(std::iter::once(Rectangle::new(
+            [(x + 0.1, 0.0), (x + 0.9, *v)],
+            RGBColor(r, g, b).filled(),
+        )))?;
+        let label = format!(
+            "{name}: {}",
+            if *v >= 20.0 {
+                format!("{v:.0}")
+            } else {
+                format!("{v:.2}")
+            }
+        );
+        chart.draw_series(std::iter::once(Text::new(
+            label,
+            (x + 0.15, v + top * 0.02),
+            ("sans-serif", 12)
+                .into_font()
+                .transform(FontTransform::Rotate270),
+        )))?;
+    }
+    Ok(())
 }
 
 /// `10^y` for an integer `y` (`0.001`, `1`, `100`); empty between powers.

@@ -26,7 +26,8 @@ use super::report::{emit, DriverStatus, Machine, Report};
 use super::session::{Op, Session};
 use client::{Client, Measured};
 use grid::{grid_of, Cell, Kind, Plan, REGION};
-use report::{ExsRow, ExsSummary};
+use report::ExsRow;
+pub use report::ExsSummary;
 
 pub use peer::run as run_peer;
 

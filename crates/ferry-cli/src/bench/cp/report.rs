@@ -1,0 +1,384 @@
+//! `ferry bench cp`'s rows, summary (with the best ferry driver named per ratio), targets,
+//! table and CSV.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::bench::exs::ExsSummary as Summary;
+use crate::bench::report::{csv_num, csv_text, human_size, num, round, Report, Target};
+
+/// One tool on one workload: medians over the repetitions, or an error.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct CpRow {
+    /// `mem` (ferry: zero source → null sink), `shm` (a file in /dev/shm → /dev/null),
+    /// `disk` (a file on disk → a file on disk, caches dropped first), `small` (a tree of
+    /// small files in /dev/shm → /dev/shm).
+    pub workload: String,
+    /// `ferry`, `gridftp`, `xrdcp` or `iperf3`.
+    pub tool: String,
+    /// ferry's driver, or the peer's variant (`-p 1`, `-p 4`).
+    pub variant: String,
+    /// Bytes per transfer.
+    pub bytes: u64,
+    /// Files per transfer.
+    pub files: u64,
+    /// Bytes per second, GB/s (10^9 B/s), wall time of the client.
+    pub gbps: Option<f64>,
+    /// Files per second (small files).
+    pub files_per_s: Option<f64>,
+    /// User+system CPU seconds of the client process.
+    pub client_cpu_s: Option<f64>,
+    /// User+system CPU seconds of the server meanwhile.
+    pub server_cpu_s: Option<f64>,
+    /// Both sides.
+    pub cpu_s: Option<f64>,
+    /// Repetitions behind the medians.
+    pub reps: usize,
+    /// Why there is no value (a peer not installed, a failure).
+    pub error: Option<String>,
+}
+
+impl CpRow {
+    /// `ferry (tcp)`, `gridftp -p 4`, `iperf3`.
+    pub fn label(&self) -> String {
+        match (self.tool.as_str(), self.variant.as_str()) {
+            (t, "") => t.to_string(),
+            ("ferry", v) => format!("ferry {v}"),
+            (t, v) => format!("{t} {v}"),
+        }
+    }
+}
+
+/// The report's JSON: the common envelope plus which ferry driver (and which peer variant)
+/// each summary ratio used.
+#[derive(Debug, Clone, Serialize)]
+pub struct CpReport {
+    /// The common envelope (bench, quick, machine, drivers, rows, summary, targets).
+    #[serde(flatten)]
+    pub report: Report<CpRow, Summary>,
+    /// Per summary ratio: `"ferry <driver> vs <peer variant>"`.
+    pub best: BTreeMap<String, String>,
+    /// Notes on the run (caches not dropped, peers missing).
+    pub notes: Vec<String>,
+}
+
+/// The issue's goals: (summary key, op, bound).
+pub const GOALS: [(&str, &str, f64); 5] = [
+    ("mem_vs_gridftp", ">=", 1.35),
+    ("mem_vs_iperf3", ">=", 1.0),
+    ("disk_vs_gridftp", ">=", 1.25),
+    ("smallfiles_vs_gridftp", ">=", 2.0),
+    ("cpu_vs_gridftp", ">=", 2.0),
+];
+
+/// How a ratio picks its sides.
+#[derive(Clone, Copy)]
+enum Better {
+    /// Higher is better (throughput).
+    High,
+    /// Lower is better (CPU seconds).
+    Low,
+}
+
+/// ferry's best row against the peer's best row of `(workload, tool)`: ratio and names.
+fn best_ratio(
+    rows: &[CpRow],
+    driver: Option<&str>,
+    ferry_workload: &str,
+    peer: (&str, &str),
+    value: impl Fn(&CpRow) -> Option<f64>,
+    better: Better,
+) -> Option<(f64, String)> {
+    let pick = |it: &mut dyn Iterator<Item = &CpRow>| -> Option<(f64, String)> {
+        let mut best: Option<(f64, String)> = None;
+        for r in it {
+            let Some(v) = value(r).filter(|v| *v > 0.0) else {
+                continue;
+            };
+            let wins = match (&best, better) {
+                (None, _) => true,
+                (Some((b, _)), Better::High) => v > *b,
+                (Some((b, _)), Better::Low) => v < *b,
+            };
+            if wins {
+                best = Some((v, r.label()));
+            }
+        }
+        best
+    };
+    let (f, fname) = pick(
+        &mut rows
+            .iter()
+            .filter(|r| r.tool == "ferry" && r.workload == ferry_workload)
+            .filter(|r| driver.is_none_or(|d| r.variant == d)),
+    )?;
+    let (p, pname) = pick(
+        &mut rows
+            .iter()
+            .filter(|r| r.workload == peer.0 && r.tool == peer.1),
+    )?;
+    let ratio = match better {
+        Better::High => f / p,
+        Better::Low => p / f,
+    };
+    ratio
+        .is_finite()
+        .then(|| (round(ratio, 3), format!("{fname} vs {pname}")))
+}
+
+/// The summary and which sides each ratio used. Rule: ferry's best driver against the
+/// peer's best variant, per ratio.
+pub fn summary(rows: &[CpRow]) -> (Summary, BTreeMap<String, String>) {
+    let gbps = |r: &CpRow| r.gbps;
+    let fps = |r: &CpRow| r.files_per_s;
+    let cpu = |r: &CpRow| r.cpu_s;
+    type Pick<'a> = (
+        &'a str,
+        &'a str,
+        (&'a str, &'a str),
+        &'a dyn Fn(&CpRow) -> Option<f64>,
+        Better,
+    );
+    let picks: [Pick<'_>; 10] = [
+        (
+            "mem_vs_gridftp",
+            "mem",
+            ("shm", "gridftp"),
+            &gbps,
+            Better::High,
+        ),
+        (
+            "mem_vs_iperf3",
+            "mem",
+            ("mem", "iperf3"),
+            &gbps,
+            Better::High,
+        ),
+        (
+            "disk_vs_gridftp",
+            "disk",
+            ("disk", "gridftp"),
+            &gbps,
+            Better::High,
+        ),
+        (
+            "smallfiles_vs_gridftp",
+            "small",
+            ("small", "gridftp"),
+            &fps,
+            Better::High,
+        ),
+        (
+            "cpu_vs_gridftp",
+            "mem",
+            ("shm", "gridftp"),
+            &cpu,
+            Better::Low,
+        ),
+        (
+            "shm_vs_gridftp",
+            "shm",
+            ("shm", "gridftp"),
+            &gbps,
+            Better::High,
+        ),
+        ("shm_vs_xrdcp", "shm", ("shm", "xrdcp"), &gbps, Better::High),
+        (
+            "disk_vs_xrdcp",
+            "disk",
+            ("disk", "xrdcp"),
+            &gbps,
+            Better::High,
+        ),
+        (
+            "smallfiles_vs_xrdcp",
+            "small",
+            ("small", "xrdcp"),
+            &fps,
+            Better::High,
+        ),
+        ("cpu_vs_xrdcp", "mem", ("shm", "xrdcp"), &cpu, Better::Low),
+    ];
+    let mut out = Vec::new();
+    let mut best = BTreeMap::new();
+    for (key, fw, peer, value, better) in picks {
+        let r = best_ratio(rows, None, fw, peer, value, better);
+        if let Some((_, names)) = &r {
+            best.insert(key.to_string(), names.clone());
+        }
+        out.push((key.to_string(), r.map(|x| x.0)));
+    }
+    // The same ratios with ferry on its native tcp driver alone (ofi+shm is a shared-memory
+    // transport: it wins on one host but says nothing about a network).
+    for (key, fw, peer, value, better) in &picks[..5] {
+        let r = best_ratio(rows, Some("tcp"), fw, *peer, value, *better);
+        let key = format!("{key}_tcp");
+        if let Some((_, names)) = &r {
+            best.insert(key.clone(), names.clone());
+        }
+        out.push((key, r.map(|x| x.0)));
+    }
+    (Summary(out), best)
+}
+
+/// Each goal checked.
+pub fn targets(s: &Summary) -> Vec<Target> {
+    GOALS
+        .iter()
+        .map(|(k, op, t)| Target::check(k, op, *t, s.get(k)))
+        .collect()
+}
+
+impl CpReport {
+    /// CSV of the rows.
+    pub fn csv(&self) -> String {
+        let mut s = String::from(
+            "workload,tool,variant,bytes,files,gbps,files_per_s,client_cpu_s,server_cpu_s,cpu_s,reps,error\n",
+        );
+        for r in &self.report.rows {
+            let _ = writeln!(
+                s,
+                "{},{},{},{},{},{},{},{},{},{},{},{}",
+                r.workload,
+                r.tool,
+                csv_text(Some(&r.variant)),
+                r.bytes,
+                r.files,
+                csv_num(r.gbps),
+                csv_num(r.files_per_s),
+                csv_num(r.client_cpu_s),
+                csv_num(r.server_cpu_s),
+                csv_num(r.cpu_s),
+                r.reps,
+                csv_text(r.error.as_deref())
+            );
+        }
+        s
+    }
+
+    /// The human-readable table.
+    pub fn table(&self) -> String {
+        let rep = &self.report;
+        let m = &rep.machine;
+        let mut s = String::new();
+        let reps = rep.rows.iter().map(|r| r.reps).max().unwrap_or(0);
+        let _ = writeln!(
+            s,
+            "ferry bench cp{}: loopback, {} cores, Linux {}, load {}; median of {reps}; \
+             client wall time, CPU = user+sys of client and server",
+            if rep.quick { " --quick" } else { "" },
+            m.cores,
+            m.kernel,
+            num(m.loadavg, 0, 2)
+        );
+        for n in &self.notes {
+            let _ = writeln!(s, "note: {n}");
+        }
+        let _ = writeln!(
+            s,
+            "\n{:<6} {:<16} {:>9} {:>7} {:>8} {:>9} {:>8} {:>8}",
+            "work", "tool", "size", "files", "GB/s", "files/s", "cli cpu", "srv cpu"
+        );
+        for r in &rep.rows {
+            let _ = write!(
+                s,
+                "{:<6} {:<16} {:>9} {:>7} ",
+                r.workload,
+                r.label(),
+                human_size(r.bytes),
+                r.files
+            );
+            if let Some(e) = &r.error {
+                let _ = writeln!(s, "{e}");
+                continue;
+            }
+            let _ = writeln!(
+                s,
+                "{} {} {} {}",
+                num(r.gbps, 8, 3),
+                num(r.files_per_s, 9, 0),
+                num(r.client_cpu_s, 8, 2),
+                num(r.server_cpu_s, 8, 2)
+            );
+        }
+        let _ = writeln!(
+            s,
+            "\nsummary (ferry's best driver vs the peer's best variant):"
+        );
+        for (k, v) in &rep.summary.0 {
+            let t = rep.targets.iter().find(|t| t.metric == *k);
+            let goal = t.map_or(String::new(), |t| format!("{} {}", t.op, t.target));
+            let verdict = t.map_or("", Target::verdict);
+            let names = self.best.get(k).map_or("", String::as_str);
+            let _ = writeln!(
+                s,
+                "  {k:<26} {} {goal:<8} {verdict:<7} {names}",
+                num(*v, 7, 3)
+            );
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(workload: &str, tool: &str, variant: &str, gbps: f64, cpu: f64) -> CpRow {
+        CpRow {
+            workload: workload.into(),
+            tool: tool.into(),
+            variant: variant.into(),
+            bytes: 1 << 30,
+            files: 1,
+            gbps: Some(gbps),
+            files_per_s: (workload == "small").then_some(gbps * 1000.0),
+            client_cpu_s: Some(cpu / 2.0),
+            server_cpu_s: Some(cpu / 2.0),
+            cpu_s: Some(cpu),
+            reps: 1,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn best_driver_against_best_variant() {
+        let rows = vec![
+            row("mem", "ferry", "tcp", 3.0, 1.0),
+            row("mem", "ferry", "ofi+shm", 4.0, 1.5),
+            row("shm", "gridftp", "-p 1", 2.0, 3.0),
+            row("shm", "gridftp", "-p 4", 2.5, 4.0),
+            row("mem", "iperf3", "", 5.0, 1.0),
+            row("small", "ferry", "tcp", 1.0, 1.0),
+            row("small", "gridftp", "-p 1", 0.4, 1.0),
+        ];
+        let (s, best) = summary(&rows);
+        assert_eq!(s.get("mem_vs_gridftp"), Some(1.6));
+        assert_eq!(best["mem_vs_gridftp"], "ferry ofi+shm vs gridftp -p 4");
+        assert_eq!(s.get("mem_vs_iperf3"), Some(0.8));
+        // CPU: lowest ferry (tcp, 1.0) against lowest GridFTP (-p 1, 3.0).
+        assert_eq!(s.get("cpu_vs_gridftp"), Some(3.0));
+        assert_eq!(best["cpu_vs_gridftp"], "ferry tcp vs gridftp -p 1");
+        assert_eq!(s.get("smallfiles_vs_gridftp"), Some(2.5));
+        assert_eq!(s.get("disk_vs_gridftp"), None);
+        // The tcp-only variant ignores the faster ofi+shm row.
+        assert_eq!(s.get("mem_vs_gridftp_tcp"), Some(1.2));
+        assert_eq!(best["mem_vs_gridftp_tcp"], "ferry tcp vs gridftp -p 4");
+        let t = targets(&s);
+        let verdict = |k: &str| t.iter().find(|t| t.metric == k).map(Target::verdict);
+        assert_eq!(verdict("mem_vs_gridftp"), Some("pass"));
+        assert_eq!(verdict("mem_vs_iperf3"), Some("FAIL"));
+        assert_eq!(verdict("disk_vs_gridftp"), Some("missing"));
+    }
+
+    #[test]
+    fn failed_rows_do_not_count() {
+        let mut bad = row("mem", "ferry", "tcp", 9.0, 1.0);
+        bad.gbps = None;
+        bad.error = Some("boom".into());
+        let rows = vec![bad, row("shm", "gridftp", "-p 1", 2.0, 3.0)];
+        assert_eq!(summary(&rows).0.get("mem_vs_gridftp"), None);
+    }
+}

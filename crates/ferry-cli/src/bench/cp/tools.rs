@@ -1,0 +1,260 @@
+//! The processes `bench cp` runs: servers (ferry serve per driver, globus-gridftp-server,
+//! xrootd, iperf3 -s) kept up for the whole run, and one client process per transfer, timed
+//! from spawn to exit, with the CPU of both sides.
+
+use std::io::{BufRead, BufReader};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+use crate::bench::cpu::{children_usage, proc_cpu_secs};
+
+/// What one transfer cost.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Measured {
+    /// Wall seconds from spawning the client to its exit (plus the sync of the output, for
+    /// disk workloads).
+    pub secs: f64,
+    /// User+system CPU seconds of the client process.
+    pub client_cpu: f64,
+    /// User+system CPU seconds the server spent meanwhile.
+    pub server_cpu: f64,
+}
+
+/// Whether `prog` is on the PATH.
+pub fn installed(prog: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|p| {
+        std::env::split_paths(&p)
+            .any(|d| std::fs::metadata(d.join(prog)).is_ok_and(|m| m.is_file()))
+    })
+}
+
+/// A free TCP port on loopback (bound and released; the server binds it next).
+pub fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .context("finding a free port")?
+        .port())
+}
+
+/// Waits until something accepts TCP connections on 127.0.0.1:`port`.
+fn wait_listening(port: u16, child: &mut Child, what: &str) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Ok(());
+        }
+        if let Ok(Some(st)) = child.try_wait() {
+            bail!("{what} exited at start ({st})");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    bail!("{what} did not listen on 127.0.0.1:{port} within 20 s")
+}
+
+/// A server process kept for the run; killed and reaped on drop.
+pub struct Server {
+    child: Child,
+    /// Where clients reach it: a ferry address, or the TCP port of a peer.
+    pub addr: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        // A killed ofi+shm server cannot remove its 16 MiB region in /dev/shm.
+        if let Some(name) = self.addr.strip_prefix("ofi+shm://") {
+            if !name.is_empty() && !name.contains('/') {
+                let _ = std::fs::remove_file(Path::new("/dev/shm").join(name));
+            }
+        }
+    }
+}
+
+impl Server {
+    /// CPU seconds so far (None once it has gone).
+    pub fn cpu(&self) -> Option<f64> {
+        proc_cpu_secs(self.child.id())
+    }
+
+    /// `ferry serve --mem --anonymous` exporting `roots` on `listen`; its address is the
+    /// one it reports.
+    pub fn ferry(listen: &str, roots: &[(&str, &Path)]) -> Result<Server> {
+        let exe = std::env::current_exe().context("locating the ferry binary")?;
+        let mut cmd = Command::new(exe);
+        cmd.args(["serve", "--mem", "--anonymous", "--listen", listen]);
+        for (name, path) in roots {
+            cmd.arg("--root").arg(format!("{name}={}", path.display()));
+        }
+        let mut child = cmd
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("starting ferry serve")?;
+        let out = child.stdout.take().context("ferry serve stdout")?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(out).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let mut server = Server {
+            child,
+            addr: String::new(),
+        };
+        let line = rx
+            .recv_timeout(Duration::from_secs(20))
+            .context("ferry serve did not report its address")?;
+        server.addr = line
+            .trim()
+            .strip_prefix("listening on ")
+            .with_context(|| format!("ferry serve said {line:?}"))?
+            .to_string();
+        Ok(server)
+    }
+
+    /// An anonymous, loopback-only `globus-gridftp-server` (forking per session).
+    pub fn gridftp() -> Result<Server> {
+        let port = free_port()?;
+        let mut child = Command::new("globus-gridftp-server")
+            .args(["-aa", "-anonymous-user", "nobody", "-p", &port.to_string()])
+            .args([
+                "-control-interface",
+                "127.0.0.1",
+                "-data-interface",
+                "127.0.0.1",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting globus-gridftp-server")?;
+        wait_listening(port, &mut child, "globus-gridftp-server")?;
+        Ok(Server {
+            child,
+            addr: port.to_string(),
+        })
+    }
+
+    /// `xrootd` as user nobody (it refuses to run as root) exporting `exports`.
+    pub fn xrootd(exports: &[&Path], cfg: &Path) -> Result<Server> {
+        let port = free_port()?;
+        let body: String = exports
+            .iter()
+            .map(|p| format!("all.export {}\n", p.display()))
+            .collect();
+        std::fs::write(cfg, body).context("writing the xrootd configuration")?;
+        let mut cmd = Command::new("xrootd");
+        if rustix::process::getuid().is_root() {
+            cmd.args(["-R", "nobody"]);
+        }
+        let mut child = cmd
+            .args(["-p", &port.to_string(), "-c"])
+            .arg(cfg)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting xrootd")?;
+        wait_listening(port, &mut child, "xrootd")?;
+        Ok(Server {
+            child,
+            addr: port.to_string(),
+        })
+    }
+
+    /// `iperf3 -s` on loopback.
+    pub fn iperf3() -> Result<Server> {
+        let port = free_port()?;
+        let mut child = Command::new("iperf3")
+            .args(["-s", "-B", "127.0.0.1", "-p", &port.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting iperf3 -s")?;
+        wait_listening(port, &mut child, "iperf3 -s")?;
+        Ok(Server {
+            child,
+            addr: port.to_string(),
+        })
+    }
+}
+
+/// How long a server may keep working after its client exited (a forking server reaps
+/// the session's process) before its CPU is read.
+const SETTLE: Duration = Duration::from_millis(200);
+
+/// Runs `cmd` (a client) to completion within `timeout`, timing it, then `after` (e.g. a
+/// sync of the output) inside the timed span; the CPU of the client and of `server`.
+/// Returns the client's stdout too.
+pub fn run_client(
+    mut cmd: Command,
+    server: &Server,
+    timeout: Duration,
+    after: impl FnOnce() -> Result<()>,
+) -> Result<(Measured, Vec<u8>)> {
+    let what = format!("{:?}", cmd.get_program());
+    let s0 = server.cpu().context("the server is gone")?;
+    let c0 = children_usage();
+    let t = Instant::now();
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {what}"))?;
+    let mut out = child.stdout.take().context("client stdout")?;
+    let mut err = child.stderr.take().context("client stderr")?;
+    let reader = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut out, &mut v);
+        v
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut err, &mut v);
+        v
+    });
+    let status = loop {
+        if let Some(st) = child.try_wait().context("waiting for the client")? {
+            break st;
+        }
+        if t.elapsed() > timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("{what} did not finish within {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    after()?;
+    let secs = t.elapsed().as_secs_f64();
+    let client_cpu = children_usage().secs_since(c0);
+    let stdout = reader.join().unwrap_or_default();
+    let stderr = err_reader.join().unwrap_or_default();
+    if !status.success() {
+        let msg = String::from_utf8_lossy(&stderr);
+        let msg = msg
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("");
+        bail!("{what} failed ({status}): {}", msg.trim());
+    }
+    std::thread::sleep(SETTLE);
+    let server_cpu = server.cpu().map_or(0.0, |s| (s - s0).max(0.0));
+    Ok((
+        Measured {
+            secs,
+            client_cpu,
+            server_cpu,
+        },
+        stdout,
+    ))
+}

@@ -1,0 +1,75 @@
+//! `ferry bench cp --quick --json` end to end (about 30 s): one JSON object with a row per
+//! tool and workload, ferry's memory-to-memory rows measured on every driver, the summary
+//! keys the issue names (numbers, or null with the reason in a row when a peer is missing),
+//! and each target with a verdict.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+#[test]
+fn quick_json_run() {
+    let out = Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args(["bench", "cp", "--quick", "--json"])
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("ferry runs");
+    assert!(
+        out.status.success(),
+        "bench cp failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v: Value = serde_json::from_str(text.trim())
+        .unwrap_or_else(|e| panic!("stdout is not one JSON object ({e}): {text}"));
+    assert_eq!(v["bench"], "cp");
+    assert_eq!(v["quick"], true);
+    let rows = v["rows"].as_array().expect("rows");
+    for d in ["tcp", "ofi+tcp", "ofi+shm"] {
+        let mem = rows
+            .iter()
+            .find(|r| r["workload"] == "mem" && r["tool"] == "ferry" && r["variant"] == d)
+            .unwrap_or_else(|| panic!("no ferry mem row for {d}"));
+        assert!(mem["gbps"].as_f64().is_some_and(|g| g > 0.0), "{mem}");
+        assert!(mem["server_cpu_s"].as_f64().is_some(), "{mem}");
+        assert_eq!(mem["bytes"].as_u64(), Some(256 << 20));
+        let small = rows
+            .iter()
+            .find(|r| r["workload"] == "small" && r["tool"] == "ferry" && r["variant"] == d)
+            .unwrap_or_else(|| panic!("no ferry small-files row for {d}"));
+        assert!(
+            small["files_per_s"].as_f64().is_some_and(|f| f > 0.0),
+            "{small}"
+        );
+    }
+    // Every peer row either measured or says why not.
+    for r in rows {
+        assert!(
+            r["gbps"].as_f64().is_some() || r["error"].as_str().is_some_and(|e| !e.is_empty()),
+            "{r}"
+        );
+    }
+    let s = &v["summary"];
+    for k in [
+        "mem_vs_gridftp",
+        "mem_vs_iperf3",
+        "disk_vs_gridftp",
+        "smallfiles_vs_gridftp",
+        "cpu_vs_gridftp",
+    ] {
+        assert!(s[k].is_number() || s[k].is_null(), "{k}: {s}");
+        if s[k].is_number() {
+            assert!(
+                v["best"][k]
+                    .as_str()
+                    .is_some_and(|b| b.starts_with("ferry ")),
+                "{v}"
+            );
+        }
+    }
+    // iperf3 is a long-standing dependency: that ratio must be there.
+    assert!(s["mem_vs_iperf3"].as_f64().is_some_and(|x| x > 0.0), "{s}");
+    let targets = v["targets"].as_array().expect("targets");
+    assert_eq!(targets.len(), 5);
+    assert!(targets.iter().all(|t| t["target"].is_number()));
+}

@@ -1,0 +1,119 @@
+//! Memory-to-memory mode: a zero source and a null sink, so a copy exercises the network
+//! path and the per-block CRC-32C without reading or writing any file (the GridFTP habit of
+//! `/dev/zero` → `/dev/null` tests).
+//!
+//! - Client side: the source `zero:SIZE` (e.g. `zero:4G`) sends SIZE zero bytes; the sink
+//!   `null:` (or `/dev/null`) receives and discards.
+//! - Server side (`ferry serve --mem`, config `mem = true`): a virtual root [`MEM_ROOT`]
+//!   holding `mem/zero/SIZE` (read-only, SIZE zero bytes) and `mem/null` (write-only,
+//!   discards what is PUT to it).
+//!
+//! What is checked: every block's CRC-32C, computed by the sender over the bytes it sends
+//! and verified by the receiver over the bytes it received (bad blocks are fetched again as
+//! for files). No BLAKE3 runs when the sink is null (nothing is kept to hash); when a zero
+//! source lands in a real file, the whole-file BLAKE3 of what was written is compared with
+//! the BLAKE3 of SIZE zero bytes.
+
+/// The name of the server's virtual root when memory mode is on.
+pub const MEM_ROOT: &str = "mem";
+
+/// A virtual path under [`MEM_ROOT`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Virtual {
+    /// `mem` itself (a directory holding `zero` and `null`).
+    Root,
+    /// `mem/zero` (a directory: name a size under it).
+    ZeroDir,
+    /// `mem/zero/SIZE`: SIZE zero bytes, read-only.
+    Zero(u64),
+    /// `mem/null`: a write-only sink.
+    Null,
+}
+
+/// Classifies `path` if it lies under [`MEM_ROOT`]: `None` if it names another root,
+/// `Some(Err(message))` if it is under `mem` but names nothing there.
+pub fn classify(path: &str) -> Option<std::result::Result<Virtual, String>> {
+    let path = path.trim_end_matches('/');
+    let (root, rel) = path.split_once('/').unwrap_or((path, ""));
+    if root != MEM_ROOT {
+        return None;
+    }
+    Some(match rel.split_once('/').unwrap_or((rel, "")) {
+        ("", "") => Ok(Virtual::Root),
+        ("zero", "") => Ok(Virtual::ZeroDir),
+        ("zero", size) => parse_size(size)
+            .map(Virtual::Zero)
+            .ok_or_else(|| format!("{path}: name a size, e.g. mem/zero/4G")),
+        ("null", _) => Ok(Virtual::Null),
+        _ => Err(format!(
+            "{path}: the memory root holds only zero/SIZE and null"
+        )),
+    })
+}
+
+/// Parses a size: a number of bytes with an optional binary suffix `K`, `M`, `G`, `T`
+/// (also `KiB`… and `KB`…, all powers of 1024), e.g. `4G`, `512MiB`, `1000000`.
+pub fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    let n: u64 = digits.parse().ok()?;
+    let shift = match unit.to_ascii_uppercase().as_str() {
+        "" | "B" => 0,
+        "K" | "KB" | "KIB" => 10,
+        "M" | "MB" | "MIB" => 20,
+        "G" | "GB" | "GIB" => 30,
+        "T" | "TB" | "TIB" => 40,
+        _ => return None,
+    };
+    n.checked_mul(1u64 << shift)
+}
+
+/// BLAKE3 of `size` zero bytes (what a zero source's data hashes to).
+pub fn zero_hash(size: u64) -> [u8; 32] {
+    let zeros = vec![0u8; 1 << 20];
+    let mut h = blake3::Hasher::new();
+    let mut left = size;
+    while left > 0 {
+        let n = left.min(zeros.len() as u64) as usize;
+        h.update(&zeros[..n]);
+        left -= n as u64;
+    }
+    *h.finalize().as_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4G"), Some(4 << 30));
+        assert_eq!(parse_size("512MiB"), Some(512 << 20));
+        assert_eq!(parse_size("1000"), Some(1000));
+        assert_eq!(parse_size("3kb"), Some(3072));
+        assert_eq!(parse_size(""), None);
+        assert_eq!(parse_size("G"), None);
+        assert_eq!(parse_size("4X"), None);
+        assert_eq!(parse_size("99999999999999T"), None);
+    }
+
+    #[test]
+    fn paths() {
+        assert_eq!(classify("data/x"), None);
+        assert_eq!(classify("memory/x"), None);
+        assert_eq!(classify("mem"), Some(Ok(Virtual::Root)));
+        assert_eq!(classify("mem/zero/"), Some(Ok(Virtual::ZeroDir)));
+        assert_eq!(classify("mem/zero/1M"), Some(Ok(Virtual::Zero(1 << 20))));
+        assert_eq!(classify("mem/null"), Some(Ok(Virtual::Null)));
+        assert_eq!(classify("mem/null/anything"), Some(Ok(Virtual::Null)));
+        assert!(matches!(classify("mem/zero/lots"), Some(Err(_))));
+        assert!(matches!(classify("mem/other"), Some(Err(_))));
+    }
+
+    #[test]
+    fn zero_hash_matches_a_buffer_of_zeros() {
+        let n = (3 << 20) + 17;
+        assert_eq!(zero_hash(n), *blake3::hash(&vec![0; n as usize]).as_bytes());
+    }
+}
