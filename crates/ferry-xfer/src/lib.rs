@@ -8,7 +8,9 @@
 //! - [`server`]: exported roots behind an `openat2(RESOLVE_BENEATH)` sandbox, token auth,
 //!   a thread per connection.
 //! - [`client`]: download and upload of files and trees with per-block CRC-32C (bad blocks
-//!   are fetched again) and whole-file BLAKE3, landing by temp name + fsync + rename.
+//!   are fetched again) and whole-file BLAKE3, landing by temp name + fsync + rename;
+//!   `--resume` and `--retries` continue interrupted transfers.
+//! - [`journal`]: the resume journal kept next to every part file (verified, fsynced prefix).
 //!
 //! The wire format is `docs/protocol.md`, section "File transfer protocol"; the user guide
 //! is `docs/xfer.md`.
@@ -19,6 +21,7 @@
 pub mod client;
 pub mod config;
 pub mod error;
+pub mod journal;
 pub mod link;
 pub mod proto;
 pub mod server;

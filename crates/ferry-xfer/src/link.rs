@@ -473,7 +473,16 @@ impl BlockWriter {
     /// A writer of transfer `file_id` (`size` bytes) into `file` (a duplicate handle is
     /// kept; the caller's stays usable), with at most `ring` blocks queued.
     pub fn new(file_id: u32, size: u64, file: &std::fs::File, ring: usize) -> Result<Self> {
-        let sink = crate::server::BlockSink::new(file_id, size);
+        Self::with_sink(crate::server::BlockSink::new(file_id, size), file, ring)
+    }
+
+    /// A writer feeding `sink` (e.g. one that journals, [`crate::server::BlockSink::journaled`]).
+    pub fn with_sink(
+        sink: crate::server::BlockSink,
+        file: &std::fs::File,
+        ring: usize,
+    ) -> Result<Self> {
+        let size = sink.size();
         let file = file
             .try_clone()
             .map_err(|e| XferError::io("duplicate file handle", &e))?;

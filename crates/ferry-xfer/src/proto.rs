@@ -1,4 +1,4 @@
-//! The file-transfer control protocol, version 1.0: pure encode/decode, no I/O.
+//! The file-transfer control protocol, version 1.1: pure encode/decode, no I/O.
 //!
 //! Every EXS message on a transfer connection is exactly one frame. A frame is an 8-byte
 //! header (`len u32` total length, `type u8`, `flags u8`, 2 reserved zero bytes) and a body;
@@ -12,7 +12,7 @@ use std::fmt;
 /// Protocol major version: a peer with another major is refused at HELLO.
 pub const VERSION_MAJOR: u16 = 1;
 /// Protocol minor version.
-pub const VERSION_MINOR: u16 = 0;
+pub const VERSION_MINOR: u16 = 1;
 /// Header length in bytes.
 pub const HEADER_LEN: usize = 8;
 /// The largest control frame (every frame but BLOCK).
@@ -56,8 +56,11 @@ pub enum ErrorCode {
     NotADirectory,
     /// A file was expected.
     IsADirectory,
-    /// Not supported by this build (e.g. resume, before the slice that adds it).
+    /// Not supported by this build.
     Unsupported,
+    /// Try again later: the server is shutting down, or another connection still holds the
+    /// file being written (1.1). Clients treat it like a broken connection (retryable).
+    Unavailable,
     /// A code this build does not know.
     Other(u16),
 }
@@ -77,6 +80,7 @@ impl ErrorCode {
             ErrorCode::NotADirectory => 9,
             ErrorCode::IsADirectory => 10,
             ErrorCode::Unsupported => 11,
+            ErrorCode::Unavailable => 12,
             ErrorCode::Other(n) => n,
         }
     }
@@ -95,6 +99,7 @@ impl ErrorCode {
             9 => ErrorCode::NotADirectory,
             10 => ErrorCode::IsADirectory,
             11 => ErrorCode::Unsupported,
+            12 => ErrorCode::Unavailable,
             n => ErrorCode::Other(n),
         }
     }
@@ -155,8 +160,11 @@ pub struct BlockHeader {
     pub crc32c: u32,
 }
 
-/// PUT flags.
+/// PUT flag: continue the server's `.ferry-part` of this file if it holds one of the same
+/// source (1.1); READY's `offset` says where the data starts.
 pub const PUT_RESUME: u8 = 1;
+/// PUT flag: the body carries the source's `mtime` (1.1); set from [`Msg::Put::mtime`].
+pub const PUT_MTIME: u8 = 2;
 /// FILE_DONE flag: `blake3` holds the hash of the whole file.
 pub const DONE_HASH: u8 = 1;
 
@@ -235,12 +243,15 @@ pub enum Msg {
     Put {
         /// Client-chosen transfer id.
         file_id: u32,
-        /// [`PUT_RESUME`] (refused as Unsupported in 1.0).
+        /// [`PUT_RESUME`] or 0 ([`PUT_MTIME`] is derived from `mtime`).
         flags: u8,
         /// Permission bits for the new file.
         mode: u32,
         /// Final size.
         size: u64,
+        /// The source's modification time, nanoseconds since the epoch (1.1, flag
+        /// [`PUT_MTIME`]): part of the source identity a resume checks, and set on the file.
+        mtime: Option<i64>,
         /// Path.
         path: String,
     },
@@ -252,7 +263,8 @@ pub enum Msg {
         size: u64,
         /// Permission bits.
         mode: u32,
-        /// First offset that will travel (resume point; 0 in 1.0).
+        /// First offset that will travel (the resume point; 0 unless a resumed PUT or a
+        /// ranged GET).
         offset: u64,
     },
     /// File data; the payload follows the header in the same message.
@@ -456,7 +468,10 @@ pub fn encode(msg: &Msg, out: &mut Vec<u8>) -> Result<(), EncodeError> {
         Msg::List { .. } => (ty::LIST, 0),
         Msg::Entries { more, .. } => (ty::ENTRIES, u8::from(*more)),
         Msg::Get { .. } => (ty::GET, 0),
-        Msg::Put { flags, .. } => (ty::PUT, *flags),
+        Msg::Put { flags, mtime, .. } => (
+            ty::PUT,
+            (*flags & !PUT_MTIME) | if mtime.is_some() { PUT_MTIME } else { 0 },
+        ),
         Msg::Ready { .. } => (ty::READY, 0),
         Msg::Block(_) => (ty::BLOCK, 0),
         Msg::FileDone { blake3, .. } => (ty::FILE_DONE, u8::from(blake3.is_some())),
@@ -534,12 +549,16 @@ pub fn encode(msg: &Msg, out: &mut Vec<u8>) -> Result<(), EncodeError> {
                 file_id,
                 mode,
                 size,
+                mtime,
                 path,
                 ..
             } => {
                 w.u32(*file_id);
                 w.u32(*mode);
                 w.u64(*size);
+                if let Some(t) = mtime {
+                    w.u64(*t as u64);
+                }
                 w.str(path, MAX_PATH, "path")?;
             }
             Msg::Ready {
@@ -654,7 +673,7 @@ pub fn decode(b: &[u8]) -> Result<(Msg, &[u8]), DecodeError> {
     }
     let allowed = match t {
         ty::ENTRIES => 1,
-        ty::PUT => PUT_RESUME,
+        ty::PUT => PUT_RESUME | PUT_MTIME,
         ty::FILE_DONE => DONE_HASH,
         _ => 0,
     };
@@ -706,10 +725,15 @@ pub fn decode(b: &[u8]) -> Result<(Msg, &[u8]), DecodeError> {
             path: r.str(MAX_PATH)?,
         },
         ty::PUT => Msg::Put {
-            flags,
+            flags: flags & PUT_RESUME,
             file_id: r.u32()?,
             mode: r.u32()?,
             size: r.u64()?,
+            mtime: if flags & PUT_MTIME != 0 {
+                Some(r.u64()? as i64)
+            } else {
+                None
+            },
             path: r.str(MAX_PATH)?,
         },
         ty::READY => Msg::Ready {
@@ -803,6 +827,7 @@ impl fmt::Display for ErrorCode {
             ErrorCode::NotADirectory => "not a directory",
             ErrorCode::IsADirectory => "is a directory",
             ErrorCode::Unsupported => "unsupported",
+            ErrorCode::Unavailable => "unavailable, try again",
             ErrorCode::Other(n) => return write!(f, "error code {n}"),
         };
         f.write_str(s)
