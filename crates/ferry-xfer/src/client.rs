@@ -7,20 +7,34 @@
 //! whole file's BLAKE3 is compared before `.<name>.ferry-part` is fsynced and renamed.
 //! Uploads stream a file's blocks, then FILE_DONE with its BLAKE3; the server answers OK,
 //! RESEND (blocks that failed their CRC) or ERROR.
+//!
+//! Resume ([`Options::resume`], [`Options::retries`]): the receiving side journals the
+//! verified prefix of every part file ([`crate::journal`]). A resumed download continues
+//! its part with a ranged GET (and asks for the source's BLAKE3 with SUM, since a ranged
+//! GET brings none); a resumed upload sends PUT with RESUME and the server's READY says
+//! where to continue. Either way the file lands only if its whole BLAKE3 matches the
+//! source's. Trees skip files already at the destination with the same size and mtime.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use crate::error::{Kind, Result, XferError};
+use crate::journal::{open_part, Found, Ident, OpenHow, Progress as Journaled};
 use crate::link::{BlockSender, BlockWriter, Link, Span, HANDSHAKE_TIMEOUT};
 use crate::proto::{self, Entry, EntryKind, Msg, BLOCK_HEADER_LEN};
-use crate::server::part_name;
+use crate::server::{part_name, BlockSink};
 use crate::url::{Location, Remote};
 
-/// A tree: its directories (relative, parents first) and its files with their sizes.
-type Tree = (Vec<String>, Vec<(String, u64)>);
+/// A tree: its directories (relative, parents first) and its files with their sizes and
+/// mtimes (seconds).
+type Tree = (Vec<String>, Vec<(String, u64, i64)>);
+
+/// First pause before a retry; it doubles up to [`RETRY_MAX_DELAY`].
+pub const RETRY_DELAY: Duration = Duration::from_millis(200);
+/// Longest pause between retries.
+pub const RETRY_MAX_DELAY: Duration = Duration::from_secs(5);
 
 /// GETs a download keeps outstanding.
 pub const GET_WINDOW: usize = 16;
@@ -36,6 +50,12 @@ pub struct Options {
     pub ring: usize,
     /// Connect timeout.
     pub timeout: Duration,
+    /// Continue interrupted transfers: partial files (their journaled, verified prefix)
+    /// and, for trees, files already complete at the destination (same size and mtime).
+    pub resume: bool,
+    /// Reconnect and resume this many times after a connection failure (exit class 6),
+    /// pausing [`RETRY_DELAY`], doubling up to [`RETRY_MAX_DELAY`].
+    pub retries: u32,
 }
 
 impl Default for Options {
@@ -45,6 +65,8 @@ impl Default for Options {
             block_size: crate::DEFAULT_BLOCK,
             ring: crate::DEFAULT_RING,
             timeout: Duration::from_secs(10),
+            resume: false,
+            retries: 0,
         }
     }
 }
@@ -52,12 +74,32 @@ impl Default for Options {
 /// What a copy did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Stats {
-    /// Files copied.
+    /// Files copied (including files found complete and skipped).
     pub files: u64,
-    /// File bytes copied.
+    /// File bytes copied (the whole size of each file, however much of it moved).
     pub bytes: u64,
     /// Blocks sent again after a CRC mismatch.
     pub blocks_resent: u64,
+    /// File bytes that crossed the network (less than `bytes` after a resume).
+    pub wire_bytes: u64,
+    /// Bytes a resume found already in place (journaled prefixes of partial files).
+    pub resumed_bytes: u64,
+    /// Files a resumed tree copy found complete at the destination and skipped.
+    pub files_skipped: u64,
+    /// Reconnections after a connection failure.
+    pub retries: u64,
+}
+
+impl Stats {
+    fn add(&mut self, o: &Stats) {
+        self.files += o.files;
+        self.bytes += o.bytes;
+        self.blocks_resent += o.blocks_resent;
+        self.wire_bytes += o.wire_bytes;
+        self.resumed_bytes += o.resumed_bytes;
+        self.files_skipped += o.files_skipped;
+        self.retries += o.retries;
+    }
 }
 
 /// Receives progress reports.
@@ -74,6 +116,8 @@ impl Progress for () {}
 pub struct Client {
     link: Link,
     block: u32,
+    minor: u16,
+    resume: bool,
     tx: BlockSender,
     ring: usize,
     next_id: u32,
@@ -89,15 +133,29 @@ fn unexpected(m: &Msg) -> XferError {
     XferError::conn(format!("the server sent an unexpected frame: {m:?}"))
 }
 
-/// A local file being written under its temporary name.
+/// A local file being written under its temporary name, with its resume journal.
 struct LocalPart {
     dest: PathBuf,
     tmp: PathBuf,
     file: File,
 }
 
+fn journal_path(tmp: &Path) -> PathBuf {
+    let mut p = tmp.as_os_str().to_owned();
+    p.push(".journal");
+    PathBuf::from(p)
+}
+
 impl LocalPart {
-    fn create(dest: &Path) -> Result<LocalPart> {
+    /// Opens `.<name>.ferry-part` next to `dest` for a download of `ident` (see
+    /// [`crate::journal::open_part`]).
+    fn open(
+        dest: &Path,
+        ident: Ident,
+        block: u32,
+        resume: bool,
+    ) -> Result<(LocalPart, Journaled, Found)> {
+        use std::os::unix::fs::OpenOptionsExt;
         let name = dest
             .file_name()
             .ok_or_else(|| {
@@ -106,27 +164,46 @@ impl LocalPart {
             .to_string_lossy()
             .into_owned();
         let tmp = dest.with_file_name(part_name(&name));
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)
+        let dir = tmp.parent().map(Path::to_path_buf).unwrap_or_default();
+        let open = |n: &str, how: OpenHow| {
+            let mut o = std::fs::OpenOptions::new();
+            o.read(true)
+                .write(true)
+                .mode(0o600)
+                .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32);
+            if how == OpenHow::Truncate {
+                o.create(true).truncate(true);
+            }
+            o.open(dir.join(n))
+        };
+        let (file, progress, found) = open_part(&open, &part_name(&name), ident, block, resume)
             .map_err(|e| XferError::io(tmp.display(), &e))?;
-        Ok(LocalPart {
-            dest: dest.to_path_buf(),
-            tmp,
-            file,
-        })
+        Ok((
+            LocalPart {
+                dest: dest.to_path_buf(),
+                tmp,
+                file,
+            },
+            progress,
+            found,
+        ))
     }
 
-    fn commit(self, mode: u32) -> Result<()> {
+    fn commit(self, mode: u32, mtime: Option<SystemTime>) -> Result<()> {
         use std::os::unix::fs::PermissionsExt;
         let io = |e: std::io::Error| XferError::io(self.dest.display(), &e);
         self.file
             .set_permissions(std::fs::Permissions::from_mode(mode & 0o7777))
             .map_err(io)?;
+        if let Some(t) = mtime {
+            self.file.set_modified(t).map_err(io)?;
+        }
         self.file.sync_all().map_err(io)?;
+        // The journal first: a part without one is never trusted.
+        match std::fs::remove_file(journal_path(&self.tmp)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(e)),
+            _ => {}
+        }
         std::fs::rename(&self.tmp, &self.dest).map_err(io)?;
         let parent = match self.dest.parent() {
             Some(p) if !p.as_os_str().is_empty() => p,
@@ -136,15 +213,47 @@ impl LocalPart {
     }
 
     fn discard(self) {
+        let _ = std::fs::remove_file(journal_path(&self.tmp));
         let _ = std::fs::remove_file(&self.tmp);
     }
+}
+
+/// One file to download: the remote path, where it goes, and the source's identity as
+/// STAT or LIST reported it.
+#[derive(Debug, Clone)]
+pub struct DlJob {
+    /// `root/relative/path` on the server.
+    pub path: String,
+    /// Local destination.
+    pub dest: PathBuf,
+    /// Size and mtime (seconds) of the source.
+    pub ident: Ident,
+}
+
+fn system_time(secs: i64) -> Option<SystemTime> {
+    let s = u64::try_from(secs).ok()?;
+    SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(s))
+}
+
+fn mtime_secs(md: &std::fs::Metadata) -> i64 {
+    use std::os::unix::fs::MetadataExt;
+    md.mtime()
+}
+
+/// Whether `dest` already holds a complete copy by the quick check (size and mtime).
+fn complete_at(dest: &Path, ident: Ident) -> bool {
+    std::fs::metadata(dest)
+        .is_ok_and(|m| m.is_file() && m.len() == ident.size && mtime_secs(&m) == ident.mtime)
 }
 
 /// One file of a download.
 struct Dl {
     path: String,
     dest: PathBuf,
+    ident: Ident,
     part: Option<LocalPart>,
+    /// The journal's view until READY hands it to the writer.
+    journal: Option<Journaled>,
     writer: Option<BlockWriter>,
     size: u64,
     mode: u32,
@@ -167,8 +276,10 @@ impl Client {
             stream: 0,
             token: opts.token.clone(),
         })?;
-        let block = match link.recv_msg() {
-            Ok(Msg::Welcome { block_size, .. }) => block_size,
+        let (block, minor) = match link.recv_msg() {
+            Ok(Msg::Welcome {
+                block_size, minor, ..
+            }) => (block_size, minor),
             Ok(Msg::Error { code, message, .. }) => return Err(remote_err(code, &message)),
             Ok(m) => return Err(unexpected(&m)),
             Err(e) => return Err(e),
@@ -183,6 +294,8 @@ impl Client {
         Ok(Client {
             link,
             block,
+            minor,
+            resume: opts.resume,
             tx: BlockSender::new(block, opts.ring.max(1), Duration::from_secs(120))?,
             ring: opts.ring.max(1),
             next_id: 1,
@@ -252,58 +365,109 @@ impl Client {
         }
     }
 
-    /// Downloads remote files to local paths, pipelined.
-    pub fn download_files(
-        &mut self,
-        jobs: Vec<(String, PathBuf)>,
-        progress: &dyn Progress,
-    ) -> Result<()> {
+    /// Downloads remote files to local paths, pipelined. Without [`Options::resume`] (as
+    /// given to [`Client::set_resume`]) each file starts from zero; with it, a journaled
+    /// part of the same source continues where its verified prefix ends. When the
+    /// connection fails the parts stay, journaled, for a later resume; any other failure
+    /// removes them.
+    pub fn download_files(&mut self, jobs: Vec<DlJob>, progress: &dyn Progress) -> Result<()> {
         let mut jobs = jobs.into_iter();
         let mut live: HashMap<u32, Dl> = HashMap::new();
         let res = self.download_loop(&mut jobs, &mut live, progress);
-        if res.is_err() {
+        if let Err(e) = &res {
+            let keep = e.kind == Kind::Connection;
             for (_, dl) in live.drain() {
-                if let Some(p) = dl.part {
-                    p.discard();
+                let Some(part) = dl.part else { continue };
+                if !keep {
+                    part.discard();
+                    continue;
+                }
+                if let Some(w) = dl.writer {
+                    let saved = w.finish().map(|mut s| s.checkpoint(&part.file));
+                    if !matches!(saved, Ok(Ok(()))) {
+                        tracing::warn!("{}: could not journal the partial file", dl.path);
+                    }
                 }
             }
         }
         res
     }
 
+    /// Resume partial files in later downloads on this connection.
+    pub fn set_resume(&mut self, on: bool) {
+        self.resume = on;
+    }
+
+    fn start_download(
+        &mut self,
+        job: DlJob,
+        live: &mut HashMap<u32, Dl>,
+        sums: &mut VecDeque<u32>,
+        progress: &dyn Progress,
+    ) -> Result<()> {
+        let file_id = self.id();
+        let (part, journal, found) =
+            LocalPart::open(&job.dest, job.ident, self.block, self.resume)?;
+        let offset = journal.prefix();
+        match found {
+            Found::Resumed => {
+                tracing::info!("{}: resuming at byte {offset}", job.path);
+                self.stats.resumed_bytes += offset;
+                progress.add(offset);
+            }
+            Found::Restarted => tracing::warn!(
+                "{}: the source changed since the interrupted copy (size or mtime differ); starting over",
+                job.path
+            ),
+            Found::Fresh => {}
+        }
+        if offset > 0 {
+            // A ranged GET carries no hash: ask for the source's first (answers come in
+            // request order).
+            self.link.send(&Msg::Sum {
+                path: job.path.clone(),
+            })?;
+            sums.push_back(file_id);
+        }
+        self.link.send(&Msg::Get {
+            file_id,
+            offset,
+            length: u64::MAX,
+            path: job.path.clone(),
+        })?;
+        live.insert(
+            file_id,
+            Dl {
+                path: job.path,
+                dest: job.dest,
+                ident: job.ident,
+                part: Some(part),
+                journal: Some(journal),
+                writer: None,
+                size: 0,
+                mode: 0o644,
+                hash: None,
+                outstanding: 1,
+                rounds: 0,
+            },
+        );
+        Ok(())
+    }
+
     fn download_loop(
         &mut self,
-        jobs: &mut impl Iterator<Item = (String, PathBuf)>,
+        jobs: &mut impl Iterator<Item = DlJob>,
         live: &mut HashMap<u32, Dl>,
         progress: &dyn Progress,
     ) -> Result<()> {
         let mut buf = Vec::new();
+        let mut sums = VecDeque::new();
         loop {
             while live.len() < GET_WINDOW {
-                let Some((path, dest)) = jobs.next() else {
+                let Some(job) = jobs.next() else {
                     break;
                 };
-                let file_id = self.id();
-                self.link.send(&Msg::Get {
-                    file_id,
-                    offset: 0,
-                    length: u64::MAX,
-                    path: path.clone(),
-                })?;
-                live.insert(
-                    file_id,
-                    Dl {
-                        path,
-                        dest,
-                        part: None,
-                        writer: None,
-                        size: 0,
-                        mode: 0o644,
-                        hash: None,
-                        outstanding: 1,
-                        rounds: 0,
-                    },
-                );
+                self.start_download(job, live, &mut sums, progress)?;
             }
             if live.is_empty() {
                 return Ok(());
@@ -316,6 +480,15 @@ impl Client {
                 | Msg::FileDone { file_id, .. }
                 | Msg::Error { file_id, .. } => *file_id,
                 Msg::Block(h) => h.file_id,
+                Msg::SumReply { blake3, .. } => {
+                    let id = sums
+                        .pop_front()
+                        .ok_or_else(|| XferError::conn("the server sent a SUM_REPLY unasked"))?;
+                    if let Some(dl) = live.get_mut(&id) {
+                        dl.hash = Some(*blake3);
+                    }
+                    continue;
+                }
                 m => return Err(unexpected(m)),
             };
             let Some(dl) = live.get_mut(&id) else {
@@ -328,10 +501,22 @@ impl Client {
             };
             match msg {
                 Msg::Ready { size, mode, .. } => {
-                    if dl.part.is_none() {
-                        let part = LocalPart::create(&dl.dest)?;
-                        dl.writer = Some(BlockWriter::new(id, size, &part.file, self.ring)?);
-                        dl.part = Some(part);
+                    if dl.writer.is_none() {
+                        if size != dl.ident.size {
+                            return Err(XferError::new(
+                                Kind::Integrity,
+                                format!(
+                                    "{}: the file changed on the server while being copied ({} bytes, now {size}); try again",
+                                    dl.path, dl.ident.size
+                                ),
+                            ));
+                        }
+                        let (Some(part), Some(journal)) = (dl.part.as_ref(), dl.journal.take())
+                        else {
+                            return Err(XferError::conn("READY twice"));
+                        };
+                        let sink = BlockSink::journaled(id, size, journal);
+                        dl.writer = Some(BlockWriter::with_sink(sink, &part.file, self.ring)?);
                         dl.size = size;
                         dl.mode = mode;
                     }
@@ -344,6 +529,7 @@ impl Client {
                     let next = writer.spare();
                     writer.push(std::mem::replace(&mut buf, next))?;
                     progress.add(u64::from(h.len));
+                    self.stats.wire_bytes += u64::from(h.len);
                 }
                 Msg::Error { code, message, .. } => {
                     return Err(remote_err(code, &message));
@@ -414,7 +600,7 @@ impl Client {
                             ),
                         );
                     }
-                    part.commit(dl.mode)?;
+                    part.commit(dl.mode, system_time(dl.ident.mtime))?;
                     self.stats.files += 1;
                     self.stats.bytes += dl.size;
                 }
@@ -441,19 +627,51 @@ impl Client {
         }
         let size = md.len();
         let file_id = self.id();
+        // 1.1 servers take the source's mtime (kept on the file, checked on resume) and
+        // resume; a 1.0 server gets a plain PUT.
+        let v11 = self.minor >= 1;
+        let mtime = v11.then(|| {
+            use std::os::unix::fs::MetadataExt;
+            md.mtime()
+                .saturating_mul(1_000_000_000)
+                .saturating_add(md.mtime_nsec())
+        });
+        if self.resume && !v11 {
+            tracing::warn!(
+                "the server speaks protocol 1.0 and cannot resume; sending the whole file"
+            );
+        }
         self.link.send(&Msg::Put {
             file_id,
-            flags: 0,
+            flags: if self.resume && v11 {
+                proto::PUT_RESUME
+            } else {
+                0
+            },
             mode: md.permissions().mode() & 0o7777,
             size,
+            mtime,
             path: path.into(),
         })?;
-        match self.link.recv_msg()? {
-            Msg::Ready { .. } => {}
+        let offset = match self.link.recv_msg()? {
+            Msg::Ready { offset, .. } if offset <= size => offset,
+            Msg::Ready { offset, .. } => {
+                return Err(XferError::conn(format!(
+                    "the server would resume at {offset}, past the end ({size} bytes)"
+                )))
+            }
             Msg::Error { code, message, .. } => return Err(remote_err(code, &message)),
             m => return Err(unexpected(&m)),
-        }
+        };
         let mut hasher = blake3::Hasher::new();
+        if offset > 0 {
+            tracing::info!("{path}: resuming at byte {offset}");
+            hash_prefix(&file, offset, &mut hasher)
+                .map_err(|e| XferError::io(src.display(), &e))?;
+            self.stats.resumed_bytes += offset;
+            progress.add(offset);
+        }
+        self.stats.wire_bytes += size - offset;
         {
             let tx = &mut self.tx;
             let add = |n| progress.add(n);
@@ -462,8 +680,8 @@ impl Client {
                 &file,
                 Span {
                     file_id,
-                    offset: 0,
-                    len: size,
+                    offset,
+                    len: size - offset,
                 },
                 Some(&mut hasher),
                 &add,
@@ -490,6 +708,7 @@ impl Client {
                 Msg::Ok { .. } => break,
                 Msg::Resend { ranges, .. } => {
                     self.stats.blocks_resent += ranges.len() as u64;
+                    self.stats.wire_bytes += ranges.iter().map(|r| u64::from(r.1)).sum::<u64>();
                     let tx = &mut self.tx;
                     for (off, len) in ranges {
                         if off.saturating_add(u64::from(len)) > size {
@@ -533,7 +752,7 @@ impl Client {
                         dirs.push(r.clone());
                         todo.push(r);
                     }
-                    EntryKind::File => files.push((r, e.size)),
+                    EntryKind::File => files.push((r, e.size, e.mtime)),
                     _ => tracing::warn!("{}: skipping (not a file or directory)", join(path, &r)),
                 }
             }
@@ -547,6 +766,20 @@ impl Client {
         let _ = self.link.send(&Msg::Bye);
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// Feeds `file[..len]` to `h`.
+fn hash_prefix(file: &File, len: u64, h: &mut blake3::Hasher) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut pos = 0u64;
+    while pos < len {
+        let n = (len - pos).min(buf.len() as u64) as usize;
+        file.read_exact_at(&mut buf[..n], pos)?;
+        h.update(&buf[..n]);
+        pos += n as u64;
+    }
+    Ok(())
 }
 
 fn join(a: &str, b: &str) -> String {
@@ -565,7 +798,8 @@ fn basename(path: &str) -> &str {
 }
 
 /// Copies `src` to `dst` (one of them local, one remote), like `scp`: into an existing
-/// directory the source keeps its name. `recursive` copies trees.
+/// directory the source keeps its name. `recursive` copies trees. After a connection
+/// failure it reconnects and resumes up to `opts.retries` times.
 pub fn copy(
     src: &Location,
     dst: &Location,
@@ -573,18 +807,60 @@ pub fn copy(
     opts: &Options,
     progress: &dyn Progress,
 ) -> Result<Stats> {
-    match (src, dst) {
-        (Location::Remote(r), Location::Local(l)) => download(r, l, recursive, opts, progress),
-        (Location::Local(l), Location::Remote(r)) => upload(l, r, recursive, opts, progress),
-        (Location::Remote(_), Location::Remote(_)) => Err(XferError::new(
-            Kind::Usage,
-            "server-to-server (third-party) copies are not supported yet: copy through this host in two steps",
-        )),
-        (Location::Local(_), Location::Local(_)) => Err(XferError::new(
-            Kind::Usage,
-            "both paths are local: one of SRC and DST must be remote (host:root/path or ferry://host/root/path); use cp for local copies",
-        )),
+    let mut total = Stats::default();
+    let mut opts = opts.clone();
+    let mut delay = RETRY_DELAY;
+    loop {
+        let res = match (src, dst) {
+            (Location::Remote(r), Location::Local(l)) => {
+                download(r, l, recursive, &opts, progress, &mut total)
+            }
+            (Location::Local(l), Location::Remote(r)) => {
+                upload(l, r, recursive, &opts, progress, &mut total)
+            }
+            (Location::Remote(_), Location::Remote(_)) => Err(XferError::new(
+                Kind::Usage,
+                "server-to-server (third-party) copies are not supported yet: copy through this host in two steps",
+            )),
+            (Location::Local(_), Location::Local(_)) => Err(XferError::new(
+                Kind::Usage,
+                "both paths are local: one of SRC and DST must be remote (host:root/path or ferry://host/root/path); use cp for local copies",
+            )),
+        };
+        match res {
+            Ok(()) => return Ok(total),
+            Err(e) if e.kind == Kind::Connection && total.retries < u64::from(opts.retries) => {
+                total.retries += 1;
+                tracing::warn!(
+                    "{e}; retrying in {:.1} s ({} of {}), resuming",
+                    delay.as_secs_f64(),
+                    total.retries,
+                    opts.retries
+                );
+                std::thread::sleep(delay);
+                delay = (delay * 2).min(RETRY_MAX_DELAY);
+                // A retry continues what the failed attempt left.
+                opts.resume = true;
+            }
+            Err(e) => return Err(e),
+        }
     }
+}
+
+/// Runs `f` on a new connection and adds its counters to `total`, whatever the outcome.
+fn with_client(
+    r: &Remote,
+    opts: &Options,
+    total: &mut Stats,
+    f: impl FnOnce(&mut Client) -> Result<()>,
+) -> Result<()> {
+    let mut c = Client::connect(&r.addr, opts)?;
+    let res = f(&mut c);
+    total.add(&c.stats);
+    if res.is_ok() {
+        c.bye();
+    }
+    res
 }
 
 fn download(
@@ -593,51 +869,62 @@ fn download(
     recursive: bool,
     opts: &Options,
     progress: &dyn Progress,
-) -> Result<Stats> {
-    let mut c = Client::connect(&r.addr, opts)?;
-    let entry = c.stat(&r.path)?;
-    let into_dir = local.is_dir();
-    let dest = if into_dir {
-        local.join(basename(&r.path))
-    } else {
-        local.to_path_buf()
-    };
-    match entry.kind {
-        EntryKind::File => {
-            progress.total(entry.size);
-            c.download_files(vec![(r.path.clone(), dest)], progress)?;
-        }
-        EntryKind::Dir if recursive => {
-            let (dirs, files) = c.walk_remote(&r.path)?;
-            progress.total(files.iter().map(|f| f.1).sum());
-            let mk =
-                |p: &Path| std::fs::create_dir_all(p).map_err(|e| XferError::io(p.display(), &e));
-            mk(&dest)?;
-            for d in &dirs {
-                mk(&dest.join(d))?;
+    total: &mut Stats,
+) -> Result<()> {
+    with_client(r, opts, total, |c| {
+        let entry = c.stat(&r.path)?;
+        let into_dir = local.is_dir();
+        let dest = if into_dir {
+            local.join(basename(&r.path))
+        } else {
+            local.to_path_buf()
+        };
+        let files = match entry.kind {
+            EntryKind::File => {
+                vec![(r.path.clone(), dest, entry.size, entry.mtime)]
             }
-            let jobs = files
-                .into_iter()
-                .map(|(rel, _)| (join(&r.path, &rel), dest.join(rel)))
-                .collect();
-            c.download_files(jobs, progress)?;
+            EntryKind::Dir if recursive => {
+                let (dirs, files) = c.walk_remote(&r.path)?;
+                let mk = |p: &Path| {
+                    std::fs::create_dir_all(p).map_err(|e| XferError::io(p.display(), &e))
+                };
+                mk(&dest)?;
+                for d in &dirs {
+                    mk(&dest.join(d))?;
+                }
+                files
+                    .into_iter()
+                    .map(|(rel, size, mtime)| (join(&r.path, &rel), dest.join(&rel), size, mtime))
+                    .collect()
+            }
+            EntryKind::Dir => {
+                return Err(XferError::new(
+                    Kind::Usage,
+                    format!("{}: is a directory; use -r to copy trees", r.path),
+                ))
+            }
+            _ => {
+                return Err(XferError::new(
+                    Kind::Usage,
+                    format!("{}: not a regular file or directory", r.path),
+                ))
+            }
+        };
+        progress.total(files.iter().map(|f| f.2).sum());
+        let mut jobs = Vec::new();
+        for (path, dest, size, mtime) in files {
+            let ident = Ident { size, mtime };
+            if opts.resume && complete_at(&dest, ident) {
+                c.stats.files += 1;
+                c.stats.files_skipped += 1;
+                c.stats.bytes += size;
+                progress.add(size);
+                continue;
+            }
+            jobs.push(DlJob { path, dest, ident });
         }
-        EntryKind::Dir => {
-            return Err(XferError::new(
-                Kind::Usage,
-                format!("{}: is a directory; use -r to copy trees", r.path),
-            ))
-        }
-        _ => {
-            return Err(XferError::new(
-                Kind::Usage,
-                format!("{}: not a regular file or directory", r.path),
-            ))
-        }
-    }
-    let stats = c.stats;
-    c.bye();
-    Ok(stats)
+        c.download_files(jobs, progress)
+    })
 }
 
 fn upload(
@@ -646,7 +933,8 @@ fn upload(
     recursive: bool,
     opts: &Options,
     progress: &dyn Progress,
-) -> Result<Stats> {
+    total: &mut Stats,
+) -> Result<()> {
     let md = std::fs::metadata(local).map_err(|e| XferError::io(local.display(), &e))?;
     if md.is_dir() && !recursive {
         return Err(XferError::new(
@@ -654,34 +942,61 @@ fn upload(
             format!("{}: is a directory; use -r to copy trees", local.display()),
         ));
     }
-    let mut c = Client::connect(&r.addr, opts)?;
-    let name = local
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let target = match c.stat(&r.path) {
-        Ok(e) if e.kind == EntryKind::Dir && !name.is_empty() => join(&r.path, &name),
-        Ok(_) => r.path.clone(),
-        Err(e) if e.kind == Kind::NotFound => r.path.clone(),
-        Err(e) => return Err(e),
-    };
-    if md.is_file() {
-        progress.total(md.len());
-        c.upload_file(local, &target, progress)?;
-    } else {
-        let (dirs, files) = walk_local(local)?;
+    with_client(r, opts, total, |c| {
+        let name = local
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let (target, existing) = match c.stat(&r.path) {
+            Ok(e) if e.kind == EntryKind::Dir && !name.is_empty() => (join(&r.path, &name), None),
+            Ok(e) => (r.path.clone(), Some(e)),
+            Err(e) if e.kind == Kind::NotFound => (r.path.clone(), None),
+            Err(e) => return Err(e),
+        };
+        // What the destination already holds, for a resume's quick check (size, mtime s).
+        let mut there: HashMap<String, (u64, i64)> = HashMap::new();
+        let files = if md.is_file() {
+            if opts.resume {
+                let e = match existing {
+                    Some(e) => Some(e),
+                    None => c.stat(&target).ok(),
+                };
+                if let Some(e) = e.filter(|e| e.kind == EntryKind::File) {
+                    there.insert(String::new(), (e.size, e.mtime));
+                }
+            }
+            vec![(String::new(), md.len(), mtime_secs(&md))]
+        } else {
+            let (dirs, files) = walk_local(local)?;
+            if opts.resume {
+                if let Ok((_, remote)) = c.walk_remote(&target) {
+                    there = remote.into_iter().map(|(p, s, m)| (p, (s, m))).collect();
+                }
+            }
+            c.mkdir(&target, 0o755)?;
+            for d in &dirs {
+                c.mkdir(&join(&target, d), 0o755)?;
+            }
+            files
+        };
         progress.total(files.iter().map(|f| f.1).sum());
-        c.mkdir(&target, 0o755)?;
-        for d in &dirs {
-            c.mkdir(&join(&target, d), 0o755)?;
+        for (rel, size, mtime) in files {
+            if there.get(&rel) == Some(&(size, mtime)) {
+                c.stats.files += 1;
+                c.stats.files_skipped += 1;
+                c.stats.bytes += size;
+                progress.add(size);
+                continue;
+            }
+            let src = if rel.is_empty() {
+                local.to_path_buf()
+            } else {
+                local.join(&rel)
+            };
+            c.upload_file(&src, &join(&target, &rel), progress)?;
         }
-        for (rel, _) in files {
-            c.upload_file(&local.join(&rel), &join(&target, &rel), progress)?;
-        }
-    }
-    let stats = c.stats;
-    c.bye();
-    Ok(stats)
+        Ok(())
+    })
 }
 
 /// A local tree's directories (relative, parents first) and files; symlinks are skipped
@@ -709,11 +1024,10 @@ fn walk_local(root: &Path) -> Result<Tree> {
                 dirs.push(r.clone());
                 todo.push(r);
             } else if ft.is_file() {
-                let len = ent
+                let md = ent
                     .metadata()
-                    .map_err(|e| XferError::io(ent.path().display(), &e))?
-                    .len();
-                files.push((r, len));
+                    .map_err(|e| XferError::io(ent.path().display(), &e))?;
+                files.push((r, md.len(), mtime_secs(&md)));
             } else {
                 tracing::warn!(
                     "{}: skipping (not a file or directory)",

@@ -102,10 +102,7 @@ impl Journal {
     pub fn load(file: File) -> Option<Journal> {
         let mut b = [0u8; 2 * SLOT];
         let n = read_up_to(&file, &mut b).ok()?;
-        let best = b[..n]
-            .chunks(SLOT)
-            .filter_map(decode)
-            .max_by_key(|s| s.0)?;
+        let best = b[..n].chunks(SLOT).filter_map(decode).max_by_key(|s| s.0)?;
         let (seq, ident, block, done) = best;
         Some(Journal {
             file,
@@ -303,7 +300,9 @@ mod tests {
         let back = Journal::load(open(&p)).unwrap();
         assert_eq!((back.ident(), back.done(), back.block()), (id, 300, 4096));
         // Tear the newest slot (seq 3 lives in slot 1): the previous checkpoint wins.
-        open(&p).write_all_at(&[0xAA; 10], SLOT as u64 + 40).unwrap();
+        open(&p)
+            .write_all_at(&[0xAA; 10], SLOT as u64 + 40)
+            .unwrap();
         assert_eq!(Journal::load(open(&p)).unwrap().done(), 100);
         // Both torn: nothing is trusted.
         open(&p).write_all_at(&[0xAA; 10], 40).unwrap();
@@ -318,15 +317,7 @@ mod tests {
     #[test]
     fn prefix_waits_for_holes() {
         let p = tmp("prefix");
-        let j = Journal::create(
-            open(&p),
-            Ident {
-                size: 40,
-                mtime: 0,
-            },
-            10,
-        )
-        .unwrap();
+        let j = Journal::create(open(&p), Ident { size: 40, mtime: 0 }, 10).unwrap();
         let mut pr = Progress::new(j);
         pr.good(0, 10);
         pr.good(20, 10);

@@ -7,10 +7,10 @@
 //! opened that way, under a temporary name, and renamed into place only after their BLAKE3
 //! matched and they were fsynced.
 
+use std::collections::HashSet;
 use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::FileExt;
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -698,7 +698,11 @@ impl Server {
     /// Claims `path` for writing, waiting up to [`BUSY_WAIT`] for another connection to
     /// release it.
     fn claim(&self, path: &str) -> Option<Claim<'_>> {
-        let key = path.split('/').filter(|c| !c.is_empty() && *c != ".").collect::<Vec<_>>().join("/");
+        let key = path
+            .split('/')
+            .filter(|c| !c.is_empty() && *c != ".")
+            .collect::<Vec<_>>()
+            .join("/");
         let end = std::time::Instant::now() + BUSY_WAIT;
         loop {
             if self
