@@ -92,6 +92,10 @@ pub struct CpArgs {
     /// doubling up to 5 s).
     #[arg(long, value_name = "N", default_value_t = 0)]
     retries: u32,
+    /// Treat the connection as broken when the server sends nothing for this long (with
+    /// --retries a new connection then resumes).
+    #[arg(long, value_name = "SECONDS", default_value_t = 120.0)]
+    idle_timeout: f64,
     #[command(flatten)]
     remote: Remote,
     /// Source: a local path, HOST:ROOT/PATH, or ferry://HOST[:PORT]/ROOT/PATH (also tcp://, ofi+tcp://, ofi+shm://NAME/...).
@@ -213,10 +217,20 @@ impl Progress for Bar {
 pub fn cp(a: CpArgs) -> Result<(), XferError> {
     let src = url::parse(&a.src, &a.remote.driver)?;
     let dst = url::parse(&a.dst, &a.remote.driver)?;
+    let idle_timeout = std::time::Duration::try_from_secs_f64(a.idle_timeout)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| {
+            XferError::new(
+                Kind::Usage,
+                format!("--idle-timeout {}: give seconds > 0", a.idle_timeout),
+            )
+        })?;
     let opts = Options {
         block_size: a.block_size,
         resume: a.resume,
         retries: a.retries,
+        idle_timeout,
         ..a.remote.options()
     };
     let bar = (!a.quiet && !a.json && std::io::stderr().is_terminal()).then(|| {

@@ -50,6 +50,9 @@ pub struct Options {
     pub ring: usize,
     /// Connect timeout.
     pub timeout: Duration,
+    /// How long to wait for a server that sends nothing before the connection counts as
+    /// broken (and, with `retries`, is replaced).
+    pub idle_timeout: Duration,
     /// Continue interrupted transfers: partial files (their journaled, verified prefix)
     /// and, for trees, files already complete at the destination (same size and mtime).
     pub resume: bool,
@@ -65,6 +68,7 @@ impl Default for Options {
             block_size: crate::DEFAULT_BLOCK,
             ring: crate::DEFAULT_RING,
             timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(120),
             resume: false,
             retries: 0,
         }
@@ -289,14 +293,14 @@ impl Client {
                 "the server chose a bad block size {block}"
             )));
         }
-        link.timeout = Duration::from_secs(120);
+        link.timeout = opts.idle_timeout;
         link.post_ring(opts.ring.max(2), BLOCK_HEADER_LEN + block as usize)?;
         Ok(Client {
             link,
             block,
             minor,
             resume: opts.resume,
-            tx: BlockSender::new(block, opts.ring.max(1), Duration::from_secs(120))?,
+            tx: BlockSender::new(block, opts.ring.max(1), opts.idle_timeout)?,
             ring: opts.ring.max(1),
             next_id: 1,
             stats: Stats::default(),
@@ -863,6 +867,14 @@ fn with_client(
     res
 }
 
+/// Where a tree goes when its destination is an existing directory: normally inside it
+/// under the source's name (as scp does). A resume would then nest a second copy inside the
+/// directory the interrupted run created, so with `--resume` a tree goes into the
+/// directory itself unless that already holds an entry of the source's name.
+fn resume_into_itself(opts: &Options, is_tree: bool, named_exists: bool) -> bool {
+    opts.resume && is_tree && !named_exists
+}
+
 fn download(
     r: &Remote,
     local: &Path,
@@ -873,11 +885,13 @@ fn download(
 ) -> Result<()> {
     with_client(r, opts, total, |c| {
         let entry = c.stat(&r.path)?;
-        let into_dir = local.is_dir();
-        let dest = if into_dir {
-            local.join(basename(&r.path))
-        } else {
+        let named = local.join(basename(&r.path));
+        let dest = if !local.is_dir() {
             local.to_path_buf()
+        } else if resume_into_itself(opts, entry.kind == EntryKind::Dir, named.exists()) {
+            local.to_path_buf()
+        } else {
+            named
         };
         let files = match entry.kind {
             EntryKind::File => {
