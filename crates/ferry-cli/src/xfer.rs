@@ -168,10 +168,12 @@ pub fn serve(a: ServeArgs) -> Result<(), XferError> {
     ])
     .map_err(|e| XferError::io("install signal handlers", &e))?;
     let flag = quit.clone();
+    let watched = server.clone();
     std::thread::Builder::new()
         .name("ferry-signals".into())
         .spawn(move || {
             for sig in signals.forever() {
+                watched.begin_drain();
                 if flag.swap(true, Ordering::SeqCst) {
                     eprintln!("ferry serve: second signal {sig}; exiting without draining");
                     std::process::exit(1);

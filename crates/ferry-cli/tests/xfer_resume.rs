@@ -300,8 +300,10 @@ fn kill_run(
     // On the ofi drivers a client whose server died does not always notice (the fabric's
     // keepalive declares dead only peers that once answered a PING): the idle timeout
     // bounds the wait.
+    // Connecting right after a restart on ofi+shm is sometimes reset: every command
+    // retries its connection.
     let retries: &[&str] = match victim {
-        Victim::Client => &[],
+        Victim::Client => &["--retries", "5"],
         Victim::Server => &["--retries", "30", "--idle-timeout", "3"],
     };
     let mut first = cp_cmd(retries)
@@ -328,7 +330,9 @@ fn kill_run(
                 !dest.exists(),
                 "run {i}: a partial file appeared under its name"
             );
-            ok(&cp_cmd(&["--resume", &from, &to]).output().unwrap())
+            ok(&cp_cmd(&["--resume", "--retries", "5", &from, &to])
+                .output()
+                .unwrap())
         }
         Victim::Server => {
             s.kill9();

@@ -962,7 +962,15 @@ fn upload(
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         let (target, existing) = match c.stat(&r.path) {
-            Ok(e) if e.kind == EntryKind::Dir && !name.is_empty() => (join(&r.path, &name), None),
+            Ok(e) if e.kind == EntryKind::Dir && !name.is_empty() => {
+                let named = join(&r.path, &name);
+                let there = opts.resume && md.is_dir() && c.stat(&named).is_ok();
+                if resume_into_itself(opts, md.is_dir(), there) {
+                    (r.path.clone(), None)
+                } else {
+                    (named, None)
+                }
+            }
             Ok(e) => (r.path.clone(), Some(e)),
             Err(e) if e.kind == Kind::NotFound => (r.path.clone(), None),
             Err(e) => return Err(e),

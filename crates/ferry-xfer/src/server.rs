@@ -529,6 +529,8 @@ pub struct Server {
     in_flight: AtomicUsize,
     /// Transfers stopped by [`Server::drain`].
     interrupted: AtomicUsize,
+    /// Transfers in flight when the drain began (`usize::MAX` before).
+    at_drain: AtomicUsize,
 }
 
 /// What [`Server::drain`] did.
@@ -595,6 +597,7 @@ impl Server {
             stop: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
             interrupted: AtomicUsize::new(0),
+            at_drain: AtomicUsize::new(usize::MAX),
         }))
     }
 
@@ -666,8 +669,8 @@ impl Server {
     /// journals its verified prefix; a download just ends, its client journals) and waits a
     /// little for them. The caller exits afterwards.
     pub fn drain(&self, grace: Duration) -> DrainReport {
-        self.draining.store(true, Ordering::SeqCst);
-        let in_flight = self.in_flight.load(Ordering::SeqCst);
+        self.begin_drain();
+        let in_flight = self.at_drain.load(Ordering::SeqCst);
         let wait = |limit: Duration| {
             let end = std::time::Instant::now() + limit;
             while self.in_flight.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < end {
@@ -684,6 +687,17 @@ impl Server {
             interrupted: self.interrupted.load(Ordering::SeqCst),
             abandoned: self.in_flight.load(Ordering::SeqCst),
         }
+    }
+
+    /// Starts refusing new requests (with Unavailable) and notes how many transfers are in
+    /// flight; cheap and callable from any thread (e.g. a signal-watching one) before
+    /// [`Server::drain`]. Idempotent.
+    pub fn begin_drain(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+        let n = self.in_flight.load(Ordering::SeqCst);
+        let _ = self
+            .at_drain
+            .compare_exchange(usize::MAX, n, Ordering::SeqCst, Ordering::SeqCst);
     }
 
     fn stopping(&self) -> bool {
