@@ -886,12 +886,11 @@ fn download(
     with_client(r, opts, total, |c| {
         let entry = c.stat(&r.path)?;
         let named = local.join(basename(&r.path));
-        let dest = if !local.is_dir() {
-            local.to_path_buf()
-        } else if resume_into_itself(opts, entry.kind == EntryKind::Dir, named.exists()) {
-            local.to_path_buf()
-        } else {
+        let is_tree = entry.kind == EntryKind::Dir;
+        let dest = if local.is_dir() && !resume_into_itself(opts, is_tree, named.exists()) {
             named
+        } else {
+            local.to_path_buf()
         };
         let files = match entry.kind {
             EntryKind::File => {
