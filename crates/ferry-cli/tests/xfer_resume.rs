@@ -17,7 +17,7 @@ const TOKEN: &str = "resume-token";
 /// Small blocks so a kill lands between many of them.
 const BLOCK: &str = "262144";
 /// The file the kill runs move: long enough to be interrupted mid-way in a debug build.
-const SIZE: usize = 64 << 20;
+const SIZE: usize = 48 << 20;
 
 fn ferry() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_ferry"));
@@ -352,7 +352,8 @@ fn kill_run(
         num(&v, "resumed_bytes") > 0,
         "run {i}: nothing was resumed: {v}"
     );
-    if let Victim::Client = victim {
+    // (A resumed run that itself had to reconnect counts both attempts.)
+    if matches!(victim, Victim::Client) && num(&v, "retries") == 0 {
         assert!(
             num(&v, "wire_bytes") + num(&v, "resumed_bytes") == size,
             "run {i}: resumed and moved bytes must add up to the file: {v}"
@@ -389,7 +390,9 @@ fn kill_runs(driver: &str, runs: usize) {
         } else {
             Victim::Server
         };
-        let frac = 0.3 + rng.below(55) as f64 / 100.0;
+        // From 40 %: past the receiver's first checkpoint (16 MiB), so there is always
+        // something journaled to resume.
+        let frac = 0.4 + rng.below(46) as f64 / 100.0;
         kill_run(&mut s, &local, "src", i, down, victim, frac);
     }
     no_leftovers(&local);
@@ -418,9 +421,11 @@ fn kill_runs_ofi_shm() {
 /// restarted server without resending what was journaled. With a grace period, a transfer
 /// in flight finishes and the server then exits 0.
 fn sigterm(driver: &str) {
+    // Twice the kill runs' size: the signal must find the transfer still running.
+    const BIG: usize = 2 * SIZE;
     let mut s = Server::start(driver, &["--drain-timeout", "0"]);
     let local = scratch("local");
-    let data = pattern(SIZE, 77);
+    let data = pattern(BIG, 77);
     std::fs::write(local.join("src"), &data).unwrap();
     let dest = s.root.join("up");
     let mut client = cp_cmd(&["--retries", "30", "--idle-timeout", "3"])
@@ -430,7 +435,7 @@ fn sigterm(driver: &str) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    assert!(wait_for_part(&part_of(&dest), SIZE as u64 / 3, &mut client));
+    assert!(wait_for_part(&part_of(&dest), BIG as u64 / 8, &mut client));
     let mut server = s.child.take().unwrap();
     let pid = rustix::process::Pid::from_child(&server);
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
@@ -459,7 +464,7 @@ fn sigterm(driver: &str) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    assert!(wait_for_part(&part_of(&dest), SIZE as u64 / 4, &mut client));
+    assert!(wait_for_part(&part_of(&dest), BIG as u64 / 4, &mut client));
     let mut server = s.child.take().unwrap();
     let pid = rustix::process::Pid::from_child(&server);
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
@@ -597,13 +602,9 @@ fn dropped_connection_retries() {
     let from = format!("tcp://{proxy}/d/f");
     let dest = local.join("g");
     let o = cp_cmd(&[&from, dest.to_str().unwrap()]).output().unwrap();
-    assert_eq!(
-        o.status.code(),
-        Some(6),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    assert!(journal_of(&dest).exists() && !dest.exists());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(6), "{err}");
+    assert!(journal_of(&dest).exists() && !dest.exists(), "{err}");
     let v = ok(&cp_cmd(&["--resume", &s.url("f"), dest.to_str().unwrap()])
         .output()
         .unwrap());

@@ -630,7 +630,7 @@ impl Server {
             if quit.load(Ordering::SeqCst) {
                 return Ok(());
             }
-            let inc = match listener.accept_incoming(Duration::from_millis(200)) {
+            let inc = match listener.accept_incoming(Duration::from_millis(100)) {
                 Ok(i) => i,
                 Err(ferry_exs::runtime::Error::Timeout) => continue,
                 Err(e) => {
