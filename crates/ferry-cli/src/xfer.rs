@@ -214,6 +214,11 @@ impl Progress for Bar {
             b.inc(bytes);
         }
     }
+    fn restart(&self) {
+        if let Some(b) = &self.0 {
+            b.set_position(0);
+        }
+    }
 }
 
 pub fn cp(a: CpArgs) -> Result<(), XferError> {

@@ -112,6 +112,8 @@ pub trait Progress {
     fn total(&self, _bytes: u64) {}
     /// `bytes` more moved.
     fn add(&self, _bytes: u64) {}
+    /// Starting over (a retry): the next attempt reports what is already there again.
+    fn restart(&self) {}
 }
 
 impl Progress for () {}
@@ -843,6 +845,7 @@ pub fn copy(
                 );
                 std::thread::sleep(delay);
                 delay = (delay * 2).min(RETRY_MAX_DELAY);
+                progress.restart();
                 // A retry continues what the failed attempt left.
                 opts.resume = true;
             }

@@ -140,6 +140,18 @@ impl Link {
     /// Receives the next message into `out` (resized to the message) and re-posts its
     /// buffer. Send completions met on the way are checked.
     pub fn recv_into(&mut self, out: &mut Vec<u8>) -> Result<()> {
+        if self.recv_within(out, self.timeout)? {
+            return Ok(());
+        }
+        Err(XferError::conn(format!(
+            "the peer sent nothing for {} s; giving up",
+            self.timeout.as_secs()
+        )))
+    }
+
+    /// Like [`Link::recv_into`], but `Ok(false)` when nothing arrived for about `wait`, so
+    /// a caller can look at other things between waits.
+    pub fn recv_within(&mut self, out: &mut Vec<u8>, wait: Duration) -> Result<bool> {
         loop {
             if let Some((buf, len)) = self.done.remove(&self.next_deliver) {
                 self.next_deliver += 1;
@@ -155,17 +167,14 @@ impl Link {
                 };
                 self.sock.recv(buf, Flags::NONE, self.next_post);
                 self.next_post += 1;
-                return Ok(());
+                return Ok(true);
             }
             if self.next_post == self.next_deliver {
                 return Err(XferError::conn("internal: receive with no buffer posted"));
             }
-            let ev = self.q.dequeue(self.timeout).ok_or_else(|| {
-                XferError::conn(format!(
-                    "the peer sent nothing for {} s; giving up",
-                    self.timeout.as_secs()
-                ))
-            })?;
+            let Some(ev) = self.q.dequeue(wait) else {
+                return Ok(false);
+            };
             match ev.kind {
                 EventKind::Recv => {
                     ev.result.map_err(|e| exs_err("receive", e))?;

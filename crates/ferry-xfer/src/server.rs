@@ -7,7 +7,7 @@
 //! opened that way, under a temporary name, and renamed into place only after their BLAKE3
 //! matched and they were fsynced.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::FileExt;
@@ -520,7 +520,9 @@ pub struct Server {
     sessions: AtomicU64,
     /// Files a PUT is writing (their `root/path`), so a resumed PUT never shares a part file
     /// with the connection of a client that vanished but is not noticed gone yet.
-    busy: Mutex<HashSet<String>>,
+    /// A newer PUT of the same file raises the holder's flag: the holder journals and lets go
+    /// (the usual holder is a vanished client's connection the fabric has not noticed).
+    busy: Mutex<HashMap<String, Arc<AtomicBool>>>,
     /// Set once a drain starts: new requests are refused with Unavailable.
     draining: AtomicBool,
     /// Set when the drain's grace period is over: transfers in flight journal and stop.
@@ -549,6 +551,9 @@ pub struct DrainReport {
 /// How long a PUT waits for another connection to let go of the same file.
 const BUSY_WAIT: Duration = Duration::from_secs(20);
 
+/// A PUT's receive loop looks at the drain and takeover flags this often while idle.
+const RECV_SLICE: Duration = Duration::from_millis(250);
+
 /// A GET is sent in pieces of this many bytes, so a drain can stop it between them.
 const GET_PIECE: u64 = 32 << 20;
 
@@ -570,8 +575,10 @@ impl Drop for InFlight<'_> {
 
 /// A claim on a file being written; released on drop.
 struct Claim<'a> {
-    busy: &'a Mutex<HashSet<String>>,
+    busy: &'a Mutex<HashMap<String, Arc<AtomicBool>>>,
     key: String,
+    /// Raised when a newer PUT of the same file wants it.
+    yield_to_newer: Arc<AtomicBool>,
 }
 
 impl Drop for Claim<'_> {
@@ -592,7 +599,7 @@ impl Server {
             cfg,
             roots,
             sessions: AtomicU64::new(1),
-            busy: Mutex::new(HashSet::new()),
+            busy: Mutex::new(HashMap::new()),
             draining: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
@@ -709,8 +716,9 @@ impl Server {
         XferError::conn(format!("{what}: the server is shutting down"))
     }
 
-    /// Claims `path` for writing, waiting up to [`BUSY_WAIT`] for another connection to
-    /// release it.
+    /// Claims `path` for writing. If another connection holds it, asks that one to journal
+    /// and let go (a PUT of a file supersedes an older one still writing it), waiting up
+    /// to [`BUSY_WAIT`].
     fn claim(&self, path: &str) -> Option<Claim<'_>> {
         let key = path
             .split('/')
@@ -719,16 +727,20 @@ impl Server {
             .join("/");
         let end = std::time::Instant::now() + BUSY_WAIT;
         loop {
-            if self
-                .busy
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(key.clone())
             {
-                return Some(Claim {
-                    busy: &self.busy,
-                    key,
-                });
+                let mut busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
+                match busy.get(&key) {
+                    Some(holder) => holder.store(true, Ordering::SeqCst),
+                    None => {
+                        let flag = Arc::new(AtomicBool::new(false));
+                        busy.insert(key.clone(), flag.clone());
+                        return Some(Claim {
+                            busy: &self.busy,
+                            key,
+                            yield_to_newer: flag,
+                        });
+                    }
+                }
             }
             if std::time::Instant::now() >= end || self.stopping() {
                 return None;
@@ -945,7 +957,7 @@ impl Server {
 
     fn put(&self, link: &mut Link, req: &PutReq, path: &str) -> Result<()> {
         let file_id = req.file_id;
-        let Some(_claim) = self.claim(path) else {
+        let Some(claim) = self.claim(path) else {
             return reply_refusal(
                 link,
                 file_id,
@@ -979,7 +991,7 @@ impl Server {
             offset,
         })?;
         let sink = BlockSink::journaled(file_id, req.size, progress);
-        match self.receive(link, &part, sink, path) {
+        match self.receive(link, &part, sink, &claim.yield_to_newer, path) {
             // Connection-level failure: the connection ends; the part and its journal stay
             // for a resume.
             Err(e) => Err(e),
@@ -1017,6 +1029,7 @@ impl Server {
         link: &mut Link,
         part: &PartFile,
         sink: BlockSink,
+        superseded: &AtomicBool,
         path: &str,
     ) -> Result<Option<PResult<()>>> {
         let (file_id, size) = (sink.file_id, sink.size());
@@ -1030,17 +1043,37 @@ impl Server {
             Err(e)
         };
         let mut rounds = 0;
+        let mut buf = Vec::new();
+        let mut idle = Duration::ZERO;
         loop {
             if self.stopping() {
                 return keep(writer, self.stopped(path));
             }
-            let mut buf = writer.spare();
-            if let Err(e) = link.recv_into(&mut buf) {
+            if superseded.load(Ordering::SeqCst) {
+                let e = XferError::conn(format!("{path}: a newer PUT of this file took over"));
                 return keep(writer, e);
+            }
+            if buf.capacity() == 0 {
+                buf = writer.spare();
+            }
+            match link.recv_within(&mut buf, RECV_SLICE) {
+                Ok(true) => idle = Duration::ZERO,
+                Ok(false) => {
+                    idle += RECV_SLICE;
+                    if idle >= link.timeout {
+                        let e = XferError::conn(format!(
+                            "the client sent nothing for {} s; giving up",
+                            idle.as_secs()
+                        ));
+                        return keep(writer, e);
+                    }
+                    continue;
+                }
+                Err(e) => return keep(writer, e),
             }
             let (blake3, length) = match proto::decode(&buf) {
                 Ok((Msg::Block(_), _)) => {
-                    if let Err(e) = writer.push(buf) {
+                    if let Err(e) = writer.push(std::mem::take(&mut buf)) {
                         return keep(writer, e);
                     }
                     continue;

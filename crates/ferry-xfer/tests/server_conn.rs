@@ -271,6 +271,46 @@ fn resume_put(driver: &str) {
     }
 }
 
+/// A newer PUT of a file takes over from a connection still writing it (a client that
+/// vanished without the fabric noticing): the older PUT journals and is cut off, the newer
+/// one continues from the journaled prefix at once.
+#[test]
+fn newer_put_takes_over() {
+    let (addr, dir) = start("tcp", false);
+    let data: Vec<u8> = (0..600_000u32).map(|i| (i * 31 + i / 3) as u8).collect();
+    let size = data.len() as u64;
+    let (mut old, _) = hello(&addr, 1, "tok");
+    old.post_ring(4, BLOCK_HEADER_LEN + 64 * 1024).unwrap();
+    assert!(matches!(
+        put(&mut old, 1, size, 5),
+        Msg::Ready { offset: 0, .. }
+    ));
+    send_blocks(&old, 1, &data, 0, 4 * 64 * 1024);
+    std::thread::sleep(Duration::from_millis(300));
+    // `old` stays open and silent; a new connection resumes the same file.
+    let (mut new, _) = hello(&addr, 1, "tok");
+    new.post_ring(4, BLOCK_HEADER_LEN + 64 * 1024).unwrap();
+    let t = std::time::Instant::now();
+    let offset = match put(&mut new, 2, size, 5) {
+        Msg::Ready { offset, .. } => offset,
+        m => panic!("expected READY, got {m:?}"),
+    };
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    assert_eq!(offset, 4 * 64 * 1024, "the older PUT journaled what it had");
+    send_blocks(&new, 2, &data, offset as usize, data.len());
+    new.send(&Msg::FileDone {
+        file_id: 2,
+        length: size,
+        blake3: Some(*blake3::hash(&data).as_bytes()),
+    })
+    .unwrap();
+    assert_eq!(new.recv_msg().unwrap(), Msg::Ok { file_id: 2 });
+    assert!(std::fs::read(dir.join("r")).unwrap() == data);
+    // The superseded connection was closed.
+    old.timeout = Duration::from_secs(5);
+    assert!(old.recv_msg().is_err());
+}
+
 #[test]
 fn resume_put_tcp() {
     resume_put("tcp");
