@@ -934,10 +934,16 @@ impl Server {
                 break Ok(());
             }
             if self.stopping() {
-                tx.flush().ok();
                 return Err(self.stopped(path));
             }
         };
+        // A broken connection ends here (waiting for the completions of blocks sent to a
+        // dead peer could take the whole link timeout on some providers).
+        if let Err(e) = sent.as_ref() {
+            if e.kind == Kind::Connection {
+                return Err(e.clone());
+            }
+        }
         if let Err(e) = sent {
             tx.flush().ok();
             // Mid-file read failure: tell the client, keep the connection.
