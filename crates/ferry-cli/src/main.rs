@@ -1,6 +1,7 @@
 //! The `ferry` command line.
 
 mod bench;
+mod signals;
 mod xfer;
 
 use anyhow::Result;

@@ -2,6 +2,8 @@
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use clap::Args;
@@ -46,6 +48,10 @@ pub struct ServeArgs {
     /// Let clients have this server send third-party copies to ADDR (a fabric address such as tcp://HOST:7370, or * for any; repeatable).
     #[arg(long = "allow-third-party", value_name = "ADDR")]
     third_party: Vec<String>,
+    /// On SIGTERM/SIGINT: stop accepting, let transfers in flight finish for this long, then
+    /// journal the rest (clients resume them) and exit 0. A second signal exits at once.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30.0)]
+    drain_timeout: f64,
 }
 
 #[derive(Args)]
@@ -88,6 +94,18 @@ pub struct CpArgs {
     /// Staging block size in bytes (the server may lower it).
     #[arg(long, value_name = "BYTES", default_value_t = ferry_xfer::DEFAULT_BLOCK)]
     block_size: u32,
+    /// Continue an interrupted copy: partial files resume after their journaled, verified
+    /// part; with -r, files already at the destination (same size and mtime) are skipped.
+    #[arg(long)]
+    resume: bool,
+    /// After a connection failure, reconnect and resume up to N times (pausing 0.2 s,
+    /// doubling up to 5 s).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    retries: u32,
+    /// Treat the connection as broken when the server sends nothing for this long (with
+    /// --retries a new connection then resumes).
+    #[arg(long, value_name = "SECONDS", default_value_t = 120.0)]
+    idle_timeout: f64,
     #[command(flatten)]
     remote: Remote,
     /// Source: a local path, HOST:ROOT/PATH, or ferry://HOST[:PORT]/ROOT/PATH (also tcp://, ofi+tcp://, ofi+shm://NAME/...), or zero:SIZE (memory mode: SIZE zero bytes, e.g. zero:4G). With both SRC and DST remote, the source server sends straight to the destination (third-party copy).
@@ -146,11 +164,53 @@ pub fn serve(a: ServeArgs) -> Result<(), XferError> {
     cfg.mem |= a.mem;
     cfg.auth.tokens.extend(a.tokens);
     cfg.third_party.extend(a.third_party);
+    let grace = std::time::Duration::try_from_secs_f64(a.drain_timeout).map_err(|_| {
+        XferError::new(
+            Kind::Usage,
+            format!("--drain-timeout {}: give seconds >= 0", a.drain_timeout),
+        )
+    })?;
     let server = ferry_xfer::server::Server::new(cfg)?;
+    // The first SIGTERM/SIGINT starts a drain; a second one exits at once (status 1).
+    let quit = Arc::new(AtomicBool::new(false));
+    crate::signals::reset_term_signals();
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+    ])
+    .map_err(|e| XferError::io("install signal handlers", &e))?;
+    let flag = quit.clone();
+    let watched = server.clone();
+    std::thread::Builder::new()
+        .name("ferry-signals".into())
+        .spawn(move || {
+            for sig in signals.forever() {
+                watched.begin_drain();
+                if flag.swap(true, Ordering::SeqCst) {
+                    eprintln!("ferry serve: second signal {sig}; exiting without draining");
+                    std::process::exit(1);
+                }
+            }
+        })
+        .map_err(|e| XferError::io("start the signal thread", &e))?;
     let listener = server.bind()?;
     println!("listening on {}", listener.local_addr());
     let _ = std::io::stdout().flush();
-    server.serve(&listener)
+    server.serve_until(&listener, &quit)?;
+    drop(listener);
+    eprintln!(
+        "ferry serve: signal received; not accepting connections; draining transfers in flight (up to {:.0} s)",
+        grace.as_secs_f64()
+    );
+    let r = server.drain(grace);
+    eprintln!(
+        "ferry serve: stopped: {} transfer(s) in flight at the signal, {} finished, {} journaled and stopped, {} abandoned at their last checkpoint",
+        r.in_flight,
+        r.in_flight.saturating_sub(r.interrupted + r.abandoned),
+        r.interrupted,
+        r.abandoned
+    );
+    Ok(())
 }
 
 struct Bar(Option<indicatif::ProgressBar>);
@@ -166,16 +226,33 @@ impl Progress for Bar {
             b.inc(bytes);
         }
     }
+    fn restart(&self) {
+        if let Some(b) = &self.0 {
+            b.set_position(0);
+        }
+    }
 }
 
 pub fn cp(a: CpArgs) -> Result<(), XferError> {
     let src = url::parse(&a.src, &a.remote.driver)?;
     let dst = url::parse(&a.dst, &a.remote.driver)?;
+    let idle_timeout = std::time::Duration::try_from_secs_f64(a.idle_timeout)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| {
+            XferError::new(
+                Kind::Usage,
+                format!("--idle-timeout {}: give seconds > 0", a.idle_timeout),
+            )
+        })?;
     let opts = Options {
         block_size: a.block_size,
         dest_token: a
             .dest_token
             .or_else(|| std::env::var("FERRY_DEST_TOKEN").ok()),
+        resume: a.resume,
+        retries: a.retries,
+        idle_timeout,
         ..a.remote.options()
     };
     let bar = (!a.quiet && !a.json && std::io::stderr().is_terminal()).then(|| {
@@ -196,7 +273,8 @@ pub fn cp(a: CpArgs) -> Result<(), XferError> {
     let secs = start.elapsed().as_secs_f64();
     match res {
         Ok(s) => {
-            let gbps = s.bytes as f64 / secs.max(1e-9) / 1e9;
+            // The rate of what crossed the network (a resume moves less than the files hold).
+            let gbps = s.wire_bytes as f64 / secs.max(1e-9) / 1e9;
             if a.json {
                 println!(
                     "{}",
@@ -208,18 +286,29 @@ pub fn cp(a: CpArgs) -> Result<(), XferError> {
                         "seconds": secs,
                         "gbps": gbps,
                         "blocks_resent": s.blocks_resent,
+                        "wire_bytes": s.wire_bytes,
+                        "resumed_bytes": s.resumed_bytes,
+                        "files_skipped": s.files_skipped,
+                        "retries": s.retries,
                     })
                 );
             } else if !a.quiet {
+                let mut notes = String::new();
+                if s.blocks_resent > 0 {
+                    notes += &format!(", {} block(s) resent after CRC mismatch", s.blocks_resent);
+                }
+                if s.resumed_bytes > 0 || s.files_skipped > 0 {
+                    notes += &format!(
+                        ", resumed: {} bytes already there, {} file(s) skipped",
+                        s.resumed_bytes, s.files_skipped
+                    );
+                }
+                if s.retries > 0 {
+                    notes += &format!(", {} reconnection(s)", s.retries);
+                }
                 eprintln!(
-                    "{} file(s), {} bytes in {secs:.2} s ({gbps:.3} GB/s){}",
-                    s.files,
-                    s.bytes,
-                    if s.blocks_resent > 0 {
-                        format!(", {} block(s) resent after CRC mismatch", s.blocks_resent)
-                    } else {
-                        String::new()
-                    }
+                    "{} file(s), {} bytes in {secs:.2} s ({gbps:.3} GB/s){notes}",
+                    s.files, s.bytes,
                 );
             }
             Ok(())

@@ -7,20 +7,29 @@
 //! whole file's BLAKE3 is compared before `.<name>.ferry-part` is fsynced and renamed.
 //! Uploads stream a file's blocks, then FILE_DONE with its BLAKE3; the server answers OK,
 //! RESEND (blocks that failed their CRC) or ERROR.
+//!
+//! Resume ([`Options::resume`], [`Options::retries`]): the receiving side journals the
+//! verified prefix of every part file ([`crate::journal`]). A resumed download continues
+//! its part with a ranged GET (and asks for the source's BLAKE3 with SUM, since a ranged
+//! GET brings none); a resumed upload sends PUT with RESUME and the server's READY says
+//! where to continue. Either way the file lands only if its whole BLAKE3 matches the
+//! source's. Trees skip files already at the destination with the same size and mtime.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use crate::error::{Kind, Result, XferError};
+use crate::journal::{open_part, Found, Ident, OpenHow, Progress as Journaled};
 use crate::link::{BlockSender, BlockWriter, Link, Source, Span, HANDSHAKE_TIMEOUT};
 use crate::proto::{self, Entry, EntryKind, Msg, BLOCK_HEADER_LEN};
-use crate::server::part_name;
+use crate::server::{part_name, BlockSink};
 use crate::url::{Location, Remote};
 
-/// A tree: its directories (relative, parents first) and its files with their sizes.
-pub(crate) type Tree = (Vec<String>, Vec<(String, u64)>);
+/// A tree: its directories (relative, parents first) and its files with their sizes and
+/// mtimes (seconds).
+pub(crate) type Tree = (Vec<String>, Vec<(String, u64, i64)>);
 
 /// Walks the tree under `path` with `list` (which lists one directory). Symlinks and
 /// special files are skipped with a warning.
@@ -39,7 +48,7 @@ pub(crate) fn walk_entries<E>(
                     dirs.push(r.clone());
                     todo.push(r);
                 }
-                EntryKind::File => files.push((r, e.size)),
+                EntryKind::File => files.push((r, e.size, e.mtime)),
                 _ => tracing::warn!("{}: skipping (not a file or directory)", join(path, &r)),
             }
         }
@@ -47,6 +56,11 @@ pub(crate) fn walk_entries<E>(
     dirs.sort();
     Ok((dirs, files))
 }
+
+/// First pause before a retry; it doubles up to [`RETRY_MAX_DELAY`].
+pub const RETRY_DELAY: Duration = Duration::from_millis(200);
+/// Longest pause between retries.
+pub const RETRY_MAX_DELAY: Duration = Duration::from_secs(5);
 
 /// GETs a download keeps outstanding.
 pub const GET_WINDOW: usize = 16;
@@ -62,6 +76,15 @@ pub struct Options {
     pub ring: usize,
     /// Connect timeout.
     pub timeout: Duration,
+    /// How long to wait for a server that sends nothing before the connection counts as
+    /// broken (and, with `retries`, is replaced).
+    pub idle_timeout: Duration,
+    /// Continue interrupted transfers: partial files (their journaled, verified prefix)
+    /// and, for trees, files already complete at the destination (same size and mtime).
+    pub resume: bool,
+    /// Reconnect and resume this many times after a connection failure (exit class 6),
+    /// pausing [`RETRY_DELAY`], doubling up to [`RETRY_MAX_DELAY`].
+    pub retries: u32,
     /// Token for the destination server of a third-party copy (`None`: the same token).
     pub dest_token: Option<String>,
 }
@@ -73,6 +96,9 @@ impl Default for Options {
             block_size: crate::DEFAULT_BLOCK,
             ring: crate::DEFAULT_RING,
             timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(120),
+            resume: false,
+            retries: 0,
             dest_token: None,
         }
     }
@@ -81,12 +107,32 @@ impl Default for Options {
 /// What a copy did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Stats {
-    /// Files copied.
+    /// Files copied (including files found complete and skipped).
     pub files: u64,
-    /// File bytes copied.
+    /// File bytes copied (the whole size of each file, however much of it moved).
     pub bytes: u64,
     /// Blocks sent again after a CRC mismatch.
     pub blocks_resent: u64,
+    /// File bytes that crossed the network (less than `bytes` after a resume).
+    pub wire_bytes: u64,
+    /// Bytes a resume found already in place (journaled prefixes of partial files).
+    pub resumed_bytes: u64,
+    /// Files a resumed tree copy found complete at the destination and skipped.
+    pub files_skipped: u64,
+    /// Reconnections after a connection failure.
+    pub retries: u64,
+}
+
+impl Stats {
+    fn add(&mut self, o: &Stats) {
+        self.files += o.files;
+        self.bytes += o.bytes;
+        self.blocks_resent += o.blocks_resent;
+        self.wire_bytes += o.wire_bytes;
+        self.resumed_bytes += o.resumed_bytes;
+        self.files_skipped += o.files_skipped;
+        self.retries += o.retries;
+    }
 }
 
 /// Receives progress reports.
@@ -95,6 +141,8 @@ pub trait Progress {
     fn total(&self, _bytes: u64) {}
     /// `bytes` more moved.
     fn add(&self, _bytes: u64) {}
+    /// Starting over (a retry): the next attempt reports what is already there again.
+    fn restart(&self) {}
 }
 
 impl Progress for () {}
@@ -103,13 +151,13 @@ impl Progress for () {}
 pub struct Client {
     link: Link,
     block: u32,
+    minor: u16,
+    resume: bool,
     tx: BlockSender,
     ring: usize,
     next_id: u32,
     /// Counters so far.
     pub stats: Stats,
-    /// The server's protocol minor version (what it can do).
-    server_minor: u16,
 }
 
 fn remote_err(code: proto::ErrorCode, message: &str) -> XferError {
@@ -120,15 +168,29 @@ fn unexpected(m: &Msg) -> XferError {
     XferError::conn(format!("the server sent an unexpected frame: {m:?}"))
 }
 
-/// A local file being written under its temporary name.
+/// A local file being written under its temporary name, with its resume journal.
 struct LocalPart {
     dest: PathBuf,
     tmp: PathBuf,
     file: File,
 }
 
+fn journal_path(tmp: &Path) -> PathBuf {
+    let mut p = tmp.as_os_str().to_owned();
+    p.push(".journal");
+    PathBuf::from(p)
+}
+
 impl LocalPart {
-    fn create(dest: &Path) -> Result<LocalPart> {
+    /// Opens `.<name>.ferry-part` next to `dest` for a download of `ident` (see
+    /// [`crate::journal::open_part`]).
+    fn open(
+        dest: &Path,
+        ident: Ident,
+        block: u32,
+        resume: bool,
+    ) -> Result<(LocalPart, Journaled, Found)> {
+        use std::os::unix::fs::OpenOptionsExt;
         let name = dest
             .file_name()
             .ok_or_else(|| {
@@ -137,27 +199,46 @@ impl LocalPart {
             .to_string_lossy()
             .into_owned();
         let tmp = dest.with_file_name(part_name(&name));
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)
+        let dir = tmp.parent().map(Path::to_path_buf).unwrap_or_default();
+        let open = |n: &str, how: OpenHow| {
+            let mut o = std::fs::OpenOptions::new();
+            o.read(true)
+                .write(true)
+                .mode(0o600)
+                .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32);
+            if how == OpenHow::Truncate {
+                o.create(true).truncate(true);
+            }
+            o.open(dir.join(n))
+        };
+        let (file, progress, found) = open_part(&open, &part_name(&name), ident, block, resume)
             .map_err(|e| XferError::io(tmp.display(), &e))?;
-        Ok(LocalPart {
-            dest: dest.to_path_buf(),
-            tmp,
-            file,
-        })
+        Ok((
+            LocalPart {
+                dest: dest.to_path_buf(),
+                tmp,
+                file,
+            },
+            progress,
+            found,
+        ))
     }
 
-    fn commit(self, mode: u32) -> Result<()> {
+    fn commit(self, mode: u32, mtime: Option<SystemTime>) -> Result<()> {
         use std::os::unix::fs::PermissionsExt;
         let io = |e: std::io::Error| XferError::io(self.dest.display(), &e);
         self.file
             .set_permissions(std::fs::Permissions::from_mode(mode & 0o7777))
             .map_err(io)?;
+        if let Some(t) = mtime {
+            self.file.set_modified(t).map_err(io)?;
+        }
         self.file.sync_all().map_err(io)?;
+        // The journal first: a part without one is never trusted.
+        match std::fs::remove_file(journal_path(&self.tmp)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(e)),
+            _ => {}
+        }
         std::fs::rename(&self.tmp, &self.dest).map_err(io)?;
         let parent = match self.dest.parent() {
             Some(p) if !p.as_os_str().is_empty() => p,
@@ -167,8 +248,37 @@ impl LocalPart {
     }
 
     fn discard(self) {
+        let _ = std::fs::remove_file(journal_path(&self.tmp));
         let _ = std::fs::remove_file(&self.tmp);
     }
+}
+
+/// One file to download: the remote path, where it goes, and the source's identity as
+/// STAT or LIST reported it.
+#[derive(Debug, Clone)]
+pub struct DlJob {
+    /// `root/relative/path` on the server.
+    pub path: String,
+    /// Local destination (`None`: the null sink of memory mode, nothing is written).
+    pub dest: Option<PathBuf>,
+    /// Size and mtime (seconds) of the source.
+    pub ident: Ident,
+}
+
+fn system_time(secs: i64) -> Option<SystemTime> {
+    let s = u64::try_from(secs).ok()?;
+    SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(s))
+}
+
+fn mtime_secs(md: &std::fs::Metadata) -> i64 {
+    use std::os::unix::fs::MetadataExt;
+    md.mtime()
+}
+
+/// Whether `dest` already holds a complete copy by the quick check (size and mtime).
+fn complete_at(dest: &Path, ident: Ident) -> bool {
+    std::fs::metadata(dest)
+        .is_ok_and(|m| m.is_file() && m.len() == ident.size && mtime_secs(&m) == ident.mtime)
 }
 
 /// One file of a download.
@@ -177,7 +287,10 @@ struct Dl {
     /// Discard the data (the null sink): CRCs are checked, nothing is written.
     null: bool,
     dest: PathBuf,
+    ident: Ident,
     part: Option<LocalPart>,
+    /// The journal's view until READY hands it to the writer.
+    journal: Option<Journaled>,
     writer: Option<BlockWriter>,
     size: u64,
     mode: u32,
@@ -200,7 +313,7 @@ impl Client {
             stream: 0,
             token: opts.token.clone(),
         })?;
-        let (block, server_minor) = match link.recv_msg() {
+        let (block, minor) = match link.recv_msg() {
             Ok(Msg::Welcome {
                 block_size, minor, ..
             }) => (block_size, minor),
@@ -213,16 +326,17 @@ impl Client {
                 "the server chose a bad block size {block}"
             )));
         }
-        link.timeout = Duration::from_secs(120);
+        link.timeout = opts.idle_timeout;
         link.post_ring(opts.ring.max(2), BLOCK_HEADER_LEN + block as usize)?;
         Ok(Client {
             link,
             block,
-            tx: BlockSender::new(block, opts.ring.max(1), Duration::from_secs(120))?,
+            minor,
+            resume: opts.resume,
+            tx: BlockSender::new(block, opts.ring.max(1), opts.idle_timeout)?,
             ring: opts.ring.max(1),
             next_id: 1,
             stats: Stats::default(),
-            server_minor,
         })
     }
 
@@ -288,63 +402,140 @@ impl Client {
         }
     }
 
-    /// Downloads remote files to local paths (`None`: the null sink), pipelined.
-    pub fn download_files(
-        &mut self,
-        jobs: Vec<(String, Option<PathBuf>)>,
-        progress: &dyn Progress,
-    ) -> Result<()> {
+    /// Downloads remote files to local paths, pipelined. Without [`Options::resume`] (as
+    /// given to [`Client::set_resume`]) each file starts from zero; with it, a journaled
+    /// part of the same source continues where its verified prefix ends. When the
+    /// connection fails the parts stay, journaled, for a later resume; any other failure
+    /// removes them.
+    pub fn download_files(&mut self, jobs: Vec<DlJob>, progress: &dyn Progress) -> Result<()> {
         let mut jobs = jobs.into_iter();
         let mut live: HashMap<u32, Dl> = HashMap::new();
         let res = self.download_loop(&mut jobs, &mut live, progress);
-        if res.is_err() {
+        if let Err(e) = &res {
+            let keep = e.kind == Kind::Connection;
             for (_, dl) in live.drain() {
-                if let Some(p) = dl.part {
-                    p.discard();
+                let Some(part) = dl.part else { continue };
+                if !keep {
+                    part.discard();
+                    continue;
+                }
+                if let Some(w) = dl.writer {
+                    let saved = w.finish().map(|mut s| s.checkpoint(&part.file));
+                    if !matches!(saved, Ok(Ok(()))) {
+                        tracing::warn!("{}: could not journal the partial file", dl.path);
+                    }
                 }
             }
         }
         res
     }
 
+    /// Resume partial files in later downloads on this connection.
+    pub fn set_resume(&mut self, on: bool) {
+        self.resume = on;
+    }
+
+    fn start_download(
+        &mut self,
+        job: DlJob,
+        live: &mut HashMap<u32, Dl>,
+        sums: &mut VecDeque<u32>,
+        progress: &dyn Progress,
+    ) -> Result<()> {
+        let file_id = self.id();
+        let Some(dest) = job.dest else {
+            self.link.send(&Msg::Get {
+                file_id,
+                offset: 0,
+                length: u64::MAX,
+                path: job.path.clone(),
+            })?;
+            live.insert(
+                file_id,
+                Dl {
+                    path: job.path,
+                    null: true,
+                    dest: PathBuf::new(),
+                    ident: job.ident,
+                    part: None,
+                    journal: None,
+                    writer: None,
+                    size: 0,
+                    mode: 0o644,
+                    hash: None,
+                    outstanding: 1,
+                    rounds: 0,
+                },
+            );
+            return Ok(());
+        };
+        let (part, journal, found) = LocalPart::open(&dest, job.ident, self.block, self.resume)?;
+        let offset = journal.prefix();
+        match found {
+            Found::Resumed => {
+                tracing::info!("{}: resuming at byte {offset}", job.path);
+                self.stats.resumed_bytes += offset;
+                progress.add(offset);
+            }
+            Found::Restarted => tracing::warn!(
+                "{}: the source changed since the interrupted copy (size or mtime differ); starting over",
+                job.path
+            ),
+            Found::Fresh => {}
+        }
+        if offset > 0 {
+            // A ranged GET carries no hash: ask for the source's first (answers come in
+            // request order).
+            self.link.send(&Msg::Sum {
+                path: job.path.clone(),
+            })?;
+            sums.push_back(file_id);
+        }
+        self.link.send(&Msg::Get {
+            file_id,
+            offset,
+            length: u64::MAX,
+            path: job.path.clone(),
+        })?;
+        live.insert(
+            file_id,
+            Dl {
+                path: job.path,
+                null: false,
+                dest,
+                ident: job.ident,
+                part: Some(part),
+                journal: Some(journal),
+                writer: None,
+                size: 0,
+                mode: 0o644,
+                hash: None,
+                outstanding: 1,
+                rounds: 0,
+            },
+        );
+        Ok(())
+    }
+
     fn download_loop(
         &mut self,
-        jobs: &mut impl Iterator<Item = (String, Option<PathBuf>)>,
+        jobs: &mut impl Iterator<Item = DlJob>,
         live: &mut HashMap<u32, Dl>,
         progress: &dyn Progress,
     ) -> Result<()> {
+        let mut sums = VecDeque::new();
         loop {
             while live.len() < GET_WINDOW {
-                let Some((path, dest)) = jobs.next() else {
+                let Some(job) = jobs.next() else {
                     break;
                 };
-                let file_id = self.id();
-                self.link.send(&Msg::Get {
-                    file_id,
-                    offset: 0,
-                    length: u64::MAX,
-                    path: path.clone(),
-                })?;
-                live.insert(
-                    file_id,
-                    Dl {
-                        path,
-                        null: dest.is_none(),
-                        dest: dest.unwrap_or_default(),
-                        part: None,
-                        writer: None,
-                        size: 0,
-                        mode: 0o644,
-                        hash: None,
-                        outstanding: 1,
-                        rounds: 0,
-                    },
-                );
+                self.start_download(job, live, &mut sums, progress)?;
             }
             if live.is_empty() {
                 return Ok(());
             }
             // BLOCKs are checked (and written) in place in the receive buffer.
+            let wire = &mut self.stats.wire_bytes;
             let msg = self.link.recv_with(|bytes| -> Result<Msg> {
                 let (msg, _) = proto::decode(bytes)
                     .map_err(|e| XferError::conn(format!("the server sent a bad frame: {e}")))?;
@@ -355,6 +546,7 @@ impl Client {
                         .ok_or_else(|| XferError::conn("BLOCK of no transfer in progress"))?;
                     writer.push_slice(bytes)?;
                     progress.add(u64::from(h.len));
+                    *wire += u64::from(h.len);
                 }
                 Ok(msg)
             })??;
@@ -363,6 +555,15 @@ impl Client {
                 | Msg::FileDone { file_id, .. }
                 | Msg::Error { file_id, .. } => *file_id,
                 Msg::Block(h) => h.file_id,
+                Msg::SumReply { blake3, .. } => {
+                    let id = sums
+                        .pop_front()
+                        .ok_or_else(|| XferError::conn("the server sent a SUM_REPLY unasked"))?;
+                    if let Some(dl) = live.get_mut(&id) {
+                        dl.hash = Some(*blake3);
+                    }
+                    continue;
+                }
                 m => return Err(unexpected(m)),
             };
             let Some(dl) = live.get_mut(&id) else {
@@ -381,10 +582,22 @@ impl Client {
                     }
                 }
                 Msg::Ready { size, mode, .. } => {
-                    if dl.part.is_none() {
-                        let part = LocalPart::create(&dl.dest)?;
-                        dl.writer = Some(BlockWriter::new(id, size, &part.file, self.ring)?);
-                        dl.part = Some(part);
+                    if dl.writer.is_none() {
+                        if size != dl.ident.size {
+                            return Err(XferError::new(
+                                Kind::Integrity,
+                                format!(
+                                    "{}: the file changed on the server while being copied ({} bytes, now {size}); try again",
+                                    dl.path, dl.ident.size
+                                ),
+                            ));
+                        }
+                        let (Some(part), Some(journal)) = (dl.part.as_ref(), dl.journal.take())
+                        else {
+                            return Err(XferError::conn("READY twice"));
+                        };
+                        let sink = BlockSink::journaled(id, size, journal);
+                        dl.writer = Some(BlockWriter::with_sink(sink, &part.file, self.ring)?);
                         dl.size = size;
                         dl.mode = mode;
                     }
@@ -468,7 +681,7 @@ impl Client {
                             ),
                         );
                     }
-                    part.commit(dl.mode)?;
+                    part.commit(dl.mode, system_time(dl.ident.mtime))?;
                     self.stats.files += 1;
                     self.stats.bytes += dl.size;
                 }
@@ -493,27 +706,40 @@ impl Client {
                 ),
             ));
         }
+        use std::os::unix::fs::MetadataExt;
+        let mtime = md
+            .mtime()
+            .saturating_mul(1_000_000_000)
+            .saturating_add(md.mtime_nsec());
         let mode = md.permissions().mode() & 0o7777;
-        self.put(Source::File(&file), md.len(), mode, path, progress)
+        self.put(
+            Source::File(&file),
+            md.len(),
+            mode,
+            Some(mtime),
+            path,
+            progress,
+        )
     }
 
     /// Uploads an open regular file of `size` bytes to a remote path, creating it with
-    /// permission bits `mode`.
+    /// permission bits `mode` and, if given, the source's `mtime` (ns since the epoch).
     pub fn upload_open(
         &mut self,
         file: &File,
         size: u64,
         mode: u32,
+        mtime: Option<i64>,
         path: &str,
         progress: &dyn Progress,
     ) -> Result<()> {
-        self.put(Source::File(file), size, mode, path, progress)
+        self.put(Source::File(file), size, mode, mtime, path, progress)
     }
 
     /// Uploads `size` zero bytes (the `zero:SIZE` source of memory mode) to a remote path;
     /// no file is read. To the server's null sink (`mem/null`) nothing is hashed.
     pub fn upload_zero(&mut self, size: u64, path: &str, progress: &dyn Progress) -> Result<()> {
-        self.put(Source::Zero, size, 0o644, path, progress)
+        self.put(Source::Zero, size, 0o644, None, path, progress)
     }
 
     fn put(
@@ -521,24 +747,49 @@ impl Client {
         src: Source<'_>,
         size: u64,
         mode: u32,
+        mtime: Option<i64>,
         path: &str,
         progress: &dyn Progress,
     ) -> Result<()> {
         let file_id = self.id();
+        // 1.1 servers take the source's mtime (kept on the file, checked on resume) and
+        // resume; a 1.0 server gets a plain PUT.
+        let v11 = self.minor >= 1;
+        let resume = self.resume && v11 && matches!(src, Source::File(_));
+        if self.resume && !v11 {
+            tracing::warn!(
+                "the server speaks protocol 1.0 and cannot resume; sending the whole file"
+            );
+        }
         self.link.send(&Msg::Put {
             file_id,
-            flags: 0,
+            flags: if resume { proto::PUT_RESUME } else { 0 },
             mode,
             size,
+            mtime: mtime.filter(|_| v11),
             path: path.into(),
         })?;
-        match self.link.recv_msg()? {
-            Msg::Ready { .. } => {}
+        let offset = match self.link.recv_msg()? {
+            Msg::Ready { offset, .. } if offset <= size => offset,
+            Msg::Ready { offset, .. } => {
+                return Err(XferError::conn(format!(
+                    "the server would resume at {offset}, past the end ({size} bytes)"
+                )))
+            }
             Msg::Error { code, message, .. } => return Err(remote_err(code, &message)),
             m => return Err(unexpected(&m)),
-        }
+        };
         let to_null = crate::mem::classify(path) == Some(Ok(crate::mem::Virtual::Null));
         let mut hasher = (!to_null).then(blake3::Hasher::new);
+        if offset > 0 {
+            tracing::info!("{path}: resuming at byte {offset}");
+            if let (Source::File(file), Some(h)) = (src, hasher.as_mut()) {
+                hash_prefix(file, offset, h).map_err(|e| XferError::io(path, &e))?;
+            }
+            self.stats.resumed_bytes += offset;
+            progress.add(offset);
+        }
+        self.stats.wire_bytes += size - offset;
         {
             let tx = &mut self.tx;
             let add = |n| progress.add(n);
@@ -547,8 +798,8 @@ impl Client {
                 src,
                 Span {
                     file_id,
-                    offset: 0,
-                    len: size,
+                    offset,
+                    len: size - offset,
                 },
                 hasher.as_mut(),
                 &add,
@@ -575,6 +826,7 @@ impl Client {
                 Msg::Ok { .. } => break,
                 Msg::Resend { ranges, .. } => {
                     self.stats.blocks_resent += ranges.len() as u64;
+                    self.stats.wire_bytes += ranges.iter().map(|r| u64::from(r.1)).sum::<u64>();
                     let tx = &mut self.tx;
                     for (off, len) in ranges {
                         if off.saturating_add(u64::from(len)) > size {
@@ -604,6 +856,11 @@ impl Client {
         Ok(())
     }
 
+    /// Lists a remote tree: its directories (relative, parents first) and files.
+    fn walk_remote(&mut self, path: &str) -> Result<Tree> {
+        walk_entries(path, |p| self.list(p))
+    }
+
     /// Where a copy of a source named `name` lands when its destination is `path`: inside
     /// `path` if that is an existing directory (as `scp` does), else at `path` itself.
     pub fn target(&mut self, path: &str, name: &str) -> Result<String> {
@@ -615,16 +872,25 @@ impl Client {
         })
     }
 
-    /// Lists a remote tree: its directories (relative, parents first) and files.
-    fn walk_remote(&mut self, path: &str) -> Result<Tree> {
-        walk_entries(path, |p| self.list(p))
-    }
-
     /// Ends the session politely.
     pub fn bye(self) {
         let _ = self.link.send(&Msg::Bye);
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// Feeds `file[..len]` to `h`.
+fn hash_prefix(file: &File, len: u64, h: &mut blake3::Hasher) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut pos = 0u64;
+    while pos < len {
+        let n = (len - pos).min(buf.len() as u64) as usize;
+        file.read_exact_at(&mut buf[..n], pos)?;
+        h.update(&buf[..n]);
+        pos += n as u64;
+    }
+    Ok(())
 }
 
 pub(crate) fn join(a: &str, b: &str) -> String {
@@ -643,7 +909,8 @@ pub(crate) fn basename(path: &str) -> &str {
 }
 
 /// Copies `src` to `dst` (one of them local, one remote), like `scp`: into an existing
-/// directory the source keeps its name. `recursive` copies trees.
+/// directory the source keeps its name. `recursive` copies trees. After a connection
+/// failure it reconnects and resumes up to `opts.retries` times.
 pub fn copy(
     src: &Location,
     dst: &Location,
@@ -651,27 +918,88 @@ pub fn copy(
     opts: &Options,
     progress: &dyn Progress,
 ) -> Result<Stats> {
-    match (src, dst) {
-        (Location::Remote(r), Location::Local(l)) => {
-            download(r, Some(l), recursive, opts, progress)
+    let mut total = Stats::default();
+    let mut opts = opts.clone();
+    let mut delay = RETRY_DELAY;
+    loop {
+        let res = match (src, dst) {
+            (Location::Remote(r), Location::Local(l)) => {
+                download(r, Some(l), recursive, &opts, progress, &mut total)
+            }
+            (Location::Remote(r), Location::Null) => {
+                download(r, None, recursive, &opts, progress, &mut total)
+            }
+            (Location::Local(l), Location::Remote(r)) => {
+                upload(l, r, recursive, &opts, progress, &mut total)
+            }
+            (Location::Remote(s), Location::Remote(d)) => {
+                third_party(s, d, recursive, &opts, progress, &mut total)
+            }
+            (Location::Zero(n), Location::Remote(r)) => {
+                with_client(r, &opts, &mut total, |c| {
+                    let target = c.target(&r.path, "zero")?;
+                    progress.total(*n);
+                    c.upload_zero(*n, &target, progress)
+                })
+            }
+            (_, Location::Zero(_)) => Err(XferError::new(
+                Kind::Usage,
+                "zero:SIZE is a source only; to discard data write to null: (or the server's mem/null)",
+            )),
+            (Location::Null, _) => Err(XferError::new(
+                Kind::Usage,
+                "null: is a sink only; to send zeros read zero:SIZE (or the server's mem/zero/SIZE)",
+            )),
+            (Location::Zero(_) | Location::Local(_), Location::Null | Location::Local(_)) => {
+                Err(XferError::new(
+                    Kind::Usage,
+                    "both ends are local: one of SRC and DST must be remote (host:root/path or ferry://host/root/path)",
+                ))
+            }
+        };
+        match res {
+            Ok(()) => return Ok(total),
+            Err(e) if e.kind == Kind::Connection && total.retries < u64::from(opts.retries) => {
+                total.retries += 1;
+                tracing::warn!(
+                    "{e}; retrying in {:.1} s ({} of {}), resuming",
+                    delay.as_secs_f64(),
+                    total.retries,
+                    opts.retries
+                );
+                std::thread::sleep(delay);
+                delay = (delay * 2).min(RETRY_MAX_DELAY);
+                progress.restart();
+                // A retry continues what the failed attempt left.
+                opts.resume = true;
+            }
+            Err(e) => return Err(e),
         }
-        (Location::Remote(r), Location::Null) => download(r, None, recursive, opts, progress),
-        (Location::Local(l), Location::Remote(r)) => upload(l, r, recursive, opts, progress),
-        (Location::Remote(s), Location::Remote(d)) => third_party(s, d, recursive, opts, progress),
-        (Location::Zero(n), Location::Remote(r)) => upload_zero(*n, r, opts, progress),
-        (_, Location::Zero(_)) => Err(XferError::new(
-            Kind::Usage,
-            "zero:SIZE is a source only; to discard data write to null: (or the server's mem/null)",
-        )),
-        (Location::Null, _) => Err(XferError::new(
-            Kind::Usage,
-            "null: is a sink only; to send zeros read zero:SIZE (or the server's mem/zero/SIZE)",
-        )),
-        (Location::Zero(_) | Location::Local(_), Location::Null | Location::Local(_)) => Err(XferError::new(
-            Kind::Usage,
-            "both ends are local: one of SRC and DST must be remote (host:root/path or ferry://host/root/path)",
-        )),
     }
+}
+
+/// Runs `f` on a new connection and adds its counters to `total`, whatever the outcome.
+fn with_client(
+    r: &Remote,
+    opts: &Options,
+    total: &mut Stats,
+    f: impl FnOnce(&mut Client) -> Result<()>,
+) -> Result<()> {
+    let mut c = Client::connect(&r.addr, opts)?;
+    let res = f(&mut c);
+    total.add(&c.stats);
+    if res.is_ok() {
+        c.bye();
+    }
+    res
+}
+
+/// Where a tree goes when its destination is an existing directory: normally inside it
+/// under the source's name (as scp does). A resume would then nest a second copy inside the
+/// directory the interrupted run created, so with `--resume` a tree goes into the
+/// directory itself unless that already holds an entry of the source's name.
+fn resume_into_itself(opts: &Options, is_tree: bool, named_exists: bool) -> bool {
+    opts.resume && is_tree && !named_exists
 }
 
 /// Downloads to `local` (`None`: the null sink, nothing is written).
@@ -681,51 +1009,70 @@ fn download(
     recursive: bool,
     opts: &Options,
     progress: &dyn Progress,
-) -> Result<Stats> {
-    let mut c = Client::connect(&r.addr, opts)?;
-    let entry = c.stat(&r.path)?;
-    let dest = local.map(|l| match l.is_dir() {
-        true => l.join(basename(&r.path)),
-        false => l.to_path_buf(),
-    });
-    match entry.kind {
-        EntryKind::File => {
-            progress.total(entry.size);
-            c.download_files(vec![(r.path.clone(), dest)], progress)?;
-        }
-        EntryKind::Dir if recursive => {
-            let (dirs, files) = c.walk_remote(&r.path)?;
-            progress.total(files.iter().map(|f| f.1).sum());
-            let mk =
-                |p: &Path| std::fs::create_dir_all(p).map_err(|e| XferError::io(p.display(), &e));
-            if let Some(dest) = &dest {
-                mk(dest)?;
-                for d in &dirs {
-                    mk(&dest.join(d))?;
-                }
+    total: &mut Stats,
+) -> Result<()> {
+    with_client(r, opts, total, |c| {
+        let entry = c.stat(&r.path)?;
+        let is_tree = entry.kind == EntryKind::Dir;
+        let dest = local.map(|local| {
+            let named = local.join(basename(&r.path));
+            if local.is_dir() && !resume_into_itself(opts, is_tree, named.exists()) {
+                named
+            } else {
+                local.to_path_buf()
             }
-            let jobs = files
-                .into_iter()
-                .map(|(rel, _)| (join(&r.path, &rel), dest.as_ref().map(|d| d.join(&rel))))
-                .collect();
-            c.download_files(jobs, progress)?;
+        });
+        let files = match entry.kind {
+            EntryKind::File => {
+                vec![(r.path.clone(), dest, entry.size, entry.mtime)]
+            }
+            EntryKind::Dir if recursive => {
+                let (dirs, files) = c.walk_remote(&r.path)?;
+                let mk = |p: &Path| {
+                    std::fs::create_dir_all(p).map_err(|e| XferError::io(p.display(), &e))
+                };
+                if let Some(dest) = &dest {
+                    mk(dest)?;
+                    for d in &dirs {
+                        mk(&dest.join(d))?;
+                    }
+                }
+                files
+                    .into_iter()
+                    .map(|(rel, size, mtime)| {
+                        let to = dest.as_ref().map(|d| d.join(&rel));
+                        (join(&r.path, &rel), to, size, mtime)
+                    })
+                    .collect()
+            }
+            EntryKind::Dir => {
+                return Err(XferError::new(
+                    Kind::Usage,
+                    format!("{}: is a directory; use -r to copy trees", r.path),
+                ))
+            }
+            _ => {
+                return Err(XferError::new(
+                    Kind::Usage,
+                    format!("{}: not a regular file or directory", r.path),
+                ))
+            }
+        };
+        progress.total(files.iter().map(|f| f.2).sum());
+        let mut jobs = Vec::new();
+        for (path, dest, size, mtime) in files {
+            let ident = Ident { size, mtime };
+            if opts.resume && dest.as_ref().is_some_and(|d| complete_at(d, ident)) {
+                c.stats.files += 1;
+                c.stats.files_skipped += 1;
+                c.stats.bytes += size;
+                progress.add(size);
+                continue;
+            }
+            jobs.push(DlJob { path, dest, ident });
         }
-        EntryKind::Dir => {
-            return Err(XferError::new(
-                Kind::Usage,
-                format!("{}: is a directory; use -r to copy trees", r.path),
-            ))
-        }
-        _ => {
-            return Err(XferError::new(
-                Kind::Usage,
-                format!("{}: not a regular file or directory", r.path),
-            ))
-        }
-    }
-    let stats = c.stats;
-    c.bye();
-    Ok(stats)
+        c.download_files(jobs, progress)
+    })
 }
 
 fn upload(
@@ -734,7 +1081,8 @@ fn upload(
     recursive: bool,
     opts: &Options,
     progress: &dyn Progress,
-) -> Result<Stats> {
+    total: &mut Stats,
+) -> Result<()> {
     let md = std::fs::metadata(local).map_err(|e| XferError::io(local.display(), &e))?;
     if md.is_dir() && !recursive {
         return Err(XferError::new(
@@ -742,29 +1090,69 @@ fn upload(
             format!("{}: is a directory; use -r to copy trees", local.display()),
         ));
     }
-    let mut c = Client::connect(&r.addr, opts)?;
-    let name = local
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let target = c.target(&r.path, &name)?;
-    if md.is_file() {
-        progress.total(md.len());
-        c.upload_file(local, &target, progress)?;
-    } else {
-        let (dirs, files) = walk_local(local)?;
+    with_client(r, opts, total, |c| {
+        let name = local
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let (target, existing) = match c.stat(&r.path) {
+            Ok(e) if e.kind == EntryKind::Dir && !name.is_empty() => {
+                let named = join(&r.path, &name);
+                let there = opts.resume && md.is_dir() && c.stat(&named).is_ok();
+                if resume_into_itself(opts, md.is_dir(), there) {
+                    (r.path.clone(), None)
+                } else {
+                    (named, None)
+                }
+            }
+            Ok(e) => (r.path.clone(), Some(e)),
+            Err(e) if e.kind == Kind::NotFound => (r.path.clone(), None),
+            Err(e) => return Err(e),
+        };
+        // What the destination already holds, for a resume's quick check (size, mtime s).
+        let mut there: HashMap<String, (u64, i64)> = HashMap::new();
+        let files = if md.is_file() {
+            if opts.resume {
+                let e = match existing {
+                    Some(e) => Some(e),
+                    None => c.stat(&target).ok(),
+                };
+                if let Some(e) = e.filter(|e| e.kind == EntryKind::File) {
+                    there.insert(String::new(), (e.size, e.mtime));
+                }
+            }
+            vec![(String::new(), md.len(), mtime_secs(&md))]
+        } else {
+            let (dirs, files) = walk_local(local)?;
+            if opts.resume {
+                if let Ok((_, remote)) = c.walk_remote(&target) {
+                    there = remote.into_iter().map(|(p, s, m)| (p, (s, m))).collect();
+                }
+            }
+            c.mkdir(&target, 0o755)?;
+            for d in &dirs {
+                c.mkdir(&join(&target, d), 0o755)?;
+            }
+            files
+        };
         progress.total(files.iter().map(|f| f.1).sum());
-        c.mkdir(&target, 0o755)?;
-        for d in &dirs {
-            c.mkdir(&join(&target, d), 0o755)?;
+        for (rel, size, mtime) in files {
+            if there.get(&rel) == Some(&(size, mtime)) {
+                c.stats.files += 1;
+                c.stats.files_skipped += 1;
+                c.stats.bytes += size;
+                progress.add(size);
+                continue;
+            }
+            let src = if rel.is_empty() {
+                local.to_path_buf()
+            } else {
+                local.join(&rel)
+            };
+            c.upload_file(&src, &join(&target, &rel), progress)?;
         }
-        for (rel, _) in files {
-            c.upload_file(&local.join(&rel), &join(&target, &rel), progress)?;
-        }
-    }
-    let stats = c.stats;
-    c.bye();
-    Ok(stats)
+        Ok(())
+    })
 }
 
 /// A third-party copy: the source server sends straight to the destination server, and
@@ -775,68 +1163,58 @@ fn third_party(
     recursive: bool,
     opts: &Options,
     progress: &dyn Progress,
-) -> Result<Stats> {
-    let mut c = Client::connect(&src.addr, opts)?;
-    if c.server_minor < 1 {
-        return Err(XferError::new(
-            Kind::Usage,
-            format!(
-                "{} speaks transfer protocol 1.{} and cannot make third-party copies: upgrade it, or copy through this host in two steps",
-                src.addr, c.server_minor
-            ),
-        ));
-    }
-    let file_id = c.id();
-    c.link.send(&Msg::SendTo {
-        flags: if recursive { proto::SEND_RECURSIVE } else { 0 },
-        file_id,
-        path: src.path.clone(),
-        dest: dst.addr.clone(),
-        dest_path: dst.path.clone(),
-        token: opts
-            .dest_token
-            .clone()
-            .unwrap_or_else(|| opts.token.clone()),
-    })?;
-    let mut shown = 0;
-    loop {
-        match c.link.recv_msg()? {
-            Msg::Progress { done, total, .. } => {
-                if shown == 0 {
-                    progress.total(total);
+    total: &mut Stats,
+) -> Result<()> {
+    with_client(src, opts, total, |c| {
+        if c.minor < 1 {
+            return Err(XferError::new(
+                Kind::Usage,
+                format!(
+                    "{} speaks transfer protocol 1.{} and cannot make third-party copies: upgrade it, or copy through this host in two steps",
+                    src.addr, c.minor
+                ),
+            ));
+        }
+        let file_id = c.id();
+        c.link.send(&Msg::SendTo {
+            flags: if recursive { proto::SEND_RECURSIVE } else { 0 },
+            file_id,
+            path: src.path.clone(),
+            dest: dst.addr.clone(),
+            dest_path: dst.path.clone(),
+            token: opts
+                .dest_token
+                .clone()
+                .unwrap_or_else(|| opts.token.clone()),
+        })?;
+        let mut shown = 0;
+        loop {
+            match c.link.recv_msg()? {
+                Msg::Progress { done, total, .. } => {
+                    if shown == 0 {
+                        progress.total(total);
+                    }
+                    progress.add(done.saturating_sub(shown));
+                    shown = shown.max(done);
                 }
-                progress.add(done.saturating_sub(shown));
-                shown = shown.max(done);
-            }
-            Msg::Copied {
-                files,
-                bytes,
-                blocks_resent,
-                ..
-            } => {
-                progress.add(bytes.saturating_sub(shown));
-                c.bye();
-                return Ok(Stats {
+                Msg::Copied {
                     files,
                     bytes,
                     blocks_resent,
-                });
+                    ..
+                } => {
+                    progress.add(bytes.saturating_sub(shown));
+                    c.stats.files += files;
+                    c.stats.bytes += bytes;
+                    c.stats.wire_bytes += bytes;
+                    c.stats.blocks_resent += blocks_resent;
+                    return Ok(());
+                }
+                Msg::Error { code, message, .. } => return Err(remote_err(code, &message)),
+                m => return Err(unexpected(&m)),
             }
-            Msg::Error { code, message, .. } => return Err(remote_err(code, &message)),
-            m => return Err(unexpected(&m)),
         }
-    }
-}
-
-/// Uploads `size` zero bytes to `r` (into a directory: as `zero`).
-fn upload_zero(size: u64, r: &Remote, opts: &Options, progress: &dyn Progress) -> Result<Stats> {
-    let mut c = Client::connect(&r.addr, opts)?;
-    let target = c.target(&r.path, "zero")?;
-    progress.total(size);
-    c.upload_zero(size, &target, progress)?;
-    let stats = c.stats;
-    c.bye();
-    Ok(stats)
+    })
 }
 
 /// A local tree's directories (relative, parents first) and files; symlinks are skipped
@@ -864,11 +1242,10 @@ fn walk_local(root: &Path) -> Result<Tree> {
                 dirs.push(r.clone());
                 todo.push(r);
             } else if ft.is_file() {
-                let len = ent
+                let md = ent
                     .metadata()
-                    .map_err(|e| XferError::io(ent.path().display(), &e))?
-                    .len();
-                files.push((r, len));
+                    .map_err(|e| XferError::io(ent.path().display(), &e))?;
+                files.push((r, md.len(), mtime_secs(&md)));
             } else {
                 tracing::warn!(
                     "{}: skipping (not a file or directory)",

@@ -82,6 +82,8 @@ impl XferError {
             ErrorCode::NotADirectory | ErrorCode::IsADirectory | ErrorCode::Unsupported => {
                 Kind::Usage
             }
+            // Retryable: `ferry cp --retries` reconnects and resumes.
+            ErrorCode::Unavailable => Kind::Connection,
             _ => Kind::Connection,
         };
         Self::new(kind, format!("server: {code}: {message}"))

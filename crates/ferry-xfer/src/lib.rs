@@ -10,8 +10,10 @@
 //! - `third_party`: server-to-server copies (SEND_TO): the source server uploads to the
 //!   destination as an ordinary client, to destinations its operator allowed.
 //! - [`client`]: download and upload of files and trees with per-block CRC-32C (bad blocks
-//!   are fetched again) and whole-file BLAKE3, landing by temp name + fsync + rename.
+//!   are fetched again) and whole-file BLAKE3, landing by temp name + fsync + rename;
+//!   `--resume` and `--retries` continue interrupted transfers.
 //! - [`mem`]: memory-to-memory mode (a zero source, a null sink) for benchmarking.
+//! - [`journal`]: the resume journal kept next to every part file (verified, fsynced prefix).
 //!
 //! The wire format is `docs/protocol.md`, section "File transfer protocol"; the user guide
 //! is `docs/xfer.md`.
@@ -22,6 +24,7 @@
 pub mod client;
 pub mod config;
 pub mod error;
+pub mod journal;
 pub mod link;
 pub mod mem;
 pub mod proto;

@@ -145,6 +145,18 @@ impl Link {
         self.repost(buf)
     }
 
+    /// Like [`Link::recv_into`], but `Ok(false)` when nothing arrived for about `wait`, so
+    /// a caller can look at other things between waits.
+    pub fn recv_within(&mut self, out: &mut Vec<u8>, wait: Duration) -> Result<bool> {
+        let Some((buf, len)) = self.next_done_within(wait)? else {
+            return Ok(false);
+        };
+        out.resize(len, 0);
+        buf.buffer().read_at(buf.offset(), out);
+        self.repost(buf)?;
+        Ok(true)
+    }
+
     /// Re-posts a delivered receive buffer (a fresh one if the ring grew since).
     fn repost(&mut self, buf: ExsBuf) -> Result<()> {
         let buf = if buf.len() < self.recv_size {
@@ -159,23 +171,31 @@ impl Link {
         Ok(())
     }
 
-    /// The next received message in posting order: its buffer and length. Send completions
-    /// met on the way are checked.
+    /// The next received message in posting order (its buffer and length), waiting at most
+    /// the link's timeout.
     fn next_done(&mut self) -> Result<(ExsBuf, usize)> {
+        self.next_done_within(self.timeout)?.ok_or_else(|| {
+            XferError::conn(format!(
+                "the peer sent nothing for {} s; giving up",
+                self.timeout.as_secs()
+            ))
+        })
+    }
+
+    /// The next received message in posting order, or `None` when nothing arrived for
+    /// about `wait`. Send completions met on the way are checked.
+    fn next_done_within(&mut self, wait: Duration) -> Result<Option<(ExsBuf, usize)>> {
         loop {
-            if let Some((buf, len)) = self.done.remove(&self.next_deliver) {
+            if let Some(done) = self.done.remove(&self.next_deliver) {
                 self.next_deliver += 1;
-                return Ok((buf, len));
+                return Ok(Some(done));
             }
             if self.next_post == self.next_deliver {
                 return Err(XferError::conn("internal: receive with no buffer posted"));
             }
-            let ev = self.q.dequeue(self.timeout).ok_or_else(|| {
-                XferError::conn(format!(
-                    "the peer sent nothing for {} s; giving up",
-                    self.timeout.as_secs()
-                ))
-            })?;
+            let Some(ev) = self.q.dequeue(wait) else {
+                return Ok(None);
+            };
             match ev.kind {
                 EventKind::Recv => {
                     ev.result.map_err(|e| exs_err("receive", e))?;
@@ -537,7 +557,16 @@ impl BlockWriter {
     /// A writer of transfer `file_id` (`size` bytes) into `file` (a duplicate handle is
     /// kept; the caller's stays usable), with at most `ring` blocks queued.
     pub fn new(file_id: u32, size: u64, file: &std::fs::File, ring: usize) -> Result<Self> {
-        let sink = crate::server::BlockSink::new(file_id, size);
+        Self::with_sink(crate::server::BlockSink::new(file_id, size), file, ring)
+    }
+
+    /// A writer feeding `sink` (e.g. one that journals, [`crate::server::BlockSink::journaled`]).
+    pub fn with_sink(
+        sink: crate::server::BlockSink,
+        file: &std::fs::File,
+        ring: usize,
+    ) -> Result<Self> {
+        let size = sink.size();
         let file = file
             .try_clone()
             .map_err(|e| XferError::io("duplicate file handle", &e))?;

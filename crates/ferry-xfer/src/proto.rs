@@ -56,8 +56,11 @@ pub enum ErrorCode {
     NotADirectory,
     /// A file was expected.
     IsADirectory,
-    /// Not supported by this build (e.g. resume, before the slice that adds it).
+    /// Not supported by this build.
     Unsupported,
+    /// Try again later: the server is shutting down, or another connection still holds the
+    /// file being written (1.1). Clients treat it like a broken connection (retryable).
+    Unavailable,
     /// A server this one had to reach (the destination of a third-party copy) could not be
     /// reached, or its connection broke (since 1.1).
     Unreachable,
@@ -80,7 +83,8 @@ impl ErrorCode {
             ErrorCode::NotADirectory => 9,
             ErrorCode::IsADirectory => 10,
             ErrorCode::Unsupported => 11,
-            ErrorCode::Unreachable => 12,
+            ErrorCode::Unavailable => 12,
+            ErrorCode::Unreachable => 13,
             ErrorCode::Other(n) => n,
         }
     }
@@ -99,7 +103,8 @@ impl ErrorCode {
             9 => ErrorCode::NotADirectory,
             10 => ErrorCode::IsADirectory,
             11 => ErrorCode::Unsupported,
-            12 => ErrorCode::Unreachable,
+            12 => ErrorCode::Unavailable,
+            13 => ErrorCode::Unreachable,
             n => ErrorCode::Other(n),
         }
     }
@@ -160,8 +165,11 @@ pub struct BlockHeader {
     pub crc32c: u32,
 }
 
-/// PUT flags.
+/// PUT flag: continue the server's `.ferry-part` of this file if it holds one of the same
+/// source (1.1); READY's `offset` says where the data starts.
 pub const PUT_RESUME: u8 = 1;
+/// PUT flag: the body carries the source's `mtime` (1.1); set from [`Msg::Put::mtime`].
+pub const PUT_MTIME: u8 = 2;
 /// FILE_DONE flag: `blake3` holds the hash of the whole file.
 pub const DONE_HASH: u8 = 1;
 /// SEND_TO flag: the source is a directory; copy the tree.
@@ -244,12 +252,15 @@ pub enum Msg {
     Put {
         /// Client-chosen transfer id.
         file_id: u32,
-        /// [`PUT_RESUME`] (refused as Unsupported in 1.0).
+        /// [`PUT_RESUME`] or 0 ([`PUT_MTIME`] is derived from `mtime`).
         flags: u8,
         /// Permission bits for the new file.
         mode: u32,
         /// Final size.
         size: u64,
+        /// The source's modification time, nanoseconds since the epoch (1.1, flag
+        /// [`PUT_MTIME`]): part of the source identity a resume checks, and set on the file.
+        mtime: Option<i64>,
         /// Path.
         path: String,
     },
@@ -261,7 +272,8 @@ pub enum Msg {
         size: u64,
         /// Permission bits.
         mode: u32,
-        /// First offset that will travel (resume point; 0 in 1.0).
+        /// First offset that will travel (the resume point; 0 unless a resumed PUT or a
+        /// ranged GET).
         offset: u64,
     },
     /// File data; the payload follows the header in the same message.
@@ -505,7 +517,10 @@ pub fn encode(msg: &Msg, out: &mut Vec<u8>) -> Result<(), EncodeError> {
         Msg::List { .. } => (ty::LIST, 0),
         Msg::Entries { more, .. } => (ty::ENTRIES, u8::from(*more)),
         Msg::Get { .. } => (ty::GET, 0),
-        Msg::Put { flags, .. } => (ty::PUT, *flags),
+        Msg::Put { flags, mtime, .. } => (
+            ty::PUT,
+            (*flags & !PUT_MTIME) | if mtime.is_some() { PUT_MTIME } else { 0 },
+        ),
         Msg::Ready { .. } => (ty::READY, 0),
         Msg::Block(_) => (ty::BLOCK, 0),
         Msg::FileDone { blake3, .. } => (ty::FILE_DONE, u8::from(blake3.is_some())),
@@ -586,12 +601,16 @@ pub fn encode(msg: &Msg, out: &mut Vec<u8>) -> Result<(), EncodeError> {
                 file_id,
                 mode,
                 size,
+                mtime,
                 path,
                 ..
             } => {
                 w.u32(*file_id);
                 w.u32(*mode);
                 w.u64(*size);
+                if let Some(t) = mtime {
+                    w.u64(*t as u64);
+                }
                 w.str(path, MAX_PATH, "path")?;
             }
             Msg::Ready {
@@ -740,7 +759,7 @@ pub fn decode(b: &[u8]) -> Result<(Msg, &[u8]), DecodeError> {
     }
     let allowed = match t {
         ty::ENTRIES => 1,
-        ty::PUT => PUT_RESUME,
+        ty::PUT => PUT_RESUME | PUT_MTIME,
         ty::FILE_DONE => DONE_HASH,
         ty::SEND_TO => SEND_RECURSIVE,
         _ => 0,
@@ -793,10 +812,15 @@ pub fn decode(b: &[u8]) -> Result<(Msg, &[u8]), DecodeError> {
             path: r.str(MAX_PATH)?,
         },
         ty::PUT => Msg::Put {
-            flags,
+            flags: flags & PUT_RESUME,
             file_id: r.u32()?,
             mode: r.u32()?,
             size: r.u64()?,
+            mtime: if flags & PUT_MTIME != 0 {
+                Some(r.u64()? as i64)
+            } else {
+                None
+            },
             path: r.str(MAX_PATH)?,
         },
         ty::READY => Msg::Ready {
@@ -909,6 +933,7 @@ impl fmt::Display for ErrorCode {
             ErrorCode::NotADirectory => "not a directory",
             ErrorCode::IsADirectory => "is a directory",
             ErrorCode::Unsupported => "unsupported",
+            ErrorCode::Unavailable => "unavailable, try again",
             ErrorCode::Unreachable => "destination unreachable",
             ErrorCode::Other(n) => return write!(f, "error code {n}"),
         };

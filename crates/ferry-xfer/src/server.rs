@@ -7,11 +7,12 @@
 //! opened that way, under a temporary name, and renamed into place only after their BLAKE3
 //! matched and they were fsynced.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::FileExt;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ferry_exs::runtime::{default_config, EventQueue, ExsListener};
@@ -20,6 +21,7 @@ use rustix::io::Errno;
 
 use crate::config::ServerConfig;
 use crate::error::{Kind, Result, XferError};
+use crate::journal::{journal_name, open_part, Found, Ident, OpenHow, Progress};
 use crate::link::{BlockSender, BlockWriter, Link, Source, Span, HANDSHAKE_TIMEOUT};
 use crate::mem::{Virtual, MEM_ROOT};
 use crate::proto::{self, BlockHeader, Entry, EntryKind, ErrorCode, Msg, BLOCK_HEADER_LEN};
@@ -283,7 +285,8 @@ impl Roots {
     }
 }
 
-/// A file being written: `.<name>.ferry-part` in its directory until committed.
+/// A file being written: `.<name>.ferry-part` in its directory until committed, with its
+/// resume journal `.<name>.ferry-part.journal` next to it ([`crate::journal`]).
 pub struct PartFile {
     dir: OwnedFd,
     name: String,
@@ -298,8 +301,23 @@ pub fn part_name(name: &str) -> String {
 }
 
 impl PartFile {
-    /// Creates the temporary file for `path` (truncating a stale one).
+    /// Creates the temporary file for `path` (truncating a stale one) with a fresh journal.
     pub fn create(roots: &Roots, path: &str) -> PResult<PartFile> {
+        let ident = Ident { size: 0, mtime: 0 };
+        Self::open(roots, path, ident, 0, false).map(|(p, _, _)| p)
+    }
+
+    /// Opens the temporary file for a transfer of `ident` into `path`: with `resume`, a
+    /// journaled part of the same source is continued (see [`crate::journal::open_part`]);
+    /// otherwise it starts empty. Returns the part, its verified-prefix tracker and what was
+    /// found.
+    pub fn open(
+        roots: &Roots,
+        path: &str,
+        ident: Ident,
+        block: u32,
+        resume: bool,
+    ) -> PResult<(PartFile, Progress, Found)> {
         let (dir, name) = roots.parent(path)?;
         let Some(name) = name else {
             return Err(refuse(
@@ -308,33 +326,66 @@ impl PartFile {
             ));
         };
         let tmp = part_name(&name);
-        let fd = rustix::fs::openat(
-            &dir,
-            tmp.as_str(),
-            OFlags::RDWR | OFlags::CREATE | OFlags::TRUNC | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::from_raw_mode(0o600),
-        )
-        .map_err(|e| errno_refusal(path, e))?;
-        Ok(PartFile {
-            dir,
-            name,
-            tmp,
-            file: File::from(fd),
-        })
+        let open = |n: &str, how: OpenHow| -> std::io::Result<File> {
+            let mut flags = OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+            if how == OpenHow::Truncate {
+                flags |= OFlags::CREATE | OFlags::TRUNC;
+            }
+            let fd = rustix::fs::openat(&dir, n, flags, Mode::from_raw_mode(0o600))?;
+            Ok(File::from(fd))
+        };
+        let (file, progress, found) =
+            open_part(&open, &tmp, ident, block, resume).map_err(|e| io_refusal(path, &e))?;
+        Ok((
+            PartFile {
+                dir,
+                name,
+                tmp,
+                file,
+            },
+            progress,
+            found,
+        ))
     }
 
-    /// Sets the mode, fsyncs, renames into place and fsyncs the directory.
-    pub fn commit(self, mode: u32) -> std::io::Result<()> {
+    /// Sets the mode (and the source's mtime, when known), fsyncs, drops the journal,
+    /// renames into place and fsyncs the directory.
+    pub fn commit(self, mode: u32, mtime: Option<std::time::SystemTime>) -> std::io::Result<()> {
         rustix::fs::fchmod(&self.file, Mode::from_raw_mode(mode & 0o7777))?;
+        if let Some(t) = mtime {
+            self.file.set_modified(t)?;
+        }
         self.file.sync_all()?;
+        // The journal goes first: a crash before the rename leaves a part with no journal,
+        // which is never trusted.
+        match rustix::fs::unlinkat(
+            &self.dir,
+            journal_name(&self.tmp).as_str(),
+            rustix::fs::AtFlags::empty(),
+        ) {
+            Ok(()) | Err(Errno::NOENT) => {}
+            Err(e) => return Err(e.into()),
+        }
         rustix::fs::renameat(&self.dir, self.tmp.as_str(), &self.dir, self.name.as_str())?;
         rustix::fs::fsync(&self.dir)?;
         Ok(())
     }
 
-    /// Removes the temporary file.
+    /// Removes the temporary file and its journal.
     pub fn discard(self) {
+        let _ = rustix::fs::unlinkat(
+            &self.dir,
+            journal_name(&self.tmp).as_str(),
+            rustix::fs::AtFlags::empty(),
+        );
         let _ = rustix::fs::unlinkat(&self.dir, self.tmp.as_str(), rustix::fs::AtFlags::empty());
+    }
+}
+
+fn io_refusal(path: &str, e: &std::io::Error) -> Refusal {
+    match e.raw_os_error() {
+        Some(n) => errno_refusal(path, Errno::from_raw_os_error(n)),
+        None => refuse(ErrorCode::Io, format!("{path}: {e}")),
     }
 }
 
@@ -353,6 +404,8 @@ pub struct BlockSink {
     pub bad_total: u64,
     /// The first write error (the transfer keeps draining blocks, then reports it).
     pub io_error: Option<std::io::Error>,
+    /// The resume journal's view of the part file, when the receiver keeps one.
+    pub journal: Option<Progress>,
 }
 
 impl BlockSink {
@@ -367,6 +420,31 @@ impl BlockSink {
             bad: Vec::new(),
             bad_total: 0,
             io_error: None,
+            journal: None,
+        }
+    }
+
+    /// A sink that journals its verified prefix as it goes ([`crate::journal`]) and starts
+    /// where the journal's prefix ends (those bytes are not expected again; the final hash
+    /// then re-reads the whole file).
+    pub fn journaled(file_id: u32, size: u64, journal: Progress) -> Self {
+        let mut s = Self::new(file_id, size);
+        s.rehash = journal.prefix() > 0;
+        s.journal = Some(journal);
+        s
+    }
+
+    /// The transfer's size.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Records what is verified so far in the journal (fsync first), e.g. before giving up
+    /// on a broken connection.
+    pub fn checkpoint(&mut self, file: &File) -> std::io::Result<()> {
+        match &mut self.journal {
+            Some(j) => j.checkpoint(file),
+            None => Ok(()),
         }
     }
 
@@ -394,8 +472,18 @@ impl BlockSink {
             return Ok(());
         };
         if self.io_error.is_none() {
-            if let Err(e) = file.write_all_at(payload, h.offset) {
-                self.io_error = Some(e);
+            match file.write_all_at(payload, h.offset) {
+                Err(e) => self.io_error = Some(e),
+                Ok(()) => {
+                    if let Some(j) = &mut self.journal {
+                        j.good(h.offset, u64::from(h.len));
+                        if j.due() {
+                            if let Err(e) = j.checkpoint(file) {
+                                self.io_error = Some(e);
+                            }
+                        }
+                    }
+                }
             }
         }
         if h.offset == self.hashed && !self.rehash {
@@ -435,6 +523,76 @@ pub struct Server {
     cfg: ServerConfig,
     roots: Roots,
     sessions: AtomicU64,
+    /// Files a PUT is writing (their `root/path`), so a resumed PUT never shares a part file
+    /// with the connection of a client that vanished but is not noticed gone yet.
+    /// A newer PUT of the same file raises the holder's flag: the holder journals and lets go
+    /// (the usual holder is a vanished client's connection the fabric has not noticed).
+    busy: Mutex<HashMap<String, Arc<AtomicBool>>>,
+    /// Set once a drain starts: new requests are refused with Unavailable.
+    draining: AtomicBool,
+    /// Set when the drain's grace period is over: transfers in flight journal and stop.
+    stop: AtomicBool,
+    /// GETs and PUTs being served.
+    in_flight: AtomicUsize,
+    /// Transfers stopped by [`Server::drain`].
+    interrupted: AtomicUsize,
+    /// Transfers in flight when the drain began (`usize::MAX` before).
+    at_drain: AtomicUsize,
+}
+
+/// What [`Server::drain`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DrainReport {
+    /// Transfers in flight when the drain began.
+    pub in_flight: usize,
+    /// Transfers stopped after the grace period (uploads journaled here; downloads are
+    /// journaled by their clients).
+    pub interrupted: usize,
+    /// Transfers that neither finished nor stopped in time (their journals hold their last
+    /// checkpoint).
+    pub abandoned: usize,
+}
+
+/// How long a PUT waits for another connection to let go of the same file.
+const BUSY_WAIT: Duration = Duration::from_secs(20);
+
+/// A PUT's receive loop looks at the drain and takeover flags this often while idle.
+const RECV_SLICE: Duration = Duration::from_millis(250);
+
+/// A GET is sent in pieces of this many bytes, so a drain can stop it between them.
+const GET_PIECE: u64 = 32 << 20;
+
+/// Counts a transfer in flight while it lives.
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl<'a> InFlight<'a> {
+    fn new(n: &'a AtomicUsize) -> Self {
+        n.fetch_add(1, Ordering::SeqCst);
+        InFlight(n)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A claim on a file being written; released on drop.
+struct Claim<'a> {
+    busy: &'a Mutex<HashMap<String, Arc<AtomicBool>>>,
+    key: String,
+    /// Raised when a newer PUT of the same file wants it.
+    yield_to_newer: Arc<AtomicBool>,
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        self.busy
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.key);
+    }
 }
 
 impl Server {
@@ -446,6 +604,12 @@ impl Server {
             cfg,
             roots,
             sessions: AtomicU64::new(1),
+            busy: Mutex::new(HashMap::new()),
+            draining: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            in_flight: AtomicUsize::new(0),
+            interrupted: AtomicUsize::new(0),
+            at_drain: AtomicUsize::new(usize::MAX),
         }))
     }
 
@@ -468,8 +632,17 @@ impl Server {
     /// Accepts connections forever, serving each on its own thread. A failing connection
     /// ends only itself.
     pub fn serve(self: &Arc<Self>, listener: &ExsListener) -> Result<()> {
+        self.serve_until(listener, &AtomicBool::new(false))
+    }
+
+    /// Like [`Server::serve`], until `quit` is set (checked a few times a second); then it
+    /// stops accepting and returns, leaving the connections running (see [`Server::drain`]).
+    pub fn serve_until(self: &Arc<Self>, listener: &ExsListener, quit: &AtomicBool) -> Result<()> {
         loop {
-            let inc = match listener.accept_incoming(Duration::from_secs(1)) {
+            if quit.load(Ordering::SeqCst) {
+                return Ok(());
+            }
+            let inc = match listener.accept_incoming(Duration::from_millis(100)) {
                 Ok(i) => i,
                 Err(ferry_exs::runtime::Error::Timeout) => continue,
                 Err(e) => {
@@ -500,6 +673,84 @@ impl Server {
             if let Err(e) = spawned {
                 tracing::warn!("cannot start a connection thread: {e}");
             }
+        }
+    }
+
+    /// Ends service gracefully: refuses new requests, lets the transfers in flight run for
+    /// up to `grace`, then tells the rest to stop (an upload fsyncs its part file and
+    /// journals its verified prefix; a download just ends, its client journals) and waits a
+    /// little for them. The caller exits afterwards.
+    pub fn drain(&self, grace: Duration) -> DrainReport {
+        self.begin_drain();
+        let in_flight = self.at_drain.load(Ordering::SeqCst);
+        let wait = |limit: Duration| {
+            let end = std::time::Instant::now() + limit;
+            while self.in_flight.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < end {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        };
+        wait(grace);
+        if self.in_flight.load(Ordering::SeqCst) > 0 {
+            self.stop.store(true, Ordering::SeqCst);
+            wait(Duration::from_secs(5));
+        }
+        DrainReport {
+            in_flight,
+            interrupted: self.interrupted.load(Ordering::SeqCst),
+            abandoned: self.in_flight.load(Ordering::SeqCst),
+        }
+    }
+
+    /// Starts refusing new requests (with Unavailable) and notes how many transfers are in
+    /// flight; cheap and callable from any thread (e.g. a signal-watching one) before
+    /// [`Server::drain`]. Idempotent.
+    pub fn begin_drain(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+        let n = self.in_flight.load(Ordering::SeqCst);
+        let _ = self
+            .at_drain
+            .compare_exchange(usize::MAX, n, Ordering::SeqCst, Ordering::SeqCst);
+    }
+
+    fn stopping(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    fn stopped(&self, what: &str) -> XferError {
+        self.interrupted.fetch_add(1, Ordering::SeqCst);
+        XferError::conn(format!("{what}: the server is shutting down"))
+    }
+
+    /// Claims `path` for writing. If another connection holds it, asks that one to journal
+    /// and let go (a PUT of a file supersedes an older one still writing it), waiting up
+    /// to [`BUSY_WAIT`].
+    fn claim(&self, path: &str) -> Option<Claim<'_>> {
+        let key = path
+            .split('/')
+            .filter(|c| !c.is_empty() && *c != ".")
+            .collect::<Vec<_>>()
+            .join("/");
+        let end = std::time::Instant::now() + BUSY_WAIT;
+        loop {
+            {
+                let mut busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
+                match busy.get(&key) {
+                    Some(holder) => holder.store(true, Ordering::SeqCst),
+                    None => {
+                        let flag = Arc::new(AtomicBool::new(false));
+                        busy.insert(key.clone(), flag.clone());
+                        return Some(Claim {
+                            busy: &self.busy,
+                            key,
+                            yield_to_newer: flag,
+                        });
+                    }
+                }
+            }
+            if std::time::Instant::now() >= end || self.stopping() {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 
@@ -564,6 +815,21 @@ impl Server {
         let mut tx = BlockSender::new(block, self.cfg.ring, link.timeout)?;
         loop {
             let msg = link.recv_msg()?;
+            if self.draining.load(Ordering::SeqCst) && msg != Msg::Bye {
+                let file_id = match &msg {
+                    Msg::Get { file_id, .. } | Msg::Put { file_id, .. } => *file_id,
+                    _ => 0,
+                };
+                reply_refusal(
+                    link,
+                    file_id,
+                    refuse(
+                        ErrorCode::Unavailable,
+                        "the server is shutting down; try again shortly (ferry cp --retries does)",
+                    ),
+                )?;
+                continue;
+            }
             if self.cfg.mem && self.virtual_request(link, &mut tx, &msg)? {
                 continue;
             }
@@ -598,26 +864,28 @@ impl Server {
                     offset,
                     length,
                     path,
-                } => self.get(link, &mut tx, file_id, offset, length, &path)?,
+                } => {
+                    let _counted = InFlight::new(&self.in_flight);
+                    self.get(link, &mut tx, file_id, offset, length, &path)?
+                }
                 Msg::Put {
                     file_id,
                     flags,
                     mode,
                     size,
+                    mtime,
                     path,
                 } => {
-                    if flags & proto::PUT_RESUME != 0 {
-                        reply_refusal(
-                            link,
-                            file_id,
-                            refuse(
-                                ErrorCode::Unsupported,
-                                "resume is not supported by this server yet",
-                            ),
-                        )?;
-                        continue;
-                    }
-                    self.put(link, file_id, mode, size, &path)?
+                    let _counted = InFlight::new(&self.in_flight);
+                    let req = PutReq {
+                        file_id,
+                        resume: flags & proto::PUT_RESUME != 0,
+                        mode,
+                        size,
+                        mtime,
+                        block,
+                    };
+                    self.put(link, &req, &path)?
                 }
                 Msg::SendTo {
                     flags,
@@ -825,17 +1093,34 @@ impl Server {
         })?;
         let whole = offset == 0 && len == size;
         let mut hasher = whole.then(blake3::Hasher::new);
-        let sent = tx.send_range(
-            link,
-            Source::File(&file),
-            Span {
+        let end = offset + len;
+        let mut pos = offset;
+        let sent = loop {
+            let n = (end - pos).min(GET_PIECE);
+            let span = Span {
                 file_id,
-                offset,
-                len,
-            },
-            hasher.as_mut(),
-            &|_| {},
-        );
+                offset: pos,
+                len: n,
+            };
+            if let Err(e) = tx.send_range(link, Source::File(&file), span, hasher.as_mut(), &|_| {})
+            {
+                break Err(e);
+            }
+            pos += n;
+            if pos >= end {
+                break Ok(());
+            }
+            if self.stopping() {
+                return Err(self.stopped(path));
+            }
+        };
+        // A broken connection ends here (waiting for the completions of blocks sent to a
+        // dead peer could take the whole link timeout on some providers).
+        if let Err(e) = sent.as_ref() {
+            if e.kind == Kind::Connection {
+                return Err(e.clone());
+            }
+        }
         if let Err(e) = sent {
             tx.flush().ok();
             // Mid-file read failure: tell the client, keep the connection.
@@ -853,23 +1138,46 @@ impl Server {
         })
     }
 
-    fn put(&self, link: &mut Link, file_id: u32, mode: u32, size: u64, path: &str) -> Result<()> {
-        let part = match PartFile::create(&self.roots, path) {
-            Ok(p) => p,
-            Err(r) => return reply_refusal(link, file_id, r),
+    fn put(&self, link: &mut Link, req: &PutReq, path: &str) -> Result<()> {
+        let file_id = req.file_id;
+        let Some(claim) = self.claim(path) else {
+            return reply_refusal(
+                link,
+                file_id,
+                refuse(
+                    ErrorCode::Unavailable,
+                    format!("{path}: another connection is still writing this file; try again"),
+                ),
+            );
         };
+        let ident = Ident {
+            size: req.size,
+            mtime: req.mtime.unwrap_or(0),
+        };
+        let (part, progress, found) =
+            match PartFile::open(&self.roots, path, ident, req.block, req.resume) {
+                Ok(p) => p,
+                Err(r) => return reply_refusal(link, file_id, r),
+            };
+        let offset = progress.prefix();
+        match found {
+            Found::Resumed => tracing::info!("{path}: resuming an upload at byte {offset}"),
+            Found::Restarted => tracing::info!(
+                "{path}: the partial upload is of another source (size or mtime differ); starting over"
+            ),
+            Found::Fresh => {}
+        }
         link.send(&Msg::Ready {
             file_id,
-            size,
-            mode,
-            offset: 0,
+            size: req.size,
+            mode: req.mode,
+            offset,
         })?;
-        match self.receive(link, &part, file_id, size, path) {
-            // Connection-level failure: the connection ends.
-            Err(e) => {
-                part.discard();
-                Err(e)
-            }
+        let sink = BlockSink::journaled(file_id, req.size, progress);
+        match self.receive(link, &part, sink, &claim.yield_to_newer, path) {
+            // Connection-level failure: the connection ends; the part and its journal stay
+            // for a resume.
+            Err(e) => Err(e),
             // The client gave up on this file.
             Ok(None) => {
                 part.discard();
@@ -879,56 +1187,136 @@ impl Server {
                 part.discard();
                 reply_refusal(link, file_id, r)
             }
-            Ok(Some(Ok(()))) => match part.commit(mode) {
-                Ok(()) => link.send(&Msg::Ok { file_id }),
-                Err(e) => reply_refusal(
-                    link,
-                    file_id,
-                    refuse(ErrorCode::Io, format!("{path}: commit failed: {e}")),
-                ),
-            },
+            Ok(Some(Ok(()))) => {
+                let mtime = req.mtime.and_then(|ns| {
+                    let ns = u64::try_from(ns).ok()?;
+                    std::time::UNIX_EPOCH.checked_add(Duration::from_nanos(ns))
+                });
+                match part.commit(req.mode, mtime) {
+                    Ok(()) => link.send(&Msg::Ok { file_id }),
+                    Err(e) => reply_refusal(
+                        link,
+                        file_id,
+                        refuse(ErrorCode::Io, format!("{path}: commit failed: {e}")),
+                    ),
+                }
+            }
         }
     }
 
     /// Receives a PUT's blocks through the staging ring's writer until the file is whole
     /// and verified (`Some(Ok)`), refused (`Some(Err)`) or abandoned by the client (`None`).
+    /// If the connection fails or the server stops, the verified prefix is journaled first.
     fn receive(
         &self,
         link: &mut Link,
         part: &PartFile,
-        file_id: u32,
-        size: u64,
+        sink: BlockSink,
+        superseded: &AtomicBool,
         path: &str,
     ) -> Result<Option<PResult<()>>> {
-        let mut writer = BlockWriter::new(file_id, size, &part.file, self.cfg.ring)?;
-        let (length, blake3) = match self.receive_into(link, &mut writer, file_id, path)? {
-            None => return Ok(None),
-            Some((_, Err(r))) => return Ok(Some(Err(r))),
-            Some((length, Ok(h))) => (length, h),
+        let (file_id, size) = (sink.file_id, sink.size());
+        let mut writer = BlockWriter::with_sink(sink, &part.file, self.cfg.ring)?;
+        let keep = |w: BlockWriter, e: XferError| -> Result<Option<PResult<()>>> {
+            match w.finish().map(|mut s| s.checkpoint(&part.file)) {
+                Ok(Ok(())) => {}
+                Ok(Err(io)) => tracing::warn!("{path}: journal: {io}"),
+                Err(f) => tracing::warn!("{path}: journal: {f}"),
+            }
+            Err(e)
         };
-        let mut sink = writer.finish()?;
-        if let Some(e) = sink.io_error.take() {
-            let code = if e.raw_os_error() == Some(Errno::NOSPC.raw_os_error()) {
-                ErrorCode::NoSpace
-            } else {
-                ErrorCode::Io
+        let mut rounds = 0;
+        let mut buf = Vec::new();
+        let mut idle = Duration::ZERO;
+        loop {
+            if self.stopping() {
+                return keep(writer, self.stopped(path));
+            }
+            if superseded.load(Ordering::SeqCst) {
+                let e = XferError::conn(format!("{path}: a newer PUT of this file took over"));
+                return keep(writer, e);
+            }
+            if buf.capacity() == 0 {
+                buf = writer.spare();
+            }
+            match link.recv_within(&mut buf, RECV_SLICE) {
+                Ok(true) => idle = Duration::ZERO,
+                Ok(false) => {
+                    idle += RECV_SLICE;
+                    if idle >= link.timeout {
+                        let e = XferError::conn(format!(
+                            "the client sent nothing for {} s; giving up",
+                            idle.as_secs()
+                        ));
+                        return keep(writer, e);
+                    }
+                    continue;
+                }
+                Err(e) => return keep(writer, e),
+            }
+            let (blake3, length) = match proto::decode(&buf) {
+                Ok((Msg::Block(_), _)) => {
+                    if let Err(e) = writer.push(std::mem::take(&mut buf)) {
+                        return keep(writer, e);
+                    }
+                    continue;
+                }
+                Ok((Msg::FileDone { blake3, length, .. }, _)) => (blake3, length),
+                Ok((Msg::Error { .. }, _)) => return Ok(None),
+                Ok((m, _)) => {
+                    let e = XferError::conn(format!("unexpected frame during a PUT: {m:?}"));
+                    return keep(writer, e);
+                }
+                Err(e) => {
+                    let e = XferError::conn(format!("the peer sent a bad frame: {e}"));
+                    return keep(writer, e);
+                }
             };
-            return Ok(Some(Err(refuse(
-                code,
-                format!("{path}: write failed: {e}"),
-            ))));
+            let bad = match writer.sync() {
+                Ok(b) => b,
+                Err(e) => return keep(writer, e),
+            };
+            if !bad.is_empty() {
+                rounds += 1;
+                if rounds > crate::BLOCK_RETRIES {
+                    return Ok(Some(Err(refuse(
+                        ErrorCode::Integrity,
+                        format!(
+                            "{path}: blocks kept failing their CRC after {} retries; nothing was written. Check the network path (NIC, cable, memory) and try again",
+                            crate::BLOCK_RETRIES
+                        ),
+                    ))));
+                }
+                link.send(&Msg::Resend {
+                    file_id,
+                    ranges: bad,
+                })?;
+                continue;
+            }
+            let mut sink = writer.finish()?;
+            if let Some(e) = sink.io_error.take() {
+                let code = if e.raw_os_error() == Some(Errno::NOSPC.raw_os_error()) {
+                    ErrorCode::NoSpace
+                } else {
+                    ErrorCode::Io
+                };
+                return Ok(Some(Err(refuse(
+                    code,
+                    format!("{path}: write failed: {e}"),
+                ))));
+            }
+            let got = match sink.hash(&part.file) {
+                Ok(h) => h,
+                Err(e) => return Ok(Some(Err(refuse(ErrorCode::Io, format!("{path}: {e}"))))),
+            };
+            if length != size || blake3 != Some(got) {
+                return Ok(Some(Err(refuse(
+                    ErrorCode::Integrity,
+                    format!("{path}: the whole-file BLAKE3 does not match what was sent; nothing was written, try again"),
+                ))));
+            }
+            return Ok(Some(Ok(())));
         }
-        let got = match sink.hash(&part.file) {
-            Ok(h) => h,
-            Err(e) => return Ok(Some(Err(refuse(ErrorCode::Io, format!("{path}: {e}"))))),
-        };
-        if length != size || blake3 != Some(got) {
-            return Ok(Some(Err(refuse(
-                ErrorCode::Integrity,
-                format!("{path}: the whole-file BLAKE3 does not match what was sent; nothing was written, try again"),
-            ))));
-        }
-        Ok(Some(Ok(())))
     }
 
     /// Feeds a PUT's BLOCKs to `writer` (checked in place in the receive buffers) until a
@@ -978,6 +1366,16 @@ impl Server {
             return Ok(Some((length, Ok(blake3))));
         }
     }
+}
+
+/// A PUT as the server handles it.
+struct PutReq {
+    file_id: u32,
+    resume: bool,
+    mode: u32,
+    size: u64,
+    mtime: Option<i64>,
+    block: u32,
 }
 
 /// How a PUT's blocks ended: FILE_DONE's `length`, and its hash once every block was good

@@ -89,7 +89,7 @@ fn copy(cfg: &ServerConfig, roots: &Roots, link: &Link, req: &SendTo) -> Result<
     }
     let entry = roots.stat(req.path)?;
     let (dirs, files) = match entry.kind {
-        EntryKind::File => (Vec::new(), vec![(String::new(), entry.size)]),
+        EntryKind::File => (Vec::new(), vec![(String::new(), entry.size, entry.mtime)]),
         EntryKind::Dir if req.recursive => walk_entries(req.path, |p| roots.list(p))?,
         EntryKind::Dir => {
             return Err(refuse(
@@ -129,12 +129,17 @@ fn copy(cfg: &ServerConfig, roots: &Roots, link: &Link, req: &SendTo) -> Result<
             c.mkdir(&join(&target, d), 0o755).map_err(at_dest)?;
         }
     }
-    for (rel, _) in &files {
+    for (rel, _, _) in &files {
         let (file, st) = roots.open_read(&join(req.path, rel))?;
+        let mtime = st
+            .st_mtime
+            .saturating_mul(1_000_000_000)
+            .saturating_add(st.st_mtime_nsec as i64);
         c.upload_open(
             &file,
             st.st_size as u64,
             st.st_mode & 0o7777,
+            Some(mtime),
             &join(&target, rel),
             &relay,
         )

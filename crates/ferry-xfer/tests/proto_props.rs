@@ -80,15 +80,22 @@ fn msg() -> impl Strategy<Value = Msg> {
                 path
             }
         ),
-        (any::<u32>(), 0u8..2, any::<u32>(), any::<u64>(), s(300)).prop_map(
-            |(file_id, flags, mode, size, path)| Msg::Put {
+        (
+            any::<u32>(),
+            0u8..2,
+            any::<u32>(),
+            any::<u64>(),
+            proptest::option::of(any::<i64>()),
+            s(300)
+        )
+            .prop_map(|(file_id, flags, mode, size, mtime, path)| Msg::Put {
                 file_id,
                 flags,
                 mode,
                 size,
+                mtime,
                 path
-            }
-        ),
+            }),
         (any::<u32>(), any::<u64>(), any::<u32>(), any::<u64>()).prop_map(
             |(file_id, size, mode, offset)| Msg::Ready {
                 file_id,
@@ -215,6 +222,13 @@ fn seed_corpus() {
         &[0xff][..],
         &[8, 0, 0, 0, 99, 0, 0, 0][..],
         &[8, 0, 0, 0, 18, 1, 0, 0][..],
+        // PUT with an unknown flag (4), and PUT claiming an mtime (flag 2) it lacks.
+        &[
+            27, 0, 0, 0, 9, 4, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, b'x',
+        ][..],
+        &[
+            27, 0, 0, 0, 9, 2, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, b'x',
+        ][..],
     ] {
         xfer_frame::xfer_frame(junk);
         assert!(proto::decode(junk).is_err());
@@ -226,4 +240,18 @@ fn seed_corpus() {
         message: "upgrade".into(),
     };
     assert_eq!(proto::decode(&proto::to_vec(&e).unwrap()).unwrap().0, e);
+    // 1.1: Unavailable is a known code; a PUT with an mtime round-trips and sets its flag.
+    assert_eq!(ErrorCode::from_u16(12), ErrorCode::Unavailable);
+    let put = Msg::Put {
+        file_id: 1,
+        flags: proto::PUT_RESUME,
+        mode: 0o644,
+        size: 10,
+        mtime: Some(-5),
+        path: "d/x".into(),
+    };
+    let bytes = proto::to_vec(&put).unwrap();
+    assert_eq!(bytes[5], proto::PUT_RESUME | proto::PUT_MTIME);
+    assert_eq!(proto::decode(&bytes).unwrap().0, put);
+    xfer_frame::xfer_frame(&bytes);
 }

@@ -94,7 +94,7 @@ fn version_and_auth_refusals() {
 }
 
 /// GET of a range returns exactly it, with FILE_DONE carrying no hash; an offset past the
-/// end and a PUT asking for resume are refused, and the connection stays usable.
+/// end is refused, and the connection stays usable.
 fn ranges_and_refusals(driver: &str) {
     let (addr, dir) = start(driver, false);
     let data: Vec<u8> = (0..200_000u32).map(|i| (i * 7) as u8).collect();
@@ -150,17 +150,177 @@ fn ranges_and_refusals(driver: &str) {
     })
     .unwrap();
     assert_eq!(code(&link.recv_msg().unwrap()), ErrorCode::BadRequest);
-    link.send(&Msg::Put {
-        file_id: 11,
-        flags: proto::PUT_RESUME,
-        mode: 0o644,
-        size: 1,
-        path: "d/g".into(),
-    })
-    .unwrap();
-    assert_eq!(code(&link.recv_msg().unwrap()), ErrorCode::Unsupported);
     link.send(&Msg::Stat { path: "d/f".into() }).unwrap();
     assert!(matches!(link.recv_msg().unwrap(), Msg::Entry(e) if e.size == 200_000));
+}
+
+/// Sends `data[from..]` of transfer `file_id` as 64 KiB BLOCKs.
+fn send_blocks(link: &Link, file_id: u32, data: &[u8], from: usize, to: usize) {
+    let mut pos = from;
+    while pos < to {
+        let n = (to - pos).min(64 * 1024);
+        let h = BlockHeader {
+            file_id,
+            stream: 0,
+            offset: pos as u64,
+            len: n as u32,
+            crc32c: crc32c::crc32c(&data[pos..pos + n]),
+        };
+        let mut v = proto::encode_block_header(&h).unwrap().to_vec();
+        v.extend_from_slice(&data[pos..pos + n]);
+        let buf = link.socket().alloc(v.len()).unwrap();
+        buf.write_at(0, &v).unwrap();
+        link.socket()
+            .send(buf, ferry_exs::proto::Flags::NONE, u64::MAX);
+        pos += n;
+    }
+}
+
+fn put(link: &mut Link, file_id: u32, size: u64, mtime: i64) -> Msg {
+    link.send(&Msg::Put {
+        file_id,
+        flags: proto::PUT_RESUME,
+        mode: 0o640,
+        size,
+        mtime: Some(mtime),
+        path: "d/r".into(),
+    })
+    .unwrap();
+    link.recv_msg().unwrap()
+}
+
+/// Protocol 1.1 upload resume, frame by frame: a PUT cut off by a dropped connection leaves
+/// a journaled part; PUT with RESUME of the same source continues at the journaled offset
+/// (READY's `offset`) and lands the whole file with the source's mtime; a PUT with RESUME
+/// of another mtime starts over at 0.
+fn resume_put(driver: &str) {
+    let (addr, dir) = start(driver, false);
+    let data: Vec<u8> = (0..1_000_000u32).map(|i| (i * 13 + i / 7) as u8).collect();
+    let size = data.len() as u64;
+    let mtime = 1_700_000_000_123_456_789i64;
+    let (mut link, _) = hello(&addr, 1, "tok");
+    link.post_ring(4, BLOCK_HEADER_LEN + 64 * 1024).unwrap();
+    assert_eq!(
+        put(&mut link, 1, size, mtime),
+        Msg::Ready {
+            file_id: 1,
+            size,
+            mode: 0o640,
+            offset: 0
+        }
+    );
+    // Eight blocks, then the connection drops.
+    send_blocks(&link, 1, &data, 0, 8 * 64 * 1024);
+    std::thread::sleep(Duration::from_millis(300));
+    link.close();
+    drop(link);
+    let journal = dir.join(".r.ferry-part.journal");
+    let t = std::time::Instant::now();
+    let offset = loop {
+        let (mut link, _) = hello(&addr, 1, "tok");
+        link.post_ring(4, BLOCK_HEADER_LEN + 64 * 1024).unwrap();
+        match put(&mut link, 2, size, mtime) {
+            Msg::Ready { offset, .. } => {
+                assert!(journal.exists());
+                assert_eq!(offset, 8 * 64 * 1024, "the journaled prefix");
+                send_blocks(&link, 2, &data, offset as usize, data.len());
+                link.send(&Msg::FileDone {
+                    file_id: 2,
+                    length: size,
+                    blake3: Some(*blake3::hash(&data).as_bytes()),
+                })
+                .unwrap();
+                assert_eq!(link.recv_msg().unwrap(), Msg::Ok { file_id: 2 });
+                break offset;
+            }
+            m => {
+                assert_eq!(code(&m), ErrorCode::Unavailable);
+                assert!(t.elapsed() < Duration::from_secs(30));
+            }
+        }
+    };
+    assert!(offset > 0);
+    assert!(std::fs::read(dir.join("r")).unwrap() == data);
+    assert!(!journal.exists() && !dir.join(".r.ferry-part").exists());
+    let md = std::fs::metadata(dir.join("r")).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!((md.mtime(), md.mtime_nsec()), (1_700_000_000, 123_456_789));
+    // A part of another source (mtime differs) is not continued: it starts over.
+    let (mut link, _) = hello(&addr, 1, "tok");
+    link.post_ring(4, BLOCK_HEADER_LEN + 64 * 1024).unwrap();
+    assert!(matches!(
+        put(&mut link, 3, size, mtime),
+        Msg::Ready { offset: 0, .. }
+    ));
+    send_blocks(&link, 3, &data, 0, 4 * 64 * 1024);
+    std::thread::sleep(Duration::from_millis(300));
+    link.close();
+    drop(link);
+    let t = std::time::Instant::now();
+    loop {
+        let (mut link, _) = hello(&addr, 1, "tok");
+        link.post_ring(4, BLOCK_HEADER_LEN + 64 * 1024).unwrap();
+        match put(&mut link, 4, size, mtime + 1) {
+            Msg::Ready { offset, .. } => {
+                assert_eq!(offset, 0);
+                break;
+            }
+            m => {
+                assert_eq!(code(&m), ErrorCode::Unavailable);
+                assert!(t.elapsed() < Duration::from_secs(30));
+            }
+        }
+    }
+}
+
+/// A newer PUT of a file takes over from a connection still writing it (a client that
+/// vanished without the fabric noticing): the older PUT journals and is cut off, the newer
+/// one continues from the journaled prefix at once.
+#[test]
+fn newer_put_takes_over() {
+    let (addr, dir) = start("tcp", false);
+    let data: Vec<u8> = (0..600_000u32).map(|i| (i * 31 + i / 3) as u8).collect();
+    let size = data.len() as u64;
+    let (mut old, _) = hello(&addr, 1, "tok");
+    old.post_ring(4, BLOCK_HEADER_LEN + 64 * 1024).unwrap();
+    assert!(matches!(
+        put(&mut old, 1, size, 5),
+        Msg::Ready { offset: 0, .. }
+    ));
+    send_blocks(&old, 1, &data, 0, 4 * 64 * 1024);
+    std::thread::sleep(Duration::from_millis(300));
+    // `old` stays open and silent; a new connection resumes the same file.
+    let (mut new, _) = hello(&addr, 1, "tok");
+    new.post_ring(4, BLOCK_HEADER_LEN + 64 * 1024).unwrap();
+    let t = std::time::Instant::now();
+    let offset = match put(&mut new, 2, size, 5) {
+        Msg::Ready { offset, .. } => offset,
+        m => panic!("expected READY, got {m:?}"),
+    };
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    assert_eq!(offset, 4 * 64 * 1024, "the older PUT journaled what it had");
+    send_blocks(&new, 2, &data, offset as usize, data.len());
+    new.send(&Msg::FileDone {
+        file_id: 2,
+        length: size,
+        blake3: Some(*blake3::hash(&data).as_bytes()),
+    })
+    .unwrap();
+    assert_eq!(new.recv_msg().unwrap(), Msg::Ok { file_id: 2 });
+    assert!(std::fs::read(dir.join("r")).unwrap() == data);
+    // The superseded connection was closed.
+    old.timeout = Duration::from_secs(5);
+    assert!(old.recv_msg().is_err());
+}
+
+#[test]
+fn resume_put_tcp() {
+    resume_put("tcp");
+}
+
+#[test]
+fn resume_put_ofi_shm() {
+    resume_put("ofi+shm");
 }
 
 #[test]
