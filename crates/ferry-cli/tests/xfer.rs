@@ -636,16 +636,14 @@ fn thousand_small_files() {
     big_tree(1000);
 }
 
-/// The 10,000 small files (slow in debug builds on 2 cores).
+/// The 10,000 small files, down and up (about 25 s in a debug build on 2 cores).
 #[test]
-#[ignore]
 fn ten_thousand_small_files() {
     big_tree(10_000);
 }
 
-/// 1 GiB down and up.
+/// 1 GiB down and up (about 25 s in a debug build on 2 cores).
 #[test]
-#[ignore]
 fn one_gib() {
     let s = serve("tcp", &[]);
     let local = scratch("local");
