@@ -2,157 +2,23 @@
 //! byte-identical files around the block size, trees, auth refusals, sandbox escapes,
 //! corrupted blocks caught and re-fetched, and exit codes.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::process::Command;
 
-use serde_json::Value;
+mod common;
 
-const TOKEN: &str = "test-token-1";
+use common::*;
+
 const BLOCK: usize = 4 << 20;
 
-fn ferry() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_ferry"));
-    c.env("RUST_LOG", "warn").env_remove("FERRY_TOKEN");
-    c
-}
-
-fn scratch(tag: &str) -> PathBuf {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let d = std::env::temp_dir().join(format!(
-        "ferry-xfer-{tag}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-/// A running `ferry serve`, killed on drop.
-struct Server {
-    child: Child,
-    addr: String,
-    root: PathBuf,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.root);
-    }
-}
-
-fn listen_url(driver: &str) -> String {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let n = N.fetch_add(1, Ordering::Relaxed);
-    match driver {
-        "ofi+shm" => format!("ofi+shm://ferry-xfer-{}-{n}", std::process::id()),
-        d => format!("{d}://127.0.0.1:0"),
-    }
-}
-
 fn serve(driver: &str, env: &[(&str, &str)]) -> Server {
-    serve_with(driver, env, &[])
+    serve_as(ferry(), driver, env, &[])
 }
 
 /// A server with more command-line arguments.
 fn serve_with(driver: &str, env: &[(&str, &str)], args: &[&str]) -> Server {
     serve_as(ferry(), driver, env, args)
-}
-
-/// A server started by `cmd` (`ferry`, or `ferry` behind a wrapper).
-fn serve_as(mut cmd: Command, driver: &str, env: &[(&str, &str)], args: &[&str]) -> Server {
-    let root = scratch("root");
-    cmd.args(["serve", "--root"])
-        .arg(format!("d={}", root.display()))
-        .args(["--listen", &listen_url(driver), "--token", TOKEN])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let mut child = cmd.spawn().expect("spawn ferry serve");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("serve printed {line:?}"))
-        .to_string();
-    Server { child, addr, root }
-}
-
-impl Server {
-    fn url(&self, path: &str) -> String {
-        format!("{}/d/{path}", self.addr)
-    }
-}
-
-fn run(mut c: Command) -> Output {
-    c.output().expect("ferry runs")
-}
-
-fn cp(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut c = ferry();
-    c.args(["cp", "--token", TOKEN, "--json"]).args(args);
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    run(c)
-}
-
-fn json(o: &Output) -> Value {
-    let text = String::from_utf8_lossy(&o.stdout);
-    serde_json::from_str(text.trim()).unwrap_or_else(|e| {
-        panic!(
-            "stdout {text:?} is not one JSON ({e}); stderr: {}",
-            String::from_utf8_lossy(&o.stderr)
-        )
-    })
-}
-
-fn ok(o: &Output) -> Value {
-    assert!(
-        o.status.success(),
-        "ferry failed ({:?}): {}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    json(o)
-}
-
-fn fails(o: &Output, code: i32, says: &str) {
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(code), "stderr: {err}");
-    assert!(err.contains(says), "{says:?} not in: {err}");
-}
-
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    let mut x = u64::from(seed).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
-fn same_file(a: &Path, b: &Path) {
-    let (x, y) = (std::fs::read(a).unwrap(), std::fs::read(b).unwrap());
-    assert!(
-        x.len() == y.len() && x == y,
-        "{} and {} differ",
-        a.display(),
-        b.display()
-    );
 }
 
 fn no_part_files(dir: &Path) {

@@ -13,6 +13,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+mod common;
+
+use common::ok;
+
 const TOKEN: &str = "resume-token";
 /// Small blocks so a kill lands between many of them.
 const BLOCK: &str = "262144";
@@ -188,26 +192,6 @@ fn cp_cmd(args: &[&str]) -> Command {
     c.args(["cp", "--token", TOKEN, "--json", "--block-size", BLOCK])
         .args(args);
     c
-}
-
-fn json(o: &Output) -> Value {
-    let text = String::from_utf8_lossy(&o.stdout);
-    serde_json::from_str(text.trim()).unwrap_or_else(|e| {
-        panic!(
-            "stdout {text:?} is not one JSON ({e}); stderr: {}",
-            String::from_utf8_lossy(&o.stderr)
-        )
-    })
-}
-
-fn ok(o: &Output) -> Value {
-    assert!(
-        o.status.success(),
-        "ferry failed ({:?}): {}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    json(o)
 }
 
 fn num(v: &Value, k: &str) -> u64 {

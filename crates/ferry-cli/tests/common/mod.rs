@@ -1,0 +1,170 @@
+//! What the end-to-end transfer tests share: `ferry` processes, scratch directories, running
+//! servers, and checks of a command's outcome.
+
+// Each test binary uses its own subset.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use serde_json::Value;
+
+/// The token every test server accepts.
+pub const TOKEN: &str = "test-token-1";
+
+/// The `ferry` under test, quiet, with no token from the environment.
+pub fn ferry() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ferry"));
+    c.env("RUST_LOG", "warn").env_remove("FERRY_TOKEN");
+    c
+}
+
+/// A fresh empty directory under the temp dir.
+pub fn scratch(tag: &str) -> PathBuf {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let d = std::env::temp_dir().join(format!(
+        "ferry-test-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A running `ferry serve` exporting a scratch directory as root `d`, killed on drop.
+pub struct Server {
+    pub child: Child,
+    pub addr: String,
+    pub root: PathBuf,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.root);
+        // A killed ofi+shm server cannot remove its region in /dev/shm.
+        if let Some(name) = self.addr.strip_prefix("ofi+shm://") {
+            let _ = std::fs::remove_file(PathBuf::from("/dev/shm").join(name));
+        }
+    }
+}
+
+impl Server {
+    /// `path` under root `d`, as a URL.
+    pub fn url(&self, path: &str) -> String {
+        format!("{}/d/{path}", self.addr)
+    }
+
+    /// A path of any root (e.g. `mem/null`), as a URL.
+    pub fn at(&self, path: &str) -> String {
+        format!("{}/{path}", self.addr)
+    }
+}
+
+/// A loopback address (or shm name) for `driver`, port chosen by the system.
+pub fn listen_url(driver: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    match driver {
+        "ofi+shm" => format!("ofi+shm://ferry-test-{}-{n}", std::process::id()),
+        d => format!("{d}://127.0.0.1:0"),
+    }
+}
+
+/// Starts `cmd` (`ferry`, or `ferry` behind a wrapper) as `serve` on `driver` with `env`
+/// and extra `args`, and waits until it listens.
+pub fn serve_as(mut cmd: Command, driver: &str, env: &[(&str, &str)], args: &[&str]) -> Server {
+    let root = scratch("root");
+    cmd.args(["serve", "--root"])
+        .arg(format!("d={}", root.display()))
+        .args(["--listen", &listen_url(driver), "--token", TOKEN])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("spawn ferry serve");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("serve printed {line:?}"))
+        .to_string();
+    Server { child, addr, root }
+}
+
+/// Runs a command to its end.
+pub fn run(mut c: Command) -> Output {
+    c.output().expect("ferry runs")
+}
+
+/// `ferry cp --token TOKEN --json ARGS` with `env`.
+pub fn cp(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = ferry();
+    c.args(["cp", "--token", TOKEN, "--json"]).args(args);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    run(c)
+}
+
+/// The one JSON line a `--json` command printed.
+pub fn json(o: &Output) -> Value {
+    let text = String::from_utf8_lossy(&o.stdout);
+    serde_json::from_str(text.trim()).unwrap_or_else(|e| {
+        panic!(
+            "stdout {text:?} is not one JSON ({e}); stderr: {}",
+            String::from_utf8_lossy(&o.stderr)
+        )
+    })
+}
+
+/// Asserts success and returns the JSON line.
+pub fn ok(o: &Output) -> Value {
+    assert!(
+        o.status.success(),
+        "ferry failed ({:?}): {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    json(o)
+}
+
+/// Asserts exit `code` and that stderr says `says`.
+pub fn fails(o: &Output, code: i32, says: &str) {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(code), "stderr: {err}");
+    assert!(err.contains(says), "{says:?} not in: {err}");
+}
+
+/// `len` bytes of a seeded xorshift pattern.
+pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    let mut x = u64::from(seed).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Asserts two files hold the same bytes.
+pub fn same_file(a: &Path, b: &Path) {
+    let (x, y) = (std::fs::read(a).unwrap(), std::fs::read(b).unwrap());
+    assert!(
+        x.len() == y.len() && x == y,
+        "{} and {} differ",
+        a.display(),
+        b.display()
+    );
+}
