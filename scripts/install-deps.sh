@@ -9,7 +9,7 @@ packages=(build-essential pkg-config libfabric-dev libfabric-bin libclang-dev fo
 
 missing=()
 for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+  [[ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" == *"ok installed"* ]] || missing+=("$p")
 done
 if ((${#missing[@]})); then
   echo "ferry: installing ${missing[*]}" >&2

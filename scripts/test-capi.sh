@@ -29,7 +29,7 @@ for f in "$lib"/libferry.so "$lib"/libferry.so.0 "$tmp/prefix/include/ferry/exs.
   [ -e "$f" ] || { echo "missing after install: $f"; exit 1; }
 done
 [ "$(readlink "$lib/libferry.so")" = libferry.so.0 ] || { echo "libferry.so is not a link to libferry.so.0"; exit 1; }
-readelf -d "$lib/libferry.so.0" | grep -q 'SONAME.*\[libferry.so.0\]' \
+grep -q 'SONAME.*\[libferry.so.0\]' <(readelf -d "$lib/libferry.so.0") \
   || { echo "libferry.so.0 has no SONAME libferry.so.0"; exit 1; }
 
 export PKG_CONFIG_PATH="$lib/pkgconfig"
@@ -47,7 +47,8 @@ if command -v c++ >/dev/null 2>&1; then
 int main() { return exs_init(EXS_VERSION); }' | c++ -Wall -Wextra -Werror -x c++ - \
     -o "$tmp/cxx" $(pkg-config --cflags --libs ferry) -Wl,-rpath,"$libdir"
 fi
-ldd "$tmp/api" | grep -q "$libdir/libferry.so.0" \
+# Not `ldd | grep -q`: under pipefail, grep -q quitting early fails the pipeline (SIGPIPE).
+grep -q "$libdir/libferry.so.0" <(ldd "$tmp/api") \
   || { echo "the test programs do not load the staged libferry.so.0"; ldd "$tmp/api"; exit 1; }
 
 # run_pair PROGRAM DRIVER: the server publishes its address in a file, the client uses it.
