@@ -26,6 +26,9 @@ use super::domain::Shared;
 use super::lock;
 use crate::error::{FabricError, Result};
 
+/// How long a call waits behind a short call before taking the provider for stuck.
+const WEDGED: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Makes a provider call.
 type Run = Box<dyn FnOnce(&Shared) -> Result<()> + Send>;
 /// Reports a failed call.
@@ -140,13 +143,22 @@ impl Gate {
 
     /// Runs `job` now if the gate is free or soon free (returning its outcome), else (the
     /// thread inside is in a long call) queues it for that thread and returns `Ok`.
+    ///
+    /// A short call that has not left after [`WEDGED`] is taken to be stuck in the provider
+    /// (shm spins forever on a lock that a killed peer held): this call then fails with
+    /// `Timeout` instead of waiting with it, so the connection fails and its user can
+    /// reconnect.
     pub fn call(&self, shared: &Shared, job: Job) -> Result<()> {
+        let start = std::time::Instant::now();
         loop {
             if let Some(_inside) = self.enter(shared) {
                 return (job.run)(shared);
             }
             if self.long.load(SeqCst) {
                 break;
+            }
+            if start.elapsed() > WEDGED {
+                return Err(FabricError::Timeout(WEDGED));
             }
             std::thread::yield_now();
         }
