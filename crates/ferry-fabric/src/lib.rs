@@ -126,11 +126,20 @@ pub fn connect(addr: &Address, timeout: Duration) -> Result<Box<dyn Endpoint>> {
 /// Checks a gather/scatter list against the endpoint's domain and capabilities; drivers call
 /// this before posting so that every driver rejects the same mistakes the same way.
 pub fn check_local(list: &[LocalSlice], domain: DomainId, caps: &Capabilities) -> Result<u64> {
-    if list.len() > caps.max_gather {
+    check_list(list, domain, caps, caps.max_gather)
+}
+
+/// [`check_local`] with a gather limit of `limit` segments.
+fn check_list(
+    list: &[LocalSlice],
+    domain: DomainId,
+    caps: &Capabilities,
+    limit: usize,
+) -> Result<u64> {
+    if list.len() > limit {
         return Err(FabricError::Unsupported(format!(
-            "{} segments exceed the driver's gather limit of {}",
+            "{} segments exceed the driver's gather limit of {limit}",
             list.len(),
-            caps.max_gather
         )));
     }
     for s in list {
@@ -162,14 +171,15 @@ pub fn check_local(list: &[LocalSlice], domain: DomainId, caps: &Capabilities) -
     Ok(total)
 }
 
-/// Like [`check_local`], and also that the remote range has the same length as the list.
+/// Like [`check_local`] with the RMA gather limit ([`Capabilities::rma_gather`]), and also
+/// that the remote range has the same length as the list.
 pub fn check_rma(
     list: &[LocalSlice],
     remote: &RemoteSlice,
     domain: DomainId,
     caps: &Capabilities,
 ) -> Result<u64> {
-    let total = check_local(list, domain, caps)?;
+    let total = check_list(list, domain, caps, caps.rma_gather)?;
     if list.is_empty() {
         return Err(FabricError::InvalidArgument(
             "RMA needs at least one local segment".into(),
@@ -193,7 +203,7 @@ pub fn check_rma_v(
     domain: DomainId,
     caps: &Capabilities,
 ) -> Result<u64> {
-    let total = check_local(list, domain, caps)?;
+    let total = check_list(list, domain, caps, caps.rma_gather)?;
     if list.is_empty() || remote.is_empty() {
         return Err(FabricError::InvalidArgument(
             "RMA needs at least one local segment and one remote range".into(),

@@ -40,7 +40,7 @@ pub struct Options {
     /// A registered staging buffer to use instead of registering one per transfer (its
     /// length caps the chunk).
     pub staging: Option<MemoryRegion>,
-    /// Gather entries per operation: the driver's `max_gather` if `None` or larger.
+    /// Gather entries per operation: the driver's `rma_gather` if `None` or larger.
     pub max_gather: Option<usize>,
     /// Remote segments per zero-copy operation: the driver's `rma_iov_limit` if `None` or
     /// larger. Consecutive remote segments share one gathered RMA up to this many.
@@ -202,8 +202,8 @@ fn transfer(
     }
     let gather = opts
         .max_gather
-        .unwrap_or(caps.max_gather)
-        .clamp(1, caps.max_gather.max(1));
+        .unwrap_or(caps.rma_gather)
+        .clamp(1, caps.rma_gather.max(1));
     let riov = opts
         .max_remote_segments
         .unwrap_or(caps.rma_iov_limit)

@@ -358,6 +358,7 @@ pub(super) fn capabilities(addr: &Address, info: &Info) -> Capabilities {
         // The local list of an RMA is bounded by the tx iov limit (rma_iov_limit bounds the
         // remote list); receives by the rx limit, less the sink.
         max_gather: tx_iov.min(rx_iov - usize::from(sink)).max(1),
+        rma_gather: tx_iov.max(1),
         rma_iov_limit: info.rma_iov_limit().max(1),
         inline_size: info.inject_size(),
         max_msg_size: if sink {

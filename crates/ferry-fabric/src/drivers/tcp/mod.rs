@@ -49,6 +49,7 @@ fn capabilities() -> Capabilities {
         provider: "tcp".into(),
         rma: true,
         max_gather: MAX_GATHER,
+        rma_gather: MAX_GATHER,
         rma_iov_limit: 1,
         inline_size: INLINE_SIZE,
         max_msg_size: frame::MAX_LEN,
