@@ -76,7 +76,12 @@ pub trait Endpoint: Send + Sync {
     /// operation (one completion). The ranges must share one key, number at most
     /// [`Capabilities::rma_iov_limit`], and total the local bytes. Drivers without gathered
     /// RMA accept one range (the same as [`Endpoint::post_write`]) and refuse more.
-    fn post_write_v(&self, local: &[LocalSlice], remote: &[RemoteSlice], context: u64) -> Result<()> {
+    fn post_write_v(
+        &self,
+        local: &[LocalSlice],
+        remote: &[RemoteSlice],
+        context: u64,
+    ) -> Result<()> {
         check_rma_v(local, remote, self.domain().id(), self.capabilities())?;
         match remote {
             [one] => self.post_write(local, *one, context),
@@ -85,7 +90,12 @@ pub trait Endpoint: Send + Sync {
     }
     /// Reads the ranges of `remote` in order and scatters their concatenation over `local`:
     /// the mirror of [`Endpoint::post_write_v`].
-    fn post_read_v(&self, local: &[LocalSlice], remote: &[RemoteSlice], context: u64) -> Result<()> {
+    fn post_read_v(
+        &self,
+        local: &[LocalSlice],
+        remote: &[RemoteSlice],
+        context: u64,
+    ) -> Result<()> {
         check_rma_v(local, remote, self.domain().id(), self.capabilities())?;
         match remote {
             [one] => self.post_read(local, *one, context),

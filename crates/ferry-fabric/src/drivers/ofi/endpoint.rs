@@ -337,11 +337,21 @@ impl Endpoint for OfiEndpoint {
         self.rma(true, local, &[remote], context)
     }
 
-    fn post_write_v(&self, local: &[LocalSlice], remote: &[RemoteSlice], context: u64) -> Result<()> {
+    fn post_write_v(
+        &self,
+        local: &[LocalSlice],
+        remote: &[RemoteSlice],
+        context: u64,
+    ) -> Result<()> {
         self.rma(false, local, remote, context)
     }
 
-    fn post_read_v(&self, local: &[LocalSlice], remote: &[RemoteSlice], context: u64) -> Result<()> {
+    fn post_read_v(
+        &self,
+        local: &[LocalSlice],
+        remote: &[RemoteSlice],
+        context: u64,
+    ) -> Result<()> {
         self.rma(true, local, remote, context)
     }
 }

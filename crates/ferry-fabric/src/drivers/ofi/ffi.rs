@@ -926,6 +926,13 @@ impl Fabric {
             })
             .collect::<Result<Vec<_>>>()?;
         let name = if read { "fi_readmsg" } else { "fi_writemsg" };
+        // Several ranges leave shm's fast path (which completes on delivery) for its command
+        // path, which completes small writes when they are queued: ask for delivery.
+        let write_flags = if rma_iov.len() > 1 {
+            (sys::FI_COMPLETION | sys::FI_DELIVERY_COMPLETE) as u64
+        } else {
+            self.write_flags
+        };
         self.submit(name, op, meta, again, &mut |ctx, iov, desc| {
             let msg = sys::fi_msg_rma {
                 msg_iov: iov.as_ptr(),
@@ -942,7 +949,7 @@ impl Fabric {
                 if read {
                     sys::fi_readmsg(self.ep, &msg, sys::FI_COMPLETION as u64)
                 } else {
-                    sys::fi_writemsg(self.ep, &msg, self.write_flags)
+                    sys::fi_writemsg(self.ep, &msg, write_flags)
                 }
             }
         })
