@@ -33,6 +33,12 @@ pub struct Capabilities {
     pub rma: bool,
     /// Most local segments one send, write or read may gather/scatter.
     pub max_gather: usize,
+    /// Most local segments one RMA write or read may gather/scatter (receives may take
+    /// fewer: `max_gather` bounds every operation).
+    pub rma_gather: usize,
+    /// Most remote segments (of one region) one RMA may address ([`crate::Endpoint::post_write_v`],
+    /// [`crate::Endpoint::post_read_v`]); at least 1.
+    pub rma_iov_limit: usize,
     /// Sends up to this size are copied at post time ("inline"), so their buffer is free at once.
     pub inline_size: usize,
     /// Largest single message or RMA transfer.

@@ -72,6 +72,43 @@ pub trait Endpoint: Send + Sync {
     fn post_write(&self, local: &[LocalSlice], remote: RemoteSlice, context: u64) -> Result<()>;
     /// Reads `remote` and scatters it over `local` (whose total must equal its length).
     fn post_read(&self, local: &[LocalSlice], remote: RemoteSlice, context: u64) -> Result<()>;
+    /// Writes the concatenation of `local` over the ranges of `remote` in order, as one
+    /// operation (one completion). The ranges must share one key, number at most
+    /// [`Capabilities::rma_iov_limit`], and total the local bytes. Drivers without gathered
+    /// RMA accept one range (the same as [`Endpoint::post_write`]) and refuse more.
+    fn post_write_v(
+        &self,
+        local: &[LocalSlice],
+        remote: &[RemoteSlice],
+        context: u64,
+    ) -> Result<()> {
+        check_rma_v(local, remote, self.domain().id(), self.capabilities())?;
+        match remote {
+            [one] => self.post_write(local, *one, context),
+            _ => Err(unsupported_v(remote.len())),
+        }
+    }
+    /// Reads the ranges of `remote` in order and scatters their concatenation over `local`:
+    /// the mirror of [`Endpoint::post_write_v`].
+    fn post_read_v(
+        &self,
+        local: &[LocalSlice],
+        remote: &[RemoteSlice],
+        context: u64,
+    ) -> Result<()> {
+        check_rma_v(local, remote, self.domain().id(), self.capabilities())?;
+        match remote {
+            [one] => self.post_read(local, *one, context),
+            _ => Err(unsupported_v(remote.len())),
+        }
+    }
+}
+
+/// The refusal of a gathered RMA by a driver that has none.
+fn unsupported_v(n: usize) -> FabricError {
+    FabricError::Unsupported(format!(
+        "this driver addresses one remote range per RMA, not {n}"
+    ))
 }
 
 /// Opens a client-side domain for the driver `addr` names, bound to a local interface that
@@ -99,11 +136,20 @@ pub fn connect(addr: &Address, timeout: Duration) -> Result<Box<dyn Endpoint>> {
 /// Checks a gather/scatter list against the endpoint's domain and capabilities; drivers call
 /// this before posting so that every driver rejects the same mistakes the same way.
 pub fn check_local(list: &[LocalSlice], domain: DomainId, caps: &Capabilities) -> Result<u64> {
-    if list.len() > caps.max_gather {
+    check_list(list, domain, caps, caps.max_gather)
+}
+
+/// [`check_local`] with a gather limit of `limit` segments.
+fn check_list(
+    list: &[LocalSlice],
+    domain: DomainId,
+    caps: &Capabilities,
+    limit: usize,
+) -> Result<u64> {
+    if list.len() > limit {
         return Err(FabricError::Unsupported(format!(
-            "{} segments exceed the driver's gather limit of {}",
+            "{} segments exceed the driver's gather limit of {limit}",
             list.len(),
-            caps.max_gather
         )));
     }
     for s in list {
@@ -135,14 +181,15 @@ pub fn check_local(list: &[LocalSlice], domain: DomainId, caps: &Capabilities) -
     Ok(total)
 }
 
-/// Like [`check_local`], and also that the remote range has the same length as the list.
+/// Like [`check_local`] with the RMA gather limit ([`Capabilities::rma_gather`]), and also
+/// that the remote range has the same length as the list.
 pub fn check_rma(
     list: &[LocalSlice],
     remote: &RemoteSlice,
     domain: DomainId,
     caps: &Capabilities,
 ) -> Result<u64> {
-    let total = check_local(list, domain, caps)?;
+    let total = check_list(list, domain, caps, caps.rma_gather)?;
     if list.is_empty() {
         return Err(FabricError::InvalidArgument(
             "RMA needs at least one local segment".into(),
@@ -152,6 +199,48 @@ pub fn check_rma(
         return Err(FabricError::InvalidArgument(format!(
             "local segments total {total} bytes but the remote range is {} bytes",
             remote.len
+        )));
+    }
+    Ok(total)
+}
+
+/// Like [`check_rma`] for several remote ranges: at least one, at most the driver's
+/// `rma_iov_limit`, all of one key, totalling the local bytes (bounds are the target's to
+/// check).
+pub fn check_rma_v(
+    list: &[LocalSlice],
+    remote: &[RemoteSlice],
+    domain: DomainId,
+    caps: &Capabilities,
+) -> Result<u64> {
+    let total = check_list(list, domain, caps, caps.rma_gather)?;
+    if list.is_empty() || remote.is_empty() {
+        return Err(FabricError::InvalidArgument(
+            "RMA needs at least one local segment and one remote range".into(),
+        ));
+    }
+    if remote.len() > caps.rma_iov_limit {
+        return Err(FabricError::Unsupported(format!(
+            "{} remote ranges exceed the driver's limit of {} per RMA",
+            remote.len(),
+            caps.rma_iov_limit
+        )));
+    }
+    let key = remote[0].key;
+    let mut sum = 0u64;
+    for r in remote {
+        if r.key != key {
+            return Err(FabricError::InvalidArgument(
+                "the remote ranges of one RMA must share one key".into(),
+            ));
+        }
+        sum = sum.checked_add(r.len).ok_or_else(|| {
+            FabricError::InvalidArgument("the remote ranges total more than 2^64 bytes".into())
+        })?;
+    }
+    if total != sum {
+        return Err(FabricError::InvalidArgument(format!(
+            "local segments total {total} bytes but the remote ranges {sum} bytes"
         )));
     }
     Ok(total)

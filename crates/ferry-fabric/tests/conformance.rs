@@ -221,6 +221,124 @@ fn rma_write_gather(driver: &str) {
     }
 }
 
+/// Gathered RMA over several remote ranges of one region: the bytes land exactly in the
+/// ranges, nothing around them changes, a range out of bounds fails the whole operation with
+/// RemoteAccess, and mismatched totals, mixed keys and too many ranges are refused at post.
+/// Drivers with `rma_iov_limit == 1` take one range and refuse more.
+fn rma_gathered(driver: &str) {
+    let p = pair(driver);
+    let caps = p.client.capabilities().clone();
+    assert!(caps.rma_iov_limit >= 1 && caps.rma_gather >= caps.max_gather);
+    let len = 64 << 10;
+    let fill = vec![0xeeu8; len];
+    let target = p
+        .server
+        .domain()
+        .register(
+            &Buffer::from_slice(&fill),
+            Access::REMOTE_WRITE | Access::REMOTE_READ,
+        )
+        .unwrap();
+    let remote = advertise(&p, &target);
+    let offsets = [0u64, 5000, 10_007, 40_000];
+    let piece = 1000usize;
+    let n = caps.rma_iov_limit.min(offsets.len());
+    let ranges: Vec<_> = offsets[..n]
+        .iter()
+        .map(|&o| remote.sub(o, piece as u64).unwrap())
+        .collect();
+    let data = pattern(n * piece, 3);
+    let src = p
+        .client
+        .domain()
+        .register(&Buffer::from_slice(&data), Access::LOCAL)
+        .unwrap();
+    let local = split(&src, n * piece, caps.rma_gather.min(3));
+    p.client.post_write_v(&local, &ranges, 1).unwrap();
+    assert_eq!(ok(&*p.client).op, OpKind::Write);
+    let mut expect = fill.clone();
+    for (i, &o) in offsets[..n].iter().enumerate() {
+        expect[o as usize..o as usize + piece].copy_from_slice(&data[i * piece..(i + 1) * piece]);
+    }
+    assert!(
+        target.buffer().to_vec() == expect,
+        "{n} ranges written exactly"
+    );
+    let back = register(&*p.client, n * piece, Access::LOCAL);
+    p.client
+        .post_read_v(&split(&back, n * piece, 2), &ranges, 2)
+        .unwrap();
+    assert_eq!(ok(&*p.client).op, OpKind::Read);
+    assert!(
+        back.buffer().to_vec() == data,
+        "{n} ranges read back in order"
+    );
+
+    let two = [
+        remote.sub(0, 500).unwrap(),
+        remote.sub(8000, (n * piece - 500) as u64).unwrap(),
+    ];
+    if n == 1 {
+        for r in [
+            p.client.post_write_v(&local, &two, 3),
+            p.client.post_read_v(&local, &two, 3),
+        ] {
+            assert!(matches!(r, Err(FabricError::Unsupported(_))), "{r:?}");
+        }
+        return;
+    }
+    // Too many ranges, mixed keys, mismatched totals, none: refused, nothing posted.
+    let many = vec![remote.sub(0, 1).unwrap(); caps.rma_iov_limit + 1];
+    let one = register(&*p.client, many.len(), Access::LOCAL);
+    let r = p.client.post_write_v(&[one.full()], &many, 4);
+    assert!(matches!(r, Err(FabricError::Unsupported(_))), "{r:?}");
+    let mut mixed = two;
+    mixed[1].key ^= 1;
+    let r = p.client.post_write_v(&local, &mixed, 5);
+    assert!(matches!(r, Err(FabricError::InvalidArgument(_))), "{r:?}");
+    let short = [two[0], remote.sub(8000, 10).unwrap()];
+    let r = p.client.post_write_v(&local, &short, 6);
+    assert!(matches!(r, Err(FabricError::InvalidArgument(_))), "{r:?}");
+    let r = p.client.post_read_v(&local, &short, 6);
+    assert!(matches!(r, Err(FabricError::InvalidArgument(_))), "{r:?}");
+    let r = p.client.post_write_v(&local, &[], 7);
+    assert!(matches!(r, Err(FabricError::InvalidArgument(_))), "{r:?}");
+    assert!(
+        p.client.cq().try_next().is_none(),
+        "refused posts complete nothing"
+    );
+
+    // One range past the end: the whole operation fails, the in-bounds range is untouched.
+    let other = pattern(n * piece, 99);
+    let src2 = p
+        .client
+        .domain()
+        .register(&Buffer::from_slice(&other), Access::LOCAL)
+        .unwrap();
+    let past = ferry_fabric::RemoteSlice {
+        addr: remote.addr + len as u64 - 100,
+        len: (n * piece - 500) as u64,
+        key: remote.key,
+    };
+    for read in [false, true] {
+        let bad = [two[0], past];
+        if read {
+            p.client.post_read_v(&[src2.full()], &bad, 8).unwrap();
+        } else {
+            p.client.post_write_v(&[src2.full()], &bad, 8).unwrap();
+        }
+        let e = failed(&*p.client);
+        assert!(matches!(e, FabricError::RemoteAccess(_)), "{e:?}");
+        assert!(
+            target.buffer().to_vec() == expect,
+            "a refused op touches nothing"
+        );
+    }
+    // The target still serves gathered writes afterwards.
+    p.client.post_write_v(&local, &ranges, 9).unwrap();
+    ok(&*p.client);
+}
+
 fn rma_read_scatter(driver: &str) {
     let p = pair(driver);
     let max = p.client.capabilities().max_gather;
@@ -599,6 +717,10 @@ macro_rules! conformance {
             #[test]
             fn rma_write_gather() {
                 super::rma_write_gather($driver)
+            }
+            #[test]
+            fn rma_gathered() {
+                super::rma_gathered($driver)
             }
             #[test]
             fn rma_read_scatter() {

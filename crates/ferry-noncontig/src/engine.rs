@@ -40,8 +40,11 @@ pub struct Options {
     /// A registered staging buffer to use instead of registering one per transfer (its
     /// length caps the chunk).
     pub staging: Option<MemoryRegion>,
-    /// Gather entries per operation: the driver's `max_gather` if `None` or larger.
+    /// Gather entries per operation: the driver's `rma_gather` if `None` or larger.
     pub max_gather: Option<usize>,
+    /// Remote segments per zero-copy operation: the driver's `rma_iov_limit` if `None` or
+    /// larger. Consecutive remote segments share one gathered RMA up to this many.
+    pub max_remote_segments: Option<usize>,
     /// Longest wait for any single completion.
     pub timeout: Duration,
     /// High bits of the operations' completion contexts (the low 32 bits count operations
@@ -58,6 +61,7 @@ impl Default for Options {
             staging_bytes: 4 << 20,
             staging: None,
             max_gather: None,
+            max_remote_segments: None,
             timeout: Duration::from_secs(30),
             context: 0x4e43 << 48,
         }
@@ -198,8 +202,12 @@ fn transfer(
     }
     let gather = opts
         .max_gather
-        .unwrap_or(caps.max_gather)
-        .clamp(1, caps.max_gather.max(1));
+        .unwrap_or(caps.rma_gather)
+        .clamp(1, caps.rma_gather.max(1));
+    let riov = opts
+        .max_remote_segments
+        .unwrap_or(caps.rma_iov_limit)
+        .clamp(1, caps.rma_iov_limit.max(1));
     let mut run = Run {
         ep,
         opts,
@@ -216,7 +224,7 @@ fn transfer(
     let max_op = caps.max_msg_size.max(1);
     let result = match opts.choose(caps, local, remote) {
         Path::Packed => run.packed(local, remote, max_op),
-        _ => run.zero_copy(local, remote, gather, max_op),
+        _ => run.zero_copy(local, remote, gather, riov, max_op),
     };
     // Whatever happened, nothing may still be in flight when we return.
     let drained = run.drain();
@@ -233,6 +241,13 @@ fn transfer(
     }
 }
 
+/// A zero-copy operation being built: local segments, remote ranges, bytes.
+struct ZeroCopyOp {
+    list: Vec<LocalSlice>,
+    ranges: Vec<RemoteSlice>,
+    bytes: u64,
+}
+
 struct Run<'a> {
     ep: &'a dyn Endpoint,
     opts: &'a Options,
@@ -246,19 +261,35 @@ struct Run<'a> {
 }
 
 impl Run<'_> {
-    fn post(&mut self, list: &[LocalSlice], remote: RemoteSlice) -> Result<()> {
+    /// Posts one operation of `list` against the ranges `remote` (one range: a plain RMA).
+    fn post(&mut self, list: &[LocalSlice], remote: &[RemoteSlice]) -> Result<()> {
         while self.inflight >= self.opts.window {
             self.reap()?;
         }
         let ctx = (self.opts.context & !SEQ_MASK) | (self.seq & SEQ_MASK);
-        match self.dir {
-            Dir::Write => self.ep.post_write(list, remote, ctx)?,
-            Dir::Read => self.ep.post_read(list, remote, ctx)?,
+        match (self.dir, remote) {
+            (Dir::Write, [one]) => self.ep.post_write(list, *one, ctx)?,
+            (Dir::Read, [one]) => self.ep.post_read(list, *one, ctx)?,
+            (Dir::Write, _) => self.ep.post_write_v(list, remote, ctx)?,
+            (Dir::Read, _) => self.ep.post_read_v(list, remote, ctx)?,
         }
         self.seq += 1;
         self.inflight += 1;
         self.stats.ops += 1;
-        self.stats.bytes += remote.len;
+        self.stats.bytes += remote.iter().map(|r| r.len).sum::<u64>();
+        Ok(())
+    }
+
+    /// Posts the zero-copy operation built so far, if any, and starts the next.
+    fn flush(&mut self, op: &mut ZeroCopyOp) -> Result<()> {
+        if op.ranges.is_empty() {
+            return Ok(());
+        }
+        self.post(&op.list, &op.ranges)?;
+        self.stats.zero_copy_ops += 1;
+        op.list.clear();
+        op.ranges.clear();
+        op.bytes = 0;
         Ok(())
     }
 
@@ -305,7 +336,7 @@ impl Run<'_> {
             let piece = staging.slice(at + off..at + off + len)?;
             self.post(
                 &[piece],
-                remote.slice.sub(remote.at(rseg.offset), rseg.len)?,
+                &[remote.slice.sub(remote.at(rseg.offset), rseg.len)?],
             )?;
             off += len;
         }
@@ -329,51 +360,66 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// One operation per remote segment (cut at `max_op`), gathering the local segments
-    /// that fill it, `gather` at most per operation.
+    /// Operations over consecutive remote segments (each cut at `max_op`), `riov` at most
+    /// per operation, gathering the local segments that fill them, `gather` at most per
+    /// operation (a remote segment whose local segments do not fit is cut, and its rest
+    /// starts the next operation), and `max_op` bytes at most. With `riov == 1`: one
+    /// operation per remote segment, more where its local segments exceed `gather`.
     fn zero_copy(
         &mut self,
         local: &LocalLayout,
         remote: &RemoteLayout,
         gather: usize,
+        riov: usize,
         max_op: u64,
     ) -> Result<()> {
         self.stats.path = Path::ZeroCopy;
         let mut lc = local.cursor()?;
         let mut rc = remote.cursor()?;
         let mut batch: Vec<Segment> = Vec::with_capacity(gather);
-        let mut list: Vec<LocalSlice> = Vec::with_capacity(gather);
+        let mut op = ZeroCopyOp {
+            list: Vec::with_capacity(gather),
+            ranges: Vec::with_capacity(riov),
+            bytes: 0,
+        };
         while let Some(rseg) = rc.next_segment(max_op) {
             self.stats.remote_segments += 1;
+            if op.bytes.saturating_add(rseg.len) > max_op {
+                self.flush(&mut op)?;
+            }
+            let fresh = op.ranges.is_empty();
             let mut at = remote.at(rseg.offset);
             let mut left = rseg.len;
             let mut pieces = 0;
             while left > 0 {
                 batch.clear();
-                let n = lc.next_batch(gather, left, &mut batch);
+                // Flushed whenever full, so at least one entry is free.
+                let n = lc.next_batch(gather - op.list.len(), left, &mut batch);
                 if n == 0 {
                     return Err(NoncontigError::Invalid(
                         "local layout ended before the remote one (a bug)".into(),
                     ));
                 }
-                list.clear();
-                list.extend(batch.iter().map(|s| LocalSlice {
+                op.list.extend(batch.iter().map(|s| LocalSlice {
                     region: local.region.clone(),
                     offset: local.at(s.offset),
                     len: s.len as usize,
                 }));
-                self.post(&list, remote.slice.sub(at, n)?)?;
-                self.stats.zero_copy_ops += 1;
+                op.ranges.push(remote.slice.sub(at, n)?);
+                op.bytes += n;
                 self.stats.local_segments += batch.len() as u64;
                 at += n;
                 left -= n;
                 pieces += 1;
+                if left > 0 || op.list.len() >= gather || op.ranges.len() >= riov {
+                    self.flush(&mut op)?;
+                }
             }
-            if pieces > 1 {
+            if pieces > 1 && fresh {
                 self.stats.splits += 1;
             }
         }
-        Ok(())
+        self.flush(&mut op)
     }
 
     /// Chunks of the stream through a staging buffer: pack, then one operation per remote

@@ -19,9 +19,11 @@
 //! remote layout, [`read()`] the other way. Both walk the two layouts with lazy
 //! [`ferry_dtype::Cursor`]s, so a layout of 2^20 segments costs a few hundred bytes of state.
 //!
-//! - **Zero-copy** ([`Path::ZeroCopy`]): for each remote contiguous segment, the local
-//!   segments that fill it are gathered into one `post_write` (scattered by one `post_read`),
-//!   at most `max_gather` of them per operation; a destination segment that needs more is
+//! - **Zero-copy** ([`Path::ZeroCopy`]): consecutive remote contiguous segments, up to the
+//!   driver's `rma_iov_limit` ([`Options::max_remote_segments`]) of them, and the local
+//!   segments that fill them, at most its `rma_gather` ([`Options::max_gather`]), are gathered
+//!   into one `post_write`/`post_write_v` (scattered by one `post_read`/`post_read_v`); with one
+//!   remote segment per operation, a destination segment that needs more local segments is
 //!   split in software into several operations ([`Stats::splits`]). Up to
 //!   [`Options::window`] operations are in flight.
 //! - **Packed** ([`Path::Packed`]): the local side is copied through a registered staging

@@ -133,7 +133,7 @@ fn a_million_segments_walked_lazily() {
 #[test]
 fn lists_longer_than_the_gather_limit_are_split() {
     each(|p, d| {
-        let caps_gather = p.client.capabilities().max_gather;
+        let caps_gather = p.client.capabilities().rma_gather;
         // 3 remote segments of 400 bytes, each filled from 50 local 8-byte segments.
         let l = Datatype::vector(150, 8, 16, &Datatype::byte()).unwrap();
         let r = Datatype::vector(3, 400, 1000, &Datatype::byte()).unwrap();
@@ -148,6 +148,7 @@ fn lists_longer_than_the_gather_limit_are_split() {
                 &Options {
                     path: Path::ZeroCopy,
                     max_gather: Some(gather),
+                    max_remote_segments: Some(1),
                     ..Options::default()
                 },
             )
@@ -158,6 +159,53 @@ fn lists_longer_than_the_gather_limit_are_split() {
             assert_eq!(s.local_segments, 150);
             let want = reference((&src, 0, &l, 1), (&[0; 2400], 0, &r, 1));
             assert_eq!(rr.buffer().to_vec(), want, "{d} gather {gather}");
+        }
+    });
+}
+
+#[test]
+fn consecutive_remote_segments_share_operations() {
+    each(|p, d| {
+        let caps = p.client.capabilities().clone();
+        // 16 remote segments of 1000 bytes, each filled from one local segment.
+        let l = Datatype::vector(16, 1000, 2000, &Datatype::byte()).unwrap();
+        let r = Datatype::vector(16, 1000, 3000, &Datatype::byte()).unwrap();
+        let src = pattern(32_000, 11);
+        for riov in [1, 2, 4, 100] {
+            let opts = Options {
+                path: Path::ZeroCopy,
+                max_remote_segments: Some(riov),
+                ..Options::default()
+            };
+            let per_op = riov.min(caps.rma_iov_limit).min(caps.rma_gather) as u64;
+            let lr = p.local(&src);
+            let rr = p.target(&[0; 48_000]);
+            let s = write(
+                p.client.as_ref(),
+                &local_layout(&lr, 0, &l, 1),
+                &remote_layout(&rr, 0, &r, 1),
+                &opts,
+            )
+            .unwrap();
+            assert_eq!(s.ops, 16u64.div_ceil(per_op), "{d} riov {riov}");
+            assert_eq!((s.remote_segments, s.local_segments, s.splits), (16, 16, 0));
+            if riov > 1 && caps.rma_iov_limit > 1 {
+                assert!(s.ops < 16, "{d}: grouped writes take fewer operations");
+            }
+            let want = reference((&src, 0, &l, 1), (&[0; 48_000], 0, &r, 1));
+            assert_eq!(rr.buffer().to_vec(), want, "{d} riov {riov}");
+            // And back: a gathered read of the same ranges into a fresh local layout.
+            let back = p.local(&[0; 32_000]);
+            let s = read(
+                p.client.as_ref(),
+                &local_layout(&back, 0, &l, 1),
+                &remote_layout(&rr, 0, &r, 1),
+                &opts,
+            )
+            .unwrap();
+            assert_eq!(s.ops, 16u64.div_ceil(per_op), "{d} riov {riov} read");
+            let want = reference((&want, 0, &r, 1), (&[0; 32_000], 0, &l, 1));
+            assert_eq!(back.buffer().to_vec(), want, "{d} riov {riov} read");
         }
     });
 }

@@ -132,18 +132,27 @@ fn sides() -> impl Strategy<Value = (Side, Side)> {
         })
 }
 
-fn opts(path: Path, gather: Option<usize>) -> Options {
+fn opts(path: Path, gather: Option<usize>, riov: Option<usize>) -> Options {
     Options {
         path,
         max_gather: gather,
+        max_remote_segments: riov,
         staging_bytes: 97, // small, so the packed path runs in several chunks
         window: 4,
         ..Options::default()
     }
 }
 
-/// Writes `l` into `r` on `p` along `path`; returns the target's bytes and the stats.
-fn do_write(p: &Pair, l: &Side, r: &Side, path: Path, gather: Option<usize>) -> (Vec<u8>, Stats) {
+/// Writes `l` into `r` on `p` along `path` (`gather` local and `riov` remote segments per
+/// operation at most); returns the target's bytes and the stats.
+fn do_write(
+    p: &Pair,
+    l: &Side,
+    r: &Side,
+    path: Path,
+    gather: Option<usize>,
+    riov: Option<usize>,
+) -> (Vec<u8>, Stats) {
     let src = pattern(l.buf_len, 1);
     let dst = pattern(r.buf_len, 2);
     let lr = p.local(&src);
@@ -152,7 +161,7 @@ fn do_write(p: &Pair, l: &Side, r: &Side, path: Path, gather: Option<usize>) -> 
         p.client.as_ref(),
         &local_layout(&lr, l.origin, &l.dtype, l.count),
         &remote_layout(&rr, r.origin as u64, &r.dtype, r.count),
-        &opts(path, gather),
+        &opts(path, gather, riov),
     )
     .expect("write");
     let want = reference(
@@ -174,7 +183,7 @@ fn do_read(p: &Pair, l: &Side, r: &Side, path: Path) -> Vec<u8> {
         p.client.as_ref(),
         &local_layout(&lr, l.origin, &l.dtype, l.count),
         &remote_layout(&rr, r.origin as u64, &r.dtype, r.count),
-        &opts(path, None),
+        &opts(path, None, None),
     )
     .expect("read");
     let want = reference(
@@ -198,18 +207,21 @@ fn random_layouts(driver: &str) {
         ..Config::default()
     });
     runner
-        .run(&(sides(), 1usize..5), |((l, r), gather)| {
-            let (zc, zs) = do_write(&p, &l, &r, Path::ZeroCopy, Some(gather));
-            let (pk, ps) = do_write(&p, &l, &r, Path::Packed, None);
-            prop_assert_eq!(zc, pk);
-            prop_assert_eq!(zs.bytes, l.size());
-            prop_assert_eq!(ps.packed_bytes, l.size());
-            prop_assert_eq!(zs.packed_bytes, 0);
-            let a = do_read(&p, &l, &r, Path::ZeroCopy);
-            let b = do_read(&p, &l, &r, Path::Packed);
-            prop_assert_eq!(a, b);
-            Ok(())
-        })
+        .run(
+            &(sides(), 1usize..5, 1usize..6),
+            |((l, r), gather, riov)| {
+                let (zc, zs) = do_write(&p, &l, &r, Path::ZeroCopy, Some(gather), Some(riov));
+                let (pk, ps) = do_write(&p, &l, &r, Path::Packed, None, None);
+                prop_assert_eq!(zc, pk);
+                prop_assert_eq!(zs.bytes, l.size());
+                prop_assert_eq!(ps.packed_bytes, l.size());
+                prop_assert_eq!(zs.packed_bytes, 0);
+                let a = do_read(&p, &l, &r, Path::ZeroCopy);
+                let b = do_read(&p, &l, &r, Path::Packed);
+                prop_assert_eq!(a, b);
+                Ok(())
+            },
+        )
         .expect("property holds");
 }
 

@@ -184,7 +184,7 @@ impl Report<NcRow, NcSummary> {
             s,
             "each message: 16 segments of size/16, 1 MiB apart, both sides; contig = one RMA \
              write of the whole message; pack = pack, contiguous write, peer unpacks; \
-             zerocopy = one gathered write per destination segment. CPU s = this process + peer"
+             zerocopy = gathered writes of up to rma_iov_limit destination segments each. CPU s = this process + peer"
         );
         for d in &self.drivers {
             let provider = d.provider.as_deref().unwrap_or("-");

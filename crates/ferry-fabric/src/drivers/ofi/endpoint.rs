@@ -16,7 +16,7 @@ use crate::caps::Capabilities;
 use crate::cq::{Completion, CompletionQueue, OpKind};
 use crate::error::{FabricError, Result};
 use crate::mem::{LocalSlice, RemoteSlice};
-use crate::{check_local, check_rma, Domain, Endpoint};
+use crate::{check_local, check_rma, check_rma_v, Domain, Endpoint};
 
 /// `peer_sent` while the peer has not closed.
 const PEER_OPEN: u64 = u64::MAX;
@@ -185,9 +185,19 @@ impl OfiEndpoint {
         }
     }
 
-    fn rma(&self, read: bool, local: &[LocalSlice], remote: RemoteSlice, ctx: u64) -> Result<()> {
+    fn rma(
+        &self,
+        read: bool,
+        local: &[LocalSlice],
+        remote: &[RemoteSlice],
+        ctx: u64,
+    ) -> Result<()> {
         let sh = self.shared();
-        let total = check_rma(local, &remote, sh.id, &sh.caps)?;
+        let total = match remote {
+            [one] => check_rma(local, one, sh.id, &sh.caps)?,
+            _ => check_rma_v(local, remote, sh.id, &sh.caps)?,
+        };
+        let remote = remote.to_vec();
         if self.conn.peer_closed().is_some() {
             return Err(self.conn.closed_error());
         }
@@ -202,7 +212,7 @@ impl OfiEndpoint {
                     let inside = sh.gate.enter_wait(sh);
                     inside.long(|| {
                         sh.fab
-                            .rma(read, op, conn.peer, remote, conn.id, &mut sh.again())
+                            .rma(read, op, conn.peer, &remote, conn.id, &mut sh.again())
                     })?;
                     sh.wake();
                     Ok(())
@@ -320,10 +330,28 @@ impl Endpoint for OfiEndpoint {
     }
 
     fn post_write(&self, local: &[LocalSlice], remote: RemoteSlice, context: u64) -> Result<()> {
-        self.rma(false, local, remote, context)
+        self.rma(false, local, &[remote], context)
     }
 
     fn post_read(&self, local: &[LocalSlice], remote: RemoteSlice, context: u64) -> Result<()> {
+        self.rma(true, local, &[remote], context)
+    }
+
+    fn post_write_v(
+        &self,
+        local: &[LocalSlice],
+        remote: &[RemoteSlice],
+        context: u64,
+    ) -> Result<()> {
+        self.rma(false, local, remote, context)
+    }
+
+    fn post_read_v(
+        &self,
+        local: &[LocalSlice],
+        remote: &[RemoteSlice],
+        context: u64,
+    ) -> Result<()> {
         self.rma(true, local, remote, context)
     }
 }

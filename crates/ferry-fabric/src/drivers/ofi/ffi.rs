@@ -210,6 +210,11 @@ impl Info {
         )
     }
 
+    /// Remote segments per RMA.
+    pub fn rma_iov_limit(&self) -> usize {
+        attr(self, self.raw().tx_attr).map_or(1, |t| t.rma_iov_limit)
+    }
+
     /// Largest message.
     pub fn max_msg_size(&self) -> u64 {
         attr(self, self.raw().ep_attr).map_or(0, |e| e.max_msg_size as u64)
@@ -891,13 +896,14 @@ impl Fabric {
         })
     }
 
-    /// RMA write (`read == false`) or read of `op.slices` against `remote` at `dest`.
+    /// RMA write (`read == false`) or read of `op.slices` against the ranges of `remote`
+    /// (in order, within the provider's `rma_iov_limit`) at `dest`.
     pub fn rma(
         &self,
         read: bool,
         op: Op,
         dest: FiAddr,
-        remote: RemoteSlice,
+        remote: &[RemoteSlice],
         conn: u64,
         again: &mut dyn FnMut() -> Result<()>,
     ) -> Result<()> {
@@ -906,22 +912,35 @@ impl Fabric {
             recv_seq: None,
             lost: false,
         };
-        let len = usize::try_from(remote.len)
-            .map_err(|_| FabricError::InvalidArgument("remote length overflows usize".into()))?;
-        let rma_iov = sys::fi_rma_iov {
-            addr: remote.addr,
-            len,
-            key: remote.key,
-        };
+        let rma_iov = remote
+            .iter()
+            .map(|r| {
+                let len = usize::try_from(r.len).map_err(|_| {
+                    FabricError::InvalidArgument("remote length overflows usize".into())
+                })?;
+                Ok(sys::fi_rma_iov {
+                    addr: r.addr,
+                    len,
+                    key: r.key,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
         let name = if read { "fi_readmsg" } else { "fi_writemsg" };
+        // Several ranges leave shm's fast path (which completes on delivery) for its command
+        // path, which completes small writes when they are queued: ask for delivery.
+        let write_flags = if rma_iov.len() > 1 {
+            (sys::FI_COMPLETION | sys::FI_DELIVERY_COMPLETE) as u64
+        } else {
+            self.write_flags
+        };
         self.submit(name, op, meta, again, &mut |ctx, iov, desc| {
             let msg = sys::fi_msg_rma {
                 msg_iov: iov.as_ptr(),
                 desc: desc.as_mut_ptr(),
                 iov_count: iov.len(),
                 addr: dest,
-                rma_iov: &rma_iov,
-                rma_iov_count: 1,
+                rma_iov: rma_iov.as_ptr(),
+                rma_iov_count: rma_iov.len(),
                 context: ctx,
                 data: 0,
             };
@@ -930,7 +949,7 @@ impl Fabric {
                 if read {
                     sys::fi_readmsg(self.ep, &msg, sys::FI_COMPLETION as u64)
                 } else {
-                    sys::fi_writemsg(self.ep, &msg, self.write_flags)
+                    sys::fi_writemsg(self.ep, &msg, write_flags)
                 }
             }
         })

@@ -356,8 +356,10 @@ pub(super) fn capabilities(addr: &Address, info: &Info) -> Capabilities {
         provider: info.prov_name(),
         rma: true,
         // The local list of an RMA is bounded by the tx iov limit (rma_iov_limit bounds the
-        // remote list, which is always one entry here); receives by the rx limit, less the sink.
+        // remote list); receives by the rx limit, less the sink.
         max_gather: tx_iov.min(rx_iov - usize::from(sink)).max(1),
+        rma_gather: tx_iov.max(1),
+        rma_iov_limit: info.rma_iov_limit().max(1),
         inline_size: info.inject_size(),
         max_msg_size: if sink {
             info.max_msg_size().min(ffi::SINK_LEN as u64)

@@ -49,8 +49,16 @@ struct Regions {
 struct Pending {
     op: Op,
     conn: Arc<Conn>,
-    remote: RemoteSlice,
+    /// Its remote ranges (at least one, all of one key).
+    remote: Vec<RemoteSlice>,
     read: bool,
+}
+
+impl Pending {
+    /// The key of its remote ranges.
+    fn key(&self) -> u64 {
+        self.remote.first().map_or(0, |r| r.key)
+    }
 }
 
 /// What RMAs share a request: connection id, key, write.
@@ -147,16 +155,16 @@ impl Checked {
 }
 
 impl Shared {
-    /// Initiator: asks the target to grant `op` (an RMA of `remote`) before posting it, or,
-    /// if a request for the same key and direction is unanswered, queues it to share the
-    /// next one. `rma` is this domain's checked-RMA state.
+    /// Initiator: asks the target to grant `op` (an RMA of the ranges `remote`, all of one
+    /// key) before posting it, or, if a request for the same key and direction is
+    /// unanswered, queues it to share the next one. `rma` is this domain's checked-RMA state.
     pub fn post_checked(
         &self,
         rma: &Checked,
         conn: &Arc<Conn>,
         read: bool,
         op: Op,
-        remote: RemoteSlice,
+        remote: Vec<RemoteSlice>,
     ) -> Result<()> {
         let pending = Pending {
             op,
@@ -164,28 +172,29 @@ impl Shared {
             remote,
             read,
         };
+        let key = pending.key();
         {
             let mut batches = lock(&rma.batches);
-            match batches.get_mut(&(conn.id, remote.key, !read)) {
+            match batches.get_mut(&(conn.id, key, !read)) {
                 Some(queue) => {
                     queue.push(pending);
                     rma.queued.fetch_add(1, SeqCst);
                     return Ok(());
                 }
                 None => {
-                    batches.insert((conn.id, remote.key, !read), Vec::new());
+                    batches.insert((conn.id, key, !read), Vec::new());
                 }
             }
         }
         self.request(rma, vec![pending]).map_err(|(e, _)| {
-            lock(&rma.batches).remove(&(conn.id, remote.key, !read));
+            lock(&rma.batches).remove(&(conn.id, key, !read));
             e
         })
     }
 
     /// Sends one request covering every RMA of `ops` (one connection, key and direction):
-    /// the range from the lowest address to the highest end among them. On failure the
-    /// RMAs come back unposted.
+    /// the range from the lowest address to the highest end among all their ranges (so the
+    /// grant bounds-checks every range). On failure the RMAs come back unposted.
     fn request(
         &self,
         rma: &Checked,
@@ -194,12 +203,12 @@ impl Shared {
         let Some(first) = ops.first() else {
             return Ok(());
         };
-        let (conn, read, key) = (first.conn.clone(), first.read, first.remote.key);
-        let lo = ops.iter().map(|p| p.remote.addr).min().unwrap_or(0);
-        // Each range was checked not to overflow when it was sliced.
-        let hi = ops
-            .iter()
-            .map(|p| p.remote.addr.saturating_add(p.remote.len))
+        let (conn, read, key) = (first.conn.clone(), first.read, first.key());
+        let ranges = || ops.iter().flat_map(|p| p.remote.iter());
+        let lo = ranges().map(|r| r.addr).min().unwrap_or(0);
+        // A range that wraps saturates, so the span leaves the region and is refused.
+        let hi = ranges()
+            .map(|r| r.addr.saturating_add(r.len))
             .max()
             .unwrap_or(lo);
         let span = RemoteSlice {
@@ -296,7 +305,7 @@ impl Shared {
             }
             return;
         };
-        let Some(batch) = ops.first().map(|p| (p.conn.id, p.remote.key, !p.read)) else {
+        let Some(batch) = ops.first().map(|p| (p.conn.id, p.key(), !p.read)) else {
             return;
         };
         if status != 0 && ops.len() > 1 {
@@ -394,7 +403,7 @@ impl Shared {
             let inside = sh.gate.enter_wait(sh);
             inside.long(|| {
                 sh.fab
-                    .rma(read, op, conn.peer, remote, conn.id, &mut sh.again())
+                    .rma(read, op, conn.peer, &remote, conn.id, &mut sh.again())
             })
         };
         // Completions are routed inside the gate, so this normally runs at once.

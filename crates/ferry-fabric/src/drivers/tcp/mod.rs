@@ -49,6 +49,8 @@ fn capabilities() -> Capabilities {
         provider: "tcp".into(),
         rma: true,
         max_gather: MAX_GATHER,
+        rma_gather: MAX_GATHER,
+        rma_iov_limit: 1,
         inline_size: INLINE_SIZE,
         max_msg_size: frame::MAX_LEN,
         // `ferry bench exs`, 16 MiB messages, 4 in flight: 1 MiB pieces 3.63 GB/s against
