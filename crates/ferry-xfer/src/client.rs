@@ -443,46 +443,28 @@ impl Client {
         progress: &dyn Progress,
     ) -> Result<()> {
         let file_id = self.id();
-        let Some(dest) = job.dest else {
-            self.link.send(&Msg::Get {
-                file_id,
-                offset: 0,
-                length: u64::MAX,
-                path: job.path.clone(),
-            })?;
-            live.insert(
-                file_id,
-                Dl {
-                    path: job.path,
-                    null: true,
-                    dest: PathBuf::new(),
-                    ident: job.ident,
-                    part: None,
-                    journal: None,
-                    writer: None,
-                    size: 0,
-                    mode: 0o644,
-                    hash: None,
-                    outstanding: 1,
-                    rounds: 0,
-                },
-            );
-            return Ok(());
-        };
-        let (part, journal, found) = LocalPart::open(&dest, job.ident, self.block, self.resume)?;
-        let offset = journal.prefix();
-        match found {
-            Found::Resumed => {
-                tracing::info!("{}: resuming at byte {offset}", job.path);
-                self.stats.resumed_bytes += offset;
-                progress.add(offset);
+        // No destination: the null sink, nothing to open or resume.
+        let (part, journal, offset) = match &job.dest {
+            None => (None, None, 0),
+            Some(dest) => {
+                let (part, journal, found) =
+                    LocalPart::open(dest, job.ident, self.block, self.resume)?;
+                let offset = journal.prefix();
+                match found {
+                    Found::Resumed => {
+                        tracing::info!("{}: resuming at byte {offset}", job.path);
+                        self.stats.resumed_bytes += offset;
+                        progress.add(offset);
+                    }
+                    Found::Restarted => tracing::warn!(
+                        "{}: the source changed since the interrupted copy (size or mtime differ); starting over",
+                        job.path
+                    ),
+                    Found::Fresh => {}
+                }
+                (Some(part), Some(journal), offset)
             }
-            Found::Restarted => tracing::warn!(
-                "{}: the source changed since the interrupted copy (size or mtime differ); starting over",
-                job.path
-            ),
-            Found::Fresh => {}
-        }
+        };
         if offset > 0 {
             // A ranged GET carries no hash: ask for the source's first (answers come in
             // request order).
@@ -501,11 +483,11 @@ impl Client {
             file_id,
             Dl {
                 path: job.path,
-                null: false,
-                dest,
+                null: job.dest.is_none(),
+                dest: job.dest.unwrap_or_default(),
                 ident: job.ident,
-                part: Some(part),
-                journal: Some(journal),
+                part,
+                journal,
                 writer: None,
                 size: 0,
                 mode: 0o644,

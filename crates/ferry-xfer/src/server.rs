@@ -1030,23 +1030,9 @@ impl Server {
         length: u64,
         size: u64,
     ) -> Result<()> {
-        if offset > size {
-            return reply_refusal(
-                link,
-                file_id,
-                refuse(
-                    ErrorCode::BadRequest,
-                    format!("offset {offset} past the end ({size} bytes)"),
-                ),
-            );
-        }
-        let len = length.min(size - offset);
-        link.send(&Msg::Ready {
-            file_id,
-            size,
-            mode: 0o444,
-            offset,
-        })?;
+        let Some(len) = ready(link, file_id, "mem/zero", offset, length, size, 0o444)? else {
+            return Ok(());
+        };
         let span = Span {
             file_id,
             offset,
@@ -1074,23 +1060,10 @@ impl Server {
             Err(r) => return reply_refusal(link, file_id, r),
         };
         let size = st.st_size as u64;
-        if offset > size {
-            return reply_refusal(
-                link,
-                file_id,
-                refuse(
-                    ErrorCode::BadRequest,
-                    format!("{path}: offset {offset} past the end ({size} bytes)"),
-                ),
-            );
-        }
-        let len = length.min(size - offset);
-        link.send(&Msg::Ready {
-            file_id,
-            size,
-            mode: st.st_mode & 0o7777,
-            offset,
-        })?;
+        let mode = st.st_mode & 0o7777;
+        let Some(len) = ready(link, file_id, path, offset, length, size, mode)? else {
+            return Ok(());
+        };
         let whole = offset == 0 && len == size;
         let mut hasher = whole.then(blake3::Hasher::new);
         let end = offset + len;
@@ -1381,6 +1354,32 @@ struct PutReq {
 /// How a PUT's blocks ended: FILE_DONE's `length`, and its hash once every block was good
 /// (or the refusal after too many CRC rounds).
 type Received = (u64, PResult<Option<[u8; 32]>>);
+
+/// Answers a GET of `length` bytes at `offset` from a source of `size` bytes: READY and the
+/// length that will travel (clipped to the end), or a refusal (`None`) if `offset` lies past
+/// the end.
+fn ready(
+    link: &Link,
+    file_id: u32,
+    path: &str,
+    offset: u64,
+    length: u64,
+    size: u64,
+    mode: u32,
+) -> Result<Option<u64>> {
+    if offset > size {
+        let why = format!("{path}: offset {offset} past the end ({size} bytes)");
+        reply_refusal(link, file_id, refuse(ErrorCode::BadRequest, why))?;
+        return Ok(None);
+    }
+    link.send(&Msg::Ready {
+        file_id,
+        size,
+        mode,
+        offset,
+    })?;
+    Ok(Some(length.min(size - offset)))
+}
 
 fn reply_refusal(link: &Link, file_id: u32, r: Refusal) -> Result<()> {
     tracing::debug!("refused: {}", r.message);

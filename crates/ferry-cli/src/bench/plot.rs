@@ -132,6 +132,19 @@ pub fn write_png(
     cols: usize,
     cell: (u32, u32),
 ) -> Result<bool> {
+    write_grid(path, title, panels, cols, cell, draw_panel)
+}
+
+/// Draws a grid of charts, one `draw` per panel (the frame of [`write_png`] and
+/// [`write_bars_png`]).
+fn write_grid<T>(
+    path: &Path,
+    title: &str,
+    panels: &[T],
+    cols: usize,
+    cell: (u32, u32),
+    draw: fn(&DrawingArea<BitMapBackend<'_>, Shift>, &T) -> DrawResult<()>,
+) -> Result<bool> {
     if !font_ready() {
         tracing::warn!("{FONT} not found (apt-get install fonts-dejavu-core): skipping the PNG");
         return Ok(false);
@@ -146,7 +159,7 @@ pub fn write_png(
         .titled(title, ("sans-serif", 24))
         .map_err(|e| err(&e))?;
     for (panel, area) in panels.iter().zip(body.split_evenly((rows, cols))) {
-        draw_panel(&area, panel).map_err(|e| err(&e))?;
+        draw(&area, panel).map_err(|e| err(&e))?;
     }
     root.present().map_err(|e| err(&e))?;
     Ok(true)
@@ -266,24 +279,7 @@ pub fn write_bars_png(
     cols: usize,
     cell: (u32, u32),
 ) -> Result<bool> {
-    if !font_ready() {
-        tracing::warn!("{FONT} not found (apt-get install fonts-dejavu-core): skipping the PNG");
-        return Ok(false);
-    }
-    let cols = cols.clamp(1, panels.len().max(1));
-    let rows = panels.len().div_ceil(cols).max(1);
-    let size = (cell.0 * cols as u32, cell.1 * rows as u32 + 40);
-    let root = BitMapBackend::new(path, size).into_drawing_area();
-    let err = |e: &dyn std::fmt::Display| anyhow!("drawing {}: {e}", path.display());
-    root.fill(&WHITE).map_err(|e| err(&e))?;
-    let body = root
-        .titled(title, ("sans-serif", 24))
-        .map_err(|e| err(&e))?;
-    for (panel, area) in panels.iter().zip(body.split_evenly((rows, cols))) {
-        draw_bars(&area, panel).map_err(|e| err(&e))?;
-    }
-    root.present().map_err(|e| err(&e))?;
-    Ok(true)
+    write_grid(path, title, panels, cols, cell, draw_bars)
 }
 
 fn draw_bars(area: &DrawingArea<BitMapBackend<'_>, Shift>, p: &Bars) -> DrawResult<()> {

@@ -253,12 +253,7 @@ impl Engine {
                 local_offset,
                 remote,
             } if local.layout().is_some() => {
-                let far = Far {
-                    remote,
-                    layout: None,
-                    len: remote.len,
-                };
-                self.layout_rma(op, false, &local, local_offset, far)
+                self.layout_rma(op, false, &local, local_offset, Far::contiguous(remote))
             }
             Action::RmaRead {
                 op,
@@ -287,12 +282,7 @@ impl Engine {
                 local_offset,
                 remote,
             } if local.layout().is_some() => {
-                let far = Far {
-                    remote,
-                    layout: None,
-                    len: remote.len,
-                };
-                self.layout_rma(op, true, &local, local_offset, far)
+                self.layout_rma(op, true, &local, local_offset, Far::contiguous(remote))
             }
             Action::RmaWrite {
                 op,

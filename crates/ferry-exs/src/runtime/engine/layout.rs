@@ -71,6 +71,17 @@ pub(super) struct Far {
     pub(super) len: u64,
 }
 
+impl Far {
+    /// A contiguous remote range.
+    pub(super) fn contiguous(remote: RemoteSlice) -> Far {
+        Far {
+            remote,
+            layout: None,
+            len: remote.len,
+        }
+    }
+}
+
 /// One layout transfer in flight.
 struct Xfer {
     write: bool,
