@@ -13,7 +13,8 @@
 //!   are fetched again) and whole-file BLAKE3, landing by temp name + fsync + rename;
 //!   `--resume` and `--retries` continue interrupted transfers.
 //! - [`mem`]: memory-to-memory mode (a zero source, a null sink) for benchmarking.
-//! - [`journal`]: the resume journal kept next to every part file (verified, fsynced prefix).
+//! - [`journal`]: the resume journal kept next to every part file (verified, fsynced ranges).
+//! - [`ordered_hash`]: the whole-file hash of a file whose ranges arrive out of order.
 //!
 //! The wire format is `docs/protocol.md`, section "File transfer protocol"; the user guide
 //! is `docs/xfer.md`.
@@ -27,6 +28,7 @@ pub mod error;
 pub mod journal;
 pub mod link;
 pub mod mem;
+pub mod ordered_hash;
 pub mod proto;
 pub mod server;
 mod third_party;

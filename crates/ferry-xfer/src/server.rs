@@ -21,7 +21,7 @@ use rustix::io::Errno;
 
 use crate::config::ServerConfig;
 use crate::error::{Kind, Result, XferError};
-use crate::journal::{journal_name, open_part, Found, Ident, OpenHow, Progress};
+use crate::journal::{journal_name, open_part, Found, Ident, OpenHow, Progress, RangeSet};
 use crate::link::{BlockSender, BlockWriter, Link, Source, Span, HANDSHAKE_TIMEOUT};
 use crate::mem::{Virtual, MEM_ROOT};
 use crate::proto::{self, BlockHeader, Entry, EntryKind, ErrorCode, Msg, BLOCK_HEADER_LEN};
@@ -406,6 +406,10 @@ pub struct BlockSink {
     pub io_error: Option<std::io::Error>,
     /// The resume journal's view of the part file, when the receiver keeps one.
     pub journal: Option<Progress>,
+    /// For one range of a parallel transfer: the range blocks must lie in.
+    window: Option<(u64, u64)>,
+    /// For one range of a parallel transfer: what was written from good blocks.
+    pub got: RangeSet,
 }
 
 impl BlockSink {
@@ -421,7 +425,19 @@ impl BlockSink {
             bad_total: 0,
             io_error: None,
             journal: None,
+            window: None,
+            got: RangeSet::new(),
         }
+    }
+
+    /// A sink for the range `[lo, hi)` of a file of `size` bytes, one piece of a parallel
+    /// transfer: blocks outside it are refused, nothing is hashed (the whole file is hashed
+    /// in order as its ranges complete), and [`BlockSink::got`] records what was written.
+    pub fn range(file_id: u32, size: u64, lo: u64, hi: u64) -> Self {
+        let mut s = Self::new(file_id, size);
+        s.rehash = true;
+        s.window = Some((lo, hi));
+        s
     }
 
     /// A sink that journals its verified prefix as it goes ([`crate::journal`]) and starts
@@ -452,7 +468,9 @@ impl BlockSink {
     /// (to `file`; `None` is the null sink of memory mode: nothing is written or hashed),
     /// remembers its range for a re-fetch if not.
     pub fn block(&mut self, file: Option<&File>, h: &BlockHeader, payload: &[u8]) -> Result<()> {
-        if h.file_id != self.file_id || h.offset.saturating_add(u64::from(h.len)) > self.size {
+        let end = h.offset.saturating_add(u64::from(h.len));
+        let outside = self.window.is_some_and(|(lo, hi)| h.offset < lo || end > hi);
+        if h.file_id != self.file_id || end > self.size || outside {
             return Err(XferError::conn(format!(
                 "the peer sent a block outside the transfer (file {} offset {} len {})",
                 h.file_id, h.offset, h.len
@@ -469,12 +487,18 @@ impl BlockSink {
             return Ok(());
         }
         let Some(file) = file else {
+            if self.window.is_some() {
+                self.got.insert(h.offset, end);
+            }
             return Ok(());
         };
         if self.io_error.is_none() {
             match file.write_all_at(payload, h.offset) {
                 Err(e) => self.io_error = Some(e),
                 Ok(()) => {
+                    if self.window.is_some() {
+                        self.got.insert(h.offset, end);
+                    }
                     if let Some(j) = &mut self.journal {
                         j.good(h.offset, u64::from(h.len));
                         if j.due() {
