@@ -518,7 +518,10 @@ mod tests {
     #[test]
     fn old_format_still_reads() {
         let p = tmp("v1");
-        let id = Ident { size: 900, mtime: 3 };
+        let id = Ident {
+            size: 900,
+            mtime: 3,
+        };
         let v1 = |seq: u64, done: u64| {
             let mut s = [0u8; SLOT_V1];
             s[..8].copy_from_slice(MAGIC_V1);
@@ -536,7 +539,9 @@ mod tests {
         f.write_all_at(&v1(3, 300), SLOT_V1 as u64).unwrap();
         let j = Journal::load(open(&p)).unwrap();
         assert_eq!((j.ident(), j.done(), j.block()), (id, 300, 4096));
-        open(&p).write_all_at(&[0xAA; 4], SLOT_V1 as u64 + 40).unwrap();
+        open(&p)
+            .write_all_at(&[0xAA; 4], SLOT_V1 as u64 + 40)
+            .unwrap();
         let mut j = Journal::load(open(&p)).unwrap();
         assert_eq!(j.done(), 200, "torn v1 slot falls back");
         j.record(&set(&[(0, 200), (400, 500)])).unwrap();

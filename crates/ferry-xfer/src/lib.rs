@@ -31,6 +31,7 @@ pub mod mem;
 pub mod ordered_hash;
 pub mod proto;
 pub mod server;
+mod session;
 mod third_party;
 pub mod url;
 

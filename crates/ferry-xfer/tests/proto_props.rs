@@ -177,13 +177,16 @@ fn msg() -> impl Strategy<Value = Msg> {
                 length,
             }
         }),
-        (any::<u32>(), any::<u64>(), proptest::option::of(any::<[u8; 32]>())).prop_map(
-            |(file_id, length, blake3)| Msg::Close {
+        (
+            any::<u32>(),
+            any::<u64>(),
+            proptest::option::of(any::<[u8; 32]>())
+        )
+            .prop_map(|(file_id, length, blake3)| Msg::Close {
                 file_id,
                 length,
                 blake3
-            }
-        ),
+            }),
     ]
 }
 
