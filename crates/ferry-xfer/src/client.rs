@@ -713,7 +713,11 @@ impl Client {
                     let Some(mut dl) = live.remove(&id) else {
                         continue;
                     };
-                    if let (Some(ch), Some(w)) = (dl.chunk.take(), dl.writer.take()) {
+                    if let Some(ch) = dl.chunk.take() {
+                        let w = dl
+                            .writer
+                            .take()
+                            .ok_or_else(|| XferError::conn("FILE_DONE before READY"))?;
                         if let Some(size) = ch.done(w.finish()?)? {
                             self.stats.files += 1;
                             self.stats.bytes += size;

@@ -741,9 +741,7 @@ fn open_upload(
         (_, true) => HashJob::Ready(None),
         (None, false) => HashJob::Ready(Some(crate::mem::zero_hash(size))),
         (Some(f), false) => {
-            let f = f
-                .try_clone()
-                .map_err(|e| XferError::io(path, &e))?;
+            let f = f.try_clone().map_err(|e| XferError::io(path, &e))?;
             HashJob::Thread(
                 std::thread::Builder::new()
                     .name("ferry-hash".into())
@@ -763,7 +761,13 @@ fn open_upload(
 }
 
 /// Sends `[lo, hi)` of `up` on this stream (PUT_RANGE, BLOCKs, FILE_DONE; RESEND rounds).
-fn put_range(c: &mut Client, up: &SharedUp, lo: u64, hi: u64, progress: &dyn Progress) -> Result<()> {
+fn put_range(
+    c: &mut Client,
+    up: &SharedUp,
+    lo: u64,
+    hi: u64,
+    progress: &dyn Progress,
+) -> Result<()> {
     let file_id = up.id;
     c.link.send(&Msg::PutRange {
         file_id,
@@ -848,10 +852,7 @@ mod tests {
 
     #[test]
     fn chunks_align_and_cover() {
-        assert_eq!(
-            chunks(&[(0, 25)], 10),
-            vec![(0, 10), (10, 20), (20, 25)]
-        );
+        assert_eq!(chunks(&[(0, 25)], 10), vec![(0, 10), (10, 20), (20, 25)]);
         // A hole that starts mid-chunk realigns at the next boundary.
         assert_eq!(
             chunks(&[(5, 12), (30, 31)], 10),

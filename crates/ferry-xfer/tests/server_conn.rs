@@ -419,7 +419,10 @@ fn bogus_sessions(driver: &str) {
     assert_eq!(code(&m), ErrorCode::AuthRefused);
     // The right token joins, and the joined stream serves requests.
     let (mut s1, m) = join(&addr, session, 1, "tok");
-    assert!(matches!(m, Msg::Welcome { session: s, .. } if s == session), "{m:?}");
+    assert!(
+        matches!(m, Msg::Welcome { session: s, .. } if s == session),
+        "{m:?}"
+    );
     s1.post_ring(2, proto::MAX_CONTROL).unwrap();
     s1.send(&Msg::Stat { path: "d/a".into() }).unwrap();
     assert!(matches!(s1.recv_msg().unwrap(), Msg::Entry(e) if e.size == 3));
