@@ -1252,7 +1252,7 @@ pub(crate) fn plan_upload(
                     there.insert(String::new(), (e.size, e.mtime));
                 }
             }
-            vec![(String::new(), md.len(), mtime_secs(&md))]
+            vec![(String::new(), md.len(), mtime_secs(md))]
         } else {
             let (dirs, files) = walk_local(local)?;
             if opts.resume {

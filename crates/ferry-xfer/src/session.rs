@@ -142,7 +142,7 @@ impl Upload {
                 io_error: None,
             }),
             hash: Mutex::new(hash),
-            claim: claim,
+            claim,
         })
     }
 
