@@ -859,7 +859,7 @@ impl Server {
         link.post_ring(self.cfg.ring, BLOCK_HEADER_LEN + block as usize)?;
         let mut tx = BlockSender::new(block, self.cfg.ring, link.timeout)?;
         loop {
-            let msg = link.recv_msg()?;
+            let msg = next_request(link, &session)?;
             if self.draining.load(Ordering::SeqCst) && msg != Msg::Bye {
                 let file_id = match &msg {
                     Msg::Get { file_id, .. }
@@ -1682,6 +1682,30 @@ struct PutReq {
     size: u64,
     mtime: Option<i64>,
     block: u32,
+}
+
+/// The next request on a connection. While it waits, the session lets go of uploads a newer
+/// OPEN or PUT of the same file asked for and no stream is receiving (their client is
+/// usually gone without the fabric noticing yet).
+fn next_request(link: &mut Link, session: &Session) -> Result<Msg> {
+    let mut buf = Vec::new();
+    let mut idle = Duration::ZERO;
+    while !link.recv_within(&mut buf, RECV_SLICE)? {
+        session.release_superseded();
+        idle += RECV_SLICE;
+        if idle >= link.timeout {
+            return Err(XferError::conn(format!(
+                "the client sent nothing for {} s; giving up",
+                idle.as_secs()
+            )));
+        }
+    }
+    let (msg, _) = proto::decode(&buf)
+        .map_err(|e| XferError::conn(format!("the peer sent a bad frame: {e}")))?;
+    if matches!(msg, Msg::Block(_)) {
+        return Err(XferError::conn("unexpected BLOCK frame"));
+    }
+    Ok(msg)
 }
 
 /// A PUT's blocks all good: the sink, FILE_DONE's `length` and hash.

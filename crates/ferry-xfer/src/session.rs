@@ -72,6 +72,26 @@ impl Session {
         }
     }
 
+    /// Drops the uploads a newer OPEN or PUT of the same file asked for and that no stream
+    /// is receiving: each journals what it holds and lets go of its file.
+    pub fn release_superseded(&self) {
+        let gone: Vec<Arc<Upload>> = {
+            let mut map = lock(&self.uploads);
+            let ids: Vec<u32> = map
+                .iter()
+                .filter(|(_, u)| {
+                    Arc::strong_count(u) == 1
+                        && u.superseded().load(std::sync::atomic::Ordering::SeqCst)
+                })
+                .map(|(&id, _)| id)
+                .collect();
+            ids.into_iter().filter_map(|id| map.remove(&id)).collect()
+        };
+        for u in &gone {
+            tracing::info!("{}: a newer upload of this file took over", u.path);
+        }
+    }
+
     /// The session ended: its open uploads journal what they hold and let go of their files.
     pub fn end(&self) {
         let ups: Vec<_> = lock(&self.uploads).drain().map(|(_, u)| u).collect();
