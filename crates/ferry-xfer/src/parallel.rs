@@ -401,7 +401,7 @@ fn run_streams(
             .collect();
         let mut shown = 0;
         while !handles.iter().all(|h| h.is_finished()) {
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(Duration::from_millis(10));
             let now = counter.0.load(Ordering::Relaxed);
             progress.add(now - shown);
             shown = now;
