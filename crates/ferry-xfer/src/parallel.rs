@@ -377,9 +377,34 @@ fn join_streams(c0: &Client, r: &Remote, opts: &Options) -> Result<Vec<Client>> 
         return Ok(Vec::new());
     }
     let n = opts.streams.clamp(1, proto::MAX_STREAMS);
-    (1..n)
-        .map(|i| Client::connect_as(&r.addr, opts, c0.session, i))
-        .collect()
+    let mut out = Vec::new();
+    for i in 1..n {
+        match join_stream(c0, r, opts, i) {
+            Ok(c) => out.push(c),
+            // A refusal is the server's answer: it would answer every stream the same.
+            Err(e) if e.kind != Kind::Connection => return Err(e),
+            Err(e) => {
+                tracing::warn!("stream {i} could not connect ({e}); copying over {i} stream(s)");
+                break;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Connects stream `i` of `c0`'s session; a connection that fails (e.g. reset by a busy
+/// listener) is tried twice more.
+fn join_stream(c0: &Client, r: &Remote, opts: &Options, i: u16) -> Result<Client> {
+    let mut tries = 0;
+    loop {
+        match Client::connect_as(&r.addr, opts, c0.session, i) {
+            Err(e) if e.kind == Kind::Connection && tries < 2 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            res => return res,
+        }
+    }
 }
 
 /// Runs `work` on every client, each on its own thread, relaying their progress to
