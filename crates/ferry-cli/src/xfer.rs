@@ -106,6 +106,16 @@ pub struct CpArgs {
     /// --retries a new connection then resumes).
     #[arg(long, value_name = "SECONDS", default_value_t = 120.0)]
     idle_timeout: f64,
+    /// Parallel streams: copy over N connections at once (1 to 16); large files are split
+    /// into chunks the streams share, trees spread their files over them. Needs a server
+    /// speaking protocol 1.2 (an older one gets one stream).
+    #[arg(short = 'p', long = "streams", value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..=16))]
+    streams: u16,
+    /// With -p N > 1: the chunk of a large file handed to one stream, in bytes (rounded up
+    /// to the block size).
+    #[arg(long, value_name = "BYTES", default_value_t = ferry_xfer::parallel::DEFAULT_CHUNK)]
+    chunk_size: u64,
     #[command(flatten)]
     remote: Remote,
     /// Source: a local path, HOST:ROOT/PATH, or ferry://HOST[:PORT]/ROOT/PATH (also tcp://, ofi+tcp://, ofi+shm://NAME/...), or zero:SIZE (memory mode: SIZE zero bytes, e.g. zero:4G). With both SRC and DST remote, the source server sends straight to the destination (third-party copy).
@@ -253,6 +263,8 @@ pub fn cp(a: CpArgs) -> Result<(), XferError> {
         resume: a.resume,
         retries: a.retries,
         idle_timeout,
+        streams: a.streams,
+        chunk: a.chunk_size,
         ..a.remote.options()
     };
     let bar = (!a.quiet && !a.json && std::io::stderr().is_terminal()).then(|| {

@@ -270,6 +270,23 @@ fn kill_run(
     victim: Victim,
     frac: f64,
 ) {
+    kill_run_with(s, local, src_name, i, down, victim, frac, &[]);
+}
+
+/// [`kill_run`] with more `ferry cp` arguments (e.g. `-p 4`). With parallel streams the
+/// part file grows out of order (its length says little), so the kill also waits for the
+/// receiver's first checkpoint.
+#[allow(clippy::too_many_arguments)]
+fn kill_run_with(
+    s: &mut Server,
+    local: &Path,
+    src_name: &str,
+    i: usize,
+    down: bool,
+    victim: Victim,
+    frac: f64,
+    extra: &[&str],
+) {
     let local_src = local.join(src_name);
     let (from, to, dest) = if down {
         let d = local.join(format!("down{i}"));
@@ -291,13 +308,21 @@ fn kill_run(
         Victim::Server => &["--retries", "30", "--idle-timeout", "3"],
     };
     let mut first = cp_cmd(retries)
+        .args(extra)
         .args([&from, &to])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let at = (SIZE as f64 * frac) as u64;
-    if !wait_for_part(&part_of(&dest), at, &mut first) {
+    let waited = if extra.is_empty() {
+        wait_for_part(&part_of(&dest), at, &mut first)
+    } else {
+        // Two 1 KiB journal slots: at least one checkpoint was written.
+        wait_for_part(&journal_of(&dest), 2048, &mut first)
+            && wait_for_part(&part_of(&dest), at, &mut first)
+    };
+    if !waited {
         let o = finish(first);
         panic!(
             "run {i}: the copy ended before byte {at}: {:?} {} {}",
@@ -314,7 +339,9 @@ fn kill_run(
                 !dest.exists(),
                 "run {i}: a partial file appeared under its name"
             );
-            ok(&cp_cmd(&["--resume", "--retries", "5", &from, &to])
+            ok(&cp_cmd(&["--resume", "--retries", "5"])
+                .args(extra)
+                .args([&from, &to])
                 .output()
                 .unwrap())
         }
@@ -351,7 +378,7 @@ fn kill_run(
     same(&src, &dest);
     assert!(!part_of(&dest).exists() && !journal_of(&dest).exists());
     eprintln!(
-        "run {i}: {} {victim:?} killed at {:.0}%: resumed {} MiB, moved {} MiB by the finishing process",
+        "run {i}{extra:?}: {} {victim:?} killed at {:.0}%: resumed {} MiB, moved {} MiB by the finishing process",
         if down { "download" } else { "upload" },
         frac * 100.0,
         num(&v, "resumed_bytes") >> 20,
@@ -382,6 +409,47 @@ fn kill_runs(driver: &str, runs: usize) {
     no_leftovers(&local);
     no_leftovers(&s.root);
     std::fs::remove_dir_all(&local).unwrap();
+}
+
+/// `runs` kill runs with four parallel streams (small chunks, so many are in flight): the
+/// journal's range set lets the resumed copy move only what is missing.
+fn kill_runs_streams(driver: &str, runs: usize) {
+    let mut rng = Rng::from_env(&format!("kill_runs_streams {driver}"));
+    let mut s = Server::start(driver, &[]);
+    let local = scratch("local");
+    let data = pattern(SIZE, rng.next());
+    std::fs::write(s.root.join("src"), &data).unwrap();
+    std::fs::write(local.join("src"), &data).unwrap();
+    let extra = ["-p", "4", "--chunk-size", "2097152"];
+    for i in 0..runs {
+        // Every direction and victim at least once.
+        let down = i % 2 == 0;
+        let victim = if (i / 2) % 2 == 0 {
+            Victim::Client
+        } else {
+            Victim::Server
+        };
+        let frac = 0.3 + rng.below(50) as f64 / 100.0;
+        kill_run_with(&mut s, &local, "src", i, down, victim, frac, &extra);
+    }
+    no_leftovers(&local);
+    no_leftovers(&s.root);
+    std::fs::remove_dir_all(&local).unwrap();
+}
+
+#[test]
+fn kill_runs_streams_tcp() {
+    kill_runs_streams("tcp", 4);
+}
+
+#[test]
+fn kill_runs_streams_ofi_tcp() {
+    kill_runs_streams("ofi+tcp", 4);
+}
+
+#[test]
+fn kill_runs_streams_ofi_shm() {
+    kill_runs_streams("ofi+shm", 4);
 }
 
 // 20 kill runs in all, spread over the drivers.

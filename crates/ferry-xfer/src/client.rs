@@ -87,6 +87,12 @@ pub struct Options {
     pub retries: u32,
     /// Token for the destination server of a third-party copy (`None`: the same token).
     pub dest_token: Option<String>,
+    /// Parallel streams (connections) per copy, 1 to [`proto::MAX_STREAMS`]; more than one
+    /// needs a protocol 1.2 server (an older one gets one stream and a note).
+    pub streams: u16,
+    /// With several streams, files are split into chunks of about this many bytes (rounded
+    /// to the block size), handed to whichever stream is free.
+    pub chunk: u64,
 }
 
 impl Default for Options {
@@ -100,6 +106,8 @@ impl Default for Options {
             resume: false,
             retries: 0,
             dest_token: None,
+            streams: 1,
+            chunk: crate::parallel::DEFAULT_CHUNK,
         }
     }
 }
@@ -124,7 +132,7 @@ pub struct Stats {
 }
 
 impl Stats {
-    fn add(&mut self, o: &Stats) {
+    pub(crate) fn add(&mut self, o: &Stats) {
         self.files += o.files;
         self.bytes += o.bytes;
         self.blocks_resent += o.blocks_resent;
@@ -149,30 +157,32 @@ impl Progress for () {}
 
 /// A connection to a `ferry serve`.
 pub struct Client {
-    link: Link,
+    pub(crate) link: Link,
     block: u32,
-    minor: u16,
+    pub(crate) minor: u16,
     resume: bool,
-    tx: BlockSender,
+    pub(crate) tx: BlockSender,
     ring: usize,
     next_id: u32,
+    /// The session WELCOME named (parallel streams join it).
+    pub(crate) session: u64,
     /// Counters so far.
     pub stats: Stats,
 }
 
-fn remote_err(code: proto::ErrorCode, message: &str) -> XferError {
+pub(crate) fn remote_err(code: proto::ErrorCode, message: &str) -> XferError {
     XferError::remote(code, message)
 }
 
-fn unexpected(m: &Msg) -> XferError {
+pub(crate) fn unexpected(m: &Msg) -> XferError {
     XferError::conn(format!("the server sent an unexpected frame: {m:?}"))
 }
 
 /// A local file being written under its temporary name, with its resume journal.
-struct LocalPart {
+pub(crate) struct LocalPart {
     dest: PathBuf,
     tmp: PathBuf,
-    file: File,
+    pub(crate) file: File,
 }
 
 fn journal_path(tmp: &Path) -> PathBuf {
@@ -184,7 +194,7 @@ fn journal_path(tmp: &Path) -> PathBuf {
 impl LocalPart {
     /// Opens `.<name>.ferry-part` next to `dest` for a download of `ident` (see
     /// [`crate::journal::open_part`]).
-    fn open(
+    pub(crate) fn open(
         dest: &Path,
         ident: Ident,
         block: u32,
@@ -224,7 +234,7 @@ impl LocalPart {
         ))
     }
 
-    fn commit(self, mode: u32, mtime: Option<SystemTime>) -> Result<()> {
+    pub(crate) fn commit(self, mode: u32, mtime: Option<SystemTime>) -> Result<()> {
         use std::os::unix::fs::PermissionsExt;
         let io = |e: std::io::Error| XferError::io(self.dest.display(), &e);
         self.file
@@ -247,7 +257,7 @@ impl LocalPart {
         File::open(parent).and_then(|d| d.sync_all()).map_err(io)
     }
 
-    fn discard(self) {
+    pub(crate) fn discard(self) {
         let _ = std::fs::remove_file(journal_path(&self.tmp));
         let _ = std::fs::remove_file(&self.tmp);
     }
@@ -263,9 +273,11 @@ pub struct DlJob {
     pub dest: Option<PathBuf>,
     /// Size and mtime (seconds) of the source.
     pub ident: Ident,
+    /// One range of a file that parallel streams share (`None`: the whole file).
+    pub(crate) chunk: Option<crate::parallel::Chunk>,
 }
 
-fn system_time(secs: i64) -> Option<SystemTime> {
+pub(crate) fn system_time(secs: i64) -> Option<SystemTime> {
     let s = u64::try_from(secs).ok()?;
     SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(s))
 }
@@ -297,11 +309,22 @@ struct Dl {
     hash: Option<[u8; 32]>,
     outstanding: u32,
     rounds: u32,
+    chunk: Option<crate::parallel::Chunk>,
 }
 
 impl Client {
     /// Connects and authenticates.
     pub fn connect(addr: &str, opts: &Options) -> Result<Client> {
+        Self::connect_as(addr, opts, 0, 0)
+    }
+
+    /// Connects as stream `stream` of `session` (0, 0: a new session).
+    pub(crate) fn connect_as(
+        addr: &str,
+        opts: &Options,
+        session: u64,
+        stream: u16,
+    ) -> Result<Client> {
         let mut link = Link::connect(addr, opts.timeout)?;
         link.timeout = HANDSHAKE_TIMEOUT;
         link.post_ring(1, proto::MAX_CONTROL)?;
@@ -309,14 +332,17 @@ impl Client {
             major: proto::VERSION_MAJOR,
             minor: proto::VERSION_MINOR,
             block_size: opts.block_size.clamp(proto::MIN_BLOCK, proto::MAX_BLOCK),
-            session: 0,
-            stream: 0,
+            session,
+            stream,
             token: opts.token.clone(),
         })?;
-        let (block, minor) = match link.recv_msg() {
+        let (block, minor, session) = match link.recv_msg() {
             Ok(Msg::Welcome {
-                block_size, minor, ..
-            }) => (block_size, minor),
+                block_size,
+                minor,
+                session,
+                ..
+            }) => (block_size, minor, session),
             Ok(Msg::Error { code, message, .. }) => return Err(remote_err(code, &message)),
             Ok(m) => return Err(unexpected(&m)),
             Err(e) => return Err(e),
@@ -336,6 +362,7 @@ impl Client {
             tx: BlockSender::new(block, opts.ring.max(1), opts.idle_timeout)?,
             ring: opts.ring.max(1),
             next_id: 1,
+            session,
             stats: Stats::default(),
         })
     }
@@ -408,9 +435,18 @@ impl Client {
     /// connection fails the parts stay, journaled, for a later resume; any other failure
     /// removes them.
     pub fn download_files(&mut self, jobs: Vec<DlJob>, progress: &dyn Progress) -> Result<()> {
-        let mut jobs = jobs.into_iter();
+        self.download_from(&mut jobs.into_iter(), progress)
+    }
+
+    /// [`Client::download_files`] of the jobs `jobs` yields (a parallel copy's streams pull
+    /// theirs from a shared queue, whole files and chunks of shared ones).
+    pub(crate) fn download_from(
+        &mut self,
+        jobs: &mut dyn Iterator<Item = DlJob>,
+        progress: &dyn Progress,
+    ) -> Result<()> {
         let mut live: HashMap<u32, Dl> = HashMap::new();
-        let res = self.download_loop(&mut jobs, &mut live, progress);
+        let res = self.download_loop(jobs, &mut live, progress);
         if let Err(e) = &res {
             let keep = e.kind == Kind::Connection;
             for (_, dl) in live.drain() {
@@ -443,6 +479,40 @@ impl Client {
         progress: &dyn Progress,
     ) -> Result<()> {
         let file_id = self.id();
+        if let Some(ch) = job.chunk {
+            // A range of a file the streams share: its part is open already.
+            if ch.sum {
+                self.link.send(&Msg::Sum {
+                    path: job.path.clone(),
+                })?;
+                sums.push_back(file_id);
+            }
+            self.link.send(&Msg::Get {
+                file_id,
+                offset: ch.lo,
+                length: ch.hi - ch.lo,
+                path: job.path.clone(),
+            })?;
+            live.insert(
+                file_id,
+                Dl {
+                    path: job.path,
+                    null: job.dest.is_none(),
+                    dest: job.dest.unwrap_or_default(),
+                    ident: job.ident,
+                    part: None,
+                    journal: None,
+                    writer: None,
+                    size: 0,
+                    mode: 0o644,
+                    hash: None,
+                    outstanding: 1,
+                    rounds: 0,
+                    chunk: Some(ch),
+                },
+            );
+            return Ok(());
+        }
         // No destination: the null sink, nothing to open or resume.
         let (part, journal, offset) = match &job.dest {
             None => (None, None, 0),
@@ -494,6 +564,7 @@ impl Client {
                 hash: None,
                 outstanding: 1,
                 rounds: 0,
+                chunk: None,
             },
         );
         Ok(())
@@ -501,13 +572,16 @@ impl Client {
 
     fn download_loop(
         &mut self,
-        jobs: &mut impl Iterator<Item = DlJob>,
+        jobs: &mut dyn Iterator<Item = DlJob>,
         live: &mut HashMap<u32, Dl>,
         progress: &dyn Progress,
     ) -> Result<()> {
         let mut sums = VecDeque::new();
         loop {
-            while live.len() < GET_WINDOW {
+            while live.len() < GET_WINDOW
+                && live.values().filter(|d| d.chunk.is_some()).count()
+                    < crate::parallel::CHUNKS_AHEAD
+            {
                 let Some(job) = jobs.next() else {
                     break;
                 };
@@ -543,6 +617,12 @@ impl Client {
                         .ok_or_else(|| XferError::conn("the server sent a SUM_REPLY unasked"))?;
                     if let Some(dl) = live.get_mut(&id) {
                         dl.hash = Some(*blake3);
+                        if let Some(ch) = &dl.chunk {
+                            if let Some(size) = ch.file.source_hash(*blake3)? {
+                                self.stats.files += 1;
+                                self.stats.bytes += size;
+                            }
+                        }
                     }
                     continue;
                 }
@@ -557,6 +637,12 @@ impl Client {
                 )));
             };
             match msg {
+                Msg::Ready { size, mode, .. } if dl.chunk.is_some() => {
+                    if let (None, Some(ch)) = (&dl.writer, &dl.chunk) {
+                        dl.writer = Some(ch.writer(id, size, mode, self.ring)?);
+                        dl.size = size;
+                    }
+                }
                 Msg::Ready { size, .. } if dl.null => {
                     if dl.writer.is_none() {
                         dl.writer = Some(BlockWriter::null(id, size));
@@ -627,6 +713,17 @@ impl Client {
                     let Some(mut dl) = live.remove(&id) else {
                         continue;
                     };
+                    if let Some(ch) = dl.chunk.take() {
+                        let w = dl
+                            .writer
+                            .take()
+                            .ok_or_else(|| XferError::conn("FILE_DONE before READY"))?;
+                        if let Some(size) = ch.done(w.finish()?)? {
+                            self.stats.files += 1;
+                            self.stats.bytes += size;
+                        }
+                        continue;
+                    }
                     if dl.null {
                         self.stats.files += 1;
                         self.stats.bytes += dl.size;
@@ -905,6 +1002,18 @@ pub fn copy(
     let mut delay = RETRY_DELAY;
     loop {
         let res = match (src, dst) {
+            (Location::Remote(r), Location::Local(l)) if opts.streams > 1 => {
+                crate::parallel::download(r, Some(l), recursive, &opts, progress, &mut total)
+            }
+            (Location::Remote(r), Location::Null) if opts.streams > 1 => {
+                crate::parallel::download(r, None, recursive, &opts, progress, &mut total)
+            }
+            (Location::Local(l), Location::Remote(r)) if opts.streams > 1 => {
+                crate::parallel::upload(Some(l), 0, r, recursive, &opts, progress, &mut total)
+            }
+            (Location::Zero(n), Location::Remote(r)) if opts.streams > 1 => {
+                crate::parallel::upload(None, *n, r, recursive, &opts, progress, &mut total)
+            }
             (Location::Remote(r), Location::Local(l)) => {
                 download(r, Some(l), recursive, &opts, progress, &mut total)
             }
@@ -961,7 +1070,7 @@ pub fn copy(
 }
 
 /// Runs `f` on a new connection and adds its counters to `total`, whatever the outcome.
-fn with_client(
+pub(crate) fn with_client(
     r: &Remote,
     opts: &Options,
     total: &mut Stats,
@@ -994,6 +1103,22 @@ fn download(
     total: &mut Stats,
 ) -> Result<()> {
     with_client(r, opts, total, |c| {
+        let jobs = plan_download(c, r, local, recursive, opts, progress)?;
+        c.download_files(jobs, progress)
+    })
+}
+
+/// What a download of `r` to `local` fetches: STATs (and walks) the source, creates the
+/// local directories, and skips (counting them) files a resume finds complete.
+pub(crate) fn plan_download(
+    c: &mut Client,
+    r: &Remote,
+    local: Option<&Path>,
+    recursive: bool,
+    opts: &Options,
+    progress: &dyn Progress,
+) -> Result<Vec<DlJob>> {
+    {
         let entry = c.stat(&r.path)?;
         let is_tree = entry.kind == EntryKind::Dir;
         let dest = local.map(|local| {
@@ -1051,10 +1176,15 @@ fn download(
                 progress.add(size);
                 continue;
             }
-            jobs.push(DlJob { path, dest, ident });
+            jobs.push(DlJob {
+                path,
+                dest,
+                ident,
+                chunk: None,
+            });
         }
-        c.download_files(jobs, progress)
-    })
+        Ok(jobs)
+    }
 }
 
 fn upload(
@@ -1073,6 +1203,25 @@ fn upload(
         ));
     }
     with_client(r, opts, total, |c| {
+        for (src, path, _) in plan_upload(c, local, &md, r, opts, progress)? {
+            c.upload_file(&src, &path, progress)?;
+        }
+        Ok(())
+    })
+}
+
+/// What an upload of `local` (metadata `md`) to `r` sends: (source, remote path, size) of
+/// each file. STATs the target, creates the remote directories and skips (counting them)
+/// files a resume finds complete there.
+pub(crate) fn plan_upload(
+    c: &mut Client,
+    local: &Path,
+    md: &std::fs::Metadata,
+    r: &Remote,
+    opts: &Options,
+    progress: &dyn Progress,
+) -> Result<Vec<(PathBuf, String, u64)>> {
+    {
         let name = local
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -1103,7 +1252,7 @@ fn upload(
                     there.insert(String::new(), (e.size, e.mtime));
                 }
             }
-            vec![(String::new(), md.len(), mtime_secs(&md))]
+            vec![(String::new(), md.len(), mtime_secs(md))]
         } else {
             let (dirs, files) = walk_local(local)?;
             if opts.resume {
@@ -1118,6 +1267,7 @@ fn upload(
             files
         };
         progress.total(files.iter().map(|f| f.1).sum());
+        let mut out = Vec::new();
         for (rel, size, mtime) in files {
             if there.get(&rel) == Some(&(size, mtime)) {
                 c.stats.files += 1;
@@ -1131,10 +1281,10 @@ fn upload(
             } else {
                 local.join(&rel)
             };
-            c.upload_file(&src, &join(&target, &rel), progress)?;
+            out.push((src, join(&target, &rel), size));
         }
-        Ok(())
-    })
+        Ok(out)
+    }
 }
 
 /// A third-party copy: the source server sends straight to the destination server, and

@@ -1,25 +1,39 @@
-//! Resume journals: what part of a `.<name>.ferry-part` file is known good.
+//! Resume journals: which ranges of a `.<name>.ferry-part` file are known good.
 //!
 //! Next to every part file the receiving side (the client for downloads, the server for
 //! uploads) keeps `.<name>.ferry-part.journal`: the identity of the source (size and
-//! modification time) and `done`, the length of the prefix of the part file that was written
-//! from blocks whose CRC-32C matched and then fsynced. The order is always: write the data,
-//! `fdatasync` the part file, then record the new `done` and `fdatasync` the journal, so the
-//! journal never claims bytes that are not on disk.
+//! modification time) and a set of byte ranges of the part file that were written from
+//! blocks whose CRC-32C matched and then fsynced. The order is always: write the data,
+//! `fdatasync` the part file, then record the new ranges and `fdatasync` the journal, so the
+//! journal never claims bytes that are not on disk. With one stream the set is a single
+//! prefix; with parallel streams (`ferry cp -p N`) blocks land out of order and the set has
+//! a few islands.
 //!
-//! The journal is 128 bytes: two 64-byte slots written alternately, each with a sequence
-//! number and its own CRC-32C. A torn write damages only the slot being written; the reader
-//! takes the valid slot with the higher sequence number (the previous checkpoint), and with
-//! no valid slot the part file is not trusted at all. Slot layout (little-endian):
-//! `magic "FERRYJ01"`, `seq u64`, `size u64`, `mtime i64`, `block u32`, 4 zero bytes,
-//! `done u64`, 12 zero bytes, `crc32c u32` of the 60 bytes before it.
+//! The journal (format 2) is 2048 bytes: two 1024-byte slots written alternately, each with
+//! a sequence number and its own CRC-32C. A torn write damages only the slot being written;
+//! the reader takes the valid slot with the higher sequence number (the previous
+//! checkpoint), and with no valid slot the part file is not trusted at all. Slot layout
+//! (little-endian): `magic "FERRYJ02"`, `seq u64`, `size u64`, `mtime i64`, `block u32`,
+//! `count u32`, `count` × (`start u64`, `end u64`) sorted, disjoint and not touching, each
+//! `start < end <= size`; zero bytes up to the last 4, then `crc32c u32` of the 1020 bytes
+//! before it. At most [`MAX_RANGES`] ranges are recorded: beyond that the last ones are left
+//! out (the journal then vouches for less than was verified, never for more).
+//!
+//! Format 1 journals (`FERRYJ01`, two 64-byte slots holding one verified prefix `done`, as
+//! ferry before parallel streams wrote them) are still read, as the range `[0, done)`.
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
-const MAGIC: &[u8; 8] = b"FERRYJ01";
-const SLOT: usize = 64;
+const MAGIC: &[u8; 8] = b"FERRYJ02";
+const SLOT: usize = 1024;
+const HEAD: usize = 48;
+const MAGIC_V1: &[u8; 8] = b"FERRYJ01";
+const SLOT_V1: usize = 64;
+/// The most ranges a journal slot records.
+pub const MAX_RANGES: usize = (SLOT - HEAD - 4) / 16;
 
 /// A receiver checkpoints at least this often (bytes of verified prefix)...
 pub const CHECKPOINT_BYTES: u64 = 16 << 20;
@@ -41,6 +55,109 @@ pub struct Ident {
     pub mtime: i64,
 }
 
+/// A set of byte ranges `[start, end)`, kept sorted and coalesced (ranges that overlap or
+/// touch are merged).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RangeSet {
+    /// start → end.
+    map: BTreeMap<u64, u64>,
+}
+
+impl RangeSet {
+    /// An empty set.
+    pub fn new() -> RangeSet {
+        RangeSet::default()
+    }
+
+    /// Adds `[start, end)` (empty ranges are ignored), merging with its neighbours.
+    pub fn insert(&mut self, start: u64, end: u64) {
+        if start >= end {
+            return;
+        }
+        let (mut s, mut e) = (start, end);
+        // A range starting at or before `end` may overlap or touch; walk back from there.
+        let touching: Vec<(u64, u64)> = self
+            .map
+            .range(..=end)
+            .rev()
+            .take_while(|(_, &re)| re >= start)
+            .map(|(&a, &b)| (a, b))
+            .collect();
+        for (a, b) in touching {
+            self.map.remove(&a);
+            s = s.min(a);
+            e = e.max(b);
+        }
+        self.map.insert(s, e);
+    }
+
+    /// Whether every byte of `[start, end)` is in the set.
+    pub fn contains(&self, start: u64, end: u64) -> bool {
+        start >= end
+            || self
+                .map
+                .range(..=start)
+                .next_back()
+                .is_some_and(|(_, &e)| e >= end)
+    }
+
+    /// The end of the range that starts at 0 (0 if none does).
+    pub fn prefix(&self) -> u64 {
+        self.map.get(&0).copied().unwrap_or(0)
+    }
+
+    /// The end of the last range (0 if empty).
+    pub fn end(&self) -> u64 {
+        self.map.last_key_value().map_or(0, |(_, &e)| e)
+    }
+
+    /// Bytes in the set.
+    pub fn total(&self) -> u64 {
+        self.map.iter().map(|(s, e)| e - s).sum()
+    }
+
+    /// Number of ranges.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether the set is empty.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// The ranges, in order.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.map.iter().map(|(&s, &e)| (s, e))
+    }
+
+    /// The ranges of `[0, size)` not in the set, in order.
+    pub fn missing(&self, size: u64) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        let mut pos = 0;
+        for (s, e) in self.iter() {
+            if s >= size {
+                break;
+            }
+            if s > pos {
+                out.push((pos, s));
+            }
+            pos = pos.max(e);
+        }
+        if pos < size {
+            out.push((pos, size));
+        }
+        out
+    }
+
+    /// The set limited to its first `n` ranges (what a journal slot can vouch for).
+    pub fn first(&self, n: usize) -> RangeSet {
+        RangeSet {
+            map: self.map.iter().take(n).map(|(&s, &e)| (s, e)).collect(),
+        }
+    }
+}
+
 /// An open journal.
 #[derive(Debug)]
 pub struct Journal {
@@ -48,39 +165,89 @@ pub struct Journal {
     seq: u64,
     ident: Ident,
     block: u32,
-    done: u64,
+    done: RangeSet,
 }
 
-fn encode(seq: u64, ident: Ident, block: u32, done: u64) -> [u8; SLOT] {
-    let mut s = [0u8; SLOT];
+fn encode(seq: u64, ident: Ident, block: u32, done: &RangeSet) -> Vec<u8> {
+    let mut s = vec![0u8; SLOT];
     s[..8].copy_from_slice(MAGIC);
     s[8..16].copy_from_slice(&seq.to_le_bytes());
     s[16..24].copy_from_slice(&ident.size.to_le_bytes());
     s[24..32].copy_from_slice(&ident.mtime.to_le_bytes());
     s[32..36].copy_from_slice(&block.to_le_bytes());
-    s[40..48].copy_from_slice(&done.to_le_bytes());
-    let crc = crc32c::crc32c(&s[..60]);
-    s[60..].copy_from_slice(&crc.to_le_bytes());
+    let mut n = 0u32;
+    for (i, (a, b)) in done.iter().take(MAX_RANGES).enumerate() {
+        let at = HEAD + 16 * i;
+        s[at..at + 8].copy_from_slice(&a.to_le_bytes());
+        s[at + 8..at + 16].copy_from_slice(&b.to_le_bytes());
+        n += 1;
+    }
+    s[36..40].copy_from_slice(&n.to_le_bytes());
+    let crc = crc32c::crc32c(&s[..SLOT - 4]);
+    s[SLOT - 4..].copy_from_slice(&crc.to_le_bytes());
     s
 }
 
-/// (seq, ident, block, done) of a valid slot.
-fn decode(s: &[u8]) -> Option<(u64, Ident, u32, u64)> {
+/// One valid slot's contents.
+type Slot = (u64, Ident, u32, RangeSet);
+
+fn u64_at(s: &[u8], i: usize) -> Option<u64> {
+    s.get(i..i + 8)?.try_into().ok().map(u64::from_le_bytes)
+}
+
+fn u32_at(s: &[u8], i: usize) -> Option<u32> {
+    s.get(i..i + 4)?.try_into().ok().map(u32::from_le_bytes)
+}
+
+/// A valid format-2 slot.
+fn decode(s: &[u8]) -> Option<Slot> {
     if s.len() != SLOT || &s[..8] != MAGIC {
         return None;
     }
-    let crc = u32::from_le_bytes(s[60..64].try_into().ok()?);
-    if crc32c::crc32c(&s[..60]) != crc {
+    if crc32c::crc32c(&s[..SLOT - 4]) != u32_at(s, SLOT - 4)? {
         return None;
     }
-    let u64_at = |i: usize| s[i..i + 8].try_into().ok().map(u64::from_le_bytes);
     let ident = Ident {
-        size: u64_at(16)?,
-        mtime: u64_at(24)? as i64,
+        size: u64_at(s, 16)?,
+        mtime: u64_at(s, 24)? as i64,
     };
-    let block = u32::from_le_bytes(s[32..36].try_into().ok()?);
-    let done = u64_at(40)?;
-    (done <= ident.size).then_some((u64_at(8)?, ident, block, done))
+    let n = u32_at(s, 36)? as usize;
+    if n > MAX_RANGES {
+        return None;
+    }
+    let mut done = RangeSet::new();
+    let mut last = None;
+    for i in 0..n {
+        let (a, b) = (u64_at(s, HEAD + 16 * i)?, u64_at(s, HEAD + 16 * i + 8)?);
+        // Sorted, disjoint, not touching, inside the source: exactly what `encode` writes.
+        if a >= b || b > ident.size || last.is_some_and(|l| a <= l) {
+            return None;
+        }
+        last = Some(b);
+        done.insert(a, b);
+    }
+    Some((u64_at(s, 8)?, ident, u32_at(s, 32)?, done))
+}
+
+/// A valid format-1 slot (one verified prefix).
+fn decode_v1(s: &[u8]) -> Option<Slot> {
+    if s.len() != SLOT_V1 || &s[..8] != MAGIC_V1 {
+        return None;
+    }
+    if crc32c::crc32c(&s[..60]) != u32_at(s, 60)? {
+        return None;
+    }
+    let ident = Ident {
+        size: u64_at(s, 16)?,
+        mtime: u64_at(s, 24)? as i64,
+    };
+    let done = u64_at(s, 40)?;
+    if done > ident.size {
+        return None;
+    }
+    let mut set = RangeSet::new();
+    set.insert(0, done);
+    Some((u64_at(s, 8)?, ident, u32_at(s, 32)?, set))
 }
 
 impl Journal {
@@ -94,15 +261,25 @@ impl Journal {
             seq: 0,
             ident,
             block,
-            done: 0,
+            done: RangeSet::new(),
         })
     }
 
-    /// Reads a journal; `None` if neither slot is valid.
+    /// Reads a journal (format 2, else format 1); `None` if no slot is valid.
     pub fn load(file: File) -> Option<Journal> {
-        let mut b = [0u8; 2 * SLOT];
+        let mut b = vec![0u8; 2 * SLOT];
         let n = read_up_to(&file, &mut b).ok()?;
-        let best = b[..n].chunks(SLOT).filter_map(decode).max_by_key(|s| s.0)?;
+        let b = &b[..n];
+        let best = b
+            .chunks(SLOT)
+            .filter_map(decode)
+            .max_by_key(|s| s.0)
+            .or_else(|| {
+                b[..n.min(2 * SLOT_V1)]
+                    .chunks(SLOT_V1)
+                    .filter_map(decode_v1)
+                    .max_by_key(|s| s.0)
+            })?;
         let (seq, ident, block, done) = best;
         Some(Journal {
             file,
@@ -123,20 +300,30 @@ impl Journal {
         self.block
     }
 
-    /// Verified, fsynced prefix length.
-    pub fn done(&self) -> u64 {
-        self.done
+    /// The verified, fsynced ranges.
+    pub fn ranges(&self) -> &RangeSet {
+        &self.done
     }
 
-    /// Records that the first `done` bytes of the part file are good. The caller has
-    /// fsynced them already; this writes the next slot and fsyncs the journal.
-    pub fn record(&mut self, done: u64) -> std::io::Result<()> {
+    /// Verified, fsynced prefix length.
+    pub fn done(&self) -> u64 {
+        self.done.prefix()
+    }
+
+    /// Records that `done` (clipped to the source's size, at most [`MAX_RANGES`] ranges) of
+    /// the part file is good. The caller has fsynced those bytes already; this writes the
+    /// next slot and fsyncs the journal.
+    pub fn record(&mut self, done: &RangeSet) -> std::io::Result<()> {
+        let mut kept = RangeSet::new();
+        for (a, b) in done.first(MAX_RANGES).iter() {
+            kept.insert(a.min(self.ident.size), b.min(self.ident.size));
+        }
         let seq = self.seq + 1;
-        let slot = encode(seq, self.ident, self.block, done.min(self.ident.size));
+        let slot = encode(seq, self.ident, self.block, &kept);
         self.file.write_all_at(&slot, (seq % 2) * SLOT as u64)?;
         self.file.sync_data()?;
         self.seq = seq;
-        self.done = done.min(self.ident.size);
+        self.done = kept;
         Ok(())
     }
 }
@@ -180,7 +367,7 @@ pub fn open_part(
             if j.ident() != ident {
                 found = Found::Restarted;
             } else if let Ok(f) = open(part, OpenHow::Existing) {
-                if f.metadata()?.len() >= j.done() {
+                if f.metadata()?.len() >= j.ranges().end() {
                     return Ok((f, Progress::new(j), Found::Resumed));
                 }
             }
@@ -202,63 +389,54 @@ fn read_up_to(f: &File, b: &mut [u8]) -> std::io::Result<usize> {
     Ok(n)
 }
 
-/// A receiver's view of its part file: the verified contiguous prefix, blocks verified
-/// beyond it (after a hole a bad block left), and when to checkpoint next.
+/// A receiver's view of its part file: the verified ranges (journaled or not yet) and when
+/// to checkpoint next.
 #[derive(Debug)]
 pub struct Progress {
     journal: Journal,
-    prefix: u64,
-    ahead: std::collections::BTreeMap<u64, u64>,
+    good: RangeSet,
     last: Instant,
 }
 
 impl Progress {
-    /// Tracks a part whose first `journal.done()` bytes are already good.
+    /// Tracks a part whose journaled ranges are already good.
     pub fn new(journal: Journal) -> Progress {
         Progress {
-            prefix: journal.done(),
+            good: journal.ranges().clone(),
             journal,
-            ahead: Default::default(),
             last: Instant::now(),
         }
     }
 
     /// A block `[offset, offset + len)` was written and verified.
     pub fn good(&mut self, offset: u64, len: u64) {
-        if offset <= self.prefix {
-            self.prefix = self.prefix.max(offset + len);
-        } else {
-            self.ahead.insert(offset, offset + len);
-        }
-        while let Some((&start, &end)) = self.ahead.first_key_value() {
-            if start > self.prefix {
-                break;
-            }
-            self.ahead.remove(&start);
-            self.prefix = self.prefix.max(end);
-        }
+        self.good.insert(offset, offset.saturating_add(len));
     }
 
     /// Whether enough arrived since the last checkpoint to take another.
     pub fn due(&self) -> bool {
-        self.prefix > self.journal.done()
-            && (self.prefix - self.journal.done() >= CHECKPOINT_BYTES
-                || self.last.elapsed() >= CHECKPOINT_EVERY)
+        let (now, then) = (self.good.total(), self.journal.ranges().total());
+        now > then && (now - then >= CHECKPOINT_BYTES || self.last.elapsed() >= CHECKPOINT_EVERY)
     }
 
-    /// fsyncs the part file, then records the verified prefix in the journal.
+    /// fsyncs the part file, then records the verified ranges in the journal.
     pub fn checkpoint(&mut self, part: &File) -> std::io::Result<()> {
         self.last = Instant::now();
-        if self.prefix == self.journal.done() {
+        if self.good == *self.journal.ranges() {
             return Ok(());
         }
         part.sync_data()?;
-        self.journal.record(self.prefix)
+        self.journal.record(&self.good)
     }
 
     /// The verified prefix (journaled or not yet).
     pub fn prefix(&self) -> u64 {
-        self.prefix
+        self.good.prefix()
+    }
+
+    /// Every verified range (journaled or not yet).
+    pub fn ranges(&self) -> &RangeSet {
+        &self.good
     }
 
     /// The prefix the journal holds.
@@ -287,6 +465,14 @@ mod tests {
             .unwrap()
     }
 
+    fn set(r: &[(u64, u64)]) -> RangeSet {
+        let mut s = RangeSet::new();
+        for &(a, b) in r {
+            s.insert(a, b);
+        }
+        s
+    }
+
     #[test]
     fn records_survive_and_torn_slots_fall_back() {
         let p = tmp("torn");
@@ -296,24 +482,135 @@ mod tests {
         };
         let mut j = Journal::create(open(&p), id, 4096).unwrap();
         assert!(Journal::load(open(&p)).is_none(), "nothing recorded yet");
-        j.record(0).unwrap();
-        j.record(100).unwrap();
-        j.record(300).unwrap();
+        j.record(&set(&[])).unwrap();
+        j.record(&set(&[(0, 100), (500, 600)])).unwrap();
+        j.record(&set(&[(0, 300), (500, 700)])).unwrap();
         let back = Journal::load(open(&p)).unwrap();
         assert_eq!((back.ident(), back.done(), back.block()), (id, 300, 4096));
+        assert_eq!(back.ranges(), &set(&[(0, 300), (500, 700)]));
         // Tear the newest slot (seq 3 lives in slot 1): the previous checkpoint wins.
         open(&p)
-            .write_all_at(&[0xAA; 10], SLOT as u64 + 40)
+            .write_all_at(&[0xAA; 10], SLOT as u64 + 50)
             .unwrap();
-        assert_eq!(Journal::load(open(&p)).unwrap().done(), 100);
+        let back = Journal::load(open(&p)).unwrap();
+        assert_eq!(back.ranges(), &set(&[(0, 100), (500, 600)]));
         // Both torn: nothing is trusted.
-        open(&p).write_all_at(&[0xAA; 10], 40).unwrap();
+        open(&p).write_all_at(&[0xAA; 10], 50).unwrap();
         assert!(Journal::load(open(&p)).is_none());
-        // A claim past the source's size is never accepted.
-        let slot = encode(9, id, 4096, 2000);
+        // A claim past the source's size is never accepted, nor unsorted ranges.
+        let mut slot = encode(9, id, 4096, &set(&[(0, 10)]));
+        slot[HEAD + 8..HEAD + 16].copy_from_slice(&2000u64.to_le_bytes());
+        let crc = crc32c::crc32c(&slot[..SLOT - 4]);
+        slot[SLOT - 4..].copy_from_slice(&crc.to_le_bytes());
+        open(&p).write_all_at(&slot, 0).unwrap();
+        assert!(Journal::load(open(&p)).is_none());
+        let mut slot = encode(9, id, 4096, &set(&[(0, 10), (20, 30)]));
+        slot[HEAD + 16..HEAD + 24].copy_from_slice(&5u64.to_le_bytes());
+        let crc = crc32c::crc32c(&slot[..SLOT - 4]);
+        slot[SLOT - 4..].copy_from_slice(&crc.to_le_bytes());
         open(&p).write_all_at(&slot, 0).unwrap();
         assert!(Journal::load(open(&p)).is_none());
         let _ = std::fs::remove_file(&p);
+    }
+
+    /// A format-1 journal (as ferry before parallel streams wrote it) reads as its prefix,
+    /// torn slots included, and the next record continues in format 2.
+    #[test]
+    fn old_format_still_reads() {
+        let p = tmp("v1");
+        let id = Ident {
+            size: 900,
+            mtime: 3,
+        };
+        let v1 = |seq: u64, done: u64| {
+            let mut s = [0u8; SLOT_V1];
+            s[..8].copy_from_slice(MAGIC_V1);
+            s[8..16].copy_from_slice(&seq.to_le_bytes());
+            s[16..24].copy_from_slice(&id.size.to_le_bytes());
+            s[24..32].copy_from_slice(&id.mtime.to_le_bytes());
+            s[32..36].copy_from_slice(&4096u32.to_le_bytes());
+            s[40..48].copy_from_slice(&done.to_le_bytes());
+            let crc = crc32c::crc32c(&s[..60]);
+            s[60..].copy_from_slice(&crc.to_le_bytes());
+            s
+        };
+        let f = open(&p);
+        f.write_all_at(&v1(2, 200), 0).unwrap();
+        f.write_all_at(&v1(3, 300), SLOT_V1 as u64).unwrap();
+        let j = Journal::load(open(&p)).unwrap();
+        assert_eq!((j.ident(), j.done(), j.block()), (id, 300, 4096));
+        open(&p)
+            .write_all_at(&[0xAA; 4], SLOT_V1 as u64 + 40)
+            .unwrap();
+        let mut j = Journal::load(open(&p)).unwrap();
+        assert_eq!(j.done(), 200, "torn v1 slot falls back");
+        j.record(&set(&[(0, 200), (400, 500)])).unwrap();
+        let j = Journal::load(open(&p)).unwrap();
+        assert_eq!(j.ranges(), &set(&[(0, 200), (400, 500)]));
+        let _ = std::fs::remove_file(&p);
+    }
+
+    #[test]
+    fn coalesces_and_bounds_ranges() {
+        let mut s = set(&[(10, 20), (30, 40), (20, 30)]);
+        assert_eq!(s.iter().collect::<Vec<_>>(), vec![(10, 40)]);
+        s.insert(0, 5);
+        s.insert(5, 10);
+        assert_eq!((s.prefix(), s.len(), s.total()), (40, 1, 40));
+        assert_eq!(s.missing(50), vec![(40, 50)]);
+        assert!(s.contains(3, 39) && !s.contains(39, 41));
+        // More islands than a slot holds: the journal keeps the first ones only.
+        let p = tmp("many");
+        let size = 10 * MAX_RANGES as u64 + 100;
+        let mut j = Journal::create(open(&p), Ident { size, mtime: 0 }, 10).unwrap();
+        let many = set(&(0..MAX_RANGES as u64 + 5)
+            .map(|i| (10 * i, 10 * i + 5))
+            .collect::<Vec<_>>());
+        j.record(&many).unwrap();
+        let back = Journal::load(open(&p)).unwrap();
+        assert_eq!(back.ranges(), &many.first(MAX_RANGES));
+        assert_eq!(back.ranges().len(), MAX_RANGES);
+        let _ = std::fs::remove_file(&p);
+    }
+
+    proptest::proptest! {
+        /// Random insertions against a byte map: same bytes covered, ranges disjoint and
+        /// not touching, `missing` the exact complement; and a journal round trip keeps it.
+        #[test]
+        fn range_set_matches_a_naive_model(
+            ins in proptest::collection::vec((0u64..200, 0u64..40), 0..40)
+        ) {
+            let mut s = RangeSet::new();
+            let mut model = [false; 240];
+            for &(a, l) in &ins {
+                s.insert(a, a + l);
+                for b in &mut model[a as usize..(a + l) as usize] {
+                    *b = true;
+                }
+            }
+            let mut covered = [false; 240];
+            let mut prev: Option<u64> = None;
+            for (a, b) in s.iter() {
+                proptest::prop_assert!(a < b);
+                proptest::prop_assert!(prev.is_none_or(|p| p < a), "touching or overlapping");
+                prev = Some(b);
+                for c in &mut covered[a as usize..b as usize] {
+                    *c = true;
+                }
+            }
+            proptest::prop_assert_eq!(covered, model);
+            for (a, b) in s.missing(240) {
+                proptest::prop_assert!(model[a as usize..b as usize].iter().all(|c| !c));
+            }
+            let holes: u64 = s.missing(240).iter().map(|(a, b)| b - a).sum();
+            proptest::prop_assert_eq!(holes + s.total(), 240);
+            let p = tmp(&format!("prop-{}", ins.len()));
+            let mut j = Journal::create(open(&p), Ident { size: 240, mtime: 1 }, 10).unwrap();
+            j.record(&s).unwrap();
+            let back = Journal::load(open(&p)).unwrap();
+            proptest::prop_assert_eq!(back.ranges(), &s);
+            let _ = std::fs::remove_file(&p);
+        }
     }
 
     #[test]
@@ -325,9 +622,14 @@ mod tests {
         pr.good(20, 10);
         pr.good(30, 10);
         assert_eq!(pr.prefix(), 10, "the hole at 10 stops the prefix");
+        let part = open(&tmp("prefix-part"));
+        pr.checkpoint(&part).unwrap();
+        assert_eq!(
+            Journal::load(open(&p)).unwrap().ranges(),
+            &set(&[(0, 10), (20, 40)])
+        );
         pr.good(10, 10);
         assert_eq!(pr.prefix(), 40);
-        let part = open(&tmp("prefix-part"));
         pr.checkpoint(&part).unwrap();
         assert_eq!(Journal::load(open(&p)).unwrap().done(), 40);
         let _ = std::fs::remove_file(&p);

@@ -12,8 +12,11 @@
 //! - [`client`]: download and upload of files and trees with per-block CRC-32C (bad blocks
 //!   are fetched again) and whole-file BLAKE3, landing by temp name + fsync + rename;
 //!   `--resume` and `--retries` continue interrupted transfers.
+//! - [`parallel`]: parallel streams (`ferry cp -p N`): one copy over N connections of a
+//!   session, large files split into chunks that land in place.
 //! - [`mem`]: memory-to-memory mode (a zero source, a null sink) for benchmarking.
-//! - [`journal`]: the resume journal kept next to every part file (verified, fsynced prefix).
+//! - [`journal`]: the resume journal kept next to every part file (verified, fsynced ranges).
+//! - [`ordered_hash`]: the whole-file hash of a file whose ranges arrive out of order.
 //!
 //! The wire format is `docs/protocol.md`, section "File transfer protocol"; the user guide
 //! is `docs/xfer.md`.
@@ -27,8 +30,11 @@ pub mod error;
 pub mod journal;
 pub mod link;
 pub mod mem;
+pub mod ordered_hash;
+pub mod parallel;
 pub mod proto;
 pub mod server;
+mod session;
 mod third_party;
 pub mod url;
 

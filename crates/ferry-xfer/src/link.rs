@@ -610,8 +610,12 @@ impl BlockWriter {
     /// The null sink of memory mode for transfer `file_id` (`size` bytes): every block's
     /// CRC-32C and bounds are checked, nothing is written or hashed.
     pub fn null(file_id: u32, size: u64) -> Self {
+        Self::null_sink(crate::server::BlockSink::new(file_id, size))
+    }
+
+    /// The null sink feeding `sink` (e.g. one range of a parallel transfer).
+    pub fn null_sink(sink: crate::server::BlockSink) -> Self {
         let (back_tx, pool) = std::sync::mpsc::channel();
-        let sink = crate::server::BlockSink::new(file_id, size);
         BlockWriter {
             inner: WriterKind::Inline(Box::new(sink), None, back_tx),
             pool,

@@ -1,4 +1,4 @@
-//! The file-transfer control protocol, version 1.1: pure encode/decode, no I/O.
+//! The file-transfer control protocol, version 1.2: pure encode/decode, no I/O.
 //!
 //! Every EXS message on a transfer connection is exactly one frame. A frame is an 8-byte
 //! header (`len u32` total length, `type u8`, `flags u8`, 2 reserved zero bytes) and a body;
@@ -12,7 +12,11 @@ use std::fmt;
 /// Protocol major version: a peer with another major is refused at HELLO.
 pub const VERSION_MAJOR: u16 = 1;
 /// Protocol minor version.
-pub const VERSION_MINOR: u16 = 1;
+pub const VERSION_MINOR: u16 = 2;
+/// The first minor version with parallel streams (session join, OPEN/HAVE/PUT_RANGE/CLOSE).
+pub const MINOR_STREAMS: u16 = 2;
+/// The most streams a session may have.
+pub const MAX_STREAMS: u16 = 16;
 /// Header length in bytes.
 pub const HEADER_LEN: usize = 8;
 /// The largest control frame (every frame but BLOCK).
@@ -172,6 +176,11 @@ pub const PUT_RESUME: u8 = 1;
 pub const PUT_MTIME: u8 = 2;
 /// FILE_DONE flag: `blake3` holds the hash of the whole file.
 pub const DONE_HASH: u8 = 1;
+/// OPEN flag: continue the server's journaled `.ferry-part` of this file if it holds one
+/// of the same source (1.2); HAVE lists what it holds.
+pub const OPEN_RESUME: u8 = 1;
+/// CLOSE flag: `blake3` holds the hash of the whole file.
+pub const CLOSE_HASH: u8 = 1;
 /// SEND_TO flag: the source is a directory; copy the tree.
 pub const SEND_RECURSIVE: u8 = 1;
 /// The longest fabric address in a frame (bytes).
@@ -358,6 +367,51 @@ pub enum Msg {
         /// Blocks the destination asked for again after a CRC mismatch.
         blocks_resent: u64,
     },
+    /// Opens a parallel upload (1.2): a file of `size` bytes whose ranges any stream of the
+    /// session then sends with PUT_RANGE, closed by CLOSE. Reply: HAVE or ERROR.
+    Open {
+        /// [`OPEN_RESUME`] or 0.
+        flags: u8,
+        /// Client-chosen id, unique in the session; PUT_RANGE and CLOSE name it.
+        file_id: u32,
+        /// Permission bits for the new file.
+        mode: u32,
+        /// Final size.
+        size: u64,
+        /// The source's modification time, nanoseconds since the epoch.
+        mtime: i64,
+        /// Path.
+        path: String,
+    },
+    /// Reply to OPEN: the byte ranges `[start, end)` the server already holds verified (a
+    /// resumed part; empty otherwise). The client sends the rest.
+    Have {
+        /// The OPEN's id.
+        file_id: u32,
+        /// Sorted, disjoint ranges (at most [`MAX_RANGES`]).
+        ranges: Vec<(u64, u64)>,
+    },
+    /// Sends `[offset, offset + length)` of an OPENed file on this stream (1.2). Reply:
+    /// READY, then the client sends BLOCKs and FILE_DONE (without hash); the server answers
+    /// OK, RESEND or ERROR, as for PUT.
+    PutRange {
+        /// The OPEN's id.
+        file_id: u32,
+        /// First byte.
+        offset: u64,
+        /// Length.
+        length: u64,
+    },
+    /// Every range of an OPENed file was sent (1.2): check the whole file and commit it.
+    /// Reply: OK or ERROR.
+    Close {
+        /// The OPEN's id.
+        file_id: u32,
+        /// The file's length.
+        length: u64,
+        /// BLAKE3 of the whole file (none for a zero source into `mem/null`).
+        blake3: Option<[u8; 32]>,
+    },
 }
 
 mod ty {
@@ -382,6 +436,10 @@ mod ty {
     pub const SEND_TO: u8 = 32;
     pub const PROGRESS: u8 = 33;
     pub const COPIED: u8 = 34;
+    pub const OPEN: u8 = 19;
+    pub const HAVE: u8 = 20;
+    pub const PUT_RANGE: u8 = 21;
+    pub const CLOSE: u8 = 22;
 }
 
 /// Why bytes are not a valid frame.
@@ -533,6 +591,10 @@ pub fn encode(msg: &Msg, out: &mut Vec<u8>) -> Result<(), EncodeError> {
         Msg::SendTo { flags, .. } => (ty::SEND_TO, *flags),
         Msg::Progress { .. } => (ty::PROGRESS, 0),
         Msg::Copied { .. } => (ty::COPIED, 0),
+        Msg::Open { flags, .. } => (ty::OPEN, *flags),
+        Msg::Have { .. } => (ty::HAVE, 0),
+        Msg::PutRange { .. } => (ty::PUT_RANGE, 0),
+        Msg::Close { blake3, .. } => (ty::CLOSE, u8::from(blake3.is_some())),
     };
     let mut w = W { out };
     w.u32(0);
@@ -696,6 +758,49 @@ pub fn encode(msg: &Msg, out: &mut Vec<u8>) -> Result<(), EncodeError> {
                 w.u64(*bytes);
                 w.u64(*blocks_resent);
             }
+            Msg::Open {
+                file_id,
+                mode,
+                size,
+                mtime,
+                path,
+                ..
+            } => {
+                w.u32(*file_id);
+                w.u32(*mode);
+                w.u64(*size);
+                w.u64(*mtime as u64);
+                w.str(path, MAX_PATH, "path")?;
+            }
+            Msg::Have { file_id, ranges } => {
+                if ranges.len() > MAX_RANGES {
+                    return Err(EncodeError::TooLong("ranges"));
+                }
+                w.u32(*file_id);
+                w.u16(ranges.len() as u16);
+                for (a, b) in ranges {
+                    w.u64(*a);
+                    w.u64(*b);
+                }
+            }
+            Msg::PutRange {
+                file_id,
+                offset,
+                length,
+            } => {
+                w.u32(*file_id);
+                w.u64(*offset);
+                w.u64(*length);
+            }
+            Msg::Close {
+                file_id,
+                length,
+                blake3,
+            } => {
+                w.u32(*file_id);
+                w.u64(*length);
+                w.out.extend_from_slice(blake3.as_ref().unwrap_or(&[0; 32]));
+            }
         }
         Ok(())
     })();
@@ -762,6 +867,8 @@ pub fn decode(b: &[u8]) -> Result<(Msg, &[u8]), DecodeError> {
         ty::PUT => PUT_RESUME | PUT_MTIME,
         ty::FILE_DONE => DONE_HASH,
         ty::SEND_TO => SEND_RECURSIVE,
+        ty::OPEN => OPEN_RESUME,
+        ty::CLOSE => CLOSE_HASH,
         _ => 0,
     };
     if flags & !allowed != 0 {
@@ -911,6 +1018,44 @@ pub fn decode(b: &[u8]) -> Result<(Msg, &[u8]), DecodeError> {
             bytes: r.u64()?,
             blocks_resent: r.u64()?,
         },
+        ty::OPEN => Msg::Open {
+            flags,
+            file_id: r.u32()?,
+            mode: r.u32()?,
+            size: r.u64()?,
+            mtime: r.u64()? as i64,
+            path: r.str(MAX_PATH)?,
+        },
+        ty::HAVE => {
+            let file_id = r.u32()?;
+            let n = r.u16()? as usize;
+            if n > MAX_RANGES {
+                return Err(DecodeError::TooLarge);
+            }
+            let mut ranges = Vec::with_capacity(n);
+            for _ in 0..n {
+                ranges.push((r.u64()?, r.u64()?));
+            }
+            Msg::Have { file_id, ranges }
+        }
+        ty::PUT_RANGE => Msg::PutRange {
+            file_id: r.u32()?,
+            offset: r.u64()?,
+            length: r.u64()?,
+        },
+        ty::CLOSE => {
+            let file_id = r.u32()?;
+            let length = r.u64()?;
+            let hash = r.arr::<32>()?;
+            if flags & CLOSE_HASH == 0 && hash != [0; 32] {
+                return Err(DecodeError::Malformed("hash without HASH flag"));
+            }
+            Msg::Close {
+                file_id,
+                length,
+                blake3: (flags & CLOSE_HASH != 0).then_some(hash),
+            }
+        }
         t => return Err(DecodeError::UnknownType(t)),
     };
     if !r.b.is_empty() {

@@ -21,10 +21,11 @@ use rustix::io::Errno;
 
 use crate::config::ServerConfig;
 use crate::error::{Kind, Result, XferError};
-use crate::journal::{journal_name, open_part, Found, Ident, OpenHow, Progress};
+use crate::journal::{journal_name, open_part, Found, Ident, OpenHow, Progress, RangeSet};
 use crate::link::{BlockSender, BlockWriter, Link, Source, Span, HANDSHAKE_TIMEOUT};
 use crate::mem::{Virtual, MEM_ROOT};
 use crate::proto::{self, BlockHeader, Entry, EntryKind, ErrorCode, Msg, BLOCK_HEADER_LEN};
+use crate::session::{Session, Upload};
 
 /// An exported directory, held open.
 struct Root {
@@ -406,6 +407,10 @@ pub struct BlockSink {
     pub io_error: Option<std::io::Error>,
     /// The resume journal's view of the part file, when the receiver keeps one.
     pub journal: Option<Progress>,
+    /// For one range of a parallel transfer: the range blocks must lie in.
+    window: Option<(u64, u64)>,
+    /// For one range of a parallel transfer: what was written from good blocks.
+    pub got: RangeSet,
 }
 
 impl BlockSink {
@@ -421,7 +426,19 @@ impl BlockSink {
             bad_total: 0,
             io_error: None,
             journal: None,
+            window: None,
+            got: RangeSet::new(),
         }
+    }
+
+    /// A sink for the range `[lo, hi)` of a file of `size` bytes, one piece of a parallel
+    /// transfer: blocks outside it are refused, nothing is hashed (the whole file is hashed
+    /// in order as its ranges complete), and [`BlockSink::got`] records what was written.
+    pub fn range(file_id: u32, size: u64, lo: u64, hi: u64) -> Self {
+        let mut s = Self::new(file_id, size);
+        s.rehash = true;
+        s.window = Some((lo, hi));
+        s
     }
 
     /// A sink that journals its verified prefix as it goes ([`crate::journal`]) and starts
@@ -452,7 +469,11 @@ impl BlockSink {
     /// (to `file`; `None` is the null sink of memory mode: nothing is written or hashed),
     /// remembers its range for a re-fetch if not.
     pub fn block(&mut self, file: Option<&File>, h: &BlockHeader, payload: &[u8]) -> Result<()> {
-        if h.file_id != self.file_id || h.offset.saturating_add(u64::from(h.len)) > self.size {
+        let end = h.offset.saturating_add(u64::from(h.len));
+        let outside = self
+            .window
+            .is_some_and(|(lo, hi)| h.offset < lo || end > hi);
+        if h.file_id != self.file_id || end > self.size || outside {
             return Err(XferError::conn(format!(
                 "the peer sent a block outside the transfer (file {} offset {} len {})",
                 h.file_id, h.offset, h.len
@@ -469,12 +490,18 @@ impl BlockSink {
             return Ok(());
         }
         let Some(file) = file else {
+            if self.window.is_some() {
+                self.got.insert(h.offset, end);
+            }
             return Ok(());
         };
         if self.io_error.is_none() {
             match file.write_all_at(payload, h.offset) {
                 Err(e) => self.io_error = Some(e),
                 Ok(()) => {
+                    if self.window.is_some() {
+                        self.got.insert(h.offset, end);
+                    }
                     if let Some(j) = &mut self.journal {
                         j.good(h.offset, u64::from(h.len));
                         if j.due() {
@@ -527,7 +554,9 @@ pub struct Server {
     /// with the connection of a client that vanished but is not noticed gone yet.
     /// A newer PUT of the same file raises the holder's flag: the holder journals and lets go
     /// (the usual holder is a vanished client's connection the fabric has not noticed).
-    busy: Mutex<HashMap<String, Arc<AtomicBool>>>,
+    busy: Arc<Mutex<HashMap<String, Arc<AtomicBool>>>>,
+    /// Live sessions (parallel streams join them by id).
+    live: Mutex<HashMap<u64, Arc<Session>>>,
     /// Set once a drain starts: new requests are refused with Unavailable.
     draining: AtomicBool,
     /// Set when the drain's grace period is over: transfers in flight journal and stop.
@@ -579,14 +608,14 @@ impl Drop for InFlight<'_> {
 }
 
 /// A claim on a file being written; released on drop.
-struct Claim<'a> {
-    busy: &'a Mutex<HashMap<String, Arc<AtomicBool>>>,
+pub(crate) struct Claim {
+    busy: Arc<Mutex<HashMap<String, Arc<AtomicBool>>>>,
     key: String,
     /// Raised when a newer PUT of the same file wants it.
-    yield_to_newer: Arc<AtomicBool>,
+    pub(crate) yield_to_newer: Arc<AtomicBool>,
 }
 
-impl Drop for Claim<'_> {
+impl Drop for Claim {
     fn drop(&mut self) {
         self.busy
             .lock()
@@ -604,7 +633,8 @@ impl Server {
             cfg,
             roots,
             sessions: AtomicU64::new(1),
-            busy: Mutex::new(HashMap::new()),
+            busy: Arc::new(Mutex::new(HashMap::new())),
+            live: Mutex::new(HashMap::new()),
             draining: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
@@ -724,7 +754,7 @@ impl Server {
     /// Claims `path` for writing. If another connection holds it, asks that one to journal
     /// and let go (a PUT of a file supersedes an older one still writing it), waiting up
     /// to [`BUSY_WAIT`].
-    fn claim(&self, path: &str) -> Option<Claim<'_>> {
+    fn claim(&self, path: &str) -> Option<Claim> {
         let key = path
             .split('/')
             .filter(|c| !c.is_empty() && *c != ".")
@@ -740,7 +770,7 @@ impl Server {
                         let flag = Arc::new(AtomicBool::new(false));
                         busy.insert(key.clone(), flag.clone());
                         return Some(Claim {
-                            busy: &self.busy,
+                            busy: self.busy.clone(),
                             key,
                             yield_to_newer: flag,
                         });
@@ -766,13 +796,15 @@ impl Server {
     pub fn connection(&self, link: &mut Link) -> Result<()> {
         link.timeout = HANDSHAKE_TIMEOUT;
         link.post_ring(1, proto::MAX_CONTROL)?;
-        let (major, block_size, token) = match link.recv_msg()? {
+        let (major, block_size, token, join, stream) = match link.recv_msg()? {
             Msg::Hello {
                 major,
                 block_size,
                 token,
+                session,
+                stream,
                 ..
-            } => (major, block_size, token),
+            } => (major, block_size, token, session, stream),
             m => return Err(XferError::conn(format!("expected HELLO, got {m:?}"))),
         };
         if major != proto::VERSION_MAJOR {
@@ -803,21 +835,38 @@ impl Server {
             std::thread::sleep(Duration::from_millis(50));
             return Err(XferError::new(Kind::Auth, "client refused: bad token"));
         }
+        let session = match self.join(join, stream, &token) {
+            Ok(s) => s,
+            Err(r) => {
+                let message = r.message.clone();
+                reply_refusal(link, 0, r)?;
+                std::thread::sleep(Duration::from_millis(50));
+                return Err(XferError::conn(message));
+            }
+        };
+        let _stream = StreamGuard {
+            server: self,
+            session: session.clone(),
+        };
         let block = block_size.clamp(proto::MIN_BLOCK, self.cfg.block_size);
         link.send(&Msg::Welcome {
             major: proto::VERSION_MAJOR,
             minor: proto::VERSION_MINOR,
             block_size: block,
-            session: self.sessions.fetch_add(1, Ordering::Relaxed),
+            session: session.id,
         })?;
         link.timeout = Duration::from_secs(600);
         link.post_ring(self.cfg.ring, BLOCK_HEADER_LEN + block as usize)?;
         let mut tx = BlockSender::new(block, self.cfg.ring, link.timeout)?;
         loop {
-            let msg = link.recv_msg()?;
+            let msg = next_request(link, &session)?;
             if self.draining.load(Ordering::SeqCst) && msg != Msg::Bye {
                 let file_id = match &msg {
-                    Msg::Get { file_id, .. } | Msg::Put { file_id, .. } => *file_id,
+                    Msg::Get { file_id, .. }
+                    | Msg::Put { file_id, .. }
+                    | Msg::Open { file_id, .. }
+                    | Msg::PutRange { file_id, .. }
+                    | Msg::Close { file_id, .. } => *file_id,
                     _ => 0,
                 };
                 reply_refusal(
@@ -830,7 +879,7 @@ impl Server {
                 )?;
                 continue;
             }
-            if self.cfg.mem && self.virtual_request(link, &mut tx, &msg)? {
+            if self.cfg.mem && self.virtual_request(link, &mut tx, &msg, &session)? {
                 continue;
             }
             match msg {
@@ -887,6 +936,37 @@ impl Server {
                     };
                     self.put(link, &req, &path)?
                 }
+                Msg::Open {
+                    flags,
+                    file_id,
+                    mode,
+                    size,
+                    mtime,
+                    path,
+                } => {
+                    let req = PutReq {
+                        file_id,
+                        resume: flags & proto::OPEN_RESUME != 0,
+                        mode,
+                        size,
+                        mtime: Some(mtime),
+                        block,
+                    };
+                    self.open(link, &session, &req, &path)?
+                }
+                Msg::PutRange {
+                    file_id,
+                    offset,
+                    length,
+                } => {
+                    let _counted = InFlight::new(&self.in_flight);
+                    self.put_range(link, &session, file_id, offset, length)?
+                }
+                Msg::Close {
+                    file_id,
+                    length,
+                    blake3,
+                } => self.close(link, &session, file_id, length, blake3)?,
                 Msg::SendTo {
                     flags,
                     file_id,
@@ -914,11 +994,19 @@ impl Server {
 
     /// Answers a request on the memory root (`mem/...`, see [`crate::mem`]); false if
     /// `msg` is not about it.
-    fn virtual_request(&self, link: &mut Link, tx: &mut BlockSender, msg: &Msg) -> Result<bool> {
+    fn virtual_request(
+        &self,
+        link: &mut Link,
+        tx: &mut BlockSender,
+        msg: &Msg,
+        session: &Session,
+    ) -> Result<bool> {
         let (path, file_id) = match msg {
             Msg::Stat { path } | Msg::List { path } | Msg::Sum { path } => (path, 0),
             Msg::Mkdir { path, .. } => (path, 0),
-            Msg::Get { path, file_id, .. } | Msg::Put { path, file_id, .. } => (path, *file_id),
+            Msg::Get { path, file_id, .. }
+            | Msg::Put { path, file_id, .. }
+            | Msg::Open { path, file_id, .. } => (path, *file_id),
             _ => return Ok(false),
         };
         let v = match crate::mem::classify(path) {
@@ -984,7 +1072,19 @@ impl Server {
                     Some((_, Ok(_))) => link.send(&Msg::Ok { file_id })?,
                 }
             }
-            (Msg::Put { .. }, _) => {
+            (Msg::Open { size, mode, .. }, Virtual::Null) => {
+                let up = Upload::new(path, *size, *mode, 0, None)
+                    .map_err(|e| XferError::io(path, &e))?;
+                if session.add_upload(file_id, up) {
+                    link.send(&Msg::Have {
+                        file_id,
+                        ranges: vec![],
+                    })?
+                } else {
+                    reply_refusal(link, file_id, id_in_use(file_id))?
+                }
+            }
+            (Msg::Put { .. } | Msg::Open { .. }, _) => {
                 reply_refusal(link, file_id, denied("read-only (write to mem/null)"))?
             }
             (Msg::Get { .. }, Virtual::Null) => reply_refusal(
@@ -1189,12 +1289,51 @@ impl Server {
         path: &str,
     ) -> Result<Option<PResult<()>>> {
         let (file_id, size) = (sink.file_id, sink.size());
-        let mut writer = BlockWriter::with_sink(sink, &part.file, self.cfg.ring)?;
-        let keep = |w: BlockWriter, e: XferError| -> Result<Option<PResult<()>>> {
-            match w.finish().map(|mut s| s.checkpoint(&part.file)) {
-                Ok(Ok(())) => {}
-                Ok(Err(io)) => tracing::warn!("{path}: journal: {io}"),
-                Err(f) => tracing::warn!("{path}: journal: {f}"),
+        let writer = BlockWriter::with_sink(sink, &part.file, self.cfg.ring)?;
+        let file = Some(&part.file);
+        let (mut sink, length, blake3) =
+            match self.receive_blocks(link, writer, file_id, file, superseded, path)? {
+                None => return Ok(None),
+                Some(Err(r)) => return Ok(Some(Err(r))),
+                Some(Ok(got)) => got,
+            };
+        if let Some(e) = sink.io_error.take() {
+            return Ok(Some(Err(write_refusal(path, &e))));
+        }
+        let got = match sink.hash(&part.file) {
+            Ok(h) => h,
+            Err(e) => return Ok(Some(Err(refuse(ErrorCode::Io, format!("{path}: {e}"))))),
+        };
+        if length != size || blake3 != Some(got) {
+            return Ok(Some(Err(refuse(
+                ErrorCode::Integrity,
+                format!("{path}: the whole-file BLAKE3 does not match what was sent; nothing was written, try again"),
+            ))));
+        }
+        Ok(Some(Ok(())))
+    }
+
+    /// Feeds BLOCKs to `writer` until a FILE_DONE finds every block good (`Some(Ok)`: the
+    /// sink, FILE_DONE's `length` and hash), the CRC rounds run out (`Some(Err)`) or the
+    /// client gives up (`None`). Bad blocks are asked for again with RESEND. If the
+    /// connection fails, the server stops or a newer PUT takes the file over, the sink's
+    /// journal (if any) is checkpointed into `file` first.
+    fn receive_blocks(
+        &self,
+        link: &mut Link,
+        mut writer: BlockWriter,
+        file_id: u32,
+        file: Option<&File>,
+        superseded: &AtomicBool,
+        path: &str,
+    ) -> Result<Option<PResult<Received2>>> {
+        let keep = |w: BlockWriter, e: XferError| -> Result<Option<PResult<Received2>>> {
+            if let Some(file) = file {
+                match w.finish().map(|mut s| s.checkpoint(file)) {
+                    Ok(Ok(())) => {}
+                    Ok(Err(io)) => tracing::warn!("{path}: journal: {io}"),
+                    Err(f) => tracing::warn!("{path}: journal: {f}"),
+                }
             }
             Err(e)
         };
@@ -1266,30 +1405,224 @@ impl Server {
                 })?;
                 continue;
             }
-            let mut sink = writer.finish()?;
-            if let Some(e) = sink.io_error.take() {
-                let code = if e.raw_os_error() == Some(Errno::NOSPC.raw_os_error()) {
-                    ErrorCode::NoSpace
-                } else {
-                    ErrorCode::Io
-                };
-                return Ok(Some(Err(refuse(
-                    code,
-                    format!("{path}: write failed: {e}"),
-                ))));
-            }
-            let got = match sink.hash(&part.file) {
-                Ok(h) => h,
-                Err(e) => return Ok(Some(Err(refuse(ErrorCode::Io, format!("{path}: {e}"))))),
-            };
-            if length != size || blake3 != Some(got) {
-                return Ok(Some(Err(refuse(
-                    ErrorCode::Integrity,
-                    format!("{path}: the whole-file BLAKE3 does not match what was sent; nothing was written, try again"),
-                ))));
-            }
-            return Ok(Some(Ok(())));
+            let sink = writer.finish()?;
+            return Ok(Some(Ok((sink, length, blake3))));
         }
+    }
+
+    /// OPEN (1.2): starts a parallel upload of `path` in `session` and answers HAVE with
+    /// the ranges a resumed part already holds.
+    fn open(&self, link: &mut Link, session: &Session, req: &PutReq, path: &str) -> Result<()> {
+        let file_id = req.file_id;
+        if session.upload(file_id).is_some() {
+            return reply_refusal(link, file_id, id_in_use(file_id));
+        }
+        let Some(claim) = self.claim(path) else {
+            return reply_refusal(
+                link,
+                file_id,
+                refuse(
+                    ErrorCode::Unavailable,
+                    format!("{path}: another connection is still writing this file; try again"),
+                ),
+            );
+        };
+        let mtime = req.mtime.unwrap_or(0);
+        let ident = Ident {
+            size: req.size,
+            mtime,
+        };
+        let (part, progress, found) =
+            match PartFile::open(&self.roots, path, ident, req.block, req.resume) {
+                Ok(p) => p,
+                Err(r) => return reply_refusal(link, file_id, r),
+            };
+        if found == Found::Resumed {
+            tracing::info!(
+                "{path}: resuming a parallel upload, {} bytes in place",
+                progress.ranges().total()
+            );
+        }
+        let up = Upload::new(
+            path,
+            req.size,
+            req.mode,
+            mtime,
+            Some((part, progress, claim)),
+        )
+        .map_err(|e| XferError::io(path, &e))?;
+        let ranges = up.have();
+        if !session.add_upload(file_id, up) {
+            return reply_refusal(link, file_id, id_in_use(file_id));
+        }
+        link.send(&Msg::Have { file_id, ranges })
+    }
+
+    /// PUT_RANGE (1.2): receives `[offset, offset + length)` of an OPENed upload on this
+    /// stream, into the shared part file.
+    fn put_range(
+        &self,
+        link: &mut Link,
+        session: &Session,
+        file_id: u32,
+        offset: u64,
+        length: u64,
+    ) -> Result<()> {
+        let Some(up) = session.upload(file_id) else {
+            let why =
+                format!("PUT_RANGE of transfer {file_id}, which no OPEN of this session started");
+            return reply_refusal(link, file_id, refuse(ErrorCode::BadRequest, why));
+        };
+        let Some(end) = offset.checked_add(length).filter(|&e| e <= up.size) else {
+            let why = format!(
+                "{}: range {offset}+{length} past the end ({} bytes)",
+                up.path, up.size
+            );
+            return reply_refusal(link, file_id, refuse(ErrorCode::BadRequest, why));
+        };
+        link.send(&Msg::Ready {
+            file_id,
+            size: up.size,
+            mode: up.mode,
+            offset,
+        })?;
+        let sink = BlockSink::range(file_id, up.size, offset, end);
+        let writer = match &up.file {
+            Some(f) => BlockWriter::with_sink(sink, f, self.cfg.ring)?,
+            None => BlockWriter::null_sink(sink),
+        };
+        let path = up.path.clone();
+        let (mut sink, _, _) =
+            match self.receive_blocks(link, writer, file_id, None, up.superseded(), &path)? {
+                None => return Ok(()),
+                Some(Err(r)) => return reply_refusal(link, file_id, r),
+                Some(Ok(got)) => got,
+            };
+        if let Some(e) = sink.io_error.take() {
+            return reply_refusal(link, file_id, write_refusal(&path, &e));
+        }
+        if !sink.got.contains(offset, end) {
+            let why = format!("{path}: FILE_DONE before every block of range {offset}+{length}");
+            return reply_refusal(link, file_id, refuse(ErrorCode::Integrity, why));
+        }
+        up.mark(offset, end);
+        if let Some(e) = up.io_error() {
+            return reply_refusal(link, file_id, write_refusal(&path, &e));
+        }
+        link.send(&Msg::Ok { file_id })
+    }
+
+    /// CLOSE (1.2): every range of an OPENed upload arrived; check its BLAKE3 and commit.
+    fn close(
+        &self,
+        link: &mut Link,
+        session: &Session,
+        file_id: u32,
+        length: u64,
+        blake3: Option<[u8; 32]>,
+    ) -> Result<()> {
+        let mut up = match session.take_upload(file_id) {
+            Some(Ok(u)) => u,
+            Some(Err(())) => {
+                let why = "CLOSE while a range of the file is still being sent";
+                return reply_refusal(link, file_id, refuse(ErrorCode::BadRequest, why));
+            }
+            None => {
+                let why =
+                    format!("CLOSE of transfer {file_id}, which no OPEN of this session started");
+                return reply_refusal(link, file_id, refuse(ErrorCode::BadRequest, why));
+            }
+        };
+        let path = up.path.clone();
+        if !up.complete() {
+            // Dropping the upload journals it: a resume sends the rest.
+            let why = format!("{path}: CLOSE before every range arrived; resume the copy");
+            return reply_refusal(link, file_id, refuse(ErrorCode::Integrity, why));
+        }
+        if length != up.size {
+            let why = format!("{path}: {length} bytes announced, {} opened", up.size);
+            if let Some(p) = up.take_part() {
+                p.discard();
+            }
+            return reply_refusal(link, file_id, refuse(ErrorCode::Integrity, why));
+        }
+        let got = up.hash();
+        let Some(part) = up.take_part() else {
+            // The null sink: nothing to hash or commit.
+            return link.send(&Msg::Ok { file_id });
+        };
+        let matched = match got {
+            Some(Ok(h)) => blake3 == Some(h),
+            Some(Err(e)) => {
+                part.discard();
+                let why = format!("{path}: hashing the part: {e}");
+                return reply_refusal(link, file_id, refuse(ErrorCode::Io, why));
+            }
+            None => false,
+        };
+        if !matched {
+            part.discard();
+            let why = format!("{path}: the whole-file BLAKE3 does not match what was sent; nothing was written, try again");
+            return reply_refusal(link, file_id, refuse(ErrorCode::Integrity, why));
+        }
+        let mtime = u64::try_from(up.mtime)
+            .ok()
+            .filter(|&ns| ns > 0)
+            .and_then(|ns| std::time::UNIX_EPOCH.checked_add(Duration::from_nanos(ns)));
+        match part.commit(up.mode, mtime) {
+            Ok(()) => link.send(&Msg::Ok { file_id }),
+            Err(e) => reply_refusal(
+                link,
+                file_id,
+                refuse(ErrorCode::Io, format!("{path}: commit failed: {e}")),
+            ),
+        }
+    }
+
+    /// Admits a stream: stream 0 of a new session (`join` 0), or stream `stream` of the live
+    /// session `join`, which must have been opened with the same token.
+    fn join(&self, join: u64, stream: u16, token: &str) -> PResult<Arc<Session>> {
+        let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        if join == 0 {
+            if stream != 0 {
+                return Err(refuse(
+                    ErrorCode::BadRequest,
+                    format!("stream {stream} of no session: stream 0 opens the session"),
+                ));
+            }
+            let id = loop {
+                let id = random_id(self.sessions.fetch_add(1, Ordering::Relaxed));
+                if id != 0 && !live.contains_key(&id) {
+                    break id;
+                }
+            };
+            let s = Arc::new(Session::new(id, token.to_string()));
+            live.insert(id, s.clone());
+            return Ok(s);
+        }
+        if stream == 0 || stream >= proto::MAX_STREAMS {
+            return Err(refuse(
+                ErrorCode::BadRequest,
+                format!(
+                    "stream {stream}: a joining stream is numbered 1 to {}",
+                    proto::MAX_STREAMS - 1
+                ),
+            ));
+        }
+        let s = live.get(&join).ok_or_else(|| {
+            refuse(
+                ErrorCode::BadRequest,
+                format!("unknown session {join:#x}: it ended or never existed (a stream joins while stream 0 is connected)"),
+            )
+        })?;
+        if !crate::ct_eq(s.token.as_bytes(), token.as_bytes()) {
+            return Err(refuse(
+                ErrorCode::AuthRefused,
+                "the token differs from the one session was opened with",
+            ));
+        }
+        s.streams.fetch_add(1, Ordering::SeqCst);
+        Ok(s.clone())
     }
 
     /// Feeds a PUT's BLOCKs to `writer` (checked in place in the receive buffers) until a
@@ -1349,6 +1682,75 @@ struct PutReq {
     size: u64,
     mtime: Option<i64>,
     block: u32,
+}
+
+/// The next request on a connection. While it waits, the session lets go of uploads a newer
+/// OPEN or PUT of the same file asked for and no stream is receiving (their client is
+/// usually gone without the fabric noticing yet).
+fn next_request(link: &mut Link, session: &Session) -> Result<Msg> {
+    let mut buf = Vec::new();
+    let mut idle = Duration::ZERO;
+    while !link.recv_within(&mut buf, RECV_SLICE)? {
+        session.release_superseded();
+        idle += RECV_SLICE;
+        if idle >= link.timeout {
+            return Err(XferError::conn(format!(
+                "the client sent nothing for {} s; giving up",
+                idle.as_secs()
+            )));
+        }
+    }
+    let (msg, _) = proto::decode(&buf)
+        .map_err(|e| XferError::conn(format!("the peer sent a bad frame: {e}")))?;
+    if matches!(msg, Msg::Block(_)) {
+        return Err(XferError::conn("unexpected BLOCK frame"));
+    }
+    Ok(msg)
+}
+
+/// A PUT's blocks all good: the sink, FILE_DONE's `length` and hash.
+type Received2 = (BlockSink, u64, Option<[u8; 32]>);
+
+/// The refusal for a failed write.
+fn write_refusal(path: &str, e: &std::io::Error) -> Refusal {
+    let code = if e.raw_os_error() == Some(Errno::NOSPC.raw_os_error()) {
+        ErrorCode::NoSpace
+    } else {
+        ErrorCode::Io
+    };
+    refuse(code, format!("{path}: write failed: {e}"))
+}
+
+fn id_in_use(file_id: u32) -> Refusal {
+    refuse(
+        ErrorCode::BadRequest,
+        format!("transfer id {file_id} is already open in this session"),
+    )
+}
+
+/// A session id: unpredictable (a joining stream must also present the session's token).
+fn random_id(n: u64) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(n);
+    h.finish()
+}
+
+/// A stream of a session; the last one to end ends the session.
+struct StreamGuard<'a> {
+    server: &'a Server,
+    session: Arc<Session>,
+}
+
+impl Drop for StreamGuard<'_> {
+    fn drop(&mut self) {
+        let mut live = self.server.live.lock().unwrap_or_else(|p| p.into_inner());
+        if self.session.streams.fetch_sub(1, Ordering::SeqCst) == 1 {
+            live.remove(&self.session.id);
+            drop(live);
+            self.session.end();
+        }
+    }
 }
 
 /// How a PUT's blocks ended: FILE_DONE's `length`, and its hash once every block was good

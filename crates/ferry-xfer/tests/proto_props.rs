@@ -149,6 +149,44 @@ fn msg() -> impl Strategy<Value = Msg> {
                 blocks_resent
             }
         ),
+        (
+            0u8..2,
+            any::<u32>(),
+            any::<u32>(),
+            any::<u64>(),
+            any::<i64>(),
+            s(300)
+        )
+            .prop_map(|(flags, file_id, mode, size, mtime, path)| Msg::Open {
+                flags,
+                file_id,
+                mode,
+                size,
+                mtime,
+                path
+            }),
+        (
+            any::<u32>(),
+            proptest::collection::vec((any::<u64>(), any::<u64>()), 0..100)
+        )
+            .prop_map(|(file_id, ranges)| Msg::Have { file_id, ranges }),
+        (any::<u32>(), any::<u64>(), any::<u64>()).prop_map(|(file_id, offset, length)| {
+            Msg::PutRange {
+                file_id,
+                offset,
+                length,
+            }
+        }),
+        (
+            any::<u32>(),
+            any::<u64>(),
+            proptest::option::of(any::<[u8; 32]>())
+        )
+            .prop_map(|(file_id, length, blake3)| Msg::Close {
+                file_id,
+                length,
+                blake3
+            }),
     ]
 }
 

@@ -371,3 +371,85 @@ fn protocol_breaker_loses_only_its_connection() {
     assert_eq!(good.list("").unwrap()[0].name, "d");
     good.bye();
 }
+
+/// Connects and sends HELLO joining `session` as `stream`; returns the link and the answer.
+fn join(addr: &str, session: u64, stream: u16, token: &str) -> (Link, Msg) {
+    let mut link = Link::connect(addr, T).unwrap();
+    link.post_ring(1, proto::MAX_CONTROL).unwrap();
+    link.send(&Msg::Hello {
+        major: proto::VERSION_MAJOR,
+        minor: proto::VERSION_MINOR,
+        block_size: 64 * 1024,
+        session,
+        stream,
+        token: token.into(),
+    })
+    .unwrap();
+    let answer = link.recv_msg().unwrap();
+    (link, answer)
+}
+
+/// A stream naming a session that does not exist (or with another token, or numbered 0)
+/// is refused with a clear error; the server keeps serving, and a real session's streams
+/// join it.
+fn bogus_sessions(driver: &str) {
+    let (addr, dir) = start(driver, true);
+    std::fs::write(dir.join("a"), b"abc").unwrap();
+    let (_, m) = join(&addr, 0xdead_beef, 1, "tok");
+    assert_eq!(code(&m), ErrorCode::BadRequest);
+    assert!(format!("{m:?}").contains("unknown session"), "{m:?}");
+    // Stream 0 of a session, and a stream of no session.
+    let (s0, m) = join(&addr, 0, 0, "tok");
+    let session = match m {
+        Msg::Welcome { session, minor, .. } => {
+            assert!(minor >= proto::MINOR_STREAMS);
+            session
+        }
+        m => panic!("expected WELCOME, got {m:?}"),
+    };
+    assert_ne!(session, 0);
+    let (_, m) = join(&addr, 0, 3, "tok");
+    assert_eq!(code(&m), ErrorCode::BadRequest);
+    let (_, m) = join(&addr, session, 0, "tok");
+    assert_eq!(code(&m), ErrorCode::BadRequest);
+    let (_, m) = join(&addr, session, proto::MAX_STREAMS, "tok");
+    assert_eq!(code(&m), ErrorCode::BadRequest);
+    // Another client (anonymous here) cannot join a session opened with a token.
+    let (_, m) = join(&addr, session, 1, "");
+    assert_eq!(code(&m), ErrorCode::AuthRefused);
+    // The right token joins, and the joined stream serves requests.
+    let (mut s1, m) = join(&addr, session, 1, "tok");
+    assert!(
+        matches!(m, Msg::Welcome { session: s, .. } if s == session),
+        "{m:?}"
+    );
+    s1.post_ring(2, proto::MAX_CONTROL).unwrap();
+    s1.send(&Msg::Stat { path: "d/a".into() }).unwrap();
+    assert!(matches!(s1.recv_msg().unwrap(), Msg::Entry(e) if e.size == 3));
+    // Once every stream is gone the session is too.
+    drop((s0, s1));
+    std::thread::sleep(Duration::from_millis(300));
+    let (_, m) = join(&addr, session, 1, "tok");
+    assert_eq!(code(&m), ErrorCode::BadRequest);
+    // Others are still served.
+    let mut c = Client::connect(
+        &addr,
+        &Options {
+            token: "tok".into(),
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(c.stat("d/a").unwrap().size, 3);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bogus_sessions_tcp() {
+    bogus_sessions("tcp");
+}
+
+#[test]
+fn bogus_sessions_ofi_shm() {
+    bogus_sessions("ofi+shm");
+}

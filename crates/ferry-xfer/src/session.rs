@@ -1,0 +1,233 @@
+//! Server-side sessions (protocol 1.2): the streams of one client and the parallel uploads
+//! they share.
+//!
+//! Stream 0's HELLO creates a session; streams 1..N-1 join it by id with the same token.
+//! A session lives while any of its streams does. An upload OPENed in a session is one
+//! `.ferry-part` that every stream writes ranges of (PUT_RANGE); its verified ranges are
+//! journaled as a range set and hashed in order as the prefix grows, and CLOSE commits it.
+//! A session that ends without CLOSE checkpoints the journals of its open uploads, so a
+//! resumed copy sends only the missing ranges.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::journal::{Progress, RangeSet};
+use crate::ordered_hash::OrderedHash;
+use crate::server::{Claim, PartFile};
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// One client's streams.
+pub(crate) struct Session {
+    /// The id WELCOME gave stream 0.
+    pub id: u64,
+    /// The token stream 0 authenticated with: joining streams must present the same.
+    pub token: String,
+    /// Streams connected now.
+    pub streams: AtomicUsize,
+    uploads: Mutex<HashMap<u32, Arc<Upload>>>,
+}
+
+impl Session {
+    /// A new session with one stream.
+    pub fn new(id: u64, token: String) -> Session {
+        Session {
+            id,
+            token,
+            streams: AtomicUsize::new(1),
+            uploads: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Registers an OPENed upload; false if its id is taken.
+    pub fn add_upload(&self, file_id: u32, up: Upload) -> bool {
+        let mut map = lock(&self.uploads);
+        if map.contains_key(&file_id) {
+            return false;
+        }
+        map.insert(file_id, Arc::new(up));
+        true
+    }
+
+    /// The upload OPENed as `file_id`.
+    pub fn upload(&self, file_id: u32) -> Option<Arc<Upload>> {
+        lock(&self.uploads).get(&file_id).cloned()
+    }
+
+    /// Removes the upload `file_id` (CLOSE); `None` if unknown or a stream still sends a
+    /// range of it.
+    pub fn take_upload(&self, file_id: u32) -> Option<std::result::Result<Upload, ()>> {
+        let mut map = lock(&self.uploads);
+        let up = map.remove(&file_id)?;
+        match Arc::try_unwrap(up) {
+            Ok(u) => Some(Ok(u)),
+            Err(up) => {
+                map.insert(file_id, up);
+                Some(Err(()))
+            }
+        }
+    }
+
+    /// Drops the uploads a newer OPEN or PUT of the same file asked for and that no stream
+    /// is receiving: each journals what it holds and lets go of its file.
+    pub fn release_superseded(&self) {
+        let gone: Vec<Arc<Upload>> = {
+            let mut map = lock(&self.uploads);
+            let ids: Vec<u32> = map
+                .iter()
+                .filter(|(_, u)| {
+                    Arc::strong_count(u) == 1
+                        && u.superseded().load(std::sync::atomic::Ordering::SeqCst)
+                })
+                .map(|(&id, _)| id)
+                .collect();
+            ids.into_iter().filter_map(|id| map.remove(&id)).collect()
+        };
+        for u in &gone {
+            tracing::info!("{}: a newer upload of this file took over", u.path);
+        }
+    }
+
+    /// The session ended: its open uploads journal what they hold and let go of their files.
+    pub fn end(&self) {
+        let ups: Vec<_> = lock(&self.uploads).drain().map(|(_, u)| u).collect();
+        drop(ups);
+    }
+}
+
+/// A parallel upload: one part file that the session's streams write ranges of.
+pub(crate) struct Upload {
+    /// `root/path` (for messages).
+    pub path: String,
+    /// Final size.
+    pub size: u64,
+    /// Permission bits.
+    pub mode: u32,
+    /// The source's mtime (ns), set on the file.
+    pub mtime: i64,
+    /// The part file (`None`: the memory root's null sink).
+    part: Option<PartFile>,
+    /// A handle on the part for writers (the same file).
+    pub file: Option<File>,
+    state: Mutex<State>,
+    hash: Mutex<Option<OrderedHash>>,
+    claim: Option<Claim>,
+}
+
+struct State {
+    done: RangeSet,
+    journal: Option<Progress>,
+    io_error: Option<std::io::Error>,
+}
+
+impl Upload {
+    /// An upload into `part` (journal `progress`, whose ranges are already good), or into
+    /// the null sink (`part` `None`).
+    pub fn new(
+        path: &str,
+        size: u64,
+        mode: u32,
+        mtime: i64,
+        part: Option<(PartFile, Progress, Claim)>,
+    ) -> std::io::Result<Upload> {
+        let (part, journal, claim) = match part {
+            Some((p, j, c)) => (Some(p), Some(j), Some(c)),
+            None => (None, None, None),
+        };
+        let done = journal
+            .as_ref()
+            .map(|j| j.ranges().clone())
+            .unwrap_or_default();
+        let (file, hash) = match &part {
+            Some(p) => (
+                Some(p.file.try_clone()?),
+                Some(OrderedHash::start(&p.file, size, done.prefix())?),
+            ),
+            None => (None, None),
+        };
+        Ok(Upload {
+            path: path.to_string(),
+            size,
+            mode,
+            mtime,
+            part,
+            file,
+            state: Mutex::new(State {
+                done,
+                journal,
+                io_error: None,
+            }),
+            hash: Mutex::new(hash),
+            claim,
+        })
+    }
+
+    /// Raised when a newer PUT or OPEN of the same file wants it.
+    pub fn superseded(&self) -> &std::sync::atomic::AtomicBool {
+        static NEVER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        self.claim.as_ref().map_or(&NEVER, |c| &*c.yield_to_newer)
+    }
+
+    /// What is verified already (HAVE).
+    pub fn have(&self) -> Vec<(u64, u64)> {
+        lock(&self.state).done.iter().collect()
+    }
+
+    /// `[lo, hi)` was written from good blocks: journal it when due, feed the hasher.
+    pub fn mark(&self, lo: u64, hi: u64) {
+        let mut st = lock(&self.state);
+        st.done.insert(lo, hi);
+        let prefix = st.done.prefix();
+        let State {
+            journal, io_error, ..
+        } = &mut *st;
+        if let (Some(j), Some(f)) = (journal.as_mut(), self.file.as_ref()) {
+            j.good(lo, hi - lo);
+            if j.due() {
+                if let Err(e) = j.checkpoint(f) {
+                    io_error.get_or_insert(e);
+                }
+            }
+        }
+        drop(st);
+        if let Some(h) = lock(&self.hash).as_ref() {
+            h.advance(prefix);
+        }
+    }
+
+    /// The first journal write error, if any.
+    pub fn io_error(&self) -> Option<std::io::Error> {
+        lock(&self.state).io_error.take()
+    }
+
+    /// Whether every byte arrived.
+    pub fn complete(&self) -> bool {
+        lock(&self.state).done.contains(0, self.size)
+    }
+
+    /// The whole file's BLAKE3 (waits for the hasher; `None` for the null sink).
+    pub fn hash(&self) -> Option<std::io::Result<[u8; 32]>> {
+        lock(&self.hash).take().map(OrderedHash::finish)
+    }
+
+    /// Takes the part file out (to commit or discard it); the journal is not written again.
+    pub fn take_part(&mut self) -> Option<PartFile> {
+        lock(&self.state).journal = None;
+        self.part.take()
+    }
+}
+
+impl Drop for Upload {
+    fn drop(&mut self) {
+        let mut st = lock(&self.state);
+        if let (Some(j), Some(f)) = (st.journal.as_mut(), self.file.as_ref()) {
+            if let Err(e) = j.checkpoint(f) {
+                tracing::warn!("{}: journal: {e}", self.path);
+            }
+        }
+    }
+}
