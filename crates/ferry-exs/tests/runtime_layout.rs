@@ -181,11 +181,22 @@ fn stats_diff(after: LayoutStats, before: LayoutStats) -> LayoutStats {
     }
 }
 
+/// Reads a receiver posts for `ranges` remote ranges whose local segments fit the gather
+/// limit: one range per read on native tcp (`rma_iov_limit` 1), four on libfabric's tcp and
+/// shm (`rma_iov_limit` and `rma_gather` 4).
+fn reads_for(driver: &str, ranges: u64) -> u64 {
+    if driver == "tcp" {
+        ranges
+    } else {
+        ranges.div_ceil(4)
+    }
+}
+
 /// EXIO's pattern (16 blocks of 64 KiB, 128 KiB apart) on both sides: the ADVERT carries
-/// the sender's layout and the receiver posts exactly one RMA read per block, each
-/// scattering into its own block; forced packing moves the same bytes.
+/// the sender's layout and the receiver posts one RMA read per block (tcp) or per four
+/// blocks (ofi), each scattering into its own blocks; forced packing moves the same bytes.
 #[test]
-fn both_sided_zero_copy_is_one_read_per_segment() {
+fn both_sided_zero_copy_reads_whole_segments() {
     for driver in DRIVERS {
         let p = pair(driver);
         let v = Datatype::hvector(16, 64 << 10, 128 << 10, &Datatype::byte()).expect("vector");
@@ -204,9 +215,12 @@ fn both_sided_zero_copy_is_one_read_per_segment() {
             (1, 0, 0),
             "{driver}"
         );
+        // One read per block where an RMA addresses one remote range (native tcp); four
+        // blocks per read where the driver's rma_iov_limit and rma_gather are 4 (ofi).
+        let reads = reads_for(driver, 16);
         assert_eq!(
             (b.recvs_zero_copy, b.rma_ops, b.zero_copy_ops),
-            (1, 16, 16),
+            (1, reads, reads),
             "{driver}"
         );
         assert_eq!(
@@ -228,6 +242,36 @@ fn both_sided_zero_copy_is_one_read_per_segment() {
             (b.recvs_packed, b.zero_copy_ops, b.packed_bytes),
             (1, 0, 1 << 20)
         );
+    }
+}
+
+/// Small remote blocks into large local ones: 16 sender blocks of 16 KiB (32 KiB apart)
+/// land in 4 receiver blocks of 64 KiB; consecutive remote ranges share a read up to the
+/// driver's limit (4 reads on ofi, each filling one local block; 16 on native tcp), the
+/// bytes are the local reference's, and nothing is split.
+#[test]
+fn consecutive_remote_ranges_share_a_read() {
+    for driver in DRIVERS {
+        let p = pair(driver);
+        let small = Datatype::hvector(16, 16 << 10, 32 << 10, &Datatype::byte()).expect("vector");
+        let large = Datatype::hvector(4, 64 << 10, 96 << 10, &Datatype::byte()).expect("vector");
+        let send = Layout::new(small, 1, 0)
+            .expect("layout")
+            .with_path(LayoutPath::ZeroCopy);
+        let recv = Layout::new(large, 1, 0)
+            .expect("layout")
+            .with_path(LayoutPath::ZeroCopy);
+        let src = pattern(512 << 10, 3);
+        let b0 = p.b.layout_stats();
+        transfer(&p, &src, &send, 384 << 10, &recv, 5);
+        let b = stats_diff(p.b.layout_stats(), b0);
+        let reads = reads_for(driver, 16);
+        assert_eq!(
+            (b.recvs_zero_copy, b.rma_ops, b.zero_copy_ops, b.splits),
+            (1, reads, reads, 0),
+            "{driver}"
+        );
+        assert_eq!((b.remote_segments, b.local_segments), (16, 16), "{driver}");
     }
 }
 

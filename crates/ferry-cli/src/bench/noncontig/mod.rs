@@ -129,6 +129,8 @@ struct Measured {
     messages: u64,
     /// RMA operations per message.
     ops: u64,
+    /// The 10th percentile of the per-message wall times, µs (data and notification).
+    p10_us: f64,
 }
 
 /// Runs the benchmark and prints (and writes) the report.
@@ -253,7 +255,9 @@ fn measure(
     let (u0, p0) = (cpu::self_usage(), s.peer_cpu()?);
     let t0 = Instant::now();
     let mut ops = 0;
+    let mut times = Vec::with_capacity(usize::try_from(count).unwrap_or(0));
     for i in 0..count {
+        let started = Instant::now();
         let slot = (i % SLOTS) * MAX_SIZE;
         let nc_local = LocalLayout::new(local.clone(), slot as usize, layout.clone(), 1);
         let nc_remote = RemoteLayout::new(remote, slot, layout.clone(), 1);
@@ -280,8 +284,11 @@ fn measure(
                 s.notify(size)?;
             }
         }
+        times.push(started.elapsed().as_secs_f64() * 1e6);
     }
     let secs = t0.elapsed().as_secs_f64().max(1e-9);
+    times.sort_by(f64::total_cmp);
+    let p10_us = times.get(times.len() / 10).copied().unwrap_or(0.0);
     let peer = s.peer_cpu()?.secs_since(p0);
     Ok(Measured {
         gbps: (count * size) as f64 / secs / 1e9,
@@ -289,6 +296,7 @@ fn measure(
         peer_cpu_s: peer,
         messages: count,
         ops: ops / count.max(1),
+        p10_us,
     })
 }
 

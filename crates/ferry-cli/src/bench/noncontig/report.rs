@@ -31,6 +31,10 @@ pub struct NcRow {
     pub messages: Option<u64>,
     /// RMA operations per message.
     pub ops_per_message: Option<u64>,
+    /// The 10th percentile of the per-message times (data plus notification), µs, median
+    /// over repetitions: on a shared machine the messages nobody preempted, so ratios of it
+    /// vary far less with the load than ratios of `gbps`.
+    pub msg_us_p10: Option<f64>,
     /// Repetitions that produced the median.
     pub reps: usize,
     /// Why the point has no value.
@@ -51,6 +55,7 @@ impl NcRow {
             peer_cpu_s: peer.map(|c| round(c, 3)),
             messages: s.first().map(|m| m.messages),
             ops_per_message: s.first().map(|m| m.ops),
+            msg_us_p10: med(s, |m| m.p10_us).map(|t| round(t, 1)),
             reps: s.len(),
             error: None,
         }
@@ -67,6 +72,7 @@ impl NcRow {
             peer_cpu_s: None,
             messages: None,
             ops_per_message: None,
+            msg_us_p10: None,
             reps: 0,
             error: Some(why.into()),
         }
@@ -143,12 +149,12 @@ impl Report<NcRow, NcSummary> {
     /// CSV of the rows, one header line.
     pub fn csv(&self) -> String {
         let mut s = String::from(
-            "driver,op,size,gbps,cpu_s,client_cpu_s,peer_cpu_s,messages,ops_per_message,reps,error\n",
+            "driver,op,size,gbps,cpu_s,client_cpu_s,peer_cpu_s,messages,ops_per_message,msg_us_p10,reps,error\n",
         );
         for r in &self.rows {
             let _ = writeln!(
                 s,
-                "{},{},{},{},{},{},{},{},{},{},{}",
+                "{},{},{},{},{},{},{},{},{},{},{},{}",
                 r.driver,
                 r.op,
                 r.size,
@@ -158,6 +164,7 @@ impl Report<NcRow, NcSummary> {
                 csv_num(r.peer_cpu_s),
                 r.messages.map(|n| n.to_string()).unwrap_or_default(),
                 r.ops_per_message.map(|n| n.to_string()).unwrap_or_default(),
+                csv_num(r.msg_us_p10),
                 r.reps,
                 csv_text(r.error.as_deref())
             );
@@ -237,7 +244,50 @@ impl Report<NcRow, NcSummary> {
             });
             let _ = writeln!(s, "  {k:<28} {}  {verdict}", num(v, 7, 3));
         }
+        let fast = self.p10_ratios();
+        if !fast.is_empty() {
+            let _ = writeln!(
+                s,
+                "\nper-message p10 (the least preempted tenth; steadier under load), µs"
+            );
+            for (driver, size, z, p, c) in fast {
+                let _ = writeln!(
+                    s,
+                    "  {driver:<8} {:>8}  zerocopy {z:.0}  pack {p:.0}  contig {c:.0}  \
+                     pack ÷ zerocopy {:.3}  contig ÷ zerocopy {:.3}",
+                    human_size(size),
+                    p / z,
+                    c / z
+                );
+            }
+        }
         s
+    }
+
+    /// Per driver and size with all three methods: the per-message p10 times of zerocopy,
+    /// pack and contig.
+    fn p10_ratios(&self) -> Vec<(String, u64, f64, f64, f64)> {
+        let t = |d: &str, op: &str, size: u64| {
+            self.rows
+                .iter()
+                .find(|r| r.driver == d && r.op == op && r.size == size)
+                .and_then(|r| r.msg_us_p10)
+                .filter(|&t| t > 0.0)
+        };
+        self.rows
+            .iter()
+            .filter(|r| r.op == "zerocopy")
+            .filter_map(|r| {
+                let (d, size) = (r.driver.as_str(), r.size);
+                Some((
+                    d.to_string(),
+                    size,
+                    t(d, "zerocopy", size)?,
+                    t(d, "pack", size)?,
+                    t(d, "contig", size)?,
+                ))
+            })
+            .collect()
     }
 
     /// Figure 5 of the EXIO paper per driver: bandwidth against message size, one line per
@@ -320,5 +370,44 @@ mod tests {
         ] {
             assert!(json.get(k).is_some(), "{k}");
         }
+    }
+
+    /// The p10 lines pair the three methods of one driver and size, and only those.
+    #[test]
+    fn p10_ratios_need_all_three_methods() {
+        let timed = |d: &str, op: &str, size: u64, us: f64| {
+            let mut r = row(d, op, size, 1.0);
+            r.msg_us_p10 = Some(us);
+            r
+        };
+        let report = Report {
+            bench: "noncontig",
+            quick: true,
+            machine: crate::bench::report::Machine::detect(None),
+            drivers: Vec::new(),
+            targets: Vec::new(),
+            rows: vec![
+                timed("ofi+shm", "contig", 4 << 20, 250.0),
+                timed("ofi+shm", "pack", 4 << 20, 600.0),
+                timed("ofi+shm", "zerocopy", 4 << 20, 300.0),
+                timed("tcp", "zerocopy", 4 << 20, 900.0),
+                timed("tcp", "pack", 4 << 20, 1000.0),
+            ],
+            summary: NcSummary::default(),
+        };
+        let r = report.p10_ratios();
+        assert_eq!(r, vec![("ofi+shm".into(), 4 << 20, 300.0, 600.0, 250.0)]);
+        let table = report.table();
+        assert!(table.contains("pack ÷ zerocopy 2.000"), "{table}");
+        assert!(table.contains("contig ÷ zerocopy 0.833"), "{table}");
+        assert!(
+            report
+                .csv()
+                .lines()
+                .nth(1)
+                .is_some_and(|l| l.contains(",250.000000,")),
+            "{}",
+            report.csv()
+        );
     }
 }

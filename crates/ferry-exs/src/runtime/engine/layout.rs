@@ -1,11 +1,13 @@
 //! Layout transfers: the RMAs the core asks for when one side (or both) is noncontiguous.
 //!
-//! EXIO's zero-copy design on EXS: for each contiguous segment of the remote side (cut at
-//! the RMA piece size), one operation gathers (write) or scatters (read) the local segments
-//! that fill it, at most the driver's gather limit per operation (longer lists are split in
-//! software); up to [`WINDOW`] operations are in flight, the rest are posted as completions
-//! come back, so a layout of 2^20 segments needs no more memory than a few cursors. The
-//! message's ACK (or PUSH_DONE) is the one completion message, as in EXIO.
+//! EXIO's zero-copy design on EXS: consecutive contiguous segments of the remote side (each
+//! cut at the RMA piece size), up to the driver's `rma_iov_limit` of them and one piece in
+//! all, share one operation that gathers (write) or scatters (read) the local segments that
+//! fill them, at most the driver's `rma_gather` per operation (a remote segment whose local
+//! segments do not fit is cut: split in software); one remote range is a plain RMA, several
+//! a `post_write_v` / `post_read_v`. Up to [`WINDOW`] operations are in flight, the rest are
+//! posted as completions come back, so a layout of 2^20 segments needs no more memory than a
+//! few cursors. The message's ACK (or PUSH_DONE) is the one completion message, as in EXIO.
 //!
 //! When the local mean segment is below the pack threshold (the driver's value measured by
 //! `ferry-noncontig`, or [`ExsSocket::set_pack_threshold`](crate::runtime::ExsSocket)), the
@@ -80,6 +82,17 @@ impl Far {
             len: remote.len,
         }
     }
+}
+
+/// Per-operation limits of a layout transfer, from the driver's capabilities.
+#[derive(Clone, Copy)]
+struct Limits {
+    /// Local segments per operation.
+    gather: usize,
+    /// Remote ranges per operation.
+    riov: usize,
+    /// Bytes per operation (and per remote range).
+    piece: u64,
 }
 
 /// One layout transfer in flight.
@@ -301,10 +314,13 @@ impl Engine {
             return;
         };
         let caps = self.ep.capabilities();
-        let gather = caps.max_gather.max(1);
-        let piece = caps.max_msg_size.min(self.rma_chunk).max(1);
+        let lim = Limits {
+            gather: caps.rma_gather.max(1),
+            riov: caps.rma_iov_limit.max(1),
+            piece: caps.max_msg_size.min(self.rma_chunk).max(1),
+        };
         while x.result.is_ok() && x.left > 0 && x.inflight < WINDOW {
-            if let Err(e) = self.post_one(op, &mut x, gather, piece) {
+            if let Err(e) = self.post_one(op, &mut x, lim) {
                 x.result = Err(e);
             }
         }
@@ -339,48 +355,62 @@ impl Engine {
         self.conn.rma_done(op, result);
     }
 
-    fn post_one(
-        &mut self,
-        op: OpId,
-        x: &mut Xfer,
-        gather: usize,
-        piece: u64,
-    ) -> Result<(), ExsError> {
-        if x.seg.1 == 0 {
-            let s =
-                x.rc.next_segment(x.left.min(piece))
-                    .ok_or(ExsError::Transfer)?;
-            if x.seg.2 > 1 {
-                self.nc.stats.splits += 1;
+    /// Posts one operation: consecutive remote segments (each cut at `piece`), at most
+    /// `riov` of them and `piece` bytes in all, with the local segments that fill them, at
+    /// most `gather` (a remote segment whose local segments do not fit is cut, and its rest
+    /// starts the next operation). One range is a plain RMA, several a gathered one.
+    fn post_one(&mut self, op: OpId, x: &mut Xfer, lim: Limits) -> Result<(), ExsError> {
+        let mut list: Vec<LocalSlice> = Vec::with_capacity(lim.gather);
+        let mut ranges: Vec<RemoteSlice> = Vec::with_capacity(lim.riov);
+        let mut bytes = 0u64;
+        while x.left > 0 && ranges.len() < lim.riov && list.len() < lim.gather {
+            if x.seg.1 == 0 {
+                let s =
+                    x.rc.next_segment(x.left.min(lim.piece))
+                        .ok_or(ExsError::Transfer)?;
+                if x.seg.2 > 1 {
+                    self.nc.stats.splits += 1;
+                }
+                x.seg = (
+                    u64::try_from(s.offset).map_err(|_| ExsError::Transfer)?,
+                    s.len,
+                    0,
+                );
+                self.nc.stats.remote_segments += 1;
             }
-            x.seg = (
-                u64::try_from(s.offset).map_err(|_| ExsError::Transfer)?,
-                s.len,
-                0,
-            );
-            self.nc.stats.remote_segments += 1;
+            if !ranges.is_empty() && bytes + x.seg.1 > lim.piece {
+                break;
+            }
+            x.batch.clear();
+            let n =
+                x.lc.next_batch(lim.gather - list.len(), x.seg.1, &mut x.batch);
+            if n == 0 {
+                return Err(ExsError::Transfer);
+            }
+            for s in &x.batch {
+                let at = usize::try_from(x.lbase + i128::from(s.offset))
+                    .map_err(|_| ExsError::Transfer)?;
+                list.push(LocalSlice {
+                    region: x.lregion.clone(),
+                    offset: at,
+                    len: s.len as usize,
+                });
+            }
+            ranges.push(x.remote.sub(x.seg.0, n).map_err(|_| ExsError::Transfer)?);
+            x.seg = (x.seg.0 + n, x.seg.1 - n, x.seg.2 + 1);
+            x.left -= n;
+            bytes += n;
+            if x.seg.1 > 0 {
+                // Its local segments did not fit: the rest starts the next operation.
+                break;
+            }
         }
-        x.batch.clear();
-        let n = x.lc.next_batch(gather, x.seg.1, &mut x.batch);
-        if n == 0 {
-            return Err(ExsError::Transfer);
-        }
-        let mut list = Vec::with_capacity(x.batch.len());
-        for s in &x.batch {
-            let at =
-                usize::try_from(x.lbase + i128::from(s.offset)).map_err(|_| ExsError::Transfer)?;
-            list.push(LocalSlice {
-                region: x.lregion.clone(),
-                offset: at,
-                len: s.len as usize,
-            });
-        }
-        let r = x.remote.sub(x.seg.0, n).map_err(|_| ExsError::Transfer)?;
         let c = self.ctx(Pending::Layout(op));
-        let posted = if x.write {
-            self.ep.post_write(&list, r, c)
-        } else {
-            self.ep.post_read(&list, r, c)
+        let posted = match (x.write, ranges.as_slice()) {
+            (true, [one]) => self.ep.post_write(&list, *one, c),
+            (false, [one]) => self.ep.post_read(&list, *one, c),
+            (true, _) => self.ep.post_write_v(&list, &ranges, c),
+            (false, _) => self.ep.post_read_v(&list, &ranges, c),
         };
         if posted.is_err() {
             self.pending.remove(&c);
@@ -393,8 +423,6 @@ impl Engine {
             s.local_segments += list.len() as u64;
         }
         x.inflight += 1;
-        x.seg = (x.seg.0 + n, x.seg.1 - n, x.seg.2 + 1);
-        x.left -= n;
         Ok(())
     }
 
