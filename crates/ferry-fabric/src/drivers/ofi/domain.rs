@@ -151,17 +151,21 @@ impl Shared {
         self.stop.load(SeqCst)
     }
 
-    /// True if user operations (beyond the standing control receives) are in flight, or
-    /// checked RMAs wait for their grant.
     /// True if sends or RMAs are in flight (they finish only as this side progresses), or
     /// checked RMAs wait for their grant; unlike [`Self::user_ops_in_flight`], posted
     /// receives do not count.
     pub fn active_ops(&self) -> bool {
-        self.fab.active() > 0 || self.rma.as_ref().is_some_and(Checked::waiting)
+        self.fab.active() > 0
+            || self.gate.has_bulk()
+            || self.rma.as_ref().is_some_and(Checked::waiting)
     }
 
+    /// True if user operations (beyond the standing control receives) are in flight, or
+    /// checked RMAs wait for their grant or, granted, for their turn.
     pub fn user_ops_in_flight(&self) -> bool {
-        self.fab.in_flight() > CONTROL_SLOTS || self.rma.as_ref().is_some_and(Checked::waiting)
+        self.fab.in_flight() > CONTROL_SLOTS
+            || self.gate.has_bulk()
+            || self.rma.as_ref().is_some_and(Checked::waiting)
     }
 
     /// Makes sure the progress thread will look at the CQ soon.
@@ -598,6 +602,7 @@ impl Shared {
         let _inside = self.gate.enter_wait(self);
         lock(&self.control).take();
         self.close_rma();
+        self.gate.fail_bulk(self, || FabricError::Cancelled);
         self.fab.cancel_recvs(|_| true);
         self.drain_until(deadline, || self.fab.in_flight() > 0);
         self.fab.shutdown(|op| {

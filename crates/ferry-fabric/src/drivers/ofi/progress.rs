@@ -84,7 +84,8 @@ pub(super) fn progress(shared: &Shared) -> usize {
         // its post) go before the next one.
         inside.run_queued();
     }
-    n
+    // One granted RMA per round, so the completions of each are routed before the next.
+    n + inside.run_bulk_one()
 }
 
 fn route(shared: &Shared, ev: Event) {
@@ -138,6 +139,7 @@ fn route(shared: &Shared, ev: Event) {
             if let Some(token) = token {
                 shared.rma_done(&conn, token);
             }
+            crate::timeline::mark("ofi.cq", kind as u64);
             conn.cq.push(Completion {
                 context,
                 op: kind,
@@ -257,7 +259,9 @@ pub(super) fn run(shared: Arc<Shared>) {
         // One more look after announcing the nap: a post that saw this thread awake did not
         // wake it.
         if progress(&shared) == 0 {
+            crate::timeline::mark("ofi.nap", nap.as_micros() as u64);
             std::thread::park_timeout(nap);
+            crate::timeline::mark("ofi.up", 0);
             nap = (nap * 2).min(MAX_NAP);
         } else {
             last = Instant::now();
