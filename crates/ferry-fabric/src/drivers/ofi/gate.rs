@@ -113,6 +113,11 @@ impl Gate {
         }
     }
 
+    /// True if calls pass one at a time (shm: the provider copies inside RMA posts).
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
     fn addr(&self) -> usize {
         self as *const Gate as usize
     }
