@@ -46,9 +46,9 @@ const MAX_NAP: Duration = Duration::from_millis(1);
 /// Longest nap on shm (where the initiator copies, `gate.rs`) while peers hold grants to
 /// our memory (checked RMA): they are reading or writing it and will speak soon (RMA_DONE,
 /// then typically an EXS ACK that frees the next send). Napping up to [`MAX_NAP`] there
-/// delayed ACKs by up to a millisecond on the sending side of EXS transfers over shm. Not
-/// on tcp;ofi_rxm: there EXS 16 MiB transfers fell into a slow mode (both processes at a
-/// full core, 2 GB/s instead of 5) in 5 of 7 runs with it, 1 of 7 without.
+/// delayed ACKs by up to a millisecond on the sending side of EXS transfers over shm. Only
+/// there: on tcp;ofi_rxm it was not shown to help (its 16 MiB runs swing between 2 and
+/// 5 GB/s, with and without it, under load).
 const GRANTED_NAP: Duration = Duration::from_micros(100);
 
 /// An operation handed to libfabric.
