@@ -18,6 +18,7 @@ pub mod drivers;
 pub mod error;
 pub mod mem;
 pub mod rcache;
+pub mod timeline;
 
 use std::sync::Arc;
 use std::time::Duration;

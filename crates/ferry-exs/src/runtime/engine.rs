@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use ferry_fabric::{Access, Buffer, Completion, Endpoint, MemoryRegion, OpKind};
+use ferry_fabric::{timeline, Access, Buffer, Completion, Endpoint, MemoryRegion, OpKind};
 use tracing::debug;
 
 mod layout;
@@ -176,6 +176,7 @@ impl Engine {
                     if self.phase != Phase::Closed && self.post_ctrl(i).is_err() {
                         self.transport_broken();
                     }
+                    mark_frame(false, &bytes);
                     self.conn.handle_frame(&bytes);
                 }
                 Ok(()) => self.transport_broken(),
@@ -314,6 +315,14 @@ impl Engine {
 
     fn event(&mut self, ev: Event<Held>) {
         let ev = self.unstage(ev);
+        if timeline::enabled() {
+            let what = match ev.kind {
+                EventKind::Send => "exs.ev.send",
+                EventKind::Recv => "exs.ev.recv",
+                _ => "exs.ev.other",
+            };
+            timeline::mark(what, ev.ctx);
+        }
         match ev.kind {
             // `connect`/`accept` wait for this themselves; the queue never sees it.
             EventKind::Connect => {
@@ -342,4 +351,28 @@ impl Engine {
             result: ev.result,
         });
     }
+}
+
+/// Marks a frame sent (`tx`) or received on the timeline (`ferry_fabric::timeline`), by type,
+/// with its message id where it has one.
+pub(crate) fn mark_frame(tx: bool, bytes: &[u8]) {
+    if !timeline::enabled() {
+        return;
+    }
+    let ty = bytes.get(4).copied().unwrap_or(0);
+    let id = bytes
+        .get(8..16)
+        .and_then(|b| b.try_into().ok())
+        .map_or(0, u64::from_le_bytes);
+    let what = match (tx, ty) {
+        (true, 2) => "exs.tx.advert",
+        (true, 3) => "exs.tx.ack",
+        (true, 9) => "exs.tx.credit",
+        (true, _) => "exs.tx.other",
+        (false, 2) => "exs.rx.advert",
+        (false, 3) => "exs.rx.ack",
+        (false, 9) => "exs.rx.credit",
+        (false, _) => "exs.rx.other",
+    };
+    timeline::mark(what, id);
 }

@@ -171,6 +171,7 @@ impl EventQueue {
             std::thread::yield_now();
         }
         // Going to sleep: the progress threads take over now, not when they next look.
+        ferry_fabric::timeline::mark("exs.sleep", 0);
         self.shared.driven_at.store(0, Ordering::Release);
         for src in &sources {
             src.wake();

@@ -92,6 +92,7 @@ impl Inner {
             // A dequeuer is handling completions: competing for them would only cost both
             // threads CPU (on 2 cores, the CPU the transfers need). It wakes us when it sleeps.
             if self.queue.driven(STAND_BY) {
+                ferry_fabric::timeline::mark("exs.standby", 0);
                 std::thread::park_timeout(STAND_BY);
                 continue;
             }
@@ -110,6 +111,7 @@ impl Inner {
         if batch.is_empty() {
             return false;
         }
+        ferry_fabric::timeline::mark("exs.batch", batch.len() as u64);
         self.run(e, |e| {
             for c in batch.drain(..) {
                 e.complete(c);
@@ -269,6 +271,7 @@ impl ExsSocket {
         flags: Flags,
         ctx: u64,
     ) {
+        ferry_fabric::timeline::mark("exs.send", ctx);
         self.post(queue, ctx, |conn, token| {
             conn.send(token, Held::new(buf), flags, offset)
         });
@@ -293,6 +296,7 @@ impl ExsSocket {
         flags: Flags,
         ctx: u64,
     ) {
+        ferry_fabric::timeline::mark("exs.recv", ctx);
         self.post(queue, ctx, |conn, token| {
             conn.recv(token, Held::new(buf), flags, offset)
         });

@@ -128,6 +128,7 @@ impl Client {
         if *mode != Mode::Persistent {
             expect(&peer.line(REPLY)?, "done")?;
         }
+        ferry_fabric::timeline::flush();
         let (u1, p1) = (cpu::self_usage(), peer_usage(peer)?);
         Ok(Measured {
             value: bytes as f64 / secs / 1e9,

@@ -156,6 +156,7 @@ fn fabric_read(plan: &Plan, driver: &str, n: usize) -> Result<Measured> {
     let size = grid::LARGE;
     let total = plan.count("stream", size, grid::window(size)) * size as u64;
     let m = s.bandwidth(Op::Read, size, total, cap)?;
+    ferry_fabric::timeline::flush();
     s.close()?;
     let send_cpu = m.peer_cpu_s.unwrap_or(0.0);
     Ok(Measured {

@@ -146,6 +146,7 @@ impl Peer {
             free.push(ev.buf.context("send event without its buffer")?);
             done += 1;
         }
+        ferry_fabric::timeline::flush();
         Ok("done".into())
     }
 

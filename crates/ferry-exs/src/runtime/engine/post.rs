@@ -47,6 +47,7 @@ impl Engine {
             _ => list.push(buf.slice(..bytes.len())?),
         }
         let c = self.ctx(Pending::Frame(id, buf));
+        super::mark_frame(true, bytes);
         self.ep.post_send(&list, c).inspect_err(|_| {
             if let Some(Pending::Frame(_, b)) = self.pending.remove(&c) {
                 self.send_pool.push(b);
@@ -81,6 +82,7 @@ impl Engine {
             .max_msg_size
             .min(self.rma_chunk)
             .max(1);
+        ferry_fabric::timeline::mark("exs.rma", op.0);
         let mut posted = 0;
         let mut failed = Ok(());
         let mut done = 0u64;
@@ -125,6 +127,7 @@ impl Engine {
         if first.is_ok() {
             *first = result;
         }
+        ferry_fabric::timeline::mark("exs.piece", op.0);
         if *left == 0 {
             let r = *first;
             self.rma_parts.remove(&op);

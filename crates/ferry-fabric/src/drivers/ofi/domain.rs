@@ -151,17 +151,21 @@ impl Shared {
         self.stop.load(SeqCst)
     }
 
-    /// True if user operations (beyond the standing control receives) are in flight, or
-    /// checked RMAs wait for their grant.
     /// True if sends or RMAs are in flight (they finish only as this side progresses), or
     /// checked RMAs wait for their grant; unlike [`Self::user_ops_in_flight`], posted
     /// receives do not count.
     pub fn active_ops(&self) -> bool {
-        self.fab.active() > 0 || self.rma.as_ref().is_some_and(Checked::waiting)
+        self.fab.active() > 0
+            || self.gate.has_bulk()
+            || self.rma.as_ref().is_some_and(Checked::waiting)
     }
 
+    /// True if user operations (beyond the standing control receives) are in flight, or
+    /// checked RMAs wait for their grant or, granted, for their turn.
     pub fn user_ops_in_flight(&self) -> bool {
-        self.fab.in_flight() > CONTROL_SLOTS || self.rma.as_ref().is_some_and(Checked::waiting)
+        self.fab.in_flight() > CONTROL_SLOTS
+            || self.gate.has_bulk()
+            || self.rma.as_ref().is_some_and(Checked::waiting)
     }
 
     /// Makes sure the progress thread will look at the CQ soon.
@@ -598,6 +602,7 @@ impl Shared {
         let _inside = self.gate.enter_wait(self);
         lock(&self.control).take();
         self.close_rma();
+        self.gate.fail_bulk(self, || FabricError::Cancelled);
         self.fab.cancel_recvs(|_| true);
         self.drain_until(deadline, || self.fab.in_flight() > 0);
         self.fab.shutdown(|op| {
@@ -962,5 +967,51 @@ mod tests {
                 Err(FabricError::Timeout(_))
             ));
         }
+    }
+
+    /// The shm gate's bulk lane (`gate.rs`): a call another thread makes while a deferred
+    /// RMA copies is queued and runs before the next deferred RMA, not after all of them.
+    #[test]
+    fn a_call_queued_during_a_deferred_rma_goes_before_the_next() {
+        let addr: Address = format!("ofi+shm://ferry-unit-gate-{}", std::process::id())
+            .parse()
+            .unwrap();
+        let core = DomainCore::open(&addr, info::for_client(&addr).unwrap(), false).unwrap();
+        let sh = core.shared.clone();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let note = |o: &Arc<Mutex<Vec<&'static str>>>, what| lock(o).push(what);
+        let o = order.clone();
+        let first = Job::logged("first", move |sh: &Shared| {
+            let inside = sh.gate.enter_wait(sh);
+            inside.long(|| {
+                note(&o, "rma 1");
+                // Another thread's call finds the gate in a long call: it is queued.
+                std::thread::scope(|s| {
+                    s.spawn(|| {
+                        let o = o.clone();
+                        let call = Job::logged("call", move |_: &Shared| {
+                            note(&o, "call");
+                            Ok(())
+                        });
+                        sh.gate.call(sh, call)
+                    })
+                    .join()
+                    .unwrap()
+                })
+            })
+        });
+        let o = order.clone();
+        let second = Job::logged("second", move |_: &Shared| {
+            note(&o, "rma 2");
+            Ok(())
+        });
+        sh.gate.defer(&sh, first).unwrap();
+        sh.gate.defer(&sh, second).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while lock(&order).len() < 3 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(*lock(&order), ["rma 1", "call", "rma 2"]);
+        assert!(!sh.gate.has_bulk());
     }
 }

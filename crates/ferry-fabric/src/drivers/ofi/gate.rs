@@ -15,6 +15,13 @@
 //!
 //! A queued post that fails reports the failure the way the operation would have completed
 //! (an error completion, a failed grant, a log line): [`Job::fail`].
+//!
+//! Granted RMAs (`rma.rs`) are not run where their grant is routed but deferred to a second
+//! lane, [`Gate::defer`], which only the thread reading the CQ runs, one RMA per round
+//! ([`Inside::run_bulk_one`]): the completions of one copy are routed, and the calls queued
+//! meanwhile (an EXS ACK, a grant request) made, before the next copy starts. Run inline, the
+//! grant shared by every piece of several messages copied them all back to back, so no
+//! message completed (and no ACK freed the sender's next send) until the last one had.
 
 use std::cell::Cell;
 use std::collections::VecDeque;
@@ -77,6 +84,9 @@ pub(super) struct Gate {
     long: AtomicBool,
     queue: Mutex<VecDeque<Job>>,
     queued: AtomicUsize,
+    /// Deferred long calls (granted RMAs), run one per progress round.
+    bulk: Mutex<VecDeque<Job>>,
+    bulk_queued: AtomicUsize,
 }
 
 /// Being inside the gate; leaving runs what was queued meanwhile.
@@ -98,7 +108,14 @@ impl Gate {
             long: AtomicBool::new(false),
             queue: Mutex::new(VecDeque::new()),
             queued: AtomicUsize::new(0),
+            bulk: Mutex::new(VecDeque::new()),
+            bulk_queued: AtomicUsize::new(0),
         }
+    }
+
+    /// True if calls pass one at a time (shm: the provider copies inside RMA posts).
+    pub fn enabled(&self) -> bool {
+        self.enabled
     }
 
     fn addr(&self) -> usize {
@@ -164,6 +181,7 @@ impl Gate {
         }
         lock(&self.queue).push_back(job);
         self.queued.fetch_add(1, SeqCst);
+        crate::timeline::mark("gate.q", 0);
         // The thread inside may have left between our look and the push: then nobody else
         // would run the job.
         drop(self.enter(shared));
@@ -173,6 +191,34 @@ impl Gate {
     /// True if calls wait for the thread inside.
     pub fn has_queued(&self) -> bool {
         self.queued.load(SeqCst) > 0
+    }
+
+    /// Defers `job`, a long call (a granted RMA), to the thread that reads the CQ, which
+    /// runs such calls one per round, oldest first, after every call queued with
+    /// [`Gate::call`] (see the module doc). On a disabled gate it runs at once, as `call`.
+    pub fn defer(&self, shared: &Shared, job: Job) -> Result<()> {
+        if !self.enabled {
+            return self.call(shared, job);
+        }
+        lock(&self.bulk).push_back(job);
+        self.bulk_queued.fetch_add(1, SeqCst);
+        crate::timeline::mark("gate.bulk", 0);
+        shared.wake();
+        Ok(())
+    }
+
+    /// True if deferred long calls wait.
+    pub fn has_bulk(&self) -> bool {
+        self.bulk_queued.load(SeqCst) > 0
+    }
+
+    /// Fails every deferred call with `err` (the domain is closing).
+    pub fn fail_bulk(&self, shared: &Shared, err: impl Fn() -> FabricError) {
+        let jobs: Vec<Job> = lock(&self.bulk).drain(..).collect();
+        self.bulk_queued.store(0, SeqCst);
+        for job in jobs {
+            (job.fail)(shared, err());
+        }
     }
 }
 
@@ -186,6 +232,22 @@ impl Inside<'_> {
         let r = f();
         self.gate.long.store(was, SeqCst);
         r
+    }
+
+    /// Runs the oldest deferred long call, then the calls queued meanwhile (only the owner
+    /// does). Returns how many deferred calls ran (0 or 1).
+    pub fn run_bulk_one(&self) -> usize {
+        if !self.owner || !self.gate.has_bulk() {
+            return 0;
+        }
+        let job = lock(&self.gate.bulk).pop_front();
+        let Some(job) = job else { return 0 };
+        self.gate.bulk_queued.fetch_sub(1, SeqCst);
+        if let Err(e) = (job.run)(self.shared) {
+            (job.fail)(self.shared, e);
+        }
+        self.run_queued();
+        1
     }
 
     /// Runs every queued call, oldest first (only the owner does; others return at once).

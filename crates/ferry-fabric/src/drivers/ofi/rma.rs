@@ -177,6 +177,7 @@ impl Shared {
             let mut batches = lock(&rma.batches);
             match batches.get_mut(&(conn.id, key, !read)) {
                 Some(queue) => {
+                    crate::timeline::mark("rma.wait", pending.remote.first().map_or(0, |r| r.addr));
                     queue.push(pending);
                     rma.queued.fetch_add(1, SeqCst);
                     return Ok(());
@@ -217,6 +218,7 @@ impl Shared {
             key,
         };
         let token = rma.next_token.fetch_add(1, SeqCst);
+        crate::timeline::mark("rma.ask", token);
         lock(&rma.pending).insert(token, ops);
         let ask = Control::RmaRequest {
             target: conn.peer_id,
@@ -259,6 +261,7 @@ impl Shared {
         if conn.peer_id != sender {
             return;
         }
+        crate::timeline::mark("rma.req", token);
         let status = match rma.check(remote, write, self.caps.virt_addr) {
             Ok(region) => {
                 lock(&rma.leases).insert((target, token), region);
@@ -289,6 +292,7 @@ impl Shared {
         let Some(rma) = &self.rma else {
             return;
         };
+        crate::timeline::mark("rma.ans", token);
         let ops = {
             let mut pending = lock(&rma.pending);
             match pending.get(&token) {
@@ -401,13 +405,17 @@ impl Shared {
         let now_fail = fail(conn.clone());
         let run = move |sh: &Shared| {
             let inside = sh.gate.enter_wait(sh);
-            inside.long(|| {
+            let at = remote.first().map_or(0, |r| r.addr);
+            crate::timeline::mark("copy.beg", at);
+            let r = inside.long(|| {
                 sh.fab
                     .rma(read, op, conn.peer, &remote, conn.id, &mut sh.again())
-            })
+            });
+            crate::timeline::mark("copy.end", at);
+            r
         };
-        // Completions are routed inside the gate, so this normally runs at once.
-        if let Err(e) = self.gate.call(self, Job::new(run, queued_fail)) {
+        // Run by the CQ reader after the completions and calls before it (`gate.rs`).
+        if let Err(e) = self.gate.defer(self, Job::new(run, queued_fail)) {
             now_fail(self, e);
         }
     }
@@ -425,6 +433,7 @@ impl Shared {
                 shares.remove(&token);
             }
         }
+        crate::timeline::mark("rma.done", token);
         let done = Control::RmaDone {
             target: conn.peer_id,
             sender: conn.id,
