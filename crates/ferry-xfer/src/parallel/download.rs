@@ -1,0 +1,372 @@
+//! Parallel downloads: ranged GETs of shared chunks written in place into one part file.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::{chunk_size, chunks, finish_clients, join_streams, lock, run_streams};
+use crate::client::{
+    plan_download, system_time, Client, DlJob, LocalPart, Options, Progress, Stats,
+};
+use crate::error::{Kind, Result, XferError};
+use crate::journal::{Found, Progress as Journaled, RangeSet};
+use crate::link::BlockWriter;
+use crate::ordered_hash::OrderedHash;
+use crate::server::BlockSink;
+use crate::url::Remote;
+
+/// One chunk of a download the streams share.
+#[derive(Clone)]
+pub(crate) struct Chunk {
+    /// The file.
+    pub file: Arc<SharedDl>,
+    /// First byte.
+    pub lo: u64,
+    /// End.
+    pub hi: u64,
+    /// Ask for the source's BLAKE3 (SUM) before this chunk's GET.
+    pub sum: bool,
+}
+
+impl std::fmt::Debug for Chunk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}[{}..{})", self.file.path, self.lo, self.hi)
+    }
+}
+
+impl Chunk {
+    /// The writer for this chunk once READY said the file's `size` and `mode`.
+    pub(crate) fn writer(&self, id: u32, size: u64, mode: u32, ring: usize) -> Result<BlockWriter> {
+        self.file.writer(id, size, mode, self.lo, self.hi, ring)
+    }
+
+    /// Every block of the chunk was good: record it; `Some(size)` if that finished the file.
+    pub(crate) fn done(&self, sink: BlockSink) -> Result<Option<u64>> {
+        self.file.range_done(sink, self.lo, self.hi)
+    }
+}
+
+/// A large file being downloaded by several streams into one part file.
+pub(crate) struct SharedDl {
+    path: String,
+    dest: PathBuf,
+    size: u64,
+    mtime: i64,
+    /// A handle on the part (`None`: the null sink).
+    file: Option<File>,
+    state: Mutex<DlState>,
+}
+
+struct DlState {
+    part: Option<LocalPart>,
+    journal: Option<Journaled>,
+    done: RangeSet,
+    hasher: Option<OrderedHash>,
+    src_hash: Option<[u8; 32]>,
+    mode: u32,
+    finished: bool,
+}
+
+impl SharedDl {
+    /// Opens (or, with `resume`, continues) the part of `job` and splits what is missing
+    /// into chunks. Adds what a resume found in place to `resumed`.
+    fn open(
+        job: &DlJob,
+        block: u32,
+        resume: bool,
+        chunk: u64,
+        resumed: &AtomicU64,
+    ) -> Result<(Arc<SharedDl>, Vec<Chunk>)> {
+        let size = job.ident.size;
+        let (part, journal, done) = match &job.dest {
+            None => (None, None, RangeSet::new()),
+            Some(dest) => {
+                let (part, journal, found) = LocalPart::open(dest, job.ident, block, resume)?;
+                let done = journal.ranges().clone();
+                match found {
+                    Found::Resumed => {
+                        tracing::info!("{}: resuming, {} bytes in place", job.path, done.total());
+                        resumed.fetch_add(done.total(), Ordering::Relaxed);
+                    }
+                    Found::Restarted => tracing::warn!(
+                        "{}: the source changed since the interrupted copy (size or mtime differ); starting over",
+                        job.path
+                    ),
+                    Found::Fresh => {}
+                }
+                (Some(part), Some(journal), done)
+            }
+        };
+        let io = |e: std::io::Error| XferError::io(job.path.as_str(), &e);
+        let (file, hasher) = match &part {
+            Some(p) => (
+                Some(p.file.try_clone().map_err(io)?),
+                Some(OrderedHash::start(&p.file, size, done.prefix()).map_err(io)?),
+            ),
+            None => (None, None),
+        };
+        let zero_src = crate::mem::classify(&job.path).is_some();
+        let shared = Arc::new(SharedDl {
+            path: job.path.clone(),
+            dest: job.dest.clone().unwrap_or_default(),
+            size,
+            mtime: job.ident.mtime,
+            file,
+            state: Mutex::new(DlState {
+                part,
+                journal,
+                done: done.clone(),
+                hasher,
+                src_hash: zero_src.then(|| crate::mem::zero_hash(size)),
+                mode: 0o644,
+                finished: false,
+            }),
+        });
+        let mut ranges = chunks(&done.missing(size), chunk);
+        if ranges.is_empty() {
+            // All there already: one empty GET still brings the mode and the hash.
+            ranges.push((size, size));
+        }
+        let wants_sum = shared.file.is_some() && !zero_src;
+        let list = ranges
+            .into_iter()
+            .enumerate()
+            .map(|(i, (lo, hi))| Chunk {
+                file: shared.clone(),
+                lo,
+                hi,
+                sum: i == 0 && wants_sum,
+            })
+            .collect();
+        Ok((shared, list))
+    }
+
+    fn writer(
+        &self,
+        id: u32,
+        size: u64,
+        mode: u32,
+        lo: u64,
+        hi: u64,
+        ring: usize,
+    ) -> Result<BlockWriter> {
+        if size != self.size {
+            return Err(XferError::new(
+                Kind::Integrity,
+                format!(
+                    "{}: the file changed on the server while being copied ({} bytes, now {size}); try again",
+                    self.path, self.size
+                ),
+            ));
+        }
+        lock(&self.state).mode = mode;
+        let sink = BlockSink::range(id, size, lo, hi);
+        match &self.file {
+            Some(f) => BlockWriter::with_sink(sink, f, ring),
+            None => Ok(BlockWriter::null_sink(sink)),
+        }
+    }
+
+    fn range_done(&self, mut sink: BlockSink, lo: u64, hi: u64) -> Result<Option<u64>> {
+        if let Some(e) = sink.io_error.take() {
+            return Err(XferError::io(self.dest.display(), &e));
+        }
+        if !sink.got.contains(lo, hi) {
+            return Err(XferError::conn(format!(
+                "{}: the server ended range {lo}..{hi} before sending all of it",
+                self.path
+            )));
+        }
+        let mut st = lock(&self.state);
+        st.done.insert(lo, hi);
+        let prefix = st.done.prefix();
+        if let (Some(j), Some(f)) = (st.journal.as_mut(), self.file.as_ref()) {
+            j.good(lo, hi - lo);
+            if j.due() {
+                j.checkpoint(f)
+                    .map_err(|e| XferError::io(self.dest.display(), &e))?;
+            }
+        }
+        if let Some(h) = &st.hasher {
+            h.advance(prefix);
+        }
+        self.try_finish(&mut st)
+    }
+
+    /// The source's BLAKE3 arrived (SUM); `Some(size)` if that finished the file.
+    pub(crate) fn source_hash(&self, h: [u8; 32]) -> Result<Option<u64>> {
+        let mut st = lock(&self.state);
+        st.src_hash = Some(h);
+        self.try_finish(&mut st)
+    }
+
+    /// Commits the file once every range is in and the source's hash is known.
+    fn try_finish(&self, st: &mut DlState) -> Result<Option<u64>> {
+        if st.finished || !st.done.contains(0, self.size) {
+            return Ok(None);
+        }
+        let Some(part) = st.part.take() else {
+            st.finished = true;
+            return Ok(Some(self.size));
+        };
+        let Some(want) = st.src_hash else {
+            st.part = Some(part);
+            return Ok(None);
+        };
+        st.finished = true;
+        st.journal = None;
+        let got = match st.hasher.take().map(OrderedHash::finish) {
+            Some(Ok(h)) => h,
+            Some(Err(e)) => {
+                part.discard();
+                return Err(XferError::io(self.dest.display(), &e));
+            }
+            None => {
+                part.discard();
+                return Err(XferError::conn("internal: no hasher"));
+            }
+        };
+        if got != want {
+            part.discard();
+            return Err(XferError::new(
+                Kind::Integrity,
+                format!(
+                    "{}: the whole-file BLAKE3 does not match the server's; nothing was written. Was the file changing on the server? Try again",
+                    self.path
+                ),
+            ));
+        }
+        part.commit(st.mode, system_time(self.mtime))?;
+        Ok(Some(self.size))
+    }
+
+    /// The copy failed: keep the part and journal what is verified (`keep`, after a
+    /// connection failure), or remove both.
+    fn abandon(&self, keep: bool) {
+        let mut st = lock(&self.state);
+        st.hasher = None;
+        let Some(part) = st.part.take() else { return };
+        if !keep {
+            part.discard();
+            return;
+        }
+        if let Some(j) = st.journal.as_mut() {
+            if j.checkpoint(&part.file).is_err() {
+                tracing::warn!("{}: could not journal the partial file", self.path);
+            }
+        }
+    }
+}
+
+/// The download work queue the streams share.
+struct DlQueue {
+    queue: Mutex<VecDeque<DlJob>>,
+    opened: Mutex<Vec<Arc<SharedDl>>>,
+    failed: Mutex<Option<XferError>>,
+    abort: AtomicBool,
+    resumed: AtomicU64,
+    block: u32,
+    chunk: u64,
+    resume: bool,
+}
+
+impl DlQueue {
+    /// The next job: a whole file, or a chunk (opening a large file queues its chunks
+    /// first, so the streams work on it together).
+    fn next(&self) -> Option<DlJob> {
+        if self.abort.load(Ordering::SeqCst) {
+            return None;
+        }
+        let mut q = lock(&self.queue);
+        let job = q.pop_front()?;
+        if job.chunk.is_some() || job.ident.size <= self.chunk {
+            return Some(job);
+        }
+        match SharedDl::open(&job, self.block, self.resume, self.chunk, &self.resumed) {
+            Ok((shared, chunks)) => {
+                lock(&self.opened).push(shared);
+                for ch in chunks.into_iter().rev() {
+                    q.push_front(DlJob {
+                        chunk: Some(ch),
+                        ..job.clone()
+                    });
+                }
+                q.pop_front()
+            }
+            Err(e) => {
+                self.fail(e);
+                None
+            }
+        }
+    }
+
+    fn fail(&self, e: XferError) {
+        self.abort.store(true, Ordering::SeqCst);
+        lock(&self.failed).get_or_insert(e);
+    }
+}
+
+/// A download over `opts.streams` streams (see the module documentation).
+pub(crate) fn download(
+    r: &Remote,
+    local: Option<&Path>,
+    recursive: bool,
+    opts: &Options,
+    progress: &dyn Progress,
+    total: &mut Stats,
+) -> Result<()> {
+    let mut c0 = Client::connect(&r.addr, opts)?;
+    let planned = plan_download(&mut c0, r, local, recursive, opts, progress);
+    let jobs = match planned {
+        Ok(j) => j,
+        Err(e) => {
+            total.add(&c0.stats);
+            return Err(e);
+        }
+    };
+    let others = match join_streams(&c0, r, opts) {
+        Ok(o) => o,
+        Err(e) => {
+            total.add(&c0.stats);
+            return Err(e);
+        }
+    };
+    let block = c0.block_size();
+    let mut clients = vec![c0];
+    clients.extend(others);
+    let q = DlQueue {
+        queue: Mutex::new(jobs.into()),
+        opened: Mutex::new(Vec::new()),
+        failed: Mutex::new(None),
+        abort: AtomicBool::new(false),
+        resumed: AtomicU64::new(0),
+        block,
+        chunk: chunk_size(opts, block),
+        resume: opts.resume,
+    };
+    let res = run_streams(&mut clients, progress, &|c, counter| {
+        c.set_resume(q.resume);
+        let mut jobs = std::iter::from_fn(|| q.next());
+        let r = c.download_from(&mut jobs, counter);
+        if r.is_err() {
+            q.abort.store(true, Ordering::SeqCst);
+        }
+        r
+    });
+    let res = match lock(&q.failed).take() {
+        Some(e) => Err(e),
+        None => res,
+    };
+    let resumed = q.resumed.load(Ordering::Relaxed);
+    total.resumed_bytes += resumed;
+    progress.add(resumed);
+    if let Err(e) = &res {
+        for f in lock(&q.opened).iter() {
+            f.abandon(e.kind == Kind::Connection);
+        }
+    }
+    finish_clients(clients, total, res.is_ok());
+    res
+}

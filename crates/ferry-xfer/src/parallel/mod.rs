@@ -1,0 +1,179 @@
+//! Parallel streams (`ferry cp -p N`, protocol 1.2): one copy over N connections.
+//!
+//! Stream 0 opens a session; streams 1..N-1 join it (HELLO `session`/`stream`). Each
+//! stream runs on its own thread and pulls work from one shared queue: whole files (small
+//! ones, pipelined on the stream as a single-stream copy does) and chunks of large files.
+//! A large file (more than one chunk) is opened once: its part file is shared by every
+//! stream, each chunk lands in place by `pwrite`, its journal records the verified ranges,
+//! and a hashing thread follows the verified prefix ([`crate::ordered_hash`]), so the
+//! whole-file BLAKE3 is ready when the last chunk lands. Chunks are handed out one at a
+//! time (at most [`CHUNKS_AHEAD`] outstanding per stream), so a slow stream does not hold
+//! the others back.
+//!
+//! Downloads fetch a chunk with a ranged GET; the source's BLAKE3 comes from a SUM sent on
+//! the stream that opened the file. Uploads OPEN the file (HAVE lists what a resumed part
+//! holds), send each chunk with PUT_RANGE on whichever stream is free, and CLOSE it with
+//! the source's BLAKE3, which a thread computes from the source file meanwhile.
+
+mod download;
+mod upload;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use crate::client::{Client, Options, Progress, Stats};
+use crate::error::{Kind, Result, XferError};
+use crate::proto;
+use crate::url::Remote;
+
+/// Default chunk of a large file handed to one stream (rounded up to the block size).
+pub const DEFAULT_CHUNK: u64 = 64 << 20;
+/// Chunks a download stream keeps requested ahead (one in flight, one queued).
+pub(crate) const CHUNKS_AHEAD: usize = 2;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Splits the missing ranges of a file into chunks of `chunk` bytes, aligned to `chunk`
+/// boundaries (so, with `chunk` a multiple of the block size, to blocks).
+pub(crate) fn chunks(missing: &[(u64, u64)], chunk: u64) -> Vec<(u64, u64)> {
+    let chunk = chunk.max(1);
+    let mut out = Vec::new();
+    for &(a, b) in missing {
+        let mut pos = a;
+        while pos < b {
+            let end = b.min((pos / chunk + 1).saturating_mul(chunk));
+            out.push((pos, end));
+            pos = end;
+        }
+    }
+    out
+}
+
+/// Progress from the stream threads, handed to the caller's reporter by the main thread.
+#[derive(Default)]
+struct Counter(AtomicU64);
+
+impl Progress for Counter {
+    fn add(&self, bytes: u64) {
+        self.0.fetch_add(bytes, Ordering::Relaxed);
+    }
+}
+
+/// The chunk size for `opts` and block size `block`: a multiple of the block.
+fn chunk_size(opts: &Options, block: u32) -> u64 {
+    let b = u64::from(block.max(1));
+    opts.chunk.max(b).div_ceil(b) * b
+}
+
+/// Opens streams 1..N-1 of `c0`'s session, or says why it keeps one stream.
+fn join_streams(c0: &Client, r: &Remote, opts: &Options) -> Result<Vec<Client>> {
+    if c0.minor < proto::MINOR_STREAMS {
+        tracing::warn!(
+            "{} speaks transfer protocol 1.{}, which has no parallel streams; copying over one stream",
+            r.addr,
+            c0.minor
+        );
+        return Ok(Vec::new());
+    }
+    let n = opts.streams.clamp(1, proto::MAX_STREAMS);
+    let mut out = Vec::new();
+    for i in 1..n {
+        match join_stream(c0, r, opts, i) {
+            Ok(c) => out.push(c),
+            // A refusal is the server's answer: it would answer every stream the same.
+            Err(e) if e.kind != Kind::Connection => return Err(e),
+            Err(e) => {
+                tracing::warn!("stream {i} could not connect ({e}); copying over {i} stream(s)");
+                break;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Connects stream `i` of `c0`'s session; a connection that fails (e.g. reset by a busy
+/// listener) is tried twice more.
+fn join_stream(c0: &Client, r: &Remote, opts: &Options, i: u16) -> Result<Client> {
+    let mut tries = 0;
+    loop {
+        match Client::connect_as(&r.addr, opts, c0.session, i) {
+            Err(e) if e.kind == Kind::Connection && tries < 2 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            res => return res,
+        }
+    }
+}
+
+/// Runs `work` on every client, each on its own thread, relaying their progress to
+/// `progress`; returns the first error (connection failures last: they are usually the
+/// consequence of another) after every thread ended.
+fn run_streams(
+    clients: &mut [Client],
+    progress: &dyn Progress,
+    work: &(dyn Fn(&mut Client, &dyn Progress) -> Result<()> + Sync),
+) -> Result<()> {
+    let counter = Counter::default();
+    let results: Vec<Result<()>> = std::thread::scope(|s| {
+        let handles: Vec<_> = clients
+            .iter_mut()
+            .map(|c| {
+                let counter = &counter;
+                s.spawn(move || work(c, counter))
+            })
+            .collect();
+        let mut shown = 0;
+        while !handles.iter().all(|h| h.is_finished()) {
+            std::thread::sleep(Duration::from_millis(10));
+            let now = counter.0.load(Ordering::Relaxed);
+            progress.add(now - shown);
+            shown = now;
+        }
+        progress.add(counter.0.load(Ordering::Relaxed) - shown);
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(XferError::conn("a stream thread failed")))
+            })
+            .collect()
+    });
+    let mut errs: Vec<XferError> = results.into_iter().filter_map(|r| r.err()).collect();
+    errs.sort_by_key(|e| e.kind == Kind::Connection);
+    match errs.into_iter().next() {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+fn finish_clients(clients: Vec<Client>, total: &mut Stats, ok: bool) {
+    for c in clients {
+        total.add(&c.stats);
+        if ok {
+            c.bye();
+        }
+    }
+}
+
+pub(crate) use download::{download, Chunk};
+pub(crate) use upload::upload;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_align_and_cover() {
+        assert_eq!(chunks(&[(0, 25)], 10), vec![(0, 10), (10, 20), (20, 25)]);
+        // A hole that starts mid-chunk realigns at the next boundary.
+        assert_eq!(
+            chunks(&[(5, 12), (30, 31)], 10),
+            vec![(5, 10), (10, 12), (30, 31)]
+        );
+        assert!(chunks(&[], 10).is_empty());
+    }
+}

@@ -1,0 +1,366 @@
+//! Parallel uploads: OPEN, PUT_RANGE on whichever stream is free, CLOSE.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::{chunk_size, chunks, finish_clients, join_streams, lock, run_streams};
+use crate::client::{plan_upload, remote_err, unexpected, Client, Options, Progress, Stats};
+use crate::error::{Kind, Result, XferError};
+use crate::journal::RangeSet;
+use crate::link::{Source, Span};
+use crate::proto::{self, Msg};
+use crate::url::Remote;
+
+/// A large file being uploaded by several streams (OPEN, PUT_RANGE…, CLOSE).
+struct SharedUp {
+    id: u32,
+    path: String,
+    size: u64,
+    /// The source (`None`: zeros).
+    file: Option<File>,
+    left: Mutex<RangeSet>,
+    /// The source's BLAKE3, computed meanwhile (`None`: none is sent).
+    hash: Mutex<Option<HashJob>>,
+}
+
+enum HashJob {
+    Ready(Option<[u8; 32]>),
+    Thread(std::thread::JoinHandle<std::io::Result<[u8; 32]>>),
+}
+
+impl SharedUp {
+    fn source(&self) -> Source<'_> {
+        match &self.file {
+            Some(f) => Source::File(f),
+            None => Source::Zero,
+        }
+    }
+
+    /// `[lo, hi)` was acknowledged; true if that was the last range.
+    fn range_done(&self, lo: u64, hi: u64) -> bool {
+        let mut left = lock(&self.left);
+        left.insert(lo, hi);
+        left.contains(0, self.size)
+    }
+
+    fn hash(&self) -> Result<Option<[u8; 32]>> {
+        let job = lock(&self.hash).take();
+        match job {
+            Some(HashJob::Ready(h)) => Ok(h),
+            Some(HashJob::Thread(t)) => match t.join() {
+                Ok(Ok(h)) => Ok(Some(h)),
+                Ok(Err(e)) => Err(XferError::io(self.path.as_str(), &e)),
+                Err(_) => Err(XferError::conn("the hashing thread failed")),
+            },
+            None => Err(XferError::conn("internal: the file was closed twice")),
+        }
+    }
+}
+
+/// Upload work.
+enum UpJob {
+    /// A whole file, one PUT (small files, or every file of a 1.1 server).
+    Whole(PathBuf, String),
+    /// A large file to OPEN and split (`None`: zeros).
+    Big(Option<PathBuf>, String, u64),
+    /// One range of an OPENed file.
+    Range(Arc<SharedUp>, u64, u64),
+}
+
+struct UpQueue {
+    queue: Mutex<VecDeque<UpJob>>,
+    abort: AtomicBool,
+    next_id: AtomicU32,
+    chunk: u64,
+    resume: bool,
+}
+
+impl UpQueue {
+    fn next(&self) -> Option<UpJob> {
+        if self.abort.load(Ordering::SeqCst) {
+            return None;
+        }
+        lock(&self.queue).pop_front()
+    }
+}
+
+/// An upload of `local` (`None`: `zero_size` zero bytes) over `opts.streams` streams.
+pub(crate) fn upload(
+    local: Option<&Path>,
+    zero_size: u64,
+    r: &Remote,
+    recursive: bool,
+    opts: &Options,
+    progress: &dyn Progress,
+    total: &mut Stats,
+) -> Result<()> {
+    let md = match local {
+        Some(l) => {
+            let md = std::fs::metadata(l).map_err(|e| XferError::io(l.display(), &e))?;
+            if md.is_dir() && !recursive {
+                return Err(XferError::new(
+                    Kind::Usage,
+                    format!("{}: is a directory; use -r to copy trees", l.display()),
+                ));
+            }
+            Some(md)
+        }
+        None => None,
+    };
+    let mut c0 = Client::connect(&r.addr, opts)?;
+    let planned = match (local, &md) {
+        (Some(l), Some(md)) => plan_upload(&mut c0, l, md, r, opts, progress)
+            .map(|v| v.into_iter().map(|(s, p, n)| (Some(s), p, n)).collect()),
+        _ => c0.target(&r.path, "zero").map(|t| {
+            progress.total(zero_size);
+            vec![(None, t, zero_size)]
+        }),
+    };
+    let files: Vec<(Option<PathBuf>, String, u64)> = match planned {
+        Ok(f) => f,
+        Err(e) => {
+            total.add(&c0.stats);
+            return Err(e);
+        }
+    };
+    let others = match join_streams(&c0, r, opts) {
+        Ok(o) => o,
+        Err(e) => {
+            total.add(&c0.stats);
+            return Err(e);
+        }
+    };
+    let chunk = chunk_size(opts, c0.block_size());
+    let parallel = !others.is_empty();
+    let mut clients = vec![c0];
+    clients.extend(others);
+    let jobs = files
+        .into_iter()
+        .map(|(src, path, size)| match src {
+            Some(src) if !parallel || size <= chunk => UpJob::Whole(src, path),
+            src => UpJob::Big(src, path, size),
+        })
+        .collect::<VecDeque<_>>();
+    let q = UpQueue {
+        queue: Mutex::new(jobs),
+        abort: AtomicBool::new(false),
+        next_id: AtomicU32::new(1 << 31),
+        chunk,
+        resume: opts.resume,
+    };
+    let res = run_streams(&mut clients, progress, &|c, counter| {
+        c.set_resume(q.resume);
+        let r = upload_stream(c, &q, counter);
+        if r.is_err() {
+            q.abort.store(true, Ordering::SeqCst);
+        }
+        r
+    });
+    finish_clients(clients, total, res.is_ok());
+    res
+}
+
+/// One stream's share of an upload.
+fn upload_stream(c: &mut Client, q: &UpQueue, progress: &dyn Progress) -> Result<()> {
+    while let Some(job) = q.next() {
+        match job {
+            UpJob::Whole(src, path) => c.upload_file(&src, &path, progress)?,
+            UpJob::Big(None, path, size) if c.minor < proto::MINOR_STREAMS => {
+                c.upload_zero(size, &path, progress)?
+            }
+            UpJob::Big(src, path, size) => {
+                let Some(up) = open_upload(c, q, src.as_deref(), &path, size, progress)? else {
+                    continue;
+                };
+                let ranges = chunks(&lock(&up.left).missing(size), q.chunk);
+                if ranges.is_empty() {
+                    close_upload(c, &up)?;
+                    continue;
+                }
+                let mut queue = lock(&q.queue);
+                for (lo, hi) in ranges.into_iter().rev() {
+                    queue.push_front(UpJob::Range(up.clone(), lo, hi));
+                }
+            }
+            UpJob::Range(up, lo, hi) => {
+                put_range(c, &up, lo, hi, progress)?;
+                if up.range_done(lo, hi) {
+                    close_upload(c, &up)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// OPENs a parallel upload of `src` (`None`: zeros) to `path`: the shared state with what
+/// the server holds already and the hash being computed, or `None` if the whole file went
+/// with one PUT instead (a 1.1 server).
+fn open_upload(
+    c: &mut Client,
+    q: &UpQueue,
+    src: Option<&Path>,
+    path: &str,
+    size: u64,
+    progress: &dyn Progress,
+) -> Result<Option<Arc<SharedUp>>> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let (file, mode, mtime) = match src {
+        Some(p) => {
+            let f = File::open(p).map_err(|e| XferError::io(p.display(), &e))?;
+            let md = f.metadata().map_err(|e| XferError::io(p.display(), &e))?;
+            if md.len() != size {
+                return Err(XferError::new(
+                    Kind::Integrity,
+                    format!("{}: changed while being copied; try again", p.display()),
+                ));
+            }
+            let ns = md
+                .mtime()
+                .saturating_mul(1_000_000_000)
+                .saturating_add(md.mtime_nsec());
+            (Some(f), md.permissions().mode() & 0o7777, ns)
+        }
+        None => (None, 0o644, 0),
+    };
+    let id = q.next_id.fetch_add(1, Ordering::Relaxed);
+    let resume = q.resume && file.is_some();
+    c.link.send(&Msg::Open {
+        flags: if resume { proto::OPEN_RESUME } else { 0 },
+        file_id: id,
+        mode,
+        size,
+        mtime,
+        path: path.into(),
+    })?;
+    let have = match c.link.recv_msg()? {
+        Msg::Have { file_id, ranges } if file_id == id => ranges,
+        Msg::Error { code, message, .. } => return Err(remote_err(code, &message)),
+        m => return Err(unexpected(&m)),
+    };
+    let mut left = RangeSet::new();
+    for (a, b) in have {
+        if a >= b || b > size {
+            return Err(XferError::conn(format!(
+                "the server holds a range {a}..{b} outside the file ({size} bytes)"
+            )));
+        }
+        left.insert(a, b);
+    }
+    if !left.is_empty() {
+        tracing::info!("{path}: resuming, {} bytes in place", left.total());
+        c.stats.resumed_bytes += left.total();
+        progress.add(left.total());
+    }
+    let to_null = crate::mem::classify(path) == Some(Ok(crate::mem::Virtual::Null));
+    let hash = match (&file, to_null) {
+        (_, true) => HashJob::Ready(None),
+        (None, false) => HashJob::Ready(Some(crate::mem::zero_hash(size))),
+        (Some(f), false) => {
+            let f = f.try_clone().map_err(|e| XferError::io(path, &e))?;
+            HashJob::Thread(
+                std::thread::Builder::new()
+                    .name("ferry-hash".into())
+                    .spawn(move || crate::server::hash_file(&f, size))
+                    .map_err(|e| XferError::io("start hashing thread", &e))?,
+            )
+        }
+    };
+    Ok(Some(Arc::new(SharedUp {
+        id,
+        path: path.to_string(),
+        size,
+        file,
+        left: Mutex::new(left),
+        hash: Mutex::new(Some(hash)),
+    })))
+}
+
+/// Sends `[lo, hi)` of `up` on this stream (PUT_RANGE, BLOCKs, FILE_DONE; RESEND rounds).
+fn put_range(
+    c: &mut Client,
+    up: &SharedUp,
+    lo: u64,
+    hi: u64,
+    progress: &dyn Progress,
+) -> Result<()> {
+    let file_id = up.id;
+    c.link.send(&Msg::PutRange {
+        file_id,
+        offset: lo,
+        length: hi - lo,
+    })?;
+    match c.link.recv_msg()? {
+        Msg::Ready { offset, .. } if offset == lo => {}
+        Msg::Error { code, message, .. } => return Err(remote_err(code, &message)),
+        m => return Err(unexpected(&m)),
+    }
+    c.stats.wire_bytes += hi - lo;
+    let span = Span {
+        file_id,
+        offset: lo,
+        len: hi - lo,
+    };
+    let add = |n| progress.add(n);
+    if let Err(e) = c.tx.send_range(&c.link, up.source(), span, None, &add) {
+        let _ = c.tx.flush();
+        let _ = c.link.send(&Msg::Error {
+            code: e.code(),
+            file_id,
+            message: e.msg.clone(),
+        });
+        return Err(e);
+    }
+    loop {
+        c.link.send(&Msg::FileDone {
+            file_id,
+            length: hi - lo,
+            blake3: None,
+        })?;
+        match c.link.recv_msg()? {
+            Msg::Ok { .. } => return Ok(()),
+            Msg::Resend { ranges, .. } => {
+                c.stats.blocks_resent += ranges.len() as u64;
+                for (off, len) in ranges {
+                    let end = off.saturating_add(u64::from(len));
+                    if off < lo || end > hi {
+                        return Err(XferError::conn(
+                            "the server asked for a range outside the one sent",
+                        ));
+                    }
+                    c.stats.wire_bytes += u64::from(len);
+                    let span = Span {
+                        file_id,
+                        offset: off,
+                        len: u64::from(len),
+                    };
+                    c.tx.send_range(&c.link, up.source(), span, None, &|_| {})?;
+                }
+            }
+            Msg::Error { code, message, .. } => return Err(remote_err(code, &message)),
+            m => return Err(unexpected(&m)),
+        }
+    }
+}
+
+/// Every range of `up` arrived: CLOSE it with the source's hash.
+fn close_upload(c: &mut Client, up: &SharedUp) -> Result<()> {
+    let blake3 = up.hash()?;
+    c.link.send(&Msg::Close {
+        file_id: up.id,
+        length: up.size,
+        blake3,
+    })?;
+    match c.link.recv_msg()? {
+        Msg::Ok { .. } => {
+            c.stats.files += 1;
+            c.stats.bytes += up.size;
+            Ok(())
+        }
+        Msg::Error { code, message, .. } => Err(remote_err(code, &message)),
+        m => Err(unexpected(&m)),
+    }
+}
