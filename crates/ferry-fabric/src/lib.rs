@@ -16,6 +16,7 @@ pub mod caps;
 pub mod cq;
 pub mod drivers;
 pub mod error;
+pub mod fileio;
 pub mod mem;
 pub mod rcache;
 

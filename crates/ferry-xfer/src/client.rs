@@ -20,6 +20,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
+use crate::commit::CommitPool;
 use crate::error::{Kind, Result, XferError};
 use crate::journal::{open_part, Found, Ident, OpenHow, Progress as Journaled};
 use crate::link::{BlockSender, BlockWriter, Link, Source, Span, HANDSHAKE_TIMEOUT};
@@ -224,7 +225,18 @@ impl LocalPart {
         ))
     }
 
+    /// Sets mode and mtime, fsyncs, drops the journal, renames into place and fsyncs the
+    /// directory; if any step fails the temporary file goes too (nothing to resume: the
+    /// data was whole and verified, the failure is the destination's).
     fn commit(self, mode: u32, mtime: Option<SystemTime>) -> Result<()> {
+        let res = self.try_commit(mode, mtime);
+        if res.is_err() {
+            self.discard();
+        }
+        res
+    }
+
+    fn try_commit(&self, mode: u32, mtime: Option<SystemTime>) -> Result<()> {
         use std::os::unix::fs::PermissionsExt;
         let io = |e: std::io::Error| XferError::io(self.dest.display(), &e);
         self.file
@@ -410,7 +422,10 @@ impl Client {
     pub fn download_files(&mut self, jobs: Vec<DlJob>, progress: &dyn Progress) -> Result<()> {
         let mut jobs = jobs.into_iter();
         let mut live: HashMap<u32, Dl> = HashMap::new();
-        let res = self.download_loop(&mut jobs, &mut live, progress);
+        let mut commits = CommitPool::new();
+        let res = self.download_loop(&mut jobs, &mut live, &mut commits, progress);
+        // Every file handed to the pool is complete and verified: let its commit finish.
+        let committed = commits.finish();
         if let Err(e) = &res {
             let keep = e.kind == Kind::Connection;
             for (_, dl) in live.drain() {
@@ -427,7 +442,7 @@ impl Client {
                 }
             }
         }
-        res
+        res.and(committed)
     }
 
     /// Resume partial files in later downloads on this connection.
@@ -503,6 +518,7 @@ impl Client {
         &mut self,
         jobs: &mut impl Iterator<Item = DlJob>,
         live: &mut HashMap<u32, Dl>,
+        commits: &mut CommitPool,
         progress: &dyn Progress,
     ) -> Result<()> {
         let mut sums = VecDeque::new();
@@ -663,7 +679,8 @@ impl Client {
                             ),
                         );
                     }
-                    part.commit(dl.mode, system_time(dl.ident.mtime))?;
+                    let (mode, mtime) = (dl.mode, system_time(dl.ident.mtime));
+                    commits.submit(move || part.commit(mode, mtime))?;
                     self.stats.files += 1;
                     self.stats.bytes += dl.size;
                 }

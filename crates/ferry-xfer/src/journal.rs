@@ -203,13 +203,23 @@ fn read_up_to(f: &File, b: &mut [u8]) -> std::io::Result<usize> {
 }
 
 /// A receiver's view of its part file: the verified contiguous prefix, blocks verified
-/// beyond it (after a hole a bad block left), and when to checkpoint next.
+/// beyond it (after a hole a bad block left), and when to checkpoint next. Checkpoints
+/// while data flows run on a thread of their own ([`Progress::checkpoint_in_background`]);
+/// the final one ([`Progress::checkpoint`]) waits for them and runs on the caller's.
 #[derive(Debug)]
 pub struct Progress {
-    journal: Journal,
+    /// `None` while the checkpoint thread holds it.
+    journal: Option<Journal>,
+    background: Option<crate::writeback::Checkpointer>,
+    /// The prefix last handed to a checkpoint.
+    requested: u64,
     prefix: u64,
     ahead: std::collections::BTreeMap<u64, u64>,
     last: Instant,
+}
+
+fn journal_lost() -> std::io::Error {
+    std::io::Error::other("the resume journal was lost with its checkpoint thread")
 }
 
 impl Progress {
@@ -217,7 +227,9 @@ impl Progress {
     pub fn new(journal: Journal) -> Progress {
         Progress {
             prefix: journal.done(),
-            journal,
+            requested: journal.done(),
+            journal: Some(journal),
+            background: None,
             ahead: Default::default(),
             last: Instant::now(),
         }
@@ -241,19 +253,55 @@ impl Progress {
 
     /// Whether enough arrived since the last checkpoint to take another.
     pub fn due(&self) -> bool {
-        self.prefix > self.journal.done()
-            && (self.prefix - self.journal.done() >= CHECKPOINT_BYTES
+        self.prefix > self.requested
+            && (self.prefix - self.requested >= CHECKPOINT_BYTES
                 || self.last.elapsed() >= CHECKPOINT_EVERY)
     }
 
-    /// fsyncs the part file, then records the verified prefix in the journal.
+    /// fsyncs the part file, then records the verified prefix in the journal, on this
+    /// thread, after the background checkpoints asked for (reporting their first error).
     pub fn checkpoint(&mut self, part: &File) -> std::io::Result<()> {
         self.last = Instant::now();
-        if self.prefix == self.journal.done() {
+        self.settle()?;
+        let journal = self.journal.as_mut().ok_or_else(journal_lost)?;
+        if self.prefix == journal.done() {
             return Ok(());
         }
         part.sync_data()?;
-        self.journal.record(self.prefix)
+        journal.record(self.prefix)?;
+        self.requested = self.prefix;
+        Ok(())
+    }
+
+    /// Asks the checkpoint thread (started on first use) to fsync the part file and record
+    /// the verified prefix, without waiting; a request while one is still waiting is
+    /// skipped ([`Progress::due`] stays true). Returns the thread's first error, if any.
+    pub fn checkpoint_in_background(&mut self, part: &File) -> std::io::Result<()> {
+        self.last = Instant::now();
+        if self.background.is_none() {
+            let journal = self.journal.take().ok_or_else(journal_lost)?;
+            self.background = Some(crate::writeback::Checkpointer::start(part, journal)?);
+        }
+        if let Some(bg) = &mut self.background {
+            if bg.request(self.prefix)? {
+                self.requested = self.prefix;
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for the background checkpoints asked for and stops their thread; its first
+    /// error, if it met one (an fsync error must reach the transfer: the fsync before the
+    /// rename shares the open file and would not report it again).
+    pub fn settle(&mut self) -> std::io::Result<()> {
+        match self.background.take() {
+            Some(bg) => {
+                let (journal, res) = bg.stop();
+                self.journal = journal;
+                res
+            }
+            None => Ok(()),
+        }
     }
 
     /// The verified prefix (journaled or not yet).
@@ -263,7 +311,11 @@ impl Progress {
 
     /// The prefix the journal holds.
     pub fn journaled(&self) -> u64 {
-        self.journal.done()
+        match (&self.background, &self.journal) {
+            (Some(bg), _) => bg.journaled(),
+            (None, Some(j)) => j.done(),
+            (None, None) => 0,
+        }
     }
 }
 

@@ -22,6 +22,7 @@
 #![warn(missing_docs)]
 
 pub mod client;
+mod commit;
 pub mod config;
 pub mod error;
 pub mod journal;
@@ -31,6 +32,7 @@ pub mod proto;
 pub mod server;
 mod third_party;
 pub mod url;
+mod writeback;
 
 pub use error::{Kind, Result, XferError};
 

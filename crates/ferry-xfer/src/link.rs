@@ -440,6 +440,15 @@ impl BlockSender {
     ) -> Result<()> {
         let mut pos = span.offset;
         let end = span.offset.saturating_add(span.len);
+        if let Source::File(file) = src {
+            // A larger kernel readahead window for the whole range (advice only).
+            let _ = rustix::fs::fadvise(
+                file,
+                span.offset,
+                std::num::NonZeroU64::new(span.len),
+                rustix::fs::Advice::Sequential,
+            );
+        }
         while pos < end {
             let n = (end - pos).min(self.block as u64) as usize;
             let buf = self.take_block(&link.sock)?;
@@ -450,6 +459,16 @@ impl BlockSender {
             }
             match src {
                 Source::File(file) => {
+                    // The disk reads the next block while this one is read, checked and sent.
+                    let next = pos + n as u64;
+                    if next < end {
+                        let _ = rustix::fs::fadvise(
+                            file,
+                            next,
+                            std::num::NonZeroU64::new((end - next).min(self.block as u64)),
+                            rustix::fs::Advice::WillNeed,
+                        );
+                    }
                     self.zeroed.remove(&buf.addr());
                     mem.read_file_at(at, n, file, pos)
                         .map_err(|e| XferError::io(format!("read at offset {pos}"), &e))?;
@@ -671,17 +690,20 @@ impl BlockWriter {
         }
     }
 
-    /// Stops the writer and returns its sink (write errors, hash state).
+    /// Stops the writer and returns its sink (write errors, including those of its
+    /// background checkpoints, and hash state).
     pub fn finish(self) -> Result<crate::server::BlockSink> {
-        match self.inner {
-            WriterKind::Inline(sink, _, _) => Ok(*sink),
+        let mut sink = match self.inner {
+            WriterKind::Inline(sink, _, _) => *sink,
             WriterKind::Thread { tx, handle } => {
                 drop(tx);
                 handle
                     .join()
-                    .map_err(|_| XferError::conn("the disk writer thread failed"))
+                    .map_err(|_| XferError::conn("the disk writer thread failed"))?
             }
-        }
+        };
+        sink.settle();
+        Ok(sink)
     }
 }
 

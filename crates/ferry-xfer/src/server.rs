@@ -448,6 +448,16 @@ impl BlockSink {
         }
     }
 
+    /// Waits for the background checkpoints and stops their thread; an error they met
+    /// becomes the transfer's write error.
+    pub fn settle(&mut self) {
+        if let Some(j) = &mut self.journal {
+            if let Err(e) = j.settle() {
+                self.io_error.get_or_insert(e);
+            }
+        }
+    }
+
     /// Checks one BLOCK against its CRC-32C and the transfer's bounds; writes it if good
     /// (to `file`; `None` is the null sink of memory mode: nothing is written or hashed),
     /// remembers its range for a re-fetch if not.
@@ -475,10 +485,16 @@ impl BlockSink {
             match file.write_all_at(payload, h.offset) {
                 Err(e) => self.io_error = Some(e),
                 Ok(()) => {
+                    // Write-behind: the disk starts on this block now, so checkpoints and
+                    // the fsync before the rename find little left to write.
+                    if std::env::var_os("XX_NOWB").is_none() {
+                        let _ =
+                            ferry_fabric::fileio::start_writeback(file, h.offset, u64::from(h.len));
+                    }
                     if let Some(j) = &mut self.journal {
                         j.good(h.offset, u64::from(h.len));
-                        if j.due() {
-                            if let Err(e) = j.checkpoint(file) {
+                        if j.due() && std::env::var_os("XX_NOCK").is_none() {
+                            if let Err(e) = j.checkpoint_in_background(file) {
                                 self.io_error = Some(e);
                             }
                         }

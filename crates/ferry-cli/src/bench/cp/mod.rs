@@ -39,7 +39,13 @@ pub struct CpArgs {
     /// Where to write CSV, JSON and PNG [default without --json: bench/results/cp].
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Run only these workloads, comma-separated (mem, shm, disk, small) [default: all].
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
 }
+
+/// The workloads of a run, in order.
+const WORKLOADS: [&str; 4] = ["mem", "shm", "disk", "small"];
 
 /// Sizes and counts of a run.
 #[derive(Debug, Clone, Copy)]
@@ -167,6 +173,9 @@ fn need(prog: &str) -> Result<()> {
 /// Runs the benchmark and prints (and writes) the report.
 pub fn run(args: &CpArgs) -> Result<()> {
     let plan = Plan::new(args.quick);
+    if let Some(w) = args.only.iter().find(|w| !WORKLOADS.contains(&w.as_str())) {
+        bail!("--only: unknown workload {w:?} (mem, shm, disk, small)");
+    }
     let drivers = addr::drivers(&args.drivers)?;
     let mut notes = Vec::new();
     let ws = Workspace::create(&plan).context("preparing the test data")?;
@@ -198,6 +207,7 @@ pub fn run(args: &CpArgs) -> Result<()> {
         }
     }
     let mut cells = cells_of(&plan, &drivers);
+    cells.retain(|c| args.only.is_empty() || args.only.contains(&c.row.workload));
     warm_up(&plan, &ws, &servers);
     for rep in 1..=plan.reps {
         tracing::info!("repetition {rep}/{}", plan.reps);
