@@ -100,3 +100,49 @@ fn a_failed_commit_is_reported_and_nothing_partial_is_visible() {
     no_part_files(&local);
     std::fs::remove_dir_all(&local).unwrap();
 }
+
+/// With direct I/O on both sides (`ferry serve --direct`, `ferry cp --direct`), files around
+/// the 4 KiB alignment and the block size land byte-identical, down and up, on a disk
+/// filesystem; with the staging threads on too (their copies of the blocks are unaligned and
+/// go through an aligned bounce buffer).
+#[test]
+fn direct_io_sizes_both_ways() {
+    const BLOCK: usize = 64 << 10;
+    for threads in ["off", "on"] {
+        let env = [("FERRY_STAGING_THREADS", threads)];
+        let s = serve_as(ferry(), "tcp", &env, &["--direct"]);
+        let local = scratch("direct");
+        let sizes = [
+            0,
+            1,
+            4095,
+            4096,
+            4097,
+            BLOCK - 1,
+            BLOCK,
+            BLOCK + 1,
+            3 * BLOCK + 4096,
+            5 * BLOCK + 5,
+        ];
+        for (i, len) in sizes.into_iter().enumerate() {
+            let name = format!("f{len}");
+            std::fs::write(s.root.join(&name), pattern(len, i as u8 + 1)).unwrap();
+            let opts = ["--direct", "--block-size", "65536"];
+            let (remote, here) = (s.url(&name), local.join(&name));
+            let dl = [&opts[..], &[&remote, local.to_str().unwrap()]].concat();
+            let o = cp(&dl, &env);
+            let err = String::from_utf8_lossy(&o.stderr).into_owned();
+            assert!(!err.contains("direct I/O"), "direct I/O fell back: {err}");
+            assert_eq!(ok(&o)["bytes"].as_u64(), Some(len as u64));
+            same_file(&s.root.join(&name), &local.join(&name));
+            let up = format!("up{len}");
+            let remote_up = s.url(&up);
+            let ul = [&opts[..], &[here.to_str().unwrap(), &remote_up]].concat();
+            ok(&cp(&ul, &env));
+            same_file(&local.join(&name), &s.root.join(&up));
+        }
+        no_part_files(&local);
+        no_part_files(&s.root);
+        std::fs::remove_dir_all(&local).unwrap();
+    }
+}

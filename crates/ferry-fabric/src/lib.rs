@@ -16,7 +16,6 @@ pub mod caps;
 pub mod cq;
 pub mod drivers;
 pub mod error;
-pub mod fileio;
 pub mod mem;
 pub mod rcache;
 

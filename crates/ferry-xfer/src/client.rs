@@ -88,6 +88,10 @@ pub struct Options {
     pub retries: u32,
     /// Token for the destination server of a third-party copy (`None`: the same token).
     pub dest_token: Option<String>,
+    /// Read (uploads) and write (downloads) local files with direct I/O (`O_DIRECT`),
+    /// bypassing the page cache, where the filesystem allows it. The server's side follows
+    /// its own configuration (`direct` in `ferry serve`'s config).
+    pub direct: bool,
 }
 
 impl Default for Options {
@@ -101,6 +105,7 @@ impl Default for Options {
             resume: false,
             retries: 0,
             dest_token: None,
+            direct: false,
         }
     }
 }
@@ -155,6 +160,8 @@ pub struct Client {
     minor: u16,
     resume: bool,
     tx: BlockSender,
+    /// Direct I/O for local files ([`Options::direct`]).
+    direct: bool,
     ring: usize,
     next_id: u32,
     /// Counters so far.
@@ -340,12 +347,15 @@ impl Client {
         }
         link.timeout = opts.idle_timeout;
         link.post_ring(opts.ring.max(2), BLOCK_HEADER_LEN + block as usize)?;
+        let mut tx = BlockSender::new(block, opts.ring.max(1), opts.idle_timeout)?;
+        tx.direct = opts.direct;
         Ok(Client {
             link,
             block,
             minor,
             resume: opts.resume,
-            tx: BlockSender::new(block, opts.ring.max(1), opts.idle_timeout)?,
+            tx,
+            direct: opts.direct,
             ring: opts.ring.max(1),
             next_id: 1,
             stats: Stats::default(),
@@ -594,7 +604,10 @@ impl Client {
                         else {
                             return Err(XferError::conn("READY twice"));
                         };
-                        let sink = BlockSink::journaled(id, size, journal);
+                        let mut sink = BlockSink::journaled(id, size, journal);
+                        if self.direct {
+                            sink.set_direct(&part.file);
+                        }
                         dl.writer = Some(BlockWriter::with_sink(sink, &part.file, self.ring)?);
                         dl.size = size;
                         dl.mode = mode;
