@@ -44,6 +44,9 @@ pub struct CpArgs {
     only: Vec<String>,
 }
 
+/// The suffix of a ferry variant with direct I/O on both sides (disk workload).
+const DIRECT: &str = " --direct";
+
 /// The workloads of a run, in order.
 const WORKLOADS: [&str; 4] = ["mem", "shm", "disk", "small"];
 
@@ -180,13 +183,28 @@ pub fn run(args: &CpArgs) -> Result<()> {
     let mut notes = Vec::new();
     let ws = Workspace::create(&plan).context("preparing the test data")?;
     let roots = [("shm", ws.shm.as_path()), ("disk", ws.disk.as_path())];
+    // The disk workload also runs each driver with direct I/O on both sides (`ferry serve
+    // --direct`, `ferry cp --direct`): a server of its own per driver.
+    let direct = args.only.is_empty() || args.only.iter().any(|w| w == "disk");
+    let variants: Vec<(String, &[&str])> = drivers
+        .iter()
+        .map(|d| (d.clone(), &[][..]))
+        .chain(
+            drivers
+                .iter()
+                .filter(|_| direct)
+                .map(|d| (format!("{d}{DIRECT}"), &["--direct"][..])),
+        )
+        .collect();
     let servers = Servers {
-        ferry: drivers
+        ferry: variants
             .iter()
             .enumerate()
-            .map(|(i, d)| {
-                let s = addr::address(d, i).and_then(|a| Server::ferry(&a.to_string(), &roots));
-                (d.clone(), s)
+            .map(|(i, (v, extra))| {
+                let d = v.strip_suffix(DIRECT).unwrap_or(v);
+                let s =
+                    addr::address(d, i).and_then(|a| Server::ferry(&a.to_string(), &roots, extra));
+                (v.clone(), s)
             })
             .collect(),
         gridftp: need("globus-url-copy")
@@ -282,6 +300,9 @@ fn cells_of(plan: &Plan, drivers: &[String]) -> Vec<Cell> {
     for d in drivers {
         v.push(Cell::new("disk", "ferry", d, disk, 1));
     }
+    for d in drivers {
+        v.push(Cell::new("disk", "ferry", &format!("{d}{DIRECT}"), disk, 1));
+    }
     for p in ["-p 1", "-p 4"] {
         v.push(Cell::new("disk", "gridftp", p, disk, 1));
     }
@@ -339,6 +360,9 @@ fn transfer(plan: &Plan, ws: &Workspace, servers: &Servers, row: &CpRow) -> Resu
             let mut c = Command::new(exe);
             quiet(&mut c);
             c.args(["cp", "--quiet"]);
+            if row.variant.ends_with(DIRECT) {
+                c.arg("--direct");
+            }
             let remote = |rel: &str| format!("{}/{rel}", server.addr);
             match row.workload.as_str() {
                 "mem" => c
