@@ -385,4 +385,34 @@ mod tests {
         let _ = std::fs::remove_file(&p);
         let _ = std::fs::remove_file(tmp("prefix-part"));
     }
+
+    #[test]
+    fn background_checkpoints_record_what_was_handed_over() {
+        let p = tmp("bg");
+        let part_path = tmp("bg-part");
+        let part = open(&part_path);
+        let size = 3 * CHECKPOINT_BYTES;
+        let j = Journal::create(open(&p), Ident { size, mtime: 1 }, 10).unwrap();
+        let mut pr = Progress::new(j);
+        assert!(!pr.due(), "nothing verified yet");
+        pr.good(0, CHECKPOINT_BYTES);
+        assert!(pr.due(), "16 MiB verified");
+        pr.checkpoint_in_background(&part).unwrap();
+        assert!(!pr.due(), "handed over: not due again at once");
+        pr.good(CHECKPOINT_BYTES, CHECKPOINT_BYTES);
+        pr.checkpoint_in_background(&part).unwrap();
+        // Settling waits for the thread: the journal then holds the last prefix handed over
+        // (or the one before, if the thread was still busy when it was asked).
+        pr.settle().unwrap();
+        let done = Journal::load(open(&p)).unwrap().done();
+        assert!(done == CHECKPOINT_BYTES || done == 2 * CHECKPOINT_BYTES, "{done}");
+        assert_eq!(pr.journaled(), done);
+        // The final checkpoint runs here and records everything verified.
+        pr.good(2 * CHECKPOINT_BYTES, 5);
+        pr.checkpoint(&part).unwrap();
+        assert_eq!(Journal::load(open(&p)).unwrap().done(), 2 * CHECKPOINT_BYTES + 5);
+        assert_eq!(pr.journaled(), 2 * CHECKPOINT_BYTES + 5);
+        let _ = std::fs::remove_file(&p);
+        let _ = std::fs::remove_file(&part_path);
+    }
 }
