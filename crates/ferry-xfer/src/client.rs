@@ -232,10 +232,11 @@ impl LocalPart {
         ))
     }
 
-    /// Sets mode and mtime, fsyncs, drops the journal, renames into place and fsyncs the
-    /// directory; if any step fails the temporary file goes too (nothing to resume: the
-    /// data was whole and verified, the failure is the destination's).
-    fn commit(self, mode: u32, mtime: Option<SystemTime>) -> Result<()> {
+    /// Sets mode and mtime, fsyncs, drops the journal and renames into place; returns the
+    /// directory, which the caller fsyncs (once for all the files committed into it) before
+    /// it reports success. If any step fails the temporary file goes too (nothing to
+    /// resume: the data was whole and verified, the failure is the destination's).
+    fn commit(self, mode: u32, mtime: Option<SystemTime>) -> Result<PathBuf> {
         let res = self.try_commit(mode, mtime);
         if res.is_err() {
             self.discard();
@@ -243,7 +244,7 @@ impl LocalPart {
         res
     }
 
-    fn try_commit(&self, mode: u32, mtime: Option<SystemTime>) -> Result<()> {
+    fn try_commit(&self, mode: u32, mtime: Option<SystemTime>) -> Result<PathBuf> {
         use std::os::unix::fs::PermissionsExt;
         let io = |e: std::io::Error| XferError::io(self.dest.display(), &e);
         self.file
@@ -259,11 +260,10 @@ impl LocalPart {
             _ => {}
         }
         std::fs::rename(&self.tmp, &self.dest).map_err(io)?;
-        let parent = match self.dest.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p,
-            _ => Path::new("."),
-        };
-        File::open(parent).and_then(|d| d.sync_all()).map_err(io)
+        Ok(match self.dest.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        })
     }
 
     fn discard(self) {
@@ -693,7 +693,7 @@ impl Client {
                         );
                     }
                     let (mode, mtime) = (dl.mode, system_time(dl.ident.mtime));
-                    commits.submit(move || part.commit(mode, mtime))?;
+                    commits.submit(move || part.commit(mode, mtime).map(Some))?;
                     self.stats.files += 1;
                     self.stats.bytes += dl.size;
                 }

@@ -405,12 +405,18 @@ mod tests {
         // (or the one before, if the thread was still busy when it was asked).
         pr.settle().unwrap();
         let done = Journal::load(open(&p)).unwrap().done();
-        assert!(done == CHECKPOINT_BYTES || done == 2 * CHECKPOINT_BYTES, "{done}");
+        assert!(
+            done == CHECKPOINT_BYTES || done == 2 * CHECKPOINT_BYTES,
+            "{done}"
+        );
         assert_eq!(pr.journaled(), done);
         // The final checkpoint runs here and records everything verified.
         pr.good(2 * CHECKPOINT_BYTES, 5);
         pr.checkpoint(&part).unwrap();
-        assert_eq!(Journal::load(open(&p)).unwrap().done(), 2 * CHECKPOINT_BYTES + 5);
+        assert_eq!(
+            Journal::load(open(&p)).unwrap().done(),
+            2 * CHECKPOINT_BYTES + 5
+        );
         assert_eq!(pr.journaled(), 2 * CHECKPOINT_BYTES + 5);
         let _ = std::fs::remove_file(&p);
         let _ = std::fs::remove_file(&part_path);
