@@ -310,7 +310,10 @@ fn cells_of(plan: &Plan, drivers: &[String]) -> Vec<Cell> {
     for d in drivers {
         v.push(Cell::new("small", "ferry", d, small, files));
     }
-    for p in ["-p 1", "-p 4"] {
+    // -cc 4 (four concurrent FTP connections for the files of a tree) is GridFTP's fastest
+    // form for many small files here (2,000 × 64 KiB /dev/shm → /dev/shm, two rounds:
+    // 3110 and 3528 files/s against 1138 and 2282 without; -pp pipelining gave 782 and 2569).
+    for p in ["-p 1", "-p 4", "-cc 4"] {
         v.push(Cell::new("small", "gridftp", p, small, files));
     }
     v.push(Cell::new("small", "xrdcp", "", small, files));
@@ -378,9 +381,11 @@ fn transfer(plan: &Plan, ws: &Workspace, servers: &Servers, row: &CpRow) -> Resu
             let server = ok(&servers.gridftp, "GridFTP")?;
             let mut c = Command::new("globus-url-copy");
             c.arg("-fast");
-            if row.variant == "-p 4" {
-                c.args(["-p", "4"]);
-            }
+            match row.variant.as_str() {
+                "-p 4" => c.args(["-p", "4"]),
+                "-cc 4" => c.args(["-cc", "4"]),
+                _ => &mut c,
+            };
             let url = |p: &Path| format!("ftp://127.0.0.1:{}{}", server.addr, p.display());
             match row.workload.as_str() {
                 "small" => c
