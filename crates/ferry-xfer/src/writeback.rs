@@ -2,10 +2,13 @@
 //! checkpoint, so small files never pay for one) that `fdatasync`s the part and then records
 //! the verified prefix in the journal ([`crate::journal`]). The receiving thread only hands
 //! it the prefix it had written before asking, so the journal never claims bytes that are
-//! not on disk, and the network is never stalled behind the disk.
+//! not on disk. One checkpoint runs while the next interval's data arrives; handing over the
+//! next one waits for it, so the part is never more than two intervals ahead of its journal
+//! (a killed receiver loses at most that) and a disk slower than the network slows the
+//! transfer to the disk's pace instead of piling up dirty pages.
 
 use std::fs::File;
-use std::sync::mpsc::{self, SyncSender, TrySendError};
+use std::sync::mpsc::{self, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -36,8 +39,8 @@ impl Checkpointer {
             done: journal.done(),
             error: None,
         }));
-        // One request waiting while one runs: a newer prefix replaces nothing, it waits.
-        let (tx, rx) = mpsc::sync_channel::<u64>(1);
+        // A rendezvous: a request is taken only when the previous checkpoint is done.
+        let (tx, rx) = mpsc::sync_channel::<u64>(0);
         let st = state.clone();
         let handle = std::thread::Builder::new()
             .name("ferry-checkpoint".into())
@@ -63,22 +66,16 @@ impl Checkpointer {
         })
     }
 
-    /// Asks for a checkpoint of `prefix` (already written); `Ok(false)` if one is already
-    /// waiting (ask again later), `Err` with the thread's first failure.
-    pub(crate) fn request(&mut self, prefix: u64) -> std::io::Result<bool> {
+    /// Asks for a checkpoint of `prefix` (already written), after waiting for the previous
+    /// one to finish; `Err` with the thread's first failure.
+    pub(crate) fn request(&mut self, prefix: u64) -> std::io::Result<()> {
+        let stopped = || std::io::Error::other("the checkpoint thread stopped");
+        let tx = self.tx.as_ref().ok_or_else(stopped)?;
+        let sent = tx.send(prefix);
         if let Some(e) = lock(&self.state).error.take() {
             return Err(e);
         }
-        let Some(tx) = &self.tx else {
-            return Ok(false);
-        };
-        match tx.try_send(prefix) {
-            Ok(()) => Ok(true),
-            Err(TrySendError::Full(_)) => Ok(false),
-            Err(TrySendError::Disconnected(_)) => {
-                Err(std::io::Error::other("the checkpoint thread stopped"))
-            }
-        }
+        sent.map_err(|_| stopped())
     }
 
     /// The prefix the journal holds so far.
