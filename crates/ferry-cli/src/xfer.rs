@@ -42,6 +42,10 @@ pub struct ServeArgs {
     /// so copies can skip the disk on this side.
     #[arg(long)]
     mem: bool,
+    /// Read and write file data with direct I/O (O_DIRECT), bypassing the page cache
+    /// (also `direct = true` in the config).
+    #[arg(long)]
+    direct: bool,
     /// Accept this token (repeatable; adds to the config's [auth] tokens).
     #[arg(long = "token", value_name = "TOKEN")]
     tokens: Vec<String>,
@@ -116,6 +120,10 @@ pub struct CpArgs {
     /// to the block size).
     #[arg(long, value_name = "BYTES", default_value_t = ferry_xfer::parallel::DEFAULT_CHUNK)]
     chunk_size: u64,
+    /// Read and write local files with direct I/O (O_DIRECT), bypassing the page cache
+    /// (the server's side follows its config's `direct`).
+    #[arg(long)]
+    direct: bool,
     #[command(flatten)]
     remote: Remote,
     /// Source: a local path, HOST:ROOT/PATH, or ferry://HOST[:PORT]/ROOT/PATH (also tcp://, ofi+tcp://, ofi+shm://NAME/...), or zero:SIZE (memory mode: SIZE zero bytes, e.g. zero:4G). With both SRC and DST remote, the source server sends straight to the destination (third-party copy).
@@ -172,6 +180,7 @@ pub fn serve(a: ServeArgs) -> Result<(), XferError> {
     }
     cfg.auth.anonymous |= a.anonymous;
     cfg.mem |= a.mem;
+    cfg.direct |= a.direct;
     cfg.auth.tokens.extend(a.tokens);
     cfg.third_party.extend(a.third_party);
     let grace = std::time::Duration::try_from_secs_f64(a.drain_timeout).map_err(|_| {
@@ -265,6 +274,7 @@ pub fn cp(a: CpArgs) -> Result<(), XferError> {
         idle_timeout,
         streams: a.streams,
         chunk: a.chunk_size,
+        direct: a.direct,
         ..a.remote.options()
     };
     let bar = (!a.quiet && !a.json && std::io::stderr().is_terminal()).then(|| {

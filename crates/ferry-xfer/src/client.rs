@@ -20,6 +20,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
+use crate::commit::CommitPool;
 use crate::error::{Kind, Result, XferError};
 use crate::journal::{open_part, Found, Ident, OpenHow, Progress as Journaled};
 use crate::link::{BlockSender, BlockWriter, Link, Source, Span, HANDSHAKE_TIMEOUT};
@@ -93,6 +94,10 @@ pub struct Options {
     /// With several streams, files are split into chunks of about this many bytes (rounded
     /// to the block size), handed to whichever stream is free.
     pub chunk: u64,
+    /// Read (uploads) and write (downloads) local files with direct I/O (`O_DIRECT`),
+    /// bypassing the page cache, where the filesystem allows it. The server's side follows
+    /// its own configuration (`direct` in `ferry serve`'s config).
+    pub direct: bool,
 }
 
 impl Default for Options {
@@ -108,6 +113,7 @@ impl Default for Options {
             dest_token: None,
             streams: 1,
             chunk: crate::parallel::DEFAULT_CHUNK,
+            direct: false,
         }
     }
 }
@@ -162,6 +168,8 @@ pub struct Client {
     pub(crate) minor: u16,
     resume: bool,
     pub(crate) tx: BlockSender,
+    /// Direct I/O for local files ([`Options::direct`]).
+    direct: bool,
     ring: usize,
     next_id: u32,
     /// The session WELCOME named (parallel streams join it).
@@ -234,7 +242,19 @@ impl LocalPart {
         ))
     }
 
-    pub(crate) fn commit(self, mode: u32, mtime: Option<SystemTime>) -> Result<()> {
+    /// Sets mode and mtime, fsyncs, drops the journal and renames into place; returns the
+    /// directory, which the caller fsyncs (once for all the files committed into it) before
+    /// it reports success. If any step fails the temporary file goes too (nothing to
+    /// resume: the data was whole and verified, the failure is the destination's).
+    pub(crate) fn commit(self, mode: u32, mtime: Option<SystemTime>) -> Result<PathBuf> {
+        let res = self.try_commit(mode, mtime);
+        if res.is_err() {
+            self.discard();
+        }
+        res
+    }
+
+    fn try_commit(&self, mode: u32, mtime: Option<SystemTime>) -> Result<PathBuf> {
         use std::os::unix::fs::PermissionsExt;
         let io = |e: std::io::Error| XferError::io(self.dest.display(), &e);
         self.file
@@ -250,11 +270,10 @@ impl LocalPart {
             _ => {}
         }
         std::fs::rename(&self.tmp, &self.dest).map_err(io)?;
-        let parent = match self.dest.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p,
-            _ => Path::new("."),
-        };
-        File::open(parent).and_then(|d| d.sync_all()).map_err(io)
+        Ok(match self.dest.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        })
     }
 
     pub(crate) fn discard(self) {
@@ -354,12 +373,15 @@ impl Client {
         }
         link.timeout = opts.idle_timeout;
         link.post_ring(opts.ring.max(2), BLOCK_HEADER_LEN + block as usize)?;
+        let mut tx = BlockSender::new(block, opts.ring.max(1), opts.idle_timeout)?;
+        tx.direct = opts.direct;
         Ok(Client {
             link,
             block,
             minor,
             resume: opts.resume,
-            tx: BlockSender::new(block, opts.ring.max(1), opts.idle_timeout)?,
+            tx,
+            direct: opts.direct,
             ring: opts.ring.max(1),
             next_id: 1,
             session,
@@ -446,7 +468,10 @@ impl Client {
         progress: &dyn Progress,
     ) -> Result<()> {
         let mut live: HashMap<u32, Dl> = HashMap::new();
-        let res = self.download_loop(jobs, &mut live, progress);
+        let mut commits = CommitPool::new();
+        let res = self.download_loop(jobs, &mut live, &mut commits, progress);
+        // Every file handed to the pool is complete and verified: let its commit finish.
+        let committed = commits.finish();
         if let Err(e) = &res {
             let keep = e.kind == Kind::Connection;
             for (_, dl) in live.drain() {
@@ -463,7 +488,7 @@ impl Client {
                 }
             }
         }
-        res
+        res.and(committed)
     }
 
     /// Resume partial files in later downloads on this connection.
@@ -574,6 +599,7 @@ impl Client {
         &mut self,
         jobs: &mut dyn Iterator<Item = DlJob>,
         live: &mut HashMap<u32, Dl>,
+        commits: &mut CommitPool,
         progress: &dyn Progress,
     ) -> Result<()> {
         let mut sums = VecDeque::new();
@@ -664,7 +690,10 @@ impl Client {
                         else {
                             return Err(XferError::conn("READY twice"));
                         };
-                        let sink = BlockSink::journaled(id, size, journal);
+                        let mut sink = BlockSink::journaled(id, size, journal);
+                        if self.direct {
+                            sink.set_direct(&part.file);
+                        }
                         dl.writer = Some(BlockWriter::with_sink(sink, &part.file, self.ring)?);
                         dl.size = size;
                         dl.mode = mode;
@@ -760,7 +789,8 @@ impl Client {
                             ),
                         );
                     }
-                    part.commit(dl.mode, system_time(dl.ident.mtime))?;
+                    let (mode, mtime) = (dl.mode, system_time(dl.ident.mtime));
+                    commits.submit(move || part.commit(mode, mtime).map(Some))?;
                     self.stats.files += 1;
                     self.stats.bytes += dl.size;
                 }

@@ -6,6 +6,7 @@
 //! ring = 8                           # staging blocks in flight per connection (default 8)
 //! third_party = ["tcp://dtn2:7370"]  # servers this one may send third-party copies to ("*": any)
 //! mem = false                        # true: export the virtual root `mem` (zero/SIZE, null)
+//! direct = false                     # true: read and write files with O_DIRECT (no page cache)
 //!
 //! [auth]
 //! tokens = ["s3cret-token"]          # clients send one of these (ferry cp --token / FERRY_TOKEN)
@@ -60,6 +61,10 @@ pub struct ServerConfig {
     /// Export the memory-mode root `mem` (`mem/zero/SIZE`, `mem/null`; see [`crate::mem`]).
     #[serde(default)]
     pub mem: bool,
+    /// Read and write file data with direct I/O (`O_DIRECT`), bypassing the page cache,
+    /// where the filesystem allows it (a warning says when it does not).
+    #[serde(default)]
+    pub direct: bool,
     /// Authentication.
     #[serde(default)]
     pub auth: AuthConfig,
@@ -89,6 +94,7 @@ impl Default for ServerConfig {
             block_size: default_block(),
             ring: default_ring(),
             mem: false,
+            direct: false,
             auth: AuthConfig::default(),
             roots: Vec::new(),
             third_party: Vec::new(),
@@ -169,6 +175,7 @@ mod tests {
 listen = "tcp://0.0.0.0:7370"
 block_size = 4194304
 ring = 8
+direct = true
 [auth]
 tokens = ["s3cret-token"]
 anonymous = false
@@ -179,10 +186,12 @@ path = "/srv/data"
         )
         .unwrap();
         assert_eq!(c.roots[0].name, "data");
+        assert!(c.direct);
         assert_eq!(c.auth.tokens, vec!["s3cret-token".to_string()]);
         c.validate().unwrap();
         let d = ServerConfig::from_toml("[[root]]\nname='a'\npath='/x'\n").unwrap();
         assert_eq!(d.listen, "tcp://0.0.0.0:7370");
+        assert!(!d.direct, "direct I/O is off unless asked for");
         assert!(d.validate().is_err(), "no auth configured must be refused");
         assert!(ServerConfig::from_toml("lisen = 'x'").is_err());
     }

@@ -36,7 +36,7 @@ const SLOT_V1: usize = 64;
 pub const MAX_RANGES: usize = (SLOT - HEAD - 4) / 16;
 
 /// A receiver checkpoints at least this often (bytes of verified prefix)...
-pub const CHECKPOINT_BYTES: u64 = 16 << 20;
+pub const CHECKPOINT_BYTES: u64 = 8 << 20;
 /// ...or this often (time), whichever comes first: a killed receiver loses at most that.
 pub const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
 
@@ -390,12 +390,22 @@ fn read_up_to(f: &File, b: &mut [u8]) -> std::io::Result<usize> {
 }
 
 /// A receiver's view of its part file: the verified ranges (journaled or not yet) and when
-/// to checkpoint next.
+/// to checkpoint next. Checkpoints while data flows run on a thread of their own
+/// ([`Progress::checkpoint_in_background`]); the final one ([`Progress::checkpoint`]) waits
+/// for them and runs on the caller's.
 #[derive(Debug)]
 pub struct Progress {
-    journal: Journal,
+    /// `None` while the checkpoint thread holds it.
+    journal: Option<Journal>,
+    background: Option<crate::writeback::Checkpointer>,
     good: RangeSet,
+    /// Bytes verified when the last checkpoint was asked for.
+    requested: u64,
     last: Instant,
+}
+
+fn journal_lost() -> std::io::Error {
+    std::io::Error::other("the resume journal was lost with its checkpoint thread")
 }
 
 impl Progress {
@@ -403,7 +413,9 @@ impl Progress {
     pub fn new(journal: Journal) -> Progress {
         Progress {
             good: journal.ranges().clone(),
-            journal,
+            requested: journal.ranges().total(),
+            journal: Some(journal),
+            background: None,
             last: Instant::now(),
         }
     }
@@ -415,18 +427,54 @@ impl Progress {
 
     /// Whether enough arrived since the last checkpoint to take another.
     pub fn due(&self) -> bool {
-        let (now, then) = (self.good.total(), self.journal.ranges().total());
-        now > then && (now - then >= CHECKPOINT_BYTES || self.last.elapsed() >= CHECKPOINT_EVERY)
+        let now = self.good.total();
+        now > self.requested
+            && (now - self.requested >= CHECKPOINT_BYTES || self.last.elapsed() >= CHECKPOINT_EVERY)
     }
 
-    /// fsyncs the part file, then records the verified ranges in the journal.
+    /// fsyncs the part file, then records the verified ranges in the journal, on this
+    /// thread, after the background checkpoints asked for (reporting their first error).
     pub fn checkpoint(&mut self, part: &File) -> std::io::Result<()> {
         self.last = Instant::now();
-        if self.good == *self.journal.ranges() {
+        self.settle()?;
+        let journal = self.journal.as_mut().ok_or_else(journal_lost)?;
+        if self.good == *journal.ranges() {
             return Ok(());
         }
         part.sync_data()?;
-        self.journal.record(&self.good)
+        journal.record(&self.good)?;
+        self.requested = self.good.total();
+        Ok(())
+    }
+
+    /// Asks the checkpoint thread (started on first use) to fsync the part file and record
+    /// the verified ranges, without waiting for it; it waits only for the previous
+    /// checkpoint, if that is still running. Returns the thread's first error, if any.
+    pub fn checkpoint_in_background(&mut self, part: &File) -> std::io::Result<()> {
+        self.last = Instant::now();
+        if self.background.is_none() {
+            let journal = self.journal.take().ok_or_else(journal_lost)?;
+            self.background = Some(crate::writeback::Checkpointer::start(part, journal)?);
+        }
+        if let Some(bg) = &mut self.background {
+            bg.request(self.good.clone())?;
+            self.requested = self.good.total();
+        }
+        Ok(())
+    }
+
+    /// Waits for the background checkpoints asked for and stops their thread; its first
+    /// error, if it met one (an fsync error must reach the transfer: the fsync before the
+    /// rename shares the open file and would not report it again).
+    pub fn settle(&mut self) -> std::io::Result<()> {
+        match self.background.take() {
+            Some(bg) => {
+                let (journal, res) = bg.stop();
+                self.journal = journal;
+                res
+            }
+            None => Ok(()),
+        }
     }
 
     /// The verified prefix (journaled or not yet).
@@ -441,7 +489,11 @@ impl Progress {
 
     /// The prefix the journal holds.
     pub fn journaled(&self) -> u64 {
-        self.journal.done()
+        match (&self.background, &self.journal) {
+            (Some(bg), _) => bg.journaled(),
+            (None, Some(j)) => j.done(),
+            (None, None) => 0,
+        }
     }
 }
 
@@ -634,5 +686,37 @@ mod tests {
         assert_eq!(Journal::load(open(&p)).unwrap().done(), 40);
         let _ = std::fs::remove_file(&p);
         let _ = std::fs::remove_file(tmp("prefix-part"));
+    }
+
+    #[test]
+    fn background_checkpoints_record_what_was_handed_over() {
+        let p = tmp("bg");
+        let part_path = tmp("bg-part");
+        let part = open(&part_path);
+        let size = 3 * CHECKPOINT_BYTES;
+        let j = Journal::create(open(&p), Ident { size, mtime: 1 }, 10).unwrap();
+        let mut pr = Progress::new(j);
+        assert!(!pr.due(), "nothing verified yet");
+        pr.good(0, CHECKPOINT_BYTES);
+        assert!(pr.due(), "an interval verified");
+        pr.checkpoint_in_background(&part).unwrap();
+        assert!(!pr.due(), "handed over: not due again at once");
+        pr.good(CHECKPOINT_BYTES, CHECKPOINT_BYTES);
+        pr.checkpoint_in_background(&part).unwrap();
+        // Handing the second over waited for the first; settling waits for the second.
+        pr.settle().unwrap();
+        let done = Journal::load(open(&p)).unwrap().done();
+        assert_eq!(done, 2 * CHECKPOINT_BYTES);
+        assert_eq!(pr.journaled(), done);
+        // The final checkpoint runs here and records everything verified.
+        pr.good(2 * CHECKPOINT_BYTES, 5);
+        pr.checkpoint(&part).unwrap();
+        assert_eq!(
+            Journal::load(open(&p)).unwrap().done(),
+            2 * CHECKPOINT_BYTES + 5
+        );
+        assert_eq!(pr.journaled(), 2 * CHECKPOINT_BYTES + 5);
+        let _ = std::fs::remove_file(&p);
+        let _ = std::fs::remove_file(&part_path);
     }
 }

@@ -25,6 +25,7 @@
 #![warn(missing_docs)]
 
 pub mod client;
+mod commit;
 pub mod config;
 pub mod error;
 pub mod journal;
@@ -37,6 +38,7 @@ pub mod server;
 mod session;
 mod third_party;
 pub mod url;
+mod writeback;
 
 pub use error::{Kind, Result, XferError};
 

@@ -33,6 +33,63 @@ const CONTROL_BUF: usize = 4096;
 /// How long a handshake may take.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Alignment of direct (O_DIRECT) file I/O: memory address, file offset and length. 4096
+/// covers the logical block size of every common disk.
+pub const DIRECT_ALIGN: usize = 4096;
+
+/// Room in front of every staging block and receive buffer: the 32-byte BLOCK header sits
+/// right before the payload, which starts [`DIRECT_ALIGN`] into the (page-aligned)
+/// registered allocation, so direct I/O can read into it and write from it in place.
+const HEAD_ROOM: usize = DIRECT_ALIGN;
+
+/// Allocates a registered buffer of `len` bytes whose byte [`BLOCK_HEADER_LEN`] (a BLOCK's
+/// payload) is [`DIRECT_ALIGN`]-aligned.
+fn alloc_aligned(sock: &ExsSocket, len: usize, what: &str) -> Result<ExsBuf> {
+    let start = HEAD_ROOM - BLOCK_HEADER_LEN;
+    sock.alloc(start + len)
+        .map_err(|e| XferError::conn(format!("register {what}: {e}")))?
+        .slice(start..)
+        .map_err(|e| XferError::conn(format!("slice {what}: {e}")))
+}
+
+/// Opens a second handle on the same file that bypasses the page cache (`O_DIRECT`),
+/// through `/proc/self/fd`, for reading or for writing. Filesystems without direct I/O
+/// refuse it (`EINVAL`).
+pub fn open_direct(file: &std::fs::File, write: bool) -> std::io::Result<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(!write)
+        .write(write)
+        .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
+        .open(format!("/proc/self/fd/{}", file.as_raw_fd()))
+}
+
+/// [`open_direct`], or `None` with a warning (once per process) that says why the copy goes
+/// through the page cache instead.
+pub fn open_direct_or_warn(file: &std::fs::File, write: bool) -> Option<std::fs::File> {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    match open_direct(file, write) {
+        Ok(f) => Some(f),
+        Err(e) => {
+            if !WARNED.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    "direct I/O (O_DIRECT) refused here ({e}; the filesystem may not support it): going through the page cache"
+                );
+            }
+            None
+        }
+    }
+}
+
+/// Whether a direct transfer of `len` bytes at file offset `pos` from or to address
+/// `addr` meets the alignment rules.
+pub fn direct_aligned(addr: usize, pos: u64, len: usize) -> bool {
+    addr.is_multiple_of(DIRECT_ALIGN)
+        && pos.is_multiple_of(DIRECT_ALIGN as u64)
+        && len.is_multiple_of(DIRECT_ALIGN)
+}
+
 /// A connected transfer link: an EXS socket, its queue, and the posted receive ring.
 pub struct Link {
     sock: ExsSocket,
@@ -100,10 +157,7 @@ impl Link {
         self.recv_size = size;
         let outstanding = (self.next_post - self.next_deliver) as usize;
         for _ in outstanding..count {
-            let buf = self
-                .sock
-                .alloc(size)
-                .map_err(|e| XferError::conn(format!("register receive buffer: {e}")))?;
+            let buf = alloc_aligned(&self.sock, size, "receive buffer")?;
             self.sock.recv(buf, Flags::NONE, self.next_post);
             self.next_post += 1;
         }
@@ -160,9 +214,7 @@ impl Link {
     /// Re-posts a delivered receive buffer (a fresh one if the ring grew since).
     fn repost(&mut self, buf: ExsBuf) -> Result<()> {
         let buf = if buf.len() < self.recv_size {
-            self.sock
-                .alloc(self.recv_size)
-                .map_err(|e| XferError::conn(format!("register receive buffer: {e}")))?
+            alloc_aligned(&self.sock, self.recv_size, "receive buffer")?
         } else {
             buf
         };
@@ -322,6 +374,9 @@ pub struct BlockSender {
     timeout: Duration,
     /// Blocks sent.
     pub blocks: u64,
+    /// Read files with direct I/O (`O_DIRECT`, bypassing the page cache) where the
+    /// filesystem allows it; the unaligned tail of a file is read through the cache.
+    pub direct: bool,
 }
 
 impl BlockSender {
@@ -338,6 +393,7 @@ impl BlockSender {
             zeroed: std::collections::HashSet::new(),
             timeout,
             blocks: 0,
+            direct: false,
         })
     }
 
@@ -351,7 +407,7 @@ impl BlockSender {
         }
         ev.result.map_err(|e| exs_err("send block", e))?;
         if let Some(buf) = ev.buf {
-            // The send used a prefix of the block; keep the whole block.
+            // The send used part of the block; keep the whole block.
             self.free.push(ExsBuf::new(buf.region().clone()));
         }
         Ok(())
@@ -360,13 +416,13 @@ impl BlockSender {
     fn take_block(&mut self, sock: &ExsSocket) -> Result<ExsBuf> {
         loop {
             if let Some(b) = self.free.pop() {
-                return Ok(b);
+                return b
+                    .slice(HEAD_ROOM - BLOCK_HEADER_LEN..)
+                    .map_err(|e| XferError::conn(format!("slice staging block: {e}")));
             }
             if self.allocated < self.ring {
                 self.allocated += 1;
-                return sock
-                    .alloc(BLOCK_HEADER_LEN + self.block)
-                    .map_err(|e| XferError::conn(format!("register staging block: {e}")));
+                return alloc_aligned(sock, BLOCK_HEADER_LEN + self.block, "staging block");
             }
             self.reap_one()?;
         }
@@ -440,6 +496,20 @@ impl BlockSender {
     ) -> Result<()> {
         let mut pos = span.offset;
         let end = span.offset.saturating_add(span.len);
+        let mut direct = None;
+        if let Source::File(file) = src {
+            if self.direct {
+                direct = open_direct_or_warn(file, false);
+            } else {
+                // A larger kernel readahead window for the whole range (advice only).
+                let _ = rustix::fs::fadvise(
+                    file,
+                    span.offset,
+                    std::num::NonZeroU64::new(span.len),
+                    rustix::fs::Advice::Sequential,
+                );
+            }
+        }
         while pos < end {
             let n = (end - pos).min(self.block as u64) as usize;
             let buf = self.take_block(&link.sock)?;
@@ -451,8 +521,25 @@ impl BlockSender {
             match src {
                 Source::File(file) => {
                     self.zeroed.remove(&buf.addr());
-                    mem.read_file_at(at, n, file, pos)
-                        .map_err(|e| XferError::io(format!("read at offset {pos}"), &e))?;
+                    let aligned = direct_aligned(buf.addr() + BLOCK_HEADER_LEN, pos, n);
+                    let read = match &direct {
+                        Some(d) if aligned => mem.read_file_at(at, n, d, pos),
+                        _ => {
+                            // The disk reads the next block while this one is read, checked
+                            // and sent.
+                            let next = pos + n as u64;
+                            if next < end && direct.is_none() {
+                                let _ = rustix::fs::fadvise(
+                                    file,
+                                    next,
+                                    std::num::NonZeroU64::new((end - next).min(self.block as u64)),
+                                    rustix::fs::Advice::WillNeed,
+                                );
+                            }
+                            mem.read_file_at(at, n, file, pos)
+                        }
+                    };
+                    read.map_err(|e| XferError::io(format!("read at offset {pos}"), &e))?;
                 }
                 Source::Zero => {
                     if self.zeroed.insert(buf.addr()) {
@@ -675,17 +762,20 @@ impl BlockWriter {
         }
     }
 
-    /// Stops the writer and returns its sink (write errors, hash state).
+    /// Stops the writer and returns its sink (write errors, including those of its
+    /// background checkpoints, and hash state).
     pub fn finish(self) -> Result<crate::server::BlockSink> {
-        match self.inner {
-            WriterKind::Inline(sink, _, _) => Ok(*sink),
+        let mut sink = match self.inner {
+            WriterKind::Inline(sink, _, _) => *sink,
             WriterKind::Thread { tx, handle } => {
                 drop(tx);
                 handle
                     .join()
-                    .map_err(|_| XferError::conn("the disk writer thread failed"))
+                    .map_err(|_| XferError::conn("the disk writer thread failed"))?
             }
-        }
+        };
+        sink.settle();
+        Ok(sink)
     }
 }
 

@@ -411,6 +411,10 @@ pub struct BlockSink {
     window: Option<(u64, u64)>,
     /// For one range of a parallel transfer: what was written from good blocks.
     pub got: RangeSet,
+    /// A direct-I/O (`O_DIRECT`) handle on the file, when asked for and allowed.
+    direct: Option<File>,
+    /// An aligned copy of a payload that arrived unaligned, for direct writes.
+    bounce: Vec<u8>,
 }
 
 impl BlockSink {
@@ -428,7 +432,16 @@ impl BlockSink {
             journal: None,
             window: None,
             got: RangeSet::new(),
+            direct: None,
+            bounce: Vec::new(),
         }
+    }
+
+    /// Writes aligned blocks of `file` with direct I/O (`O_DIRECT`, bypassing the page
+    /// cache) where its filesystem allows it; unaligned ones (a file's tail) go through the
+    /// cache. Without direct I/O there (a warning says so) every write goes through the cache.
+    pub fn set_direct(&mut self, file: &File) {
+        self.direct = crate::link::open_direct_or_warn(file, true);
     }
 
     /// A sink for the range `[lo, hi)` of a file of `size` bytes, one piece of a parallel
@@ -465,6 +478,16 @@ impl BlockSink {
         }
     }
 
+    /// Waits for the background checkpoints and stops their thread; an error they met
+    /// becomes the transfer's write error.
+    pub fn settle(&mut self) {
+        if let Some(j) = &mut self.journal {
+            if let Err(e) = j.settle() {
+                self.io_error.get_or_insert(e);
+            }
+        }
+    }
+
     /// Checks one BLOCK against its CRC-32C and the transfer's bounds; writes it if good
     /// (to `file`; `None` is the null sink of memory mode: nothing is written or hashed),
     /// remembers its range for a re-fetch if not.
@@ -496,7 +519,7 @@ impl BlockSink {
             return Ok(());
         };
         if self.io_error.is_none() {
-            match file.write_all_at(payload, h.offset) {
+            match write_at(file, &mut self.direct, &mut self.bounce, payload, h.offset) {
                 Err(e) => self.io_error = Some(e),
                 Ok(()) => {
                     if self.window.is_some() {
@@ -505,7 +528,7 @@ impl BlockSink {
                     if let Some(j) = &mut self.journal {
                         j.good(h.offset, u64::from(h.len));
                         if j.due() {
-                            if let Err(e) = j.checkpoint(file) {
+                            if let Err(e) = j.checkpoint_in_background(file) {
                                 self.io_error = Some(e);
                             }
                         }
@@ -528,6 +551,44 @@ impl BlockSink {
             return Ok(*self.hasher.finalize().as_bytes());
         }
         hash_file(file, self.size)
+    }
+}
+
+/// Writes `payload` at `offset` of `file`: through `direct` when the block is aligned (from
+/// an aligned copy in `bounce` if the payload itself is not), else through the page cache. A
+/// filesystem that refuses a direct write (`EINVAL`) gets this and later blocks cached.
+fn write_at(
+    file: &File,
+    direct: &mut Option<File>,
+    bounce: &mut Vec<u8>,
+    payload: &[u8],
+    offset: u64,
+) -> std::io::Result<()> {
+    use crate::link::{direct_aligned, DIRECT_ALIGN};
+    let Some(d) = direct.as_ref() else {
+        return file.write_all_at(payload, offset);
+    };
+    if !direct_aligned(0, offset, payload.len()) {
+        return file.write_all_at(payload, offset);
+    }
+    let res = if direct_aligned(payload.as_ptr() as usize, offset, payload.len()) {
+        d.write_all_at(payload, offset)
+    } else {
+        if bounce.len() < payload.len() + DIRECT_ALIGN {
+            bounce.resize(payload.len() + DIRECT_ALIGN, 0);
+        }
+        let start = bounce.as_ptr().align_offset(DIRECT_ALIGN);
+        let copy = &mut bounce[start..start + payload.len()];
+        copy.copy_from_slice(payload);
+        d.write_all_at(copy, offset)
+    };
+    match res {
+        Err(e) if e.raw_os_error() == Some(Errno::INVAL.raw_os_error()) => {
+            tracing::warn!("direct I/O write refused ({e}): going through the page cache");
+            *direct = None;
+            file.write_all_at(payload, offset)
+        }
+        r => r,
     }
 }
 
@@ -858,6 +919,7 @@ impl Server {
         link.timeout = Duration::from_secs(600);
         link.post_ring(self.cfg.ring, BLOCK_HEADER_LEN + block as usize)?;
         let mut tx = BlockSender::new(block, self.cfg.ring, link.timeout)?;
+        tx.direct = self.cfg.direct;
         loop {
             let msg = next_request(link, &session)?;
             if self.draining.load(Ordering::SeqCst) && msg != Msg::Bye {
@@ -1246,7 +1308,10 @@ impl Server {
             mode: req.mode,
             offset,
         })?;
-        let sink = BlockSink::journaled(file_id, req.size, progress);
+        let mut sink = BlockSink::journaled(file_id, req.size, progress);
+        if self.cfg.direct {
+            sink.set_direct(&part.file);
+        }
         match self.receive(link, &part, sink, &claim.yield_to_newer, path) {
             // Connection-level failure: the connection ends; the part and its journal stay
             // for a resume.

@@ -238,7 +238,8 @@ impl SharedDl {
                 ),
             ));
         }
-        part.commit(st.mode, system_time(self.mtime))?;
+        let dir = part.commit(st.mode, system_time(self.mtime))?;
+        crate::commit::sync_dir(&dir)?;
         Ok(Some(self.size))
     }
 

@@ -112,7 +112,10 @@ fn best_ratio(
         &mut rows
             .iter()
             .filter(|r| r.tool == "ferry" && r.workload == ferry_workload)
-            .filter(|r| driver.is_none_or(|d| r.variant == d)),
+            .filter(|r| {
+                driver
+                    .is_none_or(|d| r.variant.strip_suffix(" --direct").unwrap_or(&r.variant) == d)
+            }),
     )?;
     let (p, pname) = pick(
         &mut rows
@@ -353,6 +356,10 @@ mod tests {
             row("mem", "iperf3", "", 5.0, 1.0),
             row("small", "ferry", "tcp", 1.0, 1.0),
             row("small", "gridftp", "-p 1", 0.4, 1.0),
+            row("disk", "ferry", "tcp", 0.2, 1.0),
+            row("disk", "ferry", "tcp --direct", 0.3, 1.0),
+            row("disk", "ferry", "ofi+shm --direct", 0.6, 1.0),
+            row("disk", "gridftp", "-p 1", 0.5, 1.0),
         ];
         let (s, best) = summary(&rows);
         assert_eq!(s.get("mem_vs_gridftp"), Some(1.6));
@@ -362,7 +369,13 @@ mod tests {
         assert_eq!(s.get("cpu_vs_gridftp"), Some(3.0));
         assert_eq!(best["cpu_vs_gridftp"], "ferry tcp vs gridftp -p 1");
         assert_eq!(s.get("smallfiles_vs_gridftp"), Some(2.5));
-        assert_eq!(s.get("disk_vs_gridftp"), None);
+        assert_eq!(s.get("disk_vs_gridftp"), Some(1.2));
+        assert_eq!(
+            best["disk_vs_gridftp"],
+            "ferry ofi+shm --direct vs gridftp -p 1"
+        );
+        // A direct-I/O variant of the tcp driver counts as tcp.
+        assert_eq!(s.get("disk_vs_gridftp_tcp"), Some(0.6));
         // The tcp-only variant ignores the faster ofi+shm row.
         assert_eq!(s.get("mem_vs_gridftp_tcp"), Some(1.2));
         assert_eq!(best["mem_vs_gridftp_tcp"], "ferry tcp vs gridftp -p 4");
@@ -370,7 +383,7 @@ mod tests {
         let verdict = |k: &str| t.iter().find(|t| t.metric == k).map(Target::verdict);
         assert_eq!(verdict("mem_vs_gridftp"), Some("pass"));
         assert_eq!(verdict("mem_vs_iperf3"), Some("FAIL"));
-        assert_eq!(verdict("disk_vs_gridftp"), Some("missing"));
+        assert_eq!(verdict("disk_vs_gridftp"), Some("FAIL"));
     }
 
     #[test]

@@ -81,12 +81,13 @@ impl Server {
         proc_cpu_secs(self.child.id())
     }
 
-    /// `ferry serve --mem --anonymous` exporting `roots` on `listen`; its address is the
-    /// one it reports.
-    pub fn ferry(listen: &str, roots: &[(&str, &Path)]) -> Result<Server> {
+    /// `ferry serve --mem --anonymous` exporting `roots` on `listen`, with `extra`
+    /// arguments; its address is the one it reports.
+    pub fn ferry(listen: &str, roots: &[(&str, &Path)], extra: &[&str]) -> Result<Server> {
         let exe = std::env::current_exe().context("locating the ferry binary")?;
         let mut cmd = Command::new(exe);
-        cmd.args(["serve", "--mem", "--anonymous", "--listen", listen]);
+        cmd.args(["serve", "--mem", "--anonymous", "--listen", listen])
+            .args(extra);
         for (name, path) in roots {
             cmd.arg("--root").arg(format!("{name}={}", path.display()));
         }
