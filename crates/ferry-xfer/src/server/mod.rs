@@ -1,0 +1,667 @@
+//! `ferry serve`: exported roots behind a sandbox, token auth, a thread per connection.
+//!
+//! Every path a client names is `root/relative/path`. The relative part is opened with
+//! `openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)` relative to the root's directory
+//! descriptor, so `..`, absolute paths and symlinks that lead outside the root are refused
+//! by the kernel, whatever races happen meanwhile. New files are created inside a directory
+//! opened that way, under a temporary name, and renamed into place only after their BLAKE3
+//! matched and they were fsynced.
+
+mod get;
+mod put;
+mod ranges;
+mod roots;
+mod sink;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ferry_exs::runtime::{default_config, EventQueue, ExsListener};
+use rustix::io::Errno;
+
+use crate::config::ServerConfig;
+use crate::error::{Kind, Result, XferError};
+use crate::link::{BlockSender, Link, HANDSHAKE_TIMEOUT};
+use crate::proto::{self, Entry, ErrorCode, Msg, BLOCK_HEADER_LEN};
+use crate::session::Session;
+
+pub(crate) use roots::refuse;
+use roots::PResult;
+pub use roots::{part_name, PartFile, Refusal, Roots};
+pub use sink::{hash_file, BlockSink};
+
+/// A running server's shared state.
+pub struct Server {
+    cfg: ServerConfig,
+    roots: Roots,
+    sessions: AtomicU64,
+    /// Files a PUT is writing (their `root/path`), so a resumed PUT never shares a part file
+    /// with the connection of a client that vanished but is not noticed gone yet.
+    /// A newer PUT of the same file raises the holder's flag: the holder journals and lets go
+    /// (the usual holder is a vanished client's connection the fabric has not noticed).
+    busy: Arc<Mutex<HashMap<String, Arc<AtomicBool>>>>,
+    /// Live sessions (parallel streams join them by id).
+    live: Mutex<HashMap<u64, Arc<Session>>>,
+    /// Set once a drain starts: new requests are refused with Unavailable.
+    draining: AtomicBool,
+    /// Set when the drain's grace period is over: transfers in flight journal and stop.
+    stop: AtomicBool,
+    /// GETs and PUTs being served.
+    in_flight: AtomicUsize,
+    /// Transfers stopped by [`Server::drain`].
+    interrupted: AtomicUsize,
+    /// Transfers in flight when the drain began (`usize::MAX` before).
+    at_drain: AtomicUsize,
+}
+
+/// What [`Server::drain`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DrainReport {
+    /// Transfers in flight when the drain began.
+    pub in_flight: usize,
+    /// Transfers stopped after the grace period (uploads journaled here; downloads are
+    /// journaled by their clients).
+    pub interrupted: usize,
+    /// Transfers that neither finished nor stopped in time (their journals hold their last
+    /// checkpoint).
+    pub abandoned: usize,
+}
+
+/// How long a PUT waits for another connection to let go of the same file.
+const BUSY_WAIT: Duration = Duration::from_secs(20);
+
+/// A PUT's receive loop looks at the drain and takeover flags this often while idle.
+const RECV_SLICE: Duration = Duration::from_millis(250);
+
+/// A GET is sent in pieces of this many bytes, so a drain can stop it between them.
+const GET_PIECE: u64 = 32 << 20;
+
+/// Counts a transfer in flight while it lives.
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl<'a> InFlight<'a> {
+    fn new(n: &'a AtomicUsize) -> Self {
+        n.fetch_add(1, Ordering::SeqCst);
+        InFlight(n)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A claim on a file being written; released on drop.
+pub(crate) struct Claim {
+    busy: Arc<Mutex<HashMap<String, Arc<AtomicBool>>>>,
+    key: String,
+    /// Raised when a newer PUT of the same file wants it.
+    pub(crate) yield_to_newer: Arc<AtomicBool>,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        self.busy
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.key);
+    }
+}
+
+impl Server {
+    /// Validates `cfg` and opens its roots.
+    pub fn new(cfg: ServerConfig) -> Result<Arc<Server>> {
+        cfg.validate()?;
+        let roots = Roots::open(&cfg)?;
+        Ok(Arc::new(Server {
+            cfg,
+            roots,
+            sessions: AtomicU64::new(1),
+            busy: Arc::new(Mutex::new(HashMap::new())),
+            live: Mutex::new(HashMap::new()),
+            draining: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            in_flight: AtomicUsize::new(0),
+            interrupted: AtomicUsize::new(0),
+            at_drain: AtomicUsize::new(usize::MAX),
+        }))
+    }
+
+    /// Binds the configured address.
+    pub fn bind(&self) -> Result<ExsListener> {
+        let addr: ferry_fabric::Address = self.cfg.listen.parse().map_err(|e| {
+            XferError::new(
+                Kind::Usage,
+                format!("bad listen address {}: {e}", self.cfg.listen),
+            )
+        })?;
+        ExsListener::bind(&self.cfg.listen, default_config(&addr)).map_err(|e| {
+            XferError::conn(format!(
+                "cannot listen on {}: {e} (is another server using it? pick another with --listen)",
+                self.cfg.listen
+            ))
+        })
+    }
+
+    /// Accepts connections forever, serving each on its own thread. A failing connection
+    /// ends only itself.
+    pub fn serve(self: &Arc<Self>, listener: &ExsListener) -> Result<()> {
+        self.serve_until(listener, &AtomicBool::new(false))
+    }
+
+    /// Like [`Server::serve`], until `quit` is set (checked a few times a second); then it
+    /// stops accepting and returns, leaving the connections running (see [`Server::drain`]).
+    pub fn serve_until(self: &Arc<Self>, listener: &ExsListener, quit: &AtomicBool) -> Result<()> {
+        loop {
+            if quit.load(Ordering::SeqCst) {
+                return Ok(());
+            }
+            let inc = match listener.accept_incoming(Duration::from_millis(100)) {
+                Ok(i) => i,
+                Err(ferry_exs::runtime::Error::Timeout) => continue,
+                Err(e) => {
+                    tracing::debug!("accept: {e}");
+                    continue;
+                }
+            };
+            let me = self.clone();
+            let peer = inc.peer_addr();
+            let spawned = std::thread::Builder::new()
+                .name("ferry-conn".into())
+                .spawn(move || {
+                    let q = match EventQueue::new() {
+                        Ok(q) => q,
+                        Err(e) => return tracing::warn!("{peer}: event queue: {e}"),
+                    };
+                    let sock = match inc.start(&q, HANDSHAKE_TIMEOUT) {
+                        Ok(s) => s,
+                        Err(e) => return tracing::info!("{peer}: handshake failed: {e}"),
+                    };
+                    let mut link = Link::new(sock, q);
+                    match me.connection(&mut link) {
+                        Ok(()) => tracing::debug!("{peer}: done"),
+                        Err(e) => tracing::info!("{peer}: connection ended: {e}"),
+                    }
+                    link.close();
+                });
+            if let Err(e) = spawned {
+                tracing::warn!("cannot start a connection thread: {e}");
+            }
+        }
+    }
+
+    /// Ends service gracefully: refuses new requests, lets the transfers in flight run for
+    /// up to `grace`, then tells the rest to stop (an upload fsyncs its part file and
+    /// journals its verified prefix; a download just ends, its client journals) and waits a
+    /// little for them. The caller exits afterwards.
+    pub fn drain(&self, grace: Duration) -> DrainReport {
+        self.begin_drain();
+        let in_flight = self.at_drain.load(Ordering::SeqCst);
+        let wait = |limit: Duration| {
+            let end = std::time::Instant::now() + limit;
+            while self.in_flight.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < end {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        };
+        wait(grace);
+        if self.in_flight.load(Ordering::SeqCst) > 0 {
+            self.stop.store(true, Ordering::SeqCst);
+            wait(Duration::from_secs(5));
+        }
+        DrainReport {
+            in_flight,
+            interrupted: self.interrupted.load(Ordering::SeqCst),
+            abandoned: self.in_flight.load(Ordering::SeqCst),
+        }
+    }
+
+    /// Starts refusing new requests (with Unavailable) and notes how many transfers are in
+    /// flight; cheap and callable from any thread (e.g. a signal-watching one) before
+    /// [`Server::drain`]. Idempotent.
+    pub fn begin_drain(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+        let n = self.in_flight.load(Ordering::SeqCst);
+        let _ = self
+            .at_drain
+            .compare_exchange(usize::MAX, n, Ordering::SeqCst, Ordering::SeqCst);
+    }
+
+    fn stopping(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    fn stopped(&self, what: &str) -> XferError {
+        self.interrupted.fetch_add(1, Ordering::SeqCst);
+        XferError::conn(format!("{what}: the server is shutting down"))
+    }
+
+    /// Claims `path` for writing. If another connection holds it, asks that one to journal
+    /// and let go (a PUT of a file supersedes an older one still writing it), waiting up
+    /// to [`BUSY_WAIT`].
+    fn claim(&self, path: &str) -> Option<Claim> {
+        let key = path
+            .split('/')
+            .filter(|c| !c.is_empty() && *c != ".")
+            .collect::<Vec<_>>()
+            .join("/");
+        let end = std::time::Instant::now() + BUSY_WAIT;
+        loop {
+            {
+                let mut busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
+                match busy.get(&key) {
+                    Some(holder) => holder.store(true, Ordering::SeqCst),
+                    None => {
+                        let flag = Arc::new(AtomicBool::new(false));
+                        busy.insert(key.clone(), flag.clone());
+                        return Some(Claim {
+                            busy: self.busy.clone(),
+                            key,
+                            yield_to_newer: flag,
+                        });
+                    }
+                }
+            }
+            if std::time::Instant::now() >= end || self.stopping() {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn authorized(&self, token: &str) -> bool {
+        let mut ok = self.cfg.auth.anonymous;
+        for t in &self.cfg.auth.tokens {
+            ok |= crate::ct_eq(t.as_bytes(), token.as_bytes());
+        }
+        ok
+    }
+
+    /// Serves one connection: handshake, then requests in order until BYE or close.
+    pub fn connection(&self, link: &mut Link) -> Result<()> {
+        link.timeout = HANDSHAKE_TIMEOUT;
+        link.post_ring(1, proto::MAX_CONTROL)?;
+        let (major, block_size, token, join, stream) = match link.recv_msg()? {
+            Msg::Hello {
+                major,
+                block_size,
+                token,
+                session,
+                stream,
+                ..
+            } => (major, block_size, token, session, stream),
+            m => return Err(XferError::conn(format!("expected HELLO, got {m:?}"))),
+        };
+        if major != proto::VERSION_MAJOR {
+            let message = format!(
+                "this server speaks ferry transfer protocol {}.{}, the client {major}.x: upgrade the older side",
+                proto::VERSION_MAJOR,
+                proto::VERSION_MINOR
+            );
+            link.send(&Msg::Error {
+                code: ErrorCode::VersionMismatch,
+                file_id: 0,
+                message: message.clone(),
+            })?;
+            return Err(XferError::conn(message));
+        }
+        if !self.authorized(&token) {
+            let message = if token.is_empty() {
+                "this server needs a token: pass --token or set FERRY_TOKEN"
+            } else {
+                "the token was not accepted: check --token / FERRY_TOKEN against the server's [auth] tokens"
+            };
+            link.send(&Msg::Error {
+                code: ErrorCode::AuthRefused,
+                file_id: 0,
+                message: message.into(),
+            })?;
+            // Let the refusal reach the client before the connection goes.
+            std::thread::sleep(Duration::from_millis(50));
+            return Err(XferError::new(Kind::Auth, "client refused: bad token"));
+        }
+        let session = match self.join(join, stream, &token) {
+            Ok(s) => s,
+            Err(r) => {
+                let message = r.message.clone();
+                reply_refusal(link, 0, r)?;
+                std::thread::sleep(Duration::from_millis(50));
+                return Err(XferError::conn(message));
+            }
+        };
+        let _stream = StreamGuard {
+            server: self,
+            session: session.clone(),
+        };
+        let block = block_size.clamp(proto::MIN_BLOCK, self.cfg.block_size);
+        link.send(&Msg::Welcome {
+            major: proto::VERSION_MAJOR,
+            minor: proto::VERSION_MINOR,
+            block_size: block,
+            session: session.id,
+        })?;
+        link.timeout = Duration::from_secs(600);
+        link.post_ring(self.cfg.ring, BLOCK_HEADER_LEN + block as usize)?;
+        let mut tx = BlockSender::new(block, self.cfg.ring, link.timeout)?;
+        tx.direct = self.cfg.direct;
+        loop {
+            let msg = next_request(link, &session)?;
+            if self.draining.load(Ordering::SeqCst) && msg != Msg::Bye {
+                let file_id = match &msg {
+                    Msg::Get { file_id, .. }
+                    | Msg::Put { file_id, .. }
+                    | Msg::Open { file_id, .. }
+                    | Msg::PutRange { file_id, .. }
+                    | Msg::Close { file_id, .. } => *file_id,
+                    _ => 0,
+                };
+                reply_refusal(
+                    link,
+                    file_id,
+                    refuse(
+                        ErrorCode::Unavailable,
+                        "the server is shutting down; try again shortly (ferry cp --retries does)",
+                    ),
+                )?;
+                continue;
+            }
+            if self.cfg.mem && self.virtual_request(link, &mut tx, &msg, &session)? {
+                continue;
+            }
+            match msg {
+                Msg::Bye => return Ok(()),
+                Msg::Stat { path } => match self.roots.stat(&path) {
+                    Ok(e) => link.send(&Msg::Entry(e))?,
+                    Err(r) => reply_refusal(link, 0, r)?,
+                },
+                Msg::List { path } => match self.roots.list(&path) {
+                    Ok(entries) => send_entries(link, entries)?,
+                    Err(r) => reply_refusal(link, 0, r)?,
+                },
+                Msg::Mkdir { mode, path } => match self.roots.mkdir(&path, mode) {
+                    Ok(()) => link.send(&Msg::Ok { file_id: 0 })?,
+                    Err(r) => reply_refusal(link, 0, r)?,
+                },
+                Msg::Sum { path } => match self.roots.open_read(&path) {
+                    Ok((f, st)) => match hash_file(&f, st.st_size as u64) {
+                        Ok(h) => link.send(&Msg::SumReply {
+                            size: st.st_size as u64,
+                            blake3: h,
+                        })?,
+                        Err(e) => {
+                            reply_refusal(link, 0, refuse(ErrorCode::Io, format!("{path}: {e}")))?
+                        }
+                    },
+                    Err(r) => reply_refusal(link, 0, r)?,
+                },
+                Msg::Get {
+                    file_id,
+                    offset,
+                    length,
+                    path,
+                } => {
+                    let _counted = InFlight::new(&self.in_flight);
+                    self.get(link, &mut tx, file_id, offset, length, &path)?
+                }
+                Msg::Put {
+                    file_id,
+                    flags,
+                    mode,
+                    size,
+                    mtime,
+                    path,
+                } => {
+                    let _counted = InFlight::new(&self.in_flight);
+                    let req = PutReq {
+                        file_id,
+                        resume: flags & proto::PUT_RESUME != 0,
+                        mode,
+                        size,
+                        mtime,
+                        block,
+                    };
+                    self.put(link, &req, &path)?
+                }
+                Msg::Open {
+                    flags,
+                    file_id,
+                    mode,
+                    size,
+                    mtime,
+                    path,
+                } => {
+                    let req = PutReq {
+                        file_id,
+                        resume: flags & proto::OPEN_RESUME != 0,
+                        mode,
+                        size,
+                        mtime: Some(mtime),
+                        block,
+                    };
+                    self.open(link, &session, &req, &path)?
+                }
+                Msg::PutRange {
+                    file_id,
+                    offset,
+                    length,
+                } => {
+                    let _counted = InFlight::new(&self.in_flight);
+                    self.put_range(link, &session, file_id, offset, length)?
+                }
+                Msg::Close {
+                    file_id,
+                    length,
+                    blake3,
+                } => self.close(link, &session, file_id, length, blake3)?,
+                Msg::SendTo {
+                    flags,
+                    file_id,
+                    path,
+                    dest,
+                    dest_path,
+                    token,
+                } => crate::third_party::serve(
+                    &self.cfg,
+                    &self.roots,
+                    link,
+                    crate::third_party::SendTo {
+                        file_id,
+                        recursive: flags & proto::SEND_RECURSIVE != 0,
+                        path: &path,
+                        dest: &dest,
+                        dest_path: &dest_path,
+                        token: &token,
+                    },
+                )?,
+                m => return Err(XferError::conn(format!("unexpected request {m:?}"))),
+            }
+        }
+    }
+
+    /// Admits a stream: stream 0 of a new session (`join` 0), or stream `stream` of the live
+    /// session `join`, which must have been opened with the same token.
+    fn join(&self, join: u64, stream: u16, token: &str) -> PResult<Arc<Session>> {
+        let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        if join == 0 {
+            if stream != 0 {
+                return Err(refuse(
+                    ErrorCode::BadRequest,
+                    format!("stream {stream} of no session: stream 0 opens the session"),
+                ));
+            }
+            let id = loop {
+                let id = random_id(self.sessions.fetch_add(1, Ordering::Relaxed));
+                if id != 0 && !live.contains_key(&id) {
+                    break id;
+                }
+            };
+            let s = Arc::new(Session::new(id, token.to_string()));
+            live.insert(id, s.clone());
+            return Ok(s);
+        }
+        if stream == 0 || stream >= proto::MAX_STREAMS {
+            return Err(refuse(
+                ErrorCode::BadRequest,
+                format!(
+                    "stream {stream}: a joining stream is numbered 1 to {}",
+                    proto::MAX_STREAMS - 1
+                ),
+            ));
+        }
+        let s = live.get(&join).ok_or_else(|| {
+            refuse(
+                ErrorCode::BadRequest,
+                format!("unknown session {join:#x}: it ended or never existed (a stream joins while stream 0 is connected)"),
+            )
+        })?;
+        if !crate::ct_eq(s.token.as_bytes(), token.as_bytes()) {
+            return Err(refuse(
+                ErrorCode::AuthRefused,
+                "the token differs from the one session was opened with",
+            ));
+        }
+        s.streams.fetch_add(1, Ordering::SeqCst);
+        Ok(s.clone())
+    }
+}
+
+/// A PUT as the server handles it.
+struct PutReq {
+    file_id: u32,
+    resume: bool,
+    mode: u32,
+    size: u64,
+    mtime: Option<i64>,
+    block: u32,
+}
+
+/// The next request on a connection. While it waits, the session lets go of uploads a newer
+/// OPEN or PUT of the same file asked for and no stream is receiving (their client is
+/// usually gone without the fabric noticing yet).
+fn next_request(link: &mut Link, session: &Session) -> Result<Msg> {
+    let mut buf = Vec::new();
+    let mut idle = Duration::ZERO;
+    while !link.recv_within(&mut buf, RECV_SLICE)? {
+        session.release_superseded();
+        idle += RECV_SLICE;
+        if idle >= link.timeout {
+            return Err(XferError::conn(format!(
+                "the client sent nothing for {} s; giving up",
+                idle.as_secs()
+            )));
+        }
+    }
+    let (msg, _) = proto::decode(&buf)
+        .map_err(|e| XferError::conn(format!("the peer sent a bad frame: {e}")))?;
+    if matches!(msg, Msg::Block(_)) {
+        return Err(XferError::conn("unexpected BLOCK frame"));
+    }
+    Ok(msg)
+}
+
+/// A PUT's blocks all good: the sink, FILE_DONE's `length` and hash.
+type Received2 = (BlockSink, u64, Option<[u8; 32]>);
+
+/// The refusal for a failed write.
+fn write_refusal(path: &str, e: &std::io::Error) -> Refusal {
+    let code = if e.raw_os_error() == Some(Errno::NOSPC.raw_os_error()) {
+        ErrorCode::NoSpace
+    } else {
+        ErrorCode::Io
+    };
+    refuse(code, format!("{path}: write failed: {e}"))
+}
+
+fn id_in_use(file_id: u32) -> Refusal {
+    refuse(
+        ErrorCode::BadRequest,
+        format!("transfer id {file_id} is already open in this session"),
+    )
+}
+
+/// A session id: unpredictable (a joining stream must also present the session's token).
+fn random_id(n: u64) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(n);
+    h.finish()
+}
+
+/// A stream of a session; the last one to end ends the session.
+struct StreamGuard<'a> {
+    server: &'a Server,
+    session: Arc<Session>,
+}
+
+impl Drop for StreamGuard<'_> {
+    fn drop(&mut self) {
+        let mut live = self.server.live.lock().unwrap_or_else(|p| p.into_inner());
+        if self.session.streams.fetch_sub(1, Ordering::SeqCst) == 1 {
+            live.remove(&self.session.id);
+            drop(live);
+            self.session.end();
+        }
+    }
+}
+
+/// How a PUT's blocks ended: FILE_DONE's `length`, and its hash once every block was good
+/// (or the refusal after too many CRC rounds).
+type Received = (u64, PResult<Option<[u8; 32]>>);
+
+/// Answers a GET of `length` bytes at `offset` from a source of `size` bytes: READY and the
+/// length that will travel (clipped to the end), or a refusal (`None`) if `offset` lies past
+/// the end.
+fn ready(
+    link: &Link,
+    file_id: u32,
+    path: &str,
+    offset: u64,
+    length: u64,
+    size: u64,
+    mode: u32,
+) -> Result<Option<u64>> {
+    if offset > size {
+        let why = format!("{path}: offset {offset} past the end ({size} bytes)");
+        reply_refusal(link, file_id, refuse(ErrorCode::BadRequest, why))?;
+        return Ok(None);
+    }
+    link.send(&Msg::Ready {
+        file_id,
+        size,
+        mode,
+        offset,
+    })?;
+    Ok(Some(length.min(size - offset)))
+}
+
+fn reply_refusal(link: &Link, file_id: u32, r: Refusal) -> Result<()> {
+    tracing::debug!("refused: {}", r.message);
+    link.send(&Msg::Error {
+        code: r.code,
+        file_id,
+        message: r.message,
+    })
+}
+
+fn send_entries(link: &Link, entries: Vec<Entry>) -> Result<()> {
+    let mut batch: Vec<Entry> = Vec::new();
+    let mut bytes = 0;
+    for e in entries {
+        let sz = e.name.len() + 32;
+        if bytes + sz > proto::MAX_CONTROL - 64 {
+            link.send(&Msg::Entries {
+                more: true,
+                entries: std::mem::take(&mut batch),
+            })?;
+            bytes = 0;
+        }
+        bytes += sz;
+        batch.push(e);
+    }
+    link.send(&Msg::Entries {
+        more: false,
+        entries: batch,
+    })
+}

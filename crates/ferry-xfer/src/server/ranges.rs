@@ -1,0 +1,189 @@
+//! Serving parallel uploads (1.2): OPEN, PUT_RANGE on any stream of the session, CLOSE.
+
+use std::time::Duration;
+
+use super::roots::{refuse, PartFile};
+use super::sink::BlockSink;
+use super::{id_in_use, reply_refusal, write_refusal, PutReq, Server};
+use crate::error::{Result, XferError};
+use crate::journal::{Found, Ident};
+use crate::link::{BlockWriter, Link};
+use crate::proto::{ErrorCode, Msg};
+use crate::session::{Session, Upload};
+
+impl Server {
+    /// OPEN (1.2): starts a parallel upload of `path` in `session` and answers HAVE with
+    /// the ranges a resumed part already holds.
+    pub(super) fn open(
+        &self,
+        link: &mut Link,
+        session: &Session,
+        req: &PutReq,
+        path: &str,
+    ) -> Result<()> {
+        let file_id = req.file_id;
+        if session.upload(file_id).is_some() {
+            return reply_refusal(link, file_id, id_in_use(file_id));
+        }
+        let Some(claim) = self.claim(path) else {
+            return reply_refusal(
+                link,
+                file_id,
+                refuse(
+                    ErrorCode::Unavailable,
+                    format!("{path}: another connection is still writing this file; try again"),
+                ),
+            );
+        };
+        let mtime = req.mtime.unwrap_or(0);
+        let ident = Ident {
+            size: req.size,
+            mtime,
+        };
+        let (part, progress, found) =
+            match PartFile::open(&self.roots, path, ident, req.block, req.resume) {
+                Ok(p) => p,
+                Err(r) => return reply_refusal(link, file_id, r),
+            };
+        if found == Found::Resumed {
+            tracing::info!(
+                "{path}: resuming a parallel upload, {} bytes in place",
+                progress.ranges().total()
+            );
+        }
+        let up = Upload::new(
+            path,
+            req.size,
+            req.mode,
+            mtime,
+            Some((part, progress, claim)),
+        )
+        .map_err(|e| XferError::io(path, &e))?;
+        let ranges = up.have();
+        if !session.add_upload(file_id, up) {
+            return reply_refusal(link, file_id, id_in_use(file_id));
+        }
+        link.send(&Msg::Have { file_id, ranges })
+    }
+
+    /// PUT_RANGE (1.2): receives `[offset, offset + length)` of an OPENed upload on this
+    /// stream, into the shared part file.
+    pub(super) fn put_range(
+        &self,
+        link: &mut Link,
+        session: &Session,
+        file_id: u32,
+        offset: u64,
+        length: u64,
+    ) -> Result<()> {
+        let Some(up) = session.upload(file_id) else {
+            let why =
+                format!("PUT_RANGE of transfer {file_id}, which no OPEN of this session started");
+            return reply_refusal(link, file_id, refuse(ErrorCode::BadRequest, why));
+        };
+        let Some(end) = offset.checked_add(length).filter(|&e| e <= up.size) else {
+            let why = format!(
+                "{}: range {offset}+{length} past the end ({} bytes)",
+                up.path, up.size
+            );
+            return reply_refusal(link, file_id, refuse(ErrorCode::BadRequest, why));
+        };
+        link.send(&Msg::Ready {
+            file_id,
+            size: up.size,
+            mode: up.mode,
+            offset,
+        })?;
+        let sink = BlockSink::range(file_id, up.size, offset, end);
+        let writer = match &up.file {
+            Some(f) => BlockWriter::with_sink(sink, f, self.cfg.ring)?,
+            None => BlockWriter::null_sink(sink),
+        };
+        let path = up.path.clone();
+        let (mut sink, _, _) =
+            match self.receive_blocks(link, writer, file_id, None, up.superseded(), &path)? {
+                None => return Ok(()),
+                Some(Err(r)) => return reply_refusal(link, file_id, r),
+                Some(Ok(got)) => got,
+            };
+        if let Some(e) = sink.io_error.take() {
+            return reply_refusal(link, file_id, write_refusal(&path, &e));
+        }
+        if !sink.got.contains(offset, end) {
+            let why = format!("{path}: FILE_DONE before every block of range {offset}+{length}");
+            return reply_refusal(link, file_id, refuse(ErrorCode::Integrity, why));
+        }
+        up.mark(offset, end);
+        if let Some(e) = up.io_error() {
+            return reply_refusal(link, file_id, write_refusal(&path, &e));
+        }
+        link.send(&Msg::Ok { file_id })
+    }
+
+    /// CLOSE (1.2): every range of an OPENed upload arrived; check its BLAKE3 and commit.
+    pub(super) fn close(
+        &self,
+        link: &mut Link,
+        session: &Session,
+        file_id: u32,
+        length: u64,
+        blake3: Option<[u8; 32]>,
+    ) -> Result<()> {
+        let mut up = match session.take_upload(file_id) {
+            Some(Ok(u)) => u,
+            Some(Err(())) => {
+                let why = "CLOSE while a range of the file is still being sent";
+                return reply_refusal(link, file_id, refuse(ErrorCode::BadRequest, why));
+            }
+            None => {
+                let why =
+                    format!("CLOSE of transfer {file_id}, which no OPEN of this session started");
+                return reply_refusal(link, file_id, refuse(ErrorCode::BadRequest, why));
+            }
+        };
+        let path = up.path.clone();
+        if !up.complete() {
+            // Dropping the upload journals it: a resume sends the rest.
+            let why = format!("{path}: CLOSE before every range arrived; resume the copy");
+            return reply_refusal(link, file_id, refuse(ErrorCode::Integrity, why));
+        }
+        if length != up.size {
+            let why = format!("{path}: {length} bytes announced, {} opened", up.size);
+            if let Some(p) = up.take_part() {
+                p.discard();
+            }
+            return reply_refusal(link, file_id, refuse(ErrorCode::Integrity, why));
+        }
+        let got = up.hash();
+        let Some(part) = up.take_part() else {
+            // The null sink: nothing to hash or commit.
+            return link.send(&Msg::Ok { file_id });
+        };
+        let matched = match got {
+            Some(Ok(h)) => blake3 == Some(h),
+            Some(Err(e)) => {
+                part.discard();
+                let why = format!("{path}: hashing the part: {e}");
+                return reply_refusal(link, file_id, refuse(ErrorCode::Io, why));
+            }
+            None => false,
+        };
+        if !matched {
+            part.discard();
+            let why = format!("{path}: the whole-file BLAKE3 does not match what was sent; nothing was written, try again");
+            return reply_refusal(link, file_id, refuse(ErrorCode::Integrity, why));
+        }
+        let mtime = u64::try_from(up.mtime)
+            .ok()
+            .filter(|&ns| ns > 0)
+            .and_then(|ns| std::time::UNIX_EPOCH.checked_add(Duration::from_nanos(ns)));
+        match part.commit(up.mode, mtime) {
+            Ok(()) => link.send(&Msg::Ok { file_id }),
+            Err(e) => reply_refusal(
+                link,
+                file_id,
+                refuse(ErrorCode::Io, format!("{path}: commit failed: {e}")),
+            ),
+        }
+    }
+}

@@ -1,0 +1,226 @@
+//! Receiving one transfer's blocks into a file: CRC check, write (direct I/O when asked), in-order hash.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+
+use rustix::io::Errno;
+
+use crate::error::{Result, XferError};
+use crate::journal::{Progress, RangeSet};
+use crate::proto::BlockHeader;
+
+/// Receives the BLOCKs and FILE_DONE of one transfer into `file`: verifies each block's
+/// CRC-32C, writes the good ones and hashes the file in order. Shared by the server (PUT)
+/// and the client (GET).
+pub struct BlockSink {
+    pub(super) file_id: u32,
+    size: u64,
+    hasher: blake3::Hasher,
+    hashed: u64,
+    rehash: bool,
+    /// Ranges whose CRC failed in the current round.
+    pub bad: Vec<(u64, u32)>,
+    /// Blocks that failed their CRC, over all rounds.
+    pub bad_total: u64,
+    /// The first write error (the transfer keeps draining blocks, then reports it).
+    pub io_error: Option<std::io::Error>,
+    /// The resume journal's view of the part file, when the receiver keeps one.
+    pub journal: Option<Progress>,
+    /// For one range of a parallel transfer: the range blocks must lie in.
+    window: Option<(u64, u64)>,
+    /// For one range of a parallel transfer: what was written from good blocks.
+    pub got: RangeSet,
+    /// A direct-I/O (`O_DIRECT`) handle on the file, when asked for and allowed.
+    direct: Option<File>,
+    /// An aligned copy of a payload that arrived unaligned, for direct writes.
+    bounce: Vec<u8>,
+}
+
+impl BlockSink {
+    /// A sink for transfer `file_id` of a file of `size` bytes.
+    pub fn new(file_id: u32, size: u64) -> Self {
+        BlockSink {
+            file_id,
+            size,
+            hasher: blake3::Hasher::new(),
+            hashed: 0,
+            rehash: false,
+            bad: Vec::new(),
+            bad_total: 0,
+            io_error: None,
+            journal: None,
+            window: None,
+            got: RangeSet::new(),
+            direct: None,
+            bounce: Vec::new(),
+        }
+    }
+
+    /// Writes aligned blocks of `file` with direct I/O (`O_DIRECT`, bypassing the page
+    /// cache) where its filesystem allows it; unaligned ones (a file's tail) go through the
+    /// cache. Without direct I/O there (a warning says so) every write goes through the cache.
+    pub fn set_direct(&mut self, file: &File) {
+        self.direct = crate::link::open_direct_or_warn(file, true);
+    }
+
+    /// A sink for the range `[lo, hi)` of a file of `size` bytes, one piece of a parallel
+    /// transfer: blocks outside it are refused, nothing is hashed (the whole file is hashed
+    /// in order as its ranges complete), and [`BlockSink::got`] records what was written.
+    pub fn range(file_id: u32, size: u64, lo: u64, hi: u64) -> Self {
+        let mut s = Self::new(file_id, size);
+        s.rehash = true;
+        s.window = Some((lo, hi));
+        s
+    }
+
+    /// A sink that journals its verified prefix as it goes ([`crate::journal`]) and starts
+    /// where the journal's prefix ends (those bytes are not expected again; the final hash
+    /// then re-reads the whole file).
+    pub fn journaled(file_id: u32, size: u64, journal: Progress) -> Self {
+        let mut s = Self::new(file_id, size);
+        s.rehash = journal.prefix() > 0;
+        s.journal = Some(journal);
+        s
+    }
+
+    /// The transfer's size.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Records what is verified so far in the journal (fsync first), e.g. before giving up
+    /// on a broken connection.
+    pub fn checkpoint(&mut self, file: &File) -> std::io::Result<()> {
+        match &mut self.journal {
+            Some(j) => j.checkpoint(file),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits for the background checkpoints and stops their thread; an error they met
+    /// becomes the transfer's write error.
+    pub fn settle(&mut self) {
+        if let Some(j) = &mut self.journal {
+            if let Err(e) = j.settle() {
+                self.io_error.get_or_insert(e);
+            }
+        }
+    }
+
+    /// Checks one BLOCK against its CRC-32C and the transfer's bounds; writes it if good
+    /// (to `file`; `None` is the null sink of memory mode: nothing is written or hashed),
+    /// remembers its range for a re-fetch if not.
+    pub fn block(&mut self, file: Option<&File>, h: &BlockHeader, payload: &[u8]) -> Result<()> {
+        let end = h.offset.saturating_add(u64::from(h.len));
+        let outside = self
+            .window
+            .is_some_and(|(lo, hi)| h.offset < lo || end > hi);
+        if h.file_id != self.file_id || end > self.size || outside {
+            return Err(XferError::conn(format!(
+                "the peer sent a block outside the transfer (file {} offset {} len {})",
+                h.file_id, h.offset, h.len
+            )));
+        }
+        if crc32c::crc32c(payload) != h.crc32c {
+            tracing::warn!(
+                offset = h.offset,
+                len = h.len,
+                "block CRC mismatch; it will be sent again"
+            );
+            self.bad.push((h.offset, h.len));
+            self.bad_total += 1;
+            return Ok(());
+        }
+        let Some(file) = file else {
+            if self.window.is_some() {
+                self.got.insert(h.offset, end);
+            }
+            return Ok(());
+        };
+        if self.io_error.is_none() {
+            match write_at(file, &mut self.direct, &mut self.bounce, payload, h.offset) {
+                Err(e) => self.io_error = Some(e),
+                Ok(()) => {
+                    if self.window.is_some() {
+                        self.got.insert(h.offset, end);
+                    }
+                    if let Some(j) = &mut self.journal {
+                        j.good(h.offset, u64::from(h.len));
+                        if j.due() {
+                            if let Err(e) = j.checkpoint_in_background(file) {
+                                self.io_error = Some(e);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        if h.offset == self.hashed && !self.rehash {
+            self.hasher.update(payload);
+            self.hashed += u64::from(h.len);
+        } else {
+            self.rehash = true;
+        }
+        Ok(())
+    }
+
+    /// The BLAKE3 of what was written (re-reading the file if blocks arrived out of order).
+    pub fn hash(&mut self, file: &File) -> std::io::Result<[u8; 32]> {
+        if !self.rehash && self.hashed == self.size {
+            return Ok(*self.hasher.finalize().as_bytes());
+        }
+        hash_file(file, self.size)
+    }
+}
+
+/// Writes `payload` at `offset` of `file`: through `direct` when the block is aligned (from
+/// an aligned copy in `bounce` if the payload itself is not), else through the page cache. A
+/// filesystem that refuses a direct write (`EINVAL`) gets this and later blocks cached.
+fn write_at(
+    file: &File,
+    direct: &mut Option<File>,
+    bounce: &mut Vec<u8>,
+    payload: &[u8],
+    offset: u64,
+) -> std::io::Result<()> {
+    use crate::link::{direct_aligned, DIRECT_ALIGN};
+    let Some(d) = direct.as_ref() else {
+        return file.write_all_at(payload, offset);
+    };
+    if !direct_aligned(0, offset, payload.len()) {
+        return file.write_all_at(payload, offset);
+    }
+    let res = if direct_aligned(payload.as_ptr() as usize, offset, payload.len()) {
+        d.write_all_at(payload, offset)
+    } else {
+        if bounce.len() < payload.len() + DIRECT_ALIGN {
+            bounce.resize(payload.len() + DIRECT_ALIGN, 0);
+        }
+        let start = bounce.as_ptr().align_offset(DIRECT_ALIGN);
+        let copy = &mut bounce[start..start + payload.len()];
+        copy.copy_from_slice(payload);
+        d.write_all_at(copy, offset)
+    };
+    match res {
+        Err(e) if e.raw_os_error() == Some(Errno::INVAL.raw_os_error()) => {
+            tracing::warn!("direct I/O write refused ({e}): going through the page cache");
+            *direct = None;
+            file.write_all_at(payload, offset)
+        }
+        r => r,
+    }
+}
+
+/// BLAKE3 of the first `size` bytes of `file`.
+pub fn hash_file(file: &File, size: u64) -> std::io::Result<[u8; 32]> {
+    let mut h = blake3::Hasher::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut pos = 0u64;
+    while pos < size {
+        let n = (size - pos).min(buf.len() as u64) as usize;
+        file.read_exact_at(&mut buf[..n], pos)?;
+        h.update(&buf[..n]);
+        pos += n as u64;
+    }
+    Ok(*h.finalize().as_bytes())
+}
