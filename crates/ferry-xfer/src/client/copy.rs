@@ -1,0 +1,435 @@
+//! `copy`: scp-like copies of files and trees, with retries, resume and third-party copies.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use super::download::{complete_at, mtime_secs, DlJob};
+use super::{
+    basename, join, remote_err, unexpected, Client, Options, Progress, Stats, Tree, RETRY_DELAY,
+    RETRY_MAX_DELAY,
+};
+use crate::error::{Kind, Result, XferError};
+use crate::journal::Ident;
+use crate::proto::{self, EntryKind, Msg};
+use crate::url::{Location, Remote};
+
+/// Copies `src` to `dst` (one of them local, one remote), like `scp`: into an existing
+/// directory the source keeps its name. `recursive` copies trees. After a connection
+/// failure it reconnects and resumes up to `opts.retries` times.
+pub fn copy(
+    src: &Location,
+    dst: &Location,
+    recursive: bool,
+    opts: &Options,
+    progress: &dyn Progress,
+) -> Result<Stats> {
+    let mut total = Stats::default();
+    let mut opts = opts.clone();
+    let mut delay = RETRY_DELAY;
+    loop {
+        let res = match (src, dst) {
+            (Location::Remote(r), Location::Local(l)) if opts.streams > 1 => {
+                crate::parallel::download(r, Some(l), recursive, &opts, progress, &mut total)
+            }
+            (Location::Remote(r), Location::Null) if opts.streams > 1 => {
+                crate::parallel::download(r, None, recursive, &opts, progress, &mut total)
+            }
+            (Location::Local(l), Location::Remote(r)) if opts.streams > 1 => {
+                crate::parallel::upload(Some(l), 0, r, recursive, &opts, progress, &mut total)
+            }
+            (Location::Zero(n), Location::Remote(r)) if opts.streams > 1 => {
+                crate::parallel::upload(None, *n, r, recursive, &opts, progress, &mut total)
+            }
+            (Location::Remote(r), Location::Local(l)) => {
+                download(r, Some(l), recursive, &opts, progress, &mut total)
+            }
+            (Location::Remote(r), Location::Null) => {
+                download(r, None, recursive, &opts, progress, &mut total)
+            }
+            (Location::Local(l), Location::Remote(r)) => {
+                upload(l, r, recursive, &opts, progress, &mut total)
+            }
+            (Location::Remote(s), Location::Remote(d)) => {
+                third_party(s, d, recursive, &opts, progress, &mut total)
+            }
+            (Location::Zero(n), Location::Remote(r)) => {
+                with_client(r, &opts, &mut total, |c| {
+                    let target = c.target(&r.path, "zero")?;
+                    progress.total(*n);
+                    c.upload_zero(*n, &target, progress)
+                })
+            }
+            (_, Location::Zero(_)) => Err(XferError::new(
+                Kind::Usage,
+                "zero:SIZE is a source only; to discard data write to null: (or the server's mem/null)",
+            )),
+            (Location::Null, _) => Err(XferError::new(
+                Kind::Usage,
+                "null: is a sink only; to send zeros read zero:SIZE (or the server's mem/zero/SIZE)",
+            )),
+            (Location::Zero(_) | Location::Local(_), Location::Null | Location::Local(_)) => {
+                Err(XferError::new(
+                    Kind::Usage,
+                    "both ends are local: one of SRC and DST must be remote (host:root/path or ferry://host/root/path)",
+                ))
+            }
+        };
+        match res {
+            Ok(()) => return Ok(total),
+            Err(e) if e.kind == Kind::Connection && total.retries < u64::from(opts.retries) => {
+                total.retries += 1;
+                tracing::warn!(
+                    "{e}; retrying in {:.1} s ({} of {}), resuming",
+                    delay.as_secs_f64(),
+                    total.retries,
+                    opts.retries
+                );
+                std::thread::sleep(delay);
+                delay = (delay * 2).min(RETRY_MAX_DELAY);
+                progress.restart();
+                // A retry continues what the failed attempt left.
+                opts.resume = true;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Runs `f` on a new connection and adds its counters to `total`, whatever the outcome.
+pub(crate) fn with_client(
+    r: &Remote,
+    opts: &Options,
+    total: &mut Stats,
+    f: impl FnOnce(&mut Client) -> Result<()>,
+) -> Result<()> {
+    let mut c = Client::connect(&r.addr, opts)?;
+    let res = f(&mut c);
+    total.add(&c.stats);
+    if res.is_ok() {
+        c.bye();
+    }
+    res
+}
+
+/// Where a tree goes when its destination is an existing directory: normally inside it
+/// under the source's name (as scp does). A resume would then nest a second copy inside the
+/// directory the interrupted run created, so with `--resume` a tree goes into the
+/// directory itself unless that already holds an entry of the source's name.
+fn resume_into_itself(opts: &Options, is_tree: bool, named_exists: bool) -> bool {
+    opts.resume && is_tree && !named_exists
+}
+
+/// Downloads to `local` (`None`: the null sink, nothing is written).
+fn download(
+    r: &Remote,
+    local: Option<&Path>,
+    recursive: bool,
+    opts: &Options,
+    progress: &dyn Progress,
+    total: &mut Stats,
+) -> Result<()> {
+    with_client(r, opts, total, |c| {
+        let jobs = plan_download(c, r, local, recursive, opts, progress)?;
+        c.download_files(jobs, progress)
+    })
+}
+
+/// What a download of `r` to `local` fetches: STATs (and walks) the source, creates the
+/// local directories, and skips (counting them) files a resume finds complete.
+pub(crate) fn plan_download(
+    c: &mut Client,
+    r: &Remote,
+    local: Option<&Path>,
+    recursive: bool,
+    opts: &Options,
+    progress: &dyn Progress,
+) -> Result<Vec<DlJob>> {
+    {
+        let entry = c.stat(&r.path)?;
+        let is_tree = entry.kind == EntryKind::Dir;
+        let dest = local.map(|local| {
+            let named = local.join(basename(&r.path));
+            if local.is_dir() && !resume_into_itself(opts, is_tree, named.exists()) {
+                named
+            } else {
+                local.to_path_buf()
+            }
+        });
+        let files = match entry.kind {
+            EntryKind::File => {
+                vec![(r.path.clone(), dest, entry.size, entry.mtime)]
+            }
+            EntryKind::Dir if recursive => {
+                let (dirs, files) = c.walk_remote(&r.path)?;
+                let mk = |p: &Path| {
+                    std::fs::create_dir_all(p).map_err(|e| XferError::io(p.display(), &e))
+                };
+                if let Some(dest) = &dest {
+                    mk(dest)?;
+                    for d in &dirs {
+                        mk(&dest.join(d))?;
+                    }
+                }
+                files
+                    .into_iter()
+                    .map(|(rel, size, mtime)| {
+                        let to = dest.as_ref().map(|d| d.join(&rel));
+                        (join(&r.path, &rel), to, size, mtime)
+                    })
+                    .collect()
+            }
+            EntryKind::Dir => {
+                return Err(XferError::new(
+                    Kind::Usage,
+                    format!("{}: is a directory; use -r to copy trees", r.path),
+                ))
+            }
+            _ => {
+                return Err(XferError::new(
+                    Kind::Usage,
+                    format!("{}: not a regular file or directory", r.path),
+                ))
+            }
+        };
+        progress.total(files.iter().map(|f| f.2).sum());
+        let mut jobs = Vec::new();
+        for (path, dest, size, mtime) in files {
+            let ident = Ident { size, mtime };
+            if opts.resume && dest.as_ref().is_some_and(|d| complete_at(d, ident)) {
+                c.stats.files += 1;
+                c.stats.files_skipped += 1;
+                c.stats.bytes += size;
+                progress.add(size);
+                continue;
+            }
+            jobs.push(DlJob {
+                path,
+                dest,
+                ident,
+                chunk: None,
+            });
+        }
+        Ok(jobs)
+    }
+}
+
+fn upload(
+    local: &Path,
+    r: &Remote,
+    recursive: bool,
+    opts: &Options,
+    progress: &dyn Progress,
+    total: &mut Stats,
+) -> Result<()> {
+    let md = std::fs::metadata(local).map_err(|e| XferError::io(local.display(), &e))?;
+    if md.is_dir() && !recursive {
+        return Err(XferError::new(
+            Kind::Usage,
+            format!("{}: is a directory; use -r to copy trees", local.display()),
+        ));
+    }
+    with_client(r, opts, total, |c| {
+        for (src, path, _) in plan_upload(c, local, &md, r, opts, progress)? {
+            c.upload_file(&src, &path, progress)?;
+        }
+        Ok(())
+    })
+}
+
+/// What an upload of `local` (metadata `md`) to `r` sends: (source, remote path, size) of
+/// each file. STATs the target, creates the remote directories and skips (counting them)
+/// files a resume finds complete there.
+pub(crate) fn plan_upload(
+    c: &mut Client,
+    local: &Path,
+    md: &std::fs::Metadata,
+    r: &Remote,
+    opts: &Options,
+    progress: &dyn Progress,
+) -> Result<Vec<(PathBuf, String, u64)>> {
+    {
+        let name = local
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let (target, existing) = match c.stat(&r.path) {
+            Ok(e) if e.kind == EntryKind::Dir && !name.is_empty() => {
+                let named = join(&r.path, &name);
+                let there = opts.resume && md.is_dir() && c.stat(&named).is_ok();
+                if resume_into_itself(opts, md.is_dir(), there) {
+                    (r.path.clone(), None)
+                } else {
+                    (named, None)
+                }
+            }
+            Ok(e) => (r.path.clone(), Some(e)),
+            Err(e) if e.kind == Kind::NotFound => (r.path.clone(), None),
+            Err(e) => return Err(e),
+        };
+        // What the destination already holds, for a resume's quick check (size, mtime s).
+        let mut there: HashMap<String, (u64, i64)> = HashMap::new();
+        let files = if md.is_file() {
+            if opts.resume {
+                let e = match existing {
+                    Some(e) => Some(e),
+                    None => c.stat(&target).ok(),
+                };
+                if let Some(e) = e.filter(|e| e.kind == EntryKind::File) {
+                    there.insert(String::new(), (e.size, e.mtime));
+                }
+            }
+            vec![(String::new(), md.len(), mtime_secs(md))]
+        } else {
+            let (dirs, files) = walk_local(local)?;
+            if opts.resume {
+                if let Ok((_, remote)) = c.walk_remote(&target) {
+                    there = remote.into_iter().map(|(p, s, m)| (p, (s, m))).collect();
+                }
+            }
+            c.mkdir(&target, 0o755)?;
+            for d in &dirs {
+                c.mkdir(&join(&target, d), 0o755)?;
+            }
+            files
+        };
+        progress.total(files.iter().map(|f| f.1).sum());
+        let mut out = Vec::new();
+        for (rel, size, mtime) in files {
+            if there.get(&rel) == Some(&(size, mtime)) {
+                c.stats.files += 1;
+                c.stats.files_skipped += 1;
+                c.stats.bytes += size;
+                progress.add(size);
+                continue;
+            }
+            let src = if rel.is_empty() {
+                local.to_path_buf()
+            } else {
+                local.join(&rel)
+            };
+            out.push((src, join(&target, &rel), size));
+        }
+        Ok(out)
+    }
+}
+
+/// A third-party copy: the source server sends straight to the destination server, and
+/// this client only watches.
+fn third_party(
+    src: &Remote,
+    dst: &Remote,
+    recursive: bool,
+    opts: &Options,
+    progress: &dyn Progress,
+    total: &mut Stats,
+) -> Result<()> {
+    with_client(src, opts, total, |c| {
+        if c.minor < 1 {
+            return Err(XferError::new(
+                Kind::Usage,
+                format!(
+                    "{} speaks transfer protocol 1.{} and cannot make third-party copies: upgrade it, or copy through this host in two steps",
+                    src.addr, c.minor
+                ),
+            ));
+        }
+        let file_id = c.id();
+        c.link.send(&Msg::SendTo {
+            flags: if recursive { proto::SEND_RECURSIVE } else { 0 },
+            file_id,
+            path: src.path.clone(),
+            dest: dst.addr.clone(),
+            dest_path: dst.path.clone(),
+            token: opts
+                .dest_token
+                .clone()
+                .unwrap_or_else(|| opts.token.clone()),
+        })?;
+        let mut shown = 0;
+        loop {
+            match c.link.recv_msg()? {
+                Msg::Progress { done, total, .. } => {
+                    if shown == 0 {
+                        progress.total(total);
+                    }
+                    progress.add(done.saturating_sub(shown));
+                    shown = shown.max(done);
+                }
+                Msg::Copied {
+                    files,
+                    bytes,
+                    blocks_resent,
+                    ..
+                } => {
+                    progress.add(bytes.saturating_sub(shown));
+                    c.stats.files += files;
+                    c.stats.bytes += bytes;
+                    c.stats.wire_bytes += bytes;
+                    c.stats.blocks_resent += blocks_resent;
+                    return Ok(());
+                }
+                Msg::Error { code, message, .. } => return Err(remote_err(code, &message)),
+                m => return Err(unexpected(&m)),
+            }
+        }
+    })
+}
+
+/// A local tree's directories (relative, parents first) and files; symlinks are skipped
+/// with a warning, names that are not UTF-8 are refused.
+fn walk_local(root: &Path) -> Result<Tree> {
+    let mut dirs = Vec::new();
+    let mut files = Vec::new();
+    let mut todo = vec![String::new()];
+    while let Some(rel) = todo.pop() {
+        let here = root.join(&rel);
+        let rd = std::fs::read_dir(&here).map_err(|e| XferError::io(here.display(), &e))?;
+        for ent in rd {
+            let ent = ent.map_err(|e| XferError::io(here.display(), &e))?;
+            let name = ent.file_name().into_string().map_err(|n| {
+                XferError::new(
+                    Kind::Usage,
+                    format!("{}: name is not UTF-8; rename it", here.join(n).display()),
+                )
+            })?;
+            let r = join(&rel, &name);
+            let ft = ent
+                .file_type()
+                .map_err(|e| XferError::io(ent.path().display(), &e))?;
+            if ft.is_dir() {
+                dirs.push(r.clone());
+                todo.push(r);
+            } else if ft.is_file() {
+                let md = ent
+                    .metadata()
+                    .map_err(|e| XferError::io(ent.path().display(), &e))?;
+                files.push((r, md.len(), mtime_secs(&md)));
+            } else {
+                tracing::warn!(
+                    "{}: skipping (not a file or directory)",
+                    ent.path().display()
+                );
+            }
+        }
+    }
+    dirs.sort();
+    Ok((dirs, files))
+}
+
+/// BLAKE3 of a local file, as `ferry sum` prints it.
+pub fn sum_local(path: &Path) -> Result<(u64, [u8; 32])> {
+    let f = File::open(path).map_err(|e| XferError::io(path.display(), &e))?;
+    let md = f
+        .metadata()
+        .map_err(|e| XferError::io(path.display(), &e))?;
+    if !md.is_file() {
+        return Err(XferError::new(
+            Kind::Usage,
+            format!("{}: not a regular file", path.display()),
+        ));
+    }
+    let h =
+        crate::server::hash_file(&f, md.len()).map_err(|e| XferError::io(path.display(), &e))?;
+    Ok((md.len(), h))
+}

@@ -1,0 +1,504 @@
+//! Downloads: pipelined GETs into part files, CRC checks and re-fetches, resume, commits.
+
+use std::collections::{HashMap, VecDeque};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use super::{remote_err, unexpected, Client, Progress, GET_WINDOW};
+use crate::commit::CommitPool;
+use crate::error::{Kind, Result, XferError};
+use crate::journal::{open_part, Found, Ident, OpenHow, Progress as Journaled};
+use crate::link::BlockWriter;
+use crate::proto::{self, Msg};
+use crate::server::{part_name, BlockSink};
+
+/// A local file being written under its temporary name, with its resume journal.
+pub(crate) struct LocalPart {
+    dest: PathBuf,
+    tmp: PathBuf,
+    pub(crate) file: File,
+}
+
+fn journal_path(tmp: &Path) -> PathBuf {
+    let mut p = tmp.as_os_str().to_owned();
+    p.push(".journal");
+    PathBuf::from(p)
+}
+
+impl LocalPart {
+    /// Opens `.<name>.ferry-part` next to `dest` for a download of `ident` (see
+    /// [`crate::journal::open_part`]).
+    pub(crate) fn open(
+        dest: &Path,
+        ident: Ident,
+        block: u32,
+        resume: bool,
+    ) -> Result<(LocalPart, Journaled, Found)> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let name = dest
+            .file_name()
+            .ok_or_else(|| {
+                XferError::new(Kind::Usage, format!("{}: not a file name", dest.display()))
+            })?
+            .to_string_lossy()
+            .into_owned();
+        let tmp = dest.with_file_name(part_name(&name));
+        let dir = tmp.parent().map(Path::to_path_buf).unwrap_or_default();
+        let open = |n: &str, how: OpenHow| {
+            let mut o = std::fs::OpenOptions::new();
+            o.read(true)
+                .write(true)
+                .mode(0o600)
+                .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32);
+            if how == OpenHow::Truncate {
+                o.create(true).truncate(true);
+            }
+            o.open(dir.join(n))
+        };
+        let (file, progress, found) = open_part(&open, &part_name(&name), ident, block, resume)
+            .map_err(|e| XferError::io(tmp.display(), &e))?;
+        Ok((
+            LocalPart {
+                dest: dest.to_path_buf(),
+                tmp,
+                file,
+            },
+            progress,
+            found,
+        ))
+    }
+
+    /// Sets mode and mtime, fsyncs, drops the journal and renames into place; returns the
+    /// directory, which the caller fsyncs (once for all the files committed into it) before
+    /// it reports success. If any step fails the temporary file goes too (nothing to
+    /// resume: the data was whole and verified, the failure is the destination's).
+    pub(crate) fn commit(self, mode: u32, mtime: Option<SystemTime>) -> Result<PathBuf> {
+        let res = self.try_commit(mode, mtime);
+        if res.is_err() {
+            self.discard();
+        }
+        res
+    }
+
+    fn try_commit(&self, mode: u32, mtime: Option<SystemTime>) -> Result<PathBuf> {
+        use std::os::unix::fs::PermissionsExt;
+        let io = |e: std::io::Error| XferError::io(self.dest.display(), &e);
+        self.file
+            .set_permissions(std::fs::Permissions::from_mode(mode & 0o7777))
+            .map_err(io)?;
+        if let Some(t) = mtime {
+            self.file.set_modified(t).map_err(io)?;
+        }
+        self.file.sync_all().map_err(io)?;
+        // The journal first: a part without one is never trusted.
+        match std::fs::remove_file(journal_path(&self.tmp)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(e)),
+            _ => {}
+        }
+        std::fs::rename(&self.tmp, &self.dest).map_err(io)?;
+        Ok(match self.dest.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        })
+    }
+
+    pub(crate) fn discard(self) {
+        let _ = std::fs::remove_file(journal_path(&self.tmp));
+        let _ = std::fs::remove_file(&self.tmp);
+    }
+}
+
+/// One file to download: the remote path, where it goes, and the source's identity as
+/// STAT or LIST reported it.
+#[derive(Debug, Clone)]
+pub struct DlJob {
+    /// `root/relative/path` on the server.
+    pub path: String,
+    /// Local destination (`None`: the null sink of memory mode, nothing is written).
+    pub dest: Option<PathBuf>,
+    /// Size and mtime (seconds) of the source.
+    pub ident: Ident,
+    /// One range of a file that parallel streams share (`None`: the whole file).
+    pub(crate) chunk: Option<crate::parallel::Chunk>,
+}
+
+pub(crate) fn system_time(secs: i64) -> Option<SystemTime> {
+    let s = u64::try_from(secs).ok()?;
+    SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(s))
+}
+
+pub(super) fn mtime_secs(md: &std::fs::Metadata) -> i64 {
+    use std::os::unix::fs::MetadataExt;
+    md.mtime()
+}
+
+/// Whether `dest` already holds a complete copy by the quick check (size and mtime).
+pub(super) fn complete_at(dest: &Path, ident: Ident) -> bool {
+    std::fs::metadata(dest)
+        .is_ok_and(|m| m.is_file() && m.len() == ident.size && mtime_secs(&m) == ident.mtime)
+}
+
+/// One file of a download.
+struct Dl {
+    path: String,
+    /// Discard the data (the null sink): CRCs are checked, nothing is written.
+    null: bool,
+    dest: PathBuf,
+    ident: Ident,
+    part: Option<LocalPart>,
+    /// The journal's view until READY hands it to the writer.
+    journal: Option<Journaled>,
+    writer: Option<BlockWriter>,
+    size: u64,
+    mode: u32,
+    hash: Option<[u8; 32]>,
+    outstanding: u32,
+    rounds: u32,
+    chunk: Option<crate::parallel::Chunk>,
+}
+
+impl Client {
+    /// Downloads remote files to local paths, pipelined. Without [`Options::resume`] (as
+    /// given to [`Client::set_resume`]) each file starts from zero; with it, a journaled
+    /// part of the same source continues where its verified prefix ends. When the
+    /// connection fails the parts stay, journaled, for a later resume; any other failure
+    /// removes them.
+    pub fn download_files(&mut self, jobs: Vec<DlJob>, progress: &dyn Progress) -> Result<()> {
+        self.download_from(&mut jobs.into_iter(), progress)
+    }
+
+    /// [`Client::download_files`] of the jobs `jobs` yields (a parallel copy's streams pull
+    /// theirs from a shared queue, whole files and chunks of shared ones).
+    pub(crate) fn download_from(
+        &mut self,
+        jobs: &mut dyn Iterator<Item = DlJob>,
+        progress: &dyn Progress,
+    ) -> Result<()> {
+        let mut live: HashMap<u32, Dl> = HashMap::new();
+        let mut commits = CommitPool::new();
+        let res = self.download_loop(jobs, &mut live, &mut commits, progress);
+        // Every file handed to the pool is complete and verified: let its commit finish.
+        let committed = commits.finish();
+        if let Err(e) = &res {
+            let keep = e.kind == Kind::Connection;
+            for (_, dl) in live.drain() {
+                let Some(part) = dl.part else { continue };
+                if !keep {
+                    part.discard();
+                    continue;
+                }
+                if let Some(w) = dl.writer {
+                    let saved = w.finish().map(|mut s| s.checkpoint(&part.file));
+                    if !matches!(saved, Ok(Ok(()))) {
+                        tracing::warn!("{}: could not journal the partial file", dl.path);
+                    }
+                }
+            }
+        }
+        res.and(committed)
+    }
+
+    fn start_download(
+        &mut self,
+        job: DlJob,
+        live: &mut HashMap<u32, Dl>,
+        sums: &mut VecDeque<u32>,
+        progress: &dyn Progress,
+    ) -> Result<()> {
+        let file_id = self.id();
+        if let Some(ch) = job.chunk {
+            // A range of a file the streams share: its part is open already.
+            if ch.sum {
+                self.link.send(&Msg::Sum {
+                    path: job.path.clone(),
+                })?;
+                sums.push_back(file_id);
+            }
+            self.link.send(&Msg::Get {
+                file_id,
+                offset: ch.lo,
+                length: ch.hi - ch.lo,
+                path: job.path.clone(),
+            })?;
+            live.insert(
+                file_id,
+                Dl {
+                    path: job.path,
+                    null: job.dest.is_none(),
+                    dest: job.dest.unwrap_or_default(),
+                    ident: job.ident,
+                    part: None,
+                    journal: None,
+                    writer: None,
+                    size: 0,
+                    mode: 0o644,
+                    hash: None,
+                    outstanding: 1,
+                    rounds: 0,
+                    chunk: Some(ch),
+                },
+            );
+            return Ok(());
+        }
+        // No destination: the null sink, nothing to open or resume.
+        let (part, journal, offset) = match &job.dest {
+            None => (None, None, 0),
+            Some(dest) => {
+                let (part, journal, found) =
+                    LocalPart::open(dest, job.ident, self.block, self.resume)?;
+                let offset = journal.prefix();
+                match found {
+                    Found::Resumed => {
+                        tracing::info!("{}: resuming at byte {offset}", job.path);
+                        self.stats.resumed_bytes += offset;
+                        progress.add(offset);
+                    }
+                    Found::Restarted => tracing::warn!(
+                        "{}: the source changed since the interrupted copy (size or mtime differ); starting over",
+                        job.path
+                    ),
+                    Found::Fresh => {}
+                }
+                (Some(part), Some(journal), offset)
+            }
+        };
+        if offset > 0 {
+            // A ranged GET carries no hash: ask for the source's first (answers come in
+            // request order).
+            self.link.send(&Msg::Sum {
+                path: job.path.clone(),
+            })?;
+            sums.push_back(file_id);
+        }
+        self.link.send(&Msg::Get {
+            file_id,
+            offset,
+            length: u64::MAX,
+            path: job.path.clone(),
+        })?;
+        live.insert(
+            file_id,
+            Dl {
+                path: job.path,
+                null: job.dest.is_none(),
+                dest: job.dest.unwrap_or_default(),
+                ident: job.ident,
+                part,
+                journal,
+                writer: None,
+                size: 0,
+                mode: 0o644,
+                hash: None,
+                outstanding: 1,
+                rounds: 0,
+                chunk: None,
+            },
+        );
+        Ok(())
+    }
+
+    fn download_loop(
+        &mut self,
+        jobs: &mut dyn Iterator<Item = DlJob>,
+        live: &mut HashMap<u32, Dl>,
+        commits: &mut CommitPool,
+        progress: &dyn Progress,
+    ) -> Result<()> {
+        let mut sums = VecDeque::new();
+        loop {
+            while live.len() < GET_WINDOW
+                && live.values().filter(|d| d.chunk.is_some()).count()
+                    < crate::parallel::CHUNKS_AHEAD
+            {
+                let Some(job) = jobs.next() else {
+                    break;
+                };
+                self.start_download(job, live, &mut sums, progress)?;
+            }
+            if live.is_empty() {
+                return Ok(());
+            }
+            // BLOCKs are checked (and written) in place in the receive buffer.
+            let wire = &mut self.stats.wire_bytes;
+            let msg = self.link.recv_with(|bytes| -> Result<Msg> {
+                let (msg, _) = proto::decode(bytes)
+                    .map_err(|e| XferError::conn(format!("the server sent a bad frame: {e}")))?;
+                if let Msg::Block(h) = &msg {
+                    let writer = live
+                        .get_mut(&h.file_id)
+                        .and_then(|dl| dl.writer.as_mut())
+                        .ok_or_else(|| XferError::conn("BLOCK of no transfer in progress"))?;
+                    writer.push_slice(bytes)?;
+                    progress.add(u64::from(h.len));
+                    *wire += u64::from(h.len);
+                }
+                Ok(msg)
+            })??;
+            let id = match &msg {
+                Msg::Ready { file_id, .. }
+                | Msg::FileDone { file_id, .. }
+                | Msg::Error { file_id, .. } => *file_id,
+                Msg::Block(h) => h.file_id,
+                Msg::SumReply { blake3, .. } => {
+                    let id = sums
+                        .pop_front()
+                        .ok_or_else(|| XferError::conn("the server sent a SUM_REPLY unasked"))?;
+                    if let Some(dl) = live.get_mut(&id) {
+                        dl.hash = Some(*blake3);
+                        if let Some(ch) = &dl.chunk {
+                            if let Some(size) = ch.file.source_hash(*blake3)? {
+                                self.stats.files += 1;
+                                self.stats.bytes += size;
+                            }
+                        }
+                    }
+                    continue;
+                }
+                m => return Err(unexpected(m)),
+            };
+            let Some(dl) = live.get_mut(&id) else {
+                if let Msg::Error { code, message, .. } = &msg {
+                    return Err(remote_err(*code, message));
+                }
+                return Err(XferError::conn(format!(
+                    "the server answered unknown transfer {id}"
+                )));
+            };
+            match msg {
+                Msg::Ready { size, mode, .. } if dl.chunk.is_some() => {
+                    if let (None, Some(ch)) = (&dl.writer, &dl.chunk) {
+                        dl.writer = Some(ch.writer(id, size, mode, self.ring)?);
+                        dl.size = size;
+                    }
+                }
+                Msg::Ready { size, .. } if dl.null => {
+                    if dl.writer.is_none() {
+                        dl.writer = Some(BlockWriter::null(id, size));
+                        dl.size = size;
+                    }
+                }
+                Msg::Ready { size, mode, .. } => {
+                    if dl.writer.is_none() {
+                        if size != dl.ident.size {
+                            return Err(XferError::new(
+                                Kind::Integrity,
+                                format!(
+                                    "{}: the file changed on the server while being copied ({} bytes, now {size}); try again",
+                                    dl.path, dl.ident.size
+                                ),
+                            ));
+                        }
+                        let (Some(part), Some(journal)) = (dl.part.as_ref(), dl.journal.take())
+                        else {
+                            return Err(XferError::conn("READY twice"));
+                        };
+                        let mut sink = BlockSink::journaled(id, size, journal);
+                        if self.direct {
+                            sink.set_direct(&part.file);
+                        }
+                        dl.writer = Some(BlockWriter::with_sink(sink, &part.file, self.ring)?);
+                        dl.size = size;
+                        dl.mode = mode;
+                    }
+                }
+                Msg::Block(_) => {}
+                Msg::Error { code, message, .. } => {
+                    return Err(remote_err(code, &message));
+                }
+                Msg::FileDone { blake3, .. } => {
+                    if blake3.is_some() {
+                        dl.hash = blake3;
+                    }
+                    dl.outstanding = dl.outstanding.saturating_sub(1);
+                    if dl.outstanding > 0 {
+                        continue;
+                    }
+                    let bad = match dl.writer.as_mut() {
+                        Some(w) => w.sync()?,
+                        None => return Err(XferError::conn("FILE_DONE before READY")),
+                    };
+                    if !bad.is_empty() {
+                        dl.rounds += 1;
+                        if dl.rounds > crate::BLOCK_RETRIES {
+                            return Err(XferError::new(
+                                Kind::Integrity,
+                                format!(
+                                    "{}: blocks kept failing their CRC after {} retries; nothing was written. Check the network path (NIC, cable, memory) and try again",
+                                    dl.path,
+                                    crate::BLOCK_RETRIES
+                                ),
+                            ));
+                        }
+                        self.stats.blocks_resent += bad.len() as u64;
+                        for (offset, len) in bad {
+                            self.link.send(&Msg::Get {
+                                file_id: id,
+                                offset,
+                                length: u64::from(len),
+                                path: dl.path.clone(),
+                            })?;
+                            dl.outstanding += 1;
+                        }
+                        continue;
+                    }
+                    let Some(mut dl) = live.remove(&id) else {
+                        continue;
+                    };
+                    if let Some(ch) = dl.chunk.take() {
+                        let w = dl
+                            .writer
+                            .take()
+                            .ok_or_else(|| XferError::conn("FILE_DONE before READY"))?;
+                        if let Some(size) = ch.done(w.finish()?)? {
+                            self.stats.files += 1;
+                            self.stats.bytes += size;
+                        }
+                        continue;
+                    }
+                    if dl.null {
+                        self.stats.files += 1;
+                        self.stats.bytes += dl.size;
+                        continue;
+                    }
+                    if dl.hash.is_none() && crate::mem::classify(&dl.path).is_some() {
+                        // A server's zero source sends no hash: what was written must be zeros.
+                        dl.hash = Some(crate::mem::zero_hash(dl.size));
+                    }
+                    let (Some(part), Some(writer)) = (dl.part.take(), dl.writer.take()) else {
+                        return Err(XferError::conn("FILE_DONE before READY"));
+                    };
+                    let mut sink = writer.finish()?;
+                    let fail = |part: LocalPart, e: XferError| {
+                        part.discard();
+                        Err(e)
+                    };
+                    if let Some(e) = sink.io_error.take() {
+                        return fail(part, XferError::io(dl.dest.display(), &e));
+                    }
+                    let got = match sink.hash(&part.file) {
+                        Ok(h) => h,
+                        Err(e) => return fail(part, XferError::io(dl.dest.display(), &e)),
+                    };
+                    if dl.hash != Some(got) {
+                        return fail(
+                            part,
+                            XferError::new(
+                                Kind::Integrity,
+                                format!(
+                                    "{}: the whole-file BLAKE3 does not match the server's; nothing was written. Was the file changing on the server? Try again",
+                                    dl.path
+                                ),
+                            ),
+                        );
+                    }
+                    let (mode, mtime) = (dl.mode, system_time(dl.ident.mtime));
+                    commits.submit(move || part.commit(mode, mtime).map(Some))?;
+                    self.stats.files += 1;
+                    self.stats.bytes += dl.size;
+                }
+                m => return Err(unexpected(&m)),
+            }
+        }
+    }
+}

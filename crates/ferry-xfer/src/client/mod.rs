@@ -1,0 +1,357 @@
+//! The client side of `ferry cp`, `ferry ls` and `ferry sum`.
+//!
+//! Downloads are pipelined: up to [`GET_WINDOW`] GETs are outstanding, the server answers
+//! them in order, and every message names its transfer, so a tree of small files costs
+//! little more than its bytes. Each received block is checked against its CRC-32C; bad
+//! blocks are fetched again by ranged GETs (up to [`crate::BLOCK_RETRIES`] rounds) and the
+//! whole file's BLAKE3 is compared before `.<name>.ferry-part` is fsynced and renamed.
+//! Uploads stream a file's blocks, then FILE_DONE with its BLAKE3; the server answers OK,
+//! RESEND (blocks that failed their CRC) or ERROR.
+//!
+//! Resume ([`Options::resume`], [`Options::retries`]): the receiving side journals the
+//! verified prefix of every part file ([`crate::journal`]). A resumed download continues
+//! its part with a ranged GET (and asks for the source's BLAKE3 with SUM, since a ranged
+//! GET brings none); a resumed upload sends PUT with RESUME and the server's READY says
+//! where to continue. Either way the file lands only if its whole BLAKE3 matches the
+//! source's. Trees skip files already at the destination with the same size and mtime.
+
+mod copy;
+mod download;
+mod upload;
+
+use std::time::Duration;
+
+use crate::error::{Kind, Result, XferError};
+use crate::link::{BlockSender, Link, HANDSHAKE_TIMEOUT};
+use crate::proto::{self, Entry, EntryKind, Msg, BLOCK_HEADER_LEN};
+
+pub use copy::{copy, sum_local};
+pub(crate) use copy::{plan_download, plan_upload};
+pub use download::DlJob;
+pub(crate) use download::{system_time, LocalPart};
+
+/// A tree: its directories (relative, parents first) and its files with their sizes and
+/// mtimes (seconds).
+pub(crate) type Tree = (Vec<String>, Vec<(String, u64, i64)>);
+
+/// Walks the tree under `path` with `list` (which lists one directory). Symlinks and
+/// special files are skipped with a warning.
+pub(crate) fn walk_entries<E>(
+    path: &str,
+    mut list: impl FnMut(&str) -> std::result::Result<Vec<Entry>, E>,
+) -> std::result::Result<Tree, E> {
+    let mut dirs = Vec::new();
+    let mut files = Vec::new();
+    let mut todo = vec![String::new()];
+    while let Some(rel) = todo.pop() {
+        for e in list(&join(path, &rel))? {
+            let r = join(&rel, &e.name);
+            match e.kind {
+                EntryKind::Dir => {
+                    dirs.push(r.clone());
+                    todo.push(r);
+                }
+                EntryKind::File => files.push((r, e.size, e.mtime)),
+                _ => tracing::warn!("{}: skipping (not a file or directory)", join(path, &r)),
+            }
+        }
+    }
+    dirs.sort();
+    Ok((dirs, files))
+}
+
+/// First pause before a retry; it doubles up to [`RETRY_MAX_DELAY`].
+pub const RETRY_DELAY: Duration = Duration::from_millis(200);
+/// Longest pause between retries.
+pub const RETRY_MAX_DELAY: Duration = Duration::from_secs(5);
+
+/// GETs a download keeps outstanding.
+pub const GET_WINDOW: usize = 16;
+
+/// Client settings.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Token ("" for anonymous).
+    pub token: String,
+    /// Proposed block size.
+    pub block_size: u32,
+    /// Staging blocks in flight.
+    pub ring: usize,
+    /// Connect timeout.
+    pub timeout: Duration,
+    /// How long to wait for a server that sends nothing before the connection counts as
+    /// broken (and, with `retries`, is replaced).
+    pub idle_timeout: Duration,
+    /// Continue interrupted transfers: partial files (their journaled, verified prefix)
+    /// and, for trees, files already complete at the destination (same size and mtime).
+    pub resume: bool,
+    /// Reconnect and resume this many times after a connection failure (exit class 6),
+    /// pausing [`RETRY_DELAY`], doubling up to [`RETRY_MAX_DELAY`].
+    pub retries: u32,
+    /// Token for the destination server of a third-party copy (`None`: the same token).
+    pub dest_token: Option<String>,
+    /// Parallel streams (connections) per copy, 1 to [`proto::MAX_STREAMS`]; more than one
+    /// needs a protocol 1.2 server (an older one gets one stream and a note).
+    pub streams: u16,
+    /// With several streams, files are split into chunks of about this many bytes (rounded
+    /// to the block size), handed to whichever stream is free.
+    pub chunk: u64,
+    /// Read (uploads) and write (downloads) local files with direct I/O (`O_DIRECT`),
+    /// bypassing the page cache, where the filesystem allows it. The server's side follows
+    /// its own configuration (`direct` in `ferry serve`'s config).
+    pub direct: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            token: String::new(),
+            block_size: crate::DEFAULT_BLOCK,
+            ring: crate::DEFAULT_RING,
+            timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(120),
+            resume: false,
+            retries: 0,
+            dest_token: None,
+            streams: 1,
+            chunk: crate::parallel::DEFAULT_CHUNK,
+            direct: false,
+        }
+    }
+}
+
+/// What a copy did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Files copied (including files found complete and skipped).
+    pub files: u64,
+    /// File bytes copied (the whole size of each file, however much of it moved).
+    pub bytes: u64,
+    /// Blocks sent again after a CRC mismatch.
+    pub blocks_resent: u64,
+    /// File bytes that crossed the network (less than `bytes` after a resume).
+    pub wire_bytes: u64,
+    /// Bytes a resume found already in place (journaled prefixes of partial files).
+    pub resumed_bytes: u64,
+    /// Files a resumed tree copy found complete at the destination and skipped.
+    pub files_skipped: u64,
+    /// Reconnections after a connection failure.
+    pub retries: u64,
+}
+
+impl Stats {
+    pub(crate) fn add(&mut self, o: &Stats) {
+        self.files += o.files;
+        self.bytes += o.bytes;
+        self.blocks_resent += o.blocks_resent;
+        self.wire_bytes += o.wire_bytes;
+        self.resumed_bytes += o.resumed_bytes;
+        self.files_skipped += o.files_skipped;
+        self.retries += o.retries;
+    }
+}
+
+/// Receives progress reports.
+pub trait Progress {
+    /// The total number of bytes, once known.
+    fn total(&self, _bytes: u64) {}
+    /// `bytes` more moved.
+    fn add(&self, _bytes: u64) {}
+    /// Starting over (a retry): the next attempt reports what is already there again.
+    fn restart(&self) {}
+}
+
+impl Progress for () {}
+
+/// A connection to a `ferry serve`.
+pub struct Client {
+    pub(crate) link: Link,
+    block: u32,
+    pub(crate) minor: u16,
+    resume: bool,
+    pub(crate) tx: BlockSender,
+    /// Direct I/O for local files ([`Options::direct`]).
+    direct: bool,
+    ring: usize,
+    next_id: u32,
+    /// The session WELCOME named (parallel streams join it).
+    pub(crate) session: u64,
+    /// Counters so far.
+    pub stats: Stats,
+}
+
+pub(crate) fn remote_err(code: proto::ErrorCode, message: &str) -> XferError {
+    XferError::remote(code, message)
+}
+
+pub(crate) fn unexpected(m: &Msg) -> XferError {
+    XferError::conn(format!("the server sent an unexpected frame: {m:?}"))
+}
+
+impl Client {
+    /// Connects and authenticates.
+    pub fn connect(addr: &str, opts: &Options) -> Result<Client> {
+        Self::connect_as(addr, opts, 0, 0)
+    }
+
+    /// Connects as stream `stream` of `session` (0, 0: a new session).
+    pub(crate) fn connect_as(
+        addr: &str,
+        opts: &Options,
+        session: u64,
+        stream: u16,
+    ) -> Result<Client> {
+        let mut link = Link::connect(addr, opts.timeout)?;
+        link.timeout = HANDSHAKE_TIMEOUT;
+        link.post_ring(1, proto::MAX_CONTROL)?;
+        link.send(&Msg::Hello {
+            major: proto::VERSION_MAJOR,
+            minor: proto::VERSION_MINOR,
+            block_size: opts.block_size.clamp(proto::MIN_BLOCK, proto::MAX_BLOCK),
+            session,
+            stream,
+            token: opts.token.clone(),
+        })?;
+        let (block, minor, session) = match link.recv_msg() {
+            Ok(Msg::Welcome {
+                block_size,
+                minor,
+                session,
+                ..
+            }) => (block_size, minor, session),
+            Ok(Msg::Error { code, message, .. }) => return Err(remote_err(code, &message)),
+            Ok(m) => return Err(unexpected(&m)),
+            Err(e) => return Err(e),
+        };
+        if !(proto::MIN_BLOCK..=proto::MAX_BLOCK).contains(&block) {
+            return Err(XferError::conn(format!(
+                "the server chose a bad block size {block}"
+            )));
+        }
+        link.timeout = opts.idle_timeout;
+        link.post_ring(opts.ring.max(2), BLOCK_HEADER_LEN + block as usize)?;
+        let mut tx = BlockSender::new(block, opts.ring.max(1), opts.idle_timeout)?;
+        tx.direct = opts.direct;
+        Ok(Client {
+            link,
+            block,
+            minor,
+            resume: opts.resume,
+            tx,
+            direct: opts.direct,
+            ring: opts.ring.max(1),
+            next_id: 1,
+            session,
+            stats: Stats::default(),
+        })
+    }
+
+    /// The negotiated block size.
+    pub fn block_size(&self) -> u32 {
+        self.block
+    }
+
+    fn id(&mut self) -> u32 {
+        let id = self.next_id;
+        self.next_id = self.next_id.wrapping_add(1).max(1);
+        id
+    }
+
+    /// Describes a remote path.
+    pub fn stat(&mut self, path: &str) -> Result<Entry> {
+        self.link.send(&Msg::Stat { path: path.into() })?;
+        match self.link.recv_msg()? {
+            Msg::Entry(e) => Ok(e),
+            Msg::Error { code, message, .. } => Err(remote_err(code, &message)),
+            m => Err(unexpected(&m)),
+        }
+    }
+
+    /// Lists a remote directory ("" lists the roots).
+    pub fn list(&mut self, path: &str) -> Result<Vec<Entry>> {
+        self.link.send(&Msg::List { path: path.into() })?;
+        let mut out = Vec::new();
+        loop {
+            match self.link.recv_msg()? {
+                Msg::Entries { more, entries } => {
+                    out.extend(entries);
+                    if !more {
+                        return Ok(out);
+                    }
+                }
+                Msg::Error { code, message, .. } => return Err(remote_err(code, &message)),
+                m => return Err(unexpected(&m)),
+            }
+        }
+    }
+
+    /// BLAKE3 and size of a remote file, computed by the server.
+    pub fn sum(&mut self, path: &str) -> Result<(u64, [u8; 32])> {
+        self.link.send(&Msg::Sum { path: path.into() })?;
+        match self.link.recv_msg()? {
+            Msg::SumReply { size, blake3 } => Ok((size, blake3)),
+            Msg::Error { code, message, .. } => Err(remote_err(code, &message)),
+            m => Err(unexpected(&m)),
+        }
+    }
+
+    /// Creates a remote directory (existing is fine).
+    pub fn mkdir(&mut self, path: &str, mode: u32) -> Result<()> {
+        self.link.send(&Msg::Mkdir {
+            mode,
+            path: path.into(),
+        })?;
+        match self.link.recv_msg()? {
+            Msg::Ok { .. } => Ok(()),
+            Msg::Error { code, message, .. } => Err(remote_err(code, &message)),
+            m => Err(unexpected(&m)),
+        }
+    }
+
+    /// Resume partial files in later downloads on this connection.
+    pub fn set_resume(&mut self, on: bool) {
+        self.resume = on;
+    }
+
+    /// Lists a remote tree: its directories (relative, parents first) and files.
+    fn walk_remote(&mut self, path: &str) -> Result<Tree> {
+        walk_entries(path, |p| self.list(p))
+    }
+
+    /// Where a copy of a source named `name` lands when its destination is `path`: inside
+    /// `path` if that is an existing directory (as `scp` does), else at `path` itself.
+    pub fn target(&mut self, path: &str, name: &str) -> Result<String> {
+        Ok(match self.stat(path) {
+            Ok(e) if e.kind == EntryKind::Dir && !name.is_empty() => join(path, name),
+            Ok(_) => path.to_string(),
+            Err(e) if e.kind == Kind::NotFound => path.to_string(),
+            Err(e) => return Err(e),
+        })
+    }
+
+    /// Ends the session politely.
+    pub fn bye(self) {
+        let _ = self.link.send(&Msg::Bye);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+pub(crate) fn join(a: &str, b: &str) -> String {
+    match (a.is_empty(), b.is_empty()) {
+        (true, _) => b.to_string(),
+        (_, true) => a.to_string(),
+        _ => format!("{}/{b}", a.trim_end_matches('/')),
+    }
+}
+
+pub(crate) fn basename(path: &str) -> &str {
+    path.trim_end_matches('/')
+        .rsplit('/')
+        .next()
+        .unwrap_or(path)
+}
+
+/// Hex of a hash.
+pub fn hex(h: &[u8; 32]) -> String {
+    h.iter().map(|b| format!("{b:02x}")).collect()
+}
