@@ -51,6 +51,14 @@ pub const DEFAULT_RING: usize = 8;
 /// How many times a block whose CRC fails is fetched again before the transfer fails.
 pub const BLOCK_RETRIES: u32 = 3;
 
+/// What a receiver says when a transfer's blocks still fail their CRC after
+/// [`BLOCK_RETRIES`] rounds.
+pub(crate) fn crc_exhausted(path: &str) -> String {
+    format!(
+        "{path}: blocks kept failing their CRC after {BLOCK_RETRIES} retries; nothing was written. Check the network path (NIC, cable, memory) and try again"
+    )
+}
+
 /// Compares two secrets in time independent of where they differ.
 pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {

@@ -423,11 +423,7 @@ impl Client {
                         if dl.rounds > crate::BLOCK_RETRIES {
                             return Err(XferError::new(
                                 Kind::Integrity,
-                                format!(
-                                    "{}: blocks kept failing their CRC after {} retries; nothing was written. Check the network path (NIC, cable, memory) and try again",
-                                    dl.path,
-                                    crate::BLOCK_RETRIES
-                                ),
+                                crate::crc_exhausted(&dl.path),
                             ));
                         }
                         self.stats.blocks_resent += bad.len() as u64;

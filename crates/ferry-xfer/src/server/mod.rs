@@ -564,6 +564,14 @@ fn next_request(link: &mut Link, session: &Session) -> Result<Msg> {
 /// A PUT's blocks all good: the sink, FILE_DONE's `length` and hash.
 type Received2 = (BlockSink, u64, Option<[u8; 32]>);
 
+/// The refusal for a file another connection is writing.
+fn busy(path: &str) -> Refusal {
+    refuse(
+        ErrorCode::Unavailable,
+        format!("{path}: another connection is still writing this file; try again"),
+    )
+}
+
 /// The refusal for a failed write.
 fn write_refusal(path: &str, e: &std::io::Error) -> Refusal {
     let code = if e.raw_os_error() == Some(Errno::NOSPC.raw_os_error()) {

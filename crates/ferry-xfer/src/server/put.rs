@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::roots::{refuse, PResult, PartFile};
 use super::sink::BlockSink;
-use super::{reply_refusal, write_refusal, PutReq, Received, Received2, Server, RECV_SLICE};
+use super::{busy, reply_refusal, write_refusal, PutReq, Received, Received2, Server, RECV_SLICE};
 use crate::error::{Result, XferError};
 use crate::journal::{Found, Ident};
 use crate::link::{BlockWriter, Link};
@@ -16,14 +16,7 @@ impl Server {
     pub(super) fn put(&self, link: &mut Link, req: &PutReq, path: &str) -> Result<()> {
         let file_id = req.file_id;
         let Some(claim) = self.claim(path) else {
-            return reply_refusal(
-                link,
-                file_id,
-                refuse(
-                    ErrorCode::Unavailable,
-                    format!("{path}: another connection is still writing this file; try again"),
-                ),
-            );
+            return reply_refusal(link, file_id, busy(path));
         };
         let ident = Ident {
             size: req.size,
@@ -198,10 +191,7 @@ impl Server {
                 if rounds > crate::BLOCK_RETRIES {
                     return Ok(Some(Err(refuse(
                         ErrorCode::Integrity,
-                        format!(
-                            "{path}: blocks kept failing their CRC after {} retries; nothing was written. Check the network path (NIC, cable, memory) and try again",
-                            crate::BLOCK_RETRIES
-                        ),
+                        crate::crc_exhausted(path),
                     ))));
                 }
                 link.send(&Msg::Resend {
@@ -245,13 +235,10 @@ impl Server {
             if !bad.is_empty() {
                 rounds += 1;
                 if rounds > crate::BLOCK_RETRIES {
-                    return Ok(Some((length, Err(refuse(
-                        ErrorCode::Integrity,
-                        format!(
-                            "{path}: blocks kept failing their CRC after {} retries; nothing was written. Check the network path (NIC, cable, memory) and try again",
-                            crate::BLOCK_RETRIES
-                        ),
-                    )))));
+                    return Ok(Some((
+                        length,
+                        Err(refuse(ErrorCode::Integrity, crate::crc_exhausted(path))),
+                    )));
                 }
                 link.send(&Msg::Resend {
                     file_id,

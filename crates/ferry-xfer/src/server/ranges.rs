@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use super::roots::{refuse, PartFile};
 use super::sink::BlockSink;
-use super::{id_in_use, reply_refusal, write_refusal, PutReq, Server};
+use super::{busy, id_in_use, reply_refusal, write_refusal, PutReq, Server};
 use crate::error::{Result, XferError};
 use crate::journal::{Found, Ident};
 use crate::link::{BlockWriter, Link};
@@ -26,14 +26,7 @@ impl Server {
             return reply_refusal(link, file_id, id_in_use(file_id));
         }
         let Some(claim) = self.claim(path) else {
-            return reply_refusal(
-                link,
-                file_id,
-                refuse(
-                    ErrorCode::Unavailable,
-                    format!("{path}: another connection is still writing this file; try again"),
-                ),
-            );
+            return reply_refusal(link, file_id, busy(path));
         };
         let mtime = req.mtime.unwrap_or(0);
         let ident = Ident {
