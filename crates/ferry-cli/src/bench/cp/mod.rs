@@ -45,7 +45,8 @@ pub struct CpArgs {
 }
 
 /// The suffix of a ferry variant with direct I/O on both sides (disk workload).
-const DIRECT: &str = " --direct";
+const DIRECT: &str = report::DIRECT;
+const STREAMS: &str = report::STREAMS;
 
 /// The workloads of a run, in order.
 const WORKLOADS: [&str; 4] = ["mem", "shm", "disk", "small"];
@@ -310,6 +311,16 @@ fn cells_of(plan: &Plan, drivers: &[String]) -> Vec<Cell> {
     for d in drivers {
         v.push(Cell::new("small", "ferry", d, small, files));
     }
+    // The counterpart of GridFTP's -cc 4: the tree's files spread over four streams.
+    for d in drivers {
+        v.push(Cell::new(
+            "small",
+            "ferry",
+            &format!("{d}{STREAMS}"),
+            small,
+            files,
+        ));
+    }
     // -cc 4 (four concurrent FTP connections for the files of a tree) is GridFTP's fastest
     // form for many small files here (2,000 × 64 KiB /dev/shm → /dev/shm, two rounds:
     // 3110 and 3528 files/s against 1138 and 2282 without; -pp pipelining gave 782 and 2569).
@@ -356,7 +367,7 @@ fn transfer(plan: &Plan, ws: &Workspace, servers: &Servers, row: &CpRow) -> Resu
             let server = servers
                 .ferry
                 .iter()
-                .find(|(d, _)| *d == row.variant)
+                .find(|(d, _)| *d == row.variant.strip_suffix(STREAMS).unwrap_or(&row.variant))
                 .map(|(_, s)| ok(s, &format!("ferry serve ({})", row.variant)))
                 .context("no server for this driver")??;
             let exe = std::env::current_exe().context("locating the ferry binary")?;
@@ -365,6 +376,9 @@ fn transfer(plan: &Plan, ws: &Workspace, servers: &Servers, row: &CpRow) -> Resu
             c.args(["cp", "--quiet"]);
             if row.variant.ends_with(DIRECT) {
                 c.arg("--direct");
+            }
+            if row.variant.ends_with(STREAMS) {
+                c.args(["-p", "4"]);
             }
             let remote = |rel: &str| format!("{}/{rel}", server.addr);
             match row.workload.as_str() {

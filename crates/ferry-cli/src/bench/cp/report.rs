@@ -40,6 +40,18 @@ pub struct CpRow {
     pub error: Option<String>,
 }
 
+/// The variant suffix of ferry rows with direct I/O on both sides.
+pub const DIRECT: &str = " --direct";
+/// The variant suffix of ferry rows over four parallel streams.
+pub const STREAMS: &str = " -p 4";
+
+/// The driver of a ferry row's variant (`tcp --direct` and `tcp -p 4` are tcp).
+fn driver_of(variant: &str) -> &str {
+    [DIRECT, STREAMS]
+        .iter()
+        .fold(variant, |v, s| v.strip_suffix(s).unwrap_or(v))
+}
+
 impl CpRow {
     /// `ferry (tcp)`, `gridftp -p 4`, `iperf3`.
     pub fn label(&self) -> String {
@@ -112,10 +124,7 @@ fn best_ratio(
         &mut rows
             .iter()
             .filter(|r| r.tool == "ferry" && r.workload == ferry_workload)
-            .filter(|r| {
-                driver
-                    .is_none_or(|d| r.variant.strip_suffix(" --direct").unwrap_or(&r.variant) == d)
-            }),
+            .filter(|r| driver.is_none_or(|d| driver_of(&r.variant) == d)),
     )?;
     let (p, pname) = pick(
         &mut rows
@@ -355,6 +364,8 @@ mod tests {
             row("shm", "gridftp", "-p 4", 2.5, 4.0),
             row("mem", "iperf3", "", 5.0, 1.0),
             row("small", "ferry", "tcp", 1.0, 1.0),
+            row("small", "ferry", "tcp -p 4", 1.2, 1.0),
+            row("small", "ferry", "ofi+shm -p 4", 1.4, 1.0),
             row("small", "gridftp", "-p 1", 0.4, 1.0),
             row("disk", "ferry", "tcp", 0.2, 1.0),
             row("disk", "ferry", "tcp --direct", 0.3, 1.0),
@@ -368,7 +379,13 @@ mod tests {
         // CPU: lowest ferry (tcp, 1.0) against lowest GridFTP (-p 1, 3.0).
         assert_eq!(s.get("cpu_vs_gridftp"), Some(3.0));
         assert_eq!(best["cpu_vs_gridftp"], "ferry tcp vs gridftp -p 1");
-        assert_eq!(s.get("smallfiles_vs_gridftp"), Some(2.5));
+        assert_eq!(s.get("smallfiles_vs_gridftp"), Some(3.5));
+        // A parallel-streams variant of the tcp driver counts as tcp.
+        assert_eq!(s.get("smallfiles_vs_gridftp_tcp"), Some(3.0));
+        assert_eq!(
+            best["smallfiles_vs_gridftp_tcp"],
+            "ferry tcp -p 4 vs gridftp -p 1"
+        );
         assert_eq!(s.get("disk_vs_gridftp"), Some(1.2));
         assert_eq!(
             best["disk_vs_gridftp"],
