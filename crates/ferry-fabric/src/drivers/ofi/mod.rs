@@ -60,7 +60,10 @@ mod gate;
 mod info;
 mod progress;
 mod rma;
+mod wedge;
 mod wire;
+
+pub use wedge::{any_wedged, on_wedge, wedged_error, WEDGE_MESSAGE, WEDGE_TIMEOUT};
 
 use std::sync::{Arc, Mutex, MutexGuard};
 

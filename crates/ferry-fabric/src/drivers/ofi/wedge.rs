@@ -1,0 +1,172 @@
+//! Detecting a provider that is stuck for good, and failing loudly instead of hanging.
+//!
+//! libfabric 1.17's shm keeps each endpoint's command queue in a shared-memory region guarded
+//! by a process-shared spinlock (`smr_region.lock`, taken by `smr_progress_cmd` when the owner
+//! reads its CQ, and by the sender's `smr_generic_sendmsg`/`smr_generic_rma` when it inserts a
+//! command into the *peer's* queue). A process `kill -9`ed while holding one leaves every
+//! other process that touches that region spinning inside the provider forever; the stuck
+//! thread cannot be interrupted.
+//!
+//! So every provider call of a domain is timed ([`Watch`]); a watchdog thread (one per
+//! process) looks every [`PERIOD`] and, when a call has not returned for the domain's limit
+//! (`FERRY_OFI_WEDGE_TIMEOUT` seconds, default [`WEDGE_TIMEOUT`]), marks the domain wedged:
+//! its connections fail with [`wedged_error`], every later call on it fails at once, new
+//! domains of the same provider cannot be opened in this process, and the hook installed
+//! with [`on_wedge`] runs (the CLI exits there: the process must restart to use the
+//! provider again). Wedged domains are leaked, never closed under the stuck thread.
+//!
+//! On providers whose calls are funnelled one thread at a time (shm, `gate.rs`) every call is
+//! watched; elsewhere concurrent calls share the one slot, so a stuck call can go unnoticed
+//! while others keep entering and leaving (no false alarms either way).
+
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Mutex, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+use super::domain::Shared;
+use super::lock;
+use crate::error::FabricError;
+
+/// How long a provider call may run before its domain is declared wedged, unless
+/// `FERRY_OFI_WEDGE_TIMEOUT` (seconds, fractions allowed) says otherwise. Longer than the
+/// longest legitimate call (an shm RMA copy takes milliseconds; -FI_EAGAIN retries return
+/// between attempts).
+pub const WEDGE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How often the watchdog looks.
+const PERIOD: Duration = Duration::from_millis(250);
+
+/// What a wedged domain's operations fail with.
+pub const WEDGE_MESSAGE: &str = "the libfabric provider is wedged: a peer process died while \
+    holding a lock in shared memory (libfabric 1.17 shm); this process must restart to use it again";
+
+/// The error of every operation on a wedged domain.
+pub fn wedged_error() -> FabricError {
+    FabricError::ConnectionLost(WEDGE_MESSAGE.into())
+}
+
+/// The domain's limit from the environment.
+pub(super) fn timeout_from_env() -> Duration {
+    std::env::var("FERRY_OFI_WEDGE_TIMEOUT")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+        .filter(|d| !d.is_zero())
+        .unwrap_or(WEDGE_TIMEOUT)
+}
+
+/// Times the provider calls of one domain.
+pub(super) struct Watch {
+    epoch: Instant,
+    /// Milliseconds since `epoch` + 1 at which the call in progress entered; 0: none.
+    since: AtomicU64,
+}
+
+/// A provider call in progress; leaving clears the mark.
+pub(super) struct InCall<'a>(&'a Watch, bool);
+
+impl Watch {
+    /// A watch with no call in progress.
+    pub fn new() -> Watch {
+        Watch {
+            epoch: Instant::now(),
+            since: AtomicU64::new(0),
+        }
+    }
+
+    fn now(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis())
+            .unwrap_or(u64::MAX - 1)
+            .saturating_add(1)
+    }
+
+    /// Marks a provider call as in progress until the guard drops. A nested mark (the outer
+    /// call's) is kept.
+    pub fn enter(&self) -> InCall<'_> {
+        let mine = self
+            .since
+            .compare_exchange(0, self.now(), SeqCst, SeqCst)
+            .is_ok();
+        InCall(self, mine)
+    }
+
+    /// How long the call in progress has been running, if any.
+    pub fn stuck_for(&self) -> Option<Duration> {
+        let since = self.since.load(SeqCst);
+        (since != 0).then(|| Duration::from_millis(self.now().saturating_sub(since)))
+    }
+}
+
+impl Drop for InCall<'_> {
+    fn drop(&mut self) {
+        if self.1 {
+            self.0.since.store(0, SeqCst);
+        }
+    }
+}
+
+/// Domains the watchdog looks at.
+static DOMAINS: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
+/// Providers (address schemes) wedged in this process.
+static WEDGED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+/// Set once any domain wedged.
+static ANY: AtomicBool = AtomicBool::new(false);
+/// Run once when the first domain wedges.
+static HOOK: OnceLock<fn(&str)> = OnceLock::new();
+
+/// Installs `hook`, run (on the watchdog thread) with [`WEDGE_MESSAGE`] when the first
+/// domain of this process wedges; a CLI exits there. Only the first hook installed counts.
+pub fn on_wedge(hook: fn(&str)) {
+    let _ = HOOK.set(hook);
+}
+
+/// True once a domain of this process wedged.
+pub fn any_wedged() -> bool {
+    ANY.load(SeqCst)
+}
+
+/// Fails if `scheme`'s provider wedged in this process (a new domain would touch the same
+/// stuck shared memory, or spin the same way).
+pub(super) fn check_scheme(scheme: &str) -> crate::Result<()> {
+    if ANY.load(SeqCst) && lock(&WEDGED).iter().any(|s| s == scheme) {
+        return Err(wedged_error());
+    }
+    Ok(())
+}
+
+/// Puts `shared` under the watchdog (starting it on first use).
+pub(super) fn watch(shared: &std::sync::Arc<Shared>) {
+    static STARTED: std::sync::Once = std::sync::Once::new();
+    lock(&DOMAINS).push(std::sync::Arc::downgrade(shared));
+    STARTED.call_once(|| {
+        let spawned = std::thread::Builder::new()
+            .name("ferry-ofi-watchdog".into())
+            .spawn(|| loop {
+                std::thread::sleep(PERIOD);
+                sweep();
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("cannot start the ofi watchdog: {e}");
+        }
+    });
+}
+
+/// One look at every domain.
+fn sweep() {
+    let live: Vec<_> = {
+        let mut domains = lock(&DOMAINS);
+        domains.retain(|w| w.strong_count() > 0);
+        domains.iter().filter_map(Weak::upgrade).collect()
+    };
+    for sh in live {
+        if sh.check_wedge(sh.wedge_after) {
+            lock(&WEDGED).push(sh.scheme());
+            let first = !ANY.swap(true, SeqCst);
+            tracing::error!(domain = sh.id, "{WEDGE_MESSAGE}");
+            if let Some(hook) = HOOK.get().filter(|_| first) {
+                hook(WEDGE_MESSAGE);
+            }
+        }
+    }
+}
