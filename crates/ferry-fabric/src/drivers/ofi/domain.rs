@@ -158,7 +158,7 @@ impl Shared {
     /// its connections, connection attempts and pending accepts, and every operation in
     /// flight, without calling into the provider. True if it was declared wedged now.
     pub fn check_wedge(&self, after: Duration) -> bool {
-        if !self.fab.watch.stuck_for().is_some_and(|d| d >= after) || !self.gate.set_wedged() {
+        if self.fab.watch.stuck_for().is_none_or(|d| d < after) || !self.gate.set_wedged() {
             return false;
         }
         let conns: Vec<Arc<Conn>> = lock(&self.conns)
