@@ -367,6 +367,19 @@ extern "C" fn unlink_regions_at_exit() {
     }
 }
 
+/// Ends the process with `code` at once, without exit handlers or destructors: libfabric's
+/// own cleanup at exit would touch the wedged provider (`wedge.rs`) and spin like the stuck
+/// thread. Our shm region names are unlinked first (that only removes names); stdout and
+/// stderr are flushed.
+pub fn exit_now(code: i32) -> ! {
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    unlink_regions_at_exit();
+    // SAFETY: _exit takes no pointers and never returns; skipping destructors is the point.
+    unsafe { libc::_exit(code) }
+}
+
 /// An endpoint's entry in [`LOCAL_EPS`], removed when dropped (after the endpoint closed).
 struct LocalName {
     id: u64,

@@ -63,7 +63,7 @@ mod rma;
 mod wedge;
 mod wire;
 
-pub use wedge::{any_wedged, on_wedge, wedged_error, WEDGE_MESSAGE, WEDGE_TIMEOUT};
+pub use wedge::{any_wedged, exit_wedged, on_wedge, wedged_error, WEDGE_MESSAGE, WEDGE_TIMEOUT};
 
 use std::sync::{Arc, Mutex, MutexGuard};
 

@@ -121,6 +121,12 @@ pub fn on_wedge(hook: fn(&str)) {
     let _ = HOOK.set(hook);
 }
 
+/// Ends the process with `code` at once, skipping exit handlers and destructors (libfabric's
+/// cleanup would spin on the wedged provider); for a hook installed with [`on_wedge`].
+pub fn exit_wedged(code: i32) -> ! {
+    super::ffi::exit_now(code)
+}
+
 /// True once a domain of this process wedged.
 pub fn any_wedged() -> bool {
     ANY.load(SeqCst)
