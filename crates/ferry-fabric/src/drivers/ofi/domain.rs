@@ -1100,9 +1100,12 @@ mod tests {
 
         // Not stuck, or not long enough: nothing happens.
         assert!(!sh.check_wedge(Duration::from_millis(50)));
+        // A stuck call is inside the gate (shm funnels calls): hold it, and the mark.
+        let held = sh.gate.enter_wait(&sh).unwrap();
         let stuck = sh.fab.watch.enter();
-        assert!(!sh.check_wedge(Duration::from_secs(60)));
+        assert!(!sh.check_wedge(Duration::from_millis(100)));
         std::thread::sleep(Duration::from_millis(120));
+        assert!(!sh.check_wedge(Duration::from_secs(60)));
         assert!(sh.check_wedge(Duration::from_millis(100)));
         // Declared once.
         assert!(!sh.check_wedge(Duration::from_millis(100)));
@@ -1124,6 +1127,7 @@ mod tests {
         assert!(msg(sh.register(&Buffer::new(8), Access::LOCAL).map(drop)).contains("wedged"));
         assert!(started.elapsed() < Duration::from_secs(1));
         drop(stuck);
+        drop(held);
         // Dropping a wedged domain returns at once (it is leaked, never joined).
         let started = Instant::now();
         drop(ep);

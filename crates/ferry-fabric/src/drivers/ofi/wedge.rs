@@ -7,7 +7,7 @@
 //! other process that touches that region spinning inside the provider forever; the stuck
 //! thread cannot be interrupted.
 //!
-//! So every provider call of a domain is timed ([`Watch`]); a watchdog thread (one per
+//! So every provider call of a domain is marked ([`Watch`]); a watchdog thread (one per
 //! process) looks every [`PERIOD`] and, when a call has not returned for the domain's limit
 //! (`FERRY_OFI_WEDGE_TIMEOUT` seconds, default [`WEDGE_TIMEOUT`]), marks the domain wedged:
 //! its connections fail with [`wedged_error`], every later call on it fails at once, new
@@ -16,8 +16,11 @@
 //! provider again). Wedged domains are leaked, never closed under the stuck thread.
 //!
 //! On providers whose calls are funnelled one thread at a time (shm, `gate.rs`) every call is
-//! watched; elsewhere concurrent calls share the one slot, so a stuck call can go unnoticed
-//! while others keep entering and leaving (no false alarms either way).
+//! watched; elsewhere concurrent calls share the one mark, so a stuck call goes unnoticed
+//! while others keep entering and leaving (and, rarely, another thread leaving clears the
+//! mark of one still inside): no false alarms, possibly late ones. The limit is reached
+//! only after the same call was seen in progress across the watchdog's looks, so it is
+//! measured to within one [`PERIOD`].
 
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::atomic::{AtomicBool, AtomicU64};
@@ -56,53 +59,60 @@ pub(super) fn timeout_from_env() -> Duration {
         .unwrap_or(WEDGE_TIMEOUT)
 }
 
-/// Times the provider calls of one domain.
+/// Watches the provider calls of one domain. The hot path reads no clock: entering a call
+/// bumps a counter and sets a flag, leaving clears the flag; the watchdog samples both and
+/// times how long the same call has stayed in progress.
 pub(super) struct Watch {
-    epoch: Instant,
-    /// Milliseconds since `epoch` + 1 at which the call in progress entered; 0: none.
-    since: AtomicU64,
+    /// Calls entered so far.
+    calls: AtomicU64,
+    /// A call is in progress.
+    inside: AtomicBool,
+    /// The watchdog's last sample: the call in progress then, and when it was first seen.
+    seen: Mutex<Option<(u64, Instant)>>,
 }
 
 /// A provider call in progress; leaving clears the mark.
-pub(super) struct InCall<'a>(&'a Watch, bool);
+pub(super) struct InCall<'a>(&'a Watch);
 
 impl Watch {
     /// A watch with no call in progress.
     pub fn new() -> Watch {
         Watch {
-            epoch: Instant::now(),
-            since: AtomicU64::new(0),
+            calls: AtomicU64::new(0),
+            inside: AtomicBool::new(false),
+            seen: Mutex::new(None),
         }
     }
 
-    fn now(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_millis())
-            .unwrap_or(u64::MAX - 1)
-            .saturating_add(1)
-    }
-
-    /// Marks a provider call as in progress until the guard drops. A nested mark (the outer
-    /// call's) is kept.
+    /// Marks a provider call as in progress until the guard drops.
     pub fn enter(&self) -> InCall<'_> {
-        let mine = self
-            .since
-            .compare_exchange(0, self.now(), SeqCst, SeqCst)
-            .is_ok();
-        InCall(self, mine)
+        self.calls.fetch_add(1, SeqCst);
+        self.inside.store(true, SeqCst);
+        InCall(self)
     }
 
-    /// How long the call in progress has been running, if any.
+    /// How long the call in progress has been seen in progress (by calls of this method),
+    /// if one is: zero the first time a call is seen.
     pub fn stuck_for(&self) -> Option<Duration> {
-        let since = self.since.load(SeqCst);
-        (since != 0).then(|| Duration::from_millis(self.now().saturating_sub(since)))
+        let mut seen = lock(&self.seen);
+        let calls = self.calls.load(SeqCst);
+        if !self.inside.load(SeqCst) {
+            *seen = None;
+            return None;
+        }
+        match *seen {
+            Some((c, since)) if c == calls => Some(since.elapsed()),
+            _ => {
+                *seen = Some((calls, Instant::now()));
+                Some(Duration::ZERO)
+            }
+        }
     }
 }
 
 impl Drop for InCall<'_> {
     fn drop(&mut self) {
-        if self.1 {
-            self.0.since.store(0, SeqCst);
-        }
+        self.0.inside.store(false, SeqCst);
     }
 }
 
