@@ -112,6 +112,10 @@ struct Server {
     root: PathBuf,
     log: PathBuf,
     args: Vec<String>,
+    /// Environment for the next start only (a test hook).
+    once_env: Vec<(String, String)>,
+    /// Restarts after a wedge.
+    wedge_restarts: u32,
 }
 
 fn listen_url(driver: &str) -> String {
@@ -135,7 +139,30 @@ impl Server {
             root,
             log,
             args: args.iter().map(|a| a.to_string()).collect(),
+            once_env: Vec::new(),
+            wedge_restarts: 0,
         };
+        s.spawn();
+        s
+    }
+
+    /// [`Server::start`], with `env` set for the first start only.
+    fn start_once_with(driver: &str, env: &[(&str, &str)]) -> Server {
+        let mut s = Server {
+            child: None,
+            driver: driver.into(),
+            listen: listen_url(driver),
+            addr: String::new(),
+            root: scratch("root"),
+            log: PathBuf::new(),
+            args: Vec::new(),
+            once_env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            wedge_restarts: 0,
+        };
+        s.log = s.root.with_extension("log");
         s.spawn();
         s
     }
@@ -148,6 +175,7 @@ impl Server {
                 .arg(format!("d={}", self.root.display()))
                 .args(["--listen", &self.listen, "--token", TOKEN])
                 .args(&self.args)
+                .envs(std::mem::take(&mut self.once_env))
                 .stdout(Stdio::piped())
                 .stderr(std::fs::File::create(&self.log).unwrap());
             let mut child = cmd.spawn().expect("spawn ferry serve");
@@ -202,6 +230,7 @@ impl Server {
             "exit {WEDGED_EXIT} without saying why: {log}"
         );
         let n = SERVER_WEDGES.fetch_add(1, Ordering::Relaxed) + 1;
+        self.wedge_restarts += 1;
         eprintln!("server wedged ({n} so far), restarting it: {}", log.trim());
         self.child = None;
         self.spawn();
@@ -675,6 +704,51 @@ fn kill_runs_ofi_tcp() {
 #[test]
 fn kill_runs_ofi_shm() {
     kill_runs("ofi+shm", 6);
+}
+
+/// The wedge watchdog end to end, with a simulated stuck provider call (the test hook
+/// `FERRY_OFI_TEST_WEDGE_AFTER` of ferry-fabric's `test-hooks` feature): a server whose
+/// progress thread never returns from the provider exits 75 saying so, within the wedge
+/// timeout, and a client with `--retries` completes against the restarted server; a client
+/// that wedges exits 6 saying so, at once, and `--resume` then finishes its copy.
+#[test]
+fn wedged_processes_exit_and_copies_complete() {
+    let hook = [
+        ("FERRY_OFI_TEST_WEDGE_AFTER", "0"),
+        ("FERRY_OFI_WEDGE_TIMEOUT", "1"),
+    ];
+    let mut s = Server::start_once_with("ofi+shm", &hook);
+    let local = scratch("local");
+    let data = pattern(SIZE / 4, 41);
+    std::fs::write(s.root.join("w"), &data).unwrap();
+    let dest = local.join("w");
+    let client = cp_cmd(&["--retries", "30", "--idle-timeout", "3"])
+        .args([&s.url("w"), dest.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let v = ok(&finish_serving(client, Some(&mut s)));
+    assert_eq!(s.wedge_restarts, 1, "the server did not exit wedged: {v}");
+    assert!(num(&v, "retries") >= 1, "{v}");
+    same(&s.root.join("w"), &dest);
+
+    let dest = local.join("w2");
+    let t = Instant::now();
+    let o = cp_cmd(&[&s.url("w"), dest.to_str().unwrap()])
+        .envs(hook)
+        .bounded()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(client_wedged(&o), "{:?} {err}", o.status.code());
+    assert!(err.contains("must restart"), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
+    assert!(!dest.exists());
+    ok(&cp_cmd(&["--resume", &s.url("w"), dest.to_str().unwrap()])
+        .bounded()
+        .unwrap());
+    same(&s.root.join("w"), &dest);
+    std::fs::remove_dir_all(&local).unwrap();
 }
 
 /// SIGTERM during an upload, with no grace: the server exits 0 saying it journaled one

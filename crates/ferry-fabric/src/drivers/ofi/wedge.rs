@@ -186,3 +186,25 @@ fn sweep() {
         }
     }
 }
+
+/// Test hook (feature `test-hooks`): when the domain's progress thread should simulate a
+/// provider call that never returns, from `FERRY_OFI_TEST_WEDGE_AFTER` (seconds after the
+/// domain opened).
+#[cfg(feature = "test-hooks")]
+pub(super) fn test_wedge_at() -> Option<Instant> {
+    let secs = std::env::var("FERRY_OFI_TEST_WEDGE_AFTER").ok()?;
+    let after = Duration::try_from_secs_f64(secs.parse().ok()?).ok()?;
+    Some(Instant::now() + after)
+}
+
+/// Test hook: the calling thread takes the provider (the gate) and stays "in a call" for
+/// good, as a thread spinning on a dead peer's lock would.
+#[cfg(feature = "test-hooks")]
+pub(super) fn simulate_stuck_call(shared: &Shared) -> ! {
+    tracing::warn!("FERRY_OFI_TEST_WEDGE_AFTER: simulating a provider call that never returns");
+    let _inside = shared.gate.enter_wait(shared);
+    let _in_call = shared.fab.watch.enter();
+    loop {
+        std::thread::park();
+    }
+}
