@@ -22,7 +22,7 @@
 //! only after the same call was seen in progress across the watchdog's looks, so it is
 //! measured to within one [`PERIOD`].
 
-use std::sync::atomic::Ordering::SeqCst;
+use std::sync::atomic::Ordering::{Relaxed, Release, SeqCst};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
@@ -86,8 +86,12 @@ impl Watch {
 
     /// Marks a provider call as in progress until the guard drops.
     pub fn enter(&self) -> InCall<'_> {
-        self.calls.fetch_add(1, SeqCst);
-        self.inside.store(true, SeqCst);
+        // Plain loads and stores (no locked instruction on the polling path): an increment
+        // lost to a concurrent call (providers whose calls are not funnelled) only delays
+        // the watchdog, since the count keeps changing while calls keep completing.
+        self.calls
+            .store(self.calls.load(Relaxed).wrapping_add(1), Relaxed);
+        self.inside.store(true, Release);
         InCall(self)
     }
 
@@ -112,7 +116,7 @@ impl Watch {
 
 impl Drop for InCall<'_> {
     fn drop(&mut self) {
-        self.0.inside.store(false, SeqCst);
+        self.0.inside.store(false, Release);
     }
 }
 
