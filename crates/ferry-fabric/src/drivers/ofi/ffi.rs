@@ -740,6 +740,8 @@ impl Fabric {
             None
         };
         let mut addr: FiAddr = ADDR_UNSPEC;
+        // shm maps the peer's region here.
+        let in_call = self.watch.enter();
         // SAFETY: padded is readable for more than any provider address; addr is writable.
         let ret = unsafe {
             sys::fi_av_insert(
@@ -751,6 +753,7 @@ impl Fabric {
                 ptr::null_mut(),
             )
         };
+        drop(in_call);
         if ret != 1 {
             let ret = if ret < 0 {
                 ret as isize
