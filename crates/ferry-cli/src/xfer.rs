@@ -39,9 +39,18 @@ fn serve_wedged(msg: &str) {
 /// `ferry cp`'s wedge hook: a thread of this attempt may be stuck in the provider, and no
 /// later attempt in this process can use it: fail as a broken connection, at once.
 fn cp_wedged(msg: &str) {
+    let code = Kind::Connection.exit_code();
+    if CP_JSON.load(Ordering::SeqCst) {
+        let error = format!("connection failed: {msg}");
+        let line = serde_json::json!({"ok": false, "op": "cp", "exit_code": code, "error": error});
+        println!("{line}");
+    }
     eprintln!("ferry: connection failed: {msg}");
-    ferry_fabric::drivers::ofi::exit_wedged(Kind::Connection.exit_code());
+    ferry_fabric::drivers::ofi::exit_wedged(code);
 }
+
+/// `ferry cp --json` is running (for [`cp_wedged`]).
+static CP_JSON: AtomicBool = AtomicBool::new(false);
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -264,6 +273,7 @@ impl Progress for Bar {
 }
 
 pub fn cp(a: CpArgs) -> Result<(), XferError> {
+    CP_JSON.store(a.json, Ordering::SeqCst);
     ferry_fabric::drivers::ofi::on_wedge(cp_wedged);
     let src = url::parse(&a.src, &a.remote.driver)?;
     let dst = url::parse(&a.dst, &a.remote.driver)?;

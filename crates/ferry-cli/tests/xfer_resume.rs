@@ -742,6 +742,9 @@ fn wedged_processes_exit_and_copies_complete() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(client_wedged(&o), "{:?} {err}", o.status.code());
     assert!(err.contains("must restart"), "{err}");
+    let line: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(line["exit_code"], CONNECTION_EXIT, "{line}");
+    assert!(line["error"].as_str().unwrap().contains("wedged"), "{line}");
     assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
     assert!(!dest.exists());
     ok(&cp_cmd(&["--resume", &s.url("w"), dest.to_str().unwrap()])
