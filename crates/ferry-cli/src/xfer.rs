@@ -40,7 +40,7 @@ fn serve_wedged(msg: &str) {
 /// later attempt in this process can use it: fail as a broken connection, at once.
 fn cp_wedged(msg: &str) {
     let code = Kind::Connection.exit_code();
-    if CP_JSON.load(Ordering::SeqCst) {
+    if CP_JSON.load(Ordering::SeqCst) && !CP_REPORTED.swap(true, Ordering::SeqCst) {
         let error = format!("connection failed: {msg}");
         let line = serde_json::json!({"ok": false, "op": "cp", "exit_code": code, "error": error});
         println!("{line}");
@@ -51,6 +51,9 @@ fn cp_wedged(msg: &str) {
 
 /// `ferry cp --json` is running (for [`cp_wedged`]).
 static CP_JSON: AtomicBool = AtomicBool::new(false);
+/// `ferry cp --json` printed its error line (the wedge hook and the failing attempt may
+/// both want to).
+static CP_REPORTED: AtomicBool = AtomicBool::new(false);
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -357,7 +360,7 @@ pub fn cp(a: CpArgs) -> Result<(), XferError> {
             Ok(())
         }
         Err(e) => {
-            if a.json {
+            if a.json && !CP_REPORTED.swap(true, Ordering::SeqCst) {
                 println!(
                     "{}",
                     serde_json::json!({
