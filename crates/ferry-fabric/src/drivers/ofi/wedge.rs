@@ -1,11 +1,14 @@
 //! Detecting a provider that is stuck for good, and failing loudly instead of hanging.
 //!
 //! libfabric 1.17's shm keeps each endpoint's command queue in a shared-memory region guarded
-//! by a process-shared spinlock (`smr_region.lock`, taken by `smr_progress_cmd` when the owner
-//! reads its CQ, and by the sender's `smr_generic_sendmsg`/`smr_generic_rma` when it inserts a
-//! command into the *peer's* queue). A process `kill -9`ed while holding one leaves every
+//! by a process-shared spinlock (`smr_region.lock`, a `pthread_spin_lock`): the owner takes
+//! its own when its progress (inside `fi_cq_read`) consumes commands, and a sender takes the
+//! *peer's* (`pthread_spin_lock(&peer_smr->lock)` in shm's `smr_generic_sendmsg`,
+//! `smr_generic_rma` — held across the CMA copy of the fast RMA path — `smr_send_name` and
+//! the atomics) to insert a command. A process `kill -9`ed while holding one leaves every
 //! other process that touches that region spinning inside the provider forever; the stuck
-//! thread cannot be interrupted.
+//! thread cannot be interrupted. (Source read in the shm provider; the hangs themselves were
+//! observed in the kill tests, not reproduced while this was written.)
 //!
 //! So every provider call of a domain is marked ([`Watch`]); a watchdog thread (one per
 //! process) looks every [`PERIOD`] and, when a call has not returned for the domain's limit
