@@ -40,10 +40,11 @@ fn serve_wedged(msg: &str) {
 /// later attempt in this process can use it: fail as a broken connection, at once.
 fn cp_wedged(msg: &str) {
     let code = Kind::Connection.exit_code();
-    if CP_JSON.load(Ordering::SeqCst) && !CP_REPORTED.swap(true, Ordering::SeqCst) {
+    if CP_JSON.load(Ordering::SeqCst) {
         let error = format!("connection failed: {msg}");
-        let line = serde_json::json!({"ok": false, "op": "cp", "exit_code": code, "error": error});
-        println!("{line}");
+        report_once(
+            || serde_json::json!({"ok": false, "op": "cp", "exit_code": code, "error": error}),
+        );
     }
     eprintln!("ferry: connection failed: {msg}");
     ferry_fabric::drivers::ofi::exit_wedged(code);
@@ -52,8 +53,18 @@ fn cp_wedged(msg: &str) {
 /// `ferry cp --json` is running (for [`cp_wedged`]).
 static CP_JSON: AtomicBool = AtomicBool::new(false);
 /// `ferry cp --json` printed its error line (the wedge hook and the failing attempt may
-/// both want to).
-static CP_REPORTED: AtomicBool = AtomicBool::new(false);
+/// both want to; the lock is held while printing, so the hook's exit waits for the line).
+static CP_REPORTED: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
+
+/// Prints `ferry cp --json`'s error line unless one was printed.
+fn report_once(line: impl FnOnce() -> serde_json::Value) {
+    let mut done = CP_REPORTED.lock().unwrap_or_else(|p| p.into_inner());
+    if !*done {
+        *done = true;
+        println!("{}", line());
+        let _ = std::io::stdout().flush();
+    }
+}
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -360,16 +371,15 @@ pub fn cp(a: CpArgs) -> Result<(), XferError> {
             Ok(())
         }
         Err(e) => {
-            if a.json && !CP_REPORTED.swap(true, Ordering::SeqCst) {
-                println!(
-                    "{}",
+            if a.json {
+                report_once(|| {
                     serde_json::json!({
                         "ok": false,
                         "op": "cp",
                         "exit_code": e.kind.exit_code(),
                         "error": e.msg,
                     })
-                );
+                });
             }
             Err(e)
         }

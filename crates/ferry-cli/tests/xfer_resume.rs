@@ -742,7 +742,9 @@ fn wedged_processes_exit_and_copies_complete() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(client_wedged(&o), "{:?} {err}", o.status.code());
     assert!(err.contains("must restart"), "{err}");
-    let line: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    let line: Value = serde_json::from_str(out.trim())
+        .unwrap_or_else(|e| panic!("{e}: stdout {out:?}, stderr {err}"));
     assert_eq!(line["exit_code"], CONNECTION_EXIT, "{line}");
     assert!(line["error"].as_str().unwrap().contains("wedged"), "{line}");
     assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());

@@ -18,15 +18,14 @@
 //! with [`on_wedge`] runs (the CLI exits there: the process must restart to use the
 //! provider again). Wedged domains are leaked, never closed under the stuck thread.
 //!
-//! On providers whose calls are funnelled one thread at a time (shm, `gate.rs`) every call is
-//! watched; elsewhere concurrent calls share the one mark, so a stuck call goes unnoticed
-//! while others keep entering and leaving (and, rarely, another thread leaving clears the
-//! mark of one still inside): no false alarms, possibly late ones. The limit is reached
-//! only after the same call was seen in progress across the watchdog's looks, so it is
-//! measured to within one [`PERIOD`].
+//! The verdict is "calls are in progress and none has returned for the limit": exact where
+//! calls are funnelled one thread at a time (shm, `gate.rs`); where threads call
+//! concurrently, a stuck call goes unnoticed while other calls keep returning. The time is
+//! measured by the watchdog's own looks, so a process stopped (SIGSTOP) or starved longer
+//! than [`STALE`] starts counting again instead of declaring a wedge.
 
-use std::sync::atomic::Ordering::{Relaxed, Release, SeqCst};
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -42,6 +41,8 @@ pub const WEDGE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How often the watchdog looks.
 const PERIOD: Duration = Duration::from_millis(250);
+/// A longer gap between two looks means the watchdog did not run meanwhile.
+const STALE: Duration = Duration::from_secs(2);
 
 /// What a wedged domain's operations fail with.
 pub const WEDGE_MESSAGE: &str = "the libfabric provider is wedged: a peer process died while \
@@ -62,55 +63,58 @@ pub(super) fn timeout_from_env() -> Duration {
         .unwrap_or(WEDGE_TIMEOUT)
 }
 
-/// Watches the provider calls of one domain. The hot path reads no clock: entering a call
-/// bumps a counter and sets a flag, leaving clears the flag; the watchdog samples both and
-/// times how long the same call has stayed in progress.
+/// Watches the provider calls of one domain: "wedged" means that calls are in progress and
+/// none has returned for the limit. The hot path reads no clock (one counter of threads
+/// inside, one of calls returned); the watchdog samples both and times how long nothing
+/// returned.
 pub(super) struct Watch {
-    /// Calls entered so far.
-    calls: AtomicU64,
-    /// A call is in progress.
-    inside: AtomicBool,
-    /// The watchdog's last sample: the call in progress then, and when it was first seen.
-    seen: Mutex<Option<(u64, Instant)>>,
+    /// Threads inside a provider call.
+    inside: AtomicUsize,
+    /// Calls returned so far (only its changes matter).
+    done: AtomicU64,
+    /// The watchdog's last sample: calls returned then, when that count was first seen,
+    /// and when the watchdog last looked.
+    seen: Mutex<Option<(u64, Instant, Instant)>>,
 }
 
-/// A provider call in progress; leaving clears the mark.
+/// A provider call in progress; leaving counts it returned.
 pub(super) struct InCall<'a>(&'a Watch);
 
 impl Watch {
     /// A watch with no call in progress.
     pub fn new() -> Watch {
         Watch {
-            calls: AtomicU64::new(0),
-            inside: AtomicBool::new(false),
+            inside: AtomicUsize::new(0),
+            done: AtomicU64::new(0),
             seen: Mutex::new(None),
         }
     }
 
     /// Marks a provider call as in progress until the guard drops.
     pub fn enter(&self) -> InCall<'_> {
-        // Plain loads and stores (no locked instruction on the polling path): an increment
-        // lost to a concurrent call (providers whose calls are not funnelled) only delays
-        // the watchdog, since the count keeps changing while calls keep completing.
-        self.calls
-            .store(self.calls.load(Relaxed).wrapping_add(1), Relaxed);
-        self.inside.store(true, Release);
+        self.inside.fetch_add(1, SeqCst);
         InCall(self)
     }
 
-    /// How long the call in progress has been seen in progress (by calls of this method),
-    /// if one is: zero the first time a call is seen.
+    /// How long calls have been in progress with none returning, as seen by the calls of
+    /// this method (zero at the first sight). A gap between two looks longer than
+    /// [`STALE`] (the watchdog itself did not run: the process was stopped, or starved)
+    /// starts the count again rather than blaming the provider.
     pub fn stuck_for(&self) -> Option<Duration> {
         let mut seen = lock(&self.seen);
-        let calls = self.calls.load(SeqCst);
-        if !self.inside.load(SeqCst) {
+        let done = self.done.load(SeqCst);
+        if self.inside.load(SeqCst) == 0 {
             *seen = None;
             return None;
         }
+        let now = Instant::now();
         match *seen {
-            Some((c, since)) if c == calls => Some(since.elapsed()),
+            Some((d, since, last)) if d == done && now - last < STALE => {
+                *seen = Some((d, since, now));
+                Some(now - since)
+            }
             _ => {
-                *seen = Some((calls, Instant::now()));
+                *seen = Some((done, now, now));
                 Some(Duration::ZERO)
             }
         }
@@ -119,7 +123,10 @@ impl Watch {
 
 impl Drop for InCall<'_> {
     fn drop(&mut self) {
-        self.0.inside.store(false, Release);
+        // A plain increment: an update lost to a concurrent return still changes the count.
+        let w = self.0;
+        w.done.store(w.done.load(Relaxed).wrapping_add(1), Relaxed);
+        w.inside.fetch_sub(1, SeqCst);
     }
 }
 
