@@ -680,7 +680,7 @@ impl Fabric {
             domain,
             mr_endpoint: info.mr_mode() & sys::FI_MR_ENDPOINT as u64 != 0,
             ops: Mutex::new(HashMap::new()),
-            watch: Watch::new(),
+            watch: Watch::new(quirks.funnel),
         };
         if fab.shares_local {
             static NEXT: AtomicU64 = AtomicU64::new(0);

@@ -18,9 +18,11 @@
 //! with [`on_wedge`] runs (the CLI exits there: the process must restart to use the
 //! provider again). Wedged domains are leaked, never closed under the stuck thread.
 //!
-//! The verdict is "calls are in progress and none has returned for the limit": exact where
-//! calls are funnelled one thread at a time (shm, `gate.rs`); where threads call
-//! concurrently, a stuck call goes unnoticed while other calls keep returning. The time is
+//! The verdict is "calls are in progress and none has returned for the limit", exact where
+//! calls are funnelled one thread at a time (shm, `gate.rs`). Only there is it kept: where
+//! threads call a provider concurrently (tcp;ofi_rxm) a stuck call would go unnoticed while
+//! other calls keep returning, and counting cost 8 B ping-pong there about a fifth (the
+//! counter's cache line moves between the polling threads). The time is
 //! measured by the watchdog's own looks, so a process stopped (SIGSTOP) or starved longer
 //! than [`STALE`] starts counting again instead of declaring a wedge.
 
@@ -68,6 +70,8 @@ pub(super) fn timeout_from_env() -> Duration {
 /// inside, one of calls returned); the watchdog samples both and times how long nothing
 /// returned.
 pub(super) struct Watch {
+    /// False: nothing is counted (providers called concurrently, see the module doc).
+    enabled: bool,
     /// Threads inside a provider call.
     inside: AtomicUsize,
     /// Calls returned so far (only its changes matter).
@@ -81,9 +85,10 @@ pub(super) struct Watch {
 pub(super) struct InCall<'a>(&'a Watch);
 
 impl Watch {
-    /// A watch with no call in progress.
-    pub fn new() -> Watch {
+    /// A watch with no call in progress; a disabled one counts nothing and never fires.
+    pub fn new(enabled: bool) -> Watch {
         Watch {
+            enabled,
             inside: AtomicUsize::new(0),
             done: AtomicU64::new(0),
             seen: Mutex::new(None),
@@ -92,7 +97,9 @@ impl Watch {
 
     /// Marks a provider call as in progress until the guard drops.
     pub fn enter(&self) -> InCall<'_> {
-        self.inside.fetch_add(1, SeqCst);
+        if self.enabled {
+            self.inside.fetch_add(1, SeqCst);
+        }
         InCall(self)
     }
 
@@ -125,6 +132,9 @@ impl Drop for InCall<'_> {
     fn drop(&mut self) {
         // A plain increment: an update lost to a concurrent return still changes the count.
         let w = self.0;
+        if !w.enabled {
+            return;
+        }
         w.done.store(w.done.load(Relaxed).wrapping_add(1), Relaxed);
         w.inside.fetch_sub(1, SeqCst);
     }
