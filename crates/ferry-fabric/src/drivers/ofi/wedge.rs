@@ -21,8 +21,8 @@
 //! The verdict is "calls are in progress and none has returned for the limit", exact where
 //! calls are funnelled one thread at a time (shm, `gate.rs`). Only there is it kept: where
 //! threads call a provider concurrently (tcp;ofi_rxm) a stuck call would go unnoticed while
-//! other calls keep returning, and counting cost 8 B ping-pong there about a fifth (the
-//! counter's cache line moves between the polling threads). The time is
+//! other calls keep returning, and the counter's cache line would move between threads
+//! polling at once (no cost was resolved in 8 B ping-pong A/B runs: too noisy). The time is
 //! measured by the watchdog's own looks, so a process stopped (SIGSTOP) or starved longer
 //! than [`STALE`] starts counting again instead of declaring a wedge.
 
