@@ -22,7 +22,49 @@ Exit codes (serve, cp, ls, sum):
   4  integrity failure: a checksum kept failing; nothing was written
   5  I/O error or disk full (local or on the server)
   6  connection failed, broke, or the peer spoke nonsense
-  7  permission denied, or the path leaves its root";
+  7  permission denied, or the path leaves its root
+ 75  (serve) the libfabric provider is wedged (a peer died holding its lock): restart it";
+
+/// `ferry serve`'s status when its libfabric provider wedged (EX_TEMPFAIL): a supervisor
+/// should restart it (docs/fabric.md).
+pub const WEDGED_EXIT: i32 = 75;
+
+/// `ferry serve`'s wedge hook: the listener and every connection on the wedged domain are
+/// dead and threads are stuck in the provider, so exit for a supervisor to restart us.
+fn serve_wedged(msg: &str) {
+    eprintln!("ferry serve: {msg}; exiting with status {WEDGED_EXIT} so a supervisor restarts it");
+    ferry_fabric::drivers::ofi::exit_wedged(WEDGED_EXIT);
+}
+
+/// `ferry cp`'s wedge hook: a thread of this attempt may be stuck in the provider, and no
+/// later attempt in this process can use it: fail as a broken connection, at once.
+fn cp_wedged(msg: &str) {
+    let code = Kind::Connection.exit_code();
+    if CP_JSON.load(Ordering::SeqCst) {
+        let error = format!("connection failed: {msg}");
+        report_once(
+            || serde_json::json!({"ok": false, "op": "cp", "exit_code": code, "error": error}),
+        );
+    }
+    eprintln!("ferry: connection failed: {msg}");
+    ferry_fabric::drivers::ofi::exit_wedged(code);
+}
+
+/// `ferry cp --json` is running (for [`cp_wedged`]).
+static CP_JSON: AtomicBool = AtomicBool::new(false);
+/// `ferry cp --json` printed its error line (the wedge hook and the failing attempt may
+/// both want to; the lock is held while printing, so the hook's exit waits for the line).
+static CP_REPORTED: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
+
+/// Prints `ferry cp --json`'s error line unless one was printed.
+fn report_once(line: impl FnOnce() -> serde_json::Value) {
+    let mut done = CP_REPORTED.lock().unwrap_or_else(|p| p.into_inner());
+    if !*done {
+        *done = true;
+        println!("{}", line());
+        let _ = std::io::stdout().flush();
+    }
+}
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -189,6 +231,7 @@ pub fn serve(a: ServeArgs) -> Result<(), XferError> {
             format!("--drain-timeout {}: give seconds >= 0", a.drain_timeout),
         )
     })?;
+    ferry_fabric::drivers::ofi::on_wedge(serve_wedged);
     let server = ferry_xfer::server::Server::new(cfg)?;
     // The first SIGTERM/SIGINT starts a drain; a second one exits at once (status 1).
     let quit = Arc::new(AtomicBool::new(false));
@@ -253,6 +296,8 @@ impl Progress for Bar {
 }
 
 pub fn cp(a: CpArgs) -> Result<(), XferError> {
+    CP_JSON.store(a.json, Ordering::SeqCst);
+    ferry_fabric::drivers::ofi::on_wedge(cp_wedged);
     let src = url::parse(&a.src, &a.remote.driver)?;
     let dst = url::parse(&a.dst, &a.remote.driver)?;
     let idle_timeout = std::time::Duration::try_from_secs_f64(a.idle_timeout)
@@ -337,15 +382,14 @@ pub fn cp(a: CpArgs) -> Result<(), XferError> {
         }
         Err(e) => {
             if a.json {
-                println!(
-                    "{}",
+                report_once(|| {
                     serde_json::json!({
                         "ok": false,
                         "op": "cp",
                         "exit_code": e.kind.exit_code(),
                         "error": e.msg,
                     })
-                );
+                });
             }
             Err(e)
         }

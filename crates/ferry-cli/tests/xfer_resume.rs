@@ -4,11 +4,18 @@
 //! `--retries`, SIGTERM during a transfer, a source that changed between runs, a dropped
 //! connection, and a tree resumed. Every resumed file must be byte-identical and must not
 //! have moved its completed ranges again.
+//!
+//! No process here may run unbounded: libfabric 1.17's shm can spin forever in a process
+//! whose peer was killed holding its lock. ferry's watchdog (docs/fabric.md) turns that into
+//! an exit (serve: status 75, cp: status 6 saying "wedged"); the tests restart a wedged
+//! server, run a wedged client again with `--resume`, count the wedges, and kill and fail
+//! any process that outlives [`CHILD_LIMIT`].
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -22,12 +29,23 @@ const TOKEN: &str = "resume-token";
 const BLOCK: &str = "262144";
 /// The file the kill runs move: long enough to be interrupted mid-way in a debug build.
 const SIZE: usize = 48 << 20;
+/// `ferry serve`'s status when its provider wedged.
+const WEDGED_EXIT: i32 = 75;
+/// `ferry cp`'s status on a connection failure (also when its provider wedged).
+const CONNECTION_EXIT: i32 = 6;
+/// The longest any one `ferry` process of these tests may run.
+const CHILD_LIMIT: Duration = Duration::from_secs(240);
+/// Wedges seen: servers that exited with [`WEDGED_EXIT`], clients that failed on one.
+static SERVER_WEDGES: AtomicU32 = AtomicU32::new(0);
+static CLIENT_WEDGES: AtomicU32 = AtomicU32::new(0);
 
 fn ferry() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_ferry"));
     // A peer killed on an ofi driver is noticed after 1 s instead of 10.
     c.env("RUST_LOG", "warn")
         .env("FERRY_OFI_PEER_TIMEOUT", "1")
+        // A provider call stuck this long wedges the process (exit) instead of hanging it.
+        .env("FERRY_OFI_WEDGE_TIMEOUT", "5")
         .env_remove("FERRY_TOKEN");
     c
 }
@@ -94,6 +112,10 @@ struct Server {
     root: PathBuf,
     log: PathBuf,
     args: Vec<String>,
+    /// Environment for the next start only (a test hook).
+    once_env: Vec<(String, String)>,
+    /// Restarts after a wedge.
+    wedge_restarts: u32,
 }
 
 fn listen_url(driver: &str) -> String {
@@ -117,7 +139,30 @@ impl Server {
             root,
             log,
             args: args.iter().map(|a| a.to_string()).collect(),
+            once_env: Vec::new(),
+            wedge_restarts: 0,
         };
+        s.spawn();
+        s
+    }
+
+    /// [`Server::start`], with `env` set for the first start only.
+    fn start_once_with(driver: &str, env: &[(&str, &str)]) -> Server {
+        let mut s = Server {
+            child: None,
+            driver: driver.into(),
+            listen: listen_url(driver),
+            addr: String::new(),
+            root: scratch("root"),
+            log: PathBuf::new(),
+            args: Vec::new(),
+            once_env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            wedge_restarts: 0,
+        };
+        s.log = s.root.with_extension("log");
         s.spawn();
         s
     }
@@ -130,13 +175,25 @@ impl Server {
                 .arg(format!("d={}", self.root.display()))
                 .args(["--listen", &self.listen, "--token", TOKEN])
                 .args(&self.args)
+                .envs(std::mem::take(&mut self.once_env))
                 .stdout(Stdio::piped())
                 .stderr(std::fs::File::create(&self.log).unwrap());
             let mut child = cmd.spawn().expect("spawn ferry serve");
-            let mut line = String::new();
-            BufReader::new(child.stdout.take().unwrap())
-                .read_line(&mut line)
-                .unwrap();
+            let out = child.stdout.take().unwrap();
+            let (tx, rx) = mpsc::channel();
+            std::thread::spawn(move || {
+                let mut line = String::new();
+                let _ = BufReader::new(out).read_line(&mut line);
+                let _ = tx.send(line);
+            });
+            let Ok(line) = rx.recv_timeout(Duration::from_secs(60)) else {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "serve did not start within 60 s (stuck in the provider?): {}",
+                    std::fs::read_to_string(&self.log).unwrap_or_default()
+                );
+            };
             if let Some(a) = line.trim().strip_prefix("listening on ") {
                 self.addr = a.to_string();
                 // Restarts bind the same address.
@@ -155,6 +212,29 @@ impl Server {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// Restarts the server if it exited with the wedge status (true if so); fails if it
+    /// exited otherwise.
+    fn revive(&mut self) -> bool {
+        let Some(c) = self.child.as_mut() else {
+            return false;
+        };
+        let Some(st) = c.try_wait().unwrap() else {
+            return false;
+        };
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        assert_eq!(st.code(), Some(WEDGED_EXIT), "ferry serve exited: {log}");
+        assert!(
+            log.contains("wedged"),
+            "exit {WEDGED_EXIT} without saying why: {log}"
+        );
+        let n = SERVER_WEDGES.fetch_add(1, Ordering::Relaxed) + 1;
+        self.wedge_restarts += 1;
+        eprintln!("server wedged ({n} so far), restarting it: {}", log.trim());
+        self.child = None;
+        self.spawn();
+        true
     }
 
     fn kill9(&mut self) {
@@ -230,9 +310,10 @@ fn no_leftovers(dir: &Path) {
 
 /// Waits until the receiver's part file holds at least `bytes`; false if the copy ended
 /// first.
-fn wait_for_part(part: &Path, bytes: u64, copier: &mut Child) -> bool {
+fn wait_for_part(part: &Path, bytes: u64, copier: &mut Child, s: &mut Server) -> bool {
     let t = Instant::now();
     loop {
+        s.revive();
         if std::fs::metadata(part).is_ok_and(|m| m.len() >= bytes) {
             return true;
         }
@@ -248,7 +329,106 @@ fn wait_for_part(part: &Path, bytes: u64, copier: &mut Child) -> bool {
 }
 
 fn finish(c: Child) -> Output {
-    c.wait_with_output().unwrap()
+    finish_serving(c, None)
+}
+
+/// Waits for `c` (reading its output meanwhile) for at most [`CHILD_LIMIT`], restarting
+/// `server` whenever it exits wedged; a process still running then is killed and the test
+/// fails.
+fn finish_serving(mut c: Child, mut server: Option<&mut Server>) -> Output {
+    fn drain(r: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut v);
+            }
+            v
+        })
+    }
+    let (out, err) = (drain(c.stdout.take()), drain(c.stderr.take()));
+    let t = Instant::now();
+    let status = loop {
+        if let Some(st) = c.try_wait().unwrap() {
+            break st;
+        }
+        if let Some(s) = server.as_deref_mut() {
+            s.revive();
+        }
+        if t.elapsed() > CHILD_LIMIT {
+            let _ = c.kill();
+            let _ = c.wait();
+            let err = String::from_utf8_lossy(&err.join().unwrap_or_default()).into_owned();
+            panic!(
+                "a ferry process ran over {CHILD_LIMIT:?} and was killed (a thread spinning \
+                 in a wedged libfabric provider that the watchdog missed?); stderr: {err}"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    Output {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    }
+}
+
+/// `Command::output`, bounded like [`finish`].
+trait Bounded {
+    fn bounded(&mut self) -> std::io::Result<Output>;
+}
+
+impl Bounded for Command {
+    fn bounded(&mut self) -> std::io::Result<Output> {
+        let c = self.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
+        Ok(finish(c))
+    }
+}
+
+/// Waits for `c`'s exit for at most [`CHILD_LIMIT`] (killing it and failing after).
+fn wait_bounded(mut c: Child) -> std::process::ExitStatus {
+    let t = Instant::now();
+    loop {
+        if let Some(st) = c.try_wait().unwrap() {
+            return st;
+        }
+        if t.elapsed() > CHILD_LIMIT {
+            let _ = c.kill();
+            let _ = c.wait();
+            panic!("a ferry process ran over {CHILD_LIMIT:?} and was killed");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// True if a `ferry cp` failed because its provider wedged.
+fn client_wedged(o: &Output) -> bool {
+    o.status.code() == Some(CONNECTION_EXIT)
+        && String::from_utf8_lossy(&o.stderr).contains("wedged")
+}
+
+/// Runs `cp` (a `--resume` command) to completion against `s`: restarts the server when it
+/// wedges and runs the client again when it wedged or when the server wedged under it.
+fn cp_resumed(s: &mut Server, cp: impl Fn() -> Command, what: &str) -> Value {
+    for attempt in 0.. {
+        let before = SERVER_WEDGES.load(Ordering::Relaxed);
+        let c = cp()
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let o = finish_serving(c, Some(s));
+        if o.status.success() || attempt == 4 {
+            return ok(&o);
+        }
+        let server_wedged = SERVER_WEDGES.load(Ordering::Relaxed) > before;
+        if client_wedged(&o) {
+            let n = CLIENT_WEDGES.fetch_add(1, Ordering::Relaxed) + 1;
+            eprintln!("{what}: client wedged ({n} so far); running it again");
+        } else if !(server_wedged && o.status.code() == Some(CONNECTION_EXIT)) {
+            return ok(&o);
+        }
+    }
+    unreachable!()
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -261,6 +441,7 @@ enum Victim {
 /// `frac` of the file has reached the receiver; a killed client is run again with
 /// `--resume`, a killed server is restarted under a client running with `--retries`. The
 /// result must be identical, and the finishing run must have moved less than the file.
+/// False if a wedge ended the copy before the kill: the run must be done again.
 fn kill_run(
     s: &mut Server,
     local: &Path,
@@ -269,8 +450,8 @@ fn kill_run(
     down: bool,
     victim: Victim,
     frac: f64,
-) {
-    kill_run_with(s, local, src_name, i, down, victim, frac, &[]);
+) -> bool {
+    kill_run_with(s, local, src_name, i, down, victim, frac, &[])
 }
 
 /// [`kill_run`] with more `ferry cp` arguments (e.g. `-p 4`). With parallel streams the
@@ -286,7 +467,7 @@ fn kill_run_with(
     victim: Victim,
     frac: f64,
     extra: &[&str],
-) {
+) -> bool {
     let local_src = local.join(src_name);
     let (from, to, dest) = if down {
         let d = local.join(format!("down{i}"));
@@ -315,15 +496,26 @@ fn kill_run_with(
         .spawn()
         .unwrap();
     let at = (SIZE as f64 * frac) as u64;
+    let before = SERVER_WEDGES.load(Ordering::Relaxed);
     let waited = if extra.is_empty() {
-        wait_for_part(&part_of(&dest), at, &mut first)
+        wait_for_part(&part_of(&dest), at, &mut first, s)
     } else {
         // Two 1 KiB journal slots: at least one checkpoint was written.
-        wait_for_part(&journal_of(&dest), 2048, &mut first)
-            && wait_for_part(&part_of(&dest), at, &mut first)
+        wait_for_part(&journal_of(&dest), 2048, &mut first, s)
+            && wait_for_part(&part_of(&dest), at, &mut first, s)
     };
     if !waited {
-        let o = finish(first);
+        let o = finish_serving(first, Some(s));
+        let server_wedged = SERVER_WEDGES.load(Ordering::Relaxed) > before;
+        if client_wedged(&o) || (server_wedged && !o.status.success()) {
+            if client_wedged(&o) {
+                CLIENT_WEDGES.fetch_add(1, Ordering::Relaxed);
+            }
+            eprintln!("run {i}: a wedge ended the copy before the kill; doing the run again");
+            let _ = std::fs::remove_file(part_of(&dest));
+            let _ = std::fs::remove_file(journal_of(&dest));
+            return false;
+        }
         panic!(
             "run {i}: the copy ended before byte {at}: {:?} {} {}",
             o.status.code(),
@@ -331,6 +523,15 @@ fn kill_run_with(
             String::from_utf8_lossy(&o.stderr)
         );
     }
+    let resumed = |args: &'static [&'static str]| {
+        let (from, to) = (from.clone(), to.clone());
+        move || {
+            let mut c = cp_cmd(args);
+            c.args(extra).args([&from, &to]);
+            c
+        }
+    };
+    let what = format!("run {i}");
     let v = match victim {
         Victim::Client => {
             let _ = first.kill();
@@ -339,11 +540,7 @@ fn kill_run_with(
                 !dest.exists(),
                 "run {i}: a partial file appeared under its name"
             );
-            ok(&cp_cmd(&["--resume", "--retries", "5"])
-                .args(extra)
-                .args([&from, &to])
-                .output()
-                .unwrap())
+            cp_resumed(s, resumed(&["--resume", "--retries", "5"]), &what)
         }
         Victim::Server => {
             s.kill9();
@@ -352,9 +549,25 @@ fn kill_run_with(
                 "run {i}: a partial file appeared under its name"
             );
             s.spawn();
-            let v = ok(&finish(first));
-            assert!(num(&v, "retries") >= 1, "run {i}: {v}");
-            v
+            let before = SERVER_WEDGES.load(Ordering::Relaxed);
+            let o = finish_serving(first, Some(s));
+            let server_wedged = SERVER_WEDGES.load(Ordering::Relaxed) > before;
+            if o.status.success() {
+                let v = ok(&o);
+                assert!(num(&v, "retries") >= 1, "run {i}: {v}");
+                v
+            } else if client_wedged(&o)
+                || (server_wedged && o.status.code() == Some(CONNECTION_EXIT))
+            {
+                if client_wedged(&o) {
+                    let n = CLIENT_WEDGES.fetch_add(1, Ordering::Relaxed) + 1;
+                    eprintln!("{what}: client wedged ({n} so far); resuming it");
+                }
+                let args = &["--resume", "--retries", "30", "--idle-timeout", "3"];
+                cp_resumed(s, resumed(args), &what)
+            } else {
+                ok(&o)
+            }
         }
     };
     let size = SIZE as u64;
@@ -384,6 +597,26 @@ fn kill_run_with(
         num(&v, "resumed_bytes") >> 20,
         num(&v, "wire_bytes") >> 20
     );
+    true
+}
+
+/// Does kill run `i` until a wedge no longer ends its copy early (three tries).
+fn kill_run_retrying(mut run: impl FnMut() -> bool, i: usize) {
+    for _ in 0..3 {
+        if run() {
+            return;
+        }
+    }
+    panic!("run {i}: wedges ended the copy early three times");
+}
+
+/// Prints the wedges seen so far (the kill runs on ofi+shm meet some).
+fn report_wedges(test: &str) {
+    eprintln!(
+        "{test}: wedges seen: {} server(s) restarted, {} client(s) run again",
+        SERVER_WEDGES.load(Ordering::Relaxed),
+        CLIENT_WEDGES.load(Ordering::Relaxed)
+    );
 }
 
 /// `runs` kill runs on one driver: direction, victim and kill point drawn from the seed.
@@ -404,8 +637,9 @@ fn kill_runs(driver: &str, runs: usize) {
         // From 40 %: past the receiver's first checkpoint (16 MiB), so there is always
         // something journaled to resume.
         let frac = 0.4 + rng.below(46) as f64 / 100.0;
-        kill_run(&mut s, &local, "src", i, down, victim, frac);
+        kill_run_retrying(|| kill_run(&mut s, &local, "src", i, down, victim, frac), i);
     }
+    report_wedges(&format!("kill_runs {driver}"));
     no_leftovers(&local);
     no_leftovers(&s.root);
     std::fs::remove_dir_all(&local).unwrap();
@@ -430,8 +664,12 @@ fn kill_runs_streams(driver: &str, runs: usize) {
             Victim::Server
         };
         let frac = 0.3 + rng.below(50) as f64 / 100.0;
-        kill_run_with(&mut s, &local, "src", i, down, victim, frac, &extra);
+        kill_run_retrying(
+            || kill_run_with(&mut s, &local, "src", i, down, victim, frac, &extra),
+            i,
+        );
     }
+    report_wedges(&format!("kill_runs_streams {driver}"));
     no_leftovers(&local);
     no_leftovers(&s.root);
     std::fs::remove_dir_all(&local).unwrap();
@@ -468,6 +706,56 @@ fn kill_runs_ofi_shm() {
     kill_runs("ofi+shm", 6);
 }
 
+/// The wedge watchdog end to end, with a simulated stuck provider call (the test hook
+/// `FERRY_OFI_TEST_WEDGE_AFTER` of ferry-fabric's `test-hooks` feature): a server whose
+/// progress thread never returns from the provider exits 75 saying so, within the wedge
+/// timeout, and a client with `--retries` completes against the restarted server; a client
+/// that wedges exits 6 saying so, at once, and `--resume` then finishes its copy.
+#[test]
+fn wedged_processes_exit_and_copies_complete() {
+    let hook = [
+        ("FERRY_OFI_TEST_WEDGE_AFTER", "0"),
+        ("FERRY_OFI_WEDGE_TIMEOUT", "1"),
+    ];
+    let mut s = Server::start_once_with("ofi+shm", &hook);
+    let local = scratch("local");
+    let data = pattern(SIZE / 4, 41);
+    std::fs::write(s.root.join("w"), &data).unwrap();
+    let dest = local.join("w");
+    let client = cp_cmd(&["--retries", "30", "--idle-timeout", "3"])
+        .args([&s.url("w"), dest.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let v = ok(&finish_serving(client, Some(&mut s)));
+    assert_eq!(s.wedge_restarts, 1, "the server did not exit wedged: {v}");
+    assert!(num(&v, "retries") >= 1, "{v}");
+    same(&s.root.join("w"), &dest);
+
+    let dest = local.join("w2");
+    let t = Instant::now();
+    let o = cp_cmd(&[&s.url("w"), dest.to_str().unwrap()])
+        .envs(hook)
+        .bounded()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(client_wedged(&o), "{:?} {err}", o.status.code());
+    assert!(err.contains("must restart"), "{err}");
+    let out = String::from_utf8_lossy(&o.stdout);
+    let line: Value = serde_json::from_str(out.trim())
+        .unwrap_or_else(|e| panic!("{e}: stdout {out:?}, stderr {err}"));
+    assert_eq!(line["exit_code"], CONNECTION_EXIT, "{line}");
+    assert!(line["error"].as_str().unwrap().contains("wedged"), "{line}");
+    assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
+    assert!(!dest.exists());
+    ok(&cp_cmd(&["--resume", &s.url("w"), dest.to_str().unwrap()])
+        .bounded()
+        .unwrap());
+    same(&s.root.join("w"), &dest);
+    std::fs::remove_dir_all(&local).unwrap();
+}
+
 /// SIGTERM during an upload, with no grace: the server exits 0 saying it journaled one
 /// transfer, the journal is there, and the client (with --retries) finishes against the
 /// restarted server without resending what was journaled. With a grace period, a transfer
@@ -487,11 +775,16 @@ fn sigterm(driver: &str) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    assert!(wait_for_part(&part_of(&dest), BIG as u64 / 8, &mut client));
-    let mut server = s.child.take().unwrap();
+    assert!(wait_for_part(
+        &part_of(&dest),
+        BIG as u64 / 8,
+        &mut client,
+        &mut s
+    ));
+    let server = s.child.take().unwrap();
     let pid = rustix::process::Pid::from_child(&server);
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
-    let status = server.wait().unwrap();
+    let status = wait_bounded(server);
     assert_eq!(status.code(), Some(0), "serve after SIGTERM");
     let log = std::fs::read_to_string(&s.log).unwrap();
     assert!(log.contains("1 journaled and stopped"), "{log}");
@@ -516,11 +809,16 @@ fn sigterm(driver: &str) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    assert!(wait_for_part(&part_of(&dest), BIG as u64 / 4, &mut client));
-    let mut server = s.child.take().unwrap();
+    assert!(wait_for_part(
+        &part_of(&dest),
+        BIG as u64 / 4,
+        &mut client,
+        &mut s
+    ));
+    let server = s.child.take().unwrap();
     let pid = rustix::process::Pid::from_child(&server);
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
-    assert_eq!(server.wait().unwrap().code(), Some(0));
+    assert_eq!(wait_bounded(server).code(), Some(0));
     let log = std::fs::read_to_string(&s.log).unwrap();
     assert!(
         log.contains("1 transfer(s) in flight at the signal, 1 finished"),
@@ -546,7 +844,7 @@ fn sigterm_ofi_shm() {
 /// starts over and lands exactly the new source, never a mix; down and up.
 #[test]
 fn changed_source_restarts() {
-    let s = Server::start("tcp", &[]);
+    let mut s = Server::start("tcp", &[]);
     let local = scratch("local");
     let set_mtime = |p: &Path, secs: u64| {
         let f = std::fs::File::options().write(true).open(p).unwrap();
@@ -571,7 +869,12 @@ fn changed_source_restarts() {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        assert!(wait_for_part(&part_of(&dest), SIZE as u64 / 2, &mut c));
+        assert!(wait_for_part(
+            &part_of(&dest),
+            SIZE as u64 / 2,
+            &mut c,
+            &mut s
+        ));
         let _ = c.kill();
         let _ = c.wait();
         assert!(journal_of(&dest).exists());
@@ -581,7 +884,7 @@ fn changed_source_restarts() {
         std::thread::sleep(Duration::from_millis(50));
         let mut cmd = cp_cmd(&["--resume", &from, &to]);
         cmd.env("RUST_LOG", "info");
-        let o = cmd.output().unwrap();
+        let o = cmd.bounded().unwrap();
         let v = ok(&o);
         assert_eq!(num(&v, "resumed_bytes"), 0, "{v}");
         assert_eq!(num(&v, "wire_bytes"), SIZE as u64, "{v}");
@@ -642,7 +945,7 @@ fn dropped_connection_retries() {
     let proxy = cutting_proxy(hostport, SIZE / 2);
     let from = format!("tcp://{proxy}/d/f");
     let o = cp_cmd(&["--retries", "5", &from, local.to_str().unwrap()])
-        .output()
+        .bounded()
         .unwrap();
     let v = ok(&o);
     assert!(num(&v, "retries") >= 1, "{v}");
@@ -653,12 +956,12 @@ fn dropped_connection_retries() {
     let proxy = cutting_proxy(s.addr.trim_start_matches("tcp://").to_string(), SIZE / 2);
     let from = format!("tcp://{proxy}/d/f");
     let dest = local.join("g");
-    let o = cp_cmd(&[&from, dest.to_str().unwrap()]).output().unwrap();
+    let o = cp_cmd(&[&from, dest.to_str().unwrap()]).bounded().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(6), "{err}");
     assert!(journal_of(&dest).exists() && !dest.exists(), "{err}");
     let v = ok(&cp_cmd(&["--resume", &s.url("f"), dest.to_str().unwrap()])
-        .output()
+        .bounded()
         .unwrap());
     assert!(
         num(&v, "resumed_bytes") > 0 && num(&v, "wire_bytes") < SIZE as u64,
@@ -672,7 +975,7 @@ fn dropped_connection_retries() {
 /// mtime), continues the partial one, and the tree ends identical; the same up.
 #[test]
 fn tree_resume() {
-    let s = Server::start("tcp", &[]);
+    let mut s = Server::start("tcp", &[]);
     let local = scratch("local");
     let src = s.root.join("t");
     std::fs::create_dir_all(src.join("sub")).unwrap();
@@ -693,13 +996,14 @@ fn tree_resume() {
     assert!(wait_for_part(
         &part_of(&dest.join("sub/zbig")),
         SIZE as u64 / 2,
-        &mut c
+        &mut c,
+        &mut s
     ));
     let _ = c.kill();
     let _ = c.wait();
     let v = ok(
         &cp_cmd(&["-r", "--resume", &s.url("t"), local.to_str().unwrap()])
-            .output()
+            .bounded()
             .unwrap(),
     );
     assert_eq!(num(&v, "files"), 21, "{v}");
@@ -713,11 +1017,11 @@ fn tree_resume() {
     no_leftovers(&dest.join("sub"));
     // Up: everything is already there after a first full upload; a resume skips it all.
     ok(&cp_cmd(&["-r", dest.to_str().unwrap(), &s.url("back")])
-        .output()
+        .bounded()
         .unwrap());
     let v = ok(
         &cp_cmd(&["-r", "--resume", dest.to_str().unwrap(), &s.url("back")])
-            .output()
+            .bounded()
             .unwrap(),
     );
     assert_eq!(

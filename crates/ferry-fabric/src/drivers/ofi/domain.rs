@@ -15,6 +15,7 @@ use super::ffi::{self, errno, Event, Fabric, FiAddr, Info, Meta, ADDR_UNSPEC};
 use super::gate::{Gate, Job};
 use super::progress::{self, Op, Purpose};
 use super::rma::Checked;
+use super::wedge::{self, wedged_error};
 use super::wire::{self, Control};
 use super::{info, lock, CONTROL_TAG};
 use crate::caps::Capabilities;
@@ -143,9 +144,53 @@ pub(super) struct Shared {
     pub keepalive: Keepalive,
     /// Who may call into the provider (`gate.rs`).
     pub gate: Gate,
+    /// How long a provider call may run before the domain is declared wedged (`wedge.rs`).
+    pub wedge_after: Duration,
 }
 
 impl Shared {
+    /// The address scheme (names the provider).
+    pub fn scheme(&self) -> String {
+        self.addr.driver_name()
+    }
+
+    /// Declares the domain wedged if a provider call has been running for `after`: fails
+    /// its connections, connection attempts and pending accepts, and every operation in
+    /// flight, without calling into the provider. True if it was declared wedged now.
+    pub fn check_wedge(&self, after: Duration) -> bool {
+        if self.fab.watch.stuck_for().is_none_or(|d| d < after) || !self.gate.set_wedged() {
+            return false;
+        }
+        let conns: Vec<Arc<Conn>> = lock(&self.conns)
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for c in &conns {
+            c.abort();
+        }
+        self.fab.report_stranded(|op| {
+            if let Purpose::User {
+                conn,
+                context,
+                kind,
+                ..
+            } = &op.purpose
+            {
+                conn.cq
+                    .push(crate::Completion::err(*context, *kind, wedged_error()));
+            }
+        });
+        let attempts: Vec<u64> = lock(&self.connecting).keys().copied().collect();
+        for id in attempts {
+            self.connect_failed(id, Reply::Failed(wedged_error()));
+        }
+        if let Some(q) = &self.accept {
+            let _queue = lock(&q.queue);
+            q.ready.notify_all();
+        }
+        true
+    }
+
     /// True once the domain is closing.
     pub fn stopping(&self) -> bool {
         self.stop.load(SeqCst)
@@ -198,6 +243,7 @@ impl Shared {
     }
 
     fn register(&self, buf: &Buffer, access: Access) -> Result<MemoryRegion> {
+        self.gate.check()?;
         let mut flags = (sys::FI_SEND | sys::FI_RECV | sys::FI_READ | sys::FI_WRITE) as u64;
         if access.contains(Access::REMOTE_READ) {
             flags |= sys::FI_REMOTE_READ as u64;
@@ -285,7 +331,7 @@ impl Shared {
             slices: vec![region.full()],
             purpose: Purpose::ControlSend { connect },
         };
-        let _inside = self.gate.enter_wait(self);
+        let _inside = self.gate.enter_wait(self)?;
         self.fab
             .send(op, peer, CONTROL_TAG, 0, &mut self.again_until(deadline))?;
         self.wake();
@@ -598,8 +644,10 @@ impl Shared {
         self.drain_until(deadline, busy);
         self.closing.store(true, SeqCst);
         // Nobody else is left to post; this runs what is still queued, and keeps the
-        // provider to this thread until the end.
-        let _inside = self.gate.enter_wait(self);
+        // provider to this thread until the end. A wedged provider is left alone (leaked).
+        let Ok(_inside) = self.gate.enter_wait(self) else {
+            return;
+        };
         lock(&self.control).take();
         self.close_rma();
         self.gate.fail_bulk(self, || FabricError::Cancelled);
@@ -673,8 +721,10 @@ impl DomainCore {
             thread: OnceLock::new(),
             keepalive: Keepalive::from_env(),
             gate: Gate::new(quirks.funnel),
+            wedge_after: wedge::timeout_from_env(),
             fab,
         });
+        wedge::watch(&shared);
         let core = Arc::new(DomainCore {
             shared: shared.clone(),
             thread: Mutex::new(None),
@@ -709,6 +759,11 @@ impl Drop for DomainCore {
         self.shared.stop.store(true, SeqCst);
         self.shared.sleeping.store(true, SeqCst);
         self.shared.wake();
+        if self.shared.gate.is_wedged() {
+            // A thread is stuck in the provider for good: closing its objects under it would
+            // be unsafe, and joining it would hang. Leave both to the process exit.
+            return;
+        }
         if let Some(t) = lock(&self.thread).take() {
             let deadline = Instant::now() + PROGRESS_EXIT;
             while !t.is_finished() && Instant::now() < deadline {
@@ -741,12 +796,14 @@ pub(super) struct OfiDomain {
 
 /// Opens a client domain for `addr`.
 pub(super) fn open(addr: &Address) -> Result<Arc<dyn Domain>> {
+    wedge::check_scheme(&addr.driver_name())?;
     let info = info::for_client(addr)?;
     Ok(DomainCore::open(addr, info, false)?.handle())
 }
 
 /// Opens a listening domain bound to exactly `addr`.
 pub(super) fn listen(addr: &Address) -> Result<Box<dyn Listener>> {
+    wedge::check_scheme(&addr.driver_name())?;
     let info = info::for_listener(addr)?;
     let core = DomainCore::open(addr, info, true)?;
     let local = info::to_address(addr, core.shared.format, &core.shared.name);
@@ -768,6 +825,7 @@ impl DomainCore {
                 shared.addr.driver_name()
             )));
         }
+        shared.gate.check()?;
         let deadline = Instant::now() + timeout;
         let name = info::peer_name(addr, shared.format)?;
         let peer = shared.peer(&name)?;
@@ -874,6 +932,7 @@ impl Listener for OfiListener {
             let req = {
                 let mut queue = lock(&q.queue);
                 loop {
+                    shared.gate.check()?;
                     if let Some(r) = queue.pop_front() {
                         break r;
                     }
@@ -912,9 +971,10 @@ impl Listener for OfiListener {
                 conn: id,
             };
             // Synchronously (not queued behind a copy): a failure must drop the connection.
-            let inside = shared.gate.enter_wait(shared);
-            let answered = shared.send_control(peer, &yes);
-            drop(inside);
+            let answered = shared
+                .gate
+                .enter_wait(shared)
+                .and_then(|_inside| shared.send_control(peer, &yes));
             match answered {
                 Ok(()) => return Ok(Box::new(OfiEndpoint::new(self.core.clone(), conn))),
                 Err(e) => {
@@ -982,7 +1042,7 @@ mod tests {
         let note = |o: &Arc<Mutex<Vec<&'static str>>>, what| lock(o).push(what);
         let o = order.clone();
         let first = Job::logged("first", move |sh: &Shared| {
-            let inside = sh.gate.enter_wait(sh);
+            let inside = sh.gate.enter_wait(sh)?;
             inside.long(|| {
                 note(&o, "rma 1");
                 // Another thread's call finds the gate in a long call: it is queued.
@@ -1013,5 +1073,65 @@ mod tests {
         }
         assert_eq!(*lock(&order), ["rma 1", "call", "rma 2"]);
         assert!(!sh.gate.has_bulk());
+    }
+
+    /// The watchdog's verdict (`wedge.rs`): a provider call that does not return (simulated
+    /// by holding the domain's in-call mark) wedges the domain; its receives in flight fail
+    /// with the wedge error, and every later post, connect and registration fails at once.
+    #[test]
+    fn a_stuck_provider_call_wedges_the_domain_and_everything_fails_fast() {
+        let addr: Address = format!("ofi+shm://ferry-unit-wedge-{}", std::process::id())
+            .parse()
+            .unwrap();
+        let listener = listen(&addr).unwrap();
+        let la = listener.local_addr();
+        let server = std::thread::spawn(move || {
+            let ep = listener.accept(Duration::from_secs(10)).unwrap();
+            (listener, ep)
+        });
+        let client = DomainCore::open(&la, info::for_client(&la).unwrap(), false).unwrap();
+        let ep = client
+            .connect(&la, Duration::from_secs(10), wire::MAJOR)
+            .unwrap();
+        let (_listener, _server_ep) = server.join().unwrap();
+        let sh = client.shared.clone();
+        let buf = sh.register(&Buffer::new(64), Access::LOCAL).unwrap();
+        ep.post_recv(&[buf.full()], 7).unwrap();
+
+        // Not stuck, or not long enough: nothing happens.
+        assert!(!sh.check_wedge(Duration::from_millis(50)));
+        // A stuck call is inside the gate (shm funnels calls): hold it, and the mark.
+        let held = sh.gate.enter_wait(&sh).unwrap();
+        let stuck = sh.fab.watch.enter();
+        assert!(!sh.check_wedge(Duration::from_millis(100)));
+        std::thread::sleep(Duration::from_millis(120));
+        assert!(!sh.check_wedge(Duration::from_secs(60)));
+        assert!(sh.check_wedge(Duration::from_millis(100)));
+        // Declared once.
+        assert!(!sh.check_wedge(Duration::from_millis(100)));
+
+        let c = ep.cq().wait(Duration::from_secs(5)).unwrap();
+        assert_eq!(c.context, 7);
+        let msg = |r: Result<()>| match r {
+            Err(FabricError::ConnectionLost(m)) => m,
+            other => panic!("expected the wedge error, got {other:?}"),
+        };
+        assert!(msg(c.result).contains("wedged"));
+        let started = Instant::now();
+        assert!(msg(ep.post_send(&[buf.full()], 8)).contains("wedged"));
+        assert!(msg(ep.post_recv(&[buf.full()], 9)).contains("wedged"));
+        assert!(msg(client
+            .connect(&la, Duration::from_secs(30), wire::MAJOR)
+            .map(drop))
+        .contains("wedged"));
+        assert!(msg(sh.register(&Buffer::new(8), Access::LOCAL).map(drop)).contains("wedged"));
+        assert!(started.elapsed() < Duration::from_secs(1));
+        drop(stuck);
+        drop(held);
+        // Dropping a wedged domain returns at once (it is leaked, never joined).
+        let started = Instant::now();
+        drop(ep);
+        drop(client);
+        assert!(started.elapsed() < Duration::from_secs(1));
     }
 }

@@ -193,6 +193,7 @@ impl OfiEndpoint {
         ctx: u64,
     ) -> Result<()> {
         let sh = self.shared();
+        sh.gate.check()?;
         let total = match remote {
             [one] => check_rma(local, one, sh.id, &sh.caps)?,
             _ => check_rma_v(local, remote, sh.id, &sh.caps)?,
@@ -209,7 +210,7 @@ impl OfiEndpoint {
             None => {
                 let conn = self.conn.clone();
                 let run = move |sh: &Shared| {
-                    let inside = sh.gate.enter_wait(sh);
+                    let inside = sh.gate.enter_wait(sh)?;
                     inside.long(|| {
                         sh.fab
                             .rma(read, op, conn.peer, &remote, conn.id, &mut sh.again())
@@ -255,6 +256,7 @@ impl Endpoint for OfiEndpoint {
 
     fn post_send(&self, data: &[LocalSlice], context: u64) -> Result<()> {
         let sh = self.shared();
+        sh.gate.check()?;
         let total = check_local(data, sh.id, &sh.caps)?;
         if self.conn.peer_closed().is_some() {
             return Err(self.conn.closed_error());
@@ -296,6 +298,7 @@ impl Endpoint for OfiEndpoint {
 
     fn post_recv(&self, buf: &[LocalSlice], context: u64) -> Result<()> {
         let sh = self.shared();
+        sh.gate.check()?;
         let total = check_local(buf, sh.id, &sh.caps)?;
         if let Some(sent) = self.conn.peer_closed() {
             // Messages the peer sent before closing may still be waiting unmatched.

@@ -25,6 +25,7 @@ use ferry_ofi_sys as sys;
 use super::info::Quirks;
 use super::lock;
 use super::progress::Op;
+use super::wedge::Watch;
 use crate::error::{FabricError, Result};
 use crate::mem::{Buffer, LocalSlice, Registration, RemoteSlice};
 
@@ -366,6 +367,19 @@ extern "C" fn unlink_regions_at_exit() {
     }
 }
 
+/// Ends the process with `code` at once, without exit handlers or destructors: libfabric's
+/// own cleanup at exit would touch the wedged provider (`wedge.rs`) and spin like the stuck
+/// thread. Our shm region names are unlinked first (that only removes names); stdout and
+/// stderr are flushed.
+pub fn exit_now(code: i32) -> ! {
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    unlink_regions_at_exit();
+    // SAFETY: _exit takes no pointers and never returns; skipping destructors is the point.
+    unsafe { libc::_exit(code) }
+}
+
 /// An endpoint's entry in [`LOCAL_EPS`], removed when dropped (after the endpoint closed).
 struct LocalName {
     id: u64,
@@ -461,6 +475,8 @@ pub(super) struct Fabric {
     domain: Arc<DomainFid>,
     mr_endpoint: bool,
     ops: Mutex<HashMap<usize, Meta>>,
+    /// Times every call that may spin in the provider (`wedge.rs`).
+    pub watch: Watch,
 }
 
 // SAFETY: see EpFid; the raw pointers are only used through FI_THREAD_SAFE calls, and the
@@ -664,6 +680,7 @@ impl Fabric {
             domain,
             mr_endpoint: info.mr_mode() & sys::FI_MR_ENDPOINT as u64 != 0,
             ops: Mutex::new(HashMap::new()),
+            watch: Watch::new(quirks.funnel),
         };
         if fab.shares_local {
             static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -723,6 +740,8 @@ impl Fabric {
             None
         };
         let mut addr: FiAddr = ADDR_UNSPEC;
+        // shm maps the peer's region here.
+        let in_call = self.watch.enter();
         // SAFETY: padded is readable for more than any provider address; addr is writable.
         let ret = unsafe {
             sys::fi_av_insert(
@@ -734,6 +753,7 @@ impl Fabric {
                 ptr::null_mut(),
             )
         };
+        drop(in_call);
         if ret != 1 {
             let ret = if ret < 0 {
                 ret as isize
@@ -839,7 +859,9 @@ impl Fabric {
             Err(e)
         };
         loop {
+            let in_call = self.watch.enter();
             let ret = call(ctx.cast(), &iov, &mut desc);
+            drop(in_call);
             if ret == 0 {
                 return Ok(());
             }
@@ -965,9 +987,11 @@ impl Fabric {
         again: &mut dyn FnMut() -> Result<()>,
     ) -> Result<()> {
         loop {
+            let in_call = self.watch.enter();
             // SAFETY: data is a live slice; fi_tinject copies it before returning.
             let ret =
                 unsafe { sys::fi_tinject(self.ep, data.as_ptr().cast(), data.len(), dest, tag) };
+            drop(in_call);
             if ret == 0 {
                 return Ok(());
             }
@@ -985,8 +1009,10 @@ impl Fabric {
     pub fn read_cq(&self, max: usize, out: &mut Vec<Event>) {
         let mut entries: [sys::fi_cq_tagged_entry; 32] = Default::default();
         let n = max.clamp(1, entries.len());
+        let in_call = self.watch.enter();
         // SAFETY: entries holds n entries of the CQ's format (tagged).
         let ret = unsafe { sys::fi_cq_read(self.cq, entries.as_mut_ptr().cast(), n) };
+        drop(in_call);
         if ret > 0 {
             for e in entries.iter().take(ret as usize) {
                 out.push(Event {
@@ -1035,6 +1061,23 @@ impl Fabric {
         Some((b.op, meta))
     }
 
+    /// The domain wedged (`wedge.rs`): shows `report` every user operation in flight, which
+    /// will never complete, without reclaiming any (a thread stuck in the provider may still
+    /// hold their contexts). Gives up if a stuck thread holds the table.
+    pub fn report_stranded(&self, mut report: impl FnMut(&Op)) {
+        let Ok(ops) = self.ops.try_lock() else {
+            tracing::warn!("ofi: operations in flight on a wedged domain cannot be failed");
+            return;
+        };
+        for &ctx in ops.keys() {
+            // SAFETY: ctx is in the table, so it is a live Box<OpCtx> from submit that nobody
+            // reclaims while the table is locked; only the `op` field is read (libfabric
+            // writes only the `fi` context field).
+            let op = unsafe { &(*(ctx as *const OpCtx)).op };
+            report(op);
+        }
+    }
+
     /// Number of operations in flight.
     pub fn in_flight(&self) -> usize {
         self.lock_ops().len()
@@ -1068,8 +1111,10 @@ impl Fabric {
         let mut ops = self.lock_ops();
         for (&ctx, meta) in ops.iter_mut() {
             if meta.recv_seq.is_some() && select(meta) {
+                let in_call = self.watch.enter();
                 // SAFETY: ctx is a live context of this endpoint (in the table, table locked).
                 let ret = unsafe { sys::fi_cancel(&mut (*self.ep).fid, ctx as *mut c_void) };
+                drop(in_call);
                 if ret != 0 && ret != -(sys::FI_ENOENT as isize) {
                     tracing::debug!("fi_cancel: {}", strerror(errcode(ret)));
                 }

@@ -87,6 +87,8 @@ pub(super) struct Gate {
     /// Deferred long calls (granted RMAs), run one per progress round.
     bulk: Mutex<VecDeque<Job>>,
     bulk_queued: AtomicUsize,
+    /// The provider is stuck for good (`wedge.rs`): every call fails at once.
+    wedged: AtomicBool,
 }
 
 /// Being inside the gate; leaving runs what was queued meanwhile.
@@ -110,12 +112,31 @@ impl Gate {
             queued: AtomicUsize::new(0),
             bulk: Mutex::new(VecDeque::new()),
             bulk_queued: AtomicUsize::new(0),
+            wedged: AtomicBool::new(false),
         }
     }
 
     /// True if calls pass one at a time (shm: the provider copies inside RMA posts).
     pub fn enabled(&self) -> bool {
         self.enabled
+    }
+
+    /// Marks the provider stuck for good; false if it was already.
+    pub fn set_wedged(&self) -> bool {
+        !self.wedged.swap(true, SeqCst)
+    }
+
+    /// True once the provider is stuck for good (`wedge.rs`).
+    pub fn is_wedged(&self) -> bool {
+        self.wedged.load(SeqCst)
+    }
+
+    /// Fails if the provider is stuck for good.
+    pub fn check(&self) -> Result<()> {
+        if self.is_wedged() {
+            return Err(super::wedge::wedged_error());
+        }
+        Ok(())
     }
 
     fn addr(&self) -> usize {
@@ -148,11 +169,13 @@ impl Gate {
     }
 
     /// Enters, waiting (yielding) while another thread is inside. For rare calls whose
-    /// caller needs the outcome at once (handshakes, closing).
-    pub fn enter_wait<'a>(&'a self, shared: &'a Shared) -> Inside<'a> {
+    /// caller needs the outcome at once (handshakes, closing). Fails once the provider is
+    /// wedged (the thread inside will never leave).
+    pub fn enter_wait<'a>(&'a self, shared: &'a Shared) -> Result<Inside<'a>> {
         loop {
+            self.check()?;
             if let Some(g) = self.enter(shared) {
-                return g;
+                return Ok(g);
             }
             std::thread::yield_now();
         }
@@ -168,6 +191,7 @@ impl Gate {
     pub fn call(&self, shared: &Shared, job: Job) -> Result<()> {
         let start = std::time::Instant::now();
         loop {
+            self.check()?;
             if let Some(_inside) = self.enter(shared) {
                 return (job.run)(shared);
             }

@@ -52,6 +52,10 @@
 //! reported; messages to a dead peer queue up until posts fail with `Timeout` after 5 s of
 //! back-pressure, and receives and RMA wait forever: callers bound their waits
 //! (`CompletionQueue::wait`). Closing the domain cancels everything left.
+//!
+//! A peer killed while holding one of shm's shared-memory spinlocks leaves threads of this
+//! process spinning in the provider for good: the watchdog (`wedge.rs`) then declares the
+//! domain wedged, fails everything on it, and runs the process's [`on_wedge`] hook.
 
 mod domain;
 mod endpoint;
@@ -60,7 +64,10 @@ mod gate;
 mod info;
 mod progress;
 mod rma;
+mod wedge;
 mod wire;
+
+pub use wedge::{any_wedged, exit_wedged, on_wedge, wedged_error, WEDGE_MESSAGE, WEDGE_TIMEOUT};
 
 use std::sync::{Arc, Mutex, MutexGuard};
 

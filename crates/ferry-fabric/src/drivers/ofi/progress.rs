@@ -245,7 +245,13 @@ pub(super) fn run(shared: Arc<Shared>) {
     let mut nap = MIN_NAP;
     let sweep_every = (shared.keepalive.every / 2).max(Duration::from_millis(10));
     let mut next_sweep = Instant::now();
+    #[cfg(feature = "test-hooks")]
+    let wedge_at = super::wedge::test_wedge_at();
     while !shared.stopping() {
+        #[cfg(feature = "test-hooks")]
+        if wedge_at.is_some_and(|t| Instant::now() >= t) {
+            super::wedge::simulate_stuck_call(&shared);
+        }
         if Instant::now() >= next_sweep {
             shared.keepalive();
             next_sweep = Instant::now() + sweep_every;

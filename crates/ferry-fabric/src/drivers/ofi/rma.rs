@@ -404,7 +404,7 @@ impl Shared {
         let queued_fail = fail(conn.clone());
         let now_fail = fail(conn.clone());
         let run = move |sh: &Shared| {
-            let inside = sh.gate.enter_wait(sh);
+            let inside = sh.gate.enter_wait(sh)?;
             let at = remote.first().map_or(0, |r| r.addr);
             crate::timeline::mark("copy.beg", at);
             let r = inside.long(|| {

@@ -1,0 +1,234 @@
+//! Detecting a provider that is stuck for good, and failing loudly instead of hanging.
+//!
+//! libfabric 1.17's shm keeps each endpoint's command queue in a shared-memory region guarded
+//! by a process-shared spinlock (`smr_region.lock`, a `pthread_spin_lock`): the owner takes
+//! its own when its progress (inside `fi_cq_read`) consumes commands, and a sender takes the
+//! *peer's* (`pthread_spin_lock(&peer_smr->lock)` in shm's `smr_generic_sendmsg`,
+//! `smr_generic_rma` — held across the CMA copy of the fast RMA path — `smr_send_name` and
+//! the atomics) to insert a command. A process `kill -9`ed while holding one leaves every
+//! other process that touches that region spinning inside the provider forever; the stuck
+//! thread cannot be interrupted. (Source read in the shm provider; the hangs themselves were
+//! observed in the kill tests, not reproduced while this was written.)
+//!
+//! So every provider call of a domain is marked ([`Watch`]); a watchdog thread (one per
+//! process) looks every [`PERIOD`] and, when a call has not returned for the domain's limit
+//! (`FERRY_OFI_WEDGE_TIMEOUT` seconds, default [`WEDGE_TIMEOUT`]), marks the domain wedged:
+//! its connections fail with [`wedged_error`], every later call on it fails at once, new
+//! domains of the same provider cannot be opened in this process, and the hook installed
+//! with [`on_wedge`] runs (the CLI exits there: the process must restart to use the
+//! provider again). Wedged domains are leaked, never closed under the stuck thread.
+//!
+//! The verdict is "calls are in progress and none has returned for the limit", exact where
+//! calls are funnelled one thread at a time (shm, `gate.rs`). Only there is it kept: where
+//! threads call a provider concurrently (tcp;ofi_rxm) a stuck call would go unnoticed while
+//! other calls keep returning, and the counter's cache line would move between threads
+//! polling at once (no cost was resolved in 8 B ping-pong A/B runs: too noisy). The time is
+//! measured by the watchdog's own looks, so a process stopped (SIGSTOP) or starved longer
+//! than [`STALE`] starts counting again instead of declaring a wedge.
+
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
+use std::sync::{Mutex, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+use super::domain::Shared;
+use super::lock;
+use crate::error::FabricError;
+
+/// How long a provider call may run before its domain is declared wedged, unless
+/// `FERRY_OFI_WEDGE_TIMEOUT` (seconds, fractions allowed) says otherwise. Longer than the
+/// longest legitimate call (an shm RMA copy takes milliseconds; -FI_EAGAIN retries return
+/// between attempts).
+pub const WEDGE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How often the watchdog looks.
+const PERIOD: Duration = Duration::from_millis(250);
+/// A longer gap between two looks means the watchdog did not run meanwhile.
+const STALE: Duration = Duration::from_secs(2);
+
+/// What a wedged domain's operations fail with.
+pub const WEDGE_MESSAGE: &str = "the libfabric provider is wedged: a peer process died while \
+    holding a lock in shared memory (libfabric 1.17 shm); this process must restart to use it again";
+
+/// The error of every operation on a wedged domain.
+pub fn wedged_error() -> FabricError {
+    FabricError::ConnectionLost(WEDGE_MESSAGE.into())
+}
+
+/// The domain's limit from the environment.
+pub(super) fn timeout_from_env() -> Duration {
+    std::env::var("FERRY_OFI_WEDGE_TIMEOUT")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+        .filter(|d| !d.is_zero())
+        .unwrap_or(WEDGE_TIMEOUT)
+}
+
+/// Watches the provider calls of one domain: "wedged" means that calls are in progress and
+/// none has returned for the limit. The hot path reads no clock (one counter of threads
+/// inside, one of calls returned); the watchdog samples both and times how long nothing
+/// returned.
+pub(super) struct Watch {
+    /// False: nothing is counted (providers called concurrently, see the module doc).
+    enabled: bool,
+    /// Threads inside a provider call.
+    inside: AtomicUsize,
+    /// Calls returned so far (only its changes matter).
+    done: AtomicU64,
+    /// The watchdog's last sample: calls returned then, when that count was first seen,
+    /// and when the watchdog last looked.
+    seen: Mutex<Option<(u64, Instant, Instant)>>,
+}
+
+/// A provider call in progress; leaving counts it returned.
+pub(super) struct InCall<'a>(&'a Watch);
+
+impl Watch {
+    /// A watch with no call in progress; a disabled one counts nothing and never fires.
+    pub fn new(enabled: bool) -> Watch {
+        Watch {
+            enabled,
+            inside: AtomicUsize::new(0),
+            done: AtomicU64::new(0),
+            seen: Mutex::new(None),
+        }
+    }
+
+    /// Marks a provider call as in progress until the guard drops.
+    pub fn enter(&self) -> InCall<'_> {
+        if self.enabled {
+            self.inside.fetch_add(1, SeqCst);
+        }
+        InCall(self)
+    }
+
+    /// How long calls have been in progress with none returning, as seen by the calls of
+    /// this method (zero at the first sight). A gap between two looks longer than
+    /// [`STALE`] (the watchdog itself did not run: the process was stopped, or starved)
+    /// starts the count again rather than blaming the provider.
+    pub fn stuck_for(&self) -> Option<Duration> {
+        let mut seen = lock(&self.seen);
+        let done = self.done.load(SeqCst);
+        if self.inside.load(SeqCst) == 0 {
+            *seen = None;
+            return None;
+        }
+        let now = Instant::now();
+        match *seen {
+            Some((d, since, last)) if d == done && now - last < STALE => {
+                *seen = Some((d, since, now));
+                Some(now - since)
+            }
+            _ => {
+                *seen = Some((done, now, now));
+                Some(Duration::ZERO)
+            }
+        }
+    }
+}
+
+impl Drop for InCall<'_> {
+    fn drop(&mut self) {
+        // A plain increment: an update lost to a concurrent return still changes the count.
+        let w = self.0;
+        if !w.enabled {
+            return;
+        }
+        w.done.store(w.done.load(Relaxed).wrapping_add(1), Relaxed);
+        w.inside.fetch_sub(1, SeqCst);
+    }
+}
+
+/// Domains the watchdog looks at.
+static DOMAINS: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
+/// Providers (address schemes) wedged in this process.
+static WEDGED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+/// Set once any domain wedged.
+static ANY: AtomicBool = AtomicBool::new(false);
+/// Run once when the first domain wedges.
+static HOOK: OnceLock<fn(&str)> = OnceLock::new();
+
+/// Installs `hook`, run (on the watchdog thread) with [`WEDGE_MESSAGE`] when the first
+/// domain of this process wedges; a CLI exits there. Only the first hook installed counts.
+pub fn on_wedge(hook: fn(&str)) {
+    let _ = HOOK.set(hook);
+}
+
+/// Ends the process with `code` at once, skipping exit handlers and destructors (libfabric's
+/// cleanup would spin on the wedged provider); for a hook installed with [`on_wedge`].
+pub fn exit_wedged(code: i32) -> ! {
+    super::ffi::exit_now(code)
+}
+
+/// True once a domain of this process wedged.
+pub fn any_wedged() -> bool {
+    ANY.load(SeqCst)
+}
+
+/// Fails if `scheme`'s provider wedged in this process (a new domain would touch the same
+/// stuck shared memory, or spin the same way).
+pub(super) fn check_scheme(scheme: &str) -> crate::Result<()> {
+    if ANY.load(SeqCst) && lock(&WEDGED).iter().any(|s| s == scheme) {
+        return Err(wedged_error());
+    }
+    Ok(())
+}
+
+/// Puts `shared` under the watchdog (starting it on first use).
+pub(super) fn watch(shared: &std::sync::Arc<Shared>) {
+    static STARTED: std::sync::Once = std::sync::Once::new();
+    lock(&DOMAINS).push(std::sync::Arc::downgrade(shared));
+    STARTED.call_once(|| {
+        let spawned = std::thread::Builder::new()
+            .name("ferry-ofi-watchdog".into())
+            .spawn(|| loop {
+                std::thread::sleep(PERIOD);
+                sweep();
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("cannot start the ofi watchdog: {e}");
+        }
+    });
+}
+
+/// One look at every domain.
+fn sweep() {
+    let live: Vec<_> = {
+        let mut domains = lock(&DOMAINS);
+        domains.retain(|w| w.strong_count() > 0);
+        domains.iter().filter_map(Weak::upgrade).collect()
+    };
+    for sh in live {
+        if sh.check_wedge(sh.wedge_after) {
+            lock(&WEDGED).push(sh.scheme());
+            let first = !ANY.swap(true, SeqCst);
+            tracing::error!(domain = sh.id, "{WEDGE_MESSAGE}");
+            if let Some(hook) = HOOK.get().filter(|_| first) {
+                hook(WEDGE_MESSAGE);
+            }
+        }
+    }
+}
+
+/// Test hook (feature `test-hooks`): when the domain's progress thread should simulate a
+/// provider call that never returns, from `FERRY_OFI_TEST_WEDGE_AFTER` (seconds after the
+/// domain opened).
+#[cfg(feature = "test-hooks")]
+pub(super) fn test_wedge_at() -> Option<Instant> {
+    let secs = std::env::var("FERRY_OFI_TEST_WEDGE_AFTER").ok()?;
+    let after = Duration::try_from_secs_f64(secs.parse().ok()?).ok()?;
+    Some(Instant::now() + after)
+}
+
+/// Test hook: the calling thread takes the provider (the gate) and stays "in a call" for
+/// good, as a thread spinning on a dead peer's lock would.
+#[cfg(feature = "test-hooks")]
+pub(super) fn simulate_stuck_call(shared: &Shared) -> ! {
+    tracing::warn!("FERRY_OFI_TEST_WEDGE_AFTER: simulating a provider call that never returns");
+    let _inside = shared.gate.enter_wait(shared);
+    let _in_call = shared.fab.watch.enter();
+    loop {
+        std::thread::park();
+    }
+}
