@@ -110,6 +110,9 @@ impl Server {
         if let Some(e) = up.io_error() {
             return reply_refusal(link, file_id, write_refusal(&path, &e));
         }
+        // Let go before answering: the client may CLOSE on another stream as soon as this OK
+        // arrives, and CLOSE needs the only reference (it was refused, rarely, without this).
+        drop(up);
         link.send(&Msg::Ok { file_id })
     }
 
