@@ -371,6 +371,9 @@ pub struct BlockSender {
     block: usize,
     /// Staging blocks (by address) whose payload area holds only zeros.
     zeroed: std::collections::HashSet<usize>,
+    /// CRC-32C of the last length of zeros sent: a zero source's blocks all carry the same
+    /// one, and computing it per block was 40 % of a memory-mode server's CPU.
+    zero_crc: Option<(usize, u32)>,
     timeout: Duration,
     /// Blocks sent.
     pub blocks: u64,
@@ -391,6 +394,7 @@ impl BlockSender {
             ring: ring.max(1),
             block: block as usize,
             zeroed: std::collections::HashSet::new(),
+            zero_crc: None,
             timeout,
             blocks: 0,
             direct: false,
@@ -547,10 +551,18 @@ impl BlockSender {
                     }
                 }
             }
+            // A zero source's staging blocks hold zeros (`zeroed`), so one CRC serves them all.
+            let zero_crc = match (src, self.zero_crc) {
+                (Source::Zero, Some((len, crc))) if len == n => Some(crc),
+                _ => None,
+            };
             let crc = mem.with_bytes(at, n, |b| -> Result<u32> {
                 after_read(b)?;
-                Ok(crc32c::crc32c(b))
+                Ok(zero_crc.unwrap_or_else(|| crc32c::crc32c(b)))
             })?;
+            if matches!(src, Source::Zero) {
+                self.zero_crc = Some((n, crc));
+            }
             let h = BlockHeader {
                 file_id: span.file_id,
                 stream: 0,
