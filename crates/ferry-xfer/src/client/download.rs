@@ -158,6 +158,32 @@ struct Dl {
     chunk: Option<crate::parallel::Chunk>,
 }
 
+impl Dl {
+    /// A file whose GET was just sent: nothing received yet.
+    fn new(
+        job: DlJob,
+        part: Option<LocalPart>,
+        journal: Option<Journaled>,
+        chunk: Option<crate::parallel::Chunk>,
+    ) -> Dl {
+        Dl {
+            path: job.path,
+            null: job.dest.is_none(),
+            dest: job.dest.unwrap_or_default(),
+            ident: job.ident,
+            part,
+            journal,
+            writer: None,
+            size: 0,
+            mode: 0o644,
+            hash: None,
+            outstanding: 1,
+            rounds: 0,
+            chunk,
+        }
+    }
+}
+
 impl Client {
     /// Downloads remote files to local paths, pipelined. Without [`Options::resume`] (as
     /// given to [`Client::set_resume`]) each file starts from zero; with it, a journaled
@@ -201,13 +227,13 @@ impl Client {
 
     fn start_download(
         &mut self,
-        job: DlJob,
+        mut job: DlJob,
         live: &mut HashMap<u32, Dl>,
         sums: &mut VecDeque<u32>,
         progress: &dyn Progress,
     ) -> Result<()> {
         let file_id = self.id();
-        if let Some(ch) = job.chunk {
+        if let Some(ch) = job.chunk.take() {
             // A range of a file the streams share: its part is open already.
             if ch.sum {
                 self.link.send(&Msg::Sum {
@@ -221,24 +247,7 @@ impl Client {
                 length: ch.hi - ch.lo,
                 path: job.path.clone(),
             })?;
-            live.insert(
-                file_id,
-                Dl {
-                    path: job.path,
-                    null: job.dest.is_none(),
-                    dest: job.dest.unwrap_or_default(),
-                    ident: job.ident,
-                    part: None,
-                    journal: None,
-                    writer: None,
-                    size: 0,
-                    mode: 0o644,
-                    hash: None,
-                    outstanding: 1,
-                    rounds: 0,
-                    chunk: Some(ch),
-                },
-            );
+            live.insert(file_id, Dl::new(job, None, None, Some(ch)));
             return Ok(());
         }
         // No destination: the null sink, nothing to open or resume.
@@ -277,24 +286,7 @@ impl Client {
             length: u64::MAX,
             path: job.path.clone(),
         })?;
-        live.insert(
-            file_id,
-            Dl {
-                path: job.path,
-                null: job.dest.is_none(),
-                dest: job.dest.unwrap_or_default(),
-                ident: job.ident,
-                part,
-                journal,
-                writer: None,
-                size: 0,
-                mode: 0o644,
-                hash: None,
-                outstanding: 1,
-                rounds: 0,
-                chunk: None,
-            },
-        );
+        live.insert(file_id, Dl::new(job, part, journal, None));
         Ok(())
     }
 
