@@ -3,9 +3,10 @@
 set -euo pipefail
 
 # Build: libfabric headers, libclang for bindgen. Run: a font for plots. Benchmark peers
-# (`ferry bench`): iperf3, GridFTP (server and globus-url-copy), XRootD (server and xrdcp).
+# (`ferry bench`): iperf3, GridFTP (server and globus-url-copy), XRootD (server and xrdcp),
+# fio (the disk's own read+write rate, the ceiling of `bench cp`'s disk rows).
 packages=(build-essential pkg-config libfabric-dev libfabric-bin libclang-dev fonts-dejavu-core procps
-  iperf3 globus-gridftp-server-progs globus-gass-copy-progs xrootd-server xrootd-client)
+  iperf3 globus-gridftp-server-progs globus-gass-copy-progs xrootd-server xrootd-client fio)
 
 missing=()
 for p in "${packages[@]}"; do

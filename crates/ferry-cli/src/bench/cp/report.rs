@@ -16,7 +16,7 @@ pub struct CpRow {
     /// `disk` (a file on disk → a file on disk, caches dropped first), `small` (a tree of
     /// small files in /dev/shm → /dev/shm).
     pub workload: String,
-    /// `ferry`, `gridftp`, `xrdcp` or `iperf3`.
+    /// `ferry`, `gridftp`, `xrdcp`, `iperf3`, or `fio` (the disk's own copy ceiling).
     pub tool: String,
     /// ferry's driver, or the peer's variant (`-p 1`, `-p 4`).
     pub variant: String,
@@ -153,7 +153,7 @@ pub fn summary(rows: &[CpRow]) -> (Summary, BTreeMap<String, String>) {
         &'a dyn Fn(&CpRow) -> Option<f64>,
         Better,
     );
-    let picks: [Pick<'_>; 10] = [
+    let picks: [Pick<'_>; 11] = [
         (
             "mem_vs_gridftp",
             "mem",
@@ -212,6 +212,9 @@ pub fn summary(rows: &[CpRow]) -> (Summary, BTreeMap<String, String>) {
             Better::High,
         ),
         ("cpu_vs_xrdcp", "mem", ("shm", "xrdcp"), &cpu, Better::Low),
+        // Against the disk itself (fio reading and writing at once): how much of the
+        // device's copy rate ferry uses; 1.0 is the ceiling for every tool.
+        ("disk_vs_device", "disk", ("disk", "fio"), &gbps, Better::High),
     ];
     let mut out = Vec::new();
     let mut best = BTreeMap::new();

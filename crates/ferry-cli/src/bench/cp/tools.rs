@@ -193,16 +193,19 @@ impl Server {
 const SETTLE: Duration = Duration::from_millis(200);
 
 /// Runs `cmd` (a client) to completion within `timeout`, timing it, then `after` (e.g. a
-/// sync of the output) inside the timed span; the CPU of the client and of `server`.
-/// Returns the client's stdout too.
+/// sync of the output) inside the timed span; the CPU of the client and of `server` (a
+/// reference tool such as fio has none). Returns the client's stdout too.
 pub fn run_client(
     mut cmd: Command,
-    server: &Server,
+    server: Option<&Server>,
     timeout: Duration,
     after: impl FnOnce() -> Result<()>,
 ) -> Result<(Measured, Vec<u8>)> {
     let what = format!("{:?}", cmd.get_program());
-    let s0 = server.cpu().context("the server is gone")?;
+    let s0 = match server {
+        Some(s) => Some(s.cpu().context("the server is gone")?),
+        None => None,
+    };
     let c0 = children_usage();
     let t = Instant::now();
     let mut child = cmd
@@ -248,8 +251,13 @@ pub fn run_client(
             .unwrap_or("");
         bail!("{what} failed ({status}): {}", msg.trim());
     }
-    std::thread::sleep(SETTLE);
-    let server_cpu = server.cpu().map_or(0.0, |s| (s - s0).max(0.0));
+    let server_cpu = match (server, s0) {
+        (Some(server), Some(s0)) => {
+            std::thread::sleep(SETTLE);
+            server.cpu().map_or(0.0, |s| (s - s0).max(0.0))
+        }
+        _ => 0.0,
+    };
     Ok((
         Measured {
             secs,
