@@ -4,10 +4,11 @@
 // Each test binary uses its own subset.
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -101,9 +102,50 @@ pub fn serve_as(mut cmd: Command, driver: &str, env: &[(&str, &str)], args: &[&s
     Server { child, addr, root }
 }
 
-/// Runs a command to its end.
+/// The longest a test's command may run before it is killed and the test fails (a hung
+/// copy must fail its test, not stall the suite until CI's limit).
+const COMMAND_LIMIT: Duration = Duration::from_secs(300);
+
+/// Runs a command to its end, or kills it and panics after [`COMMAND_LIMIT`].
 pub fn run(mut c: Command) -> Output {
-    c.output().expect("ferry runs")
+    let what = format!(
+        "{:?} {:?}",
+        c.get_program(),
+        c.get_args().collect::<Vec<_>>()
+    );
+    let mut child = c
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let drain = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = r.read_to_end(&mut v);
+            v
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().unwrap()));
+    let err = drain(Box::new(child.stderr.take().unwrap()));
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if start.elapsed() > COMMAND_LIMIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            let err = String::from_utf8_lossy(&err.join().unwrap_or_default()).into_owned();
+            panic!("{what} still ran after {COMMAND_LIMIT:?}: killed; stderr: {err}");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    Output {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    }
 }
 
 /// `ferry cp --token TOKEN --json ARGS` with `env`.

@@ -214,7 +214,13 @@ pub fn summary(rows: &[CpRow]) -> (Summary, BTreeMap<String, String>) {
         ("cpu_vs_xrdcp", "mem", ("shm", "xrdcp"), &cpu, Better::Low),
         // Against the disk itself (fio reading and writing at once): how much of the
         // device's copy rate ferry uses; 1.0 is the ceiling for every tool.
-        ("disk_vs_device", "disk", ("disk", "fio"), &gbps, Better::High),
+        (
+            "disk_vs_device",
+            "disk",
+            ("disk", "fio"),
+            &gbps,
+            Better::High,
+        ),
     ];
     let mut out = Vec::new();
     let mut best = BTreeMap::new();
