@@ -258,6 +258,7 @@ fn measure(
     let mut times = Vec::with_capacity(usize::try_from(count).unwrap_or(0));
     for i in 0..count {
         let started = Instant::now();
+        ferry_fabric::timeline::mark("nc.msg", i);
         let slot = (i % SLOTS) * MAX_SIZE;
         let nc_local = LocalLayout::new(local.clone(), slot as usize, layout.clone(), 1);
         let nc_remote = RemoteLayout::new(remote, slot, layout.clone(), 1);
@@ -285,7 +286,9 @@ fn measure(
             }
         }
         times.push(started.elapsed().as_secs_f64() * 1e6);
+        ferry_fabric::timeline::mark("nc.end", i);
     }
+    ferry_fabric::timeline::flush();
     let secs = t0.elapsed().as_secs_f64().max(1e-9);
     times.sort_by(f64::total_cmp);
     let p10_us = times.get(times.len() / 10).copied().unwrap_or(0.0);
