@@ -182,6 +182,14 @@ impl Shared {
                     rma.queued.fetch_add(1, SeqCst);
                     return Ok(());
                 }
+                // Held (`Endpoint::hold_rma`): wait for the release, which sends one
+                // request for everything posted meanwhile.
+                None if conn.held.load(SeqCst) => {
+                    crate::timeline::mark("rma.hold", pending.remote.first().map_or(0, |r| r.addr));
+                    batches.insert((conn.id, key, !read), vec![pending]);
+                    rma.queued.fetch_add(1, SeqCst);
+                    return Ok(());
+                }
                 None => {
                     batches.insert((conn.id, key, !read), Vec::new());
                 }
@@ -354,7 +362,8 @@ impl Shared {
 
     /// Initiator: sends one request for each group of RMAs queued behind an unanswered one
     /// (the progress thread calls this on every round, so a burst of posts shares requests
-    /// that are already in flight while the first one is answered). Returns the requests
+    /// that are already in flight while the first one is answered), or held by a connection
+    /// that is no longer held (`Endpoint::release_rma` calls it). Returns the requests
     /// sent.
     pub fn flush_rma_batches(&self) -> usize {
         let Some(rma) = &self.rma else {
@@ -367,7 +376,7 @@ impl Shared {
             let mut batches = lock(&rma.batches);
             batches
                 .iter_mut()
-                .filter(|(_, q)| !q.is_empty())
+                .filter(|(_, q)| q.first().is_some_and(|p| !p.conn.held.load(SeqCst)))
                 .map(|(k, q)| {
                     rma.queued.fetch_sub(q.len(), SeqCst);
                     (*k, std::mem::take(q))
