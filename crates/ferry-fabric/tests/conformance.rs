@@ -385,7 +385,10 @@ fn held_rmas(driver: &str) {
             .collect();
         got.sort();
         let want: Vec<(u64, bool)> = (0..4).map(|i| (i as u64, bad != Some(i))).collect();
-        assert_eq!(got, want, "round {round}: one completion each, its own result");
+        assert_eq!(
+            got, want,
+            "round {round}: one completion each, its own result"
+        );
         assert!(p.client.cq().try_next().is_none(), "nothing more completes");
         for i in (0..4).filter(|&i| bad != Some(i)) {
             expect[i * piece..(i + 1) * piece].copy_from_slice(&data[i * piece..(i + 1) * piece]);

@@ -212,8 +212,15 @@ fn driver_rows(plan: &Plan, driver: &str, n: usize) -> Result<(String, Vec<NcRow
                     measure(&mut s, &local, m, size, plan.warm, plan.max_remote_segments)
                         .with_context(|| format!("{m} {size} B warm-up"))?;
                 }
-                let got = measure(&mut s, &local, m, size, plan.count(size), plan.max_remote_segments)
-                    .with_context(|| format!("{m} {size} B"))?;
+                let got = measure(
+                    &mut s,
+                    &local,
+                    m,
+                    size,
+                    plan.count(size),
+                    plan.max_remote_segments,
+                )
+                .with_context(|| format!("{m} {size} B"))?;
                 samples[si][mi].push(got);
             }
         }
