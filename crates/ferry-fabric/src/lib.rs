@@ -89,6 +89,16 @@ pub trait Endpoint: Send + Sync {
             _ => Err(unsupported_v(remote.len())),
         }
     }
+    /// Lets the driver hold the RMAs posted from now on until [`Endpoint::release_rma`], so
+    /// it can set them up together: under checked RMA (ofi shm and tcp) they share one grant
+    /// request instead of the first asking alone and the rest sharing a second. A caller must
+    /// release before it waits for their completions. Default (drivers with nothing to
+    /// share): nothing.
+    fn hold_rma(&self) {}
+    /// Sends what [`Endpoint::hold_rma`] held (nothing if nothing was). Default: nothing.
+    fn release_rma(&self) -> Result<()> {
+        Ok(())
+    }
     /// Reads the ranges of `remote` in order and scatters their concatenation over `local`:
     /// the mirror of [`Endpoint::post_write_v`].
     fn post_read_v(

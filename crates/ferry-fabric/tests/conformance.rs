@@ -339,6 +339,64 @@ fn rma_gathered(driver: &str) {
     ok(&*p.client);
 }
 
+/// RMAs posted between `hold_rma` and `release_rma` (under checked RMA: one grant request for
+/// all of them) each complete exactly once with their own result: a refused one among them
+/// fails alone (the shared request is refused and asked again one RMA at a time) and the
+/// others land. A release with nothing held does nothing.
+fn held_rmas(driver: &str) {
+    let p = pair(driver);
+    let len = 64 << 10;
+    let piece = len / 4;
+    let target = register(&*p.server, len, Access::REMOTE_WRITE);
+    let remote = advertise(&p, &target);
+    let mut expect = vec![0u8; len];
+    for (round, bad) in [None, Some(2usize)].into_iter().enumerate() {
+        let data = pattern(len, 42 + round as u8);
+        let src = p
+            .client
+            .domain()
+            .register(&Buffer::from_slice(&data), Access::LOCAL)
+            .unwrap();
+        p.client.hold_rma();
+        for i in 0..4 {
+            let to = if bad == Some(i) {
+                ferry_fabric::RemoteSlice {
+                    addr: remote.addr + len as u64 - 10,
+                    len: piece as u64,
+                    key: remote.key,
+                }
+            } else {
+                remote.sub((i * piece) as u64, piece as u64).unwrap()
+            };
+            let from = src.slice(i * piece..(i + 1) * piece).unwrap();
+            p.client.post_write(&[from], to, i as u64).unwrap();
+        }
+        p.client.release_rma().unwrap();
+        p.client.release_rma().unwrap();
+        let mut got: Vec<(u64, bool)> = (0..4)
+            .map(|_| {
+                let c = p.client.cq().wait(Duration::from_secs(10)).unwrap();
+                assert_eq!(c.op, OpKind::Write);
+                if let Err(e) = &c.result {
+                    assert!(matches!(e, FabricError::RemoteAccess(_)), "{e:?}");
+                }
+                (c.context, c.result.is_ok())
+            })
+            .collect();
+        got.sort();
+        let want: Vec<(u64, bool)> = (0..4).map(|i| (i as u64, bad != Some(i))).collect();
+        assert_eq!(
+            got, want,
+            "round {round}: one completion each, its own result"
+        );
+        assert!(p.client.cq().try_next().is_none(), "nothing more completes");
+        for i in (0..4).filter(|&i| bad != Some(i)) {
+            expect[i * piece..(i + 1) * piece].copy_from_slice(&data[i * piece..(i + 1) * piece]);
+        }
+        assert!(target.buffer().to_vec() == expect, "round {round}: bytes");
+    }
+}
+
 fn rma_read_scatter(driver: &str) {
     let p = pair(driver);
     let max = p.client.capabilities().max_gather;
@@ -721,6 +779,10 @@ macro_rules! conformance {
             #[test]
             fn rma_gathered() {
                 super::rma_gathered($driver)
+            }
+            #[test]
+            fn held_rmas() {
+                super::held_rmas($driver)
             }
             #[test]
             fn rma_read_scatter() {

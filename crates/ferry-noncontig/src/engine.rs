@@ -224,7 +224,12 @@ fn transfer(
     let max_op = caps.max_msg_size.max(1);
     let result = match opts.choose(caps, local, remote) {
         Path::Packed => run.packed(local, remote, max_op),
-        _ => run.zero_copy(local, remote, gather, riov, max_op),
+        _ => {
+            // The operations posted together share their setup (one checked-RMA grant).
+            ep.hold_rma();
+            let posted = run.zero_copy(local, remote, gather, riov, max_op);
+            posted.and(ep.release_rma().map_err(NoncontigError::from))
+        }
     };
     // Whatever happened, nothing may still be in flight when we return.
     let drained = run.drain();
@@ -297,6 +302,8 @@ impl Run<'_> {
     /// Waits for one completion of ours. A foreign completion (the queue is meant to be ours
     /// alone) is consumed and remembered, so the transfer still drains and then fails.
     fn reap(&mut self) -> Result<()> {
+        // What was held must leave before we wait for it.
+        self.ep.release_rma()?;
         let c = loop {
             let c = self.ep.cq().wait(self.opts.timeout)?;
             let ours = c.context & !SEQ_MASK == self.opts.context & !SEQ_MASK

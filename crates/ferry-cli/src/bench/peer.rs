@@ -110,6 +110,9 @@ impl Peer {
                     self.reply(advert)?;
                 }
                 Msg::Usage => {
+                    // Between measurements: a good moment to write the timeline
+                    // (FERRY_TIMELINE, off by default).
+                    ferry_fabric::timeline::flush();
                     self.post_ctrl_recv()?;
                     self.reply(usage())?;
                 }

@@ -78,6 +78,10 @@ pub struct NoncontigArgs {
     /// Only these methods (contig, pack, zerocopy), e.g. to profile one.
     #[arg(long, value_delimiter = ',')]
     methods: Vec<String>,
+    /// Zero-copy: at most this many destination segments per operation (the engine's
+    /// `Options::max_remote_segments`; default: the driver's `rma_iov_limit`).
+    #[arg(long)]
+    max_remote_segments: Option<usize>,
 }
 
 /// Sizes, message counts and repetitions.
@@ -90,6 +94,8 @@ struct Plan {
     reps: usize,
     /// Methods to run (all when empty).
     only: Vec<String>,
+    /// Zero-copy's cap on destination segments per operation (`None`: the driver's).
+    max_remote_segments: Option<usize>,
 }
 
 impl Plan {
@@ -102,6 +108,7 @@ impl Plan {
                 cap_bytes: 1 << 30,
                 reps: 1,
                 only: Vec::new(),
+                max_remote_segments: None,
             }
         } else {
             Plan {
@@ -111,6 +118,7 @@ impl Plan {
                 cap_bytes: 2 << 30,
                 reps: 3,
                 only: Vec::new(),
+                max_remote_segments: None,
             }
         }
     }
@@ -143,6 +151,7 @@ pub fn run(args: &NoncontigArgs) -> Result<()> {
         plan.reps = r.max(1);
     }
     plan.only = args.methods.clone();
+    plan.max_remote_segments = args.max_remote_segments;
     let drivers = addr::drivers(&args.drivers)?;
     let memcpy = Memcpy::new().measure(5).value;
     let mut status: Vec<DriverStatus> = drivers.iter().map(|d| DriverStatus::new(d)).collect();
@@ -200,11 +209,18 @@ fn driver_rows(plan: &Plan, driver: &str, n: usize) -> Result<(String, Vec<NcRow
                     continue;
                 }
                 if rep == 1 {
-                    measure(&mut s, &local, m, size, plan.warm)
+                    measure(&mut s, &local, m, size, plan.warm, plan.max_remote_segments)
                         .with_context(|| format!("{m} {size} B warm-up"))?;
                 }
-                let got = measure(&mut s, &local, m, size, plan.count(size))
-                    .with_context(|| format!("{m} {size} B"))?;
+                let got = measure(
+                    &mut s,
+                    &local,
+                    m,
+                    size,
+                    plan.count(size),
+                    plan.max_remote_segments,
+                )
+                .with_context(|| format!("{m} {size} B"))?;
                 samples[si][mi].push(got);
             }
         }
@@ -238,6 +254,7 @@ fn measure(
     m: &str,
     size: u64,
     count: u64,
+    max_remote_segments: Option<usize>,
 ) -> Result<Measured> {
     ensure!(
         size.is_multiple_of(BLOCKS) && size <= MAX_SIZE,
@@ -252,12 +269,17 @@ fn measure(
         path: Path::ZeroCopy,
         ..Options::default()
     };
+    let gathered = Options {
+        max_remote_segments,
+        ..zero_copy.clone()
+    };
     let (u0, p0) = (cpu::self_usage(), s.peer_cpu()?);
     let t0 = Instant::now();
     let mut ops = 0;
     let mut times = Vec::with_capacity(usize::try_from(count).unwrap_or(0));
     for i in 0..count {
         let started = Instant::now();
+        ferry_fabric::timeline::mark("nc.msg", i);
         let slot = (i % SLOTS) * MAX_SIZE;
         let nc_local = LocalLayout::new(local.clone(), slot as usize, layout.clone(), 1);
         let nc_remote = RemoteLayout::new(remote, slot, layout.clone(), 1);
@@ -278,14 +300,16 @@ fn measure(
                 s.unpack(size, STRIDE, STAGE, slot)?;
             }
             _ => {
-                let st = ferry_noncontig::write(s.endpoint(), &nc_local, &nc_remote, &zero_copy)?;
+                let st = ferry_noncontig::write(s.endpoint(), &nc_local, &nc_remote, &gathered)?;
                 ensure!(st.packed_bytes == 0, "the zero-copy path packed");
                 ops += st.ops;
                 s.notify(size)?;
             }
         }
         times.push(started.elapsed().as_secs_f64() * 1e6);
+        ferry_fabric::timeline::mark("nc.end", i);
     }
+    ferry_fabric::timeline::flush();
     let secs = t0.elapsed().as_secs_f64().max(1e-9);
     times.sort_by(f64::total_cmp);
     let p10_us = times.get(times.len() / 10).copied().unwrap_or(0.0);

@@ -42,6 +42,8 @@ pub(super) struct Conn {
     pub peer_sent: AtomicU64,
     /// The peer told us it closed (so closing needs no DISCONNECT).
     pub peer_said_bye: AtomicBool,
+    /// Checked RMAs posted now wait to share one request (`Endpoint::hold_rma`).
+    pub held: AtomicBool,
     next_recv: AtomicU64,
     /// Keepalive: when the connection was made, when the peer's driver last spoke
     /// (milliseconds since `born`), when we last pinged it, and whether it answers PINGs
@@ -76,6 +78,7 @@ impl Conn {
             received: AtomicU64::new(0),
             peer_sent: AtomicU64::new(PEER_OPEN),
             peer_said_bye: AtomicBool::new(false),
+            held: AtomicBool::new(false),
             next_recv: AtomicU64::new(0),
             born: Instant::now(),
             heard_ms: AtomicU64::new(0),
@@ -330,6 +333,21 @@ impl Endpoint for OfiEndpoint {
         };
         sh.gate
             .call(sh, Job::new(run, self.fail_op(context, OpKind::Recv)))
+    }
+
+    fn hold_rma(&self) {
+        if self.shared().rma.is_some() {
+            self.conn.held.store(true, SeqCst);
+        }
+    }
+
+    fn release_rma(&self) -> Result<()> {
+        if self.conn.held.swap(false, SeqCst) {
+            let sh = self.shared();
+            sh.flush_rma_batches();
+            sh.wake();
+        }
+        Ok(())
     }
 
     fn post_write(&self, local: &[LocalSlice], remote: RemoteSlice, context: u64) -> Result<()> {
