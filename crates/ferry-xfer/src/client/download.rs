@@ -313,9 +313,43 @@ impl Client {
             }
             // BLOCKs are checked (and written) in place in the receive buffer.
             let wire = &mut self.stats.wire_bytes;
+            let (direct, ring) = (self.direct, self.ring);
             let msg = self.link.recv_with(|bytes| -> Result<Msg> {
-                let (msg, _) = proto::decode(bytes)
+                let (msg, payload) = proto::decode(bytes)
                     .map_err(|e| XferError::conn(format!("the server sent a bad frame: {e}")))?;
+                if let Msg::File {
+                    file_id,
+                    mode,
+                    crc32c,
+                    blake3,
+                    len,
+                } = msg
+                {
+                    // A whole small file: its READY, its one block (checked and written in
+                    // place) and its FILE_DONE, which the code below takes it for.
+                    let dl = live
+                        .get_mut(&file_id)
+                        .ok_or_else(|| XferError::conn("FILE of no transfer in progress"))?;
+                    on_ready(dl, file_id, u64::from(len), mode, direct, ring)?;
+                    let h = proto::BlockHeader {
+                        file_id,
+                        stream: 0,
+                        offset: 0,
+                        len,
+                        crc32c,
+                    };
+                    dl.writer
+                        .as_mut()
+                        .ok_or_else(|| XferError::conn("FILE of no transfer in progress"))?
+                        .push_block(&h, payload)?;
+                    progress.add(u64::from(len));
+                    *wire += u64::from(len);
+                    return Ok(Msg::FileDone {
+                        file_id,
+                        length: u64::from(len),
+                        blake3: Some(blake3),
+                    });
+                }
                 if let Msg::Block(h) = &msg {
                     let writer = live
                         .get_mut(&h.file_id)
@@ -358,42 +392,7 @@ impl Client {
                 )));
             };
             match msg {
-                Msg::Ready { size, mode, .. } if dl.chunk.is_some() => {
-                    if let (None, Some(ch)) = (&dl.writer, &dl.chunk) {
-                        dl.writer = Some(ch.writer(id, size, mode, self.ring)?);
-                        dl.size = size;
-                    }
-                }
-                Msg::Ready { size, .. } if dl.null => {
-                    if dl.writer.is_none() {
-                        dl.writer = Some(BlockWriter::null(id, size));
-                        dl.size = size;
-                    }
-                }
-                Msg::Ready { size, mode, .. } => {
-                    if dl.writer.is_none() {
-                        if size != dl.ident.size {
-                            return Err(XferError::new(
-                                Kind::Integrity,
-                                format!(
-                                    "{}: the file changed on the server while being copied ({} bytes, now {size}); try again",
-                                    dl.path, dl.ident.size
-                                ),
-                            ));
-                        }
-                        let (Some(part), Some(journal)) = (dl.part.as_ref(), dl.journal.take())
-                        else {
-                            return Err(XferError::conn("READY twice"));
-                        };
-                        let mut sink = BlockSink::journaled(id, size, journal);
-                        if self.direct {
-                            sink.set_direct(&part.file);
-                        }
-                        dl.writer = Some(BlockWriter::with_sink(sink, &part.file, self.ring)?);
-                        dl.size = size;
-                        dl.mode = mode;
-                    }
-                }
+                Msg::Ready { size, mode, .. } => on_ready(dl, id, size, mode, direct, ring)?,
                 Msg::Block(_) => {}
                 Msg::Error { code, message, .. } => {
                     return Err(remote_err(code, &message));
@@ -494,4 +493,37 @@ impl Client {
             }
         }
     }
+}
+
+/// READY of `dl` (transfer `id`, `size` bytes, permission bits `mode`): its writer, once.
+fn on_ready(dl: &mut Dl, id: u32, size: u64, mode: u32, direct: bool, ring: usize) -> Result<()> {
+    if dl.writer.is_some() {
+        return Ok(());
+    }
+    if let Some(ch) = &dl.chunk {
+        dl.writer = Some(ch.writer(id, size, mode, ring)?);
+    } else if dl.null {
+        dl.writer = Some(BlockWriter::null(id, size));
+    } else {
+        if size != dl.ident.size {
+            return Err(XferError::new(
+                Kind::Integrity,
+                format!(
+                    "{}: the file changed on the server while being copied ({} bytes, now {size}); try again",
+                    dl.path, dl.ident.size
+                ),
+            ));
+        }
+        let (Some(part), Some(journal)) = (dl.part.as_ref(), dl.journal.take()) else {
+            return Err(XferError::conn("READY twice"));
+        };
+        let mut sink = BlockSink::journaled(id, size, journal);
+        if direct {
+            sink.set_direct(&part.file);
+        }
+        dl.writer = Some(BlockWriter::with_sink(sink, &part.file, ring)?);
+        dl.mode = mode;
+    }
+    dl.size = size;
+    Ok(())
 }

@@ -283,15 +283,15 @@ impl Server {
     pub fn connection(&self, link: &mut Link) -> Result<()> {
         link.timeout = HANDSHAKE_TIMEOUT;
         link.post_ring(1, proto::MAX_CONTROL)?;
-        let (major, block_size, token, join, stream) = match link.recv_msg()? {
+        let (major, minor, block_size, token, join, stream) = match link.recv_msg()? {
             Msg::Hello {
                 major,
+                minor,
                 block_size,
                 token,
                 session,
                 stream,
-                ..
-            } => (major, block_size, token, session, stream),
+            } => (major, minor, block_size, token, session, stream),
             m => return Err(XferError::conn(format!("expected HELLO, got {m:?}"))),
         };
         if major != proto::VERSION_MAJOR {
@@ -345,6 +345,8 @@ impl Server {
         link.timeout = Duration::from_secs(600);
         link.post_ring(self.cfg.ring, BLOCK_HEADER_LEN + block as usize)?;
         let mut tx = BlockSender::new(block, self.cfg.ring, link.timeout)?;
+        // Small whole files travel as one FILE frame to clients that know it (1.3).
+        let inline = minor >= proto::MINOR_FILE;
         tx.direct = self.cfg.direct;
         loop {
             let msg = next_request(link, &session)?;
@@ -403,7 +405,7 @@ impl Server {
                     path,
                 } => {
                     let _counted = InFlight::new(&self.in_flight);
-                    self.get(link, &mut tx, file_id, offset, length, &path)?
+                    self.get(link, &mut tx, inline, file_id, offset, length, &path)?
                 }
                 Msg::Put {
                     file_id,
