@@ -202,6 +202,24 @@ proptest! {
     }
 
     #[test]
+    fn files_round_trip(file_id in any::<u32>(), mode in any::<u32>(), blake3 in any::<[u8; 32]>(), data in proptest::collection::vec(any::<u8>(), 0..5000)) {
+        let crc = crc32c_of(&data);
+        let mut bytes = proto::encode_file_header(file_id, mode, crc, blake3, data.len() as u32).unwrap().to_vec();
+        prop_assert_eq!(bytes.len(), proto::FILE_HEADER_LEN);
+        bytes.extend_from_slice(&data);
+        let (back, payload) = proto::decode(&bytes).unwrap();
+        prop_assert_eq!(back, Msg::File { file_id, mode, crc32c: crc, blake3, len: data.len() as u32 });
+        prop_assert_eq!(payload, &data[..]);
+        xfer_frame::xfer_frame(&bytes);
+        // A FILE frame cut inside its header is refused, never misread.
+        for cut in [proto::HEADER_LEN, proto::FILE_HEADER_LEN - 1] {
+            let mut short = bytes[..cut].to_vec();
+            short[..4].copy_from_slice(&(cut as u32).to_le_bytes());
+            prop_assert!(proto::decode(&short).is_err());
+        }
+    }
+
+    #[test]
     fn blocks_round_trip(file_id in any::<u32>(), offset in 0u64..(1 << 50), data in proptest::collection::vec(any::<u8>(), 0..5000)) {
         let h = BlockHeader { file_id, stream: 0, offset, len: data.len() as u32, crc32c: crc32c_of(&data) };
         let mut bytes = proto::encode_block_header(&h).unwrap().to_vec();

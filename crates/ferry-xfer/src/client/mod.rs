@@ -203,11 +203,18 @@ impl Client {
     ) -> Result<Client> {
         let mut link = Link::connect(addr, opts.timeout)?;
         link.timeout = HANDSHAKE_TIMEOUT;
-        link.post_ring(1, proto::MAX_CONTROL)?;
+        let proposed = opts.block_size.clamp(proto::MIN_BLOCK, proto::MAX_BLOCK);
+        // The handshake's buffer is re-posted for the first answers after it, and a 1.3
+        // server may answer a GET with a FILE frame as large as any block: every buffer this
+        // client posts holds a block (the agreed size is at most the proposed one).
+        link.post_ring(
+            1,
+            proto::MAX_CONTROL.max(BLOCK_HEADER_LEN + proposed as usize),
+        )?;
         link.send(&Msg::Hello {
             major: proto::VERSION_MAJOR,
             minor: proto::VERSION_MINOR,
-            block_size: opts.block_size.clamp(proto::MIN_BLOCK, proto::MAX_BLOCK),
+            block_size: proposed,
             session,
             stream,
             token: opts.token.clone(),
