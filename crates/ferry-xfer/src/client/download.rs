@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 use super::{remote_err, unexpected, Client, Progress, GET_WINDOW};
 use crate::commit::CommitPool;
 use crate::error::{Kind, Result, XferError};
-use crate::journal::{open_part, Found, Ident, OpenHow, Progress as Journaled};
+use crate::journal::{open_part, Found, Ident, Journal, OpenHow, Progress as Journaled};
 use crate::link::BlockWriter;
 use crate::proto::{self, Msg};
 use crate::server::{part_name, BlockSink};
@@ -45,7 +45,7 @@ impl LocalPart {
             .into_owned();
         let tmp = dest.with_file_name(part_name(&name));
         let dir = tmp.parent().map(Path::to_path_buf).unwrap_or_default();
-        let open = |n: &str, how: OpenHow| {
+        let open = move |n: &str, how: OpenHow| {
             let mut o = std::fs::OpenOptions::new();
             o.read(true)
                 .write(true)
@@ -56,6 +56,31 @@ impl LocalPart {
             }
             o.open(dir.join(n))
         };
+        if !resume && ident.size <= u64::from(block) {
+            // One block: nothing to checkpoint before the file is whole, so no journal file
+            // unless one turns out to be needed (a stale one from an earlier copy goes).
+            let jpath = journal_path(&tmp);
+            match std::fs::remove_file(&jpath) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(XferError::io(jpath.display(), &e))
+                }
+                _ => {}
+            }
+            let file = open(&part_name(&name), OpenHow::Truncate)
+                .map_err(|e| XferError::io(tmp.display(), &e))?;
+            let jname = jpath
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let later: crate::journal::Opener = Box::new(move || open(&jname, OpenHow::Truncate));
+            let journal = Journaled::new(Journal::deferred(later, ident, block));
+            let part = LocalPart {
+                dest: dest.to_path_buf(),
+                tmp,
+                file,
+            };
+            return Ok((part, journal, Found::Fresh));
+        }
         let (file, progress, found) = open_part(&open, &part_name(&name), ident, block, resume)
             .map_err(|e| XferError::io(tmp.display(), &e))?;
         Ok((
