@@ -568,6 +568,33 @@ mod tests {
     }
 
     #[test]
+    fn a_deferred_journal_has_no_file_until_its_first_record() {
+        let p = tmp("deferred");
+        let id = Ident {
+            size: 100,
+            mtime: 3,
+        };
+        let later = p.clone();
+        let mut j = Journal::deferred(Box::new(move || Ok(open(&later))), id, 4096);
+        assert!(!p.exists(), "no file before a record");
+        assert_eq!(j.done(), 0);
+        j.record(&set(&[(0, 60)])).unwrap();
+        let back = Journal::load(open(&p)).unwrap();
+        assert_eq!((back.ident(), back.done()), (id, 60));
+        j.record(&set(&[(0, 100)])).unwrap();
+        assert_eq!(Journal::load(open(&p)).unwrap().done(), 100);
+        // A journal whose file cannot be created fails its record, and stays failed.
+        let mut bad = Journal::deferred(
+            Box::new(|| Err(std::io::ErrorKind::PermissionDenied.into())),
+            id,
+            4096,
+        );
+        assert!(bad.record(&set(&[(0, 10)])).is_err());
+        assert!(bad.record(&set(&[(0, 10)])).is_err());
+        let _ = std::fs::remove_file(&p);
+    }
+
+    #[test]
     fn records_survive_and_torn_slots_fall_back() {
         let p = tmp("torn");
         let id = Ident {
