@@ -377,6 +377,8 @@ pub enum OpenHow {
     Existing,
     /// Created if missing, emptied.
     Truncate,
+    /// Created; an error if it exists.
+    New,
 }
 
 /// What [`open_part`] found.

@@ -3,6 +3,8 @@
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use super::{remote_err, unexpected, Client, Progress, GET_WINDOW};
@@ -18,6 +20,9 @@ pub(crate) struct LocalPart {
     dest: PathBuf,
     tmp: PathBuf,
     pub(crate) file: File,
+    /// Whether a journal file may exist next to the part (false: a deferred journal that
+    /// was never created, so there is none to remove).
+    journal: Arc<AtomicBool>,
 }
 
 fn journal_path(tmp: &Path) -> PathBuf {
@@ -51,33 +56,47 @@ impl LocalPart {
                 .write(true)
                 .mode(0o600)
                 .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32);
-            if how == OpenHow::Truncate {
-                o.create(true).truncate(true);
-            }
+            match how {
+                OpenHow::Truncate => o.create(true).truncate(true),
+                OpenHow::New => o.create_new(true),
+                OpenHow::Existing => &mut o,
+            };
             o.open(dir.join(n))
         };
         if !resume && ident.size <= u64::from(block) {
             // One block: nothing to checkpoint before the file is whole, so no journal file
-            // unless one turns out to be needed (a stale one from an earlier copy goes).
+            // unless one turns out to be needed. A journal only means something with its part:
+            // if a part of an earlier copy is there, its journal goes before the part is reused.
             let jpath = journal_path(&tmp);
-            match std::fs::remove_file(&jpath) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                    return Err(XferError::io(jpath.display(), &e))
+            let io = |p: &Path, e: std::io::Error| XferError::io(p.display(), &e);
+            let file = match open(&part_name(&name), OpenHow::New) {
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    match std::fs::remove_file(&jpath) {
+                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                            return Err(io(&jpath, e))
+                        }
+                        _ => {}
+                    }
+                    open(&part_name(&name), OpenHow::Truncate).map_err(|e| io(&tmp, e))?
                 }
-                _ => {}
-            }
-            let file = open(&part_name(&name), OpenHow::Truncate)
-                .map_err(|e| XferError::io(tmp.display(), &e))?;
+                r => r.map_err(|e| io(&tmp, e))?,
+            };
             let jname = jpath
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            let later: crate::journal::Opener = Box::new(move || open(&jname, OpenHow::Truncate));
+            let created = Arc::new(AtomicBool::new(false));
+            let flag = created.clone();
+            let later: crate::journal::Opener = Box::new(move || {
+                flag.store(true, Ordering::SeqCst);
+                open(&jname, OpenHow::Truncate)
+            });
             let journal = Journaled::new(Journal::deferred(later, ident, block));
             let part = LocalPart {
                 dest: dest.to_path_buf(),
                 tmp,
                 file,
+                journal: created,
             };
             return Ok((part, journal, Found::Fresh));
         }
@@ -88,6 +107,7 @@ impl LocalPart {
                 dest: dest.to_path_buf(),
                 tmp,
                 file,
+                journal: Arc::new(AtomicBool::new(true)),
             },
             progress,
             found,
@@ -117,9 +137,11 @@ impl LocalPart {
         }
         self.file.sync_all().map_err(io)?;
         // The journal first: a part without one is never trusted.
-        match std::fs::remove_file(journal_path(&self.tmp)) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(e)),
-            _ => {}
+        if self.journal.load(Ordering::SeqCst) {
+            match std::fs::remove_file(journal_path(&self.tmp)) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(e)),
+                _ => {}
+            }
         }
         std::fs::rename(&self.tmp, &self.dest).map_err(io)?;
         Ok(match self.dest.parent() {
