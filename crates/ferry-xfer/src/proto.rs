@@ -18,6 +18,8 @@ pub const MINOR_STREAMS: u16 = 2;
 /// The first minor version with FILE frames (a small file's READY, BLOCK and FILE_DONE in
 /// one frame): a server sends them only to clients of this minor or later.
 pub const MINOR_FILE: u16 = 3;
+/// The most GETs in one GETS frame.
+pub const MAX_GETS: usize = 64;
 /// The most streams a session may have.
 pub const MAX_STREAMS: u16 = 16;
 /// Header length in bytes.
@@ -336,6 +338,13 @@ pub enum Msg {
         /// Path.
         path: String,
     },
+    /// Several whole-file GETs in one frame (1.3, client → server, to a server whose
+    /// WELCOME said minor ≥ 3): answered exactly as that many GETs of `(file_id, path)`
+    /// with offset 0 and length `u64::MAX`, in order.
+    Gets {
+        /// (transfer id, path) of each file, at most [`MAX_GETS`].
+        files: Vec<(u32, String)>,
+    },
     /// Hash a file on the server (reply: SUM_REPLY or ERROR).
     Sum {
         /// Path.
@@ -461,6 +470,7 @@ mod ty {
     pub const PUT_RANGE: u8 = 21;
     pub const CLOSE: u8 = 22;
     pub const FILE: u8 = 23;
+    pub const GETS: u8 = 24;
 }
 
 /// Why bytes are not a valid frame.
@@ -603,6 +613,7 @@ pub fn encode(msg: &Msg, out: &mut Vec<u8>) -> Result<(), EncodeError> {
         Msg::Ready { .. } => (ty::READY, 0),
         Msg::Block(_) => (ty::BLOCK, 0),
         Msg::File { .. } => (ty::FILE, 0),
+        Msg::Gets { .. } => (ty::GETS, 0),
         Msg::FileDone { blake3, .. } => (ty::FILE_DONE, u8::from(blake3.is_some())),
         Msg::Resend { .. } => (ty::RESEND, 0),
         Msg::Ok { .. } => (ty::OK, 0),
@@ -659,6 +670,16 @@ pub fn encode(msg: &Msg, out: &mut Vec<u8>) -> Result<(), EncodeError> {
                 w.u16(code.to_u16());
                 w.u32(*file_id);
                 w.str(message, MAX_MESSAGE, "error message")?;
+            }
+            Msg::Gets { files } => {
+                if files.len() > MAX_GETS {
+                    return Err(EncodeError::TooLong("GETS"));
+                }
+                w.u16(files.len() as u16);
+                for (id, path) in files {
+                    w.u32(*id);
+                    w.str(path, MAX_PATH, "path")?;
+                }
             }
             Msg::Stat { path } | Msg::List { path } | Msg::Sum { path } => {
                 w.str(path, MAX_PATH, "path")?
@@ -973,6 +994,17 @@ pub fn decode(b: &[u8]) -> Result<(Msg, &[u8]), DecodeError> {
                 more: flags & 1 != 0,
                 entries,
             }
+        }
+        ty::GETS => {
+            let n = r.u16()? as usize;
+            if n > MAX_GETS {
+                return Err(DecodeError::TooLarge);
+            }
+            let mut files = Vec::with_capacity(n);
+            for _ in 0..n {
+                files.push((r.u32()?, r.str(MAX_PATH)?));
+            }
+            Msg::Gets { files }
         }
         ty::GET => Msg::Get {
             file_id: r.u32()?,

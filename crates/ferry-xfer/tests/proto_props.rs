@@ -72,6 +72,13 @@ fn msg() -> impl Strategy<Value = Msg> {
         s(300).prop_map(|path| Msg::List { path }),
         (any::<bool>(), proptest::collection::vec(entry(), 0..20))
             .prop_map(|(more, entries)| Msg::Entries { more, entries }),
+        proptest::collection::vec((any::<u32>(), s(300)), 0..=proto::MAX_GETS)
+            .prop_filter("fits a control frame", |f| f
+                .iter()
+                .map(|(_, p)| p.len() + 6)
+                .sum::<usize>()
+                < proto::MAX_CONTROL - 16)
+            .prop_map(|files| Msg::Gets { files }),
         (any::<u32>(), any::<u64>(), any::<u64>(), s(300)).prop_map(
             |(file_id, offset, length, path)| Msg::Get {
                 file_id,

@@ -575,3 +575,61 @@ fn small_files_in_one_frame_tcp() {
 fn small_files_in_one_frame_ofi_shm() {
     small_files_in_one_frame("ofi+shm");
 }
+
+/// A GETS frame is answered as its GETs one by one, in order: a FILE per small file, an
+/// ERROR (with its `file_id`) for one that does not exist, READY… for one too large.
+#[test]
+fn gets_are_answered_in_order() {
+    let (addr, dir) = start("tcp", false);
+    let big: Vec<u8> = (0..100_000u32).map(|i| (i * 3) as u8).collect();
+    std::fs::write(dir.join("a"), b"alpha").unwrap();
+    std::fs::write(dir.join("big"), &big).unwrap();
+    std::fs::write(dir.join("b"), b"beta").unwrap();
+    let mut link = Link::connect(&addr, T).unwrap();
+    link.post_ring(1, BLOCK_HEADER_LEN + 64 * 1024).unwrap();
+    link.send(&Msg::Hello {
+        major: proto::VERSION_MAJOR,
+        minor: proto::VERSION_MINOR,
+        block_size: 64 * 1024,
+        session: 0,
+        stream: 0,
+        token: "tok".into(),
+    })
+    .unwrap();
+    assert!(matches!(link.recv_msg().unwrap(), Msg::Welcome { .. }));
+    link.post_ring(4, BLOCK_HEADER_LEN + 64 * 1024).unwrap();
+    let files = ["d/a", "d/missing", "d/big", "d/b"];
+    link.send(&Msg::Gets {
+        files: files
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (i as u32 + 1, p.to_string()))
+            .collect(),
+    })
+    .unwrap();
+    let mut buf = Vec::new();
+    let mut next = || {
+        link.recv_into(&mut buf).unwrap();
+        let (m, payload) = proto::decode(&buf).unwrap();
+        (m, payload.to_vec())
+    };
+    assert!(matches!(next(), (Msg::File { file_id: 1, len: 5, .. }, p) if p == b"alpha"));
+    assert!(matches!(next().0, Msg::Error { file_id: 2, code: ErrorCode::NotFound, .. }));
+    assert!(matches!(next().0, Msg::Ready { file_id: 3, size: 100_000, .. }));
+    let mut got = Vec::new();
+    loop {
+        match next() {
+            (Msg::Block(h), p) => {
+                assert_eq!(h.file_id, 3);
+                got.extend_from_slice(&p);
+            }
+            (Msg::FileDone { file_id: 3, blake3, .. }, _) => {
+                assert_eq!(blake3, Some(*blake3::hash(&big).as_bytes()));
+                break;
+            }
+            (m, _) => panic!("unexpected {m:?}"),
+        }
+    }
+    assert!(got == big);
+    assert!(matches!(next(), (Msg::File { file_id: 4, len: 4, .. }, p) if p == b"beta"));
+}

@@ -277,10 +277,12 @@ impl Client {
         mut job: DlJob,
         live: &mut HashMap<u32, Dl>,
         sums: &mut VecDeque<u32>,
+        gets: &mut Vec<(u32, String)>,
         progress: &dyn Progress,
     ) -> Result<()> {
         let file_id = self.id();
         if let Some(ch) = job.chunk.take() {
+            self.flush_gets(gets)?;
             // A range of a file the streams share: its part is open already.
             if ch.sum {
                 self.link.send(&Msg::Sum {
@@ -319,6 +321,19 @@ impl Client {
                 (Some(part), Some(journal), offset)
             }
         };
+        if offset == 0 && self.minor >= proto::MINOR_FILE {
+            // Whole files go out in GETS frames, several per message.
+            let bytes = |g: &[(u32, String)]| g.iter().map(|(_, p)| p.len() + 6).sum::<usize>();
+            if gets.len() >= proto::MAX_GETS
+                || bytes(gets) + job.path.len() + 6 > proto::MAX_CONTROL - 64
+            {
+                self.flush_gets(gets)?;
+            }
+            gets.push((file_id, job.path.clone()));
+            live.insert(file_id, Dl::new(job, part, journal, None));
+            return Ok(());
+        }
+        self.flush_gets(gets)?;
         if offset > 0 {
             // A ranged GET carries no hash: ask for the source's first (answers come in
             // request order).
@@ -337,6 +352,16 @@ impl Client {
         Ok(())
     }
 
+    /// Sends the whole-file GETs collected in `gets` as one GETS frame.
+    fn flush_gets(&self, gets: &mut Vec<(u32, String)>) -> Result<()> {
+        if gets.is_empty() {
+            return Ok(());
+        }
+        self.link.send(&Msg::Gets {
+            files: std::mem::take(gets),
+        })
+    }
+
     fn download_loop(
         &mut self,
         jobs: &mut dyn Iterator<Item = DlJob>,
@@ -345,16 +370,22 @@ impl Client {
         progress: &dyn Progress,
     ) -> Result<()> {
         let mut sums = VecDeque::new();
+        let mut gets = Vec::new();
         loop {
-            while live.len() < GET_WINDOW
+            // A 1.3 server takes whole-file GETs in batches (GETS): refill once half the
+            // window is back, so that each batch carries several.
+            let refill = self.minor < proto::MINOR_FILE || live.len() <= GET_WINDOW / 2;
+            while refill
+                && live.len() < GET_WINDOW
                 && live.values().filter(|d| d.chunk.is_some()).count()
                     < crate::parallel::CHUNKS_AHEAD
             {
                 let Some(job) = jobs.next() else {
                     break;
                 };
-                self.start_download(job, live, &mut sums, progress)?;
+                self.start_download(job, live, &mut sums, &mut gets, progress)?;
             }
+            self.flush_gets(&mut gets)?;
             if live.is_empty() {
                 return Ok(());
             }

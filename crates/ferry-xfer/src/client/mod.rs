@@ -65,8 +65,9 @@ pub const RETRY_DELAY: Duration = Duration::from_millis(200);
 /// Longest pause between retries.
 pub const RETRY_MAX_DELAY: Duration = Duration::from_secs(5);
 
-/// GETs a download keeps outstanding.
-pub const GET_WINDOW: usize = 16;
+/// GETs a download keeps outstanding (to a 1.3 server: between half of it and all of it,
+/// the other half sent in one GETS frame).
+pub const GET_WINDOW: usize = 32;
 
 /// Client settings.
 #[derive(Debug, Clone)]

@@ -348,8 +348,22 @@ impl Server {
         // Small whole files travel as one FILE frame to clients that know it (1.3).
         let inline = minor >= proto::MINOR_FILE;
         tx.direct = self.cfg.direct;
+        // The GETs of a GETS frame, answered one by one as if each had come alone.
+        let mut batch = std::collections::VecDeque::new();
         loop {
-            let msg = next_request(link, &session)?;
+            let msg = match batch.pop_front() {
+                Some(m) => m,
+                None => next_request(link, &session)?,
+            };
+            if let Msg::Gets { files } = msg {
+                batch.extend(files.into_iter().map(|(file_id, path)| Msg::Get {
+                    file_id,
+                    offset: 0,
+                    length: u64::MAX,
+                    path,
+                }));
+                continue;
+            }
             if self.draining.load(Ordering::SeqCst) && msg != Msg::Bye {
                 let file_id = match &msg {
                     Msg::Get { file_id, .. }
@@ -557,8 +571,8 @@ fn next_request(link: &mut Link, session: &Session) -> Result<Msg> {
     }
     let (msg, _) = proto::decode(&buf)
         .map_err(|e| XferError::conn(format!("the peer sent a bad frame: {e}")))?;
-    if matches!(msg, Msg::Block(_)) {
-        return Err(XferError::conn("unexpected BLOCK frame"));
+    if matches!(msg, Msg::Block(_) | Msg::File { .. }) {
+        return Err(XferError::conn("unexpected data frame"));
     }
     Ok(msg)
 }
