@@ -614,8 +614,22 @@ fn gets_are_answered_in_order() {
         (m, payload.to_vec())
     };
     assert!(matches!(next(), (Msg::File { file_id: 1, len: 5, .. }, p) if p == b"alpha"));
-    assert!(matches!(next().0, Msg::Error { file_id: 2, code: ErrorCode::NotFound, .. }));
-    assert!(matches!(next().0, Msg::Ready { file_id: 3, size: 100_000, .. }));
+    assert!(matches!(
+        next().0,
+        Msg::Error {
+            file_id: 2,
+            code: ErrorCode::NotFound,
+            ..
+        }
+    ));
+    assert!(matches!(
+        next().0,
+        Msg::Ready {
+            file_id: 3,
+            size: 100_000,
+            ..
+        }
+    ));
     let mut got = Vec::new();
     loop {
         match next() {
@@ -623,7 +637,12 @@ fn gets_are_answered_in_order() {
                 assert_eq!(h.file_id, 3);
                 got.extend_from_slice(&p);
             }
-            (Msg::FileDone { file_id: 3, blake3, .. }, _) => {
+            (
+                Msg::FileDone {
+                    file_id: 3, blake3, ..
+                },
+                _,
+            ) => {
                 assert_eq!(blake3, Some(*blake3::hash(&big).as_bytes()));
                 break;
             }
