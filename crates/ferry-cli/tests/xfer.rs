@@ -178,6 +178,26 @@ fn corruption(driver: &str) {
     let v = ok(&cp(&[&s.url("c"), local.to_str().unwrap()], &[ON]));
     assert_eq!(v["blocks_resent"].as_u64(), Some(2), "{v}");
     same_file(&s.root.join("c"), &local.join("c"));
+    // Small files come as one FILE frame each (protocol 1.3): a damaged one is fetched again
+    // by a ranged GET, and every file lands whole.
+    let t = serve(driver, &[("FERRY_TEST_CORRUPT_BLOCKS", "2")]);
+    std::fs::create_dir(t.root.join("t")).unwrap();
+    for i in 0..6 {
+        let f = t.root.join("t").join(format!("f{i}"));
+        std::fs::write(f, pattern(1000 + 7 * i, i as u8)).unwrap();
+    }
+    let v = ok(&cp(
+        &["-r", &t.url("t"), local.join("t").to_str().unwrap()],
+        &[],
+    ));
+    assert_eq!(v["blocks_resent"].as_u64(), Some(2), "{v}");
+    assert_eq!(v["files"].as_u64(), Some(6), "{v}");
+    for i in 0..6 {
+        let f = format!("f{i}");
+        same_file(&t.root.join("t").join(&f), &local.join("t").join(&f));
+    }
+    no_part_files(&local);
+    drop(t);
     let v = ok(&cp(
         &[local.join("c").to_str().unwrap(), &s.url("c2")],
         &[("FERRY_TEST_CORRUPT_BLOCKS", "1"), ON],

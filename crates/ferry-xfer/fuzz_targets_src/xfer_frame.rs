@@ -12,8 +12,8 @@ pub fn xfer_frame(data: &[u8]) {
     if let Ok((msg, payload)) = proto::decode(data) {
         let mut again = Vec::new();
         proto::encode(&msg, &mut again).expect("a decoded frame encodes");
-        if let Msg::Block(h) = &msg {
-            assert_eq!(payload.len(), h.len as usize);
+        if let Msg::Block(proto::BlockHeader { len, .. }) | Msg::File { len, .. } = &msg {
+            assert_eq!(payload.len(), *len as usize);
             again.extend_from_slice(payload);
         } else {
             assert!(payload.is_empty());

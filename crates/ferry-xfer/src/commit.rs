@@ -69,6 +69,16 @@ impl CommitPool {
         }
     }
 
+    /// Runs a commit on the calling thread (its directory is still fsynced when the pool
+    /// finishes): for files on a filesystem where fsync costs nothing (see
+    /// [`fsync_is_free`]), where a hand-off to a thread would cost more than the commit.
+    pub(crate) fn run_here(&mut self, job: impl FnOnce() -> Result<Option<PathBuf>>) -> Result<()> {
+        if let Some(d) = job()? {
+            lock(&self.dirs).insert(d);
+        }
+        Ok(())
+    }
+
     fn start(&mut self) {
         let Some(rx) = &self.rx else { return };
         for i in 0..COMMIT_THREADS {
@@ -137,6 +147,17 @@ impl CommitPool {
         }
         Err(first)
     }
+}
+
+/// Whether `file` lives on a memory filesystem (tmpfs, ramfs), where fsync has nothing to
+/// make durable and returns at once. An error answers false (treat it as a disk).
+pub(crate) fn fsync_is_free(file: &std::fs::File) -> bool {
+    const TMPFS_MAGIC: u64 = 0x0102_1994;
+    const RAMFS_MAGIC: u64 = 0x8584_58f6;
+    rustix::fs::fstatfs(file).is_ok_and(|s| {
+        let t = s.f_type as u64;
+        t == TMPFS_MAGIC || t == RAMFS_MAGIC
+    })
 }
 
 /// fsyncs directory `dir`, making the renames into it durable.

@@ -158,10 +158,28 @@ impl RangeSet {
     }
 }
 
+/// Opens (creating) a journal's file when its first record needs one.
+pub type Opener = Box<dyn FnOnce() -> std::io::Result<File> + Send>;
+
+/// A journal's file: open, or to be created by the first record.
+enum JournalFile {
+    Open(File),
+    Later(Option<Opener>),
+}
+
+impl std::fmt::Debug for JournalFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            JournalFile::Open(file) => file.fmt(f),
+            JournalFile::Later(_) => f.write_str("not created yet"),
+        }
+    }
+}
+
 /// An open journal.
 #[derive(Debug)]
 pub struct Journal {
-    file: File,
+    file: JournalFile,
     seq: u64,
     ident: Ident,
     block: u32,
@@ -257,12 +275,25 @@ impl Journal {
     pub fn create(file: File, ident: Ident, block: u32) -> std::io::Result<Journal> {
         file.set_len(0)?;
         Ok(Journal {
-            file,
+            file: JournalFile::Open(file),
             seq: 0,
             ident,
             block,
             done: RangeSet::new(),
         })
+    }
+
+    /// A journal of `ident` with nothing done whose file `open` creates (empty) at the first
+    /// [`Journal::record`]: a part that never reaches a checkpoint (a file of one block)
+    /// costs no journal file at all. The caller removes any stale journal of the part first.
+    pub fn deferred(open: Opener, ident: Ident, block: u32) -> Journal {
+        Journal {
+            file: JournalFile::Later(Some(open)),
+            seq: 0,
+            ident,
+            block,
+            done: RangeSet::new(),
+        }
     }
 
     /// Reads a journal (format 2, else format 1); `None` if no slot is valid.
@@ -282,7 +313,7 @@ impl Journal {
             })?;
         let (seq, ident, block, done) = best;
         Some(Journal {
-            file,
+            file: JournalFile::Open(file),
             seq,
             ident,
             block,
@@ -320,8 +351,19 @@ impl Journal {
         }
         let seq = self.seq + 1;
         let slot = encode(seq, self.ident, self.block, &kept);
-        self.file.write_all_at(&slot, (seq % 2) * SLOT as u64)?;
-        self.file.sync_data()?;
+        if let JournalFile::Later(open) = &mut self.file {
+            let open = open
+                .take()
+                .ok_or_else(|| std::io::Error::other("the journal could not be created"))?;
+            let file = open()?;
+            file.set_len(0)?;
+            self.file = JournalFile::Open(file);
+        }
+        let JournalFile::Open(file) = &self.file else {
+            return Err(std::io::Error::other("the journal could not be created"));
+        };
+        file.write_all_at(&slot, (seq % 2) * SLOT as u64)?;
+        file.sync_data()?;
         self.seq = seq;
         self.done = kept;
         Ok(())
@@ -335,6 +377,8 @@ pub enum OpenHow {
     Existing,
     /// Created if missing, emptied.
     Truncate,
+    /// Created; an error if it exists.
+    New,
 }
 
 /// What [`open_part`] found.
@@ -523,6 +567,33 @@ mod tests {
             s.insert(a, b);
         }
         s
+    }
+
+    #[test]
+    fn a_deferred_journal_has_no_file_until_its_first_record() {
+        let p = tmp("deferred");
+        let id = Ident {
+            size: 100,
+            mtime: 3,
+        };
+        let later = p.clone();
+        let mut j = Journal::deferred(Box::new(move || Ok(open(&later))), id, 4096);
+        assert!(!p.exists(), "no file before a record");
+        assert_eq!(j.done(), 0);
+        j.record(&set(&[(0, 60)])).unwrap();
+        let back = Journal::load(open(&p)).unwrap();
+        assert_eq!((back.ident(), back.done()), (id, 60));
+        j.record(&set(&[(0, 100)])).unwrap();
+        assert_eq!(Journal::load(open(&p)).unwrap().done(), 100);
+        // A journal whose file cannot be created fails its record, and stays failed.
+        let mut bad = Journal::deferred(
+            Box::new(|| Err(std::io::ErrorKind::PermissionDenied.into())),
+            id,
+            4096,
+        );
+        assert!(bad.record(&set(&[(0, 10)])).is_err());
+        assert!(bad.record(&set(&[(0, 10)])).is_err());
+        let _ = std::fs::remove_file(&p);
     }
 
     #[test]

@@ -592,6 +592,58 @@ impl BlockSender {
         Ok(())
     }
 
+    /// Whether a file of `size` bytes fits in one FILE frame (header and payload in one
+    /// staging block, and in one of the peer's receive buffers of the same size).
+    pub fn file_fits(&self, size: u64) -> bool {
+        size.saturating_add(proto::FILE_HEADER_LEN as u64) <= (BLOCK_HEADER_LEN + self.block) as u64
+    }
+
+    /// Sends the whole of `file` (`size` bytes, [`BlockSender::file_fits`]) as one FILE
+    /// frame of `file_id`: read with one `pread` into a registered staging block, its
+    /// CRC-32C and BLAKE3 computed there, sent without a copy.
+    pub fn send_file(
+        &mut self,
+        link: &Link,
+        file: &std::fs::File,
+        file_id: u32,
+        mode: u32,
+        size: u64,
+    ) -> Result<()> {
+        let n = usize::try_from(size)
+            .ok()
+            .filter(|_| self.file_fits(size))
+            .ok_or_else(|| XferError::conn("internal: file too large for one FILE frame"))?;
+        let buf = self.take_block(&link.sock)?;
+        if buf.len() < proto::FILE_HEADER_LEN + n {
+            return Err(XferError::conn("internal: staging block too small"));
+        }
+        self.zeroed.remove(&buf.addr());
+        let mem = buf.buffer();
+        let at = buf.offset() + proto::FILE_HEADER_LEN;
+        if n > 0 {
+            mem.read_file_at(at, n, file, 0)
+                .map_err(|e| XferError::io("read", &e))?;
+        }
+        let (crc, hash) =
+            mem.with_bytes(at, n, |b| (crc32c::crc32c(b), *blake3::hash(b).as_bytes()));
+        let head = proto::encode_file_header(file_id, mode, crc, hash, n as u32)
+            .map_err(|e| XferError::conn(format!("encode file: {e}")))?;
+        buf.write_at(0, &head)
+            .map_err(|e| XferError::conn(format!("fill staging block: {e}")))?;
+        if n > 0 && corrupt_this_block() {
+            let first = mem.with_bytes(at, 1, |b| b[0]);
+            let _ = buf.write_at(proto::FILE_HEADER_LEN, &[first ^ 0xff]);
+        }
+        let msg = buf
+            .slice(..proto::FILE_HEADER_LEN + n)
+            .map_err(|e| XferError::conn(format!("slice staging block: {e}")))?;
+        link.sock
+            .send_to(Some(&self.dq), msg, 0, Flags::NONE, self.blocks);
+        self.in_flight += 1;
+        self.blocks += 1;
+        Ok(())
+    }
+
     /// Waits until every block sent has completed.
     pub fn flush(&mut self) -> Result<()> {
         while self.in_flight > 0 {
@@ -730,6 +782,23 @@ impl BlockWriter {
                 let mut v = self.spare();
                 v.clear();
                 v.extend_from_slice(bytes);
+                self.push(v)
+            }
+        }
+    }
+
+    /// Checks and writes one block given as its header and payload (the block of a FILE
+    /// frame), like [`BlockWriter::push_slice`] does for a BLOCK frame.
+    pub fn push_block(&mut self, h: &BlockHeader, payload: &[u8]) -> Result<()> {
+        match &mut self.inner {
+            WriterKind::Inline(sink, file, _) => sink.block(file.as_ref(), h, payload),
+            WriterKind::Thread { .. } => {
+                let head = proto::encode_block_header(h)
+                    .map_err(|e| XferError::conn(format!("encode block: {e}")))?;
+                let mut v = self.spare();
+                v.clear();
+                v.extend_from_slice(&head);
+                v.extend_from_slice(payload);
                 self.push(v)
             }
         }

@@ -1,8 +1,8 @@
-//! The file-transfer control protocol, version 1.2: pure encode/decode, no I/O.
+//! The file-transfer control protocol, version 1.3: pure encode/decode, no I/O.
 //!
 //! Every EXS message on a transfer connection is exactly one frame. A frame is an 8-byte
 //! header (`len u32` total length, `type u8`, `flags u8`, 2 reserved zero bytes) and a body;
-//! only BLOCK carries a payload (the file bytes) after its body. All integers are
+//! only BLOCK and FILE carry a payload (the file bytes) after their body. All integers are
 //! little-endian; strings are `len u16` + UTF-8. The decoder accepts only what the encoder
 //! produces (reserved bytes zero, no unknown flags, exact lengths, limits below) and never
 //! panics. The specification is `docs/protocol.md`, section "File transfer protocol".
@@ -12,9 +12,14 @@ use std::fmt;
 /// Protocol major version: a peer with another major is refused at HELLO.
 pub const VERSION_MAJOR: u16 = 1;
 /// Protocol minor version.
-pub const VERSION_MINOR: u16 = 2;
+pub const VERSION_MINOR: u16 = 3;
 /// The first minor version with parallel streams (session join, OPEN/HAVE/PUT_RANGE/CLOSE).
 pub const MINOR_STREAMS: u16 = 2;
+/// The first minor version with FILE frames (a small file's READY, BLOCK and FILE_DONE in
+/// one frame): a server sends them only to clients of this minor or later.
+pub const MINOR_FILE: u16 = 3;
+/// The most GETs in one GETS frame.
+pub const MAX_GETS: usize = 64;
 /// The most streams a session may have.
 pub const MAX_STREAMS: u16 = 16;
 /// Header length in bytes.
@@ -27,6 +32,8 @@ pub const MAX_BLOCK: u32 = 64 << 20;
 pub const MIN_BLOCK: u32 = 4096;
 /// The length of a BLOCK frame without its payload.
 pub const BLOCK_HEADER_LEN: usize = HEADER_LEN + 4 + 2 + 2 + 8 + 4 + 4;
+/// The length of a FILE frame without its payload.
+pub const FILE_HEADER_LEN: usize = HEADER_LEN + 4 + 4 + 4 + 32;
 /// The longest path (bytes).
 pub const MAX_PATH: usize = 4096;
 /// The longest token (bytes).
@@ -287,6 +294,21 @@ pub enum Msg {
     },
     /// File data; the payload follows the header in the same message.
     Block(BlockHeader),
+    /// A whole small file in one frame (1.3, server → client, answering a GET of a whole
+    /// file that fits): READY, its one BLOCK and FILE_DONE at once. The payload (the
+    /// whole file, `len` bytes) follows the header in the same message.
+    File {
+        /// Transfer id.
+        file_id: u32,
+        /// Permission bits.
+        mode: u32,
+        /// CRC-32C of the payload.
+        crc32c: u32,
+        /// BLAKE3 of the payload (the whole file).
+        blake3: [u8; 32],
+        /// Payload length: the file's size (not encoded; the frame length gives it).
+        len: u32,
+    },
     /// The sender has sent every block of the transfer.
     FileDone {
         /// Transfer id.
@@ -315,6 +337,13 @@ pub enum Msg {
         mode: u32,
         /// Path.
         path: String,
+    },
+    /// Several whole-file GETs in one frame (1.3, client → server, to a server whose
+    /// WELCOME said minor ≥ 3): answered exactly as that many GETs of `(file_id, path)`
+    /// with offset 0 and length `u64::MAX`, in order.
+    Gets {
+        /// (transfer id, path) of each file, at most [`MAX_GETS`].
+        files: Vec<(u32, String)>,
     },
     /// Hash a file on the server (reply: SUM_REPLY or ERROR).
     Sum {
@@ -440,6 +469,8 @@ mod ty {
     pub const HAVE: u8 = 20;
     pub const PUT_RANGE: u8 = 21;
     pub const CLOSE: u8 = 22;
+    pub const FILE: u8 = 23;
+    pub const GETS: u8 = 24;
 }
 
 /// Why bytes are not a valid frame.
@@ -581,6 +612,8 @@ pub fn encode(msg: &Msg, out: &mut Vec<u8>) -> Result<(), EncodeError> {
         ),
         Msg::Ready { .. } => (ty::READY, 0),
         Msg::Block(_) => (ty::BLOCK, 0),
+        Msg::File { .. } => (ty::FILE, 0),
+        Msg::Gets { .. } => (ty::GETS, 0),
         Msg::FileDone { blake3, .. } => (ty::FILE_DONE, u8::from(blake3.is_some())),
         Msg::Resend { .. } => (ty::RESEND, 0),
         Msg::Ok { .. } => (ty::OK, 0),
@@ -638,6 +671,16 @@ pub fn encode(msg: &Msg, out: &mut Vec<u8>) -> Result<(), EncodeError> {
                 w.u32(*file_id);
                 w.str(message, MAX_MESSAGE, "error message")?;
             }
+            Msg::Gets { files } => {
+                if files.len() > MAX_GETS {
+                    return Err(EncodeError::TooLong("GETS"));
+                }
+                w.u16(files.len() as u16);
+                for (id, path) in files {
+                    w.u32(*id);
+                    w.str(path, MAX_PATH, "path")?;
+                }
+            }
             Msg::Stat { path } | Msg::List { path } | Msg::Sum { path } => {
                 w.str(path, MAX_PATH, "path")?
             }
@@ -693,6 +736,18 @@ pub fn encode(msg: &Msg, out: &mut Vec<u8>) -> Result<(), EncodeError> {
                 w.u64(h.offset);
                 w.u32(h.len);
                 w.u32(h.crc32c);
+            }
+            Msg::File {
+                file_id,
+                mode,
+                crc32c,
+                blake3,
+                ..
+            } => {
+                w.u32(*file_id);
+                w.u32(*mode);
+                w.u32(*crc32c);
+                w.out.extend_from_slice(blake3);
             }
             Msg::FileDone {
                 file_id,
@@ -811,6 +866,11 @@ pub fn encode(msg: &Msg, out: &mut Vec<u8>) -> Result<(), EncodeError> {
     }
     let total = match msg {
         Msg::Block(h) => len + h.len as usize,
+        Msg::File { len: n, .. } if *n <= MAX_BLOCK => len + *n as usize,
+        Msg::File { .. } => {
+            out.truncate(start);
+            return Err(EncodeError::TooLong("file"));
+        }
         _ if len > MAX_CONTROL => {
             out.truncate(start);
             return Err(EncodeError::TooLong("control frame"));
@@ -832,6 +892,29 @@ pub fn encode_block_header(h: &BlockHeader) -> Result<[u8; BLOCK_HEADER_LEN], En
     let mut v = Vec::with_capacity(BLOCK_HEADER_LEN);
     encode(&Msg::Block(*h), &mut v)?;
     let mut a = [0u8; BLOCK_HEADER_LEN];
+    a.copy_from_slice(&v);
+    Ok(a)
+}
+
+/// The header of a FILE frame ([`Msg::File`]) for a payload of `len` bytes, which follows
+/// it in the same message.
+pub fn encode_file_header(
+    file_id: u32,
+    mode: u32,
+    crc32c: u32,
+    blake3: [u8; 32],
+    len: u32,
+) -> Result<[u8; FILE_HEADER_LEN], EncodeError> {
+    let msg = Msg::File {
+        file_id,
+        mode,
+        crc32c,
+        blake3,
+        len,
+    };
+    let mut v = Vec::with_capacity(FILE_HEADER_LEN);
+    encode(&msg, &mut v)?;
+    let mut a = [0u8; FILE_HEADER_LEN];
     a.copy_from_slice(&v);
     Ok(a)
 }
@@ -859,7 +942,7 @@ pub fn decode(b: &[u8]) -> Result<(Msg, &[u8]), DecodeError> {
     if r.u16()? != 0 {
         return Err(DecodeError::Malformed("reserved header bytes"));
     }
-    if t != ty::BLOCK && b.len() > MAX_CONTROL {
+    if t != ty::BLOCK && t != ty::FILE && b.len() > MAX_CONTROL {
         return Err(DecodeError::TooLarge);
     }
     let allowed = match t {
@@ -912,6 +995,17 @@ pub fn decode(b: &[u8]) -> Result<(Msg, &[u8]), DecodeError> {
                 entries,
             }
         }
+        ty::GETS => {
+            let n = r.u16()? as usize;
+            if n > MAX_GETS {
+                return Err(DecodeError::TooLarge);
+            }
+            let mut files = Vec::with_capacity(n);
+            for _ in 0..n {
+                files.push((r.u32()?, r.str(MAX_PATH)?));
+            }
+            Msg::Gets { files }
+        }
         ty::GET => Msg::Get {
             file_id: r.u32()?,
             offset: r.u64()?,
@@ -960,6 +1054,27 @@ pub fn decode(b: &[u8]) -> Result<(Msg, &[u8]), DecodeError> {
                 return Err(DecodeError::Malformed("bytes after block payload"));
             }
             return Ok((Msg::Block(h), payload));
+        }
+        ty::FILE => {
+            let file_id = r.u32()?;
+            let mode = r.u32()?;
+            let crc32c = r.u32()?;
+            let blake3 = r.arr::<32>()?;
+            let payload = r.b;
+            let len = u32::try_from(payload.len())
+                .ok()
+                .filter(|n| *n <= MAX_BLOCK)
+                .ok_or(DecodeError::TooLarge)?;
+            return Ok((
+                Msg::File {
+                    file_id,
+                    mode,
+                    crc32c,
+                    blake3,
+                    len,
+                },
+                payload,
+            ));
         }
         ty::FILE_DONE => {
             let file_id = r.u32()?;

@@ -72,6 +72,13 @@ fn msg() -> impl Strategy<Value = Msg> {
         s(300).prop_map(|path| Msg::List { path }),
         (any::<bool>(), proptest::collection::vec(entry(), 0..20))
             .prop_map(|(more, entries)| Msg::Entries { more, entries }),
+        proptest::collection::vec((any::<u32>(), s(300)), 0..=proto::MAX_GETS)
+            .prop_filter("fits a control frame", |f| f
+                .iter()
+                .map(|(_, p)| p.len() + 6)
+                .sum::<usize>()
+                < proto::MAX_CONTROL - 16)
+            .prop_map(|files| Msg::Gets { files }),
         (any::<u32>(), any::<u64>(), any::<u64>(), s(300)).prop_map(
             |(file_id, offset, length, path)| Msg::Get {
                 file_id,
@@ -199,6 +206,24 @@ proptest! {
         prop_assert_eq!(back, m);
         prop_assert!(payload.is_empty());
         xfer_frame::xfer_frame(&bytes);
+    }
+
+    #[test]
+    fn files_round_trip(file_id in any::<u32>(), mode in any::<u32>(), blake3 in any::<[u8; 32]>(), data in proptest::collection::vec(any::<u8>(), 0..5000)) {
+        let crc = crc32c_of(&data);
+        let mut bytes = proto::encode_file_header(file_id, mode, crc, blake3, data.len() as u32).unwrap().to_vec();
+        prop_assert_eq!(bytes.len(), proto::FILE_HEADER_LEN);
+        bytes.extend_from_slice(&data);
+        let (back, payload) = proto::decode(&bytes).unwrap();
+        prop_assert_eq!(back, Msg::File { file_id, mode, crc32c: crc, blake3, len: data.len() as u32 });
+        prop_assert_eq!(payload, &data[..]);
+        xfer_frame::xfer_frame(&bytes);
+        // A FILE frame cut inside its header is refused, never misread.
+        for cut in [proto::HEADER_LEN, proto::FILE_HEADER_LEN - 1] {
+            let mut short = bytes[..cut].to_vec();
+            short[..4].copy_from_slice(&(cut as u32).to_le_bytes());
+            prop_assert!(proto::decode(&short).is_err());
+        }
     }
 
     #[test]

@@ -453,3 +453,202 @@ fn bogus_sessions_tcp() {
 fn bogus_sessions_ofi_shm() {
     bogus_sessions("ofi+shm");
 }
+
+/// The answer to a whole-file GET of `path` (transfer `id`): the frame and its payload.
+fn get_whole(link: &mut Link, id: u32, path: &str) -> (Msg, Vec<u8>) {
+    link.send(&Msg::Get {
+        file_id: id,
+        offset: 0,
+        length: u64::MAX,
+        path: path.into(),
+    })
+    .unwrap();
+    let mut buf = Vec::new();
+    link.recv_into(&mut buf).unwrap();
+    let (m, payload) = proto::decode(&buf).unwrap();
+    (m, payload.to_vec())
+}
+
+/// Reads the rest of a READY → BLOCKs → FILE_DONE answer; the bytes and FILE_DONE's hash.
+fn rest_of_blocks(link: &mut Link) -> (Vec<u8>, Option<[u8; 32]>) {
+    let mut got = Vec::new();
+    let mut buf = Vec::new();
+    loop {
+        link.recv_into(&mut buf).unwrap();
+        match proto::decode(&buf).unwrap() {
+            (Msg::Block(h), payload) => {
+                assert_eq!(crc32c::crc32c(payload), h.crc32c);
+                got.extend_from_slice(payload);
+            }
+            (Msg::FileDone { blake3, .. }, _) => return (got, blake3),
+            (m, _) => panic!("unexpected {m:?}"),
+        }
+    }
+}
+
+/// A 1.3 client gets a whole small file (up to the block size less 24 bytes) as one FILE
+/// frame with the file's CRC-32C, BLAKE3 and mode; a larger file, a ranged GET, and any
+/// GET of a client older than 1.3 get READY, BLOCKs, FILE_DONE.
+fn small_files_in_one_frame(driver: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let (addr, dir) = start(driver, false);
+    let fits = 64 * 1024 - (proto::FILE_HEADER_LEN - BLOCK_HEADER_LEN);
+    let data: Vec<u8> = (0..fits as u32 + 1).map(|i| (i * 13 + 5) as u8).collect();
+    std::fs::write(dir.join("fits"), &data[..fits]).unwrap();
+    std::fs::set_permissions(dir.join("fits"), std::fs::Permissions::from_mode(0o640)).unwrap();
+    std::fs::write(dir.join("over"), &data).unwrap();
+    std::fs::write(dir.join("empty"), b"").unwrap();
+    // As a 1.3 client does: the handshake's buffer holds a block too.
+    let mut link = Link::connect(&addr, T).unwrap();
+    link.post_ring(1, BLOCK_HEADER_LEN + 64 * 1024).unwrap();
+    link.send(&Msg::Hello {
+        major: proto::VERSION_MAJOR,
+        minor: proto::VERSION_MINOR,
+        block_size: 64 * 1024,
+        session: 0,
+        stream: 0,
+        token: "tok".into(),
+    })
+    .unwrap();
+    let m = link.recv_msg().unwrap();
+    assert!(matches!(m, Msg::Welcome { minor, .. } if minor >= proto::MINOR_FILE));
+    link.post_ring(4, BLOCK_HEADER_LEN + 64 * 1024).unwrap();
+    for (id, name, len) in [(1, "fits", fits), (2, "empty", 0)] {
+        match get_whole(&mut link, id, &format!("d/{name}")) {
+            (
+                Msg::File {
+                    file_id,
+                    mode,
+                    crc32c,
+                    blake3,
+                    len: n,
+                },
+                payload,
+            ) => {
+                assert_eq!((file_id, n as usize), (id, len));
+                assert!(payload == data[..len]);
+                assert_eq!(crc32c, crc32c::crc32c(&data[..len]));
+                assert_eq!(blake3, *blake3::hash(&data[..len]).as_bytes());
+                if id == 1 {
+                    assert_eq!(mode, 0o640);
+                }
+            }
+            (m, _) => panic!("{name}: expected FILE, got {m:?}"),
+        }
+    }
+    // One byte more than fits: the three-frame answer, whole and hashed.
+    let (m, _) = get_whole(&mut link, 3, "d/over");
+    assert!(matches!(m, Msg::Ready { file_id: 3, .. }), "{m:?}");
+    let (got, hash) = rest_of_blocks(&mut link);
+    assert!(got == data);
+    assert_eq!(hash, Some(*blake3::hash(&data).as_bytes()));
+    // A ranged GET (a re-fetch) of a small file: READY, BLOCK, FILE_DONE without hash.
+    link.send(&Msg::Get {
+        file_id: 4,
+        offset: 0,
+        length: fits as u64,
+        path: "d/fits".into(),
+    })
+    .unwrap();
+    assert!(matches!(
+        link.recv_msg().unwrap(),
+        Msg::Ready { file_id: 4, .. }
+    ));
+    assert_eq!(rest_of_blocks(&mut link).0, data[..fits]);
+    // A 1.0 client (HELLO minor 0) never receives FILE.
+    let (mut old, m) = hello(&addr, 1, "tok");
+    assert!(matches!(m, Msg::Welcome { .. }));
+    old.post_ring(4, BLOCK_HEADER_LEN + 64 * 1024).unwrap();
+    let (m, _) = get_whole(&mut old, 5, "d/fits");
+    assert!(matches!(m, Msg::Ready { file_id: 5, .. }), "{m:?}");
+    let (got, hash) = rest_of_blocks(&mut old);
+    assert!(got == data[..fits]);
+    assert_eq!(hash, Some(*blake3::hash(&data[..fits]).as_bytes()));
+}
+
+#[test]
+fn small_files_in_one_frame_tcp() {
+    small_files_in_one_frame("tcp");
+}
+
+#[test]
+fn small_files_in_one_frame_ofi_shm() {
+    small_files_in_one_frame("ofi+shm");
+}
+
+/// A GETS frame is answered as its GETs one by one, in order: a FILE per small file, an
+/// ERROR (with its `file_id`) for one that does not exist, READY… for one too large.
+#[test]
+fn gets_are_answered_in_order() {
+    let (addr, dir) = start("tcp", false);
+    let big: Vec<u8> = (0..100_000u32).map(|i| (i * 3) as u8).collect();
+    std::fs::write(dir.join("a"), b"alpha").unwrap();
+    std::fs::write(dir.join("big"), &big).unwrap();
+    std::fs::write(dir.join("b"), b"beta").unwrap();
+    let mut link = Link::connect(&addr, T).unwrap();
+    link.post_ring(1, BLOCK_HEADER_LEN + 64 * 1024).unwrap();
+    link.send(&Msg::Hello {
+        major: proto::VERSION_MAJOR,
+        minor: proto::VERSION_MINOR,
+        block_size: 64 * 1024,
+        session: 0,
+        stream: 0,
+        token: "tok".into(),
+    })
+    .unwrap();
+    assert!(matches!(link.recv_msg().unwrap(), Msg::Welcome { .. }));
+    link.post_ring(4, BLOCK_HEADER_LEN + 64 * 1024).unwrap();
+    let files = ["d/a", "d/missing", "d/big", "d/b"];
+    link.send(&Msg::Gets {
+        files: files
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (i as u32 + 1, p.to_string()))
+            .collect(),
+    })
+    .unwrap();
+    let mut buf = Vec::new();
+    let mut next = || {
+        link.recv_into(&mut buf).unwrap();
+        let (m, payload) = proto::decode(&buf).unwrap();
+        (m, payload.to_vec())
+    };
+    assert!(matches!(next(), (Msg::File { file_id: 1, len: 5, .. }, p) if p == b"alpha"));
+    assert!(matches!(
+        next().0,
+        Msg::Error {
+            file_id: 2,
+            code: ErrorCode::NotFound,
+            ..
+        }
+    ));
+    assert!(matches!(
+        next().0,
+        Msg::Ready {
+            file_id: 3,
+            size: 100_000,
+            ..
+        }
+    ));
+    let mut got = Vec::new();
+    loop {
+        match next() {
+            (Msg::Block(h), p) => {
+                assert_eq!(h.file_id, 3);
+                got.extend_from_slice(&p);
+            }
+            (
+                Msg::FileDone {
+                    file_id: 3, blake3, ..
+                },
+                _,
+            ) => {
+                assert_eq!(blake3, Some(*blake3::hash(&big).as_bytes()));
+                break;
+            }
+            (m, _) => panic!("unexpected {m:?}"),
+        }
+    }
+    assert!(got == big);
+    assert!(matches!(next(), (Msg::File { file_id: 4, len: 4, .. }, p) if p == b"beta"));
+}

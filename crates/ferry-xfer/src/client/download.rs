@@ -3,12 +3,14 @@
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use super::{remote_err, unexpected, Client, Progress, GET_WINDOW};
 use crate::commit::CommitPool;
 use crate::error::{Kind, Result, XferError};
-use crate::journal::{open_part, Found, Ident, OpenHow, Progress as Journaled};
+use crate::journal::{open_part, Found, Ident, Journal, OpenHow, Progress as Journaled};
 use crate::link::BlockWriter;
 use crate::proto::{self, Msg};
 use crate::server::{part_name, BlockSink};
@@ -18,6 +20,9 @@ pub(crate) struct LocalPart {
     dest: PathBuf,
     tmp: PathBuf,
     pub(crate) file: File,
+    /// Whether a journal file may exist next to the part (false: a deferred journal that
+    /// was never created, so there is none to remove).
+    journal: Arc<AtomicBool>,
 }
 
 fn journal_path(tmp: &Path) -> PathBuf {
@@ -45,17 +50,56 @@ impl LocalPart {
             .into_owned();
         let tmp = dest.with_file_name(part_name(&name));
         let dir = tmp.parent().map(Path::to_path_buf).unwrap_or_default();
-        let open = |n: &str, how: OpenHow| {
+        let open = move |n: &str, how: OpenHow| {
             let mut o = std::fs::OpenOptions::new();
             o.read(true)
                 .write(true)
                 .mode(0o600)
                 .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32);
-            if how == OpenHow::Truncate {
-                o.create(true).truncate(true);
-            }
+            match how {
+                OpenHow::Truncate => o.create(true).truncate(true),
+                OpenHow::New => o.create_new(true),
+                OpenHow::Existing => &mut o,
+            };
             o.open(dir.join(n))
         };
+        if !resume && ident.size <= u64::from(block) {
+            // One block: nothing to checkpoint before the file is whole, so no journal file
+            // unless one turns out to be needed. A journal only means something with its part:
+            // if a part of an earlier copy is there, its journal goes before the part is reused.
+            let jpath = journal_path(&tmp);
+            let io = |p: &Path, e: std::io::Error| XferError::io(p.display(), &e);
+            let file = match open(&part_name(&name), OpenHow::New) {
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    match std::fs::remove_file(&jpath) {
+                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                            return Err(io(&jpath, e))
+                        }
+                        _ => {}
+                    }
+                    open(&part_name(&name), OpenHow::Truncate).map_err(|e| io(&tmp, e))?
+                }
+                r => r.map_err(|e| io(&tmp, e))?,
+            };
+            let jname = jpath
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let created = Arc::new(AtomicBool::new(false));
+            let flag = created.clone();
+            let later: crate::journal::Opener = Box::new(move || {
+                flag.store(true, Ordering::SeqCst);
+                open(&jname, OpenHow::Truncate)
+            });
+            let journal = Journaled::new(Journal::deferred(later, ident, block));
+            let part = LocalPart {
+                dest: dest.to_path_buf(),
+                tmp,
+                file,
+                journal: created,
+            };
+            return Ok((part, journal, Found::Fresh));
+        }
         let (file, progress, found) = open_part(&open, &part_name(&name), ident, block, resume)
             .map_err(|e| XferError::io(tmp.display(), &e))?;
         Ok((
@@ -63,6 +107,7 @@ impl LocalPart {
                 dest: dest.to_path_buf(),
                 tmp,
                 file,
+                journal: Arc::new(AtomicBool::new(true)),
             },
             progress,
             found,
@@ -92,9 +137,11 @@ impl LocalPart {
         }
         self.file.sync_all().map_err(io)?;
         // The journal first: a part without one is never trusted.
-        match std::fs::remove_file(journal_path(&self.tmp)) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(e)),
-            _ => {}
+        if self.journal.load(Ordering::SeqCst) {
+            match std::fs::remove_file(journal_path(&self.tmp)) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(e)),
+                _ => {}
+            }
         }
         std::fs::rename(&self.tmp, &self.dest).map_err(io)?;
         Ok(match self.dest.parent() {
@@ -230,10 +277,12 @@ impl Client {
         mut job: DlJob,
         live: &mut HashMap<u32, Dl>,
         sums: &mut VecDeque<u32>,
+        gets: &mut Vec<(u32, String)>,
         progress: &dyn Progress,
     ) -> Result<()> {
         let file_id = self.id();
         if let Some(ch) = job.chunk.take() {
+            self.flush_gets(gets)?;
             // A range of a file the streams share: its part is open already.
             if ch.sum {
                 self.link.send(&Msg::Sum {
@@ -272,6 +321,19 @@ impl Client {
                 (Some(part), Some(journal), offset)
             }
         };
+        if offset == 0 && self.minor >= proto::MINOR_FILE {
+            // Whole files go out in GETS frames, several per message.
+            let bytes = |g: &[(u32, String)]| g.iter().map(|(_, p)| p.len() + 6).sum::<usize>();
+            if gets.len() >= proto::MAX_GETS
+                || bytes(gets) + job.path.len() + 6 > proto::MAX_CONTROL - 64
+            {
+                self.flush_gets(gets)?;
+            }
+            gets.push((file_id, job.path.clone()));
+            live.insert(file_id, Dl::new(job, part, journal, None));
+            return Ok(());
+        }
+        self.flush_gets(gets)?;
         if offset > 0 {
             // A ranged GET carries no hash: ask for the source's first (answers come in
             // request order).
@@ -290,6 +352,16 @@ impl Client {
         Ok(())
     }
 
+    /// Sends the whole-file GETs collected in `gets` as one GETS frame.
+    fn flush_gets(&self, gets: &mut Vec<(u32, String)>) -> Result<()> {
+        if gets.is_empty() {
+            return Ok(());
+        }
+        self.link.send(&Msg::Gets {
+            files: std::mem::take(gets),
+        })
+    }
+
     fn download_loop(
         &mut self,
         jobs: &mut dyn Iterator<Item = DlJob>,
@@ -298,24 +370,64 @@ impl Client {
         progress: &dyn Progress,
     ) -> Result<()> {
         let mut sums = VecDeque::new();
+        let mut gets = Vec::new();
         loop {
-            while live.len() < GET_WINDOW
+            // A 1.3 server takes whole-file GETs in batches (GETS): refill once half the
+            // window is back, so that each batch carries several.
+            let refill = self.minor < proto::MINOR_FILE || live.len() <= GET_WINDOW / 2;
+            while refill
+                && live.len() < GET_WINDOW
                 && live.values().filter(|d| d.chunk.is_some()).count()
                     < crate::parallel::CHUNKS_AHEAD
             {
                 let Some(job) = jobs.next() else {
                     break;
                 };
-                self.start_download(job, live, &mut sums, progress)?;
+                self.start_download(job, live, &mut sums, &mut gets, progress)?;
             }
+            self.flush_gets(&mut gets)?;
             if live.is_empty() {
                 return Ok(());
             }
             // BLOCKs are checked (and written) in place in the receive buffer.
             let wire = &mut self.stats.wire_bytes;
+            let (direct, ring) = (self.direct, self.ring);
             let msg = self.link.recv_with(|bytes| -> Result<Msg> {
-                let (msg, _) = proto::decode(bytes)
+                let (msg, payload) = proto::decode(bytes)
                     .map_err(|e| XferError::conn(format!("the server sent a bad frame: {e}")))?;
+                if let Msg::File {
+                    file_id,
+                    mode,
+                    crc32c,
+                    blake3,
+                    len,
+                } = msg
+                {
+                    // A whole small file: its READY, its one block (checked and written in
+                    // place) and its FILE_DONE, which the code below takes it for.
+                    let dl = live
+                        .get_mut(&file_id)
+                        .ok_or_else(|| XferError::conn("FILE of no transfer in progress"))?;
+                    on_ready(dl, file_id, u64::from(len), mode, direct, ring)?;
+                    let h = proto::BlockHeader {
+                        file_id,
+                        stream: 0,
+                        offset: 0,
+                        len,
+                        crc32c,
+                    };
+                    dl.writer
+                        .as_mut()
+                        .ok_or_else(|| XferError::conn("FILE of no transfer in progress"))?
+                        .push_block(&h, payload)?;
+                    progress.add(u64::from(len));
+                    *wire += u64::from(len);
+                    return Ok(Msg::FileDone {
+                        file_id,
+                        length: u64::from(len),
+                        blake3: Some(blake3),
+                    });
+                }
                 if let Msg::Block(h) = &msg {
                     let writer = live
                         .get_mut(&h.file_id)
@@ -358,42 +470,7 @@ impl Client {
                 )));
             };
             match msg {
-                Msg::Ready { size, mode, .. } if dl.chunk.is_some() => {
-                    if let (None, Some(ch)) = (&dl.writer, &dl.chunk) {
-                        dl.writer = Some(ch.writer(id, size, mode, self.ring)?);
-                        dl.size = size;
-                    }
-                }
-                Msg::Ready { size, .. } if dl.null => {
-                    if dl.writer.is_none() {
-                        dl.writer = Some(BlockWriter::null(id, size));
-                        dl.size = size;
-                    }
-                }
-                Msg::Ready { size, mode, .. } => {
-                    if dl.writer.is_none() {
-                        if size != dl.ident.size {
-                            return Err(XferError::new(
-                                Kind::Integrity,
-                                format!(
-                                    "{}: the file changed on the server while being copied ({} bytes, now {size}); try again",
-                                    dl.path, dl.ident.size
-                                ),
-                            ));
-                        }
-                        let (Some(part), Some(journal)) = (dl.part.as_ref(), dl.journal.take())
-                        else {
-                            return Err(XferError::conn("READY twice"));
-                        };
-                        let mut sink = BlockSink::journaled(id, size, journal);
-                        if self.direct {
-                            sink.set_direct(&part.file);
-                        }
-                        dl.writer = Some(BlockWriter::with_sink(sink, &part.file, self.ring)?);
-                        dl.size = size;
-                        dl.mode = mode;
-                    }
-                }
+                Msg::Ready { size, mode, .. } => on_ready(dl, id, size, mode, direct, ring)?,
                 Msg::Block(_) => {}
                 Msg::Error { code, message, .. } => {
                     return Err(remote_err(code, &message));
@@ -481,7 +558,12 @@ impl Client {
                         );
                     }
                     let (mode, mtime) = (dl.mode, system_time(dl.ident.mtime));
-                    commits.submit(move || part.commit(mode, mtime).map(Some))?;
+                    if crate::commit::fsync_is_free(&part.file) {
+                        // Nothing to wait for: a thread hand-off would cost more (tmpfs).
+                        commits.run_here(move || part.commit(mode, mtime).map(Some))?;
+                    } else {
+                        commits.submit(move || part.commit(mode, mtime).map(Some))?;
+                    }
                     self.stats.files += 1;
                     self.stats.bytes += dl.size;
                 }
@@ -489,4 +571,37 @@ impl Client {
             }
         }
     }
+}
+
+/// READY of `dl` (transfer `id`, `size` bytes, permission bits `mode`): its writer, once.
+fn on_ready(dl: &mut Dl, id: u32, size: u64, mode: u32, direct: bool, ring: usize) -> Result<()> {
+    if dl.writer.is_some() {
+        return Ok(());
+    }
+    if let Some(ch) = &dl.chunk {
+        dl.writer = Some(ch.writer(id, size, mode, ring)?);
+    } else if dl.null {
+        dl.writer = Some(BlockWriter::null(id, size));
+    } else {
+        if size != dl.ident.size {
+            return Err(XferError::new(
+                Kind::Integrity,
+                format!(
+                    "{}: the file changed on the server while being copied ({} bytes, now {size}); try again",
+                    dl.path, dl.ident.size
+                ),
+            ));
+        }
+        let (Some(part), Some(journal)) = (dl.part.as_ref(), dl.journal.take()) else {
+            return Err(XferError::conn("READY twice"));
+        };
+        let mut sink = BlockSink::journaled(id, size, journal);
+        if direct {
+            sink.set_direct(&part.file);
+        }
+        dl.writer = Some(BlockWriter::with_sink(sink, &part.file, ring)?);
+        dl.mode = mode;
+    }
+    dl.size = size;
+    Ok(())
 }

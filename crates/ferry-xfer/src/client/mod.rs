@@ -65,8 +65,9 @@ pub const RETRY_DELAY: Duration = Duration::from_millis(200);
 /// Longest pause between retries.
 pub const RETRY_MAX_DELAY: Duration = Duration::from_secs(5);
 
-/// GETs a download keeps outstanding.
-pub const GET_WINDOW: usize = 16;
+/// GETs a download keeps outstanding (to a 1.3 server: between half of it and all of it,
+/// the other half sent in one GETS frame).
+pub const GET_WINDOW: usize = 32;
 
 /// Client settings.
 #[derive(Debug, Clone)]
@@ -203,11 +204,18 @@ impl Client {
     ) -> Result<Client> {
         let mut link = Link::connect(addr, opts.timeout)?;
         link.timeout = HANDSHAKE_TIMEOUT;
-        link.post_ring(1, proto::MAX_CONTROL)?;
+        let proposed = opts.block_size.clamp(proto::MIN_BLOCK, proto::MAX_BLOCK);
+        // The handshake's buffer is re-posted for the first answers after it, and a 1.3
+        // server may answer a GET with a FILE frame as large as any block: every buffer this
+        // client posts holds a block (the agreed size is at most the proposed one).
+        link.post_ring(
+            1,
+            proto::MAX_CONTROL.max(BLOCK_HEADER_LEN + proposed as usize),
+        )?;
         link.send(&Msg::Hello {
             major: proto::VERSION_MAJOR,
             minor: proto::VERSION_MINOR,
-            block_size: opts.block_size.clamp(proto::MIN_BLOCK, proto::MAX_BLOCK),
+            block_size: proposed,
             session,
             stream,
             token: opts.token.clone(),

@@ -283,15 +283,15 @@ impl Server {
     pub fn connection(&self, link: &mut Link) -> Result<()> {
         link.timeout = HANDSHAKE_TIMEOUT;
         link.post_ring(1, proto::MAX_CONTROL)?;
-        let (major, block_size, token, join, stream) = match link.recv_msg()? {
+        let (major, minor, block_size, token, join, stream) = match link.recv_msg()? {
             Msg::Hello {
                 major,
+                minor,
                 block_size,
                 token,
                 session,
                 stream,
-                ..
-            } => (major, block_size, token, session, stream),
+            } => (major, minor, block_size, token, session, stream),
             m => return Err(XferError::conn(format!("expected HELLO, got {m:?}"))),
         };
         if major != proto::VERSION_MAJOR {
@@ -345,9 +345,25 @@ impl Server {
         link.timeout = Duration::from_secs(600);
         link.post_ring(self.cfg.ring, BLOCK_HEADER_LEN + block as usize)?;
         let mut tx = BlockSender::new(block, self.cfg.ring, link.timeout)?;
+        // Small whole files travel as one FILE frame to clients that know it (1.3).
+        let inline = minor >= proto::MINOR_FILE;
         tx.direct = self.cfg.direct;
+        // The GETs of a GETS frame, answered one by one as if each had come alone.
+        let mut batch = std::collections::VecDeque::new();
         loop {
-            let msg = next_request(link, &session)?;
+            let msg = match batch.pop_front() {
+                Some(m) => m,
+                None => next_request(link, &session)?,
+            };
+            if let Msg::Gets { files } = msg {
+                batch.extend(files.into_iter().map(|(file_id, path)| Msg::Get {
+                    file_id,
+                    offset: 0,
+                    length: u64::MAX,
+                    path,
+                }));
+                continue;
+            }
             if self.draining.load(Ordering::SeqCst) && msg != Msg::Bye {
                 let file_id = match &msg {
                     Msg::Get { file_id, .. }
@@ -403,7 +419,7 @@ impl Server {
                     path,
                 } => {
                     let _counted = InFlight::new(&self.in_flight);
-                    self.get(link, &mut tx, file_id, offset, length, &path)?
+                    self.get(link, &mut tx, inline, file_id, offset, length, &path)?
                 }
                 Msg::Put {
                     file_id,
@@ -555,8 +571,8 @@ fn next_request(link: &mut Link, session: &Session) -> Result<Msg> {
     }
     let (msg, _) = proto::decode(&buf)
         .map_err(|e| XferError::conn(format!("the peer sent a bad frame: {e}")))?;
-    if matches!(msg, Msg::Block(_)) {
-        return Err(XferError::conn("unexpected BLOCK frame"));
+    if matches!(msg, Msg::Block(_) | Msg::File { .. }) {
+        return Err(XferError::conn("unexpected data frame"));
     }
     Ok(msg)
 }
