@@ -341,11 +341,18 @@ fn cells_of(plan: &Plan, drivers: &[String]) -> Vec<Cell> {
 /// ferry's 0.76–0.97 in the same runs (fio 3.33, 1–4 MiB requests 1–32 deep).
 fn fio_alone(side: &str, src: &Path, dst: &Path, bytes: u64) -> Command {
     let mut c = Command::new("fio");
-    c.args(["--output-format=terse", "--name=ceiling", "--bs=4M", "--direct=1"])
-        .args(["--ioengine=libaio", "--iodepth=4"])
-        .arg(format!("--size={bytes}"));
+    c.args([
+        "--output-format=terse",
+        "--name=ceiling",
+        "--bs=4M",
+        "--direct=1",
+    ])
+    .args(["--ioengine=libaio", "--iodepth=4"])
+    .arg(format!("--size={bytes}"));
     match side {
-        "read" => c.args(["--rw=read"]).arg(format!("--filename={}", src.display())),
+        "read" => c
+            .args(["--rw=read"])
+            .arg(format!("--filename={}", src.display())),
         _ => c
             .args(["--rw=write", "--end_fsync=1"])
             .arg(format!("--filename={}", dst.display())),

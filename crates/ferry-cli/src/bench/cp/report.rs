@@ -238,7 +238,10 @@ pub fn summary(rows: &[CpRow]) -> (Summary, BTreeMap<String, String>) {
         .max_by(|a, b| a.0.total_cmp(&b.0));
     let vs_device = match (ferry_disk, device) {
         (Some((f, name)), Some(d)) if d > 0.0 => {
-            best.insert("disk_vs_device".into(), format!("{name} vs min(fio read, fio write)"));
+            best.insert(
+                "disk_vs_device".into(),
+                format!("{name} vs min(fio read, fio write)"),
+            );
             Some(round(f / d, 3))
         }
         _ => None,
