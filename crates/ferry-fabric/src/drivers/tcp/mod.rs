@@ -26,6 +26,8 @@ use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use std::os::fd::AsFd;
+
 use rustix::event::{poll, PollFd, PollFlags};
 
 use self::conn::{Conn, TcpEndpoint};
@@ -93,6 +95,7 @@ pub fn listen(addr: &Address) -> Result<Box<dyn Listener>> {
             host: local.ip().to_string(),
             port: Some(local.port()),
         },
+        waiting: std::sync::Mutex::new(Vec::new()),
     }))
 }
 
@@ -272,11 +275,55 @@ fn handshake(stream: &TcpStream, deadline: Instant, timeout: Duration) -> Result
     }
 }
 
+/// How long an accepted connection may take to send its HELLO before it is dropped.
+const HELLO_GRACE: Duration = Duration::from_secs(10);
+
 /// A listening socket; accepted endpoints share its domain.
 struct TcpListener {
     domain: Arc<TcpDomain>,
     listener: std::net::TcpListener,
     local: Address,
+    /// Accepted connections whose HELLO has not all arrived yet, with when they came. A
+    /// connection waits here across `accept` calls, so neither a caller that accepts in
+    /// short slices nor a busy peer slow to send its HELLO cuts a handshake short, and a
+    /// silent peer holds up no one else.
+    waiting: std::sync::Mutex<Vec<(TcpStream, Instant)>>,
+}
+
+/// Where an accepted connection's HELLO stands.
+enum HelloState {
+    /// All of it is readable (or something else is, which the handshake will refuse).
+    Arrived,
+    /// Not all of it yet.
+    Pending,
+    /// The peer closed or the socket failed: drop it.
+    Gone,
+}
+
+/// Looks (without reading) at what an accepted, non-blocking socket has received.
+fn hello_state(stream: &TcpStream) -> HelloState {
+    let hello_len = Frame::Hello {
+        major: frame::VERSION_MAJOR,
+        minor: frame::VERSION_MINOR,
+        flags: 0,
+    }
+    .encode()
+    .as_bytes()
+    .len();
+    let mut buf = [0u8; frame::MAX_HEADER_LEN];
+    match stream.peek(&mut buf[..hello_len]) {
+        Ok(0) => HelloState::Gone,
+        Ok(n) if n >= hello_len => HelloState::Arrived,
+        Ok(n) if n < frame::PREFIX_LEN => HelloState::Pending,
+        Ok(n) => match frame::decode(&buf[..n]) {
+            Ok(None) => HelloState::Pending,
+            _ => HelloState::Arrived,
+        },
+        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {
+            HelloState::Pending
+        }
+        Err(_) => HelloState::Gone,
+    }
 }
 
 impl Listener for TcpListener {
@@ -288,38 +335,143 @@ impl Listener for TcpListener {
         self.local.clone()
     }
 
-    /// Waits for a connection and handshakes on it. An error from a failed handshake concerns
-    /// that connection only; the listener keeps accepting.
+    /// Waits for a connection whose HELLO has arrived and handshakes on it. An error from a
+    /// failed handshake concerns that connection only; the listener keeps accepting.
     fn accept(&self, timeout: Duration) -> Result<Box<dyn Endpoint>> {
         let deadline = deadline(timeout);
         loop {
-            match self.listener.accept() {
-                Ok((stream, _)) => {
+            let ready = {
+                let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+                loop {
+                    match self.listener.accept() {
+                        Ok((stream, _)) => {
+                            if stream.set_nonblocking(true).is_ok() {
+                                waiting.push((stream, Instant::now()));
+                            }
+                        }
+                        Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                        Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                        Err(e) => return Err(FabricError::io("accept", e)),
+                    }
+                }
+                // The closed go, and those silent for too long.
+                waiting.retain(|(stream, since)| {
+                    !matches!(hello_state(stream), HelloState::Gone)
+                        && since.elapsed() < HELLO_GRACE
+                });
+                match waiting
+                    .iter()
+                    .position(|(s, _)| matches!(hello_state(s), HelloState::Arrived))
+                {
+                    Some(i) => Ok(waiting.swap_remove(i).0),
+                    None => Err(waiting
+                        .iter()
+                        .map(|(_, since)| {
+                            (*since + HELLO_GRACE).saturating_duration_since(Instant::now())
+                        })
+                        .min()),
+                }
+            };
+            let soonest_expiry = match ready {
+                Ok(stream) => {
                     stream
                         .set_nonblocking(false)
                         .map_err(|e| FabricError::io("accepted socket blocking mode", e))?;
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    return self.domain.endpoint(stream, left);
+                    // The HELLO is here: the handshake does not wait on the peer.
+                    return self.domain.endpoint(stream, HELLO_GRACE);
                 }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) => return Err(FabricError::io("accept", e)),
-            }
+                Err(soonest) => soonest,
+            };
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(FabricError::Timeout(timeout));
             }
             // Bounded so the conversion cannot fail; the loop polls again.
-            let ts = rustix::time::Timespec::try_from(left.min(Duration::from_secs(3600)))
-                .unwrap_or(rustix::time::Timespec {
-                    tv_sec: 1,
-                    tv_nsec: 0,
-                });
-            let mut fds = [PollFd::new(&self.listener, PollFlags::IN)];
-            match poll(&mut fds, Some(&ts)) {
+            let wait = soonest_expiry
+                .map_or(left, |e| left.min(e))
+                .min(Duration::from_secs(3600));
+            let ts = rustix::time::Timespec::try_from(wait).unwrap_or(rustix::time::Timespec {
+                tv_sec: 1,
+                tv_nsec: 0,
+            });
+            let waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+            let mut fds: Vec<PollFd<'_>> = std::iter::once(self.listener.as_fd())
+                .chain(waiting.iter().map(|(s, _)| s.as_fd()))
+                .map(|fd| PollFd::from_borrowed_fd(fd, PollFlags::IN))
+                .collect();
+            let polled = poll(&mut fds, Some(&ts));
+            drop(fds);
+            drop(waiting);
+            match polled {
                 Ok(_) | Err(rustix::io::Errno::INTR) => {}
                 Err(e) => return Err(FabricError::io("poll listener", e.into())),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hello() -> Vec<u8> {
+        Frame::Hello {
+            major: frame::VERSION_MAJOR,
+            minor: frame::VERSION_MINOR,
+            flags: 0,
+        }
+        .encode()
+        .as_bytes()
+        .to_vec()
+    }
+
+    fn listener() -> (Box<dyn Listener>, Address) {
+        let l = listen(&"tcp://127.0.0.1:0".parse().unwrap()).unwrap();
+        let a = l.local_addr();
+        (l, a)
+    }
+
+    #[test]
+    fn a_hello_slower_than_the_accept_slices_is_still_accepted() {
+        // A server accepting in 20 ms slices, a peer whose HELLO comes 300 ms after its
+        // connect (a loaded host): the handshake must not be cut to what is left of a slice.
+        let (l, addr) = listener();
+        let port = addr.port.unwrap();
+        let peer = std::thread::spawn(move || {
+            let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+            std::thread::sleep(Duration::from_millis(300));
+            s.write_all(&hello()).unwrap();
+            let mut back = vec![0u8; hello().len()];
+            s.read_exact(&mut back).map(|()| back)
+        });
+        let start = Instant::now();
+        let ep = loop {
+            match l.accept(Duration::from_millis(20)) {
+                Ok(ep) => break ep,
+                Err(FabricError::Timeout(_)) if start.elapsed() < Duration::from_secs(5) => {}
+                Err(e) => panic!("the slow peer was not accepted: {e}"),
+            }
+        };
+        assert_eq!(peer.join().unwrap().unwrap(), hello());
+        drop(ep);
+    }
+
+    #[test]
+    fn a_silent_connection_holds_up_no_one() {
+        let (l, addr) = listener();
+        let port = addr.port.unwrap();
+        let _silent = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let to = addr.clone();
+        let client = std::thread::spawn(move || {
+            open(&to)
+                .and_then(|d| d.connect(&to, Duration::from_secs(5)))
+                .map(|_ep| ())
+        });
+        let start = Instant::now();
+        l.accept(Duration::from_secs(5))
+            .expect("the client that spoke is accepted");
+        assert!(start.elapsed() < Duration::from_secs(2));
+        client.join().unwrap().unwrap();
     }
 }
