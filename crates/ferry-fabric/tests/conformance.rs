@@ -686,51 +686,6 @@ fn bad_posts_are_rejected(driver: &str) {
     );
 }
 
-/// Once a send's completion is seen, the driver holds its memory no more: the sender can
-/// deregister at once (the C API's `exs_mderegister` refuses with EBUSY while anything
-/// holds the buffer). Native tcp once completed a send before dropping its hold.
-fn completed_sends_hold_nothing(driver: &str) {
-    const BURST: usize = 8;
-    let p = pair(driver);
-    let dst: Vec<MemoryRegion> = (0..BURST)
-        .map(|_| register(&*p.server, 64 << 10, Access::LOCAL))
-        .collect();
-    for round in 0..50 {
-        // A burst, so that sends queue behind each other (the writer thread's path).
-        let bufs: Vec<Buffer> = (0..BURST).map(|_| Buffer::new(40_000)).collect();
-        let mut srcs: Vec<Option<MemoryRegion>> = bufs
-            .iter()
-            .map(|b| {
-                Some(
-                    p.client
-                        .domain()
-                        .register(b, Access::LOCAL)
-                        .expect("register"),
-                )
-            })
-            .collect();
-        for (i, d) in dst.iter().enumerate() {
-            p.server.post_recv(&[d.full()], i as u64).unwrap();
-        }
-        for (i, s) in srcs.iter().enumerate() {
-            let s = s.as_ref().unwrap();
-            p.client.post_send(&[s.full()], i as u64).unwrap();
-        }
-        for _ in 0..BURST {
-            let i = ok(&*p.client).context as usize;
-            drop(srcs[i].take());
-            assert_eq!(
-                bufs[i].handle_count(),
-                1,
-                "round {round}, send {i}: the driver still holds a completed send's memory"
-            );
-        }
-        for _ in 0..BURST {
-            ok(&*p.server);
-        }
-    }
-}
-
 /// The child side of `peer_killed`: connect, post a stream of sends, then wait to be killed.
 fn killed_peer_child(addr: &str) {
     let addr: Address = addr.parse().unwrap();
@@ -856,10 +811,6 @@ macro_rules! conformance {
             #[test]
             fn peer_killed() {
                 super::peer_killed($driver)
-            }
-            #[test]
-            fn completed_sends_hold_nothing() {
-                super::completed_sends_hold_nothing($driver)
             }
         }
     };

@@ -206,10 +206,7 @@ impl Conn {
         st.direct = false;
         match result {
             Ok(n) if n == job.wire_len() => {
-                // The job's hold on registered memory goes before anyone sees the completion.
-                let done = job.done;
-                drop(job);
-                if let Some((context, len)) = done {
+                if let Some((context, len)) = job.done {
                     self.cq.push(Completion::ok(context, OpKind::Send, len));
                     // The writer zeroes the count when it fails everything at close.
                     st.unfinished_sends = st.unfinished_sends.saturating_sub(1);

@@ -26,79 +26,42 @@ pub(super) fn run(conn: Arc<Conn>) {
             }
             st.writer_idle = false;
             if st.closed.is_some() {
-                return finish(&conn, &mut st, Vec::new());
+                return finish(&conn, &mut st, &[]);
             }
             let n = st.jobs.len().min(MAX_BATCH);
             batch.extend(st.jobs.drain(..n));
         }
-        while !batch.is_empty() {
-            // A send from registered memory completes only after its job (and with it the
-            // hold on that memory) is dropped, so whoever sees the completion may deregister
-            // at once: each write ends at the first such send, which is then dropped and
-            // completed (the others complete as soon as their bytes are out).
-            let cut = batch
-                .iter()
-                .position(holds_memory)
-                .map_or(batch.len(), |i| i + 1);
-            if let Err((e, written)) = write_batch(&conn, &batch[..cut]) {
-                let mut st = conn.lock();
-                conn.close(&mut st, Close::Lost(e.to_string()));
-                return finish(&conn, &mut st, batch.split_off(written));
-            }
-            let held: Vec<(u64, u64)> = batch
-                .drain(..cut)
-                .filter(holds_memory)
-                .filter_map(|j| j.done)
-                .collect();
-            complete(&conn, &held);
+        if let Err((e, written)) = write_batch(&conn, &batch) {
+            let mut st = conn.lock();
+            conn.close(&mut st, Close::Lost(e.to_string()));
+            return finish(&conn, &mut st, &batch[written..]);
         }
+        batch.clear();
     }
 }
 
-/// A send whose payload lies in registered memory (its completion waits for the job's drop).
-fn holds_memory(job: &Job) -> bool {
-    job.done.is_some() && matches!(job.payload, Payload::Spans(_))
-}
-
-/// Completes the sends `done` (context, length), whose bytes are all in the socket.
-fn complete(conn: &Conn, done: &[(u64, u64)]) {
-    if done.is_empty() {
-        return;
-    }
-    let mut st = conn.lock();
-    for &(context, len) in done {
-        conn.cq.push(Completion::ok(context, OpKind::Send, len));
-        st.unfinished_sends -= 1;
-    }
-}
-
-/// Marks the writer gone and fails the sends of `unwritten` and of the queue, in order,
-/// once their jobs (and holds on registered memory) are dropped.
-fn finish(conn: &Conn, st: &mut State, unwritten: Vec<Job>) {
+/// Marks the writer gone and fails the sends of `unwritten` and of the queue, in order.
+fn finish(conn: &Conn, st: &mut State, unwritten: &[Job]) {
     st.tx_done = true;
     let why = st.closed.clone().unwrap_or(Close::Cancelled);
     let queued = std::mem::take(&mut st.jobs);
-    let failed: Vec<u64> = unwritten
-        .into_iter()
-        .chain(queued)
-        .filter_map(|j| j.done.map(|(context, _)| context))
-        .collect();
-    for context in failed {
+    for (context, _) in unwritten.iter().chain(&queued).filter_map(|j| j.done) {
         conn.cq
             .push(Completion::err(context, OpKind::Send, why.error()));
     }
     st.unfinished_sends = 0;
 }
 
-/// Completes the sends among `jobs` that hold no registered memory, whose bytes are now all
-/// in the socket (those that do are completed by the caller, after dropping them).
+/// Completes the sends among `jobs`, whose bytes are now all in the socket.
 fn sends_written(conn: &Conn, jobs: &[Job]) {
-    let done: Vec<(u64, u64)> = jobs
-        .iter()
-        .filter(|j| !holds_memory(j))
-        .filter_map(|j| j.done)
-        .collect();
-    complete(conn, &done);
+    if jobs.iter().all(|j| j.done.is_none()) {
+        return;
+    }
+    let mut st = conn.lock();
+    for (context, len) in jobs.iter().filter_map(|j| j.done) {
+        conn.cq.push(Completion::ok(context, OpKind::Send, len));
+        st.unfinished_sends -= 1;
+    }
 }
 
 /// The job's bytes as I/O slices (empty ones left out), appended to `iov`; returns their total.
