@@ -27,6 +27,10 @@ use ferry_fabric::{Buffer, DomainId, MemoryRegion};
 use crate::error::{Errno, Res};
 use crate::socket::Socket;
 
+/// The longest `exs_mderegister` waits for a driver's transient hold on the buffer (see
+/// [`Mem::deregister`]) before answering EBUSY.
+const SETTLE_HOLDS: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// One `exs_mhandle_t`.
 pub struct Mem {
     addr: usize,
@@ -99,6 +103,11 @@ impl Mem {
 
     /// Drops every registration; EBUSY while an operation (or its undequeued event) still
     /// holds one. After success the caller may free the memory.
+    ///
+    /// A driver may still hold the buffer for a moment after the event of the operation
+    /// that used it was delivered (native tcp's writer completes a send as its bytes leave,
+    /// then drops the batch that held them): such a hold is waited out, up to
+    /// [`SETTLE_HOLDS`], before the answer is EBUSY.
     pub fn deregister(&self) -> Res<()> {
         let mut st = self.lock();
         if st.buffer.is_none() {
@@ -107,8 +116,13 @@ impl Mem {
         // Dropping the cache deregisters every region nothing else holds; a region still
         // held keeps a buffer handle, so the count tells.
         st.regions.clear();
-        if st.buffer.as_ref().is_some_and(|b| b.handle_count() > 1) {
-            return Err(Errno(libc::EBUSY));
+        let held = |st: &MemState| st.buffer.as_ref().is_some_and(|b| b.handle_count() > 1);
+        let start = std::time::Instant::now();
+        while held(&st) {
+            if start.elapsed() >= SETTLE_HOLDS {
+                return Err(Errno(libc::EBUSY));
+            }
+            std::thread::yield_now();
         }
         st.buffer = None;
         Ok(())
