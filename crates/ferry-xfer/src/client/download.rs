@@ -284,18 +284,7 @@ impl Client {
         if let Some(ch) = job.chunk.take() {
             self.flush_gets(gets)?;
             // A range of a file the streams share: its part is open already.
-            if ch.sum {
-                self.link.send(&Msg::Sum {
-                    path: job.path.clone(),
-                })?;
-                sums.push_back(file_id);
-            }
-            self.link.send(&Msg::Get {
-                file_id,
-                offset: ch.lo,
-                length: ch.hi - ch.lo,
-                path: job.path.clone(),
-            })?;
+            self.send_get(file_id, &job.path, ch.lo, ch.hi - ch.lo, ch.sum, sums)?;
             live.insert(file_id, Dl::new(job, None, None, Some(ch)));
             return Ok(());
         }
@@ -334,22 +323,34 @@ impl Client {
             return Ok(());
         }
         self.flush_gets(gets)?;
-        if offset > 0 {
-            // A ranged GET carries no hash: ask for the source's first (answers come in
-            // request order).
-            self.link.send(&Msg::Sum {
-                path: job.path.clone(),
-            })?;
+        // A ranged GET carries no hash: ask for the source's first.
+        self.send_get(file_id, &job.path, offset, u64::MAX, offset > 0, sums)?;
+        live.insert(file_id, Dl::new(job, part, journal, None));
+        Ok(())
+    }
+
+    /// Sends a GET of `length` bytes at `offset` of `path` as transfer `file_id`, preceded by
+    /// a SUM of the whole source if `sum` (answers come in request order, so `sums` records
+    /// whose hash comes next).
+    fn send_get(
+        &self,
+        file_id: u32,
+        path: &str,
+        offset: u64,
+        length: u64,
+        sum: bool,
+        sums: &mut VecDeque<u32>,
+    ) -> Result<()> {
+        if sum {
+            self.link.send(&Msg::Sum { path: path.into() })?;
             sums.push_back(file_id);
         }
         self.link.send(&Msg::Get {
             file_id,
             offset,
-            length: u64::MAX,
-            path: job.path.clone(),
-        })?;
-        live.insert(file_id, Dl::new(job, part, journal, None));
-        Ok(())
+            length,
+            path: path.into(),
+        })
     }
 
     /// Sends the whole-file GETs collected in `gets` as one GETS frame.

@@ -224,6 +224,16 @@ impl Domain for TcpDomain {
     }
 }
 
+/// This side's HELLO frame (the connector's and the listener's are alike).
+fn our_hello() -> frame::Header {
+    Frame::Hello {
+        major: frame::VERSION_MAJOR,
+        minor: frame::VERSION_MINOR,
+        flags: 0,
+    }
+    .encode()
+}
+
 /// Exchanges HELLO frames: both sides send theirs, then check the peer's magic and major.
 fn handshake(stream: &TcpStream, deadline: Instant, timeout: Duration) -> Result<()> {
     let io_err = |e: std::io::Error| match e.kind() {
@@ -241,12 +251,7 @@ fn handshake(stream: &TcpStream, deadline: Instant, timeout: Duration) -> Result
     };
     let left = deadline.saturating_duration_since(Instant::now());
     set(Some(left.max(Duration::from_millis(1))))?;
-    let hello = Frame::Hello {
-        major: frame::VERSION_MAJOR,
-        minor: frame::VERSION_MINOR,
-        flags: 0,
-    }
-    .encode();
+    let hello = our_hello();
     let mut s = stream;
     s.write_all(hello.as_bytes()).map_err(io_err)?;
     // Read no further than a HELLO: the peer's first frames may follow it at once.
@@ -302,14 +307,7 @@ enum HelloState {
 
 /// Looks (without reading) at what an accepted, non-blocking socket has received.
 fn hello_state(stream: &TcpStream) -> HelloState {
-    let hello_len = Frame::Hello {
-        major: frame::VERSION_MAJOR,
-        minor: frame::VERSION_MINOR,
-        flags: 0,
-    }
-    .encode()
-    .as_bytes()
-    .len();
+    let hello_len = our_hello().as_bytes().len();
     let mut buf = [0u8; frame::MAX_HEADER_LEN];
     match stream.peek(&mut buf[..hello_len]) {
         Ok(0) => HelloState::Gone,
@@ -415,14 +413,7 @@ mod tests {
     use super::*;
 
     fn hello() -> Vec<u8> {
-        Frame::Hello {
-            major: frame::VERSION_MAJOR,
-            minor: frame::VERSION_MINOR,
-            flags: 0,
-        }
-        .encode()
-        .as_bytes()
-        .to_vec()
+        our_hello().as_bytes().to_vec()
     }
 
     fn listener() -> (Box<dyn Listener>, Address) {
