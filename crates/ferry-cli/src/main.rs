@@ -62,6 +62,8 @@ fn main() -> Result<()> {
         Cmd::Ls(a) => xfer::ls(a),
         Cmd::Sum(a) => xfer::sum(a),
     };
+    // FERRY_TIMELINE=PREFIX: this run's marks (see `ferry_fabric::timeline`).
+    ferry_fabric::timeline::flush();
     if let Err(e) = res {
         eprintln!("ferry: {e}");
         std::process::exit(e.kind.exit_code());

@@ -12,12 +12,26 @@ pub fn xfer_frame(data: &[u8]) {
     if let Ok((msg, payload)) = proto::decode(data) {
         let mut again = Vec::new();
         proto::encode(&msg, &mut again).expect("a decoded frame encodes");
-        if let Msg::Block(proto::BlockHeader { len, .. }) | Msg::File { len, .. } = &msg {
+        if let Msg::Block(proto::BlockHeader { len, .. })
+        | Msg::File { len, .. }
+        | Msg::Pack { len, .. } = &msg
+        {
             assert_eq!(payload.len(), *len as usize);
             again.extend_from_slice(payload);
         } else {
             assert!(payload.is_empty());
         }
         assert_eq!(again, data, "decoder accepted a non-canonical frame");
+        // A pack's frames: each one it accepts is a FILE frame, and they fill it exactly.
+        if let Msg::Pack { count, .. } = msg {
+            if let Ok(files) = proto::decode_pack(count, payload) {
+                assert_eq!(files.len(), count as usize);
+                let sum: usize = files
+                    .iter()
+                    .map(|(_, p)| p.len() + proto::FILE_HEADER_LEN)
+                    .sum();
+                assert_eq!(sum, payload.len());
+            }
+        }
     }
 }

@@ -380,6 +380,10 @@ pub struct BlockSender {
     /// Read files with direct I/O (`O_DIRECT`, bypassing the page cache) where the
     /// filesystem allows it; the unaligned tail of a file is read through the cache.
     pub direct: bool,
+    /// Gather FILE frames into PACK frames (a 1.4 peer).
+    pub packing: bool,
+    /// The PACK being filled.
+    pack: Option<Pack>,
 }
 
 impl BlockSender {
@@ -398,6 +402,8 @@ impl BlockSender {
             timeout,
             blocks: 0,
             direct: false,
+            packing: false,
+            pack: None,
         })
     }
 
@@ -600,7 +606,9 @@ impl BlockSender {
 
     /// Sends the whole of `file` (`size` bytes, [`BlockSender::file_fits`]) as one FILE
     /// frame of `file_id`: read with one `pread` into a registered staging block, its
-    /// CRC-32C and BLAKE3 computed there, sent without a copy.
+    /// CRC-32C and BLAKE3 computed there, sent without a copy. With [`BlockSender::packing`]
+    /// the frame joins the open PACK (a new one when it does not fit), which leaves at
+    /// [`BlockSender::flush_pack`] or when it is full.
     pub fn send_file(
         &mut self,
         link: &Link,
@@ -613,30 +621,72 @@ impl BlockSender {
             .ok()
             .filter(|_| self.file_fits(size))
             .ok_or_else(|| XferError::conn("internal: file too large for one FILE frame"))?;
-        let buf = self.take_block(&link.sock)?;
-        if buf.len() < proto::FILE_HEADER_LEN + n {
+        let frame = proto::FILE_HEADER_LEN + n;
+        let room = |p: &Pack| p.count < u16::MAX && p.packed() && p.fill + frame <= p.buf.len();
+        if self.pack.as_ref().is_some_and(|p| !room(p)) {
+            self.flush_pack(link)?;
+        }
+        let mut pack = match self.pack.take() {
+            Some(p) => p,
+            None => {
+                let buf = self.take_block(&link.sock)?;
+                self.zeroed.remove(&buf.addr());
+                // Packed, frames follow the PACK header; a frame that leaves no room for
+                // it goes alone, bare, from the block's start.
+                let packed = self.packing && proto::PACK_HEADER_LEN + frame <= buf.len();
+                let start = if packed { proto::PACK_HEADER_LEN } else { 0 };
+                Pack {
+                    buf,
+                    start,
+                    fill: start,
+                    count: 0,
+                }
+            }
+        };
+        if pack.fill + frame > pack.buf.len() {
             return Err(XferError::conn("internal: staging block too small"));
         }
-        self.zeroed.remove(&buf.addr());
-        let mem = buf.buffer();
-        let at = buf.offset() + proto::FILE_HEADER_LEN;
-        if n > 0 {
-            mem.read_file_at(at, n, file, 0)
-                .map_err(|e| XferError::io("read", &e))?;
+        let at = pack.fill;
+        let filled = fill_file_frame(&pack.buf, at, file, file_id, mode, n);
+        if let Err(e) = filled {
+            // Nothing of this file is in the block: what it held before still goes.
+            if pack.count > 0 {
+                self.pack = Some(pack);
+            } else {
+                self.free.push(ExsBuf::new(pack.buf.region().clone()));
+            }
+            return Err(e);
         }
-        let (crc, hash) =
-            mem.with_bytes(at, n, |b| (crc32c::crc32c(b), *blake3::hash(b).as_bytes()));
-        let head = proto::encode_file_header(file_id, mode, crc, hash, n as u32)
-            .map_err(|e| XferError::conn(format!("encode file: {e}")))?;
-        buf.write_at(0, &head)
-            .map_err(|e| XferError::conn(format!("fill staging block: {e}")))?;
-        if n > 0 && corrupt_this_block() {
-            let first = mem.with_bytes(at, 1, |b| b[0]);
-            let _ = buf.write_at(proto::FILE_HEADER_LEN, &[first ^ 0xff]);
+        pack.fill += frame;
+        pack.count += 1;
+        let full = !pack.packed();
+        self.pack = Some(pack);
+        if full {
+            return self.flush_pack(link);
         }
-        let msg = buf
-            .slice(..proto::FILE_HEADER_LEN + n)
-            .map_err(|e| XferError::conn(format!("slice staging block: {e}")))?;
+        Ok(())
+    }
+
+    /// Sends the open PACK, if any: as a PACK frame, or as the bare FILE frame when it holds
+    /// only one. The server calls it before any other frame and before it waits for requests,
+    /// so answers leave in request order.
+    pub fn flush_pack(&mut self, link: &Link) -> Result<()> {
+        let Some(p) = self.pack.take() else {
+            return Ok(());
+        };
+        ferry_fabric::timeline::mark("srv.pack", u64::from(p.count));
+        let msg = if p.count == 1 {
+            p.buf.slice(p.start..p.fill)
+        } else {
+            let frames = (p.fill - p.start) as u32;
+            let head = proto::encode_pack_header(p.count, frames)
+                .map_err(|e| XferError::conn(format!("encode pack: {e}")))?;
+            p.buf
+                .write_at(0, &head)
+                .map_err(|e| XferError::conn(format!("fill staging block: {e}")))?;
+            p.buf.slice(..p.fill)
+        }
+        .map_err(|e| XferError::conn(format!("slice staging block: {e}")))?;
         link.sock
             .send_to(Some(&self.dq), msg, 0, Flags::NONE, self.blocks);
         self.in_flight += 1;
@@ -651,6 +701,54 @@ impl BlockSender {
         }
         Ok(())
     }
+}
+
+/// A staging block filling with FILE frames (see [`BlockSender::send_file`]).
+struct Pack {
+    buf: ExsBuf,
+    /// Where the first frame starts: after the PACK header's room, or 0 for a bare frame.
+    start: usize,
+    /// Bytes used, from the block's start.
+    fill: usize,
+    /// FILE frames in it.
+    count: u16,
+}
+
+impl Pack {
+    /// Whether more frames may join (else it holds one bare frame).
+    fn packed(&self) -> bool {
+        self.start > 0
+    }
+}
+
+/// Reads `n` bytes of `file` into `buf` at `at + FILE_HEADER_LEN` and writes the FILE
+/// frame's header (CRC-32C and BLAKE3 of those bytes) at `at`.
+fn fill_file_frame(
+    buf: &ExsBuf,
+    at: usize,
+    file: &std::fs::File,
+    file_id: u32,
+    mode: u32,
+    n: usize,
+) -> Result<()> {
+    let mem = buf.buffer();
+    let data = buf.offset() + at + proto::FILE_HEADER_LEN;
+    if n > 0 {
+        mem.read_file_at(data, n, file, 0)
+            .map_err(|e| XferError::io("read", &e))?;
+    }
+    let (crc, hash) = mem.with_bytes(data, n, |b| {
+        (crc32c::crc32c(b), *blake3::hash(b).as_bytes())
+    });
+    let head = proto::encode_file_header(file_id, mode, crc, hash, n as u32)
+        .map_err(|e| XferError::conn(format!("encode file: {e}")))?;
+    buf.write_at(at, &head)
+        .map_err(|e| XferError::conn(format!("fill staging block: {e}")))?;
+    if n > 0 && corrupt_this_block() {
+        let first = mem.with_bytes(data, 1, |b| b[0]);
+        let _ = buf.write_at(at + proto::FILE_HEADER_LEN, &[first ^ 0xff]);
+    }
+    Ok(())
 }
 
 /// Blocks larger files get a writer thread for; smaller ones are written inline.

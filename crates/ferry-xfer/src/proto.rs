@@ -1,6 +1,7 @@
-//! The file-transfer control protocol, version 1.3: pure encode/decode, no I/O.
+//! The file-transfer control protocol, version 1.4: pure encode/decode, no I/O.
 //!
-//! Every EXS message on a transfer connection is exactly one frame. A frame is an 8-byte
+//! Every EXS message on a transfer connection is exactly one frame (a PACK frame carries
+//! several FILE frames inside it). A frame is an 8-byte
 //! header (`len u32` total length, `type u8`, `flags u8`, 2 reserved zero bytes) and a body;
 //! only BLOCK and FILE carry a payload (the file bytes) after their body. All integers are
 //! little-endian; strings are `len u16` + UTF-8. The decoder accepts only what the encoder
@@ -12,12 +13,15 @@ use std::fmt;
 /// Protocol major version: a peer with another major is refused at HELLO.
 pub const VERSION_MAJOR: u16 = 1;
 /// Protocol minor version.
-pub const VERSION_MINOR: u16 = 3;
+pub const VERSION_MINOR: u16 = 4;
 /// The first minor version with parallel streams (session join, OPEN/HAVE/PUT_RANGE/CLOSE).
 pub const MINOR_STREAMS: u16 = 2;
 /// The first minor version with FILE frames (a small file's READY, BLOCK and FILE_DONE in
 /// one frame): a server sends them only to clients of this minor or later.
 pub const MINOR_FILE: u16 = 3;
+/// The first minor version with PACK frames (several FILE frames in one message): a server
+/// packs only for clients of this minor or later.
+pub const MINOR_PACK: u16 = 4;
 /// The most GETs in one GETS frame.
 pub const MAX_GETS: usize = 64;
 /// The most streams a session may have.
@@ -34,6 +38,11 @@ pub const MIN_BLOCK: u32 = 4096;
 pub const BLOCK_HEADER_LEN: usize = HEADER_LEN + 4 + 2 + 2 + 8 + 4 + 4;
 /// The length of a FILE frame without its payload.
 pub const FILE_HEADER_LEN: usize = HEADER_LEN + 4 + 4 + 4 + 32;
+/// The length of a PACK frame without the frames it carries.
+pub const PACK_HEADER_LEN: usize = HEADER_LEN + 2 + 2;
+/// The most bytes of frames one PACK carries: a PACK fills at most one receive buffer of
+/// the largest block size (`BLOCK_HEADER_LEN + MAX_BLOCK`).
+pub const MAX_PACK: usize = MAX_BLOCK as usize + BLOCK_HEADER_LEN - PACK_HEADER_LEN;
 /// The longest path (bytes).
 pub const MAX_PATH: usize = 4096;
 /// The longest token (bytes).
@@ -309,6 +318,15 @@ pub enum Msg {
         /// Payload length: the file's size (not encoded; the frame length gives it).
         len: u32,
     },
+    /// Several FILE frames in one message (1.4, server → client, to a client whose HELLO said
+    /// minor ≥ 4): the frames follow the header back to back, each with its own header and
+    /// payload; [`decode_pack`] takes them apart.
+    Pack {
+        /// How many FILE frames follow (at least 1).
+        count: u16,
+        /// Bytes of the frames that follow (not encoded; the frame length gives it).
+        len: u32,
+    },
     /// The sender has sent every block of the transfer.
     FileDone {
         /// Transfer id.
@@ -471,6 +489,7 @@ mod ty {
     pub const CLOSE: u8 = 22;
     pub const FILE: u8 = 23;
     pub const GETS: u8 = 24;
+    pub const PACK: u8 = 25;
 }
 
 /// Why bytes are not a valid frame.
@@ -613,6 +632,7 @@ pub fn encode(msg: &Msg, out: &mut Vec<u8>) -> Result<(), EncodeError> {
         Msg::Ready { .. } => (ty::READY, 0),
         Msg::Block(_) => (ty::BLOCK, 0),
         Msg::File { .. } => (ty::FILE, 0),
+        Msg::Pack { .. } => (ty::PACK, 0),
         Msg::Gets { .. } => (ty::GETS, 0),
         Msg::FileDone { blake3, .. } => (ty::FILE_DONE, u8::from(blake3.is_some())),
         Msg::Resend { .. } => (ty::RESEND, 0),
@@ -749,6 +769,10 @@ pub fn encode(msg: &Msg, out: &mut Vec<u8>) -> Result<(), EncodeError> {
                 w.u32(*crc32c);
                 w.out.extend_from_slice(blake3);
             }
+            Msg::Pack { count, .. } => {
+                w.u16(*count);
+                w.u16(0);
+            }
             Msg::FileDone {
                 file_id,
                 length,
@@ -871,6 +895,11 @@ pub fn encode(msg: &Msg, out: &mut Vec<u8>) -> Result<(), EncodeError> {
             out.truncate(start);
             return Err(EncodeError::TooLong("file"));
         }
+        Msg::Pack { count, len: n } if *count > 0 && *n as usize <= MAX_PACK => len + *n as usize,
+        Msg::Pack { .. } => {
+            out.truncate(start);
+            return Err(EncodeError::TooLong("pack"));
+        }
         _ if len > MAX_CONTROL => {
             out.truncate(start);
             return Err(EncodeError::TooLong("control frame"));
@@ -919,6 +948,49 @@ pub fn encode_file_header(
     Ok(a)
 }
 
+/// The header of a PACK frame ([`Msg::Pack`]) of `count` FILE frames taking `len` bytes,
+/// which follow it in the same message.
+pub fn encode_pack_header(count: u16, len: u32) -> Result<[u8; PACK_HEADER_LEN], EncodeError> {
+    let mut v = Vec::with_capacity(PACK_HEADER_LEN);
+    encode(&Msg::Pack { count, len }, &mut v)?;
+    let mut a = [0u8; PACK_HEADER_LEN];
+    a.copy_from_slice(&v);
+    Ok(a)
+}
+
+/// Takes apart the frames of a PACK (`count` and `frames` as [`decode`] returned them): each
+/// must be a whole FILE frame, and together exactly `count` of them fill `frames`. Returns
+/// each [`Msg::File`] with its payload.
+pub fn decode_pack(count: u16, frames: &[u8]) -> Result<Vec<(Msg, &[u8])>, DecodeError> {
+    let mut out = Vec::with_capacity(usize::from(count));
+    let mut rest = frames;
+    while !rest.is_empty() {
+        if out.len() == usize::from(count) {
+            return Err(DecodeError::Malformed(
+                "bytes after the last frame of a pack",
+            ));
+        }
+        let head: [u8; 4] = rest
+            .get(..4)
+            .and_then(|b| b.try_into().ok())
+            .ok_or(DecodeError::Truncated)?;
+        let n = u32::from_le_bytes(head) as usize;
+        let frame = rest.get(..n).ok_or(DecodeError::Truncated)?;
+        let (msg, payload) = decode(frame)?;
+        if !matches!(msg, Msg::File { .. }) {
+            return Err(DecodeError::Malformed("a pack carries only FILE frames"));
+        }
+        out.push((msg, payload));
+        rest = &rest[n..];
+    }
+    if out.len() != usize::from(count) {
+        return Err(DecodeError::Malformed(
+            "fewer frames in a pack than it counts",
+        ));
+    }
+    Ok(out)
+}
+
 /// Encodes a control frame into a new vector.
 pub fn to_vec(msg: &Msg) -> Result<Vec<u8>, EncodeError> {
     let mut v = Vec::new();
@@ -942,7 +1014,7 @@ pub fn decode(b: &[u8]) -> Result<(Msg, &[u8]), DecodeError> {
     if r.u16()? != 0 {
         return Err(DecodeError::Malformed("reserved header bytes"));
     }
-    if t != ty::BLOCK && t != ty::FILE && b.len() > MAX_CONTROL {
+    if !matches!(t, ty::BLOCK | ty::FILE | ty::PACK) && b.len() > MAX_CONTROL {
         return Err(DecodeError::TooLarge);
     }
     let allowed = match t {
@@ -1075,6 +1147,21 @@ pub fn decode(b: &[u8]) -> Result<(Msg, &[u8]), DecodeError> {
                 },
                 payload,
             ));
+        }
+        ty::PACK => {
+            let count = r.u16()?;
+            if r.u16()? != 0 {
+                return Err(DecodeError::Malformed("reserved pack bytes"));
+            }
+            if count == 0 {
+                return Err(DecodeError::Malformed("empty pack"));
+            }
+            let frames = r.b;
+            if frames.len() > MAX_PACK {
+                return Err(DecodeError::TooLarge);
+            }
+            let len = frames.len() as u32;
+            return Ok((Msg::Pack { count, len }, frames));
         }
         ty::FILE_DONE => {
             let file_id = r.u32()?;

@@ -652,3 +652,128 @@ fn gets_are_answered_in_order() {
     assert!(got == big);
     assert!(matches!(next(), (Msg::File { file_id: 4, len: 4, .. }, p) if p == b"beta"));
 }
+
+/// To a 1.4 client the FILE frames of one GETS batch travel several to a PACK, in order,
+/// as many as one receive buffer holds; any other answer (an ERROR, a large file's READY…)
+/// first sends what is packed, so answers keep request order; a pack of one goes bare. A
+/// 1.3 client gets bare FILE frames only.
+fn packs_gather_a_gets_batch(driver: &str) {
+    let (addr, dir) = start(driver, false);
+    let body = |i: u32, n: usize| -> Vec<u8> { (0..n as u32).map(|j| (i * 7 + j) as u8).collect() };
+    // a, b, c: 3 frames fit in one 64 KiB buffer; x, y, z of 30,000 bytes: 2 do.
+    let small = [
+        ("a", 100),
+        ("b", 0),
+        ("c", 5000),
+        ("x", 30_000),
+        ("y", 30_000),
+        ("z", 30_000),
+    ];
+    for (i, (name, n)) in small.iter().enumerate() {
+        std::fs::write(dir.join(name), body(i as u32, *n)).unwrap();
+    }
+    std::fs::write(dir.join("big"), body(9, 100_000)).unwrap();
+    std::fs::write(dir.join("last"), b"end").unwrap();
+    let order = ["a", "b", "c", "missing", "x", "y", "z", "big", "last"];
+    let expect = |name: &str| -> Vec<u8> {
+        match small.iter().position(|(n, _)| *n == name) {
+            Some(i) => body(i as u32, small[i].1),
+            None => b"end".to_vec(),
+        }
+    };
+    for minor in [proto::VERSION_MINOR, proto::MINOR_PACK - 1] {
+        let mut link = Link::connect(&addr, T).unwrap();
+        link.post_ring(1, BLOCK_HEADER_LEN + 64 * 1024).unwrap();
+        link.send(&Msg::Hello {
+            major: proto::VERSION_MAJOR,
+            minor,
+            block_size: 64 * 1024,
+            session: 0,
+            stream: 0,
+            token: "tok".into(),
+        })
+        .unwrap();
+        assert!(matches!(link.recv_msg().unwrap(), Msg::Welcome { .. }));
+        link.post_ring(4, BLOCK_HEADER_LEN + 64 * 1024).unwrap();
+        link.send(&Msg::Gets {
+            files: order
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (i as u32 + 1, format!("d/{p}")))
+                .collect(),
+        })
+        .unwrap();
+        // Each message as the file ids it answers, in arrival order.
+        let mut messages: Vec<Vec<u32>> = Vec::new();
+        let mut buf = Vec::new();
+        while messages.last().is_none_or(|m| m != &[9]) {
+            link.recv_into(&mut buf).unwrap();
+            let (m, payload) = proto::decode(&buf).unwrap();
+            let files = match m {
+                Msg::Pack { count, .. } => {
+                    assert!(minor >= proto::MINOR_PACK, "a PACK to a 1.{minor} client");
+                    assert!(count >= 2, "a pack of {count}");
+                    proto::decode_pack(count, payload).unwrap()
+                }
+                Msg::File { .. } => vec![(m, payload)],
+                Msg::Error { file_id, code, .. } => {
+                    assert_eq!((file_id, code), (4, ErrorCode::NotFound));
+                    messages.push(vec![file_id]);
+                    continue;
+                }
+                Msg::Ready { file_id, .. }
+                | Msg::Block(proto::BlockHeader { file_id, .. })
+                | Msg::FileDone { file_id, .. } => {
+                    assert_eq!(file_id, 8);
+                    if messages.last() != Some(&vec![8]) {
+                        messages.push(vec![8]);
+                    }
+                    continue;
+                }
+                m => panic!("unexpected {m:?}"),
+            };
+            let mut ids = Vec::new();
+            for (m, payload) in files {
+                let Msg::File {
+                    file_id,
+                    crc32c,
+                    blake3,
+                    ..
+                } = m
+                else {
+                    panic!("not a FILE: {m:?}");
+                };
+                let want = expect(order[file_id as usize - 1]);
+                assert!(payload == &want[..], "file {file_id}");
+                assert_eq!(crc32c, crc32c::crc32c(&want));
+                assert_eq!(blake3, *blake3::hash(&want).as_bytes());
+                ids.push(file_id);
+            }
+            messages.push(ids);
+        }
+        let want: Vec<Vec<u32>> = if minor >= proto::MINOR_PACK {
+            vec![
+                vec![1, 2, 3],
+                vec![4],
+                vec![5, 6],
+                vec![7],
+                vec![8],
+                vec![9],
+            ]
+        } else {
+            (1..=9).map(|i| vec![i]).collect()
+        };
+        assert_eq!(messages, want, "minor {minor}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn packs_gather_a_gets_batch_tcp() {
+    packs_gather_a_gets_batch("tcp");
+}
+
+#[test]
+fn packs_gather_a_gets_batch_ofi_shm() {
+    packs_gather_a_gets_batch("ofi+shm");
+}

@@ -355,6 +355,9 @@ impl Client {
 
     /// Sends the whole-file GETs collected in `gets` as one GETS frame.
     fn flush_gets(&self, gets: &mut Vec<(u32, String)>) -> Result<()> {
+        if !gets.is_empty() {
+            ferry_fabric::timeline::mark("cp.gets", gets.len() as u64);
+        }
         if gets.is_empty() {
             return Ok(());
         }
@@ -373,181 +376,199 @@ impl Client {
         let mut sums = VecDeque::new();
         let mut gets = Vec::new();
         loop {
-            // A 1.3 server takes whole-file GETs in batches (GETS): refill once half the
-            // window is back, so that each batch carries several.
-            let refill = self.minor < proto::MINOR_FILE || live.len() <= GET_WINDOW / 2;
-            while refill
-                && live.len() < GET_WINDOW
-                && live.values().filter(|d| d.chunk.is_some()).count()
-                    < crate::parallel::CHUNKS_AHEAD
-            {
-                let Some(job) = jobs.next() else {
-                    break;
-                };
-                self.start_download(job, live, &mut sums, &mut gets, progress)?;
-            }
-            self.flush_gets(&mut gets)?;
+            self.refill(jobs, live, &mut sums, &mut gets, progress)?;
             if live.is_empty() {
                 return Ok(());
             }
-            // BLOCKs are checked (and written) in place in the receive buffer.
+            ferry_fabric::timeline::mark("cp.wait", live.len() as u64);
+            // BLOCKs and FILEs are checked (and written) in place in the receive buffer.
             let wire = &mut self.stats.wire_bytes;
             let (direct, ring) = (self.direct, self.ring);
-            let msg = self.link.recv_with(|bytes| -> Result<Msg> {
+            let msgs = self.link.recv_with(|bytes| -> Result<Vec<Msg>> {
+                ferry_fabric::timeline::mark("cp.got", bytes.len() as u64);
                 let (msg, payload) = proto::decode(bytes)
                     .map_err(|e| XferError::conn(format!("the server sent a bad frame: {e}")))?;
-                if let Msg::File {
-                    file_id,
-                    mode,
-                    crc32c,
-                    blake3,
-                    len,
-                } = msg
-                {
-                    // A whole small file: its READY, its one block (checked and written in
-                    // place) and its FILE_DONE, which the code below takes it for.
-                    let dl = live
-                        .get_mut(&file_id)
-                        .ok_or_else(|| XferError::conn("FILE of no transfer in progress"))?;
-                    on_ready(dl, file_id, u64::from(len), mode, direct, ring)?;
-                    let h = proto::BlockHeader {
-                        file_id,
-                        stream: 0,
-                        offset: 0,
-                        len,
-                        crc32c,
-                    };
-                    dl.writer
-                        .as_mut()
-                        .ok_or_else(|| XferError::conn("FILE of no transfer in progress"))?
-                        .push_block(&h, payload)?;
-                    progress.add(u64::from(len));
-                    *wire += u64::from(len);
-                    return Ok(Msg::FileDone {
-                        file_id,
-                        length: u64::from(len),
-                        blake3: Some(blake3),
-                    });
+                let mut take_file = |msg, payload: &[u8]| -> Result<Msg> {
+                    let (id, len) = take_file(live, msg, payload, direct, ring)?;
+                    progress.add(len);
+                    *wire += len;
+                    Ok(id)
+                };
+                match msg {
+                    Msg::Pack { count, .. } => proto::decode_pack(count, payload)
+                        .map_err(|e| XferError::conn(format!("the server sent a bad pack: {e}")))?
+                        .into_iter()
+                        .map(|(m, p)| take_file(m, p))
+                        .collect(),
+                    Msg::File { .. } => Ok(vec![take_file(msg, payload)?]),
+                    Msg::Block(h) => {
+                        let writer = live
+                            .get_mut(&h.file_id)
+                            .and_then(|dl| dl.writer.as_mut())
+                            .ok_or_else(|| XferError::conn("BLOCK of no transfer in progress"))?;
+                        writer.push_slice(bytes)?;
+                        progress.add(u64::from(h.len));
+                        *wire += u64::from(h.len);
+                        Ok(vec![msg])
+                    }
+                    _ => Ok(vec![msg]),
                 }
-                if let Msg::Block(h) = &msg {
-                    let writer = live
-                        .get_mut(&h.file_id)
-                        .and_then(|dl| dl.writer.as_mut())
-                        .ok_or_else(|| XferError::conn("BLOCK of no transfer in progress"))?;
-                    writer.push_slice(bytes)?;
-                    progress.add(u64::from(h.len));
-                    *wire += u64::from(h.len);
-                }
-                Ok(msg)
             })??;
-            let id = match &msg {
-                Msg::Ready { file_id, .. }
-                | Msg::FileDone { file_id, .. }
-                | Msg::Error { file_id, .. } => *file_id,
-                Msg::Block(h) => h.file_id,
-                Msg::SumReply { blake3, .. } => {
-                    let id = sums
-                        .pop_front()
-                        .ok_or_else(|| XferError::conn("the server sent a SUM_REPLY unasked"))?;
-                    if let Some(dl) = live.get_mut(&id) {
-                        dl.hash = Some(*blake3);
-                        if let Some(ch) = &dl.chunk {
-                            if let Some(size) = ch.file.source_hash(*blake3)? {
-                                self.stats.files += 1;
-                                self.stats.bytes += size;
-                            }
-                        }
-                    }
-                    continue;
+            let last = msgs.len();
+            ferry_fabric::timeline::mark("cp.msg", last as u64);
+            for (i, msg) in msgs.into_iter().enumerate() {
+                self.on_msg(msg, live, &mut sums, commits)?;
+                // A PACK answers many GETs: ask for the next ones as soon as half the
+                // window is back, not after the whole pack is written.
+                if i + 1 < last {
+                    self.refill(jobs, live, &mut sums, &mut gets, progress)?;
                 }
-                m => return Err(unexpected(m)),
+            }
+        }
+    }
+
+    /// Starts downloads of the next jobs while the window has room. A 1.3 server takes
+    /// whole-file GETs in batches (GETS): refill once half the window is back, so that each
+    /// batch carries several.
+    fn refill(
+        &mut self,
+        jobs: &mut dyn Iterator<Item = DlJob>,
+        live: &mut HashMap<u32, Dl>,
+        sums: &mut VecDeque<u32>,
+        gets: &mut Vec<(u32, String)>,
+        progress: &dyn Progress,
+    ) -> Result<()> {
+        let refill = self.minor < proto::MINOR_FILE || live.len() <= GET_WINDOW / 2;
+        while refill
+            && live.len() < GET_WINDOW
+            && live.values().filter(|d| d.chunk.is_some()).count() < crate::parallel::CHUNKS_AHEAD
+        {
+            let Some(job) = jobs.next() else {
+                break;
             };
-            let Some(dl) = live.get_mut(&id) else {
-                if let Msg::Error { code, message, .. } = &msg {
-                    return Err(remote_err(*code, message));
-                }
-                return Err(XferError::conn(format!(
-                    "the server answered unknown transfer {id}"
-                )));
-            };
-            match msg {
-                Msg::Ready { size, mode, .. } => on_ready(dl, id, size, mode, direct, ring)?,
-                Msg::Block(_) => {}
-                Msg::Error { code, message, .. } => {
-                    return Err(remote_err(code, &message));
-                }
-                Msg::FileDone { blake3, .. } => {
-                    if blake3.is_some() {
-                        dl.hash = blake3;
-                    }
-                    dl.outstanding = dl.outstanding.saturating_sub(1);
-                    if dl.outstanding > 0 {
-                        continue;
-                    }
-                    let bad = match dl.writer.as_mut() {
-                        Some(w) => w.sync()?,
-                        None => return Err(XferError::conn("FILE_DONE before READY")),
-                    };
-                    if !bad.is_empty() {
-                        dl.rounds += 1;
-                        if dl.rounds > crate::BLOCK_RETRIES {
-                            return Err(XferError::new(
-                                Kind::Integrity,
-                                crate::crc_exhausted(&dl.path),
-                            ));
-                        }
-                        self.stats.blocks_resent += bad.len() as u64;
-                        for (offset, len) in bad {
-                            self.link.send(&Msg::Get {
-                                file_id: id,
-                                offset,
-                                length: u64::from(len),
-                                path: dl.path.clone(),
-                            })?;
-                            dl.outstanding += 1;
-                        }
-                        continue;
-                    }
-                    let Some(mut dl) = live.remove(&id) else {
-                        continue;
-                    };
-                    if let Some(ch) = dl.chunk.take() {
-                        let w = dl
-                            .writer
-                            .take()
-                            .ok_or_else(|| XferError::conn("FILE_DONE before READY"))?;
-                        if let Some(size) = ch.done(w.finish()?)? {
+            self.start_download(job, live, sums, gets, progress)?;
+        }
+        self.flush_gets(gets)
+    }
+
+    /// Takes one frame of the server's answers (FILE and PACK frames already written as
+    /// their READY, BLOCK and FILE_DONE, which is what arrives here for them).
+    fn on_msg(
+        &mut self,
+        msg: Msg,
+        live: &mut HashMap<u32, Dl>,
+        sums: &mut VecDeque<u32>,
+        commits: &mut CommitPool,
+    ) -> Result<()> {
+        let (direct, ring) = (self.direct, self.ring);
+        let id = match &msg {
+            Msg::Ready { file_id, .. }
+            | Msg::FileDone { file_id, .. }
+            | Msg::Error { file_id, .. } => *file_id,
+            Msg::Block(h) => h.file_id,
+            Msg::SumReply { blake3, .. } => {
+                let id = sums
+                    .pop_front()
+                    .ok_or_else(|| XferError::conn("the server sent a SUM_REPLY unasked"))?;
+                if let Some(dl) = live.get_mut(&id) {
+                    dl.hash = Some(*blake3);
+                    if let Some(ch) = &dl.chunk {
+                        if let Some(size) = ch.file.source_hash(*blake3)? {
                             self.stats.files += 1;
                             self.stats.bytes += size;
                         }
-                        continue;
                     }
-                    if dl.null {
+                }
+                return Ok(());
+            }
+            m => return Err(unexpected(m)),
+        };
+        let Some(dl) = live.get_mut(&id) else {
+            if let Msg::Error { code, message, .. } = &msg {
+                return Err(remote_err(*code, message));
+            }
+            return Err(XferError::conn(format!(
+                "the server answered unknown transfer {id}"
+            )));
+        };
+        match msg {
+            Msg::Ready { size, mode, .. } => on_ready(dl, id, size, mode, direct, ring)?,
+            Msg::Block(_) => {}
+            Msg::Error { code, message, .. } => {
+                return Err(remote_err(code, &message));
+            }
+            Msg::FileDone { blake3, .. } => {
+                if blake3.is_some() {
+                    dl.hash = blake3;
+                }
+                dl.outstanding = dl.outstanding.saturating_sub(1);
+                if dl.outstanding > 0 {
+                    return Ok(());
+                }
+                let bad = match dl.writer.as_mut() {
+                    Some(w) => w.sync()?,
+                    None => return Err(XferError::conn("FILE_DONE before READY")),
+                };
+                if !bad.is_empty() {
+                    dl.rounds += 1;
+                    if dl.rounds > crate::BLOCK_RETRIES {
+                        return Err(XferError::new(
+                            Kind::Integrity,
+                            crate::crc_exhausted(&dl.path),
+                        ));
+                    }
+                    self.stats.blocks_resent += bad.len() as u64;
+                    for (offset, len) in bad {
+                        self.link.send(&Msg::Get {
+                            file_id: id,
+                            offset,
+                            length: u64::from(len),
+                            path: dl.path.clone(),
+                        })?;
+                        dl.outstanding += 1;
+                    }
+                    return Ok(());
+                }
+                let Some(mut dl) = live.remove(&id) else {
+                    return Ok(());
+                };
+                if let Some(ch) = dl.chunk.take() {
+                    let w = dl
+                        .writer
+                        .take()
+                        .ok_or_else(|| XferError::conn("FILE_DONE before READY"))?;
+                    if let Some(size) = ch.done(w.finish()?)? {
                         self.stats.files += 1;
-                        self.stats.bytes += dl.size;
-                        continue;
+                        self.stats.bytes += size;
                     }
-                    if dl.hash.is_none() && crate::mem::classify(&dl.path).is_some() {
-                        // A server's zero source sends no hash: what was written must be zeros.
-                        dl.hash = Some(crate::mem::zero_hash(dl.size));
-                    }
-                    let (Some(part), Some(writer)) = (dl.part.take(), dl.writer.take()) else {
-                        return Err(XferError::conn("FILE_DONE before READY"));
-                    };
-                    let mut sink = writer.finish()?;
-                    let fail = |part: LocalPart, e: XferError| {
-                        part.discard();
-                        Err(e)
-                    };
-                    if let Some(e) = sink.io_error.take() {
-                        return fail(part, XferError::io(dl.dest.display(), &e));
-                    }
-                    let got = match sink.hash(&part.file) {
-                        Ok(h) => h,
-                        Err(e) => return fail(part, XferError::io(dl.dest.display(), &e)),
-                    };
-                    if dl.hash != Some(got) {
-                        return fail(
+                    return Ok(());
+                }
+                if dl.null {
+                    self.stats.files += 1;
+                    self.stats.bytes += dl.size;
+                    return Ok(());
+                }
+                if dl.hash.is_none() && crate::mem::classify(&dl.path).is_some() {
+                    // A server's zero source sends no hash: what was written must be zeros.
+                    dl.hash = Some(crate::mem::zero_hash(dl.size));
+                }
+                let (Some(part), Some(writer)) = (dl.part.take(), dl.writer.take()) else {
+                    return Err(XferError::conn("FILE_DONE before READY"));
+                };
+                let mut sink = writer.finish()?;
+                let fail = |part: LocalPart, e: XferError| {
+                    part.discard();
+                    Err(e)
+                };
+                if let Some(e) = sink.io_error.take() {
+                    return fail(part, XferError::io(dl.dest.display(), &e));
+                }
+                let got = match sink.hash(&part.file) {
+                    Ok(h) => h,
+                    Err(e) => return fail(part, XferError::io(dl.dest.display(), &e)),
+                };
+                if dl.hash != Some(got) {
+                    return fail(
                             part,
                             XferError::new(
                                 Kind::Integrity,
@@ -557,21 +578,64 @@ impl Client {
                                 ),
                             ),
                         );
-                    }
-                    let (mode, mtime) = (dl.mode, system_time(dl.ident.mtime));
-                    if crate::commit::fsync_is_free(&part.file) {
-                        // Nothing to wait for: a thread hand-off would cost more (tmpfs).
-                        commits.run_here(move || part.commit(mode, mtime).map(Some))?;
-                    } else {
-                        commits.submit(move || part.commit(mode, mtime).map(Some))?;
-                    }
-                    self.stats.files += 1;
-                    self.stats.bytes += dl.size;
                 }
-                m => return Err(unexpected(&m)),
+                let (mode, mtime) = (dl.mode, system_time(dl.ident.mtime));
+                if crate::commit::fsync_is_free(&part.file) {
+                    // Nothing to wait for: a thread hand-off would cost more (tmpfs).
+                    commits.run_here(move || part.commit(mode, mtime).map(Some))?;
+                } else {
+                    commits.submit(move || part.commit(mode, mtime).map(Some))?;
+                }
+                self.stats.files += 1;
+                self.stats.bytes += dl.size;
             }
+            m => return Err(unexpected(&m)),
         }
+        Ok(())
     }
+}
+
+/// A whole small file (a FILE frame, alone or in a PACK): its READY, its one block (checked
+/// and written in place) and its FILE_DONE, which it returns for the caller to take as
+/// such, with the payload's length.
+fn take_file(
+    live: &mut HashMap<u32, Dl>,
+    msg: Msg,
+    payload: &[u8],
+    direct: bool,
+    ring: usize,
+) -> Result<(Msg, u64)> {
+    let Msg::File {
+        file_id,
+        mode,
+        crc32c,
+        blake3,
+        len,
+    } = msg
+    else {
+        return Err(unexpected(&msg));
+    };
+    let dl = live
+        .get_mut(&file_id)
+        .ok_or_else(|| XferError::conn("FILE of no transfer in progress"))?;
+    on_ready(dl, file_id, u64::from(len), mode, direct, ring)?;
+    let h = proto::BlockHeader {
+        file_id,
+        stream: 0,
+        offset: 0,
+        len,
+        crc32c,
+    };
+    dl.writer
+        .as_mut()
+        .ok_or_else(|| XferError::conn("FILE of no transfer in progress"))?
+        .push_block(&h, payload)?;
+    let done = Msg::FileDone {
+        file_id,
+        length: u64::from(len),
+        blake3: Some(blake3),
+    };
+    Ok((done, u64::from(len)))
 }
 
 /// READY of `dl` (transfer `id`, `size` bytes, permission bits `mode`): its writer, once.

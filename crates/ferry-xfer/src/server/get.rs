@@ -178,21 +178,28 @@ impl Server {
     ) -> Result<()> {
         let (file, st) = match self.roots.open_read(path) {
             Ok(f) => f,
-            Err(r) => return reply_refusal(link, file_id, r),
+            Err(r) => {
+                tx.flush_pack(link)?;
+                return reply_refusal(link, file_id, r);
+            }
         };
         let size = st.st_size as u64;
         let mode = st.st_mode & 0o7777;
         if inline && offset == 0 && length == u64::MAX && tx.file_fits(size) {
             // A small file whole: READY, its block and FILE_DONE in one FILE frame.
             return match tx.send_file(link, &file, file_id, mode, size) {
-                Err(e) if e.kind != Kind::Connection => reply_refusal(
-                    link,
-                    file_id,
-                    refuse(ErrorCode::Io, format!("{path}: {}", e.msg)),
-                ),
+                Err(e) if e.kind != Kind::Connection => {
+                    tx.flush_pack(link)?;
+                    reply_refusal(
+                        link,
+                        file_id,
+                        refuse(ErrorCode::Io, format!("{path}: {}", e.msg)),
+                    )
+                }
                 res => res,
             };
         }
+        tx.flush_pack(link)?;
         let Some(len) = ready(link, file_id, path, offset, length, size, mode)? else {
             return Ok(());
         };

@@ -345,16 +345,37 @@ impl Server {
         link.timeout = Duration::from_secs(600);
         link.post_ring(self.cfg.ring, BLOCK_HEADER_LEN + block as usize)?;
         let mut tx = BlockSender::new(block, self.cfg.ring, link.timeout)?;
-        // Small whole files travel as one FILE frame to clients that know it (1.3).
+        // Small whole files travel as one FILE frame to clients that know it (1.3), and
+        // those of one GETS batch several to a PACK (1.4).
         let inline = minor >= proto::MINOR_FILE;
+        tx.packing = minor >= proto::MINOR_PACK;
         tx.direct = self.cfg.direct;
         // The GETs of a GETS frame, answered one by one as if each had come alone.
         let mut batch = std::collections::VecDeque::new();
         loop {
             let msg = match batch.pop_front() {
                 Some(m) => m,
-                None => next_request(link, &session)?,
+                None => {
+                    tx.flush_pack(link)?;
+                    ferry_fabric::timeline::mark("srv.wait", 0);
+                    let m = next_request(link, &session)?;
+                    ferry_fabric::timeline::mark("srv.req", 0);
+                    m
+                }
             };
+            // Answers leave in request order: only whole-file GETs add to an open PACK
+            // (`get` sends it first when it answers otherwise).
+            let whole_get = matches!(
+                msg,
+                Msg::Get {
+                    offset: 0,
+                    length: u64::MAX,
+                    ..
+                }
+            );
+            if !whole_get || self.draining.load(Ordering::SeqCst) || self.cfg.mem {
+                tx.flush_pack(link)?;
+            }
             if let Msg::Gets { files } = msg {
                 batch.extend(files.into_iter().map(|(file_id, path)| Msg::Get {
                     file_id,
