@@ -885,6 +885,15 @@ impl BlockWriter {
         }
     }
 
+    /// Takes a whole file that came in one FILE frame, checked against the file's BLAKE3
+    /// instead of its CRC (see [`crate::server::BlockSink::whole_file`]).
+    pub fn push_file(&mut self, h: &BlockHeader, payload: &[u8], blake3: &[u8; 32]) -> Result<()> {
+        match &mut self.inner {
+            WriterKind::Inline(sink, file, _) => sink.whole_file(file.as_ref(), h, payload, blake3),
+            WriterKind::Thread { .. } => self.push_block(h, payload),
+        }
+    }
+
     /// Checks and writes one block given as its header and payload (the block of a FILE
     /// frame), like [`BlockWriter::push_slice`] does for a BLOCK frame.
     pub fn push_block(&mut self, h: &BlockHeader, payload: &[u8]) -> Result<()> {

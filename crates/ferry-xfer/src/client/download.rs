@@ -629,7 +629,7 @@ fn take_file(
     dl.writer
         .as_mut()
         .ok_or_else(|| XferError::conn("FILE of no transfer in progress"))?
-        .push_block(&h, payload)?;
+        .push_file(&h, payload, &blake3)?;
     let done = Msg::FileDone {
         file_id,
         length: u64::from(len),

@@ -111,6 +111,55 @@ impl BlockSink {
     /// (to `file`; `None` is the null sink of memory mode: nothing is written or hashed),
     /// remembers its range for a re-fetch if not.
     pub fn block(&mut self, file: Option<&File>, h: &BlockHeader, payload: &[u8]) -> Result<()> {
+        self.check_bounds(h)?;
+        if crc32c::crc32c(payload) != h.crc32c {
+            self.refetch(h, "block CRC mismatch; it will be sent again");
+            return Ok(());
+        }
+        let Some(file) = file else {
+            if self.window.is_some() {
+                self.got.insert(h.offset, h.offset + u64::from(h.len));
+            }
+            return Ok(());
+        };
+        self.store(file, h, payload);
+        if h.offset == self.hashed && !self.rehash {
+            self.hasher.update(payload);
+            self.hashed += u64::from(h.len);
+        } else {
+            self.rehash = true;
+        }
+        Ok(())
+    }
+
+    /// A whole file in one block (a FILE frame), with the file's BLAKE3 from the sender:
+    /// that hash covers the same bytes as the block's CRC-32C and is needed anyway, so it
+    /// is the block's check instead of both. A mismatch is re-fetched like a bad CRC.
+    pub fn whole_file(
+        &mut self,
+        file: Option<&File>,
+        h: &BlockHeader,
+        payload: &[u8],
+        blake3: &[u8; 32],
+    ) -> Result<()> {
+        let fresh = h.offset == 0 && self.hashed == 0 && !self.rehash && self.window.is_none();
+        let (Some(file), true) = (file, fresh && u64::from(h.len) == self.size) else {
+            return self.block(file, h, payload);
+        };
+        self.check_bounds(h)?;
+        let mut hasher = blake3::Hasher::new();
+        hasher.update(payload);
+        if hasher.finalize().as_bytes() != blake3 {
+            self.refetch(h, "file BLAKE3 mismatch; it will be sent again");
+            return Ok(());
+        }
+        self.store(file, h, payload);
+        self.hasher = hasher;
+        self.hashed = self.size;
+        Ok(())
+    }
+
+    fn check_bounds(&self, h: &BlockHeader) -> Result<()> {
         let end = h.offset.saturating_add(u64::from(h.len));
         let outside = self
             .window
@@ -121,47 +170,36 @@ impl BlockSink {
                 h.file_id, h.offset, h.len
             )));
         }
-        if crc32c::crc32c(payload) != h.crc32c {
-            tracing::warn!(
-                offset = h.offset,
-                len = h.len,
-                "block CRC mismatch; it will be sent again"
-            );
-            self.bad.push((h.offset, h.len));
-            self.bad_total += 1;
-            return Ok(());
+        Ok(())
+    }
+
+    fn refetch(&mut self, h: &BlockHeader, why: &str) {
+        tracing::warn!(offset = h.offset, len = h.len, "{why}");
+        self.bad.push((h.offset, h.len));
+        self.bad_total += 1;
+    }
+
+    /// Writes a good block (bounds checked) and records it: in the range set of a parallel
+    /// piece, in the journal (checkpointing when due). A write error is kept for the end.
+    fn store(&mut self, file: &File, h: &BlockHeader, payload: &[u8]) {
+        if self.io_error.is_some() {
+            return;
         }
-        let Some(file) = file else {
-            if self.window.is_some() {
-                self.got.insert(h.offset, end);
-            }
-            return Ok(());
-        };
-        if self.io_error.is_none() {
-            match write_at(file, &mut self.direct, &mut self.bounce, payload, h.offset) {
-                Err(e) => self.io_error = Some(e),
-                Ok(()) => {
-                    if self.window.is_some() {
-                        self.got.insert(h.offset, end);
-                    }
-                    if let Some(j) = &mut self.journal {
-                        j.good(h.offset, u64::from(h.len));
-                        if j.due() {
-                            if let Err(e) = j.checkpoint_in_background(file) {
-                                self.io_error = Some(e);
-                            }
-                        }
-                    }
+        if let Err(e) = write_at(file, &mut self.direct, &mut self.bounce, payload, h.offset) {
+            self.io_error = Some(e);
+            return;
+        }
+        if self.window.is_some() {
+            self.got.insert(h.offset, h.offset + u64::from(h.len));
+        }
+        if let Some(j) = &mut self.journal {
+            j.good(h.offset, u64::from(h.len));
+            if j.due() {
+                if let Err(e) = j.checkpoint_in_background(file) {
+                    self.io_error = Some(e);
                 }
             }
         }
-        if h.offset == self.hashed && !self.rehash {
-            self.hasher.update(payload);
-            self.hashed += u64::from(h.len);
-        } else {
-            self.rehash = true;
-        }
-        Ok(())
     }
 
     /// The BLAKE3 of what was written (re-reading the file if blocks arrived out of order).
@@ -223,4 +261,56 @@ pub fn hash_file(file: &File, size: u64) -> std::io::Result<[u8; 32]> {
         pos += n as u64;
     }
     Ok(*h.finalize().as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(len: usize, crc32c: u32) -> BlockHeader {
+        BlockHeader {
+            file_id: 7,
+            stream: 0,
+            offset: 0,
+            len: len as u32,
+            crc32c,
+        }
+    }
+
+    /// A whole file checked by its BLAKE3: written and hashed once when it matches; kept out
+    /// of the file and listed for a re-fetch when it does not, whatever its CRC says.
+    #[test]
+    fn a_whole_file_is_checked_by_its_hash() {
+        let dir = std::env::temp_dir().join(format!("ferry-sink-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let data: Vec<u8> = (0..5000u32).map(|i| (i * 31 + 7) as u8).collect();
+        let good = *blake3::hash(&data).as_bytes();
+        let path = dir.join("good");
+        let file = File::create_new(&path).unwrap();
+        let mut sink = BlockSink::new(7, data.len() as u64);
+        // A CRC of 0 would fail `block`: the hash alone decides here.
+        sink.whole_file(Some(&file), &header(data.len(), 0), &data, &good)
+            .unwrap();
+        assert!(sink.bad.is_empty());
+        assert_eq!(std::fs::read(&path).unwrap(), data);
+        assert_eq!(sink.hash(&file).unwrap(), good);
+
+        let path = dir.join("bad");
+        let file = File::create_new(&path).unwrap();
+        let mut sink = BlockSink::new(7, data.len() as u64);
+        let mut other = good;
+        other[0] ^= 1;
+        let crc = crc32c::crc32c(&data);
+        sink.whole_file(Some(&file), &header(data.len(), crc), &data, &other)
+            .unwrap();
+        assert_eq!(sink.bad, vec![(0, data.len() as u32)]);
+        assert_eq!(sink.bad_total, 1);
+        assert!(std::fs::read(&path).unwrap().is_empty());
+        // Outside the transfer is refused as before.
+        let mut sink = BlockSink::new(7, 10);
+        assert!(sink
+            .whole_file(Some(&file), &header(data.len(), crc), &data, &good)
+            .is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
