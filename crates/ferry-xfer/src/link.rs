@@ -383,6 +383,8 @@ pub struct BlockSender {
     /// Read files with direct I/O (`O_DIRECT`, bypassing the page cache) where the
     /// filesystem allows it; the unaligned tail of a file is read through the cache.
     pub direct: bool,
+    /// Send a whole file that fits in a block as one FILE frame (a 1.3 peer).
+    pub inline: bool,
     /// Gather FILE frames into PACK frames (a 1.4 peer).
     pub packing: bool,
     /// The PACK being filled.
@@ -405,6 +407,7 @@ impl BlockSender {
             timeout,
             blocks: 0,
             direct: false,
+            inline: false,
             packing: false,
             pack: None,
         })

@@ -163,14 +163,12 @@ impl Server {
         })
     }
 
-    /// Answers a GET of a file: READY, BLOCKs, FILE_DONE; or, with `inline` (a 1.3 client)
-    /// for a whole file that fits in one frame, one FILE frame.
-    #[allow(clippy::too_many_arguments)]
+    /// Answers a GET of a file: READY, BLOCKs, FILE_DONE; or, when `tx` sends FILE frames
+    /// (a 1.3 client), for a whole file that fits in one frame, one FILE frame.
     pub(super) fn get(
         &self,
         link: &mut Link,
         tx: &mut BlockSender,
-        inline: bool,
         file_id: u32,
         offset: u64,
         length: u64,
@@ -185,7 +183,7 @@ impl Server {
         };
         let size = st.st_size as u64;
         let mode = st.st_mode & 0o7777;
-        if inline && offset == 0 && length == u64::MAX && tx.file_fits(size) {
+        if tx.inline && offset == 0 && length == u64::MAX && tx.file_fits(size) {
             // A small file whole: READY, its block and FILE_DONE in one FILE frame.
             return match tx.send_file(link, &file, file_id, mode, size) {
                 Err(e) if e.kind != Kind::Connection => {

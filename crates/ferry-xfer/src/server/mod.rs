@@ -347,7 +347,7 @@ impl Server {
         let mut tx = BlockSender::new(block, self.cfg.ring, link.timeout)?;
         // Small whole files travel as one FILE frame to clients that know it (1.3), and
         // those of one GETS batch several to a PACK (1.4).
-        let inline = minor >= proto::MINOR_FILE;
+        tx.inline = minor >= proto::MINOR_FILE;
         tx.packing = minor >= proto::MINOR_PACK;
         tx.direct = self.cfg.direct;
         // The GETs of a GETS frame, answered one by one as if each had come alone.
@@ -440,7 +440,7 @@ impl Server {
                     path,
                 } => {
                     let _counted = InFlight::new(&self.in_flight);
-                    self.get(link, &mut tx, inline, file_id, offset, length, &path)?
+                    self.get(link, &mut tx, file_id, offset, length, &path)?
                 }
                 Msg::Put {
                     file_id,
