@@ -42,6 +42,7 @@ enum Cmd {
 }
 
 fn main() -> Result<()> {
+    ferry_fabric::timeline::mark("main.start", 0);
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -63,6 +64,7 @@ fn main() -> Result<()> {
         Cmd::Sum(a) => xfer::sum(a),
     };
     // FERRY_TIMELINE=PREFIX: this run's marks (see `ferry_fabric::timeline`).
+    ferry_fabric::timeline::mark("main.end", 0);
     ferry_fabric::timeline::flush();
     if let Err(e) = res {
         eprintln!("ferry: {e}");

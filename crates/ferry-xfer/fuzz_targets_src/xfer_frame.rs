@@ -14,7 +14,8 @@ pub fn xfer_frame(data: &[u8]) {
         proto::encode(&msg, &mut again).expect("a decoded frame encodes");
         if let Msg::Block(proto::BlockHeader { len, .. })
         | Msg::File { len, .. }
-        | Msg::Pack { len, .. } = &msg
+        | Msg::Pack { len, .. }
+        | Msg::PutFile { len, .. } = &msg
         {
             assert_eq!(payload.len(), *len as usize);
             again.extend_from_slice(payload);

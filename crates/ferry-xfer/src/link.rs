@@ -293,12 +293,18 @@ impl Link {
     pub fn recv_msg(&mut self) -> Result<Msg> {
         let mut v = Vec::new();
         self.recv_into(&mut v)?;
-        let (msg, _) = proto::decode(&v)
-            .map_err(|e| XferError::conn(format!("the peer sent a bad frame: {e}")))?;
-        if matches!(msg, Msg::Block(_)) {
-            return Err(XferError::conn("unexpected BLOCK frame"));
-        }
-        Ok(msg)
+        decode_control(&v)
+    }
+
+    /// Like [`Link::recv_msg`], but the buffer is not posted again: for the handshake's
+    /// frame, after which the caller posts its ring sized for the agreed block (re-posted,
+    /// the handshake's small buffer would be the next to fill, and the first message after
+    /// the handshake may be a whole file).
+    pub fn recv_first_msg(&mut self) -> Result<Msg> {
+        let (buf, len) = self.next_done()?;
+        let mut v = vec![0; len];
+        buf.buffer().read_at(buf.offset(), &mut v);
+        decode_control(&v)
     }
 
     /// The largest message the posted buffers take.
@@ -310,6 +316,16 @@ impl Link {
     pub fn close(&self) {
         let _ = self.sock.close();
     }
+}
+
+/// Decodes a control frame (a BLOCK is an error here).
+fn decode_control(v: &[u8]) -> Result<Msg> {
+    let (msg, _) =
+        proto::decode(v).map_err(|e| XferError::conn(format!("the peer sent a bad frame: {e}")))?;
+    if matches!(msg, Msg::Block(_)) {
+        return Err(XferError::conn("unexpected BLOCK frame"));
+    }
+    Ok(msg)
 }
 
 /// Test hook: `FERRY_TEST_CORRUPT_BLOCKS=N` flips a byte in the first N blocks this process
@@ -673,6 +689,68 @@ impl BlockSender {
         Ok(())
     }
 
+    /// Whether a file of `size` bytes uploaded to `path` fits in one PUT_FILE frame.
+    pub fn put_file_fits(&self, path: &str, size: u64) -> bool {
+        size.saturating_add(proto::put_file_header_len(path) as u64)
+            <= (BLOCK_HEADER_LEN + self.block) as u64
+    }
+
+    /// Sends the whole of `file` ([`BlockSender::put_file_fits`]) to `path` as one PUT_FILE
+    /// frame of `file_id`: read with one `pread` into a registered staging block, its BLAKE3
+    /// computed there, sent without a copy.
+    pub fn send_put_file(
+        &mut self,
+        link: &Link,
+        file: &std::fs::File,
+        file_id: u32,
+        path: &str,
+        meta: &FileMeta,
+    ) -> Result<()> {
+        let (size, mode, mtime) = (meta.size, meta.mode, meta.mtime);
+        let n = usize::try_from(size)
+            .ok()
+            .filter(|_| self.put_file_fits(path, size))
+            .ok_or_else(|| XferError::conn("internal: file too large for one PUT_FILE frame"))?;
+        let head_len = proto::put_file_header_len(path);
+        let buf = self.take_block(&link.sock)?;
+        self.zeroed.remove(&buf.addr());
+        let mem = buf.buffer();
+        let data = buf.offset() + head_len;
+        let read = if n > 0 {
+            mem.read_file_at(data, n, file, 0)
+        } else {
+            Ok(())
+        };
+        if let Err(e) = read {
+            self.free.push(ExsBuf::new(buf.region().clone()));
+            return Err(XferError::io("read", &e));
+        }
+        let blake3 = mem.with_bytes(data, n, |b| *blake3::hash(b).as_bytes());
+        let msg = Msg::PutFile {
+            file_id,
+            mode,
+            mtime,
+            blake3,
+            path: path.to_string(),
+            len: n as u32,
+        };
+        let head = proto::to_vec(&msg).map_err(|e| XferError::conn(format!("encode: {e}")))?;
+        buf.write_at(0, &head)
+            .map_err(|e| XferError::conn(format!("fill staging block: {e}")))?;
+        if n > 0 && corrupt_this_block() {
+            let first = mem.with_bytes(data, 1, |b| b[0]);
+            let _ = buf.write_at(head_len, &[first ^ 0xff]);
+        }
+        let msg = buf
+            .slice(..head_len + n)
+            .map_err(|e| XferError::conn(format!("slice staging block: {e}")))?;
+        link.sock
+            .send_to(Some(&self.dq), msg, 0, Flags::NONE, self.blocks);
+        self.in_flight += 1;
+        self.blocks += 1;
+        Ok(())
+    }
+
     /// Sends the open PACK, if any: as a PACK frame, or as the bare FILE frame when it holds
     /// only one. The server calls it before any other frame and before it waits for requests,
     /// so answers leave in request order.
@@ -707,6 +785,17 @@ impl BlockSender {
         }
         Ok(())
     }
+}
+
+/// What a PUT_FILE says of its file besides the bytes.
+#[derive(Debug, Clone, Copy)]
+pub struct FileMeta {
+    /// Size in bytes.
+    pub size: u64,
+    /// Permission bits.
+    pub mode: u32,
+    /// Modification time, nanoseconds since the epoch.
+    pub mtime: i64,
 }
 
 /// A staging block filling with FILE frames (see [`BlockSender::send_file`]).

@@ -22,6 +22,9 @@ pub const MINOR_FILE: u16 = 3;
 /// The first minor version with PACK frames (several FILE frames in one message): a server
 /// packs only for clients of this minor or later.
 pub const MINOR_PACK: u16 = 4;
+/// The first minor version with PUT_FILE frames (a small file uploaded in one frame, its
+/// answer not waited for): a client sends them only to servers of this minor or later.
+pub const MINOR_PUT_FILE: u16 = 4;
 /// The most GETs in one GETS frame.
 pub const MAX_GETS: usize = 64;
 /// The most streams a session may have.
@@ -327,6 +330,25 @@ pub enum Msg {
         /// Bytes of the frames that follow (not encoded; the frame length gives it).
         len: u32,
     },
+    /// A whole small file uploaded in one frame (1.4, client → server, to a server whose
+    /// WELCOME said minor ≥ 4): PUT, its one BLOCK and FILE_DONE at once, checked by the
+    /// BLAKE3. Answered OK or ERROR like a PUT's end; the client does not wait for the
+    /// answer before it sends the next. The payload (the whole file, `len` bytes) follows
+    /// the path in the same message.
+    PutFile {
+        /// Transfer id.
+        file_id: u32,
+        /// Permission bits.
+        mode: u32,
+        /// The source's modification time (nanoseconds since the epoch).
+        mtime: i64,
+        /// BLAKE3 of the payload (the whole file).
+        blake3: [u8; 32],
+        /// Path.
+        path: String,
+        /// Payload length: the file's size (not encoded; the frame length gives it).
+        len: u32,
+    },
     /// The sender has sent every block of the transfer.
     FileDone {
         /// Transfer id.
@@ -490,6 +512,7 @@ mod ty {
     pub const FILE: u8 = 23;
     pub const GETS: u8 = 24;
     pub const PACK: u8 = 25;
+    pub const PUT_FILE: u8 = 26;
 }
 
 /// Why bytes are not a valid frame.
@@ -633,6 +656,7 @@ pub fn encode(msg: &Msg, out: &mut Vec<u8>) -> Result<(), EncodeError> {
         Msg::Block(_) => (ty::BLOCK, 0),
         Msg::File { .. } => (ty::FILE, 0),
         Msg::Pack { .. } => (ty::PACK, 0),
+        Msg::PutFile { .. } => (ty::PUT_FILE, 0),
         Msg::Gets { .. } => (ty::GETS, 0),
         Msg::FileDone { blake3, .. } => (ty::FILE_DONE, u8::from(blake3.is_some())),
         Msg::Resend { .. } => (ty::RESEND, 0),
@@ -773,6 +797,20 @@ pub fn encode(msg: &Msg, out: &mut Vec<u8>) -> Result<(), EncodeError> {
                 w.u16(*count);
                 w.u16(0);
             }
+            Msg::PutFile {
+                file_id,
+                mode,
+                mtime,
+                blake3,
+                path,
+                ..
+            } => {
+                w.u32(*file_id);
+                w.u32(*mode);
+                w.u64(*mtime as u64);
+                w.out.extend_from_slice(blake3);
+                w.str(path, MAX_PATH, "path")?;
+            }
             Msg::FileDone {
                 file_id,
                 length,
@@ -896,6 +934,11 @@ pub fn encode(msg: &Msg, out: &mut Vec<u8>) -> Result<(), EncodeError> {
             return Err(EncodeError::TooLong("file"));
         }
         Msg::Pack { count, len: n } if *count > 0 && *n as usize <= MAX_PACK => len + *n as usize,
+        Msg::PutFile { len: n, .. } if *n <= MAX_BLOCK => len + *n as usize,
+        Msg::PutFile { .. } => {
+            out.truncate(start);
+            return Err(EncodeError::TooLong("file"));
+        }
         Msg::Pack { .. } => {
             out.truncate(start);
             return Err(EncodeError::TooLong("pack"));
@@ -991,6 +1034,11 @@ pub fn decode_pack(count: u16, frames: &[u8]) -> Result<Vec<(Msg, &[u8])>, Decod
     Ok(out)
 }
 
+/// The length of a PUT_FILE frame's header for `path` (its payload follows).
+pub fn put_file_header_len(path: &str) -> usize {
+    HEADER_LEN + 4 + 4 + 8 + 32 + 2 + path.len()
+}
+
 /// Encodes a control frame into a new vector.
 pub fn to_vec(msg: &Msg) -> Result<Vec<u8>, EncodeError> {
     let mut v = Vec::new();
@@ -1014,7 +1062,7 @@ pub fn decode(b: &[u8]) -> Result<(Msg, &[u8]), DecodeError> {
     if r.u16()? != 0 {
         return Err(DecodeError::Malformed("reserved header bytes"));
     }
-    if !matches!(t, ty::BLOCK | ty::FILE | ty::PACK) && b.len() > MAX_CONTROL {
+    if !matches!(t, ty::BLOCK | ty::FILE | ty::PACK | ty::PUT_FILE) && b.len() > MAX_CONTROL {
         return Err(DecodeError::TooLarge);
     }
     let allowed = match t {
@@ -1143,6 +1191,29 @@ pub fn decode(b: &[u8]) -> Result<(Msg, &[u8]), DecodeError> {
                     mode,
                     crc32c,
                     blake3,
+                    len,
+                },
+                payload,
+            ));
+        }
+        ty::PUT_FILE => {
+            let file_id = r.u32()?;
+            let mode = r.u32()?;
+            let mtime = r.u64()? as i64;
+            let blake3 = r.arr::<32>()?;
+            let path = r.str(MAX_PATH)?;
+            let payload = r.b;
+            let len = u32::try_from(payload.len())
+                .ok()
+                .filter(|n| *n <= MAX_BLOCK)
+                .ok_or(DecodeError::TooLarge)?;
+            return Ok((
+                Msg::PutFile {
+                    file_id,
+                    mode,
+                    mtime,
+                    blake3,
+                    path,
                     len,
                 },
                 payload,

@@ -263,6 +263,24 @@ proptest! {
     }
 
     #[test]
+    fn put_files_round_trip(file_id in any::<u32>(), mode in any::<u32>(), mtime in any::<i64>(), blake3 in any::<[u8; 32]>(), path in s(300), data in proptest::collection::vec(any::<u8>(), 0..5000)) {
+        let m = Msg::PutFile { file_id, mode, mtime, blake3, path: path.clone(), len: data.len() as u32 };
+        let mut bytes = proto::to_vec(&m).unwrap();
+        prop_assert_eq!(bytes.len(), proto::put_file_header_len(&path));
+        // `to_vec` wrote the length of the whole frame; the payload follows the path.
+        bytes.extend_from_slice(&data);
+        let (back, payload) = proto::decode(&bytes).unwrap();
+        prop_assert_eq!(back, m);
+        prop_assert_eq!(payload, &data[..]);
+        xfer_frame::xfer_frame(&bytes);
+        // Cut inside the path: refused, never misread.
+        let cut = proto::put_file_header_len(&path) - 1;
+        let mut short = bytes[..cut].to_vec();
+        short[..4].copy_from_slice(&(cut as u32).to_le_bytes());
+        prop_assert!(proto::decode(&short).is_err());
+    }
+
+    #[test]
     fn a_pack_carries_only_file_frames(m in msg()) {
         let inner = proto::to_vec(&m).unwrap();
         prop_assert!(proto::decode_pack(1, &inner).is_err());

@@ -230,10 +230,11 @@ fn upload(
         ));
     }
     with_client(r, opts, total, |c| {
-        for (src, path, _) in plan_upload(c, local, &md, r, opts, progress)? {
-            c.upload_file(&src, &path, progress)?;
-        }
-        Ok(())
+        let files = plan_upload(c, local, &md, r, opts, progress)?;
+        c.upload_files(
+            files.into_iter().map(|(src, path, _)| (src, path)),
+            progress,
+        )
     })
 }
 

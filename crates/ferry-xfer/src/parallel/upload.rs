@@ -163,11 +163,30 @@ pub(crate) fn upload(
     res
 }
 
+/// Whole files a stream takes from the queue at once.
+const WHOLE_BATCH: usize = 16;
+
 /// One stream's share of an upload.
 fn upload_stream(c: &mut Client, q: &UpQueue, progress: &dyn Progress) -> Result<()> {
     while let Some(job) = q.next() {
         match job {
-            UpJob::Whole(src, path) => c.upload_file(&src, &path, progress)?,
+            UpJob::Whole(src, path) => {
+                // Whole files stream (PUT_FILE): take the next few along with this one.
+                let mut batch = vec![(src, path)];
+                let mut queue = lock(&q.queue);
+                while batch.len() < WHOLE_BATCH {
+                    match queue.pop_front() {
+                        Some(UpJob::Whole(src, path)) => batch.push((src, path)),
+                        Some(other) => {
+                            queue.push_front(other);
+                            break;
+                        }
+                        None => break,
+                    }
+                }
+                drop(queue);
+                c.upload_files(batch, progress)?
+            }
             UpJob::Big(None, path, size) if c.minor < proto::MINOR_STREAMS => {
                 c.upload_zero(size, &path, progress)?
             }

@@ -283,7 +283,7 @@ impl Server {
     pub fn connection(&self, link: &mut Link) -> Result<()> {
         link.timeout = HANDSHAKE_TIMEOUT;
         link.post_ring(1, proto::MAX_CONTROL)?;
-        let (major, minor, block_size, token, join, stream) = match link.recv_msg()? {
+        let (major, minor, block_size, token, join, stream) = match link.recv_first_msg()? {
             Msg::Hello {
                 major,
                 minor,
@@ -336,6 +336,8 @@ impl Server {
             session: session.clone(),
         };
         let block = block_size.clamp(proto::MIN_BLOCK, self.cfg.block_size);
+        // Posted before WELCOME: the client's first request may be a whole file (PUT_FILE).
+        link.post_ring(self.cfg.ring, BLOCK_HEADER_LEN + block as usize)?;
         link.send(&Msg::Welcome {
             major: proto::VERSION_MAJOR,
             minor: proto::VERSION_MINOR,
@@ -343,7 +345,6 @@ impl Server {
             session: session.id,
         })?;
         link.timeout = Duration::from_secs(600);
-        link.post_ring(self.cfg.ring, BLOCK_HEADER_LEN + block as usize)?;
         let mut tx = BlockSender::new(block, self.cfg.ring, link.timeout)?;
         // Small whole files travel as one FILE frame to clients that know it (1.3), and
         // those of one GETS batch several to a PACK (1.4).
@@ -352,13 +353,15 @@ impl Server {
         tx.direct = self.cfg.direct;
         // The GETs of a GETS frame, answered one by one as if each had come alone.
         let mut batch = std::collections::VecDeque::new();
+        // The last request's bytes (a PUT_FILE's payload is read from here).
+        let mut request = Vec::new();
         loop {
             let msg = match batch.pop_front() {
                 Some(m) => m,
                 None => {
                     tx.flush_pack(link)?;
                     ferry_fabric::timeline::mark("srv.wait", 0);
-                    let m = next_request(link, &session)?;
+                    let m = next_request(link, &session, &mut request)?;
                     ferry_fabric::timeline::mark("srv.req", 0);
                     m
                 }
@@ -460,6 +463,30 @@ impl Server {
                         block,
                     };
                     self.put(link, &req, &path)?
+                }
+                Msg::PutFile {
+                    file_id,
+                    mode,
+                    mtime,
+                    blake3,
+                    path,
+                    len,
+                } => {
+                    let _counted = InFlight::new(&self.in_flight);
+                    let payload = request
+                        .len()
+                        .checked_sub(len as usize)
+                        .and_then(|at| request.get(at..))
+                        .ok_or_else(|| XferError::conn("PUT_FILE shorter than its payload"))?;
+                    let req = PutReq {
+                        file_id,
+                        resume: false,
+                        mode,
+                        size: u64::from(len),
+                        mtime: Some(mtime),
+                        block,
+                    };
+                    self.put_file(link, &req, &path, payload, &blake3)?
                 }
                 Msg::Open {
                     flags,
@@ -574,13 +601,13 @@ struct PutReq {
     block: u32,
 }
 
-/// The next request on a connection. While it waits, the session lets go of uploads a newer
-/// OPEN or PUT of the same file asked for and no stream is receiving (their client is
-/// usually gone without the fabric noticing yet).
-fn next_request(link: &mut Link, session: &Session) -> Result<Msg> {
-    let mut buf = Vec::new();
+/// The next request on a connection, its bytes left in `buf` (a PUT_FILE's payload is its
+/// last `len` bytes). While it waits, the session lets go of uploads a newer OPEN or PUT of
+/// the same file asked for and no stream is receiving (their client is usually gone without
+/// the fabric noticing yet).
+fn next_request(link: &mut Link, session: &Session, buf: &mut Vec<u8>) -> Result<Msg> {
     let mut idle = Duration::ZERO;
-    while !link.recv_within(&mut buf, RECV_SLICE)? {
+    while !link.recv_within(buf, RECV_SLICE)? {
         session.release_superseded();
         idle += RECV_SLICE;
         if idle >= link.timeout {
@@ -590,9 +617,9 @@ fn next_request(link: &mut Link, session: &Session) -> Result<Msg> {
             )));
         }
     }
-    let (msg, _) = proto::decode(&buf)
+    let (msg, _) = proto::decode(buf)
         .map_err(|e| XferError::conn(format!("the peer sent a bad frame: {e}")))?;
-    if matches!(msg, Msg::Block(_) | Msg::File { .. }) {
+    if matches!(msg, Msg::Block(_) | Msg::File { .. } | Msg::Pack { .. }) {
         return Err(XferError::conn("unexpected data frame"));
     }
     Ok(msg)

@@ -13,6 +13,57 @@ use crate::link::{BlockWriter, Link};
 use crate::proto::{self, ErrorCode, Msg};
 
 impl Server {
+    /// Answers a PUT_FILE: a whole small file in one frame. Checked against its BLAKE3
+    /// (a mismatch is refused with Integrity; the client sends the file again by PUT),
+    /// written to a temporary file, committed, and answered OK; or ERROR.
+    pub(super) fn put_file(
+        &self,
+        link: &mut Link,
+        req: &PutReq,
+        path: &str,
+        payload: &[u8],
+        blake3: &[u8; 32],
+    ) -> Result<()> {
+        let file_id = req.file_id;
+        let Some(_claim) = self.claim(path) else {
+            return reply_refusal(link, file_id, busy(path));
+        };
+        if blake3::hash(payload).as_bytes() != blake3 {
+            tracing::warn!(
+                path,
+                "uploaded file's BLAKE3 mismatch; the client sends it again"
+            );
+            return reply_refusal(
+                link,
+                file_id,
+                refuse(
+                    ErrorCode::Integrity,
+                    format!("{path}: the file's BLAKE3 does not match what was sent"),
+                ),
+            );
+        }
+        let part = match PartFile::whole(&self.roots, path) {
+            Ok(p) => p,
+            Err(r) => return reply_refusal(link, file_id, r),
+        };
+        if let Err(e) = std::os::unix::fs::FileExt::write_all_at(&part.file, payload, 0) {
+            part.discard();
+            return reply_refusal(link, file_id, write_refusal(path, &e));
+        }
+        let mtime = req.mtime.and_then(|ns| {
+            let ns = u64::try_from(ns).ok()?;
+            std::time::UNIX_EPOCH.checked_add(Duration::from_nanos(ns))
+        });
+        match part.commit(req.mode, mtime) {
+            Ok(()) => link.send(&Msg::Ok { file_id }),
+            Err(e) => reply_refusal(
+                link,
+                file_id,
+                refuse(ErrorCode::Io, format!("{path}: commit failed: {e}")),
+            ),
+        }
+    }
+
     pub(super) fn put(&self, link: &mut Link, req: &PutReq, path: &str) -> Result<()> {
         let file_id = req.file_id;
         let Some(claim) = self.claim(path) else {

@@ -292,6 +292,43 @@ impl PartFile {
         Self::open(roots, path, ident, 0, false).map(|(p, _, _)| p)
     }
 
+    /// Creates an empty temporary file for a file of `path` that arrived whole (no journal:
+    /// nothing to resume). A stale part of an earlier upload is truncated, and its journal
+    /// removed first (a journal only means something with its part).
+    pub fn whole(roots: &Roots, path: &str) -> PResult<PartFile> {
+        let (dir, name) = roots.parent(path)?;
+        let Some(name) = name else {
+            return Err(refuse(
+                ErrorCode::IsADirectory,
+                format!("{path}: is a root directory"),
+            ));
+        };
+        let tmp = part_name(&name);
+        let flags = OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::CREATE;
+        let mode = Mode::from_raw_mode(0o600);
+        let fd = match rustix::fs::openat(&dir, tmp.as_str(), flags | OFlags::EXCL, mode) {
+            Err(Errno::EXIST) => {
+                match rustix::fs::unlinkat(
+                    &dir,
+                    journal_name(&tmp).as_str(),
+                    rustix::fs::AtFlags::empty(),
+                ) {
+                    Ok(()) | Err(Errno::NOENT) => {}
+                    Err(e) => return Err(io_refusal(path, &e.into())),
+                }
+                rustix::fs::openat(&dir, tmp.as_str(), flags | OFlags::TRUNC, mode)
+            }
+            r => r,
+        }
+        .map_err(|e| io_refusal(path, &e.into()))?;
+        Ok(PartFile {
+            dir,
+            name,
+            tmp,
+            file: File::from(fd),
+        })
+    }
+
     /// Opens the temporary file for a transfer of `ident` into `path`: with `resume`, a
     /// journaled part of the same source is continued (see [`crate::journal::open_part`]);
     /// otherwise it starts empty. Returns the part, its verified-prefix tracker and what was
