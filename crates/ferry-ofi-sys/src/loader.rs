@@ -114,8 +114,8 @@ fn load(library: &CStr, symbols: [(&CStr, Option<&CStr>); 5]) -> Result<Libfabri
     let handle = unsafe { libc::dlopen(library.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
     if handle.is_null() {
         return Err(LoadError(format!(
-            "the ofi drivers need libfabric ({name} not found: {}; install libfabric1, or use \
-             tcp://)",
+            "the ofi drivers need libfabric (cannot load {name}: {}; install libfabric1, or \
+             use tcp://)",
             dlerror("dlopen failed")
         )));
     }
@@ -171,12 +171,14 @@ mod tests {
     #[test]
     fn missing_library_is_an_error_naming_it() {
         let err = load(c"libfabric-not-here.so.1", versions()).unwrap_err();
+        // dlerror's text names the file and says why.
+        let text = err.to_string();
         assert!(
-            err.to_string()
-                .contains("libfabric-not-here.so.1 not found"),
-            "{err}"
+            text.contains("cannot load libfabric-not-here.so.1: "),
+            "{text}"
         );
-        assert!(err.to_string().contains("install libfabric1"), "{err}");
+        assert!(text.contains("No such file"), "{text}");
+        assert!(text.contains("install libfabric1, or use tcp://"), "{text}");
     }
 
     #[test]
