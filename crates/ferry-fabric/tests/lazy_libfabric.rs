@@ -8,6 +8,13 @@ mod tcp_util;
 use ferry_fabric::{listen, Access, Address, OpKind};
 use tcp_util::*;
 
+/// The signals this process catches (`SigCgt` of /proc/self/status, a hex mask).
+fn caught_signals() -> String {
+    let status = std::fs::read_to_string("/proc/self/status").expect("read /proc/self/status");
+    let line = status.lines().find(|l| l.starts_with("SigCgt:"));
+    line.expect("SigCgt line").to_string()
+}
+
 /// Whether libfabric is mapped into this process.
 fn libfabric_mapped() -> bool {
     let maps = std::fs::read_to_string("/proc/self/maps").expect("read /proc/self/maps");
@@ -39,12 +46,20 @@ fn libfabric_is_loaded_only_by_an_ofi_driver() {
         "the native tcp driver loaded libfabric"
     );
 
-    // The first ofi use opens it.
+    // The first ofi use opens it, and leaves the process's signal handlers as they were
+    // (Debian's libinfinipath, loaded with libfabric, installs its own for SIGINT, SIGTERM,
+    // SIGSEGV, SIGBUS, SIGILL and SIGABRT).
+    let caught = caught_signals();
     let addr: Address = "ofi+tcp://127.0.0.1:0".parse().unwrap();
     let listener = listen(&addr).expect("ofi+tcp listen");
     assert!(
         libfabric_mapped(),
         "an ofi+tcp listener without libfabric mapped"
+    );
+    assert_eq!(
+        caught_signals(),
+        caught,
+        "loading libfabric changed signal handlers"
     );
     assert_ne!(listener.local_addr().port, Some(0));
 }

@@ -7,6 +7,13 @@
 //! `dlvsym` at the versions the build's linker bound (`build.rs`), so a newer libfabric
 //! gives the entry points matching the `struct fi_info` layout of the headers we compiled
 //! against, as a linked binary would get.
+//!
+//! Loading runs libfabric's dependencies' constructors in the middle of a running process:
+//! Debian's libinfinipath installs handlers for SIGINT, SIGTERM, SIGSEGV, SIGBUS, SIGILL and
+//! SIGABRT that print a backtrace and `exit(1)`. Linked, that happened before `main`, and the
+//! process's own handlers came after; loaded late, it would replace them (`ferry serve`'s
+//! graceful SIGTERM drain would become `exit(1)`). So every signal disposition that loading
+//! changes is put back as it was.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::fmt;
@@ -109,9 +116,11 @@ fn dlerror(fallback: &str) -> String {
 /// Opens `library` and resolves `symbols` (name, version), in [`Libfabric`]'s field order.
 fn load(library: &CStr, symbols: [(&CStr, Option<&CStr>); 5]) -> Result<Libfabric, LoadError> {
     let name = library.to_string_lossy();
+    let signals = Dispositions::save();
     // SAFETY: library is NUL-terminated; opening libfabric runs its constructors, which is
-    // what linking it did before.
+    // what linking it did before (their signal handlers are undone just below).
     let handle = unsafe { libc::dlopen(library.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    signals.restore_changed();
     if handle.is_null() {
         return Err(LoadError(format!(
             "the ofi drivers need libfabric (cannot load {name}: {}; install libfabric1, or \
@@ -151,6 +160,40 @@ fn load(library: &CStr, symbols: [(&CStr, Option<&CStr>); 5]) -> Result<Libfabri
             fabric: std::mem::transmute::<*mut c_void, FabricFn>(fabric),
             strerror: std::mem::transmute::<*mut c_void, StrerrorFn>(strerror),
         })
+    }
+}
+
+/// The process's signal dispositions at one moment.
+struct Dispositions(Vec<(c_int, libc::sigaction)>);
+
+impl Dispositions {
+    /// Every signal's current disposition (those `sigaction` refuses are left out).
+    fn save() -> Dispositions {
+        let mut saved = Vec::new();
+        for sig in 1..=libc::SIGRTMAX() {
+            // SAFETY: an all-zero sigaction is a valid value (SIG_DFL, empty mask, no flags).
+            let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+            // SAFETY: with a null new action, sigaction only writes the disposition to `old`.
+            if unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) } == 0 {
+                saved.push((sig, old));
+            }
+        }
+        Dispositions(saved)
+    }
+
+    /// Puts back every disposition that differs (handler or flags) from the saved one.
+    fn restore_changed(&self) {
+        for (sig, was) in &self.0 {
+            // SAFETY: as in save().
+            let mut now: libc::sigaction = unsafe { std::mem::zeroed() };
+            // SAFETY: as in save().
+            let read = unsafe { libc::sigaction(*sig, std::ptr::null(), &mut now) };
+            if read == 0 && (now.sa_sigaction != was.sa_sigaction || now.sa_flags != was.sa_flags) {
+                // SAFETY: `was` is a disposition this process had (read back by sigaction), so
+                // reinstating it installs no handler that was not already installed.
+                unsafe { libc::sigaction(*sig, was, std::ptr::null_mut()) };
+            }
+        }
     }
 }
 
