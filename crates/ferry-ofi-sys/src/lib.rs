@@ -3,7 +3,13 @@
 //!
 //! libfabric's data-path calls (`fi_tsend`, `fi_cq_read`, `fi_mr_reg`, `fi_close`, ...) are
 //! `static inline` in the headers; bindgen's `wrap_static_fns` turns each into an exported C
-//! shim compiled by `build.rs`, so they are callable under their usual names.
+//! shim compiled by `build.rs`, so they are callable under their usual names. They dispatch
+//! through the objects' ops tables and need no libfabric symbol.
+//!
+//! libfabric itself is not linked: the few functions it really exports (`fi_getinfo`,
+//! `fi_freeinfo`, `fi_dupinfo`, `fi_fabric`, `fi_strerror`) are reached through
+//! [`libfabric()`], which opens the library on first use (see [`loader`]). They, and the other
+//! exported functions, are left out of the bindings, so nothing can call them by name.
 //!
 //! A few constants are macros that bindgen cannot evaluate (casts, function-like macros); they
 //! are defined by hand below.
@@ -12,6 +18,9 @@
 #![allow(clippy::all, missing_docs, rustdoc::all)]
 
 include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
+
+pub mod loader;
+pub use loader::{libfabric, loaded, Libfabric, LoadError};
 
 /// `FI_ADDR_UNSPEC`: `((uint64_t) -1)` in fabric.h, a cast bindgen skips.
 pub const FI_ADDR_UNSPEC: fi_addr_t = u64::MAX;

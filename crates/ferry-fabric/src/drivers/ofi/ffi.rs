@@ -65,10 +65,20 @@ pub(super) mod errno {
     pub const ETIMEDOUT: i32 = sys::FI_ETIMEDOUT as i32;
 }
 
+/// libfabric, opened on the first use of an ofi driver (`ferry_ofi_sys::loader`); a host
+/// without it gets an error saying so, and processes on other drivers never load it.
+fn lib() -> Result<&'static sys::Libfabric> {
+    sys::libfabric().map_err(|e| FabricError::Unavailable(e.to_string()))
+}
+
 /// libfabric's text for a (positive) error number.
 pub(super) fn strerror(code: i32) -> String {
+    // Errors come from libfabric calls, so it is loaded; if not, the number alone.
+    let Some(lib) = sys::loaded() else {
+        return format!("libfabric error {code}");
+    };
     // SAFETY: fi_strerror returns a pointer to a static NUL-terminated string for any input.
-    let s = unsafe { CStr::from_ptr(sys::fi_strerror(code)) };
+    let s = unsafe { CStr::from_ptr((lib.strerror)(code)) };
     s.to_string_lossy().into_owned()
 }
 
@@ -118,8 +128,8 @@ pub(super) struct Query<'a> {
     pub msg_order: u64,
 }
 
-/// One `fi_info` entry, owned (a `fi_dupinfo` copy).
-pub(super) struct Info(NonNull<sys::fi_info>);
+/// One `fi_info` entry, owned (a `fi_dupinfo` copy), with the library that made it.
+pub(super) struct Info(NonNull<sys::fi_info>, &'static sys::Libfabric);
 
 // SAFETY: an Info is a private deep copy that libfabric never mutates; it is only read.
 unsafe impl Send for Info {}
@@ -128,8 +138,8 @@ unsafe impl Sync for Info {}
 
 impl Drop for Info {
     fn drop(&mut self) {
-        // SAFETY: the pointer came from fi_dupinfo and is freed once, here.
-        unsafe { sys::fi_freeinfo(self.0.as_ptr()) }
+        // SAFETY: the pointer came from this library's fi_dupinfo and is freed once, here.
+        unsafe { (self.1.freeinfo)(self.0.as_ptr()) }
     }
 }
 
@@ -231,11 +241,12 @@ impl Info {
 
 /// `fi_getinfo`: every matching entry, in libfabric's preference order.
 pub(super) fn getinfo(q: &Query) -> Result<Vec<Info>> {
-    // SAFETY: fi_allocinfo returns a zeroed fi_info with all attribute structs allocated
-    // (or null on allocation failure, checked).
-    let hints = unsafe { sys::fi_allocinfo() };
+    let lib = lib()?;
+    // SAFETY: fi_dupinfo(NULL) (the body of the inline fi_allocinfo) returns a zeroed fi_info
+    // with all attribute structs allocated (or null on allocation failure, checked).
+    let hints = unsafe { (lib.dupinfo)(ptr::null()) };
     let hints = NonNull::new(hints)
-        .ok_or_else(|| FabricError::Unavailable("fi_allocinfo: out of memory".into()))?;
+        .ok_or_else(|| FabricError::Unavailable("fi_dupinfo(NULL): out of memory".into()))?;
     let prov = CString::new(q.prov).map_err(|_| FabricError::BadAddress {
         addr: q.prov.into(),
         why: "provider name contains NUL".into(),
@@ -243,15 +254,15 @@ pub(super) fn getinfo(q: &Query) -> Result<Vec<Info>> {
     let node = q.node.map(CString::new).transpose();
     let service = q.service.map(CString::new).transpose();
     let (Ok(node), Ok(service)) = (node, service) else {
-        // SAFETY: hints came from fi_allocinfo and is freed once.
-        unsafe { sys::fi_freeinfo(hints.as_ptr()) };
+        // SAFETY: hints came from fi_dupinfo(NULL) and is freed once.
+        unsafe { (lib.freeinfo)(hints.as_ptr()) };
         return Err(FabricError::BadAddress {
             addr: q.node.unwrap_or_default().into(),
             why: "contains NUL".into(),
         });
     };
     let mut list: *mut sys::fi_info = ptr::null_mut();
-    // SAFETY: hints and its attribute structs are valid (fi_allocinfo); prov_name gets a
+    // SAFETY: hints and its attribute structs are valid (fi_dupinfo(NULL)); prov_name gets a
     // malloc'd copy because fi_freeinfo frees it; node/service outlive the call.
     let ret = unsafe {
         let h = &mut *hints.as_ptr();
@@ -263,7 +274,7 @@ pub(super) fn getinfo(q: &Query) -> Result<Vec<Info>> {
         (*h.tx_attr).msg_order = q.msg_order;
         (*h.rx_attr).msg_order = q.msg_order;
         (*h.fabric_attr).prov_name = libc::strdup(prov.as_ptr());
-        let r = sys::fi_getinfo(
+        let r = (lib.getinfo)(
             API_VERSION,
             node.as_ref().map_or(ptr::null(), |n| n.as_ptr()),
             service.as_ref().map_or(ptr::null(), |s| s.as_ptr()),
@@ -271,7 +282,7 @@ pub(super) fn getinfo(q: &Query) -> Result<Vec<Info>> {
             hints.as_ptr(),
             &mut list,
         );
-        sys::fi_freeinfo(hints.as_ptr());
+        (lib.freeinfo)(hints.as_ptr());
         r
     };
     check("fi_getinfo", ret)?;
@@ -281,14 +292,14 @@ pub(super) fn getinfo(q: &Query) -> Result<Vec<Info>> {
         // SAFETY: walking the list fi_getinfo returned; each entry is duplicated (fi_dupinfo
         // copies one entry and clears `next`) before the list is freed.
         unsafe {
-            if let Some(dup) = NonNull::new(sys::fi_dupinfo(entry.as_ptr())) {
-                out.push(Info(dup));
+            if let Some(dup) = NonNull::new((lib.dupinfo)(entry.as_ptr())) {
+                out.push(Info(dup, lib));
             }
             cur = entry.as_ref().next;
         }
     }
     // SAFETY: list came from fi_getinfo; freed once after copying.
-    unsafe { sys::fi_freeinfo(list) };
+    unsafe { (lib.freeinfo)(list) };
     Ok(out)
 }
 
@@ -582,9 +593,10 @@ impl Fabric {
     pub fn open(info: &Info, name: Option<&[u8]>, quirks: Quirks) -> Result<Fabric> {
         let raw = info.0.as_ptr();
         let mut fabric: *mut sys::fid_fabric = ptr::null_mut();
-        // SAFETY: raw is a valid fi_info from getinfo; its fabric_attr is non-null there.
+        // SAFETY: raw is a valid fi_info from getinfo (of the library info.1); its fabric_attr
+        // is non-null there.
         check("fi_fabric", unsafe {
-            sys::fi_fabric((*raw).fabric_attr, &mut fabric, ptr::null_mut())
+            (info.1.fabric)((*raw).fabric_attr, &mut fabric, ptr::null_mut())
         })?;
         // SAFETY: fabric was just opened; &mut (*fabric).fid is its embedded fid.
         let fabric_close = Closer {
