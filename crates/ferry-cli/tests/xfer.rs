@@ -204,6 +204,19 @@ fn corruption(driver: &str) {
     ));
     assert_eq!(v["blocks_resent"].as_u64(), Some(1), "{v}");
     same_file(&local.join("c"), &s.root.join("c2"));
+    // Small files go up as one PUT_FILE frame each (protocol 1.4): the server refuses a
+    // damaged one (BLAKE3), it goes again by PUT, and every file lands whole.
+    let v = ok(&cp(
+        &["-r", local.join("t").to_str().unwrap(), &s.url("up")],
+        &[("FERRY_TEST_CORRUPT_BLOCKS", "2")],
+    ));
+    assert_eq!(v["blocks_resent"].as_u64(), Some(2), "{v}");
+    assert_eq!(v["files"].as_u64(), Some(6), "{v}");
+    for i in 0..6 {
+        let f = format!("f{i}");
+        same_file(&local.join("t").join(&f), &s.root.join("up").join(&f));
+    }
+    no_part_files(&s.root);
     // Upload that never gets through.
     let o = cp(
         &[local.join("c").to_str().unwrap(), &s.url("c3")],

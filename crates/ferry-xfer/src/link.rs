@@ -168,6 +168,12 @@ impl Link {
     pub fn send(&self, msg: &Msg) -> Result<()> {
         let bytes =
             proto::to_vec(msg).map_err(|e| XferError::conn(format!("encode frame: {e}")))?;
+        self.send_frame(&bytes)
+    }
+
+    /// Sends `bytes`, a whole encoded frame (with its payload, if any), as one message,
+    /// copied into a registered buffer.
+    pub fn send_frame(&self, bytes: &[u8]) -> Result<()> {
         let pooled = {
             let mut pool = self.ctrl_pool.lock().unwrap_or_else(|p| p.into_inner());
             pool.iter()
@@ -181,7 +187,7 @@ impl Link {
                 .alloc(bytes.len().max(CONTROL_BUF))
                 .map_err(|e| XferError::conn(format!("register send buffer: {e}")))?,
         };
-        buf.write_at(0, &bytes)
+        buf.write_at(0, bytes)
             .map_err(|e| XferError::conn(format!("fill send buffer: {e}")))?;
         let buf = buf
             .slice(..bytes.len())
