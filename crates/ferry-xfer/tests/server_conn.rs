@@ -15,6 +15,11 @@ const T: Duration = Duration::from_secs(10);
 
 /// Starts a server exporting a fresh directory as `d`; returns its address and the directory.
 fn start(driver: &str, anonymous: bool) -> (String, std::path::PathBuf) {
+    start_with(driver, anonymous, false)
+}
+
+/// [`start`], with memory mode (the virtual root `mem`) on or off.
+fn start_with(driver: &str, anonymous: bool, mem: bool) -> (String, std::path::PathBuf) {
     static N: AtomicU32 = AtomicU32::new(0);
     let n = N.fetch_add(1, Ordering::Relaxed);
     let dir = std::env::temp_dir().join(format!("ferry-xfer-conn-{}-{n}", std::process::id()));
@@ -28,7 +33,7 @@ fn start(driver: &str, anonymous: bool) -> (String, std::path::PathBuf) {
         listen,
         block_size: 64 * 1024,
         ring: 4,
-        mem: false,
+        mem,
         auth: AuthConfig {
             tokens: vec!["tok".into()],
             anonymous,
@@ -657,8 +662,8 @@ fn gets_are_answered_in_order() {
 /// as many as one receive buffer holds; any other answer (an ERROR, a large file's READY…)
 /// first sends what is packed, so answers keep request order; a pack of one goes bare. A
 /// 1.3 client gets bare FILE frames only.
-fn packs_gather_a_gets_batch(driver: &str) {
-    let (addr, dir) = start(driver, false);
+fn packs_gather_a_gets_batch(driver: &str, mem: bool) {
+    let (addr, dir) = start_with(driver, false, mem);
     let body = |i: u32, n: usize| -> Vec<u8> { (0..n as u32).map(|j| (i * 7 + j) as u8).collect() };
     // a, b, c: 3 frames fit in one 64 KiB buffer; x, y, z of 30,000 bytes: 2 do.
     let small = [
@@ -770,12 +775,18 @@ fn packs_gather_a_gets_batch(driver: &str) {
 
 #[test]
 fn packs_gather_a_gets_batch_tcp() {
-    packs_gather_a_gets_batch("tcp");
+    packs_gather_a_gets_batch("tcp", false);
 }
 
 #[test]
 fn packs_gather_a_gets_batch_ofi_shm() {
-    packs_gather_a_gets_batch("ofi+shm");
+    packs_gather_a_gets_batch("ofi+shm", false);
+}
+
+/// A server in memory mode (as `ferry bench cp` runs it) packs its real files the same.
+#[test]
+fn packs_gather_a_gets_batch_in_memory_mode() {
+    packs_gather_a_gets_batch("tcp", true);
 }
 
 /// A PUT_FILE frame of `data` to `path` (with `hash` as its BLAKE3).

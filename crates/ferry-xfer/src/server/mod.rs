@@ -366,17 +366,18 @@ impl Server {
                     m
                 }
             };
-            // Answers leave in request order: only whole-file GETs add to an open PACK
-            // (`get` sends it first when it answers otherwise).
-            let whole_get = matches!(
-                msg,
+            // Answers leave in request order: only whole-file GETs of real files add to an
+            // open PACK (`get` sends it first when it answers otherwise).
+            let packs = match &msg {
                 Msg::Get {
                     offset: 0,
                     length: u64::MAX,
+                    path,
                     ..
-                }
-            );
-            if !whole_get || self.draining.load(Ordering::SeqCst) || self.cfg.mem {
+                } => !(self.cfg.mem && crate::mem::classify(path).is_some()),
+                _ => false,
+            };
+            if !packs || self.draining.load(Ordering::SeqCst) {
                 tx.flush_pack(link)?;
             }
             if let Msg::Gets { files } = msg {
