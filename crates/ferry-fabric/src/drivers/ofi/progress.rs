@@ -13,10 +13,7 @@
 //! [`MIN_NAP`] to [`MAX_NAP`] ([`GRANTED_NAP`] at most on shm while peers hold checked-RMA
 //! grants to our memory). A post wakes a napping thread at once (`unpark`), so only
 //! traffic nobody on this side initiated (an incoming message for a receive posted long ago,
-//! the target side of RMA) can wait up to one nap. A `yield` that took [`CONTENDED`] or
-//! more ran another thread: the CPU is wanted, so the thread naps [`MIN_NAP`] instead of
-//! taking turns with that thread (on 2 cores, with both ends of a small-file copy busy, the
-//! two progress threads took about 40 % of all CPU time yielding).
+//! the target side of RMA) can wait up to one nap.
 //!
 //! Measured on 2 cores (8-byte ping-pong between two domains of one process, half round trip,
 //! median; `tests/ofi_bench.rs`): polling with `yield` 13-18 us on tcp and 3-5 us on shm;
@@ -65,9 +62,6 @@ const GRANTED_NAP: Duration = Duration::from_micros(100);
 /// messages waited for a nap (50 µs asked, ~120 µs taken on a busy host), p10 per message
 /// 425 µs against 299 µs for the others. An empty CQ read takes about a microsecond.
 const BUSY_CALL: Duration = Duration::from_micros(20);
-
-/// A `yield` that took this long ran another thread: the CPU is wanted.
-const CONTENDED: Duration = Duration::from_micros(10);
 
 /// An operation handed to libfabric.
 pub(super) struct Op {
@@ -261,7 +255,6 @@ pub(super) fn map_error(kind: OpKind, e: CqError, lost: bool, len: u64) -> Fabri
 pub(super) fn run(shared: Arc<Shared>) {
     let mut last = Instant::now();
     let mut nap = MIN_NAP;
-    let mut contended = false;
     let sweep_every = (shared.keepalive.every / 2).max(Duration::from_millis(10));
     let mut next_sweep = Instant::now();
     #[cfg(feature = "test-hooks")]
@@ -285,16 +278,9 @@ pub(super) fn run(shared: Arc<Shared>) {
         let poll = idle < SPIN
             || (idle < YIELD && shared.active_ops())
             || (idle < RECV_YIELD && shared.user_ops_in_flight());
-        if poll && !contended {
-            let before = Instant::now();
+        if poll {
             std::thread::yield_now();
-            contended = before.elapsed() >= CONTENDED;
             continue;
-        }
-        if contended {
-            // Another thread had work for this CPU: nap briefly rather than take turns.
-            nap = MIN_NAP;
-            contended = false;
         }
         shared.sleeping.store(true, SeqCst);
         // One more look after announcing the nap: a post that saw this thread awake did not
