@@ -284,12 +284,9 @@ impl Link {
     }
 
     /// Receives the next message and runs `f` over its bytes in place, in the registered
-    /// receive buffer (no copy), then re-posts the buffer. While `f` runs (typically
-    /// writing the message's data), the socket's progress thread handles the connection, so
-    /// the next message is already pulled in when `f` is done.
+    /// receive buffer (no copy), then re-posts the buffer.
     pub fn recv_with<R>(&mut self, f: impl FnOnce(&[u8]) -> R) -> Result<R> {
         let (buf, len) = self.next_done()?;
-        self.q.hand_off();
         let out = buf.buffer().with_bytes(buf.offset(), len, f);
         self.repost(buf)?;
         Ok(out)

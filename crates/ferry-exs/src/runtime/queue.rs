@@ -128,19 +128,6 @@ impl EventQueue {
         any
     }
 
-    /// Tells the queue its dequeuer is about to work for a while before it dequeues again
-    /// (writing a received block to disk, say): the sockets' progress threads take their
-    /// completions over now instead of standing by for it, so the next message's transfer
-    /// overlaps that work.
-    pub fn hand_off(&self) {
-        if self.shared.driven_at.swap(0, Ordering::AcqRel) != 0 {
-            ferry_fabric::timeline::mark("exs.handoff", 0);
-            for src in self.sources() {
-                src.wake();
-            }
-        }
-    }
-
     /// True while a dequeuer drives this queue's sockets (it did within `within` and has not
     /// gone to sleep since): their progress threads then stay out of its way.
     pub(crate) fn driven(&self, within: Duration) -> bool {
