@@ -1,7 +1,6 @@
 //! The `ferry` command line.
 
 mod bench;
-mod signals;
 mod xfer;
 
 use anyhow::Result;

@@ -235,7 +235,6 @@ pub fn serve(a: ServeArgs) -> Result<(), XferError> {
     let server = ferry_xfer::server::Server::new(cfg)?;
     // The first SIGTERM/SIGINT starts a drain; a second one exits at once (status 1).
     let quit = Arc::new(AtomicBool::new(false));
-    crate::signals::reset_term_signals();
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGINT,

@@ -125,9 +125,12 @@ impl Link {
             .map_err(|e| XferError::new(crate::Kind::Usage, format!("bad address {addr}: {e}")))?;
         let q = EventQueue::new().map_err(|e| XferError::io("create event queue", &e))?;
         let sock = ExsSocket::connect(addr, default_config(&fabric), &q, timeout).map_err(|e| {
-            XferError::conn(format!(
-                "cannot connect to {addr}: {e} (is `ferry serve` running there, and is the driver right?)"
-            ))
+            // A driver missing here (libfabric not installed) is not the server's doing.
+            let hint = match e {
+                ferry_exs::runtime::Error::Fabric(ferry_fabric::FabricError::Unavailable(_)) => "",
+                _ => " (is `ferry serve` running there, and is the driver right?)",
+            };
+            XferError::conn(format!("cannot connect to {addr}: {e}{hint}"))
         })?;
         Ok(Self::new(sock, q))
     }
