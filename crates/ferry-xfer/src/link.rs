@@ -616,10 +616,7 @@ impl BlockSender {
             let msg = buf
                 .slice(..BLOCK_HEADER_LEN + n)
                 .map_err(|e| XferError::conn(format!("slice staging block: {e}")))?;
-            link.sock
-                .send_to(Some(&self.dq), msg, 0, Flags::NONE, self.blocks);
-            self.in_flight += 1;
-            self.blocks += 1;
+            self.send_staged(link, msg);
             progress(n as u64);
             pos += n as u64;
         }
@@ -750,10 +747,7 @@ impl BlockSender {
         let msg = buf
             .slice(..head_len + n)
             .map_err(|e| XferError::conn(format!("slice staging block: {e}")))?;
-        link.sock
-            .send_to(Some(&self.dq), msg, 0, Flags::NONE, self.blocks);
-        self.in_flight += 1;
-        self.blocks += 1;
+        self.send_staged(link, msg);
         Ok(())
     }
 
@@ -777,11 +771,17 @@ impl BlockSender {
             p.buf.slice(..p.fill)
         }
         .map_err(|e| XferError::conn(format!("slice staging block: {e}")))?;
+        self.send_staged(link, msg);
+        Ok(())
+    }
+
+    /// Sends `msg`, a slice of a staging block, counting it in flight until its completion
+    /// hands the block back.
+    fn send_staged(&mut self, link: &Link, msg: ExsBuf) {
         link.sock
             .send_to(Some(&self.dq), msg, 0, Flags::NONE, self.blocks);
         self.in_flight += 1;
         self.blocks += 1;
-        Ok(())
     }
 
     /// Waits until every block sent has completed.

@@ -1034,6 +1034,14 @@ pub fn decode_pack(count: u16, frames: &[u8]) -> Result<Vec<(Msg, &[u8])>, Decod
     Ok(out)
 }
 
+/// A whole file's payload length (FILE, PUT_FILE): at most [`MAX_BLOCK`].
+fn payload_len(payload: &[u8]) -> Result<u32, DecodeError> {
+    u32::try_from(payload.len())
+        .ok()
+        .filter(|n| *n <= MAX_BLOCK)
+        .ok_or(DecodeError::TooLarge)
+}
+
 /// The length of a PUT_FILE frame's header for `path` (its payload follows).
 pub fn put_file_header_len(path: &str) -> usize {
     HEADER_LEN + 4 + 4 + 8 + 32 + 2 + path.len()
@@ -1181,10 +1189,7 @@ pub fn decode(b: &[u8]) -> Result<(Msg, &[u8]), DecodeError> {
             let crc32c = r.u32()?;
             let blake3 = r.arr::<32>()?;
             let payload = r.b;
-            let len = u32::try_from(payload.len())
-                .ok()
-                .filter(|n| *n <= MAX_BLOCK)
-                .ok_or(DecodeError::TooLarge)?;
+            let len = payload_len(payload)?;
             return Ok((
                 Msg::File {
                     file_id,
@@ -1203,10 +1208,7 @@ pub fn decode(b: &[u8]) -> Result<(Msg, &[u8]), DecodeError> {
             let blake3 = r.arr::<32>()?;
             let path = r.str(MAX_PATH)?;
             let payload = r.b;
-            let len = u32::try_from(payload.len())
-                .ok()
-                .filter(|n| *n <= MAX_BLOCK)
-                .ok_or(DecodeError::TooLarge)?;
+            let len = payload_len(payload)?;
             return Ok((
                 Msg::PutFile {
                     file_id,

@@ -50,18 +50,7 @@ impl Server {
             part.discard();
             return reply_refusal(link, file_id, write_refusal(path, &e));
         }
-        let mtime = req.mtime.and_then(|ns| {
-            let ns = u64::try_from(ns).ok()?;
-            std::time::UNIX_EPOCH.checked_add(Duration::from_nanos(ns))
-        });
-        match part.commit(req.mode, mtime) {
-            Ok(()) => link.send(&Msg::Ok { file_id }),
-            Err(e) => reply_refusal(
-                link,
-                file_id,
-                refuse(ErrorCode::Io, format!("{path}: commit failed: {e}")),
-            ),
-        }
+        commit_and_answer(link, part, req, path)
     }
 
     pub(super) fn put(&self, link: &mut Link, req: &PutReq, path: &str) -> Result<()> {
@@ -109,20 +98,7 @@ impl Server {
                 part.discard();
                 reply_refusal(link, file_id, r)
             }
-            Ok(Some(Ok(()))) => {
-                let mtime = req.mtime.and_then(|ns| {
-                    let ns = u64::try_from(ns).ok()?;
-                    std::time::UNIX_EPOCH.checked_add(Duration::from_nanos(ns))
-                });
-                match part.commit(req.mode, mtime) {
-                    Ok(()) => link.send(&Msg::Ok { file_id }),
-                    Err(e) => reply_refusal(
-                        link,
-                        file_id,
-                        refuse(ErrorCode::Io, format!("{path}: commit failed: {e}")),
-                    ),
-                }
-            }
+            Ok(Some(Ok(()))) => commit_and_answer(link, part, req, path),
         }
     }
 
@@ -299,5 +275,24 @@ impl Server {
             }
             return Ok(Some((length, Ok(blake3))));
         }
+    }
+}
+
+/// Commits a whole, verified upload (mode, the source's mtime, fsync, rename) and answers
+/// OK, or ERROR if the commit failed.
+fn commit_and_answer(link: &mut Link, part: PartFile, req: &PutReq, path: &str) -> Result<()> {
+    let mtime = req.mtime.and_then(|ns| {
+        let ns = u64::try_from(ns).ok()?;
+        std::time::UNIX_EPOCH.checked_add(Duration::from_nanos(ns))
+    });
+    match part.commit(req.mode, mtime) {
+        Ok(()) => link.send(&Msg::Ok {
+            file_id: req.file_id,
+        }),
+        Err(e) => reply_refusal(
+            link,
+            req.file_id,
+            refuse(ErrorCode::Io, format!("{path}: commit failed: {e}")),
+        ),
     }
 }
