@@ -806,7 +806,8 @@ fn put_file(id: u32, path: &str, data: &[u8], hash: [u8; 32]) -> Vec<u8> {
 
 /// PUT_FILEs sent back to back, the first as the first request after WELCOME and larger
 /// than the handshake's buffer: each answered in order, OK or ERROR, without waiting for
-/// the client. Good files land whole with their mode and mtime; a damaged one (BLAKE3) is
+/// the client (the server commits them in groups; a refusal waits for the files before it,
+/// and a second upload of a file lands after the first). Good files land whole with their mode and mtime; a damaged one (BLAKE3) is
 /// refused with Integrity, one leaving its root with PermissionDenied, and neither leaves a
 /// file or a temporary behind.
 fn put_files_stream(driver: &str) {
@@ -838,6 +839,8 @@ fn put_files_stream(driver: &str) {
         put_file(3, "d/../../escape", b"x", hash(b"x")),
         put_file(4, "d/empty", b"", hash(b"")),
         put_file(5, "d/five", b"five", hash(b"five")),
+        // The same file again: it lands after the first.
+        put_file(6, "d/five", b"FIVE!", hash(b"FIVE!")),
     ];
     for f in &frames {
         link.send_frame(f).unwrap();
@@ -857,7 +860,8 @@ fn put_files_stream(driver: &str) {
             (2, Some(ErrorCode::Integrity)),
             (3, Some(ErrorCode::PermissionDenied)),
             (4, None),
-            (5, None)
+            (5, None),
+            (6, None)
         ]
     );
     assert!(std::fs::read(dir.join("big")).unwrap() == big);
@@ -865,7 +869,7 @@ fn put_files_stream(driver: &str) {
     assert_eq!(md.permissions().mode() & 0o7777, 0o640);
     assert_eq!((md.mtime(), md.mtime_nsec()), (1_500_000_000, 123_456_789));
     assert_eq!(std::fs::read(dir.join("empty")).unwrap(), b"");
-    assert_eq!(std::fs::read(dir.join("five")).unwrap(), b"five");
+    assert_eq!(std::fs::read(dir.join("five")).unwrap(), b"FIVE!");
     let mut names: Vec<String> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -877,7 +881,7 @@ fn put_files_stream(driver: &str) {
         path: "d/five".into(),
     })
     .unwrap();
-    assert!(matches!(link.recv_msg().unwrap(), Msg::Entry(e) if e.size == 4));
+    assert!(matches!(link.recv_msg().unwrap(), Msg::Entry(e) if e.size == 5));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -351,21 +351,57 @@ impl Server {
         tx.inline = minor >= proto::MINOR_FILE;
         tx.packing = minor >= proto::MINOR_PACK;
         tx.direct = self.cfg.direct;
-        // The GETs of a GETS frame, answered one by one as if each had come alone.
-        let mut batch = std::collections::VecDeque::new();
-        // The last request's bytes (a PUT_FILE's payload is read from here).
-        let mut request = Vec::new();
+        let mut st = Requests {
+            block,
+            batch: std::collections::VecDeque::new(),
+            request: Vec::new(),
+            commits: put::Commits::default(),
+        };
+        let res = self.requests(link, &session, &mut tx, &mut st);
+        // What was whole and verified is committed even if the connection ended.
+        let flushed = st.commits.flush(link);
+        res.and(flushed)
+    }
+
+    /// The request loop of [`Server::connection`], until BYE or an error.
+    fn requests(
+        &self,
+        link: &mut Link,
+        session: &Arc<Session>,
+        tx: &mut BlockSender,
+        st: &mut Requests,
+    ) -> Result<()> {
+        let Requests {
+            block,
+            batch,
+            request,
+            commits,
+        } = st;
+        let block = *block;
         loop {
             let msg = match batch.pop_front() {
                 Some(m) => m,
                 None => {
                     tx.flush_pack(link)?;
+                    // Waiting commits go when no request is there to join them.
+                    let arrived =
+                        !commits.is_empty() && link.recv_within(request, Duration::ZERO)?;
+                    if !arrived {
+                        commits.flush(link)?;
+                    }
                     ferry_fabric::timeline::mark("srv.wait", 0);
-                    let m = next_request(link, &session, &mut request)?;
+                    let m = if arrived {
+                        decode_request(request)?
+                    } else {
+                        next_request(link, session, request)?
+                    };
                     ferry_fabric::timeline::mark("srv.req", 0);
                     m
                 }
             };
+            if !matches!(msg, Msg::PutFile { .. }) {
+                commits.flush(link)?;
+            }
             // Answers leave in request order: only whole-file GETs of real files add to an
             // open PACK (`get` sends it first when it answers otherwise).
             let packs = match &msg {
@@ -408,7 +444,7 @@ impl Server {
                 )?;
                 continue;
             }
-            if self.cfg.mem && self.virtual_request(link, &mut tx, &msg, &session)? {
+            if self.cfg.mem && self.virtual_request(link, tx, &msg, session)? {
                 continue;
             }
             match msg {
@@ -444,7 +480,7 @@ impl Server {
                     path,
                 } => {
                     let _counted = InFlight::new(&self.in_flight);
-                    self.get(link, &mut tx, file_id, offset, length, &path)?
+                    self.get(link, tx, file_id, offset, length, &path)?
                 }
                 Msg::Put {
                     file_id,
@@ -487,7 +523,7 @@ impl Server {
                         mtime: Some(mtime),
                         block,
                     };
-                    self.put_file(link, &req, &path, payload, &blake3)?
+                    self.put_file(link, commits, &req, &path, payload, &blake3)?
                 }
                 Msg::Open {
                     flags,
@@ -505,7 +541,7 @@ impl Server {
                         mtime: Some(mtime),
                         block,
                     };
-                    self.open(link, &session, &req, &path)?
+                    self.open(link, session, &req, &path)?
                 }
                 Msg::PutRange {
                     file_id,
@@ -513,13 +549,13 @@ impl Server {
                     length,
                 } => {
                     let _counted = InFlight::new(&self.in_flight);
-                    self.put_range(link, &session, file_id, offset, length)?
+                    self.put_range(link, session, file_id, offset, length)?
                 }
                 Msg::Close {
                     file_id,
                     length,
                     blake3,
-                } => self.close(link, &session, file_id, length, blake3)?,
+                } => self.close(link, session, file_id, length, blake3)?,
                 Msg::SendTo {
                     flags,
                     file_id,
@@ -602,6 +638,18 @@ struct PutReq {
     block: u32,
 }
 
+/// A connection's state between requests.
+struct Requests {
+    /// The agreed block size.
+    block: u32,
+    /// The GETs of a GETS frame, answered one by one as if each had come alone.
+    batch: std::collections::VecDeque<Msg>,
+    /// The last request's bytes (a PUT_FILE's payload is read from here).
+    request: Vec<u8>,
+    /// PUT_FILEs written and waiting to be committed together.
+    commits: put::Commits,
+}
+
 /// The next request on a connection, its bytes left in `buf` (a PUT_FILE's payload is its
 /// last `len` bytes). While it waits, the session lets go of uploads a newer OPEN or PUT of
 /// the same file asked for and no stream is receiving (their client is usually gone without
@@ -618,6 +666,11 @@ fn next_request(link: &mut Link, session: &Session, buf: &mut Vec<u8>) -> Result
             )));
         }
     }
+    decode_request(buf)
+}
+
+/// Decodes a request (a data frame is an error here).
+fn decode_request(buf: &[u8]) -> Result<Msg> {
     let (msg, _) = proto::decode(buf)
         .map_err(|e| XferError::conn(format!("the peer sent a bad frame: {e}")))?;
     if matches!(msg, Msg::Block(_) | Msg::File { .. } | Msg::Pack { .. }) {

@@ -19,38 +19,51 @@ impl Server {
     pub(super) fn put_file(
         &self,
         link: &mut Link,
+        commits: &mut Commits,
         req: &PutReq,
         path: &str,
         payload: &[u8],
         blake3: &[u8; 32],
     ) -> Result<()> {
-        let file_id = req.file_id;
-        let Some(_claim) = self.claim(path) else {
-            return reply_refusal(link, file_id, busy(path));
-        };
+        if commits.holds(path) {
+            // The same file again: the earlier one lands first.
+            commits.flush(link)?;
+        }
+        match self.write_whole(path, payload, blake3) {
+            Ok((part, claim)) => commits.add(link, Waiting::new(part, claim, req, path)),
+            Err(r) => {
+                // Answers keep request order: the files before this one are answered first.
+                commits.flush(link)?;
+                reply_refusal(link, req.file_id, r)
+            }
+        }
+    }
+
+    /// Checks a PUT_FILE's payload against its BLAKE3 and writes it to a temporary file of
+    /// `path`, under a claim on the path (held until the commit).
+    fn write_whole(
+        &self,
+        path: &str,
+        payload: &[u8],
+        blake3: &[u8; 32],
+    ) -> PResult<(PartFile, super::Claim)> {
+        let claim = self.claim(path).ok_or_else(|| busy(path))?;
         if blake3::hash(payload).as_bytes() != blake3 {
             tracing::warn!(
                 path,
                 "uploaded file's BLAKE3 mismatch; the client sends it again"
             );
-            return reply_refusal(
-                link,
-                file_id,
-                refuse(
-                    ErrorCode::Integrity,
-                    format!("{path}: the file's BLAKE3 does not match what was sent"),
-                ),
-            );
+            return Err(refuse(
+                ErrorCode::Integrity,
+                format!("{path}: the file's BLAKE3 does not match what was sent"),
+            ));
         }
-        let part = match PartFile::whole(&self.roots, path) {
-            Ok(p) => p,
-            Err(r) => return reply_refusal(link, file_id, r),
-        };
+        let part = PartFile::whole(&self.roots, path)?;
         if let Err(e) = std::os::unix::fs::FileExt::write_all_at(&part.file, payload, 0) {
             part.discard();
-            return reply_refusal(link, file_id, write_refusal(path, &e));
+            return Err(write_refusal(path, &e));
         }
-        commit_and_answer(link, part, req, path)
+        Ok((part, claim))
     }
 
     pub(super) fn put(&self, link: &mut Link, req: &PutReq, path: &str) -> Result<()> {
@@ -278,14 +291,18 @@ impl Server {
     }
 }
 
+/// The source's mtime of a PUT (ns since the epoch) as a time to set.
+fn mtime_of(req: &PutReq) -> Option<std::time::SystemTime> {
+    req.mtime.and_then(|ns| {
+        let ns = u64::try_from(ns).ok()?;
+        std::time::UNIX_EPOCH.checked_add(Duration::from_nanos(ns))
+    })
+}
+
 /// Commits a whole, verified upload (mode, the source's mtime, fsync, rename) and answers
 /// OK, or ERROR if the commit failed.
 fn commit_and_answer(link: &mut Link, part: PartFile, req: &PutReq, path: &str) -> Result<()> {
-    let mtime = req.mtime.and_then(|ns| {
-        let ns = u64::try_from(ns).ok()?;
-        std::time::UNIX_EPOCH.checked_add(Duration::from_nanos(ns))
-    });
-    match part.commit(req.mode, mtime) {
+    match part.commit(req.mode, mtime_of(req)) {
         Ok(()) => link.send(&Msg::Ok {
             file_id: req.file_id,
         }),
@@ -294,5 +311,148 @@ fn commit_and_answer(link: &mut Link, part: PartFile, req: &PutReq, path: &str) 
             req.file_id,
             refuse(ErrorCode::Io, format!("{path}: commit failed: {e}")),
         ),
+    }
+}
+
+/// The most PUT_FILEs whose commits wait together.
+const COMMIT_GROUP: usize = 32;
+
+/// Threads fsyncing a group's files at once (their time is spent waiting for the disk).
+const SYNC_THREADS: usize = 8;
+
+/// Whole, verified PUT_FILEs waiting to be committed together: their fsyncs run in
+/// parallel, each directory is fsynced once, and then each gets its answer, in order. The
+/// server commits a group when no request is waiting, before it answers anything else, and
+/// at [`COMMIT_GROUP`] files: a client streaming small files has many in flight, and on a
+/// disk one file's fsync and its directory's took longer than receiving the next.
+#[derive(Default)]
+pub(super) struct Commits {
+    pending: Vec<Waiting>,
+}
+
+/// A PUT_FILE written and verified, waiting for its commit.
+pub(super) struct Waiting {
+    part: PartFile,
+    /// Keeps other connections off the path until the rename.
+    _claim: super::Claim,
+    file_id: u32,
+    mode: u32,
+    mtime: Option<std::time::SystemTime>,
+    path: String,
+}
+
+impl Waiting {
+    fn new(part: PartFile, claim: super::Claim, req: &PutReq, path: &str) -> Waiting {
+        Waiting {
+            part,
+            _claim: claim,
+            file_id: req.file_id,
+            mode: req.mode,
+            mtime: mtime_of(req),
+            path: path.to_string(),
+        }
+    }
+}
+
+impl Commits {
+    /// Whether files are waiting.
+    pub(super) fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    /// Whether a file of `path` is waiting.
+    fn holds(&self, path: &str) -> bool {
+        self.pending.iter().any(|w| w.path == path)
+    }
+
+    fn add(&mut self, link: &mut Link, waiting: Waiting) -> Result<()> {
+        self.pending.push(waiting);
+        if self.pending.len() >= COMMIT_GROUP {
+            return self.flush(link);
+        }
+        Ok(())
+    }
+
+    /// Commits every waiting file and answers each, OK or ERROR, in order.
+    pub(super) fn flush(&mut self, link: &mut Link) -> Result<()> {
+        let pending = std::mem::take(&mut self.pending);
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let settle = |w: &Waiting| w.part.settle(w.mode, w.mtime);
+        let settled: Vec<std::io::Result<()>> =
+            if pending.len() == 1 || crate::commit::fsync_is_free(&pending[0].part.file) {
+                pending.iter().map(settle).collect()
+            } else {
+                let per = pending.len().div_ceil(SYNC_THREADS);
+                std::thread::scope(|s| {
+                    let parts: Vec<_> = pending
+                        .chunks(per)
+                        .map(|c| {
+                            let h = s.spawn(move || c.iter().map(settle).collect::<Vec<_>>());
+                            (c.len(), h)
+                        })
+                        .collect();
+                    parts
+                        .into_iter()
+                        .flat_map(|(n, h)| {
+                            h.join().unwrap_or_else(|_| {
+                                (0..n)
+                                    .map(|_| Err(std::io::Error::other("fsync thread panicked")))
+                                    .collect()
+                            })
+                        })
+                        .collect()
+                })
+            };
+        // Rename the good ones into place; fsync each directory once.
+        let mut placed = Vec::with_capacity(pending.len());
+        let mut dirs: Vec<((u64, u64), std::os::fd::OwnedFd, std::io::Result<()>)> = Vec::new();
+        for (w, ok) in pending.into_iter().zip(settled) {
+            let Waiting {
+                part,
+                _claim,
+                file_id,
+                path,
+                ..
+            } = w;
+            let res = ok.and_then(|()| part.place()).and_then(|dir| {
+                let st = rustix::fs::fstat(&dir)?;
+                let key = (st.st_dev, st.st_ino);
+                let at = match dirs.iter().position(|(k, _, _)| *k == key) {
+                    Some(i) => i,
+                    None => {
+                        dirs.push((key, dir, Ok(())));
+                        dirs.len() - 1
+                    }
+                };
+                Ok(at)
+            });
+            placed.push((file_id, path, res));
+        }
+        for (_, dir, res) in &mut dirs {
+            *res = rustix::fs::fsync(&*dir).map_err(std::io::Error::from);
+        }
+        // Every answer is tried; the first that cannot be sent is the result (the files are
+        // committed all the same: they were whole and verified).
+        let mut sent = Ok(());
+        for (file_id, path, res) in placed {
+            let res = res.and_then(|at| match &dirs[at].2 {
+                Ok(()) => Ok(()),
+                Err(e) => Err(std::io::Error::new(e.kind(), e.to_string())),
+            });
+            if sent.is_err() {
+                continue;
+            }
+            sent = match res {
+                Ok(()) => link.send(&Msg::Ok { file_id }),
+                Err(e) => reply_refusal(
+                    link,
+                    file_id,
+                    refuse(ErrorCode::Io, format!("{path}: commit failed: {e}")),
+                ),
+            };
+        }
+        sent
     }
 }

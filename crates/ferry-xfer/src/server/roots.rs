@@ -373,11 +373,24 @@ impl PartFile {
     /// Sets the mode (and the source's mtime, when known), fsyncs, drops the journal,
     /// renames into place and fsyncs the directory.
     pub fn commit(self, mode: u32, mtime: Option<std::time::SystemTime>) -> std::io::Result<()> {
+        self.settle(mode, mtime)?;
+        let dir = self.place()?;
+        rustix::fs::fsync(&dir)?;
+        Ok(())
+    }
+
+    /// The first half of [`PartFile::commit`]: sets the mode (and mtime) and fsyncs the file.
+    pub fn settle(&self, mode: u32, mtime: Option<std::time::SystemTime>) -> std::io::Result<()> {
         rustix::fs::fchmod(&self.file, Mode::from_raw_mode(mode & 0o7777))?;
         if let Some(t) = mtime {
             self.file.set_modified(t)?;
         }
-        self.file.sync_all()?;
+        self.file.sync_all()
+    }
+
+    /// The second half of [`PartFile::commit`] but the directory's fsync: drops the journal
+    /// and renames into place; returns the directory, for the caller to fsync.
+    pub fn place(self) -> std::io::Result<OwnedFd> {
         // The journal goes first: a crash before the rename leaves a part with no journal,
         // which is never trusted.
         match rustix::fs::unlinkat(
@@ -389,8 +402,7 @@ impl PartFile {
             Err(e) => return Err(e.into()),
         }
         rustix::fs::renameat(&self.dir, self.tmp.as_str(), &self.dir, self.name.as_str())?;
-        rustix::fs::fsync(&self.dir)?;
-        Ok(())
+        Ok(self.dir)
     }
 
     /// Removes the temporary file and its journal.
