@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use crate::client::{basename, join, walk_entries, Client, Options, Progress, Stats};
 use crate::config::ServerConfig;
 use crate::error::XferError;
-use crate::link::Link;
+use crate::link::{FileMeta, Link};
 use crate::proto::{EntryKind, ErrorCode, Msg};
 use crate::server::{refuse, Refusal, Roots};
 
@@ -129,21 +129,30 @@ fn copy(cfg: &ServerConfig, roots: &Roots, link: &Link, req: &SendTo) -> Result<
             c.mkdir(&join(&target, d), 0o755).map_err(at_dest)?;
         }
     }
-    for (rel, _, _) in &files {
-        let (file, st) = roots.open_read(&join(req.path, rel))?;
-        let mtime = st
-            .st_mtime
-            .saturating_mul(1_000_000_000)
-            .saturating_add(st.st_mtime_nsec as i64);
-        c.upload_open(
-            &file,
-            st.st_size as u64,
-            st.st_mode & 0o7777,
-            Some(mtime),
-            &join(&target, rel),
-            &relay,
-        )
-        .map_err(at_dest)?;
+    // Small files stream (PUT_FILE, to a 1.4 destination); a file this server cannot read
+    // ends the copy with its own refusal, not the destination's.
+    let unreadable = std::cell::RefCell::new(None);
+    let open = |rel: &String| -> crate::Result<(std::fs::File, FileMeta)> {
+        let (file, st) = roots.open_read(&join(req.path, rel)).map_err(|r| {
+            let e = XferError::new(crate::Kind::Io, r.message.clone());
+            *unreadable.borrow_mut() = Some(r);
+            e
+        })?;
+        let meta = FileMeta {
+            size: st.st_size as u64,
+            mode: st.st_mode & 0o7777,
+            mtime: st
+                .st_mtime
+                .saturating_mul(1_000_000_000)
+                .saturating_add(st.st_mtime_nsec as i64),
+        };
+        Ok((file, meta))
+    };
+    let jobs = files
+        .iter()
+        .map(|(rel, _, _)| (rel.clone(), join(&target, rel)));
+    if let Err(e) = c.upload_each(jobs, &open, &relay) {
+        return Err(unreadable.into_inner().unwrap_or_else(|| at_dest(e)));
     }
     let stats = c.stats;
     c.bye();

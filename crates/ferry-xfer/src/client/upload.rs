@@ -43,14 +43,7 @@ impl Client {
     /// Uploads one local file to a remote path.
     pub fn upload_file(&mut self, src: &Path, path: &str, progress: &dyn Progress) -> Result<()> {
         let (file, meta) = open_source(src)?;
-        self.put(
-            Source::File(&file),
-            meta.size,
-            meta.mode,
-            Some(meta.mtime),
-            path,
-            progress,
-        )
+        self.put_meta(&file, &meta, path, progress)
     }
 
     /// Uploads local files, each to its remote path, in order. To a 1.4 server, a file that
@@ -63,23 +56,27 @@ impl Client {
         files: impl IntoIterator<Item = (PathBuf, String)>,
         progress: &dyn Progress,
     ) -> Result<()> {
-        let mut waiting: VecDeque<(u32, PathBuf, String, u64)> = VecDeque::new();
+        self.upload_each(files, &|src: &PathBuf| open_source(src), progress)
+    }
+
+    /// [`Client::upload_files`] for sources named by `K`, which `open` opens (again, for a
+    /// file sent a second time by PUT).
+    pub(crate) fn upload_each<K>(
+        &mut self,
+        files: impl IntoIterator<Item = (K, String)>,
+        open: &dyn Fn(&K) -> Result<(File, FileMeta)>,
+        progress: &dyn Progress,
+    ) -> Result<()> {
+        let mut waiting: VecDeque<(u32, K, String, u64)> = VecDeque::new();
         let mut again = Vec::new();
         for (src, path) in files {
             let whole = self.minor >= proto::MINOR_PUT_FILE
                 && crate::mem::classify(&path).is_none()
                 && !self.resume;
-            let (file, meta) = open_source(&src)?;
+            let (file, meta) = open(&src)?;
             if !(whole && self.tx.put_file_fits(&path, meta.size)) {
                 self.take_answers(&mut waiting, &mut again, 0, progress)?;
-                self.put(
-                    Source::File(&file),
-                    meta.size,
-                    meta.mode,
-                    Some(meta.mtime),
-                    &path,
-                    progress,
-                )?;
+                self.put_meta(&file, &meta, &path, progress)?;
                 continue;
             }
             let file_id = self.id();
@@ -93,18 +90,37 @@ impl Client {
         // What arrived damaged goes again by PUT, with its CRC-checked blocks and RESENDs.
         for (src, path) in again {
             self.stats.blocks_resent += 1;
-            self.upload_file(&src, &path, progress)?;
+            let (file, meta) = open(&src)?;
+            self.put_meta(&file, &meta, &path, progress)?;
         }
         Ok(())
+    }
+
+    /// PUTs an open file described by `meta`.
+    fn put_meta(
+        &mut self,
+        file: &File,
+        meta: &FileMeta,
+        path: &str,
+        progress: &dyn Progress,
+    ) -> Result<()> {
+        self.put(
+            Source::File(file),
+            meta.size,
+            meta.mode,
+            Some(meta.mtime),
+            path,
+            progress,
+        )
     }
 
     /// Takes the server's answers to PUT_FILEs, oldest first, until at most `keep` are
     /// unanswered. A file refused for a BLAKE3 mismatch joins `again`; any other refusal
     /// ends the upload with the server's error.
-    fn take_answers(
+    fn take_answers<K>(
         &mut self,
-        waiting: &mut VecDeque<(u32, PathBuf, String, u64)>,
-        again: &mut Vec<(PathBuf, String)>,
+        waiting: &mut VecDeque<(u32, K, String, u64)>,
+        again: &mut Vec<(K, String)>,
         keep: usize,
         progress: &dyn Progress,
     ) -> Result<()> {
@@ -128,20 +144,6 @@ impl Client {
             }
         }
         Ok(())
-    }
-
-    /// Uploads an open regular file of `size` bytes to a remote path, creating it with
-    /// permission bits `mode` and, if given, the source's `mtime` (ns since the epoch).
-    pub fn upload_open(
-        &mut self,
-        file: &File,
-        size: u64,
-        mode: u32,
-        mtime: Option<i64>,
-        path: &str,
-        progress: &dyn Progress,
-    ) -> Result<()> {
-        self.put(Source::File(file), size, mode, mtime, path, progress)
     }
 
     /// Uploads `size` zero bytes (the `zero:SIZE` source of memory mode) to a remote path;
