@@ -363,6 +363,21 @@ fn third_party(driver: &str) {
     assert_eq!(v["files"].as_u64(), Some(30));
     same_tree(&a.root.join("tree"), &b.root.join("copy"));
     no_part_files(&b.root);
+    // Over 4 streams (protocol 1.4): the tree's files spread over them, and a file larger
+    // than a chunk (64 MiB) goes up in ranges (OPEN, PUT_RANGE…, CLOSE).
+    if driver == "tcp" {
+        let huge = 64 * 1024 * 1024 + 5;
+        std::fs::write(a.root.join("huge"), pattern(huge, 3)).unwrap();
+        let v = ok(&cp(&["-p", "4", "-r", &a.url("tree"), &b.url("copy4")], &[]));
+        assert_eq!(v["files"].as_u64(), Some(30), "{v}");
+        same_tree(&a.root.join("tree"), &b.root.join("copy4"));
+        let v = ok(&cp(&["-p", "4", &a.url("huge"), &b.url("huge4")], &[]));
+        assert_eq!(v["bytes"].as_u64(), Some(huge as u64), "{v}");
+        same_file(&a.root.join("huge"), &b.root.join("huge4"));
+        no_part_files(&b.root);
+        let _ = std::fs::remove_file(a.root.join("huge"));
+        let _ = std::fs::remove_file(b.root.join("huge4"));
+    }
 
     fails(&cp(&[&a.url("tree"), &b.url("t2")], &[]), 1, "use -r");
     fails(

@@ -25,6 +25,8 @@ pub const MINOR_PACK: u16 = 4;
 /// The first minor version with PUT_FILE frames (a small file uploaded in one frame, its
 /// answer not waited for): a client sends them only to servers of this minor or later.
 pub const MINOR_PUT_FILE: u16 = 4;
+/// The first minor version whose SEND_TO may ask for several streams ([`SEND_STREAMS`]).
+pub const MINOR_SEND_STREAMS: u16 = 4;
 /// The most GETs in one GETS frame.
 pub const MAX_GETS: usize = 64;
 /// The most streams a session may have.
@@ -202,6 +204,9 @@ pub const OPEN_RESUME: u8 = 1;
 pub const CLOSE_HASH: u8 = 1;
 /// SEND_TO flag: the source is a directory; copy the tree.
 pub const SEND_RECURSIVE: u8 = 1;
+/// SEND_TO flag (1.4): a `streams u16` (2..=[`MAX_STREAMS`]) follows the token; the source
+/// server copies over that many streams. Set exactly when `streams` > 1.
+pub const SEND_STREAMS: u8 = 2;
 /// The longest fabric address in a frame (bytes).
 pub const MAX_ADDR: usize = 512;
 
@@ -415,6 +420,8 @@ pub enum Msg {
         dest_path: String,
         /// Token for the destination server.
         token: String,
+        /// Streams to the destination (1: one; more: a parallel copy, 1.4).
+        streams: u16,
     },
     /// How far a third-party copy has got (at most a few per second).
     Progress {
@@ -665,7 +672,10 @@ pub fn encode(msg: &Msg, out: &mut Vec<u8>) -> Result<(), EncodeError> {
         Msg::Sum { .. } => (ty::SUM, 0),
         Msg::SumReply { .. } => (ty::SUM_REPLY, 0),
         Msg::Bye => (ty::BYE, 0),
-        Msg::SendTo { flags, .. } => (ty::SEND_TO, *flags),
+        Msg::SendTo { flags, streams, .. } => (
+            ty::SEND_TO,
+            (*flags & SEND_RECURSIVE) | if *streams > 1 { SEND_STREAMS } else { 0 },
+        ),
         Msg::Progress { .. } => (ty::PROGRESS, 0),
         Msg::Copied { .. } => (ty::COPIED, 0),
         Msg::Open { flags, .. } => (ty::OPEN, *flags),
@@ -847,6 +857,7 @@ pub fn encode(msg: &Msg, out: &mut Vec<u8>) -> Result<(), EncodeError> {
                 dest,
                 dest_path,
                 token,
+                streams,
                 ..
             } => {
                 w.u32(*file_id);
@@ -854,6 +865,12 @@ pub fn encode(msg: &Msg, out: &mut Vec<u8>) -> Result<(), EncodeError> {
                 w.str(dest, MAX_ADDR, "destination address")?;
                 w.str(dest_path, MAX_PATH, "destination path")?;
                 w.str(token, MAX_TOKEN, "token")?;
+                if *streams > MAX_STREAMS {
+                    return Err(EncodeError::TooLong("streams"));
+                }
+                if *streams > 1 {
+                    w.u16(*streams);
+                }
             }
             Msg::Progress {
                 file_id,
@@ -1077,7 +1094,7 @@ pub fn decode(b: &[u8]) -> Result<(Msg, &[u8]), DecodeError> {
         ty::ENTRIES => 1,
         ty::PUT => PUT_RESUME | PUT_MTIME,
         ty::FILE_DONE => DONE_HASH,
-        ty::SEND_TO => SEND_RECURSIVE,
+        ty::SEND_TO => SEND_RECURSIVE | SEND_STREAMS,
         ty::OPEN => OPEN_RESUME,
         ty::CLOSE => CLOSE_HASH,
         _ => 0,
@@ -1275,12 +1292,21 @@ pub fn decode(b: &[u8]) -> Result<(Msg, &[u8]), DecodeError> {
         },
         ty::BYE => Msg::Bye,
         ty::SEND_TO => Msg::SendTo {
-            flags,
+            flags: flags & SEND_RECURSIVE,
             file_id: r.u32()?,
             path: r.str(MAX_PATH)?,
             dest: r.str(MAX_ADDR)?,
             dest_path: r.str(MAX_PATH)?,
             token: r.str(MAX_TOKEN)?,
+            streams: if flags & SEND_STREAMS != 0 {
+                let n = r.u16()?;
+                if !(2..=MAX_STREAMS).contains(&n) {
+                    return Err(DecodeError::Malformed("SEND_TO streams outside 2..=16"));
+                }
+                n
+            } else {
+                1
+            },
         },
         ty::PROGRESS => Msg::Progress {
             file_id: r.u32()?,

@@ -10,15 +10,19 @@
 //! (`third_party` in the config, `--allow-third-party`), so an authenticated client cannot
 //! turn it into a probe of other hosts.
 
-use std::cell::Cell;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::client::{basename, join, walk_entries, Client, Options, Progress, Stats};
 use crate::config::ServerConfig;
 use crate::error::XferError;
 use crate::link::{FileMeta, Link};
+use crate::parallel::{join_streams, upload_planned};
 use crate::proto::{EntryKind, ErrorCode, Msg};
 use crate::server::{refuse, Refusal, Roots};
+use crate::url::Remote;
 
 /// How often PROGRESS frames go to the watching client.
 const PROGRESS_EVERY: Duration = Duration::from_millis(250);
@@ -37,6 +41,8 @@ pub(crate) struct SendTo<'a> {
     pub dest_path: &'a str,
     /// Token for the destination.
     pub token: &'a str,
+    /// Streams to the destination.
+    pub streams: u16,
 }
 
 /// Whether `cfg` lets this server connect to `dest` for a third-party copy.
@@ -109,6 +115,7 @@ fn copy(cfg: &ServerConfig, roots: &Roots, link: &Link, req: &SendTo) -> Result<
         token: req.token.to_string(),
         block_size: cfg.block_size,
         ring: cfg.ring,
+        streams: req.streams,
         ..Options::default()
     };
     let mut c = Client::connect(req.dest, &opts).map_err(at_dest)?;
@@ -119,8 +126,8 @@ fn copy(cfg: &ServerConfig, roots: &Roots, link: &Link, req: &SendTo) -> Result<
         link,
         file_id: req.file_id,
         total: files.iter().map(|f| f.1).sum(),
-        done: Cell::new(0),
-        last: Cell::new(Instant::now()),
+        done: AtomicU64::new(0),
+        last: Mutex::new(Instant::now()),
     };
     relay.send();
     if entry.kind == EntryKind::Dir {
@@ -129,13 +136,14 @@ fn copy(cfg: &ServerConfig, roots: &Roots, link: &Link, req: &SendTo) -> Result<
             c.mkdir(&join(&target, d), 0o755).map_err(at_dest)?;
         }
     }
-    // Small files stream (PUT_FILE, to a 1.4 destination); a file this server cannot read
-    // ends the copy with its own refusal, not the destination's.
-    let unreadable = std::cell::RefCell::new(None);
-    let open = |rel: &String| -> crate::Result<(std::fs::File, FileMeta)> {
-        let (file, st) = roots.open_read(&join(req.path, rel)).map_err(|r| {
+    // Sources open in this server's sandbox as they go; a file it cannot read ends the copy
+    // with its own refusal, not the destination's.
+    let unreadable = Mutex::new(None);
+    let open = |rel: &Path| -> crate::Result<(std::fs::File, FileMeta)> {
+        let rel = rel.to_string_lossy();
+        let (file, st) = roots.open_read(&join(req.path, &rel)).map_err(|r| {
             let e = XferError::new(crate::Kind::Io, r.message.clone());
-            *unreadable.borrow_mut() = Some(r);
+            *lock(&unreadable) = Some(r);
             e
         })?;
         let meta = FileMeta {
@@ -148,15 +156,27 @@ fn copy(cfg: &ServerConfig, roots: &Roots, link: &Link, req: &SendTo) -> Result<
         };
         Ok((file, meta))
     };
-    let jobs = files
+    let dest = Remote {
+        addr: req.dest.to_string(),
+        path: target.clone(),
+    };
+    let planned: Vec<_> = files
         .iter()
-        .map(|(rel, _, _)| (rel.clone(), join(&target, rel)));
-    if let Err(e) = c.upload_each(jobs, &open, &relay) {
-        return Err(unreadable.into_inner().unwrap_or_else(|| at_dest(e)));
+        .map(|(rel, size, _)| (Some(PathBuf::from(rel)), join(&target, rel), *size))
+        .collect();
+    let mut stats = Stats::default();
+    let res = match join_streams(&c, &dest, &opts) {
+        Ok(others) => upload_planned(c, others, planned, &open, &opts, &relay, &mut stats),
+        Err(e) => Err(e),
+    };
+    match res {
+        Ok(()) => Ok(stats),
+        Err(e) => Err(lock(&unreadable).take().unwrap_or_else(|| at_dest(e))),
     }
-    let stats = c.stats;
-    c.bye();
-    Ok(stats)
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Relays upload progress to the watching client as PROGRESS frames, a few per second.
@@ -164,8 +184,8 @@ struct Relay<'a> {
     link: &'a Link,
     file_id: u32,
     total: u64,
-    done: Cell<u64>,
-    last: Cell<Instant>,
+    done: AtomicU64,
+    last: Mutex<Instant>,
 }
 
 impl Relay<'_> {
@@ -173,17 +193,17 @@ impl Relay<'_> {
         // A client that went away does not stop the copy; it only misses the news.
         let _ = self.link.send(&Msg::Progress {
             file_id: self.file_id,
-            done: self.done.get(),
+            done: self.done.load(Ordering::Relaxed),
             total: self.total,
         });
-        self.last.set(Instant::now());
+        *lock(&self.last) = Instant::now();
     }
 }
 
 impl Progress for Relay<'_> {
     fn add(&self, bytes: u64) {
-        self.done.set(self.done.get() + bytes);
-        if self.last.get().elapsed() >= PROGRESS_EVERY {
+        self.done.fetch_add(bytes, Ordering::Relaxed);
+        if lock(&self.last).elapsed() >= PROGRESS_EVERY {
             self.send();
         }
     }

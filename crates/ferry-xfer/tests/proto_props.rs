@@ -131,16 +131,26 @@ fn msg() -> impl Strategy<Value = Msg> {
         s(300).prop_map(|path| Msg::Sum { path }),
         (any::<u64>(), any::<[u8; 32]>()).prop_map(|(size, blake3)| Msg::SumReply { size, blake3 }),
         Just(Msg::Bye),
-        (0u8..2, any::<u32>(), s(300), s(100), s(300), s(100)).prop_map(
-            |(flags, file_id, path, dest, dest_path, token)| Msg::SendTo {
-                flags,
-                file_id,
-                path,
-                dest,
-                dest_path,
-                token
-            }
-        ),
+        (
+            0u8..2,
+            any::<u32>(),
+            s(300),
+            s(100),
+            s(300),
+            s(100),
+            1u16..=16
+        )
+            .prop_map(|(flags, file_id, path, dest, dest_path, token, streams)| {
+                Msg::SendTo {
+                    flags,
+                    file_id,
+                    path,
+                    dest,
+                    dest_path,
+                    token,
+                    streams,
+                }
+            }),
         (any::<u32>(), any::<u64>(), any::<u64>()).prop_map(|(file_id, done, total)| {
             Msg::Progress {
                 file_id,

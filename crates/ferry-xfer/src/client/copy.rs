@@ -336,6 +336,14 @@ fn third_party(
             ));
         }
         let file_id = c.id();
+        let streams = opts.streams.clamp(1, proto::MAX_STREAMS);
+        if streams > 1 && c.minor < proto::MINOR_SEND_STREAMS {
+            tracing::warn!(
+                "{} speaks transfer protocol 1.{}, which sends third-party copies over one stream",
+                src.addr,
+                c.minor
+            );
+        }
         c.link.send(&Msg::SendTo {
             flags: if recursive { proto::SEND_RECURSIVE } else { 0 },
             file_id,
@@ -346,6 +354,11 @@ fn third_party(
                 .dest_token
                 .clone()
                 .unwrap_or_else(|| opts.token.clone()),
+            streams: if c.minor >= proto::MINOR_SEND_STREAMS {
+                streams
+            } else {
+                1
+            },
         })?;
         let mut shown = 0;
         loop {

@@ -29,6 +29,7 @@ pub use copy::{copy, sum_local};
 pub(crate) use copy::{plan_download, plan_upload};
 pub use download::DlJob;
 pub(crate) use download::{system_time, LocalPart};
+pub(crate) use upload::open_source;
 
 /// A tree: its directories (relative, parents first) and its files with their sizes and
 /// mtimes (seconds).

@@ -13,7 +13,7 @@ use crate::proto::{self, Msg};
 const PUT_WINDOW: usize = 32;
 
 /// Opens a local regular file for upload: the file and what a PUT says of it.
-fn open_source(src: &Path) -> Result<(File, FileMeta)> {
+pub(crate) fn open_source(src: &Path) -> Result<(File, FileMeta)> {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let file = File::open(src).map_err(|e| XferError::io(src.display(), &e))?;
     let md = file

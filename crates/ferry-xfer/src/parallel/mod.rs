@@ -69,7 +69,7 @@ fn chunk_size(opts: &Options, block: u32) -> u64 {
 }
 
 /// Opens streams 1..N-1 of `c0`'s session, or says why it keeps one stream.
-fn join_streams(c0: &Client, r: &Remote, opts: &Options) -> Result<Vec<Client>> {
+pub(crate) fn join_streams(c0: &Client, r: &Remote, opts: &Options) -> Result<Vec<Client>> {
     if c0.minor < proto::MINOR_STREAMS {
         tracing::warn!(
             "{} speaks transfer protocol 1.{}, which has no parallel streams; copying over one stream",
@@ -160,7 +160,7 @@ fn finish_clients(clients: Vec<Client>, total: &mut Stats, ok: bool) {
 }
 
 pub(crate) use download::{download, Chunk};
-pub(crate) use upload::upload;
+pub(crate) use upload::{upload, upload_planned};
 
 #[cfg(test)]
 mod tests {

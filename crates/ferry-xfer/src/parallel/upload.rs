@@ -7,10 +7,12 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::{chunk_size, chunks, finish_clients, join_streams, lock, run_streams};
-use crate::client::{plan_upload, remote_err, unexpected, Client, Options, Progress, Stats};
+use crate::client::{
+    open_source, plan_upload, remote_err, unexpected, Client, Options, Progress, Stats,
+};
 use crate::error::{Kind, Result, XferError};
 use crate::journal::RangeSet;
-use crate::link::{Source, Span};
+use crate::link::{FileMeta, Source, Span};
 use crate::proto::{self, Msg};
 use crate::url::Remote;
 
@@ -70,15 +72,20 @@ enum UpJob {
     Range(Arc<SharedUp>, u64, u64),
 }
 
-struct UpQueue {
+/// Opens an upload's source by its name (a local path; a file under a server's root for a
+/// third-party copy): the file and what a PUT says of it.
+pub(crate) type Opener<'a> = dyn Fn(&Path) -> Result<(File, FileMeta)> + Sync + 'a;
+
+struct UpQueue<'a> {
     queue: Mutex<VecDeque<UpJob>>,
     abort: AtomicBool,
     next_id: AtomicU32,
     chunk: u64,
     resume: bool,
+    open: &'a Opener<'a>,
 }
 
-impl UpQueue {
+impl UpQueue<'_> {
     fn next(&self) -> Option<UpJob> {
         if self.abort.load(Ordering::SeqCst) {
             return None;
@@ -133,6 +140,23 @@ pub(crate) fn upload(
             return Err(e);
         }
     };
+    let open = |p: &Path| open_source(p);
+    upload_planned(c0, others, files, &open, opts, progress, total)
+}
+
+/// Uploads `files` ((source, remote path, size); source `None`: zeros) over `c0` and the
+/// streams `others` joined to its session: whole files (PUT_FILE or PUT) and ranges of
+/// large ones (OPEN, PUT_RANGE…, CLOSE) on whichever stream is free. Sources open with
+/// `open`. Every client's counters end up in `total`.
+pub(crate) fn upload_planned(
+    c0: Client,
+    others: Vec<Client>,
+    files: Vec<(Option<PathBuf>, String, u64)>,
+    open: &Opener,
+    opts: &Options,
+    progress: &dyn Progress,
+    total: &mut Stats,
+) -> Result<()> {
     let chunk = chunk_size(opts, c0.block_size());
     let parallel = !others.is_empty();
     let mut clients = vec![c0];
@@ -150,6 +174,7 @@ pub(crate) fn upload(
         next_id: AtomicU32::new(1 << 31),
         chunk,
         resume: opts.resume,
+        open,
     };
     let res = run_streams(&mut clients, progress, &|c, counter| {
         c.set_resume(q.resume);
@@ -185,7 +210,7 @@ fn upload_stream(c: &mut Client, q: &UpQueue, progress: &dyn Progress) -> Result
                     }
                 }
                 drop(queue);
-                c.upload_files(batch, progress)?
+                c.upload_each(batch, &|p: &PathBuf| (q.open)(p), progress)?
             }
             UpJob::Big(None, path, size) if c.minor < proto::MINOR_STREAMS => {
                 c.upload_zero(size, &path, progress)?
@@ -226,22 +251,16 @@ fn open_upload(
     size: u64,
     progress: &dyn Progress,
 ) -> Result<Option<Arc<SharedUp>>> {
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let (file, mode, mtime) = match src {
         Some(p) => {
-            let f = File::open(p).map_err(|e| XferError::io(p.display(), &e))?;
-            let md = f.metadata().map_err(|e| XferError::io(p.display(), &e))?;
-            if md.len() != size {
+            let (f, meta) = (q.open)(p)?;
+            if meta.size != size {
                 return Err(XferError::new(
                     Kind::Integrity,
                     format!("{}: changed while being copied; try again", p.display()),
                 ));
             }
-            let ns = md
-                .mtime()
-                .saturating_mul(1_000_000_000)
-                .saturating_add(md.mtime_nsec());
-            (Some(f), md.permissions().mode() & 0o7777, ns)
+            (Some(f), meta.mode, meta.mtime)
         }
         None => (None, 0o644, 0),
     };

@@ -563,6 +563,7 @@ impl Server {
                     dest,
                     dest_path,
                     token,
+                    streams,
                 } => crate::third_party::serve(
                     &self.cfg,
                     &self.roots,
@@ -574,6 +575,7 @@ impl Server {
                         dest: &dest,
                         dest_path: &dest_path,
                         token: &token,
+                        streams,
                     },
                 )?,
                 m => return Err(XferError::conn(format!("unexpected request {m:?}"))),
