@@ -368,7 +368,10 @@ fn third_party(driver: &str) {
     if driver == "tcp" {
         let huge = 64 * 1024 * 1024 + 5;
         std::fs::write(a.root.join("huge"), pattern(huge, 3)).unwrap();
-        let v = ok(&cp(&["-p", "4", "-r", &a.url("tree"), &b.url("copy4")], &[]));
+        let v = ok(&cp(
+            &["-p", "4", "-r", &a.url("tree"), &b.url("copy4")],
+            &[],
+        ));
         assert_eq!(v["files"].as_u64(), Some(30), "{v}");
         same_tree(&a.root.join("tree"), &b.root.join("copy4"));
         let v = ok(&cp(&["-p", "4", &a.url("huge"), &b.url("huge4")], &[]));

@@ -68,6 +68,25 @@ fn hello(addr: &str, major: u16, token: &str) -> (Link, Msg) {
     (link, answer)
 }
 
+/// Connects and sends HELLO as a client of `minor` with a 64 KiB block, as `ferry cp` does
+/// (the handshake's buffer holds a block too); once answered, posts 4 block-sized buffers.
+fn hello_minor(addr: &str, minor: u16) -> (Link, Msg) {
+    let mut link = Link::connect(addr, T).unwrap();
+    link.post_ring(1, BLOCK_HEADER_LEN + 64 * 1024).unwrap();
+    link.send(&Msg::Hello {
+        major: proto::VERSION_MAJOR,
+        minor,
+        block_size: 64 * 1024,
+        session: 0,
+        stream: 0,
+        token: "tok".into(),
+    })
+    .unwrap();
+    let answer = link.recv_msg().unwrap();
+    link.post_ring(4, BLOCK_HEADER_LEN + 64 * 1024).unwrap();
+    (link, answer)
+}
+
 fn code(m: &Msg) -> ErrorCode {
     match m {
         Msg::Error { code, .. } => *code,
@@ -503,21 +522,8 @@ fn small_files_in_one_frame(driver: &str) {
     std::fs::set_permissions(dir.join("fits"), std::fs::Permissions::from_mode(0o640)).unwrap();
     std::fs::write(dir.join("over"), &data).unwrap();
     std::fs::write(dir.join("empty"), b"").unwrap();
-    // As a 1.3 client does: the handshake's buffer holds a block too.
-    let mut link = Link::connect(&addr, T).unwrap();
-    link.post_ring(1, BLOCK_HEADER_LEN + 64 * 1024).unwrap();
-    link.send(&Msg::Hello {
-        major: proto::VERSION_MAJOR,
-        minor: proto::VERSION_MINOR,
-        block_size: 64 * 1024,
-        session: 0,
-        stream: 0,
-        token: "tok".into(),
-    })
-    .unwrap();
-    let m = link.recv_msg().unwrap();
+    let (mut link, m) = hello_minor(&addr, proto::VERSION_MINOR);
     assert!(matches!(m, Msg::Welcome { minor, .. } if minor >= proto::MINOR_FILE));
-    link.post_ring(4, BLOCK_HEADER_LEN + 64 * 1024).unwrap();
     for (id, name, len) in [(1, "fits", fits), (2, "empty", 0)] {
         match get_whole(&mut link, id, &format!("d/{name}")) {
             (
@@ -590,19 +596,8 @@ fn gets_are_answered_in_order() {
     std::fs::write(dir.join("a"), b"alpha").unwrap();
     std::fs::write(dir.join("big"), &big).unwrap();
     std::fs::write(dir.join("b"), b"beta").unwrap();
-    let mut link = Link::connect(&addr, T).unwrap();
-    link.post_ring(1, BLOCK_HEADER_LEN + 64 * 1024).unwrap();
-    link.send(&Msg::Hello {
-        major: proto::VERSION_MAJOR,
-        minor: proto::VERSION_MINOR,
-        block_size: 64 * 1024,
-        session: 0,
-        stream: 0,
-        token: "tok".into(),
-    })
-    .unwrap();
-    assert!(matches!(link.recv_msg().unwrap(), Msg::Welcome { .. }));
-    link.post_ring(4, BLOCK_HEADER_LEN + 64 * 1024).unwrap();
+    let (mut link, m) = hello_minor(&addr, proto::VERSION_MINOR);
+    assert!(matches!(m, Msg::Welcome { .. }));
     let files = ["d/a", "d/missing", "d/big", "d/b"];
     link.send(&Msg::Gets {
         files: files
@@ -687,19 +682,8 @@ fn packs_gather_a_gets_batch(driver: &str, mem: bool) {
         }
     };
     for minor in [proto::VERSION_MINOR, proto::MINOR_PACK - 1] {
-        let mut link = Link::connect(&addr, T).unwrap();
-        link.post_ring(1, BLOCK_HEADER_LEN + 64 * 1024).unwrap();
-        link.send(&Msg::Hello {
-            major: proto::VERSION_MAJOR,
-            minor,
-            block_size: 64 * 1024,
-            session: 0,
-            stream: 0,
-            token: "tok".into(),
-        })
-        .unwrap();
-        assert!(matches!(link.recv_msg().unwrap(), Msg::Welcome { .. }));
-        link.post_ring(4, BLOCK_HEADER_LEN + 64 * 1024).unwrap();
+        let (mut link, m) = hello_minor(&addr, minor);
+        assert!(matches!(m, Msg::Welcome { .. }));
         link.send(&Msg::Gets {
             files: order
                 .iter()
@@ -813,21 +797,8 @@ fn put_file(id: u32, path: &str, data: &[u8], hash: [u8; 32]) -> Vec<u8> {
 fn put_files_stream(driver: &str) {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let (addr, dir) = start(driver, false);
-    let mut link = Link::connect(&addr, T).unwrap();
-    link.post_ring(1, proto::MAX_CONTROL).unwrap();
-    link.send(&Msg::Hello {
-        major: proto::VERSION_MAJOR,
-        minor: proto::VERSION_MINOR,
-        block_size: 64 * 1024,
-        session: 0,
-        stream: 0,
-        token: "tok".into(),
-    })
-    .unwrap();
-    assert!(
-        matches!(link.recv_msg().unwrap(), Msg::Welcome { minor, .. } if minor >= proto::MINOR_PUT_FILE)
-    );
-    link.post_ring(4, proto::MAX_CONTROL).unwrap();
+    let (mut link, m) = hello_minor(&addr, proto::VERSION_MINOR);
+    assert!(matches!(m, Msg::Welcome { minor, .. } if minor >= proto::MINOR_PUT_FILE));
     // 65,563 bytes with its header: more than the 64 KiB handshake buffer, within a block.
     let big: Vec<u8> = (0..65_500u32).map(|i| (i * 11) as u8).collect();
     let hash = |d: &[u8]| *blake3::hash(d).as_bytes();

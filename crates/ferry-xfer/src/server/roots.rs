@@ -280,6 +280,17 @@ pub struct PartFile {
     pub file: File,
 }
 
+/// The directory `path` lies in (open) and its last component; a root itself is refused.
+fn file_parent(roots: &Roots, path: &str) -> PResult<(OwnedFd, String)> {
+    match roots.parent(path)? {
+        (dir, Some(name)) => Ok((dir, name)),
+        (_, None) => Err(refuse(
+            ErrorCode::IsADirectory,
+            format!("{path}: is a root directory"),
+        )),
+    }
+}
+
 /// The temporary name a file is written under before its rename.
 pub fn part_name(name: &str) -> String {
     format!(".{name}.ferry-part")
@@ -296,13 +307,7 @@ impl PartFile {
     /// nothing to resume). A stale part of an earlier upload is truncated, and its journal
     /// removed first (a journal only means something with its part).
     pub fn whole(roots: &Roots, path: &str) -> PResult<PartFile> {
-        let (dir, name) = roots.parent(path)?;
-        let Some(name) = name else {
-            return Err(refuse(
-                ErrorCode::IsADirectory,
-                format!("{path}: is a root directory"),
-            ));
-        };
+        let (dir, name) = file_parent(roots, path)?;
         let tmp = part_name(&name);
         let flags = OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::CREATE;
         let mode = Mode::from_raw_mode(0o600);
@@ -340,13 +345,7 @@ impl PartFile {
         block: u32,
         resume: bool,
     ) -> PResult<(PartFile, Progress, Found)> {
-        let (dir, name) = roots.parent(path)?;
-        let Some(name) = name else {
-            return Err(refuse(
-                ErrorCode::IsADirectory,
-                format!("{path}: is a root directory"),
-            ));
-        };
+        let (dir, name) = file_parent(roots, path)?;
         let tmp = part_name(&name);
         let open = |n: &str, how: OpenHow| -> std::io::Result<File> {
             let mut flags = OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC;
