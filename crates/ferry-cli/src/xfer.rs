@@ -154,12 +154,13 @@ pub struct CpArgs {
     idle_timeout: f64,
     /// Parallel streams: copy over N connections at once (1 to 16); large files are split
     /// into chunks the streams share, trees spread their files over them. Needs a server
-    /// speaking protocol 1.2 (an older one gets one stream).
+    /// speaking protocol 1.2 (an older one gets one stream). In a server-to-server copy the
+    /// source server opens the N streams to the destination (protocol 1.4).
     #[arg(short = 'p', long = "streams", value_name = "N", default_value_t = 1,
           value_parser = clap::value_parser!(u16).range(1..=16))]
     streams: u16,
     /// With -p N > 1: the chunk of a large file handed to one stream, in bytes (rounded up
-    /// to the block size).
+    /// to the block size; a server-to-server copy uses the default).
     #[arg(long, value_name = "BYTES", default_value_t = ferry_xfer::parallel::DEFAULT_CHUNK)]
     chunk_size: u64,
     /// Read and write local files with direct I/O (O_DIRECT), bypassing the page cache
