@@ -608,10 +608,8 @@ impl BlockSender {
                 .map_err(|e| XferError::conn(format!("encode block: {e}")))?;
             buf.write_at(0, &head)
                 .map_err(|e| XferError::conn(format!("fill staging block: {e}")))?;
-            if n > 0 && corrupt_this_block() {
+            if corrupt_payload(&buf, BLOCK_HEADER_LEN, n) {
                 self.zeroed.remove(&buf.addr());
-                let first = mem.with_bytes(at, 1, |b| b[0]);
-                let _ = buf.write_at(BLOCK_HEADER_LEN, &[first ^ 0xff]);
             }
             let msg = buf
                 .slice(..BLOCK_HEADER_LEN + n)
@@ -717,18 +715,13 @@ impl BlockSender {
         let head_len = proto::put_file_header_len(path);
         let buf = self.take_block(&link.sock)?;
         self.zeroed.remove(&buf.addr());
-        let mem = buf.buffer();
-        let data = buf.offset() + head_len;
-        let read = if n > 0 {
-            mem.read_file_at(data, n, file, 0)
-        } else {
-            Ok(())
-        };
-        if let Err(e) = read {
+        if let Err(e) = read_payload(&buf, head_len, file, n) {
             self.free.push(ExsBuf::new(buf.region().clone()));
-            return Err(XferError::io("read", &e));
+            return Err(e);
         }
-        let blake3 = mem.with_bytes(data, n, |b| *blake3::hash(b).as_bytes());
+        let blake3 = buf
+            .buffer()
+            .with_bytes(buf.offset() + head_len, n, |b| *blake3::hash(b).as_bytes());
         let msg = Msg::PutFile {
             file_id,
             mode,
@@ -740,10 +733,7 @@ impl BlockSender {
         let head = proto::to_vec(&msg).map_err(|e| XferError::conn(format!("encode: {e}")))?;
         buf.write_at(0, &head)
             .map_err(|e| XferError::conn(format!("fill staging block: {e}")))?;
-        if n > 0 && corrupt_this_block() {
-            let first = mem.with_bytes(data, 1, |b| b[0]);
-            let _ = buf.write_at(head_len, &[first ^ 0xff]);
-        }
+        corrupt_payload(&buf, head_len, n);
         let msg = buf
             .slice(..head_len + n)
             .map_err(|e| XferError::conn(format!("slice staging block: {e}")))?;
@@ -832,24 +822,38 @@ fn fill_file_frame(
     mode: u32,
     n: usize,
 ) -> Result<()> {
-    let mem = buf.buffer();
-    let data = buf.offset() + at + proto::FILE_HEADER_LEN;
-    if n > 0 {
-        mem.read_file_at(data, n, file, 0)
-            .map_err(|e| XferError::io("read", &e))?;
-    }
-    let (crc, hash) = mem.with_bytes(data, n, |b| {
+    let data = at + proto::FILE_HEADER_LEN;
+    read_payload(buf, data, file, n)?;
+    let (crc, hash) = buf.buffer().with_bytes(buf.offset() + data, n, |b| {
         (crc32c::crc32c(b), *blake3::hash(b).as_bytes())
     });
     let head = proto::encode_file_header(file_id, mode, crc, hash, n as u32)
         .map_err(|e| XferError::conn(format!("encode file: {e}")))?;
     buf.write_at(at, &head)
         .map_err(|e| XferError::conn(format!("fill staging block: {e}")))?;
-    if n > 0 && corrupt_this_block() {
-        let first = mem.with_bytes(data, 1, |b| b[0]);
-        let _ = buf.write_at(at + proto::FILE_HEADER_LEN, &[first ^ 0xff]);
+    corrupt_payload(buf, data, n);
+    Ok(())
+}
+
+/// Reads the first `n` bytes of `file` into `buf` at `at` (one `pread`).
+fn read_payload(buf: &ExsBuf, at: usize, file: &std::fs::File, n: usize) -> Result<()> {
+    if n > 0 {
+        buf.buffer()
+            .read_file_at(buf.offset() + at, n, file, 0)
+            .map_err(|e| XferError::io("read", &e))?;
     }
     Ok(())
+}
+
+/// The test hook: flips the first byte of the `n`-byte payload at `at` of `buf`, after its
+/// checksums were computed, while `FERRY_TEST_CORRUPT_BLOCKS` allows. True if it did.
+fn corrupt_payload(buf: &ExsBuf, at: usize, n: usize) -> bool {
+    if n == 0 || !corrupt_this_block() {
+        return false;
+    }
+    let first = buf.buffer().with_bytes(buf.offset() + at, 1, |b| b[0]);
+    let _ = buf.write_at(at, &[first ^ 0xff]);
+    true
 }
 
 /// Blocks larger files get a writer thread for; smaller ones are written inline.

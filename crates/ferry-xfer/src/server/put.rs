@@ -379,32 +379,7 @@ impl Commits {
         if pending.is_empty() {
             return Ok(());
         }
-        let settle = |w: &Waiting| w.part.settle(w.mode, w.mtime);
-        let settled: Vec<std::io::Result<()>> =
-            if pending.len() == 1 || crate::commit::fsync_is_free(&pending[0].part.file) {
-                pending.iter().map(settle).collect()
-            } else {
-                let per = pending.len().div_ceil(SYNC_THREADS);
-                std::thread::scope(|s| {
-                    let parts: Vec<_> = pending
-                        .chunks(per)
-                        .map(|c| {
-                            let h = s.spawn(move || c.iter().map(settle).collect::<Vec<_>>());
-                            (c.len(), h)
-                        })
-                        .collect();
-                    parts
-                        .into_iter()
-                        .flat_map(|(n, h)| {
-                            h.join().unwrap_or_else(|_| {
-                                (0..n)
-                                    .map(|_| Err(std::io::Error::other("fsync thread panicked")))
-                                    .collect()
-                            })
-                        })
-                        .collect()
-                })
-            };
+        let settled = settle_all(&pending);
         // Rename the good ones into place; fsync each directory once.
         let mut placed = Vec::with_capacity(pending.len());
         let mut dirs: Vec<((u64, u64), std::os::fd::OwnedFd, std::io::Result<()>)> = Vec::new();
@@ -455,4 +430,40 @@ impl Commits {
         }
         sent
     }
+}
+
+/// Sets mode and mtime and fsyncs each waiting file: in parallel on [`SYNC_THREADS`]
+/// threads where fsync waits for a disk, in order where it is free (tmpfs). One result per
+/// file, in order.
+fn settle_all(pending: &[Waiting]) -> Vec<std::io::Result<()>> {
+    let settle = |w: &Waiting| w.part.settle(w.mode, w.mtime);
+    let serial = match pending {
+        [] | [_] => true,
+        [first, ..] => crate::commit::fsync_is_free(&first.part.file),
+    };
+    if serial {
+        return pending.iter().map(settle).collect();
+    }
+    let per = pending.len().div_ceil(SYNC_THREADS);
+    std::thread::scope(|s| {
+        let threads: Vec<_> = pending
+            .chunks(per)
+            .map(|c| {
+                (
+                    c.len(),
+                    s.spawn(move || c.iter().map(settle).collect::<Vec<_>>()),
+                )
+            })
+            .collect();
+        threads
+            .into_iter()
+            .flat_map(|(n, t)| {
+                t.join().unwrap_or_else(|_| {
+                    (0..n)
+                        .map(|_| Err(std::io::Error::other("fsync thread panicked")))
+                        .collect()
+                })
+            })
+            .collect()
+    })
 }

@@ -276,6 +276,8 @@ pub struct PartFile {
     dir: OwnedFd,
     name: String,
     tmp: String,
+    /// Whether a journal may sit next to the part (not for a file that arrived whole).
+    journaled: bool,
     /// The open temporary file.
     pub file: File,
 }
@@ -330,6 +332,7 @@ impl PartFile {
             dir,
             name,
             tmp,
+            journaled: false,
             file: File::from(fd),
         })
     }
@@ -362,6 +365,7 @@ impl PartFile {
                 dir,
                 name,
                 tmp,
+                journaled: true,
                 file,
             },
             progress,
@@ -392,13 +396,15 @@ impl PartFile {
     pub fn place(self) -> std::io::Result<OwnedFd> {
         // The journal goes first: a crash before the rename leaves a part with no journal,
         // which is never trusted.
-        match rustix::fs::unlinkat(
-            &self.dir,
-            journal_name(&self.tmp).as_str(),
-            rustix::fs::AtFlags::empty(),
-        ) {
-            Ok(()) | Err(Errno::NOENT) => {}
-            Err(e) => return Err(e.into()),
+        if self.journaled {
+            match rustix::fs::unlinkat(
+                &self.dir,
+                journal_name(&self.tmp).as_str(),
+                rustix::fs::AtFlags::empty(),
+            ) {
+                Ok(()) | Err(Errno::NOENT) => {}
+                Err(e) => return Err(e.into()),
+            }
         }
         rustix::fs::renameat(&self.dir, self.tmp.as_str(), &self.dir, self.name.as_str())?;
         Ok(self.dir)
