@@ -698,6 +698,105 @@ fn kill_runs_streams_ofi_shm() {
     kill_runs_streams("ofi+shm", 4);
 }
 
+/// Bytes of `p` on disk: a part that parallel streams fill out of order is sparse, and its
+/// length says little.
+fn allocated(p: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(p).map_or(0, |m| m.blocks() * 512)
+}
+
+/// The bytes the journal next to `dest`'s part vouches for (0 if none is valid).
+fn vouched(dest: &Path) -> u64 {
+    std::fs::File::open(journal_of(dest))
+        .ok()
+        .and_then(ferry_xfer::journal::Journal::load)
+        .map_or(0, |j| j.ranges().total())
+}
+
+/// `kill -9` of the receiver of a `-p 4` copy loses at most what docs/xfer.md promises
+/// (two checkpoint intervals plus the block each other stream is writing), however large
+/// the chunks: killed before any chunk is whole, the journal still vouches for all but that
+/// much of what is on disk; and `--resume` then moves exactly the rest. Down (the client
+/// killed) and up (the server killed).
+#[test]
+fn parallel_kill_loses_at_most_the_bound() {
+    const CHUNK: u64 = 24 << 20;
+    const BIG: usize = 4 * CHUNK as usize;
+    let streams = 4;
+    let block: u64 = BLOCK.parse().unwrap();
+    let bound = 2 * ferry_xfer::journal::CHECKPOINT_BYTES + (streams - 1) * block;
+    // Killed before any chunk can be whole (no stream has written a chunk's worth).
+    let kill_at = CHUNK - (3 << 20);
+    assert!(
+        kill_at > bound + (2 << 20),
+        "the kill point must tell the bound apart"
+    );
+    let mut s = Server::start("tcp", &[]);
+    let local = scratch("local");
+    let data = pattern(BIG, 1313);
+    std::fs::write(s.root.join("src"), &data).unwrap();
+    std::fs::write(local.join("src"), &data).unwrap();
+    drop(data);
+    let extra = ["-p", "4", "--chunk-size", &CHUNK.to_string()];
+    for down in [true, false] {
+        let (from, to, dest, src) = if down {
+            let d = local.join("down");
+            let to = d.to_str().unwrap().to_string();
+            (s.url("src"), to, d, s.root.join("src"))
+        } else {
+            let from = local.join("src").to_str().unwrap().to_string();
+            (from, s.url("up"), s.root.join("up"), local.join("src"))
+        };
+        let mut c = cp_cmd(&extra)
+            .args([&from, &to])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let part = part_of(&dest);
+        let t = Instant::now();
+        while allocated(&part) < kill_at {
+            assert!(c.try_wait().unwrap().is_none(), "the copy ended first");
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "the copy never got going"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if !down {
+            s.kill9();
+        }
+        let _ = c.kill();
+        let _ = c.wait();
+        let (on_disk, good) = (allocated(&part), vouched(&dest));
+        eprintln!(
+            "-p 4 {} killed with {on_disk} bytes on disk, {good} journaled: {} lost (bound {bound})",
+            if down { "download" } else { "upload" },
+            on_disk.saturating_sub(good)
+        );
+        assert!(
+            on_disk.saturating_sub(good) <= bound,
+            "{on_disk} bytes on disk, the journal vouches for {good}: more than {bound} lost"
+        );
+        if !down {
+            s.spawn();
+        }
+        let v = ok(&cp_cmd(&extra)
+            .args(["--resume", &from, &to])
+            .bounded()
+            .unwrap());
+        assert_eq!(num(&v, "resumed_bytes"), good, "{v}");
+        assert_eq!(
+            num(&v, "wire_bytes") + good,
+            BIG as u64,
+            "only the missing ranges move: {v}"
+        );
+        same(&src, &dest);
+        assert!(!part.exists() && !journal_of(&dest).exists());
+    }
+    std::fs::remove_dir_all(&local).unwrap();
+}
+
 // 20 kill runs in all, spread over the drivers.
 #[test]
 fn kill_runs_tcp() {
