@@ -1008,37 +1008,116 @@ fn changed_source_restarts() {
 /// Forwards TCP connections to `to`; the first one is cut after `cut` bytes from the
 /// server, later ones pass whole. Returns the proxy's address.
 fn cutting_proxy(to: String, cut: usize) -> String {
+    proxy(to, Cut::FromServer(cut)).0
+}
+
+/// Which connection a [`proxy`] cuts: the first one, after `n` bytes from the server; or
+/// the one carrying the client's bytes when `n` of them (over all connections) have crossed.
+#[derive(Clone, Copy)]
+enum Cut {
+    FromServer(usize),
+    FromClient(u64),
+}
+
+/// Forwards TCP connections to `to`, cutting one as `cut` says (the others pass whole).
+/// Returns the proxy's address and a count of the bytes it forwarded from clients to the
+/// server (what crossed, over every connection).
+fn proxy(to: String, cut: Cut) -> (String, std::sync::Arc<std::sync::atomic::AtomicU64>) {
+    use std::sync::atomic::{AtomicBool, AtomicU64};
+    use std::sync::Arc;
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap().to_string();
+    let upstream = Arc::new(AtomicU64::new(0));
+    let counted = upstream.clone();
+    let cut_once = Arc::new(AtomicBool::new(false));
     std::thread::spawn(move || {
         for (n, inc) in l.incoming().enumerate() {
             let Ok(a) = inc else { return };
             let Ok(b) = std::net::TcpStream::connect(&to) else {
                 return;
             };
-            let limit = if n == 0 { cut } else { usize::MAX };
-            let pump = |mut r: std::net::TcpStream, mut w: std::net::TcpStream, limit: usize| {
-                std::thread::spawn(move || {
-                    let mut buf = vec![0u8; 64 * 1024];
-                    let mut moved = 0usize;
-                    while let Ok(k) = r.read(&mut buf) {
-                        if k == 0 || w.write_all(&buf[..k]).is_err() {
-                            break;
-                        }
-                        moved += k;
-                        if moved >= limit {
-                            break;
-                        }
-                    }
-                    let _ = r.shutdown(std::net::Shutdown::Both);
-                    let _ = w.shutdown(std::net::Shutdown::Both);
-                })
+            let down_limit = match cut {
+                Cut::FromServer(c) if n == 0 => c,
+                _ => usize::MAX,
             };
-            pump(a.try_clone().unwrap(), b.try_clone().unwrap(), usize::MAX);
-            pump(b, a, limit);
+            let up_cut = match cut {
+                Cut::FromClient(c) => c,
+                Cut::FromServer(_) => u64::MAX,
+            };
+            let (counted, cut_once) = (counted.clone(), cut_once.clone());
+            let (mut r, mut w) = (a.try_clone().unwrap(), b.try_clone().unwrap());
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 64 * 1024];
+                while let Ok(k) = r.read(&mut buf) {
+                    if k == 0 || w.write_all(&buf[..k]).is_err() {
+                        break;
+                    }
+                    let total = counted.fetch_add(k as u64, Ordering::Relaxed) + k as u64;
+                    if total >= up_cut && !cut_once.swap(true, Ordering::SeqCst) {
+                        break;
+                    }
+                }
+                let _ = r.shutdown(std::net::Shutdown::Both);
+                let _ = w.shutdown(std::net::Shutdown::Both);
+            });
+            let (mut r, mut w) = (b, a);
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 64 * 1024];
+                let mut moved = 0usize;
+                while let Ok(k) = r.read(&mut buf) {
+                    if k == 0 || w.write_all(&buf[..k]).is_err() {
+                        break;
+                    }
+                    moved += k;
+                    if moved >= down_limit {
+                        break;
+                    }
+                }
+                let _ = r.shutdown(std::net::Shutdown::Both);
+                let _ = w.shutdown(std::net::Shutdown::Both);
+            });
         }
     });
-    addr
+    (addr, upstream)
+}
+
+/// An upload whose connection breaks part way (tcp, through a proxy that cuts what the
+/// client sends), finished by `--retries`: `wire_bytes` counts what was sent, so it is at
+/// most what crossed the proxy to the server (plus what the cut left in the sockets and the
+/// staging ring), not the file counted again for every attempt; one stream and four.
+#[test]
+fn retried_upload_counts_what_was_sent() {
+    let s = Server::start("tcp", &[]);
+    let local = scratch("local");
+    std::fs::write(local.join("f"), pattern(SIZE, 8)).unwrap();
+    let hostport = s.addr.trim_start_matches("tcp://").to_string();
+    // The bytes a cut connection may have taken from the client without passing them on:
+    // the staging ring (8 blocks) and loopback socket buffers.
+    let slack = 12u64 << 20;
+    for (i, streams) in ["1", "4"].into_iter().enumerate() {
+        let (proxy, crossed) = proxy(hostport.clone(), Cut::FromClient(SIZE as u64 / 8));
+        let to = format!("tcp://{proxy}/d/up{i}");
+        let v = ok(
+            &cp_cmd(&["--retries", "5", "-p", streams, "--chunk-size", "8388608"])
+                .arg(local.join("f"))
+                .arg(&to)
+                .bounded()
+                .unwrap(),
+        );
+        let (wire, crossed) = (num(&v, "wire_bytes"), crossed.load(Ordering::Relaxed));
+        eprintln!("-p {streams}: wire_bytes {wire}, {crossed} bytes crossed to the server: {v}");
+        assert!(num(&v, "retries") >= 1, "{v}");
+        assert!(
+            wire <= crossed + slack,
+            "-p {streams}: wire_bytes {wire} but only {crossed} bytes crossed: {v}"
+        );
+        assert!(
+            wire + num(&v, "resumed_bytes") >= SIZE as u64,
+            "-p {streams}: {v}"
+        );
+        same(&local.join("f"), &s.root.join(format!("up{i}")));
+    }
+    std::fs::remove_dir_all(&local).unwrap();
 }
 
 /// A connection dropped mid-download (tcp, through a proxy that cuts it): --retries
