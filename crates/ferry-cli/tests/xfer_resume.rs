@@ -947,6 +947,73 @@ fn sigterm_ofi_shm() {
     sigterm("ofi+shm");
 }
 
+/// A server stopped (SIGSTOP) for longer than both the peer timeout and the wedge timeout,
+/// then continued: on ofi+shm its clients must wait for it, not declare it dead (its process
+/// is there, stopped) or their provider wedged; a download and an upload in flight both
+/// finish without reconnecting. (The server itself, stopped, must not blame its clients for
+/// the silence either.)
+#[test]
+fn stopped_server_is_not_dead_ofi_shm() {
+    // Short limits, so a short stop outlasts them.
+    let limits = [
+        ("FERRY_OFI_PEER_TIMEOUT", "1"),
+        ("FERRY_OFI_WEDGE_TIMEOUT", "1.5"),
+    ];
+    let mut s = Server::start_once_with("ofi+shm", &limits);
+    let local = scratch("local");
+    let data = pattern(SIZE, 23);
+    std::fs::write(s.root.join("f"), &data).unwrap();
+    std::fs::write(local.join("f"), &data).unwrap();
+    let down = local.join("down");
+    let spawn = |from: &str, to: &str| {
+        cp_cmd(&[from, to])
+            .envs(limits)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut get = spawn(&s.url("f"), down.to_str().unwrap());
+    let mut put = spawn(local.join("f").to_str().unwrap(), &s.url("up"));
+    assert!(wait_for_part(
+        &part_of(&down),
+        SIZE as u64 / 8,
+        &mut get,
+        &mut s
+    ));
+    assert!(wait_for_part(
+        &part_of(&s.root.join("up")),
+        SIZE as u64 / 8,
+        &mut put,
+        &mut s
+    ));
+    let pid = rustix::process::Pid::from_child(s.child.as_ref().unwrap());
+    rustix::process::kill_process(pid, rustix::process::Signal::STOP).unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    rustix::process::kill_process(pid, rustix::process::Signal::CONT).unwrap();
+    let resumed = Instant::now();
+    for (c, what) in [(get, "download"), (put, "upload")] {
+        let o = finish(c);
+        assert!(
+            o.status.success(),
+            "{what} failed across a 3 s SIGSTOP of the server: {:?} {}",
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let v = ok(&o);
+        eprintln!("{what} done {:?} after SIGCONT", resumed.elapsed());
+        assert_eq!(num(&v, "retries"), 0, "{what}: {v}");
+    }
+    same(&s.root.join("f"), &down);
+    same(&local.join("f"), &s.root.join("up"));
+    assert!(
+        s.child.as_mut().unwrap().try_wait().unwrap().is_none(),
+        "the server exited: {}",
+        std::fs::read_to_string(&s.log).unwrap_or_default()
+    );
+    std::fs::remove_dir_all(&local).unwrap();
+}
+
 /// A copy interrupted, then the source replaced (other bytes, other mtime): --resume
 /// starts over and lands exactly the new source, never a mix; down and up.
 #[test]
