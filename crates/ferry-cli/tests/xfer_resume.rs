@@ -698,6 +698,105 @@ fn kill_runs_streams_ofi_shm() {
     kill_runs_streams("ofi+shm", 4);
 }
 
+/// Bytes of `p` on disk: a part that parallel streams fill out of order is sparse, and its
+/// length says little.
+fn allocated(p: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(p).map_or(0, |m| m.blocks() * 512)
+}
+
+/// The bytes the journal next to `dest`'s part vouches for (0 if none is valid).
+fn vouched(dest: &Path) -> u64 {
+    std::fs::File::open(journal_of(dest))
+        .ok()
+        .and_then(ferry_xfer::journal::Journal::load)
+        .map_or(0, |j| j.ranges().total())
+}
+
+/// `kill -9` of the receiver of a `-p 4` copy loses at most what docs/xfer.md promises
+/// (two checkpoint intervals plus the block each other stream is writing), however large
+/// the chunks: killed before any chunk is whole, the journal still vouches for all but that
+/// much of what is on disk; and `--resume` then moves exactly the rest. Down (the client
+/// killed) and up (the server killed).
+#[test]
+fn parallel_kill_loses_at_most_the_bound() {
+    const CHUNK: u64 = 24 << 20;
+    const BIG: usize = 4 * CHUNK as usize;
+    let streams = 4;
+    let block: u64 = BLOCK.parse().unwrap();
+    let bound = 2 * ferry_xfer::journal::CHECKPOINT_BYTES + (streams - 1) * block;
+    // Killed before any chunk can be whole (no stream has written a chunk's worth).
+    let kill_at = CHUNK - (3 << 20);
+    assert!(
+        kill_at > bound + (2 << 20),
+        "the kill point must tell the bound apart"
+    );
+    let mut s = Server::start("tcp", &[]);
+    let local = scratch("local");
+    let data = pattern(BIG, 1313);
+    std::fs::write(s.root.join("src"), &data).unwrap();
+    std::fs::write(local.join("src"), &data).unwrap();
+    drop(data);
+    let extra = ["-p", "4", "--chunk-size", &CHUNK.to_string()];
+    for down in [true, false] {
+        let (from, to, dest, src) = if down {
+            let d = local.join("down");
+            let to = d.to_str().unwrap().to_string();
+            (s.url("src"), to, d, s.root.join("src"))
+        } else {
+            let from = local.join("src").to_str().unwrap().to_string();
+            (from, s.url("up"), s.root.join("up"), local.join("src"))
+        };
+        let mut c = cp_cmd(&extra)
+            .args([&from, &to])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let part = part_of(&dest);
+        let t = Instant::now();
+        while allocated(&part) < kill_at {
+            assert!(c.try_wait().unwrap().is_none(), "the copy ended first");
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "the copy never got going"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if !down {
+            s.kill9();
+        }
+        let _ = c.kill();
+        let _ = c.wait();
+        let (on_disk, good) = (allocated(&part), vouched(&dest));
+        eprintln!(
+            "-p 4 {} killed with {on_disk} bytes on disk, {good} journaled: {} lost (bound {bound})",
+            if down { "download" } else { "upload" },
+            on_disk.saturating_sub(good)
+        );
+        assert!(
+            on_disk.saturating_sub(good) <= bound,
+            "{on_disk} bytes on disk, the journal vouches for {good}: more than {bound} lost"
+        );
+        if !down {
+            s.spawn();
+        }
+        let v = ok(&cp_cmd(&extra)
+            .args(["--resume", &from, &to])
+            .bounded()
+            .unwrap());
+        assert_eq!(num(&v, "resumed_bytes"), good, "{v}");
+        assert_eq!(
+            num(&v, "wire_bytes") + good,
+            BIG as u64,
+            "only the missing ranges move: {v}"
+        );
+        same(&src, &dest);
+        assert!(!part.exists() && !journal_of(&dest).exists());
+    }
+    std::fs::remove_dir_all(&local).unwrap();
+}
+
 // 20 kill runs in all, spread over the drivers.
 #[test]
 fn kill_runs_tcp() {
@@ -848,6 +947,73 @@ fn sigterm_ofi_shm() {
     sigterm("ofi+shm");
 }
 
+/// A server stopped (SIGSTOP) for longer than both the peer timeout and the wedge timeout,
+/// then continued: on ofi+shm its clients must wait for it, not declare it dead (its process
+/// is there, stopped) or their provider wedged; a download and an upload in flight both
+/// finish without reconnecting. (The server itself, stopped, must not blame its clients for
+/// the silence either.)
+#[test]
+fn stopped_server_is_not_dead_ofi_shm() {
+    // Short limits, so a short stop outlasts them.
+    let limits = [
+        ("FERRY_OFI_PEER_TIMEOUT", "1"),
+        ("FERRY_OFI_WEDGE_TIMEOUT", "1.5"),
+    ];
+    let mut s = Server::start_once_with("ofi+shm", &limits);
+    let local = scratch("local");
+    let data = pattern(SIZE, 23);
+    std::fs::write(s.root.join("f"), &data).unwrap();
+    std::fs::write(local.join("f"), &data).unwrap();
+    let down = local.join("down");
+    let spawn = |from: &str, to: &str| {
+        cp_cmd(&[from, to])
+            .envs(limits)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut get = spawn(&s.url("f"), down.to_str().unwrap());
+    let mut put = spawn(local.join("f").to_str().unwrap(), &s.url("up"));
+    assert!(wait_for_part(
+        &part_of(&down),
+        SIZE as u64 / 8,
+        &mut get,
+        &mut s
+    ));
+    assert!(wait_for_part(
+        &part_of(&s.root.join("up")),
+        SIZE as u64 / 8,
+        &mut put,
+        &mut s
+    ));
+    let pid = rustix::process::Pid::from_child(s.child.as_ref().unwrap());
+    rustix::process::kill_process(pid, rustix::process::Signal::STOP).unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    rustix::process::kill_process(pid, rustix::process::Signal::CONT).unwrap();
+    let resumed = Instant::now();
+    for (c, what) in [(get, "download"), (put, "upload")] {
+        let o = finish(c);
+        assert!(
+            o.status.success(),
+            "{what} failed across a 3 s SIGSTOP of the server: {:?} {}",
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let v = ok(&o);
+        eprintln!("{what} done {:?} after SIGCONT", resumed.elapsed());
+        assert_eq!(num(&v, "retries"), 0, "{what}: {v}");
+    }
+    same(&s.root.join("f"), &down);
+    same(&local.join("f"), &s.root.join("up"));
+    assert!(
+        s.child.as_mut().unwrap().try_wait().unwrap().is_none(),
+        "the server exited: {}",
+        std::fs::read_to_string(&s.log).unwrap_or_default()
+    );
+    std::fs::remove_dir_all(&local).unwrap();
+}
+
 /// A copy interrupted, then the source replaced (other bytes, other mtime): --resume
 /// starts over and lands exactly the new source, never a mix; down and up.
 #[test]
@@ -909,37 +1075,116 @@ fn changed_source_restarts() {
 /// Forwards TCP connections to `to`; the first one is cut after `cut` bytes from the
 /// server, later ones pass whole. Returns the proxy's address.
 fn cutting_proxy(to: String, cut: usize) -> String {
+    proxy(to, Cut::FromServer(cut)).0
+}
+
+/// Which connection a [`proxy`] cuts: the first one, after `n` bytes from the server; or
+/// the one carrying the client's bytes when `n` of them (over all connections) have crossed.
+#[derive(Clone, Copy)]
+enum Cut {
+    FromServer(usize),
+    FromClient(u64),
+}
+
+/// Forwards TCP connections to `to`, cutting one as `cut` says (the others pass whole).
+/// Returns the proxy's address and a count of the bytes it forwarded from clients to the
+/// server (what crossed, over every connection).
+fn proxy(to: String, cut: Cut) -> (String, std::sync::Arc<std::sync::atomic::AtomicU64>) {
+    use std::sync::atomic::{AtomicBool, AtomicU64};
+    use std::sync::Arc;
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap().to_string();
+    let upstream = Arc::new(AtomicU64::new(0));
+    let counted = upstream.clone();
+    let cut_once = Arc::new(AtomicBool::new(false));
     std::thread::spawn(move || {
         for (n, inc) in l.incoming().enumerate() {
             let Ok(a) = inc else { return };
             let Ok(b) = std::net::TcpStream::connect(&to) else {
                 return;
             };
-            let limit = if n == 0 { cut } else { usize::MAX };
-            let pump = |mut r: std::net::TcpStream, mut w: std::net::TcpStream, limit: usize| {
-                std::thread::spawn(move || {
-                    let mut buf = vec![0u8; 64 * 1024];
-                    let mut moved = 0usize;
-                    while let Ok(k) = r.read(&mut buf) {
-                        if k == 0 || w.write_all(&buf[..k]).is_err() {
-                            break;
-                        }
-                        moved += k;
-                        if moved >= limit {
-                            break;
-                        }
-                    }
-                    let _ = r.shutdown(std::net::Shutdown::Both);
-                    let _ = w.shutdown(std::net::Shutdown::Both);
-                })
+            let down_limit = match cut {
+                Cut::FromServer(c) if n == 0 => c,
+                _ => usize::MAX,
             };
-            pump(a.try_clone().unwrap(), b.try_clone().unwrap(), usize::MAX);
-            pump(b, a, limit);
+            let up_cut = match cut {
+                Cut::FromClient(c) => c,
+                Cut::FromServer(_) => u64::MAX,
+            };
+            let (counted, cut_once) = (counted.clone(), cut_once.clone());
+            let (mut r, mut w) = (a.try_clone().unwrap(), b.try_clone().unwrap());
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 64 * 1024];
+                while let Ok(k) = r.read(&mut buf) {
+                    if k == 0 || w.write_all(&buf[..k]).is_err() {
+                        break;
+                    }
+                    let total = counted.fetch_add(k as u64, Ordering::Relaxed) + k as u64;
+                    if total >= up_cut && !cut_once.swap(true, Ordering::SeqCst) {
+                        break;
+                    }
+                }
+                let _ = r.shutdown(std::net::Shutdown::Both);
+                let _ = w.shutdown(std::net::Shutdown::Both);
+            });
+            let (mut r, mut w) = (b, a);
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 64 * 1024];
+                let mut moved = 0usize;
+                while let Ok(k) = r.read(&mut buf) {
+                    if k == 0 || w.write_all(&buf[..k]).is_err() {
+                        break;
+                    }
+                    moved += k;
+                    if moved >= down_limit {
+                        break;
+                    }
+                }
+                let _ = r.shutdown(std::net::Shutdown::Both);
+                let _ = w.shutdown(std::net::Shutdown::Both);
+            });
         }
     });
-    addr
+    (addr, upstream)
+}
+
+/// An upload whose connection breaks part way (tcp, through a proxy that cuts what the
+/// client sends), finished by `--retries`: `wire_bytes` counts what was sent, so it is at
+/// most what crossed the proxy to the server (plus what the cut left in the sockets and the
+/// staging ring), not the file counted again for every attempt; one stream and four.
+#[test]
+fn retried_upload_counts_what_was_sent() {
+    let s = Server::start("tcp", &[]);
+    let local = scratch("local");
+    std::fs::write(local.join("f"), pattern(SIZE, 8)).unwrap();
+    let hostport = s.addr.trim_start_matches("tcp://").to_string();
+    // The bytes a cut connection may have taken from the client without passing them on:
+    // the staging ring (8 blocks) and loopback socket buffers.
+    let slack = 12u64 << 20;
+    for (i, streams) in ["1", "4"].into_iter().enumerate() {
+        let (proxy, crossed) = proxy(hostport.clone(), Cut::FromClient(SIZE as u64 / 8));
+        let to = format!("tcp://{proxy}/d/up{i}");
+        let v = ok(
+            &cp_cmd(&["--retries", "5", "-p", streams, "--chunk-size", "8388608"])
+                .arg(local.join("f"))
+                .arg(&to)
+                .bounded()
+                .unwrap(),
+        );
+        let (wire, crossed) = (num(&v, "wire_bytes"), crossed.load(Ordering::Relaxed));
+        eprintln!("-p {streams}: wire_bytes {wire}, {crossed} bytes crossed to the server: {v}");
+        assert!(num(&v, "retries") >= 1, "{v}");
+        assert!(
+            wire <= crossed + slack,
+            "-p {streams}: wire_bytes {wire} but only {crossed} bytes crossed: {v}"
+        );
+        assert!(
+            wire + num(&v, "resumed_bytes") >= SIZE as u64,
+            "-p {streams}: {v}"
+        );
+        same(&local.join("f"), &s.root.join(format!("up{i}")));
+    }
+    std::fs::remove_dir_all(&local).unwrap();
 }
 
 /// A connection dropped mid-download (tcp, through a proxy that cuts it): --retries

@@ -541,6 +541,79 @@ impl Progress {
     }
 }
 
+/// The journal of a part file that several writers fill at once (the streams of a parallel
+/// transfer, `ferry cp -p N`). Each stream's sink reports every block as soon as it has
+/// written it ([`SharedProgress::good`]), and checkpoints follow the bytes of all streams
+/// together, exactly as with one stream: a kill loses what one stream would (two intervals)
+/// plus at most the block each other stream was writing, whatever the chunk size. (Reporting
+/// only whole chunks, as before, lost every chunk in flight: up to 132 MiB with `-p 4`.)
+#[derive(Debug)]
+pub struct SharedProgress {
+    /// A handle on the part for the checkpoints' fsync.
+    part: File,
+    /// `None` once the part is committed, discarded or let go: later reports are ignored.
+    progress: std::sync::Mutex<Option<Progress>>,
+}
+
+impl SharedProgress {
+    /// Shares `progress`, the journal of `part` (a duplicate handle is kept).
+    pub fn new(part: &File, progress: Progress) -> std::io::Result<SharedProgress> {
+        Ok(SharedProgress {
+            part: part.try_clone()?,
+            progress: std::sync::Mutex::new(Some(progress)),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Progress>> {
+        self.progress.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `[offset, offset + len)` was written from a good block; checkpoints (in the
+    /// background) when due. Handing a checkpoint over waits for the previous one, and the
+    /// other streams wait for this lock meanwhile: a disk slower than the network paces
+    /// them all. `Err`: a checkpoint failed (the transfer must fail).
+    pub fn good(&self, offset: u64, len: u64) -> std::io::Result<()> {
+        let mut g = self.lock();
+        let Some(p) = g.as_mut() else {
+            return Ok(());
+        };
+        p.good(offset, len);
+        if p.due() {
+            p.checkpoint_in_background(&self.part)?;
+        }
+        Ok(())
+    }
+
+    /// Records everything verified so far (after the background checkpoints), on this
+    /// thread: a transfer that stops keeps its part for a resume.
+    pub fn checkpoint(&self) -> std::io::Result<()> {
+        match self.lock().as_mut() {
+            Some(p) => p.checkpoint(&self.part),
+            None => Ok(()),
+        }
+    }
+
+    /// The last checkpoint ([`SharedProgress::checkpoint`]), after which the journal is
+    /// never written again (the part is let go; a new transfer may take it over).
+    pub fn finish(&self) -> std::io::Result<()> {
+        let mut g = self.lock();
+        let res = match g.as_mut() {
+            Some(p) => p.checkpoint(&self.part),
+            None => Ok(()),
+        };
+        *g = None;
+        res
+    }
+
+    /// Stops journaling without a checkpoint (the part is being committed or discarded):
+    /// waits for a background checkpoint in flight, so none lands after.
+    pub fn close(&self) {
+        if let Some(mut p) = self.lock().take() {
+            let _ = p.settle();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,7 +13,7 @@ use std::fs::File;
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::journal::{Progress, RangeSet};
+use crate::journal::{Progress, RangeSet, SharedProgress};
 use crate::ordered_hash::OrderedHash;
 use crate::server::{Claim, PartFile};
 
@@ -113,15 +113,16 @@ pub(crate) struct Upload {
     part: Option<PartFile>,
     /// A handle on the part for writers (the same file).
     pub file: Option<File>,
+    /// The part's journal, fed block by block by every stream's sink (`None`: null sink).
+    journal: Option<Arc<SharedProgress>>,
     state: Mutex<State>,
     hash: Mutex<Option<OrderedHash>>,
     claim: Option<Claim>,
 }
 
 struct State {
+    /// The ranges whose every block arrived.
     done: RangeSet,
-    journal: Option<Progress>,
-    io_error: Option<std::io::Error>,
 }
 
 impl Upload {
@@ -142,12 +143,13 @@ impl Upload {
             .as_ref()
             .map(|j| j.ranges().clone())
             .unwrap_or_default();
-        let (file, hash) = match &part {
-            Some(p) => (
+        let (file, hash, journal) = match (&part, journal) {
+            (Some(p), Some(j)) => (
                 Some(p.file.try_clone()?),
                 Some(OrderedHash::start(&p.file, size, done.prefix())?),
+                Some(Arc::new(SharedProgress::new(&p.file, j)?)),
             ),
-            None => (None, None),
+            _ => (None, None, None),
         };
         Ok(Upload {
             path: path.to_string(),
@@ -156,11 +158,8 @@ impl Upload {
             mtime,
             part,
             file,
-            state: Mutex::new(State {
-                done,
-                journal,
-                io_error: None,
-            }),
+            journal,
+            state: Mutex::new(State { done }),
             hash: Mutex::new(hash),
             claim,
         })
@@ -177,31 +176,20 @@ impl Upload {
         lock(&self.state).done.iter().collect()
     }
 
-    /// `[lo, hi)` was written from good blocks: journal it when due, feed the hasher.
+    /// The part's journal, for the sinks of its ranges to report their blocks to.
+    pub fn journal(&self) -> Option<Arc<SharedProgress>> {
+        self.journal.clone()
+    }
+
+    /// Every block of `[lo, hi)` was written (and journaled by the sink): feed the hasher.
     pub fn mark(&self, lo: u64, hi: u64) {
         let mut st = lock(&self.state);
         st.done.insert(lo, hi);
         let prefix = st.done.prefix();
-        let State {
-            journal, io_error, ..
-        } = &mut *st;
-        if let (Some(j), Some(f)) = (journal.as_mut(), self.file.as_ref()) {
-            j.good(lo, hi - lo);
-            if j.due() {
-                if let Err(e) = j.checkpoint(f) {
-                    io_error.get_or_insert(e);
-                }
-            }
-        }
         drop(st);
         if let Some(h) = lock(&self.hash).as_ref() {
             h.advance(prefix);
         }
-    }
-
-    /// The first journal write error, if any.
-    pub fn io_error(&self) -> Option<std::io::Error> {
-        lock(&self.state).io_error.take()
     }
 
     /// Whether every byte arrived.
@@ -216,16 +204,19 @@ impl Upload {
 
     /// Takes the part file out (to commit or discard it); the journal is not written again.
     pub fn take_part(&mut self) -> Option<PartFile> {
-        lock(&self.state).journal = None;
+        if let Some(j) = &self.journal {
+            j.close();
+        }
         self.part.take()
     }
 }
 
 impl Drop for Upload {
+    /// The upload ends unfinished (its session ended or a newer upload took over): its
+    /// journal records every block written, and is not written again.
     fn drop(&mut self) {
-        let mut st = lock(&self.state);
-        if let (Some(j), Some(f)) = (st.journal.as_mut(), self.file.as_ref()) {
-            if let Err(e) = j.checkpoint(f) {
+        if let Some(j) = &self.journal {
+            if let Err(e) = j.finish() {
                 tracing::warn!("{}: journal: {e}", self.path);
             }
         }

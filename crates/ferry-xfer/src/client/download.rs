@@ -256,7 +256,14 @@ impl Client {
         if let Err(e) = &res {
             let keep = e.kind == Kind::Connection;
             for (_, dl) in live.drain() {
-                let Some(part) = dl.part else { continue };
+                let Some(part) = dl.part else {
+                    // A chunk of a shared file: its writer reports the blocks it still
+                    // writes to the file's journal, which the parallel copy checkpoints.
+                    if let Some(w) = dl.writer.filter(|_| keep) {
+                        let _ = w.finish();
+                    }
+                    continue;
+                };
                 if !keep {
                     part.discard();
                     continue;

@@ -199,32 +199,31 @@ impl Client {
             self.stats.resumed_bytes += offset;
             progress.add(offset);
         }
-        self.stats.wire_bytes += size - offset;
-        {
-            let tx = &mut self.tx;
-            let add = |n| progress.add(n);
-            let sent = tx.send_range(
-                &self.link,
-                src,
-                Span {
-                    file_id,
-                    offset,
-                    len: size - offset,
-                },
-                hasher.as_mut(),
-                &add,
-            );
-            if let Err(e) = sent {
-                let _ = tx.flush();
-                let _ = self.link.send(&Msg::Error {
-                    code: e.code(),
-                    file_id,
-                    message: e.msg.clone(),
-                });
-                return Err(e);
-            }
-            // The server answers FILE_DONE only after taking every block: no flush needed.
+        // Counted as the blocks go (a connection that breaks part way sent only some).
+        let wire = std::cell::Cell::new(0);
+        let add = |n| {
+            wire.set(wire.get() + n);
+            progress.add(n)
+        };
+        let span = Span {
+            file_id,
+            offset,
+            len: size - offset,
+        };
+        let sent = self
+            .tx
+            .send_range(&self.link, src, span, hasher.as_mut(), &add);
+        self.stats.wire_bytes += wire.take();
+        if let Err(e) = sent {
+            let _ = self.tx.flush();
+            let _ = self.link.send(&Msg::Error {
+                code: e.code(),
+                file_id,
+                message: e.msg.clone(),
+            });
+            return Err(e);
         }
+        // The server answers FILE_DONE only after taking every block: no flush needed.
         let hash = hasher.map(|h| *h.finalize().as_bytes());
         loop {
             self.link.send(&Msg::FileDone {
@@ -236,25 +235,22 @@ impl Client {
                 Msg::Ok { .. } => break,
                 Msg::Resend { ranges, .. } => {
                     self.stats.blocks_resent += ranges.len() as u64;
-                    self.stats.wire_bytes += ranges.iter().map(|r| u64::from(r.1)).sum::<u64>();
-                    let tx = &mut self.tx;
                     for (off, len) in ranges {
                         if off.saturating_add(u64::from(len)) > size {
                             return Err(XferError::conn(
                                 "the server asked for a range past the end",
                             ));
                         }
-                        tx.send_range(
-                            &self.link,
-                            src,
-                            Span {
-                                file_id,
-                                offset: off,
-                                len: u64::from(len),
-                            },
-                            None,
-                            &|_| {},
-                        )?;
+                        let span = Span {
+                            file_id,
+                            offset: off,
+                            len: u64::from(len),
+                        };
+                        let sent = self
+                            .tx
+                            .send_range(&self.link, src, span, None, &|n| wire.set(wire.get() + n));
+                        self.stats.wire_bytes += wire.take();
+                        sent?;
                     }
                 }
                 Msg::Error { code, message, .. } => return Err(remote_err(code, &message)),

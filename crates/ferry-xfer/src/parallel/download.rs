@@ -11,7 +11,7 @@ use crate::client::{
     plan_download, system_time, Client, DlJob, LocalPart, Options, Progress, Stats,
 };
 use crate::error::{Kind, Result, XferError};
-use crate::journal::{Found, Progress as Journaled, RangeSet};
+use crate::journal::{Found, RangeSet, SharedProgress};
 use crate::link::BlockWriter;
 use crate::ordered_hash::OrderedHash;
 use crate::server::BlockSink;
@@ -56,12 +56,14 @@ pub(crate) struct SharedDl {
     mtime: i64,
     /// A handle on the part (`None`: the null sink).
     file: Option<File>,
+    /// The part's journal, fed by every stream's sink block by block (`None`: the null sink).
+    journal: Option<Arc<SharedProgress>>,
     state: Mutex<DlState>,
 }
 
 struct DlState {
     part: Option<LocalPart>,
-    journal: Option<Journaled>,
+    /// The chunks whose every block arrived.
     done: RangeSet,
     hasher: Option<OrderedHash>,
     src_hash: Option<[u8; 32]>,
@@ -100,12 +102,13 @@ impl SharedDl {
             }
         };
         let io = |e: std::io::Error| XferError::io(job.path.as_str(), &e);
-        let (file, hasher) = match &part {
-            Some(p) => (
+        let (file, hasher, journal) = match (&part, journal) {
+            (Some(p), Some(j)) => (
                 Some(p.file.try_clone().map_err(io)?),
                 Some(OrderedHash::start(&p.file, size, done.prefix()).map_err(io)?),
+                Some(Arc::new(SharedProgress::new(&p.file, j).map_err(io)?)),
             ),
-            None => (None, None),
+            _ => (None, None, None),
         };
         let zero_src = crate::mem::classify(&job.path).is_some();
         let shared = Arc::new(SharedDl {
@@ -114,9 +117,9 @@ impl SharedDl {
             size,
             mtime: job.ident.mtime,
             file,
+            journal,
             state: Mutex::new(DlState {
                 part,
-                journal,
                 done: done.clone(),
                 hasher,
                 src_hash: zero_src.then(|| crate::mem::zero_hash(size)),
@@ -162,7 +165,8 @@ impl SharedDl {
             ));
         }
         lock(&self.state).mode = mode;
-        let sink = BlockSink::range(id, size, lo, hi);
+        let mut sink = BlockSink::range(id, size, lo, hi);
+        sink.report_to(self.journal.clone());
         match &self.file {
             Some(f) => BlockWriter::with_sink(sink, f, ring),
             None => Ok(BlockWriter::null_sink(sink)),
@@ -179,16 +183,10 @@ impl SharedDl {
                 self.path
             )));
         }
+        // Its blocks are in the journal already (the sink reported each as it wrote it).
         let mut st = lock(&self.state);
         st.done.insert(lo, hi);
         let prefix = st.done.prefix();
-        if let (Some(j), Some(f)) = (st.journal.as_mut(), self.file.as_ref()) {
-            j.good(lo, hi - lo);
-            if j.due() {
-                j.checkpoint(f)
-                    .map_err(|e| XferError::io(self.dest.display(), &e))?;
-            }
-        }
         if let Some(h) = &st.hasher {
             h.advance(prefix);
         }
@@ -216,7 +214,9 @@ impl SharedDl {
             return Ok(None);
         };
         st.finished = true;
-        st.journal = None;
+        if let Some(j) = &self.journal {
+            j.close();
+        }
         let got = match st.hasher.take().map(OrderedHash::finish) {
             Some(Ok(h)) => h,
             Some(Err(e)) => {
@@ -249,14 +249,16 @@ impl SharedDl {
         let mut st = lock(&self.state);
         st.hasher = None;
         let Some(part) = st.part.take() else { return };
+        let journal = self.journal.as_deref();
         if !keep {
+            if let Some(j) = journal {
+                j.close();
+            }
             part.discard();
             return;
         }
-        if let Some(j) = st.journal.as_mut() {
-            if j.checkpoint(&part.file).is_err() {
-                tracing::warn!("{}: could not journal the partial file", self.path);
-            }
+        if journal.is_some_and(|j| j.finish().is_err()) {
+            tracing::warn!("{}: could not journal the partial file", self.path);
         }
     }
 }

@@ -336,14 +336,20 @@ fn put_range(
         Msg::Error { code, message, .. } => return Err(remote_err(code, &message)),
         m => return Err(unexpected(&m)),
     }
-    c.stats.wire_bytes += hi - lo;
     let span = Span {
         file_id,
         offset: lo,
         len: hi - lo,
     };
-    let add = |n| progress.add(n);
-    if let Err(e) = c.tx.send_range(&c.link, up.source(), span, None, &add) {
+    // Counted as the blocks go (a connection that breaks part way sent only some).
+    let wire = std::cell::Cell::new(0);
+    let add = |n| {
+        wire.set(wire.get() + n);
+        progress.add(n)
+    };
+    let sent = c.tx.send_range(&c.link, up.source(), span, None, &add);
+    c.stats.wire_bytes += wire.take();
+    if let Err(e) = sent {
         let _ = c.tx.flush();
         let _ = c.link.send(&Msg::Error {
             code: e.code(),
@@ -369,13 +375,16 @@ fn put_range(
                             "the server asked for a range outside the one sent",
                         ));
                     }
-                    c.stats.wire_bytes += u64::from(len);
                     let span = Span {
                         file_id,
                         offset: off,
                         len: u64::from(len),
                     };
-                    c.tx.send_range(&c.link, up.source(), span, None, &|_| {})?;
+                    let sent = c.tx.send_range(&c.link, up.source(), span, None, &|n| {
+                        wire.set(wire.get() + n)
+                    });
+                    c.stats.wire_bytes += wire.take();
+                    sent?;
                 }
             }
             Msg::Error { code, message, .. } => return Err(remote_err(code, &message)),

@@ -166,12 +166,16 @@ impl Server {
         path: &str,
     ) -> Result<Option<PResult<Received2>>> {
         let keep = |w: BlockWriter, e: XferError| -> Result<Option<PResult<Received2>>> {
-            if let Some(file) = file {
-                match w.finish().map(|mut s| s.checkpoint(file)) {
-                    Ok(Ok(())) => {}
-                    Ok(Err(io)) => tracing::warn!("{path}: journal: {io}"),
-                    Err(f) => tracing::warn!("{path}: journal: {f}"),
-                }
+            // The writer finishes its queue first: a range's sink reports the blocks it
+            // writes to its file's shared journal, which journals them when the upload ends.
+            let saved = w.finish().map(|mut s| match file {
+                Some(file) => s.checkpoint(file),
+                None => Ok(()),
+            });
+            match saved {
+                Ok(Ok(())) => {}
+                Ok(Err(io)) => tracing::warn!("{path}: journal: {io}"),
+                Err(f) => tracing::warn!("{path}: journal: {f}"),
             }
             Err(e)
         };

@@ -87,7 +87,8 @@ impl Server {
             mode: up.mode,
             offset,
         })?;
-        let sink = BlockSink::range(file_id, up.size, offset, end);
+        let mut sink = BlockSink::range(file_id, up.size, offset, end);
+        sink.report_to(up.journal());
         let writer = match &up.file {
             Some(f) => BlockWriter::with_sink(sink, f, self.cfg.ring)?,
             None => BlockWriter::null_sink(sink),
@@ -107,9 +108,6 @@ impl Server {
             return reply_refusal(link, file_id, refuse(ErrorCode::Integrity, why));
         }
         up.mark(offset, end);
-        if let Some(e) = up.io_error() {
-            return reply_refusal(link, file_id, write_refusal(&path, &e));
-        }
         // Let go before answering: the client may CLOSE on another stream as soon as this OK
         // arrives, and CLOSE needs the only reference (it was refused, rarely, without this).
         drop(up);

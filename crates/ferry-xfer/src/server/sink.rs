@@ -6,7 +6,7 @@ use std::os::unix::fs::FileExt;
 use rustix::io::Errno;
 
 use crate::error::{Result, XferError};
-use crate::journal::{Progress, RangeSet};
+use crate::journal::{Progress, RangeSet, SharedProgress};
 use crate::proto::BlockHeader;
 
 /// Receives the BLOCKs and FILE_DONE of one transfer into `file`: verifies each block's
@@ -30,6 +30,9 @@ pub struct BlockSink {
     window: Option<(u64, u64)>,
     /// For one range of a parallel transfer: what was written from good blocks.
     pub got: RangeSet,
+    /// For one range of a parallel transfer: the shared file's journal, told of each block
+    /// as it is written.
+    shared: Option<std::sync::Arc<SharedProgress>>,
     /// A direct-I/O (`O_DIRECT`) handle on the file, when asked for and allowed.
     direct: Option<File>,
     /// An aligned copy of a payload that arrived unaligned, for direct writes.
@@ -51,6 +54,7 @@ impl BlockSink {
             journal: None,
             window: None,
             got: RangeSet::new(),
+            shared: None,
             direct: None,
             bounce: Vec::new(),
         }
@@ -71,6 +75,12 @@ impl BlockSink {
         s.rehash = true;
         s.window = Some((lo, hi));
         s
+    }
+
+    /// Reports each block written to `journal`, the journal of the file this range is a
+    /// piece of (so a kill loses no more than with one stream).
+    pub fn report_to(&mut self, journal: Option<std::sync::Arc<SharedProgress>>) {
+        self.shared = journal;
     }
 
     /// A sink that journals its verified prefix as it goes ([`crate::journal`]) and starts
@@ -191,6 +201,11 @@ impl BlockSink {
         }
         if self.window.is_some() {
             self.got.insert(h.offset, h.offset + u64::from(h.len));
+        }
+        if let Some(j) = &self.shared {
+            if let Err(e) = j.good(h.offset, u64::from(h.len)) {
+                self.io_error = Some(e);
+            }
         }
         if let Some(j) = &mut self.journal {
             j.good(h.offset, u64::from(h.len));

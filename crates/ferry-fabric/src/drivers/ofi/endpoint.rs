@@ -52,6 +52,8 @@ pub(super) struct Conn {
     heard_ms: AtomicU64,
     pinged_ms: AtomicU64,
     answers: AtomicBool,
+    /// When the keepalive last looked (a long gap: this process was stopped or starved).
+    looked_ms: AtomicU64,
 }
 
 /// What the keepalive sweep should do about a connection.
@@ -84,6 +86,7 @@ impl Conn {
             heard_ms: AtomicU64::new(0),
             pinged_ms: AtomicU64::new(0),
             answers: AtomicBool::new(false),
+            looked_ms: AtomicU64::new(0),
         })
     }
 
@@ -101,11 +104,28 @@ impl Conn {
 
     /// The keepalive verdict, given the ping interval and the silence allowed. A PING is
     /// due at once on a new connection (to learn whether the peer answers), then whenever
-    /// both the peer and we have been quiet for `every`.
+    /// both the peer and we have been quiet for `every`. A pause is not a death: silence
+    /// while this process itself was not looking (stopped or starved for half the limit, at
+    /// most 2 s) is forgiven, and a peer whose process is there but stopped (SIGSTOP; shm,
+    /// where the peer's pid is known) is waited for.
     pub fn liveness(&self, every: Duration, limit: Duration) -> Liveness {
         let now = self.now_ms();
-        let silent = now.saturating_sub(self.heard_ms.load(SeqCst));
+        let looked = self.looked_ms.swap(now, SeqCst);
+        let pause = (limit / 2).min(Duration::from_secs(2));
+        if looked > 0 && u128::from(now.saturating_sub(looked)) > pause.as_millis() {
+            self.heard_ms.fetch_max(now, SeqCst);
+        }
+        let mut silent = now.saturating_sub(self.heard_ms.load(SeqCst));
         let answers = self.answers.load(SeqCst);
+        // Looked at from half the limit on (a live peer answers a PING within
+        // milliseconds), so a peer continued after a stop still has that long to answer.
+        if answers
+            && u128::from(silent) > (limit / 2).as_millis()
+            && super::wedge::peer_stopped(&self.peer_text)
+        {
+            self.heard_ms.fetch_max(now, SeqCst);
+            silent = 0;
+        }
         if answers && u128::from(silent) > limit.as_millis() {
             return Liveness::Dead;
         }

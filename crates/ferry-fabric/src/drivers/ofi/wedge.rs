@@ -25,6 +25,12 @@
 //! polling at once (no cost was resolved in 8 B ping-pong A/B runs: too noisy). The time is
 //! measured by the watchdog's own looks, so a process stopped (SIGSTOP) or starved longer
 //! than [`STALE`] starts counting again instead of declaring a wedge.
+//!
+//! A pause is not a death: a peer stopped (SIGSTOP) while holding a lock leaves our calls
+//! spinning just like a dead one, but only until it continues. So while a call is stuck, the
+//! watchdog also looks at the owners of the shm regions this process maps (its own and its
+//! peers', [`a_region_owner_stopped`]): while one of them is a stopped process, the count
+//! starts again. The keepalive asks the same of a silent peer ([`peer_stopped`]).
 
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
@@ -116,6 +122,13 @@ impl Watch {
         }
         let now = Instant::now();
         match *seen {
+            // Stuck behind a stopped process: it holds the lock until it continues.
+            Some((d, since, _))
+                if d == done && now - since >= PERIOD && a_region_owner_stopped() =>
+            {
+                *seen = Some((d, now, now));
+                Some(Duration::ZERO)
+            }
             Some((d, since, last)) if d == done && now - last < STALE => {
                 *seen = Some((d, since, now));
                 Some(now - since)
@@ -211,6 +224,77 @@ fn sweep() {
     }
 }
 
+/// The shm region file of a provider name (libfabric 1.17's shm maps `/dev/shm/<name>`).
+fn region_path(name: &str) -> Option<String> {
+    let ok = !name.is_empty() && !name.contains('/') && name != "." && name != "..";
+    ok.then(|| format!("/dev/shm/{name}"))
+}
+
+/// The process that owns the shm region `name`, if it is alive: libfabric 1.17's shm keeps
+/// the owner's pid in the region's header (`smr_region.pid`, an `int` at byte 4), and that
+/// process must map the region (so neither a recycled pid nor another layout misleads).
+fn region_owner(name: &str) -> Option<u32> {
+    use std::os::unix::fs::FileExt;
+    let path = region_path(name)?;
+    let mut head = [0u8; 8];
+    std::fs::File::open(&path)
+        .ok()?
+        .read_exact_at(&mut head, 0)
+        .ok()?;
+    let pid = u32::try_from(i32::from_ne_bytes(head[4..8].try_into().ok()?)).ok()?;
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    maps.lines()
+        .any(|l| {
+            l.split_once("/dev/shm/")
+                .is_some_and(|(_, n)| mapped_name(n) == name)
+        })
+        .then_some(pid)
+}
+
+/// The region name of the rest of a `/proc/PID/maps` line after `/dev/shm/`.
+fn mapped_name(rest: &str) -> &str {
+    rest.trim_end_matches(" (deleted)")
+}
+
+/// Whether process `pid` is stopped (state `T`, by a signal, or `t`, by a tracer).
+fn stopped(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // "pid (comm) S ...": the state follows the last ')' (comm may hold anything).
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.trim_start().chars().next())
+        .is_some_and(|c| c == 'T' || c == 't')
+}
+
+/// True if the shm peer `peer` (`ofi+shm://NAME`) is a live process that is stopped (it
+/// will answer once continued); false for other providers, or when it cannot be told.
+pub(super) fn peer_stopped(peer: &str) -> bool {
+    peer.strip_prefix("ofi+shm://")
+        .and_then(region_owner)
+        .is_some_and(stopped)
+}
+
+/// True if the owner of any shm region this process maps (its own and its peers') is
+/// another process, alive and stopped: a lock it holds in one of them is released when it
+/// continues.
+pub(super) fn a_region_owner_stopped() -> bool {
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return false;
+    };
+    let names: std::collections::BTreeSet<&str> = maps
+        .lines()
+        .filter_map(|l| l.split_once("/dev/shm/").map(|(_, n)| mapped_name(n)))
+        .collect();
+    let me = std::process::id();
+    for pid in names.into_iter().filter_map(region_owner) {
+        if pid != me && stopped(pid) {
+            return true;
+        }
+    }
+    false
+}
+
 /// Test hook (feature `test-hooks`): when the domain's progress thread should simulate a
 /// provider call that never returns, from `FERRY_OFI_TEST_WEDGE_AFTER` (seconds after the
 /// domain opened).
@@ -230,5 +314,46 @@ pub(super) fn simulate_stuck_call(shared: &Shared) -> ! {
     let _in_call = shared.fab.watch.enter();
     loop {
         std::thread::park();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Polls `cond` for up to 5 s.
+    fn soon(cond: impl Fn() -> bool) -> bool {
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(5) {
+            if cond() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        false
+    }
+
+    /// A stopped process is told apart from a running one and from one that is gone; names
+    /// that are not shm peers, or name no region, are never "stopped".
+    #[test]
+    fn a_stopped_process_is_told_apart() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let rpid = rustix::process::Pid::from_child(&child);
+        assert!(!stopped(pid));
+        rustix::process::kill_process(rpid, rustix::process::Signal::STOP).unwrap();
+        assert!(soon(|| stopped(pid)), "SIGSTOP not seen");
+        rustix::process::kill_process(rpid, rustix::process::Signal::CONT).unwrap();
+        assert!(soon(|| !stopped(pid)), "SIGCONT not seen");
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(!stopped(pid), "a reaped process is not stopped");
+        assert!(!peer_stopped("ofi+tcp://127.0.0.1:1"));
+        assert!(!peer_stopped("ofi+shm://ferry-no-such-region"));
+        assert!(!peer_stopped("ofi+shm://../etc/passwd"));
+        assert!(region_path("a/b").is_none() && region_path("..").is_none());
     }
 }
