@@ -24,6 +24,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod beneath;
 pub mod client;
 mod commit;
 pub mod config;
