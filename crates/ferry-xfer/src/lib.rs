@@ -37,6 +37,7 @@ pub mod parallel;
 pub mod proto;
 pub mod server;
 mod session;
+pub mod stamp;
 mod third_party;
 pub mod url;
 mod writeback;
