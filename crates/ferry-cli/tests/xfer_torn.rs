@@ -104,8 +104,9 @@ fn upload(streams: &str) {
     std::fs::remove_dir_all(&local).unwrap();
 }
 
-/// A server-to-server copy: the source server is the sender (it runs the upload).
-fn third_party(streams: &str) {
+/// A server-to-server copy of a `size`-byte file: the source server is the sender (it runs
+/// the upload; with several streams, a file over one chunk, 64 MiB, goes in ranges).
+fn third_party(streams: &str, size: usize) {
     let marker = scratch("marker").join("paused");
     let hook = marker.display().to_string();
     let b = serve("tcp", &[]);
@@ -116,7 +117,7 @@ fn third_party(streams: &str) {
         &["--allow-third-party", &b.addr],
     );
     let src = a.root.join("big");
-    std::fs::write(&src, pattern(SIZE, 3)).unwrap();
+    std::fs::write(&src, pattern(size, 3)).unwrap();
     let writer = overwrite_when_paused(marker, src);
     let o = cp(&["-p", streams, &a.url("big"), &b.url("big")], &[]);
     writer.join().unwrap();
@@ -149,5 +150,10 @@ fn upload_four_streams() {
 
 #[test]
 fn third_party_one_stream() {
-    third_party("1");
+    third_party("1", SIZE);
+}
+
+#[test]
+fn third_party_four_streams() {
+    third_party("4", (64 << 20) + (4 << 20));
 }
