@@ -424,11 +424,31 @@ pub fn ls(a: LsArgs) -> Result<(), XferError> {
         let _ = writeln!(
             out,
             "{kind}{:04o} {:>14} {}{suffix}",
-            e.mode, e.size, e.name
+            e.mode,
+            e.size,
+            printable(&e.name)
         );
     }
     c.bye();
     Ok(())
+}
+
+/// A name as `ls` shows it: control characters (legal in file names, and a server chooses
+/// what it lists) escaped, so a name cannot move the cursor or recolour the terminal.
+fn printable(name: &str) -> std::borrow::Cow<'_, str> {
+    if !name.chars().any(char::is_control) {
+        return name.into();
+    }
+    name.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect::<String>()
+        .into()
 }
 
 pub fn sum(a: SumArgs) -> Result<(), XferError> {
@@ -450,4 +470,13 @@ pub fn sum(a: SumArgs) -> Result<(), XferError> {
     };
     println!("{}  {shown}", client::hex(&hash));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn ls_escapes_control_characters_only() {
+        assert_eq!(super::printable("plain é name"), "plain é name");
+        assert_eq!(super::printable("a\nb\u{1b}[2J"), "a\\nb\\u{1b}[2J");
+    }
 }

@@ -5,7 +5,8 @@
 //! and verified; the directories the files were renamed into are fsynced once each when the
 //! pool finishes, and the copy reports success only after all of that.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
@@ -18,8 +19,16 @@ pub const COMMIT_THREADS: usize = 8;
 /// Commits waiting for a thread before the submitter waits (bounded memory, open files).
 pub const COMMIT_QUEUE: usize = 16;
 
+/// A directory files were renamed into, held open, to fsync once at the end.
+pub(crate) struct SyncDir {
+    /// The directory.
+    pub dir: Arc<OwnedFd>,
+    /// Its path, for messages (and to fsync each directory once).
+    pub shown: PathBuf,
+}
+
 /// A commit: the directory to fsync at the end, if any.
-type Job = Box<dyn FnOnce() -> Result<Option<PathBuf>> + Send>;
+type Job = Box<dyn FnOnce() -> Result<Option<SyncDir>> + Send>;
 
 /// The pool; threads start with the first commit handed over.
 pub(crate) struct CommitPool {
@@ -27,7 +36,7 @@ pub(crate) struct CommitPool {
     rx: Option<Arc<Mutex<Receiver<Job>>>>,
     workers: Vec<JoinHandle<()>>,
     errors: Arc<Mutex<Vec<XferError>>>,
-    dirs: Arc<Mutex<BTreeSet<PathBuf>>>,
+    dirs: Arc<Mutex<BTreeMap<PathBuf, Arc<OwnedFd>>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -43,7 +52,7 @@ impl CommitPool {
             rx: Some(Arc::new(Mutex::new(rx))),
             workers: Vec::new(),
             errors: Arc::new(Mutex::new(Vec::new())),
-            dirs: Arc::new(Mutex::new(BTreeSet::new())),
+            dirs: Arc::new(Mutex::new(BTreeMap::new())),
         }
     }
 
@@ -51,7 +60,7 @@ impl CommitPool {
     /// fsync when the pool finishes. If the threads cannot start, the commit runs here.
     pub(crate) fn submit(
         &mut self,
-        job: impl FnOnce() -> Result<Option<PathBuf>> + Send + 'static,
+        job: impl FnOnce() -> Result<Option<SyncDir>> + Send + 'static,
     ) -> Result<()> {
         if self.workers.is_empty() {
             self.start();
@@ -62,7 +71,7 @@ impl CommitPool {
                 .map_err(|_| XferError::conn("internal: the commit threads stopped")),
             _ => {
                 if let Some(d) = job()? {
-                    lock(&self.dirs).insert(d);
+                    lock(&self.dirs).insert(d.shown, d.dir);
                 }
                 Ok(())
             }
@@ -72,9 +81,9 @@ impl CommitPool {
     /// Runs a commit on the calling thread (its directory is still fsynced when the pool
     /// finishes): for files on a filesystem where fsync costs nothing (see
     /// [`fsync_is_free`]), where a hand-off to a thread would cost more than the commit.
-    pub(crate) fn run_here(&mut self, job: impl FnOnce() -> Result<Option<PathBuf>>) -> Result<()> {
+    pub(crate) fn run_here(&mut self, job: impl FnOnce() -> Result<Option<SyncDir>>) -> Result<()> {
         if let Some(d) = job()? {
-            lock(&self.dirs).insert(d);
+            lock(&self.dirs).insert(d.shown, d.dir);
         }
         Ok(())
     }
@@ -94,7 +103,7 @@ impl CommitPool {
                     };
                     match job() {
                         Ok(Some(d)) => {
-                            lock(&dirs).insert(d);
+                            lock(&dirs).insert(d.shown, d.dir);
                         }
                         Ok(None) => {}
                         Err(e) => {
@@ -128,8 +137,8 @@ impl CommitPool {
             }
         }
         // The renames become durable: each directory once.
-        for d in std::mem::take(&mut *lock(&self.dirs)) {
-            if let Err(e) = sync_dir(&d) {
+        for (shown, dir) in std::mem::take(&mut *lock(&self.dirs)) {
+            if let Err(e) = sync_dir(&SyncDir { dir, shown }) {
                 lock(&self.errors).push(e);
             }
         }
@@ -160,11 +169,9 @@ pub(crate) fn fsync_is_free(file: &std::fs::File) -> bool {
     })
 }
 
-/// fsyncs directory `dir`, making the renames into it durable.
-pub(crate) fn sync_dir(dir: &std::path::Path) -> Result<()> {
-    std::fs::File::open(dir)
-        .and_then(|f| f.sync_all())
-        .map_err(|e| XferError::io(dir.display(), &e))
+/// fsyncs directory `d`, making the renames into it durable.
+pub(crate) fn sync_dir(d: &SyncDir) -> Result<()> {
+    rustix::fs::fsync(&*d.dir).map_err(|e| XferError::io(d.shown.display(), &e.into()))
 }
 
 impl Drop for CommitPool {
@@ -176,7 +183,16 @@ impl Drop for CommitPool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rustix::fs::OFlags;
     use std::sync::atomic::{AtomicUsize, Ordering};
+
+    fn open_dir(path: &std::path::Path, how: OFlags) -> SyncDir {
+        let fd = rustix::fs::open(path, how | OFlags::DIRECTORY, rustix::fs::Mode::empty());
+        SyncDir {
+            dir: Arc::new(fd.unwrap()),
+            shown: path.to_path_buf(),
+        }
+    }
 
     #[test]
     fn every_commit_runs_and_the_first_error_is_reported_with_a_count() {
@@ -191,7 +207,7 @@ mod tests {
                         crate::Kind::Io,
                         format!("file {i}: commit failed"),
                     )),
-                    _ => Ok(Some(std::env::temp_dir())),
+                    _ => Ok(Some(open_dir(&std::env::temp_dir(), OFlags::RDONLY))),
                 }
             })
             .unwrap();
@@ -202,10 +218,11 @@ mod tests {
         assert!(e.msg.contains("commit failed"), "{}", e.msg);
         assert!(e.msg.contains("and 2 more files"), "{}", e.msg);
         assert!(CommitPool::new().finish().is_ok(), "an unused pool is fine");
-        // A directory that cannot be fsynced (gone) is an error of the copy.
+        // A directory that cannot be fsynced (held by a path-only descriptor) is an error
+        // of the copy.
         let mut pool = CommitPool::new();
-        let gone = std::env::temp_dir().join(format!("ferry-commit-gone-{}", std::process::id()));
-        pool.submit(move || Ok(Some(gone))).unwrap();
-        assert_eq!(pool.finish().unwrap_err().kind, crate::Kind::NotFound);
+        let dir = open_dir(&std::env::temp_dir(), OFlags::PATH);
+        pool.submit(move || Ok(Some(dir))).unwrap();
+        assert_eq!(pool.finish().unwrap_err().kind, crate::Kind::Io);
     }
 }

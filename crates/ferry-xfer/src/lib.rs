@@ -24,6 +24,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod beneath;
 pub mod client;
 mod commit;
 pub mod config;
@@ -36,6 +37,7 @@ pub mod parallel;
 pub mod proto;
 pub mod server;
 mod session;
+pub mod stamp;
 mod third_party;
 pub mod url;
 mod writeback;

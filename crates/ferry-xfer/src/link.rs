@@ -578,6 +578,9 @@ impl BlockSender {
                         }
                     };
                     read.map_err(|e| XferError::io(format!("read at offset {pos}"), &e))?;
+                    if pos == span.offset {
+                        crate::stamp::test_pause_after_read();
+                    }
                 }
                 Source::Zero => {
                     if self.zeroed.insert(buf.addr()) {
@@ -631,7 +634,8 @@ impl BlockSender {
     /// frame of `file_id`: read with one `pread` into a registered staging block, its
     /// CRC-32C and BLAKE3 computed there, sent without a copy. With [`BlockSender::packing`]
     /// the frame joins the open PACK (a new one when it does not fit), which leaves at
-    /// [`BlockSender::flush_pack`] or when it is full.
+    /// [`BlockSender::flush_pack`] or when it is full. `unchanged` runs once the file was
+    /// read: if it fails (the source changed, [`crate::stamp`]), the frame is not sent.
     pub fn send_file(
         &mut self,
         link: &Link,
@@ -639,6 +643,7 @@ impl BlockSender {
         file_id: u32,
         mode: u32,
         size: u64,
+        unchanged: &dyn Fn() -> Result<()>,
     ) -> Result<()> {
         let n = usize::try_from(size)
             .ok()
@@ -670,7 +675,8 @@ impl BlockSender {
             return Err(XferError::conn("internal: staging block too small"));
         }
         let at = pack.fill;
-        let filled = fill_file_frame(&pack.buf, at, file, file_id, mode, n);
+        let filled =
+            fill_file_frame(&pack.buf, at, file, file_id, mode, n).and_then(|()| unchanged());
         if let Err(e) = filled {
             // Nothing of this file is in the block: what it held before still goes.
             if pack.count > 0 {
@@ -698,7 +704,8 @@ impl BlockSender {
 
     /// Sends the whole of `file` ([`BlockSender::put_file_fits`]) to `path` as one PUT_FILE
     /// frame of `file_id`: read with one `pread` into a registered staging block, its BLAKE3
-    /// computed there, sent without a copy.
+    /// computed there, sent without a copy. A source that changed since `meta` was taken
+    /// ([`crate::stamp`]) is not sent: an integrity error.
     pub fn send_put_file(
         &mut self,
         link: &Link,
@@ -715,7 +722,9 @@ impl BlockSender {
         let head_len = proto::put_file_header_len(path);
         let buf = self.take_block(&link.sock)?;
         self.zeroed.remove(&buf.addr());
-        if let Err(e) = read_payload(&buf, head_len, file, n) {
+        let read =
+            read_payload(&buf, head_len, file, n).and_then(|()| meta.stamp.check(file, path));
+        if let Err(e) = read {
             self.free.push(ExsBuf::new(buf.region().clone()));
             return Err(e);
         }
@@ -792,6 +801,9 @@ pub struct FileMeta {
     pub mode: u32,
     /// Modification time, nanoseconds since the epoch.
     pub mtime: i64,
+    /// The file's identity when it was opened: checked again once it has been read, before
+    /// the receiver may commit it (see [`crate::stamp`]).
+    pub stamp: crate::stamp::Stamp,
 }
 
 /// A staging block filling with FILE frames (see [`BlockSender::send_file`]).

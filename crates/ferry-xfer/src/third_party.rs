@@ -147,6 +147,7 @@ fn copy(cfg: &ServerConfig, roots: &Roots, link: &Link, req: &SendTo) -> Result<
             e
         })?;
         let meta = FileMeta {
+            stamp: crate::stamp::Stamp::of(&st),
             size: st.st_size as u64,
             mode: st.st_mode & 0o7777,
             mtime: st

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use super::download::{complete_at, mtime_secs, DlJob};
+use super::download::{mtime_secs, Dest, DlJob};
 use super::{
     basename, join, remote_err, unexpected, Client, Options, Progress, Stats, Tree, RETRY_DELAY,
     RETRY_MAX_DELAY,
@@ -158,23 +158,29 @@ pub(crate) fn plan_download(
         });
         let files = match entry.kind {
             EntryKind::File => {
-                vec![(r.path.clone(), dest, entry.size, entry.mtime)]
+                let to = dest.as_deref().map(Dest::file).transpose()?;
+                vec![(r.path.clone(), to, entry.size, entry.mtime)]
             }
             EntryKind::Dir if recursive => {
+                // Names were checked as they arrived (Client::list); everything is created
+                // beneath the destination, held open.
                 let (dirs, files) = c.walk_remote(&r.path)?;
-                let mk = |p: &Path| {
-                    std::fs::create_dir_all(p).map_err(|e| XferError::io(p.display(), &e))
-                };
-                if let Some(dest) = &dest {
-                    mk(dest)?;
-                    for d in &dirs {
-                        mk(&dest.join(d))?;
+                let base = match &dest {
+                    Some(dest) => {
+                        std::fs::create_dir_all(dest)
+                            .map_err(|e| XferError::io(dest.display(), &e))?;
+                        let base = Dest::open_base(dest)?;
+                        for d in &dirs {
+                            Dest::under(&base, dest, d).mkdir()?;
+                        }
+                        Some((base, dest))
                     }
-                }
+                    None => None,
+                };
                 files
                     .into_iter()
                     .map(|(rel, size, mtime)| {
-                        let to = dest.as_ref().map(|d| d.join(&rel));
+                        let to = base.as_ref().map(|(b, d)| Dest::under(b, d, &rel));
                         (join(&r.path, &rel), to, size, mtime)
                     })
                     .collect()
@@ -196,7 +202,7 @@ pub(crate) fn plan_download(
         let mut jobs = Vec::new();
         for (path, dest, size, mtime) in files {
             let ident = Ident { size, mtime };
-            if opts.resume && dest.as_ref().is_some_and(|d| complete_at(d, ident)) {
+            if opts.resume && dest.as_ref().is_some_and(|d| d.complete(ident)) {
                 c.stats.files += 1;
                 c.stats.files_skipped += 1;
                 c.stats.bytes += size;

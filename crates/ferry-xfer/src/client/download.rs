@@ -2,123 +2,223 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use super::{remote_err, unexpected, Client, Progress, GET_WINDOW};
-use crate::commit::CommitPool;
+use rustix::fs::{AtFlags, Mode, OFlags};
+use rustix::io::Errno;
+
+use crate::commit::{CommitPool, SyncDir};
 use crate::error::{Kind, Result, XferError};
-use crate::journal::{open_part, Found, Ident, Journal, OpenHow, Progress as Journaled};
+use crate::journal::{
+    journal_name, open_part, Found, Ident, Journal, OpenHow, Progress as Journaled,
+};
 use crate::link::BlockWriter;
 use crate::proto::{self, Msg};
 use crate::server::{part_name, BlockSink};
 
-/// A local file being written under its temporary name, with its resume journal.
+/// Where a downloaded file (or directory) lands: a relative path beneath a directory held
+/// open, the destination the user named (for a tree) or the directory of a single file.
+/// Everything beneath it is opened with [`crate::beneath`]'s discipline, so no name a
+/// server lists and no symlink inside the destination can lead a write outside it.
+#[derive(Clone)]
+pub struct Dest {
+    base: Arc<OwnedFd>,
+    base_path: PathBuf,
+    rel: String,
+}
+
+impl std::fmt::Debug for Dest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.path().fmt(f)
+    }
+}
+
+/// The error of a path operation beneath a destination: escapes are refusals (exit 7).
+fn beneath_err(path: &Path, e: Errno) -> XferError {
+    match e {
+        Errno::XDEV | Errno::LOOP => XferError::new(
+            Kind::Permission,
+            format!(
+                "{}: refused, the path leads outside the destination (a symlink?)",
+                path.display()
+            ),
+        ),
+        e => XferError::io(path.display(), &e.into()),
+    }
+}
+
+impl Dest {
+    /// Opens the directory `base` (it must exist) for paths beneath it.
+    pub(crate) fn open_base(base: &Path) -> Result<Arc<OwnedFd>> {
+        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        let at = if base.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            base
+        };
+        rustix::fs::open(at, flags, Mode::empty())
+            .map(Arc::new)
+            .map_err(|e| XferError::io(base.display(), &e.into()))
+    }
+
+    /// `rel` beneath the open directory `base` (shown as `base_path`).
+    pub(crate) fn under(base: &Arc<OwnedFd>, base_path: &Path, rel: &str) -> Dest {
+        Dest {
+            base: base.clone(),
+            base_path: base_path.to_path_buf(),
+            rel: rel.to_string(),
+        }
+    }
+
+    /// A single file at `path` (the user's choice): beneath its directory.
+    pub(crate) fn file(path: &Path) -> Result<Dest> {
+        let name = path.file_name().and_then(|n| n.to_str()).ok_or_else(|| {
+            XferError::new(
+                Kind::Usage,
+                format!("{}: not a UTF-8 file name", path.display()),
+            )
+        })?;
+        let dir = path.parent().unwrap_or(Path::new(""));
+        Ok(Dest::under(&Dest::open_base(dir)?, dir, name))
+    }
+
+    /// The destination as a path, for messages.
+    pub fn path(&self) -> PathBuf {
+        if self.rel.is_empty() {
+            self.base_path.clone()
+        } else {
+            self.base_path.join(&self.rel)
+        }
+    }
+
+    /// The directory holding the last component, opened beneath the base, and that
+    /// component.
+    fn parent(&self) -> Result<(OwnedFd, &str)> {
+        let (dir, name) = crate::beneath::split_last(&self.rel);
+        let fd = crate::beneath::open_dir_beneath(&*self.base, dir)
+            .map_err(|e| beneath_err(&self.path(), e))?;
+        Ok((fd, name))
+    }
+
+    /// Creates this directory (an existing one is fine; a symlink or file in its place
+    /// is refused, not followed).
+    pub(crate) fn mkdir(&self) -> Result<()> {
+        let (parent, name) = self.parent()?;
+        crate::beneath::mkdir_in(&parent, name, 0o755).map_err(|e| match e {
+            Errno::NOTDIR => XferError::new(
+                Kind::Usage,
+                format!(
+                    "{}: exists and is not a directory (a symlink is not followed)",
+                    self.path().display()
+                ),
+            ),
+            e => beneath_err(&self.path(), e),
+        })
+    }
+
+    /// Whether a complete copy is already here by the quick check (a regular file of the
+    /// same size and mtime; a symlink does not count).
+    pub(crate) fn complete(&self, ident: Ident) -> bool {
+        let Ok((dir, name)) = self.parent() else {
+            return false;
+        };
+        rustix::fs::statat(&dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW).is_ok_and(|st| {
+            rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile
+                && st.st_size as u64 == ident.size
+                && st.st_mtime == ident.mtime
+        })
+    }
+}
+
+/// A local file being written under its temporary name, with its resume journal, in a
+/// directory held open (see [`Dest`]).
 pub(crate) struct LocalPart {
+    /// The final path, for messages.
     dest: PathBuf,
-    tmp: PathBuf,
+    dir: Arc<OwnedFd>,
+    name: String,
+    tmp: String,
     pub(crate) file: File,
     /// Whether a journal file may exist next to the part (false: a deferred journal that
     /// was never created, so there is none to remove).
     journal: Arc<AtomicBool>,
 }
 
-fn journal_path(tmp: &Path) -> PathBuf {
-    let mut p = tmp.as_os_str().to_owned();
-    p.push(".journal");
-    PathBuf::from(p)
+/// Opens `name` in `dir` for a part or its journal, never following a symlink.
+fn open_in(dir: &OwnedFd, name: &str, how: OpenHow) -> std::io::Result<File> {
+    let mut flags = OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    match how {
+        OpenHow::Truncate => flags |= OFlags::CREATE | OFlags::TRUNC,
+        OpenHow::New => flags |= OFlags::CREATE | OFlags::EXCL,
+        OpenHow::Existing => {}
+    }
+    let fd = rustix::fs::openat(dir, name, flags, Mode::from_raw_mode(0o600))?;
+    Ok(File::from(fd))
 }
 
 impl LocalPart {
     /// Opens `.<name>.ferry-part` next to `dest` for a download of `ident` (see
     /// [`crate::journal::open_part`]).
     pub(crate) fn open(
-        dest: &Path,
+        dest: &Dest,
         ident: Ident,
         block: u32,
         resume: bool,
     ) -> Result<(LocalPart, Journaled, Found)> {
-        use std::os::unix::fs::OpenOptionsExt;
-        let name = dest
-            .file_name()
-            .ok_or_else(|| {
-                XferError::new(Kind::Usage, format!("{}: not a file name", dest.display()))
-            })?
-            .to_string_lossy()
-            .into_owned();
-        let tmp = dest.with_file_name(part_name(&name));
-        let dir = tmp.parent().map(Path::to_path_buf).unwrap_or_default();
-        let open = move |n: &str, how: OpenHow| {
-            let mut o = std::fs::OpenOptions::new();
-            o.read(true)
-                .write(true)
-                .mode(0o600)
-                .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32);
-            match how {
-                OpenHow::Truncate => o.create(true).truncate(true),
-                OpenHow::New => o.create_new(true),
-                OpenHow::Existing => &mut o,
-            };
-            o.open(dir.join(n))
+        let (dir, name) = dest.parent()?;
+        let dir = Arc::new(dir);
+        let shown = dest.path();
+        let tmp = part_name(name);
+        let part = |file, journal| LocalPart {
+            dest: shown.clone(),
+            dir: dir.clone(),
+            name: name.to_string(),
+            tmp: tmp.clone(),
+            file,
+            journal,
         };
+        let io =
+            |what: &str, e: std::io::Error| XferError::io(shown.with_file_name(what).display(), &e);
         if !resume && ident.size <= u64::from(block) {
             // One block: nothing to checkpoint before the file is whole, so no journal file
             // unless one turns out to be needed. A journal only means something with its part:
             // if a part of an earlier copy is there, its journal goes before the part is reused.
-            let jpath = journal_path(&tmp);
-            let io = |p: &Path, e: std::io::Error| XferError::io(p.display(), &e);
-            let file = match open(&part_name(&name), OpenHow::New) {
+            let jname = journal_name(&tmp);
+            let file = match open_in(&dir, &tmp, OpenHow::New) {
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    match std::fs::remove_file(&jpath) {
-                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                            return Err(io(&jpath, e))
-                        }
-                        _ => {}
+                    match rustix::fs::unlinkat(&*dir, jname.as_str(), AtFlags::empty()) {
+                        Ok(()) | Err(Errno::NOENT) => {}
+                        Err(e) => return Err(io(&jname, e.into())),
                     }
-                    open(&part_name(&name), OpenHow::Truncate).map_err(|e| io(&tmp, e))?
+                    open_in(&dir, &tmp, OpenHow::Truncate).map_err(|e| io(&tmp, e))?
                 }
                 r => r.map_err(|e| io(&tmp, e))?,
             };
-            let jname = jpath
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
             let created = Arc::new(AtomicBool::new(false));
-            let flag = created.clone();
+            let (flag, jdir) = (created.clone(), dir.clone());
             let later: crate::journal::Opener = Box::new(move || {
                 flag.store(true, Ordering::SeqCst);
-                open(&jname, OpenHow::Truncate)
+                open_in(&jdir, &jname, OpenHow::Truncate)
             });
             let journal = Journaled::new(Journal::deferred(later, ident, block));
-            let part = LocalPart {
-                dest: dest.to_path_buf(),
-                tmp,
-                file,
-                journal: created,
-            };
-            return Ok((part, journal, Found::Fresh));
+            return Ok((part(file, created), journal, Found::Fresh));
         }
-        let (file, progress, found) = open_part(&open, &part_name(&name), ident, block, resume)
-            .map_err(|e| XferError::io(tmp.display(), &e))?;
-        Ok((
-            LocalPart {
-                dest: dest.to_path_buf(),
-                tmp,
-                file,
-                journal: Arc::new(AtomicBool::new(true)),
-            },
-            progress,
-            found,
-        ))
+        let open = |n: &str, how: OpenHow| open_in(&dir, n, how);
+        let (file, progress, found) =
+            open_part(&open, &tmp, ident, block, resume).map_err(|e| io(&tmp, e))?;
+        Ok((part(file, Arc::new(AtomicBool::new(true))), progress, found))
     }
 
     /// Sets mode and mtime, fsyncs, drops the journal and renames into place; returns the
     /// directory, which the caller fsyncs (once for all the files committed into it) before
     /// it reports success. If any step fails the temporary file goes too (nothing to
     /// resume: the data was whole and verified, the failure is the destination's).
-    pub(crate) fn commit(self, mode: u32, mtime: Option<SystemTime>) -> Result<PathBuf> {
+    pub(crate) fn commit(self, mode: u32, mtime: Option<SystemTime>) -> Result<SyncDir> {
         let res = self.try_commit(mode, mtime);
         if res.is_err() {
             self.discard();
@@ -126,7 +226,7 @@ impl LocalPart {
         res
     }
 
-    fn try_commit(&self, mode: u32, mtime: Option<SystemTime>) -> Result<PathBuf> {
+    fn try_commit(&self, mode: u32, mtime: Option<SystemTime>) -> Result<SyncDir> {
         use std::os::unix::fs::PermissionsExt;
         let io = |e: std::io::Error| XferError::io(self.dest.display(), &e);
         self.file
@@ -138,21 +238,33 @@ impl LocalPart {
         self.file.sync_all().map_err(io)?;
         // The journal first: a part without one is never trusted.
         if self.journal.load(Ordering::SeqCst) {
-            match std::fs::remove_file(journal_path(&self.tmp)) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(e)),
-                _ => {}
+            let jname = journal_name(&self.tmp);
+            match rustix::fs::unlinkat(&*self.dir, jname.as_str(), AtFlags::empty()) {
+                Ok(()) | Err(Errno::NOENT) => {}
+                Err(e) => return Err(io(e.into())),
             }
         }
-        std::fs::rename(&self.tmp, &self.dest).map_err(io)?;
-        Ok(match self.dest.parent() {
+        rustix::fs::renameat(
+            &*self.dir,
+            self.tmp.as_str(),
+            &*self.dir,
+            self.name.as_str(),
+        )
+        .map_err(|e| io(e.into()))?;
+        let shown = match self.dest.parent() {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
             _ => PathBuf::from("."),
+        };
+        Ok(SyncDir {
+            dir: self.dir.clone(),
+            shown,
         })
     }
 
     pub(crate) fn discard(self) {
-        let _ = std::fs::remove_file(journal_path(&self.tmp));
-        let _ = std::fs::remove_file(&self.tmp);
+        let jname = journal_name(&self.tmp);
+        let _ = rustix::fs::unlinkat(&*self.dir, jname.as_str(), AtFlags::empty());
+        let _ = rustix::fs::unlinkat(&*self.dir, self.tmp.as_str(), AtFlags::empty());
     }
 }
 
@@ -163,7 +275,7 @@ pub struct DlJob {
     /// `root/relative/path` on the server.
     pub path: String,
     /// Local destination (`None`: the null sink of memory mode, nothing is written).
-    pub dest: Option<PathBuf>,
+    pub dest: Option<Dest>,
     /// Size and mtime (seconds) of the source.
     pub ident: Ident,
     /// One range of a file that parallel streams share (`None`: the whole file).
@@ -178,12 +290,6 @@ pub(crate) fn system_time(secs: i64) -> Option<SystemTime> {
 pub(super) fn mtime_secs(md: &std::fs::Metadata) -> i64 {
     use std::os::unix::fs::MetadataExt;
     md.mtime()
-}
-
-/// Whether `dest` already holds a complete copy by the quick check (size and mtime).
-pub(super) fn complete_at(dest: &Path, ident: Ident) -> bool {
-    std::fs::metadata(dest)
-        .is_ok_and(|m| m.is_file() && m.len() == ident.size && mtime_secs(&m) == ident.mtime)
 }
 
 /// One file of a download.
@@ -216,7 +322,7 @@ impl Dl {
         Dl {
             path: job.path,
             null: job.dest.is_none(),
-            dest: job.dest.unwrap_or_default(),
+            dest: job.dest.map(|d| d.path()).unwrap_or_default(),
             ident: job.ident,
             part,
             journal,

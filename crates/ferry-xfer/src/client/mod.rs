@@ -27,8 +27,8 @@ use crate::proto::{self, Entry, EntryKind, Msg, BLOCK_HEADER_LEN};
 
 pub use copy::{copy, sum_local};
 pub(crate) use copy::{plan_download, plan_upload};
-pub use download::DlJob;
 pub(crate) use download::{system_time, LocalPart};
+pub use download::{Dest, DlJob};
 pub(crate) use upload::open_source;
 
 /// A tree: its directories (relative, parents first) and its files with their sizes and
@@ -276,13 +276,25 @@ impl Client {
         }
     }
 
-    /// Lists a remote directory ("" lists the roots).
+    /// Lists a remote directory ("" lists the roots). Every name must be one plain path
+    /// component ([`crate::beneath::check_name`]): a listing that names anything else (a
+    /// hostile or broken server) fails the whole request, before anything is written.
     pub fn list(&mut self, path: &str) -> Result<Vec<Entry>> {
         self.link.send(&Msg::List { path: path.into() })?;
         let mut out = Vec::new();
         loop {
             match self.link.recv_msg()? {
                 Msg::Entries { more, entries } => {
+                    for e in &entries {
+                        crate::beneath::check_name(&e.name).map_err(|why| {
+                            XferError::new(
+                                Kind::Permission,
+                                format!(
+                                    "{path}: the server listed an entry that is not a plain name: {why}; refusing the listing (nothing was written)"
+                                ),
+                            )
+                        })?;
+                    }
                     out.extend(entries);
                     if !more {
                         return Ok(out);

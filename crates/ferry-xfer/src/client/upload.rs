@@ -29,6 +29,7 @@ pub(crate) fn open_source(src: &Path) -> Result<(File, FileMeta)> {
         ));
     }
     let meta = FileMeta {
+        stamp: crate::stamp::Stamp::of_metadata(&md),
         size: md.len(),
         mode: md.permissions().mode() & 0o7777,
         mtime: md
@@ -109,6 +110,7 @@ impl Client {
             meta.size,
             meta.mode,
             Some(meta.mtime),
+            Some(&meta.stamp),
             path,
             progress,
         )
@@ -149,15 +151,20 @@ impl Client {
     /// Uploads `size` zero bytes (the `zero:SIZE` source of memory mode) to a remote path;
     /// no file is read. To the server's null sink (`mem/null`) nothing is hashed.
     pub fn upload_zero(&mut self, size: u64, path: &str, progress: &dyn Progress) -> Result<()> {
-        self.put(Source::Zero, size, 0o644, None, path, progress)
+        self.put(Source::Zero, size, 0o644, None, None, path, progress)
     }
 
+    /// PUTs `size` bytes of `src` to `path`. A file source with its `stamp` is checked
+    /// before each FILE_DONE: if it changed while being read, the server is told to drop
+    /// the part (ERROR) and the upload fails (integrity).
+    #[allow(clippy::too_many_arguments)]
     fn put(
         &mut self,
         src: Source<'_>,
         size: u64,
         mode: u32,
         mtime: Option<i64>,
+        stamp: Option<&crate::stamp::Stamp>,
         path: &str,
         progress: &dyn Progress,
     ) -> Result<()> {
@@ -226,6 +233,17 @@ impl Client {
         // The server answers FILE_DONE only after taking every block: no flush needed.
         let hash = hasher.map(|h| *h.finalize().as_bytes());
         loop {
+            if let (Some(stamp), Source::File(file)) = (stamp, src) {
+                if let Err(e) = stamp.check(file, path) {
+                    let _ = self.tx.flush();
+                    let _ = self.link.send(&Msg::Error {
+                        code: e.code(),
+                        file_id,
+                        message: e.msg.clone(),
+                    });
+                    return Err(e);
+                }
+            }
             self.link.send(&Msg::FileDone {
                 file_id,
                 length: size,

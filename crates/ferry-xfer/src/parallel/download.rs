@@ -113,7 +113,7 @@ impl SharedDl {
         let zero_src = crate::mem::classify(&job.path).is_some();
         let shared = Arc::new(SharedDl {
             path: job.path.clone(),
-            dest: job.dest.clone().unwrap_or_default(),
+            dest: job.dest.as_ref().map(|d| d.path()).unwrap_or_default(),
             size,
             mtime: job.ident.mtime,
             file,

@@ -14,6 +14,7 @@ use crate::error::{Kind, Result, XferError};
 use crate::journal::RangeSet;
 use crate::link::{FileMeta, Source, Span};
 use crate::proto::{self, Msg};
+use crate::stamp::Stamp;
 use crate::url::Remote;
 
 /// A large file being uploaded by several streams (OPEN, PUT_RANGE…, CLOSE).
@@ -21,8 +22,8 @@ struct SharedUp {
     id: u32,
     path: String,
     size: u64,
-    /// The source (`None`: zeros).
-    file: Option<File>,
+    /// The source (`None`: zeros) and its stamp when it was opened.
+    file: Option<(File, Stamp)>,
     left: Mutex<RangeSet>,
     /// The source's BLAKE3, computed meanwhile (`None`: none is sent).
     hash: Mutex<Option<HashJob>>,
@@ -36,7 +37,7 @@ enum HashJob {
 impl SharedUp {
     fn source(&self) -> Source<'_> {
         match &self.file {
-            Some(f) => Source::File(f),
+            Some((f, _)) => Source::File(f),
             None => Source::Zero,
         }
     }
@@ -260,7 +261,7 @@ fn open_upload(
                     format!("{}: changed while being copied; try again", p.display()),
                 ));
             }
-            (Some(f), meta.mode, meta.mtime)
+            (Some((f, meta.stamp)), meta.mode, meta.mtime)
         }
         None => (None, 0o644, 0),
     };
@@ -297,7 +298,7 @@ fn open_upload(
     let hash = match (&file, to_null) {
         (_, true) => HashJob::Ready(None),
         (None, false) => HashJob::Ready(Some(crate::mem::zero_hash(size))),
-        (Some(f), false) => {
+        (Some((f, _)), false) => {
             let f = f.try_clone().map_err(|e| XferError::io(path, &e))?;
             HashJob::Thread(
                 std::thread::Builder::new()
@@ -393,15 +394,34 @@ fn put_range(
     }
 }
 
-/// Every range of `up` arrived: CLOSE it with the source's hash.
+/// A hash no content has, as good as: the complement of the one computed. A CLOSE that
+/// carries it is refused and its part dropped, by servers of every version.
+fn unmatchable(h: Option<[u8; 32]>) -> [u8; 32] {
+    h.unwrap_or_default().map(|b| !b)
+}
+
+/// Every range of `up` arrived: CLOSE it with the source's hash. If the source changed
+/// since it was opened (every range and the hash were read since), the CLOSE carries a hash
+/// that cannot match, so the server drops the part, and the upload fails (integrity).
 fn close_upload(c: &mut Client, up: &SharedUp) -> Result<()> {
-    let blake3 = up.hash()?;
+    let mut blake3 = up.hash()?;
+    let changed = match &up.file {
+        Some((f, stamp)) => stamp.check(f, &up.path).err(),
+        None => None,
+    };
+    if changed.is_some() {
+        blake3 = Some(unmatchable(blake3));
+    }
     c.link.send(&Msg::Close {
         file_id: up.id,
         length: up.size,
         blake3,
     })?;
-    match c.link.recv_msg()? {
+    let answer = c.link.recv_msg()?;
+    if let Some(e) = changed {
+        return Err(e);
+    }
+    match answer {
         Msg::Ok { .. } => {
             c.stats.files += 1;
             c.stats.bytes += up.size;

@@ -7,6 +7,7 @@ use crate::link::{BlockSender, BlockWriter, Link, Source, Span};
 use crate::mem::{Virtual, MEM_ROOT};
 use crate::proto::{Entry, EntryKind, ErrorCode, Msg};
 use crate::session::{Session, Upload};
+use crate::stamp::Stamp;
 
 impl Server {
     /// Answers a request on the memory root (`mem/...`, see [`crate::mem`]); false if
@@ -164,7 +165,9 @@ impl Server {
     }
 
     /// Answers a GET of a file: READY, BLOCKs, FILE_DONE; or, when `tx` sends FILE frames
-    /// (a 1.3 client), for a whole file that fits in one frame, one FILE frame.
+    /// (a 1.3 client), for a whole file that fits in one frame, one FILE frame. A file that
+    /// changes while it is read ([`crate::stamp`]) gets an ERROR (integrity) instead of its
+    /// FILE_DONE or FILE frame, so no client, of any version, commits it.
     pub(super) fn get(
         &self,
         link: &mut Link,
@@ -183,9 +186,15 @@ impl Server {
         };
         let size = st.st_size as u64;
         let mode = st.st_mode & 0o7777;
+        let stamp = Stamp::of(&st);
+        let unchanged = || stamp.check(&file, path);
         if tx.inline && offset == 0 && length == u64::MAX && tx.file_fits(size) {
             // A small file whole: READY, its block and FILE_DONE in one FILE frame.
-            return match tx.send_file(link, &file, file_id, mode, size) {
+            return match tx.send_file(link, &file, file_id, mode, size, &unchanged) {
+                Err(e) if e.kind == Kind::Integrity => {
+                    tx.flush_pack(link)?;
+                    reply_refusal(link, file_id, refuse(ErrorCode::Integrity, e.msg))
+                }
                 Err(e) if e.kind != Kind::Connection => {
                     tx.flush_pack(link)?;
                     reply_refusal(
@@ -216,6 +225,10 @@ impl Server {
             {
                 break Err(e);
             }
+            // Checked after every piece: a change stops the rest from being read and sent.
+            if let Err(e) = unchanged() {
+                break Err(e);
+            }
             pos += n;
             if pos >= end {
                 break Ok(());
@@ -233,12 +246,14 @@ impl Server {
         }
         if let Err(e) = sent {
             tx.flush().ok();
-            // Mid-file read failure: tell the client, keep the connection.
-            return reply_refusal(
-                link,
-                file_id,
-                refuse(ErrorCode::Io, format!("{path}: {}", e.msg)),
-            );
+            // The source changed, or a mid-file read failed: tell the client (no FILE_DONE,
+            // nothing to commit), keep the connection.
+            let refusal = match e.kind {
+                Kind::Integrity => refuse(ErrorCode::Integrity, e.msg),
+                _ => refuse(ErrorCode::Io, format!("{path}: {}", e.msg)),
+            };
+            tracing::warn!("{}", refusal.message);
+            return reply_refusal(link, file_id, refusal);
         }
         // No flush: blocks and FILE_DONE leave in order; blocks are reaped as the ring needs them.
         link.send(&Msg::FileDone {

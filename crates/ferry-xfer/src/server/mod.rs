@@ -462,11 +462,15 @@ impl Server {
                     Err(r) => reply_refusal(link, 0, r)?,
                 },
                 Msg::Sum { path } => match self.roots.open_read(&path) {
+                    // A hash of a file that changed while it was read matches no version.
                     Ok((f, st)) => match hash_file(&f, st.st_size as u64) {
-                        Ok(h) => link.send(&Msg::SumReply {
-                            size: st.st_size as u64,
-                            blake3: h,
-                        })?,
+                        Ok(h) => match crate::stamp::Stamp::of(&st).check(&f, &path) {
+                            Ok(()) => link.send(&Msg::SumReply {
+                                size: st.st_size as u64,
+                                blake3: h,
+                            })?,
+                            Err(e) => reply_refusal(link, 0, refuse(ErrorCode::Integrity, e.msg))?,
+                        },
                         Err(e) => {
                             reply_refusal(link, 0, refuse(ErrorCode::Io, format!("{path}: {e}")))?
                         }

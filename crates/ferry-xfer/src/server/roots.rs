@@ -3,9 +3,10 @@
 use std::fs::File;
 use std::os::fd::OwnedFd;
 
-use rustix::fs::{Mode, OFlags, ResolveFlags};
+use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
 
+use crate::beneath::{mkdir_in, open_beneath, open_dir_beneath};
 use crate::config::ServerConfig;
 use crate::error::{Result, XferError};
 use crate::journal::{journal_name, open_part, Found, Ident, OpenHow, Progress};
@@ -57,9 +58,6 @@ fn errno_refusal(path: &str, e: Errno) -> Refusal {
 pub struct Roots {
     roots: Vec<Root>,
 }
-
-/// Resolve flags for every client path.
-const BENEATH: ResolveFlags = ResolveFlags::BENEATH.union(ResolveFlags::NO_MAGICLINKS);
 
 fn kind_of(st: &rustix::fs::Stat) -> EntryKind {
     match rustix::fs::FileType::from_raw_mode(st.st_mode) {
@@ -143,14 +141,7 @@ impl Roots {
 
     fn open_at(&self, path: &str, flags: OFlags) -> PResult<OwnedFd> {
         let (root, rel) = self.split(path)?;
-        rustix::fs::openat2(
-            &root.dir,
-            rel,
-            flags | OFlags::CLOEXEC,
-            Mode::empty(),
-            BENEATH,
-        )
-        .map_err(|e| errno_refusal(path, e))
+        open_beneath(&root.dir, rel, flags).map_err(|e| errno_refusal(path, e))
     }
 
     /// Opens a regular file for reading.
@@ -231,15 +222,7 @@ impl Roots {
                 format!("{path}: refused, the last component must be a plain name"),
             ));
         }
-        let dir = if dir.is_empty() { "." } else { dir };
-        let fd = rustix::fs::openat2(
-            &root.dir,
-            dir,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-            BENEATH,
-        )
-        .map_err(|e| errno_refusal(path, e))?;
+        let fd = open_dir_beneath(&root.dir, dir).map_err(|e| errno_refusal(path, e))?;
         Ok((fd, Some(name.to_string())))
     }
 
@@ -247,24 +230,12 @@ impl Roots {
     pub fn mkdir(&self, path: &str, mode: u32) -> PResult<()> {
         let (parent, name) = self.parent(path)?;
         let Some(name) = name else { return Ok(()) };
-        match rustix::fs::mkdirat(&parent, name.as_str(), Mode::from_raw_mode(mode & 0o7777)) {
+        match mkdir_in(&parent, &name, mode) {
             Ok(()) => Ok(()),
-            Err(Errno::EXIST) => {
-                let st = rustix::fs::statat(
-                    &parent,
-                    name.as_str(),
-                    rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
-                )
-                .map_err(|e| errno_refusal(path, e))?;
-                if kind_of(&st) == EntryKind::Dir {
-                    Ok(())
-                } else {
-                    Err(refuse(
-                        ErrorCode::NotADirectory,
-                        format!("{path}: exists and is not a directory"),
-                    ))
-                }
-            }
+            Err(Errno::NOTDIR) => Err(refuse(
+                ErrorCode::NotADirectory,
+                format!("{path}: exists and is not a directory"),
+            )),
             Err(e) => Err(errno_refusal(path, e)),
         }
     }
