@@ -167,6 +167,10 @@ pub struct CpArgs {
     /// (the server's side follows its config's `direct`).
     #[arg(long)]
     direct: bool,
+    /// Replace read-only files at the destination (without it, an upload onto a read-only
+    /// file is refused, exit 7).
+    #[arg(short = 'f', long)]
+    force: bool,
     #[command(flatten)]
     remote: Remote,
     /// Source: a local path, HOST:ROOT/PATH, or ferry://HOST[:PORT]/ROOT/PATH (also tcp://, ofi+tcp://, ofi+shm://NAME/...), or zero:SIZE (memory mode: SIZE zero bytes, e.g. zero:4G). With both SRC and DST remote, the source server sends straight to the destination (third-party copy).
@@ -320,6 +324,7 @@ pub fn cp(a: CpArgs) -> Result<(), XferError> {
         streams: a.streams,
         chunk: a.chunk_size,
         direct: a.direct,
+        force: a.force,
         ..a.remote.options()
     };
     let bar = (!a.quiet && !a.json && std::io::stderr().is_terminal()).then(|| {

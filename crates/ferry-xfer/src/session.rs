@@ -115,6 +115,9 @@ pub(crate) struct Upload {
     pub file: Option<File>,
     state: Mutex<State>,
     hash: Mutex<Option<OrderedHash>>,
+    /// Set when the upload cannot succeed (a write failed, the client gave up on it): its
+    /// part is removed when the upload ends instead of kept for a resume.
+    failed: std::sync::atomic::AtomicBool,
     claim: Option<Claim>,
 }
 
@@ -162,6 +165,7 @@ impl Upload {
                 io_error: None,
             }),
             hash: Mutex::new(hash),
+            failed: std::sync::atomic::AtomicBool::new(false),
             claim,
         })
     }
@@ -199,6 +203,16 @@ impl Upload {
         }
     }
 
+    /// Marks the upload as failed: nothing of it is kept for a resume.
+    pub fn fail(&self) {
+        self.failed.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether [`Upload::fail`] was called.
+    pub fn failed(&self) -> bool {
+        self.failed.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// The first journal write error, if any.
     pub fn io_error(&self) -> Option<std::io::Error> {
         lock(&self.state).io_error.take()
@@ -222,7 +236,15 @@ impl Upload {
 }
 
 impl Drop for Upload {
+    /// A failed upload's part goes; otherwise the journal is checkpointed and the part's own
+    /// guard keeps it only if the journal holds verified bytes.
     fn drop(&mut self) {
+        if self.failed() {
+            if let Some(p) = self.take_part() {
+                p.discard();
+            }
+            return;
+        }
         let mut st = lock(&self.state);
         if let (Some(j), Some(f)) = (st.journal.as_mut(), self.file.as_ref()) {
             if let Err(e) = j.checkpoint(f) {

@@ -80,8 +80,9 @@ impl Client {
                 continue;
             }
             let file_id = self.id();
+            let flags = self.force_flag(proto::PUT_FILE_FORCE);
             self.tx
-                .send_put_file(&self.link, &file, file_id, &path, &meta)?;
+                .send_put_file(&self.link, &file, (file_id, flags), &path, &meta)?;
             self.stats.wire_bytes += meta.size;
             waiting.push_back((file_id, src, path, meta.size));
             self.take_answers(&mut waiting, &mut again, PUT_WINDOW, progress)?;
@@ -173,7 +174,7 @@ impl Client {
         }
         self.link.send(&Msg::Put {
             file_id,
-            flags: if resume { proto::PUT_RESUME } else { 0 },
+            flags: if resume { proto::PUT_RESUME } else { 0 } | self.force_flag(proto::PUT_FORCE),
             mode,
             size,
             mtime: mtime.filter(|_| v11),
