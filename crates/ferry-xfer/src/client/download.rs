@@ -25,6 +25,44 @@ pub(crate) struct LocalPart {
     journal: Arc<AtomicBool>,
 }
 
+/// What a download may replace at `dest`, checked before any data moves (as `cp` does):
+/// nothing, a writable regular file, a symbolic link (the rename replaces the link), or a
+/// read-only file with `force`. A directory, FIFO, socket or device is refused.
+fn check_local_target(dest: &Path, force: bool) -> Result<()> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let md = match std::fs::symlink_metadata(dest) {
+        Ok(md) => md,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(XferError::io(dest.display(), &e)),
+    };
+    let ft = md.file_type();
+    let refuse = |what: &str| {
+        Err(XferError::new(
+            Kind::Usage,
+            format!("{}: {what}; not replaced", dest.display()),
+        ))
+    };
+    if ft.is_dir() {
+        return refuse("is a directory");
+    }
+    if ft.is_fifo() || ft.is_socket() || ft.is_block_device() || ft.is_char_device() {
+        return refuse("not a regular file");
+    }
+    let read_only = ft.is_file()
+        && (md.permissions().mode() & 0o222 == 0
+            || rustix::fs::access(dest, rustix::fs::Access::WRITE_OK).is_err());
+    if read_only && !force {
+        return Err(XferError::new(
+            Kind::Permission,
+            format!(
+                "{}: the file there is read-only; not replaced (ferry cp --force replaces it)",
+                dest.display()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 fn journal_path(tmp: &Path) -> PathBuf {
     let mut p = tmp.as_os_str().to_owned();
     p.push(".journal");
@@ -33,14 +71,16 @@ fn journal_path(tmp: &Path) -> PathBuf {
 
 impl LocalPart {
     /// Opens `.<name>.ferry-part` next to `dest` for a download of `ident` (see
-    /// [`crate::journal::open_part`]).
+    /// [`crate::journal::open_part`]), with `resume`, after checking what `dest` is now
+    /// (see [`check_local_target`]; `force` replaces a read-only file).
     pub(crate) fn open(
         dest: &Path,
         ident: Ident,
         block: u32,
-        resume: bool,
+        (resume, force): (bool, bool),
     ) -> Result<(LocalPart, Journaled, Found)> {
         use std::os::unix::fs::OpenOptionsExt;
+        check_local_target(dest, force)?;
         let name = dest
             .file_name()
             .ok_or_else(|| {
@@ -130,7 +170,9 @@ impl LocalPart {
         use std::os::unix::fs::PermissionsExt;
         let io = |e: std::io::Error| XferError::io(self.dest.display(), &e);
         self.file
-            .set_permissions(std::fs::Permissions::from_mode(mode & 0o7777))
+            .set_permissions(std::fs::Permissions::from_mode(crate::commit::file_mode(
+                mode, false,
+            )))
             .map_err(io)?;
         if let Some(t) = mtime {
             self.file.set_modified(t).map_err(io)?;
@@ -292,8 +334,8 @@ impl Client {
         let (part, journal, offset) = match &job.dest {
             None => (None, None, 0),
             Some(dest) => {
-                let (part, journal, found) =
-                    LocalPart::open(dest, job.ident, self.block, self.resume)?;
+                let how = (self.resume, self.force);
+                let (part, journal, found) = LocalPart::open(dest, job.ident, self.block, how)?;
                 let offset = journal.prefix();
                 match found {
                     Found::Resumed => {

@@ -12,10 +12,16 @@ use crate::proto::{self, Msg};
 /// PUT_FILEs a client keeps unanswered before it waits for the oldest answer.
 const PUT_WINDOW: usize = 32;
 
-/// Opens a local regular file for upload: the file and what a PUT says of it.
+/// Opens a local regular file for upload: the file and what a PUT says of it. The open is
+/// non-blocking (opening a FIFO waits for a writer) and anything but a regular file is
+/// refused from the open descriptor.
 pub(crate) fn open_source(src: &Path) -> Result<(File, FileMeta)> {
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    let file = File::open(src).map_err(|e| XferError::io(src.display(), &e))?;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+        .open(src)
+        .map_err(|e| XferError::io(src.display(), &e))?;
     let md = file
         .metadata()
         .map_err(|e| XferError::io(src.display(), &e))?;
@@ -28,6 +34,8 @@ pub(crate) fn open_source(src: &Path) -> Result<(File, FileMeta)> {
             ),
         ));
     }
+    rustix::fs::fcntl_setfl(&file, rustix::fs::OFlags::empty())
+        .map_err(|e| XferError::io(src.display(), &e.into()))?;
     let meta = FileMeta {
         size: md.len(),
         mode: md.permissions().mode() & 0o7777,
