@@ -25,29 +25,18 @@ pub(crate) struct LocalPart {
     journal: Arc<AtomicBool>,
 }
 
-/// What a download may replace at `dest`, checked before any data moves (as `cp` does):
-/// nothing, a writable regular file, a symbolic link (the rename replaces the link), or a
-/// read-only file with `force`. A directory, FIFO, socket or device is refused.
+/// Refuses, before any data moves (as `cp` does), to replace a read-only regular file at
+/// `dest` unless `force`. (The commit renames the part over `dest`, so nothing is ever
+/// written into what `dest` is; a directory there makes that rename fail, which removes
+/// the part and fails the copy with exit 5.)
 fn check_local_target(dest: &Path, force: bool) -> Result<()> {
-    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    use std::os::unix::fs::PermissionsExt;
     let md = match std::fs::symlink_metadata(dest) {
         Ok(md) => md,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(XferError::io(dest.display(), &e)),
     };
     let ft = md.file_type();
-    let refuse = |what: &str| {
-        Err(XferError::new(
-            Kind::Usage,
-            format!("{}: {what}; not replaced", dest.display()),
-        ))
-    };
-    if ft.is_dir() {
-        return refuse("is a directory");
-    }
-    if ft.is_fifo() || ft.is_socket() || ft.is_block_device() || ft.is_char_device() {
-        return refuse("not a regular file");
-    }
     let read_only = ft.is_file()
         && (md.permissions().mode() & 0o222 == 0
             || rustix::fs::access(dest, rustix::fs::Access::WRITE_OK).is_err());
