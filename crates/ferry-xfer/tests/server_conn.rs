@@ -1118,6 +1118,18 @@ fn uploads_onto_non_files_are_refused_before_data_moves() {
         let m = link.recv_msg().unwrap();
         assert_eq!(code(&m), want, "OPEN {name}: {m:?}");
     }
+    // A FIFO planted under a part file's name is not written into (the writes would block
+    // the connection's thread once the pipe is full): refused, and removed.
+    rustix::fs::mknodat(
+        CWD,
+        dir.join(".planted.ferry-part"),
+        FileType::Fifo,
+        Mode::from_raw_mode(0o666),
+        0,
+    )
+    .unwrap();
+    let m = put_to(&mut link, 5, "d/planted", (0, 0o644), 1 << 20);
+    assert_eq!(code(&m), ErrorCode::Io, "{m:?}");
     assert!(dir.join("adir").is_dir());
     assert_eq!(temporaries(&dir), Vec::<String>::new());
     // The connection still serves.

@@ -381,6 +381,7 @@ impl PartFile {
         let tmp = part_name(&name);
         let flags = OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::CREATE;
         let mode = Mode::from_raw_mode(0o600);
+        let flags = flags | OFlags::NONBLOCK;
         let fd = match rustix::fs::openat(&dir, tmp.as_str(), flags | OFlags::EXCL, mode) {
             Err(Errno::EXIST) => {
                 match rustix::fs::unlinkat(&dir, journal_name(&tmp).as_str(), AtFlags::empty()) {
@@ -391,7 +392,9 @@ impl PartFile {
             }
             r => r,
         }
-        .map_err(|e| io_refusal(path, &e.into()))?;
+        .map_err(std::io::Error::from)
+        .and_then(regular_part)
+        .map_err(|e| io_refusal(path, &e))?;
         Ok(PartFile {
             dir: Arc::new(dir),
             name,
@@ -422,8 +425,13 @@ impl PartFile {
             if how == OpenHow::Truncate {
                 flags |= OFlags::CREATE | OFlags::TRUNC;
             }
-            let fd = rustix::fs::openat(&dir, n, flags, Mode::from_raw_mode(0o600))?;
-            Ok(File::from(fd))
+            let fd = rustix::fs::openat(
+                &dir,
+                n,
+                flags | OFlags::NONBLOCK,
+                Mode::from_raw_mode(0o600),
+            )?;
+            regular_part(fd).map(File::from)
         };
         let (file, progress, found) = match open_part(&open, &tmp, ident, block, how.resume) {
             Ok(p) => p,
@@ -536,6 +544,19 @@ pub struct Target {
     pub resume: bool,
     /// Replace a read-only file (the client's `--force`).
     pub force: bool,
+}
+
+/// `fd`, a part file or journal just opened (non-blocking, so a FIFO planted under that
+/// name did not stall the open), if it is a regular file; blocking again.
+fn regular_part(fd: OwnedFd) -> std::io::Result<OwnedFd> {
+    let st = rustix::fs::fstat(&fd)?;
+    if kind_of(&st) != EntryKind::File {
+        return Err(std::io::Error::other(
+            "a temporary file's name is taken by something that is not a regular file",
+        ));
+    }
+    rustix::fs::fcntl_setfl(&fd, OFlags::empty())?;
+    Ok(fd)
 }
 
 /// Removes part file `tmp` in `dir` and its journal (either may be missing).
