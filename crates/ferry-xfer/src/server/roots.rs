@@ -515,7 +515,8 @@ impl PartFile {
         if !self.journaled {
             return false;
         }
-        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        // Non-blocking: a FIFO under the journal's name must not stall a drop.
+        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
         rustix::fs::openat(
             &*self.dir,
             journal_name(&self.tmp).as_str(),
