@@ -68,7 +68,7 @@ fn report_once(line: impl FnOnce() -> serde_json::Value) {
 
 #[derive(Args)]
 pub struct ServeArgs {
-    /// TOML configuration (listen, block_size, ring, [auth] tokens/anonymous, [[root]] name/path).
+    /// TOML configuration (listen, block_size, ring, mem, direct, keep_special_bits, third_party, [auth] tokens/anonymous, [[root]] name/path; docs/xfer.md).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Export a directory as NAME (repeatable; adds to the config's roots).
@@ -167,6 +167,10 @@ pub struct CpArgs {
     /// (the server's side follows its config's `direct`).
     #[arg(long)]
     direct: bool,
+    /// Replace read-only files at the destination (without it, an upload onto a read-only
+    /// file is refused, exit 7).
+    #[arg(short = 'f', long)]
+    force: bool,
     #[command(flatten)]
     remote: Remote,
     /// Source: a local path, HOST:ROOT/PATH, or ferry://HOST[:PORT]/ROOT/PATH (also tcp://, ofi+tcp://, ofi+shm://NAME/...), or zero:SIZE (memory mode: SIZE zero bytes, e.g. zero:4G). With both SRC and DST remote, the source server sends straight to the destination (third-party copy).
@@ -320,6 +324,7 @@ pub fn cp(a: CpArgs) -> Result<(), XferError> {
         streams: a.streams,
         chunk: a.chunk_size,
         direct: a.direct,
+        force: a.force,
         ..a.remote.options()
     };
     let bar = (!a.quiet && !a.json && std::io::stderr().is_terminal()).then(|| {

@@ -174,6 +174,29 @@ pub(crate) fn sync_dir(d: &SyncDir) -> Result<()> {
     rustix::fs::fsync(&*d.dir).map_err(|e| XferError::io(d.shown.display(), &e.into()))
 }
 
+/// The permission bits a received file gets from the `mode` its sender announced: the
+/// process umask applied, and the setuid, setgid and sticky bits cleared unless
+/// `keep_special` (a peer must not plant a setuid file owned by this process's user).
+pub(crate) fn file_mode(mode: u32, keep_special: bool) -> u32 {
+    let kept = if keep_special { 0o7777 } else { 0o777 };
+    mode & kept & !process_umask()
+}
+
+/// The process umask, read once (from `/proc/self/status`: `umask(2)` can only be read by
+/// setting it, which would race with threads creating files). 0o022 if it cannot be read.
+pub(crate) fn process_umask() -> u32 {
+    static UMASK: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *UMASK.get_or_init(|| {
+        std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                let line = s.lines().find(|l| l.starts_with("Umask:"))?;
+                u32::from_str_radix(line.trim_start_matches("Umask:").trim(), 8).ok()
+            })
+            .unwrap_or(0o022)
+    })
+}
+
 impl Drop for CommitPool {
     fn drop(&mut self) {
         let _ = self.wait();
@@ -185,6 +208,15 @@ mod tests {
     use super::*;
     use rustix::fs::OFlags;
     use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn received_modes_lose_special_bits_and_get_the_umask() {
+        let u = process_umask();
+        assert_eq!(file_mode(0o6755, false), 0o755 & !u);
+        assert_eq!(file_mode(0o1777, false), 0o777 & !u);
+        assert_eq!(file_mode(0o6755, true), 0o6755 & !u);
+        assert_eq!(file_mode(0o644, false) & 0o7000, 0);
+    }
 
     fn open_dir(path: &std::path::Path, how: OFlags) -> SyncDir {
         let fd = rustix::fs::open(path, how | OFlags::DIRECTORY, rustix::fs::Mode::empty());

@@ -7,6 +7,7 @@
 //! third_party = ["tcp://dtn2:7370"]  # servers this one may send third-party copies to ("*": any)
 //! mem = false                        # true: export the virtual root `mem` (zero/SIZE, null)
 //! direct = false                     # true: read and write files with O_DIRECT (no page cache)
+//! keep_special_bits = false          # true: uploads keep setuid, setgid and sticky bits
 //!
 //! [auth]
 //! tokens = ["s3cret-token"]          # clients send one of these (ferry cp --token / FERRY_TOKEN)
@@ -65,6 +66,11 @@ pub struct ServerConfig {
     /// where the filesystem allows it (a warning says when it does not).
     #[serde(default)]
     pub direct: bool,
+    /// Keep the setuid, setgid and sticky bits an upload's mode asks for. Off (the
+    /// default), they are cleared: a client must not plant a setuid file owned by the
+    /// server's user. The server's umask applies either way.
+    #[serde(default)]
+    pub keep_special_bits: bool,
     /// Authentication.
     #[serde(default)]
     pub auth: AuthConfig,
@@ -95,6 +101,7 @@ impl Default for ServerConfig {
             ring: default_ring(),
             mem: false,
             direct: false,
+            keep_special_bits: false,
             auth: AuthConfig::default(),
             roots: Vec::new(),
             third_party: Vec::new(),

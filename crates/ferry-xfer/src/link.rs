@@ -703,14 +703,14 @@ impl BlockSender {
     }
 
     /// Sends the whole of `file` ([`BlockSender::put_file_fits`]) to `path` as one PUT_FILE
-    /// frame of `file_id`: read with one `pread` into a registered staging block, its BLAKE3
-    /// computed there, sent without a copy. A source that changed since `meta` was taken
-    /// ([`crate::stamp`]) is not sent: an integrity error.
+    /// frame of `file_id` with `flags` (PUT_FILE's): read with one `pread` into a registered
+    /// staging block, its BLAKE3 computed there, sent without a copy. A source that changed
+    /// since `meta` was taken ([`crate::stamp`]) is not sent: an integrity error.
     pub fn send_put_file(
         &mut self,
         link: &Link,
         file: &std::fs::File,
-        file_id: u32,
+        (file_id, flags): (u32, u8),
         path: &str,
         meta: &FileMeta,
     ) -> Result<()> {
@@ -732,6 +732,7 @@ impl BlockSender {
             .buffer()
             .with_bytes(buf.offset() + head_len, n, |b| *blake3::hash(b).as_bytes());
         let msg = Msg::PutFile {
+            flags,
             file_id,
             mode,
             mtime,

@@ -13,7 +13,7 @@ use std::fmt;
 /// Protocol major version: a peer with another major is refused at HELLO.
 pub const VERSION_MAJOR: u16 = 1;
 /// Protocol minor version.
-pub const VERSION_MINOR: u16 = 4;
+pub const VERSION_MINOR: u16 = 5;
 /// The first minor version with parallel streams (session join, OPEN/HAVE/PUT_RANGE/CLOSE).
 pub const MINOR_STREAMS: u16 = 2;
 /// The first minor version with FILE frames (a small file's READY, BLOCK and FILE_DONE in
@@ -27,6 +27,10 @@ pub const MINOR_PACK: u16 = 4;
 pub const MINOR_PUT_FILE: u16 = 4;
 /// The first minor version whose SEND_TO may ask for several streams ([`SEND_STREAMS`]).
 pub const MINOR_SEND_STREAMS: u16 = 4;
+/// The first minor version with the FORCE flags of PUT, OPEN and PUT_FILE (replace a
+/// read-only file): a client sets them only for servers of this minor or later (an older
+/// server replaces read-only files anyway).
+pub const MINOR_FORCE: u16 = 5;
 /// The most GETs in one GETS frame.
 pub const MAX_GETS: usize = 64;
 /// The most streams a session may have.
@@ -195,11 +199,18 @@ pub struct BlockHeader {
 pub const PUT_RESUME: u8 = 1;
 /// PUT flag: the body carries the source's `mtime` (1.1); set from [`Msg::Put::mtime`].
 pub const PUT_MTIME: u8 = 2;
+/// PUT flag (1.5): replace the destination even if it is a read-only file (`ferry cp
+/// --force`); without it the server refuses a read-only destination.
+pub const PUT_FORCE: u8 = 4;
+/// PUT_FILE flag (1.5): as [`PUT_FORCE`].
+pub const PUT_FILE_FORCE: u8 = 1;
 /// FILE_DONE flag: `blake3` holds the hash of the whole file.
 pub const DONE_HASH: u8 = 1;
 /// OPEN flag: continue the server's journaled `.ferry-part` of this file if it holds one
 /// of the same source (1.2); HAVE lists what it holds.
 pub const OPEN_RESUME: u8 = 1;
+/// OPEN flag (1.5): as [`PUT_FORCE`].
+pub const OPEN_FORCE: u8 = 2;
 /// CLOSE flag: `blake3` holds the hash of the whole file.
 pub const CLOSE_HASH: u8 = 1;
 /// SEND_TO flag: the source is a directory; copy the tree.
@@ -285,7 +296,7 @@ pub enum Msg {
     Put {
         /// Client-chosen transfer id.
         file_id: u32,
-        /// [`PUT_RESUME`] or 0 ([`PUT_MTIME`] is derived from `mtime`).
+        /// [`PUT_RESUME`], [`PUT_FORCE`] (1.5) or 0 ([`PUT_MTIME`] is derived from `mtime`).
         flags: u8,
         /// Permission bits for the new file.
         mode: u32,
@@ -341,6 +352,8 @@ pub enum Msg {
     /// answer before it sends the next. The payload (the whole file, `len` bytes) follows
     /// the path in the same message.
     PutFile {
+        /// [`PUT_FILE_FORCE`] (1.5) or 0.
+        flags: u8,
         /// Transfer id.
         file_id: u32,
         /// Permission bits.
@@ -446,7 +459,7 @@ pub enum Msg {
     /// Opens a parallel upload (1.2): a file of `size` bytes whose ranges any stream of the
     /// session then sends with PUT_RANGE, closed by CLOSE. Reply: HAVE or ERROR.
     Open {
-        /// [`OPEN_RESUME`] or 0.
+        /// [`OPEN_RESUME`], [`OPEN_FORCE`] (1.5) or 0.
         flags: u8,
         /// Client-chosen id, unique in the session; PUT_RANGE and CLOSE name it.
         file_id: u32,
@@ -663,7 +676,7 @@ pub fn encode(msg: &Msg, out: &mut Vec<u8>) -> Result<(), EncodeError> {
         Msg::Block(_) => (ty::BLOCK, 0),
         Msg::File { .. } => (ty::FILE, 0),
         Msg::Pack { .. } => (ty::PACK, 0),
-        Msg::PutFile { .. } => (ty::PUT_FILE, 0),
+        Msg::PutFile { flags, .. } => (ty::PUT_FILE, *flags),
         Msg::Gets { .. } => (ty::GETS, 0),
         Msg::FileDone { blake3, .. } => (ty::FILE_DONE, u8::from(blake3.is_some())),
         Msg::Resend { .. } => (ty::RESEND, 0),
@@ -1092,10 +1105,11 @@ pub fn decode(b: &[u8]) -> Result<(Msg, &[u8]), DecodeError> {
     }
     let allowed = match t {
         ty::ENTRIES => 1,
-        ty::PUT => PUT_RESUME | PUT_MTIME,
+        ty::PUT => PUT_RESUME | PUT_MTIME | PUT_FORCE,
+        ty::PUT_FILE => PUT_FILE_FORCE,
         ty::FILE_DONE => DONE_HASH,
         ty::SEND_TO => SEND_RECURSIVE | SEND_STREAMS,
-        ty::OPEN => OPEN_RESUME,
+        ty::OPEN => OPEN_RESUME | OPEN_FORCE,
         ty::CLOSE => CLOSE_HASH,
         _ => 0,
     };
@@ -1158,7 +1172,7 @@ pub fn decode(b: &[u8]) -> Result<(Msg, &[u8]), DecodeError> {
             path: r.str(MAX_PATH)?,
         },
         ty::PUT => Msg::Put {
-            flags: flags & PUT_RESUME,
+            flags: flags & (PUT_RESUME | PUT_FORCE),
             file_id: r.u32()?,
             mode: r.u32()?,
             size: r.u64()?,
@@ -1228,6 +1242,7 @@ pub fn decode(b: &[u8]) -> Result<(Msg, &[u8]), DecodeError> {
             let len = payload_len(payload)?;
             return Ok((
                 Msg::PutFile {
+                    flags,
                     file_id,
                     mode,
                     mtime,

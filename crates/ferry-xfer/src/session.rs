@@ -117,6 +117,9 @@ pub(crate) struct Upload {
     journal: Option<Arc<SharedProgress>>,
     state: Mutex<State>,
     hash: Mutex<Option<OrderedHash>>,
+    /// Set when the upload cannot succeed (a write failed, the client gave up on it): its
+    /// part is removed when the upload ends instead of kept for a resume.
+    failed: std::sync::atomic::AtomicBool,
     claim: Option<Claim>,
 }
 
@@ -161,6 +164,7 @@ impl Upload {
             journal,
             state: Mutex::new(State { done }),
             hash: Mutex::new(hash),
+            failed: std::sync::atomic::AtomicBool::new(false),
             claim,
         })
     }
@@ -192,6 +196,16 @@ impl Upload {
         }
     }
 
+    /// Marks the upload as failed: nothing of it is kept for a resume.
+    pub fn fail(&self) {
+        self.failed.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether [`Upload::fail`] was called.
+    pub fn failed(&self) -> bool {
+        self.failed.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Whether every byte arrived.
     pub fn complete(&self) -> bool {
         lock(&self.state).done.contains(0, self.size)
@@ -212,9 +226,17 @@ impl Upload {
 }
 
 impl Drop for Upload {
-    /// The upload ends unfinished (its session ended or a newer upload took over): its
-    /// journal records every block written, and is not written again.
+    /// A failed upload's part goes. Otherwise the upload ends unfinished (its session ended
+    /// or a newer upload took over): its journal records every block written and is not
+    /// written again, and the part's own guard keeps it only if that journal holds verified
+    /// bytes.
     fn drop(&mut self) {
+        if self.failed() {
+            if let Some(p) = self.take_part() {
+                p.discard();
+            }
+            return;
+        }
         if let Some(j) = &self.journal {
             if let Err(e) = j.finish() {
                 tracing::warn!("{}: journal: {e}", self.path);

@@ -89,7 +89,12 @@ fn msg() -> impl Strategy<Value = Msg> {
         ),
         (
             any::<u32>(),
-            0u8..2,
+            prop_oneof![
+                Just(0u8),
+                Just(proto::PUT_RESUME),
+                Just(proto::PUT_FORCE),
+                Just(proto::PUT_RESUME | proto::PUT_FORCE)
+            ],
             any::<u32>(),
             any::<u64>(),
             proptest::option::of(any::<i64>()),
@@ -167,7 +172,7 @@ fn msg() -> impl Strategy<Value = Msg> {
             }
         ),
         (
-            0u8..2,
+            0u8..4,
             any::<u32>(),
             any::<u32>(),
             any::<u64>(),
@@ -273,8 +278,8 @@ proptest! {
     }
 
     #[test]
-    fn put_files_round_trip(file_id in any::<u32>(), mode in any::<u32>(), mtime in any::<i64>(), blake3 in any::<[u8; 32]>(), path in s(300), data in proptest::collection::vec(any::<u8>(), 0..5000)) {
-        let m = Msg::PutFile { file_id, mode, mtime, blake3, path: path.clone(), len: data.len() as u32 };
+    fn put_files_round_trip(flags in 0u8..2, file_id in any::<u32>(), mode in any::<u32>(), mtime in any::<i64>(), blake3 in any::<[u8; 32]>(), path in s(300), data in proptest::collection::vec(any::<u8>(), 0..5000)) {
+        let m = Msg::PutFile { flags, file_id, mode, mtime, blake3, path: path.clone(), len: data.len() as u32 };
         let mut bytes = proto::to_vec(&m).unwrap();
         prop_assert_eq!(bytes.len(), proto::put_file_header_len(&path));
         // `to_vec` wrote the length of the whole frame; the payload follows the path.
@@ -356,9 +361,9 @@ fn seed_corpus() {
         &[0xff][..],
         &[8, 0, 0, 0, 99, 0, 0, 0][..],
         &[8, 0, 0, 0, 18, 1, 0, 0][..],
-        // PUT with an unknown flag (4), and PUT claiming an mtime (flag 2) it lacks.
+        // PUT with an unknown flag (8), and PUT claiming an mtime (flag 2) it lacks.
         &[
-            27, 0, 0, 0, 9, 4, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, b'x',
+            27, 0, 0, 0, 9, 8, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, b'x',
         ][..],
         &[
             27, 0, 0, 0, 9, 2, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, b'x',

@@ -20,6 +20,14 @@ fn start(driver: &str, anonymous: bool) -> (String, std::path::PathBuf) {
 
 /// [`start`], with memory mode (the virtual root `mem`) on or off.
 fn start_with(driver: &str, anonymous: bool, mem: bool) -> (String, std::path::PathBuf) {
+    start_cfg(driver, |c| {
+        c.mem = mem;
+        c.auth.anonymous = anonymous;
+    })
+}
+
+/// [`start`], with the configuration changed by `tweak`.
+fn start_cfg(driver: &str, tweak: impl FnOnce(&mut ServerConfig)) -> (String, std::path::PathBuf) {
     static N: AtomicU32 = AtomicU32::new(0);
     let n = N.fetch_add(1, Ordering::Relaxed);
     let dir = std::env::temp_dir().join(format!("ferry-xfer-conn-{}-{n}", std::process::id()));
@@ -33,10 +41,9 @@ fn start_with(driver: &str, anonymous: bool, mem: bool) -> (String, std::path::P
         listen,
         block_size: 64 * 1024,
         ring: 4,
-        mem,
         auth: AuthConfig {
             tokens: vec!["tok".into()],
-            anonymous,
+            anonymous: false,
         },
         roots: vec![RootConfig {
             name: "d".into(),
@@ -44,6 +51,8 @@ fn start_with(driver: &str, anonymous: bool, mem: bool) -> (String, std::path::P
         }],
         ..ServerConfig::default()
     };
+    let mut cfg = cfg;
+    tweak(&mut cfg);
     let server = Server::new(cfg).unwrap();
     let listener = server.bind().unwrap();
     let addr = listener.local_addr();
@@ -775,9 +784,21 @@ fn packs_gather_a_gets_batch_in_memory_mode() {
 
 /// A PUT_FILE frame of `data` to `path` (with `hash` as its BLAKE3).
 fn put_file(id: u32, path: &str, data: &[u8], hash: [u8; 32]) -> Vec<u8> {
+    put_file_as(id, path, data, hash, (0, 0o640))
+}
+
+/// [`put_file`] with PUT_FILE `flags` and `mode`.
+fn put_file_as(
+    id: u32,
+    path: &str,
+    data: &[u8],
+    hash: [u8; 32],
+    (flags, mode): (u8, u32),
+) -> Vec<u8> {
     let mut v = proto::to_vec(&Msg::PutFile {
+        flags,
         file_id: id,
-        mode: 0o640,
+        mode,
         mtime: 1_500_000_000_123_456_789,
         blake3: hash,
         path: path.into(),
@@ -864,4 +885,411 @@ fn put_files_stream_tcp() {
 #[test]
 fn put_files_stream_ofi_shm() {
     put_files_stream("ofi+shm");
+}
+
+/// Sends PUT of `size` bytes to `path` with `flags` and `mode`; the server's answer.
+fn put_to(link: &mut Link, file_id: u32, path: &str, (flags, mode): (u8, u32), size: u64) -> Msg {
+    link.send(&Msg::Put {
+        file_id,
+        flags,
+        mode,
+        size,
+        mtime: Some(1),
+        path: path.into(),
+    })
+    .unwrap();
+    link.recv_msg().unwrap()
+}
+
+/// Sends `data` as the blocks and FILE_DONE of the PUT `file_id` (after its READY); the
+/// server's answer.
+fn put_body(link: &mut Link, file_id: u32, data: &[u8]) -> Msg {
+    send_blocks(link, file_id, data, 0, data.len());
+    link.send(&Msg::FileDone {
+        file_id,
+        length: data.len() as u64,
+        blake3: Some(*blake3::hash(data).as_bytes()),
+    })
+    .unwrap();
+    link.recv_msg().unwrap()
+}
+
+/// The names of temporary files (parts, journals) in `dir`.
+fn temporaries(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".ferry-part"))
+        .collect()
+}
+
+/// Waits up to 10 s for `dir` to hold no temporary files (the server notices a dropped
+/// connection on its own time); the ones left, if any.
+fn temporaries_gone(dir: &std::path::Path) -> Vec<String> {
+    let t = std::time::Instant::now();
+    loop {
+        let left = temporaries(dir);
+        if left.is_empty() || t.elapsed() > Duration::from_secs(10) {
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn mode_of(p: &std::path::Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
+}
+
+/// The test process's umask (the in-process server shares it).
+fn umask() -> u32 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    let l = s.lines().find(|l| l.starts_with("Umask:")).unwrap();
+    u32::from_str_radix(l.trim_start_matches("Umask:").trim(), 8).unwrap()
+}
+
+/// An uploaded file's mode loses setuid, setgid and sticky and gets the server's umask, by
+/// PUT, PUT_FILE and OPEN/CLOSE alike (and MKDIR's); `keep_special_bits = true` keeps them.
+#[test]
+fn uploads_lose_special_mode_bits_unless_configured() {
+    let u = umask();
+    for keep in [false, true] {
+        let (addr, dir) = start_cfg("tcp", |c| c.keep_special_bits = keep);
+        let (mut link, _) = hello_minor(&addr, proto::VERSION_MINOR);
+        let want = |m: u32| if keep { m & !u } else { m & 0o777 & !u };
+        link.send_frame(&put_file_as(
+            1,
+            "d/small",
+            b"#!/bin/sh\n",
+            *blake3::hash(b"#!/bin/sh\n").as_bytes(),
+            (0, 0o6777),
+        ))
+        .unwrap();
+        assert_eq!(link.recv_msg().unwrap(), Msg::Ok { file_id: 1 });
+        assert_eq!(mode_of(&dir.join("small")), want(0o6777));
+        let data: Vec<u8> = (0..150_000u32).map(|i| (i * 3) as u8).collect();
+        assert!(matches!(
+            put_to(&mut link, 2, "d/big", (0, 0o4775), data.len() as u64),
+            Msg::Ready { .. }
+        ));
+        assert_eq!(put_body(&mut link, 2, &data), Msg::Ok { file_id: 2 });
+        assert_eq!(mode_of(&dir.join("big")), want(0o4775));
+        link.send(&Msg::Mkdir {
+            mode: 0o1777,
+            path: "d/sub".into(),
+        })
+        .unwrap();
+        assert_eq!(link.recv_msg().unwrap(), Msg::Ok { file_id: 0 });
+        // (mkdir takes no setgid bit from its mode on Linux: it is inherited; sticky is kept.)
+        assert_eq!(mode_of(&dir.join("sub")), want(0o1777));
+        // A parallel upload (OPEN, PUT_RANGE, CLOSE) on the session's first stream.
+        link.send(&Msg::Open {
+            flags: 0,
+            file_id: 3,
+            mode: 0o2755,
+            size: data.len() as u64,
+            mtime: 1,
+            path: "d/par".into(),
+        })
+        .unwrap();
+        assert!(matches!(link.recv_msg().unwrap(), Msg::Have { .. }));
+        link.send(&Msg::PutRange {
+            file_id: 3,
+            offset: 0,
+            length: data.len() as u64,
+        })
+        .unwrap();
+        assert!(matches!(link.recv_msg().unwrap(), Msg::Ready { .. }));
+        send_blocks(&link, 3, &data, 0, data.len());
+        link.send(&Msg::FileDone {
+            file_id: 3,
+            length: data.len() as u64,
+            blake3: None,
+        })
+        .unwrap();
+        assert_eq!(link.recv_msg().unwrap(), Msg::Ok { file_id: 3 });
+        link.send(&Msg::Close {
+            file_id: 3,
+            length: data.len() as u64,
+            blake3: Some(*blake3::hash(&data).as_bytes()),
+        })
+        .unwrap();
+        assert_eq!(link.recv_msg().unwrap(), Msg::Ok { file_id: 3 });
+        assert_eq!(mode_of(&dir.join("par")), want(0o2755));
+    }
+}
+
+/// A read-only file is not replaced by PUT, PUT_FILE or OPEN unless the FORCE flag asks;
+/// the refusal comes before any data moves and leaves nothing behind.
+#[test]
+fn read_only_files_are_replaced_only_when_forced() {
+    use std::os::unix::fs::PermissionsExt;
+    let (addr, dir) = start("tcp", false);
+    let ro = dir.join("ro");
+    std::fs::write(&ro, b"old").unwrap();
+    std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o444)).unwrap();
+    let (mut link, _) = hello_minor(&addr, proto::VERSION_MINOR);
+    let refused = |m: &Msg| matches!(m, Msg::Error { code: ErrorCode::PermissionDenied, message, .. } if message.contains("read-only"));
+    let m = put_to(&mut link, 1, "d/ro", (0, 0o644), 100_000);
+    assert!(refused(&m), "{m:?}");
+    let new = b"new contents";
+    let hash = *blake3::hash(new).as_bytes();
+    link.send_frame(&put_file_as(2, "d/ro", new, hash, (0, 0o644)))
+        .unwrap();
+    let m = link.recv_msg().unwrap();
+    assert!(refused(&m), "{m:?}");
+    link.send(&Msg::Open {
+        flags: 0,
+        file_id: 3,
+        mode: 0o644,
+        size: 100_000,
+        mtime: 1,
+        path: "d/ro".into(),
+    })
+    .unwrap();
+    let m = link.recv_msg().unwrap();
+    assert!(refused(&m), "{m:?}");
+    assert_eq!(std::fs::read(&ro).unwrap(), b"old");
+    assert_eq!(temporaries(&dir), Vec::<String>::new());
+    // Forced: replaced.
+    link.send_frame(&put_file_as(
+        4,
+        "d/ro",
+        new,
+        hash,
+        (proto::PUT_FILE_FORCE, 0o644),
+    ))
+    .unwrap();
+    assert_eq!(link.recv_msg().unwrap(), Msg::Ok { file_id: 4 });
+    assert_eq!(std::fs::read(&ro).unwrap(), new);
+    std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o400)).unwrap();
+    assert!(matches!(
+        put_to(&mut link, 5, "d/ro", (proto::PUT_FORCE, 0o644), 3),
+        Msg::Ready { .. }
+    ));
+    assert_eq!(put_body(&mut link, 5, b"abc"), Msg::Ok { file_id: 5 });
+    assert_eq!(std::fs::read(&ro).unwrap(), b"abc");
+}
+
+/// An upload onto a directory, a FIFO or a device is refused before any data moves (PUT
+/// gets no READY, OPEN no HAVE), and leaves no temporary file.
+#[test]
+fn uploads_onto_non_files_are_refused_before_data_moves() {
+    use rustix::fs::{FileType, Mode, CWD};
+    let (addr, dir) = start("tcp", false);
+    std::fs::create_dir(dir.join("adir")).unwrap();
+    rustix::fs::mknodat(
+        CWD,
+        dir.join("fifo"),
+        FileType::Fifo,
+        Mode::from_raw_mode(0o666),
+        0,
+    )
+    .unwrap();
+    let (mut link, _) = hello_minor(&addr, proto::VERSION_MINOR);
+    let data = b"payload";
+    let hash = *blake3::hash(data).as_bytes();
+    for (name, want) in [
+        ("adir", ErrorCode::IsADirectory),
+        ("fifo", ErrorCode::Unsupported),
+    ] {
+        let path = format!("d/{name}");
+        let m = put_to(&mut link, 1, &path, (0, 0o644), 1 << 20);
+        assert_eq!(code(&m), want, "PUT {name}: {m:?}");
+        link.send_frame(&put_file_as(
+            2,
+            &path,
+            data,
+            hash,
+            (proto::PUT_FILE_FORCE, 0o644),
+        ))
+        .unwrap();
+        let m = link.recv_msg().unwrap();
+        assert_eq!(code(&m), want, "PUT_FILE {name}: {m:?}");
+        link.send(&Msg::Open {
+            flags: proto::OPEN_FORCE,
+            file_id: 3,
+            mode: 0o644,
+            size: 1 << 20,
+            mtime: 1,
+            path,
+        })
+        .unwrap();
+        let m = link.recv_msg().unwrap();
+        assert_eq!(code(&m), want, "OPEN {name}: {m:?}");
+    }
+    // A FIFO planted under a part file's name is not written into (the writes would block
+    // the connection's thread once the pipe is full): refused, and removed.
+    rustix::fs::mknodat(
+        CWD,
+        dir.join(".planted.ferry-part"),
+        FileType::Fifo,
+        Mode::from_raw_mode(0o666),
+        0,
+    )
+    .unwrap();
+    let m = put_to(&mut link, 5, "d/planted", (0, 0o644), 1 << 20);
+    assert_eq!(code(&m), ErrorCode::Io, "{m:?}");
+    assert!(dir.join("adir").is_dir());
+    assert_eq!(temporaries(&dir), Vec::<String>::new());
+    // The connection still serves.
+    link.send_frame(&put_file_as(4, "d/adir/inside", data, hash, (0, 0o644)))
+        .unwrap();
+    assert_eq!(link.recv_msg().unwrap(), Msg::Ok { file_id: 4 });
+}
+
+/// A GET or SUM of a FIFO (or a device) is refused at once instead of blocking its thread
+/// waiting for a writer; the connection goes on.
+#[test]
+fn reads_of_non_files_are_refused_at_once() {
+    use rustix::fs::{FileType, Mode, CWD};
+    let (addr, dir) = start("tcp", false);
+    rustix::fs::mknodat(
+        CWD,
+        dir.join("fifo"),
+        FileType::Fifo,
+        Mode::from_raw_mode(0o666),
+        0,
+    )
+    .unwrap();
+    let mut names = vec!["fifo"];
+    // /dev/null's device (1, 3), where this process may make device nodes (root).
+    let dev = rustix::fs::makedev(1, 3);
+    if rustix::fs::mknodat(
+        CWD,
+        dir.join("null"),
+        FileType::CharacterDevice,
+        Mode::from_raw_mode(0o666),
+        dev,
+    )
+    .is_ok()
+    {
+        names.push("null");
+    } else {
+        eprintln!("not root: the device-node case is skipped");
+    }
+    let (mut link, _) = hello_minor(&addr, proto::VERSION_MINOR);
+    link.timeout = Duration::from_secs(5);
+    for name in names {
+        let t = std::time::Instant::now();
+        link.send(&Msg::Get {
+            file_id: 1,
+            offset: 0,
+            length: u64::MAX,
+            path: format!("d/{name}"),
+        })
+        .unwrap();
+        let m = link.recv_msg().unwrap();
+        assert_eq!(code(&m), ErrorCode::Unsupported, "GET {name}: {m:?}");
+        link.send(&Msg::Sum {
+            path: format!("d/{name}"),
+        })
+        .unwrap();
+        let m = link.recv_msg().unwrap();
+        assert_eq!(code(&m), ErrorCode::Unsupported, "SUM {name}: {m:?}");
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    }
+    link.send(&Msg::Stat {
+        path: "d/fifo".into(),
+    })
+    .unwrap();
+    assert!(matches!(link.recv_msg().unwrap(), Msg::Entry(_)));
+}
+
+/// Uploads that fail leave no temporary files: a PUT whose connection drops before any
+/// verified data, a PUT the client abandons, one whose hash fails, an OPEN whose session
+/// ends with nothing written, and a parallel upload the client abandons mid-range. (A PUT
+/// cut off after verified blocks keeps its part for a resume: `resume_put_tcp`.)
+#[test]
+fn failed_uploads_leave_no_temporary_files() {
+    let (addr, dir) = start("tcp", false);
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 + 1) as u8).collect();
+    let size = data.len() as u64;
+    // Dropped right after READY.
+    let (mut link, _) = hello_minor(&addr, proto::VERSION_MINOR);
+    assert!(matches!(
+        put_to(&mut link, 1, "d/a", (0, 0o644), size),
+        Msg::Ready { .. }
+    ));
+    link.close();
+    drop(link);
+    assert_eq!(
+        temporaries_gone(&dir),
+        Vec::<String>::new(),
+        "dropped after READY"
+    );
+    // Abandoned by the client (ERROR) part way.
+    let (mut link, _) = hello_minor(&addr, proto::VERSION_MINOR);
+    assert!(matches!(
+        put_to(&mut link, 2, "d/b", (0, 0o644), size),
+        Msg::Ready { .. }
+    ));
+    send_blocks(&link, 2, &data, 0, 128 * 1024);
+    link.send(&Msg::Error {
+        code: ErrorCode::Io,
+        file_id: 2,
+        message: "source truncated".into(),
+    })
+    .unwrap();
+    // A bad whole-file hash.
+    assert!(matches!(
+        put_to(&mut link, 3, "d/c", (0, 0o644), size),
+        Msg::Ready { .. }
+    ));
+    send_blocks(&link, 3, &data, 0, data.len());
+    link.send(&Msg::FileDone {
+        file_id: 3,
+        length: size,
+        blake3: Some([7; 32]),
+    })
+    .unwrap();
+    assert_eq!(code(&link.recv_msg().unwrap()), ErrorCode::Integrity);
+    assert_eq!(
+        temporaries(&dir),
+        Vec::<String>::new(),
+        "abandoned or refused"
+    );
+    // OPEN and nothing more, then a parallel upload abandoned mid-range; the session ends.
+    link.send(&Msg::Open {
+        flags: 0,
+        file_id: 4,
+        mode: 0o644,
+        size,
+        mtime: 1,
+        path: "d/d".into(),
+    })
+    .unwrap();
+    assert!(matches!(link.recv_msg().unwrap(), Msg::Have { .. }));
+    link.send(&Msg::Open {
+        flags: 0,
+        file_id: 5,
+        mode: 0o644,
+        size,
+        mtime: 1,
+        path: "d/e".into(),
+    })
+    .unwrap();
+    assert!(matches!(link.recv_msg().unwrap(), Msg::Have { .. }));
+    link.send(&Msg::PutRange {
+        file_id: 5,
+        offset: 0,
+        length: size,
+    })
+    .unwrap();
+    assert!(matches!(link.recv_msg().unwrap(), Msg::Ready { .. }));
+    send_blocks(&link, 5, &data, 0, 128 * 1024);
+    link.send(&Msg::Error {
+        code: ErrorCode::Io,
+        file_id: 5,
+        message: "source truncated".into(),
+    })
+    .unwrap();
+    link.send(&Msg::Bye).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    link.close();
+    drop(link);
+    assert_eq!(temporaries_gone(&dir), Vec::<String>::new(), "parallel");
+    for n in ["a", "b", "c", "d", "e"] {
+        assert!(!dir.join(n).exists(), "{n}");
+    }
 }

@@ -1,7 +1,6 @@
 //! `copy`: scp-like copies of files and trees, with retries, resume and third-party copies.
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use super::download::{mtime_secs, Dest, DlJob};
@@ -235,6 +234,15 @@ fn upload(
             format!("{}: is a directory; use -r to copy trees", local.display()),
         ));
     }
+    if !md.is_dir() && !md.is_file() {
+        return Err(XferError::new(
+            Kind::Usage,
+            format!(
+                "{}: not a regular file (a FIFO, socket or device); only files are copied",
+                local.display()
+            ),
+        ));
+    }
     with_client(r, opts, total, |c| {
         let files = plan_upload(c, local, &md, r, opts, progress)?;
         c.upload_files(
@@ -439,17 +447,9 @@ fn walk_local(root: &Path) -> Result<Tree> {
 
 /// BLAKE3 of a local file, as `ferry sum` prints it.
 pub fn sum_local(path: &Path) -> Result<(u64, [u8; 32])> {
-    let f = File::open(path).map_err(|e| XferError::io(path.display(), &e))?;
-    let md = f
-        .metadata()
-        .map_err(|e| XferError::io(path.display(), &e))?;
-    if !md.is_file() {
-        return Err(XferError::new(
-            Kind::Usage,
-            format!("{}: not a regular file", path.display()),
-        ));
-    }
+    // Opened as an upload source is: a FIFO is refused, not waited on.
+    let (f, meta) = super::upload::open_source(path)?;
     let h =
-        crate::server::hash_file(&f, md.len()).map_err(|e| XferError::io(path.display(), &e))?;
-    Ok((md.len(), h))
+        crate::server::hash_file(&f, meta.size).map_err(|e| XferError::io(path.display(), &e))?;
+    Ok((meta.size, h))
 }

@@ -161,18 +161,47 @@ fn open_in(dir: &OwnedFd, name: &str, how: OpenHow) -> std::io::Result<File> {
     Ok(File::from(fd))
 }
 
+/// Refuses, before any data moves (as `cp` does), to replace a read-only regular file `name`
+/// in `dir` (shown as `shown`) unless `force`. (The commit renames the part over it, so
+/// nothing is ever written into what is there; a directory there makes that rename fail,
+/// which removes the part and fails the copy with exit 5.)
+fn check_local_target(dir: &OwnedFd, name: &str, shown: &Path, force: bool) -> Result<()> {
+    let st = match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => st,
+        Err(Errno::NOENT) => return Ok(()),
+        Err(e) => return Err(XferError::io(shown.display(), &e.into())),
+    };
+    let regular = rustix::fs::FileType::from_raw_mode(st.st_mode).is_file();
+    let read_only = regular
+        && (st.st_mode & 0o222 == 0
+            || rustix::fs::accessat(dir, name, rustix::fs::Access::WRITE_OK, AtFlags::EACCESS)
+                .is_err());
+    if read_only && !force {
+        return Err(XferError::new(
+            Kind::Permission,
+            format!(
+                "{}: the file there is read-only; not replaced (ferry cp --force replaces it)",
+                shown.display()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 impl LocalPart {
     /// Opens `.<name>.ferry-part` next to `dest` for a download of `ident` (see
-    /// [`crate::journal::open_part`]).
+    /// [`crate::journal::open_part`]), with `resume`, after checking what `dest` is now
+    /// (see [`check_local_target`]; `force` replaces a read-only file).
     pub(crate) fn open(
         dest: &Dest,
         ident: Ident,
         block: u32,
-        resume: bool,
+        (resume, force): (bool, bool),
     ) -> Result<(LocalPart, Journaled, Found)> {
         let (dir, name) = dest.parent()?;
         let dir = Arc::new(dir);
         let shown = dest.path();
+        check_local_target(&dir, name, &shown, force)?;
         let tmp = part_name(name);
         let part = |file, journal| LocalPart {
             dest: shown.clone(),
@@ -230,7 +259,9 @@ impl LocalPart {
         use std::os::unix::fs::PermissionsExt;
         let io = |e: std::io::Error| XferError::io(self.dest.display(), &e);
         self.file
-            .set_permissions(std::fs::Permissions::from_mode(mode & 0o7777))
+            .set_permissions(std::fs::Permissions::from_mode(crate::commit::file_mode(
+                mode, false,
+            )))
             .map_err(io)?;
         if let Some(t) = mtime {
             self.file.set_modified(t).map_err(io)?;
@@ -405,8 +436,8 @@ impl Client {
         let (part, journal, offset) = match &job.dest {
             None => (None, None, 0),
             Some(dest) => {
-                let (part, journal, found) =
-                    LocalPart::open(dest, job.ident, self.block, self.resume)?;
+                let how = (self.resume, self.force);
+                let (part, journal, found) = LocalPart::open(dest, job.ident, self.block, how)?;
                 let offset = journal.prefix();
                 match found {
                     Found::Resumed => {

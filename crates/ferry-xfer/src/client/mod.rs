@@ -102,6 +102,9 @@ pub struct Options {
     /// bypassing the page cache, where the filesystem allows it. The server's side follows
     /// its own configuration (`direct` in `ferry serve`'s config).
     pub direct: bool,
+    /// Replace read-only files at the destination (`ferry cp --force`); without it an
+    /// upload onto a read-only file is refused (by a 1.5 server; older ones replace it).
+    pub force: bool,
 }
 
 impl Default for Options {
@@ -118,6 +121,7 @@ impl Default for Options {
             streams: 1,
             chunk: crate::parallel::DEFAULT_CHUNK,
             direct: false,
+            force: false,
         }
     }
 }
@@ -171,6 +175,8 @@ pub struct Client {
     block: u32,
     pub(crate) minor: u16,
     resume: bool,
+    /// [`Options::force`].
+    force: bool,
     pub(crate) tx: BlockSender,
     /// Direct I/O for local files ([`Options::direct`]).
     direct: bool,
@@ -191,6 +197,16 @@ pub(crate) fn unexpected(m: &Msg) -> XferError {
 }
 
 impl Client {
+    /// `flag` if this copy may replace read-only files and the server knows the FORCE
+    /// flags (1.5), else 0 (an older server would refuse the frame).
+    pub(crate) fn force_flag(&self, flag: u8) -> u8 {
+        if self.force && self.minor >= proto::MINOR_FORCE {
+            flag
+        } else {
+            0
+        }
+    }
+
     /// Connects and authenticates.
     pub fn connect(addr: &str, opts: &Options) -> Result<Client> {
         Self::connect_as(addr, opts, 0, 0)
@@ -246,6 +262,7 @@ impl Client {
             block,
             minor,
             resume: opts.resume,
+            force: opts.force,
             tx,
             direct: opts.direct,
             ring: opts.ring.max(1),

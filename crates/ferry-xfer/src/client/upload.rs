@@ -12,10 +12,16 @@ use crate::proto::{self, Msg};
 /// PUT_FILEs a client keeps unanswered before it waits for the oldest answer.
 const PUT_WINDOW: usize = 32;
 
-/// Opens a local regular file for upload: the file and what a PUT says of it.
+/// Opens a local regular file for upload: the file and what a PUT says of it. The open is
+/// non-blocking (opening a FIFO waits for a writer) and anything but a regular file is
+/// refused from the open descriptor.
 pub(crate) fn open_source(src: &Path) -> Result<(File, FileMeta)> {
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    let file = File::open(src).map_err(|e| XferError::io(src.display(), &e))?;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+        .open(src)
+        .map_err(|e| XferError::io(src.display(), &e))?;
     let md = file
         .metadata()
         .map_err(|e| XferError::io(src.display(), &e))?;
@@ -28,6 +34,8 @@ pub(crate) fn open_source(src: &Path) -> Result<(File, FileMeta)> {
             ),
         ));
     }
+    rustix::fs::fcntl_setfl(&file, rustix::fs::OFlags::empty())
+        .map_err(|e| XferError::io(src.display(), &e.into()))?;
     let meta = FileMeta {
         stamp: crate::stamp::Stamp::of_metadata(&md),
         size: md.len(),
@@ -81,8 +89,9 @@ impl Client {
                 continue;
             }
             let file_id = self.id();
+            let flags = self.force_flag(proto::PUT_FILE_FORCE);
             self.tx
-                .send_put_file(&self.link, &file, file_id, &path, &meta)?;
+                .send_put_file(&self.link, &file, (file_id, flags), &path, &meta)?;
             self.stats.wire_bytes += meta.size;
             waiting.push_back((file_id, src, path, meta.size));
             self.take_answers(&mut waiting, &mut again, PUT_WINDOW, progress)?;
@@ -180,7 +189,7 @@ impl Client {
         }
         self.link.send(&Msg::Put {
             file_id,
-            flags: if resume { proto::PUT_RESUME } else { 0 },
+            flags: if resume { proto::PUT_RESUME } else { 0 } | self.force_flag(proto::PUT_FORCE),
             mode,
             size,
             mtime: mtime.filter(|_| v11),

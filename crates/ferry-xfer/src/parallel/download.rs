@@ -77,7 +77,7 @@ impl SharedDl {
     fn open(
         job: &DlJob,
         block: u32,
-        resume: bool,
+        (resume, force): (bool, bool),
         chunk: u64,
         resumed: &AtomicU64,
     ) -> Result<(Arc<SharedDl>, Vec<Chunk>)> {
@@ -85,7 +85,8 @@ impl SharedDl {
         let (part, journal, done) = match &job.dest {
             None => (None, None, RangeSet::new()),
             Some(dest) => {
-                let (part, journal, found) = LocalPart::open(dest, job.ident, block, resume)?;
+                let (part, journal, found) =
+                    LocalPart::open(dest, job.ident, block, (resume, force))?;
                 let done = journal.ranges().clone();
                 match found {
                     Found::Resumed => {
@@ -273,6 +274,8 @@ struct DlQueue {
     block: u32,
     chunk: u64,
     resume: bool,
+    /// Replace read-only local files ([`Options::force`]).
+    force: bool,
 }
 
 impl DlQueue {
@@ -287,7 +290,8 @@ impl DlQueue {
         if job.chunk.is_some() || job.ident.size <= self.chunk {
             return Some(job);
         }
-        match SharedDl::open(&job, self.block, self.resume, self.chunk, &self.resumed) {
+        let how = (self.resume, self.force);
+        match SharedDl::open(&job, self.block, how, self.chunk, &self.resumed) {
             Ok((shared, chunks)) => {
                 lock(&self.opened).push(shared);
                 for ch in chunks.into_iter().rev() {
@@ -348,6 +352,7 @@ pub(crate) fn download(
         block,
         chunk: chunk_size(opts, block),
         resume: opts.resume,
+        force: opts.force,
     };
     let res = run_streams(&mut clients, progress, &|c, counter| {
         c.set_resume(q.resume);

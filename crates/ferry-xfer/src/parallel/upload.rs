@@ -268,7 +268,7 @@ fn open_upload(
     let id = q.next_id.fetch_add(1, Ordering::Relaxed);
     let resume = q.resume && file.is_some();
     c.link.send(&Msg::Open {
-        flags: if resume { proto::OPEN_RESUME } else { 0 },
+        flags: if resume { proto::OPEN_RESUME } else { 0 } | c.force_flag(proto::OPEN_FORCE),
         file_id: id,
         mode,
         size,

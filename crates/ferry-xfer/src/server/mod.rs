@@ -29,7 +29,7 @@ use crate::session::Session;
 
 pub(crate) use roots::refuse;
 use roots::PResult;
-pub use roots::{part_name, PartFile, Refusal, Roots};
+pub use roots::{part_name, PartFile, Refusal, Roots, Target};
 pub use sink::{hash_file, BlockSink};
 
 /// A running server's shared state.
@@ -498,6 +498,7 @@ impl Server {
                     let req = PutReq {
                         file_id,
                         resume: flags & proto::PUT_RESUME != 0,
+                        force: flags & proto::PUT_FORCE != 0,
                         mode,
                         size,
                         mtime,
@@ -506,6 +507,7 @@ impl Server {
                     self.put(link, &req, &path)?
                 }
                 Msg::PutFile {
+                    flags,
                     file_id,
                     mode,
                     mtime,
@@ -522,6 +524,7 @@ impl Server {
                     let req = PutReq {
                         file_id,
                         resume: false,
+                        force: flags & proto::PUT_FILE_FORCE != 0,
                         mode,
                         size: u64::from(len),
                         mtime: Some(mtime),
@@ -540,6 +543,7 @@ impl Server {
                     let req = PutReq {
                         file_id,
                         resume: flags & proto::OPEN_RESUME != 0,
+                        force: flags & proto::OPEN_FORCE != 0,
                         mode,
                         size,
                         mtime: Some(mtime),
@@ -638,6 +642,8 @@ impl Server {
 struct PutReq {
     file_id: u32,
     resume: bool,
+    /// Replace a read-only destination (the client's `--force`).
+    force: bool,
     mode: u32,
     size: u64,
     mtime: Option<i64>,

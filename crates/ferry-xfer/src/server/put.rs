@@ -4,7 +4,7 @@ use std::fs::File;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use super::roots::{refuse, PResult, PartFile};
+use super::roots::{refuse, PResult, PartFile, Target};
 use super::sink::BlockSink;
 use super::{busy, reply_refusal, write_refusal, PutReq, Received, Received2, Server, RECV_SLICE};
 use crate::error::{Result, XferError};
@@ -29,7 +29,7 @@ impl Server {
             // The same file again: the earlier one lands first.
             commits.flush(link)?;
         }
-        match self.write_whole(path, payload, blake3) {
+        match self.write_whole(path, payload, blake3, req.force) {
             Ok((part, claim)) => commits.add(link, Waiting::new(part, claim, req, path)),
             Err(r) => {
                 // Answers keep request order: the files before this one are answered first.
@@ -46,6 +46,7 @@ impl Server {
         path: &str,
         payload: &[u8],
         blake3: &[u8; 32],
+        force: bool,
     ) -> PResult<(PartFile, super::Claim)> {
         let claim = self.claim(path).ok_or_else(|| busy(path))?;
         if blake3::hash(payload).as_bytes() != blake3 {
@@ -58,7 +59,7 @@ impl Server {
                 format!("{path}: the file's BLAKE3 does not match what was sent"),
             ));
         }
-        let part = PartFile::whole(&self.roots, path)?;
+        let part = PartFile::whole(&self.roots, path, force)?;
         if let Err(e) = std::os::unix::fs::FileExt::write_all_at(&part.file, payload, 0) {
             part.discard();
             return Err(write_refusal(path, &e));
@@ -75,11 +76,15 @@ impl Server {
             size: req.size,
             mtime: req.mtime.unwrap_or(0),
         };
-        let (part, progress, found) =
-            match PartFile::open(&self.roots, path, ident, req.block, req.resume) {
-                Ok(p) => p,
-                Err(r) => return reply_refusal(link, file_id, r),
-            };
+        let how = Target {
+            resume: req.resume,
+            force: req.force,
+        };
+        let (part, progress, found) = match PartFile::open(&self.roots, path, ident, req.block, how)
+        {
+            Ok(p) => p,
+            Err(r) => return reply_refusal(link, file_id, r),
+        };
         let offset = progress.prefix();
         match found {
             Found::Resumed => tracing::info!("{path}: resuming an upload at byte {offset}"),
@@ -100,7 +105,7 @@ impl Server {
         }
         match self.receive(link, &part, sink, &claim.yield_to_newer, path) {
             // Connection-level failure: the connection ends; the part and its journal stay
-            // for a resume.
+            // for a resume if the journal holds verified bytes (the part's drop decides).
             Err(e) => Err(e),
             // The client gave up on this file.
             Ok(None) => {
@@ -386,7 +391,8 @@ impl Commits {
         let settled = settle_all(&pending);
         // Rename the good ones into place; fsync each directory once.
         let mut placed = Vec::with_capacity(pending.len());
-        let mut dirs: Vec<((u64, u64), std::os::fd::OwnedFd, std::io::Result<()>)> = Vec::new();
+        type Dir = std::sync::Arc<std::os::fd::OwnedFd>;
+        let mut dirs: Vec<((u64, u64), Dir, std::io::Result<()>)> = Vec::new();
         for (w, ok) in pending.into_iter().zip(settled) {
             let Waiting {
                 part,
@@ -396,7 +402,7 @@ impl Commits {
                 ..
             } = w;
             let res = ok.and_then(|()| part.place()).and_then(|dir| {
-                let st = rustix::fs::fstat(&dir)?;
+                let st = rustix::fs::fstat(&*dir)?;
                 let key = (st.st_dev, st.st_ino);
                 let at = match dirs.iter().position(|(k, _, _)| *k == key) {
                     Some(i) => i,

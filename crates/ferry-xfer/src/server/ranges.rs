@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::roots::{refuse, PartFile};
+use super::roots::{refuse, PartFile, Target};
 use super::sink::BlockSink;
 use super::{busy, id_in_use, reply_refusal, write_refusal, PutReq, Server};
 use crate::error::{Result, XferError};
@@ -33,11 +33,15 @@ impl Server {
             size: req.size,
             mtime,
         };
-        let (part, progress, found) =
-            match PartFile::open(&self.roots, path, ident, req.block, req.resume) {
-                Ok(p) => p,
-                Err(r) => return reply_refusal(link, file_id, r),
-            };
+        let how = Target {
+            resume: req.resume,
+            force: req.force,
+        };
+        let (part, progress, found) = match PartFile::open(&self.roots, path, ident, req.block, how)
+        {
+            Ok(p) => p,
+            Err(r) => return reply_refusal(link, file_id, r),
+        };
         if found == Found::Resumed {
             tracing::info!(
                 "{path}: resuming a parallel upload, {} bytes in place",
@@ -74,6 +78,13 @@ impl Server {
                 format!("PUT_RANGE of transfer {file_id}, which no OPEN of this session started");
             return reply_refusal(link, file_id, refuse(ErrorCode::BadRequest, why));
         };
+        if up.failed() {
+            let why = format!(
+                "{}: an earlier range failed; the upload was abandoned",
+                up.path
+            );
+            return reply_refusal(link, file_id, refuse(ErrorCode::Io, why));
+        }
         let Some(end) = offset.checked_add(length).filter(|&e| e <= up.size) else {
             let why = format!(
                 "{}: range {offset}+{length} past the end ({} bytes)",
@@ -96,11 +107,17 @@ impl Server {
         let path = up.path.clone();
         let (mut sink, _, _) =
             match self.receive_blocks(link, writer, file_id, None, up.superseded(), &path)? {
-                None => return Ok(()),
+                // The client gave up on the file (its source failed): nothing to resume.
+                None => {
+                    up.fail();
+                    return Ok(());
+                }
                 Some(Err(r)) => return reply_refusal(link, file_id, r),
                 Some(Ok(got)) => got,
             };
         if let Some(e) = sink.io_error.take() {
+            // A full disk or a failing one: the part goes when the upload ends.
+            up.fail();
             return reply_refusal(link, file_id, write_refusal(&path, &e));
         }
         if !sink.got.contains(offset, end) {

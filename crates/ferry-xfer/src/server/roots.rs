@@ -2,14 +2,15 @@
 
 use std::fs::File;
 use std::os::fd::OwnedFd;
+use std::sync::Arc;
 
-use rustix::fs::{Mode, OFlags};
+use rustix::fs::{Access, AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 
 use crate::beneath::{mkdir_in, open_beneath, open_dir_beneath};
 use crate::config::ServerConfig;
 use crate::error::{Result, XferError};
-use crate::journal::{journal_name, open_part, Found, Ident, OpenHow, Progress};
+use crate::journal::{journal_name, open_part, Found, Ident, Journal, OpenHow, Progress};
 use crate::proto::{Entry, EntryKind, ErrorCode};
 
 /// An exported directory, held open.
@@ -57,6 +58,8 @@ fn errno_refusal(path: &str, e: Errno) -> Refusal {
 /// The exported roots and the sandboxed operations on them.
 pub struct Roots {
     roots: Vec<Root>,
+    /// Whether uploads keep setuid, setgid and sticky bits (`keep_special_bits`).
+    keep_special: bool,
 }
 
 fn kind_of(st: &rustix::fs::Stat) -> EntryKind {
@@ -101,7 +104,10 @@ impl Roots {
                 dir,
             });
         }
-        Ok(Roots { roots })
+        Ok(Roots {
+            roots,
+            keep_special: cfg.keep_special_bits,
+        })
     }
 
     /// Splits `root/rel` and finds the root; `rel` is "." for the root itself.
@@ -144,16 +150,25 @@ impl Roots {
         open_beneath(&root.dir, rel, flags).map_err(|e| errno_refusal(path, e))
     }
 
-    /// Opens a regular file for reading.
+    /// Opens a regular file for reading. Anything else is refused before a byte is read:
+    /// the open itself is non-blocking (opening a FIFO for reading would wait for a writer
+    /// forever), and the open descriptor is checked, so a swap between a check and the open
+    /// cannot slip a FIFO or a device through.
     pub fn open_read(&self, path: &str) -> PResult<(File, rustix::fs::Stat)> {
-        let fd = self.open_at(path, OFlags::RDONLY)?;
+        let fd = self.open_at(path, OFlags::RDONLY | OFlags::NONBLOCK)?;
         let st = rustix::fs::fstat(&fd).map_err(|e| errno_refusal(path, e))?;
-        if kind_of(&st) != EntryKind::File {
-            return Err(refuse(
-                ErrorCode::IsADirectory,
-                format!("{path}: not a regular file (use -r for directories)"),
-            ));
+        match kind_of(&st) {
+            EntryKind::File => {}
+            EntryKind::Dir => {
+                return Err(refuse(
+                    ErrorCode::IsADirectory,
+                    format!("{path}: not a regular file (use -r for directories)"),
+                ))
+            }
+            _ => return Err(not_regular(path, &st)),
         }
+        // Regular files ignore O_NONBLOCK; cleared all the same for whoever reuses the flags.
+        rustix::fs::fcntl_setfl(&fd, OFlags::empty()).map_err(|e| errno_refusal(path, e))?;
         Ok((File::from(fd), st))
     }
 
@@ -198,9 +213,8 @@ impl Roots {
                 tracing::warn!("{path}: skipping a name that is not UTF-8");
                 continue;
             }
-            let st =
-                rustix::fs::statat(&fd, ent.file_name(), rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
-                    .map_err(|e| errno_refusal(path, e))?;
+            let st = rustix::fs::statat(&fd, ent.file_name(), AtFlags::SYMLINK_NOFOLLOW)
+                .map_err(|e| errno_refusal(path, e))?;
             out.push(entry_of(&name, &st));
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
@@ -230,6 +244,7 @@ impl Roots {
     pub fn mkdir(&self, path: &str, mode: u32) -> PResult<()> {
         let (parent, name) = self.parent(path)?;
         let Some(name) = name else { return Ok(()) };
+        let mode = crate::commit::file_mode(mode, self.keep_special);
         match mkdir_in(&parent, &name, mode) {
             Ok(()) => Ok(()),
             Err(Errno::NOTDIR) => Err(refuse(
@@ -243,12 +258,22 @@ impl Roots {
 
 /// A file being written: `.<name>.ferry-part` in its directory until committed, with its
 /// resume journal `.<name>.ferry-part.journal` next to it ([`crate::journal`]).
+///
+/// It is its own cleanup guard: dropped without [`PartFile::commit`] / [`PartFile::place`],
+/// the part and its journal are removed, unless the journal vouches for verified bytes (a
+/// connection that broke mid-upload keeps its verified prefix for `--resume`).
+/// [`PartFile::discard`] removes them whatever the journal says (a refusal, a full disk, a
+/// failed check: nothing there is worth resuming).
 pub struct PartFile {
-    dir: OwnedFd,
+    dir: Arc<OwnedFd>,
     name: String,
     tmp: String,
     /// Whether a journal may sit next to the part (not for a file that arrived whole).
     journaled: bool,
+    /// Whether the mode keeps setuid, setgid and sticky bits (the server's config).
+    keep_special: bool,
+    /// Set once the part was renamed into place or removed: nothing left to clean up.
+    settled: bool,
     /// The open temporary file.
     pub file: File,
 }
@@ -264,33 +289,77 @@ fn file_parent(roots: &Roots, path: &str) -> PResult<(OwnedFd, String)> {
     }
 }
 
+/// The refusal of something that is neither a regular file nor a directory.
+fn not_regular(path: &str, st: &rustix::fs::Stat) -> Refusal {
+    use rustix::fs::FileType;
+    let what = match FileType::from_raw_mode(st.st_mode) {
+        FileType::Fifo => "a FIFO",
+        FileType::Socket => "a socket",
+        FileType::CharacterDevice => "a character device",
+        FileType::BlockDevice => "a block device",
+        FileType::Symlink => "a symbolic link",
+        _ => "not a regular file",
+    };
+    refuse(
+        ErrorCode::Unsupported,
+        format!("{path}: {what}; only regular files are copied"),
+    )
+}
+
+/// Checks what an upload would replace at `name` in `dir`, before any data moves: nothing,
+/// a regular file that is writable (or any regular file with `force`), or a symbolic link
+/// (the rename replaces the link, never what it points to). A directory, a FIFO, a device,
+/// a socket or (without `force`) a read-only file is refused.
+fn check_target(dir: &OwnedFd, name: &str, path: &str, force: bool) -> PResult<()> {
+    let st = match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => st,
+        Err(Errno::NOENT) => return Ok(()),
+        Err(e) => return Err(errno_refusal(path, e)),
+    };
+    match kind_of(&st) {
+        EntryKind::File => {}
+        EntryKind::Symlink => return Ok(()),
+        EntryKind::Dir => {
+            return Err(refuse(
+                ErrorCode::IsADirectory,
+                format!("{path}: is a directory; nothing was written (name a path inside it)"),
+            ))
+        }
+        EntryKind::Other => return Err(not_regular(path, &st)),
+    }
+    let read_only = st.st_mode & 0o222 == 0
+        || rustix::fs::accessat(dir, name, Access::WRITE_OK, AtFlags::EACCESS).is_err();
+    if read_only && !force {
+        return Err(refuse(
+            ErrorCode::PermissionDenied,
+            format!(
+                "{path}: the file there is read-only; not replaced (ferry cp --force replaces it)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// The temporary name a file is written under before its rename.
 pub fn part_name(name: &str) -> String {
     format!(".{name}.ferry-part")
 }
 
 impl PartFile {
-    /// Creates the temporary file for `path` (truncating a stale one) with a fresh journal.
-    pub fn create(roots: &Roots, path: &str) -> PResult<PartFile> {
-        let ident = Ident { size: 0, mtime: 0 };
-        Self::open(roots, path, ident, 0, false).map(|(p, _, _)| p)
-    }
-
     /// Creates an empty temporary file for a file of `path` that arrived whole (no journal:
     /// nothing to resume). A stale part of an earlier upload is truncated, and its journal
-    /// removed first (a journal only means something with its part).
-    pub fn whole(roots: &Roots, path: &str) -> PResult<PartFile> {
+    /// removed first (a journal only means something with its part). What `path` names now
+    /// is checked first (see [`check_target`]).
+    pub fn whole(roots: &Roots, path: &str, force: bool) -> PResult<PartFile> {
         let (dir, name) = file_parent(roots, path)?;
+        check_target(&dir, &name, path, force)?;
         let tmp = part_name(&name);
         let flags = OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::CREATE;
         let mode = Mode::from_raw_mode(0o600);
+        let flags = flags | OFlags::NONBLOCK;
         let fd = match rustix::fs::openat(&dir, tmp.as_str(), flags | OFlags::EXCL, mode) {
             Err(Errno::EXIST) => {
-                match rustix::fs::unlinkat(
-                    &dir,
-                    journal_name(&tmp).as_str(),
-                    rustix::fs::AtFlags::empty(),
-                ) {
+                match rustix::fs::unlinkat(&dir, journal_name(&tmp).as_str(), AtFlags::empty()) {
                     Ok(()) | Err(Errno::NOENT) => {}
                     Err(e) => return Err(io_refusal(path, &e.into())),
                 }
@@ -298,64 +367,86 @@ impl PartFile {
             }
             r => r,
         }
-        .map_err(|e| io_refusal(path, &e.into()))?;
+        .map_err(std::io::Error::from)
+        .and_then(regular_part)
+        .map_err(|e| io_refusal(path, &e))?;
         Ok(PartFile {
-            dir,
+            dir: Arc::new(dir),
             name,
             tmp,
             journaled: false,
+            keep_special: roots.keep_special,
+            settled: false,
             file: File::from(fd),
         })
     }
 
     /// Opens the temporary file for a transfer of `ident` into `path`: with `resume`, a
     /// journaled part of the same source is continued (see [`crate::journal::open_part`]);
-    /// otherwise it starts empty. Returns the part, its verified-prefix tracker and what was
-    /// found.
+    /// otherwise it starts empty. What `path` names now is checked first (see
+    /// [`check_target`]). Returns the part, its verified-prefix tracker and what was found.
     pub fn open(
         roots: &Roots,
         path: &str,
         ident: Ident,
         block: u32,
-        resume: bool,
+        how: Target,
     ) -> PResult<(PartFile, Progress, Found)> {
         let (dir, name) = file_parent(roots, path)?;
+        check_target(&dir, &name, path, how.force)?;
         let tmp = part_name(&name);
         let open = |n: &str, how: OpenHow| -> std::io::Result<File> {
             let mut flags = OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC;
             if how == OpenHow::Truncate {
                 flags |= OFlags::CREATE | OFlags::TRUNC;
             }
-            let fd = rustix::fs::openat(&dir, n, flags, Mode::from_raw_mode(0o600))?;
-            Ok(File::from(fd))
+            let fd = rustix::fs::openat(
+                &dir,
+                n,
+                flags | OFlags::NONBLOCK,
+                Mode::from_raw_mode(0o600),
+            )?;
+            regular_part(fd).map(File::from)
         };
-        let (file, progress, found) =
-            open_part(&open, &tmp, ident, block, resume).map_err(|e| io_refusal(path, &e))?;
-        Ok((
-            PartFile {
-                dir,
-                name,
-                tmp,
-                journaled: true,
-                file,
-            },
-            progress,
-            found,
-        ))
+        let (file, progress, found) = match open_part(&open, &tmp, ident, block, how.resume) {
+            Ok(p) => p,
+            Err(e) => {
+                // A journal or part created before the failure (a full disk) goes too.
+                remove_temp(&dir, &tmp);
+                return Err(io_refusal(path, &e));
+            }
+        };
+        let part = PartFile {
+            dir: Arc::new(dir),
+            name,
+            tmp,
+            journaled: true,
+            keep_special: roots.keep_special,
+            settled: false,
+            file,
+        };
+        Ok((part, progress, found))
     }
 
     /// Sets the mode (and the source's mtime, when known), fsyncs, drops the journal,
     /// renames into place and fsyncs the directory.
+    /// A part that cannot be settled (a full disk at the fsync) is removed.
     pub fn commit(self, mode: u32, mtime: Option<std::time::SystemTime>) -> std::io::Result<()> {
-        self.settle(mode, mtime)?;
+        if let Err(e) = self.settle(mode, mtime) {
+            self.discard();
+            return Err(e);
+        }
         let dir = self.place()?;
-        rustix::fs::fsync(&dir)?;
+        rustix::fs::fsync(&*dir)?;
         Ok(())
     }
 
-    /// The first half of [`PartFile::commit`]: sets the mode (and mtime) and fsyncs the file.
+    /// The first half of [`PartFile::commit`]: sets the mode (the sender's, through the
+    /// umask and without special bits unless the config keeps them; see
+    /// [`crate::commit::file_mode`]) and the mtime, and fsyncs the file.
     pub fn settle(&self, mode: u32, mtime: Option<std::time::SystemTime>) -> std::io::Result<()> {
-        rustix::fs::fchmod(&self.file, Mode::from_raw_mode(mode & 0o7777))?;
+        let mode = crate::commit::file_mode(mode, self.keep_special);
+        rustix::fs::fchmod(&self.file, Mode::from_raw_mode(mode))?;
         if let Some(t) = mtime {
             self.file.set_modified(t)?;
         }
@@ -363,33 +454,91 @@ impl PartFile {
     }
 
     /// The second half of [`PartFile::commit`] but the directory's fsync: drops the journal
-    /// and renames into place; returns the directory, for the caller to fsync.
-    pub fn place(self) -> std::io::Result<OwnedFd> {
+    /// and renames into place; returns the directory, for the caller to fsync. If it fails,
+    /// the part and its journal are removed (the data is not worth a resume: it was whole).
+    pub fn place(mut self) -> std::io::Result<Arc<OwnedFd>> {
         // The journal goes first: a crash before the rename leaves a part with no journal,
         // which is never trusted.
         if self.journaled {
             match rustix::fs::unlinkat(
-                &self.dir,
+                &*self.dir,
                 journal_name(&self.tmp).as_str(),
-                rustix::fs::AtFlags::empty(),
+                AtFlags::empty(),
             ) {
                 Ok(()) | Err(Errno::NOENT) => {}
                 Err(e) => return Err(e.into()),
             }
         }
-        rustix::fs::renameat(&self.dir, self.tmp.as_str(), &self.dir, self.name.as_str())?;
-        Ok(self.dir)
+        rustix::fs::renameat(
+            &*self.dir,
+            self.tmp.as_str(),
+            &*self.dir,
+            self.name.as_str(),
+        )?;
+        self.settled = true;
+        Ok(self.dir.clone())
     }
 
     /// Removes the temporary file and its journal.
-    pub fn discard(self) {
-        let _ = rustix::fs::unlinkat(
-            &self.dir,
-            journal_name(&self.tmp).as_str(),
-            rustix::fs::AtFlags::empty(),
-        );
-        let _ = rustix::fs::unlinkat(&self.dir, self.tmp.as_str(), rustix::fs::AtFlags::empty());
+    pub fn discard(mut self) {
+        remove_temp(&self.dir, &self.tmp);
+        self.settled = true;
     }
+
+    /// Whether the journal vouches for verified bytes a resume would not send again.
+    fn resumable(&self) -> bool {
+        if !self.journaled {
+            return false;
+        }
+        // Non-blocking: a FIFO under the journal's name must not stall a drop.
+        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+        rustix::fs::openat(
+            &*self.dir,
+            journal_name(&self.tmp).as_str(),
+            flags,
+            Mode::empty(),
+        )
+        .ok()
+        .and_then(|fd| Journal::load(File::from(fd)))
+        .is_some_and(|j| j.ranges().total() > 0)
+    }
+}
+
+impl Drop for PartFile {
+    /// The cleanup guard: an unsettled part goes, unless its journal holds verified bytes.
+    fn drop(&mut self) {
+        if !self.settled && !self.resumable() {
+            remove_temp(&self.dir, &self.tmp);
+        }
+    }
+}
+
+/// How an upload may treat its destination.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Target {
+    /// Continue a journaled part of the same source.
+    pub resume: bool,
+    /// Replace a read-only file (the client's `--force`).
+    pub force: bool,
+}
+
+/// `fd`, a part file or journal just opened (non-blocking, so a FIFO planted under that
+/// name did not stall the open), if it is a regular file; blocking again.
+fn regular_part(fd: OwnedFd) -> std::io::Result<OwnedFd> {
+    let st = rustix::fs::fstat(&fd)?;
+    if kind_of(&st) != EntryKind::File {
+        return Err(std::io::Error::other(
+            "a temporary file's name is taken by something that is not a regular file",
+        ));
+    }
+    rustix::fs::fcntl_setfl(&fd, OFlags::empty())?;
+    Ok(fd)
+}
+
+/// Removes part file `tmp` in `dir` and its journal (either may be missing).
+fn remove_temp(dir: &OwnedFd, tmp: &str) {
+    let _ = rustix::fs::unlinkat(dir, journal_name(tmp).as_str(), AtFlags::empty());
+    let _ = rustix::fs::unlinkat(dir, tmp, AtFlags::empty());
 }
 
 pub(super) fn io_refusal(path: &str, e: &std::io::Error) -> Refusal {
