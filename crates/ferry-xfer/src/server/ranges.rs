@@ -65,6 +65,7 @@ impl Server {
         &self,
         link: &mut Link,
         session: &Session,
+        ring: usize,
         file_id: u32,
         offset: u64,
         length: u64,
@@ -89,7 +90,7 @@ impl Server {
         })?;
         let sink = BlockSink::range(file_id, up.size, offset, end);
         let writer = match &up.file {
-            Some(f) => BlockWriter::with_sink(sink, f, self.cfg.ring)?,
+            Some(f) => BlockWriter::with_sink(sink, f, ring)?,
             None => BlockWriter::null_sink(sink),
         };
         let path = up.path.clone();
