@@ -185,10 +185,38 @@ fn failed_tokens_lock_the_address_out_for_the_backoff() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
 
-/// Connects, sends HELLO with a 4 MiB block and `puts` refused PUTs, each followed at once
-/// (without waiting for the answer) by a block of data as a hostile client would, filling
-/// the server's receive ring. Returns the link, kept open.
-fn refused_uploads(addr: &str, puts: u32) -> Option<Link> {
+/// How a connection's uploads are refused.
+#[derive(Debug, Clone, Copy)]
+enum Refused {
+    /// PUTs of a root that does not exist: refused at once, nothing else sent.
+    AtOnce,
+    /// The same, each followed at once (without waiting for the answer) by a 4 MiB block, as
+    /// a hostile client would: the server drops the connection at the first one.
+    Pushing,
+    /// Whole uploads (READY, a 4 MiB block, FILE_DONE) refused at the end for a wrong
+    /// BLAKE3: the connection stays, every buffer of the server's ring got a block.
+    AtTheEnd,
+}
+
+/// CRC-32C (Castagnoli) of `len` zero bytes, bit by bit (the test has no CRC crate).
+fn crc32c_of_zeros(len: usize) -> u32 {
+    let mut crc = !0u32;
+    for _ in 0..len {
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0x82F6_3B78
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}
+
+/// Connects, sends HELLO asking for 4 MiB blocks and makes `uploads` uploads refused `how`.
+/// Returns the link, kept open (`None` if the server refused or dropped it).
+fn refused_uploads(addr: &str, uploads: u32, how: Refused) -> Option<Link> {
+    static CRC: std::sync::OnceLock<(u32, u32)> = std::sync::OnceLock::new();
     let mut link = Link::connect(addr, Duration::from_secs(10)).ok()?;
     link.post_ring(1, BLOCK_HEADER_LEN + (4 << 20)).ok()?;
     link.send(&Msg::Hello {
@@ -205,49 +233,90 @@ fn refused_uploads(addr: &str, puts: u32) -> Option<Link> {
     };
     link.post_ring(2, BLOCK_HEADER_LEN + block_size as usize)
         .ok()?;
+    let crc = match how {
+        Refused::AtTheEnd => {
+            CRC.get_or_init(|| (block_size, crc32c_of_zeros(block_size as usize)))
+                .1
+        }
+        _ => 0,
+    };
     let payload = vec![0u8; block_size as usize];
-    for i in 0..puts {
-        let put = Msg::Put {
+    let block = |i: u32| -> Option<Vec<u8>> {
+        let h = BlockHeader {
+            file_id: i,
+            stream: 0,
+            offset: 0,
+            len: block_size,
+            crc32c: crc,
+        };
+        let mut frame = proto::encode_block_header(&h).ok()?.to_vec();
+        frame.extend_from_slice(&payload);
+        Some(frame)
+    };
+    for i in 0..uploads {
+        let root = if matches!(how, Refused::AtTheEnd) {
+            "d"
+        } else {
+            "no-such-root"
+        };
+        link.send(&Msg::Put {
             file_id: i,
             flags: 0,
             mode: 0o644,
             size: u64::from(block_size),
             mtime: Some(0),
-            path: format!("no-such-root/f{i}"),
-        };
-        link.send(&put).ok()?;
-        let mut frame = proto::encode_block_header(&BlockHeader {
-            file_id: i,
-            stream: 0,
-            offset: 0,
-            len: block_size,
-            crc32c: 0,
+            path: format!("{root}/f{i}"),
         })
-        .ok()?
-        .to_vec();
-        frame.extend_from_slice(&payload);
-        link.send_frame(&frame).ok()?;
+        .ok()?;
+        match how {
+            Refused::AtOnce => {}
+            Refused::Pushing => link.send_frame(&block(i)?).ok()?,
+            Refused::AtTheEnd => {
+                let Ok(Msg::Ready { .. }) = link.recv_msg() else {
+                    return None;
+                };
+                link.send_frame(&block(i)?).ok()?;
+                link.send(&Msg::FileDone {
+                    file_id: i,
+                    length: u64::from(block_size),
+                    blake3: Some([0; 32]),
+                })
+                .ok()?;
+                let Ok(Msg::Error { .. }) = link.recv_msg() else {
+                    return None;
+                };
+            }
+        }
     }
     Some(link)
 }
 
-#[test]
-fn refused_uploads_on_many_connections_stay_within_the_memory_budget() {
-    let (s, _log) = serve_logged(&["--memory-budget", "256M"]);
-    let pid = s.child.id();
-    let before = status(pid, "VmRSS");
-    // 32 connections at once, each pushing eight 4 MiB blocks behind refused PUTs (a
-    // server that gave every connection its full ring of 4 MiB buffers held over 1.5 GiB).
+/// Holds `n` connections to `s` at once, each making eight uploads refused `how`; returns
+/// how many were admitted and the server's RSS with them open, in KiB.
+fn hold(s: &Server, n: usize, how: Refused) -> (usize, u64) {
     let links: Vec<Link> = std::thread::scope(|sc| {
-        let hs: Vec<_> = (0..32)
-            .map(|_| sc.spawn(|| refused_uploads(&s.addr, 8)))
+        let hs: Vec<_> = (0..n)
+            .map(|_| sc.spawn(|| refused_uploads(&s.addr, 8, how)))
             .collect();
         hs.into_iter().filter_map(|h| h.join().unwrap()).collect()
     });
-    assert!(!links.is_empty(), "no connection was admitted");
     std::thread::sleep(Duration::from_millis(500));
+    (links.len(), status(s.child.id(), "VmRSS"))
+}
+
+#[test]
+fn refused_uploads_on_many_connections_stay_within_the_memory_budget() {
+    let (s, _log) = serve_logged(&["--memory-budget", "256M", "--max-per-address", "64"]);
+    let pid = s.child.id();
+    let before = status(pid, "VmRSS");
+    // 40 connections held open, each with eight refused PUTs: a message in a buffer of
+    // the receive ring faults in a whole huge page, so a server that gave every connection
+    // a full ring of 4 MiB buffers held 16 MiB per connection (1.6 GB for 100).
+    let (admitted, _) = hold(&s, 40, Refused::AtOnce);
+    assert!(admitted > 0, "no connection was admitted");
+    // And 40 pushing data behind the refusals.
+    hold(&s, 40, Refused::Pushing);
     let peak = status(pid, "VmHWM");
-    drop(links);
     assert!(
         peak < before + (256 + 64) * 1024,
         "peak RSS {} MiB (from {} MiB) above the 256 MiB budget",
@@ -259,4 +328,46 @@ fn refused_uploads_on_many_connections_stay_within_the_memory_budget() {
     let local = scratch("local");
     ok(&cp(&[&s.url("f"), local.to_str().unwrap()], &[]));
     std::fs::remove_dir_all(&local).unwrap();
+}
+
+/// The measurement behind docs/xfer.md "Limits": 100 connections, each making eight 4 MiB
+/// uploads refused each way, held open, against a server with its default limits but for
+/// `max_per_address` (all come from 127.0.0.1). Prints the server's RSS before, with them
+/// open, its peak and after they closed. Slow (it moves gigabytes); run it by hand:
+/// `cargo test -p ferry-cli --test xfer_limits -- --ignored --nocapture`
+/// (`FERRY_TEST_SERVER=/path/to/ferry` measures another build's server).
+#[test]
+#[ignore]
+fn refused_uploads_memory_figures() {
+    // A build before the limits knows no --max-per-address (and has no such limit).
+    let args: &[&str] = match std::env::var("FERRY_TEST_SERVER") {
+        Ok(_) => &[],
+        Err(_) => &["--max-per-address", "1000"],
+    };
+    for how in [Refused::AtOnce, Refused::Pushing, Refused::AtTheEnd] {
+        let s = serve_logging(cmd_for_server(), "tcp", &[], args, Stdio::null());
+        let pid = s.child.id();
+        let before = status(pid, "VmRSS");
+        let (n, held) = hold(&s, 100, how);
+        let peak = status(pid, "VmHWM");
+        std::thread::sleep(Duration::from_secs(2));
+        println!(
+            "{how:?}: {n} of 100 connections held: RSS before {} MiB, with them {} MiB, peak {} MiB",
+            before / 1024,
+            held / 1024,
+            peak / 1024,
+        );
+    }
+}
+
+/// `ferry`, or the server named by `FERRY_TEST_SERVER`.
+fn cmd_for_server() -> std::process::Command {
+    match std::env::var("FERRY_TEST_SERVER") {
+        Ok(bin) => {
+            let mut c = std::process::Command::new(bin);
+            c.env("RUST_LOG", "warn");
+            c
+        }
+        Err(_) => ferry(),
+    }
 }

@@ -176,6 +176,7 @@ pub(crate) struct Admission {
     pub(crate) log_full: LogGate,
     pub(crate) log_locked: LogGate,
     pub(crate) log_accept: LogGate,
+    pub(crate) log_handshake: LogGate,
 }
 
 /// Why a connection was turned away at the door.
@@ -194,6 +195,7 @@ impl Admission {
             log_full: LogGate::default(),
             log_locked: LogGate::default(),
             log_accept: LogGate::default(),
+            log_handshake: LogGate::default(),
         })
     }
 
@@ -318,13 +320,14 @@ impl Admission {
         }
     }
 
-    /// The ring and block a connection gets within what is left of the memory budget:
-    /// `ring` and `block` if they fit, else the ring halved down to [`MIN_RING`], then the
-    /// block halved down to [`MIN_BLOCK`]; `None` if not even those fit.
-    fn fit(&self, used: u64, ring: usize, block: u32) -> Option<(usize, u32, u64)> {
+    /// The ring and block `n` connections get within what is left of the memory budget
+    /// (and what they cost together): `ring` and `block` if they fit, else the ring halved
+    /// down to [`MIN_RING`], then the block halved down to [`MIN_BLOCK`]; `None` if not
+    /// even those fit.
+    fn fit(&self, used: u64, n: usize, ring: usize, block: u32) -> Option<(usize, u32, u64)> {
         let (mut ring, mut block) = (ring.max(1), block);
         loop {
-            let cost = staging_cost(ring, block);
+            let cost = staging_cost(ring, block).saturating_mul(n as u64);
             if used.saturating_add(cost) <= self.budget {
                 return Some((ring, block, cost));
             }
@@ -336,6 +339,50 @@ impl Admission {
                 return None;
             }
         }
+    }
+}
+
+impl Admission {
+    /// Reserves staging memory for `streams` connections this server opens itself (the
+    /// streams of a third-party copy), each with `ring` blocks of `block` bytes or less when
+    /// memory is short, as for [`Handshake::admit`]; refused (Unavailable) when not even
+    /// the least fits.
+    pub(crate) fn reserve(
+        self: &Arc<Self>,
+        streams: usize,
+        ring: usize,
+        block: u32,
+    ) -> Result<Grant, Refusal> {
+        let mut st = self.lock();
+        let Some((ring, block, memory)) = self.fit(st.memory, streams.max(1), ring, block) else {
+            return Err(refuse(
+                ErrorCode::Unavailable,
+                "the server's memory budget for connections is spent (memory_budget); try again later",
+            ));
+        };
+        st.memory += memory;
+        Ok(Grant {
+            admission: self.clone(),
+            memory,
+            ring,
+            block,
+        })
+    }
+}
+
+/// Staging memory reserved by [`Admission::reserve`]; given back when dropped.
+pub(crate) struct Grant {
+    admission: Arc<Admission>,
+    memory: u64,
+    /// Staging blocks in flight per connection and direction.
+    pub(crate) ring: usize,
+    /// The block size to ask for.
+    pub(crate) block: u32,
+}
+
+impl Drop for Grant {
+    fn drop(&mut self) {
+        self.admission.lock().memory -= self.memory;
     }
 }
 
@@ -443,7 +490,7 @@ impl Handshake {
                 ),
             ));
         }
-        let Some((ring, block, memory)) = adm.fit(st.memory, ring, block) else {
+        let Some((ring, block, memory)) = adm.fit(st.memory, 1, ring, block) else {
             let (used, budget) = (st.memory, adm.budget);
             drop(st);
             if let Some(held) = adm.log_full.pass() {

@@ -230,7 +230,7 @@ impl Server {
         let sock = match inc.start_cancellable(&q, hs.left(), &hs.cancel) {
             Ok(s) => s,
             Err(e) => {
-                if let Some(held) = hs.admission().log_evicted.pass() {
+                if let Some(held) = hs.admission().log_handshake.pass() {
                     tracing::info!("{peer}: handshake failed: {e}{}", more(held));
                 }
                 return;
@@ -670,20 +670,36 @@ impl Server {
                     dest_path,
                     token,
                     streams,
-                } => crate::third_party::serve(
-                    &self.cfg,
-                    &self.roots,
-                    link,
-                    crate::third_party::SendTo {
-                        file_id,
-                        recursive: flags & proto::SEND_RECURSIVE != 0,
-                        path: &path,
-                        dest: &dest,
-                        dest_path: &dest_path,
-                        token: &token,
-                        streams,
-                    },
-                )?,
+                } => {
+                    // The connections to the destination hold staging memory too.
+                    let grant = match self.admission.reserve(
+                        usize::from(streams.max(1)),
+                        self.cfg.ring,
+                        self.cfg.block_size,
+                    ) {
+                        Ok(g) => g,
+                        Err(r) => {
+                            reply_refusal(link, file_id, r)?;
+                            continue;
+                        }
+                    };
+                    crate::third_party::serve(
+                        &self.cfg,
+                        &self.roots,
+                        link,
+                        crate::third_party::SendTo {
+                            file_id,
+                            recursive: flags & proto::SEND_RECURSIVE != 0,
+                            path: &path,
+                            dest: &dest,
+                            dest_path: &dest_path,
+                            token: &token,
+                            streams,
+                            ring: grant.ring,
+                            block: grant.block,
+                        },
+                    )?
+                }
                 m => return Err(XferError::conn(format!("unexpected request {m:?}"))),
             }
         }
