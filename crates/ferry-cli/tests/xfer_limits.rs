@@ -217,6 +217,9 @@ fn crc32c_of_zeros(len: usize) -> u32 {
 /// Returns the link, kept open (`None` if the server refused or dropped it).
 fn refused_uploads(addr: &str, uploads: u32, how: Refused) -> Option<Link> {
     static CRC: std::sync::OnceLock<(u32, u32)> = std::sync::OnceLock::new();
+    static CONN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    // Each connection its own files (a PUT of a file another connection writes waits).
+    let conn = CONN.fetch_add(1, Ordering::Relaxed);
     let mut link = Link::connect(addr, Duration::from_secs(10)).ok()?;
     link.post_ring(1, BLOCK_HEADER_LEN + (4 << 20)).ok()?;
     link.send(&Msg::Hello {
@@ -265,7 +268,7 @@ fn refused_uploads(addr: &str, uploads: u32, how: Refused) -> Option<Link> {
             mode: 0o644,
             size: u64::from(block_size),
             mtime: Some(0),
-            path: format!("{root}/f{i}"),
+            path: format!("{root}/c{conn}-f{i}"),
         })
         .ok()?;
         match how {
@@ -335,17 +338,17 @@ fn refused_uploads_on_many_connections_stay_within_the_memory_budget() {
 /// `max_per_address` (all come from 127.0.0.1). Prints the server's RSS before, with them
 /// open, its peak and after they closed. Slow (it moves gigabytes); run it by hand:
 /// `cargo test -p ferry-cli --test xfer_limits -- --ignored --nocapture`
-/// (`FERRY_TEST_SERVER=/path/to/ferry` measures another build's server).
+/// (`FERRY_TEST_SERVER=/path/to/ferry` measures another build's server,
+/// `FERRY_TEST_SERVER_ARGS` replaces the extra serve arguments).
 #[test]
 #[ignore]
 fn refused_uploads_memory_figures() {
-    // A build before the limits knows no --max-per-address (and has no such limit).
-    let args: &[&str] = match std::env::var("FERRY_TEST_SERVER") {
-        Ok(_) => &[],
-        Err(_) => &["--max-per-address", "1000"],
-    };
+    // FERRY_TEST_SERVER_ARGS: a build before the limits knows no --max-per-address.
+    let args =
+        std::env::var("FERRY_TEST_SERVER_ARGS").unwrap_or_else(|_| "--max-per-address 1000".into());
+    let args: Vec<&str> = args.split_whitespace().collect();
     for how in [Refused::AtOnce, Refused::Pushing, Refused::AtTheEnd] {
-        let s = serve_logging(cmd_for_server(), "tcp", &[], args, Stdio::null());
+        let s = serve_logging(cmd_for_server(), "tcp", &[], &args, Stdio::null());
         let pid = s.child.id();
         let before = status(pid, "VmRSS");
         let (n, held) = hold(&s, 100, how);
