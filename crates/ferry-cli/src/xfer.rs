@@ -68,7 +68,7 @@ fn report_once(line: impl FnOnce() -> serde_json::Value) {
 
 #[derive(Args)]
 pub struct ServeArgs {
-    /// TOML configuration (listen, block_size, ring, [auth] tokens/anonymous, [[root]] name/path).
+    /// TOML configuration (listen, block_size, ring, [auth] tokens/anonymous, [limits], [[root]] name/path).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Export a directory as NAME (repeatable; adds to the config's roots).
