@@ -62,8 +62,9 @@ pub struct AuthConfig {
 pub struct LimitsConfig {
     /// Authenticated connections at once (every stream of a `-p N` copy is one).
     pub max_connections: usize,
-    /// Connections at once from one client address (IP; every ofi+shm peer is one local
-    /// address), authenticated or still in their handshake.
+    /// Authenticated connections at once from one client address (IP; every ofi+shm peer
+    /// is one local address); a newcomer from an address that holds this many connections,
+    /// handshakes included, takes the place of that address's oldest handshake.
     pub max_per_address: usize,
     /// Connections in their handshake (accepted, not yet authenticated) at once. A newer one
     /// past the limit replaces the oldest of the address that holds the most.

@@ -6,9 +6,11 @@
 //! takes the place of the oldest handshake of the address holding the most, so a flood of
 //! connections that never finish their handshake costs a bounded number of threads and
 //! cannot lock out a client that completes its handshake in less time than the flood takes
-//! to cycle the pool. Authenticated, it takes a connection slot (`max_connections` in all,
-//! `max_per_address` per address, handshakes included) and reserves its staging memory
-//! from `memory_budget`, with a smaller ring or block if the full ones no longer fit.
+//! to cycle the pool; a newcomer from an address that holds `max_per_address` connections
+//! takes the place of that address's oldest handshake. Authenticated, it takes a
+//! connection slot (`max_connections` in all, `max_per_address` per address) and reserves
+//! its staging memory from `memory_budget`, with a smaller ring or block if the full ones
+//! no longer fit; without a slot or memory it is refused with a message.
 //!
 //! Failed tokens are counted per address: `auth_failures` failures lock the address out
 //! for `auth_backoff`, during which its tokens are refused unchecked, with the same
