@@ -68,7 +68,7 @@ fn report_once(line: impl FnOnce() -> serde_json::Value) {
 
 #[derive(Args)]
 pub struct ServeArgs {
-    /// TOML configuration (listen, block_size, ring, mem, direct, keep_special_bits, third_party, [auth] tokens/anonymous, [[root]] name/path; docs/xfer.md).
+    /// TOML configuration (listen, block_size, ring, mem, direct, keep_special_bits, third_party, [auth] tokens/anonymous, [limits], [[root]] name/path; docs/xfer.md).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Export a directory as NAME (repeatable; adds to the config's roots).
@@ -98,6 +98,26 @@ pub struct ServeArgs {
     /// journal the rest (clients resume them) and exit 0. A second signal exits at once.
     #[arg(long, value_name = "SECONDS", default_value_t = 30.0)]
     drain_timeout: f64,
+    /// Authenticated connections at once; more are refused as unavailable
+    /// [default: 256; config `[limits] max_connections`].
+    #[arg(long, value_name = "N")]
+    max_connections: Option<usize>,
+    /// Connections at once from one client address (IP)
+    /// [default: 32; config `[limits] max_per_address`].
+    #[arg(long, value_name = "N")]
+    max_per_address: Option<usize>,
+    /// Close a session that sends no request for this long
+    /// [default: 120; config `[limits] idle_timeout`].
+    #[arg(long, value_name = "SECONDS")]
+    idle_timeout: Option<f64>,
+    /// Staging memory all connections together may hold, in bytes (suffixes K, M, G)
+    /// [default: a quarter of physical memory; config `[limits] memory_budget`].
+    #[arg(long, value_name = "BYTES", value_parser = parse_budget)]
+    memory_budget: Option<u64>,
+}
+
+fn parse_budget(s: &str) -> Result<u64, String> {
+    ferry_xfer::mem::parse_size(s).ok_or_else(|| format!("{s}: give bytes, e.g. 4G or 512M"))
 }
 
 #[derive(Args)]
@@ -230,6 +250,11 @@ pub fn serve(a: ServeArgs) -> Result<(), XferError> {
     cfg.direct |= a.direct;
     cfg.auth.tokens.extend(a.tokens);
     cfg.third_party.extend(a.third_party);
+    let limits = &mut cfg.limits;
+    limits.max_connections = a.max_connections.unwrap_or(limits.max_connections);
+    limits.max_per_address = a.max_per_address.unwrap_or(limits.max_per_address);
+    limits.idle_timeout = a.idle_timeout.unwrap_or(limits.idle_timeout);
+    limits.memory_budget = a.memory_budget.or(limits.memory_budget);
     let grace = std::time::Duration::try_from_secs_f64(a.drain_timeout).map_err(|_| {
         XferError::new(
             Kind::Usage,

@@ -70,11 +70,13 @@ impl RawMem {
         }
     }
 
-    /// Maps `len` bytes (rounded up to 2 MiB) at a 2 MiB boundary and asks for huge pages.
-    /// `None` if the kernel refuses; the caller falls back to the heap.
+    /// Maps `len` bytes (rounded up to a page) at a 2 MiB boundary and asks for huge pages.
+    /// Only whole 2 MiB extents get huge pages: rounding the size up to 2 MiB instead made a
+    /// staging block of 4 MiB plus its 4 KiB head room take three huge pages (6 MiB
+    /// resident) once filled. `None` if the kernel refuses; the caller falls back to the heap.
     fn map(len: usize) -> Option<Self> {
         use rustix::mm::{madvise, mmap_anonymous, munmap, Advice, MapFlags, ProtFlags};
-        let size = len.checked_next_multiple_of(HUGE)?;
+        let size = len.checked_next_multiple_of(PAGE)?;
         let span = size.checked_add(HUGE)?;
         // SAFETY: a fresh private anonymous mapping aliases nothing.
         let base = unsafe {

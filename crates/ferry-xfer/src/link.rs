@@ -52,6 +52,12 @@ fn alloc_aligned(sock: &ExsSocket, len: usize, what: &str) -> Result<ExsBuf> {
         .map_err(|e| XferError::conn(format!("slice {what}: {e}")))
 }
 
+/// Bytes one staging block or receive buffer for blocks of `block` bytes takes (its head
+/// room, header and payload, in whole pages).
+pub fn buffer_bytes(block: u32) -> u64 {
+    (HEAD_ROOM as u64 + u64::from(block)).next_multiple_of(DIRECT_ALIGN as u64)
+}
+
 /// Opens a second handle on the same file that bypasses the page cache (`O_DIRECT`),
 /// through `/proc/self/fd`, for reading or for writing. Filesystems without direct I/O
 /// refuse it (`EINVAL`).
@@ -311,6 +317,17 @@ impl Link {
         let mut v = vec![0; len];
         buf.buffer().read_at(buf.offset(), &mut v);
         decode_control(&v)
+    }
+
+    /// Like [`Link::recv_first_msg`], but `Ok(None)` when nothing arrived for about
+    /// `wait`, so a caller can look at a deadline or a cancel flag between waits.
+    pub fn recv_first_within(&mut self, wait: Duration) -> Result<Option<Msg>> {
+        let Some((buf, len)) = self.next_done_within(wait)? else {
+            return Ok(None);
+        };
+        let mut v = vec![0; len];
+        buf.buffer().read_at(buf.offset(), &mut v);
+        decode_control(&v).map(Some)
     }
 
     /// The largest message the posted buffers take.

@@ -10,8 +10,9 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use crate::journal::{Progress, RangeSet, SharedProgress};
 use crate::ordered_hash::OrderedHash;
@@ -30,6 +31,20 @@ pub(crate) struct Session {
     /// Streams connected now.
     pub streams: AtomicUsize,
     uploads: Mutex<HashMap<u32, Arc<Upload>>>,
+    /// Streams working on a request now.
+    working: AtomicUsize,
+    /// When a stream last began or finished a request (or the session began).
+    last_active: Mutex<Instant>,
+}
+
+/// A stream of a session working on a request (see [`Session::working`]).
+pub(crate) struct Working<'a>(&'a Session);
+
+impl Drop for Working<'_> {
+    fn drop(&mut self) {
+        *lock(&self.0.last_active) = Instant::now();
+        self.0.working.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Session {
@@ -40,7 +55,25 @@ impl Session {
             token,
             streams: AtomicUsize::new(1),
             uploads: Mutex::new(HashMap::new()),
+            working: AtomicUsize::new(0),
+            last_active: Mutex::new(Instant::now()),
         }
+    }
+
+    /// Marks a stream busy with a request until the guard drops.
+    pub fn working(&self) -> Working<'_> {
+        self.working.fetch_add(1, Ordering::SeqCst);
+        *lock(&self.last_active) = Instant::now();
+        Working(self)
+    }
+
+    /// How long the whole session has been idle: zero while any stream works on a
+    /// request, else the time since the last request began or ended.
+    pub fn idle_for(&self) -> Duration {
+        if self.working.load(Ordering::SeqCst) > 0 {
+            return Duration::ZERO;
+        }
+        lock(&self.last_active).elapsed()
     }
 
     /// Registers an OPENed upload; false if its id is taken.

@@ -43,6 +43,10 @@ pub(crate) struct SendTo<'a> {
     pub token: &'a str,
     /// Streams to the destination.
     pub streams: u16,
+    /// Staging blocks in flight per stream (reserved from the memory budget).
+    pub ring: usize,
+    /// Block size to ask the destination for (reserved from the memory budget).
+    pub block: u32,
 }
 
 /// Whether `cfg` lets this server connect to `dest` for a third-party copy.
@@ -113,8 +117,8 @@ fn copy(cfg: &ServerConfig, roots: &Roots, link: &Link, req: &SendTo) -> Result<
     let at_dest = |e: XferError| refuse(e.code(), format!("destination {}: {}", req.dest, e.msg));
     let opts = Options {
         token: req.token.to_string(),
-        block_size: cfg.block_size,
-        ring: cfg.ring,
+        block_size: req.block,
+        ring: req.ring,
         streams: req.streams,
         ..Options::default()
     };

@@ -78,14 +78,25 @@ pub fn listen_url(driver: &str) -> String {
 
 /// Starts `cmd` (`ferry`, or `ferry` behind a wrapper) as `serve` on `driver` with `env`
 /// and extra `args`, and waits until it listens.
-pub fn serve_as(mut cmd: Command, driver: &str, env: &[(&str, &str)], args: &[&str]) -> Server {
+pub fn serve_as(cmd: Command, driver: &str, env: &[(&str, &str)], args: &[&str]) -> Server {
+    serve_logging(cmd, driver, env, args, Stdio::inherit())
+}
+
+/// [`serve_as`] with the server's log (stderr) going to `log`.
+pub fn serve_logging(
+    mut cmd: Command,
+    driver: &str,
+    env: &[(&str, &str)],
+    args: &[&str],
+    log: Stdio,
+) -> Server {
     let root = scratch("root");
     cmd.args(["serve", "--root"])
         .arg(format!("d={}", root.display()))
         .args(["--listen", &listen_url(driver), "--token", TOKEN])
         .args(args)
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
+        .stderr(log);
     for (k, v) in env {
         cmd.env(k, v);
     }

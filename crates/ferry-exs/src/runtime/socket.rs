@@ -29,6 +29,9 @@ const STAND_BY: Duration = Duration::from_micros(500);
 /// spinning here made small-message round trips slower, even with dequeuers spinning).
 const SPIN: Duration = Duration::from_micros(50);
 
+/// How often a cancellable handshake ([`ExsIncoming::start_cancellable`]) looks at its flag.
+const CANCEL_POLL: Duration = Duration::from_millis(10);
+
 /// How long dropping a socket waits for its last frames to leave.
 const LINGER: Duration = Duration::from_secs(1);
 
@@ -173,7 +176,7 @@ impl ExsSocket {
         cfg.validate()?;
         let addr: Address = addr.parse()?;
         let ep = ferry_fabric::connect(&addr, timeout)?;
-        Self::start(ep, cfg, queue, timeout)
+        Self::start(ep, cfg, queue, timeout, None)
     }
 
     fn start(
@@ -181,6 +184,7 @@ impl ExsSocket {
         cfg: Config,
         queue: &EventQueue,
         timeout: Duration,
+        cancel: Option<&AtomicBool>,
     ) -> Result<ExsSocket, Error> {
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         let id = SocketId(NEXT_ID.fetch_add(1, Ordering::Relaxed));
@@ -206,11 +210,18 @@ impl ExsSocket {
             inner,
             thread: Some(thread),
         };
-        sock.wait_open(timeout)?;
+        if let Err(e) = sock.wait_open(timeout, cancel) {
+            if cancel.is_some() {
+                sock.let_go();
+            }
+            return Err(e);
+        }
         Ok(sock)
     }
 
-    fn wait_open(&self, timeout: Duration) -> Result<(), Error> {
+    /// Waits up to `timeout` for the handshake to finish; gives up early (with
+    /// [`ExsError::Canceled`]) once `cancel` is set, which is looked at every [`CANCEL_POLL`].
+    fn wait_open(&self, timeout: Duration, cancel: Option<&AtomicBool>) -> Result<(), Error> {
         let deadline = Instant::now() + timeout;
         let mut e = self.inner.lock();
         loop {
@@ -221,9 +232,15 @@ impl ExsSocket {
                 }
                 Phase::Handshake => {}
             }
-            let left = deadline.saturating_duration_since(Instant::now());
+            if cancel.is_some_and(|c| c.load(Ordering::Acquire)) {
+                return Err(ExsError::Canceled.into());
+            }
+            let mut left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(Error::Timeout);
+            }
+            if cancel.is_some() {
+                left = left.min(CANCEL_POLL);
             }
             e = self
                 .inner
@@ -432,6 +449,15 @@ impl ExsSocket {
         self.inner.lock().user_closed = true;
     }
 
+    /// Closes the socket and leaves its progress thread to end on its own (within a
+    /// [`TICK`]; it holds what it needs): for a server calling off handshakes under a flood
+    /// of them, so the caller is not held up joining threads at every one.
+    fn let_go(mut self) {
+        let _ = self.close();
+        self.inner.stop.store(true, Ordering::Release);
+        drop(self.thread.take());
+    }
+
     fn stop_thread(&mut self) {
         self.inner.stop.store(true, Ordering::Release);
         if let Some(t) = self.thread.take() {
@@ -485,7 +511,7 @@ impl ExsListener {
         let start = Instant::now();
         let ep = self.listener.accept(timeout)?;
         let left = timeout.saturating_sub(start.elapsed()).max(TICK);
-        ExsSocket::start(ep, self.cfg.clone(), queue, left)
+        ExsSocket::start(ep, self.cfg.clone(), queue, left, None)
     }
 
     /// Waits up to `timeout` for the next connection and hands it over without starting EXS
@@ -520,7 +546,20 @@ impl ExsIncoming {
     /// Starts EXS on the connection with events going to `queue`, and waits up to `timeout`
     /// for the handshake.
     pub fn start(self, queue: &EventQueue, timeout: Duration) -> Result<ExsSocket, Error> {
-        ExsSocket::start(self.ep, self.cfg, queue, timeout)
+        ExsSocket::start(self.ep, self.cfg, queue, timeout, None)
+    }
+
+    /// Like [`ExsIncoming::start`], but a server can call the handshake off from another
+    /// thread by setting `cancel` (to make room for a newer connection, say): the wait ends
+    /// within about ten milliseconds with [`ExsError::Canceled`] and the connection
+    /// closes.
+    pub fn start_cancellable(
+        self,
+        queue: &EventQueue,
+        timeout: Duration,
+        cancel: &AtomicBool,
+    ) -> Result<ExsSocket, Error> {
+        ExsSocket::start(self.ep, self.cfg, queue, timeout, Some(cancel))
     }
 
     /// The peer's address.

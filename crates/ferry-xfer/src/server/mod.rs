@@ -1,4 +1,5 @@
-//! `ferry serve`: exported roots behind a sandbox, token auth, a thread per connection.
+//! `ferry serve`: exported roots behind a sandbox, token auth, a thread per connection,
+//! admission limits ([`admit`]).
 //!
 //! Every path a client names is `root/relative/path`. The relative part is opened with
 //! `openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)` relative to the root's directory
@@ -7,6 +8,7 @@
 //! opened that way, under a temporary name, and renamed into place only after their BLAKE3
 //! matched and they were fsynced.
 
+mod admit;
 mod get;
 mod put;
 mod ranges;
@@ -18,14 +20,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ferry_exs::runtime::{default_config, EventQueue, ExsListener};
+use ferry_exs::runtime::{default_config, EventQueue, ExsIncoming, ExsListener};
 use rustix::io::Errno;
 
 use crate::config::ServerConfig;
 use crate::error::{Kind, Result, XferError};
-use crate::link::{BlockSender, Link, HANDSHAKE_TIMEOUT};
+use crate::link::{BlockSender, Link};
 use crate::proto::{self, Entry, ErrorCode, Msg, BLOCK_HEADER_LEN};
 use crate::session::Session;
+use admit::{more, Admission, Handshake, Stage};
 
 pub(crate) use roots::refuse;
 use roots::PResult;
@@ -54,6 +57,8 @@ pub struct Server {
     interrupted: AtomicUsize,
     /// Transfers in flight when the drain began (`usize::MAX` before).
     at_drain: AtomicUsize,
+    /// Connection, memory and authentication limits.
+    admission: Arc<Admission>,
 }
 
 /// What [`Server::drain`] did.
@@ -74,6 +79,9 @@ const BUSY_WAIT: Duration = Duration::from_secs(20);
 
 /// A PUT's receive loop looks at the drain and takeover flags this often while idle.
 const RECV_SLICE: Duration = Duration::from_millis(250);
+
+/// How often a connection waiting for its HELLO looks whether it was called off.
+const CANCEL_POLL: Duration = Duration::from_millis(10);
 
 /// A GET is sent in pieces of this many bytes, so a drain can stop it between them.
 const GET_PIECE: u64 = 32 << 20;
@@ -116,7 +124,9 @@ impl Server {
     pub fn new(cfg: ServerConfig) -> Result<Arc<Server>> {
         cfg.validate()?;
         let roots = Roots::open(&cfg)?;
+        let admission = Admission::new(&cfg.limits);
         Ok(Arc::new(Server {
+            admission,
             cfg,
             roots,
             sessions: AtomicU64::new(1),
@@ -154,6 +164,9 @@ impl Server {
 
     /// Like [`Server::serve`], until `quit` is set (checked a few times a second); then it
     /// stops accepting and returns, leaving the connections running (see [`Server::drain`]).
+    ///
+    /// Each accepted connection first passes [`Admission::arrive`] (the bounded handshake
+    /// pool), then gets its thread.
     pub fn serve_until(self: &Arc<Self>, listener: &ExsListener, quit: &AtomicBool) -> Result<()> {
         loop {
             if quit.load(Ordering::SeqCst) {
@@ -163,34 +176,75 @@ impl Server {
                 Ok(i) => i,
                 Err(ferry_exs::runtime::Error::Timeout) => continue,
                 Err(e) => {
-                    tracing::debug!("accept: {e}");
+                    self.accept_failed(&e);
+                    continue;
+                }
+            };
+            let peer = inc.peer_addr();
+            let hs = match self.admission.arrive(&admit::peer_key(&peer)) {
+                Ok(h) => h,
+                Err(admit::Turned(why)) => {
+                    if let Some(held) = self.admission.log_refused.pass() {
+                        tracing::warn!(
+                            "closed a connection from {peer} at once: {why}{}",
+                            more(held)
+                        );
+                    }
                     continue;
                 }
             };
             let me = self.clone();
-            let peer = inc.peer_addr();
             let spawned = std::thread::Builder::new()
                 .name("ferry-conn".into())
-                .spawn(move || {
-                    let q = match EventQueue::new() {
-                        Ok(q) => q,
-                        Err(e) => return tracing::warn!("{peer}: event queue: {e}"),
-                    };
-                    let sock = match inc.start(&q, HANDSHAKE_TIMEOUT) {
-                        Ok(s) => s,
-                        Err(e) => return tracing::info!("{peer}: handshake failed: {e}"),
-                    };
-                    let mut link = Link::new(sock, q);
-                    match me.connection(&mut link) {
-                        Ok(()) => tracing::debug!("{peer}: done"),
-                        Err(e) => tracing::info!("{peer}: connection ended: {e}"),
-                    }
-                    link.close();
-                });
+                .spawn(move || me.run_connection(inc, hs, &peer));
             if let Err(e) = spawned {
                 tracing::warn!("cannot start a connection thread: {e}");
             }
         }
+    }
+
+    /// A failed accept: a connection whose driver handshake failed concerns only itself; a
+    /// listener out of descriptors or memory is logged (rate-limited) and given a moment,
+    /// rather than retried in a busy loop.
+    fn accept_failed(&self, e: &ferry_exs::runtime::Error) {
+        use ferry_exs::runtime::Error;
+        match e {
+            Error::Fabric(ferry_fabric::FabricError::Io { context, .. }) if context == "accept" => {
+                if let Some(held) = self.admission.log_accept.pass() {
+                    tracing::warn!("cannot accept connections: {e}{}", more(held));
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            e => tracing::debug!("accept: {e}"),
+        }
+    }
+
+    /// A connection's thread: the EXS handshake, then [`Server::connection`], within the
+    /// handshake's deadline until authenticated, and ended early if the handshake is called
+    /// off to make room for a newer connection.
+    fn run_connection(&self, inc: ExsIncoming, hs: Handshake, peer: &str) {
+        let q = match EventQueue::new() {
+            Ok(q) => q,
+            Err(e) => return tracing::warn!("{peer}: event queue: {e}"),
+        };
+        let sock = match inc.start_cancellable(&q, hs.left(), &hs.cancel) {
+            Ok(s) => s,
+            Err(e) => {
+                if let Some(held) = hs.admission().log_handshake.pass() {
+                    tracing::info!("{peer}: handshake failed: {e}{}", more(held));
+                }
+                return;
+            }
+        };
+        let mut link = Link::new(sock, q);
+        if !hs.reached(Stage::Hello) {
+            return link.close();
+        }
+        match self.connection(&mut link, hs) {
+            Ok(()) => tracing::debug!("{peer}: done"),
+            Err(e) => tracing::info!("{peer}: connection ended: {e}"),
+        }
+        link.close();
     }
 
     /// Ends service gracefully: refuses new requests, lets the transfers in flight run for
@@ -279,11 +333,52 @@ impl Server {
         ok
     }
 
+    /// The client's HELLO, waited for until the handshake's deadline or until it is called
+    /// off.
+    fn first_msg(link: &mut Link, hs: &Handshake) -> Result<Msg> {
+        loop {
+            if hs.cancelled() {
+                return Err(XferError::conn(
+                    "closed before its HELLO to make room for newer connections (max_handshakes)",
+                ));
+            }
+            let left = hs.left();
+            if left.is_zero() {
+                return Err(XferError::conn(
+                    "no HELLO within the handshake timeout (handshake_timeout)",
+                ));
+            }
+            if let Some(m) = link.recv_first_within(left.min(CANCEL_POLL))? {
+                if !hs.reached(Stage::Checking) {
+                    continue;
+                }
+                return Ok(m);
+            }
+        }
+    }
+
+    /// Answers a HELLO whose token is refused, or that comes from an address locked out
+    /// for failed tokens (the same answer, so a guesser learns nothing from it).
+    fn refuse_token(link: &Link, token: &str) -> Result<()> {
+        let message = if token.is_empty() {
+            "this server needs a token: pass --token or set FERRY_TOKEN"
+        } else {
+            "the token was not accepted: check --token / FERRY_TOKEN against the server's [auth] tokens"
+        };
+        link.send(&Msg::Error {
+            code: ErrorCode::AuthRefused,
+            file_id: 0,
+            message: message.into(),
+        })?;
+        // Let the refusal reach the client before the connection goes.
+        std::thread::sleep(Duration::from_millis(50));
+        Err(XferError::new(Kind::Auth, "client refused: bad token"))
+    }
+
     /// Serves one connection: handshake, then requests in order until BYE or close.
-    pub fn connection(&self, link: &mut Link) -> Result<()> {
-        link.timeout = HANDSHAKE_TIMEOUT;
+    fn connection(&self, link: &mut Link, hs: Handshake) -> Result<()> {
         link.post_ring(1, proto::MAX_CONTROL)?;
-        let (major, minor, block_size, token, join, stream) = match link.recv_first_msg()? {
+        let (major, minor, block_size, token, join, stream) = match Self::first_msg(link, &hs)? {
             Msg::Hello {
                 major,
                 minor,
@@ -307,21 +402,24 @@ impl Server {
             })?;
             return Err(XferError::conn(message));
         }
-        if !self.authorized(&token) {
-            let message = if token.is_empty() {
-                "this server needs a token: pass --token or set FERRY_TOKEN"
-            } else {
-                "the token was not accepted: check --token / FERRY_TOKEN against the server's [auth] tokens"
-            };
-            link.send(&Msg::Error {
-                code: ErrorCode::AuthRefused,
-                file_id: 0,
-                message: message.into(),
-            })?;
-            // Let the refusal reach the client before the connection goes.
-            std::thread::sleep(Duration::from_millis(50));
-            return Err(XferError::new(Kind::Auth, "client refused: bad token"));
+        // A locked-out address's token is not even looked at.
+        if self.admission.locked_out(&hs.addr) {
+            return Self::refuse_token(link, &token);
         }
+        if !self.authorized(&token) {
+            self.admission.auth_failed(&hs.addr);
+            return Self::refuse_token(link, &token);
+        }
+        let block = block_size.clamp(proto::MIN_BLOCK, self.cfg.block_size);
+        let slot = match hs.admit(self.cfg.ring, block) {
+            Ok(s) => s,
+            Err(r) => {
+                let message = r.message.clone();
+                reply_refusal(link, 0, r)?;
+                std::thread::sleep(Duration::from_millis(50));
+                return Err(XferError::conn(message));
+            }
+        };
         let session = match self.join(join, stream, &token) {
             Ok(s) => s,
             Err(r) => {
@@ -335,17 +433,18 @@ impl Server {
             server: self,
             session: session.clone(),
         };
-        let block = block_size.clamp(proto::MIN_BLOCK, self.cfg.block_size);
+        let (block, ring) = (slot.block, slot.ring);
         // Posted before WELCOME: the client's first request may be a whole file (PUT_FILE).
-        link.post_ring(self.cfg.ring, BLOCK_HEADER_LEN + block as usize)?;
+        link.post_ring(ring, BLOCK_HEADER_LEN + block as usize)?;
         link.send(&Msg::Welcome {
             major: proto::VERSION_MAJOR,
             minor: proto::VERSION_MINOR,
             block_size: block,
             session: session.id,
         })?;
-        link.timeout = Duration::from_secs(600);
-        let mut tx = BlockSender::new(block, self.cfg.ring, link.timeout)?;
+        // Also how long a transfer may make no progress.
+        link.timeout = self.cfg.limits.idle();
+        let mut tx = BlockSender::new(block, ring, link.timeout)?;
         // Small whole files travel as one FILE frame to clients that know it (1.3), and
         // those of one GETS batch several to a PACK (1.4).
         tx.inline = minor >= proto::MINOR_FILE;
@@ -353,6 +452,7 @@ impl Server {
         tx.direct = self.cfg.direct;
         let mut st = Requests {
             block,
+            ring,
             batch: std::collections::VecDeque::new(),
             request: Vec::new(),
             commits: put::Commits::default(),
@@ -373,11 +473,12 @@ impl Server {
     ) -> Result<()> {
         let Requests {
             block,
+            ring,
             batch,
             request,
             commits,
         } = st;
-        let block = *block;
+        let (block, ring) = (*block, *ring);
         loop {
             let msg = match batch.pop_front() {
                 Some(m) => m,
@@ -393,12 +494,14 @@ impl Server {
                     let m = if arrived {
                         decode_request(request)?
                     } else {
-                        next_request(link, session, request)?
+                        next_request(link, session, request, self.cfg.limits.idle())?
                     };
                     ferry_fabric::timeline::mark("srv.req", 0);
                     m
                 }
             };
+            // The session is not idle while this request runs.
+            let _working = session.working();
             if !matches!(msg, Msg::PutFile { .. }) {
                 commits.flush(link)?;
             }
@@ -503,6 +606,7 @@ impl Server {
                         size,
                         mtime,
                         block,
+                        ring,
                     };
                     self.put(link, &req, &path)?
                 }
@@ -529,6 +633,7 @@ impl Server {
                         size: u64::from(len),
                         mtime: Some(mtime),
                         block,
+                        ring,
                     };
                     self.put_file(link, commits, &req, &path, payload, &blake3)?
                 }
@@ -548,6 +653,7 @@ impl Server {
                         size,
                         mtime: Some(mtime),
                         block,
+                        ring,
                     };
                     self.open(link, session, &req, &path)?
                 }
@@ -557,7 +663,7 @@ impl Server {
                     length,
                 } => {
                     let _counted = InFlight::new(&self.in_flight);
-                    self.put_range(link, session, file_id, offset, length)?
+                    self.put_range(link, session, ring, file_id, offset, length)?
                 }
                 Msg::Close {
                     file_id,
@@ -572,20 +678,36 @@ impl Server {
                     dest_path,
                     token,
                     streams,
-                } => crate::third_party::serve(
-                    &self.cfg,
-                    &self.roots,
-                    link,
-                    crate::third_party::SendTo {
-                        file_id,
-                        recursive: flags & proto::SEND_RECURSIVE != 0,
-                        path: &path,
-                        dest: &dest,
-                        dest_path: &dest_path,
-                        token: &token,
-                        streams,
-                    },
-                )?,
+                } => {
+                    // The connections to the destination hold staging memory too.
+                    let grant = match self.admission.reserve(
+                        usize::from(streams.max(1)),
+                        self.cfg.ring,
+                        self.cfg.block_size,
+                    ) {
+                        Ok(g) => g,
+                        Err(r) => {
+                            reply_refusal(link, file_id, r)?;
+                            continue;
+                        }
+                    };
+                    crate::third_party::serve(
+                        &self.cfg,
+                        &self.roots,
+                        link,
+                        crate::third_party::SendTo {
+                            file_id,
+                            recursive: flags & proto::SEND_RECURSIVE != 0,
+                            path: &path,
+                            dest: &dest,
+                            dest_path: &dest_path,
+                            token: &token,
+                            streams,
+                            ring: grant.ring,
+                            block: grant.block,
+                        },
+                    )?
+                }
                 m => return Err(XferError::conn(format!("unexpected request {m:?}"))),
             }
         }
@@ -648,12 +770,16 @@ struct PutReq {
     size: u64,
     mtime: Option<i64>,
     block: u32,
+    /// The connection's ring (the writer queues at most this many blocks).
+    ring: usize,
 }
 
 /// A connection's state between requests.
 struct Requests {
     /// The agreed block size.
     block: u32,
+    /// The connection's ring.
+    ring: usize,
     /// The GETs of a GETS frame, answered one by one as if each had come alone.
     batch: std::collections::VecDeque<Msg>,
     /// The last request's bytes (a PUT_FILE's payload is read from here).
@@ -665,16 +791,20 @@ struct Requests {
 /// The next request on a connection, its bytes left in `buf` (a PUT_FILE's payload is its
 /// last `len` bytes). While it waits, the session lets go of uploads a newer OPEN or PUT of
 /// the same file asked for and no stream is receiving (their client is usually gone without
-/// the fabric noticing yet).
-fn next_request(link: &mut Link, session: &Session, buf: &mut Vec<u8>) -> Result<Msg> {
-    let mut idle = Duration::ZERO;
-    while !link.recv_within(buf, RECV_SLICE)? {
+/// the fabric noticing yet). The connection ends once the whole session has been idle
+/// (no stream working on a request) for `idle`.
+fn next_request(
+    link: &mut Link,
+    session: &Session,
+    buf: &mut Vec<u8>,
+    idle: Duration,
+) -> Result<Msg> {
+    while !link.recv_within(buf, RECV_SLICE.min(idle))? {
         session.release_superseded();
-        idle += RECV_SLICE;
-        if idle >= link.timeout {
+        if session.idle_for() >= idle {
             return Err(XferError::conn(format!(
-                "the client sent nothing for {} s; giving up",
-                idle.as_secs()
+                "idle for {:.1} s (idle_timeout): closing the connection",
+                idle.as_secs_f64()
             )));
         }
     }

@@ -103,7 +103,7 @@ impl Server {
         if self.cfg.direct {
             sink.set_direct(&part.file);
         }
-        match self.receive(link, &part, sink, &claim.yield_to_newer, path) {
+        match self.receive(link, &part, sink, req.ring, &claim.yield_to_newer, path) {
             // Connection-level failure: the connection ends; the part and its journal stay
             // for a resume if the journal holds verified bytes (the part's drop decides).
             Err(e) => Err(e),
@@ -128,11 +128,12 @@ impl Server {
         link: &mut Link,
         part: &PartFile,
         sink: BlockSink,
+        ring: usize,
         superseded: &AtomicBool,
         path: &str,
     ) -> Result<Option<PResult<()>>> {
         let (file_id, size) = (sink.file_id, sink.size());
-        let writer = BlockWriter::with_sink(sink, &part.file, self.cfg.ring)?;
+        let writer = BlockWriter::with_sink(sink, &part.file, ring)?;
         let file = Some(&part.file);
         let (mut sink, length, blake3) =
             match self.receive_blocks(link, writer, file_id, file, superseded, path)? {

@@ -69,6 +69,7 @@ impl Server {
         &self,
         link: &mut Link,
         session: &Session,
+        ring: usize,
         file_id: u32,
         offset: u64,
         length: u64,
@@ -101,7 +102,7 @@ impl Server {
         let mut sink = BlockSink::range(file_id, up.size, offset, end);
         sink.report_to(up.journal());
         let writer = match &up.file {
-            Some(f) => BlockWriter::with_sink(sink, f, self.cfg.ring)?,
+            Some(f) => BlockWriter::with_sink(sink, f, ring)?,
             None => BlockWriter::null_sink(sink),
         };
         let path = up.path.clone();
