@@ -16,6 +16,7 @@ pub mod caps;
 pub mod cq;
 pub mod drivers;
 pub mod error;
+pub mod grants;
 pub mod mem;
 pub mod rcache;
 pub mod timeline;
@@ -65,6 +66,22 @@ pub trait Endpoint: Send + Sync {
     fn peer(&self) -> String;
     /// This side of the connection, as text (`getsockname`).
     fn local(&self) -> String;
+    /// Lets this connection's peer reach `region` by RMA, through the key
+    /// [`MemoryRegion::remote`] gives, with the rights it was registered with, for as long as
+    /// it stays registered. A key is honoured only on the connections it was granted to:
+    /// register once per domain, grant on each connection whose peer is told the key (before
+    /// telling it). Idempotent and cheap (O(1)). Drivers whose RMA the NIC checks (ofi
+    /// providers other than the checked-RMA ones, e.g. verbs) cannot scope keys per
+    /// connection and do nothing here: see docs/fabric.md, "Threat model".
+    fn grant(&self, region: &MemoryRegion) -> Result<()> {
+        let _ = region;
+        Ok(())
+    }
+    /// Turns on RMA from the peer. Endpoints a [`Listener`] accepts start with it off (every
+    /// RMA request refused alike) so that nothing is served before the layer above has
+    /// authenticated the peer; call this once it has. Connected endpoints start with it on.
+    /// Default (drivers whose RMA the NIC checks): nothing.
+    fn enable_remote_access(&self) {}
     /// Sends the concatenation of `data` as one message.
     fn post_send(&self, data: &[LocalSlice], context: u64) -> Result<()>;
     /// Posts a receive for one message, scattered over `buf`. Receives match messages in order.
