@@ -8,8 +8,10 @@
 //! nothing.
 //!
 //! Drivers: [`drivers::tcp`] (ferry's native TCP driver, RMA emulated by its progress engine
-//! with key, bounds, rights and generation checks) and [`drivers::ofi`] (libfabric, any
-//! provider by name). Each reports its [`Capabilities`].
+//! with grant, registration, bounds and rights checks) and [`drivers::ofi`] (libfabric, any
+//! provider by name). Each reports its [`Capabilities`]. A peer reaches memory by RMA only
+//! through keys granted on its own connection, and an accepted connection not before the
+//! layer above enables it ([`grants`]; `docs/fabric.md`, "Threat model").
 
 pub mod addr;
 pub mod caps;
@@ -32,7 +34,8 @@ pub use mem::{Access, Buffer, DomainId, LocalSlice, MemoryRegion, RemoteSlice};
 pub use rcache::{CacheStats, RegistrationCache};
 
 /// A local fabric access point. Memory registered here can be used by every endpoint the
-/// domain (or its listener) creates.
+/// domain (or its listener) creates; a peer reaches it by RMA only on the connections it was
+/// granted on ([`Endpoint::grant`]).
 pub trait Domain: Send + Sync {
     /// Process-unique id; regions carry it so they cannot be used with another domain.
     fn id(&self) -> DomainId;
@@ -50,7 +53,8 @@ pub trait Listener: Send + Sync {
     fn domain(&self) -> Arc<dyn Domain>;
     /// The address actually bound (an ephemeral port resolved), for clients to connect to.
     fn local_addr(&self) -> Address;
-    /// Waits up to `timeout` for the next connection.
+    /// Waits up to `timeout` for the next connection. It serves no RMA to its peer until
+    /// [`Endpoint::enable_remote_access`].
     fn accept(&self, timeout: Duration) -> Result<Box<dyn Endpoint>>;
 }
 
