@@ -113,10 +113,12 @@ impl Grants {
     /// have been refused and the connection must close.
     pub(crate) fn refused(&self, key: u64) -> bool {
         let mut m = self.lock();
-        if !m.refused.contains(&key) {
+        let limit = REFUSALS_BEFORE_CLOSE as usize;
+        // Bounded: requests that still arrive while the connection closes add nothing.
+        if m.refused.len() < limit && !m.refused.contains(&key) {
             m.refused.push(key);
         }
-        m.refused.len() >= REFUSALS_BEFORE_CLOSE as usize
+        m.refused.len() >= limit
     }
 }
 

@@ -598,12 +598,14 @@ impl Shared {
     /// Gives up on `conn` after the provider lost its transport (messages may be lost): its
     /// receives fail, later posts fail, and the peer is told to do the same.
     pub fn abort(&self, conn: &Conn) {
-        self.abort_because(conn, "the provider lost the transport");
+        let _ = self.abort_because(conn, "the provider lost the transport");
     }
 
     /// Gives up on `conn` as [`Shared::abort`] does, failing what is pending with `why`.
-    pub fn abort_because(&self, conn: &Conn, why: &'static str) {
-        if conn.abort() {
+    /// False if it was closed already.
+    pub fn abort_because(&self, conn: &Conn, why: &'static str) -> bool {
+        let first = conn.abort();
+        if first {
             let bye = Control::Disconnect {
                 target: conn.peer_id,
                 sender: conn.id,
@@ -615,6 +617,7 @@ impl Shared {
             self.reap(conn);
             self.fail_pending_rma(conn.id, || FabricError::ConnectionLost(why.into()));
         }
+        first
     }
 
     fn new_conn(&self, id: u64, peer_id: u64, peer: FiAddr, peer_name: &[u8]) -> Result<Arc<Conn>> {

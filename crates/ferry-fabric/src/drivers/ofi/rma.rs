@@ -241,13 +241,15 @@ impl Shared {
             Err(Refusal::Stale) => Err(RemoteAccessError::StaleKey),
             Err(Refusal::Uniform) => {
                 if conn.grants.refused(remote.key) {
-                    tracing::warn!(
-                        "ofi: closing the connection of {}: remote memory accesses with \
-                         {REFUSALS_BEFORE_CLOSE} keys it was never granted (or before it was \
-                         authenticated)",
-                        conn.peer_text
-                    );
-                    self.abort_because(&conn, "the peer kept asking for memory it was not granted");
+                    let why = "the peer kept asking for memory it was not granted";
+                    if self.abort_because(&conn, why) {
+                        tracing::warn!(
+                            "ofi: closing the connection of {}: remote memory accesses with \
+                             {REFUSALS_BEFORE_CLOSE} keys it was never granted (or before it \
+                             was authenticated)",
+                            conn.peer_text
+                        );
+                    }
                     return;
                 }
                 Err(RemoteAccessError::UnknownKey)
