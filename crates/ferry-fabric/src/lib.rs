@@ -8,14 +8,17 @@
 //! nothing.
 //!
 //! Drivers: [`drivers::tcp`] (ferry's native TCP driver, RMA emulated by its progress engine
-//! with key, bounds, rights and generation checks) and [`drivers::ofi`] (libfabric, any
-//! provider by name). Each reports its [`Capabilities`].
+//! with grant, registration, bounds and rights checks) and [`drivers::ofi`] (libfabric, any
+//! provider by name). Each reports its [`Capabilities`]. A peer reaches memory by RMA only
+//! through keys granted on its own connection, and an accepted connection not before the
+//! layer above enables it ([`grants`]; `docs/fabric.md`, "Threat model").
 
 pub mod addr;
 pub mod caps;
 pub mod cq;
 pub mod drivers;
 pub mod error;
+pub mod grants;
 pub mod mem;
 pub mod rcache;
 pub mod timeline;
@@ -31,7 +34,8 @@ pub use mem::{Access, Buffer, DomainId, LocalSlice, MemoryRegion, RemoteSlice};
 pub use rcache::{CacheStats, RegistrationCache};
 
 /// A local fabric access point. Memory registered here can be used by every endpoint the
-/// domain (or its listener) creates.
+/// domain (or its listener) creates; a peer reaches it by RMA only on the connections it was
+/// granted on ([`Endpoint::grant`]).
 pub trait Domain: Send + Sync {
     /// Process-unique id; regions carry it so they cannot be used with another domain.
     fn id(&self) -> DomainId;
@@ -49,7 +53,8 @@ pub trait Listener: Send + Sync {
     fn domain(&self) -> Arc<dyn Domain>;
     /// The address actually bound (an ephemeral port resolved), for clients to connect to.
     fn local_addr(&self) -> Address;
-    /// Waits up to `timeout` for the next connection.
+    /// Waits up to `timeout` for the next connection. It serves no RMA to its peer until
+    /// [`Endpoint::enable_remote_access`].
     fn accept(&self, timeout: Duration) -> Result<Box<dyn Endpoint>>;
 }
 
@@ -65,6 +70,22 @@ pub trait Endpoint: Send + Sync {
     fn peer(&self) -> String;
     /// This side of the connection, as text (`getsockname`).
     fn local(&self) -> String;
+    /// Lets this connection's peer reach `region` by RMA, through the key
+    /// [`MemoryRegion::remote`] gives, with the rights it was registered with, for as long as
+    /// it stays registered. A key is honoured only on the connections it was granted to:
+    /// register once per domain, grant on each connection whose peer is told the key (before
+    /// telling it). Idempotent and cheap (O(1)). Drivers whose RMA the NIC checks (ofi
+    /// providers other than the checked-RMA ones, e.g. verbs) cannot scope keys per
+    /// connection and do nothing here: see docs/fabric.md, "Threat model".
+    fn grant(&self, region: &MemoryRegion) -> Result<()> {
+        let _ = region;
+        Ok(())
+    }
+    /// Turns on RMA from the peer. Endpoints a [`Listener`] accepts start with it off (every
+    /// RMA request refused alike) so that nothing is served before the layer above has
+    /// authenticated the peer; call this once it has. Connected endpoints start with it on.
+    /// Default (drivers whose RMA the NIC checks): nothing.
+    fn enable_remote_access(&self) {}
     /// Sends the concatenation of `data` as one message.
     fn post_send(&self, data: &[LocalSlice], context: u64) -> Result<()>;
     /// Posts a receive for one message, scattered over `buf`. Receives match messages in order.

@@ -230,12 +230,6 @@ impl Buffer {
         Arc::strong_count(&self.raw)
     }
 
-    /// A handle that neither keeps the memory alive nor counts in [`Self::handle_count`], for
-    /// driver tables whose entries live exactly as long as a registration.
-    pub(crate) fn downgrade(&self) -> WeakBuffer {
-        WeakBuffer(Arc::downgrade(&self.raw))
-    }
-
     /// The bytes, if this handle is the only one.
     pub fn as_slice(&self) -> Option<&[u8]> {
         (Arc::strong_count(&self.raw) == 1).then(|| {
@@ -402,16 +396,6 @@ impl Buffer {
 impl fmt::Debug for Buffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Buffer({:#x}, {} B)", self.addr(), self.len())
-    }
-}
-
-/// A non-owning [`Buffer`] handle (see [`Buffer::downgrade`]).
-pub(crate) struct WeakBuffer(std::sync::Weak<RawMem>);
-
-impl WeakBuffer {
-    /// The buffer, if its memory still exists.
-    pub(crate) fn upgrade(&self) -> Option<Buffer> {
-        self.0.upgrade().map(|raw| Buffer { raw })
     }
 }
 
@@ -592,6 +576,11 @@ impl WeakRegion {
     /// The region, if it is still registered.
     pub(crate) fn upgrade(&self) -> Option<MemoryRegion> {
         self.inner.upgrade().map(|inner| MemoryRegion { inner })
+    }
+
+    /// True while the region is registered (without taking a handle to it).
+    pub(crate) fn is_live(&self) -> bool {
+        self.inner.strong_count() > 0
     }
 }
 

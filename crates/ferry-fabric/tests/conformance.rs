@@ -43,6 +43,8 @@ fn pair(driver: &str) -> Pair {
             client,
         )
     });
+    // As after the layer above authenticated the client.
+    server.enable_remote_access();
     Pair {
         listener,
         server,
@@ -50,10 +52,14 @@ fn pair(driver: &str) -> Pair {
     }
 }
 
+/// Registers `len` bytes on `ep`'s domain and grants them to `ep`'s peer.
 fn register(ep: &dyn Endpoint, len: usize, access: Access) -> MemoryRegion {
-    ep.domain()
+    let r = ep
+        .domain()
         .register(&Buffer::new(len), access)
-        .expect("register")
+        .expect("register");
+    ep.grant(&r).expect("grant");
+    r
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
@@ -182,8 +188,9 @@ fn truncation(driver: &str) {
     assert_eq!(ok(&*p.server).len, 1000);
 }
 
-/// Sends the target region's descriptor from server to client, as upper layers do.
+/// Grants the target region to the client and sends it its descriptor, as upper layers do.
 fn advertise(p: &Pair, target: &MemoryRegion) -> ferry_fabric::RemoteSlice {
+    p.server.grant(target).expect("grant");
     let remote = target.remote(..).unwrap();
     let msg = p
         .server

@@ -20,6 +20,7 @@ fn pair(url: &str) -> (Arc<dyn Domain>, Box<dyn Endpoint>, Box<dyn Endpoint>) {
         (d, ep)
     });
     let server = l.accept(T).unwrap();
+    server.enable_remote_access();
     let (d, client) = h.join().unwrap();
     (d, client, server)
 }
@@ -108,6 +109,7 @@ fn bandwidth(url: &str, kind: OpKind) {
         .domain()
         .register(&Buffer::new(SIZE), Access::ALL)
         .unwrap();
+    server.grant(&target).unwrap();
     let local = d.register(&Buffer::new(SIZE), Access::LOCAL).unwrap();
     let remote = target.remote(..).unwrap();
     let t0 = Instant::now();
@@ -178,6 +180,7 @@ fn rma_8_bytes_latency() {
             .domain()
             .register(&Buffer::new(8), Access::ALL)
             .unwrap();
+        server.grant(&target).unwrap();
         let local = d.register(&Buffer::new(8), Access::LOCAL).unwrap();
         let remote = target.remote(..).unwrap();
         let mut lat = Vec::new();

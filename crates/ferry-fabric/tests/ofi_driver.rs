@@ -54,6 +54,8 @@ fn pair(addr: &Address) -> Pair {
     let listener = listen(addr).expect("listen");
     let h = connect_to(&listener.local_addr());
     let server = listener.accept(T).expect("accept");
+    // As after the layer above authenticated the client.
+    server.enable_remote_access();
     let (client_domain, client) = h.join().unwrap();
     Pair {
         listener,
@@ -72,6 +74,16 @@ fn pattern(len: usize, seed: usize) -> Vec<u8> {
 fn reg(d: &dyn Domain, data: &[u8], access: Access) -> MemoryRegion {
     d.register(&Buffer::from_slice(data), access)
         .expect("register")
+}
+
+/// Registers `len` bytes on `ep`'s domain and grants them to `ep`'s peer.
+fn granted(ep: &dyn Endpoint, len: usize, access: Access) -> MemoryRegion {
+    let r = ep
+        .domain()
+        .register(&Buffer::new(len), access)
+        .expect("register");
+    ep.grant(&r).expect("grant");
+    r
 }
 
 fn done(ep: &dyn Endpoint) -> Completion {
@@ -189,11 +201,7 @@ fn rma_write_gathers_1_2_and_max_segments() {
     each(|a| {
         let p = pair(a);
         let max = p.client.capabilities().max_gather;
-        let target = p
-            .server
-            .domain()
-            .register(&Buffer::new(64 << 10), Access::REMOTE_WRITE)
-            .unwrap();
+        let target = granted(&*p.server, 64 << 10, Access::REMOTE_WRITE);
         let mut counts = vec![1, 2, max];
         counts.dedup();
         for (round, n) in counts.into_iter().enumerate() {
@@ -217,11 +225,7 @@ fn rma_write_gathers_1_2_and_max_segments() {
         // Large single-segment write.
         let big = pattern(4 << 20, 5);
         let src = reg(&*p.client_domain, &big, Access::LOCAL);
-        let dst = p
-            .server
-            .domain()
-            .register(&Buffer::new(4 << 20), Access::REMOTE_WRITE)
-            .unwrap();
+        let dst = granted(&*p.server, 4 << 20, Access::REMOTE_WRITE);
         p.client
             .post_write(&[src.full()], dst.remote(..).unwrap(), 9)
             .unwrap();
@@ -236,6 +240,7 @@ fn rma_read_scatters_into_two_segments() {
         let p = pair(a);
         let data = pattern(3 << 20, 3);
         let target = reg(&*p.server.domain(), &data, Access::REMOTE_READ);
+        p.server.grant(&target).unwrap();
         let l1 = p
             .client_domain
             .register(&Buffer::new(1 << 20), Access::LOCAL)
@@ -402,20 +407,16 @@ fn rma_errors_reach_the_requester_and_the_target_keeps_serving() {
         let good = connect_to(&la);
         let good_server = listener.accept(T).unwrap();
         let (good_domain, good_client) = good.join().unwrap();
-        let sd = good_server.domain();
-        let target = sd.register(&Buffer::new(8192), Access::ALL).unwrap();
+        good_server.enable_remote_access();
+        let target = granted(&*good_server, 8192, Access::ALL);
         target.buffer().fill(0x11);
         let whole = target.remote(..).unwrap();
-        let gone = sd.register(&Buffer::new(4096), Access::ALL).unwrap();
+        let gone = granted(&*good_server, 4096, Access::ALL);
         let stale = gone.remote(..).unwrap();
         drop(gone);
-        let read_only = sd
-            .register(&Buffer::new(4096), Access::REMOTE_READ)
-            .unwrap();
-        let write_only = sd
-            .register(&Buffer::new(4096), Access::REMOTE_WRITE)
-            .unwrap();
-        let local_only = sd.register(&Buffer::new(4096), Access::LOCAL).unwrap();
+        let read_only = granted(&*good_server, 4096, Access::REMOTE_READ);
+        let write_only = granted(&*good_server, 4096, Access::REMOTE_WRITE);
+        let local_only = granted(&*good_server, 4096, Access::LOCAL);
 
         let bad_domain = open(&la).unwrap();
         let foreign = bad_domain
@@ -473,9 +474,14 @@ fn rma_errors_reach_the_requester_and_the_target_keeps_serving() {
             }
             let c = done(&*bad);
             eprintln!("  {what}: {:?}", c.result);
+            // Every key here was granted to the good connection, not to this one: the one
+            // refusal, whatever the key's state, range or rights.
             assert!(
-                matches!(c.result, Err(FabricError::RemoteAccess(_))),
-                "{what}: expected a remote access error, got {:?}",
+                matches!(
+                    c.result,
+                    Err(FabricError::RemoteAccess(RemoteAccessError::UnknownKey))
+                ),
+                "{what}: expected the uniform refusal, got {:?}",
                 c.result
             );
             // The target keeps serving its other connection.
@@ -752,6 +758,7 @@ fn killed_peer_child(addr: &str) {
     let d = open(&a).unwrap();
     let ep = d.connect(&a, T).unwrap();
     let r = reg(&*d, &pattern(1 << 20, 7), Access::REMOTE_READ);
+    ep.grant(&r).unwrap();
     let ad = reg(&*d, &r.remote(..).unwrap().encode(), Access::LOCAL);
     ep.post_send(&[ad.full()], 0).unwrap();
     ep.cq().wait(T).unwrap();
@@ -818,11 +825,7 @@ fn killed_peer_never_hangs() {
 fn zero_length_operations() {
     each(|a| {
         let p = pair(a);
-        let target = p
-            .server
-            .domain()
-            .register(&Buffer::new(64), Access::ALL)
-            .unwrap();
+        let target = granted(&*p.server, 64, Access::ALL);
         let local = p
             .client_domain
             .register(&Buffer::new(64), Access::LOCAL)
@@ -904,8 +907,7 @@ fn missing_providers_are_reported_as_unavailable() {
 fn rmas_posted_together_share_grants_and_keep_their_own_errors() {
     each(|a| {
         let p = pair(a);
-        let sd = p.server.domain();
-        let target = sd.register(&Buffer::new(64 << 10), Access::ALL).unwrap();
+        let target = granted(&*p.server, 64 << 10, Access::ALL);
         target.buffer().fill(0x11);
         let whole = target.remote(..).unwrap();
         let src = pattern(32 << 10, 5);
@@ -994,6 +996,7 @@ fn sends_posted_during_large_reads_keep_their_order() {
         let source = sd
             .register(&Buffer::from_slice(&pattern(READ, 7)), Access::ALL)
             .unwrap();
+        p.server.grant(&source).unwrap();
         let rb = sd
             .register(&Buffer::new(MSGS * SLOT), Access::LOCAL)
             .unwrap();
@@ -1069,5 +1072,62 @@ fn sends_posted_during_large_reads_keep_their_order() {
                 "read {r}"
             );
         }
+    });
+}
+
+/// The checked-RMA path serves nothing before the layer above enables remote access, refuses
+/// alike whatever the key, and gives up on a connection after a few refusals.
+#[test]
+fn checked_rma_waits_for_enable_and_cuts_off_a_prober() {
+    each(|a| {
+        let listener = listen(a).unwrap();
+        let h = connect_to(&listener.local_addr());
+        let server = listener.accept(T).unwrap();
+        let (client_domain, client) = h.join().unwrap();
+        let secret = granted(&*server, 4096, Access::ALL);
+        secret.buffer().fill(0x5e);
+        let local = reg(&*client_domain, &[0; 4096], Access::LOCAL);
+        let read = |key: u64, ctx: u64| {
+            let r = RemoteSlice {
+                key,
+                ..secret.remote(0..64).unwrap()
+            };
+            // After the close a post may fail at once instead of completing with an error.
+            client
+                .post_read(&[local.slice(0..64).unwrap()], r, ctx)
+                .and_then(|()| done(&*client).result)
+        };
+        // Not enabled yet: even the granted key is refused, like any other.
+        let uniform: Result<(), FabricError> =
+            Err(FabricError::RemoteAccess(RemoteAccessError::UnknownKey));
+        assert_eq!(
+            format!("{:?}", read(secret.key(), 1)),
+            format!("{uniform:?}")
+        );
+        assert_eq!(
+            format!("{:?}", read(secret.key() ^ 1, 2)),
+            format!("{uniform:?}")
+        );
+        server.enable_remote_access();
+        assert!(read(secret.key(), 3).is_ok());
+        assert!(local.buffer().to_vec()[..64].iter().all(|&b| b == 0x5e));
+        // Six more refusals (eight in all) and the target closes the connection.
+        for i in 0..5 {
+            assert_eq!(
+                format!("{:?}", read(1000 + i, 4 + i)),
+                format!("{uniform:?}")
+            );
+        }
+        let last = read(2000, 9);
+        assert!(
+            matches!(
+                last,
+                Err(FabricError::RemoteAccess(RemoteAccessError::UnknownKey))
+                    | Err(FabricError::ConnectionLost(_))
+            ),
+            "{last:?}"
+        );
+        let after = read(secret.key(), 10);
+        assert!(after.is_err(), "the connection is closed: {after:?}");
     });
 }

@@ -14,7 +14,7 @@ use tcp_util::*;
 fn hello(major: u16) -> Vec<u8> {
     Frame::Hello {
         major,
-        minor: 0,
+        minor: frame::VERSION_MINOR,
         flags: 0,
     }
     .encode()
@@ -145,21 +145,210 @@ fn refused_rma_fails_at_requester_while_target_serves_on() {
         assert_eq!(c.result.is_err(), i % 3 == 0);
     }
 
-    // The target keeps serving this connection, a second one, and new ones.
+    // The target keeps serving this connection and new ones.
     src.buffer().write_at(0, b"still here");
     p.client
         .post_write(&s(0..10), remote.sub(0, 10).unwrap(), 11)
         .unwrap();
     ok(&*p.client);
     assert_eq!(&target.buffer().to_vec()[..10], b"still here");
+    drop((server2, client2));
+    still_serves(&*p.listener);
+}
+
+/// Sends `f` (a READ_REQ, or a WRITE with `payload`) on the raw socket and returns the
+/// answer's header: WRITE_ACK or READ_RESP, with any READ_RESP payload read too.
+fn ask(raw: &mut TcpStream, f: Frame, payload: &[u8]) -> std::io::Result<(Frame, Vec<u8>)> {
+    raw.write_all(f.encode().as_bytes())?;
+    raw.write_all(payload)?;
+    let mut head = [0u8; frame::PREFIX_LEN];
+    raw.read_exact(&mut head)?;
+    let (answer, _) = frame::decode(&head).unwrap().unwrap();
+    let mut data = vec![0u8; answer.payload_len() as usize];
+    raw.read_exact(&mut data)?;
+    Ok((answer, data))
+}
+
+fn read_req(key: u64, len: u64) -> Frame {
+    Frame::ReadReq {
+        id: 0,
+        key,
+        offset: 0,
+        len,
+    }
+}
+
+/// The uniform refusal: UnknownKey, no payload.
+fn refused(answer: (Frame, Vec<u8>)) {
+    match answer {
+        (Frame::ReadResp { error, len, .. }, data) => {
+            assert_eq!(
+                (error, len, data.len()),
+                (Some(RemoteAccessError::UnknownKey), 0, 0)
+            )
+        }
+        (Frame::WriteAck { error, .. }, _) => {
+            assert_eq!(error, Some(RemoteAccessError::UnknownKey))
+        }
+        (other, _) => panic!("unexpected answer {other:?}"),
+    }
+}
+
+#[test]
+fn an_unauthenticated_peer_reads_and_writes_nothing_and_is_cut_off() {
+    // A legitimate, authenticated client of the same listener holds a granted region full
+    // of secrets.
+    let p = pair();
+    let secret = register_data(&*p.server, &[0x5e; 4096], Access::ALL);
+    let secret_key = advertise(&p, &secret).key;
+    // A prober that speaks the driver HELLO and nothing else: not authenticated.
+    let (mut raw, ep) = raw_peer(&*p.listener);
+    let own = register(&*ep, 4096, Access::ALL);
+    let guesses = [
+        secret_key, // valid on another connection
+        own.key(),  // granted to this one, but not enabled
+        0,
+        1,
+        0xabcd_ef00_0000_0000, // the old salt << 40 probe
+        secret_key ^ 1,
+        u64::MAX,
+    ];
+    let mut answers = 0;
+    for (i, &key) in guesses.iter().enumerate() {
+        let answer = if i % 2 == 0 {
+            ask(&mut raw, read_req(key, 64), &[])
+        } else {
+            let f = Frame::Write {
+                id: 0,
+                key,
+                offset: 0,
+                len: 4,
+            };
+            ask(&mut raw, f, b"PWND")
+        };
+        refused(answer.expect("a refusal, not a closed connection yet"));
+        answers += 1;
+    }
+    // Asking again with a key already refused is not a new guess.
+    refused(ask(&mut raw, read_req(secret_key, 4096), &[]).expect("still open"));
+    // The eighth different key is the last: the connection closes (its answer may or may
+    // not arrive first), and nothing ever came back but refusals.
+    if let Ok(a) = ask(&mut raw, read_req(2, 4096), &[]) {
+        refused(a);
+    }
+    let mut rest = Vec::new();
+    let eof = raw.read_to_end(&mut rest);
+    assert!(
+        eof.is_err() || rest.is_empty(),
+        "closed after {answers}+1 refusals"
+    );
+    assert!(
+        secret.buffer().to_vec().iter().all(|&b| b == 0x5e),
+        "secret unchanged"
+    );
+    assert!(
+        own.buffer().to_vec().iter().all(|&b| b == 0),
+        "own region unchanged"
+    );
+    // The closed connection's endpoint sees it; the others are unaffected.
+    assert!(matches!(
+        ep.post_send(&[own.slice(0..1).unwrap()], 0)
+            .map(|()| failed(&*ep).1),
+        Ok(FabricError::Protocol(_)) | Ok(FabricError::ConnectionLost(_))
+    ));
+    let mine = register_data(&*p.client, b"ok", Access::LOCAL);
+    p.client
+        .post_write(&[mine.full()], secret.remote(0..2).unwrap(), 1)
+        .unwrap();
+    ok(&*p.client);
+    still_serves(&*p.listener);
+}
+
+#[test]
+fn once_enabled_a_granted_key_is_served_and_exact_errors_are_its_own() {
+    let l = listener();
+    let (mut raw, ep) = raw_peer(&*l);
+    let own = register_data(&*ep, b"granted bytes", Access::REMOTE_READ);
+    refused(ask(&mut raw, read_req(own.key(), 13), &[]).unwrap());
+    ep.enable_remote_access();
+    let (answer, data) = ask(&mut raw, read_req(own.key(), 13), &[]).unwrap();
+    assert!(matches!(
+        answer,
+        Frame::ReadResp {
+            error: None,
+            len: 13,
+            ..
+        }
+    ));
+    assert_eq!(data, b"granted bytes");
+    // Its own key gets exact reasons; a write to a read-only region changes nothing.
+    let (answer, _) = ask(&mut raw, read_req(own.key(), 14), &[]).unwrap();
+    assert!(matches!(
+        answer,
+        Frame::ReadResp {
+            error: Some(RemoteAccessError::OutOfBounds),
+            ..
+        }
+    ));
+    let w = Frame::Write {
+        id: 0,
+        key: own.key(),
+        offset: 0,
+        len: 4,
+    };
+    let (answer, _) = ask(&mut raw, w, b"PWND").unwrap();
+    assert!(matches!(
+        answer,
+        Frame::WriteAck {
+            error: Some(RemoteAccessError::NoPermission),
+            ..
+        }
+    ));
+    assert_eq!(own.buffer().to_vec(), b"granted bytes");
+}
+
+#[test]
+fn a_key_is_honoured_only_on_the_connection_it_was_granted_to() {
+    let p = pair();
+    let target = register(&*p.server, 4096, Access::ALL);
+    let remote = advertise(&p, &target);
+    // A second connection of the same listener, authenticated (remote access on), that was
+    // granted a region of its own: the first connection's key is nothing to it.
+    let (server2, client2) = connect(&*p.listener);
+    server2.enable_remote_access();
+    let own = register(&*server2, 64, Access::ALL);
     let r2 = register_data(&*client2, b"second", Access::LOCAL);
     client2
-        .post_write(&[r2.full()], remote.sub(100, 6).unwrap(), 0)
+        .post_write(&[r2.full()], remote.sub(100, 6).unwrap(), 1)
+        .unwrap();
+    assert_eq!(
+        remote_error(&*client2),
+        (OpKind::Write, RemoteAccessError::UnknownKey)
+    );
+    client2
+        .post_read(&[r2.full()], remote.sub(0, 6).unwrap(), 2)
+        .unwrap();
+    assert_eq!(
+        remote_error(&*client2),
+        (OpKind::Read, RemoteAccessError::UnknownKey)
+    );
+    assert!(
+        target.buffer().to_vec().iter().all(|&b| b == 0),
+        "untouched"
+    );
+    // Its own grant works, and the first connection's still does.
+    client2
+        .post_write(&[r2.full()], own.remote(0..6).unwrap(), 3)
         .unwrap();
     ok(&*client2);
-    assert_eq!(&target.buffer().to_vec()[100..106], b"second");
+    assert_eq!(&own.buffer().to_vec()[..6], b"second");
+    let r1 = register_data(&*p.client, b"first", Access::LOCAL);
+    p.client
+        .post_write(&[r1.full()], remote.sub(100, 5).unwrap(), 4)
+        .unwrap();
+    ok(&*p.client);
+    assert_eq!(&target.buffer().to_vec()[100..105], b"first");
     assert!(server2.cq().is_empty());
-    still_serves(&*p.listener);
 }
 
 #[test]

@@ -62,6 +62,9 @@
 //! let src: Vec<u8> = (0..64).collect();
 //! let local = client.domain().register(&Buffer::from_slice(&src), Access::LOCAL)?;
 //! let target = server.domain().register(&Buffer::new(128), Access::ALL)?;
+//! // The server lets this client (authenticated, say) reach the target.
+//! server.enable_remote_access();
+//! server.grant(&target)?;
 //! let here = Datatype::vector(8, 4, 8, &Datatype::byte())?;
 //! let there = Datatype::vector(16, 2, 8, &Datatype::byte())?;
 //! let stats = write(

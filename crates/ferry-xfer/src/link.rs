@@ -20,6 +20,7 @@ use std::time::Duration;
 use ferry_exs::proto::{EventKind, Flags};
 use ferry_exs::runtime::{default_config, EventQueue, ExsBuf, ExsSocket};
 use ferry_exs::ExsError;
+use ferry_fabric::Access;
 
 use crate::error::{Result, XferError};
 use crate::proto::{self, BlockHeader, Msg, BLOCK_HEADER_LEN};
@@ -42,11 +43,32 @@ pub const DIRECT_ALIGN: usize = 4096;
 /// registered allocation, so direct I/O can read into it and write from it in place.
 const HEAD_ROOM: usize = DIRECT_ALIGN;
 
+/// What a buffer is for, which decides the remote rights it is registered with.
+#[derive(Clone, Copy)]
+enum Use {
+    /// Sent from (staging blocks, control frames).
+    Send,
+    /// Received into (the receive ring).
+    Recv,
+}
+
+/// The least remote rights a buffer needs under the socket's rendezvous: with pull (the
+/// default) the peer reads what we send and never touches what we receive into; with push,
+/// the reverse. Nothing else of ours is reachable by the peer, and only on its own
+/// connection.
+fn rights(sock: &ExsSocket, what: Use) -> Access {
+    match (sock.config().push, what) {
+        (false, Use::Send) => Access::REMOTE_READ,
+        (true, Use::Recv) => Access::REMOTE_WRITE,
+        _ => Access::LOCAL,
+    }
+}
+
 /// Allocates a registered buffer of `len` bytes whose byte [`BLOCK_HEADER_LEN`] (a BLOCK's
-/// payload) is [`DIRECT_ALIGN`]-aligned.
-fn alloc_aligned(sock: &ExsSocket, len: usize, what: &str) -> Result<ExsBuf> {
+/// payload) is [`DIRECT_ALIGN`]-aligned, with the rights its use needs.
+fn alloc_aligned(sock: &ExsSocket, len: usize, what: &str, to: Use) -> Result<ExsBuf> {
     let start = HEAD_ROOM - BLOCK_HEADER_LEN;
-    sock.alloc(start + len)
+    sock.alloc_with(start + len, rights(sock, to))
         .map_err(|e| XferError::conn(format!("register {what}: {e}")))?
         .slice(start..)
         .map_err(|e| XferError::conn(format!("slice {what}: {e}")))
@@ -166,7 +188,7 @@ impl Link {
         self.recv_size = size;
         let outstanding = (self.next_post - self.next_deliver) as usize;
         for _ in outstanding..count {
-            let buf = alloc_aligned(&self.sock, size, "receive buffer")?;
+            let buf = alloc_aligned(&self.sock, size, "receive buffer", Use::Recv)?;
             self.sock.recv(buf, Flags::NONE, self.next_post);
             self.next_post += 1;
         }
@@ -193,7 +215,7 @@ impl Link {
             Some(b) => b,
             None => self
                 .sock
-                .alloc(bytes.len().max(CONTROL_BUF))
+                .alloc_with(bytes.len().max(CONTROL_BUF), rights(&self.sock, Use::Send))
                 .map_err(|e| XferError::conn(format!("register send buffer: {e}")))?,
         };
         buf.write_at(0, bytes)
@@ -229,7 +251,7 @@ impl Link {
     /// Re-posts a delivered receive buffer (a fresh one if the ring grew since).
     fn repost(&mut self, buf: ExsBuf) -> Result<()> {
         let buf = if buf.len() < self.recv_size {
-            alloc_aligned(&self.sock, self.recv_size, "receive buffer")?
+            alloc_aligned(&self.sock, self.recv_size, "receive buffer", Use::Recv)?
         } else {
             buf
         };
@@ -477,7 +499,12 @@ impl BlockSender {
             }
             if self.allocated < self.ring {
                 self.allocated += 1;
-                return alloc_aligned(sock, BLOCK_HEADER_LEN + self.block, "staging block");
+                return alloc_aligned(
+                    sock,
+                    BLOCK_HEADER_LEN + self.block,
+                    "staging block",
+                    Use::Send,
+                );
             }
             self.reap_one()?;
         }

@@ -56,6 +56,8 @@ pub fn run(listen: &str) -> Result<()> {
         .accept(Duration::from_secs(30))
         .context("waiting for the bench client")?;
     tracing::debug!(peer = %ep.peer(), "bench client connected");
+    // The bench client is this process's parent: nothing to authenticate.
+    ep.enable_remote_access();
     let ctrl = ep
         .domain()
         .register(&Buffer::new(RING_OFF + RING * CTRL_LEN), Access::LOCAL)
@@ -104,6 +106,7 @@ impl Peer {
                     // pages are the kernel's shared zero page, which RMA reads (shm's CMA
                     // copy above all) would read from cache instead of memory.
                     region.buffer().fill(0x3c);
+                    self.ep.grant(&region)?;
                     let advert = Msg::Advert(region.remote(..)?);
                     self.bulk = Some(region);
                     self.post_ctrl_recv()?;

@@ -304,6 +304,17 @@ impl Engine {
         }
     }
 
+    /// Lets the peer reach `held`'s memory by RMA on this connection (and only this one), as
+    /// its registration allows: called before the core may advertise it. A region without
+    /// remote rights is never advertised and needs no grant; one of another domain fails the
+    /// operation when it is posted.
+    pub(crate) fn grant(&self, held: &Held) {
+        let region = held.buf().region();
+        if region.access() != Access::LOCAL {
+            let _ = self.ep.grant(region);
+        }
+    }
+
     /// The token to give the core for an operation of the user's `ctx` reporting to `queue`
     /// (None: the socket's own queue). Tokens start at 1; connection events carry 0.
     pub(crate) fn route(&mut self, ctx: u64, queue: Option<&EventQueue>) -> u64 {

@@ -251,22 +251,54 @@ impl ExsSocket {
         }
     }
 
+    /// The settings this socket was made with.
+    pub fn config(&self) -> Config {
+        self.inner.lock().conn.config().clone()
+    }
+
     /// This socket's id, as events report it.
     pub fn id(&self) -> SocketId {
         self.inner.id
     }
 
     /// Registers `buf` for use with this socket (`exs_mregister`), with remote read and write
-    /// rights so it can serve every transfer mode.
+    /// rights so it can serve every transfer mode. The peer can reach it only while an
+    /// operation of this socket that needs it is posted (and only on this socket's
+    /// connection); [`Self::register_with`] narrows the rights further.
     pub fn register(&self, buf: Buffer) -> Result<ExsBuf, Error> {
-        Ok(ExsBuf::new(
-            self.inner.ep.domain().register(&buf, Access::ALL)?,
-        ))
+        self.register_with(buf, Access::ALL)
+    }
+
+    /// Registers `buf` with only the remote rights `access` (least privilege, for callers
+    /// that know how their buffers are used): with pull, the default, the peer reads a send's
+    /// buffer (`REMOTE_READ`) and receives need no remote right (`LOCAL`); with push
+    /// ([`Config::push`]) the peer writes a receive's buffer (`REMOTE_WRITE`) and sends need
+    /// none. Persistent blocks follow the same rule. A buffer without the right an operation
+    /// needs fails it with [`ExsError::NotRemoteAccessible`]; messages up to the immediate
+    /// size never need one.
+    pub fn register_with(&self, buf: Buffer, access: Access) -> Result<ExsBuf, Error> {
+        Ok(ExsBuf::new(self.inner.ep.domain().register(&buf, access)?))
     }
 
     /// Allocates and registers a zeroed buffer of `len` bytes.
     pub fn alloc(&self, len: usize) -> Result<ExsBuf, Error> {
         self.register(Buffer::new(len))
+    }
+
+    /// Allocates a zeroed buffer of `len` bytes registered with `access` (see
+    /// [`Self::register_with`]).
+    pub fn alloc_with(&self, len: usize, access: Access) -> Result<ExsBuf, Error> {
+        self.register_with(Buffer::new(len), access)
+    }
+
+    /// Lets the peer of a socket accepted by a listener made with
+    /// [`ExsListener::defer_remote_access`] reach the buffers posted for it by RMA: call it
+    /// once the layer above has authenticated the peer. Until then the fabric refuses every
+    /// RMA the peer asks for (and closes the connection after a few), so only messages up to
+    /// the immediate size (and what this side pulls from the peer) can cross. Idempotent;
+    /// sockets accepted otherwise, and connected ones, have it on from the start.
+    pub fn enable_remote_access(&self) {
+        self.inner.ep.enable_remote_access();
     }
 
     /// `exs_send`: sends all of `buf` as one message. The buffer comes back in the Send event.
@@ -289,8 +321,8 @@ impl ExsSocket {
         ctx: u64,
     ) {
         ferry_fabric::timeline::mark("exs.send", ctx);
-        self.post(queue, ctx, |conn, token| {
-            conn.send(token, Held::new(buf), flags, offset)
+        self.post(queue, ctx, Held::new(buf), |conn, token, held| {
+            conn.send(token, held, flags, offset)
         });
     }
 
@@ -314,21 +346,24 @@ impl ExsSocket {
         ctx: u64,
     ) {
         ferry_fabric::timeline::mark("exs.recv", ctx);
-        self.post(queue, ctx, |conn, token| {
-            conn.recv(token, Held::new(buf), flags, offset)
+        self.post(queue, ctx, Held::new(buf), |conn, token, held| {
+            conn.recv(token, held, flags, offset)
         });
     }
 
-    /// Runs one user operation on the core, under the token that routes its completion.
+    /// Runs one user operation on the core, under the token that routes its completion,
+    /// with its buffer granted to the peer first.
     fn post(
         &self,
         queue: Option<&EventQueue>,
         ctx: u64,
-        op: impl FnOnce(&mut Connection<Held>, u64),
+        held: Held,
+        op: impl FnOnce(&mut Connection<Held>, u64, Held),
     ) {
         self.inner.with(|e| {
+            e.grant(&held);
             let token = e.route(ctx, queue);
-            op(&mut e.conn, token)
+            op(&mut e.conn, token, held)
         });
     }
 
@@ -487,6 +522,8 @@ impl Drop for ExsSocket {
 pub struct ExsListener {
     listener: Box<dyn Listener>,
     cfg: Config,
+    /// Accepted sockets serve RMA only after [`ExsSocket::enable_remote_access`].
+    deferred: bool,
 }
 
 impl ExsListener {
@@ -498,7 +535,26 @@ impl ExsListener {
         Ok(ExsListener {
             listener: ferry_fabric::listen(&addr)?,
             cfg,
+            deferred: false,
         })
+    }
+
+    /// Makes the sockets this listener accepts serve no RMA to their peer until
+    /// [`ExsSocket::enable_remote_access`]: for servers that authenticate their clients over
+    /// EXS itself. EXS has no authentication of its own, so by default an accepted socket
+    /// serves its peer as soon as it is accepted (its buffers, granted to its connection only).
+    pub fn defer_remote_access(mut self) -> Self {
+        self.deferred = true;
+        self
+    }
+
+    /// The fabric endpoint of an accepted connection, remote access on unless deferred.
+    fn accepted(&self, timeout: Duration) -> Result<Box<dyn Endpoint>, Error> {
+        let ep = self.listener.accept(timeout)?;
+        if !self.deferred {
+            ep.enable_remote_access();
+        }
+        Ok(ep)
     }
 
     /// The address clients connect to, as text.
@@ -509,7 +565,7 @@ impl ExsListener {
     /// Waits up to `timeout` for a connection and its handshake (`exs_accept`).
     pub fn accept(&self, queue: &EventQueue, timeout: Duration) -> Result<ExsSocket, Error> {
         let start = Instant::now();
-        let ep = self.listener.accept(timeout)?;
+        let ep = self.accepted(timeout)?;
         let left = timeout.saturating_sub(start.elapsed()).max(TICK);
         ExsSocket::start(ep, self.cfg.clone(), queue, left, None)
     }
@@ -520,7 +576,7 @@ impl ExsListener {
     /// connections in short slices without cutting a handshake short.
     pub fn accept_incoming(&self, timeout: Duration) -> Result<ExsIncoming, Error> {
         Ok(ExsIncoming {
-            ep: self.listener.accept(timeout)?,
+            ep: self.accepted(timeout)?,
             cfg: self.cfg.clone(),
         })
     }

@@ -30,9 +30,11 @@ pub fn connect(listener: &dyn Listener) -> (Box<dyn Endpoint>, Box<dyn Endpoint>
     })
 }
 
+/// A connected pair whose server side serves RMA (as after authentication).
 pub fn pair() -> Pair {
     let listener = listener();
     let (server, client) = connect(&*listener);
+    server.enable_remote_access();
     Pair {
         listener,
         server,
@@ -40,16 +42,19 @@ pub fn pair() -> Pair {
     }
 }
 
+/// Registers `len` zeroed bytes on `ep`'s domain and grants them to `ep`'s peer.
 pub fn register(ep: &dyn Endpoint, len: usize, access: Access) -> MemoryRegion {
-    ep.domain()
-        .register(&Buffer::new(len), access)
-        .expect("register")
+    register_data(ep, &vec![0; len], access)
 }
 
+/// Registers a copy of `data` on `ep`'s domain and grants it to `ep`'s peer.
 pub fn register_data(ep: &dyn Endpoint, data: &[u8], access: Access) -> MemoryRegion {
-    ep.domain()
+    let r = ep
+        .domain()
         .register(&Buffer::from_slice(data), access)
-        .expect("register")
+        .expect("register");
+    ep.grant(&r).expect("grant");
+    r
 }
 
 pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
@@ -88,8 +93,9 @@ pub fn split(region: &MemoryRegion, len: usize, n: usize) -> Vec<LocalSlice> {
         .collect()
 }
 
-/// Sends the server region's descriptor to the client, as the layers above do.
+/// Grants the server region to the client and sends it its descriptor, as the layers above do.
 pub fn advertise(p: &Pair, target: &MemoryRegion) -> ferry_fabric::RemoteSlice {
+    p.server.grant(target).expect("grant");
     let msg = register_data(
         &*p.server,
         &target.remote(..).unwrap().encode(),

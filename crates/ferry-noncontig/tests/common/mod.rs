@@ -41,6 +41,8 @@ pub fn pair(driver: &str) -> Pair {
             client,
         )
     });
+    // As after the layer above authenticated the client.
+    server.enable_remote_access();
     Pair {
         _listener: listener,
         server,
@@ -63,12 +65,15 @@ impl Pair {
             .expect("register local")
     }
 
-    /// A server-side region holding `data`, open to remote reads and writes.
+    /// A server-side region holding `data`, open to remote reads and writes by the client.
     pub fn target(&self, data: &[u8]) -> MemoryRegion {
-        self.server
+        let r = self
+            .server
             .domain()
             .register(&Buffer::from_slice(data), Access::ALL)
-            .expect("register target")
+            .expect("register target");
+        self.server.grant(&r).expect("grant target");
+        r
     }
 }
 

@@ -148,12 +148,14 @@ impl Server {
                 format!("bad listen address {}: {e}", self.cfg.listen),
             )
         })?;
-        ExsListener::bind(&self.cfg.listen, default_config(&addr)).map_err(|e| {
-            XferError::conn(format!(
+        ExsListener::bind(&self.cfg.listen, default_config(&addr))
+            .map(ExsListener::defer_remote_access)
+            .map_err(|e| {
+                XferError::conn(format!(
                 "cannot listen on {}: {e} (is another server using it? pick another with --listen)",
                 self.cfg.listen
             ))
-        })
+            })
     }
 
     /// Accepts connections forever, serving each on its own thread. A failing connection
@@ -420,6 +422,8 @@ impl Server {
                 return Err(XferError::conn(message));
             }
         };
+        // Authenticated: the client may now reach this connection's buffers by RMA.
+        link.socket().enable_remote_access();
         let session = match self.join(join, stream, &token) {
             Ok(s) => s,
             Err(r) => {

@@ -55,6 +55,7 @@ impl ExsSocket {
                     Err(error) => return Err(Refused { buf, error }),
                 },
             };
+            e.grant(&held);
             e.conn.send(token, held, Flags::NONE, 0);
             Ok(())
         })
@@ -104,6 +105,7 @@ impl ExsSocket {
                 };
                 Held::with_layout(buf, l)
             };
+            e.grant(&held);
             e.conn.recv(token, held, Flags::NONE, 0);
             Ok(())
         })

@@ -121,9 +121,8 @@ pub(super) struct Shared {
     name: Vec<u8>,
     /// The same, as a ferry address (`getsockname`).
     pub local_text: String,
-    key_base: u64,
+    /// The bits of a requested MR key the provider keeps (`mr_key_size`).
     key_mask: u64,
-    next_key: AtomicU64,
     next_conn: AtomicU64,
     av: Mutex<HashMap<Vec<u8>, FiAddr>>,
     /// Live connections by id, for DISCONNECT.
@@ -251,11 +250,19 @@ impl Shared {
         if access.contains(Access::REMOTE_WRITE) {
             flags |= sys::FI_REMOTE_WRITE as u64;
         }
-        let key = self
-            .key_base
-            .wrapping_add(self.next_key.fetch_add(1, SeqCst))
-            & self.key_mask;
-        let mr = self.fab.register(buf, flags, key)?;
+        // Requested keys are drawn at random per registration (as wide as the provider
+        // keeps them), so one key tells nothing about the next; a provider that picks its own
+        // (FI_MR_PROV_KEY) ignores the request. A requested key must be unique in the domain:
+        // a clash (likely only with narrow keys) is retried with a fresh one.
+        let mut tries = 0;
+        let mr = loop {
+            // Never 0, which EXS reads as "no remote buffer" (with offset 0).
+            let key = (rand::random::<u64>() & self.key_mask).max(1) & self.key_mask;
+            match self.fab.register(buf, flags, key) {
+                Err(_) if tries < 3 => tries += 1,
+                done => break done?,
+            }
+        };
         let region = MemoryRegion::new(
             buf.clone(),
             access,
@@ -264,9 +271,6 @@ impl Shared {
             self.caps.virt_addr,
             Box::new(mr),
         );
-        if let Some(rma) = &self.rma {
-            rma.add(&region);
-        }
         Ok(region)
     }
 
@@ -594,7 +598,14 @@ impl Shared {
     /// Gives up on `conn` after the provider lost its transport (messages may be lost): its
     /// receives fail, later posts fail, and the peer is told to do the same.
     pub fn abort(&self, conn: &Conn) {
-        if conn.abort() {
+        let _ = self.abort_because(conn, "the provider lost the transport");
+    }
+
+    /// Gives up on `conn` as [`Shared::abort`] does, failing what is pending with `why`.
+    /// False if it was closed already.
+    pub fn abort_because(&self, conn: &Conn, why: &'static str) -> bool {
+        let first = conn.abort();
+        if first {
             let bye = Control::Disconnect {
                 target: conn.peer_id,
                 sender: conn.id,
@@ -604,10 +615,9 @@ impl Shared {
                 tracing::debug!("cannot tell {} about the abort: {e}", conn.peer_text);
             }
             self.reap(conn);
-            self.fail_pending_rma(conn.id, || {
-                FabricError::ConnectionLost("the provider lost the transport".into())
-            });
+            self.fail_pending_rma(conn.id, || FabricError::ConnectionLost(why.into()));
         }
+        first
     }
 
     fn new_conn(&self, id: u64, peer_id: u64, peer: FiAddr, peer_name: &[u8]) -> Result<Arc<Conn>> {
@@ -692,7 +702,7 @@ impl DomainCore {
         let quirks = info::quirks(&info);
         let fab = Fabric::open(&info, name.as_deref(), quirks)?;
         let name = fab.getname()?;
-        let (key_base, key_mask) = info::key_base(&info);
+        let key_mask = info::key_mask(&info);
         let shared = Arc::new(Shared {
             id: next_domain_id(),
             caps: info::capabilities(addr, &info),
@@ -701,9 +711,7 @@ impl DomainCore {
             format: info.addr_format(),
             local_text: info::to_address(addr, info.addr_format(), &name).to_string(),
             name,
-            key_base,
             key_mask,
-            next_key: AtomicU64::new(0),
             next_conn: AtomicU64::new(1),
             av: Mutex::new(HashMap::new()),
             conns: Mutex::new(HashMap::new()),
@@ -877,7 +885,11 @@ impl DomainCore {
                 }
             };
             match reply {
-                Reply::Accepted(conn) => return Ok(Box::new(OfiEndpoint::new(self.clone(), conn))),
+                Reply::Accepted(conn) => {
+                    // The peer is the server this side chose to connect to.
+                    conn.grants.enable();
+                    return Ok(Box::new(OfiEndpoint::new(self.clone(), conn)));
+                }
                 Reply::Retry(_) if Instant::now() + CONNECT_RETRY < deadline => {
                     std::thread::sleep(CONNECT_RETRY);
                 }

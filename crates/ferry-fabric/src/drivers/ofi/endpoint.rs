@@ -15,7 +15,8 @@ use super::wire::Control;
 use crate::caps::Capabilities;
 use crate::cq::{Completion, CompletionQueue, OpKind};
 use crate::error::{FabricError, Result};
-use crate::mem::{LocalSlice, RemoteSlice};
+use crate::grants::Grants;
+use crate::mem::{LocalSlice, MemoryRegion, RemoteSlice};
 use crate::{check_local, check_rma, check_rma_v, Domain, Endpoint};
 
 /// `peer_sent` while the peer has not closed.
@@ -44,6 +45,8 @@ pub(super) struct Conn {
     pub peer_said_bye: AtomicBool,
     /// Checked RMAs posted now wait to share one request (`Endpoint::hold_rma`).
     pub held: AtomicBool,
+    /// What the peer may reach by checked RMA (off until enabled: see [`Grants`]).
+    pub grants: Grants,
     next_recv: AtomicU64,
     /// Keepalive: when the connection was made, when the peer's driver last spoke
     /// (milliseconds since `born`), when we last pinged it, and whether it answers PINGs
@@ -81,6 +84,7 @@ impl Conn {
             peer_sent: AtomicU64::new(PEER_OPEN),
             peer_said_bye: AtomicBool::new(false),
             held: AtomicBool::new(false),
+            grants: Grants::new(false),
             next_recv: AtomicU64::new(0),
             born: Instant::now(),
             heard_ms: AtomicU64::new(0),
@@ -275,6 +279,24 @@ impl Endpoint for OfiEndpoint {
 
     fn local(&self) -> String {
         self.shared().local_text.clone()
+    }
+
+    /// Recorded for the checked-RMA path; providers whose NIC checks RMA cannot scope keys
+    /// per connection (docs/fabric.md, "Threat model").
+    fn grant(&self, region: &MemoryRegion) -> Result<()> {
+        if region.domain() != self.shared().id {
+            return Err(FabricError::InvalidArgument(
+                "memory region belongs to another domain".into(),
+            ));
+        }
+        if self.shared().rma.is_some() {
+            self.conn.grants.grant(region);
+        }
+        Ok(())
+    }
+
+    fn enable_remote_access(&self) {
+        self.conn.grants.enable();
     }
 
     fn post_send(&self, data: &[LocalSlice], context: u64) -> Result<()> {

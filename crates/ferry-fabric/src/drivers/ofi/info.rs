@@ -379,16 +379,15 @@ pub(super) fn capabilities(addr: &Address, info: &Info) -> Capabilities {
     }
 }
 
-/// Requested MR keys must be unique in the domain; they are also drawn at random per domain
-/// so that a key from another domain or process is very unlikely to name a live region here.
-pub(super) fn key_base(info: &Info) -> (u64, u64) {
+/// The bits of a requested MR key the provider keeps: keys are drawn at random under this
+/// mask, per registration.
+pub(super) fn key_mask(info: &Info) -> u64 {
     let bits = (info.mr_key_size().min(8) * 8) as u32;
-    let mask = if bits >= 64 {
+    if bits >= 64 {
         u64::MAX
     } else {
         (1u64 << bits).wrapping_sub(1)
-    };
-    (rand::random::<u64>() & mask, mask)
+    }
 }
 
 #[cfg(test)]

@@ -1,7 +1,9 @@
 //! Checked RMA, for providers whose own target-side checks cannot be relied on (see
 //! `info::Quirks`): before the initiator hands an RMA to the provider, the target's driver
-//! checks key, bounds and rights against its own table of registrations and, if granted,
-//! holds the region (registration and memory) until the initiator reports the access done.
+//! checks that the key was granted to this connection and remote access is enabled
+//! ([`crate::grants`]: otherwise one uniform refusal, and the connection is closed after a
+//! few), then bounds and rights, and, if granted, holds the region (registration and memory)
+//! until the initiator reports the access done.
 //!
 //! ```text
 //! initiator                                   target
@@ -11,7 +13,7 @@
 //!        (or: ◀── RMA_ANSWER{refusal}: the op completes with RemoteAccess, nothing touched)
 //! ```
 //!
-//! It costs one round trip per request and gives exact refusal reasons. RMAs posted while a
+//! It costs one round trip per request and gives exact refusal reasons for granted keys. RMAs posted while a
 //! request for the same connection, key and direction is unanswered wait for it and then
 //! share one request for the range spanning them all (the EXIO pattern posts one RMA per
 //! destination segment, all together: 16 segments cost 2 requests, not 16), and one
@@ -24,7 +26,7 @@
 //! 349 µs for the others). A refused shared request is retried one RMA per request, so each
 //! still fails (or not) for its own reason.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex};
@@ -37,19 +39,8 @@ use super::progress::{Op, Purpose};
 use super::wire::Control;
 use crate::cq::Completion;
 use crate::error::{FabricError, RemoteAccessError, Result};
-use crate::mem::{Access, MemoryRegion, RemoteSlice, WeakRegion};
-
-/// Deregistered keys remembered to tell "stale" from "unknown".
-const STALE_KEYS: usize = 4096;
-/// Registrations between sweeps of dead entries.
-const SWEEP_EVERY: usize = 256;
-
-#[derive(Default)]
-struct Regions {
-    live: HashMap<u64, WeakRegion>,
-    stale: VecDeque<u64>,
-    added: usize,
-}
+use crate::grants::{Refusal, REFUSALS_BEFORE_CLOSE};
+use crate::mem::{Access, MemoryRegion, RemoteSlice};
 
 /// An RMA waiting for the target's answer.
 struct Pending {
@@ -73,7 +64,6 @@ type BatchKey = (u64, u64, bool);
 /// One domain's checked-RMA state, both as initiator and as target.
 #[derive(Default)]
 pub(super) struct Checked {
-    regions: Mutex<Regions>,
     /// Granted accesses by (our connection id, token).
     leases: Mutex<HashMap<(u64, u64), MemoryRegion>>,
     /// Unanswered requests by token, with the RMAs each one covers.
@@ -89,28 +79,6 @@ pub(super) struct Checked {
 }
 
 impl Checked {
-    /// Makes `region` reachable by its key.
-    pub fn add(&self, region: &MemoryRegion) {
-        let mut r = lock(&self.regions);
-        r.added += 1;
-        if r.added.is_multiple_of(SWEEP_EVERY) {
-            let dead: Vec<u64> = r
-                .live
-                .iter()
-                .filter(|(_, w)| w.upgrade().is_none())
-                .map(|(&k, _)| k)
-                .collect();
-            for k in dead {
-                r.live.remove(&k);
-                r.stale.push_back(k);
-            }
-            while r.stale.len() > STALE_KEYS {
-                r.stale.pop_front();
-            }
-        }
-        r.live.insert(region.key(), region.downgrade());
-    }
-
     /// True if peers hold grants to our regions.
     pub fn granted(&self) -> bool {
         !lock(&self.leases).is_empty()
@@ -120,43 +88,35 @@ impl Checked {
     pub fn waiting(&self) -> bool {
         !lock(&self.pending).is_empty() || lock(&self.batches).values().any(|q| !q.is_empty())
     }
+}
 
-    /// The region `remote` names, if the access is allowed.
-    fn check(
-        &self,
-        remote: RemoteSlice,
-        write: bool,
-        virt_addr: bool,
-    ) -> Result<MemoryRegion, RemoteAccessError> {
-        let region = {
-            let r = lock(&self.regions);
-            match r.live.get(&remote.key) {
-                Some(w) => w.upgrade().ok_or(RemoteAccessError::StaleKey)?,
-                None if r.stale.contains(&remote.key) => return Err(RemoteAccessError::StaleKey),
-                None => return Err(RemoteAccessError::UnknownKey),
-            }
-        };
-        let need = if write {
-            Access::REMOTE_WRITE
-        } else {
-            Access::REMOTE_READ
-        };
-        if !region.access().contains(need) {
-            return Err(RemoteAccessError::NoPermission);
-        }
-        let base = if virt_addr {
-            region.buffer().addr() as u64
-        } else {
-            0
-        };
-        let end = remote
-            .addr
-            .checked_sub(base)
-            .and_then(|start| start.checked_add(remote.len));
-        match end {
-            Some(end) if end <= region.len() as u64 => Ok(region),
-            _ => Err(RemoteAccessError::OutOfBounds),
-        }
+/// Checks an access to `region` (which the peer was granted) for bounds and rights.
+fn check(
+    region: MemoryRegion,
+    remote: RemoteSlice,
+    write: bool,
+    virt_addr: bool,
+) -> Result<MemoryRegion, RemoteAccessError> {
+    let need = if write {
+        Access::REMOTE_WRITE
+    } else {
+        Access::REMOTE_READ
+    };
+    if !region.access().contains(need) {
+        return Err(RemoteAccessError::NoPermission);
+    }
+    let base = if virt_addr {
+        region.buffer().addr() as u64
+    } else {
+        0
+    };
+    let end = remote
+        .addr
+        .checked_sub(base)
+        .and_then(|start| start.checked_add(remote.len));
+    match end {
+        Some(end) if end <= region.len() as u64 => Ok(region),
+        _ => Err(RemoteAccessError::OutOfBounds),
     }
 }
 
@@ -276,7 +236,26 @@ impl Shared {
             return;
         }
         crate::timeline::mark("rma.req", token);
-        let status = match rma.check(remote, write, self.caps.virt_addr) {
+        let granted = match conn.grants.lookup(remote.key) {
+            Ok(region) => check(region, remote, write, self.caps.virt_addr),
+            Err(Refusal::Stale) => Err(RemoteAccessError::StaleKey),
+            Err(Refusal::Uniform) => {
+                if conn.grants.refused(remote.key) {
+                    let why = "the peer kept asking for memory it was not granted";
+                    if self.abort_because(&conn, why) {
+                        tracing::warn!(
+                            "ofi: closing the connection of {}: remote memory accesses with \
+                             {REFUSALS_BEFORE_CLOSE} keys it was never granted (or before it \
+                             was authenticated)",
+                            conn.peer_text
+                        );
+                    }
+                    return;
+                }
+                Err(RemoteAccessError::UnknownKey)
+            }
+        };
+        let status = match granted {
             Ok(region) => {
                 lock(&rma.leases).insert((target, token), region);
                 0

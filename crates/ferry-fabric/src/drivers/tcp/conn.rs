@@ -14,11 +14,13 @@ use std::thread::JoinHandle;
 
 use super::frame::{Frame, Header};
 use super::io::{self, Span};
-use super::keys::KeyTable;
 use super::TcpDomain;
 use crate::cq::{Completion, CompletionQueue, OpKind};
 use crate::error::{FabricError, Result};
-use crate::{check_local, check_rma, Capabilities, Domain, Endpoint, LocalSlice, RemoteSlice};
+use crate::grants::Grants;
+use crate::{
+    check_local, check_rma, Capabilities, Domain, Endpoint, LocalSlice, MemoryRegion, RemoteSlice,
+};
 
 /// Why a connection ended; every pending operation fails with the matching error.
 #[derive(Debug, Clone)]
@@ -143,18 +145,23 @@ pub(super) struct State {
 pub(super) struct Conn {
     pub(super) stream: TcpStream,
     pub(super) cq: CompletionQueue,
-    pub(super) keys: Arc<KeyTable>,
+    /// What the peer may reach by RMA.
+    pub(super) grants: Grants,
+    /// The peer, as text (for the log line of a connection closed for probing).
+    pub(super) peer: String,
     state: Mutex<State>,
     /// The writer sleeps here while it has nothing to write.
     pub(super) wake: Condvar,
 }
 
 impl Conn {
-    pub(super) fn new(stream: TcpStream, keys: Arc<KeyTable>) -> Result<Self> {
+    /// A connection to `peer`, serving RMA at once if `remote_access` (see [`Grants`]).
+    pub(super) fn new(stream: TcpStream, remote_access: bool, peer: String) -> Result<Self> {
         Ok(Self {
             stream,
             cq: CompletionQueue::new()?,
-            keys,
+            grants: Grants::new(remote_access),
+            peer,
             state: Mutex::new(State {
                 closed: None,
                 rx_done: false,
@@ -383,6 +390,20 @@ impl Endpoint for TcpEndpoint {
 
     fn local(&self) -> String {
         self.local.clone()
+    }
+
+    fn grant(&self, region: &MemoryRegion) -> Result<()> {
+        if region.domain() != self.domain.id {
+            return Err(FabricError::InvalidArgument(
+                "memory region belongs to another domain".into(),
+            ));
+        }
+        self.conn.grants.grant(region);
+        Ok(())
+    }
+
+    fn enable_remote_access(&self) {
+        self.conn.grants.enable();
     }
 
     fn post_send(&self, data: &[LocalSlice], context: u64) -> Result<()> {

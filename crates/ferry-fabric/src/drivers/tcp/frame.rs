@@ -10,7 +10,7 @@ use crate::error::RemoteAccessError;
 /// Protocol major version: peers with another major refuse each other at HELLO.
 pub const VERSION_MAJOR: u16 = 1;
 /// Protocol minor version: additions a peer of the same major may ignore.
-pub const VERSION_MINOR: u16 = 0;
+pub const VERSION_MINOR: u16 = 1;
 /// Identifies a ferry TCP peer; sent in HELLO.
 pub const MAGIC: [u8; 8] = *b"FERRYTCP";
 /// The common prefix of every header: payload length, type, status, reserved, request id.

@@ -1,123 +1,51 @@
-//! The key table: which registered memory a remote key names.
+//! The key table: which remote keys a domain's live registrations hold.
 //!
-//! A key is `salt (24 bits) | generation (20 bits) | slot (20 bits)`. The salt is random per
-//! domain, so keys of another domain (or process) are recognised as unknown; the generation
-//! changes each time a slot is freed, so a deregistered region's key is recognised as stale.
-//! Freed slots are reused only once [`REUSE_AFTER`] of them are waiting, so one slot's
-//! generation wraps only after about 2^28 registrations.
+//! A key is 64 random bits drawn per registration (never a salt plus counters), unique among
+//! the domain's live registrations and never 0 (EXS's "no remote"). Keys are not looked up
+//! here: a peer reaches a region only through its connection's grants
+//! ([`crate::grants::Grants`]), so one connection's key is worth nothing on another, and a
+//! guess has 2^-64 odds per try and [`crate::grants::REFUSALS_BEFORE_CLOSE`] tries per
+//! connection.
 
 use std::any::Any;
-use std::collections::VecDeque;
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::io::Span;
-use crate::error::{FabricError, RemoteAccessError, Result};
-use crate::mem::{Access, Buffer, Registration, WeakBuffer};
+use crate::mem::Registration;
 
-const SLOT_BITS: u32 = 20;
-const GEN_BITS: u32 = 20;
-const SLOT_MASK: u64 = (1 << SLOT_BITS) - 1;
-const GEN_MASK: u32 = (1 << GEN_BITS) - 1;
-const SALT_SHIFT: u32 = SLOT_BITS + GEN_BITS;
-/// Freed slots wait in a FIFO until this many are free, which spreads generation wrap-around.
-const REUSE_AFTER: usize = 256;
-
-struct Slot {
-    generation: u32,
-    /// Weak, because the registration cache judges whether the caller still holds a buffer by
-    /// its handle count; the region itself keeps the memory alive while the key exists.
-    entry: Option<(WeakBuffer, Access)>,
-}
-
-struct Slots {
-    slots: Vec<Slot>,
-    free: VecDeque<usize>,
-}
-
-/// A domain's registered regions, looked up by remote key.
+/// A domain's live keys.
 pub(super) struct KeyTable {
-    salt: u64,
-    inner: Mutex<Slots>,
+    live: Mutex<HashSet<u64>>,
 }
 
 impl KeyTable {
-    /// An empty table with a fresh random salt.
+    /// An empty table.
     pub(super) fn new() -> Self {
         Self {
-            salt: rand::random::<u64>() >> SALT_SHIFT,
-            inner: Mutex::new(Slots {
-                slots: Vec::new(),
-                free: VecDeque::new(),
-            }),
+            live: Mutex::new(HashSet::new()),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Slots> {
-        // Every critical section leaves the table consistent, so a poisoned lock is usable.
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> MutexGuard<'_, HashSet<u64>> {
+        // Every critical section leaves the set consistent, so a poisoned lock is usable.
+        self.live.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Adds a region and returns its key.
-    pub(super) fn insert(&self, buf: &Buffer, access: Access) -> Result<u64> {
-        let mut t = self.lock();
-        let slot = if t.free.len() >= REUSE_AFTER || t.slots.len() > SLOT_MASK as usize {
-            t.free.pop_front().ok_or_else(|| {
-                FabricError::Unsupported(format!("more than {} live registrations", SLOT_MASK + 1))
-            })?
-        } else {
-            t.slots.push(Slot {
-                generation: 0,
-                entry: None,
-            });
-            t.slots.len() - 1
-        };
-        let s = &mut t.slots[slot];
-        s.entry = Some((buf.downgrade(), access));
-        Ok(self.salt << SALT_SHIFT | u64::from(s.generation) << SLOT_BITS | slot as u64)
+    /// Draws a fresh random key for a new registration.
+    pub(super) fn insert(&self) -> u64 {
+        let mut live = self.lock();
+        loop {
+            let key = rand::random::<u64>();
+            // A repeat is a 2^-64 event per live key; drawing again keeps keys unique.
+            if key != 0 && live.insert(key) {
+                return key;
+            }
+        }
     }
 
-    /// Removes the region `key` names, so its key turns stale.
+    /// Retires `key` (its registration is gone).
     fn remove(&self, key: u64) {
-        let mut t = self.lock();
-        let slot = (key & SLOT_MASK) as usize;
-        if let Some(s) = t.slots.get_mut(slot) {
-            s.entry = None;
-            s.generation = (s.generation + 1) & GEN_MASK;
-            t.free.push_back(slot);
-        }
-    }
-
-    /// Checks key, bounds and rights, in that order, before any memory is touched, and returns
-    /// the addressed range.
-    pub(super) fn lookup(
-        &self,
-        key: u64,
-        offset: u64,
-        len: u64,
-        need: Access,
-    ) -> std::result::Result<Span, RemoteAccessError> {
-        if key >> SALT_SHIFT != self.salt {
-            return Err(RemoteAccessError::UnknownKey);
-        }
-        let t = self.lock();
-        let slot = t
-            .slots
-            .get((key & SLOT_MASK) as usize)
-            .ok_or(RemoteAccessError::UnknownKey)?;
-        let generation = ((key >> SLOT_BITS) as u32) & GEN_MASK;
-        let (buf, access) = match &slot.entry {
-            Some((weak, access)) if slot.generation == generation => (weak.upgrade(), *access),
-            _ => return Err(RemoteAccessError::StaleKey),
-        };
-        let buf = buf.ok_or(RemoteAccessError::StaleKey)?;
-        let (Ok(off), Ok(len)) = (usize::try_from(offset), usize::try_from(len)) else {
-            return Err(RemoteAccessError::OutOfBounds);
-        };
-        let span = Span::new(buf, off, len).ok_or(RemoteAccessError::OutOfBounds)?;
-        if !access.contains(need) {
-            return Err(RemoteAccessError::NoPermission);
-        }
-        Ok(span)
+        self.lock().remove(&key);
     }
 }
 
@@ -144,65 +72,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn checks_key_generation_bounds_and_rights() {
+    fn keys_are_64_random_bits_unique_and_never_zero() {
         let t = KeyTable::new();
-        let other = KeyTable::new();
-        let b = Buffer::new(100);
-        let k = t.insert(&b, Access::REMOTE_READ).unwrap();
-        assert!(t.lookup(k, 90, 10, Access::REMOTE_READ).is_ok());
-        let e = |r: std::result::Result<Span, RemoteAccessError>| r.err();
-        assert_eq!(
-            e(t.lookup(k, 91, 10, Access::REMOTE_READ)),
-            Some(RemoteAccessError::OutOfBounds)
-        );
-        assert_eq!(
-            e(t.lookup(k, u64::MAX, 2, Access::REMOTE_READ)),
-            Some(RemoteAccessError::OutOfBounds)
-        );
-        assert_eq!(
-            e(t.lookup(k, 0, 1, Access::REMOTE_WRITE)),
-            Some(RemoteAccessError::NoPermission)
-        );
-        if other.salt != t.salt {
-            let foreign = other.insert(&b, Access::ALL).unwrap();
-            assert_eq!(
-                e(t.lookup(foreign, 0, 1, Access::LOCAL)),
-                Some(RemoteAccessError::UnknownKey)
-            );
-        }
-        t.remove(k);
-        assert_eq!(
-            e(t.lookup(k, 0, 1, Access::REMOTE_READ)),
-            Some(RemoteAccessError::StaleKey)
-        );
-        assert_eq!(
-            e(t.lookup(k + 5, 0, 1, Access::REMOTE_READ)),
-            Some(RemoteAccessError::UnknownKey)
-        );
-    }
-
-    #[test]
-    fn freed_slots_are_reused_late_with_a_new_generation() {
-        let t = KeyTable::new();
-        let b = Buffer::new(1);
-        let first = t.insert(&b, Access::ALL).unwrap();
-        t.remove(first);
-        let mut keys = Vec::new();
-        for _ in 0..REUSE_AFTER {
-            let k = t.insert(&b, Access::ALL).unwrap();
-            assert_ne!(k & SLOT_MASK, first & SLOT_MASK, "reused too early");
-            keys.push(k);
-        }
-        for k in keys {
-            t.remove(k);
-        }
-        let again = t.insert(&b, Access::ALL).unwrap();
-        assert_eq!(again & SLOT_MASK, first & SLOT_MASK);
-        assert_ne!(again, first);
-        assert_eq!(
-            t.lookup(first, 0, 1, Access::LOCAL).err(),
-            Some(RemoteAccessError::StaleKey)
-        );
-        assert!(t.lookup(again, 0, 1, Access::LOCAL).is_ok());
+        let keys: Vec<u64> = (0..4096).map(|_| t.insert()).collect();
+        let distinct: HashSet<u64> = keys.iter().copied().collect();
+        assert_eq!(distinct.len(), keys.len());
+        assert!(!keys.contains(&0));
+        // Every bit position varies: no salt, generation or slot field stays fixed (a fixed
+        // bit survives 4096 fair draws with odds 2^-4095).
+        let (ones, zeros) = keys.iter().fold((0u64, 0u64), |(o, z), &k| (o | k, z | !k));
+        assert_eq!(ones, u64::MAX, "some bit is never 1");
+        assert_eq!(zeros, u64::MAX, "some bit is never 0");
+        // Consecutive registrations are not related by a counter.
+        let steps: HashSet<u64> = keys.windows(2).map(|w| w[1].wrapping_sub(w[0])).collect();
+        assert!(steps.len() > 4000, "keys follow a pattern");
+        // A retired key leaves the table; the others stay.
+        t.remove(keys[0]);
+        assert!(!t.lock().contains(&keys[0]));
+        assert!(t.lock().contains(&keys[1]));
     }
 }

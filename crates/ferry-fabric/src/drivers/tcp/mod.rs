@@ -4,8 +4,9 @@
 //! posting thread only queues work. Payloads move between the socket and registered memory
 //! with vectored I/O and no staging copy, except sends up to the inline size, which are copied
 //! at post time and complete at once. RMA is emulated with request/response frames
-//! ([`frame`]): the target's reader checks every access (key salt and generation, bounds,
-//! rights) before it touches memory. Remote addresses are offsets into the region.
+//! ([`frame`]): the target's reader checks every access (that the key was granted to this
+//! connection and remote access is enabled, then bounds and rights: [`crate::grants`]) before
+//! it touches memory. Remote addresses are offsets into the region.
 //!
 //! Completions are in posting order per kind. When the connection ends (peer gone, reset,
 //! protocol violation, endpoint dropped), every pending operation fails, and later posts are
@@ -133,8 +134,14 @@ impl TcpDomain {
         })
     }
 
-    /// Handshakes on a connected socket and starts its reader and writer.
-    fn endpoint(&self, stream: TcpStream, timeout: Duration) -> Result<Box<dyn Endpoint>> {
+    /// Handshakes on a connected socket and starts its reader and writer. An accepted
+    /// connection serves no RMA until [`Endpoint::enable_remote_access`].
+    fn endpoint(
+        &self,
+        stream: TcpStream,
+        timeout: Duration,
+        accepted: bool,
+    ) -> Result<Box<dyn Endpoint>> {
         let domain = self.me.upgrade().ok_or(FabricError::Cancelled)?;
         stream
             .set_nodelay(true)
@@ -146,7 +153,7 @@ impl TcpDomain {
         let local = stream
             .local_addr()
             .map_or_else(|_| "unknown".into(), |a| format!("tcp://{a}"));
-        let conn = Arc::new(Conn::new(stream, self.keys.clone())?);
+        let conn = Arc::new(Conn::new(stream, !accepted, peer.clone())?);
         let mut ep = TcpEndpoint {
             domain,
             conn,
@@ -178,7 +185,7 @@ impl Domain for TcpDomain {
     }
 
     fn register(&self, buf: &Buffer, access: Access) -> Result<MemoryRegion> {
-        let key = self.keys.insert(buf, access)?;
+        let key = self.keys.insert();
         let reg = Reg {
             keys: self.keys.clone(),
             key,
@@ -208,7 +215,8 @@ impl Domain for TcpDomain {
             }
             match TcpStream::connect_timeout(&target, left) {
                 Ok(s) => {
-                    return self.endpoint(s, deadline.saturating_duration_since(Instant::now()))
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    return self.endpoint(s, left, false);
                 }
                 Err(e) => last = Some(e),
             }
@@ -376,7 +384,7 @@ impl Listener for TcpListener {
                         .set_nonblocking(false)
                         .map_err(|e| FabricError::io("accepted socket blocking mode", e))?;
                     // The HELLO is here: the handshake does not wait on the peer.
-                    return self.domain.endpoint(stream, HELLO_GRACE);
+                    return self.domain.endpoint(stream, HELLO_GRACE, true);
                 }
                 Err(soonest) => soonest,
             };

@@ -8,9 +8,10 @@ use std::sync::Arc;
 
 use super::conn::{deliver, recv_done, Close, Conn, Payload, Pending};
 use super::frame::{self, Frame};
-use super::io::Fill;
+use super::io::{Fill, Span};
 use crate::cq::{Completion, OpKind};
-use crate::error::FabricError;
+use crate::error::{FabricError, RemoteAccessError};
+use crate::grants::{Refusal, REFUSALS_BEFORE_CLOSE};
 use crate::mem::Access;
 
 /// Staging buffer for headers and small payloads; larger payloads bypass it.
@@ -162,14 +163,15 @@ fn handle(conn: &Conn, inb: &mut Inbound<'_>, f: Frame) -> Result<(), Close> {
             offset,
             len,
         } => {
-            let error = match conn.keys.lookup(key, offset, len, Access::REMOTE_WRITE) {
+            let (target, last) = target(conn, key, offset, len, Access::REMOTE_WRITE);
+            let error = match target {
                 Ok(span) => inb
                     .payload_into(&mut Fill::new(std::slice::from_ref(&span), size(len)))
                     .map(|()| None)?,
                 Err(e) => inb.discard(len).map(|()| Some(e))?,
             };
             conn.answer(Frame::WriteAck { id, error }, Payload::None);
-            Ok(())
+            last.map_or(Ok(()), Err)
         }
         Frame::ReadReq {
             id,
@@ -177,7 +179,8 @@ fn handle(conn: &Conn, inb: &mut Inbound<'_>, f: Frame) -> Result<(), Close> {
             offset,
             len,
         } => {
-            let (resp, payload) = match conn.keys.lookup(key, offset, len, Access::REMOTE_READ) {
+            let (target, last) = target(conn, key, offset, len, Access::REMOTE_READ);
+            let (resp, payload) = match target {
                 Ok(span) => (
                     Frame::ReadResp {
                         id,
@@ -196,7 +199,7 @@ fn handle(conn: &Conn, inb: &mut Inbound<'_>, f: Frame) -> Result<(), Close> {
                 ),
             };
             conn.answer(resp, payload);
-            Ok(())
+            last.map_or(Ok(()), Err)
         }
         Frame::WriteAck { id, error } => {
             let p = take_pending(conn, id, OpKind::Write, None)?;
@@ -219,7 +222,49 @@ fn handle(conn: &Conn, inb: &mut Inbound<'_>, f: Frame) -> Result<(), Close> {
     }
 }
 
-fn rma_done(p: &Pending, op: OpKind, error: Option<crate::RemoteAccessError>) -> Completion {
+/// Checks a peer's RMA request against this connection's grants ([`crate::grants`]): the
+/// addressed memory, or why not, and the reason to close the connection once the answer is
+/// sent (the peer has had its last uniform refusal). Grant, then bounds, then rights, before
+/// any memory is touched.
+fn target(
+    conn: &Conn,
+    key: u64,
+    offset: u64,
+    len: u64,
+    need: Access,
+) -> (Result<Span, RemoteAccessError>, Option<Close>) {
+    let region = match conn.grants.lookup(key) {
+        Ok(region) => region,
+        Err(Refusal::Stale) => return (Err(RemoteAccessError::StaleKey), None),
+        Err(Refusal::Uniform) => {
+            tracing::debug!(peer = %conn.peer, "tcp: refused an RMA on a key this connection was not granted");
+            let last = conn.grants.refused(key).then(|| {
+                tracing::warn!(
+                    "tcp: closing the connection of {}: remote memory accesses with \
+                     {REFUSALS_BEFORE_CLOSE} keys it was never granted (or before it was \
+                     authenticated)",
+                    conn.peer
+                );
+                Close::Protocol(format!(
+                    "remote accesses refused for {REFUSALS_BEFORE_CLOSE} keys never granted on this connection"
+                ))
+            });
+            return (Err(RemoteAccessError::UnknownKey), last);
+        }
+    };
+    let (Ok(off), Ok(len)) = (usize::try_from(offset), usize::try_from(len)) else {
+        return (Err(RemoteAccessError::OutOfBounds), None);
+    };
+    let Some(span) = Span::new(region.buffer().clone(), off, len) else {
+        return (Err(RemoteAccessError::OutOfBounds), None);
+    };
+    if !region.access().contains(need) {
+        return (Err(RemoteAccessError::NoPermission), None);
+    }
+    (Ok(span), None)
+}
+
+fn rma_done(p: &Pending, op: OpKind, error: Option<RemoteAccessError>) -> Completion {
     match error {
         None => Completion::ok(p.context, op, p.len),
         Some(e) => Completion::err(p.context, op, FabricError::RemoteAccess(e)),
