@@ -835,6 +835,19 @@ impl BlockSender {
         }
         Ok(())
     }
+
+    /// Gives up sending file `file_id` because of `e`: lets the blocks sent go, tells the
+    /// peer (which drops what it received of the file) and returns `e`. Best effort: the
+    /// link may be what failed.
+    pub fn abandon<T>(&mut self, link: &Link, file_id: u32, e: XferError) -> Result<T> {
+        let _ = self.flush();
+        let _ = link.send(&Msg::Error {
+            code: e.code(),
+            file_id,
+            message: e.msg.clone(),
+        });
+        Err(e)
+    }
 }
 
 /// What a PUT_FILE says of its file besides the bytes.

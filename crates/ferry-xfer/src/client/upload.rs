@@ -231,26 +231,14 @@ impl Client {
             .send_range(&self.link, src, span, hasher.as_mut(), &add);
         self.stats.wire_bytes += wire.take();
         if let Err(e) = sent {
-            let _ = self.tx.flush();
-            let _ = self.link.send(&Msg::Error {
-                code: e.code(),
-                file_id,
-                message: e.msg.clone(),
-            });
-            return Err(e);
+            return self.tx.abandon(&self.link, file_id, e);
         }
         // The server answers FILE_DONE only after taking every block: no flush needed.
         let hash = hasher.map(|h| *h.finalize().as_bytes());
         loop {
             if let (Some(stamp), Source::File(file)) = (stamp, src) {
                 if let Err(e) = stamp.check(file, path) {
-                    let _ = self.tx.flush();
-                    let _ = self.link.send(&Msg::Error {
-                        code: e.code(),
-                        file_id,
-                        message: e.msg.clone(),
-                    });
-                    return Err(e);
+                    return self.tx.abandon(&self.link, file_id, e);
                 }
             }
             self.link.send(&Msg::FileDone {

@@ -351,13 +351,7 @@ fn put_range(
     let sent = c.tx.send_range(&c.link, up.source(), span, None, &add);
     c.stats.wire_bytes += wire.take();
     if let Err(e) = sent {
-        let _ = c.tx.flush();
-        let _ = c.link.send(&Msg::Error {
-            code: e.code(),
-            file_id,
-            message: e.msg.clone(),
-        });
-        return Err(e);
+        return c.tx.abandon(&c.link, file_id, e);
     }
     loop {
         c.link.send(&Msg::FileDone {

@@ -25,6 +25,7 @@ use rustix::io::Errno;
 
 use crate::config::ServerConfig;
 use crate::error::{Kind, Result, XferError};
+use crate::journal::Ident;
 use crate::link::{BlockSender, Link};
 use crate::proto::{self, Entry, ErrorCode, Msg, BLOCK_HEADER_LEN};
 use crate::session::Session;
@@ -415,23 +416,13 @@ impl Server {
         let block = block_size.clamp(proto::MIN_BLOCK, self.cfg.block_size);
         let slot = match hs.admit(self.cfg.ring, block) {
             Ok(s) => s,
-            Err(r) => {
-                let message = r.message.clone();
-                reply_refusal(link, 0, r)?;
-                std::thread::sleep(Duration::from_millis(50));
-                return Err(XferError::conn(message));
-            }
+            Err(r) => return refuse_connection(link, r),
         };
         // Authenticated: the client may now reach this connection's buffers by RMA.
         link.socket().enable_remote_access();
         let session = match self.join(join, stream, &token) {
             Ok(s) => s,
-            Err(r) => {
-                let message = r.message.clone();
-                reply_refusal(link, 0, r)?;
-                std::thread::sleep(Duration::from_millis(50));
-                return Err(XferError::conn(message));
-            }
+            Err(r) => return refuse_connection(link, r),
         };
         let _stream = StreamGuard {
             server: self,
@@ -778,6 +769,24 @@ struct PutReq {
     ring: usize,
 }
 
+impl PutReq {
+    /// What identifies the source the upload comes from (a part of another is not resumed).
+    fn ident(&self) -> Ident {
+        Ident {
+            size: self.size,
+            mtime: self.mtime.unwrap_or(0),
+        }
+    }
+
+    /// How the upload may treat its destination.
+    fn target(&self) -> Target {
+        Target {
+            resume: self.resume,
+            force: self.force,
+        }
+    }
+}
+
 /// A connection's state between requests.
 struct Requests {
     /// The agreed block size.
@@ -906,6 +915,15 @@ fn ready(
         offset,
     })?;
     Ok(Some(length.min(size - offset)))
+}
+
+/// Refuses a connection at its handshake: the refusal, a moment for it to reach the client
+/// before the connection goes, and the error that ends the connection.
+fn refuse_connection<T>(link: &Link, r: Refusal) -> Result<T> {
+    let message = r.message.clone();
+    reply_refusal(link, 0, r)?;
+    std::thread::sleep(Duration::from_millis(50));
+    Err(XferError::conn(message))
 }
 
 fn reply_refusal(link: &Link, file_id: u32, r: Refusal) -> Result<()> {

@@ -4,11 +4,11 @@ use std::fs::File;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use super::roots::{refuse, PResult, PartFile, Target};
+use super::roots::{refuse, PResult, PartFile};
 use super::sink::BlockSink;
 use super::{busy, reply_refusal, write_refusal, PutReq, Received, Received2, Server, RECV_SLICE};
 use crate::error::{Result, XferError};
-use crate::journal::{Found, Ident};
+use crate::journal::Found;
 use crate::link::{BlockWriter, Link};
 use crate::proto::{self, ErrorCode, Msg};
 
@@ -72,19 +72,11 @@ impl Server {
         let Some(claim) = self.claim(path) else {
             return reply_refusal(link, file_id, busy(path));
         };
-        let ident = Ident {
-            size: req.size,
-            mtime: req.mtime.unwrap_or(0),
-        };
-        let how = Target {
-            resume: req.resume,
-            force: req.force,
-        };
-        let (part, progress, found) = match PartFile::open(&self.roots, path, ident, req.block, how)
-        {
-            Ok(p) => p,
-            Err(r) => return reply_refusal(link, file_id, r),
-        };
+        let (part, progress, found) =
+            match PartFile::open(&self.roots, path, req.ident(), req.block, req.target()) {
+                Ok(p) => p,
+                Err(r) => return reply_refusal(link, file_id, r),
+            };
         let offset = progress.prefix();
         match found {
             Found::Resumed => tracing::info!("{path}: resuming an upload at byte {offset}"),

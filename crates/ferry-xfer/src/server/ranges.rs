@@ -2,11 +2,11 @@
 
 use std::time::Duration;
 
-use super::roots::{refuse, PartFile, Target};
+use super::roots::{refuse, PartFile};
 use super::sink::BlockSink;
 use super::{busy, id_in_use, reply_refusal, write_refusal, PutReq, Server};
 use crate::error::{Result, XferError};
-use crate::journal::{Found, Ident};
+use crate::journal::Found;
 use crate::link::{BlockWriter, Link};
 use crate::proto::{ErrorCode, Msg};
 use crate::session::{Session, Upload};
@@ -28,20 +28,12 @@ impl Server {
         let Some(claim) = self.claim(path) else {
             return reply_refusal(link, file_id, busy(path));
         };
-        let mtime = req.mtime.unwrap_or(0);
-        let ident = Ident {
-            size: req.size,
-            mtime,
-        };
-        let how = Target {
-            resume: req.resume,
-            force: req.force,
-        };
-        let (part, progress, found) = match PartFile::open(&self.roots, path, ident, req.block, how)
-        {
-            Ok(p) => p,
-            Err(r) => return reply_refusal(link, file_id, r),
-        };
+        let ident = req.ident();
+        let (part, progress, found) =
+            match PartFile::open(&self.roots, path, ident, req.block, req.target()) {
+                Ok(p) => p,
+                Err(r) => return reply_refusal(link, file_id, r),
+            };
         if found == Found::Resumed {
             tracing::info!(
                 "{path}: resuming a parallel upload, {} bytes in place",
@@ -52,7 +44,7 @@ impl Server {
             path,
             req.size,
             req.mode,
-            mtime,
+            ident.mtime,
             Some((part, progress, claim)),
         )
         .map_err(|e| XferError::io(path, &e))?;
