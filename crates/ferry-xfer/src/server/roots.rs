@@ -167,8 +167,7 @@ impl Roots {
             }
             _ => return Err(not_regular(path, &st)),
         }
-        // Regular files ignore O_NONBLOCK; cleared all the same for whoever reuses the flags.
-        rustix::fs::fcntl_setfl(&fd, OFlags::empty()).map_err(|e| errno_refusal(path, e))?;
+        // Left non-blocking: reads of regular files ignore O_NONBLOCK (a syscall a file saved).
         Ok((File::from(fd), st))
     }
 
