@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::Stdio;
 use std::time::Duration;
@@ -33,30 +33,9 @@ fn answer(raw: &mut TcpStream) -> std::io::Result<(Frame, Vec<u8>)> {
 
 #[test]
 fn an_unauthenticated_peer_reads_no_server_memory_and_is_cut_off() {
-    let root = scratch("probe-root");
-    std::fs::write(root.join("secret.txt"), [b'S'; 1 << 20]).unwrap();
-    let mut child = ferry()
-        .args(["serve", "--root"])
-        .arg(format!("d={}", root.display()))
-        .args(["--listen", "tcp://127.0.0.1:0", "--token", TOKEN])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn ferry serve");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap()
-        .to_string();
-    let server = Server {
-        child,
-        addr: addr.clone(),
-        root,
-    };
+    let server = serve_logging(ferry(), "tcp", &[], &[], Stdio::piped());
+    std::fs::write(server.root.join("secret.txt"), [b'S'; 1 << 20]).unwrap();
+    let addr = server.addr.clone();
 
     // A real client downloads the file, so the server has had file data in registered memory.
     let dst = scratch("probe-dst");

@@ -247,33 +247,23 @@ impl BlockSink {
             if self.holes == Holes::Written {
                 break;
             }
-            if lo > data_from {
-                let data = &payload[data_from..lo];
-                write_at(
-                    file,
-                    &mut self.direct,
-                    &mut self.bounce,
-                    data,
-                    offset + data_from as u64,
-                )?;
-            }
-            if !self.punch(file, offset + lo as u64, (hi - lo) as u64)? {
-                // Not punched: the zeros go with the next data.
-                continue;
-            }
-            data_from = hi;
+            self.write_piece(file, &payload[data_from..lo], offset + data_from as u64)?;
+            // Not punched: the zeros go with the rest of the payload.
+            data_from = if self.punch(file, offset + lo as u64, (hi - lo) as u64)? {
+                hi
+            } else {
+                lo
+            };
         }
-        if data_from < payload.len() {
-            let data = &payload[data_from..];
-            write_at(
-                file,
-                &mut self.direct,
-                &mut self.bounce,
-                data,
-                offset + data_from as u64,
-            )?;
+        self.write_piece(file, &payload[data_from..], offset + data_from as u64)
+    }
+
+    /// Writes `data` (possibly empty) at `offset`, direct where aligned.
+    fn write_piece(&mut self, file: &File, data: &[u8], offset: u64) -> std::io::Result<()> {
+        if data.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        write_at(file, &mut self.direct, &mut self.bounce, data, offset)
     }
 
     /// Makes `[offset, offset + len)` of `file` a hole (reading as zeros); false if the
