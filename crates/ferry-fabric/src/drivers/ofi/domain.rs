@@ -620,6 +620,16 @@ impl Shared {
         first
     }
 
+    /// Gives up on `conn` when a send to its peer stalled for [`POST_STALL`] (`err` is the
+    /// timeout): the peer is dead or stopped (ofi_rxm retries a connection to a dead peer
+    /// forever; shm's queue to it stays full), and the stream has lost a message anyway. Later
+    /// posts then fail at once instead of stalling again.
+    pub fn give_up_if_stalled(&self, conn: &Conn, err: &FabricError) {
+        if matches!(err, FabricError::Timeout(_)) {
+            self.abort_because(conn, "the peer took no message for 5 s");
+        }
+    }
+
     fn new_conn(&self, id: u64, peer_id: u64, peer: FiAddr, peer_name: &[u8]) -> Result<Arc<Conn>> {
         let conn = Arc::new(Conn::new(
             id,

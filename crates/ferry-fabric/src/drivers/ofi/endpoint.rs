@@ -321,7 +321,9 @@ impl Endpoint for OfiEndpoint {
                 at += s.len;
             }
             let run = move |sh: &Shared| {
-                sh.fab.inject(&bytes, conn.peer, tag, &mut sh.again())?;
+                sh.fab
+                    .inject(&bytes, conn.peer, tag, &mut sh.again())
+                    .inspect_err(|e| sh.give_up_if_stalled(&conn, e))?;
                 conn.sent.fetch_add(1, SeqCst);
                 conn.cq.push(Completion::ok(context, OpKind::Send, total));
                 sh.wake();
@@ -331,7 +333,9 @@ impl Endpoint for OfiEndpoint {
         } else {
             let op = self.user_op(data, context, OpKind::Send, total);
             let run = move |sh: &Shared| {
-                sh.fab.send(op, conn.peer, tag, conn.id, &mut sh.again())?;
+                sh.fab
+                    .send(op, conn.peer, tag, conn.id, &mut sh.again())
+                    .inspect_err(|e| sh.give_up_if_stalled(&conn, e))?;
                 conn.sent.fetch_add(1, SeqCst);
                 sh.wake();
                 Ok(())

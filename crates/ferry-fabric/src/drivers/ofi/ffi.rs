@@ -68,7 +68,31 @@ pub(super) mod errno {
 /// libfabric, opened on the first use of an ofi driver (`ferry_ofi_sys::loader`); a host
 /// without it gets an error saying so, and processes on other drivers never load it.
 fn lib() -> Result<&'static sys::Libfabric> {
+    static SETTINGS: std::sync::Once = std::sync::Once::new();
+    SETTINGS.call_once(provider_settings);
     sys::libfabric().map_err(|e| FabricError::Unavailable(e.to_string()))
+}
+
+/// Provider parameters ferry needs, set in the environment (libfabric's only way to take
+/// them) before libfabric is first used, unless the user set them.
+///
+/// `FI_OFI_RXM_EAGER_LIMIT`: ofi_rxm 1.17 sends messages above its eager limit (16 KiB) by
+/// rendezvous. One that arrives before its receive waits as an unexpected message; if the
+/// peer's connection closes meanwhile (the peer died), rxm frees the connection's endpoint
+/// but keeps the message, and the receive that later matches it starts the rendezvous read on
+/// the freed endpoint: a NULL dereference that kills the process. Over tcp (direct send with
+/// dynamic receive buffers) a message of any size up to the eager limit is sent straight from
+/// the sender's buffer and lands straight in the posted receive, or in a buffer of its size if
+/// unexpected, so with the limit at the largest message (the receive sink's size) there is no
+/// rendezvous to crash. rxm over verbs keeps its fixed eager limit; a peer that is not ferry
+/// may still send by rendezvous (docs/fabric.md).
+fn provider_settings() {
+    const EAGER_LIMIT: &str = "FI_OFI_RXM_EAGER_LIMIT";
+    if std::env::var_os(EAGER_LIMIT).is_none() {
+        // Changing the environment races with threads reading it through libc; this runs once,
+        // before libfabric (the only reader of these names) is loaded.
+        std::env::set_var(EAGER_LIMIT, SINK_LEN.to_string());
+    }
 }
 
 /// libfabric's text for a (positive) error number.

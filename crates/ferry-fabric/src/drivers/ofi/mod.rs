@@ -42,6 +42,11 @@
 //! - shm lets endpoints of one process use each other's memory directly and frees it on
 //!   close; a peer still holding it crashes. Such endpoints are held open while another
 //!   endpoint's AV refers to them (`ffi::LOCAL_EPS`).
+//! - Rendezvous after a death: ofi_rxm keeps a rendezvous message that arrived before its
+//!   receive when the peer's connection closes, and the receive that later matches it reads
+//!   through the freed connection endpoint (a NULL dereference). Over tcp, messages up to
+//!   1 GiB go eager instead (`ffi::provider_settings`), which never touches the connection
+//!   at receive time.
 //! - `fi_cq_sread` on ofi_rxm was seen spinning forever after a connection teardown, so the
 //!   progress thread sleeps on its own.
 //!
