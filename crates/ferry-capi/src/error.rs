@@ -35,7 +35,7 @@ impl From<&FabricError> for Errno {
             FabricError::Truncated { .. } => libc::EMSGSIZE,
             FabricError::Protocol(_) => libc::EPROTO,
             FabricError::VersionMismatch { .. } => libc::EPROTONOSUPPORT,
-            FabricError::ConnectionLost(_) => libc::ECONNRESET,
+            FabricError::ConnectionLost(_) | FabricError::Wedged(_) => libc::ECONNRESET,
             FabricError::Cancelled => libc::ECANCELED,
             FabricError::Timeout(_) => libc::ETIMEDOUT,
             _ => libc::EIO,

@@ -33,7 +33,7 @@ pub const WEDGED_EXIT: i32 = 75;
 /// dead and threads are stuck in the provider, so exit for a supervisor to restart us.
 fn serve_wedged(msg: &str) {
     eprintln!("ferry serve: {msg}; exiting with status {WEDGED_EXIT} so a supervisor restarts it");
-    ferry_fabric::drivers::ofi::exit_wedged(WEDGED_EXIT);
+    ferry_fabric::exit_now(WEDGED_EXIT);
 }
 
 /// `ferry cp`'s wedge hook: a thread of this attempt may be stuck in the provider, and no
@@ -47,7 +47,7 @@ fn cp_wedged(msg: &str) {
         );
     }
     eprintln!("ferry: connection failed: {msg}");
-    ferry_fabric::drivers::ofi::exit_wedged(code);
+    ferry_fabric::exit_now(code);
 }
 
 /// `ferry cp --json` is running (for [`cp_wedged`]).
@@ -261,7 +261,7 @@ pub fn serve(a: ServeArgs) -> Result<(), XferError> {
             format!("--drain-timeout {}: give seconds >= 0", a.drain_timeout),
         )
     })?;
-    ferry_fabric::drivers::ofi::on_wedge(serve_wedged);
+    ferry_fabric::on_unrecoverable(serve_wedged);
     let server = ferry_xfer::server::Server::new(cfg)?;
     // The first SIGTERM/SIGINT starts a drain; a second one exits at once (status 1).
     let quit = Arc::new(AtomicBool::new(false));
@@ -326,7 +326,7 @@ impl Progress for Bar {
 
 pub fn cp(a: CpArgs) -> Result<(), XferError> {
     CP_JSON.store(a.json, Ordering::SeqCst);
-    ferry_fabric::drivers::ofi::on_wedge(cp_wedged);
+    ferry_fabric::on_unrecoverable(cp_wedged);
     let src = url::parse(&a.src, &a.remote.driver)?;
     let dst = url::parse(&a.dst, &a.remote.driver)?;
     let idle_timeout = std::time::Duration::try_from_secs_f64(a.idle_timeout)

@@ -234,10 +234,9 @@ mod tests {
     use super::*;
     use std::sync::Arc;
 
-    fn readable(fd: RawFd) -> bool {
-        // SAFETY: fd is owned by the queue, alive for this call.
-        let bfd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-        let mut fds = [PollFd::new(&bfd, PollFlags::IN)];
+    /// Whether the queue's wait descriptor ([`CompletionQueue::wait_fd`]) polls readable.
+    fn readable(cq: &CompletionQueue) -> bool {
+        let mut fds = [PollFd::new(&cq.efd, PollFlags::IN)];
         poll(
             &mut fds,
             Some(&rustix::time::Timespec {
@@ -252,15 +251,15 @@ mod tests {
     #[test]
     fn fd_is_readable_exactly_while_nonempty() {
         let cq = CompletionQueue::new().unwrap();
-        let fd = cq.wait_fd();
-        assert!(!readable(fd));
+        assert_eq!(cq.wait_fd(), cq.efd.as_raw_fd());
+        assert!(!readable(&cq));
         cq.push(Completion::ok(1, OpKind::Send, 0));
         cq.push(Completion::ok(2, OpKind::Send, 0));
-        assert!(readable(fd));
+        assert!(readable(&cq));
         assert_eq!(cq.try_next().unwrap().context, 1);
-        assert!(readable(fd));
+        assert!(readable(&cq));
         assert_eq!(cq.try_next().unwrap().context, 2);
-        assert!(!readable(fd));
+        assert!(!readable(&cq));
     }
 
     #[test]

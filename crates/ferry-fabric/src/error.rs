@@ -66,6 +66,12 @@ pub enum FabricError {
     /// The connection is gone (peer exited, reset, or closed); pending operations fail with this.
     #[error("connection lost: {0}")]
     ConnectionLost(String),
+    /// The driver is stuck for good (a provider call that never returns, e.g. libfabric shm
+    /// spinning on a lock a killed peer held): every operation of its domain fails with this,
+    /// and the process must restart to use the driver again ([`crate::health`]). It reads as
+    /// a lost connection, which it also is.
+    #[error("connection lost: {0}")]
+    Wedged(String),
     /// The operation was cancelled because its endpoint was closed.
     #[error("operation cancelled: endpoint closed")]
     Cancelled,

@@ -7,18 +7,31 @@
 //! [`Completion`] on the endpoint's [`CompletionQueue`]; a post that returns an error posted
 //! nothing.
 //!
-//! Drivers: [`drivers::tcp`] (ferry's native TCP driver, RMA emulated by its progress engine
-//! with grant, registration, bounds and rights checks) and [`drivers::ofi`] (libfabric, any
-//! provider by name). Each reports its [`Capabilities`]. A peer reaches memory by RMA only
-//! through keys granted on its own connection, and an accepted connection not before the
-//! layer above enables it ([`grants`]; `docs/fabric.md`, "Threat model").
+//! Drivers: `tcp` (ferry's native TCP driver, RMA emulated by its progress engine with grant,
+//! registration, bounds and rights checks) and `ofi` (libfabric, any provider by name), chosen
+//! by the address. Each reports its [`Capabilities`], and its health through the generic
+//! [`health()`] and [`on_unrecoverable`] (a wedged provider: [`FabricError::Wedged`]); nothing
+//! above this crate names a driver. A peer reaches memory by RMA only through keys granted on
+//! its own connection, and an accepted connection not before the layer above enables it
+//! ([`grants`]; `docs/fabric.md`, "Threat model").
+//!
+//! `unsafe` is denied here except in the memory modules ([`mem`], the tcp driver's byte views
+//! for vectored socket I/O) and the FFI module of the ofi driver; each block there says why it
+//! is sound (`// SAFETY:`).
+
+#![deny(unsafe_code)]
 
 pub mod addr;
 pub mod caps;
 pub mod cq;
+/// The drivers behind [`open`] and [`listen`]. Public only for the tests and fuzz targets
+/// that speak a driver's wire by hand; use the generic API instead.
+#[doc(hidden)]
 pub mod drivers;
 pub mod error;
 pub mod grants;
+mod health;
+#[allow(unsafe_code)] // memory: page-aligned buffers, mappings, views for the fabric.
 pub mod mem;
 pub mod rcache;
 pub mod timeline;
@@ -30,6 +43,7 @@ pub use addr::{Address, Scheme};
 pub use caps::{Capabilities, Ordering, Progress};
 pub use cq::{Completion, CompletionQueue, OpKind};
 pub use error::{FabricError, RemoteAccessError, Result};
+pub use health::{exit_now, health, on_unrecoverable, Health};
 pub use mem::{Access, Buffer, DomainId, LocalSlice, MemoryRegion, RemoteSlice};
 pub use rcache::{CacheStats, RegistrationCache};
 

@@ -40,8 +40,8 @@ enum Source {
 }
 
 /// Buffers at least this large are mapped with transparent huge pages: the kernel then pins
-/// (CMA, RDMA registration) and copies (sockets) them with 512× fewer page walks. Measured on
-/// this 2-core machine: ofi+shm RMA read of 4 MiB rose from ~4 to ~5+ GB/s.
+/// (CMA, RDMA registration) and copies (sockets) them with 512× fewer page walks (measured
+/// gain: docs/fabric.md, "Driver tuning").
 const HUGE: usize = 2 << 20;
 
 // SAFETY: RawMem is a plain allocation; all access goes through the rules in the module

@@ -1135,7 +1135,7 @@ mod tests {
         let c = ep.cq().wait(Duration::from_secs(5)).unwrap();
         assert_eq!(c.context, 7);
         let msg = |r: Result<()>| match r {
-            Err(FabricError::ConnectionLost(m)) => m,
+            Err(FabricError::Wedged(m)) => m,
             other => panic!("expected the wedge error, got {other:?}"),
         };
         assert!(msg(c.result).contains("wedged"));

@@ -10,8 +10,8 @@
 //! its own call returns and between the completions it routes. Behind a short call (a CQ
 //! poll, a small send) it waits its turn instead, yielding: queueing there would hand every
 //! small message to another thread, and spinning would keep a descheduled holder off the
-//! CPU on 2 cores (both measured slower in ping-pong). Queued calls enter the provider
-//! before any later one, so posts keep their order.
+//! CPU on 2 cores (both slower in ping-pong: docs/fabric.md, "Driver tuning"). Queued
+//! calls enter the provider before any later one, so posts keep their order.
 //!
 //! A queued post that fails reports the failure the way the operation would have completed
 //! (an error completion, a failed grant, a log line): [`Job::fail`].

@@ -328,12 +328,9 @@ pub(super) fn quirks(info: &Info) -> Quirks {
     }
 }
 
-/// The RMA piece size that measured best (`ferry bench exs`, 16 MiB messages, 4 in flight,
-/// pieces of 1 and 4 MiB against none): tcp;ofi_rxm streams 1 MiB pieces at 5.2–5.3 GB/s
-/// and whole 16 MiB reads at 2.8–3.1. shm lost with pieces while every grant request spun on
-/// the lock the copy holds (10.3 and 12.2 against 12.5–13 GB/s); since calls queue behind a
-/// copy instead (`gate.rs`), 4 MiB pieces win: EXS normal 15.1–15.8 GB/s against 12.7–14.7
-/// whole (medians 15.3 and 14.0 of 4 runs; 2 and 8 MiB in between), because the peer's
+/// The RMA piece size that measured best with `ferry bench exs` (figures: docs/fabric.md,
+/// "Driver tuning"). tcp;ofi_rxm streams 1 MiB pieces faster than whole 16 MiB reads. On
+/// shm, since calls queue behind a copy (`gate.rs`), 4 MiB pieces win because the peer's
 /// region lock, which shm holds for a whole copy, is free every 4 MiB. Unmeasured providers
 /// are not split.
 fn rma_piece(provider: &str) -> u64 {

@@ -60,10 +60,12 @@
 //!
 //! A peer killed while holding one of shm's shared-memory spinlocks leaves threads of this
 //! process spinning in the provider for good: the watchdog (`wedge.rs`) then declares the
-//! domain wedged, fails everything on it, and runs the process's [`on_wedge`] hook.
+//! domain wedged, fails everything on it with `FabricError::Wedged`, and raises the verdict
+//! through [`crate::health()`] (the process's [`crate::on_unrecoverable`] hook runs).
 
 mod domain;
 mod endpoint;
+#[allow(unsafe_code)] // FFI: libfabric calls and the memory they are given.
 mod ffi;
 mod gate;
 mod info;
@@ -72,7 +74,8 @@ mod rma;
 mod wedge;
 mod wire;
 
-pub use wedge::{any_wedged, exit_wedged, on_wedge, wedged_error, WEDGE_MESSAGE, WEDGE_TIMEOUT};
+pub(crate) use ffi::exit_now;
+pub use wedge::{wedged_error, WEDGE_MESSAGE, WEDGE_TIMEOUT};
 
 use std::sync::{Arc, Mutex, MutexGuard};
 

@@ -15,11 +15,9 @@
 //! traffic nobody on this side initiated (an incoming message for a receive posted long ago,
 //! the target side of RMA) can wait up to one nap.
 //!
-//! Measured on 2 cores (8-byte ping-pong between two domains of one process, half round trip,
-//! median; `tests/ofi_bench.rs`): polling with `yield` 13-18 us on tcp and 3-5 us on shm;
-//! busy-polling without `yield` for the first 50 us instead 56 us and 28 us (it starves the
-//! application's own threads); napping right after the first 50 us 205 us and 135 us. Idle,
-//! the two progress threads of a connected pair use about 2% of one core.
+//! Polling with `yield` beat busy-polling (which starves the application's own threads on 2
+//! cores) and napping early in 8-byte ping-pong, and costs little CPU idle (figures:
+//! docs/fabric.md, "Driver tuning").
 
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
@@ -48,19 +46,16 @@ const MAX_NAP: Duration = Duration::from_millis(1);
 /// our memory (checked RMA): they are reading or writing it and will speak soon (RMA_DONE,
 /// then typically an EXS ACK that frees the next send). Napping up to [`MAX_NAP`] there
 /// delayed ACKs by up to a millisecond on the sending side of EXS transfers over shm. Only
-/// there: on tcp;ofi_rxm it was not shown to help (its 16 MiB runs swing between 2 and
-/// 5 GB/s, with and without it, under load).
+/// there: on tcp;ofi_rxm it was not shown to help (docs/fabric.md, "Driver tuning").
 const GRANTED_NAP: Duration = Duration::from_micros(100);
 
 /// A CQ read that took at least this long did work inside the provider even if it returned
 /// no completion: shm's command path (a peer's RMA over several remote ranges) copies in
 /// the *target's* `fi_cq_read`, about 300 µs for 4 MiB, and yields nothing on the target's
 /// CQ. Counting from the call's end, not from the last completion, keeps the thread polling
-/// for the message that typically follows the copy (EXIO's completion notification).
-/// Before, the idle clock had run out during the copy and the thread napped at once: in a
-/// timeline of `ferry bench noncontig` (ofi+shm, 4 MiB zero-copy, load 4.8) 72 of 512
-/// messages waited for a nap (50 µs asked, ~120 µs taken on a busy host), p10 per message
-/// 425 µs against 299 µs for the others. An empty CQ read takes about a microsecond.
+/// for the message that typically follows the copy (EXIO's completion notification);
+/// before, the idle clock ran out during the copy and the thread napped at once. An empty CQ
+/// read takes about a microsecond (measured: docs/fabric.md, "Driver tuning").
 const BUSY_CALL: Duration = Duration::from_micros(20);
 
 /// An operation handed to libfabric.

@@ -22,9 +22,8 @@
 //! ferry-noncontig's zero-copy transfer of EXIO's 4 MiB message then costs one request, not
 //! 2–3, and its later writes no longer wait for the target to finish copying the first
 //! before their request is answered (shm's target handles control messages after the copies
-//! queued ahead of them; in a timeline 368 of 512 messages met that, median 372 µs against
-//! 349 µs for the others). A refused shared request is retried one RMA per request, so each
-//! still fails (or not) for its own reason.
+//! queued ahead of them; measured: docs/fabric.md, "Driver tuning"). A refused shared
+//! request is retried one RMA per request, so each still fails (or not) for its own reason.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::SeqCst;

@@ -13,16 +13,17 @@
 //! So every provider call of a domain is marked ([`Watch`]); a watchdog thread (one per
 //! process) looks every [`PERIOD`] and, when a call has not returned for the domain's limit
 //! (`FERRY_OFI_WEDGE_TIMEOUT` seconds, default [`WEDGE_TIMEOUT`]), marks the domain wedged:
-//! its connections fail with [`wedged_error`], every later call on it fails at once, new
-//! domains of the same provider cannot be opened in this process, and the hook installed
-//! with [`on_wedge`] runs (the CLI exits there: the process must restart to use the
-//! provider again). Wedged domains are leaked, never closed under the stuck thread.
+//! its connections fail with [`wedged_error`] (`FabricError::Wedged`), every later call on
+//! it fails at once, new domains of the same provider cannot be opened in this process, and
+//! the verdict is raised through the generic API ([`crate::health()`]: the hook installed with
+//! [`crate::on_unrecoverable`] runs, and the CLI exits there: the process must restart to
+//! use the provider again). Wedged domains are leaked, never closed under the stuck thread.
 //!
 //! The verdict is "calls are in progress and none has returned for the limit", exact where
 //! calls are funnelled one thread at a time (shm, `gate.rs`). Only there is it kept: where
 //! threads call a provider concurrently (tcp;ofi_rxm) a stuck call would go unnoticed while
 //! other calls keep returning, and the counter's cache line would move between threads
-//! polling at once (no cost was resolved in 8 B ping-pong A/B runs: too noisy). The time is
+//! polling at once (cost: docs/fabric.md, "A peer killed inside shm"). The time is
 //! measured by the watchdog's own looks, so a process stopped (SIGSTOP) or starved longer
 //! than [`STALE`] starts counting again instead of declaring a wedge.
 //!
@@ -34,7 +35,7 @@
 
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
-use std::sync::{Mutex, OnceLock, Weak};
+use std::sync::{Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use super::domain::Shared;
@@ -58,7 +59,7 @@ pub const WEDGE_MESSAGE: &str = "the libfabric provider is wedged: a peer proces
 
 /// The error of every operation on a wedged domain.
 pub fn wedged_error() -> FabricError {
-    FabricError::ConnectionLost(WEDGE_MESSAGE.into())
+    FabricError::Wedged(WEDGE_MESSAGE.into())
 }
 
 /// The domain's limit from the environment.
@@ -157,27 +158,8 @@ impl Drop for InCall<'_> {
 static DOMAINS: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
 /// Providers (address schemes) wedged in this process.
 static WEDGED: Mutex<Vec<String>> = Mutex::new(Vec::new());
-/// Set once any domain wedged.
+/// Set once any domain wedged (spares [`check_scheme`] the lock until then).
 static ANY: AtomicBool = AtomicBool::new(false);
-/// Run once when the first domain wedges.
-static HOOK: OnceLock<fn(&str)> = OnceLock::new();
-
-/// Installs `hook`, run (on the watchdog thread) with [`WEDGE_MESSAGE`] when the first
-/// domain of this process wedges; a CLI exits there. Only the first hook installed counts.
-pub fn on_wedge(hook: fn(&str)) {
-    let _ = HOOK.set(hook);
-}
-
-/// Ends the process with `code` at once, skipping exit handlers and destructors (libfabric's
-/// cleanup would spin on the wedged provider); for a hook installed with [`on_wedge`].
-pub fn exit_wedged(code: i32) -> ! {
-    super::ffi::exit_now(code)
-}
-
-/// True once a domain of this process wedged.
-pub fn any_wedged() -> bool {
-    ANY.load(SeqCst)
-}
 
 /// Fails if `scheme`'s provider wedged in this process (a new domain would touch the same
 /// stuck shared memory, or spin the same way).
@@ -215,11 +197,9 @@ fn sweep() {
     for sh in live {
         if sh.check_wedge(sh.wedge_after) {
             lock(&WEDGED).push(sh.scheme());
-            let first = !ANY.swap(true, SeqCst);
+            ANY.store(true, SeqCst);
             tracing::error!(domain = sh.id, "{WEDGE_MESSAGE}");
-            if let Some(hook) = HOOK.get().filter(|_| first) {
-                hook(WEDGE_MESSAGE);
-            }
+            crate::health::raise_unrecoverable(WEDGE_MESSAGE);
         }
     }
 }

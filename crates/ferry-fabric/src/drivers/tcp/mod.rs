@@ -17,6 +17,7 @@
 
 mod conn;
 pub mod frame;
+#[allow(unsafe_code)] // memory: views of registered memory for readv/writev.
 mod io;
 mod keys;
 mod rx;
@@ -56,8 +57,8 @@ fn capabilities() -> Capabilities {
         rma_iov_limit: 1,
         inline_size: INLINE_SIZE,
         max_msg_size: frame::MAX_LEN,
-        // `ferry bench exs`, 16 MiB messages, 4 in flight: 1 MiB pieces 3.63 GB/s against
-        // 3.07 unsplit (the reader and writer overlap pieces instead of one 16 MiB readv).
+        // The reader and writer overlap pieces instead of one 16 MiB readv (measured with
+        // `ferry bench exs`: docs/fabric.md, "Driver tuning").
         rma_piece: 1 << 20,
         // One TCP stream, one reader applying frames in order, answers in request order.
         ordering: Ordering {
