@@ -7,8 +7,8 @@ use anyhow::Result;
 use serde::Serialize;
 
 use super::{med, Measured, METHODS};
-use crate::bench::plot::{self, Axis, Corner, Panel, Series};
-use crate::bench::report::{csv_num, csv_text, human_size, num, round, Report, Target};
+use crate::plot::{self, Axis, Corner, Panel, Series};
+use crate::report::{csv_num, csv_text, human_size, num, round, Report, Target};
 
 /// One measured point (median over repetitions) or a failed one (values null, `error` set).
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -383,7 +383,7 @@ mod tests {
         let report = Report {
             bench: "noncontig",
             quick: true,
-            machine: crate::bench::report::Machine::detect(None),
+            machine: crate::report::Machine::detect(None),
             drivers: Vec::new(),
             targets: Vec::new(),
             rows: vec![

@@ -13,7 +13,7 @@ use ferry_fabric::Address;
 
 use super::cmd::Cmd;
 use super::conn::{Conn, Mode};
-use crate::bench::cpu;
+use crate::cpu;
 
 /// Longest wait for the client to connect.
 const ACCEPT: Duration = Duration::from_secs(30);

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use serde::ser::{Serialize, SerializeMap, Serializer};
 
 use super::grid::LARGE;
-use crate::bench::report::{csv_num, csv_text, human_size, num, round, Report, Target};
+use crate::report::{csv_num, csv_text, human_size, num, round, Report, Target};
 
 /// One measured point (median over repetitions) or a failed one (values null, `error` set).
 #[derive(Debug, Clone, serde::Serialize, PartialEq)]

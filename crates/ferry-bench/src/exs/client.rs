@@ -13,9 +13,9 @@ use ferry_fabric::Address;
 
 use super::cmd::{expect, two_numbers, Cmd};
 use super::conn::{Conn, Mode, OP_TIMEOUT};
-use crate::bench::child::PeerProcess;
-use crate::bench::cpu::{self, Usage};
-use crate::bench::report::median;
+use crate::child::PeerProcess;
+use crate::cpu::{self, Usage};
+use crate::report::median;
 
 /// Longest wait for a peer reply (a send phase's `done` follows the last recv closely).
 const REPLY: Duration = Duration::from_secs(60);

@@ -269,7 +269,7 @@ impl Report {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::report::{DriverStatus, Machine};
+    use crate::report::{DriverStatus, Machine};
 
     fn row(driver: &str, op: &str, size: u64, gbps: Option<f64>) -> Row {
         Row {

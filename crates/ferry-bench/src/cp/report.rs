@@ -6,8 +6,8 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::bench::exs::ExsSummary as Summary;
-use crate::bench::report::{csv_num, csv_text, human_size, num, round, Report, Target};
+use crate::exs::ExsSummary as Summary;
+use crate::report::{csv_num, csv_text, human_size, num, round, Report, Target};
 
 /// One tool on one workload: medians over the repetitions, or an error.
 #[derive(Debug, Clone, Serialize, PartialEq)]
