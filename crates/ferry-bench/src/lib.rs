@@ -6,6 +6,8 @@
 //! processes (which it spawns as `ferry bench fabric-peer` / `exs-peer` from the running
 //! binary), the reports and the files they write.
 
+#![forbid(unsafe_code)]
+
 mod addr;
 mod child;
 mod cp;

@@ -81,10 +81,7 @@ impl Peer {
                 self.listener = None;
                 Ok("ok".into())
             }
-            Cmd::Usage => {
-                let u = cpu::self_usage();
-                Ok(format!("usage {} {}", u.user_us, u.sys_us))
-            }
+            Cmd::Usage => Ok(format!("usage {}", cpu::self_usage().cpu_us)),
             Cmd::Blast { size, total } => blast(size, total),
         }
     }
