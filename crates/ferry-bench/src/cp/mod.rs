@@ -272,8 +272,8 @@ pub fn run(args: &CpArgs) -> Result<()> {
     emit(
         "cp",
         &report,
+        &report.report.rows,
         &report.table(),
-        report.csv(),
         &png,
         args.json,
         args.out.as_deref(),
