@@ -231,7 +231,6 @@ pub type Draw<'a> = &'a dyn Fn(&Path) -> Result<bool>;
 /// only with `--out`); otherwise the table is printed and `<name>.csv` (the `rows`, see
 /// [`csv`]), `<name>.json` (the whole report) and `<name>.png` are written to `--out`
 /// (default `bench/results/<name>`).
-#[allow(clippy::too_many_arguments)]
 pub fn emit<R: Serialize, Row: Serialize + Default>(
     name: &str,
     report: &R,
