@@ -1,5 +1,7 @@
 //! The `ferry` command line.
 
+#![forbid(unsafe_code)]
+
 mod bench;
 mod xfer;
 

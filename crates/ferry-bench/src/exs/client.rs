@@ -11,11 +11,11 @@ use ferry_exs::proto::{EventKind, Flags};
 use ferry_exs::runtime::{EventQueue, ExsBuf, ExsSocket};
 use ferry_fabric::Address;
 
-use super::cmd::{expect, two_numbers, Cmd};
+use super::cmd::{expect, number, Cmd};
 use super::conn::{Conn, Mode, OP_TIMEOUT};
-use crate::bench::child::PeerProcess;
-use crate::bench::cpu::{self, Usage};
-use crate::bench::report::median;
+use crate::child::PeerProcess;
+use crate::cpu::{self, Usage};
+use crate::report::median;
 
 /// Longest wait for a peer reply (a send phase's `done` follows the last recv closely).
 const REPLY: Duration = Duration::from_secs(60);
@@ -251,6 +251,6 @@ fn call(peer: &mut PeerProcess, cmd: Cmd, word: &str) -> Result<String> {
 }
 
 fn peer_usage(peer: &mut PeerProcess) -> Result<Usage> {
-    let (user_us, sys_us) = two_numbers(&call(peer, Cmd::Usage, "usage")?)?;
-    Ok(Usage { user_us, sys_us })
+    let cpu_us = number(&call(peer, Cmd::Usage, "usage")?)?;
+    Ok(Usage { cpu_us })
 }

@@ -7,10 +7,10 @@ use anyhow::Result;
 use serde::Serialize;
 
 use super::plot::{self, Axis, Corner, Panel, RefLine, Series};
-use super::report::{csv_num, csv_text, human_size, num, Report};
+use super::report::{human_size, num, Report};
 
 /// One measured point (median over repetitions) or a failed one (values null, `error` set).
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct Row {
     /// Driver, or `iperf3` / `memcpy` for the references.
     pub driver: String,
@@ -105,27 +105,6 @@ impl Summary {
 }
 
 impl Report {
-    /// CSV of the rows, one header line.
-    pub fn csv(&self) -> String {
-        let mut s = String::from("driver,op,size,gbps,usec,cpu_s,gb_per_cpu_s,reps,error\n");
-        for r in &self.rows {
-            let _ = writeln!(
-                s,
-                "{},{},{},{},{},{},{},{},{}",
-                r.driver,
-                r.op,
-                r.size,
-                csv_num(r.gbps),
-                csv_num(r.usec),
-                csv_num(r.cpu_s),
-                csv_num(r.gb_per_cpu_s),
-                r.reps,
-                csv_text(r.error.as_deref())
-            );
-        }
-        s
-    }
-
     /// The human-readable table.
     pub fn table(&self) -> String {
         let m = &self.machine;
@@ -269,7 +248,7 @@ impl Report {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::report::{DriverStatus, Machine};
+    use crate::report::{DriverStatus, Machine};
 
     fn row(driver: &str, op: &str, size: u64, gbps: Option<f64>) -> Row {
         Row {
@@ -342,12 +321,20 @@ mod tests {
 
     #[test]
     fn csv_shape() {
-        let csv = report().csv();
+        let csv = crate::report::csv(&report().rows).unwrap();
         let lines: Vec<&str> = csv.lines().collect();
         assert_eq!(lines.len(), 5);
-        assert_eq!(lines[0].split(',').count(), 9);
-        assert_eq!(lines[1], "tcp,write,4194304,3.000000,,0.500000,,1,\"\"");
+        assert_eq!(
+            lines[0],
+            "driver,op,size,gbps,usec,cpu_s,gb_per_cpu_s,reps,error"
+        );
+        assert_eq!(lines[1], "tcp,write,4194304,3.000000,,0.500000,,1,");
         assert!(lines[2].ends_with(",1,\"fabric driver unavailable: \"\"x\"\"\""));
+        // No rows: still the header.
+        assert_eq!(
+            crate::report::csv::<Row>(&[]).unwrap(),
+            lines[0].to_string() + "\n"
+        );
     }
 
     #[test]

@@ -329,8 +329,8 @@ fn output(report: &Report<NcRow, NcSummary>, args: &NoncontigArgs) -> Result<()>
     emit(
         "noncontig",
         report,
+        &report.rows,
         &report.table(),
-        report.csv(),
         &png,
         args.json,
         args.out.as_deref(),

@@ -13,7 +13,7 @@ use ferry_fabric::Address;
 
 use super::cmd::Cmd;
 use super::conn::{Conn, Mode};
-use crate::bench::cpu;
+use crate::cpu;
 
 /// Longest wait for the client to connect.
 const ACCEPT: Duration = Duration::from_secs(30);
@@ -81,10 +81,7 @@ impl Peer {
                 self.listener = None;
                 Ok("ok".into())
             }
-            Cmd::Usage => {
-                let u = cpu::self_usage();
-                Ok(format!("usage {} {}", u.user_us, u.sys_us))
-            }
+            Cmd::Usage => Ok(format!("usage {}", cpu::self_usage().cpu_us)),
             Cmd::Blast { size, total } => blast(size, total),
         }
     }

@@ -3,7 +3,7 @@
 use super::client::Measured;
 use super::conn::Mode;
 use super::report::ExsRow;
-use crate::bench::report::{median, round};
+use crate::report::{median, round};
 
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;

@@ -113,12 +113,11 @@ pub fn expect<'a>(line: &'a str, word: &str) -> Result<&'a str> {
     }
 }
 
-/// Parses `N M` (two unsigned numbers) from a reply.
-pub fn two_numbers(s: &str) -> Result<(u64, u64)> {
-    let mut it = s.split_whitespace().map(str::parse::<u64>);
-    match (it.next(), it.next(), it.next()) {
-        (Some(Ok(a)), Some(Ok(b)), None) => Ok((a, b)),
-        _ => bail!("expected two numbers, got {s:?}"),
+/// Parses one unsigned number from a reply.
+pub fn number(s: &str) -> Result<u64> {
+    match s.trim().parse::<u64>() {
+        Ok(n) => Ok(n),
+        Err(_) => bail!("expected a number, got {s:?}"),
     }
 }
 
@@ -157,7 +156,7 @@ mod tests {
             .to_string()
             .contains("no"));
         assert!(expect("ok", "done").is_err());
-        assert_eq!(two_numbers("3 4").unwrap(), (3, 4));
-        assert!(two_numbers("3").is_err() && two_numbers("3 x").is_err());
+        assert_eq!(number("34").unwrap(), 34);
+        assert!(number("3 4").is_err() && number("x").is_err() && number("").is_err());
     }
 }

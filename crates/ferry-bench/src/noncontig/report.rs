@@ -7,11 +7,11 @@ use anyhow::Result;
 use serde::Serialize;
 
 use super::{med, Measured, METHODS};
-use crate::bench::plot::{self, Axis, Corner, Panel, Series};
-use crate::bench::report::{csv_num, csv_text, human_size, num, round, Report, Target};
+use crate::plot::{self, Axis, Corner, Panel, Series};
+use crate::report::{human_size, num, round, Report, Target};
 
 /// One measured point (median over repetitions) or a failed one (values null, `error` set).
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct NcRow {
     /// Driver.
     pub driver: String,
@@ -146,32 +146,6 @@ impl NcSummary {
 }
 
 impl Report<NcRow, NcSummary> {
-    /// CSV of the rows, one header line.
-    pub fn csv(&self) -> String {
-        let mut s = String::from(
-            "driver,op,size,gbps,cpu_s,client_cpu_s,peer_cpu_s,messages,ops_per_message,msg_us_p10,reps,error\n",
-        );
-        for r in &self.rows {
-            let _ = writeln!(
-                s,
-                "{},{},{},{},{},{},{},{},{},{},{},{}",
-                r.driver,
-                r.op,
-                r.size,
-                csv_num(r.gbps),
-                csv_num(r.cpu_s),
-                csv_num(r.client_cpu_s),
-                csv_num(r.peer_cpu_s),
-                r.messages.map(|n| n.to_string()).unwrap_or_default(),
-                r.ops_per_message.map(|n| n.to_string()).unwrap_or_default(),
-                csv_num(r.msg_us_p10),
-                r.reps,
-                csv_text(r.error.as_deref())
-            );
-        }
-        s
-    }
-
     /// The readable table: one line per driver and size, GB/s and CPU of each method.
     pub fn table(&self) -> String {
         let m = &self.machine;
@@ -338,6 +312,12 @@ impl Report<NcRow, NcSummary> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn csv_columns_are_the_documented_ones() {
+        let csv = crate::report::csv::<NcRow>(&[]).unwrap();
+        assert_eq!(csv, "driver,op,size,gbps,cpu_s,client_cpu_s,peer_cpu_s,messages,ops_per_message,msg_us_p10,reps,error\n");
+    }
+
     fn row(d: &str, op: &str, size: u64, gbps: f64) -> NcRow {
         let mut r = NcRow::failed(d, op, size, "");
         r.error = None;
@@ -383,7 +363,7 @@ mod tests {
         let report = Report {
             bench: "noncontig",
             quick: true,
-            machine: crate::bench::report::Machine::detect(None),
+            machine: crate::report::Machine::detect(None),
             drivers: Vec::new(),
             targets: Vec::new(),
             rows: vec![
@@ -400,14 +380,12 @@ mod tests {
         let table = report.table();
         assert!(table.contains("pack ÷ zerocopy 2.000"), "{table}");
         assert!(table.contains("contig ÷ zerocopy 0.833"), "{table}");
+        let csv = crate::report::csv(&report.rows).unwrap();
         assert!(
-            report
-                .csv()
-                .lines()
+            csv.lines()
                 .nth(1)
                 .is_some_and(|l| l.contains(",250.000000,")),
-            "{}",
-            report.csv()
+            "{csv}"
         );
     }
 }

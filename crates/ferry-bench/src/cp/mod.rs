@@ -272,8 +272,8 @@ pub fn run(args: &CpArgs) -> Result<()> {
     emit(
         "cp",
         &report,
+        &report.report.rows,
         &report.table(),
-        report.csv(),
         &png,
         args.json,
         args.out.as_deref(),
@@ -325,8 +325,8 @@ fn cells_of(plan: &Plan, drivers: &[String]) -> Vec<Cell> {
         ));
     }
     // -cc 4 (four concurrent FTP connections for the files of a tree) is GridFTP's fastest
-    // form for many small files here (2,000 × 64 KiB /dev/shm → /dev/shm, two rounds:
-    // 3110 and 3528 files/s against 1138 and 2282 without; -pp pipelining gave 782 and 2569).
+    // form for many small files, faster than plain -r and than -pp pipelining (the figures
+    // are in bench/results/README.md, "cp"), so ferry is held against its best.
     for p in ["-p 1", "-p 4", "-cc 4"] {
         v.push(Cell::new("small", "gridftp", p, small, files));
     }
@@ -337,8 +337,8 @@ fn cells_of(plan: &Plan, drivers: &[String]) -> Vec<Cell> {
 /// fio alone on the disk, direct: reading the source (`read`) or writing a file of the
 /// same size, fsynced at the end (`write`). A copy reads and writes the disk at once, so the
 /// slower of the two bounds every tool's disk row from above (`disk_vs_device`). fio running
-/// both at once is no such bound: on the virtio disk here it moved 0.52–0.90 GB/s, below
-/// ferry's 0.76–0.97 in the same runs (fio 3.33, 1–4 MiB requests 1–32 deep).
+/// both at once is no such bound: it moved less than ferry's copy in the same runs (figures
+/// in bench/results/README.md, "cp").
 fn fio_alone(side: &str, src: &Path, dst: &Path, bytes: u64) -> Command {
     let mut c = Command::new("fio");
     c.args([

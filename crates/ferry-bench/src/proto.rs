@@ -26,8 +26,8 @@ pub enum Msg {
     Advert(RemoteSlice),
     /// Client: report your CPU usage so far.
     Usage,
-    /// Peer: CPU usage so far.
-    UsageReply { user_us: u64, sys_us: u64 },
+    /// Peer: CPU (user plus system) microseconds used so far.
+    UsageReply { cpu_us: u64 },
     /// Client: post `slots` receives of `size` bytes for a stream of sends.
     SendPhase { size: u64, slots: u64 },
     /// Peer: receives are posted.
@@ -66,7 +66,7 @@ impl Msg {
             Msg::Hello { bytes } => (1, [bytes, 0, 0, 0]),
             Msg::Advert(r) => (2, [r.addr, r.len, r.key, 0]),
             Msg::Usage => (3, [0; 4]),
-            Msg::UsageReply { user_us, sys_us } => (4, [user_us, sys_us, 0, 0]),
+            Msg::UsageReply { cpu_us } => (4, [cpu_us, 0, 0, 0]),
             Msg::SendPhase { size, slots } => (5, [size, slots, 0, 0]),
             Msg::Ready => (6, [0; 4]),
             Msg::End { sent } => (7, [sent, 0, 0, 0]),
@@ -104,10 +104,7 @@ impl Msg {
             1 => Msg::Hello { bytes: w(0)? },
             2 => Msg::Advert(RemoteSlice::decode(&b[8..]).context("short advert")?),
             3 => Msg::Usage,
-            4 => Msg::UsageReply {
-                user_us: w(0)?,
-                sys_us: w(1)?,
-            },
+            4 => Msg::UsageReply { cpu_us: w(0)? },
             5 => Msg::SendPhase {
                 size: w(0)?,
                 slots: w(1)?,
@@ -144,10 +141,7 @@ mod tests {
         for m in [
             Msg::Hello { bytes: 64 << 20 },
             Msg::Advert(r),
-            Msg::UsageReply {
-                user_us: 5,
-                sys_us: 6,
-            },
+            Msg::UsageReply { cpu_us: 5 },
             Msg::SendPhase {
                 size: 4096,
                 slots: 16,

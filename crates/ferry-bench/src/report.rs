@@ -4,7 +4,9 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde::Serialize;
+use serde_json::Value;
 
 use super::fabric_report::{Row, Summary};
 
@@ -144,14 +146,76 @@ pub fn num(v: Option<f64>, width: usize, prec: usize) -> String {
     )
 }
 
-/// `v` for a CSV cell: six decimals, or empty if missing.
-pub fn csv_num(v: Option<f64>) -> String {
-    v.map(|x| format!("{x:.6}")).unwrap_or_default()
+/// The rows as CSV, the one writer of every bench: a header line of the row type's field
+/// names, then a line per row with the same cells its JSON has, in field order. Missing
+/// values are empty cells, fractions have six decimals, integers none, and text is quoted
+/// only when it holds a comma, quote or line break (RFC 4180). `R::default()` names the
+/// columns, so a run without rows still writes its header.
+pub fn csv<R: Serialize + Default>(rows: &[R]) -> Result<String> {
+    let header = fields(&R::default())?;
+    let mut out = header
+        .iter()
+        .map(|(k, _)| k.as_str())
+        .collect::<Vec<_>>()
+        .join(",");
+    out.push('\n');
+    for row in rows {
+        let cells: Vec<String> = fields(row)?.iter().map(|(_, v)| csv_cell(v)).collect();
+        out += &cells.join(",");
+        out.push('\n');
+    }
+    Ok(out)
 }
 
-/// `s` as a quoted CSV cell.
-pub fn csv_text(s: Option<&str>) -> String {
-    format!("\"{}\"", s.unwrap_or("").replace('"', "\"\""))
+/// A row's fields (name, JSON value) in declaration order. serde_json's own map would sort
+/// them, so the row's JSON text is read back through [`Fields`], which keeps its order.
+fn fields<R: Serialize>(row: &R) -> Result<Vec<(String, Value)>> {
+    let text = serde_json::to_string(row).context("serializing a row")?;
+    let Fields(f) = serde_json::from_str(&text).context("a row must be a struct of fields")?;
+    Ok(f)
+}
+
+/// A JSON object's entries in the order they come.
+struct Fields(Vec<(String, Value)>);
+
+impl<'de> Deserialize<'de> for Fields {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Fields, D::Error> {
+        struct InOrder;
+        impl<'de> Visitor<'de> for InOrder {
+            type Value = Fields;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                mut m: A,
+            ) -> std::result::Result<Fields, A::Error> {
+                let mut entries = Vec::new();
+                while let Some(entry) = m.next_entry()? {
+                    entries.push(entry);
+                }
+                Ok(Fields(entries))
+            }
+        }
+        d.deserialize_map(InOrder)
+    }
+}
+
+/// One CSV cell of a JSON value (see [`csv`]).
+fn csv_cell(v: &Value) -> String {
+    let text = match v {
+        Value::Null => return String::new(),
+        Value::Number(n) => match n.as_f64().filter(|_| n.is_f64()) {
+            Some(x) => return format!("{x:.6}"),
+            None => return n.to_string(),
+        },
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    match text.contains([',', '"', '\n', '\r']) {
+        true => format!("\"{}\"", text.replace('"', "\"\"")),
+        false => text,
+    }
 }
 
 /// `x` rounded to `digits` decimals (what the clocks can tell apart).
@@ -164,13 +228,14 @@ pub fn round(x: f64, digits: i32) -> f64 {
 pub type Draw<'a> = &'a dyn Fn(&Path) -> Result<bool>;
 
 /// Where a bench's report goes: `--json` prints exactly one JSON object on stdout (files
-/// only with `--out`); otherwise the table is printed and `<name>.csv`, `<name>.json` and
-/// `<name>.png` are written to `--out` (default `bench/results/<name>`).
-pub fn emit<R: Serialize>(
+/// only with `--out`); otherwise the table is printed and `<name>.csv` (the `rows`, see
+/// [`csv`]), `<name>.json` (the whole report) and `<name>.png` are written to `--out`
+/// (default `bench/results/<name>`).
+pub fn emit<R: Serialize, Row: Serialize + Default>(
     name: &str,
     report: &R,
+    rows: &[Row],
     table: &str,
-    csv: String,
     png: Draw<'_>,
     json: bool,
     out: Option<&Path>,
@@ -180,7 +245,7 @@ pub fn emit<R: Serialize>(
         write_files(
             dir,
             &[
-                (&format!("{name}.csv"), csv.clone()),
+                (&format!("{name}.csv"), csv(rows)?),
                 (&format!("{name}.json"), pretty),
             ],
             &[(&format!("{name}.png"), png)],
@@ -242,8 +307,6 @@ mod tests {
         assert_eq!(Target::check("a", ">=", 0.95, None).verdict(), "missing");
         assert_eq!(human_size(8), "8 B");
         assert_eq!(human_size(16 << 10), "16 KiB");
-        assert_eq!(csv_text(Some("a\"b")), "\"a\"\"b\"");
-        assert_eq!(csv_num(None), "");
         assert_eq!(round(1.23456, 2), 1.23);
     }
 }

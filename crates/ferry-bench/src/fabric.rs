@@ -188,12 +188,11 @@ pub fn run(args: &FabricArgs) -> Result<()> {
         targets: vec![],
     };
     let png = |p: &std::path::Path| report.png(p);
-    let (table, csv) = (report.table(), report.csv());
     report::emit(
         "fabric",
         &report,
-        &table,
-        csv,
+        &report.rows,
+        &report.table(),
         &png,
         args.json,
         args.out.as_deref(),

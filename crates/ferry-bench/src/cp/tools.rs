@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use crate::bench::cpu::{children_usage, proc_cpu_secs};
+use crate::cpu::{children_usage, proc_cpu_secs};
 
 /// What one transfer cost.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -277,9 +277,7 @@ impl Peer {
 }
 
 fn usage() -> Msg {
-    let u = cpu::self_usage();
     Msg::UsageReply {
-        user_us: u.user_us,
-        sys_us: u.sys_us,
+        cpu_us: cpu::self_usage().cpu_us,
     }
 }

@@ -7,8 +7,8 @@ use std::path::Path;
 use anyhow::Result;
 
 use super::report::{ExsRow, ExsSummary};
-use crate::bench::plot::{self, Axis, Corner, Panel, RefLine, Series};
-use crate::bench::report::{human_size, Report};
+use crate::plot::{self, Axis, Corner, Panel, RefLine, Series};
+use crate::report::{human_size, Report};
 
 impl Report<ExsRow, ExsSummary> {
     /// Draws the figure; false if the font is missing.

@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::Result;
 
 use super::report::CpReport;
-use crate::bench::plot::{self, Bars};
+use crate::plot::{self, Bars};
 
 impl CpReport {
     /// Draws the figure; false if the font is missing.

@@ -279,7 +279,7 @@ impl Session {
 
     fn peer_usage(&mut self) -> Result<Usage> {
         match self.request(Msg::Usage)? {
-            Msg::UsageReply { user_us, sys_us } => Ok(Usage { user_us, sys_us }),
+            Msg::UsageReply { cpu_us } => Ok(Usage { cpu_us }),
             m => bail!("peer answered Usage with {m:?}"),
         }
     }

@@ -183,8 +183,8 @@ fn output(report: &Report<ExsRow, ExsSummary>, args: &ExsArgs) -> Result<()> {
     emit(
         "exs",
         report,
+        &report.rows,
         &report.table(),
-        report.csv(),
         &png,
         args.json,
         args.out.as_deref(),
