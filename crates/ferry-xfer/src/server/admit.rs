@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use crate::config::LimitsConfig;
 use crate::proto::ErrorCode;
 
-use super::roots::{refuse, Refusal};
+use crate::export::{refuse, Refusal};
 
 /// The smallest ring a connection is given when memory is short.
 const MIN_RING: usize = 2;

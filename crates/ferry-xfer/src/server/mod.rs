@@ -12,8 +12,6 @@ mod admit;
 mod get;
 mod put;
 mod ranges;
-mod roots;
-mod sink;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -25,16 +23,18 @@ use rustix::io::Errno;
 
 use crate::config::ServerConfig;
 use crate::error::{Kind, Result, XferError};
-use crate::journal::Ident;
 use crate::link::{BlockSender, Link};
 use crate::proto::{self, Entry, ErrorCode, Msg, BLOCK_HEADER_LEN};
 use crate::session::Session;
 use admit::{more, Admission, Handshake, Stage};
+use ferry_service::journal::Ident;
 
-pub(crate) use roots::refuse;
-use roots::PResult;
-pub use roots::{part_name, PartFile, Refusal, Roots, Target};
-pub use sink::{hash_file, BlockSink};
+pub use crate::export::Refusal;
+use crate::export::{refuse, PResult};
+use ferry_service::claims::{Claim, Claims};
+use ferry_service::hash::hash_file;
+pub use ferry_service::roots::{PartFile, Roots, Target};
+use ferry_service::sink::BlockSink;
 
 /// A running server's shared state.
 pub struct Server {
@@ -45,7 +45,7 @@ pub struct Server {
     /// with the connection of a client that vanished but is not noticed gone yet.
     /// A newer PUT of the same file raises the holder's flag: the holder journals and lets go
     /// (the usual holder is a vanished client's connection the fabric has not noticed).
-    busy: Arc<Mutex<HashMap<String, Arc<AtomicBool>>>>,
+    busy: Claims,
     /// Live sessions (parallel streams join them by id).
     live: Mutex<HashMap<u64, Arc<Session>>>,
     /// Set once a drain starts: new requests are refused with Unavailable.
@@ -103,35 +103,23 @@ impl Drop for InFlight<'_> {
     }
 }
 
-/// A claim on a file being written; released on drop.
-pub(crate) struct Claim {
-    busy: Arc<Mutex<HashMap<String, Arc<AtomicBool>>>>,
-    key: String,
-    /// Raised when a newer PUT of the same file wants it.
-    pub(crate) yield_to_newer: Arc<AtomicBool>,
-}
-
-impl Drop for Claim {
-    fn drop(&mut self) {
-        self.busy
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&self.key);
-    }
-}
-
 impl Server {
     /// Validates `cfg` and opens its roots.
     pub fn new(cfg: ServerConfig) -> Result<Arc<Server>> {
         cfg.validate()?;
-        let roots = Roots::open(&cfg)?;
+        let roots = Roots::open(
+            cfg.roots
+                .iter()
+                .map(|r| (r.name.as_str(), r.path.as_path())),
+            cfg.keep_special_bits,
+        )?;
         let admission = Admission::new(&cfg.limits);
         Ok(Arc::new(Server {
             admission,
             cfg,
             roots,
             sessions: AtomicU64::new(1),
-            busy: Arc::new(Mutex::new(HashMap::new())),
+            busy: Claims::new(),
             live: Mutex::new(HashMap::new()),
             draining: AtomicBool::new(false),
             stop: AtomicBool::new(false),
@@ -299,33 +287,7 @@ impl Server {
     /// and let go (a PUT of a file supersedes an older one still writing it), waiting up
     /// to [`BUSY_WAIT`].
     fn claim(&self, path: &str) -> Option<Claim> {
-        let key = path
-            .split('/')
-            .filter(|c| !c.is_empty() && *c != ".")
-            .collect::<Vec<_>>()
-            .join("/");
-        let end = std::time::Instant::now() + BUSY_WAIT;
-        loop {
-            {
-                let mut busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
-                match busy.get(&key) {
-                    Some(holder) => holder.store(true, Ordering::SeqCst),
-                    None => {
-                        let flag = Arc::new(AtomicBool::new(false));
-                        busy.insert(key.clone(), flag.clone());
-                        return Some(Claim {
-                            busy: self.busy.clone(),
-                            key,
-                            yield_to_newer: flag,
-                        });
-                    }
-                }
-            }
-            if std::time::Instant::now() >= end || self.stopping() {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.busy.claim(path, BUSY_WAIT, || self.stopping())
     }
 
     fn authorized(&self, token: &str) -> bool {
@@ -547,11 +509,11 @@ impl Server {
             }
             match msg {
                 Msg::Bye => return Ok(()),
-                Msg::Stat { path } => match self.roots.stat(&path) {
+                Msg::Stat { path } => match crate::export::stat(&self.roots, &path) {
                     Ok(e) => link.send(&Msg::Entry(e))?,
                     Err(r) => reply_refusal(link, 0, r)?,
                 },
-                Msg::List { path } => match self.roots.list(&path) {
+                Msg::List { path } => match crate::export::list(&self.roots, &path) {
                     Ok(entries) => send_entries(link, entries)?,
                     Err(r) => reply_refusal(link, 0, r)?,
                 },
@@ -562,7 +524,7 @@ impl Server {
                 Msg::Sum { path } => match self.roots.open_read(&path) {
                     // A hash of a file that changed while it was read matches no version.
                     Ok((f, st)) => match hash_file(&f, st.st_size as u64) {
-                        Ok(h) => match crate::stamp::Stamp::of(&st).check(&f, &path) {
+                        Ok(h) => match ferry_service::stamp::Stamp::of(&st).check(&f, &path) {
                             Ok(()) => link.send(&Msg::SumReply {
                                 size: st.st_size as u64,
                                 blake3: h,
@@ -926,7 +888,8 @@ fn refuse_connection<T>(link: &Link, r: Refusal) -> Result<T> {
     Err(XferError::conn(message))
 }
 
-fn reply_refusal(link: &Link, file_id: u32, r: Refusal) -> Result<()> {
+fn reply_refusal(link: &Link, file_id: u32, r: impl Into<Refusal>) -> Result<()> {
+    let r = r.into();
     tracing::debug!("refused: {}", r.message);
     link.send(&Msg::Error {
         code: r.code,
