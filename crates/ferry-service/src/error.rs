@@ -76,5 +76,48 @@ impl Error {
     }
 }
 
+/// The class of a refused request; a face maps it to its protocol's error code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Denial {
+    /// The request itself is malformed (a NUL byte in a path).
+    BadRequest,
+    /// No such root, file or directory.
+    NotFound,
+    /// The path leaves its root, or the OS denied access.
+    PermissionDenied,
+    /// The disk (or quota) is full.
+    NoSpace,
+    /// A path component is not a directory.
+    NotADirectory,
+    /// A directory where a file was asked for.
+    IsADirectory,
+    /// Neither a regular file nor a directory (a FIFO, a device, a socket).
+    Unsupported,
+    /// Any other I/O error.
+    Io,
+    /// A limit is reached (connections, memory); trying again later may succeed.
+    Unavailable,
+}
+
+/// Why a request was refused: its class and a message for the client.
+#[derive(Debug)]
+pub struct Refusal {
+    /// The class.
+    pub code: Denial,
+    /// The message.
+    pub message: String,
+}
+
+/// Result of a request that may be refused.
+pub type PResult<T> = std::result::Result<T, Refusal>;
+
+/// A refusal of class `code` saying `message`.
+pub fn refuse(code: Denial, message: impl Into<String>) -> Refusal {
+    Refusal {
+        code,
+        message: message.into(),
+    }
+}
+
 /// Result with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;

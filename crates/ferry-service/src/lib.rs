@@ -2,6 +2,8 @@
 //! a block service next) needs below its own protocol. It speaks bytes, byte ranges and
 //! checksums, never a face's messages, and depends on no face.
 //!
+//! - [`auth`]: who may use a server's services (tokens); [`admit`]: admission limits
+//!   (handshakes, connections per address, staging memory, lock-out after failed tokens).
 //! - [`beneath`]: opening and creating files beneath a directory held open
 //!   (`openat2(RESOLVE_BENEATH)`), the sandbox of exported roots and download destinations;
 //!   [`roots`]: the exported roots themselves and the part files written in them;
@@ -22,6 +24,8 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod admit;
+pub mod auth;
 pub mod beneath;
 pub mod claims;
 pub mod commit;

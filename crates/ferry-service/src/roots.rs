@@ -12,7 +12,7 @@ use rustix::fs::{Access, AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 
 use crate::beneath::{mkdir_in, open_beneath, open_dir_beneath};
-use crate::error::{Error, Result};
+use crate::error::{refuse, Denial, Error, PResult, Refusal, Result};
 use crate::journal::{journal_name, Ident, Journal};
 use crate::landing::{open_part, Found, OpenHow, Progress};
 
@@ -20,47 +20,6 @@ use crate::landing::{open_part, Found, OpenHow, Progress};
 struct Root {
     name: String,
     dir: OwnedFd,
-}
-
-/// The class of a refused path operation; a face maps it to its protocol's error code.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Denial {
-    /// The request itself is malformed (a NUL byte in a path).
-    BadRequest,
-    /// No such root, file or directory.
-    NotFound,
-    /// The path leaves its root, or the OS denied access.
-    PermissionDenied,
-    /// The disk (or quota) is full.
-    NoSpace,
-    /// A path component is not a directory.
-    NotADirectory,
-    /// A directory where a file was asked for.
-    IsADirectory,
-    /// Neither a regular file nor a directory (a FIFO, a device, a socket).
-    Unsupported,
-    /// Any other I/O error.
-    Io,
-}
-
-/// Why a path operation failed: its class and a message for the client.
-#[derive(Debug)]
-pub struct Refusal {
-    /// The class.
-    pub code: Denial,
-    /// The message.
-    pub message: String,
-}
-
-/// Result of a path operation.
-pub type PResult<T> = std::result::Result<T, Refusal>;
-
-/// A refusal of class `code` saying `message`.
-pub fn refuse(code: Denial, message: impl Into<String>) -> Refusal {
-    Refusal {
-        code,
-        message: message.into(),
-    }
 }
 
 fn errno_refusal(path: &str, e: Errno) -> Refusal {

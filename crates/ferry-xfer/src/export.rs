@@ -1,7 +1,9 @@
-//! The floor's sandboxed roots ([`ferry_service::roots`]) as this protocol sees them:
-//! their entries as LIST and STAT replies carry them, their refusals as ERROR frames.
+//! The service floor as this protocol sees it: the entries of its sandboxed roots
+//! ([`ferry_service::roots`]) as LIST and STAT replies carry them, its refusals (roots,
+//! admission) as ERROR frames.
 
-use ferry_service::roots::{Denial, FileKind, Meta, Roots};
+use ferry_service::error::Denial;
+use ferry_service::roots::{FileKind, Meta, Roots};
 
 use crate::proto::{Entry, EntryKind, ErrorCode};
 
@@ -36,11 +38,12 @@ fn code_of(d: Denial) -> ErrorCode {
         Denial::IsADirectory => ErrorCode::IsADirectory,
         Denial::Unsupported => ErrorCode::Unsupported,
         Denial::Io => ErrorCode::Io,
+        Denial::Unavailable => ErrorCode::Unavailable,
     }
 }
 
-impl From<ferry_service::roots::Refusal> for Refusal {
-    fn from(r: ferry_service::roots::Refusal) -> Self {
+impl From<ferry_service::error::Refusal> for Refusal {
+    fn from(r: ferry_service::error::Refusal) -> Self {
         refuse(code_of(r.code), r.message)
     }
 }

@@ -60,12 +60,3 @@ pub(crate) fn crc_exhausted(path: &str) -> String {
         "{path}: blocks kept failing their CRC after {BLOCK_RETRIES} retries; nothing was written. Check the network path (NIC, cable, memory) and try again"
     )
 }
-
-/// Compares two secrets in time independent of where they differ.
-pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
-    std::hint::black_box(diff) == 0
-}

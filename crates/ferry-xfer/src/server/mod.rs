@@ -1,5 +1,5 @@
 //! `ferry serve`: exported roots behind a sandbox, token auth, a thread per connection,
-//! admission limits ([`admit`]).
+//! admission limits ([`ferry_service::admit`]).
 //!
 //! Every path a client names is `root/relative/path`. The relative part is opened with
 //! `openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)` relative to the root's directory
@@ -8,7 +8,6 @@
 //! opened that way, under a temporary name, and renamed into place only after their BLAKE3
 //! matched and they were fsynced.
 
-mod admit;
 mod get;
 mod put;
 mod ranges;
@@ -26,7 +25,7 @@ use crate::error::{Kind, Result, XferError};
 use crate::link::{BlockSender, Link};
 use crate::proto::{self, Entry, ErrorCode, Msg, BLOCK_HEADER_LEN};
 use crate::session::Session;
-use admit::{more, Admission, Handshake, Stage};
+use ferry_service::admit::{more, Admission, Handshake, Stage, Turned};
 use ferry_service::journal::Ident;
 
 pub use crate::export::Refusal;
@@ -113,7 +112,7 @@ impl Server {
                 .map(|r| (r.name.as_str(), r.path.as_path())),
             cfg.keep_special_bits,
         )?;
-        let admission = Admission::new(&cfg.limits);
+        let admission = Admission::new(&cfg.limits, staging_cost);
         Ok(Arc::new(Server {
             admission,
             cfg,
@@ -172,9 +171,9 @@ impl Server {
                 }
             };
             let peer = inc.peer_addr();
-            let hs = match self.admission.arrive(&admit::peer_key(&peer)) {
+            let hs = match self.admission.arrive(&peer_key(&peer)) {
                 Ok(h) => h,
-                Err(admit::Turned(why)) => {
+                Err(Turned(why)) => {
                     if let Some(held) = self.admission.log_refused.pass() {
                         tracing::warn!(
                             "closed a connection from {peer} at once: {why}{}",
@@ -290,14 +289,6 @@ impl Server {
         self.busy.claim(path, BUSY_WAIT, || self.stopping())
     }
 
-    fn authorized(&self, token: &str) -> bool {
-        let mut ok = self.cfg.auth.anonymous;
-        for t in &self.cfg.auth.tokens {
-            ok |= crate::ct_eq(t.as_bytes(), token.as_bytes());
-        }
-        ok
-    }
-
     /// The client's HELLO, waited for until the handshake's deadline or until it is called
     /// off.
     fn first_msg(link: &mut Link, hs: &Handshake) -> Result<Msg> {
@@ -371,7 +362,7 @@ impl Server {
         if self.admission.locked_out(&hs.addr) {
             return Self::refuse_token(link, &token);
         }
-        if !self.authorized(&token) {
+        if !self.cfg.auth.accepts(&token) {
             self.admission.auth_failed(&hs.addr);
             return Self::refuse_token(link, &token);
         }
@@ -706,7 +697,7 @@ impl Server {
                 format!("unknown session {join:#x}: it ended or never existed (a stream joins while stream 0 is connected)"),
             )
         })?;
-        if !crate::ct_eq(s.token.as_bytes(), token.as_bytes()) {
+        if !ferry_service::auth::ct_eq(s.token.as_bytes(), token.as_bytes()) {
             return Err(refuse(
                 ErrorCode::AuthRefused,
                 "the token differs from the one session was opened with",
@@ -881,7 +872,33 @@ fn ready(
 
 /// Refuses a connection at its handshake: the refusal, a moment for it to reach the client
 /// before the connection goes, and the error that ends the connection.
-fn refuse_connection<T>(link: &Link, r: Refusal) -> Result<T> {
+/// The address a peer's limits are counted under: its IP for IP drivers
+/// (`tcp://10.0.0.7:40112` → `10.0.0.7`); the driver name for local-only ones (every
+/// `ofi+shm` peer is this host).
+fn peer_key(peer: &str) -> String {
+    match peer.parse::<ferry_fabric::Address>() {
+        Ok(a) if a.port.is_some() => a.host,
+        Ok(_) => peer.split("://").next().unwrap_or(peer).to_string(),
+        Err(_) => peer.to_string(),
+    }
+}
+
+/// Bytes of staging memory a connection with `ring` blocks of `block` bytes may hold at
+/// once: its receive ring and its send ring (registered buffers), the copies of one request
+/// and one received block, and with staging threads the blocks queued to the writer or
+/// hasher thread.
+fn staging_cost(ring: usize, block: u32) -> u64 {
+    let threads = if crate::link::staging_threads() {
+        ring
+    } else {
+        0
+    };
+    let buffers = 2 * ring + 2 + threads;
+    buffers as u64 * crate::link::buffer_bytes(block)
+}
+
+fn refuse_connection<T>(link: &Link, r: impl Into<Refusal>) -> Result<T> {
+    let r = r.into();
     let message = r.message.clone();
     reply_refusal(link, 0, r)?;
     std::thread::sleep(Duration::from_millis(50));
@@ -917,4 +934,16 @@ fn send_entries(link: &Link, entries: Vec<Entry>) -> Result<()> {
         more: false,
         entries: batch,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_are_ips_or_the_local_driver() {
+        assert_eq!(peer_key("tcp://10.0.0.7:40112"), "10.0.0.7");
+        assert_eq!(peer_key("ofi+tcp://[::1]:7370"), "::1");
+        assert_eq!(peer_key("ofi+shm://ferry-42"), "ofi+shm");
+    }
 }
