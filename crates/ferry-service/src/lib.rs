@@ -2,6 +2,8 @@
 //! a block service next) needs below its own protocol. It speaks bytes, byte ranges and
 //! checksums, never a face's messages, and depends on no face.
 //!
+//! - [`serve`]: the server skeleton (accept on a listener of any driver, a thread per
+//!   connection through a [`serve::Service`], in-flight accounting and drain).
 //! - [`auth`]: who may use a server's services (tokens); [`admit`]: admission limits
 //!   (handshakes, connections per address, staging memory, lock-out after failed tokens).
 //! - [`beneath`]: opening and creating files beneath a directory held open
@@ -36,6 +38,7 @@ pub mod journal;
 pub mod landing;
 pub mod ordered_hash;
 pub mod roots;
+pub mod serve;
 pub mod sink;
 pub mod stamp;
 pub mod writeback;

@@ -13,7 +13,7 @@ mod put;
 mod ranges;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -25,8 +25,10 @@ use crate::error::{Kind, Result, XferError};
 use crate::link::{BlockSender, Link};
 use crate::proto::{self, Entry, ErrorCode, Msg, BLOCK_HEADER_LEN};
 use crate::session::Session;
-use ferry_service::admit::{more, Admission, Handshake, Stage, Turned};
+use ferry_service::admit::{more, Admission, Handshake, Stage};
 use ferry_service::journal::Ident;
+pub use ferry_service::serve::DrainReport;
+use ferry_service::serve::{accept_until, Drain, Service};
 
 pub use crate::export::Refusal;
 use crate::export::{refuse, PResult};
@@ -47,31 +49,40 @@ pub struct Server {
     busy: Claims,
     /// Live sessions (parallel streams join them by id).
     live: Mutex<HashMap<u64, Arc<Session>>>,
-    /// Set once a drain starts: new requests are refused with Unavailable.
-    draining: AtomicBool,
-    /// Set when the drain's grace period is over: transfers in flight journal and stop.
-    stop: AtomicBool,
-    /// GETs and PUTs being served.
-    in_flight: AtomicUsize,
-    /// Transfers stopped by [`Server::drain`].
-    interrupted: AtomicUsize,
-    /// Transfers in flight when the drain began (`usize::MAX` before).
-    at_drain: AtomicUsize,
+    /// GETs and PUTs in flight, and the drain (new requests refused with Unavailable).
+    drain: Drain,
     /// Connection, memory and authentication limits.
     admission: Arc<Admission>,
 }
 
-/// What [`Server::drain`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DrainReport {
-    /// Transfers in flight when the drain began.
-    pub in_flight: usize,
-    /// Transfers stopped after the grace period (uploads journaled here; downloads are
-    /// journaled by their clients).
-    pub interrupted: usize,
-    /// Transfers that neither finished nor stopped in time (their journals hold their last
-    /// checkpoint).
-    pub abandoned: usize,
+impl Service for Server {
+    /// A connection's thread: the EXS handshake, then [`Server::connection`], within the
+    /// handshake's deadline until authenticated, and ended early if the handshake is called
+    /// off to make room for a newer connection.
+    fn serve_connection(&self, inc: ExsIncoming, hs: Handshake, peer: &str) {
+        let q = match EventQueue::new() {
+            Ok(q) => q,
+            Err(e) => return tracing::warn!("{peer}: event queue: {e}"),
+        };
+        let sock = match inc.start_cancellable(&q, hs.left(), &hs.cancel) {
+            Ok(s) => s,
+            Err(e) => {
+                if let Some(held) = hs.admission().log_handshake.pass() {
+                    tracing::info!("{peer}: handshake failed: {e}{}", more(held));
+                }
+                return;
+            }
+        };
+        let mut link = Link::new(sock, q);
+        if !hs.reached(Stage::Hello) {
+            return link.close();
+        }
+        match self.connection(&mut link, hs) {
+            Ok(()) => tracing::debug!("{peer}: done"),
+            Err(e) => tracing::info!("{peer}: connection ended: {e}"),
+        }
+        link.close();
+    }
 }
 
 /// How long a PUT waits for another connection to let go of the same file.
@@ -85,22 +96,6 @@ const CANCEL_POLL: Duration = Duration::from_millis(10);
 
 /// A GET is sent in pieces of this many bytes, so a drain can stop it between them.
 const GET_PIECE: u64 = 32 << 20;
-
-/// Counts a transfer in flight while it lives.
-struct InFlight<'a>(&'a AtomicUsize);
-
-impl<'a> InFlight<'a> {
-    fn new(n: &'a AtomicUsize) -> Self {
-        n.fetch_add(1, Ordering::SeqCst);
-        InFlight(n)
-    }
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
 
 impl Server {
     /// Validates `cfg` and opens its roots.
@@ -120,11 +115,7 @@ impl Server {
             sessions: AtomicU64::new(1),
             busy: Claims::new(),
             live: Mutex::new(HashMap::new()),
-            draining: AtomicBool::new(false),
-            stop: AtomicBool::new(false),
-            in_flight: AtomicUsize::new(0),
-            interrupted: AtomicUsize::new(0),
-            at_drain: AtomicUsize::new(usize::MAX),
+            drain: Drain::new(),
         }))
     }
 
@@ -156,85 +147,10 @@ impl Server {
     /// stops accepting and returns, leaving the connections running (see [`Server::drain`]).
     ///
     /// Each accepted connection first passes [`Admission::arrive`] (the bounded handshake
-    /// pool), then gets its thread.
+    /// pool), then gets its thread ([`ferry_service::serve::accept_until`]).
     pub fn serve_until(self: &Arc<Self>, listener: &ExsListener, quit: &AtomicBool) -> Result<()> {
-        loop {
-            if quit.load(Ordering::SeqCst) {
-                return Ok(());
-            }
-            let inc = match listener.accept_incoming(Duration::from_millis(100)) {
-                Ok(i) => i,
-                Err(ferry_exs::runtime::Error::Timeout) => continue,
-                Err(e) => {
-                    self.accept_failed(&e);
-                    continue;
-                }
-            };
-            let peer = inc.peer_addr();
-            let hs = match self.admission.arrive(&peer_key(&peer)) {
-                Ok(h) => h,
-                Err(Turned(why)) => {
-                    if let Some(held) = self.admission.log_refused.pass() {
-                        tracing::warn!(
-                            "closed a connection from {peer} at once: {why}{}",
-                            more(held)
-                        );
-                    }
-                    continue;
-                }
-            };
-            let me = self.clone();
-            let spawned = std::thread::Builder::new()
-                .name("ferry-conn".into())
-                .spawn(move || me.run_connection(inc, hs, &peer));
-            if let Err(e) = spawned {
-                tracing::warn!("cannot start a connection thread: {e}");
-            }
-        }
-    }
-
-    /// A failed accept: a connection whose driver handshake failed concerns only itself; a
-    /// listener out of descriptors or memory is logged (rate-limited) and given a moment,
-    /// rather than retried in a busy loop.
-    fn accept_failed(&self, e: &ferry_exs::runtime::Error) {
-        use ferry_exs::runtime::Error;
-        match e {
-            Error::Fabric(ferry_fabric::FabricError::Io { context, .. }) if context == "accept" => {
-                if let Some(held) = self.admission.log_accept.pass() {
-                    tracing::warn!("cannot accept connections: {e}{}", more(held));
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            e => tracing::debug!("accept: {e}"),
-        }
-    }
-
-    /// A connection's thread: the EXS handshake, then [`Server::connection`], within the
-    /// handshake's deadline until authenticated, and ended early if the handshake is called
-    /// off to make room for a newer connection.
-    fn run_connection(&self, inc: ExsIncoming, hs: Handshake, peer: &str) {
-        let q = match EventQueue::new() {
-            Ok(q) => q,
-            Err(e) => return tracing::warn!("{peer}: event queue: {e}"),
-        };
-        let sock = match inc.start_cancellable(&q, hs.left(), &hs.cancel) {
-            Ok(s) => s,
-            Err(e) => {
-                if let Some(held) = hs.admission().log_handshake.pass() {
-                    tracing::info!("{peer}: handshake failed: {e}{}", more(held));
-                }
-                return;
-            }
-        };
-        let mut link = Link::new(sock, q);
-        if !hs.reached(Stage::Hello) {
-            return link.close();
-        }
-        match self.connection(&mut link, hs) {
-            Ok(()) => tracing::debug!("{peer}: done"),
-            Err(e) => tracing::info!("{peer}: connection ended: {e}"),
-        }
-        link.close();
+        accept_until(self, &self.admission, listener, quit);
+        Ok(())
     }
 
     /// Ends service gracefully: refuses new requests, lets the transfers in flight run for
@@ -242,43 +158,22 @@ impl Server {
     /// journals its verified prefix; a download just ends, its client journals) and waits a
     /// little for them. The caller exits afterwards.
     pub fn drain(&self, grace: Duration) -> DrainReport {
-        self.begin_drain();
-        let in_flight = self.at_drain.load(Ordering::SeqCst);
-        let wait = |limit: Duration| {
-            let end = std::time::Instant::now() + limit;
-            while self.in_flight.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < end {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        };
-        wait(grace);
-        if self.in_flight.load(Ordering::SeqCst) > 0 {
-            self.stop.store(true, Ordering::SeqCst);
-            wait(Duration::from_secs(5));
-        }
-        DrainReport {
-            in_flight,
-            interrupted: self.interrupted.load(Ordering::SeqCst),
-            abandoned: self.in_flight.load(Ordering::SeqCst),
-        }
+        self.drain.run(grace)
     }
 
     /// Starts refusing new requests (with Unavailable) and notes how many transfers are in
     /// flight; cheap and callable from any thread (e.g. a signal-watching one) before
     /// [`Server::drain`]. Idempotent.
     pub fn begin_drain(&self) {
-        self.draining.store(true, Ordering::SeqCst);
-        let n = self.in_flight.load(Ordering::SeqCst);
-        let _ = self
-            .at_drain
-            .compare_exchange(usize::MAX, n, Ordering::SeqCst, Ordering::SeqCst);
+        self.drain.begin();
     }
 
     fn stopping(&self) -> bool {
-        self.stop.load(Ordering::SeqCst)
+        self.drain.stopping()
     }
 
     fn stopped(&self, what: &str) -> XferError {
-        self.interrupted.fetch_add(1, Ordering::SeqCst);
+        self.drain.interrupted();
         XferError::conn(format!("{what}: the server is shutting down"))
     }
 
@@ -464,7 +359,7 @@ impl Server {
                 } => !(self.cfg.mem && crate::mem::classify(path).is_some()),
                 _ => false,
             };
-            if !packs || self.draining.load(Ordering::SeqCst) {
+            if !packs || self.drain.draining() {
                 tx.flush_pack(link)?;
             }
             if let Msg::Gets { files } = msg {
@@ -476,7 +371,7 @@ impl Server {
                 }));
                 continue;
             }
-            if self.draining.load(Ordering::SeqCst) && msg != Msg::Bye {
+            if self.drain.draining() && msg != Msg::Bye {
                 let file_id = match &msg {
                     Msg::Get { file_id, .. }
                     | Msg::Put { file_id, .. }
@@ -534,7 +429,7 @@ impl Server {
                     length,
                     path,
                 } => {
-                    let _counted = InFlight::new(&self.in_flight);
+                    let _counted = self.drain.count();
                     self.get(link, tx, file_id, offset, length, &path)?
                 }
                 Msg::Put {
@@ -545,7 +440,7 @@ impl Server {
                     mtime,
                     path,
                 } => {
-                    let _counted = InFlight::new(&self.in_flight);
+                    let _counted = self.drain.count();
                     let req = PutReq {
                         file_id,
                         resume: flags & proto::PUT_RESUME != 0,
@@ -567,7 +462,7 @@ impl Server {
                     path,
                     len,
                 } => {
-                    let _counted = InFlight::new(&self.in_flight);
+                    let _counted = self.drain.count();
                     let payload = request
                         .len()
                         .checked_sub(len as usize)
@@ -610,7 +505,7 @@ impl Server {
                     offset,
                     length,
                 } => {
-                    let _counted = InFlight::new(&self.in_flight);
+                    let _counted = self.drain.count();
                     self.put_range(link, session, ring, file_id, offset, length)?
                 }
                 Msg::Close {
@@ -872,17 +767,6 @@ fn ready(
 
 /// Refuses a connection at its handshake: the refusal, a moment for it to reach the client
 /// before the connection goes, and the error that ends the connection.
-/// The address a peer's limits are counted under: its IP for IP drivers
-/// (`tcp://10.0.0.7:40112` → `10.0.0.7`); the driver name for local-only ones (every
-/// `ofi+shm` peer is this host).
-fn peer_key(peer: &str) -> String {
-    match peer.parse::<ferry_fabric::Address>() {
-        Ok(a) if a.port.is_some() => a.host,
-        Ok(_) => peer.split("://").next().unwrap_or(peer).to_string(),
-        Err(_) => peer.to_string(),
-    }
-}
-
 /// Bytes of staging memory a connection with `ring` blocks of `block` bytes may hold at
 /// once: its receive ring and its send ring (registered buffers), the copies of one request
 /// and one received block, and with staging threads the blocks queued to the writer or
@@ -934,16 +818,4 @@ fn send_entries(link: &Link, entries: Vec<Entry>) -> Result<()> {
         more: false,
         entries: batch,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn addresses_are_ips_or_the_local_driver() {
-        assert_eq!(peer_key("tcp://10.0.0.7:40112"), "10.0.0.7");
-        assert_eq!(peer_key("ofi+tcp://[::1]:7370"), "::1");
-        assert_eq!(peer_key("ofi+shm://ferry-42"), "ofi+shm");
-    }
 }
