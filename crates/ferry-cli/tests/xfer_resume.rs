@@ -724,7 +724,7 @@ fn parallel_kill_loses_at_most_the_bound() {
     const BIG: usize = 4 * CHUNK as usize;
     let streams = 4;
     let block: u64 = BLOCK.parse().unwrap();
-    let bound = 2 * ferry_xfer::journal::CHECKPOINT_BYTES + (streams - 1) * block;
+    let bound = 2 * ferry_xfer::landing::CHECKPOINT_BYTES + (streams - 1) * block;
     // Killed before any chunk can be whole (no stream has written a chunk's worth).
     let kill_at = CHUNK - (3 << 20);
     assert!(

@@ -33,6 +33,8 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 use crate::error::{Kind, Result, XferError};
+pub use ferry_service::admit::LimitsConfig;
+pub use ferry_service::auth::AuthConfig;
 
 /// One exported directory.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
@@ -42,121 +44,6 @@ pub struct RootConfig {
     pub name: String,
     /// The directory on this host.
     pub path: PathBuf,
-}
-
-/// Who may connect.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct AuthConfig {
-    /// Accepted tokens.
-    #[serde(default)]
-    pub tokens: Vec<String>,
-    /// Accept clients without a token.
-    #[serde(default)]
-    pub anonymous: bool,
-}
-
-/// What one server lets its clients use (`[limits]`): connections, handshakes, idle time,
-/// staging memory, failed token attempts. See `docs/xfer.md`, "Limits".
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct LimitsConfig {
-    /// Authenticated connections at once (every stream of a `-p N` copy is one).
-    pub max_connections: usize,
-    /// Authenticated connections at once from one client address (IP; every ofi+shm peer
-    /// is one local address); a newcomer from an address that holds this many connections,
-    /// handshakes included, takes the place of that address's oldest handshake.
-    pub max_per_address: usize,
-    /// Connections in their handshake (accepted, not yet authenticated) at once. A newer one
-    /// past the limit replaces the oldest of the address that holds the most.
-    pub max_handshakes: usize,
-    /// Seconds from accepting a connection to its accepted HELLO; a slower one is closed.
-    pub handshake_timeout: f64,
-    /// Seconds a session may stay silent between requests (while one of its streams works
-    /// on a request, the others are not idle), and a transfer may make no progress.
-    pub idle_timeout: f64,
-    /// Bytes of staging memory (receive rings, send rings, block copies) every connection
-    /// together may hold. `None`: a quarter of the host's physical memory.
-    pub memory_budget: Option<u64>,
-    /// Failed token attempts from one address before its attempts are refused unchecked.
-    pub auth_failures: u32,
-    /// Seconds a lock-out lasts; failures older than this are forgotten.
-    pub auth_backoff: f64,
-}
-
-impl Default for LimitsConfig {
-    fn default() -> Self {
-        LimitsConfig {
-            max_connections: 256,
-            max_per_address: 32,
-            max_handshakes: 32,
-            handshake_timeout: 5.0,
-            idle_timeout: 120.0,
-            memory_budget: None,
-            auth_failures: 5,
-            auth_backoff: 60.0,
-        }
-    }
-}
-
-impl LimitsConfig {
-    /// [`LimitsConfig::handshake_timeout`] as a duration.
-    pub fn handshake(&self) -> std::time::Duration {
-        std::time::Duration::from_secs_f64(self.handshake_timeout)
-    }
-
-    /// [`LimitsConfig::idle_timeout`] as a duration.
-    pub fn idle(&self) -> std::time::Duration {
-        std::time::Duration::from_secs_f64(self.idle_timeout)
-    }
-
-    /// [`LimitsConfig::auth_backoff`] as a duration.
-    pub fn backoff(&self) -> std::time::Duration {
-        std::time::Duration::from_secs_f64(self.auth_backoff)
-    }
-
-    /// The memory budget in bytes: the configured one, or a quarter of physical memory
-    /// (1 GiB if `/proc/meminfo` cannot say).
-    pub fn budget(&self) -> u64 {
-        self.memory_budget
-            .unwrap_or_else(|| physical_memory().map_or(1 << 30, |m| m / 4))
-    }
-
-    fn validate(&self) -> Result<()> {
-        let usage = |m: String| Err(XferError::new(Kind::Usage, m));
-        for (name, v) in [
-            ("max_connections", self.max_connections),
-            ("max_per_address", self.max_per_address),
-            ("max_handshakes", self.max_handshakes),
-        ] {
-            if !(1..=1_000_000).contains(&v) {
-                return usage(format!("[limits] {name} = {v}: give 1 to 1000000"));
-            }
-        }
-        for (name, v) in [
-            ("handshake_timeout", self.handshake_timeout),
-            ("idle_timeout", self.idle_timeout),
-            ("auth_backoff", self.auth_backoff),
-        ] {
-            if !(0.01..=1e6).contains(&v) {
-                return usage(format!(
-                    "[limits] {name} = {v}: give seconds from 0.01 to 1000000"
-                ));
-            }
-        }
-        if self.auth_failures == 0 {
-            return usage("[limits] auth_failures = 0: give at least 1".into());
-        }
-        Ok(())
-    }
-}
-
-/// `MemTotal` of `/proc/meminfo`, in bytes.
-fn physical_memory() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024)
 }
 
 /// The whole server configuration.

@@ -15,8 +15,10 @@
 //! - [`parallel`]: parallel streams (`ferry cp -p N`): one copy over N connections of a
 //!   session, large files split into chunks that land in place.
 //! - [`mem`]: memory-to-memory mode (a zero source, a null sink) for benchmarking.
-//! - [`journal`]: the resume journal kept next to every part file (verified, fsynced ranges).
-//! - [`ordered_hash`]: the whole-file hash of a file whose ranges arrive out of order.
+//!
+//! Below it, the service floor (`ferry-service`) holds what does not depend on this
+//! protocol: sandboxed paths, part files and their resume journals, commit, writeback,
+//! direct I/O, source stamps and file hashes.
 //!
 //! The wire format is `docs/protocol.md`, section "File transfer protocol"; the user guide
 //! is `docs/xfer.md`.
@@ -24,25 +26,23 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-pub mod beneath;
 pub mod client;
-mod commit;
 pub mod config;
 pub mod error;
-pub mod journal;
+mod export;
 pub mod link;
 pub mod mem;
-pub mod ordered_hash;
 pub mod parallel;
 pub mod proto;
 pub mod server;
 mod session;
-pub mod stamp;
 mod third_party;
 pub mod url;
-mod writeback;
 
 pub use error::{Kind, Result, XferError};
+/// The resume journal and part-file landing live in the service floor; re-exported for the
+/// tools and tests that read a receiver's journal.
+pub use ferry_service::{journal, landing};
 
 /// The TCP port `ferry serve` listens on unless told otherwise.
 pub const DEFAULT_PORT: u16 = 7370;
@@ -59,13 +59,4 @@ pub(crate) fn crc_exhausted(path: &str) -> String {
     format!(
         "{path}: blocks kept failing their CRC after {BLOCK_RETRIES} retries; nothing was written. Check the network path (NIC, cable, memory) and try again"
     )
-}
-
-/// Compares two secrets in time independent of where they differ.
-pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
-    std::hint::black_box(diff) == 0
 }

@@ -22,6 +22,9 @@ use ferry_exs::runtime::{default_config, EventQueue, ExsBuf, ExsSocket};
 use ferry_exs::ExsError;
 use ferry_fabric::Access;
 
+use ferry_service::direct::{direct_aligned, open_direct_or_warn, DIRECT_ALIGN};
+use ferry_service::sink::{Block, BlockSink};
+
 use crate::error::{Result, XferError};
 use crate::proto::{self, BlockHeader, Msg, BLOCK_HEADER_LEN};
 
@@ -33,10 +36,6 @@ const CONTROL_BUF: usize = 4096;
 
 /// How long a handshake may take.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Alignment of direct (O_DIRECT) file I/O: memory address, file offset and length. 4096
-/// covers the logical block size of every common disk.
-pub const DIRECT_ALIGN: usize = 4096;
 
 /// Room in front of every staging block and receive buffer: the 32-byte BLOCK header sits
 /// right before the payload, which starts [`DIRECT_ALIGN`] into the (page-aligned)
@@ -78,44 +77,6 @@ fn alloc_aligned(sock: &ExsSocket, len: usize, what: &str, to: Use) -> Result<Ex
 /// room, header and payload, in whole pages).
 pub fn buffer_bytes(block: u32) -> u64 {
     (HEAD_ROOM as u64 + u64::from(block)).next_multiple_of(DIRECT_ALIGN as u64)
-}
-
-/// Opens a second handle on the same file that bypasses the page cache (`O_DIRECT`),
-/// through `/proc/self/fd`, for reading or for writing. Filesystems without direct I/O
-/// refuse it (`EINVAL`).
-pub fn open_direct(file: &std::fs::File, write: bool) -> std::io::Result<std::fs::File> {
-    use std::os::fd::AsRawFd;
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
-        .read(!write)
-        .write(write)
-        .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
-        .open(format!("/proc/self/fd/{}", file.as_raw_fd()))
-}
-
-/// [`open_direct`], or `None` with a warning (once per process) that says why the copy goes
-/// through the page cache instead.
-pub fn open_direct_or_warn(file: &std::fs::File, write: bool) -> Option<std::fs::File> {
-    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    match open_direct(file, write) {
-        Ok(f) => Some(f),
-        Err(e) => {
-            if !WARNED.swap(true, Ordering::Relaxed) {
-                tracing::warn!(
-                    "direct I/O (O_DIRECT) refused here ({e}; the filesystem may not support it): going through the page cache"
-                );
-            }
-            None
-        }
-    }
-}
-
-/// Whether a direct transfer of `len` bytes at file offset `pos` from or to address
-/// `addr` meets the alignment rules.
-pub fn direct_aligned(addr: usize, pos: u64, len: usize) -> bool {
-    addr.is_multiple_of(DIRECT_ALIGN)
-        && pos.is_multiple_of(DIRECT_ALIGN as u64)
-        && len.is_multiple_of(DIRECT_ALIGN)
 }
 
 /// A connected transfer link: an EXS socket, its queue, and the posted receive ring.
@@ -623,7 +584,7 @@ impl BlockSender {
                     };
                     read.map_err(|e| XferError::io(format!("read at offset {pos}"), &e))?;
                     if pos == span.offset {
-                        crate::stamp::test_pause_after_read();
+                        ferry_service::stamp::test_pause_after_read();
                     }
                 }
                 Source::Zero => {
@@ -679,7 +640,7 @@ impl BlockSender {
     /// CRC-32C and BLAKE3 computed there, sent without a copy. With [`BlockSender::packing`]
     /// the frame joins the open PACK (a new one when it does not fit), which leaves at
     /// [`BlockSender::flush_pack`] or when it is full. `unchanged` runs once the file was
-    /// read: if it fails (the source changed, [`crate::stamp`]), the frame is not sent.
+    /// read: if it fails (the source changed, [`ferry_service::stamp`]), the frame is not sent.
     pub fn send_file(
         &mut self,
         link: &Link,
@@ -749,7 +710,7 @@ impl BlockSender {
     /// Sends the whole of `file` ([`BlockSender::put_file_fits`]) to `path` as one PUT_FILE
     /// frame of `file_id` with `flags` (PUT_FILE's): read with one `pread` into a registered
     /// staging block, its BLAKE3 computed there, sent without a copy. A source that changed
-    /// since `meta` was taken ([`crate::stamp`]) is not sent: an integrity error.
+    /// since `meta` was taken ([`ferry_service::stamp`]) is not sent: an integrity error.
     pub fn send_put_file(
         &mut self,
         link: &Link,
@@ -842,7 +803,7 @@ impl BlockSender {
     pub fn abandon<T>(&mut self, link: &Link, file_id: u32, e: XferError) -> Result<T> {
         let _ = self.flush();
         let _ = link.send(&Msg::Error {
-            code: e.code(),
+            code: crate::error::code_of(&e),
             file_id,
             message: e.msg.clone(),
         });
@@ -860,8 +821,8 @@ pub struct FileMeta {
     /// Modification time, nanoseconds since the epoch.
     pub mtime: i64,
     /// The file's identity when it was opened: checked again once it has been read, before
-    /// the receiver may commit it (see [`crate::stamp`]).
-    pub stamp: crate::stamp::Stamp,
+    /// the receiver may commit it (see [`ferry_service::stamp`]).
+    pub stamp: ferry_service::stamp::Stamp,
 }
 
 /// A staging block filling with FILE frames (see [`BlockSender::send_file`]).
@@ -931,11 +892,9 @@ const THREADED_MIN: u64 = 2 * crate::DEFAULT_BLOCK as u64;
 
 /// Whether the staging ring runs its helper threads (the receiver's disk writer, the
 /// sender's hasher) or does that work on the network thread. `FERRY_STAGING_THREADS=on|off`
-/// decides; by default they run on hosts with at least 4 CPUs. Measured on a 2-core VM with
-/// both ends on it (1 GiB /dev/shm to /dev/shm, median of 3, GB/s down/up): tcp inline
-/// 1.12/1.07, threaded 1.05/1.04; ofi+shm inline 1.22/1.13, threaded 1.04/1.07: with four
-/// busy threads sharing two cores with the EXS progress threads, the hand-offs cost more
-/// than the overlap gains.
+/// decides; by default they run on hosts with at least 4 CPUs, because on fewer cores the
+/// extra threads share them with the EXS progress threads and the hand-offs cost more than
+/// the overlap gains (the measurement is in `docs/xfer.md`, "Tuning").
 pub fn staging_threads() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| match std::env::var("FERRY_STAGING_THREADS").as_deref() {
@@ -957,7 +916,7 @@ enum ToWriter {
 /// a channel bounded by the ring depth (so a slow disk stops the network thread re-posting
 /// receive buffers, which stalls the sender), and the message buffers come back for reuse.
 /// The writer checks each block's CRC-32C, `pwrite`s the good ones and hashes the file in
-/// order ([`crate::server::BlockSink`]). Files up to two blocks are written inline.
+/// order ([`BlockSink`]). Files up to two blocks are written inline.
 pub struct BlockWriter {
     inner: WriterKind,
     /// Spare message buffers.
@@ -967,13 +926,13 @@ pub struct BlockWriter {
 enum WriterKind {
     /// `None` for the null sink.
     Inline(
-        Box<crate::server::BlockSink>,
+        Box<BlockSink>,
         Option<std::fs::File>,
         std::sync::mpsc::Sender<Vec<u8>>,
     ),
     Thread {
         tx: std::sync::mpsc::SyncSender<ToWriter>,
-        handle: std::thread::JoinHandle<crate::server::BlockSink>,
+        handle: std::thread::JoinHandle<BlockSink>,
     },
 }
 
@@ -981,15 +940,11 @@ impl BlockWriter {
     /// A writer of transfer `file_id` (`size` bytes) into `file` (a duplicate handle is
     /// kept; the caller's stays usable), with at most `ring` blocks queued.
     pub fn new(file_id: u32, size: u64, file: &std::fs::File, ring: usize) -> Result<Self> {
-        Self::with_sink(crate::server::BlockSink::new(file_id, size), file, ring)
+        Self::with_sink(BlockSink::new(file_id, size), file, ring)
     }
 
-    /// A writer feeding `sink` (e.g. one that journals, [`crate::server::BlockSink::journaled`]).
-    pub fn with_sink(
-        sink: crate::server::BlockSink,
-        file: &std::fs::File,
-        ring: usize,
-    ) -> Result<Self> {
+    /// A writer feeding `sink` (e.g. one that journals, [`BlockSink::journaled`]).
+    pub fn with_sink(sink: BlockSink, file: &std::fs::File, ring: usize) -> Result<Self> {
         let size = sink.size();
         let file = file
             .try_clone()
@@ -1034,11 +989,11 @@ impl BlockWriter {
     /// The null sink of memory mode for transfer `file_id` (`size` bytes): every block's
     /// CRC-32C and bounds are checked, nothing is written or hashed.
     pub fn null(file_id: u32, size: u64) -> Self {
-        Self::null_sink(crate::server::BlockSink::new(file_id, size))
+        Self::null_sink(BlockSink::new(file_id, size))
     }
 
     /// The null sink feeding `sink` (e.g. one range of a parallel transfer).
-    pub fn null_sink(sink: crate::server::BlockSink) -> Self {
+    pub fn null_sink(sink: BlockSink) -> Self {
         let (back_tx, pool) = std::sync::mpsc::channel();
         BlockWriter {
             inner: WriterKind::Inline(Box::new(sink), None, back_tx),
@@ -1061,10 +1016,12 @@ impl BlockWriter {
     }
 
     /// Takes a whole file that came in one FILE frame, checked against the file's BLAKE3
-    /// instead of its CRC (see [`crate::server::BlockSink::whole_file`]).
+    /// instead of its CRC (see [`BlockSink::whole_file`]).
     pub fn push_file(&mut self, h: &BlockHeader, payload: &[u8], blake3: &[u8; 32]) -> Result<()> {
         match &mut self.inner {
-            WriterKind::Inline(sink, file, _) => sink.whole_file(file.as_ref(), h, payload, blake3),
+            WriterKind::Inline(sink, file, _) => {
+                sink.whole_file(file.as_ref(), &block_of(h), payload, blake3)
+            }
             WriterKind::Thread { .. } => self.push_block(h, payload),
         }
     }
@@ -1073,7 +1030,7 @@ impl BlockWriter {
     /// frame), like [`BlockWriter::push_slice`] does for a BLOCK frame.
     pub fn push_block(&mut self, h: &BlockHeader, payload: &[u8]) -> Result<()> {
         match &mut self.inner {
-            WriterKind::Inline(sink, file, _) => sink.block(file.as_ref(), h, payload),
+            WriterKind::Inline(sink, file, _) => sink.block(file.as_ref(), &block_of(h), payload),
             WriterKind::Thread { .. } => {
                 let head = proto::encode_block_header(h)
                     .map_err(|e| XferError::conn(format!("encode block: {e}")))?;
@@ -1127,7 +1084,7 @@ impl BlockWriter {
 
     /// Stops the writer and returns its sink (write errors, including those of its
     /// background checkpoints, and hash state).
-    pub fn finish(self) -> Result<crate::server::BlockSink> {
+    pub fn finish(self) -> Result<BlockSink> {
         let mut sink = match self.inner {
             WriterKind::Inline(sink, _, _) => *sink,
             WriterKind::Thread { tx, handle } => {
@@ -1142,14 +1099,20 @@ impl BlockWriter {
     }
 }
 
-fn write_block(
-    sink: &mut crate::server::BlockSink,
-    file: Option<&std::fs::File>,
-    bytes: &[u8],
-) -> Result<()> {
+fn write_block(sink: &mut BlockSink, file: Option<&std::fs::File>, bytes: &[u8]) -> Result<()> {
     match proto::decode(bytes) {
-        Ok((Msg::Block(h), payload)) => sink.block(file, &h, payload),
+        Ok((Msg::Block(h), payload)) => sink.block(file, &block_of(&h), payload),
         Ok((m, _)) => Err(XferError::conn(format!("expected a BLOCK, got {m:?}"))),
         Err(e) => Err(XferError::conn(format!("the peer sent a bad frame: {e}"))),
+    }
+}
+
+/// What the floor's sink needs of a BLOCK header (the stream number only routes it here).
+fn block_of(h: &BlockHeader) -> Block {
+    Block {
+        transfer: h.file_id,
+        offset: h.offset,
+        len: h.len,
+        crc32c: h.crc32c,
     }
 }

@@ -14,9 +14,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::journal::{Progress, RangeSet, SharedProgress};
-use crate::ordered_hash::OrderedHash;
-use crate::server::{Claim, PartFile};
+use ferry_service::claims::Claim;
+use ferry_service::journal::RangeSet;
+use ferry_service::landing::{Progress, SharedProgress};
+use ferry_service::ordered_hash::OrderedHash;
+use ferry_service::roots::PartFile;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())

@@ -18,11 +18,12 @@ use std::time::{Duration, Instant};
 use crate::client::{basename, join, walk_entries, Client, Options, Progress, Stats};
 use crate::config::ServerConfig;
 use crate::error::XferError;
+use crate::export::{refuse, Refusal};
 use crate::link::{FileMeta, Link};
 use crate::parallel::{join_streams, upload_planned};
 use crate::proto::{EntryKind, ErrorCode, Msg};
-use crate::server::{refuse, Refusal, Roots};
 use crate::url::Remote;
+use ferry_service::roots::Roots;
 
 /// How often PROGRESS frames go to the watching client.
 const PROGRESS_EVERY: Duration = Duration::from_millis(250);
@@ -97,10 +98,12 @@ fn copy(cfg: &ServerConfig, roots: &Roots, link: &Link, req: &SendTo) -> Result<
             },
         ));
     }
-    let entry = roots.stat(req.path)?;
+    let entry = crate::export::stat(roots, req.path)?;
     let (dirs, files) = match entry.kind {
         EntryKind::File => (Vec::new(), vec![(String::new(), entry.size, entry.mtime)]),
-        EntryKind::Dir if req.recursive => walk_entries(req.path, |p| roots.list(p))?,
+        EntryKind::Dir if req.recursive => {
+            walk_entries(req.path, |p| crate::export::list(roots, p))?
+        }
         EntryKind::Dir => {
             return Err(refuse(
                 ErrorCode::IsADirectory,
@@ -114,7 +117,12 @@ fn copy(cfg: &ServerConfig, roots: &Roots, link: &Link, req: &SendTo) -> Result<
             ))
         }
     };
-    let at_dest = |e: XferError| refuse(e.code(), format!("destination {}: {}", req.dest, e.msg));
+    let at_dest = |e: XferError| {
+        refuse(
+            crate::error::code_of(&e),
+            format!("destination {}: {}", req.dest, e.msg),
+        )
+    };
     let opts = Options {
         token: req.token.to_string(),
         block_size: req.block,
@@ -147,11 +155,11 @@ fn copy(cfg: &ServerConfig, roots: &Roots, link: &Link, req: &SendTo) -> Result<
         let rel = rel.to_string_lossy();
         let (file, st) = roots.open_read(&join(req.path, &rel)).map_err(|r| {
             let e = XferError::new(crate::Kind::Io, r.message.clone());
-            *lock(&unreadable) = Some(r);
+            *lock(&unreadable) = Some(Refusal::from(r));
             e
         })?;
         let meta = FileMeta {
-            stamp: crate::stamp::Stamp::of(&st),
+            stamp: ferry_service::stamp::Stamp::of(&st),
             size: st.st_size as u64,
             mode: st.st_mode & 0o7777,
             mtime: st

@@ -9,9 +9,9 @@ use super::{
     RETRY_MAX_DELAY,
 };
 use crate::error::{Kind, Result, XferError};
-use crate::journal::Ident;
 use crate::proto::{self, EntryKind, Msg};
 use crate::url::{Location, Remote};
+use ferry_service::journal::Ident;
 
 /// Copies `src` to `dst` (one of them local, one remote), like `scp`: into an existing
 /// directory the source keeps its name. `recursive` copies trees. After a connection
@@ -449,7 +449,7 @@ fn walk_local(root: &Path) -> Result<Tree> {
 pub fn sum_local(path: &Path) -> Result<(u64, [u8; 32])> {
     // Opened as an upload source is: a FIFO is refused, not waited on.
     let (f, meta) = super::upload::open_source(path)?;
-    let h =
-        crate::server::hash_file(&f, meta.size).map_err(|e| XferError::io(path.display(), &e))?;
+    let h = ferry_service::hash::hash_file(&f, meta.size)
+        .map_err(|e| XferError::io(path.display(), &e))?;
     Ok((meta.size, h))
 }

@@ -12,18 +12,17 @@ use super::{remote_err, unexpected, Client, Progress, GET_WINDOW};
 use rustix::fs::{AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 
-use crate::commit::{CommitPool, SyncDir};
 use crate::error::{Kind, Result, XferError};
-use crate::journal::{
-    journal_name, open_part, Found, Ident, Journal, OpenHow, Progress as Journaled,
-};
 use crate::link::BlockWriter;
 use crate::proto::{self, Msg};
-use crate::server::{part_name, BlockSink};
+use ferry_service::commit::{CommitPool, SyncDir};
+use ferry_service::journal::{journal_name, Ident, Journal};
+use ferry_service::landing::{open_part, Found, OpenHow, Progress as Journaled};
+use ferry_service::sink::BlockSink;
 
 /// Where a downloaded file (or directory) lands: a relative path beneath a directory held
 /// open, the destination the user named (for a tree) or the directory of a single file.
-/// Everything beneath it is opened with [`crate::beneath`]'s discipline, so no name a
+/// Everything beneath it is opened with [`ferry_service::beneath`]'s discipline, so no name a
 /// server lists and no symlink inside the destination can lead a write outside it.
 #[derive(Clone)]
 pub struct Dest {
@@ -50,7 +49,7 @@ impl DestBase {
                 return Ok(fd.clone());
             }
         }
-        let fd = Arc::new(crate::beneath::open_dir_beneath(&self.fd, dir)?);
+        let fd = Arc::new(ferry_service::beneath::open_dir_beneath(&self.fd, dir)?);
         *last = Some((dir.to_string(), fd.clone()));
         Ok(fd)
     }
@@ -126,7 +125,7 @@ impl Dest {
     /// The directory holding the last component, opened beneath the base, and that
     /// component.
     fn parent(&self) -> Result<(Arc<OwnedFd>, &str)> {
-        let (dir, name) = crate::beneath::split_last(&self.rel);
+        let (dir, name) = ferry_service::beneath::split_last(&self.rel);
         let fd = self
             .base
             .open_dir(dir)
@@ -138,7 +137,7 @@ impl Dest {
     /// is refused, not followed).
     pub(crate) fn mkdir(&self) -> Result<()> {
         let (parent, name) = self.parent()?;
-        crate::beneath::mkdir_in(&*parent, name, 0o755).map_err(|e| match e {
+        ferry_service::beneath::mkdir_in(&*parent, name, 0o755).map_err(|e| match e {
             Errno::NOTDIR => XferError::new(
                 Kind::Usage,
                 format!(
@@ -219,7 +218,7 @@ fn check_local_target(dir: &OwnedFd, name: &str, shown: &Path, force: bool) -> R
 
 impl LocalPart {
     /// Opens `.<name>.ferry-part` next to `dest` for a download of `ident` (see
-    /// [`crate::journal::open_part`]), with `resume`, after checking what `dest` is now
+    /// [`ferry_service::landing::open_part`]), with `resume`, after checking what `dest` is now
     /// (see [`check_local_target`]; `force` replaces a read-only file).
     pub(crate) fn open(
         dest: &Dest,
@@ -230,7 +229,7 @@ impl LocalPart {
         let (dir, name) = dest.parent()?;
         let shown = dest.path();
         check_local_target(&dir, name, &shown, force)?;
-        let tmp = part_name(name);
+        let tmp = ferry_service::roots::part_name(name);
         let part = |file, journal| LocalPart {
             dest: shown.clone(),
             dir: dir.clone(),
@@ -258,7 +257,7 @@ impl LocalPart {
             };
             let created = Arc::new(AtomicBool::new(false));
             let (flag, jdir) = (created.clone(), dir.clone());
-            let later: crate::journal::Opener = Box::new(move || {
+            let later: ferry_service::journal::Opener = Box::new(move || {
                 flag.store(true, Ordering::SeqCst);
                 open_in(&jdir, &jname, OpenHow::Truncate)
             });
@@ -287,9 +286,9 @@ impl LocalPart {
         use std::os::unix::fs::PermissionsExt;
         let io = |e: std::io::Error| XferError::io(self.dest.display(), &e);
         self.file
-            .set_permissions(std::fs::Permissions::from_mode(crate::commit::file_mode(
-                mode, false,
-            )))
+            .set_permissions(std::fs::Permissions::from_mode(
+                ferry_service::commit::file_mode(mode, false),
+            ))
             .map_err(io)?;
         if let Some(t) = mtime {
             self.file.set_modified(t).map_err(io)?;
@@ -752,7 +751,7 @@ impl Client {
                         );
                 }
                 let (mode, mtime) = (dl.mode, system_time(dl.ident.mtime));
-                if crate::commit::fsync_is_free(&part.file) {
+                if ferry_service::commit::fsync_is_free(&part.file) {
                     // Nothing to wait for: a thread hand-off would cost more (tmpfs).
                     commits.run_here(move || part.commit(mode, mtime).map(Some))?;
                 } else {

@@ -9,7 +9,7 @@
 //! RESEND (blocks that failed their CRC) or ERROR.
 //!
 //! Resume ([`Options::resume`], [`Options::retries`]): the receiving side journals the
-//! verified prefix of every part file ([`crate::journal`]). A resumed download continues
+//! verified prefix of every part file ([`ferry_service::journal`]). A resumed download continues
 //! its part with a ranged GET (and asks for the source's BLAKE3 with SUM, since a ranged
 //! GET brings none); a resumed upload sends PUT with RESUME and the server's READY says
 //! where to continue. Either way the file lands only if its whole BLAKE3 matches the
@@ -189,7 +189,7 @@ pub struct Client {
 }
 
 pub(crate) fn remote_err(code: proto::ErrorCode, message: &str) -> XferError {
-    XferError::remote(code, message)
+    crate::error::remote(code, message)
 }
 
 pub(crate) fn unexpected(m: &Msg) -> XferError {
@@ -294,7 +294,7 @@ impl Client {
     }
 
     /// Lists a remote directory ("" lists the roots). Every name must be one plain path
-    /// component ([`crate::beneath::check_name`]): a listing that names anything else (a
+    /// component ([`ferry_service::beneath::check_name`]): a listing that names anything else (a
     /// hostile or broken server) fails the whole request, before anything is written.
     pub fn list(&mut self, path: &str) -> Result<Vec<Entry>> {
         self.link.send(&Msg::List { path: path.into() })?;
@@ -303,7 +303,7 @@ impl Client {
             match self.link.recv_msg()? {
                 Msg::Entries { more, entries } => {
                     for e in &entries {
-                        crate::beneath::check_name(&e.name).map_err(|why| {
+                        ferry_service::beneath::check_name(&e.name).map_err(|why| {
                             XferError::new(
                                 Kind::Permission,
                                 format!(

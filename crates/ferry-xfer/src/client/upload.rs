@@ -37,7 +37,7 @@ pub(crate) fn open_source(src: &Path) -> Result<(File, FileMeta)> {
     rustix::fs::fcntl_setfl(&file, rustix::fs::OFlags::empty())
         .map_err(|e| XferError::io(src.display(), &e.into()))?;
     let meta = FileMeta {
-        stamp: crate::stamp::Stamp::of_metadata(&md),
+        stamp: ferry_service::stamp::Stamp::of_metadata(&md),
         size: md.len(),
         mode: md.permissions().mode() & 0o7777,
         mtime: md
@@ -173,7 +173,7 @@ impl Client {
         size: u64,
         mode: u32,
         mtime: Option<i64>,
-        stamp: Option<&crate::stamp::Stamp>,
+        stamp: Option<&ferry_service::stamp::Stamp>,
         path: &str,
         progress: &dyn Progress,
     ) -> Result<()> {
@@ -210,7 +210,8 @@ impl Client {
         if offset > 0 {
             tracing::info!("{path}: resuming at byte {offset}");
             if let (Source::File(file), Some(h)) = (src, hasher.as_mut()) {
-                hash_prefix(file, offset, h).map_err(|e| XferError::io(path, &e))?;
+                ferry_service::hash::hash_range(file, 0, offset, h, &mut Vec::new())
+                    .map_err(|e| XferError::io(path, &e))?;
             }
             self.stats.resumed_bytes += offset;
             progress.add(offset);
@@ -276,18 +277,4 @@ impl Client {
         self.stats.bytes += size;
         Ok(())
     }
-}
-
-/// Feeds `file[..len]` to `h`.
-fn hash_prefix(file: &File, len: u64, h: &mut blake3::Hasher) -> std::io::Result<()> {
-    use std::os::unix::fs::FileExt;
-    let mut buf = vec![0u8; 1 << 20];
-    let mut pos = 0u64;
-    while pos < len {
-        let n = (len - pos).min(buf.len() as u64) as usize;
-        file.read_exact_at(&mut buf[..n], pos)?;
-        h.update(&buf[..n]);
-        pos += n as u64;
-    }
-    Ok(())
 }

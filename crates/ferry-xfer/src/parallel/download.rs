@@ -11,11 +11,12 @@ use crate::client::{
     plan_download, system_time, Client, DlJob, LocalPart, Options, Progress, Stats,
 };
 use crate::error::{Kind, Result, XferError};
-use crate::journal::{Found, RangeSet, SharedProgress};
 use crate::link::BlockWriter;
-use crate::ordered_hash::OrderedHash;
-use crate::server::BlockSink;
 use crate::url::Remote;
+use ferry_service::journal::RangeSet;
+use ferry_service::landing::{Found, SharedProgress};
+use ferry_service::ordered_hash::OrderedHash;
+use ferry_service::sink::BlockSink;
 
 /// One chunk of a download the streams share.
 #[derive(Clone)]
@@ -240,7 +241,7 @@ impl SharedDl {
             ));
         }
         let dir = part.commit(st.mode, system_time(self.mtime))?;
-        crate::commit::sync_dir(&dir)?;
+        ferry_service::commit::sync_dir(&dir)?;
         Ok(Some(self.size))
     }
 

@@ -11,11 +11,11 @@ use crate::client::{
     open_source, plan_upload, remote_err, unexpected, Client, Options, Progress, Stats,
 };
 use crate::error::{Kind, Result, XferError};
-use crate::journal::RangeSet;
 use crate::link::{FileMeta, Source, Span};
 use crate::proto::{self, Msg};
-use crate::stamp::Stamp;
 use crate::url::Remote;
+use ferry_service::journal::RangeSet;
+use ferry_service::stamp::Stamp;
 
 /// A large file being uploaded by several streams (OPEN, PUT_RANGE…, CLOSE).
 struct SharedUp {
@@ -303,7 +303,7 @@ fn open_upload(
             HashJob::Thread(
                 std::thread::Builder::new()
                     .name("ferry-hash".into())
-                    .spawn(move || crate::server::hash_file(&f, size))
+                    .spawn(move || ferry_service::hash::hash_file(&f, size))
                     .map_err(|e| XferError::io("start hashing thread", &e))?,
             )
         }

@@ -1,13 +1,13 @@
 //! Serving reads: GET of files and of the memory root.
 
-use super::roots::refuse;
 use super::{id_in_use, ready, reply_refusal, send_entries, Server, GET_PIECE};
 use crate::error::{Kind, Result, XferError};
+use crate::export::refuse;
 use crate::link::{BlockSender, BlockWriter, Link, Source, Span};
 use crate::mem::{Virtual, MEM_ROOT};
 use crate::proto::{Entry, EntryKind, ErrorCode, Msg};
 use crate::session::{Session, Upload};
-use crate::stamp::Stamp;
+use ferry_service::stamp::Stamp;
 
 impl Server {
     /// Answers a request on the memory root (`mem/...`, see [`crate::mem`]); false if
@@ -166,7 +166,7 @@ impl Server {
 
     /// Answers a GET of a file: READY, BLOCKs, FILE_DONE; or, when `tx` sends FILE frames
     /// (a 1.3 client), for a whole file that fits in one frame, one FILE frame. A file that
-    /// changes while it is read ([`crate::stamp`]) gets an ERROR (integrity) instead of its
+    /// changes while it is read ([`ferry_service::stamp`]) gets an ERROR (integrity) instead of its
     /// FILE_DONE or FILE frame, so no client, of any version, commits it.
     pub(super) fn get(
         &self,

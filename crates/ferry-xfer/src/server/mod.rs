@@ -1,5 +1,5 @@
 //! `ferry serve`: exported roots behind a sandbox, token auth, a thread per connection,
-//! admission limits ([`admit`]).
+//! admission limits ([`ferry_service::admit`]).
 //!
 //! Every path a client names is `root/relative/path`. The relative part is opened with
 //! `openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)` relative to the root's directory
@@ -8,15 +8,12 @@
 //! opened that way, under a temporary name, and renamed into place only after their BLAKE3
 //! matched and they were fsynced.
 
-mod admit;
 mod get;
 mod put;
 mod ranges;
-mod roots;
-mod sink;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -25,16 +22,20 @@ use rustix::io::Errno;
 
 use crate::config::ServerConfig;
 use crate::error::{Kind, Result, XferError};
-use crate::journal::Ident;
 use crate::link::{BlockSender, Link};
 use crate::proto::{self, Entry, ErrorCode, Msg, BLOCK_HEADER_LEN};
 use crate::session::Session;
-use admit::{more, Admission, Handshake, Stage};
+use ferry_service::admit::{more, Admission, Handshake, Stage};
+use ferry_service::journal::Ident;
+pub use ferry_service::serve::DrainReport;
+use ferry_service::serve::{accept_until, Drain, Service};
 
-pub(crate) use roots::refuse;
-use roots::PResult;
-pub use roots::{part_name, PartFile, Refusal, Roots, Target};
-pub use sink::{hash_file, BlockSink};
+pub use crate::export::Refusal;
+use crate::export::{refuse, PResult};
+use ferry_service::claims::{Claim, Claims};
+use ferry_service::hash::hash_file;
+pub use ferry_service::roots::{PartFile, Roots, Target};
+use ferry_service::sink::BlockSink;
 
 /// A running server's shared state.
 pub struct Server {
@@ -45,34 +46,43 @@ pub struct Server {
     /// with the connection of a client that vanished but is not noticed gone yet.
     /// A newer PUT of the same file raises the holder's flag: the holder journals and lets go
     /// (the usual holder is a vanished client's connection the fabric has not noticed).
-    busy: Arc<Mutex<HashMap<String, Arc<AtomicBool>>>>,
+    busy: Claims,
     /// Live sessions (parallel streams join them by id).
     live: Mutex<HashMap<u64, Arc<Session>>>,
-    /// Set once a drain starts: new requests are refused with Unavailable.
-    draining: AtomicBool,
-    /// Set when the drain's grace period is over: transfers in flight journal and stop.
-    stop: AtomicBool,
-    /// GETs and PUTs being served.
-    in_flight: AtomicUsize,
-    /// Transfers stopped by [`Server::drain`].
-    interrupted: AtomicUsize,
-    /// Transfers in flight when the drain began (`usize::MAX` before).
-    at_drain: AtomicUsize,
+    /// GETs and PUTs in flight, and the drain (new requests refused with Unavailable).
+    drain: Drain,
     /// Connection, memory and authentication limits.
     admission: Arc<Admission>,
 }
 
-/// What [`Server::drain`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DrainReport {
-    /// Transfers in flight when the drain began.
-    pub in_flight: usize,
-    /// Transfers stopped after the grace period (uploads journaled here; downloads are
-    /// journaled by their clients).
-    pub interrupted: usize,
-    /// Transfers that neither finished nor stopped in time (their journals hold their last
-    /// checkpoint).
-    pub abandoned: usize,
+impl Service for Server {
+    /// A connection's thread: the EXS handshake, then [`Server::connection`], within the
+    /// handshake's deadline until authenticated, and ended early if the handshake is called
+    /// off to make room for a newer connection.
+    fn serve_connection(&self, inc: ExsIncoming, hs: Handshake, peer: &str) {
+        let q = match EventQueue::new() {
+            Ok(q) => q,
+            Err(e) => return tracing::warn!("{peer}: event queue: {e}"),
+        };
+        let sock = match inc.start_cancellable(&q, hs.left(), &hs.cancel) {
+            Ok(s) => s,
+            Err(e) => {
+                if let Some(held) = hs.admission().log_handshake.pass() {
+                    tracing::info!("{peer}: handshake failed: {e}{}", more(held));
+                }
+                return;
+            }
+        };
+        let mut link = Link::new(sock, q);
+        if !hs.reached(Stage::Hello) {
+            return link.close();
+        }
+        match self.connection(&mut link, hs) {
+            Ok(()) => tracing::debug!("{peer}: done"),
+            Err(e) => tracing::info!("{peer}: connection ended: {e}"),
+        }
+        link.close();
+    }
 }
 
 /// How long a PUT waits for another connection to let go of the same file.
@@ -87,57 +97,25 @@ const CANCEL_POLL: Duration = Duration::from_millis(10);
 /// A GET is sent in pieces of this many bytes, so a drain can stop it between them.
 const GET_PIECE: u64 = 32 << 20;
 
-/// Counts a transfer in flight while it lives.
-struct InFlight<'a>(&'a AtomicUsize);
-
-impl<'a> InFlight<'a> {
-    fn new(n: &'a AtomicUsize) -> Self {
-        n.fetch_add(1, Ordering::SeqCst);
-        InFlight(n)
-    }
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-/// A claim on a file being written; released on drop.
-pub(crate) struct Claim {
-    busy: Arc<Mutex<HashMap<String, Arc<AtomicBool>>>>,
-    key: String,
-    /// Raised when a newer PUT of the same file wants it.
-    pub(crate) yield_to_newer: Arc<AtomicBool>,
-}
-
-impl Drop for Claim {
-    fn drop(&mut self) {
-        self.busy
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&self.key);
-    }
-}
-
 impl Server {
     /// Validates `cfg` and opens its roots.
     pub fn new(cfg: ServerConfig) -> Result<Arc<Server>> {
         cfg.validate()?;
-        let roots = Roots::open(&cfg)?;
-        let admission = Admission::new(&cfg.limits);
+        let roots = Roots::open(
+            cfg.roots
+                .iter()
+                .map(|r| (r.name.as_str(), r.path.as_path())),
+            cfg.keep_special_bits,
+        )?;
+        let admission = Admission::new(&cfg.limits, staging_cost);
         Ok(Arc::new(Server {
             admission,
             cfg,
             roots,
             sessions: AtomicU64::new(1),
-            busy: Arc::new(Mutex::new(HashMap::new())),
+            busy: Claims::new(),
             live: Mutex::new(HashMap::new()),
-            draining: AtomicBool::new(false),
-            stop: AtomicBool::new(false),
-            in_flight: AtomicUsize::new(0),
-            interrupted: AtomicUsize::new(0),
-            at_drain: AtomicUsize::new(usize::MAX),
+            drain: Drain::new(),
         }))
     }
 
@@ -169,85 +147,10 @@ impl Server {
     /// stops accepting and returns, leaving the connections running (see [`Server::drain`]).
     ///
     /// Each accepted connection first passes [`Admission::arrive`] (the bounded handshake
-    /// pool), then gets its thread.
+    /// pool), then gets its thread ([`ferry_service::serve::accept_until`]).
     pub fn serve_until(self: &Arc<Self>, listener: &ExsListener, quit: &AtomicBool) -> Result<()> {
-        loop {
-            if quit.load(Ordering::SeqCst) {
-                return Ok(());
-            }
-            let inc = match listener.accept_incoming(Duration::from_millis(100)) {
-                Ok(i) => i,
-                Err(ferry_exs::runtime::Error::Timeout) => continue,
-                Err(e) => {
-                    self.accept_failed(&e);
-                    continue;
-                }
-            };
-            let peer = inc.peer_addr();
-            let hs = match self.admission.arrive(&admit::peer_key(&peer)) {
-                Ok(h) => h,
-                Err(admit::Turned(why)) => {
-                    if let Some(held) = self.admission.log_refused.pass() {
-                        tracing::warn!(
-                            "closed a connection from {peer} at once: {why}{}",
-                            more(held)
-                        );
-                    }
-                    continue;
-                }
-            };
-            let me = self.clone();
-            let spawned = std::thread::Builder::new()
-                .name("ferry-conn".into())
-                .spawn(move || me.run_connection(inc, hs, &peer));
-            if let Err(e) = spawned {
-                tracing::warn!("cannot start a connection thread: {e}");
-            }
-        }
-    }
-
-    /// A failed accept: a connection whose driver handshake failed concerns only itself; a
-    /// listener out of descriptors or memory is logged (rate-limited) and given a moment,
-    /// rather than retried in a busy loop.
-    fn accept_failed(&self, e: &ferry_exs::runtime::Error) {
-        use ferry_exs::runtime::Error;
-        match e {
-            Error::Fabric(ferry_fabric::FabricError::Io { context, .. }) if context == "accept" => {
-                if let Some(held) = self.admission.log_accept.pass() {
-                    tracing::warn!("cannot accept connections: {e}{}", more(held));
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            e => tracing::debug!("accept: {e}"),
-        }
-    }
-
-    /// A connection's thread: the EXS handshake, then [`Server::connection`], within the
-    /// handshake's deadline until authenticated, and ended early if the handshake is called
-    /// off to make room for a newer connection.
-    fn run_connection(&self, inc: ExsIncoming, hs: Handshake, peer: &str) {
-        let q = match EventQueue::new() {
-            Ok(q) => q,
-            Err(e) => return tracing::warn!("{peer}: event queue: {e}"),
-        };
-        let sock = match inc.start_cancellable(&q, hs.left(), &hs.cancel) {
-            Ok(s) => s,
-            Err(e) => {
-                if let Some(held) = hs.admission().log_handshake.pass() {
-                    tracing::info!("{peer}: handshake failed: {e}{}", more(held));
-                }
-                return;
-            }
-        };
-        let mut link = Link::new(sock, q);
-        if !hs.reached(Stage::Hello) {
-            return link.close();
-        }
-        match self.connection(&mut link, hs) {
-            Ok(()) => tracing::debug!("{peer}: done"),
-            Err(e) => tracing::info!("{peer}: connection ended: {e}"),
-        }
-        link.close();
+        accept_until(self, &self.admission, listener, quit);
+        Ok(())
     }
 
     /// Ends service gracefully: refuses new requests, lets the transfers in flight run for
@@ -255,43 +158,22 @@ impl Server {
     /// journals its verified prefix; a download just ends, its client journals) and waits a
     /// little for them. The caller exits afterwards.
     pub fn drain(&self, grace: Duration) -> DrainReport {
-        self.begin_drain();
-        let in_flight = self.at_drain.load(Ordering::SeqCst);
-        let wait = |limit: Duration| {
-            let end = std::time::Instant::now() + limit;
-            while self.in_flight.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < end {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        };
-        wait(grace);
-        if self.in_flight.load(Ordering::SeqCst) > 0 {
-            self.stop.store(true, Ordering::SeqCst);
-            wait(Duration::from_secs(5));
-        }
-        DrainReport {
-            in_flight,
-            interrupted: self.interrupted.load(Ordering::SeqCst),
-            abandoned: self.in_flight.load(Ordering::SeqCst),
-        }
+        self.drain.run(grace)
     }
 
     /// Starts refusing new requests (with Unavailable) and notes how many transfers are in
     /// flight; cheap and callable from any thread (e.g. a signal-watching one) before
     /// [`Server::drain`]. Idempotent.
     pub fn begin_drain(&self) {
-        self.draining.store(true, Ordering::SeqCst);
-        let n = self.in_flight.load(Ordering::SeqCst);
-        let _ = self
-            .at_drain
-            .compare_exchange(usize::MAX, n, Ordering::SeqCst, Ordering::SeqCst);
+        self.drain.begin();
     }
 
     fn stopping(&self) -> bool {
-        self.stop.load(Ordering::SeqCst)
+        self.drain.stopping()
     }
 
     fn stopped(&self, what: &str) -> XferError {
-        self.interrupted.fetch_add(1, Ordering::SeqCst);
+        self.drain.interrupted();
         XferError::conn(format!("{what}: the server is shutting down"))
     }
 
@@ -299,41 +181,7 @@ impl Server {
     /// and let go (a PUT of a file supersedes an older one still writing it), waiting up
     /// to [`BUSY_WAIT`].
     fn claim(&self, path: &str) -> Option<Claim> {
-        let key = path
-            .split('/')
-            .filter(|c| !c.is_empty() && *c != ".")
-            .collect::<Vec<_>>()
-            .join("/");
-        let end = std::time::Instant::now() + BUSY_WAIT;
-        loop {
-            {
-                let mut busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
-                match busy.get(&key) {
-                    Some(holder) => holder.store(true, Ordering::SeqCst),
-                    None => {
-                        let flag = Arc::new(AtomicBool::new(false));
-                        busy.insert(key.clone(), flag.clone());
-                        return Some(Claim {
-                            busy: self.busy.clone(),
-                            key,
-                            yield_to_newer: flag,
-                        });
-                    }
-                }
-            }
-            if std::time::Instant::now() >= end || self.stopping() {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn authorized(&self, token: &str) -> bool {
-        let mut ok = self.cfg.auth.anonymous;
-        for t in &self.cfg.auth.tokens {
-            ok |= crate::ct_eq(t.as_bytes(), token.as_bytes());
-        }
-        ok
+        self.busy.claim(path, BUSY_WAIT, || self.stopping())
     }
 
     /// The client's HELLO, waited for until the handshake's deadline or until it is called
@@ -409,7 +257,7 @@ impl Server {
         if self.admission.locked_out(&hs.addr) {
             return Self::refuse_token(link, &token);
         }
-        if !self.authorized(&token) {
+        if !self.cfg.auth.accepts(&token) {
             self.admission.auth_failed(&hs.addr);
             return Self::refuse_token(link, &token);
         }
@@ -511,7 +359,7 @@ impl Server {
                 } => !(self.cfg.mem && crate::mem::classify(path).is_some()),
                 _ => false,
             };
-            if !packs || self.draining.load(Ordering::SeqCst) {
+            if !packs || self.drain.draining() {
                 tx.flush_pack(link)?;
             }
             if let Msg::Gets { files } = msg {
@@ -523,7 +371,7 @@ impl Server {
                 }));
                 continue;
             }
-            if self.draining.load(Ordering::SeqCst) && msg != Msg::Bye {
+            if self.drain.draining() && msg != Msg::Bye {
                 let file_id = match &msg {
                     Msg::Get { file_id, .. }
                     | Msg::Put { file_id, .. }
@@ -547,11 +395,11 @@ impl Server {
             }
             match msg {
                 Msg::Bye => return Ok(()),
-                Msg::Stat { path } => match self.roots.stat(&path) {
+                Msg::Stat { path } => match crate::export::stat(&self.roots, &path) {
                     Ok(e) => link.send(&Msg::Entry(e))?,
                     Err(r) => reply_refusal(link, 0, r)?,
                 },
-                Msg::List { path } => match self.roots.list(&path) {
+                Msg::List { path } => match crate::export::list(&self.roots, &path) {
                     Ok(entries) => send_entries(link, entries)?,
                     Err(r) => reply_refusal(link, 0, r)?,
                 },
@@ -562,7 +410,7 @@ impl Server {
                 Msg::Sum { path } => match self.roots.open_read(&path) {
                     // A hash of a file that changed while it was read matches no version.
                     Ok((f, st)) => match hash_file(&f, st.st_size as u64) {
-                        Ok(h) => match crate::stamp::Stamp::of(&st).check(&f, &path) {
+                        Ok(h) => match ferry_service::stamp::Stamp::of(&st).check(&f, &path) {
                             Ok(()) => link.send(&Msg::SumReply {
                                 size: st.st_size as u64,
                                 blake3: h,
@@ -581,7 +429,7 @@ impl Server {
                     length,
                     path,
                 } => {
-                    let _counted = InFlight::new(&self.in_flight);
+                    let _counted = self.drain.count();
                     self.get(link, tx, file_id, offset, length, &path)?
                 }
                 Msg::Put {
@@ -592,7 +440,7 @@ impl Server {
                     mtime,
                     path,
                 } => {
-                    let _counted = InFlight::new(&self.in_flight);
+                    let _counted = self.drain.count();
                     let req = PutReq {
                         file_id,
                         resume: flags & proto::PUT_RESUME != 0,
@@ -614,7 +462,7 @@ impl Server {
                     path,
                     len,
                 } => {
-                    let _counted = InFlight::new(&self.in_flight);
+                    let _counted = self.drain.count();
                     let payload = request
                         .len()
                         .checked_sub(len as usize)
@@ -657,7 +505,7 @@ impl Server {
                     offset,
                     length,
                 } => {
-                    let _counted = InFlight::new(&self.in_flight);
+                    let _counted = self.drain.count();
                     self.put_range(link, session, ring, file_id, offset, length)?
                 }
                 Msg::Close {
@@ -744,7 +592,7 @@ impl Server {
                 format!("unknown session {join:#x}: it ended or never existed (a stream joins while stream 0 is connected)"),
             )
         })?;
-        if !crate::ct_eq(s.token.as_bytes(), token.as_bytes()) {
+        if !ferry_service::auth::ct_eq(s.token.as_bytes(), token.as_bytes()) {
             return Err(refuse(
                 ErrorCode::AuthRefused,
                 "the token differs from the one session was opened with",
@@ -919,14 +767,30 @@ fn ready(
 
 /// Refuses a connection at its handshake: the refusal, a moment for it to reach the client
 /// before the connection goes, and the error that ends the connection.
-fn refuse_connection<T>(link: &Link, r: Refusal) -> Result<T> {
+/// Bytes of staging memory a connection with `ring` blocks of `block` bytes may hold at
+/// once: its receive ring and its send ring (registered buffers), the copies of one request
+/// and one received block, and with staging threads the blocks queued to the writer or
+/// hasher thread.
+fn staging_cost(ring: usize, block: u32) -> u64 {
+    let threads = if crate::link::staging_threads() {
+        ring
+    } else {
+        0
+    };
+    let buffers = 2 * ring + 2 + threads;
+    buffers as u64 * crate::link::buffer_bytes(block)
+}
+
+fn refuse_connection<T>(link: &Link, r: impl Into<Refusal>) -> Result<T> {
+    let r = r.into();
     let message = r.message.clone();
     reply_refusal(link, 0, r)?;
     std::thread::sleep(Duration::from_millis(50));
     Err(XferError::conn(message))
 }
 
-fn reply_refusal(link: &Link, file_id: u32, r: Refusal) -> Result<()> {
+fn reply_refusal(link: &Link, file_id: u32, r: impl Into<Refusal>) -> Result<()> {
+    let r = r.into();
     tracing::debug!("refused: {}", r.message);
     link.send(&Msg::Error {
         code: r.code,

@@ -4,13 +4,14 @@ use std::fs::File;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use super::roots::{refuse, PResult, PartFile};
-use super::sink::BlockSink;
 use super::{busy, reply_refusal, write_refusal, PutReq, Received, Received2, Server, RECV_SLICE};
 use crate::error::{Result, XferError};
-use crate::journal::Found;
+use crate::export::{refuse, PResult};
 use crate::link::{BlockWriter, Link};
 use crate::proto::{self, ErrorCode, Msg};
+use ferry_service::landing::Found;
+use ferry_service::roots::PartFile;
+use ferry_service::sink::BlockSink;
 
 impl Server {
     /// Answers a PUT_FILE: a whole small file in one frame. Checked against its BLAKE3
@@ -47,7 +48,7 @@ impl Server {
         payload: &[u8],
         blake3: &[u8; 32],
         force: bool,
-    ) -> PResult<(PartFile, super::Claim)> {
+    ) -> PResult<(PartFile, ferry_service::claims::Claim)> {
         let claim = self.claim(path).ok_or_else(|| busy(path))?;
         if blake3::hash(payload).as_bytes() != blake3 {
             tracing::warn!(
@@ -124,7 +125,7 @@ impl Server {
         superseded: &AtomicBool,
         path: &str,
     ) -> Result<Option<PResult<()>>> {
-        let (file_id, size) = (sink.file_id, sink.size());
+        let (file_id, size) = (sink.transfer(), sink.size());
         let writer = BlockWriter::with_sink(sink, &part.file, ring)?;
         let file = Some(&part.file);
         let (mut sink, length, blake3) =
@@ -336,7 +337,7 @@ pub(super) struct Commits {
 pub(super) struct Waiting {
     part: PartFile,
     /// Keeps other connections off the path until the rename.
-    _claim: super::Claim,
+    _claim: ferry_service::claims::Claim,
     file_id: u32,
     mode: u32,
     mtime: Option<std::time::SystemTime>,
@@ -344,7 +345,12 @@ pub(super) struct Waiting {
 }
 
 impl Waiting {
-    fn new(part: PartFile, claim: super::Claim, req: &PutReq, path: &str) -> Waiting {
+    fn new(
+        part: PartFile,
+        claim: ferry_service::claims::Claim,
+        req: &PutReq,
+        path: &str,
+    ) -> Waiting {
         Waiting {
             part,
             _claim: claim,
@@ -442,7 +448,7 @@ fn settle_all(pending: &[Waiting]) -> Vec<std::io::Result<()>> {
     let settle = |w: &Waiting| w.part.settle(w.mode, w.mtime);
     let serial = match pending {
         [] | [_] => true,
-        [first, ..] => crate::commit::fsync_is_free(&first.part.file),
+        [first, ..] => ferry_service::commit::fsync_is_free(&first.part.file),
     };
     if serial {
         return pending.iter().map(settle).collect();

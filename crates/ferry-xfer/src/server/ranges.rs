@@ -2,14 +2,15 @@
 
 use std::time::Duration;
 
-use super::roots::{refuse, PartFile};
-use super::sink::BlockSink;
 use super::{busy, id_in_use, reply_refusal, write_refusal, PutReq, Server};
 use crate::error::{Result, XferError};
-use crate::journal::Found;
+use crate::export::refuse;
 use crate::link::{BlockWriter, Link};
 use crate::proto::{ErrorCode, Msg};
 use crate::session::{Session, Upload};
+use ferry_service::landing::Found;
+use ferry_service::roots::PartFile;
+use ferry_service::sink::BlockSink;
 
 impl Server {
     /// OPEN (1.2): starts a parallel upload of `path` in `session` and answers HAVE with

@@ -12,7 +12,7 @@
 
 use std::fs::File;
 
-use crate::error::{Kind, Result, XferError};
+use crate::error::{Error, Kind, Result};
 
 /// What identifies one version of a file's content, as `fstat` tells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,11 +56,11 @@ impl Stamp {
     /// Fails (exit 4, integrity) if `file`, named `what` in the message, no longer has this
     /// stamp: its content may have changed since the stamp was taken.
     pub fn check(&self, file: &File, what: &str) -> Result<()> {
-        let now = Stamp::now(file).map_err(|e| XferError::io(what, &e))?;
+        let now = Stamp::now(file).map_err(|e| Error::io(what, &e))?;
         if now == *self {
             return Ok(());
         }
-        Err(XferError::new(Kind::Integrity, changed(what, self, &now)))
+        Err(Error::new(Kind::Integrity, changed(what, self, &now)))
     }
 }
 
@@ -82,7 +82,7 @@ fn changed(what: &str, before: &Stamp, now: &Stamp) -> String {
 /// the first block of a file range it sends, it creates the file PATH and waits until
 /// PATH is removed again (at most 30 s), so a test can change the source at a known point
 /// of the copy. Unset in normal use.
-pub(crate) fn test_pause_after_read() {
+pub fn test_pause_after_read() {
     use std::sync::atomic::{AtomicBool, Ordering};
     static DONE: AtomicBool = AtomicBool::new(false);
     let Some(marker) = std::env::var_os("FERRY_TEST_PAUSE_READ") else {

@@ -1,5 +1,5 @@
 //! Opening and creating files beneath a directory held open, the one discipline both ends
-//! follow: the server inside its exported roots ([`crate::server::Roots`]), the client
+//! follow: the server inside its exported roots ([`crate::roots::Roots`]), the client
 //! inside the destination of a download. Every path is resolved by `openat2` with
 //! `RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS` (no `..` above the directory, no absolute
 //! path, no symlink leading out of it, no `/proc` magic link); the last component is then
@@ -14,29 +14,29 @@ use rustix::fs::{Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 
 /// Resolve flags for every path taken beneath a directory.
-pub(crate) const BENEATH: ResolveFlags = ResolveFlags::BENEATH.union(ResolveFlags::NO_MAGICLINKS);
+pub const BENEATH: ResolveFlags = ResolveFlags::BENEATH.union(ResolveFlags::NO_MAGICLINKS);
 
 /// Opens `rel` (relative, "." for `dir` itself) beneath `dir` with `flags` (close-on-exec
 /// added).
-pub(crate) fn open_beneath(dir: impl AsFd, rel: &str, flags: OFlags) -> Result<OwnedFd, Errno> {
+pub fn open_beneath(dir: impl AsFd, rel: &str, flags: OFlags) -> Result<OwnedFd, Errno> {
     rustix::fs::openat2(dir, rel, flags | OFlags::CLOEXEC, Mode::empty(), BENEATH)
 }
 
 /// Opens the directory `rel` beneath `dir` ("" or "." is `dir` itself).
-pub(crate) fn open_dir_beneath(dir: impl AsFd, rel: &str) -> Result<OwnedFd, Errno> {
+pub fn open_dir_beneath(dir: impl AsFd, rel: &str) -> Result<OwnedFd, Errno> {
     let rel = if rel.is_empty() { "." } else { rel };
     open_beneath(dir, rel, OFlags::RDONLY | OFlags::DIRECTORY)
 }
 
 /// Splits `rel` into the directory holding its last component ("" for none) and that
 /// component.
-pub(crate) fn split_last(rel: &str) -> (&str, &str) {
+pub fn split_last(rel: &str) -> (&str, &str) {
     rel.rsplit_once('/').unwrap_or(("", rel))
 }
 
 /// Creates directory `name` in `parent` with `mode`; an existing directory is fine. An
 /// existing entry of another kind (a symlink too: it is not followed) is `NOTDIR`.
-pub(crate) fn mkdir_in(parent: impl AsFd, name: &str, mode: u32) -> Result<(), Errno> {
+pub fn mkdir_in(parent: impl AsFd, name: &str, mode: u32) -> Result<(), Errno> {
     let parent = parent.as_fd();
     match rustix::fs::mkdirat(parent, name, Mode::from_raw_mode(mode & 0o7777)) {
         Err(Errno::EXIST) => {

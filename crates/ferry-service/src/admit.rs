@@ -1,4 +1,4 @@
-//! Admission: who gets in and what they may hold ([`crate::config::LimitsConfig`]).
+//! Admission: who gets in and what they may hold ([`LimitsConfig`]), for every service.
 //!
 //! A connection passes two gates. Accepted, it enters the handshake pool: at most
 //! `max_handshakes` connections (and their threads) wait for their EXS handshake and ferry
@@ -21,10 +21,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::config::LimitsConfig;
-use crate::proto::ErrorCode;
+use serde::Deserialize;
 
-use super::roots::{refuse, Refusal};
+use crate::error::{refuse, Denial, Error, Kind, Refusal, Result};
 
 /// The smallest ring a connection is given when memory is short.
 const MIN_RING: usize = 2;
@@ -36,25 +35,121 @@ const MAX_TRACKED: usize = 65_536;
 /// At most one line a second per kind of refusal, so the log is no lever for a flood.
 const LOG_EVERY: Duration = Duration::from_secs(1);
 
-/// The address a peer's limits are counted under: its IP for IP drivers
-/// (`tcp://10.0.0.7:40112` → `10.0.0.7`); the driver name for local-only ones (every
-/// `ofi+shm` peer is this host).
-pub(crate) fn peer_key(peer: &str) -> String {
-    match peer.parse::<ferry_fabric::Address>() {
-        Ok(a) if a.port.is_some() => a.host,
-        Ok(_) => peer.split("://").next().unwrap_or(peer).to_string(),
-        Err(_) => peer.to_string(),
+/// What one server lets its clients use (`[limits]`): connections, handshakes, idle time,
+/// staging memory, failed token attempts. See `docs/xfer.md`, "Limits".
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Authenticated connections at once (every stream of a `-p N` copy is one).
+    pub max_connections: usize,
+    /// Authenticated connections at once from one client address (IP; every ofi+shm peer
+    /// is one local address); a newcomer from an address that holds this many connections,
+    /// handshakes included, takes the place of that address's oldest handshake.
+    pub max_per_address: usize,
+    /// Connections in their handshake (accepted, not yet authenticated) at once. A newer one
+    /// past the limit replaces the oldest of the address that holds the most.
+    pub max_handshakes: usize,
+    /// Seconds from accepting a connection to its accepted HELLO; a slower one is closed.
+    pub handshake_timeout: f64,
+    /// Seconds a session may stay silent between requests (while one of its streams works
+    /// on a request, the others are not idle), and a transfer may make no progress.
+    pub idle_timeout: f64,
+    /// Bytes of staging memory (receive rings, send rings, block copies) every connection
+    /// together may hold. `None`: a quarter of the host's physical memory.
+    pub memory_budget: Option<u64>,
+    /// Failed token attempts from one address before its attempts are refused unchecked.
+    pub auth_failures: u32,
+    /// Seconds a lock-out lasts; failures older than this are forgotten.
+    pub auth_backoff: f64,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            max_connections: 256,
+            max_per_address: 32,
+            max_handshakes: 32,
+            handshake_timeout: 5.0,
+            idle_timeout: 120.0,
+            memory_budget: None,
+            auth_failures: 5,
+            auth_backoff: 60.0,
+        }
     }
 }
+
+impl LimitsConfig {
+    /// [`LimitsConfig::handshake_timeout`] as a duration.
+    pub fn handshake(&self) -> std::time::Duration {
+        std::time::Duration::from_secs_f64(self.handshake_timeout)
+    }
+
+    /// [`LimitsConfig::idle_timeout`] as a duration.
+    pub fn idle(&self) -> std::time::Duration {
+        std::time::Duration::from_secs_f64(self.idle_timeout)
+    }
+
+    /// [`LimitsConfig::auth_backoff`] as a duration.
+    pub fn backoff(&self) -> std::time::Duration {
+        std::time::Duration::from_secs_f64(self.auth_backoff)
+    }
+
+    /// The memory budget in bytes: the configured one, or a quarter of physical memory
+    /// (1 GiB if `/proc/meminfo` cannot say).
+    pub fn budget(&self) -> u64 {
+        self.memory_budget
+            .unwrap_or_else(|| physical_memory().map_or(1 << 30, |m| m / 4))
+    }
+
+    /// Checks every limit is in its range; a usage error names the first that is not.
+    pub fn validate(&self) -> Result<()> {
+        let usage = |m: String| Err(Error::new(Kind::Usage, m));
+        for (name, v) in [
+            ("max_connections", self.max_connections),
+            ("max_per_address", self.max_per_address),
+            ("max_handshakes", self.max_handshakes),
+        ] {
+            if !(1..=1_000_000).contains(&v) {
+                return usage(format!("[limits] {name} = {v}: give 1 to 1000000"));
+            }
+        }
+        for (name, v) in [
+            ("handshake_timeout", self.handshake_timeout),
+            ("idle_timeout", self.idle_timeout),
+            ("auth_backoff", self.auth_backoff),
+        ] {
+            if !(0.01..=1e6).contains(&v) {
+                return usage(format!(
+                    "[limits] {name} = {v}: give seconds from 0.01 to 1000000"
+                ));
+            }
+        }
+        if self.auth_failures == 0 {
+            return usage("[limits] auth_failures = 0: give at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+/// `MemTotal` of `/proc/meminfo`, in bytes.
+fn physical_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// Bytes of staging memory a connection with `ring` blocks of `block` bytes may hold.
+pub type StagingCost = fn(ring: usize, block: u32) -> u64;
 
 /// A log line that goes out at most once per [`LOG_EVERY`]; lines held back meanwhile are
 /// counted, and the next one that goes out says how many.
 #[derive(Default)]
-pub(crate) struct LogGate(Mutex<(Option<Instant>, u64)>);
+pub struct LogGate(Mutex<(Option<Instant>, u64)>);
 
 impl LogGate {
     /// `Some(held back since the last line)` if a line may go out now.
-    pub(crate) fn pass(&self) -> Option<u64> {
+    pub fn pass(&self) -> Option<u64> {
         let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
         let (last, held) = &mut *g;
         if last.is_some_and(|t| t.elapsed() < LOG_EVERY) {
@@ -67,7 +162,7 @@ impl LogGate {
 }
 
 /// " (N more like it in the last second)" for a gate's count, or nothing.
-pub(crate) fn more(held: u64) -> String {
+pub fn more(held: u64) -> String {
     if held == 0 {
         String::new()
     } else {
@@ -77,7 +172,7 @@ pub(crate) fn more(held: u64) -> String {
 
 /// How far a handshake got: the further, the later it is called off.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) enum Stage {
+pub enum Stage {
     /// The EXS handshake runs (a flood that only opens connections stays here).
     Exs,
     /// EXS is open; the ferry HELLO is awaited.
@@ -167,27 +262,39 @@ impl State {
 }
 
 /// The server's admission state (see the module documentation).
-pub(crate) struct Admission {
+pub struct Admission {
     limits: LimitsConfig,
+    /// Bytes of staging memory a connection's ring and block cost.
+    cost: StagingCost,
     budget: u64,
     state: Mutex<State>,
     /// Signalled when a handshake thread ends.
     ended: Condvar,
-    pub(crate) log_evicted: LogGate,
-    pub(crate) log_refused: LogGate,
-    pub(crate) log_full: LogGate,
-    pub(crate) log_locked: LogGate,
-    pub(crate) log_accept: LogGate,
-    pub(crate) log_handshake: LogGate,
+    /// Rate limits of the server's log lines, one per kind (a flood must not flood the
+    /// log): handshakes called off for a newcomer,
+    pub log_evicted: LogGate,
+    /// connections turned away at the door,
+    pub log_refused: LogGate,
+    /// connections refused for a full server,
+    pub log_full: LogGate,
+    /// locked-out addresses,
+    pub log_locked: LogGate,
+    /// failed accepts,
+    pub log_accept: LogGate,
+    /// and failed handshakes.
+    pub log_handshake: LogGate,
 }
 
 /// Why a connection was turned away at the door.
 #[derive(Debug)]
-pub(crate) struct Turned(pub String);
+pub struct Turned(pub String);
 
 impl Admission {
-    pub(crate) fn new(limits: &LimitsConfig) -> Arc<Admission> {
+    /// Admission under `limits`, where a connection with `ring` blocks of `block` bytes
+    /// holds `cost(ring, block)` bytes of the memory budget (the service knows its buffers).
+    pub fn new(limits: &LimitsConfig, cost: StagingCost) -> Arc<Admission> {
         Arc::new(Admission {
+            cost,
             budget: limits.budget(),
             limits: limits.clone(),
             state: Mutex::new(State::default()),
@@ -209,7 +316,7 @@ impl Admission {
     /// an older handshake if the pool or the address is full, and waiting (briefly) for a
     /// called-off one's thread to end so the threads stay bounded. `Err` says why it is
     /// turned away instead.
-    pub(crate) fn arrive(self: &Arc<Self>, addr: &str) -> Result<Handshake, Turned> {
+    pub fn arrive(self: &Arc<Self>, addr: &str) -> Result<Handshake, Turned> {
         let mut st = self.lock();
         let c = st.count(addr);
         // An address at its limit replaces its own oldest handshake; one whose connections
@@ -272,7 +379,7 @@ impl Admission {
     }
 
     /// Whether `addr` is locked out for failed tokens now.
-    pub(crate) fn locked_out(&self, addr: &str) -> bool {
+    pub fn locked_out(&self, addr: &str) -> bool {
         let now = Instant::now();
         self.lock()
             .failures
@@ -282,7 +389,7 @@ impl Admission {
     }
 
     /// Counts a failed token from `addr`; logs (rate-limited) when that locks it out.
-    pub(crate) fn auth_failed(&self, addr: &str) {
+    pub fn auth_failed(&self, addr: &str) {
         let now = Instant::now();
         let backoff = self.limits.backoff();
         let mut st = self.lock();
@@ -329,7 +436,7 @@ impl Admission {
     fn fit(&self, used: u64, n: usize, ring: usize, block: u32) -> Option<(usize, u32, u64)> {
         let (mut ring, mut block) = (ring.max(1), block);
         loop {
-            let cost = staging_cost(ring, block).saturating_mul(n as u64);
+            let cost = (self.cost)(ring, block).saturating_mul(n as u64);
             if used.saturating_add(cost) <= self.budget {
                 return Some((ring, block, cost));
             }
@@ -349,7 +456,7 @@ impl Admission {
     /// streams of a third-party copy), each with `ring` blocks of `block` bytes or less when
     /// memory is short, as for [`Handshake::admit`]; refused (Unavailable) when not even
     /// the least fits.
-    pub(crate) fn reserve(
+    pub fn reserve(
         self: &Arc<Self>,
         streams: usize,
         ring: usize,
@@ -358,7 +465,7 @@ impl Admission {
         let mut st = self.lock();
         let Some((ring, block, memory)) = self.fit(st.memory, streams.max(1), ring, block) else {
             return Err(refuse(
-                ErrorCode::Unavailable,
+                Denial::Unavailable,
                 "the server's memory budget for connections is spent (memory_budget); try again later",
             ));
         };
@@ -373,13 +480,13 @@ impl Admission {
 }
 
 /// Staging memory reserved by [`Admission::reserve`]; given back when dropped.
-pub(crate) struct Grant {
+pub struct Grant {
     admission: Arc<Admission>,
     memory: u64,
     /// Staging blocks in flight per connection and direction.
-    pub(crate) ring: usize,
+    pub ring: usize,
     /// The block size to ask for.
-    pub(crate) block: u32,
+    pub block: u32,
 }
 
 impl Drop for Grant {
@@ -388,50 +495,37 @@ impl Drop for Grant {
     }
 }
 
-/// Bytes of staging memory a connection with `ring` blocks of `block` bytes may hold at
-/// once: its receive ring and its send ring (registered buffers), the copies of one request
-/// and one received block, and with staging threads the blocks queued to the writer or
-/// hasher thread.
-pub(crate) fn staging_cost(ring: usize, block: u32) -> u64 {
-    let threads = if crate::link::staging_threads() {
-        ring
-    } else {
-        0
-    };
-    let buffers = 2 * ring + 2 + threads;
-    buffers as u64 * crate::link::buffer_bytes(block)
-}
-
 /// A connection in the handshake pool; leaves it when dropped or [`Handshake::admit`]ted.
-pub(crate) struct Handshake {
+pub struct Handshake {
     admission: Arc<Admission>,
     id: u64,
     /// The peer's address key ([`peer_key`]).
-    pub(crate) addr: String,
+    pub addr: String,
     /// Set when a newer connection took this one's place.
-    pub(crate) cancel: Arc<AtomicBool>,
+    pub cancel: Arc<AtomicBool>,
     /// When the handshake must be over.
-    pub(crate) deadline: Instant,
+    pub deadline: Instant,
     done: bool,
 }
 
 impl Handshake {
     /// Time left until the deadline.
-    pub(crate) fn left(&self) -> Duration {
+    pub fn left(&self) -> Duration {
         self.deadline.saturating_duration_since(Instant::now())
     }
 
     /// Whether this handshake was called off.
-    pub(crate) fn cancelled(&self) -> bool {
+    pub fn cancelled(&self) -> bool {
         self.cancel.load(Ordering::Acquire)
     }
 
-    pub(crate) fn admission(&self) -> &Admission {
+    /// The admission this handshake is counted in.
+    pub fn admission(&self) -> &Admission {
         &self.admission
     }
 
     /// Notes that the handshake got to `stage`; false if it was called off meanwhile.
-    pub(crate) fn reached(&self, stage: Stage) -> bool {
+    pub fn reached(&self, stage: Stage) -> bool {
         let mut st = self.admission.lock();
         if self.cancelled() {
             return false;
@@ -446,13 +540,13 @@ impl Handshake {
     /// `ring` blocks of `block` bytes (less if memory is short: see the slot's `ring` and
     /// `block`), or refuses it (Unavailable) when `max_connections` or the memory budget is
     /// reached.
-    pub(crate) fn admit(mut self, ring: usize, block: u32) -> Result<Slot, Refusal> {
+    pub fn admit(mut self, ring: usize, block: u32) -> Result<Slot, Refusal> {
         let adm = self.admission.clone();
         let limits = &adm.limits;
         let mut st = adm.lock();
         if self.cancelled() {
             return Err(refuse(
-                ErrorCode::Unavailable,
+                Denial::Unavailable,
                 "the server is busy with new connections; try again",
             ));
         }
@@ -467,7 +561,7 @@ impl Handshake {
                 );
             }
             return Err(refuse(
-                ErrorCode::Unavailable,
+                Denial::Unavailable,
                 format!(
                     "the server has reached its limit of {} connections (max_connections); try again later",
                     limits.max_connections
@@ -486,7 +580,7 @@ impl Handshake {
                 );
             }
             return Err(refuse(
-                ErrorCode::Unavailable,
+                Denial::Unavailable,
                 format!(
                     "your address already has {mine} connections to this server, its limit (max_per_address); try again later"
                 ),
@@ -503,7 +597,7 @@ impl Handshake {
                 );
             }
             return Err(refuse(
-                ErrorCode::Unavailable,
+                Denial::Unavailable,
                 "the server's memory budget for connections is spent (memory_budget); try again later",
             ));
         };
@@ -547,14 +641,14 @@ impl Drop for Handshake {
 }
 
 /// An authenticated connection's place and staging memory; given back when dropped.
-pub(crate) struct Slot {
+pub struct Slot {
     admission: Arc<Admission>,
     addr: String,
     memory: u64,
     /// Staging blocks in flight per direction this connection may use.
-    pub(crate) ring: usize,
+    pub ring: usize,
     /// The largest block this connection may use.
-    pub(crate) block: u32,
+    pub block: u32,
 }
 
 impl Drop for Slot {
@@ -570,6 +664,11 @@ impl Drop for Slot {
 mod tests {
     use super::*;
 
+    /// Two rings of `ring` blocks plus two, each block with a page in front.
+    fn staging_cost(ring: usize, block: u32) -> u64 {
+        (2 * ring as u64 + 2) * (u64::from(block) + 4096)
+    }
+
     fn limits(handshakes: usize, per_addr: usize) -> LimitsConfig {
         LimitsConfig {
             max_handshakes: handshakes,
@@ -582,15 +681,8 @@ mod tests {
     }
 
     #[test]
-    fn addresses_are_ips_or_the_local_driver() {
-        assert_eq!(peer_key("tcp://10.0.0.7:40112"), "10.0.0.7");
-        assert_eq!(peer_key("ofi+tcp://[::1]:7370"), "::1");
-        assert_eq!(peer_key("ofi+shm://ferry-42"), "ofi+shm");
-    }
-
-    #[test]
     fn a_full_pool_calls_off_the_oldest_of_the_busiest_address() {
-        let a = Admission::new(&limits(3, 10));
+        let a = Admission::new(&limits(3, 10), staging_cost);
         let x1 = a.arrive("x").unwrap();
         let y1 = a.arrive("y").unwrap();
         let x2 = a.arrive("x").unwrap();
@@ -615,7 +707,7 @@ mod tests {
 
     #[test]
     fn handshakes_further_along_are_called_off_last() {
-        let a = Admission::new(&limits(2, 10));
+        let a = Admission::new(&limits(2, 10), staging_cost);
         let good = a.arrive("x").unwrap();
         assert!(good.reached(Stage::Hello));
         let flood = a.arrive("x").unwrap();
@@ -634,11 +726,11 @@ mod tests {
 
     #[test]
     fn connections_and_addresses_are_limited() {
-        let a = Admission::new(&limits(8, 2));
+        let a = Admission::new(&limits(8, 2), staging_cost);
         let s1 = a.arrive("x").unwrap().admit(8, 1 << 20).unwrap();
         let s2 = a.arrive("y").unwrap().admit(8, 1 << 20).unwrap();
         let r = a.arrive("z").unwrap().admit(8, 1 << 20).err().unwrap();
-        assert_eq!(r.code, ErrorCode::Unavailable);
+        assert_eq!(r.code, Denial::Unavailable);
         assert!(r.message.contains("max_connections"), "{}", r.message);
         let x2 = a.arrive("x").unwrap();
         // x holds an authenticated connection and a handshake: a third replaces the latter.
@@ -648,10 +740,13 @@ mod tests {
         assert!(x3.admit(8, 1 << 20).is_ok());
         // An address with max_per_address authenticated connections: a third is refused
         // at its HELLO, with a message.
-        let b = Admission::new(&LimitsConfig {
-            max_connections: 10,
-            ..limits(8, 2)
-        });
+        let b = Admission::new(
+            &LimitsConfig {
+                max_connections: 10,
+                ..limits(8, 2)
+            },
+            staging_cost,
+        );
         let held: Vec<Slot> = (0..2)
             .map(|_| b.arrive("x").unwrap().admit(8, 1 << 20).unwrap())
             .collect();
@@ -669,7 +764,7 @@ mod tests {
             max_connections: 10,
             ..limits(8, 8)
         };
-        let a = Admission::new(&l);
+        let a = Admission::new(&l, staging_cost);
         let s1 = a.arrive("x").unwrap().admit(8, 1 << 20).unwrap();
         assert_eq!((s1.ring, s1.block), (8, 1 << 20));
         let s2 = a.arrive("x").unwrap().admit(8, 1 << 20).unwrap();
@@ -687,7 +782,7 @@ mod tests {
             auth_backoff: 0.3,
             ..LimitsConfig::default()
         };
-        let a = Admission::new(&l);
+        let a = Admission::new(&l, staging_cost);
         for _ in 0..2 {
             a.auth_failed("x");
         }

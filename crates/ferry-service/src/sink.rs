@@ -10,15 +10,29 @@ use std::os::unix::fs::FileExt;
 
 use rustix::io::Errno;
 
-use crate::error::{Result, XferError};
-use crate::journal::{Progress, RangeSet, SharedProgress};
-use crate::proto::BlockHeader;
+use crate::error::{Error, Result};
+use crate::journal::RangeSet;
+use crate::landing::{Progress, SharedProgress};
 
-/// Receives the BLOCKs and FILE_DONE of one transfer into `file`: verifies each block's
+/// One block as its sender described it: the transfer it belongs to, where it lies in the
+/// file, its length and the CRC-32C of its bytes. (A face decodes it from its own frames.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Block {
+    /// The transfer (the face's file id) the block belongs to.
+    pub transfer: u32,
+    /// Where the block lies in the file.
+    pub offset: u64,
+    /// Its length in bytes.
+    pub len: u32,
+    /// CRC-32C of its bytes.
+    pub crc32c: u32,
+}
+
+/// Receives the blocks of one transfer into `file`: verifies each block's
 /// CRC-32C, writes the good ones and hashes the file in order. Shared by the server (PUT)
 /// and the client (GET).
 pub struct BlockSink {
-    pub(super) file_id: u32,
+    file_id: u32,
     size: u64,
     hasher: blake3::Hasher,
     hashed: u64,
@@ -83,7 +97,7 @@ impl BlockSink {
     /// cache) where its filesystem allows it; unaligned ones (a file's tail) go through the
     /// cache. Without direct I/O there (a warning says so) every write goes through the cache.
     pub fn set_direct(&mut self, file: &File) {
-        self.direct = crate::link::open_direct_or_warn(file, true);
+        self.direct = crate::direct::open_direct_or_warn(file, true);
     }
 
     /// A sink for the range `[lo, hi)` of a file of `size` bytes, one piece of a parallel
@@ -102,7 +116,7 @@ impl BlockSink {
         self.shared = journal;
     }
 
-    /// A sink that journals its verified prefix as it goes ([`crate::journal`]) and starts
+    /// A sink that journals its verified prefix as it goes ([`crate::landing`]) and starts
     /// where the journal's prefix ends (those bytes are not expected again; the final hash
     /// then re-reads the whole file).
     pub fn journaled(file_id: u32, size: u64, journal: Progress) -> Self {
@@ -110,6 +124,11 @@ impl BlockSink {
         s.rehash = journal.prefix() > 0;
         s.journal = Some(journal);
         s
+    }
+
+    /// The transfer this sink receives.
+    pub fn transfer(&self) -> u32 {
+        self.file_id
     }
 
     /// The transfer's size.
@@ -139,7 +158,7 @@ impl BlockSink {
     /// Checks one BLOCK against its CRC-32C and the transfer's bounds; writes it if good
     /// (to `file`; `None` is the null sink of memory mode: nothing is written or hashed),
     /// remembers its range for a re-fetch if not.
-    pub fn block(&mut self, file: Option<&File>, h: &BlockHeader, payload: &[u8]) -> Result<()> {
+    pub fn block(&mut self, file: Option<&File>, h: &Block, payload: &[u8]) -> Result<()> {
         self.check_bounds(h)?;
         if crc32c::crc32c(payload) != h.crc32c {
             self.refetch(h, "block CRC mismatch; it will be sent again");
@@ -167,7 +186,7 @@ impl BlockSink {
     pub fn whole_file(
         &mut self,
         file: Option<&File>,
-        h: &BlockHeader,
+        h: &Block,
         payload: &[u8],
         blake3: &[u8; 32],
     ) -> Result<()> {
@@ -188,21 +207,21 @@ impl BlockSink {
         Ok(())
     }
 
-    fn check_bounds(&self, h: &BlockHeader) -> Result<()> {
+    fn check_bounds(&self, h: &Block) -> Result<()> {
         let end = h.offset.saturating_add(u64::from(h.len));
         let outside = self
             .window
             .is_some_and(|(lo, hi)| h.offset < lo || end > hi);
-        if h.file_id != self.file_id || end > self.size || outside {
-            return Err(XferError::conn(format!(
+        if h.transfer != self.file_id || end > self.size || outside {
+            return Err(Error::conn(format!(
                 "the peer sent a block outside the transfer (file {} offset {} len {})",
-                h.file_id, h.offset, h.len
+                h.transfer, h.offset, h.len
             )));
         }
         Ok(())
     }
 
-    fn refetch(&mut self, h: &BlockHeader, why: &str) {
+    fn refetch(&mut self, h: &Block, why: &str) {
         tracing::warn!(offset = h.offset, len = h.len, "{why}");
         self.bad.push((h.offset, h.len));
         self.bad_total += 1;
@@ -210,7 +229,7 @@ impl BlockSink {
 
     /// Writes a good block (bounds checked) and records it: in the range set of a parallel
     /// piece, in the journal (checkpointing when due). A write error is kept for the end.
-    fn store(&mut self, file: &File, h: &BlockHeader, payload: &[u8]) {
+    fn store(&mut self, file: &File, h: &Block, payload: &[u8]) {
         if self.io_error.is_some() {
             return;
         }
@@ -295,7 +314,7 @@ impl BlockSink {
         if !self.rehash && self.hashed == self.size {
             return Ok(*self.hasher.finalize().as_bytes());
         }
-        hash_file(file, self.size)
+        crate::hash::hash_file(file, self.size)
     }
 }
 
@@ -309,7 +328,7 @@ fn write_at(
     payload: &[u8],
     offset: u64,
 ) -> std::io::Result<()> {
-    use crate::link::{direct_aligned, DIRECT_ALIGN};
+    use crate::direct::{direct_aligned, DIRECT_ALIGN};
     let Some(d) = direct.as_ref() else {
         return file.write_all_at(payload, offset);
     };
@@ -397,28 +416,13 @@ pub fn all_zero(b: &[u8]) -> bool {
     })
 }
 
-/// BLAKE3 of the first `size` bytes of `file`.
-pub fn hash_file(file: &File, size: u64) -> std::io::Result<[u8; 32]> {
-    let mut h = blake3::Hasher::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut pos = 0u64;
-    while pos < size {
-        let n = (size - pos).min(buf.len() as u64) as usize;
-        file.read_exact_at(&mut buf[..n], pos)?;
-        h.update(&buf[..n]);
-        pos += n as u64;
-    }
-    Ok(*h.finalize().as_bytes())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn header(len: usize, crc32c: u32) -> BlockHeader {
-        BlockHeader {
-            file_id: 7,
-            stream: 0,
+    fn header(len: usize, crc32c: u32) -> Block {
+        Block {
+            transfer: 7,
             offset: 0,
             len: len as u32,
             crc32c,
@@ -506,9 +510,8 @@ mod tests {
         let mut sink = BlockSink::new(7, size);
         let block = 1 << 20;
         for (i, chunk) in data.chunks(block).enumerate() {
-            let h = BlockHeader {
-                file_id: 7,
-                stream: 0,
+            let h = Block {
+                transfer: 7,
                 offset: (i * block) as u64,
                 len: chunk.len() as u32,
                 crc32c: crc32c::crc32c(chunk),
@@ -534,9 +537,8 @@ mod tests {
         let ones = vec![1u8; block];
         let zeros = vec![0u8; block];
         for (i, c) in [&ones, &zeros].iter().enumerate() {
-            let h = BlockHeader {
-                file_id: 7,
-                stream: 0,
+            let h = Block {
+                transfer: 7,
                 offset: (i * block) as u64,
                 len: block as u32,
                 crc32c: crc32c::crc32c(c),

@@ -3,7 +3,6 @@
 //! prefix reaches it, so hashing overlaps the transfer instead of following it.
 
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
@@ -37,7 +36,7 @@ impl OrderedHash {
             .name("ferry-hash".into())
             .spawn(move || {
                 let mut h = blake3::Hasher::new();
-                let mut buf = vec![0u8; 1 << 20];
+                let mut buf = Vec::new();
                 let mut pos = 0u64;
                 while pos < size {
                     let upto = {
@@ -50,12 +49,8 @@ impl OrderedHash {
                         }
                         st.ready.min(size)
                     };
-                    while pos < upto {
-                        let n = (upto - pos).min(buf.len() as u64) as usize;
-                        file.read_exact_at(&mut buf[..n], pos)?;
-                        h.update(&buf[..n]);
-                        pos += n as u64;
-                    }
+                    crate::hash::hash_range(&file, pos, upto - pos, &mut h, &mut buf)?;
+                    pos = upto;
                 }
                 Ok(*h.finalize().as_bytes())
             })?;

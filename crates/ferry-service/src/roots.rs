@@ -1,4 +1,8 @@
 //! The exported roots and their sandbox (`openat2` beneath each root), and part files.
+//!
+//! Face-neutral: a refusal says what class of failure it is ([`Denial`]) and a face maps
+//! that to its own error codes; an entry is a [`Meta`], which a face turns into its own
+//! listing format.
 
 use std::fs::File;
 use std::os::fd::OwnedFd;
@@ -8,10 +12,9 @@ use rustix::fs::{Access, AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 
 use crate::beneath::{mkdir_in, open_beneath, open_dir_beneath};
-use crate::config::ServerConfig;
-use crate::error::{Result, XferError};
-use crate::journal::{journal_name, open_part, Found, Ident, Journal, OpenHow, Progress};
-use crate::proto::{Entry, EntryKind, ErrorCode};
+use crate::error::{refuse, Denial, Error, PResult, Refusal, Result};
+use crate::journal::{journal_name, Ident, Journal};
+use crate::landing::{open_part, Found, OpenHow, Progress};
 
 /// An exported directory, held open.
 struct Root {
@@ -19,38 +22,20 @@ struct Root {
     dir: OwnedFd,
 }
 
-/// Why a path operation failed, as the ERROR frame the client gets.
-#[derive(Debug)]
-pub struct Refusal {
-    /// The code.
-    pub code: ErrorCode,
-    /// The message.
-    pub message: String,
-}
-
-pub(super) type PResult<T> = std::result::Result<T, Refusal>;
-
-pub(crate) fn refuse(code: ErrorCode, message: impl Into<String>) -> Refusal {
-    Refusal {
-        code,
-        message: message.into(),
-    }
-}
-
 fn errno_refusal(path: &str, e: Errno) -> Refusal {
     let code = match e {
-        Errno::NOENT => ErrorCode::NotFound,
+        Errno::NOENT => Denial::NotFound,
         Errno::XDEV | Errno::LOOP => {
             return refuse(
-                ErrorCode::PermissionDenied,
+                Denial::PermissionDenied,
                 format!("{path}: refused, the path leads outside its root"),
             )
         }
-        Errno::ACCESS | Errno::PERM => ErrorCode::PermissionDenied,
-        Errno::NOSPC | Errno::DQUOT => ErrorCode::NoSpace,
-        Errno::NOTDIR => ErrorCode::NotADirectory,
-        Errno::ISDIR => ErrorCode::IsADirectory,
-        _ => ErrorCode::Io,
+        Errno::ACCESS | Errno::PERM => Denial::PermissionDenied,
+        Errno::NOSPC | Errno::DQUOT => Denial::NoSpace,
+        Errno::NOTDIR => Denial::NotADirectory,
+        Errno::ISDIR => Denial::IsADirectory,
+        _ => Denial::Io,
     };
     refuse(code, format!("{path}: {}", std::io::Error::from(e)))
 }
@@ -62,21 +47,49 @@ pub struct Roots {
     keep_special: bool,
 }
 
-fn kind_of(st: &rustix::fs::Stat) -> EntryKind {
+/// What a directory entry is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileKind {
+    /// A regular file.
+    File,
+    /// A directory.
+    Dir,
+    /// A symbolic link.
+    Symlink,
+    /// Anything else (a FIFO, a device, a socket).
+    Other,
+}
+
+/// One entry of a listing, or what a path names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Meta {
+    /// What it is.
+    pub kind: FileKind,
+    /// Permission bits (`st_mode & 0o7777`).
+    pub mode: u32,
+    /// Size in bytes (0 for anything but a regular file).
+    pub size: u64,
+    /// Modification time, seconds since the epoch.
+    pub mtime: i64,
+    /// Its name (the last component).
+    pub name: String,
+}
+
+fn kind_of(st: &rustix::fs::Stat) -> FileKind {
     match rustix::fs::FileType::from_raw_mode(st.st_mode) {
-        rustix::fs::FileType::RegularFile => EntryKind::File,
-        rustix::fs::FileType::Directory => EntryKind::Dir,
-        rustix::fs::FileType::Symlink => EntryKind::Symlink,
-        _ => EntryKind::Other,
+        rustix::fs::FileType::RegularFile => FileKind::File,
+        rustix::fs::FileType::Directory => FileKind::Dir,
+        rustix::fs::FileType::Symlink => FileKind::Symlink,
+        _ => FileKind::Other,
     }
 }
 
-fn entry_of(name: &str, st: &rustix::fs::Stat) -> Entry {
+fn entry_of(name: &str, st: &rustix::fs::Stat) -> Meta {
     let kind = kind_of(st);
-    Entry {
+    Meta {
         kind,
         mode: st.st_mode & 0o7777,
-        size: if kind == EntryKind::File {
+        size: if kind == FileKind::File {
             st.st_size as u64
         } else {
             0
@@ -87,26 +100,28 @@ fn entry_of(name: &str, st: &rustix::fs::Stat) -> Entry {
 }
 
 impl Roots {
-    /// Opens every root directory of `cfg`.
-    pub fn open(cfg: &ServerConfig) -> Result<Roots> {
-        let mut roots = Vec::new();
-        for r in &cfg.roots {
+    /// Opens every root directory of `roots` (name, directory); uploads keep setuid, setgid
+    /// and sticky bits only with `keep_special`.
+    pub fn open<'a>(
+        roots: impl IntoIterator<Item = (&'a str, &'a std::path::Path)>,
+        keep_special: bool,
+    ) -> Result<Roots> {
+        let mut open = Vec::new();
+        for (name, path) in roots {
             let dir = rustix::fs::open(
-                &r.path,
+                path,
                 OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
                 Mode::empty(),
             )
-            .map_err(|e| {
-                XferError::io(format!("root {} ({})", r.name, r.path.display()), &e.into())
-            })?;
-            roots.push(Root {
-                name: r.name.clone(),
+            .map_err(|e| Error::io(format!("root {name} ({})", path.display()), &e.into()))?;
+            open.push(Root {
+                name: name.to_string(),
                 dir,
             });
         }
         Ok(Roots {
-            roots,
-            keep_special: cfg.keep_special_bits,
+            roots: open,
+            keep_special,
         })
     }
 
@@ -114,17 +129,17 @@ impl Roots {
     fn split<'p>(&self, path: &'p str) -> PResult<(&Root, &'p str)> {
         if path.starts_with('/') {
             return Err(refuse(
-                ErrorCode::PermissionDenied,
+                Denial::PermissionDenied,
                 format!("{path}: refused, paths are root/relative/path, never absolute"),
             ));
         }
         if path.contains('\0') {
-            return Err(refuse(ErrorCode::BadRequest, "path contains a NUL byte"));
+            return Err(refuse(Denial::BadRequest, "path contains a NUL byte"));
         }
         let (name, rel) = path.split_once('/').unwrap_or((path, ""));
         let root = self.roots.iter().find(|r| r.name == name).ok_or_else(|| {
             refuse(
-                ErrorCode::NotFound,
+                Denial::NotFound,
                 format!(
                     "no root named {name:?} (exported: {})",
                     self.roots
@@ -138,7 +153,7 @@ impl Roots {
         let rel = rel.trim_end_matches('/');
         if rel.starts_with('/') {
             return Err(refuse(
-                ErrorCode::PermissionDenied,
+                Denial::PermissionDenied,
                 format!("{path}: refused, absolute path inside a root"),
             ));
         }
@@ -158,10 +173,10 @@ impl Roots {
         let fd = self.open_at(path, OFlags::RDONLY | OFlags::NONBLOCK)?;
         let st = rustix::fs::fstat(&fd).map_err(|e| errno_refusal(path, e))?;
         match kind_of(&st) {
-            EntryKind::File => {}
-            EntryKind::Dir => {
+            FileKind::File => {}
+            FileKind::Dir => {
                 return Err(refuse(
-                    ErrorCode::IsADirectory,
+                    Denial::IsADirectory,
                     format!("{path}: not a regular file (use -r for directories)"),
                 ))
             }
@@ -172,7 +187,7 @@ impl Roots {
     }
 
     /// Describes a path. Symlinks are followed as long as they stay inside the root.
-    pub fn stat(&self, path: &str) -> PResult<Entry> {
+    pub fn stat(&self, path: &str) -> PResult<Meta> {
         let fd = self.open_at(path, OFlags::PATH)?;
         let st = rustix::fs::fstat(&fd).map_err(|e| errno_refusal(path, e))?;
         let shown = path
@@ -184,13 +199,13 @@ impl Roots {
     }
 
     /// Lists a directory ("" lists the roots).
-    pub fn list(&self, path: &str) -> PResult<Vec<Entry>> {
+    pub fn list(&self, path: &str) -> PResult<Vec<Meta>> {
         if path.trim_matches('/').is_empty() {
             return Ok(self
                 .roots
                 .iter()
-                .map(|r| Entry {
-                    kind: EntryKind::Dir,
+                .map(|r| Meta {
+                    kind: FileKind::Dir,
                     mode: 0o755,
                     size: 0,
                     mtime: 0,
@@ -231,7 +246,7 @@ impl Roots {
         let (dir, name) = rel.rsplit_once('/').unwrap_or(("", rel));
         if name == "." || name == ".." || name.is_empty() {
             return Err(refuse(
-                ErrorCode::PermissionDenied,
+                Denial::PermissionDenied,
                 format!("{path}: refused, the last component must be a plain name"),
             ));
         }
@@ -247,7 +262,7 @@ impl Roots {
         match mkdir_in(&parent, &name, mode) {
             Ok(()) => Ok(()),
             Err(Errno::NOTDIR) => Err(refuse(
-                ErrorCode::NotADirectory,
+                Denial::NotADirectory,
                 format!("{path}: exists and is not a directory"),
             )),
             Err(e) => Err(errno_refusal(path, e)),
@@ -282,7 +297,7 @@ fn file_parent(roots: &Roots, path: &str) -> PResult<(OwnedFd, String)> {
     match roots.parent(path)? {
         (dir, Some(name)) => Ok((dir, name)),
         (_, None) => Err(refuse(
-            ErrorCode::IsADirectory,
+            Denial::IsADirectory,
             format!("{path}: is a root directory"),
         )),
     }
@@ -300,7 +315,7 @@ fn not_regular(path: &str, st: &rustix::fs::Stat) -> Refusal {
         _ => "not a regular file",
     };
     refuse(
-        ErrorCode::Unsupported,
+        Denial::Unsupported,
         format!("{path}: {what}; only regular files are copied"),
     )
 }
@@ -316,21 +331,21 @@ fn check_target(dir: &OwnedFd, name: &str, path: &str, force: bool) -> PResult<(
         Err(e) => return Err(errno_refusal(path, e)),
     };
     match kind_of(&st) {
-        EntryKind::File => {}
-        EntryKind::Symlink => return Ok(()),
-        EntryKind::Dir => {
+        FileKind::File => {}
+        FileKind::Symlink => return Ok(()),
+        FileKind::Dir => {
             return Err(refuse(
-                ErrorCode::IsADirectory,
+                Denial::IsADirectory,
                 format!("{path}: is a directory; nothing was written (name a path inside it)"),
             ))
         }
-        EntryKind::Other => return Err(not_regular(path, &st)),
+        FileKind::Other => return Err(not_regular(path, &st)),
     }
     let read_only = st.st_mode & 0o222 == 0
         || rustix::fs::accessat(dir, name, Access::WRITE_OK, AtFlags::EACCESS).is_err();
     if read_only && !force {
         return Err(refuse(
-            ErrorCode::PermissionDenied,
+            Denial::PermissionDenied,
             format!(
                 "{path}: the file there is read-only; not replaced (ferry cp --force replaces it)"
             ),
@@ -348,7 +363,7 @@ impl PartFile {
     /// Creates an empty temporary file for a file of `path` that arrived whole (no journal:
     /// nothing to resume). A stale part of an earlier upload is truncated, and its journal
     /// removed first (a journal only means something with its part). What `path` names now
-    /// is checked first (see [`check_target`]).
+    /// is checked first (see `check_target`).
     pub fn whole(roots: &Roots, path: &str, force: bool) -> PResult<PartFile> {
         let (dir, name) = file_parent(roots, path)?;
         check_target(&dir, &name, path, force)?;
@@ -381,9 +396,9 @@ impl PartFile {
     }
 
     /// Opens the temporary file for a transfer of `ident` into `path`: with `resume`, a
-    /// journaled part of the same source is continued (see [`crate::journal::open_part`]);
+    /// journaled part of the same source is continued (see [`crate::landing::open_part`]);
     /// otherwise it starts empty. What `path` names now is checked first (see
-    /// [`check_target`]). Returns the part, its verified-prefix tracker and what was found.
+    /// `check_target`). Returns the part, its verified-prefix tracker and what was found.
     pub fn open(
         roots: &Roots,
         path: &str,
@@ -525,7 +540,7 @@ pub struct Target {
 /// name did not stall the open), if it is a regular file; blocking again.
 fn regular_part(fd: OwnedFd) -> std::io::Result<OwnedFd> {
     let st = rustix::fs::fstat(&fd)?;
-    if kind_of(&st) != EntryKind::File {
+    if kind_of(&st) != FileKind::File {
         return Err(std::io::Error::other(
             "a temporary file's name is taken by something that is not a regular file",
         ));
@@ -540,9 +555,10 @@ fn remove_temp(dir: &OwnedFd, tmp: &str) {
     let _ = rustix::fs::unlinkat(dir, tmp, AtFlags::empty());
 }
 
-pub(super) fn io_refusal(path: &str, e: &std::io::Error) -> Refusal {
+/// The refusal of an I/O error on `path`, classified by errno.
+pub fn io_refusal(path: &str, e: &std::io::Error) -> Refusal {
     match e.raw_os_error() {
         Some(n) => errno_refusal(path, Errno::from_raw_os_error(n)),
-        None => refuse(ErrorCode::Io, format!("{path}: {e}")),
+        None => refuse(Denial::Io, format!("{path}: {e}")),
     }
 }

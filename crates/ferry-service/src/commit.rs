@@ -1,7 +1,7 @@
 //! A small pool that commits finished files (fsync, rename) while the transfer goes on with
 //! the next ones: with many small files the fsyncs overlap instead of running one after the
-//! other on the network thread (measured serial 5.8 ms per 64 KiB file on an ext4 disk,
-//! 0.4 ms with parallel fdatasync). A commit still happens only to a file that is complete
+//! other on the network thread (the disk serves parallel fdatasyncs far faster than serial
+//! ones; figures in `docs/xfer.md`, "Tuning"). A commit still happens only to a file that is complete
 //! and verified; the directories the files were renamed into are fsynced once each when the
 //! pool finishes, and the copy reports success only after all of that.
 
@@ -12,7 +12,7 @@ use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use crate::error::{Result, XferError};
+use crate::error::{Error, Result};
 
 /// Threads committing at once (their time is spent waiting for the disk).
 pub const COMMIT_THREADS: usize = 8;
@@ -20,7 +20,7 @@ pub const COMMIT_THREADS: usize = 8;
 pub const COMMIT_QUEUE: usize = 16;
 
 /// A directory files were renamed into, held open, to fsync once at the end.
-pub(crate) struct SyncDir {
+pub struct SyncDir {
     /// The directory.
     pub dir: Arc<OwnedFd>,
     /// Its path, for messages (and to fsync each directory once).
@@ -31,11 +31,11 @@ pub(crate) struct SyncDir {
 type Job = Box<dyn FnOnce() -> Result<Option<SyncDir>> + Send>;
 
 /// The pool; threads start with the first commit handed over.
-pub(crate) struct CommitPool {
+pub struct CommitPool {
     tx: Option<SyncSender<Job>>,
     rx: Option<Arc<Mutex<Receiver<Job>>>>,
     workers: Vec<JoinHandle<()>>,
-    errors: Arc<Mutex<Vec<XferError>>>,
+    errors: Arc<Mutex<Vec<Error>>>,
     dirs: Arc<Mutex<BTreeMap<PathBuf, Arc<OwnedFd>>>>,
 }
 
@@ -43,9 +43,15 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+impl Default for CommitPool {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl CommitPool {
     /// An idle pool.
-    pub(crate) fn new() -> CommitPool {
+    pub fn new() -> CommitPool {
         let (tx, rx) = mpsc::sync_channel::<Job>(COMMIT_QUEUE);
         CommitPool {
             tx: Some(tx),
@@ -58,7 +64,7 @@ impl CommitPool {
 
     /// Hands a commit over (waiting while the queue is full); it returns the directory to
     /// fsync when the pool finishes. If the threads cannot start, the commit runs here.
-    pub(crate) fn submit(
+    pub fn submit(
         &mut self,
         job: impl FnOnce() -> Result<Option<SyncDir>> + Send + 'static,
     ) -> Result<()> {
@@ -68,7 +74,7 @@ impl CommitPool {
         match (&self.tx, self.workers.is_empty()) {
             (Some(tx), false) => tx
                 .send(Box::new(job))
-                .map_err(|_| XferError::conn("internal: the commit threads stopped")),
+                .map_err(|_| Error::conn("internal: the commit threads stopped")),
             _ => {
                 if let Some(d) = job()? {
                     lock(&self.dirs).insert(d.shown, d.dir);
@@ -81,7 +87,7 @@ impl CommitPool {
     /// Runs a commit on the calling thread (its directory is still fsynced when the pool
     /// finishes): for files on a filesystem where fsync costs nothing (see
     /// [`fsync_is_free`]), where a hand-off to a thread would cost more than the commit.
-    pub(crate) fn run_here(&mut self, job: impl FnOnce() -> Result<Option<SyncDir>>) -> Result<()> {
+    pub fn run_here(&mut self, job: impl FnOnce() -> Result<Option<SyncDir>>) -> Result<()> {
         if let Some(d) = job()? {
             lock(&self.dirs).insert(d.shown, d.dir);
         }
@@ -124,7 +130,7 @@ impl CommitPool {
 
     /// Waits for every commit handed over and fsyncs their directories; the first failure
     /// (naming its file, with how many others failed too), if any.
-    pub(crate) fn finish(mut self) -> Result<()> {
+    pub fn finish(mut self) -> Result<()> {
         self.wait()
     }
 
@@ -133,7 +139,7 @@ impl CommitPool {
         drop(self.rx.take());
         for w in self.workers.drain(..) {
             if w.join().is_err() {
-                lock(&self.errors).push(XferError::conn("internal: a commit thread failed"));
+                lock(&self.errors).push(Error::conn("internal: a commit thread failed"));
             }
         }
         // The renames become durable: each directory once.
@@ -160,7 +166,7 @@ impl CommitPool {
 
 /// Whether `file` lives on a memory filesystem (tmpfs, ramfs), where fsync has nothing to
 /// make durable and returns at once. An error answers false (treat it as a disk).
-pub(crate) fn fsync_is_free(file: &std::fs::File) -> bool {
+pub fn fsync_is_free(file: &std::fs::File) -> bool {
     const TMPFS_MAGIC: u64 = 0x0102_1994;
     const RAMFS_MAGIC: u64 = 0x8584_58f6;
     rustix::fs::fstatfs(file).is_ok_and(|s| {
@@ -170,21 +176,21 @@ pub(crate) fn fsync_is_free(file: &std::fs::File) -> bool {
 }
 
 /// fsyncs directory `d`, making the renames into it durable.
-pub(crate) fn sync_dir(d: &SyncDir) -> Result<()> {
-    rustix::fs::fsync(&*d.dir).map_err(|e| XferError::io(d.shown.display(), &e.into()))
+pub fn sync_dir(d: &SyncDir) -> Result<()> {
+    rustix::fs::fsync(&*d.dir).map_err(|e| Error::io(d.shown.display(), &e.into()))
 }
 
 /// The permission bits a received file gets from the `mode` its sender announced: the
 /// process umask applied, and the setuid, setgid and sticky bits cleared unless
 /// `keep_special` (a peer must not plant a setuid file owned by this process's user).
-pub(crate) fn file_mode(mode: u32, keep_special: bool) -> u32 {
+pub fn file_mode(mode: u32, keep_special: bool) -> u32 {
     let kept = if keep_special { 0o7777 } else { 0o777 };
     mode & kept & !process_umask()
 }
 
 /// The process umask, read once (from `/proc/self/status`: `umask(2)` can only be read by
 /// setting it, which would race with threads creating files). 0o022 if it cannot be read.
-pub(crate) fn process_umask() -> u32 {
+pub fn process_umask() -> u32 {
     static UMASK: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     *UMASK.get_or_init(|| {
         std::fs::read_to_string("/proc/self/status")
@@ -235,7 +241,7 @@ mod tests {
             pool.submit(move || {
                 ran.fetch_add(1, Ordering::SeqCst);
                 match i % 40 {
-                    7 => Err(XferError::new(
+                    7 => Err(Error::new(
                         crate::Kind::Io,
                         format!("file {i}: commit failed"),
                     )),

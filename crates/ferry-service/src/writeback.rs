@@ -1,8 +1,8 @@
 //! Checkpoints off the network thread: a thread per part file (started at its first
 //! checkpoint, so small files never pay for one) that `fdatasync`s the part and then records
-//! the verified ranges in the journal ([`crate::journal`]). The receiving thread (with
+//! the verified ranges in the journal ([`crate::journal`], [`crate::landing`]). The receiving thread (with
 //! parallel streams, the writer of whichever stream reports a block,
-//! [`crate::journal::SharedProgress`]) only hands it ranges written before asking, so the
+//! [`crate::landing::SharedProgress`]) only hands it ranges written before asking, so the
 //! journal never claims bytes that are not on disk. One checkpoint runs while the next interval's data arrives; handing over the
 //! next one waits for it, so the part is never more than two intervals ahead of its journal
 //! (a killed receiver loses at most that) and a disk slower than the network slows the

@@ -1,0 +1,46 @@
+//! ferry's service floor: what every service face (file transfer today; collective I/O and
+//! a block service next) needs below its own protocol. It speaks bytes, byte ranges and
+//! checksums, never a face's messages, and depends on no face.
+//!
+//! - [`serve`]: the server skeleton (accept on a listener of any driver, a thread per
+//!   connection through a [`serve::Service`], in-flight accounting and drain).
+//! - [`auth`]: who may use a server's services (tokens); [`admit`]: admission limits
+//!   (handshakes, connections per address, staging memory, lock-out after failed tokens).
+//! - [`beneath`]: opening and creating files beneath a directory held open
+//!   (`openat2(RESOLVE_BENEATH)`), the sandbox of exported roots and download destinations;
+//!   [`roots`]: the exported roots themselves and the part files written in them;
+//!   [`claims`]: one writer per destination file at a time.
+//! - [`stamp`]: catching a source file that changes while it is read.
+//! - [`hash`]: the one BLAKE3 of a file's range; [`ordered_hash`]: the hash of a file whose
+//!   ranges arrive out of order.
+//! - [`direct`]: direct I/O (`O_DIRECT`) handles and alignment.
+//! - [`sink`]: landing checked blocks in a file (CRC-32C, holes, in-order hash, journal).
+//! - [`journal`]: the resume journal of a part file (its pure codec and range set, then
+//!   its file); [`landing`]: a part file with its journal and checkpoints; [`writeback`]:
+//!   those checkpoints off the receiving thread; [`commit`]: fsync and rename of finished
+//!   files on a small pool.
+//!
+//! Data flows down: a face hands the floor byte ranges and checksums; the floor hands the
+//! operating system reads, writes and fsyncs.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod admit;
+pub mod auth;
+pub mod beneath;
+pub mod claims;
+pub mod commit;
+pub mod direct;
+pub mod error;
+pub mod hash;
+pub mod journal;
+pub mod landing;
+pub mod ordered_hash;
+pub mod roots;
+pub mod serve;
+pub mod sink;
+pub mod stamp;
+pub mod writeback;
+
+pub use error::{Error, Kind, Result};
