@@ -1443,4 +1443,369 @@ mod tests {
         };
         assert_eq!(to_vec(&many), Err(EncodeError::TooLong("control frame")));
     }
+
+    /// One example of every frame (and of each flag-dependent layout), encoded.
+    fn golden_frames() -> Vec<(&'static str, Vec<u8>)> {
+        let entry = |name: &str| Entry {
+            kind: EntryKind::Symlink,
+            mode: 0o755,
+            size: 0x0102_0304_0506,
+            mtime: -5,
+            name: name.into(),
+        };
+        let h = BlockHeader {
+            file_id: 9,
+            stream: 3,
+            offset: 0x1_0000_0001,
+            len: 5,
+            crc32c: 0xdead_beef,
+        };
+        let hash = [0xab; 32];
+        let msgs: Vec<(&'static str, Msg)> = vec![
+            (
+                "hello",
+                Msg::Hello {
+                    major: 1,
+                    minor: 5,
+                    block_size: 1 << 20,
+                    session: 0x1122_3344_5566_7788,
+                    stream: 2,
+                    token: "tok".into(),
+                },
+            ),
+            (
+                "welcome",
+                Msg::Welcome {
+                    major: 1,
+                    minor: 5,
+                    block_size: 4096,
+                    session: 42,
+                },
+            ),
+            (
+                "error",
+                Msg::Error {
+                    code: ErrorCode::NoSpace,
+                    file_id: 7,
+                    message: "disk full".into(),
+                },
+            ),
+            (
+                "error_other",
+                Msg::Error {
+                    code: ErrorCode::Other(999),
+                    file_id: 0,
+                    message: String::new(),
+                },
+            ),
+            (
+                "stat",
+                Msg::Stat {
+                    path: "root/a".into(),
+                },
+            ),
+            ("entry", Msg::Entry(entry("x"))),
+            (
+                "list",
+                Msg::List {
+                    path: String::new(),
+                },
+            ),
+            (
+                "entries",
+                Msg::Entries {
+                    more: true,
+                    entries: vec![entry("a"), entry("bc")],
+                },
+            ),
+            (
+                "entries_last",
+                Msg::Entries {
+                    more: false,
+                    entries: vec![],
+                },
+            ),
+            (
+                "get",
+                Msg::Get {
+                    file_id: 3,
+                    offset: 10,
+                    length: u64::MAX,
+                    path: "r/f".into(),
+                },
+            ),
+            (
+                "put",
+                Msg::Put {
+                    file_id: 4,
+                    flags: PUT_RESUME | PUT_FORCE,
+                    mode: 0o644,
+                    size: 100,
+                    mtime: Some(-1_000_000_007),
+                    path: "r/p".into(),
+                },
+            ),
+            (
+                "put_plain",
+                Msg::Put {
+                    file_id: 4,
+                    flags: 0,
+                    mode: 0o600,
+                    size: 0,
+                    mtime: None,
+                    path: "r/q".into(),
+                },
+            ),
+            (
+                "ready",
+                Msg::Ready {
+                    file_id: 5,
+                    size: 1000,
+                    mode: 0o640,
+                    offset: 512,
+                },
+            ),
+            ("block", Msg::Block(h)),
+            (
+                "file",
+                Msg::File {
+                    file_id: 6,
+                    mode: 0o644,
+                    crc32c: 77,
+                    blake3: hash,
+                    len: 3,
+                },
+            ),
+            ("pack", Msg::Pack { count: 2, len: 200 }),
+            (
+                "put_file",
+                Msg::PutFile {
+                    flags: PUT_FILE_FORCE,
+                    file_id: 8,
+                    mode: 0o600,
+                    mtime: 123_456_789,
+                    blake3: hash,
+                    path: "r/s".into(),
+                    len: 4,
+                },
+            ),
+            (
+                "file_done",
+                Msg::FileDone {
+                    file_id: 9,
+                    length: 4096,
+                    blake3: Some(hash),
+                },
+            ),
+            (
+                "file_done_nohash",
+                Msg::FileDone {
+                    file_id: 9,
+                    length: 4096,
+                    blake3: None,
+                },
+            ),
+            (
+                "resend",
+                Msg::Resend {
+                    file_id: 10,
+                    ranges: vec![(0, 4096), (1 << 33, 7)],
+                },
+            ),
+            ("ok", Msg::Ok { file_id: 11 }),
+            (
+                "mkdir",
+                Msg::Mkdir {
+                    mode: 0o700,
+                    path: "r/d".into(),
+                },
+            ),
+            (
+                "gets",
+                Msg::Gets {
+                    files: vec![(1, "r/a".into()), (2, "r/bb".into())],
+                },
+            ),
+            ("sum", Msg::Sum { path: "r/h".into() }),
+            (
+                "sum_reply",
+                Msg::SumReply {
+                    size: 12,
+                    blake3: hash,
+                },
+            ),
+            ("bye", Msg::Bye),
+            (
+                "send_to",
+                Msg::SendTo {
+                    flags: SEND_RECURSIVE,
+                    file_id: 12,
+                    path: "r/src".into(),
+                    dest: "tcp://h:1".into(),
+                    dest_path: "d/x".into(),
+                    token: "t".into(),
+                    streams: 1,
+                },
+            ),
+            (
+                "send_to_streams",
+                Msg::SendTo {
+                    flags: 0,
+                    file_id: 12,
+                    path: "a".into(),
+                    dest: "b".into(),
+                    dest_path: "c".into(),
+                    token: String::new(),
+                    streams: 4,
+                },
+            ),
+            (
+                "progress",
+                Msg::Progress {
+                    file_id: 13,
+                    done: 5,
+                    total: 10,
+                },
+            ),
+            (
+                "copied",
+                Msg::Copied {
+                    file_id: 14,
+                    files: 2,
+                    bytes: 3,
+                    blocks_resent: 4,
+                },
+            ),
+            (
+                "open",
+                Msg::Open {
+                    flags: OPEN_RESUME | OPEN_FORCE,
+                    file_id: 15,
+                    mode: 0o644,
+                    size: 1 << 40,
+                    mtime: -3,
+                    path: "r/o".into(),
+                },
+            ),
+            (
+                "have",
+                Msg::Have {
+                    file_id: 16,
+                    ranges: vec![(0, 10), (20, 30)],
+                },
+            ),
+            (
+                "put_range",
+                Msg::PutRange {
+                    file_id: 17,
+                    offset: 4096,
+                    length: 8192,
+                },
+            ),
+            (
+                "close",
+                Msg::Close {
+                    file_id: 18,
+                    length: 99,
+                    blake3: Some(hash),
+                },
+            ),
+            (
+                "close_nohash",
+                Msg::Close {
+                    file_id: 18,
+                    length: 0,
+                    blake3: None,
+                },
+            ),
+        ];
+        msgs.into_iter()
+            .map(|(name, m)| (name, to_vec(&m).expect("golden frames encode")))
+            .collect()
+    }
+
+    fn hex(b: &[u8]) -> String {
+        b.iter().map(|x| format!("{x:02x}")).collect()
+    }
+
+    /// The bytes each frame had before the codec was generated from a table: the wire must
+    /// not change.
+    #[test]
+    fn golden_bytes() {
+        let got: Vec<(&str, String)> = golden_frames()
+            .into_iter()
+            .map(|(n, b)| (n, hex(&b)))
+            .collect();
+        assert_eq!(got.len(), GOLDEN.len(), "golden table out of date");
+        for ((n, h), (gn, gh)) in got.iter().zip(GOLDEN) {
+            assert_eq!(
+                (*n, h.as_str()),
+                (*gn, *gh),
+                "frame {n} changed on the wire"
+            );
+        }
+    }
+
+    const GOLDEN: &[(&str, &str)] = &[
+("hello", "1f000000010000000100050000001000887766554433221102000300746f6b"),
+("welcome", "180000000200000001000500001000002a00000000000000"),
+("error", "190000000300000007000700000009006469736b2066756c6c"),
+("error_other", "1000000003000000e703000000000000"),
+("stat", "10000000040000000600726f6f742f61"),
+("entry", "200000000500000002ed0100000605040302010000fbffffffffffffff010078"),
+("list", "0a000000060000000000"),
+("entries", "3b00000007010000020002ed0100000605040302010000fbffffffffffffff01006102ed0100000605040302010000fbffffffffffffff02006263"),
+("entries_last", "0a000000070000000000"),
+("get", "2100000008000000030000000a00000000000000ffffffffffffffff0300722f66"),
+("put", "250000000907000004000000a40100006400000000000000f93565c4ffffffff0300722f70"),
+("put_plain", "1d00000009000000040000008001000000000000000000000300722f71"),
+("ready", "200000000a00000005000000e803000000000000a00100000002000000000000"),
+("block", "250000000b0000000900000003000000010000000100000005000000efbeadde"),
+("file", "370000001700000006000000a40100004d000000abababababababababababababababababababababababababababababababab"),
+("pack", "d40000001900000002000000"),
+("put_file", "410000001a010000080000008001000015cd5b0700000000abababababababababababababababababababababababababababababababab0300722f73"),
+("file_done", "340000000c010000090000000010000000000000abababababababababababababababababababababababababababababababab"),
+("file_done_nohash", "340000000c0000000900000000100000000000000000000000000000000000000000000000000000000000000000000000000000"),
+("resend", "260000000d0000000a0000000200000000000000000000100000000000000200000007000000"),
+("ok", "0c0000000e0000000b000000"),
+("mkdir", "110000000f000000c00100000300722f64"),
+("gets", "1d000000180000000200010000000300722f61020000000400722f6262"),
+("sum", "0d000000100000000300722f68"),
+("sum_reply", "30000000110000000c00000000000000abababababababababababababababababababababababababababababababab"),
+("bye", "0800000012000000"),
+("send_to", "26000000200100000c0000000500722f73726309007463703a2f2f683a310300642f78010074"),
+("send_to_streams", "19000000200200000c00000001006101006201006300000400"),
+("progress", "1c000000210000000d00000005000000000000000a00000000000000"),
+("copied", "24000000220000000e000000020000000000000003000000000000000400000000000000"),
+("open", "25000000130300000f000000a40100000000000000010000fdffffffffffffff0300722f6f"),
+("have", "2e0000001400000010000000020000000000000000000a0000000000000014000000000000001e00000000000000"),
+("put_range", "1c000000150000001100000000100000000000000020000000000000"),
+("close", "3400000016010000120000006300000000000000abababababababababababababababababababababababababababababababab"),
+("close_nohash", "34000000160000001200000000000000000000000000000000000000000000000000000000000000000000000000000000000000"),
+    ];
+
+    /// Decoding speed of the golden frames (a quick A/B for codec changes):
+    /// `cargo test --release -p ferry-xfer --lib decode_speed -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "timing; run in release with --ignored"]
+    fn decode_speed() {
+        let frames: Vec<Vec<u8>> = golden_frames()
+            .into_iter()
+            .map(|(_, mut b)| {
+                // Frames with a payload: append it, so each decodes whole.
+                let total = u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize;
+                b.resize(total, 0);
+                b
+            })
+            .collect();
+        let rounds = 200_000;
+        let start = std::time::Instant::now();
+        for _ in 0..rounds {
+            for f in &frames {
+                let _ = std::hint::black_box(decode(std::hint::black_box(f)));
+            }
+        }
+        let ns = start.elapsed().as_nanos() as f64 / (rounds * frames.len()) as f64;
+        println!("xfer decode: {ns:.1} ns/frame");
+    }
 }

@@ -403,4 +403,110 @@ mod tests {
             let _ = Control::decode(&framed);
         }
     }
+
+    /// The bytes of one message of every kind, as the hand-written codec produced them: the
+    /// wire must not change.
+    #[test]
+    fn golden_bytes() {
+        let msgs = [
+            Control::Connect {
+                major: MAJOR,
+                conn: 0x0102_0304_0506_0708,
+                name: b"fi_sockets://10.0.0.1:7".to_vec(),
+            },
+            Control::Accept { target: 7, conn: 9 },
+            Control::Refuse {
+                target: 7,
+                major: MAJOR,
+            },
+            Control::Disconnect {
+                target: 1,
+                sender: 2,
+                sent: 3,
+            },
+            Control::RmaRequest {
+                target: 1,
+                sender: 2,
+                token: 3,
+                remote: RemoteSlice {
+                    addr: 4,
+                    len: 5,
+                    key: 6,
+                },
+                write: true,
+            },
+            Control::RmaRequest {
+                target: 1,
+                sender: 2,
+                token: 3,
+                remote: RemoteSlice {
+                    addr: 4,
+                    len: 5,
+                    key: 6,
+                },
+                write: false,
+            },
+            Control::RmaAnswer {
+                target: 1,
+                token: 2,
+                status: 3,
+            },
+            Control::RmaDone {
+                target: 1,
+                sender: 2,
+                token: 3,
+            },
+            Control::Ping {
+                target: 1,
+                sender: 2,
+            },
+            Control::Pong {
+                target: 3,
+                sender: 4,
+            },
+        ];
+        let got: Vec<String> = msgs
+            .iter()
+            .map(|m| m.encode().iter().map(|b| format!("{b:02x}")).collect())
+            .collect();
+        assert_eq!(got, GOLDEN);
+    }
+
+    const GOLDEN: &[&str] = &[
+        "464f464901000100010807060504030201170066695f736f636b6574733a2f2f31302e302e302e313a37",
+        "464f4649010001000207000000000000000900000000000000",
+        "464f464901000100030700000000000000",
+        "464f46490100010004010000000000000002000000000000000300000000000000",
+        "464f4649010001000501000000000000000200000000000000030000000000000006000000000000000400000000000000050000000000000001",
+        "464f4649010001000501000000000000000200000000000000030000000000000006000000000000000400000000000000050000000000000000",
+        "464f464901000100060100000000000000020000000000000003",
+        "464f46490100010007010000000000000002000000000000000300000000000000",
+        "464f4649010001000801000000000000000200000000000000",
+        "464f4649010001000903000000000000000400000000000000",
+    ];
+
+    /// Decoding speed of the golden frames (a quick A/B for codec changes):
+    /// `cargo test --release -p ferry-fabric --lib ofi::wire::tests::decode_speed -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "timing; run in release with --ignored"]
+    fn decode_speed() {
+        let frames: Vec<Vec<u8>> = GOLDEN
+            .iter()
+            .map(|h| {
+                (0..h.len())
+                    .step_by(2)
+                    .map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap())
+                    .collect()
+            })
+            .collect();
+        let rounds = 200_000;
+        let start = std::time::Instant::now();
+        for _ in 0..rounds {
+            for f in &frames {
+                let _ = std::hint::black_box(Control::decode(std::hint::black_box(f)));
+            }
+        }
+        let ns = start.elapsed().as_nanos() as f64 / (rounds * frames.len()) as f64;
+        println!("ofi control decode: {ns:.1} ns/frame");
+    }
 }

@@ -386,4 +386,94 @@ mod tests {
         b[0] = 1;
         assert_eq!(decode(&b), Err(DecodeError::Reserved(T_READ_RESP)));
     }
+
+    /// The bytes of one header of every type, as the hand-written codec produced them: the
+    /// wire must not change.
+    #[test]
+    fn golden_bytes() {
+        let frames = [
+            Frame::Hello {
+                major: 1,
+                minor: 1,
+                flags: 0x0102_0304,
+            },
+            Frame::Send {
+                len: 0x0102_0304_0506,
+            },
+            Frame::Write {
+                id: 7,
+                key: 0x1122_3344_5566_7788,
+                offset: 9,
+                len: 10,
+            },
+            Frame::WriteAck { id: 7, error: None },
+            Frame::WriteAck {
+                id: 8,
+                error: Some(RemoteAccessError::StaleKey),
+            },
+            Frame::ReadReq {
+                id: 9,
+                key: 1,
+                offset: 2,
+                len: 3,
+            },
+            Frame::ReadResp {
+                id: 9,
+                error: None,
+                len: 3,
+            },
+            Frame::ReadResp {
+                id: 10,
+                error: Some(RemoteAccessError::from_wire(3)),
+                len: 0,
+            },
+        ];
+        let got: Vec<String> = frames
+            .iter()
+            .map(|f| {
+                f.encode()
+                    .as_bytes()
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect()
+            })
+            .collect();
+        assert_eq!(got, GOLDEN);
+    }
+
+    const GOLDEN: &[&str] = &[
+        "0000000000000000010000000000000046455252595443500100010004030201",
+        "06050403020100000200000000000000",
+        "0a00000000000000030000000700000088776655443322110900000000000000",
+        "00000000000000000400000007000000",
+        "00000000000000000402000008000000",
+        "00000000000000000500000009000000010000000000000002000000000000000300000000000000",
+        "03000000000000000600000009000000",
+        "0000000000000000060300000a000000",
+    ];
+
+    /// Decoding speed of the golden frames (a quick A/B for codec changes):
+    /// `cargo test --release -p ferry-fabric --lib tcp::frame::tests::decode_speed -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "timing; run in release with --ignored"]
+    fn decode_speed() {
+        let frames: Vec<Vec<u8>> = GOLDEN
+            .iter()
+            .map(|h| {
+                (0..h.len())
+                    .step_by(2)
+                    .map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap())
+                    .collect()
+            })
+            .collect();
+        let rounds = 200_000;
+        let start = std::time::Instant::now();
+        for _ in 0..rounds {
+            for f in &frames {
+                let _ = std::hint::black_box(decode(std::hint::black_box(f)));
+            }
+        }
+        let ns = start.elapsed().as_nanos() as f64 / (rounds * frames.len()) as f64;
+        println!("tcp decode: {ns:.1} ns/frame");
+    }
 }
