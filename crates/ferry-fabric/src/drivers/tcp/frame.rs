@@ -5,6 +5,8 @@
 //! headers; the connection moves payloads straight between the socket and registered memory.
 //! See `docs/protocol.md` for the byte layout.
 
+use ferry_wire::{ReadError, Reader};
+
 use crate::error::RemoteAccessError;
 
 /// Protocol major version: peers with another major refuse each other at HELLO.
@@ -210,31 +212,54 @@ pub fn decode(buf: &[u8]) -> Result<Option<(Frame, usize)>, DecodeError> {
     let Some(h) = buf.get(..n) else {
         return Ok(None);
     };
-    let u16_at = |i: usize| u16::from_le_bytes([h[i], h[i + 1]]);
-    let u32_at = |i: usize| u32::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
-    let u64_at = |i: usize| {
-        let mut w = [0u8; 8];
-        w.copy_from_slice(&h[i..i + 8]);
-        u64::from_le_bytes(w)
-    };
+    match header(ty, &mut Reader::new(h)) {
+        Ok(frame) => Ok(Some((frame, n))),
+        Err(Invalid::Bad(e)) => Err(e),
+        // `h` holds the type's whole header, so no read comes up short; were one to, the
+        // header is simply not complete yet.
+        Err(Invalid::Short) => Ok(None),
+    }
+}
+
+/// Why [`header`] stopped.
+enum Invalid {
+    Short,
+    Bad(DecodeError),
+}
+
+impl From<ReadError> for Invalid {
+    fn from(_: ReadError) -> Self {
+        Invalid::Short
+    }
+}
+
+impl From<DecodeError> for Invalid {
+    fn from(e: DecodeError) -> Self {
+        Invalid::Bad(e)
+    }
+}
+
+/// Decodes the header of a frame of type `ty` (its size already checked by the caller).
+fn header(ty: u8, r: &mut Reader<'_>) -> Result<Frame, Invalid> {
+    let len = r.u64()?;
+    let _ty = r.u8()?;
+    let st = r.u8()?;
+    let reserved = r.u16()?;
+    let id = r.u32()?;
     if ty == T_HELLO {
         // Only the magic is checked: a HELLO of any version must decode, so that a peer of
         // another major version is told so instead of being rejected as garbage.
-        if h[16..24] != MAGIC {
-            return Err(DecodeError::BadMagic);
+        if r.array()? != MAGIC {
+            return Err(DecodeError::BadMagic.into());
         }
-        let hello = Frame::Hello {
-            major: u16_at(24),
-            minor: u16_at(26),
-            flags: u32_at(28),
-        };
-        return Ok(Some((hello, n)));
+        return Ok(Frame::Hello {
+            major: r.u16()?,
+            minor: r.u16()?,
+            flags: r.u32()?,
+        });
     }
-    let len = u64_at(0);
-    let st = h[9];
-    let id = u32_at(12);
-    if u16_at(10) != 0 {
-        return Err(DecodeError::Reserved(ty));
+    if reserved != 0 {
+        return Err(DecodeError::Reserved(ty).into());
     }
     let checked = |l: u64| {
         if l > MAX_LEN {
@@ -247,8 +272,8 @@ pub fn decode(buf: &[u8]) -> Result<Option<(Frame, usize)>, DecodeError> {
         T_SEND if st == 0 && id == 0 => Frame::Send { len: checked(len)? },
         T_WRITE if st == 0 => Frame::Write {
             id,
-            key: u64_at(16),
-            offset: u64_at(24),
+            key: r.u64()?,
+            offset: r.u64()?,
             len: checked(len)?,
         },
         T_WRITE_ACK if len == 0 => Frame::WriteAck {
@@ -257,18 +282,18 @@ pub fn decode(buf: &[u8]) -> Result<Option<(Frame, usize)>, DecodeError> {
         },
         T_READ_REQ if st == 0 && len == 0 => Frame::ReadReq {
             id,
-            key: u64_at(16),
-            offset: u64_at(24),
-            len: checked(u64_at(32))?,
+            key: r.u64()?,
+            offset: r.u64()?,
+            len: checked(r.u64()?)?,
         },
         T_READ_RESP if st == 0 || len == 0 => Frame::ReadResp {
             id,
             error: status(st),
             len: checked(len)?,
         },
-        _ => return Err(DecodeError::Reserved(ty)),
+        _ => return Err(DecodeError::Reserved(ty).into()),
     };
-    Ok(Some((frame, n)))
+    Ok(frame)
 }
 
 #[cfg(test)]
