@@ -12,7 +12,8 @@
 /// - `code(&self)`: the frame's type code;
 /// - `encode_body(&self, w, cx)`: writes the fields in order (the protocol writes its own
 ///   header around them, with the flags the fields set in `cx`);
-/// - `decode_body(code, r, cx)`: reads a frame of type `code` (`None` if no row has it), the
+/// - `decode_body(code, r, cx)`: reads a frame of type `code` (`ReadError::UnknownType` if
+///   no row has it), the
 ///   header's flags given in `cx`; trailing bytes are left to the caller's
 ///   [`Reader::finish`](crate::Reader::finish);
 /// - `body_bounds(code)`: the fewest and most body bytes (payload included) of that type;
@@ -43,7 +44,7 @@
 /// hello.encode_body(&mut ferry_wire::Writer::new(&mut out), &mut Default::default()).unwrap();
 /// assert_eq!(out, [1, 0, 1, 0, b'a']);
 /// let mut r = ferry_wire::Reader::new(&out);
-/// let back = Msg::decode_body(1, &mut r, &mut Default::default()).unwrap().unwrap();
+/// let back = Msg::decode_body(1, &mut r, &mut Default::default()).unwrap();
 /// assert_eq!(back, hello);
 /// assert_eq!(Msg::body_bounds(1), Some((4, 20)));
 /// assert_eq!(Msg::body_bounds(3), Some((0, 0)));
@@ -69,7 +70,7 @@ macro_rules! frames {
             )*
         }
 
-        #[allow(dead_code, clippy::redundant_closure_call)]
+        #[allow(dead_code)]
         impl $Name {
             /// Every type code, in table order.
             pub const CODES: &'static [$Code] = &[$($code),*];
@@ -99,23 +100,22 @@ macro_rules! frames {
                 Ok(())
             }
 
-            /// Reads the fields of a frame of type `code` (`None`: no such type), the
-            /// header's flags given in `cx.flags`; a payload lands in `cx.payload`.
+            /// Reads the fields of a frame of type `code` ([`ReadError::UnknownType`]: no
+            /// such type), the header's flags given in `cx.flags`; a payload lands in
+            /// `cx.payload`.
             pub fn decode_body<'a>(
                 code: $Code,
                 r: &mut $crate::Reader<'a>,
                 cx: &mut $crate::Cx<'a>,
-            ) -> ::core::option::Option<::core::result::Result<Self, $crate::ReadError>> {
-                match code {
+            ) -> ::core::result::Result<Self, $crate::ReadError> {
+                Ok(match code {
                     $(
-                        $code => Some((|| {
-                            Ok(Self::$V
-                                $( { $( $f: <$C as $crate::Field<$T>>::get(r, cx)? ),* } )?
-                                $( ( <$TC as $crate::Field<$TT>>::get(r, cx)? ) )?)
-                        })()),
+                        $code => Self::$V
+                            $( { $( $f: <$C as $crate::Field<$T>>::get(r, cx)? ),* } )?
+                            $( ( <$TC as $crate::Field<$TT>>::get(r, cx)? ) )?,
                     )*
-                    _ => None,
-                }
+                    _ => return Err($crate::ReadError::UnknownType),
+                })
             }
 
             /// The fewest and most body bytes (payload included) of a frame of type

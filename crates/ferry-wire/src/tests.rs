@@ -64,7 +64,7 @@ fn unframe(b: &[u8]) -> Result<(Test, &[u8]), ReadError> {
         flags,
         ..Cx::default()
     };
-    let t = Test::decode_body(code, &mut r, &mut cx).ok_or(ReadError::Invalid("type"))??;
+    let t = Test::decode_body(code, &mut r, &mut cx)?;
     r.finish()?;
     Ok((t, cx.payload))
 }
@@ -178,17 +178,17 @@ fn bounds_and_flags_come_from_the_table() {
     assert_eq!(Test::One(5).code(), 5);
     assert_eq!(
         Test::decode_body(9, &mut Reader::new(&[]), &mut Cx::default()),
-        None
+        Err(ReadError::UnknownType)
     );
 }
 
 #[test]
 fn list_counts_are_bounded() {
     let b = [0, 0, 2, 0, 1, 0, 0, 0, 0, 0];
-    let t = Test::decode_body(2, &mut Reader::new(&b), &mut Cx::default()).unwrap();
+    let t = Test::decode_body(2, &mut Reader::new(&b), &mut Cx::default());
     assert_eq!(t, Err(ReadError::Short));
     // count 4 > 3
     let b = [0, 0, 4, 0];
-    let t = Test::decode_body(2, &mut Reader::new(&b), &mut Cx::default()).unwrap();
+    let t = Test::decode_body(2, &mut Reader::new(&b), &mut Cx::default());
     assert_eq!(t, Err(ReadError::TooLong { len: 4, max: 3 }));
 }
