@@ -50,7 +50,8 @@ macro_rules! le {
                 w.$t(*v);
                 Ok(())
             }
-            fn get<'a>(r: &mut Reader<'a>, _: &mut Cx<'a>) -> Result<$t, ReadError> {
+            #[inline]
+    fn get<'a>(r: &mut Reader<'a>, _: &mut Cx<'a>) -> Result<$t, ReadError> {
                 r.$t()
             }
         }
@@ -74,6 +75,7 @@ impl<const N: usize> Field<[u8; N]> for Raw {
         w.bytes(v);
         Ok(())
     }
+    #[inline]
     fn get<'a>(r: &mut Reader<'a>, _: &mut Cx<'a>) -> Result<[u8; N], ReadError> {
         r.array()
     }
@@ -94,6 +96,7 @@ impl<const MAX: usize> Field<String> for Str<MAX> {
     ) -> Result<(), TooLong> {
         w.str_u16(v, MAX, what)
     }
+    #[inline]
     fn get<'a>(r: &mut Reader<'a>, _: &mut Cx<'a>) -> Result<String, ReadError> {
         r.str_u16(MAX).map(str::to_owned)
     }
@@ -113,6 +116,7 @@ impl<const BIT: u8> Field<bool> for Flag<BIT> {
         }
         Ok(())
     }
+    #[inline]
     fn get<'a>(_: &mut Reader<'a>, cx: &mut Cx<'a>) -> Result<bool, ReadError> {
         Ok(cx.flags & BIT != 0)
     }
@@ -131,6 +135,7 @@ impl<const MASK: u8> Field<u8> for Flags<MASK> {
         cx.flags |= v & MASK;
         Ok(())
     }
+    #[inline]
     fn get<'a>(_: &mut Reader<'a>, cx: &mut Cx<'a>) -> Result<u8, ReadError> {
         Ok(cx.flags & MASK)
     }
@@ -158,6 +163,7 @@ impl<T, C: Field<T>, const BIT: u8> Field<Option<T>> for IfFlag<BIT, C> {
             None => Ok(()),
         }
     }
+    #[inline]
     fn get<'a>(r: &mut Reader<'a>, cx: &mut Cx<'a>) -> Result<Option<T>, ReadError> {
         if cx.flags & BIT == 0 {
             return Ok(None);
@@ -187,6 +193,7 @@ impl<T, C: Field<T>, const MAX: usize> Field<Vec<T>> for List<C, MAX> {
         w.u16(n);
         v.iter().try_for_each(|e| C::put(e, w, cx, what))
     }
+    #[inline]
     fn get<'a>(r: &mut Reader<'a>, cx: &mut Cx<'a>) -> Result<Vec<T>, ReadError> {
         let n = usize::from(r.u16()?);
         if n > MAX {
@@ -215,6 +222,7 @@ impl<X, Y, A: Field<X>, B: Field<Y>> Field<(X, Y)> for (A, B) {
         A::put(&v.0, w, cx, what)?;
         B::put(&v.1, w, cx, what)
     }
+    #[inline]
     fn get<'a>(r: &mut Reader<'a>, cx: &mut Cx<'a>) -> Result<(X, Y), ReadError> {
         Ok((A::get(r, cx)?, B::get(r, cx)?))
     }
@@ -243,6 +251,7 @@ impl<const MAX: usize> Field<u32> for Payload<MAX> {
         cx.payload_len = n;
         Ok(())
     }
+    #[inline]
     fn get<'a>(r: &mut Reader<'a>, cx: &mut Cx<'a>) -> Result<u32, ReadError> {
         let rest = r.peek_rest();
         let len = rest.len();

@@ -103,6 +103,10 @@ macro_rules! frames {
             /// Reads the fields of a frame of type `code` ([`ReadError::UnknownType`]: no
             /// such type), the header's flags given in `cx.flags`; a payload lands in
             /// `cx.payload`.
+            // Inlined into the protocol's decoder so the frame is built where it is
+            // returned, not copied out of this function (measured: ~1.5x the instructions
+            // per xfer frame without it).
+            #[inline(always)]
             pub fn decode_body<'a>(
                 code: $Code,
                 r: &mut $crate::Reader<'a>,

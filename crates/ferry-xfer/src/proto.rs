@@ -892,12 +892,13 @@ pub fn decode(b: &[u8]) -> Result<(Msg, &[u8]), DecodeError> {
         flags,
         ..Cx::default()
     };
-    let msg = Msg::decode_body(t, &mut r, &mut cx).map_err(|e| match e {
-        ReadError::UnknownType => DecodeError::UnknownType(t),
-        e => e.into(),
-    })?;
-    r.finish()?;
-    Ok((msg, cx.payload))
+    match Msg::decode_body(t, &mut r, &mut cx) {
+        // Matched in place rather than mapped, so the frame is not copied on its way out.
+        Ok(msg) if r.is_empty() => Ok((msg, cx.payload)),
+        Ok(_) => Err(DecodeError::Malformed("bytes after frame")),
+        Err(ReadError::UnknownType) => Err(DecodeError::UnknownType(t)),
+        Err(e) => Err(e.into()),
+    }
 }
 
 impl fmt::Display for ErrorCode {
