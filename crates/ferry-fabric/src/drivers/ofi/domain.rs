@@ -47,6 +47,16 @@ const CONNECT_RETRY: Duration = Duration::from_millis(10);
 /// without this, a recv waiting on a killed peer would wait forever.
 const PEER_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The first minor version of the control protocol that answers PINGs (1.1).
+const PING_MINOR: u16 = 1;
+
+/// The minor version in a control message's header (`magic "FOFI" | major u16 | minor u16`,
+/// frozen across versions, see `wire.rs`); 0 if the message is too short to say.
+fn peer_minor(msg: &[u8]) -> u16 {
+    msg.get(6..8)
+        .map_or(0, |b| u16::from_le_bytes([b[0], b[1]]))
+}
+
 /// Keepalive timing: PING a connection quiet for `every`; give up after `limit`.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Keepalive {
@@ -91,6 +101,8 @@ pub(super) enum Reply {
 /// A CONNECT waiting for `accept`.
 struct ConnectRequest {
     major: u16,
+    /// The client's minor version (from 1 on it answers PINGs).
+    minor: u16,
     conn: u64,
     name: Vec<u8>,
 }
@@ -398,20 +410,26 @@ impl Shared {
                 }
             }
         }
-        match msg.map(|m| Control::decode(&m)) {
-            Some(Ok(c)) => self.handle(c),
-            Some(Err(why)) => tracing::debug!("ignoring control message: {why}"),
+        match msg.map(|m| (peer_minor(&m), Control::decode(&m))) {
+            Some((minor, Ok(c))) => self.handle(c, minor),
+            Some((_, Err(why))) => tracing::debug!("ignoring control message: {why}"),
             None => {}
         }
     }
 
-    fn handle(&self, msg: Control) {
+    /// Handles a control message from a peer speaking minor version `minor`.
+    fn handle(&self, msg: Control, minor: u16) {
         match msg {
             Control::Connect { major, conn, name } => match &self.accept {
                 Some(q) if q.open.load(SeqCst) => {
                     let mut queue = lock(&q.queue);
                     if queue.len() < BACKLOG {
-                        queue.push_back(ConnectRequest { major, conn, name });
+                        queue.push_back(ConnectRequest {
+                            major,
+                            minor,
+                            conn,
+                            name,
+                        });
                         q.ready.notify_one();
                     }
                 }
@@ -424,7 +442,7 @@ impl Shared {
                         peer,
                         name,
                         reply: Some(tx),
-                    }) => match self.new_conn(target, conn, peer, &name) {
+                    }) => match self.new_conn(target, conn, peer, &name, minor) {
                         Ok(c) => {
                             if tx.try_send(Reply::Accepted(c)).is_err() {
                                 self.remove_conn(target);
@@ -630,13 +648,26 @@ impl Shared {
         }
     }
 
-    fn new_conn(&self, id: u64, peer_id: u64, peer: FiAddr, peer_name: &[u8]) -> Result<Arc<Conn>> {
+    /// Registers a new connection to a peer speaking minor version `peer_minor`.
+    fn new_conn(
+        &self,
+        id: u64,
+        peer_id: u64,
+        peer: FiAddr,
+        peer_name: &[u8],
+        peer_minor: u16,
+    ) -> Result<Arc<Conn>> {
         let conn = Arc::new(Conn::new(
             id,
             peer_id,
             peer,
             info::to_address(&self.addr, self.format, peer_name).to_string(),
         )?);
+        if peer_minor >= PING_MINOR {
+            // Known to answer PINGs from the start: a peer that dies before its first PONG
+            // is still noticed (otherwise it would be taken for a 1.0 peer, never timed out).
+            conn.heard(true);
+        }
         lock(&self.conns).insert(id, Arc::downgrade(&conn));
         Ok(conn)
     }
@@ -987,7 +1018,7 @@ impl Listener for OfiListener {
                 continue;
             }
             let id = shared.next_conn.fetch_add(1, SeqCst);
-            let conn = shared.new_conn(id, req.conn, peer, &req.name)?;
+            let conn = shared.new_conn(id, req.conn, peer, &req.name, req.minor)?;
             let yes = Control::Accept {
                 target: req.conn,
                 conn: id,
