@@ -20,6 +20,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/types.h>
 
 #include "common.h"
@@ -64,6 +65,13 @@ static void misuse(exs_qhandle_t q)
     }
     struct exs_pollfd p = {77777, EXS_POLLIN, 0};
     CHECK(exs_poll(&p, 1, 0) == 1 && p.revents == EXS_POLLNVAL, "revents %d", p.revents);
+    /* More entries than the process may have descriptors: EINVAL, as poll(2), nothing read. */
+    struct rlimit nofile;
+    CHECK(getrlimit(RLIMIT_NOFILE, &nofile) == 0, "getrlimit");
+    FAILS(exs_poll(&p, (nfds_t)-1, 0), EINVAL);
+    if (nofile.rlim_cur != RLIM_INFINITY)
+        FAILS(exs_poll(&p, (nfds_t)nofile.rlim_cur + 1, 0), EINVAL);
+    FAILS(exs_poll(NULL, 1, 0), EFAULT);
 
     /* Wrong kinds of handle, socket arguments, registration arguments. */
     FAILS(exs_close(q), EBADF);

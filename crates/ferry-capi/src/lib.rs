@@ -322,6 +322,14 @@ pub extern "C" fn exs_sendfile(
     })
 }
 
+/// The most entries `exs_poll` takes: RLIMIT_NOFILE's soft limit, as poll(2) does.
+fn poll_limit() -> libc::nfds_t {
+    let cur = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
+    cur.map_or(libc::nfds_t::MAX, |c| {
+        libc::nfds_t::try_from(c).unwrap_or(libc::nfds_t::MAX)
+    })
+}
+
 /// `exs_poll`.
 ///
 /// # Safety
@@ -334,6 +342,11 @@ pub unsafe extern "C" fn exs_poll(
 ) -> c_int {
     guard(-1, || {
         let n = usize::try_from(nfds).map_err(|_| Errno::INVAL)?;
+        // poll(2)'s rule: more entries than the process may have descriptors is EINVAL, and
+        // nothing is read. (A count merely larger than the caller's array cannot be seen.)
+        if nfds > poll_limit() {
+            return Err(Errno::INVAL);
+        }
         let fds: &mut [exs_pollfd] = if n == 0 {
             &mut []
         } else if fds.is_null() {

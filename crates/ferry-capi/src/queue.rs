@@ -203,6 +203,13 @@ impl Queue {
         self.push_locked(&mut side, ev);
     }
 
+    /// Records that runtime socket `id` has no handle (a connection made for a connect
+    /// already cancelled): its close event is discarded.
+    pub fn disown(&self, id: SocketId) {
+        let _side = self.lock();
+        ids().insert(id, -1);
+    }
+
     /// Queues an event of this layer.
     pub fn push(&self, ev: Ev) {
         let mut side = self.lock();

@@ -98,6 +98,11 @@ typedef int exs_mhandle_t;
  *             peer's persistent recv buffer), EINVAL (bad flags or offset), ECANCELED
  *             (the socket was closed here first), EPIPE (the peer closed), ECONNRESET
  *             (the connection was lost), ECONNREFUSED / ETIMEDOUT (connect), EPROTO, EIO.
+ *             A peer that dies without exs_close (even killed with transfers in flight)
+ *             is noticed at once on tcp, and on ofi drivers after its keepalive heard
+ *             nothing for FERRY_OFI_PEER_TIMEOUT seconds (default 10, fractions allowed;
+ *             read when a socket first opens the driver): then every pending operation
+ *             completes exactly once with ECONNRESET and the close event says ECONNRESET.
  * - buf:      the buffer pointer given to the operation (NULL for exs_sendfile, accept,
  *             connect and close; the persistent buffer for EXS_EVT_READ_NOTIFY).
  * - len:      bytes transferred: for EXS_EVT_SEND the bytes the receiver took (fewer than
@@ -193,7 +198,9 @@ int exs_accept(int sock, exs_qhandle_t q, void *ctx);
  * follows: err 0 when the connection and the EXS handshake are up, else why it failed
  * (ECONNREFUSED, ETIMEDOUT after EXS_F_SET_CONNECT_TIMEOUT, ...), after which another
  * exs_connect may be tried on the same socket. The socket's own events (EXS_EVT_CLOSE) go
- * to q. Closing the socket meanwhile makes the connect complete with ECANCELED.
+ * to q. Closing the socket meanwhile makes the connect complete with ECANCELED at once.
+ * Nothing listening at url is ECONNREFUSED as soon as the driver can tell: at once on tcp
+ * and ofi+shm, within about 250 ms on ofi+tcp.
  */
 int exs_connect(int sock, const char *url, exs_qhandle_t q, void *ctx);
 
@@ -284,6 +291,8 @@ int exs_sendfile(int sock, int fd, off_t offset, size_t len, int flags, exs_qhan
  *   not a valid handle: EXS_POLLNVAL.
  * Event queues are the fast path; exs_poll looks at its sockets in short sleeps (up to
  * 1 ms), so use it for readiness, not for every message.
+ * As poll(2): nfds larger than RLIMIT_NOFILE's soft limit (e.g. (nfds_t)-1) fails with
+ * EINVAL before any entry is read; fds NULL with nfds > 0 fails with EFAULT.
  */
 int exs_poll(struct exs_pollfd *fds, nfds_t nfds, int timeout_ms);
 
