@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # FERRY_CAPI_PROGRAMS="a b" runs only those programs.
-read -ra PROGRAMS <<<"${FERRY_CAPI_PROGRAMS:-pingpong blast api peerkill connect}"
+read -ra PROGRAMS <<<"${FERRY_CAPI_PROGRAMS:-pingpong blast api peerkill connect latency}"
 # Programs whose server kills its client with SIGKILL (exit 137 under timeout).
 KILLED_CLIENTS=" peerkill "
 DRIVERS=(tcp ofi+tcp ofi+shm)

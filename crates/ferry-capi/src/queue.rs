@@ -279,6 +279,12 @@ impl Queue {
             if !out.is_empty() {
                 return out;
             }
+            if timeout == Some(Duration::ZERO) {
+                // Polling: make progress on this thread rather than wait for the progress
+                // threads' next look (which a spinning caller may keep off the CPU).
+                self.rt.drive_now();
+                return self.collect(max);
+            }
             let left = match deadline {
                 None => None,
                 Some(d) => {

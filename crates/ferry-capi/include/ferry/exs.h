@@ -340,6 +340,13 @@ exs_qhandle_t exs_qcreate(int depth);
  * (negative: forever; 0: do not wait) for the first. Returns how many were taken; 0 on
  * timeout. Events of one socket come in the order they happened, and an
  * EXS_EVT_ACCEPT/CONNECT comes before any event of the socket it announces.
+ * Busy polling: with timeout_ms 0 the calling thread itself handles the completions its
+ * queue's sockets have (no progress-thread wake-up or tick in between) and yields the CPU
+ * if there were none, so a loop of zero-timeout calls sees an event as soon as the driver
+ * has it; while such a loop runs, the sockets' progress threads stand by, and take over
+ * within half a millisecond once it stops. (The drivers' own threads still move bytes.)
+ * Measured with tests/c/latency.c, 10 B one-way, medians: polling 17-55 us against
+ * blocking 39-100 us on tcp, ofi+tcp and ofi+shm.
  */
 int exs_qdequeue(exs_qhandle_t q, exs_event_t *evs, int max, int timeout_ms);
 

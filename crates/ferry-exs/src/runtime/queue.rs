@@ -135,6 +135,22 @@ impl EventQueue {
         at != 0 && self.shared.epoch.elapsed().as_micros() < u128::from(at) + within.as_micros()
     }
 
+    /// For a caller that polls (`exs_qdequeue` with a zero timeout) and found no event:
+    /// handles the completions waiting on this queue's sockets on the calling thread, as a
+    /// blocking [`Self::dequeue`] does while it spins, so an event surfaces as soon as the
+    /// driver has its completion (look again with [`Self::try_dequeue`]). While a caller
+    /// keeps polling, the sockets' progress threads stand by (they take over within half a
+    /// millisecond once it stops). A look that finds nothing yields the CPU, so a caller
+    /// polling in a tight loop leaves the drivers' threads on a busy core room to run.
+    /// True if completions were handled.
+    pub fn drive_now(&self) -> bool {
+        let any = self.drive(&self.sources());
+        if !any {
+            std::thread::yield_now();
+        }
+        any
+    }
+
     /// Takes the next event without blocking.
     pub fn try_dequeue(&self) -> Option<ExsEvent> {
         let mut q = self.lock();
