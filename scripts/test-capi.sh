@@ -31,6 +31,10 @@ for f in "$lib"/libferry.so "$lib"/libferry.so.0 "$tmp/prefix/include/ferry/exs.
   "$lib/pkgconfig/ferry.pc"; do
   [ -e "$f" ] || { echo "missing after install: $f"; exit 1; }
 done
+# Every call of the header has its man 3 page.
+for fn in $(sed -n 's/^[a-z_]* \**\(exs_[a-z_]*\)(.*/\1/p' crates/ferry-capi/include/ferry/exs.h); do
+  [ -s "$tmp/prefix/share/man/man3/$fn.3" ] || { echo "missing after install: man3/$fn.3"; exit 1; }
+done
 [ "$(readlink "$lib/libferry.so")" = libferry.so.0 ] || { echo "libferry.so is not a link to libferry.so.0"; exit 1; }
 grep -q 'SONAME.*\[libferry.so.0\]' <(readelf -d "$lib/libferry.so.0") \
   || { echo "libferry.so.0 has no SONAME libferry.so.0"; exit 1; }
