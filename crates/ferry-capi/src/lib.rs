@@ -475,7 +475,7 @@ pub unsafe extern "C" fn exs_qdequeue(
         if evs.is_null() {
             return Err(Errno::FAULT);
         }
-        let got = q.dequeue(max, millis(timeout_ms));
+        let got = q.dequeue(max, millis(timeout_ms))?;
         // SAFETY: non-null with `max` writable entries per this function's contract;
         // got.len() <= max.
         let out = unsafe { std::slice::from_raw_parts_mut(evs, got.len()) };
@@ -497,7 +497,12 @@ pub unsafe extern "C" fn exs_qdequeue(
 /// `exs_qdelete`.
 #[no_mangle]
 pub extern "C" fn exs_qdelete(q: c_int) -> c_int {
-    status(|| handle::remove_if(q, |o| matches!(o, Obj::Queue(_))).map(drop))
+    status(|| {
+        if let Obj::Queue(q) = handle::remove_if(q, |o| matches!(o, Obj::Queue(_)))? {
+            q.delete();
+        }
+        Ok(())
+    })
 }
 
 /// `exs_qfd`.

@@ -201,8 +201,18 @@ pub fn create() -> Res<i32> {
     ))))
 }
 
+/// The longest host (or shm endpoint name) a URL may carry: a DNS name has at most 253
+/// characters, a file name (shm regions live in /dev/shm) 255.
+const HOST_MAX: usize = 255;
+
+/// Parses a URL; EINVAL if malformed or its host is longer than [`HOST_MAX`]. Nothing is
+/// resolved here: `exs_listen` and `exs_connect` resolve the host.
 fn parse(url: &str) -> Res<Address> {
-    url.parse::<Address>().map_err(Errno::from)
+    let addr = url.parse::<Address>().map_err(Errno::from)?;
+    if addr.host.len() > HOST_MAX {
+        return Err(Errno::INVAL);
+    }
+    Ok(addr)
 }
 
 /// `exs_bind`: records the address; the fabric binds it at `exs_listen`, so settings made
@@ -220,6 +230,22 @@ pub fn bind(h: i32, url: &str) -> Res<()> {
         State::Closed => Err(Errno::BADF),
         _ => Err(Errno::INVAL),
     }
+}
+
+/// EADDRNOTAVAIL if `addr` names a host with a port that does not resolve (the drivers
+/// would report a bare I/O error).
+fn resolvable(addr: &Address) -> Res<()> {
+    use std::net::ToSocketAddrs;
+    let Some(port) = addr.port else {
+        return Ok(());
+    };
+    let found = (addr.host.as_str(), port)
+        .to_socket_addrs()
+        .map_or(0, Iterator::count);
+    if found == 0 {
+        return Err(Errno(libc::EADDRNOTAVAIL));
+    }
+    Ok(())
 }
 
 /// `exs_listen`.
@@ -242,7 +268,9 @@ pub fn listen(h: i32, backlog: i32) -> Res<()> {
         State::Closed => return Err(Errno::BADF),
         State::Failed => return Err(Errno::INVAL),
     };
-    let settings = i.settings.resolved(&parse(&url)?);
+    let addr = parse(&url)?;
+    resolvable(&addr)?;
+    let settings = i.settings.resolved(&addr);
     let exs = sigpipe_blocked(|| ExsListener::bind(&url, settings.cfg.clone()))?;
     let l = Arc::new(Listen {
         exs,

@@ -28,6 +28,39 @@
  *   exs_mderegister on its handle has returned 0. A buffer passed to exs_send or exs_recv
  *   belongs to ferry until its completion event has been dequeued: do not touch it before.
  *
+ * Contract details (one answer each; tests/c checks those marked *)
+ *   - Persistent send buffers: unlike other buffers, a buffer exposed with EXS_PERSISTENT
+ *     may be written while exposed (a producer updating values a peer samples). A peer's
+ *     exs_recv_offset copies whatever bytes are there when its read happens, with no
+ *     atomicity across bytes: put your own version or sequence field around the data.
+ *   - EXS_EVT_SEND len: the bytes the receiver took (see exs_event_t), and nothing else.
+ *   - exs_recv_offset of fewer bytes than the persistent send has from offset: err 0,
+ *     len = the bytes read (a sample, not a truncation: never EMSGSIZE). *
+ *   - exs_recv_offset at offset == the buffer's size: err 0, len 0. Past the size: err
+ *     EINVAL (a bad offset). exs_send_offset that does not fit the peer's persistent recv
+ *     buffer: err EMSGSIZE (a message too long for its buffer), nothing written. *
+ *   - Flags: unknown bits fail the call synchronously (-1/EINVAL, no event); a known but
+ *     invalid combination (EXS_NOTIFY_ON_READ without EXS_PERSISTENT) starts the operation
+ *     and fails it in its event with EINVAL. *
+ *   - Data calls on a connection that has ended (its EXS_EVT_CLOSE reported) return 0 and
+ *     complete at once with err ENOTCONN.
+ *   - exs_connect completes when the peer's exs_accept has taken the connection and the
+ *     EXS handshake is done, not when the fabric connection is up: the connect timeout
+ *     covers the time the connection waits in the server's backlog.
+ *   - exs_qdelete while other threads wait in exs_qdequeue on q: they wake and fail with
+ *     EBADF. *
+ *   - exs_bind: a host (or shm name) longer than 255 bytes is EINVAL; nothing is resolved
+ *     there; exs_listen fails with EADDRNOTAVAIL if the host does not resolve. *
+ *   - exs_listen: a backlog above 4096 is taken as 4096, without error (as listen(2) caps
+ *     it at somaxconn).
+ *   - EXS_F_SET_SMALL_PACKET_MAX on both sides: a connection uses the smaller of the two
+ *     for both directions.
+ *   - ofi+shm: each socket's libfabric endpoint maps a region /dev/shm/NAME (16 MiB on
+ *     libfabric 1.17), removed when its last socket closes. A process that exits without
+ *     exs_close leaves it behind: a later listener of the same name replaces it, and the
+ *     regions of connecting sockets (ferryc-PID-...) of processes no longer alive are
+ *     removed by the next process that opens ofi+shm for a connect.
+ *
  * Build: cc app.c $(pkg-config --cflags --libs ferry)
  * Guide: docs/exs-c.md
  */
@@ -97,7 +130,8 @@ typedef int exs_mhandle_t;
  *             buffer holds its prefix, len = buffer length; or a send past the end of the
  *             peer's persistent recv buffer), EINVAL (bad flags or offset), ECANCELED
  *             (the socket was closed here first), EPIPE (the peer closed), ECONNRESET
- *             (the connection was lost), ECONNREFUSED / ETIMEDOUT (connect), EPROTO, EIO.
+ *             (the connection was lost), ENOTCONN (posted after the connection ended),
+ *             ECONNREFUSED / ETIMEDOUT (connect), EPROTO, EIO.
  *             A peer that dies without exs_close (even killed with transfers in flight)
  *             is noticed at once on tcp, and on ofi drivers after its keepalive heard
  *             nothing for FERRY_OFI_PEER_TIMEOUT seconds (default 10, fractions allowed;
@@ -354,7 +388,7 @@ int exs_qdequeue(exs_qhandle_t q, exs_event_t *evs, int max, int timeout_ms);
  * Deletes a queue. Delete it only once nothing reports to it any more (its sockets
  * closed and their events dequeued): events arriving later are lost, and the memory of
  * operations whose events are lost stays busy for exs_mderegister until their sockets
- * close.
+ * close. Threads waiting in exs_qdequeue on q wake and fail with EBADF.
  */
 int exs_qdelete(exs_qhandle_t q);
 
