@@ -287,6 +287,13 @@ static void server(const char *url, const char *addr_file, const char *scheme)
     ev = wait_event(q, EXS_EVT_RECV, ctx_of(6));
     CHECK(ev.err != 0 && ev.buf == pblk, "persistent recv ended with err %d", ev.err);
     CHECK(poll_for(a, EXS_POLLHUP) & EXS_POLLHUP, "%s", "no POLLHUP");
+    /* Data calls on the ended connection start, and complete at once with ENOTCONN. */
+    OK(exs_send(a, big, 10, 0, mh, q, ctx_of(10)));
+    ev = wait_event(q, EXS_EVT_SEND, ctx_of(10));
+    CHECK(ev.err == ENOTCONN, "send after the end: err %d", ev.err);
+    OK(exs_recv(a, big, 10, 0, mh, q, ctx_of(11)));
+    ev = wait_event(q, EXS_EVT_RECV, ctx_of(11));
+    CHECK(ev.err == ENOTCONN, "recv after the end: err %d", ev.err);
     OK(exs_close(a));
     FAILS(exs_close(a), EBADF);
     FAILS(exs_recv(a, big, 1, 0, mh, q, NULL), EBADF);

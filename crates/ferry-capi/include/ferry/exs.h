@@ -43,7 +43,7 @@
  *     invalid combination (EXS_NOTIFY_ON_READ without EXS_PERSISTENT) starts the operation
  *     and fails it in its event with EINVAL. *
  *   - Data calls on a connection that has ended (its EXS_EVT_CLOSE reported) return 0 and
- *     complete at once with err ENOTCONN.
+ *     complete at once with err ENOTCONN. *
  *   - exs_connect completes when the peer's exs_accept has taken the connection and the
  *     EXS handshake is done, not when the fabric connection is up: the connect timeout
  *     covers the time the connection waits in the server's backlog.
