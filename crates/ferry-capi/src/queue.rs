@@ -301,6 +301,12 @@ impl Queue {
                 self.rt.drive_now();
                 return Ok(self.collect(max));
             }
+            // Blocking: handle completions on this thread for a moment first (a reply on
+            // the same host comes within it), as the Rust API's dequeue does, instead of
+            // paying two thread wake-ups (progress thread, then this one) per event.
+            if self.rt.spin_before_sleep(deadline) {
+                continue;
+            }
             let left = match deadline {
                 None => None,
                 Some(d) => {
