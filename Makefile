@@ -3,7 +3,7 @@
 #
 #   make                                  cargo build --release -p ferry-capi
 #   make install PREFIX=/usr/local        lib/libferry.so{,.0,.0.1.0}, include/ferry/exs.h,
-#                                         lib/pkgconfig/ferry.pc
+#                                         lib/pkgconfig/ferry.pc, share/man/man3/exs*.3
 #   make uninstall PREFIX=/usr/local
 #   make check-c                          C tests against a staged install, every driver
 
@@ -12,6 +12,7 @@ DESTDIR    ?=
 LIBDIR     ?= $(PREFIX)/lib
 INCLUDEDIR ?= $(PREFIX)/include
 PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
+MANDIR     ?= $(PREFIX)/share/man
 CARGO      ?= cargo
 INSTALL    ?= install
 
@@ -23,6 +24,8 @@ CAPI     := crates/ferry-capi
 BUILT    := $(or $(CARGO_TARGET_DIR),target)/release/libferry.so
 REALNAME := libferry.so.$(VERSION)
 # ferry.pc names its directories relative to ${prefix} when they lie under it.
+# One page per family (exs_socket.3, ...) and a .so link page per call, as libfabric does.
+MANPAGES := $(wildcard man/man3/exs*.3)
 PC_LIBDIR     := $(patsubst $(PREFIX)/%,$${prefix}/%,$(LIBDIR))
 PC_INCLUDEDIR := $(patsubst $(PREFIX)/%,$${prefix}/%,$(INCLUDEDIR))
 
@@ -43,11 +46,14 @@ install: build
 	    -e 's|^libdir=.*|libdir=$(PC_LIBDIR)|' -e 's|^includedir=.*|includedir=$(PC_INCLUDEDIR)|' \
 	    $(CAPI)/ferry.pc.in > $(DESTDIR)$(PKGCONFIGDIR)/ferry.pc
 	chmod 0644 $(DESTDIR)$(PKGCONFIGDIR)/ferry.pc
+	$(INSTALL) -d $(DESTDIR)$(MANDIR)/man3
+	$(INSTALL) -m 0644 $(MANPAGES) $(DESTDIR)$(MANDIR)/man3/
 
 uninstall:
 	rm -f $(DESTDIR)$(LIBDIR)/$(REALNAME) $(DESTDIR)$(LIBDIR)/libferry.so.$(SOMAJOR) \
 	      $(DESTDIR)$(LIBDIR)/libferry.so $(DESTDIR)$(INCLUDEDIR)/ferry/exs.h \
-	      $(DESTDIR)$(PKGCONFIGDIR)/ferry.pc
+	      $(DESTDIR)$(PKGCONFIGDIR)/ferry.pc \
+	      $(addprefix $(DESTDIR)$(MANDIR)/man3/,$(notdir $(MANPAGES)))
 	-rmdir $(DESTDIR)$(INCLUDEDIR)/ferry 2>/dev/null
 
 check-c:

@@ -20,7 +20,10 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include <poll.h>
+#include <pthread.h>
+#include <sys/resource.h>
 #include <sys/types.h>
+#include <time.h>
 
 #include "common.h"
 
@@ -36,8 +39,51 @@ static const struct {
 #define NWRITES (sizeof writes / sizeof writes[0])
 
 /* Calls on invalid handles fail with EBADF; argument checks that need no connection. */
+/* A thread blocked in exs_qdequeue(q, ..., -1) when q is deleted: -1/EBADF. */
+static void *dequeue_forever(void *arg)
+{
+    exs_event_t ev;
+    errno = 0;
+    int n = exs_qdequeue(*(exs_qhandle_t *)arg, &ev, 1, -1);
+    return (void *)(intptr_t)(n == -1 && errno == EBADF);
+}
+
+static void delete_under_a_waiter(void)
+{
+    exs_qhandle_t q = exs_qcreate(4);
+    OK(q);
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, dequeue_forever, &q) == 0, "pthread_create");
+    struct timespec pause = {0, 50 * 1000 * 1000};
+    nanosleep(&pause, NULL);
+    OK(exs_qdelete(q));
+    void *ok = NULL;
+    CHECK(pthread_join(t, &ok) == 0 && ok, "the blocked exs_qdequeue did not fail with EBADF");
+}
+
+/* exs_bind: a host longer than 255 bytes is EINVAL; an unresolvable one binds (nothing is
+ * resolved there) and exs_listen fails with EADDRNOTAVAIL. */
+static void long_and_unresolvable_names(void)
+{
+    static char url[300000];
+    int s = exs_socket(AF_UNSPEC, EXS_SOCK_SEQPACKET, 0);
+    OK(s);
+    strcpy(url, "tcp://");
+    memset(url + 6, 'a', 256);
+    strcpy(url + 6 + 256, ":1");
+    FAILS(exs_bind(s, url), EINVAL);
+    memset(url + 6, 'a', 200000);
+    strcpy(url + 6 + 200000, ":1");
+    FAILS(exs_bind(s, url), EINVAL);
+    OK(exs_bind(s, "tcp://no-such-host.invalid:1"));
+    FAILS(exs_listen(s, 4), EADDRNOTAVAIL);
+    OK(exs_close(s));
+}
+
 static void misuse(exs_qhandle_t q)
 {
+    delete_under_a_waiter();
+    long_and_unresolvable_names();
     char name[64];
     unsigned char mem[64];
     exs_event_t ev;
@@ -64,6 +110,13 @@ static void misuse(exs_qhandle_t q)
     }
     struct exs_pollfd p = {77777, EXS_POLLIN, 0};
     CHECK(exs_poll(&p, 1, 0) == 1 && p.revents == EXS_POLLNVAL, "revents %d", p.revents);
+    /* More entries than the process may have descriptors: EINVAL, as poll(2), nothing read. */
+    struct rlimit nofile;
+    CHECK(getrlimit(RLIMIT_NOFILE, &nofile) == 0, "getrlimit");
+    FAILS(exs_poll(&p, (nfds_t)-1, 0), EINVAL);
+    if (nofile.rlim_cur != RLIM_INFINITY)
+        FAILS(exs_poll(&p, (nfds_t)nofile.rlim_cur + 1, 0), EINVAL);
+    FAILS(exs_poll(NULL, 1, 0), EFAULT);
 
     /* Wrong kinds of handle, socket arguments, registration arguments. */
     FAILS(exs_close(q), EBADF);
@@ -234,6 +287,13 @@ static void server(const char *url, const char *addr_file, const char *scheme)
     ev = wait_event(q, EXS_EVT_RECV, ctx_of(6));
     CHECK(ev.err != 0 && ev.buf == pblk, "persistent recv ended with err %d", ev.err);
     CHECK(poll_for(a, EXS_POLLHUP) & EXS_POLLHUP, "%s", "no POLLHUP");
+    /* Data calls on the ended connection start, and complete at once with ENOTCONN. */
+    OK(exs_send(a, big, 10, 0, mh, q, ctx_of(10)));
+    ev = wait_event(q, EXS_EVT_SEND, ctx_of(10));
+    CHECK(ev.err == ENOTCONN, "send after the end: err %d", ev.err);
+    OK(exs_recv(a, big, 10, 0, mh, q, ctx_of(11)));
+    ev = wait_event(q, EXS_EVT_RECV, ctx_of(11));
+    CHECK(ev.err == ENOTCONN, "recv after the end: err %d", ev.err);
     OK(exs_close(a));
     FAILS(exs_close(a), EBADF);
     FAILS(exs_recv(a, big, 1, 0, mh, q, NULL), EBADF);
@@ -359,7 +419,8 @@ static void client(const char *addr, const char *scheme)
     ev = wait_event(q, EXS_EVT_SEND, ctx_of(34));
     CHECK(ev.err == EMSGSIZE, "write past the block: err %d", ev.err);
 
-    /* Read the server's persistent block at offsets: inside, at the edge, short, past. */
+    /* Read the server's persistent block at offsets: inside, at the edge, short, at the very
+     * end (offset == size: an empty read, err 0), past (EINVAL). */
     unsigned char *r = big + 500000;
     OK(exs_recv_offset(s, r, 192, 0, 0, mh, q, ctx_of(41)));
     ev = wait_ok(q, EXS_EVT_RECV, ctx_of(41));
@@ -372,6 +433,9 @@ static void client(const char *addr, const char *scheme)
     OK(exs_recv_offset(s, r, 192, PSEND - 191, 0, mh, q, ctx_of(43)));
     ev = wait_ok(q, EXS_EVT_RECV, ctx_of(43));
     CHECK(ev.len == 191, "short read: len %zu", ev.len);
+    OK(exs_recv_offset(s, r, 192, PSEND, 0, mh, q, ctx_of(45)));
+    ev = wait_event(q, EXS_EVT_RECV, ctx_of(45));
+    CHECK(ev.err == 0 && ev.len == 0, "read at the very end: err %d len %zu", ev.err, ev.len);
     OK(exs_recv_offset(s, r, 192, PSEND + 1, 0, mh, q, ctx_of(44)));
     ev = wait_event(q, EXS_EVT_RECV, ctx_of(44));
     CHECK(ev.err == EINVAL, "read past the block: err %d", ev.err);

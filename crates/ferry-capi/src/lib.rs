@@ -322,6 +322,14 @@ pub extern "C" fn exs_sendfile(
     })
 }
 
+/// The most entries `exs_poll` takes: RLIMIT_NOFILE's soft limit, as poll(2) does.
+fn poll_limit() -> libc::nfds_t {
+    let cur = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
+    cur.map_or(libc::nfds_t::MAX, |c| {
+        libc::nfds_t::try_from(c).unwrap_or(libc::nfds_t::MAX)
+    })
+}
+
 /// `exs_poll`.
 ///
 /// # Safety
@@ -334,6 +342,11 @@ pub unsafe extern "C" fn exs_poll(
 ) -> c_int {
     guard(-1, || {
         let n = usize::try_from(nfds).map_err(|_| Errno::INVAL)?;
+        // poll(2)'s rule: more entries than the process may have descriptors is EINVAL, and
+        // nothing is read. (A count merely larger than the caller's array cannot be seen.)
+        if nfds > poll_limit() {
+            return Err(Errno::INVAL);
+        }
         let fds: &mut [exs_pollfd] = if n == 0 {
             &mut []
         } else if fds.is_null() {
@@ -462,7 +475,7 @@ pub unsafe extern "C" fn exs_qdequeue(
         if evs.is_null() {
             return Err(Errno::FAULT);
         }
-        let got = q.dequeue(max, millis(timeout_ms));
+        let got = q.dequeue(max, millis(timeout_ms))?;
         // SAFETY: non-null with `max` writable entries per this function's contract;
         // got.len() <= max.
         let out = unsafe { std::slice::from_raw_parts_mut(evs, got.len()) };
@@ -484,7 +497,12 @@ pub unsafe extern "C" fn exs_qdequeue(
 /// `exs_qdelete`.
 #[no_mangle]
 pub extern "C" fn exs_qdelete(q: c_int) -> c_int {
-    status(|| handle::remove_if(q, |o| matches!(o, Obj::Queue(_))).map(drop))
+    status(|| {
+        if let Obj::Queue(q) = handle::remove_if(q, |o| matches!(o, Obj::Queue(_)))? {
+            q.delete();
+        }
+        Ok(())
+    })
 }
 
 /// `exs_qfd`.

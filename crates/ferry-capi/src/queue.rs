@@ -15,11 +15,13 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use ferry_exs::proto::EventKind;
+
+use crate::error::{Errno, Res};
 use ferry_exs::runtime::{EventQueue, ExsEvent, SocketId};
 use rustix::event::{epoll, eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
 
@@ -162,6 +164,8 @@ pub struct Queue {
     side: Mutex<Side>,
     side_fd: OwnedFd,
     epoll: OwnedFd,
+    /// Set by `exs_qdelete`: waiting dequeuers return EBADF.
+    deleted: AtomicBool,
 }
 
 impl Queue {
@@ -180,6 +184,7 @@ impl Queue {
             }),
             side_fd,
             epoll: ep,
+            deleted: AtomicBool::new(false),
         })
     }
 
@@ -192,6 +197,13 @@ impl Queue {
         self.epoll.as_raw_fd()
     }
 
+    /// `exs_qdelete`: threads waiting in [`Self::dequeue`] wake and fail with EBADF (the
+    /// side descriptor is left readable, so every one of them sees it).
+    pub fn delete(&self) {
+        self.deleted.store(true, Ordering::SeqCst);
+        let _ = rustix::io::write(&self.side_fd, &1u64.to_ne_bytes());
+    }
+
     /// Queues an accept or connect event announcing socket `id` as handle `h` (-1: the
     /// socket was dropped; its events are discarded). The id is recorded under the queue's
     /// lock, so none of the socket's events can be dequeued ahead of this one.
@@ -201,6 +213,13 @@ impl Queue {
             ids().insert(id, h);
         }
         self.push_locked(&mut side, ev);
+    }
+
+    /// Records that runtime socket `id` has no handle (a connection made for a connect
+    /// already cancelled): its close event is discarded.
+    pub fn disown(&self, id: SocketId) {
+        let _side = self.lock();
+        ids().insert(id, -1);
     }
 
     /// Queues an event of this layer.
@@ -232,7 +251,7 @@ impl Queue {
                 None => break,
             }
         }
-        if side.events.is_empty() {
+        if side.events.is_empty() && !self.deleted.load(Ordering::SeqCst) {
             let mut b = [0u8; 8];
             let _ = rustix::io::read(&self.side_fd, &mut b);
         }
@@ -265,19 +284,35 @@ impl Queue {
 
     /// Waits up to `timeout` (None: forever) for events and returns up to `max` of them
     /// (none on timeout).
-    pub fn dequeue(&self, max: usize, timeout: Option<Duration>) -> Vec<Ev> {
+    /// EBADF once the queue is deleted (events still waiting are not handed out).
+    pub fn dequeue(&self, max: usize, timeout: Option<Duration>) -> Res<Vec<Ev>> {
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
+            if self.deleted.load(Ordering::SeqCst) {
+                return Err(Errno::BADF);
+            }
             let out = self.collect(max);
             if !out.is_empty() {
-                return out;
+                return Ok(out);
+            }
+            if timeout == Some(Duration::ZERO) {
+                // Polling: make progress on this thread rather than wait for the progress
+                // threads' next look (which a spinning caller may keep off the CPU).
+                self.rt.drive_now();
+                return Ok(self.collect(max));
+            }
+            // Blocking: handle completions on this thread for a moment first (a reply on
+            // the same host comes within it), as the Rust API's dequeue does, instead of
+            // paying two thread wake-ups (progress thread, then this one) per event.
+            if self.rt.spin_before_sleep(deadline) {
+                continue;
             }
             let left = match deadline {
                 None => None,
                 Some(d) => {
                     let left = d.saturating_duration_since(Instant::now());
                     if left.is_zero() {
-                        return out;
+                        return Ok(out);
                     }
                     Some(Timespec {
                         tv_sec: left.as_secs() as _,
@@ -303,22 +338,39 @@ mod tests {
         poll(&mut fds, Some(&Timespec::default())).unwrap() == 1
     }
 
+    /// `exs_qdelete` wakes a thread blocked in `exs_qdequeue(q, ..., -1)`: EBADF.
+    #[test]
+    fn deleting_wakes_a_blocked_dequeuer() {
+        let q = std::sync::Arc::new(Queue::new().unwrap());
+        let waiter = {
+            let q = q.clone();
+            std::thread::spawn(move || q.dequeue(1, None))
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        q.delete();
+        assert_eq!(waiter.join().unwrap().unwrap_err(), Errno::BADF);
+        assert_eq!(q.dequeue(1, Some(Duration::ZERO)).unwrap_err(), Errno::BADF);
+    }
+
     #[test]
     fn side_events_wake_the_fd_and_come_out_in_order() {
         let q = Queue::new().unwrap();
         assert!(!readable(q.fd()));
-        assert!(q.dequeue(4, Some(Duration::ZERO)).is_empty());
+        assert!(q.dequeue(4, Some(Duration::ZERO)).unwrap().is_empty());
         for i in 0..3 {
             q.push(Ev::conn(EVT_CONNECT, i, -1, 0, i as usize));
         }
         assert!(readable(q.fd()) && q.has_events());
-        let got = q.dequeue(2, Some(Duration::ZERO));
+        let got = q.dequeue(2, Some(Duration::ZERO)).unwrap();
         assert_eq!(got.iter().map(|e| e.sock).collect::<Vec<_>>(), [0, 1]);
         assert!(readable(q.fd()));
-        assert_eq!(q.dequeue(8, None).len(), 1);
+        assert_eq!(q.dequeue(8, None).unwrap().len(), 1);
         assert!(!readable(q.fd()) && !q.has_events());
         let t = Instant::now();
-        assert!(q.dequeue(1, Some(Duration::from_millis(30))).is_empty());
+        assert!(q
+            .dequeue(1, Some(Duration::from_millis(30)))
+            .unwrap()
+            .is_empty());
         assert!(t.elapsed() >= Duration::from_millis(30));
     }
 }

@@ -93,7 +93,11 @@ enum State {
     Fresh {
         bound: Option<String>,
     },
-    Connecting,
+    /// A connect is under way; closing the socket reports its ECANCELED on `q` at once.
+    Connecting {
+        q: Arc<Queue>,
+        ctx: usize,
+    },
     Connected(Arc<ExsSocket>),
     Listening(Arc<Listen>),
     /// The last connect failed (its event said why); another may be tried.
@@ -153,7 +157,7 @@ impl Socket {
             }
             State::Failed => ERR,
             State::Closed => NVAL,
-            State::Fresh { .. } | State::Connecting => 0,
+            State::Fresh { .. } | State::Connecting { .. } => 0,
         }
     }
 }
@@ -197,8 +201,18 @@ pub fn create() -> Res<i32> {
     ))))
 }
 
+/// The longest host (or shm endpoint name) a URL may carry: a DNS name has at most 253
+/// characters, a file name (shm regions live in /dev/shm) 255.
+const HOST_MAX: usize = 255;
+
+/// Parses a URL; EINVAL if malformed or its host is longer than [`HOST_MAX`]. Nothing is
+/// resolved here: `exs_listen` and `exs_connect` resolve the host.
 fn parse(url: &str) -> Res<Address> {
-    url.parse::<Address>().map_err(Errno::from)
+    let addr = url.parse::<Address>().map_err(Errno::from)?;
+    if addr.host.len() > HOST_MAX {
+        return Err(Errno::INVAL);
+    }
+    Ok(addr)
 }
 
 /// `exs_bind`: records the address; the fabric binds it at `exs_listen`, so settings made
@@ -212,10 +226,26 @@ pub fn bind(h: i32, url: &str) -> Res<()> {
             *b = Some(url.to_owned());
             Ok(())
         }
-        State::Connecting | State::Connected(_) => Err(Errno(libc::EISCONN)),
+        State::Connecting { .. } | State::Connected(_) => Err(Errno(libc::EISCONN)),
         State::Closed => Err(Errno::BADF),
         _ => Err(Errno::INVAL),
     }
+}
+
+/// EADDRNOTAVAIL if `addr` names a host with a port that does not resolve (the drivers
+/// would report a bare I/O error).
+fn resolvable(addr: &Address) -> Res<()> {
+    use std::net::ToSocketAddrs;
+    let Some(port) = addr.port else {
+        return Ok(());
+    };
+    let found = (addr.host.as_str(), port)
+        .to_socket_addrs()
+        .map_or(0, Iterator::count);
+    if found == 0 {
+        return Err(Errno(libc::EADDRNOTAVAIL));
+    }
+    Ok(())
 }
 
 /// `exs_listen`.
@@ -234,11 +264,13 @@ pub fn listen(h: i32, backlog: i32) -> Res<()> {
             l.lock().max = max;
             return Ok(());
         }
-        State::Connecting | State::Connected(_) => return Err(Errno(libc::EISCONN)),
+        State::Connecting { .. } | State::Connected(_) => return Err(Errno(libc::EISCONN)),
         State::Closed => return Err(Errno::BADF),
         State::Failed => return Err(Errno::INVAL),
     };
-    let settings = i.settings.resolved(&parse(&url)?);
+    let addr = parse(&url)?;
+    resolvable(&addr)?;
+    let settings = i.settings.resolved(&addr);
     let exs = sigpipe_blocked(|| ExsListener::bind(&url, settings.cfg.clone()))?;
     let l = Arc::new(Listen {
         exs,
@@ -297,14 +329,14 @@ pub fn connect(h: i32, url: &str, q: Arc<Queue>, ctx: usize) -> Res<()> {
     match &i.state {
         State::Fresh { bound: None } | State::Failed => {}
         State::Fresh { bound: Some(_) } | State::Listening(_) => return Err(Errno::INVAL),
-        State::Connecting => return Err(Errno(libc::EALREADY)),
+        State::Connecting { .. } => return Err(Errno(libc::EALREADY)),
         State::Connected(_) => return Err(Errno(libc::EISCONN)),
         State::Closed => return Err(Errno::BADF),
     }
     let settings = i.settings.resolved(&addr);
     settings.cfg.validate()?;
     i.settings = settings.clone();
-    i.state = State::Connecting;
+    i.state = State::Connecting { q: q.clone(), ctx };
     drop(i);
     let url = url.to_owned();
     let sock = s.clone();
@@ -327,12 +359,12 @@ pub fn connect(h: i32, url: &str, q: Arc<Queue>, ctx: usize) -> Res<()> {
 }
 
 /// Ends a connect: the socket becomes connected (or failed), unless it was closed meanwhile
-/// (then the new connection is dropped and the connect reports ECANCELED).
+/// (the close already reported ECANCELED; a new connection is dropped, silently).
 fn connected(h: i32, s: &Socket, r: Res<ExsSocket>, q: &Queue, ctx: usize) {
     let mut discard = None;
     {
         let mut i = s.lock();
-        let open = matches!(i.state, State::Connecting);
+        let open = matches!(i.state, State::Connecting { .. });
         match r {
             Ok(exs) if open => {
                 let id = exs.id();
@@ -340,17 +372,14 @@ fn connected(h: i32, s: &Socket, r: Res<ExsSocket>, q: &Queue, ctx: usize) {
                 q.announce(Ev::conn(EVT_CONNECT, h, -1, 0, ctx), Some((id, h)));
             }
             Ok(exs) => {
-                let ev = Ev::conn(EVT_CONNECT, h, -1, libc::ECANCELED, ctx);
-                q.announce(ev, Some((exs.id(), -1)));
+                q.disown(exs.id());
                 discard = Some(exs);
             }
-            Err(e) => {
-                if open {
-                    i.state = State::Failed;
-                }
-                let err = if open { e.0 } else { libc::ECANCELED };
-                q.push(Ev::conn(EVT_CONNECT, h, -1, err, ctx));
+            Err(e) if open => {
+                i.state = State::Failed;
+                q.push(Ev::conn(EVT_CONNECT, h, -1, e.0, ctx));
             }
+            Err(_) => {}
         }
     }
     // Dropping sends CLOSE and waits for it to leave: not under the socket's lock.
@@ -366,6 +395,8 @@ pub fn close(h: i32) -> Res<()> {
     let old = std::mem::replace(&mut s.lock().state, State::Closed);
     match old {
         State::Listening(l) => l.shutdown(),
+        // The connect completes now; its thread finds the socket closed and stays silent.
+        State::Connecting { q, ctx } => q.push(Ev::conn(EVT_CONNECT, h, -1, libc::ECANCELED, ctx)),
         State::Connected(exs) => {
             let _ = exs.close();
             // Dropping waits (up to a second) for the CLOSE frame to leave, so a program
@@ -410,7 +441,7 @@ pub fn fcntl(h: i32, cmd: i32, arg: i64) -> Res<i32> {
     }
     match i.state {
         State::Fresh { .. } | State::Failed => {}
-        State::Connecting | State::Connected(_) => return Err(Errno(libc::EISCONN)),
+        State::Connecting { .. } | State::Connected(_) => return Err(Errno(libc::EISCONN)),
         State::Listening(_) => return Err(Errno::INVAL),
         State::Closed => return Err(Errno::BADF),
     }

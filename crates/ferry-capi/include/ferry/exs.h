@@ -28,6 +28,39 @@
  *   exs_mderegister on its handle has returned 0. A buffer passed to exs_send or exs_recv
  *   belongs to ferry until its completion event has been dequeued: do not touch it before.
  *
+ * Contract details (one answer each; tests/c checks those marked *)
+ *   - Persistent send buffers: unlike other buffers, a buffer exposed with EXS_PERSISTENT
+ *     may be written while exposed (a producer updating values a peer samples). A peer's
+ *     exs_recv_offset copies whatever bytes are there when its read happens, with no
+ *     atomicity across bytes: put your own version or sequence field around the data.
+ *   - EXS_EVT_SEND len: the bytes the receiver took (see exs_event_t), and nothing else.
+ *   - exs_recv_offset of fewer bytes than the persistent send has from offset: err 0,
+ *     len = the bytes read (a sample, not a truncation: never EMSGSIZE). *
+ *   - exs_recv_offset at offset == the buffer's size: err 0, len 0. Past the size: err
+ *     EINVAL (a bad offset). exs_send_offset that does not fit the peer's persistent recv
+ *     buffer: err EMSGSIZE (a message too long for its buffer), nothing written. *
+ *   - Flags: unknown bits fail the call synchronously (-1/EINVAL, no event); a known but
+ *     invalid combination (EXS_NOTIFY_ON_READ without EXS_PERSISTENT) starts the operation
+ *     and fails it in its event with EINVAL. *
+ *   - Data calls on a connection that has ended (its EXS_EVT_CLOSE reported) return 0 and
+ *     complete at once with err ENOTCONN. *
+ *   - exs_connect completes when the peer's exs_accept has taken the connection and the
+ *     EXS handshake is done, not when the fabric connection is up: the connect timeout
+ *     covers the time the connection waits in the server's backlog.
+ *   - exs_qdelete while other threads wait in exs_qdequeue on q: they wake and fail with
+ *     EBADF. *
+ *   - exs_bind: a host (or shm name) longer than 255 bytes is EINVAL; nothing is resolved
+ *     there; exs_listen fails with EADDRNOTAVAIL if the host does not resolve. *
+ *   - exs_listen: a backlog above 4096 is taken as 4096, without error (as listen(2) caps
+ *     it at somaxconn).
+ *   - EXS_F_SET_SMALL_PACKET_MAX on both sides: a connection uses the smaller of the two
+ *     for both directions.
+ *   - ofi+shm: each socket's libfabric endpoint maps a region /dev/shm/NAME (16 MiB on
+ *     libfabric 1.17), removed when its last socket closes. A process that exits without
+ *     exs_close leaves it behind: a later listener of the same name replaces it, and the
+ *     regions of connecting sockets (ferryc-PID-...) of processes no longer alive are
+ *     removed by the next process that opens ofi+shm for a connect.
+ *
  * Build: cc app.c $(pkg-config --cflags --libs ferry)
  * Guide: docs/exs-c.md
  */
@@ -97,7 +130,13 @@ typedef int exs_mhandle_t;
  *             buffer holds its prefix, len = buffer length; or a send past the end of the
  *             peer's persistent recv buffer), EINVAL (bad flags or offset), ECANCELED
  *             (the socket was closed here first), EPIPE (the peer closed), ECONNRESET
- *             (the connection was lost), ECONNREFUSED / ETIMEDOUT (connect), EPROTO, EIO.
+ *             (the connection was lost), ENOTCONN (posted after the connection ended),
+ *             ECONNREFUSED / ETIMEDOUT (connect), EPROTO, EIO.
+ *             A peer that dies without exs_close (even killed with transfers in flight)
+ *             is noticed at once on tcp, and on ofi drivers after its keepalive heard
+ *             nothing for FERRY_OFI_PEER_TIMEOUT seconds (default 10, fractions allowed;
+ *             read when a socket first opens the driver): then every pending operation
+ *             completes exactly once with ECONNRESET and the close event says ECONNRESET.
  * - buf:      the buffer pointer given to the operation (NULL for exs_sendfile, accept,
  *             connect and close; the persistent buffer for EXS_EVT_READ_NOTIFY).
  * - len:      bytes transferred: for EXS_EVT_SEND the bytes the receiver took (fewer than
@@ -193,7 +232,9 @@ int exs_accept(int sock, exs_qhandle_t q, void *ctx);
  * follows: err 0 when the connection and the EXS handshake are up, else why it failed
  * (ECONNREFUSED, ETIMEDOUT after EXS_F_SET_CONNECT_TIMEOUT, ...), after which another
  * exs_connect may be tried on the same socket. The socket's own events (EXS_EVT_CLOSE) go
- * to q. Closing the socket meanwhile makes the connect complete with ECANCELED.
+ * to q. Closing the socket meanwhile makes the connect complete with ECANCELED at once.
+ * Nothing listening at url is ECONNREFUSED as soon as the driver can tell: at once on tcp
+ * and ofi+shm, within about 250 ms on ofi+tcp.
  */
 int exs_connect(int sock, const char *url, exs_qhandle_t q, void *ctx);
 
@@ -284,6 +325,8 @@ int exs_sendfile(int sock, int fd, off_t offset, size_t len, int flags, exs_qhan
  *   not a valid handle: EXS_POLLNVAL.
  * Event queues are the fast path; exs_poll looks at its sockets in short sleeps (up to
  * 1 ms), so use it for readiness, not for every message.
+ * As poll(2): nfds larger than RLIMIT_NOFILE's soft limit (e.g. (nfds_t)-1) fails with
+ * EINVAL before any entry is read; fds NULL with nfds > 0 fails with EFAULT.
  */
 int exs_poll(struct exs_pollfd *fds, nfds_t nfds, int timeout_ms);
 
@@ -331,6 +374,14 @@ exs_qhandle_t exs_qcreate(int depth);
  * (negative: forever; 0: do not wait) for the first. Returns how many were taken; 0 on
  * timeout. Events of one socket come in the order they happened, and an
  * EXS_EVT_ACCEPT/CONNECT comes before any event of the socket it announces.
+ * Busy polling: with timeout_ms 0 the calling thread itself handles the completions its
+ * queue's sockets have (no progress-thread wake-up or tick in between) and yields the CPU
+ * if there were none, so a loop of zero-timeout calls sees an event as soon as the driver
+ * has it; while such a loop runs, the sockets' progress threads stand by, and take over
+ * within half a millisecond once it stops. (The drivers' own threads still move bytes.)
+ * A blocking call (timeout_ms != 0) does the same for up to 50 us after the last
+ * completion before it sleeps. Measured with tests/c/latency.c, 10 B one-way, medians of
+ * 500: polling 13-35 us, blocking 13-60 us on tcp, ofi+tcp and ofi+shm.
  */
 int exs_qdequeue(exs_qhandle_t q, exs_event_t *evs, int max, int timeout_ms);
 
@@ -338,7 +389,7 @@ int exs_qdequeue(exs_qhandle_t q, exs_event_t *evs, int max, int timeout_ms);
  * Deletes a queue. Delete it only once nothing reports to it any more (its sockets
  * closed and their events dequeued): events arriving later are lost, and the memory of
  * operations whose events are lost stays busy for exs_mderegister until their sockets
- * close.
+ * close. Threads waiting in exs_qdequeue on q wake and fail with EBADF.
  */
 int exs_qdelete(exs_qhandle_t q);
 

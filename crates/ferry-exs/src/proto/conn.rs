@@ -161,8 +161,13 @@ impl<B: LocalBuf> Connection<B> {
     }
 
     /// The RMA `op` finished. An error fails that transfer (on both sides, as
-    /// [`ExsError::Transfer`]), not the connection.
+    /// [`ExsError::Transfer`]), not the connection; except [`ExsError::ConnectionReset`]
+    /// (the transport under the connection is gone), which closes the connection with it,
+    /// so this transfer and every other operation fail with ECONNRESET.
     pub fn rma_done(&mut self, op: OpId, result: Result<(), ExsError>) {
+        if result == Err(ExsError::ConnectionReset) {
+            self.shutdown(ExsError::ConnectionReset, None);
+        }
         let result = result.map_err(|_| ExsError::Transfer);
         if !self.write_done(op, result) {
             self.read_done(op, result);

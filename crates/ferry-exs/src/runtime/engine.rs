@@ -198,9 +198,9 @@ impl Engine {
                 self.conn
                     .frame_sent(id, c.result.map_err(|_| ExsError::ConnectionReset));
             }
-            Pending::Rma(op) => self.piece_done(op, c.result.map_err(|_| ExsError::Transfer)),
+            Pending::Rma(op) => self.piece_done(op, c.result.map_err(|e| rma_failure(&e))),
             Pending::Layout(op) => {
-                self.layout_piece_done(op, c.result.map_err(|_| ExsError::Transfer))
+                self.layout_piece_done(op, c.result.map_err(|e| rma_failure(&e)))
             }
         }
     }
@@ -386,4 +386,27 @@ pub(crate) fn mark_frame(tx: bool, bytes: &[u8]) {
         (false, _) => "exs.rx.other",
     };
     timeline::mark(what, id);
+}
+
+/// What a failed RMA means for its transfer: the fabric lost the connection underneath
+/// (the peer died, or the transport broke) fails the whole connection with ECONNRESET;
+/// anything else (a refused key, bounds) fails that transfer alone.
+fn rma_failure(e: &ferry_fabric::FabricError) -> ExsError {
+    use std::io::ErrorKind;
+    match e {
+        ferry_fabric::FabricError::ConnectionLost(_) => ExsError::ConnectionReset,
+        ferry_fabric::FabricError::Io { source, .. }
+            if matches!(
+                source.kind(),
+                ErrorKind::ConnectionReset
+                    | ErrorKind::ConnectionAborted
+                    | ErrorKind::BrokenPipe
+                    | ErrorKind::UnexpectedEof
+                    | ErrorKind::NotConnected
+            ) =>
+        {
+            ExsError::ConnectionReset
+        }
+        _ => ExsError::Transfer,
+    }
 }

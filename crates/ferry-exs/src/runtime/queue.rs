@@ -135,6 +135,52 @@ impl EventQueue {
         at != 0 && self.shared.epoch.elapsed().as_micros() < u128::from(at) + within.as_micros()
     }
 
+    /// For a caller that polls (`exs_qdequeue` with a zero timeout) and found no event:
+    /// handles the completions waiting on this queue's sockets on the calling thread, as a
+    /// blocking [`Self::dequeue`] does while it spins, so an event surfaces as soon as the
+    /// driver has its completion (look again with [`Self::try_dequeue`]). While a caller
+    /// keeps polling, the sockets' progress threads stand by (they take over within half a
+    /// millisecond once it stops). A look that finds nothing yields the CPU, so a caller
+    /// polling in a tight loop leaves the drivers' threads on a busy core room to run.
+    /// True if completions were handled.
+    pub fn drive_now(&self) -> bool {
+        let any = self.drive(&self.sources());
+        if !any {
+            std::thread::yield_now();
+        }
+        any
+    }
+
+    /// For a caller about to block elsewhere (on [`Self::wait_fd`], or an epoll set that
+    /// holds it, as the C API does): first handles the sockets' completions on the calling
+    /// thread while they keep coming, for up to [`SPIN`] after the last (never past
+    /// `deadline`), exactly as [`Self::dequeue`] does before it sleeps; then, if nothing
+    /// surfaced, hands progress back to the sockets' threads. True if an event waits.
+    pub fn spin_before_sleep(&self, deadline: Option<Instant>) -> bool {
+        let sources = self.sources();
+        let mut busy = Instant::now();
+        loop {
+            if !self.is_empty() {
+                return true;
+            }
+            if self.drive(&sources) {
+                busy = Instant::now();
+                continue;
+            }
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) || now - busy >= SPIN {
+                break;
+            }
+            std::thread::yield_now();
+        }
+        ferry_fabric::timeline::mark("exs.sleep", 0);
+        self.shared.driven_at.store(0, Ordering::Release);
+        for src in &sources {
+            src.wake();
+        }
+        !self.is_empty()
+    }
+
     /// Takes the next event without blocking.
     pub fn try_dequeue(&self) -> Option<ExsEvent> {
         let mut q = self.lock();

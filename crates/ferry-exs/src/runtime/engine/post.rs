@@ -103,7 +103,7 @@ impl Engine {
             if let Err(e) = res {
                 debug!(%e, "EXS RMA post failed");
                 self.pending.remove(&c);
-                failed = Err(ExsError::Transfer);
+                failed = Err(super::rma_failure(&e));
                 break;
             }
             posted += 1;

@@ -47,6 +47,96 @@ const CONNECT_RETRY: Duration = Duration::from_millis(10);
 /// without this, a recv waiting on a killed peer would wait forever.
 const PEER_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The first minor version of the control protocol that answers PINGs (1.1).
+const PING_MINOR: u16 = 1;
+
+/// The minor version in a control message's header (`magic "FOFI" | major u16 | minor u16`,
+/// frozen across versions, see `wire.rs`); 0 if the message is too short to say.
+fn peer_minor(msg: &[u8]) -> u16 {
+    msg.get(6..8)
+        .map_or(0, |b| u16::from_le_bytes([b[0], b[1]]))
+}
+
+/// The shm regions of the domains this process closed. libfabric 1.17's shm keeps a closed
+/// endpoint's name in its process-wide list (`ep_name_list`; `smr_free` unmaps the region
+/// but never removes the entry), and `fi_av_insert` of that name later maps to the unmapped
+/// region: SIGSEGV in `smr_cma_check`. So this process never inserts such a name again.
+static CLOSED_SHM_REGIONS: Mutex<std::collections::BTreeSet<String>> =
+    Mutex::new(std::collections::BTreeSet::new());
+
+/// Whether an shm peer can be reached: its region exists (a listener removes it when it
+/// closes: nobody listens there, ECONNREFUSED at once rather than a CONNECT timing out) and
+/// is not one this process closed (see [`CLOSED_SHM_REGIONS`]).
+fn shm_reachable(region: &str) -> Result<()> {
+    let refused = |why: String| {
+        FabricError::io(
+            why,
+            std::io::Error::from_raw_os_error(rustix::io::Errno::CONNREFUSED.raw_os_error()),
+        )
+    };
+    if lock(&CLOSED_SHM_REGIONS).contains(region) {
+        return Err(refused(format!(
+            "ofi+shm://{region} was closed by this process, which libfabric 1.17's shm cannot reach again"
+        )));
+    }
+    let exists = !region.contains('/') && std::path::Path::new("/dev/shm").join(region).exists();
+    if !exists {
+        return Err(refused(format!("nothing listens at ofi+shm://{region}")));
+    }
+    Ok(())
+}
+
+/// Tells a tcp listener that is not there. ofi_rxm 1.17 answers a send to a peer whose
+/// connection is refused with -FI_EAGAIN forever (`rxm_get_conn` restarts the connect each
+/// time; the refusal only reaches its log), so a CONNECT would wait out the whole connect
+/// timeout. While the CONNECT is not taken, this tries a plain TCP connection to the
+/// listener's port (after 50 ms, then every 250 ms): refused means nobody listens.
+struct RefusalProbe {
+    listener: Option<std::net::SocketAddr>,
+    next: Instant,
+}
+
+impl RefusalProbe {
+    /// The first probe comes after this long (a listener there takes the CONNECT at once).
+    const FIRST: Duration = Duration::from_millis(50);
+    /// Then one probe per this long.
+    const EVERY: Duration = Duration::from_millis(250);
+
+    /// The socket address to probe for a connect to `addr`: only for tcp providers, whose
+    /// listener is a TCP socket on the address's port (verbs' rdma_cm port is not).
+    fn target(addr: &Address) -> Option<std::net::SocketAddr> {
+        use std::net::ToSocketAddrs;
+        match &addr.scheme {
+            crate::Scheme::Ofi(p) if p.starts_with("tcp") && addr.port.is_some() => {
+                addr.host_port().to_socket_addrs().ok()?.next()
+            }
+            _ => None,
+        }
+    }
+
+    fn new(listener: Option<std::net::SocketAddr>) -> Self {
+        RefusalProbe {
+            listener,
+            next: Instant::now() + Self::FIRST,
+        }
+    }
+
+    /// Fails with ECONNREFUSED when a probe is due and refused.
+    fn check(&mut self) -> Result<()> {
+        let Some(at) = self.listener.filter(|_| Instant::now() >= self.next) else {
+            return Ok(());
+        };
+        self.next = Instant::now() + Self::EVERY;
+        match std::net::TcpStream::connect_timeout(&at, Self::EVERY) {
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Err(FabricError::io(
+                format!("connect to {at}: nothing listens there"),
+                e,
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// Keepalive timing: PING a connection quiet for `every`; give up after `limit`.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Keepalive {
@@ -91,6 +181,8 @@ pub(super) enum Reply {
 /// A CONNECT waiting for `accept`.
 struct ConnectRequest {
     major: u16,
+    /// The client's minor version (from 1 on it answers PINGs).
+    minor: u16,
     conn: u64,
     name: Vec<u8>,
 }
@@ -285,9 +377,18 @@ impl Shared {
         if let Some(&a) = av.get(name) {
             return Ok(a);
         }
+        if let Some(region) = self.shm_region(name) {
+            shm_reachable(&region)?;
+        }
         let a = self.fab.av_insert(name)?;
         av.insert(name.to_vec(), a);
         Ok(a)
+    }
+
+    /// The shm region name (`/dev/shm/NAME`) of a peer name, on the shm provider.
+    fn shm_region(&self, name: &[u8]) -> Option<String> {
+        let text = info::to_address(&self.addr, self.format, name).to_string();
+        text.strip_prefix("ofi+shm://").map(str::to_owned)
     }
 
     /// Sends a control message to `peer`: injected where it fits (all but CONNECT on the
@@ -317,27 +418,34 @@ impl Shared {
         }
         let region = self.register(&Buffer::from_slice(&bytes), Access::LOCAL)?;
         let run = move |sh: &Shared| {
-            sh.send_control_region(peer, region, None, Instant::now() + POST_STALL)
+            sh.send_control_region(peer, region, None, Instant::now() + POST_STALL, None)
         };
         self.gate.call(self, Job::new(run, fail))
     }
 
     /// Sends a registered control message, giving up at `deadline` if the provider keeps
     /// saying -FI_EAGAIN.
+    /// Sends a control message from `region`, retrying until `deadline`; for a CONNECT to
+    /// a tcp listener at `listener`, also fails once [`RefusalProbe`] finds nobody there.
     fn send_control_region(
         &self,
         peer: FiAddr,
         region: MemoryRegion,
         connect: Option<u64>,
         deadline: Instant,
+        listener: Option<std::net::SocketAddr>,
     ) -> Result<()> {
         let op = Op {
             slices: vec![region.full()],
             purpose: Purpose::ControlSend { connect },
         };
         let _inside = self.gate.enter_wait(self)?;
-        self.fab
-            .send(op, peer, CONTROL_TAG, 0, &mut self.again_until(deadline))?;
+        let mut again = self.again_until(deadline);
+        let mut probe = RefusalProbe::new(listener);
+        self.fab.send(op, peer, CONTROL_TAG, 0, &mut || {
+            again()?;
+            probe.check()
+        })?;
         self.wake();
         Ok(())
     }
@@ -398,20 +506,26 @@ impl Shared {
                 }
             }
         }
-        match msg.map(|m| Control::decode(&m)) {
-            Some(Ok(c)) => self.handle(c),
-            Some(Err(why)) => tracing::debug!("ignoring control message: {why}"),
+        match msg.map(|m| (peer_minor(&m), Control::decode(&m))) {
+            Some((minor, Ok(c))) => self.handle(c, minor),
+            Some((_, Err(why))) => tracing::debug!("ignoring control message: {why}"),
             None => {}
         }
     }
 
-    fn handle(&self, msg: Control) {
+    /// Handles a control message from a peer speaking minor version `minor`.
+    fn handle(&self, msg: Control, minor: u16) {
         match msg {
             Control::Connect { major, conn, name } => match &self.accept {
                 Some(q) if q.open.load(SeqCst) => {
                     let mut queue = lock(&q.queue);
                     if queue.len() < BACKLOG {
-                        queue.push_back(ConnectRequest { major, conn, name });
+                        queue.push_back(ConnectRequest {
+                            major,
+                            minor,
+                            conn,
+                            name,
+                        });
                         q.ready.notify_one();
                     }
                 }
@@ -424,7 +538,7 @@ impl Shared {
                         peer,
                         name,
                         reply: Some(tx),
-                    }) => match self.new_conn(target, conn, peer, &name) {
+                    }) => match self.new_conn(target, conn, peer, &name, minor) {
                         Ok(c) => {
                             if tx.try_send(Reply::Accepted(c)).is_err() {
                                 self.remove_conn(target);
@@ -630,13 +744,26 @@ impl Shared {
         }
     }
 
-    fn new_conn(&self, id: u64, peer_id: u64, peer: FiAddr, peer_name: &[u8]) -> Result<Arc<Conn>> {
+    /// Registers a new connection to a peer speaking minor version `peer_minor`.
+    fn new_conn(
+        &self,
+        id: u64,
+        peer_id: u64,
+        peer: FiAddr,
+        peer_name: &[u8],
+        peer_minor: u16,
+    ) -> Result<Arc<Conn>> {
         let conn = Arc::new(Conn::new(
             id,
             peer_id,
             peer,
             info::to_address(&self.addr, self.format, peer_name).to_string(),
         )?);
+        if peer_minor >= PING_MINOR {
+            // Known to answer PINGs from the start: a peer that dies before its first PONG
+            // is still noticed (otherwise it would be taken for a 1.0 peer, never timed out).
+            conn.heard(true);
+        }
         lock(&self.conns).insert(id, Arc::downgrade(&conn));
         Ok(conn)
     }
@@ -657,6 +784,9 @@ impl Shared {
     /// Lets what is in flight finish (for a while), cancels the rest, closes the endpoint, and
     /// fails whatever never completed.
     fn close(&self) {
+        if let Some(region) = self.shm_region(&self.name) {
+            lock(&CLOSED_SHM_REGIONS).insert(region);
+        }
         let deadline = Instant::now() + CLOSE_GRACE;
         // Operations in flight, and peers' RMAs into our regions (whose DONE arrives as a
         // control message), get a chance to finish.
@@ -847,6 +977,7 @@ impl DomainCore {
         let deadline = Instant::now() + timeout;
         let name = info::peer_name(addr, shared.format)?;
         let peer = shared.peer(&name)?;
+        let listener = RefusalProbe::target(addr);
         loop {
             let id = shared.next_conn.fetch_add(1, SeqCst);
             let (tx, rx) = mpsc::sync_channel(1);
@@ -865,7 +996,7 @@ impl DomainCore {
             };
             let sent = shared
                 .register(&Buffer::from_slice(&hello.encode_as(major)), Access::LOCAL)
-                .and_then(|r| shared.send_control_region(peer, r, Some(id), deadline));
+                .and_then(|r| shared.send_control_region(peer, r, Some(id), deadline, listener));
             if let Err(e) = sent {
                 lock(&shared.connecting).remove(&id);
                 // The provider never took the CONNECT: nobody there (shm), or still trying to
@@ -987,7 +1118,7 @@ impl Listener for OfiListener {
                 continue;
             }
             let id = shared.next_conn.fetch_add(1, SeqCst);
-            let conn = shared.new_conn(id, req.conn, peer, &req.name)?;
+            let conn = shared.new_conn(id, req.conn, peer, &req.name, req.minor)?;
             let yes = Control::Accept {
                 target: req.conn,
                 conn: id,
