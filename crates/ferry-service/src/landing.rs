@@ -248,29 +248,7 @@ impl SharedProgress {
 mod tests {
     use super::*;
 
-    fn tmp(tag: &str) -> std::path::PathBuf {
-        let p = std::env::temp_dir().join(format!("ferry-journal-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_file(&p);
-        p
-    }
-
-    fn open(p: &std::path::Path) -> File {
-        std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(p)
-            .unwrap()
-    }
-
-    fn set(r: &[(u64, u64)]) -> RangeSet {
-        let mut s = RangeSet::new();
-        for &(a, b) in r {
-            s.insert(a, b);
-        }
-        s
-    }
+    use crate::journal::tests::{open, set, tmp};
 
     #[test]
     fn prefix_waits_for_holes() {

@@ -168,17 +168,19 @@ fn read_up_to(f: &File, b: &mut [u8]) -> std::io::Result<usize> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::codec::{HEAD, MAGIC_V1, SLOT_V1};
     use super::*;
 
-    fn tmp(tag: &str) -> std::path::PathBuf {
+    /// A fresh path in the temporary directory for the test named `tag`.
+    pub(crate) fn tmp(tag: &str) -> std::path::PathBuf {
         let p = std::env::temp_dir().join(format!("ferry-journal-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_file(&p);
         p
     }
 
-    fn open(p: &std::path::Path) -> File {
+    /// Opens (creating) `p` for reading and writing, keeping its contents.
+    pub(crate) fn open(p: &std::path::Path) -> File {
         std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -188,7 +190,8 @@ mod tests {
             .unwrap()
     }
 
-    fn set(r: &[(u64, u64)]) -> RangeSet {
+    /// The range set of `r`.
+    pub(crate) fn set(r: &[(u64, u64)]) -> RangeSet {
         let mut s = RangeSet::new();
         for &(a, b) in r {
             s.insert(a, b);
