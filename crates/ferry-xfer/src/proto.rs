@@ -1354,21 +1354,13 @@ mod tests {
             })
             .collect();
         let rounds = 200_000;
-        let start = std::time::Instant::now();
-        for _ in 0..rounds {
-            for f in &frames {
-                let _ = std::hint::black_box(decode(std::hint::black_box(f)));
-            }
-        }
-        let ns = start.elapsed().as_nanos() as f64 / (rounds * frames.len()) as f64;
+        let ns = ferry_wire::bench::ns_per_decode(&frames, rounds, |f| decode(f).is_ok());
         println!("xfer decode: {ns:.1} ns/frame");
         if std::env::var_os("FERRY_DECODE_EACH").is_some() {
             for (f, (name, _)) in frames.iter().zip(golden_frames()) {
-                let start = std::time::Instant::now();
-                for _ in 0..rounds {
-                    let _ = std::hint::black_box(decode(std::hint::black_box(f)));
-                }
-                let ns = start.elapsed().as_nanos() as f64 / rounds as f64;
+                let ns = ferry_wire::bench::ns_per_decode(std::slice::from_ref(f), rounds, |f| {
+                    decode(f).is_ok()
+                });
                 println!("  {name}: {ns:.1} ns");
             }
         }

@@ -304,106 +304,9 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    #[test]
-    fn round_trips() {
-        for m in [
-            Control::Connect {
-                major: MAJOR,
-                conn: 7,
-                name: b"fi_shm://x".to_vec(),
-            },
-            Control::Accept { target: 7, conn: 9 },
-            Control::Refuse {
-                target: 7,
-                major: MAJOR,
-            },
-            Control::Disconnect {
-                target: 1,
-                sender: 2,
-                sent: 3,
-            },
-            Control::RmaRequest {
-                target: 1,
-                sender: 2,
-                token: 3,
-                remote: RemoteSlice {
-                    addr: 4,
-                    len: 5,
-                    key: 6,
-                },
-                write: true,
-            },
-            Control::RmaAnswer {
-                target: 1,
-                token: 2,
-                status: 3,
-            },
-            Control::RmaDone {
-                target: 1,
-                sender: 2,
-                token: 3,
-            },
-            Control::Ping {
-                target: 1,
-                sender: 2,
-            },
-            Control::Pong {
-                target: 1,
-                sender: 2,
-            },
-        ] {
-            // All but CONNECT fit ofi_rxm's 64-byte inject size, so they need no registration.
-            assert!(m.encode().len() <= 64 || matches!(m, Control::Connect { .. }));
-            assert_eq!(Control::decode(&m.encode()), Ok(m));
-        }
-    }
-
-    #[test]
-    fn other_major_decodes_only_as_connect_or_refuse() {
-        let c = Control::Connect {
-            major: MAJOR + 1,
-            conn: 1,
-            name: vec![1],
-        };
-        assert_eq!(Control::decode(&c.encode_as(MAJOR + 1)), Ok(c));
-        let a = Control::Accept { target: 1, conn: 2 };
-        assert!(Control::decode(&a.encode_as(MAJOR + 1)).is_err());
-        let r = Control::Refuse {
-            target: 1,
-            major: MAJOR + 1,
-        };
-        assert_eq!(Control::decode(&r.encode_as(MAJOR + 1)), Ok(r));
-    }
-
-    #[test]
-    fn rejects_bad_names_and_short_input() {
-        let mut m = Control::Connect {
-            major: MAJOR,
-            conn: 1,
-            name: vec![0; 4],
-        }
-        .encode();
-        m.truncate(m.len() - 1);
-        assert!(Control::decode(&m).is_err());
-        assert!(Control::decode(b"FOFI").is_err());
-        assert!(Control::decode(b"XXXX\x01\x00\x00\x00\x02").is_err());
-    }
-
-    proptest! {
-        #[test]
-        fn decode_never_panics(b in proptest::collection::vec(any::<u8>(), 0..400)) {
-            let _ = Control::decode(&b);
-            let mut framed = MAGIC.to_vec();
-            framed.extend_from_slice(&b);
-            let _ = Control::decode(&framed);
-        }
-    }
-
-    /// The bytes of one message of every kind, as the hand-written codec produced them: the
-    /// wire must not change.
-    #[test]
-    fn golden_bytes() {
-        let msgs = [
+    /// One message of every kind (and each layout), as the golden bytes below encode them.
+    fn examples() -> Vec<Control> {
+        vec![
             Control::Connect {
                 major: MAJOR,
                 conn: 0x0102_0304_0506_0708,
@@ -459,8 +362,64 @@ mod tests {
                 target: 3,
                 sender: 4,
             },
-        ];
-        let got: Vec<String> = msgs
+        ]
+    }
+
+    #[test]
+    fn round_trips() {
+        for m in examples() {
+            // All but CONNECT fit ofi_rxm's 64-byte inject size, so they need no registration.
+            assert!(m.encode().len() <= 64 || matches!(m, Control::Connect { .. }));
+            assert_eq!(Control::decode(&m.encode()), Ok(m));
+        }
+    }
+
+    #[test]
+    fn other_major_decodes_only_as_connect_or_refuse() {
+        let c = Control::Connect {
+            major: MAJOR + 1,
+            conn: 1,
+            name: vec![1],
+        };
+        assert_eq!(Control::decode(&c.encode_as(MAJOR + 1)), Ok(c));
+        let a = Control::Accept { target: 1, conn: 2 };
+        assert!(Control::decode(&a.encode_as(MAJOR + 1)).is_err());
+        let r = Control::Refuse {
+            target: 1,
+            major: MAJOR + 1,
+        };
+        assert_eq!(Control::decode(&r.encode_as(MAJOR + 1)), Ok(r));
+    }
+
+    #[test]
+    fn rejects_bad_names_and_short_input() {
+        let mut m = Control::Connect {
+            major: MAJOR,
+            conn: 1,
+            name: vec![0; 4],
+        }
+        .encode();
+        m.truncate(m.len() - 1);
+        assert!(Control::decode(&m).is_err());
+        assert!(Control::decode(b"FOFI").is_err());
+        assert!(Control::decode(b"XXXX\x01\x00\x00\x00\x02").is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn decode_never_panics(b in proptest::collection::vec(any::<u8>(), 0..400)) {
+            let _ = Control::decode(&b);
+            let mut framed = MAGIC.to_vec();
+            framed.extend_from_slice(&b);
+            let _ = Control::decode(&framed);
+        }
+    }
+
+    /// The bytes of one message of every kind, as the hand-written codec produced them: the
+    /// wire must not change.
+    #[test]
+    fn golden_bytes() {
+        let got: Vec<String> = examples()
             .iter()
             .map(|m| m.encode().iter().map(|b| format!("{b:02x}")).collect())
             .collect();
@@ -487,21 +446,9 @@ mod tests {
     fn decode_speed() {
         let frames: Vec<Vec<u8>> = GOLDEN
             .iter()
-            .map(|h| {
-                (0..h.len())
-                    .step_by(2)
-                    .map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap())
-                    .collect()
-            })
+            .map(|h| ferry_wire::bench::from_hex(h))
             .collect();
-        let rounds = 200_000;
-        let start = std::time::Instant::now();
-        for _ in 0..rounds {
-            for f in &frames {
-                let _ = std::hint::black_box(Control::decode(std::hint::black_box(f)));
-            }
-        }
-        let ns = start.elapsed().as_nanos() as f64 / (rounds * frames.len()) as f64;
+        let ns = ferry_wire::bench::ns_per_decode(&frames, 200_000, Control::decode);
         println!("ofi control decode: {ns:.1} ns/frame");
     }
 }

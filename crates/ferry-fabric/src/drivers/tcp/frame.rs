@@ -484,21 +484,9 @@ mod tests {
     fn decode_speed() {
         let frames: Vec<Vec<u8>> = GOLDEN
             .iter()
-            .map(|h| {
-                (0..h.len())
-                    .step_by(2)
-                    .map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap())
-                    .collect()
-            })
+            .map(|h| ferry_wire::bench::from_hex(h))
             .collect();
-        let rounds = 200_000;
-        let start = std::time::Instant::now();
-        for _ in 0..rounds {
-            for f in &frames {
-                let _ = std::hint::black_box(decode(std::hint::black_box(f)));
-            }
-        }
-        let ns = start.elapsed().as_nanos() as f64 / (rounds * frames.len()) as f64;
+        let ns = ferry_wire::bench::ns_per_decode(&frames, 200_000, decode);
         println!("tcp decode: {ns:.1} ns/frame");
     }
 }
