@@ -51,7 +51,27 @@ pub fn on_unrecoverable(hook: fn(&str)) {
 /// stuck provider's own cleanup at exit would spin like its stuck thread. For the hook
 /// installed with [`on_unrecoverable`].
 pub fn exit_now(code: i32) -> ! {
-    crate::drivers::ofi::exit_now(code)
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    // Never block here: the thread that registers may be the stuck one.
+    if let Ok(cleanups) = BEFORE_EXIT.try_lock() {
+        for cleanup in cleanups.iter() {
+            cleanup();
+        }
+    }
+    crate::sys::exit_immediately(code)
+}
+
+/// Cleanups [`exit_now`] runs before it exits (a driver's: unlinking its names in shared
+/// memory), since it skips the process's exit handlers.
+static BEFORE_EXIT: std::sync::Mutex<Vec<fn()>> = std::sync::Mutex::new(Vec::new());
+
+/// Registers `cleanup` to run in [`exit_now`]; a driver calls it once.
+pub(crate) fn before_exit_now(cleanup: fn()) {
+    if let Ok(mut cleanups) = BEFORE_EXIT.lock() {
+        cleanups.push(cleanup);
+    }
 }
 
 /// A driver declares itself stuck for good, with why: the first verdict of the process is

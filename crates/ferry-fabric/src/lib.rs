@@ -34,6 +34,8 @@ mod health;
 #[allow(unsafe_code)] // memory: page-aligned buffers, mappings, views for the fabric.
 pub mod mem;
 pub mod rcache;
+#[allow(unsafe_code)] // FFI: libc calls outside any driver.
+mod sys;
 pub mod timeline;
 
 use std::sync::Arc;

@@ -402,19 +402,6 @@ extern "C" fn unlink_regions_at_exit() {
     }
 }
 
-/// Ends the process with `code` at once, without exit handlers or destructors: libfabric's
-/// own cleanup at exit would touch the wedged provider (`wedge.rs`) and spin like the stuck
-/// thread. Our shm region names are unlinked first (that only removes names); stdout and
-/// stderr are flushed.
-pub fn exit_now(code: i32) -> ! {
-    use std::io::Write;
-    let _ = std::io::stdout().flush();
-    let _ = std::io::stderr().flush();
-    unlink_regions_at_exit();
-    // SAFETY: _exit takes no pointers and never returns; skipping destructors is the point.
-    unsafe { libc::_exit(code) }
-}
-
 /// An endpoint's entry in [`LOCAL_EPS`], removed when dropped (after the endpoint closed).
 struct LocalName {
     id: u64,
@@ -721,9 +708,11 @@ impl Fabric {
         if fab.shares_local {
             static NEXT: AtomicU64 = AtomicU64::new(0);
             static AT_EXIT: std::sync::Once = std::sync::Once::new();
-            // SAFETY: registering a plain extern "C" fn with no captured state.
-            AT_EXIT.call_once(|| unsafe {
-                libc::atexit(unlink_regions_at_exit);
+            AT_EXIT.call_once(|| {
+                // SAFETY: registering a plain extern "C" fn with no captured state.
+                unsafe { libc::atexit(unlink_regions_at_exit) };
+                // `exit_now` skips atexit handlers; the names must go then too.
+                crate::health::before_exit_now(|| unlink_regions_at_exit());
             });
             let id = NEXT.fetch_add(1, SeqCst);
             let key = local_key(&fab.getname()?);

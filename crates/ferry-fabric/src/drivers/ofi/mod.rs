@@ -74,7 +74,6 @@ mod rma;
 mod wedge;
 mod wire;
 
-pub(crate) use ffi::exit_now;
 pub use wedge::{wedged_error, WEDGE_MESSAGE, WEDGE_TIMEOUT};
 
 use std::sync::{Arc, Mutex, MutexGuard};
