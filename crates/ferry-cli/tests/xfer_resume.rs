@@ -996,9 +996,10 @@ fn stopped_server_is_not_dead_ofi_shm() {
         let o = finish(c);
         assert!(
             o.status.success(),
-            "{what} failed across a 3 s SIGSTOP of the server: {:?} {}",
+            "{what} failed across a 3 s SIGSTOP of the server: {:?} {}\nserver log:\n{}",
             o.status.code(),
-            String::from_utf8_lossy(&o.stderr)
+            String::from_utf8_lossy(&o.stderr),
+            std::fs::read_to_string(&s.log).unwrap_or_default()
         );
         let v = ok(&o);
         eprintln!("{what} done {:?} after SIGCONT", resumed.elapsed());

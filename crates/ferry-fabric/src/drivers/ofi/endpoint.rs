@@ -114,9 +114,11 @@ impl Conn {
     /// where the peer's pid is known) is waited for.
     pub fn liveness(&self, every: Duration, limit: Duration) -> Liveness {
         let now = self.now_ms();
+        // Never looked at yet counts from the connection's birth (0): a connection whose
+        // first look comes after a stop of this process is forgiven like any other.
         let looked = self.looked_ms.swap(now, SeqCst);
         let pause = (limit / 2).min(Duration::from_secs(2));
-        if looked > 0 && u128::from(now.saturating_sub(looked)) > pause.as_millis() {
+        if u128::from(now.saturating_sub(looked)) > pause.as_millis() {
             self.heard_ms.fetch_max(now, SeqCst);
         }
         let mut silent = now.saturating_sub(self.heard_ms.load(SeqCst));
