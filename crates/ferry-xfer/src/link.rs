@@ -908,7 +908,12 @@ pub fn staging_threads() -> bool {
 type SyncReply = (Vec<(u64, u32)>, Option<XferError>);
 
 enum ToWriter {
-    Block(Vec<u8>),
+    /// A block, its payload at `bytes[at..]` (a whole received frame, or the payload alone).
+    Block {
+        block: Block,
+        bytes: Vec<u8>,
+        at: usize,
+    },
     Sync(std::sync::mpsc::SyncSender<SyncReply>),
 }
 
@@ -964,9 +969,9 @@ impl BlockWriter {
                 let mut fatal: Option<XferError> = None;
                 for m in rx {
                     match m {
-                        ToWriter::Block(bytes) => {
+                        ToWriter::Block { block, bytes, at } => {
                             if fatal.is_none() {
-                                if let Err(e) = write_block(&mut sink, Some(&file), &bytes) {
+                                if let Err(e) = sink.block(Some(&file), &block, &bytes[at..]) {
                                     fatal = Some(e);
                                 }
                             }
@@ -1001,20 +1006,6 @@ impl BlockWriter {
         }
     }
 
-    /// Checks and writes one BLOCK message read in place from the receive buffer (no copy),
-    /// on the calling thread; for a threaded writer the bytes are copied to it.
-    pub fn push_slice(&mut self, bytes: &[u8]) -> Result<()> {
-        match &mut self.inner {
-            WriterKind::Inline(sink, file, _) => write_block(sink, file.as_ref(), bytes),
-            WriterKind::Thread { .. } => {
-                let mut v = self.spare();
-                v.clear();
-                v.extend_from_slice(bytes);
-                self.push(v)
-            }
-        }
-    }
-
     /// Takes a whole file that came in one FILE frame, checked against the file's BLAKE3
     /// instead of its CRC (see [`BlockSink::whole_file`]).
     pub fn push_file(&mut self, h: &BlockHeader, payload: &[u8], blake3: &[u8; 32]) -> Result<()> {
@@ -1026,19 +1017,17 @@ impl BlockWriter {
         }
     }
 
-    /// Checks and writes one block given as its header and payload (the block of a FILE
-    /// frame), like [`BlockWriter::push_slice`] does for a BLOCK frame.
+    /// Checks and writes one block given as its decoded header and its payload (in place in
+    /// the receive buffer, or the block of a FILE frame): on the calling thread, or for a
+    /// threaded writer with the payload copied to it. The frame is decoded once, by the caller.
     pub fn push_block(&mut self, h: &BlockHeader, payload: &[u8]) -> Result<()> {
         match &mut self.inner {
             WriterKind::Inline(sink, file, _) => sink.block(file.as_ref(), &block_of(h), payload),
             WriterKind::Thread { .. } => {
-                let head = proto::encode_block_header(h)
-                    .map_err(|e| XferError::conn(format!("encode block: {e}")))?;
                 let mut v = self.spare();
                 v.clear();
-                v.extend_from_slice(&head);
                 v.extend_from_slice(payload);
-                self.push(v)
+                self.push(h, v, 0)
             }
         }
     }
@@ -1048,16 +1037,18 @@ impl BlockWriter {
         self.pool.try_recv().unwrap_or_default()
     }
 
-    /// Hands over one BLOCK message (its bytes); blocks while the ring is full.
-    pub fn push(&mut self, bytes: Vec<u8>) -> Result<()> {
+    /// Hands over one block whose header the caller decoded, its payload at `bytes[at..]`
+    /// (the received frame itself, no copy); blocks while the ring is full.
+    pub fn push(&mut self, h: &BlockHeader, bytes: Vec<u8>, at: usize) -> Result<()> {
+        let block = block_of(h);
         match &mut self.inner {
             WriterKind::Inline(sink, file, back) => {
-                let res = write_block(sink, file.as_ref(), &bytes);
+                let res = sink.block(file.as_ref(), &block, &bytes[at..]);
                 let _ = back.send(bytes);
                 res
             }
             WriterKind::Thread { tx, .. } => tx
-                .send(ToWriter::Block(bytes))
+                .send(ToWriter::Block { block, bytes, at })
                 .map_err(|_| XferError::conn("the disk writer thread stopped")),
         }
     }
@@ -1096,14 +1087,6 @@ impl BlockWriter {
         };
         sink.settle();
         Ok(sink)
-    }
-}
-
-fn write_block(sink: &mut BlockSink, file: Option<&std::fs::File>, bytes: &[u8]) -> Result<()> {
-    match proto::decode(bytes) {
-        Ok((Msg::Block(h), payload)) => sink.block(file, &block_of(&h), payload),
-        Ok((m, _)) => Err(XferError::conn(format!("expected a BLOCK, got {m:?}"))),
-        Err(e) => Err(XferError::conn(format!("the peer sent a bad frame: {e}"))),
     }
 }
 

@@ -577,7 +577,7 @@ impl Client {
                             .get_mut(&h.file_id)
                             .and_then(|dl| dl.writer.as_mut())
                             .ok_or_else(|| XferError::conn("BLOCK of no transfer in progress"))?;
-                        writer.push_slice(bytes)?;
+                        writer.push_block(&h, payload)?;
                         progress.add(u64::from(h.len));
                         *wire += u64::from(h.len);
                         Ok(vec![msg])

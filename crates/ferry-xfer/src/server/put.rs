@@ -208,8 +208,9 @@ impl Server {
                 Err(e) => return keep(writer, e),
             }
             let (blake3, length) = match proto::decode(&buf) {
-                Ok((Msg::Block(_), _)) => {
-                    if let Err(e) = writer.push(std::mem::take(&mut buf)) {
+                Ok((Msg::Block(h), payload)) => {
+                    let at = buf.len() - payload.len();
+                    if let Err(e) = writer.push(&h, std::mem::take(&mut buf), at) {
                         return keep(writer, e);
                     }
                     continue;
@@ -261,7 +262,7 @@ impl Server {
         let mut rounds = 0;
         loop {
             let step = link.recv_with(|buf| match proto::decode(buf) {
-                Ok((Msg::Block(_), _)) => writer.push_slice(buf).map(|()| None),
+                Ok((Msg::Block(h), payload)) => writer.push_block(&h, payload).map(|()| None),
                 Ok((Msg::FileDone { blake3, length, .. }, _)) => Ok(Some(Some((blake3, length)))),
                 Ok((Msg::Error { .. }, _)) => Ok(Some(None)),
                 Ok((m, _)) => Err(XferError::conn(format!(
