@@ -6,7 +6,14 @@
  * way: its median may be at most 3 x blocking's + 200 us (loose, for a shared CI host; a
  * zero-timeout dequeue used to wait for a progress thread's tick: 5-8 ms against 40-60 us).
  *
- *   latency server LISTEN_URL ADDR_FILE     latency client ADDR
+ *   latency server LISTEN_URL ADDR_FILE [ROUNDS WARM SMALL_MAX]
+ *   latency client ADDR [ROUNDS WARM SMALL_MAX]
+ *
+ * The optional arguments (the same on both sides) are what `ferry bench exs` runs for its
+ * C-API row: ROUNDS recorded round trips after WARM unrecorded ones, and
+ * EXS_F_SET_SMALL_PACKET_MAX set to SMALL_MAX on the client (0: normal mode, every message
+ * read by RMA as the bench's normal row does); without them 500 rounds, no warm-up, the
+ * default small packet size (10 bytes then travel as immediate data).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <time.h>
@@ -15,6 +22,34 @@
 
 #define ROUNDS 500
 #define LEN 10
+
+/* The optional arguments after the role's own: ROUNDS WARM SMALL_MAX (SMALL_MAX -1: the
+ * default). */
+struct opts {
+    long rounds, warm, small;
+};
+
+static long number(const char *s, long lo, long hi)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    CHECK(*s && !*end && errno == 0 && v >= lo && v <= hi, "bad number %s", s);
+    return v;
+}
+
+static struct opts parse_opts(int argc, char **argv, int first)
+{
+    struct opts o = {ROUNDS, 0, -1};
+    if (argc == first)
+        return o;
+    if (argc != first + 3)
+        usage(argv[0]);
+    o.rounds = number(argv[first], 1, 10000000);
+    o.warm = number(argv[first + 1], 0, 10000000);
+    o.small = number(argv[first + 2], 0, 65536);
+    return o;
+}
 
 static double now_us(void)
 {
@@ -70,45 +105,71 @@ int main(int argc, char **argv)
     OK(smh);
     OK(rmh);
     int s, l = -1;
+    struct opts o = parse_opts(argc, argv, server ? 4 : 3);
     if (server) {
-        if (argc != 4)
+        if (argc < 4)
             usage(argv[0]);
         l = listen_on(argv[2], argv[3]);
         s = accept_one(l, q);
     } else {
         s = exs_socket(AF_UNSPEC, EXS_SOCK_SEQPACKET, 0);
         OK(s);
+        /* The connection uses the smaller of the two sides' settings (exs.h), so the
+         * client's alone decides here. */
+        if (o.small >= 0)
+            OK(exs_fcntl(s, EXS_F_SET_SMALL_PACKET_MAX, (int)o.small));
         connect_to(s, argv[2], q);
     }
-    static double t[ROUNDS];
+    uint64_t total = (uint64_t)(o.warm + o.rounds);
+    double *t = malloc((size_t)o.rounds * sizeof *t);
+    CHECK(t != NULL, "%s", "malloc");
     double median[2];
     for (int polling = 0; polling < 2; polling++) {
-        for (uint64_t r = 0; r < ROUNDS; r++) {
+        /* The server keeps a recv posted for the next ping, as `ferry bench exs`'s peer
+         * does: re-posted as soon as a ping is in, before the answer goes out. */
+        int ping_in = 0;
+        if (server)
+            OK(exs_recv(s, rbuf, LEN, 0, rmh, q, ctx_of(1)));
+        for (uint64_t r = 0; r < total; r++) {
             uint64_t seed = 2 * r + (uint64_t)server;
             fill(sbuf, LEN, seed);
             double t0 = now_us();
-            OK(exs_recv(s, rbuf, LEN, 0, rmh, q, ctx_of(1)));
             if (server) {
-                /* Answer once the ping is in. */
-                exs_event_t ev = next(q, polling);
-                CHECK(ev.context == ctx_of(1), "expected the recv");
+                /* Answer once the ping is in (it may have come while the last answer's
+                 * send completed). */
+                if (!ping_in) {
+                    exs_event_t ev = next(q, polling);
+                    CHECK(ev.context == ctx_of(1), "expected the recv");
+                }
+                ping_in = 0;
                 CHECK(verify(rbuf, LEN, seed - 1) == LEN, "bytes differ");
+                if (r + 1 < total)
+                    OK(exs_recv(s, rbuf, LEN, 0, rmh, q, ctx_of(1)));
                 OK(exs_send(s, sbuf, LEN, 0, smh, q, ctx_of(2)));
-                next(q, polling);
+                for (;;) {
+                    exs_event_t ev = next(q, polling);
+                    if (ev.context == ctx_of(2))
+                        break;
+                    CHECK(ev.context == ctx_of(1) && !ping_in, "%s", "unexpected event");
+                    ping_in = 1;
+                }
             } else {
+                OK(exs_recv(s, rbuf, LEN, 0, rmh, q, ctx_of(1)));
                 OK(exs_send(s, sbuf, LEN, 0, smh, q, ctx_of(2)));
                 round_done(q, polling, rbuf, seed + 1);
             }
-            t[r] = (now_us() - t0) / 2;
+            if (r >= (uint64_t)o.warm)
+                t[r - (uint64_t)o.warm] = (now_us() - t0) / 2;
         }
-        qsort(t, ROUNDS, sizeof t[0], cmp);
-        median[polling] = t[ROUNDS / 2];
+        qsort(t, (size_t)o.rounds, sizeof t[0], cmp);
+        median[polling] = t[o.rounds / 2];
     }
+    free(t);
     CHECK(median[1] <= 3 * median[0] + 200, "polling %.1f us against blocking %.1f us",
           median[1], median[0]);
     if (!server)
-        printf("%s: one-way latency, %d B, median of %d: blocking %.1f us, polling %.1f us\n",
-               g_role, LEN, ROUNDS, median[0], median[1]);
+        printf("%s: one-way latency, %d B, median of %ld: blocking %.2f us, polling %.2f us\n",
+               g_role, LEN, o.rounds, median[0], median[1]);
     if (server) {
         wait_event(q, EXS_EVT_CLOSE, NULL);
         OK(exs_close(s));

@@ -162,6 +162,12 @@ fn exs_quick_json_has_the_summary_keys() {
         "large_vs_fabric_tcp",
         "tcp_exs_vs_socket",
         "socket_gbps",
+        // The C-API ping-pong (tests/c/latency.c built against libferry at run time) and
+        // the polling one, each against the blocking Rust ping-pong.
+        "capi_vs_rust_latency",
+        "capi_vs_rust_latency_tcp",
+        "poll_vs_block_latency",
+        "poll_vs_block_latency_tcp",
     ] {
         let x = v["summary"][k].as_f64();
         assert!(
@@ -172,11 +178,21 @@ fn exs_quick_json_has_the_summary_keys() {
     }
     // Drivers not asked for are null, never guessed.
     assert!(v["summary"]["large_vs_fabric_ofi_shm"].is_null());
+    assert!(v["summary"]["capi_vs_rust_latency_ofi_shm"].is_null());
+    assert!(v["summary"]["poll_vs_block_latency_ofi_tcp"].is_null());
     let rows = v["rows"].as_array().expect("rows is an array");
     for r in rows {
         assert!(r["error"].is_null(), "failed row: {r}");
     }
-    for mode in ["normal", "immediate", "persistent", "fabric-read", "blast"] {
+    for mode in [
+        "normal",
+        "immediate",
+        "persistent",
+        "poll",
+        "capi",
+        "fabric-read",
+        "blast",
+    ] {
         assert!(rows.iter().any(|r| r["mode"] == mode), "no {mode} row");
     }
     let targets = v["targets"].as_array().expect("targets");

@@ -66,6 +66,16 @@ impl Mode {
     }
 }
 
+/// How a side waits for its next event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    /// A blocking dequeue (`exs_qdequeue(q, ev, 1, timeout)`).
+    Block,
+    /// Polling: zero-timeout dequeues in a loop (`exs_qdequeue(q, ev, 1, 0)`), through the
+    /// same runtime calls the C API's zero-timeout dequeue makes.
+    Poll,
+}
+
 /// One EXS connection, its event queue, and one registered region carved into slots.
 pub struct Conn {
     /// The socket.
@@ -107,16 +117,42 @@ impl Conn {
 
     /// The next event, which must have succeeded and be a Send or Recv.
     pub fn next(&self) -> Result<ExsEvent> {
-        let ev = self
-            .queue
-            .dequeue(OP_TIMEOUT)
-            .with_context(|| format!("no EXS event within {OP_TIMEOUT:?}"))?;
+        self.next_with(Wait::Block)
+    }
+
+    /// The next event, waited for as `wait` says; it must have succeeded and be a Send or
+    /// Recv.
+    pub fn next_with(&self, wait: Wait) -> Result<ExsEvent> {
+        let ev = match wait {
+            Wait::Block => self.queue.dequeue(OP_TIMEOUT),
+            Wait::Poll => self.poll(),
+        };
+        let ev = ev.with_context(|| format!("no EXS event within {OP_TIMEOUT:?}"))?;
         if let Err(e) = ev.result {
             bail!("EXS {:?} (ctx {}) failed: {e}", ev.kind, ev.ctx);
         }
         match ev.kind {
             EventKind::Send | EventKind::Recv => Ok(ev),
             k => bail!("unexpected EXS event {k:?}"),
+        }
+    }
+
+    /// Zero-timeout dequeues until an event comes (None after [`OP_TIMEOUT`]): each one is
+    /// what the C API's `exs_qdequeue(q, ev, 1, 0)` does, a look at the queue and, if it is
+    /// empty, the completions handled on this thread (`drive_now`) and another look.
+    fn poll(&self) -> Option<ExsEvent> {
+        let deadline = Instant::now() + OP_TIMEOUT;
+        loop {
+            if let Some(ev) = self.queue.try_dequeue() {
+                return Some(ev);
+            }
+            self.queue.drive_now();
+            if let Some(ev) = self.queue.try_dequeue() {
+                return Some(ev);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
         }
     }
 

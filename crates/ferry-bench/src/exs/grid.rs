@@ -15,6 +15,8 @@ pub const LARGE: usize = 16 * MIB;
 pub const STREAM_WINDOW: usize = 8;
 /// Latency payloads.
 pub const LATENCY_SIZES: [usize; 3] = [1, 10, 100];
+/// The payload of the polling and C-API ping-pongs (and of the summary's latency ratios).
+pub const PING: usize = 10;
 
 /// How much to measure.
 pub struct Plan {
@@ -106,6 +108,11 @@ pub enum Kind {
     Stream(Mode, usize, usize),
     /// EXS latency: payload.
     Latency(Mode, usize),
+    /// The normal-mode ping-pong with both sides polling (zero-timeout dequeues): payload.
+    PollLatency(usize),
+    /// The normal-mode ping-pong through libferry's C API (`tests/c/latency.c`, blocking
+    /// dequeues, both sides C programs): payload.
+    CapiLatency(usize),
     /// The driver's raw fabric RMA read bandwidth at this size.
     FabricRead(usize),
     /// The plain TCP socket blast at this write size.
@@ -167,7 +174,8 @@ impl Cell {
     pub fn mode(&self) -> Option<Mode> {
         match self.kind {
             Kind::Stream(m, ..) | Kind::Latency(m, _) => Some(m),
-            Kind::FabricRead(_) | Kind::Blast(_) => None,
+            Kind::PollLatency(_) => Some(Mode::Normal),
+            Kind::CapiLatency(_) | Kind::FabricRead(_) | Kind::Blast(_) => None,
         }
     }
 
@@ -179,6 +187,8 @@ impl Cell {
         let (mode, size, inflight, latency) = match self.kind {
             Kind::Stream(m, s, w) => (m.name(), s, Some(w), false),
             Kind::Latency(m, s) => (m.name(), s, None, true),
+            Kind::PollLatency(s) => ("poll", s, None, true),
+            Kind::CapiLatency(s) => ("capi", s, None, true),
             Kind::FabricRead(s) => ("fabric-read", s, None, false),
             Kind::Blast(s) => ("blast", s, None, false),
         };
@@ -201,7 +211,8 @@ impl Cell {
 }
 
 /// The cells of one driver, in the order a session measures them: per mode, the size sweep,
-/// then (normal) the in-flight sweep, then latency; last the fabric reference.
+/// then (normal) the in-flight sweep, then latency (normal: and the polling ping-pong); then
+/// the C-API ping-pong; last the fabric reference.
 pub fn grid_of(driver: &str, plan: &Plan) -> Vec<Cell> {
     let mut cells = Vec::new();
     for mode in Mode::ALL {
@@ -222,6 +233,12 @@ pub fn grid_of(driver: &str, plan: &Plan) -> Vec<Cell> {
         for &s in &plan.latency_sizes {
             cells.push(Cell::new(driver, "latency", Kind::Latency(mode, s)));
         }
+        if mode == Mode::Normal && plan.latency_sizes.contains(&PING) {
+            cells.push(Cell::new(driver, "latency", Kind::PollLatency(PING)));
+        }
+    }
+    if plan.latency_sizes.contains(&PING) {
+        cells.push(Cell::new(driver, "latency", Kind::CapiLatency(PING)));
     }
     cells.push(Cell::new(driver, "stream", Kind::FabricRead(LARGE)));
     cells
@@ -246,7 +263,9 @@ mod tests {
             .iter()
             .filter(|c| matches!(c.kind, Kind::Stream(Mode::Immediate, ..)));
         assert_eq!(imm.count(), 5, "immediate stops at 64 KiB");
-        assert_eq!(g.iter().filter(|c| c.op == "latency").count(), 9);
+        assert_eq!(g.iter().filter(|c| c.op == "latency").count(), 11);
+        assert!(g.iter().any(|c| c.kind == Kind::PollLatency(PING)));
+        assert!(g.iter().any(|c| c.kind == Kind::CapiLatency(PING)));
         assert_eq!(g.last().map(|c| c.kind), Some(Kind::FabricRead(LARGE)));
         let large = grid_of("ofi+shm", &Plan::new(false).large_only());
         let kinds: Vec<Kind> = large.iter().map(|c| c.kind).collect();

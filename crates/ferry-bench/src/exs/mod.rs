@@ -6,6 +6,7 @@
 //! The fabric reference reuses `bench fabric`'s [`Session`]: a fabric-peer process, RMA read
 //! (EXS's pull path) of 16 MiB with 4 reads in flight, exactly as `bench fabric` measures it.
 
+mod capi;
 mod client;
 mod cmd;
 mod conn;
@@ -25,6 +26,7 @@ use super::refs::Memcpy;
 use super::report::{emit, DriverStatus, Machine, Report};
 use super::session::{Op, Session};
 use client::{Client, Measured};
+use conn::Wait;
 use grid::{grid_of, Cell, Kind, Plan, REGION};
 use report::ExsRow;
 pub use report::ExsSummary;
@@ -63,6 +65,7 @@ pub fn run(args: &ExsArgs) -> Result<()> {
     let mut status: Vec<DriverStatus> = drivers.iter().map(|d| DriverStatus::new(d)).collect();
     let mut blast = Cell::new("socket", "stream", Kind::Blast(grid::LARGE));
     let memcpy = Memcpy::new().measure(5).value;
+    let mut c_api = c_ping_pong(&grid);
     let mut n = 0;
     for rep in 1..=plan.reps {
         for (cells, st) in grid.iter_mut().zip(&mut status) {
@@ -78,6 +81,13 @@ pub fn run(args: &ExsArgs) -> Result<()> {
                     c.fail(why.clone());
                 }
                 st.error = Some(why);
+            }
+            if let Some(c) = cells
+                .iter_mut()
+                .find(|c| matches!(c.kind, Kind::CapiLatency(_)))
+            {
+                n += 1;
+                c_api_latency(&plan, n, &mut c_api, c);
             }
             n += 1;
             if let Some(c) = cells.last_mut() {
@@ -129,8 +139,9 @@ fn exs_session(plan: &Plan, n: usize, cells: &mut [Cell], st: &mut DriverStatus)
                 Kind::Stream(_, size, window) => {
                     client.stream(size, plan.count(c.op, size, window), window)
                 }
-                Kind::Latency(_, size) => client.latency(size, plan.warm, plan.pings),
-                Kind::FabricRead(_) | Kind::Blast(_) => continue,
+                Kind::Latency(_, size) => client.latency(size, plan.warm, plan.pings, Wait::Block),
+                Kind::PollLatency(size) => client.latency(size, plan.warm, plan.pings, Wait::Poll),
+                Kind::CapiLatency(_) | Kind::FabricRead(_) | Kind::Blast(_) => continue,
             };
             let what = format!("{} {} {} B", mode.name(), c.op, grid_size(c.kind));
             c.add(m.with_context(|| what)?);
@@ -140,9 +151,50 @@ fn exs_session(plan: &Plan, n: usize, cells: &mut [Cell], st: &mut DriverStatus)
     Ok(())
 }
 
+/// The C ping-pong, built if the grid has a C-API cell (or why it could not be).
+fn c_ping_pong(grid: &[Vec<Cell>]) -> Option<Result<capi::CPingPong, String>> {
+    let wanted = grid
+        .iter()
+        .flatten()
+        .any(|c| matches!(c.kind, Kind::CapiLatency(_)));
+    if !wanted {
+        return None;
+    }
+    tracing::info!("building libferry.so and tests/c/latency.c for the C-API row");
+    let built = capi::CPingPong::build().map_err(|e| format!("C-API row not built: {e:#}"));
+    if let Err(why) = &built {
+        tracing::warn!("{why}");
+    }
+    Some(built)
+}
+
+/// One repetition of `cell`'s C-API ping-pong (the cell fails if the program is missing).
+fn c_api_latency(
+    plan: &Plan,
+    n: usize,
+    c_api: &mut Option<Result<capi::CPingPong, String>>,
+    cell: &mut Cell,
+) {
+    let m = match c_api {
+        Some(Ok(pp)) => addr::address(&cell.driver, n)
+            .and_then(|a| pp.run(&a, grid_size(cell.kind), plan.warm, plan.pings)),
+        Some(Err(why)) => return cell.fail(why.clone()),
+        None => return cell.fail("C-API row not built"),
+    };
+    match m {
+        Ok(m) => cell.add(m),
+        Err(e) => cell.fail(format!("C-API ping-pong: {e:#}")),
+    }
+}
+
 fn grid_size(k: Kind) -> usize {
     match k {
-        Kind::Stream(_, s, _) | Kind::Latency(_, s) | Kind::FabricRead(s) | Kind::Blast(s) => s,
+        Kind::Stream(_, s, _)
+        | Kind::Latency(_, s)
+        | Kind::PollLatency(s)
+        | Kind::CapiLatency(s)
+        | Kind::FabricRead(s)
+        | Kind::Blast(s) => s,
     }
 }
 

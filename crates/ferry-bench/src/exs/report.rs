@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use serde::ser::{Serialize, SerializeMap, Serializer};
 
-use super::grid::LARGE;
+use super::grid::{LARGE, PING};
 use crate::report::{human_size, num, round, Report, Target};
 
 /// One measured point (median over repetitions) or a failed one (values null, `error` set).
@@ -12,8 +12,9 @@ use crate::report::{human_size, num, round, Report, Target};
 pub struct ExsRow {
     /// Driver, or `socket` for the plain TCP blast.
     pub driver: String,
-    /// `normal`, `immediate`, `persistent`, `fabric-read` (the driver's raw RMA read) or
-    /// `blast` (the socket).
+    /// `normal`, `immediate`, `persistent`, `poll` (the normal-mode ping-pong with both sides
+    /// polling), `capi` (the normal-mode ping-pong through libferry's C API, both sides C),
+    /// `fabric-read` (the driver's raw RMA read) or `blast` (the socket).
     pub mode: String,
     /// `stream` (size sweep), `inflight` (in-flight sweep) or `latency`.
     pub op: String,
@@ -61,13 +62,18 @@ impl ExsSummary {
     }
 }
 
-/// Goals per summary metric prefix: (prefix, op, bound).
-const GOALS: [(&str, &str, f64); 4] = [
+/// Goals per summary metric prefix: (prefix, op, bound). All but `tcp_exs_vs_socket` are
+/// also given per driver, in this order (see [`summary`]).
+const GOALS: [(&str, &str, f64); 6] = [
     ("immediate_vs_normal_latency", "<=", 0.6),
     ("persistent_vs_normal_latency", "<=", 0.45),
     ("large_vs_fabric", ">=", 0.95),
+    ("capi_vs_rust_latency", "<=", 1.1),
+    ("poll_vs_block_latency", "<=", 1.0),
     ("tcp_exs_vs_socket", ">=", 0.95),
 ];
+/// How many of [`GOALS`] are per-driver ratios.
+const PER_DRIVER: usize = 5;
 
 /// `tcp` → `_tcp`, `ofi+shm` → `_ofi_shm`.
 fn suffix(driver: &str) -> String {
@@ -84,8 +90,9 @@ pub fn summary(rows: &[ExsRow], drivers: &[String]) -> ExsSummary {
         r.and_then(|r| r.gbps.or(r.usec))
     };
     let ratio = |a: Option<f64>, b: Option<f64>| Some(round(a? / b?, 4)).filter(|r| r.is_finite());
-    let lat = |d: &str, mode: &str| find(d, mode, "latency", 10);
-    let metrics = |d: &str| {
+    let lat = |d: &str, mode: &str| find(d, mode, "latency", PING);
+    // In GOALS order.
+    let metrics = |d: &str| -> [Option<f64>; PER_DRIVER] {
         [
             ratio(lat(d, "immediate"), lat(d, "normal")),
             ratio(lat(d, "persistent"), lat(d, "normal")),
@@ -93,26 +100,28 @@ pub fn summary(rows: &[ExsRow], drivers: &[String]) -> ExsSummary {
                 find(d, "normal", "stream", LARGE),
                 find(d, "fabric-read", "stream", LARGE),
             ),
+            ratio(lat(d, "capi"), lat(d, "normal")),
+            ratio(lat(d, "poll"), lat(d, "normal")),
         ]
     };
     let socket = find("socket", "blast", "stream", LARGE);
     let tcp = metrics("tcp");
-    let mut out = vec![
-        (GOALS[0].0.to_string(), tcp[0]),
-        (GOALS[1].0.to_string(), tcp[1]),
-        (GOALS[2].0.to_string(), tcp[2]),
-        (
-            GOALS[3].0.to_string(),
-            ratio(find("tcp", "normal", "stream", LARGE), socket),
-        ),
-    ];
+    let mut out: Vec<(String, Option<f64>)> = GOALS[..PER_DRIVER]
+        .iter()
+        .zip(tcp)
+        .map(|((prefix, ..), v)| (prefix.to_string(), v))
+        .collect();
+    out.push((
+        GOALS[PER_DRIVER].0.to_string(),
+        ratio(find("tcp", "normal", "stream", LARGE), socket),
+    ));
     let mut all: Vec<&str> = vec!["tcp", "ofi+tcp", "ofi+shm"];
     for d in drivers {
         if !all.contains(&d.as_str()) {
             all.push(d);
         }
     }
-    for (i, (prefix, ..)) in GOALS[..3].iter().enumerate() {
+    for (i, (prefix, ..)) in GOALS[..PER_DRIVER].iter().enumerate() {
         for d in &all {
             out.push((format!("{prefix}{}", suffix(d)), metrics(d)[i]));
         }
@@ -246,7 +255,9 @@ impl Report<ExsRow, ExsSummary> {
         let _ = writeln!(
             s,
             "\nlatency, µs (normal, immediate: one-way = half a ping-pong round trip; \
-             persistent: half of one pull, recv posted → completed)\n{:<8} {:<11} {:>7} {:>9} {:>8}",
+             persistent: half of one pull, recv posted → completed; poll: normal with \
+             zero-timeout dequeues; capi: normal through libferry's C API)\n\
+             {:<8} {:<11} {:>7} {:>9} {:>8}",
             "driver", "mode", "size", "µs", "×normal"
         );
         for r in self.rows.iter().filter(|r| r.op == "latency") {
@@ -305,6 +316,10 @@ mod tests {
             row("tcp", "normal", "latency", 10, 50.0),
             row("tcp", "immediate", "latency", 10, 20.0),
             row("tcp", "persistent", "latency", 10, 25.0),
+            row("tcp", "capi", "latency", 10, 52.5),
+            row("tcp", "poll", "latency", 10, 45.0),
+            row("ofi+shm", "normal", "latency", 10, 20.0),
+            row("ofi+shm", "poll", "latency", 10, 22.0),
             row("tcp", "normal", "stream", LARGE, 1.9),
             row("tcp", "fabric-read", "stream", LARGE, 2.0),
             row("socket", "blast", "stream", LARGE, 1.0),
@@ -315,6 +330,14 @@ mod tests {
         assert_eq!(s.get("persistent_vs_normal_latency"), Some(0.5));
         assert_eq!(s.get("large_vs_fabric_tcp"), Some(0.95));
         assert_eq!(s.get("tcp_exs_vs_socket"), Some(1.9));
+        assert_eq!(s.get("capi_vs_rust_latency"), Some(1.05));
+        assert_eq!(s.get("capi_vs_rust_latency_tcp"), Some(1.05));
+        assert_eq!(s.get("poll_vs_block_latency_tcp"), Some(0.9));
+        assert_eq!(s.get("poll_vs_block_latency_ofi_shm"), Some(1.1));
+        assert!(s
+            .0
+            .iter()
+            .any(|(k, v)| k == "capi_vs_rust_latency_ofi_shm" && v.is_none()));
         assert!(s
             .0
             .iter()
@@ -325,6 +348,9 @@ mod tests {
         assert_eq!(verdict("persistent_vs_normal_latency"), Some("FAIL"));
         assert_eq!(verdict("large_vs_fabric_ofi_tcp"), Some("missing"));
         assert_eq!(verdict("socket_gbps"), None);
+        assert_eq!(verdict("capi_vs_rust_latency_tcp"), Some("pass"));
+        assert_eq!(verdict("poll_vs_block_latency_ofi_shm"), Some("FAIL"));
+        assert_eq!(verdict("capi_vs_rust_latency_ofi_shm"), Some("missing"));
         let json = serde_json::to_value(&s).unwrap();
         assert_eq!(json["tcp_exs_vs_socket"], 1.9);
         assert!(json["immediate_vs_normal_latency_ofi_tcp"].is_null());
