@@ -11,6 +11,11 @@ pub fn from_hex(h: &str) -> Vec<u8> {
         .collect()
 }
 
+/// Two hex digits a byte: how golden frames are written.
+pub fn to_hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// Decodes every frame `rounds` times with `decode`, and returns nanoseconds per frame.
 /// A quick A/B for codec changes (run in release); `black_box` keeps the work from being
 /// optimised away.

@@ -1245,17 +1245,13 @@ mod tests {
             .collect()
     }
 
-    fn hex(b: &[u8]) -> String {
-        b.iter().map(|x| format!("{x:02x}")).collect()
-    }
-
     /// The bytes each frame had before the codec was generated from a table: the wire must
     /// not change.
     #[test]
     fn golden_bytes() {
         let got: Vec<(&str, String)> = golden_frames()
             .into_iter()
-            .map(|(n, b)| (n, hex(&b)))
+            .map(|(n, b)| (n, ferry_wire::bench::to_hex(&b)))
             .collect();
         assert_eq!(got.len(), GOLDEN.len(), "golden table out of date");
         for ((n, h), (gn, gh)) in got.iter().zip(GOLDEN) {

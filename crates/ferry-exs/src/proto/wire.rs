@@ -643,7 +643,7 @@ mod tests {
             .map(|(f, credits, imm)| {
                 let mut v = Vec::new();
                 encode(f, *credits, *imm, &mut v);
-                v.iter().map(|b| format!("{b:02x}")).collect()
+                ferry_wire::bench::to_hex(&v)
             })
             .collect();
         assert_eq!(got, GOLDEN);

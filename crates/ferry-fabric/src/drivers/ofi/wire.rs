@@ -421,7 +421,7 @@ mod tests {
     fn golden_bytes() {
         let got: Vec<String> = examples()
             .iter()
-            .map(|m| m.encode().iter().map(|b| format!("{b:02x}")).collect())
+            .map(|m| ferry_wire::bench::to_hex(&m.encode()))
             .collect();
         assert_eq!(got, GOLDEN);
     }

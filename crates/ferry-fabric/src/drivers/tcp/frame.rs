@@ -455,13 +455,7 @@ mod tests {
         ];
         let got: Vec<String> = frames
             .iter()
-            .map(|f| {
-                f.encode()
-                    .as_bytes()
-                    .iter()
-                    .map(|b| format!("{b:02x}"))
-                    .collect()
-            })
+            .map(|f| ferry_wire::bench::to_hex(f.encode().as_bytes()))
             .collect();
         assert_eq!(got, GOLDEN);
     }
