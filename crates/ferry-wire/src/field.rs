@@ -3,7 +3,7 @@
 
 use std::marker::PhantomData;
 
-use crate::{ReadError, Reader, TooLong, Writer};
+use crate::bytes::{ReadError, Reader, TooLong, Writer};
 
 /// Frame-wide state a field may use besides its own bytes: the header's flag byte and the
 /// payload that follows the body.
