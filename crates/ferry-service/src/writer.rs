@@ -1,0 +1,213 @@
+//! The receiving half of the staging ring: received blocks into a [`BlockSink`], on the
+//! network thread or on a disk writer thread of their own.
+//!
+//! A writer thread gets its blocks through a channel bounded by the ring depth, so a slow
+//! disk stops the network thread re-posting receive buffers, which stalls the sender; the
+//! message buffers come back for reuse. The sink checks each block's CRC-32C, `pwrite`s the
+//! good ones and hashes the file in order. Files up to two blocks are written inline.
+
+use std::fs::File;
+use std::sync::mpsc::{channel, sync_channel, Receiver, Sender, SyncSender};
+
+use crate::error::{Error, Result};
+use crate::ring::staging_threads;
+use crate::sink::{Block, BlockSink};
+
+/// Files from this size on get a writer thread (with staging threads on); smaller ones are
+/// written inline. Two default (4 MiB) blocks.
+const THREADED_MIN: u64 = 8 << 20;
+
+/// The writer's answer to a sync: CRC failures since the last one, or what stopped it.
+type SyncReply = (Vec<(u64, u32)>, Option<Error>);
+
+enum ToWriter {
+    /// A block, its payload at `bytes[at..]` (a whole received frame, or the payload alone).
+    Block {
+        block: Block,
+        bytes: Vec<u8>,
+        at: usize,
+    },
+    Sync(SyncSender<SyncReply>),
+}
+
+/// Lands one transfer's blocks in a [`BlockSink`] (see the module documentation). A face
+/// hands it blocks described by anything that converts into a [`Block`] (its decoded
+/// header).
+pub struct BlockWriter {
+    inner: WriterKind,
+    /// Spare message buffers.
+    pool: Receiver<Vec<u8>>,
+}
+
+enum WriterKind {
+    /// The file is `None` for the null sink.
+    Inline(Box<BlockSink>, Option<File>, Sender<Vec<u8>>),
+    Thread {
+        tx: SyncSender<ToWriter>,
+        handle: std::thread::JoinHandle<BlockSink>,
+    },
+}
+
+impl BlockWriter {
+    /// A writer of transfer `file_id` (`size` bytes) into `file` (a duplicate handle is
+    /// kept; the caller's stays usable), with at most `ring` blocks queued.
+    pub fn new(file_id: u32, size: u64, file: &File, ring: usize) -> Result<Self> {
+        Self::with_sink(BlockSink::new(file_id, size), file, ring)
+    }
+
+    /// A writer feeding `sink` (e.g. one that journals, [`BlockSink::journaled`]).
+    pub fn with_sink(sink: BlockSink, file: &File, ring: usize) -> Result<Self> {
+        let size = sink.size();
+        let file = file
+            .try_clone()
+            .map_err(|e| Error::io("duplicate file handle", &e))?;
+        let (back_tx, pool) = channel();
+        if size < THREADED_MIN || !staging_threads() {
+            return Ok(BlockWriter {
+                inner: WriterKind::Inline(Box::new(sink), Some(file), back_tx),
+                pool,
+            });
+        }
+        let (tx, rx) = sync_channel::<ToWriter>(ring.max(1));
+        let handle = std::thread::Builder::new()
+            .name("ferry-writer".into())
+            .spawn(move || write_loop(sink, &file, rx, back_tx))
+            .map_err(|e| Error::io("start writer thread", &e))?;
+        Ok(BlockWriter {
+            inner: WriterKind::Thread { tx, handle },
+            pool,
+        })
+    }
+
+    /// The null sink of memory mode for transfer `file_id` (`size` bytes): every block's
+    /// CRC-32C and bounds are checked, nothing is written or hashed.
+    pub fn null(file_id: u32, size: u64) -> Self {
+        Self::null_sink(BlockSink::new(file_id, size))
+    }
+
+    /// The null sink feeding `sink` (e.g. one range of a parallel transfer).
+    pub fn null_sink(sink: BlockSink) -> Self {
+        let (back_tx, pool) = channel();
+        BlockWriter {
+            inner: WriterKind::Inline(Box::new(sink), None, back_tx),
+            pool,
+        }
+    }
+
+    /// Takes a whole file that came in one frame, checked against the file's BLAKE3
+    /// instead of its CRC (see [`BlockSink::whole_file`]).
+    pub fn push_file(
+        &mut self,
+        block: impl Into<Block>,
+        payload: &[u8],
+        blake3: &[u8; 32],
+    ) -> Result<()> {
+        match &mut self.inner {
+            WriterKind::Inline(sink, file, _) => {
+                sink.whole_file(file.as_ref(), &block.into(), payload, blake3)
+            }
+            WriterKind::Thread { .. } => self.push_block(block, payload),
+        }
+    }
+
+    /// Checks and writes one block given as its decoded header and its payload (in place in
+    /// the receive buffer, or the block of a whole-file frame): on the calling thread, or
+    /// for a threaded writer with the payload copied to it. The frame is decoded once, by
+    /// the caller.
+    pub fn push_block(&mut self, block: impl Into<Block>, payload: &[u8]) -> Result<()> {
+        match &mut self.inner {
+            WriterKind::Inline(sink, file, _) => sink.block(file.as_ref(), &block.into(), payload),
+            WriterKind::Thread { .. } => {
+                let mut v = self.spare();
+                v.clear();
+                v.extend_from_slice(payload);
+                self.push(block, v, 0)
+            }
+        }
+    }
+
+    /// A buffer to receive the next message into.
+    pub fn spare(&self) -> Vec<u8> {
+        self.pool.try_recv().unwrap_or_default()
+    }
+
+    /// Hands over one block whose header the caller decoded, its payload at `bytes[at..]`
+    /// (the received frame itself, no copy); blocks while the ring is full.
+    pub fn push(&mut self, block: impl Into<Block>, bytes: Vec<u8>, at: usize) -> Result<()> {
+        let block = block.into();
+        match &mut self.inner {
+            WriterKind::Inline(sink, file, back) => {
+                let res = sink.block(file.as_ref(), &block, &bytes[at..]);
+                let _ = back.send(bytes);
+                res
+            }
+            WriterKind::Thread { tx, .. } => tx
+                .send(ToWriter::Block { block, bytes, at })
+                .map_err(|_| writer_stopped()),
+        }
+    }
+
+    /// Waits until every block handed over is written, and takes the ranges whose CRC
+    /// failed since the last call.
+    pub fn sync(&mut self) -> Result<Vec<(u64, u32)>> {
+        match &mut self.inner {
+            WriterKind::Inline(sink, _, _) => Ok(std::mem::take(&mut sink.bad)),
+            WriterKind::Thread { tx, .. } => {
+                let (rtx, rrx) = sync_channel(1);
+                tx.send(ToWriter::Sync(rtx)).map_err(|_| writer_stopped())?;
+                let (bad, fatal) = rrx.recv().map_err(|_| writer_stopped())?;
+                match fatal {
+                    Some(e) => Err(e),
+                    None => Ok(bad),
+                }
+            }
+        }
+    }
+
+    /// Stops the writer and returns its sink (write errors, including those of its
+    /// background checkpoints, and hash state).
+    pub fn finish(self) -> Result<BlockSink> {
+        let mut sink = match self.inner {
+            WriterKind::Inline(sink, _, _) => *sink,
+            WriterKind::Thread { tx, handle } => {
+                drop(tx);
+                handle
+                    .join()
+                    .map_err(|_| Error::conn("the disk writer thread failed"))?
+            }
+        };
+        sink.settle();
+        Ok(sink)
+    }
+}
+
+/// The writer thread: lands each block handed over (until the first fatal error, after
+/// which blocks are only drained) and hands its buffer back.
+fn write_loop(
+    mut sink: BlockSink,
+    file: &File,
+    rx: Receiver<ToWriter>,
+    back: Sender<Vec<u8>>,
+) -> BlockSink {
+    let mut fatal: Option<Error> = None;
+    for m in rx {
+        match m {
+            ToWriter::Block { block, bytes, at } => {
+                if fatal.is_none() {
+                    if let Err(e) = sink.block(Some(file), &block, &bytes[at..]) {
+                        fatal = Some(e);
+                    }
+                }
+                let _ = back.send(bytes);
+            }
+            ToWriter::Sync(reply) => {
+                let _ = reply.send((std::mem::take(&mut sink.bad), fatal.take()));
+            }
+        }
+    }
+    sink
+}
+
+fn writer_stopped() -> Error {
+    Error::conn("the disk writer thread stopped")
+}
