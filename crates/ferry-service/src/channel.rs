@@ -11,6 +11,7 @@
 //! and writes from it in place.
 
 use std::collections::BTreeMap;
+use std::sync::mpsc;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -99,8 +100,52 @@ pub struct Channel {
     recv_size: usize,
     /// Registered control send buffers whose sends completed, for reuse.
     ctrl_pool: Mutex<Vec<ExsBuf>>,
+    /// Receive buffers handed out as [`Held`] come back here when dropped (the receiver in
+    /// a mutex, only ever taken by `&mut self`, keeps the channel shareable).
+    returns: (mpsc::Sender<ExsBuf>, Mutex<mpsc::Receiver<ExsBuf>>),
+    /// Receive buffers handed out and not back yet.
+    held: usize,
     /// How long a receive waits for the peer before giving up.
     pub timeout: Duration,
+}
+
+/// A received message whose registered buffer its receiver keeps (to write from it on
+/// another thread, say) instead of copying the bytes out: the channel posts the buffer
+/// again once this is dropped. While held, the buffer is one fewer the peer may send into,
+/// so holding them is back-pressure, as a copy's bounded queue was.
+pub struct Held {
+    buf: Option<ExsBuf>,
+    len: usize,
+    back: mpsc::Sender<ExsBuf>,
+}
+
+impl Held {
+    /// The message's length.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the message is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Runs `f` over the message's bytes, in place in the registered buffer.
+    pub fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
+        match &self.buf {
+            Some(b) => b.buffer().with_bytes(b.offset(), self.len, f),
+            None => f(&[]),
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Some(b) = self.buf.take() {
+            // A closed channel no longer wants it: the buffer is freed with it.
+            let _ = self.back.send(b);
+        }
+    }
 }
 
 impl Channel {
@@ -132,6 +177,11 @@ impl Channel {
             done: BTreeMap::new(),
             recv_size: 0,
             ctrl_pool: Mutex::new(Vec::new()),
+            returns: {
+                let (tx, rx) = mpsc::channel();
+                (tx, Mutex::new(rx))
+            },
+            held: 0,
             timeout: Duration::from_secs(120),
         }
     }
@@ -207,6 +257,18 @@ impl Channel {
         Ok(out)
     }
 
+    /// Receives the next message and hands over its registered buffer itself, posted again
+    /// once the [`Held`] is dropped (no copy, and the bytes may be used on another thread).
+    pub fn recv_held(&mut self) -> Result<Held> {
+        let (buf, len) = self.next_done()?;
+        self.held += 1;
+        Ok(Held {
+            buf: Some(buf),
+            len,
+            back: self.returns.0.clone(),
+        })
+    }
+
     /// The next message, copied out, without posting its buffer again: for a handshake's
     /// frame, after which the caller posts its ring sized for the agreed block (re-posted,
     /// the handshake's small buffer would be the next to fill, and the first message after
@@ -237,6 +299,20 @@ impl Channel {
         let _ = self.sock.close();
     }
 
+    /// Where held buffers come back.
+    fn returned(&mut self) -> &mpsc::Receiver<ExsBuf> {
+        self.returns.1.get_mut().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Posts again the held buffers that came back.
+    fn repost_returned(&mut self) -> Result<()> {
+        while let Ok(buf) = self.returned().try_recv() {
+            self.held = self.held.saturating_sub(1);
+            self.repost(buf)?;
+        }
+        Ok(())
+    }
+
     /// Re-posts a delivered receive buffer (a fresh one if the ring grew since).
     fn repost(&mut self, buf: ExsBuf) -> Result<()> {
         let buf = if buf.len() < self.recv_size {
@@ -265,8 +341,20 @@ impl Channel {
                 self.next_deliver += 1;
                 return Ok(Some(done));
             }
+            self.repost_returned()?;
             if self.next_post == self.next_deliver {
-                return Err(Error::conn("internal: receive with no buffer posted"));
+                if self.held == 0 {
+                    return Err(Error::conn("internal: receive with no buffer posted"));
+                }
+                // Every buffer is held: wait for one to come back.
+                match self.returned().recv_timeout(wait) {
+                    Ok(buf) => {
+                        self.held -= 1;
+                        self.repost(buf)?;
+                        continue;
+                    }
+                    Err(_) => return Ok(None),
+                }
             }
             let Some(ev) = self.q.dequeue(wait) else {
                 return Ok(None);

@@ -9,6 +9,7 @@
 use std::fs::File;
 use std::sync::mpsc::{channel, sync_channel, Receiver, Sender, SyncSender};
 
+use crate::channel::Held;
 use crate::error::{Error, Result};
 use crate::ring::staging_threads;
 use crate::sink::{Block, BlockSink};
@@ -25,6 +26,13 @@ enum ToWriter {
     Block {
         block: Block,
         bytes: Vec<u8>,
+        at: usize,
+    },
+    /// A block still in its received buffer, its payload at byte `at`; the buffer goes
+    /// back to the channel once written.
+    Held {
+        block: Block,
+        held: Held,
         at: usize,
     },
     Sync(SyncSender<SyncReply>),
@@ -147,6 +155,24 @@ impl BlockWriter {
         }
     }
 
+    /// Hands over one block still in its received buffer (`held`, the payload from byte
+    /// `at`), whose header the caller decoded: no copy; the buffer is posted again once the
+    /// block is written. Blocks while the ring is full.
+    pub fn push_held(&mut self, block: impl Into<Block>, held: Held, at: usize) -> Result<()> {
+        let block = block.into();
+        if at > held.len() {
+            return Err(Error::conn("internal: a payload beyond its message"));
+        }
+        match &mut self.inner {
+            WriterKind::Inline(sink, file, _) => {
+                held.with_bytes(|b| sink.block(file.as_ref(), &block, &b[at..]))
+            }
+            WriterKind::Thread { tx, .. } => tx
+                .send(ToWriter::Held { block, held, at })
+                .map_err(|_| writer_stopped()),
+        }
+    }
+
     /// Waits until every block handed over is written, and takes the ranges whose CRC
     /// failed since the last call.
     pub fn sync(&mut self) -> Result<Vec<(u64, u32)>> {
@@ -199,6 +225,13 @@ fn write_loop(
                     }
                 }
                 let _ = back.send(bytes);
+            }
+            ToWriter::Held { block, held, at } => {
+                if fatal.is_none() {
+                    if let Err(e) = held.with_bytes(|b| sink.block(Some(file), &block, &b[at..])) {
+                        fatal = Some(e);
+                    }
+                }
             }
             ToWriter::Sync(reply) => {
                 let _ = reply.send((std::mem::take(&mut sink.bad), fatal.take()));
