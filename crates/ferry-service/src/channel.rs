@@ -260,13 +260,23 @@ impl Channel {
     /// Receives the next message and hands over its registered buffer itself, posted again
     /// once the [`Held`] is dropped (no copy, and the bytes may be used on another thread).
     pub fn recv_held(&mut self) -> Result<Held> {
-        let (buf, len) = self.next_done()?;
+        let wait = self.timeout;
+        self.recv_held_within(wait)?
+            .ok_or_else(|| silent_peer(wait))
+    }
+
+    /// Like [`Channel::recv_held`], but `Ok(None)` when nothing arrived for about `wait`, so
+    /// a caller can look at other things between waits.
+    pub fn recv_held_within(&mut self, wait: Duration) -> Result<Option<Held>> {
+        let Some((buf, len)) = self.next_done_within(wait)? else {
+            return Ok(None);
+        };
         self.held += 1;
-        Ok(Held {
+        Ok(Some(Held {
             buf: Some(buf),
             len,
             back: self.returns.0.clone(),
-        })
+        }))
     }
 
     /// The next message, copied out, without posting its buffer again: for a handshake's
@@ -337,11 +347,12 @@ impl Channel {
     /// about `wait`. Send completions met on the way are checked.
     fn next_done_within(&mut self, wait: Duration) -> Result<Option<(ExsBuf, usize)>> {
         loop {
+            // Held buffers go back to the peer first, so its window stays full.
+            self.repost_returned()?;
             if let Some(done) = self.done.remove(&self.next_deliver) {
                 self.next_deliver += 1;
                 return Ok(Some(done));
             }
-            self.repost_returned()?;
             if self.next_post == self.next_deliver {
                 if self.held == 0 {
                     return Err(Error::conn("internal: receive with no buffer posted"));

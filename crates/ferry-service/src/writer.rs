@@ -1,13 +1,14 @@
 //! The receiving half of the staging ring: received blocks into a [`BlockSink`], on the
 //! network thread or on a disk writer thread of their own.
 //!
-//! A writer thread gets its blocks through a channel bounded by the ring depth, so a slow
-//! disk stops the network thread re-posting receive buffers, which stalls the sender; the
-//! message buffers come back for reuse. The sink checks each block's CRC-32C, `pwrite`s the
-//! good ones and hashes the file in order. Files up to two blocks are written inline.
+//! A writer thread gets its blocks in their receive buffers ([`Held`]) through a channel
+//! bounded by the ring depth, and each buffer goes back to the channel once written, so a
+//! slow disk leaves the peer fewer receive buffers to fill, which stalls the sender. The
+//! sink checks each block's CRC-32C, `pwrite`s the good ones and hashes the file in order.
+//! Files up to two blocks are written inline.
 
 use std::fs::File;
-use std::sync::mpsc::{channel, sync_channel, Receiver, Sender, SyncSender};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 
 use crate::channel::Held;
 use crate::error::{Error, Result};
@@ -22,11 +23,11 @@ const THREADED_MIN: u64 = 8 << 20;
 type SyncReply = (Vec<(u64, u32)>, Option<Error>);
 
 enum ToWriter {
-    /// A block, its payload at `bytes[at..]` (a whole received frame, or the payload alone).
-    Block {
+    /// A block given as a borrowed payload, copied for the thread (see
+    /// [`BlockWriter::push_block`]).
+    Copied {
         block: Block,
         bytes: Vec<u8>,
-        at: usize,
     },
     /// A block still in its received buffer, its payload at byte `at`; the buffer goes
     /// back to the channel once written.
@@ -43,13 +44,11 @@ enum ToWriter {
 /// header).
 pub struct BlockWriter {
     inner: WriterKind,
-    /// Spare message buffers.
-    pool: Receiver<Vec<u8>>,
 }
 
 enum WriterKind {
     /// The file is `None` for the null sink.
-    Inline(Box<BlockSink>, Option<File>, Sender<Vec<u8>>),
+    Inline(Box<BlockSink>, Option<File>),
     Thread {
         tx: SyncSender<ToWriter>,
         handle: std::thread::JoinHandle<BlockSink>,
@@ -69,21 +68,18 @@ impl BlockWriter {
         let file = file
             .try_clone()
             .map_err(|e| Error::io("duplicate file handle", &e))?;
-        let (back_tx, pool) = channel();
         if size < THREADED_MIN || !staging_threads() {
             return Ok(BlockWriter {
-                inner: WriterKind::Inline(Box::new(sink), Some(file), back_tx),
-                pool,
+                inner: WriterKind::Inline(Box::new(sink), Some(file)),
             });
         }
         let (tx, rx) = sync_channel::<ToWriter>(ring.max(1));
         let handle = std::thread::Builder::new()
             .name("ferry-writer".into())
-            .spawn(move || write_loop(sink, &file, rx, back_tx))
+            .spawn(move || write_loop(sink, &file, rx))
             .map_err(|e| Error::io("start writer thread", &e))?;
         Ok(BlockWriter {
             inner: WriterKind::Thread { tx, handle },
-            pool,
         })
     }
 
@@ -95,10 +91,8 @@ impl BlockWriter {
 
     /// The null sink feeding `sink` (e.g. one range of a parallel transfer).
     pub fn null_sink(sink: BlockSink) -> Self {
-        let (back_tx, pool) = channel();
         BlockWriter {
-            inner: WriterKind::Inline(Box::new(sink), None, back_tx),
-            pool,
+            inner: WriterKind::Inline(Box::new(sink), None),
         }
     }
 
@@ -111,46 +105,27 @@ impl BlockWriter {
         blake3: &[u8; 32],
     ) -> Result<()> {
         match &mut self.inner {
-            WriterKind::Inline(sink, file, _) => {
+            WriterKind::Inline(sink, file) => {
                 sink.whole_file(file.as_ref(), &block.into(), payload, blake3)
             }
             WriterKind::Thread { .. } => self.push_block(block, payload),
         }
     }
 
-    /// Checks and writes one block given as its decoded header and its payload (in place in
-    /// the receive buffer, or the block of a whole-file frame): on the calling thread, or
-    /// for a threaded writer with the payload copied to it. The frame is decoded once, by
-    /// the caller.
+    /// Checks and writes one block given as its decoded header and a borrowed payload (in
+    /// place in a receive buffer, or the block of a whole-file frame): on the calling
+    /// thread, or for a threaded writer copied to it. Received blocks go in their buffers
+    /// instead ([`BlockWriter::push_held`]); only a whole file in one frame larger than a
+    /// threaded writer's threshold takes the copy. The frame is decoded once, by the caller.
     pub fn push_block(&mut self, block: impl Into<Block>, payload: &[u8]) -> Result<()> {
-        match &mut self.inner {
-            WriterKind::Inline(sink, file, _) => sink.block(file.as_ref(), &block.into(), payload),
-            WriterKind::Thread { .. } => {
-                let mut v = self.spare();
-                v.clear();
-                v.extend_from_slice(payload);
-                self.push(block, v, 0)
-            }
-        }
-    }
-
-    /// A buffer to receive the next message into.
-    pub fn spare(&self) -> Vec<u8> {
-        self.pool.try_recv().unwrap_or_default()
-    }
-
-    /// Hands over one block whose header the caller decoded, its payload at `bytes[at..]`
-    /// (the received frame itself, no copy); blocks while the ring is full.
-    pub fn push(&mut self, block: impl Into<Block>, bytes: Vec<u8>, at: usize) -> Result<()> {
         let block = block.into();
         match &mut self.inner {
-            WriterKind::Inline(sink, file, back) => {
-                let res = sink.block(file.as_ref(), &block, &bytes[at..]);
-                let _ = back.send(bytes);
-                res
-            }
+            WriterKind::Inline(sink, file) => sink.block(file.as_ref(), &block, payload),
             WriterKind::Thread { tx, .. } => tx
-                .send(ToWriter::Block { block, bytes, at })
+                .send(ToWriter::Copied {
+                    block,
+                    bytes: payload.to_vec(),
+                })
                 .map_err(|_| writer_stopped()),
         }
     }
@@ -164,7 +139,7 @@ impl BlockWriter {
             return Err(Error::conn("internal: a payload beyond its message"));
         }
         match &mut self.inner {
-            WriterKind::Inline(sink, file, _) => {
+            WriterKind::Inline(sink, file) => {
                 held.with_bytes(|b| sink.block(file.as_ref(), &block, &b[at..]))
             }
             WriterKind::Thread { tx, .. } => tx
@@ -177,7 +152,7 @@ impl BlockWriter {
     /// failed since the last call.
     pub fn sync(&mut self) -> Result<Vec<(u64, u32)>> {
         match &mut self.inner {
-            WriterKind::Inline(sink, _, _) => Ok(std::mem::take(&mut sink.bad)),
+            WriterKind::Inline(sink, _) => Ok(std::mem::take(&mut sink.bad)),
             WriterKind::Thread { tx, .. } => {
                 let (rtx, rrx) = sync_channel(1);
                 tx.send(ToWriter::Sync(rtx)).map_err(|_| writer_stopped())?;
@@ -194,7 +169,7 @@ impl BlockWriter {
     /// background checkpoints, and hash state).
     pub fn finish(self) -> Result<BlockSink> {
         let mut sink = match self.inner {
-            WriterKind::Inline(sink, _, _) => *sink,
+            WriterKind::Inline(sink, _) => *sink,
             WriterKind::Thread { tx, handle } => {
                 drop(tx);
                 handle
@@ -208,23 +183,17 @@ impl BlockWriter {
 }
 
 /// The writer thread: lands each block handed over (until the first fatal error, after
-/// which blocks are only drained) and hands its buffer back.
-fn write_loop(
-    mut sink: BlockSink,
-    file: &File,
-    rx: Receiver<ToWriter>,
-    back: Sender<Vec<u8>>,
-) -> BlockSink {
+/// which blocks are only drained) and lets its buffer go back.
+fn write_loop(mut sink: BlockSink, file: &File, rx: Receiver<ToWriter>) -> BlockSink {
     let mut fatal: Option<Error> = None;
     for m in rx {
         match m {
-            ToWriter::Block { block, bytes, at } => {
+            ToWriter::Copied { block, bytes } => {
                 if fatal.is_none() {
-                    if let Err(e) = sink.block(Some(file), &block, &bytes[at..]) {
+                    if let Err(e) = sink.block(Some(file), &block, &bytes) {
                         fatal = Some(e);
                     }
                 }
-                let _ = back.send(bytes);
             }
             ToWriter::Held { block, held, at } => {
                 if fatal.is_none() {

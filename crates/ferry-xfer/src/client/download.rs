@@ -552,10 +552,13 @@ impl Client {
                 return Ok(());
             }
             ferry_fabric::timeline::mark("cp.wait", live.len() as u64);
-            // BLOCKs and FILEs are checked (and written) in place in the receive buffer.
+            // BLOCKs and FILEs are checked (and written) in place in the receive buffer; a
+            // BLOCK goes to its writer in that buffer (held until written, no copy).
             let wire = &mut self.stats.wire_bytes;
             let (direct, ring) = (self.direct, self.ring);
-            let msgs = self.link.recv_with(|bytes| -> Result<Vec<Msg>> {
+            let held = self.link.recv_held()?;
+            let mut block = None;
+            let msgs = held.with_bytes(|bytes| -> Result<Vec<Msg>> {
                 ferry_fabric::timeline::mark("cp.got", bytes.len() as u64);
                 let (msg, payload) = proto::decode(bytes)
                     .map_err(|e| XferError::conn(format!("the server sent a bad frame: {e}")))?;
@@ -573,18 +576,21 @@ impl Client {
                         .collect(),
                     Msg::File { .. } => Ok(vec![take_file(msg, payload)?]),
                     Msg::Block(h) => {
-                        let writer = live
-                            .get_mut(&h.file_id)
-                            .and_then(|dl| dl.writer.as_mut())
-                            .ok_or_else(|| XferError::conn("BLOCK of no transfer in progress"))?;
-                        writer.push_block(&h, payload)?;
-                        progress.add(u64::from(h.len));
-                        *wire += u64::from(h.len);
+                        block = Some((h, bytes.len() - payload.len()));
                         Ok(vec![msg])
                     }
                     _ => Ok(vec![msg]),
                 }
-            })??;
+            })?;
+            if let Some((h, at)) = block {
+                let writer = live
+                    .get_mut(&h.file_id)
+                    .and_then(|dl| dl.writer.as_mut())
+                    .ok_or_else(|| XferError::conn("BLOCK of no transfer in progress"))?;
+                writer.push_held(&h, held, at)?;
+                progress.add(u64::from(h.len));
+                self.stats.wire_bytes += u64::from(h.len);
+            }
             let last = msgs.len();
             ferry_fabric::timeline::mark("cp.msg", last as u64);
             for (i, msg) in msgs.into_iter().enumerate() {

@@ -179,7 +179,6 @@ impl Server {
             Err(e)
         };
         let mut rounds = 0;
-        let mut buf = Vec::new();
         let mut idle = Duration::ZERO;
         loop {
             if self.stopping() {
@@ -189,12 +188,10 @@ impl Server {
                 let e = XferError::conn(format!("{path}: a newer PUT of this file took over"));
                 return keep(writer, e);
             }
-            if buf.capacity() == 0 {
-                buf = writer.spare();
-            }
-            match link.recv_within(&mut buf, RECV_SLICE) {
-                Ok(true) => idle = Duration::ZERO,
-                Ok(false) => {
+            // A BLOCK goes to the writer in its receive buffer (held until written, no copy).
+            let held = match link.recv_held_within(RECV_SLICE) {
+                Ok(Some(held)) => held,
+                Ok(None) => {
                     idle += RECV_SLICE;
                     if idle >= link.timeout {
                         let e = XferError::conn(format!(
@@ -206,25 +203,18 @@ impl Server {
                     continue;
                 }
                 Err(e) => return keep(writer, e),
-            }
-            let (blake3, length) = match proto::decode(&buf) {
-                Ok((Msg::Block(h), payload)) => {
-                    let at = buf.len() - payload.len();
-                    if let Err(e) = writer.push(&h, std::mem::take(&mut buf), at) {
+            };
+            idle = Duration::ZERO;
+            let (blake3, length) = match held.with_bytes(decode_step) {
+                Ok(Step::Block(h, at)) => {
+                    if let Err(e) = writer.push_held(&h, held, at) {
                         return keep(writer, e);
                     }
                     continue;
                 }
-                Ok((Msg::FileDone { blake3, length, .. }, _)) => (blake3, length),
-                Ok((Msg::Error { .. }, _)) => return Ok(None),
-                Ok((m, _)) => {
-                    let e = XferError::conn(format!("unexpected frame during a PUT: {m:?}"));
-                    return keep(writer, e);
-                }
-                Err(e) => {
-                    let e = XferError::conn(format!("the peer sent a bad frame: {e}"));
-                    return keep(writer, e);
-                }
+                Ok(Step::Done { blake3, length }) => (blake3, length),
+                Ok(Step::GaveUp) => return Ok(None),
+                Err(e) => return keep(writer, e),
             };
             let bad = match writer.sync() {
                 Ok(b) => b,
@@ -292,6 +282,33 @@ impl Server {
             }
             return Ok(Some((length, Ok(blake3))));
         }
+    }
+}
+
+/// What a frame received during a PUT means.
+enum Step {
+    /// A BLOCK, its payload at this offset of the frame.
+    Block(proto::BlockHeader, usize),
+    /// FILE_DONE: the client's length and hash.
+    Done {
+        blake3: Option<[u8; 32]>,
+        length: u64,
+    },
+    /// ERROR: the client gave the file up.
+    GaveUp,
+}
+
+/// Decodes a frame received during a PUT (anything but BLOCK, FILE_DONE or ERROR breaks
+/// the protocol).
+fn decode_step(buf: &[u8]) -> Result<Step> {
+    match proto::decode(buf) {
+        Ok((Msg::Block(h), payload)) => Ok(Step::Block(h, buf.len() - payload.len())),
+        Ok((Msg::FileDone { blake3, length, .. }, _)) => Ok(Step::Done { blake3, length }),
+        Ok((Msg::Error { .. }, _)) => Ok(Step::GaveUp),
+        Ok((m, _)) => Err(XferError::conn(format!(
+            "unexpected frame during a PUT: {m:?}"
+        ))),
+        Err(e) => Err(XferError::conn(format!("the peer sent a bad frame: {e}"))),
     }
 }
 
