@@ -279,6 +279,18 @@ impl Channel {
         }))
     }
 
+    /// Posts a held buffer again at once, rather than at the next receive after the
+    /// [`Held`] is dropped (for a message done with before other work).
+    pub fn give_back(&mut self, mut held: Held) -> Result<()> {
+        match held.buf.take() {
+            Some(buf) => {
+                self.held = self.held.saturating_sub(1);
+                self.repost(buf)
+            }
+            None => Ok(()),
+        }
+    }
+
     /// The next message, copied out, without posting its buffer again: for a handshake's
     /// frame, after which the caller posts its ring sized for the agreed block (re-posted,
     /// the handshake's small buffer would be the next to fill, and the first message after

@@ -582,14 +582,18 @@ impl Client {
                     _ => Ok(vec![msg]),
                 }
             })?;
-            if let Some((h, at)) = block {
-                let writer = live
-                    .get_mut(&h.file_id)
-                    .and_then(|dl| dl.writer.as_mut())
-                    .ok_or_else(|| XferError::conn("BLOCK of no transfer in progress"))?;
-                writer.push_held(&h, held, at)?;
-                progress.add(u64::from(h.len));
-                self.stats.wire_bytes += u64::from(h.len);
+            match block {
+                Some((h, at)) => {
+                    let writer = live
+                        .get_mut(&h.file_id)
+                        .and_then(|dl| dl.writer.as_mut())
+                        .ok_or_else(|| XferError::conn("BLOCK of no transfer in progress"))?;
+                    writer.push_held(&h, held, at)?;
+                    progress.add(u64::from(h.len));
+                    self.stats.wire_bytes += u64::from(h.len);
+                }
+                // The peer gets the buffer back before the answers are worked through.
+                None => self.link.give_back(held)?,
             }
             let last = msgs.len();
             ferry_fabric::timeline::mark("cp.msg", last as u64);
