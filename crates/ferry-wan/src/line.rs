@@ -16,6 +16,7 @@ use rustix::event::{poll, PollFd, PollFlags};
 use rustix::io::Errno;
 use rustix::time::Timespec;
 
+use crate::gso::TcpGso;
 use crate::sys::{TunMode, VNET_HDR_LEN};
 
 /// Largest packet a TUN read returns: a 64 KiB GSO packet plus its virtio header.
@@ -58,11 +59,12 @@ pub struct LineStats {
     /// Packets (GSO packets count once) and IP bytes written to the far side.
     pub packets: AtomicU64,
     pub bytes: AtomicU64,
-    /// Packets dropped because the bottleneck queue was full.
+    /// Segments (1500-byte packets; a GSO packet counts the ones it stands for) dropped
+    /// because the bottleneck queue was full.
     pub queue_drops: AtomicU64,
-    /// Packets dropped by the random loss.
+    /// Segments dropped by the random loss.
     pub random_drops: AtomicU64,
-    /// Packets held back to be reordered.
+    /// Packets (pieces of GSO packets count once) held back to be reordered.
     pub reordered: AtomicU64,
     /// Writes the far side refused (device going away at teardown, for instance).
     pub write_errors: AtomicU64,
@@ -105,14 +107,19 @@ struct Bottleneck {
 }
 
 impl Bottleneck {
+    /// Bytes the queue can still take at `now`.
+    fn room(&self, now: Instant) -> f64 {
+        let backlog = self.busy_until.saturating_duration_since(now).as_secs_f64();
+        self.limit as f64 - backlog * self.rate_bps as f64 / 8.0
+    }
+
     /// When a packet of `wire_bytes` arriving `now` leaves the link, or `None` when the
     /// queue has no room for it.
     fn admit(&mut self, now: Instant, wire_bytes: usize) -> Option<Instant> {
-        let start = self.busy_until.max(now);
-        let backlog = (start - now).as_secs_f64() * self.rate_bps as f64 / 8.0;
-        if backlog + wire_bytes as f64 > self.limit as f64 {
+        if wire_bytes as f64 > self.room(now) {
             return None;
         }
+        let start = self.busy_until.max(now);
         let send = Duration::from_secs_f64(wire_bytes as f64 * 8.0 / self.rate_bps as f64);
         self.busy_until = start + send;
         Some(self.busy_until)
@@ -129,6 +136,8 @@ struct Line {
     rng: SmallRng,
     held: BinaryHeap<Reverse<Held>>,
     seq: u64,
+    /// Scratch space for the pieces of a GSO packet.
+    piece: Vec<u8>,
 }
 
 /// Runs one direction until `stop` is set. Returns the error that ended it early, if any
@@ -160,6 +169,7 @@ pub(crate) fn run(
         bottleneck,
         held: BinaryHeap::new(),
         seq: 0,
+        piece: Vec::with_capacity(MAX_PACKET),
     };
     let mut scratch = vec![0u8; MAX_PACKET];
     while !stop.load(Ordering::Relaxed) {
@@ -187,9 +197,17 @@ impl Line {
         Ok(false)
     }
 
-    /// Puts one packet through loss, the bottleneck and the delay.
+    /// Puts one packet through the bottleneck, loss and the delay; a TCP GSO packet
+    /// segment by segment.
     fn admit(&mut self, packet: &[u8]) {
         let now = Instant::now();
+        match TcpGso::parse(packet) {
+            Some(gso) if self.cfg.mode == TunMode::Offload => self.admit_gso(now, packet, gso),
+            _ => self.admit_one(now, packet),
+        }
+    }
+
+    fn admit_one(&mut self, now: Instant, packet: &[u8]) {
         let wire = wire_bytes(packet, self.cfg.mode);
         let leaves = match self.bottleneck.as_mut() {
             Some(link) => match link.admit(now, wire) {
@@ -201,10 +219,67 @@ impl Line {
             },
             None => now,
         };
-        if self.cfg.loss > 0.0 && self.rng.random::<f64>() < self.cfg.loss {
+        if self.lost() {
             self.stats.random_drops.fetch_add(1, Ordering::Relaxed);
             return;
         }
+        self.hold(now, leaves, packet);
+    }
+
+    /// A GSO packet meets the queue and the loss as the 1500-byte segments it stands
+    /// for: the queue takes the segments that fit and drops the tail; the loss removes
+    /// single segments; what survives goes on as up to a few shorter GSO packets.
+    fn admit_gso(&mut self, now: Instant, packet: &[u8], gso: TcpGso) {
+        let segments = gso.segments();
+        let (fit, leaves) = match self.bottleneck.as_mut() {
+            Some(link) => {
+                let room = link.room(now);
+                let fit = (0..=segments)
+                    .rev()
+                    .find(|&k| gso.wire_bytes(0, k) as f64 <= room)
+                    .unwrap_or(0);
+                if fit == 0 {
+                    self.stats
+                        .queue_drops
+                        .fetch_add(segments as u64, Ordering::Relaxed);
+                    return;
+                }
+                let leaves = link.admit(now, gso.wire_bytes(0, fit)).unwrap_or(now);
+                (fit, leaves)
+            }
+            None => (segments, now),
+        };
+        let dropped = (segments - fit) as u64;
+        self.stats.queue_drops.fetch_add(dropped, Ordering::Relaxed);
+        if fit == segments && self.cfg.loss == 0.0 {
+            self.hold(now, leaves, packet);
+            return;
+        }
+        // Runs of segments that survive the loss, each sent as one piece.
+        let mut run_start = 0;
+        for seg in 0..=fit {
+            let lost = seg < fit && self.lost();
+            if lost {
+                self.stats.random_drops.fetch_add(1, Ordering::Relaxed);
+            }
+            if lost || seg == fit {
+                if seg > run_start {
+                    let mut piece = std::mem::take(&mut self.piece);
+                    gso.piece(packet, run_start, seg - run_start, &mut piece);
+                    self.hold(now, leaves, &piece);
+                    self.piece = piece;
+                }
+                run_start = seg + 1;
+            }
+        }
+    }
+
+    fn lost(&mut self) -> bool {
+        self.cfg.loss > 0.0 && self.rng.random::<f64>() < self.cfg.loss
+    }
+
+    /// Schedules the packet for `leaves` + the delay (+ the reorder hold, if drawn).
+    fn hold(&mut self, now: Instant, leaves: Instant, packet: &[u8]) {
         let mut release = leaves + self.cfg.delay;
         if self.cfg.reorder > 0.0 && self.rng.random::<f64>() < self.cfg.reorder {
             self.stats.reordered.fetch_add(1, Ordering::Relaxed);

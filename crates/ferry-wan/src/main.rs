@@ -55,8 +55,8 @@ struct PathArgs {
     /// Seed of the loss and reordering draws.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// GSO super-packets (on), 1500-byte packets (off), or on unless lossy (auto).
-    #[arg(long, default_value = "auto", value_parser = ["auto", "on", "off"])]
+    /// TCP GSO super-packets cross the line whole (on) or as 1500-byte packets (off).
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
     offload: String,
     /// Keep the host's tcp_rmem/tcp_wmem in the namespaces instead of raising them.
     #[arg(long)]
@@ -121,9 +121,8 @@ impl PathArgs {
             reorder_delay: self.reorder_delay,
             seed: self.seed,
             offload: match self.offload.as_str() {
-                "on" => Offload::On,
                 "off" => Offload::Off,
-                _ => Offload::Auto,
+                _ => Offload::On,
             },
             raise_buffers: !self.host_buffers,
             realtime: !self.no_realtime,

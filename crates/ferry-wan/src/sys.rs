@@ -23,7 +23,7 @@ struct IfReq {
 /// How a TUN device hands packets to the delay line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum TunMode {
-    /// `IFF_VNET_HDR` with checksum and TSO/USO offloads: the kernel passes GSO
+    /// `IFF_VNET_HDR` with checksum and TSO offloads: the kernel passes TCP GSO
     /// super-packets (up to 64 KiB) whole, each behind a 10-byte `virtio_net_hdr`.
     Offload,
     /// One MTU-sized packet per read, no header: the stack segments before the device.
@@ -75,28 +75,20 @@ pub(crate) fn create_tun(name: &str, mode: TunMode) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
-/// Enables checksum, TCP and (where the kernel knows it) UDP segmentation offloads, so the
-/// stack hands the device GSO packets instead of segmenting them itself.
+/// Enables checksum and TCP segmentation offloads, so the stack hands the device TCP GSO
+/// packets instead of segmenting them itself. UDP segmentation (USO) stays off: UDP
+/// datagrams then cross one by one, and every GSO packet the line sees is TCP, which it
+/// knows how to cut (gso.rs).
 fn set_offload(fd: &OwnedFd) -> io::Result<()> {
-    let tcp = libc::TUN_F_CSUM | libc::TUN_F_TSO4 | libc::TUN_F_TSO6 | libc::TUN_F_TSO_ECN;
-    let udp = libc::TUN_F_USO4 | libc::TUN_F_USO6;
-    for offloads in [tcp | udp, tcp] {
-        // SAFETY: TUNSETOFFLOAD takes its unsigned argument by value; `fd` is open.
-        let rc = unsafe {
-            libc::ioctl(
-                fd.as_raw_fd(),
-                libc::TUNSETOFFLOAD,
-                offloads as libc::c_ulong,
-            )
-        };
-        match check(rc) {
-            Ok(()) => return Ok(()),
-            // Kernels before 6.2 reject the USO bits: retry with TCP only.
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) && offloads != tcp => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
+    let offloads = libc::TUN_F_CSUM | libc::TUN_F_TSO4 | libc::TUN_F_TSO6 | libc::TUN_F_TSO_ECN;
+    // SAFETY: TUNSETOFFLOAD takes its unsigned argument by value; `fd` is open.
+    check(unsafe {
+        libc::ioctl(
+            fd.as_raw_fd(),
+            libc::TUNSETOFFLOAD,
+            offloads as libc::c_ulong,
+        )
+    })
 }
 
 fn check(rc: libc::c_int) -> io::Result<()> {
