@@ -44,13 +44,13 @@ use std::io;
 use std::net::Ipv4Addr;
 use std::os::fd::OwnedFd;
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use line::LineConfig;
 pub use line::LineStats;
+use line::{Controls, LineConfig};
 use netns::Netns;
 use sys::TunMode;
 
@@ -197,7 +197,7 @@ pub struct Wan {
     a: Side,
     b: Side,
     config: Config,
-    stop: Arc<AtomicBool>,
+    controls: Arc<Controls>,
     lines: Vec<JoinHandle<io::Result<()>>>,
     stats: [Arc<LineStats>; 2],
     // Dropped after `Drop::drop` has stopped the lines.
@@ -232,7 +232,7 @@ impl Wan {
         let mode = config.tun_mode();
         let tun_a = open_end(&ns_a, &config, mode, ADDR_A, ADDR_B)?;
         let tun_b = open_end(&ns_b, &config, mode, ADDR_B, ADDR_A)?;
-        let stop = Arc::new(AtomicBool::new(false));
+        let controls = Arc::new(Controls::default());
         let stats = [Arc::default(), Arc::default()];
         let mut wan = Wan {
             a: Side {
@@ -244,7 +244,7 @@ impl Wan {
                 addr: ADDR_B,
             },
             config,
-            stop,
+            controls,
             lines: Vec::new(),
             stats,
             _namespaces: [ns_a, ns_b],
@@ -270,10 +270,10 @@ impl Wan {
         let cfg = self
             .config
             .line(self.config.seed.wrapping_add(index as u64));
-        let (stats, stop) = (self.stats[index].clone(), self.stop.clone());
+        let (stats, controls) = (self.stats[index].clone(), self.controls.clone());
         let handle = std::thread::Builder::new()
             .name(format!("wan-{name}"))
-            .spawn(move || line::run(cfg, input, output, stats, stop))
+            .spawn(move || line::run(cfg, input, output, stats, controls))
             .map_err(|e| Error::io("spawn delay-line thread".into(), e))?;
         self.lines.push(handle);
         Ok(())
@@ -291,6 +291,12 @@ impl Wan {
 
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// Cuts the link (`true`: both directions drop everything, including what is in
+    /// flight when it would arrive) or restores it.
+    pub fn set_cut(&self, cut: bool) {
+        self.controls.cut.store(cut, Ordering::Relaxed);
     }
 
     /// Counters of the A→B direction.
@@ -349,7 +355,7 @@ impl Wan {
 
 impl Drop for Wan {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.controls.stop.store(true, Ordering::Relaxed);
         for line in self.lines.drain(..) {
             let _ = line.join();
         }

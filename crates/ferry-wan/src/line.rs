@@ -53,6 +53,15 @@ pub(crate) struct LineConfig {
     pub realtime: bool,
 }
 
+/// Switches shared by both directions and the owner of the line.
+#[derive(Debug, Default)]
+pub(crate) struct Controls {
+    /// Set to end the threads.
+    pub stop: AtomicBool,
+    /// Set while the link is cut: every packet is dropped.
+    pub cut: AtomicBool,
+}
+
 /// Counters of one direction, readable while it runs.
 #[derive(Debug, Default)]
 pub struct LineStats {
@@ -64,6 +73,8 @@ pub struct LineStats {
     pub queue_drops: AtomicU64,
     /// Segments dropped by the random loss.
     pub random_drops: AtomicU64,
+    /// Segments dropped because the link was cut (see `Wan::set_cut`).
+    pub cut_drops: AtomicU64,
     /// Packets (pieces of GSO packets count once) held back to be reordered.
     pub reordered: AtomicU64,
     /// Writes the far side refused (device going away at teardown, for instance).
@@ -129,6 +140,7 @@ impl Bottleneck {
 /// One direction's state while it runs.
 struct Line {
     cfg: LineConfig,
+    controls: Arc<Controls>,
     input: OwnedFd,
     output: OwnedFd,
     stats: Arc<LineStats>,
@@ -147,7 +159,7 @@ pub(crate) fn run(
     input: OwnedFd,
     output: OwnedFd,
     stats: Arc<LineStats>,
-    stop: Arc<AtomicBool>,
+    controls: Arc<Controls>,
 ) -> io::Result<()> {
     // Release times are honoured to the timer's precision: ask for 1 us of slack instead
     // of the default 50 us. Best effort: a kernel that refuses still works, less exactly.
@@ -162,6 +174,7 @@ pub(crate) fn run(
     });
     let mut line = Line {
         rng: SmallRng::seed_from_u64(cfg.seed),
+        controls,
         cfg,
         input,
         output,
@@ -172,7 +185,7 @@ pub(crate) fn run(
         piece: Vec::with_capacity(MAX_PACKET),
     };
     let mut scratch = vec![0u8; MAX_PACKET];
-    while !stop.load(Ordering::Relaxed) {
+    while !line.controls.stop.load(Ordering::Relaxed) {
         let drained = line.read_batch(&mut scratch)?;
         line.release_due(Instant::now());
         if drained {
@@ -201,6 +214,9 @@ impl Line {
     /// segment by segment.
     fn admit(&mut self, packet: &[u8]) {
         let now = Instant::now();
+        if self.is_cut(packet) {
+            return;
+        }
         match TcpGso::parse(packet) {
             Some(gso) if self.cfg.mode == TunMode::Offload => self.admit_gso(now, packet, gso),
             _ => self.admit_one(now, packet),
@@ -302,9 +318,27 @@ impl Line {
     fn release_due(&mut self, now: Instant) {
         while self.held.peek().is_some_and(|p| p.0.release <= now) {
             if let Some(Reverse(p)) = self.held.pop() {
-                self.write(&p.data);
+                // What would reach the far end while the link is cut is lost too.
+                if !self.is_cut(&p.data) {
+                    self.write(&p.data);
+                }
             }
         }
+    }
+
+    /// True (and counted) when the link is cut: the packet goes nowhere.
+    fn is_cut(&self, packet: &[u8]) -> bool {
+        if !self.controls.cut.load(Ordering::Relaxed) {
+            return false;
+        }
+        let segments = match self.cfg.mode {
+            TunMode::Offload => TcpGso::parse(packet).map_or(1, |g| g.segments()),
+            TunMode::Plain => 1,
+        };
+        self.stats
+            .cut_drops
+            .fetch_add(segments as u64, Ordering::Relaxed);
+        true
     }
 
     fn write(&self, packet: &[u8]) {

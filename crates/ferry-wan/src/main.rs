@@ -24,7 +24,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Bring the path up, print the namespaces and addresses, hold it until a signal.
+    /// Bring the path up, print the namespaces and addresses, hold it until SIGINT or
+    /// SIGTERM. SIGUSR1 cuts the link (everything is dropped), SIGUSR2 restores it.
     Up(PathArgs),
     /// Bring the path up, run one command in A and one in B, tear down. Exits with B's
     /// status (or A's when B succeeded and A failed on its own).
@@ -152,12 +153,30 @@ fn bring_up(args: &PathArgs) -> Result<Wan> {
 
 fn up(args: &PathArgs) -> Result<ExitCode> {
     let stop = stop_on_signals()?;
+    let (cut, restore) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    signal_hook::flag::register(signal_hook::consts::SIGUSR1, cut.clone())?;
+    signal_hook::flag::register(signal_hook::consts::SIGUSR2, restore.clone())?;
     let wan = bring_up(args)?;
     println!("a {} {}", wan.a().netns, wan.a().addr);
     println!("b {} {}", wan.b().netns, wan.b().addr);
-    eprintln!("ferry-wan: up; SIGINT or SIGTERM tears it down");
+    eprintln!(
+        "ferry-wan: up (pid {}); SIGUSR1 cuts the link, SIGUSR2 restores it, SIGINT or \
+         SIGTERM tears it down",
+        std::process::id()
+    );
     while !stop.load(Ordering::Relaxed) {
-        std::thread::sleep(Duration::from_millis(50));
+        if cut.swap(false, Ordering::Relaxed) {
+            wan.set_cut(true);
+            eprintln!("ferry-wan: link cut");
+        }
+        if restore.swap(false, Ordering::Relaxed) {
+            wan.set_cut(false);
+            eprintln!("ferry-wan: link restored");
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
     report_stats(&wan);
     Ok(ExitCode::SUCCESS)
@@ -200,12 +219,13 @@ fn report_stats(wan: &Wan) {
     for (dir, s) in [("a->b", wan.stats_a_to_b()), ("b->a", wan.stats_b_to_a())] {
         let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
         eprintln!(
-            "ferry-wan: {dir}: {} packets, {} MB, {} queue drops, {} random drops, \
-             {} reordered",
+            "ferry-wan: {dir}: {} packets, {} MB; segments dropped: {} by the queue, {} by \
+             the loss, {} by a cut; {} reordered",
             get(&s.packets),
             get(&s.bytes) / 1_000_000,
             get(&s.queue_drops),
             get(&s.random_drops),
+            get(&s.cut_drops),
             get(&s.reordered),
         );
     }

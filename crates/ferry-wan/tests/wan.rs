@@ -41,7 +41,7 @@ fn ms(n: u64) -> Duration {
 /// busy machine is measured, only the path.
 fn ping_rtts(wan: &Wan, count: usize, gap: Duration) -> Vec<Duration> {
     let mut ping = Command::new("ping");
-    ping.args(["-n", "-W", "2", "-c", &count.to_string()])
+    ping.args(["-n", "-W", "1", "-c", &count.to_string()])
         .arg("-i")
         .arg(format!("{:.3}", gap.as_secs_f64()))
         .arg(wan.b().addr.to_string());
@@ -352,4 +352,29 @@ fn bytes_arrive_intact_through_loss_and_queue_drops() {
     eprintln!("16 MiB intact: {lost} segments lost, {dropped} dropped by the queue");
     assert!(lost > 0, "the loss never struck");
     assert!(dropped > 0, "the queue never overflowed");
+}
+
+/// A cut link drops everything both ways until it is restored.
+#[test]
+fn a_cut_link_drops_everything_until_restored() {
+    let _serial = serial();
+    if !have("ping") {
+        return;
+    }
+    let Some(wan) = wan_or_skip(Config {
+        rtt: ms(10),
+        ..Config::default()
+    }) else {
+        return;
+    };
+    assert_eq!(ping_rtts(&wan, 3, ms(20)).len(), 3, "before the cut");
+    wan.set_cut(true);
+    assert!(
+        ping_rtts(&wan, 3, ms(100)).is_empty(),
+        "pings crossed a cut link"
+    );
+    let cut = wan.stats_a_to_b().cut_drops.load(Ordering::Relaxed);
+    assert_eq!(cut, 3, "three echo requests dropped by the cut");
+    wan.set_cut(false);
+    assert_eq!(ping_rtts(&wan, 3, ms(20)).len(), 3, "after the cut");
 }
