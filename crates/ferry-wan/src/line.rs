@@ -26,6 +26,10 @@ const MAX_PACKET: usize = 65_536 + VNET_HDR_LEN + 64;
 const READ_BATCH: usize = 32;
 /// Longest sleep when nothing is due, which bounds how long a stop request waits.
 const IDLE_WAIT: Duration = Duration::from_millis(20);
+/// Most a timed wake-up is advanced by (the time the loop may spin before a release).
+const MAX_WAKE_ADVANCE: Duration = Duration::from_micros(200);
+/// Held packets up to which wake-ups are advanced (see `wait_for_input`).
+const SPARSE: usize = 8;
 /// SCHED_FIFO priority of the line threads: above every normal task, below the kernel's
 /// own real-time threads (which use 50 and up).
 const RT_PRIORITY: i32 = 10;
@@ -77,6 +81,9 @@ pub struct LineStats {
     pub cut_drops: AtomicU64,
     /// Packets (pieces of GSO packets count once) held back to be reordered.
     pub reordered: AtomicU64,
+    /// Longest time a held packet was written after its release time, in microseconds:
+    /// the line's own lateness (reading and the far stack's processing not included).
+    pub max_release_lateness_us: AtomicU64,
     /// Writes the far side refused (device going away at teardown, for instance).
     pub write_errors: AtomicU64,
     /// Whether the thread got real-time priority (see `Config::realtime`).
@@ -150,6 +157,8 @@ struct Line {
     seq: u64,
     /// Scratch space for the pieces of a GSO packet.
     piece: Vec<u8>,
+    /// How late timed wake-ups have been (moving average): the timer is set this early.
+    wake_lateness: Duration,
 }
 
 /// Runs one direction until `stop` is set. Returns the error that ended it early, if any
@@ -183,6 +192,7 @@ pub(crate) fn run(
         held: BinaryHeap::new(),
         seq: 0,
         piece: Vec::with_capacity(MAX_PACKET),
+        wake_lateness: Duration::ZERO,
     };
     let mut scratch = vec![0u8; MAX_PACKET];
     while !line.controls.stop.load(Ordering::Relaxed) {
@@ -318,6 +328,10 @@ impl Line {
     fn release_due(&mut self, now: Instant) {
         while self.held.peek().is_some_and(|p| p.0.release <= now) {
             if let Some(Reverse(p)) = self.held.pop() {
+                let late = now.saturating_duration_since(p.release).as_micros() as u64;
+                self.stats
+                    .max_release_lateness_us
+                    .fetch_max(late, Ordering::Relaxed);
                 // What would reach the far end while the link is cut is lost too.
                 if !self.is_cut(&p.data) {
                     self.write(&p.data);
@@ -362,13 +376,27 @@ impl Line {
         }
     }
 
-    /// Sleeps until the input is readable or the next held packet is due.
-    fn wait_for_input(&self) -> io::Result<()> {
-        let wait = match self.held.peek() {
-            Some(p) => p.0.release.saturating_duration_since(Instant::now()),
-            None => IDLE_WAIT,
-        }
-        .min(IDLE_WAIT);
+    /// Sleeps until the input is readable or the next held packet is due. When few
+    /// packets are held, the timer is set early by how late its wake-ups have been
+    /// coming (the rest is spun away by the caller's loop), so a release is late by the
+    /// wake-up's jitter only, not by its average; a packet is still never released
+    /// before its time. With many held (a bulk transfer) the spinning would take the
+    /// CPU the endpoints need, and the releases come close together anyway.
+    fn wait_for_input(&mut self) -> io::Result<()> {
+        let now = Instant::now();
+        let (wait, timed) = match self.held.peek() {
+            Some(p) => {
+                let until = p.0.release.saturating_duration_since(now);
+                let advance = if self.held.len() <= SPARSE {
+                    self.wake_lateness
+                } else {
+                    Duration::ZERO
+                };
+                (until.saturating_sub(advance), true)
+            }
+            None => (IDLE_WAIT, false),
+        };
+        let wait = wait.min(IDLE_WAIT);
         if wait.is_zero() {
             return Ok(());
         }
@@ -378,6 +406,12 @@ impl Line {
         };
         let mut fds = [PollFd::new(&self.input, PollFlags::IN)];
         match poll(&mut fds, Some(&timeout)) {
+            Ok(0) if timed => {
+                let late = now.elapsed().saturating_sub(wait).min(MAX_WAKE_ADVANCE);
+                // Moving average over about eight wake-ups.
+                self.wake_lateness = (self.wake_lateness * 7 + late) / 8;
+                Ok(())
+            }
             Ok(_) | Err(Errno::INTR) => Ok(()),
             Err(e) => Err(e.into()),
         }
