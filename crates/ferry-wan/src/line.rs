@@ -79,7 +79,7 @@ pub struct LineStats {
     pub random_drops: AtomicU64,
     /// Segments dropped because the link was cut (see `Wan::set_cut`).
     pub cut_drops: AtomicU64,
-    /// Packets (pieces of GSO packets count once) held back to be reordered.
+    /// Segments held back to be reordered.
     pub reordered: AtomicU64,
     /// Longest time a held packet was written after its release time, in microseconds:
     /// the line's own lateness (reading and the far stack's processing not included).
@@ -88,6 +88,15 @@ pub struct LineStats {
     pub write_errors: AtomicU64,
     /// Whether the thread got real-time priority (see `Config::realtime`).
     pub realtime: AtomicBool,
+}
+
+/// What the loss and the reordering do to one segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fate {
+    Sent,
+    Lost,
+    /// Held `reorder_delay` longer, so the segments behind it overtake it.
+    HeldBack,
 }
 
 /// A packet waiting for its release time; ordered by time, then arrival, so packets with
@@ -245,16 +254,16 @@ impl Line {
             },
             None => now,
         };
-        if self.lost() {
-            self.stats.random_drops.fetch_add(1, Ordering::Relaxed);
-            return;
+        match self.fate() {
+            Fate::Lost => {}
+            fate => self.hold(now, leaves, packet, fate == Fate::HeldBack),
         }
-        self.hold(now, leaves, packet);
     }
 
-    /// A GSO packet meets the queue and the loss as the 1500-byte segments it stands
-    /// for: the queue takes the segments that fit and drops the tail; the loss removes
-    /// single segments; what survives goes on as up to a few shorter GSO packets.
+    /// A GSO packet meets the queue, the loss and the reordering as the 1500-byte
+    /// segments it stands for: the queue takes the segments that fit and drops the tail;
+    /// the loss removes single segments; a reordered segment goes alone, held back; the
+    /// runs in between go on as shorter GSO packets.
     fn admit_gso(&mut self, now: Instant, packet: &[u8], gso: TcpGso) {
         let segments = gso.segments();
         let (fit, leaves) = match self.bottleneck.as_mut() {
@@ -277,38 +286,62 @@ impl Line {
         };
         let dropped = (segments - fit) as u64;
         self.stats.queue_drops.fetch_add(dropped, Ordering::Relaxed);
-        if fit == segments && self.cfg.loss == 0.0 {
-            self.hold(now, leaves, packet);
+        if fit == segments && self.cfg.loss == 0.0 && self.cfg.reorder == 0.0 {
+            self.hold(now, leaves, packet, false);
             return;
         }
-        // Runs of segments that survive the loss, each sent as one piece.
         let mut run_start = 0;
         for seg in 0..=fit {
-            let lost = seg < fit && self.lost();
-            if lost {
-                self.stats.random_drops.fetch_add(1, Ordering::Relaxed);
+            let fate = if seg < fit { self.fate() } else { Fate::Sent };
+            if fate == Fate::Sent && seg < fit {
+                continue;
             }
-            if lost || seg == fit {
-                if seg > run_start {
-                    let mut piece = std::mem::take(&mut self.piece);
-                    gso.piece(packet, run_start, seg - run_start, &mut piece);
-                    self.hold(now, leaves, &piece);
-                    self.piece = piece;
-                }
-                run_start = seg + 1;
+            // The run before this segment ends here.
+            self.hold_piece(now, leaves, packet, &gso, run_start..seg, false);
+            if fate == Fate::HeldBack {
+                self.hold_piece(now, leaves, packet, &gso, seg..seg + 1, true);
             }
+            run_start = seg + 1;
         }
     }
 
-    fn lost(&mut self) -> bool {
-        self.cfg.loss > 0.0 && self.rng.random::<f64>() < self.cfg.loss
+    /// Holds segments `range` of a GSO packet as one piece (nothing if empty).
+    fn hold_piece(
+        &mut self,
+        now: Instant,
+        leaves: Instant,
+        packet: &[u8],
+        gso: &TcpGso,
+        range: std::ops::Range<usize>,
+        held_back: bool,
+    ) {
+        if range.is_empty() {
+            return;
+        }
+        let mut piece = std::mem::take(&mut self.piece);
+        gso.piece(packet, range.start, range.len(), &mut piece);
+        self.hold(now, leaves, &piece, held_back);
+        self.piece = piece;
     }
 
-    /// Schedules the packet for `leaves` + the delay (+ the reorder hold, if drawn).
-    fn hold(&mut self, now: Instant, leaves: Instant, packet: &[u8]) {
-        let mut release = leaves + self.cfg.delay;
+    /// Draws what happens to one segment after the queue, and counts it.
+    fn fate(&mut self) -> Fate {
+        if self.cfg.loss > 0.0 && self.rng.random::<f64>() < self.cfg.loss {
+            self.stats.random_drops.fetch_add(1, Ordering::Relaxed);
+            return Fate::Lost;
+        }
         if self.cfg.reorder > 0.0 && self.rng.random::<f64>() < self.cfg.reorder {
             self.stats.reordered.fetch_add(1, Ordering::Relaxed);
+            return Fate::HeldBack;
+        }
+        Fate::Sent
+    }
+
+    /// Schedules the packet for `leaves` + the delay (+ the reorder delay when held
+    /// back).
+    fn hold(&mut self, now: Instant, leaves: Instant, packet: &[u8], held_back: bool) {
+        let mut release = leaves + self.cfg.delay;
+        if held_back {
             release += self.cfg.reorder_delay;
         }
         if release <= now && self.held.is_empty() {

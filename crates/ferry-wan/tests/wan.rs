@@ -316,17 +316,18 @@ fn pattern() -> Vec<u8> {
         .collect()
 }
 
-/// Through a lossy, queue-limited path the line cuts GSO packets into pieces (queue
+/// Through a lossy, reordering, queue-limited path the line cuts GSO packets into pieces (queue
 /// drops and losses hit single segments); TCP must still deliver every byte unchanged,
 /// which it only does if each piece's headers are right (the checksum offload means the
 /// receiver does not verify the TCP checksum of what the line wrote).
 #[test]
-fn bytes_arrive_intact_through_loss_and_queue_drops() {
+fn bytes_arrive_intact_through_loss_reordering_and_queue_drops() {
     let _serial = serial();
     let Some(wan) = wan_or_skip(Config {
         rtt: ms(2),
         rate_bps: Some(200_000_000),
         loss: 0.01,
+        reorder: 0.01,
         seed: 7,
         ..Config::default()
     }) else {
@@ -377,11 +378,16 @@ fn bytes_arrive_intact_through_loss_and_queue_drops() {
     }
     sender.join().unwrap().unwrap();
     let s = wan.stats_a_to_b();
-    let (lost, dropped) = (
+    let (lost, dropped, reordered) = (
         s.random_drops.load(Ordering::Relaxed),
         s.queue_drops.load(Ordering::Relaxed),
+        s.reordered.load(Ordering::Relaxed),
     );
-    eprintln!("16 MiB intact: {lost} segments lost, {dropped} dropped by the queue");
+    eprintln!(
+        "16 MiB intact: {lost} segments lost, {dropped} dropped by the queue, \
+         {reordered} segments reordered"
+    );
+    assert!(reordered > 0, "nothing was reordered");
     assert!(lost > 0, "the loss never struck");
     assert!(dropped > 0, "the queue never overflowed");
 }
