@@ -41,12 +41,17 @@ impl TcpGso {
         let ip = VNET_HDR_LEN;
         let version = packet.get(ip)? >> 4;
         let l4 = match (v6, version) {
-            (false, 4) => ip + ((packet[ip] & 0x0f) as usize) * 4,
+            // A header shorter than 20 bytes is malformed: leave the packet whole.
+            (false, 4) if packet[ip] & 0x0f >= 5 => ip + ((packet[ip] & 0x0f) as usize) * 4,
             // Extension headers are not expected on TSO packets; leave those whole.
             (true, 6) if *packet.get(ip + 6)? == 6 => ip + 40,
             _ => return None,
         };
-        let payload = l4 + ((*packet.get(l4 + 12)? >> 4) as usize) * 4;
+        let tcp_header = ((*packet.get(l4 + 12)? >> 4) as usize) * 4;
+        if tcp_header < 20 {
+            return None;
+        }
+        let payload = l4 + tcp_header;
         let gso = TcpGso {
             v6,
             l4,
@@ -224,5 +229,11 @@ pub(crate) mod tests {
         udp[1] = 5; // VIRTIO_NET_HDR_GSO_UDP_L4
         assert!(TcpGso::parse(&udp).is_none());
         assert!(TcpGso::parse(&[0u8; 12]).is_none());
+        let mut short_tcp = tcp4_gso(3, 0);
+        short_tcp[VNET_HDR_LEN + 20 + 12] = 2 << 4; // data offset 8 bytes
+        assert!(TcpGso::parse(&short_tcp).is_none());
+        let mut short_ip = tcp4_gso(3, 0);
+        short_ip[VNET_HDR_LEN] = 0x41; // IHL 4 bytes
+        assert!(TcpGso::parse(&short_ip).is_none());
     }
 }

@@ -392,7 +392,7 @@ impl Line {
         // A TUN write hands the packet to the far stack at once; it does not block.
         match rustix::io::write(&self.output, packet) {
             Ok(_) => {
-                let ip_len = packet.len() - self.header_len();
+                let ip_len = packet.len().saturating_sub(self.header_len());
                 self.stats.packets.fetch_add(1, Ordering::Relaxed);
                 self.stats.bytes.fetch_add(ip_len as u64, Ordering::Relaxed);
             }
