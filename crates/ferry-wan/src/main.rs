@@ -45,12 +45,13 @@ struct PathArgs {
     /// Drop-tail queue limit: 4m, 512k (default: one bandwidth-delay product, ≥ 256k).
     #[arg(long, value_parser = parse_bytes)]
     queue: Option<u64>,
-    /// Random loss, each direction: 0.1%.
+    /// Random loss per 1500-byte segment, each direction: 0.1%.
     #[arg(long, default_value = "0", value_parser = parse_probability)]
     loss: f64,
-    /// Share of packets held back by --reorder-delay so later ones overtake them: 1%.
+    /// Share of segments held back by --reorder-delay so later ones overtake them: 1%.
     #[arg(long, default_value = "0", value_parser = parse_probability)]
     reorder: f64,
+    /// How much longer a reordered segment is held.
     #[arg(long, default_value = "1ms", value_parser = parse_duration)]
     reorder_delay: Duration,
     /// Seed of the loss and reordering draws.
