@@ -236,6 +236,9 @@ fn report_stats(wan: &Wan) {
 fn run(args: &RunArgs) -> Result<ExitCode> {
     let stop = stop_on_signals()?;
     let wan = bring_up(&args.path)?;
+    for (side, end) in [("a", wan.a()), ("b", wan.b())] {
+        eprintln!("ferry-wan: namespace {side} {} {}", end.netns, end.addr);
+    }
     let mut a = spawn_shell(&wan, true, &args.a_cmd)?;
     let mut b = match spawn_shell(&wan, false, &args.b_cmd) {
         Ok(b) => b,
