@@ -190,9 +190,9 @@ fn describe(wan: &Wan) {
         .rate_bps
         .map_or("none".to_string(), |r| format!("{} Mbit/s", r / 1_000_000));
     eprintln!(
-        "ferry-wan: rtt {:?}, bottleneck {rate}, queue {} KiB, loss {}%, reorder {}%, \
+        "ferry-wan: rtt {} ms, bottleneck {rate}, queue {} KiB, loss {}%, reorder {}%, \
          tcp buffer ceiling {} MiB{}",
-        cfg.rtt,
+        cfg.rtt.as_secs_f64() * 1e3,
         cfg.queue_limit() >> 10,
         cfg.loss * 100.0,
         cfg.reorder * 100.0,
