@@ -18,10 +18,14 @@
 //! in one read, and the far device accepts them whole in one write, so the line costs one
 //! read and one write per 64 KiB instead of per 1.5 KiB while TCP still sees a 1500-byte
 //! MTU (MSS 1448). Measured with iperf3, one stream, zero delay, on the 2-core
-//! development machine: 5.8 Gbit/s with offloads against 1.1 Gbit/s with 1500-byte
-//! packets (`--offload off`); docs/wan.md has the figures. A queue drop or a random loss
-//! still hits single segments: the line cuts a GSO packet at segment boundaries (gso.rs)
-//! and sends on the runs that survive, so TCP sees the losses a real path would give it.
+//! development machine: 5.3-7.9 Gbit/s with offloads against 1.1 Gbit/s with 1500-byte
+//! packets (`--offload off`); docs/wan.md has the figures. A queue drop, a random loss or
+//! a reordering still hits single segments: the line cuts a GSO packet at segment
+//! boundaries (gso.rs) and sends on the runs that survive, so TCP sees the losses a real
+//! path would give it.
+//!
+//! The two threads run at SCHED_FIFO priority (when allowed) so that a busy machine does
+//! not postpone releases; see docs/wan.md for what that holds.
 //! AF_PACKET on veth pairs was not built: it would need the same per-packet work plus
 //! the veth's own, and TUN already passed the 5 Gbit/s mark.
 //!
@@ -200,8 +204,8 @@ pub struct Wan {
     controls: Arc<Controls>,
     lines: Vec<JoinHandle<io::Result<()>>>,
     stats: [Arc<LineStats>; 2],
-    // Dropped after `Drop::drop` has stopped the lines.
-    _namespaces: [Netns; 2],
+    // Dropped (deleted) after `Drop::drop` has stopped the lines.
+    namespaces: [Netns; 2],
 }
 
 /// Checks that this process can run the emulator: root, /dev/net/tun and `ip`.
@@ -247,7 +251,7 @@ impl Wan {
             controls,
             lines: Vec::new(),
             stats,
-            _namespaces: [ns_a, ns_b],
+            namespaces: [ns_a, ns_b],
         };
         // Each device is read by one direction and written by the other.
         let dup = |fd: &OwnedFd| {
@@ -344,12 +348,12 @@ impl Wan {
     /// Runs `f` on a thread inside namespace A: sockets it creates belong to A and keep
     /// working from any thread afterwards. For Rust tests that talk across the path.
     pub fn in_a<T: Send>(&self, f: impl FnOnce() -> T + Send) -> Result<T, Error> {
-        self._namespaces[0].enter(f)
+        self.namespaces[0].enter(f)
     }
 
     /// Runs `f` on a thread inside namespace B; see [`Wan::in_a`].
     pub fn in_b<T: Send>(&self, f: impl FnOnce() -> T + Send) -> Result<T, Error> {
-        self._namespaces[1].enter(f)
+        self.namespaces[1].enter(f)
     }
 }
 
