@@ -221,7 +221,7 @@ fn report_stats(wan: &Wan) {
         let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
         eprintln!(
             "ferry-wan: {dir}: {} packets, {} MB; segments dropped: {} by the queue, {} by \
-             the loss, {} by a cut; {} reordered; latest release {} us late",
+             the loss, {} by a cut; {} reordered; latest release {} us late{}",
             get(&s.packets),
             get(&s.bytes) / 1_000_000,
             get(&s.queue_drops),
@@ -229,6 +229,11 @@ fn report_stats(wan: &Wan) {
             get(&s.cut_drops),
             get(&s.reordered),
             get(&s.max_release_lateness_us),
+            if s.realtime.load(Ordering::Relaxed) {
+                ""
+            } else {
+                " (normal priority: SCHED_FIFO was refused or turned off)"
+            },
         );
     }
 }
