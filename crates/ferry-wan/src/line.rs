@@ -84,6 +84,8 @@ pub struct LineStats {
     /// Longest time a held packet was written after its release time, in microseconds:
     /// the line's own lateness (reading and the far stack's processing not included).
     pub max_release_lateness_us: AtomicU64,
+    /// Held packets written more than 1 ms after their release time.
+    pub late_releases: AtomicU64,
     /// Writes the far side refused (device going away at teardown, for instance).
     pub write_errors: AtomicU64,
     /// Whether the thread got real-time priority (see `Config::realtime`).
@@ -365,6 +367,9 @@ impl Line {
                 self.stats
                     .max_release_lateness_us
                     .fetch_max(late, Ordering::Relaxed);
+                if late > 1_000 {
+                    self.stats.late_releases.fetch_add(1, Ordering::Relaxed);
+                }
                 // What would reach the far end while the link is cut is lost too.
                 if !self.is_cut(&p.data) {
                     self.write(&p.data);

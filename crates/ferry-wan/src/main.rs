@@ -221,13 +221,14 @@ fn report_stats(wan: &Wan) {
         let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
         eprintln!(
             "ferry-wan: {dir}: {} packets, {} MB; segments dropped: {} by the queue, {} by \
-             the loss, {} by a cut; {} reordered; latest release {} us late{}",
+             the loss, {} by a cut; {} reordered; {} releases over 1 ms late, the latest {} us{}",
             get(&s.packets),
             get(&s.bytes) / 1_000_000,
             get(&s.queue_drops),
             get(&s.random_drops),
             get(&s.cut_drops),
             get(&s.reordered),
+            get(&s.late_releases),
             get(&s.max_release_lateness_us),
             if s.realtime.load(Ordering::Relaxed) {
                 ""
