@@ -40,6 +40,9 @@ enum Cmd {
     /// Print the BLAKE3 of a local or remote file (b3sum format).
     #[command(after_help = xfer::EXIT_CODES)]
     Sum(xfer::SumArgs),
+    /// List the services a `ferry serve` runs (file transfer: xfer), or check it runs one.
+    #[command(after_help = xfer::EXIT_CODES)]
+    Services(xfer::ServicesArgs),
 }
 
 fn main() -> Result<()> {
@@ -63,6 +66,7 @@ fn main() -> Result<()> {
         Cmd::Cp(a) => xfer::cp(a),
         Cmd::Ls(a) => xfer::ls(a),
         Cmd::Sum(a) => xfer::sum(a),
+        Cmd::Services(a) => xfer::services(a),
     };
     // FERRY_TIMELINE=PREFIX: this run's marks (see `ferry_fabric::timeline`).
     ferry_fabric::timeline::mark("main.end", 0);

@@ -378,6 +378,35 @@ impl Admission {
         }
     }
 
+    /// The one token check of every service: whether `token` from `addr` gets in under
+    /// `auth`. A locked-out address's token is not even looked at, and gets the answer a
+    /// wrong token gets, so a guesser learns nothing from it; a wrong token counts towards
+    /// the lock-out ([`Admission::auth_failed`]).
+    pub fn authenticate(
+        &self,
+        addr: &str,
+        auth: &crate::auth::AuthConfig,
+        token: &str,
+    ) -> std::result::Result<(), AuthRefused> {
+        let refused = || {
+            Err(AuthRefused {
+                message: if token.is_empty() {
+                    "this server needs a token: pass --token or set FERRY_TOKEN"
+                } else {
+                    "the token was not accepted: check --token / FERRY_TOKEN against the server's [auth] tokens"
+                },
+            })
+        };
+        if self.locked_out(addr) {
+            return refused();
+        }
+        if !auth.accepts(token) {
+            self.auth_failed(addr);
+            return refused();
+        }
+        Ok(())
+    }
+
     /// Whether `addr` is locked out for failed tokens now.
     pub fn locked_out(&self, addr: &str) -> bool {
         let now = Instant::now();
@@ -477,6 +506,14 @@ impl Admission {
             block,
         })
     }
+}
+
+/// A token [`Admission::authenticate`] refused, with the message for the client (the same
+/// whether the token was wrong or its address is locked out).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuthRefused {
+    /// What the client is told.
+    pub message: &'static str,
 }
 
 /// Staging memory reserved by [`Admission::reserve`]; given back when dropped.
