@@ -142,8 +142,8 @@ fn physical_memory() -> Option<u64> {
 /// Bytes of staging memory a connection with `ring` blocks of `block` bytes may hold.
 pub type StagingCost = fn(ring: usize, block: u32) -> u64;
 
-/// A log line that goes out at most once per [`LOG_EVERY`]; lines held back meanwhile are
-/// counted, and the next one that goes out says how many.
+/// A log line that goes out at most once per `LOG_EVERY` (a second); lines held back
+/// meanwhile are counted, and the next one that goes out says how many.
 #[derive(Default)]
 pub struct LogGate(Mutex<(Option<Instant>, u64)>);
 
@@ -536,7 +536,7 @@ impl Drop for Grant {
 pub struct Handshake {
     admission: Arc<Admission>,
     id: u64,
-    /// The peer's address key ([`peer_key`]).
+    /// The peer's address key ([`crate::serve::peer_key`]).
     pub addr: String,
     /// Set when a newer connection took this one's place.
     pub cancel: Arc<AtomicBool>,

@@ -57,7 +57,7 @@ pub struct Server {
 }
 
 impl Service for Server {
-    /// A connection the floor handed to file transfer: [`Server::connection`], within the
+    /// A connection the floor handed to file transfer: `Server::connection`, within the
     /// handshake's deadline until authenticated, and ended early if the handshake is called
     /// off to make room for a newer connection.
     fn serve_connection(&self, conn: Conn) {
