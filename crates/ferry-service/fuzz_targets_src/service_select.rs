@@ -13,7 +13,7 @@ pub fn service_select(data: &[u8]) {
     if let Ok(f) = select::decode(data) {
         assert!(select::is_floor(data));
         assert!(data.len() <= select::MAX_FRAME);
-        if let Floor::Select { service }
+        if let Floor::Select { service, .. }
         | Floor::Services {
             requested: service, ..
         } = &f

@@ -2,9 +2,10 @@
 //! `docs/protocol.md`, "Service selection").
 //!
 //! A connection's first message is either a floor SELECT ([`crate::select`]) naming a
-//! service, answered SELECTED (the service's face takes over; its first frame may already
-//! be on its way) or SERVICES (not hosted here: the list of those that are, then the
-//! connection closes); or a face's own first frame, which goes to [`LEGACY_SERVICE`], since
+//! service (and, optionally, the client's token, checked here before the service sees the
+//! connection), answered SELECTED (the service's face takes over; its first frame may
+//! already be on its way), SERVICES (not hosted here: the list of those that are) or
+//! REFUSED (the token), the last two closing the connection; or a face's own first frame, which goes to [`LEGACY_SERVICE`], since
 //! every client that sends none predates the selection and speaks file transfer. The
 //! selection is a floor frame rather than a field of a face's HELLO so that every face keeps
 //! its protocol to itself: a face never parses another's frames, and the floor none.
@@ -17,6 +18,7 @@ use ferry_exs::runtime::{EventQueue, ExsIncoming, ExsSocket};
 use ferry_fabric::Access;
 
 use crate::admit::{more, Handshake, Stage};
+use crate::auth::AuthConfig;
 use crate::error::{Error, Kind, Result};
 use crate::select::{self, Floor};
 use crate::serve::{Conn, Service};
@@ -35,16 +37,20 @@ const CANCEL_POLL: Duration = Duration::from_millis(10);
 /// How long a refusal is given to reach the client before the connection closes.
 const LINGER: Duration = Duration::from_millis(50);
 
-/// The services a server hosts, by name.
-#[derive(Default)]
+/// The services a server hosts, by name, behind its one authentication.
 pub struct Registry {
     services: Vec<(String, Arc<dyn Service>)>,
+    /// Who may use them (the token a SELECT carries is checked against it).
+    auth: AuthConfig,
 }
 
 impl Registry {
-    /// No services.
-    pub fn new() -> Registry {
-        Registry::default()
+    /// No services yet; clients authenticate against `auth`.
+    pub fn new(auth: AuthConfig) -> Registry {
+        Registry {
+            services: Vec::new(),
+            auth,
+        }
     }
 
     /// Hosts `service` as `name`: a [`select::valid_name`], not empty, not taken, and at
@@ -112,8 +118,8 @@ impl Registry {
                 return;
             }
         };
-        match self.choose(&sock, &first) {
-            Ok(Some((service, selected))) => {
+        match self.choose(&sock, &hs, &first) {
+            Ok(Some((service, selected, token))) => {
                 // A face's first frame is being checked now: never called off.
                 if !selected && !hs.reached(Stage::Checking) {
                     let _ = sock.close();
@@ -125,6 +131,7 @@ impl Registry {
                     hs,
                     peer,
                     first: (!selected).then_some(first),
+                    token,
                 });
             }
             Ok(None) => {
@@ -138,26 +145,39 @@ impl Registry {
         }
     }
 
-    /// The service a first message chooses, and whether it chose by SELECT (answered
-    /// SELECTED); `None` when it named a service not hosted here (answered SERVICES).
-    fn choose(&self, sock: &ExsSocket, first: &[u8]) -> Result<Option<(Arc<dyn Service>, bool)>> {
+    /// The service a first message chooses, whether it chose by SELECT (answered
+    /// SELECTED), and the token the SELECT carried and the floor accepted; `None` when it
+    /// named a service not hosted here (answered SERVICES) or carried a token refused
+    /// (answered REFUSED).
+    fn choose(&self, sock: &ExsSocket, hs: &Handshake, first: &[u8]) -> Result<Option<Chosen>> {
         if !select::is_floor(first) {
             return match self.get(LEGACY_SERVICE) {
-                Some(s) => Ok(Some((s.clone(), false))),
+                Some(s) => Ok(Some((s.clone(), false, None))),
                 None => Err(Error::conn(format!(
                     "a client without service selection (older than protocol 1.6) asked for {LEGACY_SERVICE}, which this server does not run"
                 ))),
             };
         }
-        let service = match select::decode(first) {
-            Ok(Floor::Select { service }) => service,
+        let (service, token) = match select::decode(first) {
+            Ok(Floor::Select { service, token }) => (service, token),
             Ok(f) => return Err(Error::conn(format!("expected SELECT, got {f:?}"))),
             Err(e) => return Err(Error::conn(format!("the peer sent {e}"))),
         };
         match self.get(&service) {
             Some(s) => {
+                if let Some(t) = &token {
+                    if let Err(r) = hs.admission().authenticate(&hs.addr, &self.auth, t) {
+                        send(
+                            sock,
+                            &Floor::Refused {
+                                message: r.message.into(),
+                            },
+                        )?;
+                        return Ok(None);
+                    }
+                }
                 send(sock, &Floor::Selected)?;
-                Ok(Some((s.clone(), true)))
+                Ok(Some((s.clone(), true, token)))
             }
             None => {
                 tracing::debug!("refused a SELECT of service {service:?}: not hosted");
@@ -173,6 +193,9 @@ impl Registry {
         }
     }
 }
+
+/// A chosen service, whether by SELECT, and the token the floor accepted.
+type Chosen = (Arc<dyn Service>, bool, Option<String>);
 
 /// The connection's first message, waited for until the handshake's deadline or until it
 /// is called off.
@@ -281,6 +304,7 @@ pub fn probe(addr: &str, service: &str, timeout: Duration) -> Result<Answer> {
         &sock,
         &Floor::Select {
             service: service.to_string(),
+            token: None,
         },
     )?;
     let answer = answer(&queue, timeout, addr);
@@ -311,6 +335,9 @@ fn answer(queue: &EventQueue, timeout: Duration, addr: &str) -> Result<Answer> {
                 return match select::decode(&v) {
                     Ok(Floor::Selected) => Ok(Answer::Selected),
                     Ok(Floor::Services { hosted, .. }) => Ok(Answer::Hosted(hosted)),
+                    Ok(Floor::Refused { message }) => {
+                        Err(Error::new(Kind::Auth, format!("{addr}: {message}")))
+                    }
                     Ok(f) => Err(Error::conn(format!("{addr} answered {f:?} to SELECT"))),
                     Err(e) => Err(Error::conn(format!("{addr} sent {e}"))),
                 };

@@ -5,11 +5,12 @@
 //! They use the header every ferry face's frames use (`len u32` total length, `type u8`,
 //! `flags u8`, 2 reserved zero bytes, little-endian), with type codes from
 //! [`FLOOR_TYPES`], which no face uses: the server tells a SELECT from a face's first frame
-//! by its type byte alone, without knowing the face's protocol. Every floor frame is at most
-//! [`MAX_FRAME`] bytes, under every driver's immediate size, so it crosses before the client
-//! is authenticated (the server serves no RMA until then).
+//! by its type byte alone, without knowing the face's protocol. Every frame the server sends
+//! is at most [`MAX_ANSWER`] bytes, under every driver's immediate size, so it crosses before
+//! the client is authenticated (the server serves no RMA until then; it reads what the
+//! client sends itself).
 
-use ferry_wire::{Cx, Field, List, ReadError, Reader, TooLong, Writer};
+use ferry_wire::{Cx, Field, IfFlag, List, ReadError, Reader, Str, TooLong, Writer};
 
 /// The type codes of the floor's frames; face protocols keep their codes below.
 pub const FLOOR_TYPES: std::ops::RangeInclusive<u8> = 0xF0..=0xFF;
@@ -19,9 +20,18 @@ pub const HEADER_LEN: usize = 8;
 pub const MAX_NAME: usize = 32;
 /// The most services one server hosts (and one SERVICES frame lists).
 pub const MAX_SERVICES: usize = 8;
-/// The longest floor frame: a SERVICES naming a request and [`MAX_SERVICES`] services of
-/// [`MAX_NAME`] bytes (316 bytes, under the 512-byte default immediate size).
-pub const MAX_FRAME: usize = HEADER_LEN + 2 * (2 + MAX_NAME) + 2 + MAX_SERVICES * (2 + MAX_NAME);
+/// The longest token in a SELECT (bytes), as in a file-transfer HELLO.
+pub const MAX_TOKEN: usize = 1024;
+/// The longest message in a REFUSED (bytes).
+pub const MAX_MESSAGE: usize = 256;
+/// SELECT flag: a token follows the name; the floor authenticates the client before the
+/// service sees the connection.
+pub const SELECT_TOKEN: u8 = 1;
+/// The longest frame a server sends: a SERVICES naming a request and [`MAX_SERVICES`]
+/// services of [`MAX_NAME`] bytes (316 bytes, under the 512-byte default immediate size).
+pub const MAX_ANSWER: usize = HEADER_LEN + 2 * (2 + MAX_NAME) + 2 + MAX_SERVICES * (2 + MAX_NAME);
+/// The longest floor frame: a SELECT with a name and a token of the longest.
+pub const MAX_FRAME: usize = HEADER_LEN + 2 + MAX_NAME + 2 + MAX_TOKEN;
 
 ferry_wire::frames! {
     /// One floor frame.
@@ -33,6 +43,10 @@ ferry_wire::frames! {
         Select = 0xF0 {
             /// The service's name (`xfer`, ...), or empty.
             service: String as Name,
+            /// The client's token (flag [`SELECT_TOKEN`]), checked by the floor before the
+            /// service sees the connection; without it the service checks the token its own
+            /// first frame carries.
+            token: Option<String> as IfFlag<SELECT_TOKEN, Str<MAX_TOKEN>>,
         },
         /// Server → client: the service was selected; the face's frames follow.
         Selected = 0xF1,
@@ -43,6 +57,12 @@ ferry_wire::frames! {
             requested: String as Name,
             /// The services this server runs.
             hosted: Vec<String> as List<Name, MAX_SERVICES>,
+        },
+        /// Server → client: the SELECT's token was refused (the answer a wrong token and an
+        /// address locked out for failed tokens both get); the connection closes after it.
+        Refused = 0xF3 {
+            /// What the client is told.
+            message: String as Str<MAX_MESSAGE>,
         },
     }
 }
@@ -117,7 +137,7 @@ pub fn encode(f: &Floor) -> Result<Vec<u8>, TooLong> {
     // At most MAX_FRAME bytes: fits a u32.
     let total = w.len() as u32;
     w.patch_u32(0, total);
-    w.patch(4, &[f.code(), 0]);
+    w.patch(4, &[f.code(), cx.flags]);
     Ok(out)
 }
 
@@ -136,10 +156,15 @@ pub fn decode(b: &[u8]) -> Result<Floor, DecodeError> {
     if !FLOOR_TYPES.contains(&t) {
         return Err(DecodeError::Bad("not a floor frame type"));
     }
-    if r.u8()? != 0 || !r.zeros(2)? {
-        return Err(DecodeError::Bad("flags or reserved bytes set"));
+    let flags = r.u8()?;
+    if flags & !Floor::flags_allowed(t) != 0 || !r.zeros(2)? {
+        return Err(DecodeError::Bad("unknown flags or reserved bytes set"));
     }
-    let f = Floor::decode_body(t, &mut r, &mut Cx::default())?;
+    let mut cx = Cx {
+        flags,
+        ..Cx::default()
+    };
+    let f = Floor::decode_body(t, &mut r, &mut cx)?;
     r.finish()?;
     Ok(f)
 }
@@ -154,12 +179,21 @@ mod tests {
                 "select",
                 Floor::Select {
                     service: "xfer".into(),
+                    token: None,
                 },
             ),
             (
                 "select_list",
                 Floor::Select {
                     service: String::new(),
+                    token: None,
+                },
+            ),
+            (
+                "select_token",
+                Floor::Select {
+                    service: "xfer".into(),
+                    token: Some("tok".into()),
                 },
             ),
             ("selected", Floor::Selected),
@@ -168,6 +202,12 @@ mod tests {
                 Floor::Services {
                     requested: "nbd".into(),
                     hosted: vec!["xfer".into(), "coll-io".into()],
+                },
+            ),
+            (
+                "refused",
+                Floor::Refused {
+                    message: "no".into(),
                 },
             ),
         ]
@@ -199,10 +239,12 @@ mod tests {
     const GOLDEN: &[(&str, &str)] = &[
         ("select", "0e000000f0000000040078666572"),
         ("select_list", "0a000000f00000000000"),
+        ("select_token", "13000000f00100000400786665720300746f6b"),
         ("selected", "08000000f1000000"),
         (
             "services",
             "1e000000f200000003006e626402000400786665720700636f6c6c2d696f",
         ),
+        ("refused", "0c000000f300000002006e6f"),
     ];
 }

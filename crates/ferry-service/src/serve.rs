@@ -40,6 +40,10 @@ pub struct Conn {
     /// older than protocol 1.6: see [`crate::registry::LEGACY_SERVICE`]); `None` when the
     /// client selected the service, its first frame being the next message.
     pub first: Option<Vec<u8>>,
+    /// The token the client's SELECT carried, accepted by the floor
+    /// ([`crate::admit::Admission::authenticate`]); `None` when it sent none, and the
+    /// service checks the token its own first frame carries with the same call.
+    pub token: Option<String>,
 }
 
 /// Binds `addr` (`tcp://HOST:PORT`, `ofi+tcp://HOST:PORT`, `ofi+shm://NAME`) for a server

@@ -1,7 +1,8 @@
 //! The registry hosting two services side by side on two listeners, over real EXS
 //! connections on loopback: each SELECT reaches its own service (the face's first message
-//! pipelined behind it), SERVICES lists both, a first frame without SELECT on a server that
-//! hosts no `xfer` is closed, and `serve_until` returns once asked to quit.
+//! pipelined behind it), SERVICES lists both, a SELECT's token is checked by the floor before
+//! the service sees the connection, a first frame without SELECT on a server that hosts no
+//! `xfer` is closed, and `serve_until` returns once asked to quit.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -11,6 +12,7 @@ use ferry_exs::proto::{EventKind, Flags};
 use ferry_exs::runtime::{default_config, EventQueue, ExsSocket};
 use ferry_fabric::Access;
 use ferry_service::admit::{Admission, LimitsConfig};
+use ferry_service::auth::AuthConfig;
 use ferry_service::registry::{probe, Answer, Registry};
 use ferry_service::select::{self, Floor};
 use ferry_service::serve::{bind_all, serve_until, Conn, Service};
@@ -18,13 +20,18 @@ use ferry_service::serve::{bind_all, serve_until, Conn, Service};
 const T: Duration = Duration::from_secs(10);
 
 /// A face whose conversation is one message: it answers the client's first message with
-/// the same bytes, upper-cased (`shout`) or reversed (`mirror`).
+/// the same bytes, upper-cased (`shout`) or reversed (`mirror`), behind a `+` if the floor
+/// authenticated the client.
 struct Transform(fn(&[u8]) -> Vec<u8>);
 
 impl Service for Transform {
     fn serve_connection(&self, conn: Conn) {
         let Conn {
-            sock, queue, first, ..
+            sock,
+            queue,
+            first,
+            token,
+            ..
         } = conn;
         assert!(
             first.is_none(),
@@ -33,7 +40,13 @@ impl Service for Transform {
         let Some(msg) = recv(&sock, &queue) else {
             return;
         };
-        send(&sock, &(self.0)(&msg));
+        let mut answer = if token.is_some() {
+            b"+".to_vec()
+        } else {
+            Vec::new()
+        };
+        answer.extend((self.0)(&msg));
+        send(&sock, &answer);
         // Wait for the client to close (the send completes meanwhile).
         let _ = recv(&sock, &queue);
     }
@@ -66,12 +79,23 @@ fn send(sock: &ExsSocket, bytes: &[u8]) {
 /// Connects, sends SELECT `service` and `msg` right behind it; returns the floor's answer
 /// and the next message (`None`: the connection closed).
 fn ask(addr: &str, service: &str, msg: &[u8]) -> (Floor, Option<Vec<u8>>) {
+    ask_with(addr, service, None, msg)
+}
+
+/// [`ask`], the SELECT carrying `token`.
+fn ask_with(
+    addr: &str,
+    service: &str,
+    token: Option<&str>,
+    msg: &[u8],
+) -> (Floor, Option<Vec<u8>>) {
     let q = EventQueue::new().unwrap();
     let sock = ExsSocket::connect(addr, default_config(&addr.parse().unwrap()), &q, T).unwrap();
     send(
         &sock,
         &select::encode(&Floor::Select {
             service: service.into(),
+            token: token.map(String::from),
         })
         .unwrap(),
     );
@@ -84,7 +108,10 @@ fn ask(addr: &str, service: &str, msg: &[u8]) -> (Floor, Option<Vec<u8>>) {
 
 #[test]
 fn two_services_on_two_listeners() {
-    let mut reg = Registry::new();
+    let mut reg = Registry::new(AuthConfig {
+        tokens: vec!["tok".into()],
+        anonymous: false,
+    });
     reg.add("shout", Arc::new(Transform(|b| b.to_ascii_uppercase())))
         .unwrap();
     reg.add(
@@ -129,6 +156,18 @@ fn two_services_on_two_listeners() {
                 requested: "xfer".into(),
                 hosted: vec!["shout".into(), "mirror".into()],
             }
+        );
+        assert_eq!(next, None);
+        // The floor checks a SELECT's token: accepted, the service knows; refused, the
+        // service never sees the connection.
+        assert_eq!(
+            ask_with(addr, "shout", Some("tok"), b"in"),
+            (Floor::Selected, Some(b"+IN".to_vec()))
+        );
+        let (answer, next) = ask_with(addr, "shout", Some("wrong"), b"in");
+        assert!(
+            matches!(&answer, Floor::Refused { message } if message.contains("not accepted")),
+            "{answer:?}"
         );
         assert_eq!(next, None);
     }

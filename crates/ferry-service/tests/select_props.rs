@@ -4,7 +4,7 @@
 #[path = "../fuzz_targets_src/service_select.rs"]
 mod service_select;
 
-use ferry_service::select::{self, Floor, MAX_NAME, MAX_SERVICES};
+use ferry_service::select::{self, Floor, MAX_MESSAGE, MAX_NAME, MAX_SERVICES};
 use proptest::prelude::*;
 
 /// A well-formed service name (possibly empty).
@@ -14,10 +14,14 @@ fn name() -> impl Strategy<Value = String> {
 
 fn floor() -> impl Strategy<Value = Floor> {
     prop_oneof![
-        name().prop_map(|service| Floor::Select { service }),
+        (name(), proptest::option::of(".{0,40}"))
+            .prop_map(|(service, token)| Floor::Select { service, token }),
         Just(Floor::Selected),
         (name(), proptest::collection::vec(name(), 0..=MAX_SERVICES))
             .prop_map(|(requested, hosted)| Floor::Services { requested, hosted }),
+        proptest::string::string_regex(&format!(".{{0,{}}}", MAX_MESSAGE / 4))
+            .unwrap()
+            .prop_map(|message| Floor::Refused { message }),
     ]
 }
 
@@ -26,6 +30,10 @@ proptest! {
     fn frames_round_trip(f in floor()) {
         let b = select::encode(&f).unwrap();
         prop_assert!(b.len() <= select::MAX_FRAME);
+        // What a server sends crosses before authentication: under the immediate size.
+        if !matches!(f, Floor::Select { .. }) {
+            prop_assert!(b.len() <= select::MAX_ANSWER);
+        }
         prop_assert_eq!(select::decode(&b).unwrap(), f);
         service_select::service_select(&b);
     }
@@ -50,10 +58,14 @@ proptest! {
 fn refusals() {
     let ok = select::encode(&Floor::Select {
         service: "xfer".into(),
+        token: None,
     })
     .unwrap();
     let mut flags = ok.clone();
-    flags[5] = 1;
+    flags[5] = 2;
+    // The token flag without a token behind the name.
+    let mut no_token = ok.clone();
+    no_token[5] = 1;
     let mut reserved = ok.clone();
     reserved[7] = 1;
     let mut upper = ok.clone();
@@ -65,6 +77,7 @@ fn refusals() {
     face[4] = 1;
     for (what, b) in [
         ("flags", flags),
+        ("token flag, no token", no_token),
         ("reserved", reserved),
         ("upper-case name", upper),
         ("trailing byte", longer),
@@ -82,7 +95,8 @@ fn refusals() {
     };
     assert!(select::encode(&many).is_err());
     assert!(select::encode(&Floor::Select {
-        service: "a b".into()
+        service: "a b".into(),
+        token: None,
     })
     .is_err());
 }

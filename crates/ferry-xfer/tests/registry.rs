@@ -68,6 +68,7 @@ fn select_then_hello(addr: &str, service: &str) -> (Link, Floor) {
     link.post_ring(2, proto::MAX_CONTROL).unwrap();
     let sel = select::encode(&Floor::Select {
         service: service.into(),
+        token: None,
     })
     .unwrap();
     link.send_frame(&sel).unwrap();
@@ -157,6 +158,7 @@ fn a_bad_selection_loses_only_its_connection() {
     // SELECT of a name with an upper-case letter and a control character.
     let mut bad = select::encode(&Floor::Select {
         service: "xfer".into(),
+        token: None,
     })
     .unwrap();
     bad[10] = b'X';

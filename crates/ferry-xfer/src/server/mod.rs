@@ -67,6 +67,8 @@ impl Service for Server {
             hs,
             peer,
             first,
+            // A HELLO carries the token of the session it opens or joins, checked with it.
+            token: _,
         } = conn;
         let mut link = Link::new(sock, queue);
         match self.connection(&mut link, hs, first) {
@@ -137,7 +139,7 @@ impl Server {
         listeners: &[ExsListener],
         quit: &AtomicBool,
     ) -> Result<()> {
-        let mut registry = Registry::new();
+        let mut registry = Registry::new(self.cfg.auth.clone());
         registry.add(SERVICE, self.clone())?;
         ferry_service::serve::serve_until(&Arc::new(registry), &self.admission, listeners, quit);
         Ok(())
