@@ -381,7 +381,7 @@ impl Admission {
     /// The one token check of every service: whether `token` from `addr` gets in under
     /// `auth`. A locked-out address's token is not even looked at, and gets the answer a
     /// wrong token gets, so a guesser learns nothing from it; a wrong token counts towards
-    /// the lock-out ([`Admission::auth_failed`]).
+    /// the lock-out (`[limits] auth_failures`).
     pub fn authenticate(
         &self,
         addr: &str,
@@ -408,7 +408,7 @@ impl Admission {
     }
 
     /// Whether `addr` is locked out for failed tokens now.
-    pub fn locked_out(&self, addr: &str) -> bool {
+    fn locked_out(&self, addr: &str) -> bool {
         let now = Instant::now();
         self.lock()
             .failures
@@ -418,7 +418,7 @@ impl Admission {
     }
 
     /// Counts a failed token from `addr`; logs (rate-limited) when that locks it out.
-    pub fn auth_failed(&self, addr: &str) {
+    fn auth_failed(&self, addr: &str) {
         let now = Instant::now();
         let backoff = self.limits.backoff();
         let mut st = self.lock();

@@ -216,7 +216,9 @@ impl Server {
     /// service selection), else the next message.
     fn hello(link: &mut Link, hs: &Handshake, first: Option<Vec<u8>>) -> Result<Msg> {
         match first {
-            Some(bytes) => decode_request(&bytes),
+            Some(bytes) => proto::decode(&bytes)
+                .map(|(m, _)| m)
+                .map_err(|e| XferError::conn(format!("the peer sent a bad frame: {e}"))),
             None => {
                 link.post_ring(1, proto::MAX_CONTROL)?;
                 Self::first_msg(link, hs)
