@@ -12,7 +12,8 @@ use tracing_subscriber::EnvFilter;
 /// ferry moves data between machines as fast as the wire allows: over RDMA fabrics
 /// (libfabric: InfiniBand, RoCE, EFA, shm, tcp) and plain TCP, between memory buffers, files
 /// and block devices. `serve` exports directories, `cp`/`ls`/`sum` reach them (see
-/// docs/xfer.md); `bench` measures ferry against its peers.
+/// docs/xfer.md), `services` asks a server what it runs; `bench` measures ferry against its
+/// peers.
 #[derive(Parser)]
 #[command(name = "ferry", version, after_help = xfer::EXIT_CODES)]
 struct Cli {

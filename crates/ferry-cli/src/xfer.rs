@@ -15,7 +15,7 @@ use ferry_xfer::{Kind, XferError};
 
 /// Exit codes, as `--help` shows them.
 pub const EXIT_CODES: &str = "\
-Exit codes (serve, cp, ls, sum):
+Exit codes (serve, cp, ls, sum, services):
   0  success
   1  usage: bad arguments, or an unsupported combination
   2  authentication refused: check --token / FERRY_TOKEN
