@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ferry_exs::runtime::{default_config, EventQueue, ExsIncoming, ExsListener};
+use ferry_exs::runtime::ExsListener;
 use rustix::io::Errno;
 
 use crate::config::ServerConfig;
@@ -25,10 +25,11 @@ use crate::error::{Kind, Result, XferError};
 use crate::link::{BlockSender, Link};
 use crate::proto::{self, Entry, ErrorCode, Msg, BLOCK_HEADER_LEN};
 use crate::session::Session;
-use ferry_service::admit::{more, Admission, Handshake, Stage};
+use ferry_service::admit::{Admission, AuthRefused, Handshake, Stage};
 use ferry_service::journal::Ident;
+use ferry_service::registry::Registry;
 pub use ferry_service::serve::DrainReport;
-use ferry_service::serve::{accept_until, Drain, Service};
+use ferry_service::serve::{Conn, Drain, Service};
 
 pub use crate::export::Refusal;
 use crate::export::{refuse, PResult};
@@ -56,34 +57,31 @@ pub struct Server {
 }
 
 impl Service for Server {
-    /// A connection's thread: the EXS handshake, then [`Server::connection`], within the
+    /// A connection the floor handed to file transfer: `Server::connection`, within the
     /// handshake's deadline until authenticated, and ended early if the handshake is called
     /// off to make room for a newer connection.
-    fn serve_connection(&self, inc: ExsIncoming, hs: Handshake, peer: &str) {
-        let q = match EventQueue::new() {
-            Ok(q) => q,
-            Err(e) => return tracing::warn!("{peer}: event queue: {e}"),
-        };
-        let sock = match inc.start_cancellable(&q, hs.left(), &hs.cancel) {
-            Ok(s) => s,
-            Err(e) => {
-                if let Some(held) = hs.admission().log_handshake.pass() {
-                    tracing::info!("{peer}: handshake failed: {e}{}", more(held));
-                }
-                return;
-            }
-        };
-        let mut link = Link::new(sock, q);
-        if !hs.reached(Stage::Hello) {
-            return link.close();
-        }
-        match self.connection(&mut link, hs) {
+    fn serve_connection(&self, conn: Conn) {
+        let Conn {
+            sock,
+            queue,
+            hs,
+            peer,
+            first,
+            // A HELLO carries the token of the session it opens or joins, checked with it.
+            token: _,
+        } = conn;
+        let mut link = Link::new(sock, queue);
+        match self.connection(&mut link, hs, first) {
             Ok(()) => tracing::debug!("{peer}: done"),
             Err(e) => tracing::info!("{peer}: connection ended: {e}"),
         }
         link.close();
     }
 }
+
+/// The name file transfer is hosted under in a server's registry (the service a client
+/// older than protocol 1.6 gets: [`ferry_service::registry::LEGACY_SERVICE`]).
+pub const SERVICE: &str = ferry_service::registry::LEGACY_SERVICE;
 
 /// How long a PUT waits for another connection to let go of the same file.
 const BUSY_WAIT: Duration = Duration::from_secs(20);
@@ -119,37 +117,31 @@ impl Server {
         }))
     }
 
-    /// Binds the configured address.
-    pub fn bind(&self) -> Result<ExsListener> {
-        let addr: ferry_fabric::Address = self.cfg.listen.parse().map_err(|e| {
-            XferError::new(
-                Kind::Usage,
-                format!("bad listen address {}: {e}", self.cfg.listen),
-            )
-        })?;
-        ExsListener::bind(&self.cfg.listen, default_config(&addr))
-            .map(ExsListener::defer_remote_access)
-            .map_err(|e| {
-                XferError::conn(format!(
-                "cannot listen on {}: {e} (is another server using it? pick another with --listen)",
-                self.cfg.listen
-            ))
-            })
+    /// Binds every configured listen address.
+    pub fn bind(&self) -> Result<Vec<ExsListener>> {
+        ferry_service::serve::bind_all(&self.cfg.listen)
     }
 
-    /// Accepts connections forever, serving each on its own thread. A failing connection
-    /// ends only itself.
-    pub fn serve(self: &Arc<Self>, listener: &ExsListener) -> Result<()> {
-        self.serve_until(listener, &AtomicBool::new(false))
+    /// Accepts connections on every listener forever, serving each on its own thread. A
+    /// failing connection ends only itself.
+    pub fn serve(self: &Arc<Self>, listeners: &[ExsListener]) -> Result<()> {
+        self.serve_until(listeners, &AtomicBool::new(false))
     }
 
     /// Like [`Server::serve`], until `quit` is set (checked a few times a second); then it
     /// stops accepting and returns, leaving the connections running (see [`Server::drain`]).
     ///
-    /// Each accepted connection first passes [`Admission::arrive`] (the bounded handshake
-    /// pool), then gets its thread ([`ferry_service::serve::accept_until`]).
-    pub fn serve_until(self: &Arc<Self>, listener: &ExsListener, quit: &AtomicBool) -> Result<()> {
-        accept_until(self, &self.admission, listener, quit);
+    /// The server is the registry's file-transfer service ([`SERVICE`]); each listener
+    /// accepts on its own thread, and every connection passes the one admission
+    /// ([`ferry_service::serve::serve_until`]).
+    pub fn serve_until(
+        self: &Arc<Self>,
+        listeners: &[ExsListener],
+        quit: &AtomicBool,
+    ) -> Result<()> {
+        let mut registry = Registry::new(self.cfg.auth.clone());
+        registry.add(SERVICE, self.clone())?;
+        ferry_service::serve::serve_until(&Arc::new(registry), &self.admission, listeners, quit);
         Ok(())
     }
 
@@ -208,28 +200,35 @@ impl Server {
         }
     }
 
-    /// Answers a HELLO whose token is refused, or that comes from an address locked out
-    /// for failed tokens (the same answer, so a guesser learns nothing from it).
-    fn refuse_token(link: &Link, token: &str) -> Result<()> {
-        let message = if token.is_empty() {
-            "this server needs a token: pass --token or set FERRY_TOKEN"
-        } else {
-            "the token was not accepted: check --token / FERRY_TOKEN against the server's [auth] tokens"
-        };
+    /// Answers a HELLO whose token the floor refused ([`Admission::authenticate`]).
+    fn refuse_token(link: &Link, r: AuthRefused) -> Result<()> {
         link.send(&Msg::Error {
             code: ErrorCode::AuthRefused,
             file_id: 0,
-            message: message.into(),
+            message: r.message.into(),
         })?;
         // Let the refusal reach the client before the connection goes.
         std::thread::sleep(Duration::from_millis(50));
         Err(XferError::new(Kind::Auth, "client refused: bad token"))
     }
 
+    /// The client's HELLO: `first` if the floor already received it (a client that sent no
+    /// service selection), else the next message.
+    fn hello(link: &mut Link, hs: &Handshake, first: Option<Vec<u8>>) -> Result<Msg> {
+        match first {
+            Some(bytes) => proto::decode(&bytes)
+                .map(|(m, _)| m)
+                .map_err(|e| XferError::conn(format!("the peer sent a bad frame: {e}"))),
+            None => {
+                link.post_ring(1, proto::MAX_CONTROL)?;
+                Self::first_msg(link, hs)
+            }
+        }
+    }
+
     /// Serves one connection: handshake, then requests in order until BYE or close.
-    fn connection(&self, link: &mut Link, hs: Handshake) -> Result<()> {
-        link.post_ring(1, proto::MAX_CONTROL)?;
-        let (major, minor, block_size, token, join, stream) = match Self::first_msg(link, &hs)? {
+    fn connection(&self, link: &mut Link, hs: Handshake, first: Option<Vec<u8>>) -> Result<()> {
+        let (major, minor, block_size, token, join, stream) = match Self::hello(link, &hs, first)? {
             Msg::Hello {
                 major,
                 minor,
@@ -253,13 +252,11 @@ impl Server {
             })?;
             return Err(XferError::conn(message));
         }
-        // A locked-out address's token is not even looked at.
-        if self.admission.locked_out(&hs.addr) {
-            return Self::refuse_token(link, &token);
-        }
-        if !self.cfg.auth.accepts(&token) {
-            self.admission.auth_failed(&hs.addr);
-            return Self::refuse_token(link, &token);
+        if let Err(r) = self
+            .admission
+            .authenticate(&hs.addr, &self.cfg.auth, &token)
+        {
+            return Self::refuse_token(link, r);
         }
         let block = block_size.clamp(proto::MIN_BLOCK, self.cfg.block_size);
         let slot = match hs.admit(self.cfg.ring, block) {
