@@ -1,7 +1,7 @@
 //! The download conversation: [`Downloader`], the client's side (GET window, batched GETS,
 //! SUMs before ranged GETs, CRC rounds and their re-GETs, the whole-file hash check, when a
-//! file is complete), and [`Responder`], the server's GET half (READY, the pieces to read and
-//! send, FILE_DONE with the hash, or the ERROR that replaces it).
+//! file is complete), and [`Responder`], the server's GET and SUM half (READY, the pieces to
+//! read and send, FILE_DONE with the hash, or the ERROR that replaces it; SUM_REPLY).
 //!
 //! Neither touches a file or the network. The client's runtime (`client/download.rs`) opens
 //! part files, writes blocks in place as they arrive (the data path never goes through the
@@ -569,6 +569,17 @@ impl Responder {
         serving.hasher = (src.hash && offset == 0 && len == src.size).then(blake3::Hasher::new);
         self.serving = Some(serving);
         self.next_piece();
+    }
+
+    /// A SUM: the source's size and BLAKE3 as the runtime read them (the source unchanged
+    /// meanwhile), or why there are none. Answered by SUM_REPLY, or an ERROR (transfer 0).
+    pub fn sum(&mut self, found: std::result::Result<(u64, [u8; 32]), crate::export::Refusal>) {
+        match found {
+            Ok((size, blake3)) => self
+                .out
+                .push_back(Reply::Send(Msg::SumReply { size, blake3 })),
+            Err(r) => self.refuse(0, r.code, r.message),
+        }
     }
 
     fn refuse(&mut self, file_id: u32, code: ErrorCode, message: String) {

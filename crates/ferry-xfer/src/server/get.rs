@@ -3,11 +3,12 @@
 use super::{id_in_use, reply_refusal, send_entries, Server, GET_PIECE};
 use crate::conv::download::{self as conv, Reply, Responder};
 use crate::error::{Kind, Result, XferError};
-use crate::export::refuse;
+use crate::export::{refuse, Refusal};
 use crate::link::{BlockSender, BlockWriter, Link, Source, Span};
 use crate::mem::{Virtual, MEM_ROOT};
 use crate::proto::{Entry, EntryKind, ErrorCode, Msg};
 use crate::session::{Session, Upload};
+use ferry_service::hash::hash_file;
 use ferry_service::stamp::Stamp;
 
 impl Server {
@@ -194,6 +195,26 @@ impl Server {
         conv.get(req, path, Ok(source));
         let stamp = Stamp::of(&st);
         self.answer(link, tx, &mut conv, path, Some((&file, &stamp)))
+    }
+
+    /// Answers a SUM of `path` ([`Responder::sum`]): the whole file's BLAKE3, or an ERROR if
+    /// it cannot be read or changed while it was (such a hash matches no version of it).
+    pub(super) fn sum(&self, link: &mut Link, tx: &mut BlockSender, path: &str) -> Result<()> {
+        let found = self
+            .roots
+            .open_read(path)
+            .map_err(Refusal::from)
+            .and_then(|(f, st)| {
+                let size = st.st_size as u64;
+                let io = |e: std::io::Error| refuse(ErrorCode::Io, format!("{path}: {e}"));
+                let hash = hash_file(&f, size).map_err(io)?;
+                let changed = |e: XferError| refuse(ErrorCode::Integrity, e.msg);
+                Stamp::of(&st).check(&f, path).map_err(changed)?;
+                Ok((size, hash))
+            });
+        let mut conv = Responder::new(false, GET_PIECE);
+        conv.sum(found);
+        self.answer(link, tx, &mut conv, path, None)
     }
 
     /// Carries out a GET's replies: frames, FILE frames and pieces read from `file` (with

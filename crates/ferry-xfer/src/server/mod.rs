@@ -33,7 +33,6 @@ use ferry_service::serve::{accept_until, Drain, Service};
 pub use crate::export::Refusal;
 use crate::export::{refuse, PResult};
 use ferry_service::claims::{Claim, Claims};
-use ferry_service::hash::hash_file;
 pub use ferry_service::roots::{PartFile, Roots, Target};
 use ferry_service::sink::BlockSink;
 
@@ -407,22 +406,7 @@ impl Server {
                     Ok(()) => link.send(&Msg::Ok { file_id: 0 })?,
                     Err(r) => reply_refusal(link, 0, r)?,
                 },
-                Msg::Sum { path } => match self.roots.open_read(&path) {
-                    // A hash of a file that changed while it was read matches no version.
-                    Ok((f, st)) => match hash_file(&f, st.st_size as u64) {
-                        Ok(h) => match ferry_service::stamp::Stamp::of(&st).check(&f, &path) {
-                            Ok(()) => link.send(&Msg::SumReply {
-                                size: st.st_size as u64,
-                                blake3: h,
-                            })?,
-                            Err(e) => reply_refusal(link, 0, refuse(ErrorCode::Integrity, e.msg))?,
-                        },
-                        Err(e) => {
-                            reply_refusal(link, 0, refuse(ErrorCode::Io, format!("{path}: {e}")))?
-                        }
-                    },
-                    Err(r) => reply_refusal(link, 0, r)?,
-                },
+                Msg::Sum { path } => self.sum(link, tx, &path)?,
                 Msg::Get {
                     file_id,
                     offset,
