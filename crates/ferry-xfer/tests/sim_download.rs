@@ -35,6 +35,7 @@ fn every_file_lands_whole_through_cuts_corruption_and_slow_disks() {
             ("disk or read failures", seen.io_failures),
             ("reordered blocks", seen.reordered),
             ("late disk completions", seen.slow),
+            ("chunks of shared files", seen.chunks),
         ] {
             assert!(n >= 5, "only {n} {what} over {SEEDS} seeds");
         }

@@ -47,6 +47,10 @@ pub struct Setup {
     pub files: Vec<Vec<u8>>,
     /// Which files go to the null sink (memory mode: checked, not written or committed).
     pub null: Vec<bool>,
+    /// Files fetched in chunks of this many bytes, as parallel streams share a large file
+    /// (ranged GETs, the first after a SUM; the file is checked and committed once all its
+    /// chunks are in and the source's hash came).
+    pub chunk: Vec<Option<u64>>,
     /// The block size (small, so that files have many blocks).
     pub block: u32,
     /// The server's protocol minor (FILE frames and GETS from 1.3).
@@ -83,13 +87,23 @@ impl Setup {
             })
             .collect::<Vec<Vec<u8>>>();
         let nulls = rng.random_bool(0.3);
-        let null = files
+        let null: Vec<bool> = files
             .iter()
             .map(|_| nulls && rng.random_bool(0.3))
+            .collect();
+        let chunks = rng.random_bool(0.3);
+        let chunk = files
+            .iter()
+            .zip(&null)
+            .map(|(f, null)| {
+                let split = chunks && !null && f.len() > 2 * b && rng.random_bool(0.5);
+                split.then(|| rng.random_range(1..=f.len() as u64 / 2))
+            })
             .collect();
         Setup {
             files,
             null,
+            chunk,
             block,
             minor: if rng.random_bool(0.75) {
                 VERSION_MINOR
@@ -124,6 +138,8 @@ struct Part {
     index: usize,
     /// Lands in the null sink.
     null: bool,
+    /// The chunk `lo..hi` of a shared file it is, if one.
+    chunk: Option<(u64, u64)>,
     /// Opened at READY.
     data: Option<Vec<u8>>,
     /// Bytes known good, from the start (what the journal would record).
@@ -155,8 +171,15 @@ impl Part {
         }
         self.checked = false;
         self.hashed = false;
-        // The null sink writes nothing, so no write of it fails.
-        if disk_fails && !self.null {
+        if let Some((lo, hi)) = self.chunk {
+            if (offset as usize) < lo as usize || end > hi as usize {
+                return Err(format!(
+                    "a block at {at}..{end} outside the chunk {lo}..{hi}"
+                ));
+            }
+        }
+        // The null sink writes nothing, so no write of it fails (nor, here, of a chunk).
+        if disk_fails && !self.null && self.chunk.is_none() {
             self.io_error = true;
             return Ok(());
         }
@@ -217,6 +240,8 @@ pub struct Seen {
     pub reordered: u64,
     /// Checks and hashes that completed late.
     pub slow: u64,
+    /// Chunks of shared files started.
+    pub chunks: u64,
 }
 
 impl std::ops::AddAssign for Seen {
@@ -229,6 +254,7 @@ impl std::ops::AddAssign for Seen {
         self.io_failures += o.io_failures;
         self.reordered += o.reordered;
         self.slow += o.slow;
+        self.chunks += o.chunks;
     }
 }
 
@@ -354,8 +380,10 @@ struct Session<'a> {
     wire: Wire<Frame>,
     conv: Downloader,
     server: Server,
-    /// Files to start (indexes), in order.
-    todo: VecDeque<usize>,
+    /// Files and chunks to start, in order.
+    todo: VecDeque<Work>,
+    /// Files fetched in chunks, by index.
+    shared: BTreeMap<usize, Shared>,
     /// Parts in flight, by transfer id.
     parts: BTreeMap<u32, Part>,
     next_id: u32,
@@ -376,6 +404,7 @@ impl<'a> Session<'a> {
         let server = Server::new(setup);
         let todo = (0..setup.files.len())
             .filter(|i| !sim.committed.contains_key(i))
+            .flat_map(|i| Work::of(setup, i))
             .collect();
         Session {
             sim,
@@ -383,6 +412,7 @@ impl<'a> Session<'a> {
             conv,
             server,
             todo,
+            shared: BTreeMap::new(),
             parts: BTreeMap::new(),
             next_id: 1,
             slow: VecDeque::new(),
@@ -454,8 +484,15 @@ impl<'a> Session<'a> {
     fn refill(&mut self) {
         if self.conv.refill_open() {
             while self.conv.has_room() {
-                let Some(index) = self.todo.pop_front() else {
+                let Some(work) = self.todo.pop_front() else {
                     break;
+                };
+                let index = match work {
+                    Work::File(index) => index,
+                    Work::Chunk { index, lo, hi } => {
+                        self.start_chunk(index, lo, hi);
+                        continue;
+                    }
                 };
                 let file = self.next_id;
                 self.next_id += 1;
@@ -467,6 +504,7 @@ impl<'a> Session<'a> {
                 let mut part = Part {
                     index,
                     null,
+                    chunk: None,
                     data: None,
                     good: vec![false; size as usize],
                     bad: Vec::new(),
@@ -493,6 +531,63 @@ impl<'a> Session<'a> {
             }
         }
         self.conv.flush();
+    }
+
+    /// Starts the chunk `lo..hi` of file `index` (the first asks for the source's hash).
+    fn start_chunk(&mut self, index: usize, lo: u64, hi: u64) {
+        let file = self.next_id;
+        self.next_id += 1;
+        let size = self.sim.setup.files[index].len();
+        self.sim.seen.chunks += 1;
+        // Complete once all its chunks are in, not just those started so far.
+        let chunks = Work::of(&self.sim.setup, index).len();
+        self.shared.entry(index).or_insert_with(|| Shared {
+            data: vec![0; size],
+            left: chunks,
+            hash: None,
+        });
+        self.parts.insert(
+            file,
+            Part {
+                index,
+                null: false,
+                chunk: Some((lo, hi)),
+                data: None,
+                good: vec![false; size],
+                bad: Vec::new(),
+                io_error: false,
+                checked: false,
+                hashed: false,
+            },
+        );
+        let sum = lo == 0;
+        self.conv.start(Job {
+            file,
+            path: path_of(index),
+            landing: Landing::Chunk { lo, hi, sum },
+        });
+    }
+
+    /// A chunked file whose chunks are all in and whose source hash came: checked whole
+    /// against that hash (as the parallel copy does) and committed.
+    fn complete_shared(&mut self, index: usize) -> Result<(), Broken> {
+        let Some(shared) = self.shared.get(&index) else {
+            return Ok(());
+        };
+        let Some(hash) = shared.hash.filter(|_| shared.left == 0) else {
+            return Ok(());
+        };
+        let data = shared.data.clone();
+        self.shared.remove(&index);
+        if *blake3::hash(&data).as_bytes() != hash || data != self.sim.setup.files[index] {
+            return Err(Broken::Sim(format!(
+                "chunked file {index} whole with bytes other than its source's"
+            )));
+        }
+        if self.sim.committed.insert(index, data).is_some() {
+            return Err(Broken::Sim(format!("file {index} committed twice")));
+        }
+        Ok(())
     }
 
     /// Takes one frame from the server, data written first (as the runtime does in place).
@@ -608,12 +703,49 @@ impl<'a> Session<'a> {
                 part.hashed = true;
                 self.conv.hashed(file, got)?;
             }
+            Action::SourceHash { file, hash } => {
+                let index = self.part(file)?.index;
+                let shared = self.shared.get_mut(&index).ok_or_else(|| {
+                    Broken::Sim(format!("the source hash of file {index}, not chunked"))
+                })?;
+                shared.hash = Some(hash);
+                self.complete_shared(index)?;
+            }
+            Action::Finish { file, .. }
+                if self.parts.get(&file).is_some_and(|p| p.chunk.is_some()) =>
+            {
+                let Some(Part {
+                    index,
+                    chunk: Some((lo, hi)),
+                    checked,
+                    data,
+                    ..
+                }) = self.parts.remove(&file)
+                else {
+                    return Err(Broken::Sim("a chunk vanished".into()));
+                };
+                if !checked {
+                    return Err(Broken::Sim(format!(
+                        "chunk {lo}..{hi} of file {index} finished unchecked"
+                    )));
+                }
+                let (data, shared) = (data.unwrap_or_default(), self.shared.get_mut(&index));
+                let (Some(shared), Some(range)) = (shared, data.get(lo as usize..hi as usize))
+                else {
+                    return Err(Broken::Sim(format!(
+                        "chunk {lo}..{hi} of file {index} out of place"
+                    )));
+                };
+                shared.data[lo as usize..hi as usize].copy_from_slice(range);
+                shared.left -= 1;
+                self.complete_shared(index)?;
+            }
             Action::Commit { file, size, .. } | Action::Finish { file, size } => {
                 let part = self
                     .parts
                     .remove(&file)
                     .ok_or_else(|| Broken::Sim(format!("commit of transfer {file}, no part")))?;
-                if part.null != matches!(a, Action::Finish { .. }) {
+                if part.null != matches!(a, Action::Finish { .. }) || part.chunk.is_some() {
                     return Err(Broken::Sim(format!(
                         "{a:?} of file {} (null sink {})",
                         part.index, part.null
@@ -641,6 +773,39 @@ impl<'a> Session<'a> {
         }
         Ok(())
     }
+}
+
+/// A file or a chunk of one to start.
+#[derive(Debug, Clone, Copy)]
+enum Work {
+    File(usize),
+    Chunk { index: usize, lo: u64, hi: u64 },
+}
+
+impl Work {
+    /// What fetching file `index` takes: the file, or its chunks.
+    fn of(setup: &Setup, index: usize) -> Vec<Work> {
+        let Some(step) = setup.chunk[index] else {
+            return vec![Work::File(index)];
+        };
+        let size = setup.files[index].len() as u64;
+        (0..size)
+            .step_by(step as usize)
+            .map(|lo| Work::Chunk {
+                index,
+                lo,
+                hi: (lo + step).min(size),
+            })
+            .collect()
+    }
+}
+
+/// A file fetched in chunks: what landed of it, the chunks still out, the source's hash.
+#[derive(Debug)]
+struct Shared {
+    data: Vec<u8>,
+    left: usize,
+    hash: Option<[u8; 32]>,
 }
 
 /// Why a session stopped early.
@@ -703,18 +868,17 @@ impl Server {
                 path,
             } => self.get(file_id, offset, length, &path, wire, rng, struck),
             Msg::Sum { path } => {
-                let reply = match self.source(&path) {
-                    Ok(data) => Msg::SumReply {
-                        size: data.len() as u64,
-                        blake3: *blake3::hash(data).as_bytes(),
-                    },
-                    Err(r) => Msg::Error {
-                        code: r.code,
-                        file_id: 0,
-                        message: r.message,
-                    },
-                };
-                wire.send(Dir::Down, Frame::control(reply));
+                let found = self
+                    .source(&path)
+                    .map(|d| (d.len() as u64, *blake3::hash(d).as_bytes()));
+                let mut conv = Responder::new(self.inline, u64::from(self.block));
+                conv.sum(found);
+                while let Some(reply) = conv.poll() {
+                    let Reply::Send(msg) = reply else {
+                        panic!("a SUM answered by {reply:?}");
+                    };
+                    wire.send(Dir::Down, Frame::control(msg));
+                }
             }
             m => panic!("the client sent an unexpected request {m:?}"),
         }
