@@ -204,7 +204,7 @@ impl Downloader {
     /// sends it).
     pub fn start(&mut self, job: Job) {
         let (offset, length, sum) = match job.landing {
-            Landing::Chunk { lo, hi, sum } => (lo, hi - lo, sum),
+            Landing::Chunk { lo, hi, sum } => (lo, hi.saturating_sub(lo), sum),
             Landing::Part { held, .. } => (held, u64::MAX, held > 0),
             Landing::Null => (0, u64::MAX, false),
         };
