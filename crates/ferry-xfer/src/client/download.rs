@@ -599,54 +599,61 @@ impl Client {
                     conv.hashed(file, got)?;
                 }
                 Action::Commit { file, size, mode } => {
-                    let l = locals.remove(&file);
-                    let Some((part, mtime)) = l.and_then(|l| Some((l.part?, l.mtime))) else {
-                        return Err(XferError::conn("FILE_DONE before READY"));
-                    };
-                    let mtime = system_time(mtime);
-                    if ferry_service::commit::fsync_is_free(&part.file) {
-                        // Nothing to wait for: a thread hand-off would cost more (tmpfs).
-                        commits.run_here(move || part.commit(mode, mtime).map(Some))?;
-                    } else {
-                        commits.submit(move || part.commit(mode, mtime).map(Some))?;
-                    }
-                    self.stats.files += 1;
-                    self.stats.bytes += size;
+                    self.commit(locals.remove(&file), mode, commits)?;
+                    self.count(Some(size));
                 }
                 Action::Finish { file, size } => {
-                    let Some(mut l) = locals.remove(&file) else {
-                        continue;
-                    };
-                    let done = match l.chunk.take() {
-                        // A chunk: the parallel copy counts its file once all chunks are in.
-                        Some(ch) => {
-                            let w = l.writer.take();
-                            let w = w.ok_or_else(|| XferError::conn("FILE_DONE before READY"))?;
-                            ch.done(w.finish()?)?
-                        }
-                        // The null sink: nothing to commit.
-                        None => Some(size),
-                    };
-                    if let Some(size) = done {
-                        self.stats.files += 1;
-                        self.stats.bytes += size;
+                    if let Some(l) = locals.remove(&file) {
+                        let done = finish(l, size)?;
+                        self.count(done);
                     }
                 }
                 Action::SourceHash { file, hash } => {
                     let chunk = locals.get(&file).and_then(|l| l.chunk.as_ref());
-                    if let Some(size) = chunk
-                        .map(|ch| ch.file.source_hash(hash))
-                        .transpose()?
-                        .flatten()
-                    {
-                        self.stats.files += 1;
-                        self.stats.bytes += size;
-                    }
+                    let done = chunk.map(|ch| ch.file.source_hash(hash)).transpose()?;
+                    self.count(done.flatten());
                 }
             }
         }
         Ok(())
     }
+
+    /// Commits the verified part of `l` (mode, mtime, fsync, rename) on this thread or the
+    /// pool's.
+    fn commit(&self, l: Option<Local>, mode: u32, commits: &mut CommitPool) -> Result<()> {
+        let Some((part, mtime)) = l.and_then(|l| Some((l.part?, l.mtime))) else {
+            return Err(XferError::conn("FILE_DONE before READY"));
+        };
+        let mtime = system_time(mtime);
+        if ferry_service::commit::fsync_is_free(&part.file) {
+            // Nothing to wait for: a thread hand-off would cost more (tmpfs).
+            commits.run_here(move || part.commit(mode, mtime).map(Some))
+        } else {
+            commits.submit(move || part.commit(mode, mtime).map(Some))
+        }
+    }
+
+    /// Counts a file of `size` bytes copied (`None`: none completed).
+    fn count(&mut self, size: Option<u64>) {
+        if let Some(size) = size {
+            self.stats.files += 1;
+            self.stats.bytes += size;
+        }
+    }
+}
+
+/// A complete null-sink file (`size` bytes) or chunk: the size of a file it completed.
+fn finish(mut l: Local, size: u64) -> Result<Option<u64>> {
+    let Some(ch) = l.chunk.take() else {
+        // The null sink: nothing to commit.
+        return Ok(Some(size));
+    };
+    // A chunk: the parallel copy counts its file once all chunks are in.
+    let w = l
+        .writer
+        .take()
+        .ok_or_else(|| XferError::conn("FILE_DONE before READY"))?;
+    ch.done(w.finish()?)
 }
 
 /// After a failed download: with `keep` (a connection failure) each part is journaled for a
