@@ -385,11 +385,11 @@ fn local(locals: &mut Locals, file: u32) -> Result<&mut Local> {
 }
 
 impl Client {
-    /// Downloads remote files to local paths, pipelined. Without [`Options::resume`] (as
-    /// given to [`Client::set_resume`]) each file starts from zero; with it, a journaled
-    /// part of the same source continues where its verified prefix ends. When the
-    /// connection fails the parts stay, journaled, for a later resume; any other failure
-    /// removes them.
+    /// Downloads remote files to local paths, pipelined. Without
+    /// [`Options::resume`](super::Options::resume) (as given to [`Client::set_resume`]) each
+    /// file starts from zero; with it, a journaled part of the same source continues where
+    /// its verified prefix ends. When the connection fails the parts stay, journaled, for a
+    /// later resume; any other failure removes them.
     pub fn download_files(&mut self, jobs: Vec<DlJob>, progress: &dyn Progress) -> Result<()> {
         self.download_from(&mut jobs.into_iter(), progress)
     }
