@@ -34,7 +34,6 @@ use ferry_service::serve::{Conn, Drain, Service};
 pub use crate::export::Refusal;
 use crate::export::{refuse, PResult};
 use ferry_service::claims::{Claim, Claims};
-use ferry_service::hash::hash_file;
 pub use ferry_service::roots::{PartFile, Roots, Target};
 use ferry_service::sink::BlockSink;
 
@@ -404,22 +403,7 @@ impl Server {
                     Ok(()) => link.send(&Msg::Ok { file_id: 0 })?,
                     Err(r) => reply_refusal(link, 0, r)?,
                 },
-                Msg::Sum { path } => match self.roots.open_read(&path) {
-                    // A hash of a file that changed while it was read matches no version.
-                    Ok((f, st)) => match hash_file(&f, st.st_size as u64) {
-                        Ok(h) => match ferry_service::stamp::Stamp::of(&st).check(&f, &path) {
-                            Ok(()) => link.send(&Msg::SumReply {
-                                size: st.st_size as u64,
-                                blake3: h,
-                            })?,
-                            Err(e) => reply_refusal(link, 0, refuse(ErrorCode::Integrity, e.msg))?,
-                        },
-                        Err(e) => {
-                            reply_refusal(link, 0, refuse(ErrorCode::Io, format!("{path}: {e}")))?
-                        }
-                    },
-                    Err(r) => reply_refusal(link, 0, r)?,
-                },
+                Msg::Sum { path } => self.sum(link, tx, &path)?,
                 Msg::Get {
                     file_id,
                     offset,
@@ -735,32 +719,6 @@ impl Drop for StreamGuard<'_> {
 /// How a PUT's blocks ended: FILE_DONE's `length`, and its hash once every block was good
 /// (or the refusal after too many CRC rounds).
 type Received = (u64, PResult<Option<[u8; 32]>>);
-
-/// Answers a GET of `length` bytes at `offset` from a source of `size` bytes: READY and the
-/// length that will travel (clipped to the end), or a refusal (`None`) if `offset` lies past
-/// the end.
-fn ready(
-    link: &Link,
-    file_id: u32,
-    path: &str,
-    offset: u64,
-    length: u64,
-    size: u64,
-    mode: u32,
-) -> Result<Option<u64>> {
-    if offset > size {
-        let why = format!("{path}: offset {offset} past the end ({size} bytes)");
-        reply_refusal(link, file_id, refuse(ErrorCode::BadRequest, why))?;
-        return Ok(None);
-    }
-    link.send(&Msg::Ready {
-        file_id,
-        size,
-        mode,
-        offset,
-    })?;
-    Ok(Some(length.min(size - offset)))
-}
 
 /// Refuses a connection at its handshake: the refusal, a moment for it to reach the client
 /// before the connection goes, and the error that ends the connection.
