@@ -5,6 +5,8 @@
 //!   messages, file blocks as EXS sends of registered staging blocks the receiver pulls by
 //!   RMA; the staging ring (disk reader → registered blocks → network → disk writer) with
 //!   bounded depth and back-pressure.
+//! - [`conv`]: the file-transfer conversations as state machines with no I/O (the
+//!   runtimes in `client` and `server` execute their actions).
 //! - [`server`]: exported roots behind an `openat2(RESOLVE_BENEATH)` sandbox, token auth,
 //!   a thread per connection.
 //! - `third_party`: server-to-server copies (SEND_TO): the source server uploads to the
@@ -28,6 +30,7 @@
 
 pub mod client;
 pub mod config;
+pub mod conv;
 pub mod error;
 mod export;
 pub mod link;

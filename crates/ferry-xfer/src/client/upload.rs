@@ -5,6 +5,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use super::{remote_err, unexpected, Client, Progress};
+use crate::conv::upload::{Action, Event, PutJob, Uploader};
 use crate::error::{Kind, Result, XferError};
 use crate::link::{FileMeta, Source, Span};
 use crate::proto::{self, Msg};
@@ -163,9 +164,9 @@ impl Client {
         self.put(Source::Zero, size, 0o644, None, None, path, progress)
     }
 
-    /// PUTs `size` bytes of `src` to `path`. A file source with its `stamp` is checked
-    /// before each FILE_DONE: if it changed while being read, the server is told to drop
-    /// the part (ERROR) and the upload fails (integrity).
+    /// PUTs `size` bytes of `src` to `path`, executing the [`Uploader`]'s actions. A file
+    /// source with its `stamp` is checked before each FILE_DONE: if it changed while being
+    /// read, the server is told to drop the part (ERROR) and the upload fails (integrity).
     #[allow(clippy::too_many_arguments)]
     fn put(
         &mut self,
@@ -187,94 +188,104 @@ impl Client {
                 "the server speaks protocol 1.0 and cannot resume; sending the whole file"
             );
         }
-        self.link.send(&Msg::Put {
+        let to_null = crate::mem::classify(path) == Some(Ok(crate::mem::Virtual::Null));
+        let up = Uploader::put(PutJob {
             file_id,
             flags: if resume { proto::PUT_RESUME } else { 0 } | self.force_flag(proto::PUT_FORCE),
             mode,
             size,
             mtime: mtime.filter(|_| v11),
             path: path.into(),
-        })?;
-        let offset = match self.link.recv_msg()? {
-            Msg::Ready { offset, .. } if offset <= size => offset,
-            Msg::Ready { offset, .. } => {
-                return Err(XferError::conn(format!(
-                    "the server would resume at {offset}, past the end ({size} bytes)"
-                )))
-            }
-            Msg::Error { code, message, .. } => return Err(remote_err(code, &message)),
-            m => return Err(unexpected(&m)),
-        };
-        let to_null = crate::mem::classify(path) == Some(Ok(crate::mem::Virtual::Null));
-        let mut hasher = (!to_null).then(blake3::Hasher::new);
-        if offset > 0 {
-            tracing::info!("{path}: resuming at byte {offset}");
-            if let (Source::File(file), Some(h)) = (src, hasher.as_mut()) {
-                ferry_service::hash::hash_range(file, 0, offset, h, &mut Vec::new())
-                    .map_err(|e| XferError::io(path, &e))?;
-            }
-            self.stats.resumed_bytes += offset;
-            progress.add(offset);
-        }
-        // Counted as the blocks go (a connection that breaks part way sent only some).
-        let wire = std::cell::Cell::new(0);
-        let add = |n| {
-            wire.set(wire.get() + n);
-            progress.add(n)
-        };
-        let span = Span {
-            file_id,
-            offset,
-            len: size - offset,
-        };
-        let sent = self
-            .tx
-            .send_range(&self.link, src, span, hasher.as_mut(), &add);
-        self.stats.wire_bytes += wire.take();
-        if let Err(e) = sent {
-            return self.tx.abandon(&self.link, file_id, e);
-        }
-        // The server answers FILE_DONE only after taking every block: no flush needed.
-        let hash = hasher.map(|h| *h.finalize().as_bytes());
-        loop {
-            if let (Some(stamp), Source::File(file)) = (stamp, src) {
-                if let Err(e) = stamp.check(file, path) {
-                    return self.tx.abandon(&self.link, file_id, e);
-                }
-            }
-            self.link.send(&Msg::FileDone {
-                file_id,
-                length: size,
-                blake3: hash,
-            })?;
-            match self.link.recv_msg()? {
-                Msg::Ok { .. } => break,
-                Msg::Resend { ranges, .. } => {
-                    self.stats.blocks_resent += ranges.len() as u64;
-                    for (off, len) in ranges {
-                        if off.saturating_add(u64::from(len)) > size {
-                            return Err(XferError::conn(
-                                "the server asked for a range past the end",
-                            ));
-                        }
-                        let span = Span {
-                            file_id,
-                            offset: off,
-                            len: u64::from(len),
-                        };
-                        let sent = self
-                            .tx
-                            .send_range(&self.link, src, span, None, &|n| wire.set(wire.get() + n));
-                        self.stats.wire_bytes += wire.take();
-                        sent?;
-                    }
-                }
-                Msg::Error { code, message, .. } => return Err(remote_err(code, &message)),
-                m => return Err(unexpected(&m)),
-            }
-        }
+            hash: !to_null,
+            check_source: stamp.is_some() && matches!(src, Source::File(_)),
+        });
+        self.converse(up, src, stamp, path, progress)?;
         self.stats.files += 1;
         self.stats.bytes += size;
         Ok(())
+    }
+
+    /// Runs one upload conversation to its end: executes the [`Uploader`]'s actions on this
+    /// connection, reading `src` (checked against `stamp` before each FILE_DONE).
+    pub(crate) fn converse(
+        &mut self,
+        mut up: Uploader,
+        src: Source<'_>,
+        stamp: Option<&ferry_service::stamp::Stamp>,
+        path: &str,
+        progress: &dyn Progress,
+    ) -> Result<()> {
+        let mut hasher = blake3::Hasher::new();
+        loop {
+            let Some(action) = up.poll() else {
+                let m = self.link.recv_msg()?;
+                up.handle(Event::Msg(m));
+                continue;
+            };
+            match action {
+                Action::Send(m) => self.link.send(&m)?,
+                Action::Resumed { offset, hash } => {
+                    tracing::info!("{path}: resuming at byte {offset}");
+                    if let (Source::File(file), true) = (src, hash) {
+                        ferry_service::hash::hash_range(
+                            file,
+                            0,
+                            offset,
+                            &mut hasher,
+                            &mut Vec::new(),
+                        )
+                        .map_err(|e| XferError::io(path, &e))?;
+                    }
+                    self.stats.resumed_bytes += offset;
+                    progress.add(offset);
+                }
+                Action::SendRange { span, hash, resend } => {
+                    let sent =
+                        self.send_span(src, span, hash.then_some(&mut hasher), resend, progress);
+                    up.handle(match sent {
+                        Ok(()) => Event::Sent {
+                            digest: hash.then(|| *hasher.finalize().as_bytes()),
+                        },
+                        Err(e) => Event::SendFailed(e),
+                    });
+                }
+                Action::CheckSource => {
+                    let checked = match (stamp, src) {
+                        (Some(stamp), Source::File(file)) => stamp.check(file, path),
+                        _ => Ok(()),
+                    };
+                    up.handle(Event::SourceChecked(checked));
+                }
+                Action::Abandon(e) => return self.tx.abandon(&self.link, up.file_id(), e),
+                Action::Fail(e) => return Err(e),
+                Action::Done => return Ok(()),
+            }
+        }
+    }
+
+    /// Sends `span` of `src` as BLOCKs, counting its bytes as they go (a connection that
+    /// breaks part way sent only some); a first send counts as progress too, a resend (one
+    /// counted block more) does not. With `hasher`, the bytes are hashed as they are read.
+    fn send_span(
+        &mut self,
+        src: Source<'_>,
+        span: Span,
+        hasher: Option<&mut blake3::Hasher>,
+        resend: bool,
+        progress: &dyn Progress,
+    ) -> Result<()> {
+        let wire = std::cell::Cell::new(0);
+        let add = |n| {
+            wire.set(wire.get() + n);
+            if !resend {
+                progress.add(n)
+            }
+        };
+        if resend {
+            self.stats.blocks_resent += 1;
+        }
+        let sent = self.tx.send_range(&self.link, src, span, hasher, &add);
+        self.stats.wire_bytes += wire.take();
+        sent
     }
 }

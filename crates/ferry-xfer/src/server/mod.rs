@@ -18,7 +18,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ferry_exs::runtime::{default_config, EventQueue, ExsIncoming, ExsListener};
-use rustix::io::Errno;
 
 use crate::config::ServerConfig;
 use crate::error::{Kind, Result, XferError};
@@ -35,7 +34,6 @@ use crate::export::{refuse, PResult};
 use ferry_service::claims::{Claim, Claims};
 use ferry_service::hash::hash_file;
 pub use ferry_service::roots::{PartFile, Roots, Target};
-use ferry_service::sink::BlockSink;
 
 /// A running server's shared state.
 pub struct Server {
@@ -682,25 +680,12 @@ fn decode_request(buf: &[u8]) -> Result<Msg> {
     Ok(msg)
 }
 
-/// A PUT's blocks all good: the sink, FILE_DONE's `length` and hash.
-type Received2 = (BlockSink, u64, Option<[u8; 32]>);
-
 /// The refusal for a file another connection is writing.
 fn busy(path: &str) -> Refusal {
     refuse(
         ErrorCode::Unavailable,
         format!("{path}: another connection is still writing this file; try again"),
     )
-}
-
-/// The refusal for a failed write.
-fn write_refusal(path: &str, e: &std::io::Error) -> Refusal {
-    let code = if e.raw_os_error() == Some(Errno::NOSPC.raw_os_error()) {
-        ErrorCode::NoSpace
-    } else {
-        ErrorCode::Io
-    };
-    refuse(code, format!("{path}: write failed: {e}"))
 }
 
 fn id_in_use(file_id: u32) -> Refusal {
