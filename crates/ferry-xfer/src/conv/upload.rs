@@ -48,6 +48,22 @@ pub struct PutJob {
     pub check_source: bool,
 }
 
+/// What the server says it holds of a file being resumed (OPEN's answer, HAVE), checked:
+/// each range must be non-empty and lie in the file. What is left to send is the rest
+/// ([`RangeSet::missing`]).
+pub fn held_ranges(have: &[(u64, u64)], size: u64) -> Result<RangeSet, XferError> {
+    let mut held = RangeSet::new();
+    for &(a, b) in have {
+        if a >= b || b > size {
+            return Err(XferError::conn(format!(
+                "the server holds a range {a}..{b} outside the file ({size} bytes)"
+            )));
+        }
+        held.insert(a, b);
+    }
+    Ok(held)
+}
+
 /// What an [`Uploader`] asks its runtime to do.
 #[derive(Debug)]
 pub enum Action {

@@ -10,7 +10,7 @@ use super::{chunk_size, chunks, finish_clients, join_streams, lock, run_streams}
 use crate::client::{
     open_source, plan_upload, remote_err, unexpected, Client, Options, Progress, Stats,
 };
-use crate::conv::upload::Uploader;
+use crate::conv::upload::{held_ranges, Uploader};
 use crate::error::{Kind, Result, XferError};
 use crate::link::{FileMeta, Source};
 use crate::proto::{self, Msg};
@@ -281,15 +281,7 @@ fn open_upload(
         Msg::Error { code, message, .. } => return Err(remote_err(code, &message)),
         m => return Err(unexpected(&m)),
     };
-    let mut left = RangeSet::new();
-    for (a, b) in have {
-        if a >= b || b > size {
-            return Err(XferError::conn(format!(
-                "the server holds a range {a}..{b} outside the file ({size} bytes)"
-            )));
-        }
-        left.insert(a, b);
-    }
+    let left = held_ranges(&have, size)?;
     if !left.is_empty() {
         tracing::info!("{path}: resuming, {} bytes in place", left.total());
         c.stats.resumed_bytes += left.total();
