@@ -12,7 +12,8 @@
 //! every file must end up committed.
 //!
 //! Invariants: a committed file equals its source (nothing is committed unverified); every
-//! file is committed in the end; a resumed PUT sends exactly the bytes past the journaled
+//! file is committed in the end; over a wire that only corrupts, an upload fails only when
+//! its blocks kept failing their CRC (bad blocks are sent again); a resumed PUT sends exactly the bytes past the journaled
 //! prefix; every attempt ends within a bounded number of steps (no livelock, no deadlock).
 //!
 //! `FERRY_SIM_SEED=N` replays seed N alone; `FERRY_SIM_SEEDS=K` runs seeds 0..K (2,000 by
@@ -80,6 +81,16 @@ struct Faults {
 }
 
 impl Faults {
+    /// Whether only the wire misbehaves (cuts, corrupted payloads, late disk answers): then a
+    /// file fails only if its blocks kept failing their CRC.
+    fn only_wire(&self) -> bool {
+        self.poisoned == 0
+            && self.write_fails_at.is_none()
+            && !self.commit_fails
+            && !self.busy
+            && !self.read_fails
+    }
+
     fn draw(rng: &mut Rng, attempt: u32) -> Faults {
         if attempt >= FAULTY_ATTEMPTS {
             return Faults::default();
@@ -407,7 +418,13 @@ impl Sim {
                 c.up = None;
                 return Some(End::Closed);
             }
-            Action::Fail(_) => {
+            Action::Fail(e) => {
+                if f.only_wire() && !e.msg.contains("kept failing their CRC") {
+                    self.fail(&format!(
+                        "{}: failed over a lossy wire: {}",
+                        src.path, e.msg
+                    ));
+                }
                 c.up = None;
                 return Some(End::Closed);
             }
