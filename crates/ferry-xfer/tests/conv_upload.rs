@@ -299,3 +299,30 @@ fn giving_up_drops_the_part_and_a_cut_keeps_it() {
     assert!(matches!(rx.poll(), Some(RxAction::Keep(_))));
     assert!(rx.poll().is_none() && rx.is_over());
 }
+
+/// CLOSE: a missing range keeps the part for a resume, a wrong length drops it, and only a
+/// matching hash commits. PUT_FILE: only a payload matching its BLAKE3 is written.
+#[test]
+fn close_and_whole_file_verdicts() {
+    use ferry_xfer::conv::upload::{check_whole, close_matches, close_ready};
+    let code = |r: &ferry_xfer::server::Refusal| r.code;
+    assert!(
+        matches!(close_ready("f", false, 10, 10), Err((r, false)) if code(&r) == ErrorCode::Integrity)
+    );
+    assert!(
+        matches!(close_ready("f", true, 9, 10), Err((r, true)) if code(&r) == ErrorCode::Integrity)
+    );
+    assert!(close_ready("f", true, 10, 10).is_ok());
+    let h = *blake3::hash(b"abc").as_bytes();
+    assert!(close_matches("f", Some(Ok(h)), Some(h)).is_ok());
+    assert!(close_matches("f", Some(Ok(h)), None).is_err());
+    assert!(close_matches("f", None, Some(h)).is_err());
+    let io = close_matches(
+        "f",
+        Some(Err(std::io::Error::from_raw_os_error(5))),
+        Some(h),
+    );
+    assert!(matches!(io, Err(r) if r.code == ErrorCode::Io));
+    assert!(check_whole("f", b"abc", &h).is_ok());
+    assert!(matches!(check_whole("f", b"abd", &h), Err(r) if r.code == ErrorCode::Integrity));
+}

@@ -18,6 +18,11 @@
 //! and executes the actions it polls, in order. Every action that names a local result
 //! (`SendRange`, `CheckSource`, `Sync`, `Finish`, `Commit`, `Claim`, `OpenPart`) is
 //! answered with its event before the next message from the peer is fed in.
+//!
+//! The other upload requests are single decisions, not conversations: what OPEN's HAVE
+//! leaves to send ([`held_ranges`]), whether a CLOSE commits ([`close_ready`] before the
+//! part is hashed, [`close_matches`] after), whether a PUT_FILE's payload is written
+//! ([`check_whole`]).
 
 use std::collections::VecDeque;
 
@@ -671,8 +676,7 @@ impl Receiver {
             None => None,
         };
         if !self.complete() || length != self.size || got.is_none() || blake3 != got {
-            let why = format!("{path}: the whole-file BLAKE3 does not match what was sent; nothing was written, try again");
-            return self.refuse(refuse(ErrorCode::Integrity, why), true);
+            return self.refuse(mismatch(&path), true);
         }
         self.commit();
     }
@@ -709,6 +713,67 @@ impl Receiver {
         self.state = RxState::Over;
         self.actions.push_back(RxAction::Keep(e));
     }
+}
+
+/// A CLOSE of a parallel upload (OPEN, PUT_RANGE…, CLOSE), before its part is hashed:
+/// refused if a range is missing (the part is kept, journaled, for a resume: `false`) or if
+/// the length differs from the OPEN's (the part is dropped: `true`).
+pub fn close_ready(
+    path: &str,
+    complete: bool,
+    length: u64,
+    size: u64,
+) -> Result<(), (Refusal, bool)> {
+    if !complete {
+        let why = format!("{path}: CLOSE before every range arrived; resume the copy");
+        return Err((refuse(ErrorCode::Integrity, why), false));
+    }
+    if length != size {
+        let why = format!("{path}: {length} bytes announced, {size} opened");
+        return Err((refuse(ErrorCode::Integrity, why), true));
+    }
+    Ok(())
+}
+
+/// A CLOSE whose part was hashed (`got`): committed only if the client's BLAKE3 matches.
+/// A refused part is dropped.
+pub fn close_matches(
+    path: &str,
+    got: Option<std::io::Result<[u8; 32]>>,
+    blake3: Option<[u8; 32]>,
+) -> Result<(), Refusal> {
+    match got {
+        Some(Ok(h)) if blake3 == Some(h) => Ok(()),
+        Some(Err(e)) => Err(refuse(
+            ErrorCode::Io,
+            format!("{path}: hashing the part: {e}"),
+        )),
+        _ => Err(mismatch(path)),
+    }
+}
+
+/// A whole file in one frame (PUT_FILE) is checked against its BLAKE3 before anything is
+/// written; a mismatch is refused (Integrity) and the client sends the file again by PUT.
+pub fn check_whole(path: &str, payload: &[u8], blake3: &[u8; 32]) -> Result<(), Refusal> {
+    if blake3::hash(payload).as_bytes() == blake3 {
+        return Ok(());
+    }
+    tracing::warn!(
+        path,
+        "uploaded file's BLAKE3 mismatch; the client sends it again"
+    );
+    Err(refuse(
+        ErrorCode::Integrity,
+        format!("{path}: the file's BLAKE3 does not match what was sent"),
+    ))
+}
+
+/// The refusal of a file whose whole-file BLAKE3 differs from the client's.
+fn mismatch(path: &str) -> Refusal {
+    refuse(
+        ErrorCode::Integrity,
+        format!("{path}: the whole-file BLAKE3 does not match what was sent; nothing was written, try again"),
+    )
 }
 
 /// The client's error for a message that has no place in the conversation.

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{busy, reply_refusal, PutReq, Received, Refusal, Server, RECV_SLICE};
-use crate::conv::upload::{write_refusal, Receiver, RxAction, RxEvent};
+use crate::conv::upload::{check_whole, write_refusal, Receiver, RxAction, RxEvent};
 use crate::error::{Result, XferError};
 use crate::export::{refuse, PResult};
 use crate::link::{BlockWriter, Link};
@@ -53,16 +53,7 @@ impl Server {
         force: bool,
     ) -> PResult<(PartFile, ferry_service::claims::Claim)> {
         let claim = self.claim(path).ok_or_else(|| busy(path))?;
-        if blake3::hash(payload).as_bytes() != blake3 {
-            tracing::warn!(
-                path,
-                "uploaded file's BLAKE3 mismatch; the client sends it again"
-            );
-            return Err(refuse(
-                ErrorCode::Integrity,
-                format!("{path}: the file's BLAKE3 does not match what was sent"),
-            ));
-        }
+        check_whole(path, payload, blake3)?;
         let part = PartFile::whole(&self.roots, path, force)?;
         if let Err(e) = std::os::unix::fs::FileExt::write_all_at(&part.file, payload, 0) {
             part.discard();

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use super::put::Dest;
 use super::{busy, id_in_use, reply_refusal, PutReq, Server};
-use crate::conv::upload::Receiver;
+use crate::conv::upload::{close_matches, close_ready, Receiver};
 use crate::error::{Result, XferError};
 use crate::export::refuse;
 use crate::link::Link;
@@ -112,36 +112,23 @@ impl Server {
             }
         };
         let path = up.path.clone();
-        if !up.complete() {
-            // Dropping the upload journals it: a resume sends the rest.
-            let why = format!("{path}: CLOSE before every range arrived; resume the copy");
-            return reply_refusal(link, file_id, refuse(ErrorCode::Integrity, why));
-        }
-        if length != up.size {
-            let why = format!("{path}: {length} bytes announced, {} opened", up.size);
-            if let Some(p) = up.take_part() {
-                p.discard();
+        if let Err((r, drop_part)) = close_ready(&path, up.complete(), length, up.size) {
+            // Dropping a kept upload journals it: a resume sends the rest.
+            if drop_part {
+                if let Some(p) = up.take_part() {
+                    p.discard();
+                }
             }
-            return reply_refusal(link, file_id, refuse(ErrorCode::Integrity, why));
+            return reply_refusal(link, file_id, r);
         }
         let got = up.hash();
         let Some(part) = up.take_part() else {
             // The null sink: nothing to hash or commit.
             return link.send(&Msg::Ok { file_id });
         };
-        let matched = match got {
-            Some(Ok(h)) => blake3 == Some(h),
-            Some(Err(e)) => {
-                part.discard();
-                let why = format!("{path}: hashing the part: {e}");
-                return reply_refusal(link, file_id, refuse(ErrorCode::Io, why));
-            }
-            None => false,
-        };
-        if !matched {
+        if let Err(r) = close_matches(&path, got, blake3) {
             part.discard();
-            let why = format!("{path}: the whole-file BLAKE3 does not match what was sent; nothing was written, try again");
-            return reply_refusal(link, file_id, refuse(ErrorCode::Integrity, why));
+            return reply_refusal(link, file_id, r);
         }
         let mtime = u64::try_from(up.mtime)
             .ok()
