@@ -1,6 +1,9 @@
 //! Seeded two-sided simulation of uploads: the client's `Uploader` and the server's
 //! `Receiver` (behind the request `Router`) talk through an in-memory wire of encoded
-//! frames, over a simulated disk that keeps part files and their journals.
+//! frames, over a simulated disk that keeps part files and their journals. In half of the
+//! seeds, files larger than a block go as parallel uploads: OPEN (HAVE, checked by
+//! `held_ranges`), the missing ranges by PUT_RANGE in random order, CLOSE (the
+//! `close_ready` and `close_matches` verdicts).
 //!
 //! What one seed throws at them: several files (empty ones, a block exactly, a block and a
 //! byte, a few blocks with a tail), connections cut at a random step (frames in flight are
@@ -12,7 +15,8 @@
 //! every file must end up committed.
 //!
 //! Invariants: a committed file equals its source (nothing is committed unverified); every
-//! file is committed in the end; over a wire that only corrupts, an upload fails only when
+//! file is committed in the end; a resumed parallel upload sends exactly the bytes HAVE
+//! did not list; over a wire that only corrupts, an upload fails only when
 //! its blocks kept failing their CRC (bad blocks are sent again); a resumed PUT sends exactly the bytes past the journaled
 //! prefix; every attempt ends within a bounded number of steps (no livelock, no deadlock).
 //!
@@ -22,7 +26,10 @@
 use std::collections::{HashMap, VecDeque};
 
 use ferry_xfer::conv::serve::{Route, Router};
-use ferry_xfer::conv::upload::{Action, Event, PutJob, Receiver, RxAction, RxEvent, Uploader};
+use ferry_xfer::conv::upload::{
+    close_matches, close_ready, held_ranges, Action, Event, PutJob, Receiver, RxAction, RxEvent,
+    Uploader,
+};
 use ferry_xfer::journal::RangeSet;
 use ferry_xfer::proto::{self, BlockHeader, ErrorCode, Msg};
 
@@ -123,8 +130,8 @@ struct Part {
     ident: (u64, i64),
     /// Bytes written from blocks whose CRC was good.
     verified: RangeSet,
-    /// The verified prefix as last journaled.
-    journal: u64,
+    /// The verified ranges as last journaled.
+    journal: RangeSet,
 }
 
 /// The server's disk: committed files and parts.
@@ -155,6 +162,38 @@ struct ServerSide {
     landed: u64,
     /// A disk action being worked on, done at this step.
     busy_until: Option<(u64, RxAction)>,
+    /// The PUT_RANGE being received (its upload, the range), if `rx` is one.
+    range: Option<(u32, u64, u64)>,
+    /// The parallel uploads OPENed on this connection.
+    uploads: HashMap<u32, UpModel>,
+}
+
+/// A parallel upload as the server holds it between requests.
+struct UpModel {
+    path: String,
+    size: u64,
+    /// The ranges whose every block arrived (and what the part held when OPENed).
+    done: RangeSet,
+    /// A range failed: the part goes when the upload ends.
+    failed: bool,
+}
+
+/// What the client is doing between conversations.
+enum Job {
+    /// Nothing: the next file not committed starts.
+    Idle,
+    /// A PUT conversation runs.
+    Put,
+    /// OPEN went; waiting for HAVE.
+    Open(u32),
+    /// The ranges left to send by PUT_RANGE, and the bytes they hold.
+    Ranges {
+        id: u32,
+        queue: VecDeque<(u64, u64)>,
+        left: u64,
+    },
+    /// CLOSE went; waiting for OK.
+    Close(u32),
 }
 
 /// The client's side of one connection.
@@ -166,6 +205,9 @@ struct ClientSide {
     ready_at: Option<u64>,
     /// Whether the first round's range went.
     first_sent: bool,
+    /// Where the conversation's first round must end (the file's or the range's end).
+    end: u64,
+    job: Job,
 }
 
 struct Sim {
@@ -173,6 +215,8 @@ struct Sim {
     rng: Rng,
     block: u64,
     sources: Vec<Source>,
+    /// Files larger than a block go by OPEN, PUT_RANGE… in random order, CLOSE.
+    parallel: bool,
     disk: Disk,
     router: Router,
     /// Frames on the wire, each way.
@@ -185,6 +229,11 @@ struct Sim {
     /// RESEND rounds, and refusals by code.
     resends: u64,
     refused: Vec<ErrorCode>,
+    /// Parallel uploads committed by CLOSE.
+    closed: u64,
+    /// Files whose part was resumed holding poisoned bytes (their CRC was good): only the
+    /// whole-file BLAKE3 can catch those, and the upload starts over.
+    tainted: std::collections::HashSet<String>,
 }
 
 /// How an attempt ended on the client side.
@@ -220,11 +269,13 @@ impl Sim {
                 }
             })
             .collect();
+        let parallel = rng.chance(500);
         Sim {
             seed,
             rng,
             block,
             sources,
+            parallel,
             disk: Disk::default(),
             router: Router {
                 block: block as u32,
@@ -238,6 +289,8 @@ impl Sim {
             cuts: 0,
             resends: 0,
             refused: Vec::new(),
+            closed: 0,
+            tainted: Default::default(),
         }
     }
 
@@ -288,6 +341,8 @@ impl Sim {
             write_error: None,
             landed: 0,
             busy_until: None,
+            range: None,
+            uploads: HashMap::new(),
         };
         let mut client = ClientSide {
             up: None,
@@ -295,6 +350,8 @@ impl Sim {
             hasher: blake3::Hasher::new(),
             ready_at: None,
             first_sent: false,
+            end: 0,
+            job: Job::Idle,
         };
         let mut closing = false;
         for step in 0..MAX_STEPS {
@@ -324,29 +381,155 @@ impl Sim {
         self.fail("an attempt did not end within its steps")
     }
 
-    /// The client's next move: an action of its machine, or a frame for it.
+    /// The client's next move: a step of the conversation under way, or of the job
+    /// around it (the next file, OPEN's answer, the next range, CLOSE).
     fn client_step(&mut self, c: &mut ClientSide, f: &Faults, resume: bool) -> Option<End> {
-        if c.up.is_none() {
-            let Some(i) = self.pending() else {
-                return Some(End::AllDone);
-            };
-            let src = &self.sources[i];
-            let id = self.next_id;
-            self.next_id += 1;
-            c.file = i;
-            c.hasher = blake3::Hasher::new();
-            (c.ready_at, c.first_sent) = (None, false);
-            c.up = Some(Uploader::put(PutJob {
-                file_id: id,
-                flags: if resume { proto::PUT_RESUME } else { 0 },
-                mode: 0o644,
-                size: src.data.len() as u64,
-                mtime: Some(src.mtime),
-                path: src.path.clone(),
-                hash: true,
-                check_source: true,
-            }));
+        if c.up.is_some() {
+            return self.conversation_step(c, f);
         }
+        match std::mem::replace(&mut c.job, Job::Idle) {
+            Job::Idle | Job::Put => self.start_file(c, resume),
+            Job::Open(id) => self.on_have(c, id),
+            Job::Ranges {
+                id,
+                mut queue,
+                left,
+            } => {
+                let Some((lo, hi)) = queue.pop_front() else {
+                    if left != 0 {
+                        self.fail(&format!("the ranges left {left} missing bytes unsent"));
+                    }
+                    let src = &self.sources[c.file];
+                    let close = Msg::Close {
+                        file_id: id,
+                        length: src.data.len() as u64,
+                        blake3: Some(*blake3::hash(&src.data).as_bytes()),
+                    };
+                    self.c2s.push_back(encode(&close));
+                    c.job = Job::Close(id);
+                    return None;
+                };
+                c.up = Some(Uploader::range(id, lo, hi));
+                (c.ready_at, c.first_sent, c.end) = (None, false, hi);
+                c.job = Job::Ranges { id, queue, left };
+                None
+            }
+            Job::Close(id) => self.on_closed(c, id),
+        }
+    }
+
+    /// Starts the next file not committed: PUT, or OPEN of a parallel upload.
+    fn start_file(&mut self, c: &mut ClientSide, resume: bool) -> Option<End> {
+        let Some(i) = self.pending() else {
+            return Some(End::AllDone);
+        };
+        let src = &self.sources[i];
+        let size = src.data.len() as u64;
+        let id = self.next_id;
+        self.next_id += 1;
+        c.file = i;
+        c.hasher = blake3::Hasher::new();
+        (c.ready_at, c.first_sent, c.end) = (None, false, size);
+        if self.parallel && size > self.block {
+            let open = Msg::Open {
+                flags: if resume { proto::OPEN_RESUME } else { 0 },
+                file_id: id,
+                mode: 0o644,
+                size,
+                mtime: src.mtime,
+                path: src.path.clone(),
+            };
+            self.c2s.push_back(encode(&open));
+            c.job = Job::Open(id);
+            return None;
+        }
+        c.up = Some(Uploader::put(PutJob {
+            file_id: id,
+            flags: if resume { proto::PUT_RESUME } else { 0 },
+            mode: 0o644,
+            size,
+            mtime: Some(src.mtime),
+            path: src.path.clone(),
+            hash: true,
+            check_source: true,
+        }));
+        c.job = Job::Put;
+        None
+    }
+
+    /// The next frame from the server, if any arrived.
+    fn server_answer(&mut self) -> Option<Msg> {
+        let frame = self.s2c.pop_front()?;
+        match proto::decode(&frame) {
+            Ok((m, _)) => Some(m),
+            Err(e) => self.fail(&format!("the server sent a bad frame: {e}")),
+        }
+    }
+
+    /// HAVE: what the server holds is not sent again; the rest goes in ranges of one to
+    /// three blocks, in random order.
+    fn on_have(&mut self, c: &mut ClientSide, id: u32) -> Option<End> {
+        let Some(m) = self.server_answer() else {
+            c.job = Job::Open(id);
+            return None;
+        };
+        let ranges = match m {
+            Msg::Have { file_id, ranges } if file_id == id => ranges,
+            Msg::Error { .. } => return Some(End::Closed),
+            m => self.fail(&format!("OPEN answered with {m:?}")),
+        };
+        let size = self.sources[c.file].data.len() as u64;
+        let held = match held_ranges(&ranges, size) {
+            Ok(h) => h,
+            Err(e) => self.fail(&format!("HAVE refused: {}", e.msg)),
+        };
+        // What the server lacks, counted here from HAVE itself: exactly that must go.
+        let mut have = RangeSet::new();
+        for &(a, b) in &ranges {
+            have.insert(a, b);
+        }
+        self.resumed += held.total();
+        let chunk = self.block * (1 + self.rng.below(3));
+        let mut pieces: Vec<(u64, u64)> = Vec::new();
+        for (a, b) in held.missing(size) {
+            let mut lo = a;
+            while lo < b {
+                pieces.push((lo, (lo + chunk).min(b)));
+                lo += chunk;
+            }
+        }
+        for k in (1..pieces.len()).rev() {
+            pieces.swap(k, self.rng.below(k as u64 + 1) as usize);
+        }
+        c.job = Job::Ranges {
+            id,
+            queue: pieces.into(),
+            left: size - have.total(),
+        };
+        None
+    }
+
+    /// CLOSE's answer: OK only for a file the server committed.
+    fn on_closed(&mut self, c: &mut ClientSide, id: u32) -> Option<End> {
+        let Some(m) = self.server_answer() else {
+            c.job = Job::Close(id);
+            return None;
+        };
+        let src = &self.sources[c.file];
+        match m {
+            Msg::Ok { file_id } if file_id == id => {
+                if self.disk.committed.get(&src.path) != Some(&src.data) {
+                    self.fail(&format!("{}: OK before the file was committed", src.path));
+                }
+                None
+            }
+            Msg::Error { .. } => Some(End::Closed),
+            m => self.fail(&format!("CLOSE answered with {m:?}")),
+        }
+    }
+
+    /// A step of the conversation under way (a PUT, or one PUT_RANGE).
+    fn conversation_step(&mut self, c: &mut ClientSide, f: &Faults) -> Option<End> {
         let up = c.up.as_mut()?;
         let Some(action) = up.poll() else {
             let frame = self.s2c.pop_front()?;
@@ -373,10 +556,7 @@ impl Sim {
                 if !resend {
                     // A resumed PUT sends exactly what lies past the server's prefix.
                     let from = c.ready_at.unwrap_or(u64::MAX);
-                    if c.first_sent
-                        || span.offset != from
-                        || span.offset + span.len != src.data.len() as u64
-                    {
+                    if c.first_sent || span.offset != from || span.offset + span.len != c.end {
                         self.fail(&format!(
                             "{}: first round sends {}+{} after READY at {from} ({} bytes)",
                             src.path,
@@ -386,6 +566,12 @@ impl Sim {
                         ));
                     }
                     c.first_sent = true;
+                    if let Job::Ranges { left, .. } = &mut c.job {
+                        match left.checked_sub(span.len) {
+                            Some(l) => *left = l,
+                            None => self.fail("PUT_RANGEs send more than HAVE left missing"),
+                        }
+                    }
                 }
                 if f.read_fails && !resend && span.len > 0 {
                     let e = ferry_xfer::XferError::io(
@@ -419,7 +605,8 @@ impl Sim {
                 return Some(End::Closed);
             }
             Action::Fail(e) => {
-                if f.only_wire() && !e.msg.contains("kept failing their CRC") {
+                let tainted = self.tainted.contains(&src.path);
+                if f.only_wire() && !tainted && !e.msg.contains("kept failing their CRC") {
                     self.fail(&format!(
                         "{}: failed over a lossy wire: {}",
                         src.path, e.msg
@@ -429,8 +616,11 @@ impl Sim {
                 return Some(End::Closed);
             }
             Action::Done => {
-                if self.disk.committed.get(&src.path) != Some(&src.data) {
-                    self.fail(&format!("{}: OK before the file was committed", src.path));
+                if let Job::Put = c.job {
+                    if self.disk.committed.get(&src.path) != Some(&src.data) {
+                        self.fail(&format!("{}: OK before the file was committed", src.path));
+                    }
+                    c.job = Job::Idle;
                 }
                 c.up = None;
             }
@@ -475,7 +665,7 @@ impl Sim {
             return;
         }
         let Some(rx) = s.rx.as_mut() else {
-            return self.next_request(s);
+            return self.next_request(s, f);
         };
         let Some(action) = rx.poll() else {
             let Some(frame) = self.c2s.pop_front() else {
@@ -498,7 +688,7 @@ impl Sim {
             }
             RxAction::Claim => rx.handle(RxEvent::Claimed(!f.busy)),
             RxAction::OpenPart => {
-                let prefix = self.open_part(s);
+                let prefix = self.open_part(s).prefix();
                 if let Some(rx) = s.rx.as_mut() {
                     rx.handle(RxEvent::Opened(Ok(prefix)));
                 }
@@ -513,14 +703,12 @@ impl Sim {
                 let delay = self.rng.below(f.slow + 1);
                 s.busy_until = Some((step + delay, a));
             }
-            RxAction::Discard => {
-                self.disk.parts.remove(&s.path);
-            }
+            RxAction::Discard => self.drop_file(s),
             RxAction::Refuse { refusal, abandon } => {
-                if abandon {
-                    self.disk.parts.remove(&s.path);
-                }
                 let id = rx.file_id();
+                if abandon {
+                    self.drop_file(s);
+                }
                 self.refused.push(refusal.code);
                 self.s2c.push_back(encode(&Msg::Error {
                     code: refusal.code,
@@ -537,7 +725,7 @@ impl Sim {
     }
 
     /// A request between conversations: the router sends PUTs to a new receiver.
-    fn next_request(&mut self, s: &mut ServerSide) {
+    fn next_request(&mut self, s: &mut ServerSide, f: &Faults) {
         let Some(frame) = self.c2s.pop_front() else {
             return;
         };
@@ -551,7 +739,37 @@ impl Sim {
                 s.ident = (req.size, req.mtime.unwrap_or(0));
                 s.resume = req.resume;
                 s.path = path;
+                s.range = None;
             }
+            Route::Open(req, path) => {
+                self.open_upload(s, f, req.file_id, req.resume, path, req.ident())
+            }
+            Route::PutRange {
+                file_id,
+                offset,
+                length,
+            } => {
+                let Some(up) = s.uploads.get(&file_id) else {
+                    self.fail("PUT_RANGE of an upload never OPENed")
+                };
+                if up.failed {
+                    let e = Msg::Error {
+                        code: ErrorCode::Io,
+                        file_id,
+                        message: "an earlier range failed".into(),
+                    };
+                    return self.s2c.push_back(encode(&e));
+                }
+                let rx = Receiver::range(file_id, (up.size, 0o644), offset, length, &up.path);
+                s.path = up.path.clone();
+                s.rx = Some(rx);
+                s.range = Some((file_id, offset, offset + length));
+            }
+            Route::Close {
+                file_id,
+                length,
+                blake3,
+            } => self.close_upload(s, f, file_id, length, blake3),
             // What is left of an abandoned conversation.
             Route::Unexpected(Msg::Block(_) | Msg::Error { .. } | Msg::FileDone { .. }) => {}
             r => self.fail(&format!("unexpected route {r:?}")),
@@ -559,8 +777,8 @@ impl Sim {
     }
 
     /// Opens the part: a journaled one of the same source is resumed (when asked), else
-    /// the file starts over. The verified prefix.
-    fn open_part(&mut self, s: &ServerSide) -> u64 {
+    /// the file starts over. What the journal vouches for (the rest is not trusted).
+    fn open_part(&mut self, s: &ServerSide) -> RangeSet {
         let (size, _) = s.ident;
         let keep = s.resume
             && self
@@ -575,18 +793,126 @@ impl Sim {
                     data: vec![0; size as usize],
                     ident: s.ident,
                     verified: RangeSet::new(),
-                    journal: 0,
+                    journal: RangeSet::new(),
                 },
             );
         }
         let part = self.disk.parts.get_mut(&s.path).expect("just opened");
-        // What the journal does not vouch for is not trusted.
-        let mut verified = RangeSet::new();
-        if part.journal > 0 {
-            verified.insert(0, part.journal);
+        part.verified = part.journal.clone();
+        let src = self.sources.iter().find(|x| x.path == s.path);
+        let poisoned = src.is_some_and(|src| {
+            part.journal
+                .iter()
+                .any(|(a, b)| part.data[a as usize..b as usize] != src.data[a as usize..b as usize])
+        });
+        if poisoned {
+            self.tainted.insert(s.path.clone());
+        } else {
+            self.tainted.remove(&s.path);
         }
-        part.verified = verified;
-        part.journal
+        part.journal.clone()
+    }
+
+    /// OPEN: the part (resumed from its journal when asked) and HAVE with what it holds.
+    fn open_upload(
+        &mut self,
+        s: &mut ServerSide,
+        f: &Faults,
+        file_id: u32,
+        resume: bool,
+        path: String,
+        ident: ferry_xfer::journal::Ident,
+    ) {
+        if f.busy {
+            self.refused.push(ErrorCode::Unavailable);
+            let e = Msg::Error {
+                code: ErrorCode::Unavailable,
+                file_id,
+                message: format!("{path}: another connection is still writing this file"),
+            };
+            return self.s2c.push_back(encode(&e));
+        }
+        (s.path, s.ident, s.resume) = (path.clone(), (ident.size, ident.mtime), resume);
+        let held = self.open_part(s);
+        let ranges = held.iter().collect();
+        let up = UpModel {
+            path,
+            size: ident.size,
+            done: held,
+            failed: false,
+        };
+        s.uploads.insert(file_id, up);
+        self.s2c.push_back(encode(&Msg::Have { file_id, ranges }));
+    }
+
+    /// CLOSE: the verdicts of `conv::upload`, then the commit.
+    fn close_upload(
+        &mut self,
+        s: &mut ServerSide,
+        f: &Faults,
+        file_id: u32,
+        length: u64,
+        blake3: Option<[u8; 32]>,
+    ) {
+        let Some(up) = s.uploads.remove(&file_id) else {
+            self.fail("CLOSE of an upload never OPENed")
+        };
+        let answer = match close_ready(&up.path, up.done.contains(0, up.size), length, up.size) {
+            Err((r, drop_part)) => {
+                if drop_part || up.failed {
+                    self.disk.parts.remove(&up.path);
+                } else {
+                    self.journal_path(&up.path);
+                }
+                Err(r)
+            }
+            Ok(()) => {
+                let part = self.disk.parts.get(&up.path);
+                let got = part.map(|p| Ok(*blake3::hash(&p.data).as_bytes()));
+                match close_matches(&up.path, got, blake3) {
+                    Err(r) => {
+                        self.disk.parts.remove(&up.path);
+                        Err(r)
+                    }
+                    Ok(()) => self
+                        .commit(&up.path, f)
+                        .map_err(|e| ferry_xfer::server::Refusal {
+                            code: ErrorCode::Io,
+                            message: format!("{}: commit failed: {e}", up.path),
+                        }),
+                }
+            }
+        };
+        let m = match answer {
+            Ok(()) => {
+                self.closed += 1;
+                Msg::Ok { file_id }
+            }
+            Err(r) => {
+                self.refused.push(r.code);
+                Msg::Error {
+                    code: r.code,
+                    file_id,
+                    message: r.message,
+                }
+            }
+        };
+        self.s2c.push_back(encode(&m));
+    }
+
+    /// The client gave up on the file, or it was refused: a PUT's part goes; a range fails
+    /// its upload (whose part goes when the upload ends).
+    fn drop_file(&mut self, s: &mut ServerSide) {
+        match s.range {
+            Some((id, _, _)) => {
+                if let Some(up) = s.uploads.get_mut(&id) {
+                    up.failed = true;
+                }
+            }
+            None => {
+                self.disk.parts.remove(&s.path);
+            }
+        }
     }
 
     /// Lands the block fed in last: its CRC checked, written if good.
@@ -618,8 +944,8 @@ impl Sim {
             RxAction::Sync => RxEvent::Synced(Ok(std::mem::take(&mut s.bad))),
             RxAction::Finish => {
                 let write_error = s.write_error.take();
-                let digest = match (&write_error, self.disk.parts.get(&s.path)) {
-                    (None, Some(p)) => Some(Ok(*blake3::hash(&p.data).as_bytes())),
+                let digest = match (&write_error, self.disk.parts.get(&s.path), s.range) {
+                    (None, Some(p), None) => Some(Ok(*blake3::hash(&p.data).as_bytes())),
                     _ => None,
                 };
                 RxEvent::Finished {
@@ -627,7 +953,16 @@ impl Sim {
                     digest,
                 }
             }
-            RxAction::Commit => RxEvent::Committed(self.commit(s, f)),
+            RxAction::Commit => match s.range {
+                // A range is marked in its upload; the file is committed at CLOSE.
+                Some((id, lo, hi)) => {
+                    if let Some(up) = s.uploads.get_mut(&id) {
+                        up.done.insert(lo, hi);
+                    }
+                    RxEvent::Committed(Ok(()))
+                }
+                None => RxEvent::Committed(self.commit(&s.path.clone(), f)),
+            },
             a => self.fail(&format!("{a:?} is not a disk action")),
         };
         if let Some(rx) = s.rx.as_mut() {
@@ -636,29 +971,30 @@ impl Sim {
     }
 
     /// Renames the part into place; the simulation's own check that it is the source.
-    fn commit(&mut self, s: &ServerSide, f: &Faults) -> std::io::Result<()> {
-        let Some(part) = self.disk.parts.remove(&s.path) else {
+    fn commit(&mut self, path: &str, f: &Faults) -> std::io::Result<()> {
+        let Some(part) = self.disk.parts.remove(path) else {
             self.fail("a commit without a part")
         };
         if f.commit_fails {
             return Err(std::io::Error::from_raw_os_error(5));
         }
-        let src = self.sources.iter().find(|x| x.path == s.path);
+        let src = self.sources.iter().find(|x| x.path == path);
         if src.map(|x| &x.data) != Some(&part.data) {
-            self.fail(&format!(
-                "{}: committed bytes differ from the source",
-                s.path
-            ));
+            self.fail(&format!("{path}: committed bytes differ from the source"));
         }
-        self.disk.committed.insert(s.path.clone(), part.data);
+        self.disk.committed.insert(path.to_string(), part.data);
         Ok(())
     }
 
-    /// Journals the verified prefix of the part being received (a connection that ends
+    /// Journals what the part being received holds verified (a connection that ends
     /// mid-transfer).
     fn journal(&mut self, s: &ServerSide) {
-        if let Some(p) = self.disk.parts.get_mut(&s.path) {
-            p.journal = p.verified.prefix();
+        self.journal_path(&s.path);
+    }
+
+    fn journal_path(&mut self, path: &str) {
+        if let Some(p) = self.disk.parts.get_mut(path) {
+            p.journal = p.verified.clone();
         }
     }
 
@@ -669,17 +1005,22 @@ impl Sim {
             let f = Faults::default();
             self.disk_done(s, &f, a);
         }
-        let Some(mut rx) = s.rx.take() else {
-            return;
-        };
-        rx.handle(RxEvent::Interrupted(ferry_xfer::XferError::conn(why)));
-        while let Some(a) = rx.poll() {
-            match a {
-                RxAction::Keep(_) => self.journal(s),
-                RxAction::Discard | RxAction::Refuse { abandon: true, .. } => {
-                    self.disk.parts.remove(&s.path);
+        if let Some(mut rx) = s.rx.take() {
+            rx.handle(RxEvent::Interrupted(ferry_xfer::XferError::conn(why)));
+            while let Some(a) = rx.poll() {
+                match a {
+                    RxAction::Keep(_) => self.journal(s),
+                    RxAction::Discard | RxAction::Refuse { abandon: true, .. } => self.drop_file(s),
+                    _ => {}
                 }
-                _ => {}
+            }
+        }
+        // The session's uploads end with the connection: journaled, or dropped if failed.
+        for (_, up) in s.uploads.drain() {
+            if up.failed {
+                self.disk.parts.remove(&up.path);
+            } else {
+                self.journal_path(&up.path);
             }
         }
     }
@@ -701,7 +1042,7 @@ fn seeds() -> Vec<u64> {
 
 #[test]
 fn uploads_survive_cuts_corruption_and_failing_disks() {
-    let (mut resumed, mut cuts, mut files, mut resends) = (0, 0, 0, 0);
+    let (mut resumed, mut cuts, mut files, mut resends, mut closed) = (0, 0, 0, 0, 0);
     let mut refused: Vec<ErrorCode> = Vec::new();
     for seed in seeds() {
         let mut sim = Sim::new(seed);
@@ -709,17 +1050,19 @@ fn uploads_survive_cuts_corruption_and_failing_disks() {
         resumed += sim.resumed;
         cuts += sim.cuts;
         resends += sim.resends;
+        closed += sim.closed;
         files += sim.sources.len();
         refused.extend(sim.refused);
     }
     eprintln!(
-        "{files} files committed through {cuts} cuts, {resends} RESEND rounds, \
-         {resumed} bytes resumed, {} refusals",
+        "{files} files committed ({closed} by CLOSE) through {cuts} cuts, {resends} RESEND \
+         rounds, {resumed} bytes resumed, {} refusals",
         refused.len()
     );
     if seeds().len() > 100 {
         // The faults reached the machines: else the simulation proves little.
         assert!(resumed > 0 && cuts > 0 && resends > 0, "faults never hit");
+        assert!(closed > 0, "no parallel upload was committed");
         for code in [
             ErrorCode::Integrity,
             ErrorCode::NoSpace,
