@@ -5,12 +5,13 @@
 //!   messages, file blocks as EXS sends of registered staging blocks the receiver pulls by
 //!   RMA; the staging ring (disk reader → registered blocks → network → disk writer) with
 //!   bounded depth and back-pressure.
-//! - [`conv`]: the file-transfer conversations as state machines with no I/O (the
-//!   runtimes in `client` and `server` execute their actions).
 //! - [`server`]: exported roots behind an `openat2(RESOLVE_BENEATH)` sandbox, token auth,
 //!   a thread per connection.
 //! - `third_party`: server-to-server copies (SEND_TO): the source server uploads to the
 //!   destination as an ordinary client, to destinations its operator allowed.
+//! - [`conv`]: the download and upload conversations and the server's request routing as
+//!   sans-I/O state machines (client and server sides), which the client and server run
+//!   and seeded simulations drive.
 //! - [`client`]: download and upload of files and trees with per-block CRC-32C (bad blocks
 //!   are fetched again) and whole-file BLAKE3, landing by temp name + fsync + rename;
 //!   `--resume` and `--retries` continue interrupted transfers.

@@ -23,7 +23,12 @@
 //! `FERRY_SIM_SEED=N` replays seed N alone; `FERRY_SIM_SEEDS=K` runs seeds 0..K (2,000 by
 //! default).
 
+mod sim;
+
+use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
+
+use rand::Rng as _;
 
 use ferry_xfer::conv::serve::{Route, Router};
 use ferry_xfer::conv::upload::{
@@ -33,23 +38,19 @@ use ferry_xfer::conv::upload::{
 use ferry_xfer::journal::RangeSet;
 use ferry_xfer::proto::{self, BlockHeader, ErrorCode, Msg};
 
-/// SplitMix64: small, seedable, the same everywhere.
-struct Rng(u64);
+/// The seeded RNG of one run (`sim::rng`), in the units this simulation draws.
+struct Rng(rand::rngs::StdRng);
 
 impl Rng {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0.random()
     }
 
     fn below(&mut self, n: u64) -> u64 {
         if n == 0 {
             0
         } else {
-            self.next() % n
+            self.0.random_range(0..n)
         }
     }
 
@@ -211,7 +212,6 @@ struct ClientSide {
 }
 
 struct Sim {
-    seed: u64,
     rng: Rng,
     block: u64,
     sources: Vec<Source>,
@@ -250,7 +250,7 @@ fn encode(m: &Msg) -> Vec<u8> {
 
 impl Sim {
     fn new(seed: u64) -> Sim {
-        let mut rng = Rng(seed);
+        let mut rng = Rng(sim::rng(seed));
         let block = 16 + rng.below(240);
         let n = 1 + rng.below(6);
         let sources = (0..n)
@@ -271,7 +271,6 @@ impl Sim {
             .collect();
         let parallel = rng.chance(500);
         Sim {
-            seed,
             rng,
             block,
             sources,
@@ -294,11 +293,10 @@ impl Sim {
         }
     }
 
+    /// A broken invariant: the seed's run stops here (`sim::run_seeds` names the seed
+    /// and how to replay it).
     fn fail(&self, why: &str) -> ! {
-        panic!(
-            "seed {}: {why} (replay: FERRY_SIM_SEED={} cargo test -p ferry-xfer --test sim_upload)",
-            self.seed, self.seed
-        )
+        panic!("{why}")
     }
 
     /// Runs attempts until every file is committed.
@@ -1026,50 +1024,60 @@ impl Sim {
     }
 }
 
-fn seeds() -> Vec<u64> {
-    if let Some(s) = std::env::var("FERRY_SIM_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-    {
-        return vec![s];
-    }
-    let n = std::env::var("FERRY_SIM_SEEDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2_000);
-    (0..n).collect()
+/// What the seeds did, summed.
+#[derive(Default)]
+struct Totals {
+    files: usize,
+    closed: u64,
+    cuts: u64,
+    resends: u64,
+    resumed: u64,
+    refused: Vec<ErrorCode>,
 }
 
 #[test]
 fn uploads_survive_cuts_corruption_and_failing_disks() {
-    let (mut resumed, mut cuts, mut files, mut resends, mut closed) = (0, 0, 0, 0, 0);
-    let mut refused: Vec<ErrorCode> = Vec::new();
-    for seed in seeds() {
+    let count = std::env::var("FERRY_SIM_SEEDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2_000);
+    let totals = RefCell::new(Totals::default());
+    sim::run_seeds("sim_upload", count, |seed| {
         let mut sim = Sim::new(seed);
         sim.run();
-        resumed += sim.resumed;
-        cuts += sim.cuts;
-        resends += sim.resends;
-        closed += sim.closed;
-        files += sim.sources.len();
-        refused.extend(sim.refused);
-    }
+        let mut t = totals.borrow_mut();
+        t.files += sim.sources.len();
+        t.closed += sim.closed;
+        t.cuts += sim.cuts;
+        t.resends += sim.resends;
+        t.resumed += sim.resumed;
+        t.refused.extend(sim.refused);
+        Ok(())
+    });
+    let t = totals.into_inner();
     eprintln!(
-        "{files} files committed ({closed} by CLOSE) through {cuts} cuts, {resends} RESEND \
-         rounds, {resumed} bytes resumed, {} refusals",
-        refused.len()
+        "{} files committed ({} by CLOSE) through {} cuts, {} RESEND rounds, {} bytes resumed, {} refusals",
+        t.files,
+        t.closed,
+        t.cuts,
+        t.resends,
+        t.resumed,
+        t.refused.len()
     );
-    if seeds().len() > 100 {
+    if std::env::var("FERRY_SIM_SEED").is_err() && count > 100 {
         // The faults reached the machines: else the simulation proves little.
-        assert!(resumed > 0 && cuts > 0 && resends > 0, "faults never hit");
-        assert!(closed > 0, "no parallel upload was committed");
+        assert!(
+            t.resumed > 0 && t.cuts > 0 && t.resends > 0,
+            "faults never hit"
+        );
+        assert!(t.closed > 0, "no parallel upload was committed");
         for code in [
             ErrorCode::Integrity,
             ErrorCode::NoSpace,
             ErrorCode::Io,
             ErrorCode::Unavailable,
         ] {
-            assert!(refused.contains(&code), "no refusal with {code:?}");
+            assert!(t.refused.contains(&code), "no refusal with {code:?}");
         }
     }
 }

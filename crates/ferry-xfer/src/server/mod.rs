@@ -615,32 +615,6 @@ impl Drop for StreamGuard<'_> {
 /// (or the refusal after too many CRC rounds).
 type Received = (u64, PResult<Option<[u8; 32]>>);
 
-/// Answers a GET of `length` bytes at `offset` from a source of `size` bytes: READY and the
-/// length that will travel (clipped to the end), or a refusal (`None`) if `offset` lies past
-/// the end.
-fn ready(
-    link: &Link,
-    file_id: u32,
-    path: &str,
-    offset: u64,
-    length: u64,
-    size: u64,
-    mode: u32,
-) -> Result<Option<u64>> {
-    if offset > size {
-        let why = format!("{path}: offset {offset} past the end ({size} bytes)");
-        reply_refusal(link, file_id, refuse(ErrorCode::BadRequest, why))?;
-        return Ok(None);
-    }
-    link.send(&Msg::Ready {
-        file_id,
-        size,
-        mode,
-        offset,
-    })?;
-    Ok(Some(length.min(size - offset)))
-}
-
 /// Refuses a connection at its handshake: the refusal, a moment for it to reach the client
 /// before the connection goes, and the error that ends the connection.
 /// Bytes of staging memory a connection with `ring` blocks of `block` bytes may hold at
