@@ -326,3 +326,32 @@ fn close_and_whole_file_verdicts() {
     assert!(check_whole("f", b"abc", &h).is_ok());
     assert!(matches!(check_whole("f", b"abd", &h), Err(r) if r.code == ErrorCode::Integrity));
 }
+
+/// The PUT_FILE window: answers in request order; a damaged file goes again by PUT, any
+/// other refusal or an answer to another file ends the upload.
+#[test]
+fn put_file_answers_come_in_order() {
+    use ferry_xfer::conv::upload::PutFiles;
+    let mut w = PutFiles::default();
+    for id in 1..=3 {
+        w.sent(id, format!("f{id}"), u64::from(id) * 10);
+    }
+    assert!(w.over(2) && !w.over(3));
+    assert_eq!(w.answer(Msg::Ok { file_id: 1 }).unwrap(), Some(10));
+    let damaged = Msg::Error {
+        code: ErrorCode::Integrity,
+        file_id: 2,
+        message: "bad".into(),
+    };
+    assert_eq!(w.answer(damaged).unwrap(), None);
+    assert!(w.answer(Msg::Ok { file_id: 9 }).is_err());
+    assert!(!w.over(0));
+    assert_eq!(w.again(), ["f2"]);
+    w.sent(4, "f4".into(), 1);
+    let full = Msg::Error {
+        code: ErrorCode::NoSpace,
+        file_id: 4,
+        message: "full".into(),
+    };
+    assert!(w.answer(full).is_err());
+}

@@ -1,17 +1,14 @@
-//! Uploads: PUT, blocks from the staging ring, FILE_DONE with the BLAKE3, RESEND rounds.
+//! Uploads: the runtime of the upload conversation ([`crate::conv::upload`]): PUT_FILEs in a
+//! window, PUTs whose blocks go through the staging ring with the running BLAKE3.
 
-use std::collections::VecDeque;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use super::{remote_err, unexpected, Client, Progress};
-use crate::conv::upload::{Action, Event, PutJob, Uploader};
+use super::{Client, Progress};
+use crate::conv::upload::{Action, Event, PutFiles, PutJob, Uploader, PUT_WINDOW};
 use crate::error::{Kind, Result, XferError};
 use crate::link::{FileMeta, Source, Span};
-use crate::proto::{self, Msg};
-
-/// PUT_FILEs a client keeps unanswered before it waits for the oldest answer.
-const PUT_WINDOW: usize = 32;
+use crate::proto;
 
 /// Opens a local regular file for upload: the file and what a PUT says of it. The open is
 /// non-blocking (opening a FIFO waits for a writer) and anything but a regular file is
@@ -77,15 +74,14 @@ impl Client {
         open: &dyn Fn(&K) -> Result<(File, FileMeta)>,
         progress: &dyn Progress,
     ) -> Result<()> {
-        let mut waiting: VecDeque<(u32, K, String, u64)> = VecDeque::new();
-        let mut again = Vec::new();
+        let mut window = PutFiles::default();
         for (src, path) in files {
             let whole = self.minor >= proto::MINOR_PUT_FILE
                 && crate::mem::classify(&path).is_none()
                 && !self.resume;
             let (file, meta) = open(&src)?;
             if !(whole && self.tx.put_file_fits(&path, meta.size)) {
-                self.take_answers(&mut waiting, &mut again, 0, progress)?;
+                self.take_answers(&mut window, 0, progress)?;
                 self.put_meta(&file, &meta, &path, progress)?;
                 continue;
             }
@@ -94,12 +90,12 @@ impl Client {
             self.tx
                 .send_put_file(&self.link, &file, (file_id, flags), &path, &meta)?;
             self.stats.wire_bytes += meta.size;
-            waiting.push_back((file_id, src, path, meta.size));
-            self.take_answers(&mut waiting, &mut again, PUT_WINDOW, progress)?;
+            window.sent(file_id, (src, path), meta.size);
+            self.take_answers(&mut window, PUT_WINDOW, progress)?;
         }
-        self.take_answers(&mut waiting, &mut again, 0, progress)?;
+        self.take_answers(&mut window, 0, progress)?;
         // What arrived damaged goes again by PUT, with its CRC-checked blocks and RESENDs.
-        for (src, path) in again {
+        for (src, path) in window.again() {
             self.stats.blocks_resent += 1;
             let (file, meta) = open(&src)?;
             self.put_meta(&file, &meta, &path, progress)?;
@@ -127,32 +123,19 @@ impl Client {
     }
 
     /// Takes the server's answers to PUT_FILEs, oldest first, until at most `keep` are
-    /// unanswered. A file refused for a BLAKE3 mismatch joins `again`; any other refusal
-    /// ends the upload with the server's error.
+    /// unanswered ([`PutFiles::answer`]).
     fn take_answers<K>(
         &mut self,
-        waiting: &mut VecDeque<(u32, K, String, u64)>,
-        again: &mut Vec<(K, String)>,
+        window: &mut PutFiles<K>,
         keep: usize,
         progress: &dyn Progress,
     ) -> Result<()> {
-        while waiting.len() > keep {
-            let Some((file_id, src, path, size)) = waiting.pop_front() else {
-                break;
-            };
-            match self.link.recv_msg()? {
-                Msg::Ok { file_id: id } if id == file_id => {
-                    self.stats.files += 1;
-                    self.stats.bytes += size;
-                    progress.add(size);
-                }
-                Msg::Error {
-                    file_id: id,
-                    code: proto::ErrorCode::Integrity,
-                    ..
-                } if id == file_id => again.push((src, path)),
-                Msg::Error { code, message, .. } => return Err(remote_err(code, &message)),
-                m => return Err(unexpected(&m)),
+        while window.over(keep) {
+            let m = self.link.recv_msg()?;
+            if let Some(size) = window.answer(m)? {
+                self.stats.files += 1;
+                self.stats.bytes += size;
+                progress.add(size);
             }
         }
         Ok(())

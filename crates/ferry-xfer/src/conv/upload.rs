@@ -26,6 +26,7 @@
 
 use std::collections::VecDeque;
 
+use super::download::unexpected;
 use crate::error::XferError;
 use crate::export::{refuse, Refusal};
 use crate::link::Span;
@@ -715,6 +716,68 @@ impl Receiver {
     }
 }
 
+/// PUT_FILEs a client keeps unanswered before it waits for the oldest answer.
+pub const PUT_WINDOW: usize = 32;
+
+/// The client's window of whole files sent by PUT_FILE (1.4), whose answers are not waited
+/// for one by one: they come in request order, OK or ERROR. A file the server found damaged
+/// (Integrity) is kept to go again by PUT; any other refusal ends the upload. `K` names a
+/// file's source for the caller.
+#[derive(Debug)]
+pub struct PutFiles<K> {
+    /// Sent and unanswered: transfer id, the caller's name of the file, its size.
+    waiting: VecDeque<(u32, K, u64)>,
+    /// Refused as damaged: to send again by PUT.
+    again: Vec<K>,
+}
+
+impl<K> Default for PutFiles<K> {
+    fn default() -> Self {
+        PutFiles {
+            waiting: VecDeque::new(),
+            again: Vec::new(),
+        }
+    }
+}
+
+impl<K> PutFiles<K> {
+    /// A PUT_FILE of `size` bytes went as transfer `file_id`.
+    pub fn sent(&mut self, file_id: u32, key: K, size: u64) {
+        self.waiting.push_back((file_id, key, size));
+    }
+
+    /// Whether more than `keep` files wait for their answer (the caller then takes one).
+    pub fn over(&self, keep: usize) -> bool {
+        self.waiting.len() > keep
+    }
+
+    /// The server's answer to the oldest file: `Some(size)` if it was committed, `None` if
+    /// it goes again by PUT ([`PutFiles::again`]); an error ends the upload.
+    pub fn answer(&mut self, m: Msg) -> Result<Option<u64>, XferError> {
+        let Some((file_id, key, size)) = self.waiting.pop_front() else {
+            return Err(unexpected(&m));
+        };
+        match m {
+            Msg::Ok { file_id: id } if id == file_id => Ok(Some(size)),
+            Msg::Error {
+                file_id: id,
+                code: ErrorCode::Integrity,
+                ..
+            } if id == file_id => {
+                self.again.push(key);
+                Ok(None)
+            }
+            Msg::Error { code, message, .. } => Err(crate::error::remote(code, &message)),
+            m => Err(unexpected(&m)),
+        }
+    }
+
+    /// The files to send again by PUT (once every answer is in).
+    pub fn again(&mut self) -> Vec<K> {
+        std::mem::take(&mut self.again)
+    }
+}
+
 /// A CLOSE of a parallel upload (OPEN, PUT_RANGE…, CLOSE), before its part is hashed:
 /// refused if a range is missing (the part is kept, journaled, for a resume: `false`) or if
 /// the length differs from the OPEN's (the part is dropped: `true`).
@@ -774,11 +837,6 @@ fn mismatch(path: &str) -> Refusal {
         ErrorCode::Integrity,
         format!("{path}: the whole-file BLAKE3 does not match what was sent; nothing was written, try again"),
     )
-}
-
-/// The client's error for a message that has no place in the conversation.
-fn unexpected(m: &Msg) -> XferError {
-    XferError::conn(format!("the server sent an unexpected frame: {m:?}"))
 }
 
 /// The refusal for a failed write (a full disk is told apart).

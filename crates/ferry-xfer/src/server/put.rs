@@ -1,4 +1,5 @@
-//! Serving single-stream writes: PUT, its blocks, RESEND rounds and the commit.
+//! Serving writes: the runtime of the upload receiver ([`crate::conv::upload::Receiver`])
+//! for PUT and PUT_RANGE, whole files by PUT_FILE and their grouped commits.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
