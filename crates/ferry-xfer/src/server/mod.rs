@@ -18,15 +18,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ferry_exs::runtime::ExsListener;
-use rustix::io::Errno;
 
 use crate::config::ServerConfig;
+pub(crate) use crate::conv::serve::PutReq;
+use crate::conv::serve::{Route, Router, SendToReq};
 use crate::error::{Kind, Result, XferError};
 use crate::link::{BlockSender, Link};
 use crate::proto::{self, Entry, ErrorCode, Msg, BLOCK_HEADER_LEN};
 use crate::session::Session;
 use ferry_service::admit::{Admission, AuthRefused, Handshake, Stage};
-use ferry_service::journal::Ident;
 use ferry_service::registry::Registry;
 pub use ferry_service::serve::DrainReport;
 use ferry_service::serve::{Conn, Drain, Service};
@@ -35,7 +35,6 @@ pub use crate::export::Refusal;
 use crate::export::{refuse, PResult};
 use ferry_service::claims::{Claim, Claims};
 pub use ferry_service::roots::{PartFile, Roots, Target};
-use ferry_service::sink::BlockSink;
 
 /// A running server's shared state.
 pub struct Server {
@@ -302,7 +301,8 @@ impl Server {
         res.and(flushed)
     }
 
-    /// The request loop of [`Server::connection`], until BYE or an error.
+    /// The request loop of [`Server::connection`], until BYE or an error: each request is
+    /// routed ([`Router`]) and its route executed.
     fn requests(
         &self,
         link: &mut Link,
@@ -310,231 +310,150 @@ impl Server {
         tx: &mut BlockSender,
         st: &mut Requests,
     ) -> Result<()> {
-        let Requests {
-            block,
-            ring,
-            batch,
-            request,
-            commits,
-        } = st;
-        let (block, ring) = (*block, *ring);
+        let router = Router {
+            block: st.block,
+            ring: st.ring,
+            mem: self.cfg.mem,
+        };
         loop {
-            let msg = match batch.pop_front() {
+            let msg = match st.batch.pop_front() {
                 Some(m) => m,
                 None => {
                     tx.flush_pack(link)?;
-                    // Waiting commits go when no request is there to join them.
-                    let arrived =
-                        !commits.is_empty() && link.recv_within(request, Duration::ZERO)?;
-                    if !arrived {
-                        commits.flush(link)?;
-                    }
-                    ferry_fabric::timeline::mark("srv.wait", 0);
-                    let m = if arrived {
-                        decode_request(request)?
-                    } else {
-                        next_request(link, session, request, self.cfg.limits.idle())?
-                    };
-                    ferry_fabric::timeline::mark("srv.req", 0);
-                    m
+                    self.wait_request(link, session, st)?
                 }
             };
             // The session is not idle while this request runs.
             let _working = session.working();
-            if !matches!(msg, Msg::PutFile { .. }) {
-                commits.flush(link)?;
+            if !Router::joins_commits(&msg) {
+                st.commits.flush(link)?;
             }
-            // Answers leave in request order: only whole-file GETs of real files add to an
-            // open PACK (`get` sends it first when it answers otherwise).
-            let packs = match &msg {
-                Msg::Get {
-                    offset: 0,
-                    length: u64::MAX,
-                    path,
-                    ..
-                } => !(self.cfg.mem && crate::mem::classify(path).is_some()),
-                _ => false,
-            };
-            if !packs || self.drain.draining() {
+            let draining = self.drain.draining();
+            if !router.packs(&msg) || draining {
                 tx.flush_pack(link)?;
             }
-            if let Msg::Gets { files } = msg {
-                batch.extend(files.into_iter().map(|(file_id, path)| Msg::Get {
-                    file_id,
-                    offset: 0,
-                    length: u64::MAX,
-                    path,
-                }));
-                continue;
-            }
-            if self.drain.draining() && msg != Msg::Bye {
-                let file_id = match &msg {
-                    Msg::Get { file_id, .. }
-                    | Msg::Put { file_id, .. }
-                    | Msg::Open { file_id, .. }
-                    | Msg::PutRange { file_id, .. }
-                    | Msg::Close { file_id, .. } => *file_id,
-                    _ => 0,
-                };
-                reply_refusal(
-                    link,
-                    file_id,
-                    refuse(
-                        ErrorCode::Unavailable,
-                        "the server is shutting down; try again shortly (ferry cp --retries does)",
-                    ),
-                )?;
-                continue;
-            }
-            if self.cfg.mem && self.virtual_request(link, tx, &msg, session)? {
-                continue;
-            }
-            match msg {
-                Msg::Bye => return Ok(()),
-                Msg::Stat { path } => match crate::export::stat(&self.roots, &path) {
-                    Ok(e) => link.send(&Msg::Entry(e))?,
-                    Err(r) => reply_refusal(link, 0, r)?,
-                },
-                Msg::List { path } => match crate::export::list(&self.roots, &path) {
-                    Ok(entries) => send_entries(link, entries)?,
-                    Err(r) => reply_refusal(link, 0, r)?,
-                },
-                Msg::Mkdir { mode, path } => match self.roots.mkdir(&path, mode) {
-                    Ok(()) => link.send(&Msg::Ok { file_id: 0 })?,
-                    Err(r) => reply_refusal(link, 0, r)?,
-                },
-                Msg::Sum { path } => self.sum(link, tx, &path)?,
-                Msg::Get {
-                    file_id,
-                    offset,
-                    length,
-                    path,
-                } => {
-                    let _counted = self.drain.count();
-                    self.get(link, tx, file_id, offset, length, &path)?
+            match router.route(msg, draining) {
+                Route::Bye => return Ok(()),
+                Route::Batch(gets) => st.batch.extend(gets),
+                Route::Virtual(msg) => {
+                    if !self.virtual_request(link, tx, &msg, session)? {
+                        self.execute(link, session, tx, st, router.dispatch(msg))?
+                    }
                 }
-                Msg::Put {
-                    file_id,
-                    flags,
-                    mode,
-                    size,
-                    mtime,
-                    path,
-                } => {
-                    let _counted = self.drain.count();
-                    let req = PutReq {
-                        file_id,
-                        resume: flags & proto::PUT_RESUME != 0,
-                        force: flags & proto::PUT_FORCE != 0,
-                        mode,
-                        size,
-                        mtime,
-                        block,
-                        ring,
-                    };
-                    self.put(link, &req, &path)?
-                }
-                Msg::PutFile {
-                    flags,
-                    file_id,
-                    mode,
-                    mtime,
-                    blake3,
-                    path,
-                    len,
-                } => {
-                    let _counted = self.drain.count();
-                    let payload = request
-                        .len()
-                        .checked_sub(len as usize)
-                        .and_then(|at| request.get(at..))
-                        .ok_or_else(|| XferError::conn("PUT_FILE shorter than its payload"))?;
-                    let req = PutReq {
-                        file_id,
-                        resume: false,
-                        force: flags & proto::PUT_FILE_FORCE != 0,
-                        mode,
-                        size: u64::from(len),
-                        mtime: Some(mtime),
-                        block,
-                        ring,
-                    };
-                    self.put_file(link, commits, &req, &path, payload, &blake3)?
-                }
-                Msg::Open {
-                    flags,
-                    file_id,
-                    mode,
-                    size,
-                    mtime,
-                    path,
-                } => {
-                    let req = PutReq {
-                        file_id,
-                        resume: flags & proto::OPEN_RESUME != 0,
-                        force: flags & proto::OPEN_FORCE != 0,
-                        mode,
-                        size,
-                        mtime: Some(mtime),
-                        block,
-                        ring,
-                    };
-                    self.open(link, session, &req, &path)?
-                }
-                Msg::PutRange {
-                    file_id,
-                    offset,
-                    length,
-                } => {
-                    let _counted = self.drain.count();
-                    self.put_range(link, session, ring, file_id, offset, length)?
-                }
-                Msg::Close {
-                    file_id,
-                    length,
-                    blake3,
-                } => self.close(link, session, file_id, length, blake3)?,
-                Msg::SendTo {
-                    flags,
-                    file_id,
-                    path,
-                    dest,
-                    dest_path,
-                    token,
-                    streams,
-                } => {
-                    // The connections to the destination hold staging memory too.
-                    let grant = match self.admission.reserve(
-                        usize::from(streams.max(1)),
-                        self.cfg.ring,
-                        self.cfg.block_size,
-                    ) {
-                        Ok(g) => g,
-                        Err(r) => {
-                            reply_refusal(link, file_id, r)?;
-                            continue;
-                        }
-                    };
-                    crate::third_party::serve(
-                        &self.cfg,
-                        &self.roots,
-                        link,
-                        crate::third_party::SendTo {
-                            file_id,
-                            recursive: flags & proto::SEND_RECURSIVE != 0,
-                            path: &path,
-                            dest: &dest,
-                            dest_path: &dest_path,
-                            token: &token,
-                            streams,
-                            ring: grant.ring,
-                            block: grant.block,
-                        },
-                    )?
-                }
-                m => return Err(XferError::conn(format!("unexpected request {m:?}"))),
+                route => self.execute(link, session, tx, st, route)?,
             }
         }
+    }
+
+    /// The next request: waiting PUT_FILE commits go when no request is there to join them.
+    fn wait_request(&self, link: &mut Link, session: &Session, st: &mut Requests) -> Result<Msg> {
+        let arrived =
+            !st.commits.is_empty() && link.recv_within(&mut st.request, Duration::ZERO)?;
+        if !arrived {
+            st.commits.flush(link)?;
+        }
+        ferry_fabric::timeline::mark("srv.wait", 0);
+        let m = if arrived {
+            decode_request(&st.request)?
+        } else {
+            next_request(link, session, &mut st.request, self.cfg.limits.idle())?
+        };
+        ferry_fabric::timeline::mark("srv.req", 0);
+        Ok(m)
+    }
+
+    /// Executes one route (a transfer is counted in flight for the drain while it runs).
+    fn execute(
+        &self,
+        link: &mut Link,
+        session: &Arc<Session>,
+        tx: &mut BlockSender,
+        st: &mut Requests,
+        route: Route,
+    ) -> Result<()> {
+        let _counted = route.counted().then(|| self.drain.count());
+        match route {
+            Route::Bye | Route::Batch(_) | Route::Virtual(_) => Err(XferError::conn(
+                "internal: a route the request loop takes is executed",
+            )),
+            Route::Refuse { file_id, refusal } => reply_refusal(link, file_id, refusal),
+            Route::Stat(path) => match crate::export::stat(&self.roots, &path) {
+                Ok(e) => link.send(&Msg::Entry(e)),
+                Err(r) => reply_refusal(link, 0, r),
+            },
+            Route::List(path) => match crate::export::list(&self.roots, &path) {
+                Ok(entries) => send_entries(link, entries),
+                Err(r) => reply_refusal(link, 0, r),
+            },
+            Route::Mkdir { mode, path } => match self.roots.mkdir(&path, mode) {
+                Ok(()) => link.send(&Msg::Ok { file_id: 0 }),
+                Err(r) => reply_refusal(link, 0, r),
+            },
+            Route::Sum(path) => self.sum(link, tx, &path),
+            Route::Get {
+                file_id,
+                offset,
+                length,
+                path,
+            } => self.get(link, tx, file_id, offset, length, &path),
+            Route::Put(req, path) => self.put(link, &req, &path),
+            Route::PutFile {
+                req,
+                path,
+                blake3,
+                len,
+            } => {
+                let payload = st
+                    .request
+                    .len()
+                    .checked_sub(len as usize)
+                    .and_then(|at| st.request.get(at..))
+                    .ok_or_else(|| XferError::conn("PUT_FILE shorter than its payload"))?;
+                self.put_file(link, &mut st.commits, &req, &path, payload, &blake3)
+            }
+            Route::Open(req, path) => self.open(link, session, &req, &path),
+            Route::PutRange {
+                file_id,
+                offset,
+                length,
+            } => self.put_range(link, session, st.ring, file_id, offset, length),
+            Route::Close {
+                file_id,
+                length,
+                blake3,
+            } => self.close(link, session, file_id, length, blake3),
+            Route::SendTo(req) => self.send_to(link, req),
+            Route::Unexpected(m) => Err(XferError::conn(format!("unexpected request {m:?}"))),
+        }
+    }
+
+    /// SEND_TO: copies to another server, whose connections hold staging memory too.
+    fn send_to(&self, link: &mut Link, req: SendToReq) -> Result<()> {
+        let streams = req.streams;
+        let grant = match self.admission.reserve(
+            usize::from(streams.max(1)),
+            self.cfg.ring,
+            self.cfg.block_size,
+        ) {
+            Ok(g) => g,
+            Err(r) => return reply_refusal(link, req.file_id, r),
+        };
+        crate::third_party::serve(
+            &self.cfg,
+            &self.roots,
+            link,
+            crate::third_party::SendTo {
+                file_id: req.file_id,
+                recursive: req.recursive,
+                path: &req.path,
+                dest: &req.dest,
+                dest_path: &req.dest_path,
+                token: &req.token,
+                streams,
+                ring: grant.ring,
+                block: grant.block,
+            },
+        )
     }
 
     /// Admits a stream: stream 0 of a new session (`join` 0), or stream `stream` of the live
@@ -581,38 +500,6 @@ impl Server {
         }
         s.streams.fetch_add(1, Ordering::SeqCst);
         Ok(s.clone())
-    }
-}
-
-/// A PUT as the server handles it.
-struct PutReq {
-    file_id: u32,
-    resume: bool,
-    /// Replace a read-only destination (the client's `--force`).
-    force: bool,
-    mode: u32,
-    size: u64,
-    mtime: Option<i64>,
-    block: u32,
-    /// The connection's ring (the writer queues at most this many blocks).
-    ring: usize,
-}
-
-impl PutReq {
-    /// What identifies the source the upload comes from (a part of another is not resumed).
-    fn ident(&self) -> Ident {
-        Ident {
-            size: self.size,
-            mtime: self.mtime.unwrap_or(0),
-        }
-    }
-
-    /// How the upload may treat its destination.
-    fn target(&self) -> Target {
-        Target {
-            resume: self.resume,
-            force: self.force,
-        }
     }
 }
 
@@ -663,25 +550,12 @@ fn decode_request(buf: &[u8]) -> Result<Msg> {
     Ok(msg)
 }
 
-/// A PUT's blocks all good: the sink, FILE_DONE's `length` and hash.
-type Received2 = (BlockSink, u64, Option<[u8; 32]>);
-
 /// The refusal for a file another connection is writing.
 fn busy(path: &str) -> Refusal {
     refuse(
         ErrorCode::Unavailable,
         format!("{path}: another connection is still writing this file; try again"),
     )
-}
-
-/// The refusal for a failed write.
-fn write_refusal(path: &str, e: &std::io::Error) -> Refusal {
-    let code = if e.raw_os_error() == Some(Errno::NOSPC.raw_os_error()) {
-        ErrorCode::NoSpace
-    } else {
-        ErrorCode::Io
-    };
-    refuse(code, format!("{path}: write failed: {e}"))
 }
 
 fn id_in_use(file_id: u32) -> Refusal {
