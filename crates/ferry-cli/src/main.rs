@@ -12,7 +12,8 @@ use tracing_subscriber::EnvFilter;
 /// ferry moves data between machines as fast as the wire allows: over RDMA fabrics
 /// (libfabric: InfiniBand, RoCE, EFA, shm, tcp) and plain TCP, between memory buffers, files
 /// and block devices. `serve` exports directories, `cp`/`ls`/`sum` reach them (see
-/// docs/xfer.md); `bench` measures ferry against its peers.
+/// docs/xfer.md), `services` asks a server what it runs; `bench` measures ferry against its
+/// peers.
 #[derive(Parser)]
 #[command(name = "ferry", version, after_help = xfer::EXIT_CODES)]
 struct Cli {
@@ -40,6 +41,9 @@ enum Cmd {
     /// Print the BLAKE3 of a local or remote file (b3sum format).
     #[command(after_help = xfer::EXIT_CODES)]
     Sum(xfer::SumArgs),
+    /// List the services a `ferry serve` runs (file transfer: xfer), or check it runs one.
+    #[command(after_help = xfer::EXIT_CODES)]
+    Services(xfer::ServicesArgs),
 }
 
 fn main() -> Result<()> {
@@ -63,6 +67,7 @@ fn main() -> Result<()> {
         Cmd::Cp(a) => xfer::cp(a),
         Cmd::Ls(a) => xfer::ls(a),
         Cmd::Sum(a) => xfer::sum(a),
+        Cmd::Services(a) => xfer::services(a),
     };
     // FERRY_TIMELINE=PREFIX: this run's marks (see `ferry_fabric::timeline`).
     ferry_fabric::timeline::mark("main.end", 0);

@@ -1,4 +1,5 @@
-//! `ferry serve`, `ferry cp`, `ferry ls`, `ferry sum`: the file-transfer face.
+//! `ferry serve`, `ferry cp`, `ferry ls`, `ferry sum`: the file-transfer face; and
+//! `ferry services`, which asks a server what it hosts.
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -14,11 +15,11 @@ use ferry_xfer::{Kind, XferError};
 
 /// Exit codes, as `--help` shows them.
 pub const EXIT_CODES: &str = "\
-Exit codes (serve, cp, ls, sum):
+Exit codes (serve, cp, ls, sum, services):
   0  success
   1  usage: bad arguments, or an unsupported combination
   2  authentication refused: check --token / FERRY_TOKEN
-  3  not found: no such root, file or directory
+  3  not found: no such root, file or directory (services: no such service)
   4  integrity failure: a checksum kept failing; nothing was written
   5  I/O error or disk full (local or on the server)
   6  connection failed, broke, or the peer spoke nonsense
@@ -68,15 +69,16 @@ fn report_once(line: impl FnOnce() -> serde_json::Value) {
 
 #[derive(Args)]
 pub struct ServeArgs {
-    /// TOML configuration (listen, block_size, ring, mem, direct, keep_special_bits, third_party, [auth] tokens/anonymous, [limits], [[root]] name/path; docs/xfer.md).
+    /// TOML configuration (listen (one address or a list), block_size, ring, mem, direct, keep_special_bits, third_party, [auth] tokens/anonymous, [limits], [[root]] name/path; docs/xfer.md).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Export a directory as NAME (repeatable; adds to the config's roots).
     #[arg(long = "root", value_name = "NAME=PATH")]
     roots: Vec<String>,
     /// Address to listen on [default: tcp://0.0.0.0:7370]; also ofi+tcp://HOST:PORT, ofi+shm://NAME.
-    #[arg(long, value_name = "URL")]
-    listen: Option<String>,
+    /// Repeatable: every address is served alike (replaces the config's `listen`).
+    #[arg(long = "listen", value_name = "URL")]
+    listen: Vec<String>,
     /// Accept clients without a token (trusted networks only).
     #[arg(long)]
     anonymous: bool,
@@ -208,6 +210,21 @@ pub struct LsArgs {
 }
 
 #[derive(Args)]
+pub struct ServicesArgs {
+    /// Driver for ferry:// and HOST: forms: tcp, ofi+tcp or ofi+shm.
+    #[arg(long, default_value = "tcp")]
+    driver: String,
+    /// Seconds to wait for the server.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
+    timeout: f64,
+    /// The server: HOST:, ferry://HOST[:PORT], tcp://HOST:PORT, ofi+tcp://HOST:PORT or ofi+shm://NAME.
+    target: String,
+    /// A service to ask for (e.g. xfer): exit 0 if the server runs it, else print the
+    /// refusal naming those it runs and exit 3. Without it: list the services.
+    service: Option<String>,
+}
+
+#[derive(Args)]
 pub struct SumArgs {
     #[command(flatten)]
     remote: Remote,
@@ -242,8 +259,8 @@ pub fn serve(a: ServeArgs) -> Result<(), XferError> {
             path: path.into(),
         });
     }
-    if let Some(l) = a.listen {
-        cfg.listen = l;
+    if !a.listen.is_empty() {
+        cfg.listen = a.listen;
     }
     cfg.auth.anonymous |= a.anonymous;
     cfg.mem |= a.mem;
@@ -284,11 +301,13 @@ pub fn serve(a: ServeArgs) -> Result<(), XferError> {
             }
         })
         .map_err(|e| XferError::io("start the signal thread", &e))?;
-    let listener = server.bind()?;
-    println!("listening on {}", listener.local_addr());
+    let listeners = server.bind()?;
+    for l in &listeners {
+        println!("listening on {}", l.local_addr());
+    }
     let _ = std::io::stdout().flush();
-    server.serve_until(&listener, &quit)?;
-    drop(listener);
+    server.serve_until(&listeners, &quit)?;
+    drop(listeners);
     eprintln!(
         "ferry serve: signal received; not accepting connections; draining transfers in flight (up to {:.0} s)",
         grace.as_secs_f64()
@@ -479,6 +498,32 @@ fn printable(name: &str) -> std::borrow::Cow<'_, str> {
         })
         .collect::<String>()
         .into()
+}
+
+/// `ferry services`: which services a `ferry serve` runs (protocol 1.6 service selection).
+pub fn services(a: ServicesArgs) -> Result<(), XferError> {
+    use ferry_service::registry::{not_hosted, probe, Answer};
+    let r = remote_of(&a.target, &a.driver)?;
+    let timeout = std::time::Duration::try_from_secs_f64(a.timeout)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| {
+            XferError::new(
+                Kind::Usage,
+                format!("--timeout {}: give seconds > 0", a.timeout),
+            )
+        })?;
+    let asked = a.service.as_deref().unwrap_or("");
+    match probe(&r.addr, asked, timeout)? {
+        Answer::Selected => println!("{asked}"),
+        Answer::Hosted(hosted) if asked.is_empty() => {
+            for s in hosted {
+                println!("{s}");
+            }
+        }
+        Answer::Hosted(hosted) => return Err(not_hosted(&r.addr, asked, &hosted)),
+    }
+    Ok(())
 }
 
 pub fn sum(a: SumArgs) -> Result<(), XferError> {

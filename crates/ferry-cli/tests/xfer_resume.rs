@@ -961,7 +961,11 @@ fn stopped_server_is_not_dead_ofi_shm() {
     ];
     let mut s = Server::start_once_with("ofi+shm", &limits);
     let local = scratch("local");
-    let data = pattern(SIZE, 23);
+    // Four times the other tests' file: at ofi+shm's rate a 48 MiB upload could finish
+    // between two looks at its part file when the test threads ran late on a busy host,
+    // and then nothing was in flight at the stop.
+    let size = 4 * SIZE;
+    let data = pattern(size, 23);
     std::fs::write(s.root.join("f"), &data).unwrap();
     std::fs::write(local.join("f"), &data).unwrap();
     let down = local.join("down");
@@ -975,18 +979,16 @@ fn stopped_server_is_not_dead_ofi_shm() {
     };
     let mut get = spawn(&s.url("f"), down.to_str().unwrap());
     let mut put = spawn(local.join("f").to_str().unwrap(), &s.url("up"));
-    assert!(wait_for_part(
-        &part_of(&down),
-        SIZE as u64 / 8,
-        &mut get,
-        &mut s
-    ));
-    assert!(wait_for_part(
-        &part_of(&s.root.join("up")),
-        SIZE as u64 / 8,
-        &mut put,
-        &mut s
-    ));
+    for (part, copier, what) in [
+        (part_of(&down), &mut get, "download"),
+        (part_of(&s.root.join("up")), &mut put, "upload"),
+    ] {
+        assert!(
+            wait_for_part(&part, size as u64 / 8, copier, &mut s),
+            "the {what} ended before the server was stopped: {:?}",
+            copier.try_wait()
+        );
+    }
     let pid = rustix::process::Pid::from_child(s.child.as_ref().unwrap());
     rustix::process::kill_process(pid, rustix::process::Signal::STOP).unwrap();
     std::thread::sleep(Duration::from_secs(3));

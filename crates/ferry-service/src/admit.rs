@@ -142,8 +142,8 @@ fn physical_memory() -> Option<u64> {
 /// Bytes of staging memory a connection with `ring` blocks of `block` bytes may hold.
 pub type StagingCost = fn(ring: usize, block: u32) -> u64;
 
-/// A log line that goes out at most once per [`LOG_EVERY`]; lines held back meanwhile are
-/// counted, and the next one that goes out says how many.
+/// A log line that goes out at most once per `LOG_EVERY` (a second); lines held back
+/// meanwhile are counted, and the next one that goes out says how many.
 #[derive(Default)]
 pub struct LogGate(Mutex<(Option<Instant>, u64)>);
 
@@ -378,8 +378,37 @@ impl Admission {
         }
     }
 
+    /// The one token check of every service: whether `token` from `addr` gets in under
+    /// `auth`. A locked-out address's token is not even looked at, and gets the answer a
+    /// wrong token gets, so a guesser learns nothing from it; a wrong token counts towards
+    /// the lock-out (`[limits] auth_failures`).
+    pub fn authenticate(
+        &self,
+        addr: &str,
+        auth: &crate::auth::AuthConfig,
+        token: &str,
+    ) -> std::result::Result<(), AuthRefused> {
+        let refused = || {
+            Err(AuthRefused {
+                message: if token.is_empty() {
+                    "this server needs a token: pass --token or set FERRY_TOKEN"
+                } else {
+                    "the token was not accepted: check --token / FERRY_TOKEN against the server's [auth] tokens"
+                },
+            })
+        };
+        if self.locked_out(addr) {
+            return refused();
+        }
+        if !auth.accepts(token) {
+            self.auth_failed(addr);
+            return refused();
+        }
+        Ok(())
+    }
+
     /// Whether `addr` is locked out for failed tokens now.
-    pub fn locked_out(&self, addr: &str) -> bool {
+    fn locked_out(&self, addr: &str) -> bool {
         let now = Instant::now();
         self.lock()
             .failures
@@ -389,7 +418,7 @@ impl Admission {
     }
 
     /// Counts a failed token from `addr`; logs (rate-limited) when that locks it out.
-    pub fn auth_failed(&self, addr: &str) {
+    fn auth_failed(&self, addr: &str) {
         let now = Instant::now();
         let backoff = self.limits.backoff();
         let mut st = self.lock();
@@ -479,6 +508,14 @@ impl Admission {
     }
 }
 
+/// A token [`Admission::authenticate`] refused, with the message for the client (the same
+/// whether the token was wrong or its address is locked out).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuthRefused {
+    /// What the client is told.
+    pub message: &'static str,
+}
+
 /// Staging memory reserved by [`Admission::reserve`]; given back when dropped.
 pub struct Grant {
     admission: Arc<Admission>,
@@ -499,7 +536,7 @@ impl Drop for Grant {
 pub struct Handshake {
     admission: Arc<Admission>,
     id: u64,
-    /// The peer's address key ([`peer_key`]).
+    /// The peer's address key ([`crate::serve::peer_key`]).
     pub addr: String,
     /// Set when a newer connection took this one's place.
     pub cancel: Arc<AtomicBool>,

@@ -2,8 +2,10 @@
 //! a block service next) needs below its own protocol. It speaks bytes, byte ranges and
 //! checksums, never a face's messages, and depends on no face.
 //!
-//! - [`serve`]: the server skeleton (accept on a listener of any driver, a thread per
-//!   connection through a [`serve::Service`], in-flight accounting and drain).
+//! - [`serve`]: the server skeleton (listen on one or more addresses of any driver, a
+//!   thread per connection through a [`serve::Service`], in-flight accounting and drain);
+//!   [`registry`]: the services one server hosts and how a connection selects one, on the
+//!   floor's own frames ([`select`]).
 //! - [`auth`]: who may use a server's services (tokens); [`admit`]: admission limits
 //!   (handshakes, connections per address, staging memory, lock-out after failed tokens).
 //! - [`beneath`]: opening and creating files beneath a directory held open
@@ -42,8 +44,10 @@ pub mod hash;
 pub mod journal;
 pub mod landing;
 pub mod ordered_hash;
+pub mod registry;
 pub mod ring;
 pub mod roots;
+pub mod select;
 pub mod serve;
 pub mod sink;
 pub mod stamp;

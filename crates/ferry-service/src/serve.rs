@@ -1,29 +1,104 @@
-//! The server skeleton every service runs on: accept connections on a listener (any
-//! driver), pass each through admission ([`crate::admit`]) and serve it on a thread of its
-//! own ([`accept_until`], with a [`Service`] saying what a connection does), and count
-//! the transfers in flight so a SIGTERM can drain them ([`Drain`]).
+//! The server skeleton every service runs on: listen on one or more addresses (any driver,
+//! [`bind_all`]), accept on each on a thread of its own, pass each connection through
+//! admission ([`crate::admit`]) and serve it on a thread of its own ([`serve_until`]) by the
+//! service it selected ([`crate::registry`], a [`Service`] saying what a connection does),
+//! and count the transfers in flight so a SIGTERM can drain them ([`Drain`]).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_exs::runtime::{ExsIncoming, ExsListener};
+use ferry_exs::runtime::{default_config, EventQueue, ExsListener, ExsSocket};
 
-use crate::admit::{more, Admission, Handshake, Turned};
+use crate::admit::{more, Admission, Turned};
+use crate::error::{Error, Kind, Result};
+use crate::registry::Registry;
 
-/// What a server does with a connection once admission let it in.
+pub use crate::admit::Handshake;
+
+/// What a server does with a connection once admission let it in and the client chose it.
 pub trait Service: Send + Sync + 'static {
-    /// Serves one accepted connection, from its EXS handshake on (within `hs`'s deadline
-    /// until authenticated), on its own thread. A failing connection ends only itself.
-    fn serve_connection(&self, inc: ExsIncoming, hs: Handshake, peer: &str);
+    /// Serves one connection from its face's first frame on (within the handshake's
+    /// deadline until authenticated), on the connection's own thread. A failing connection
+    /// ends only itself.
+    fn serve_connection(&self, conn: Conn);
 }
 
-/// Accepts connections on `listener` until `quit` is set (checked a few times a second),
-/// each first through [`Admission::arrive`] (the bounded handshake pool), then on its own
-/// thread in [`Service::serve_connection`]. Returns when `quit` is set, leaving the connections
-/// running (see [`Drain`]).
-pub fn accept_until<S: Service>(
-    service: &Arc<S>,
+/// An accepted connection handed to a [`Service`]: EXS is open on it, no receive is
+/// posted, and the service was chosen.
+pub struct Conn {
+    /// The connection (remote access deferred until the service authenticates the peer:
+    /// [`ExsSocket::enable_remote_access`]).
+    pub sock: ExsSocket,
+    /// The queue its events go to.
+    pub queue: EventQueue,
+    /// Its place in the handshake pool, until the service admits it.
+    pub hs: Handshake,
+    /// The peer's address.
+    pub peer: String,
+    /// The face's first frame, already received, when the client sent no SELECT (a client
+    /// older than protocol 1.6: see [`crate::registry::LEGACY_SERVICE`]); `None` when the
+    /// client selected the service, its first frame being the next message.
+    pub first: Option<Vec<u8>>,
+    /// The token the client's SELECT carried, accepted by the floor
+    /// ([`crate::admit::Admission::authenticate`]); `None` when it sent none, and the
+    /// service checks the token its own first frame carries with the same call.
+    pub token: Option<String>,
+}
+
+/// Binds `addr` (`tcp://HOST:PORT`, `ofi+tcp://HOST:PORT`, `ofi+shm://NAME`) for a server
+/// that authenticates its clients: their sockets serve no RMA until the service says so.
+pub fn bind(addr: &str) -> Result<ExsListener> {
+    let fabric: ferry_fabric::Address = addr
+        .parse()
+        .map_err(|e| Error::new(Kind::Usage, format!("bad listen address {addr}: {e}")))?;
+    ExsListener::bind(addr, default_config(&fabric))
+        .map(ExsListener::defer_remote_access)
+        .map_err(|e| {
+            Error::conn(format!(
+                "cannot listen on {addr}: {e} (is another server using it? pick another with --listen)"
+            ))
+        })
+}
+
+/// Binds every address of `addrs` ([`bind`]); the first that fails is the error (the
+/// listeners bound before it close).
+pub fn bind_all(addrs: &[String]) -> Result<Vec<ExsListener>> {
+    if addrs.is_empty() {
+        return Err(Error::new(
+            Kind::Usage,
+            "no address to listen on: set listen in the config or pass --listen",
+        ));
+    }
+    addrs.iter().map(|a| bind(a)).collect()
+}
+
+/// Accepts connections on every listener (each on a thread of its own) until `quit` is set
+/// (checked a few times a second), each first through [`Admission::arrive`] (one bounded
+/// handshake pool for all listeners), then on its own thread, where the service it selects
+/// in `registry` serves it. Returns when `quit` is set, leaving the connections running
+/// (see [`Drain`]).
+pub fn serve_until(
+    registry: &Arc<Registry>,
+    admission: &Arc<Admission>,
+    listeners: &[ExsListener],
+    quit: &AtomicBool,
+) {
+    std::thread::scope(|s| {
+        for l in listeners {
+            let spawned = std::thread::Builder::new()
+                .name("ferry-accept".into())
+                .spawn_scoped(s, move || accept_until(registry, admission, l, quit));
+            if let Err(e) = spawned {
+                tracing::warn!("cannot start the accept thread of {}: {e}", l.local_addr());
+            }
+        }
+    });
+}
+
+/// One listener's accept loop of [`serve_until`].
+fn accept_until(
+    registry: &Arc<Registry>,
     admission: &Arc<Admission>,
     listener: &ExsListener,
     quit: &AtomicBool,
@@ -53,10 +128,10 @@ pub fn accept_until<S: Service>(
                 continue;
             }
         };
-        let me = service.clone();
+        let reg = registry.clone();
         let spawned = std::thread::Builder::new()
             .name("ferry-conn".into())
-            .spawn(move || me.serve_connection(inc, hs, &peer));
+            .spawn(move || reg.connection(inc, hs, peer));
         if let Err(e) = spawned {
             tracing::warn!("cannot start a connection thread: {e}");
         }

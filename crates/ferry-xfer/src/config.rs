@@ -1,7 +1,8 @@
 //! `ferry serve` configuration (TOML).
 //!
 //! ```toml
-//! listen = "tcp://0.0.0.0:7370"      # default; ofi+tcp://host:port and ofi+shm://name work too
+//! listen = ["tcp://0.0.0.0:7370"]    # default; ofi+tcp://host:port and ofi+shm://name work too;
+//!                                    # one address or a list, each accepted on its own thread
 //! block_size = 4194304               # staging block, bytes (default 4 MiB)
 //! ring = 8                           # staging blocks in flight per connection (default 8)
 //! third_party = ["tcp://dtn2:7370"]  # servers this one may send third-party copies to ("*": any)
@@ -50,9 +51,9 @@ pub struct RootConfig {
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ServerConfig {
-    /// Fabric address to listen on.
-    #[serde(default = "default_listen")]
-    pub listen: String,
+    /// Fabric addresses to listen on (in TOML one string or a list), all served alike.
+    #[serde(default = "default_listen", deserialize_with = "one_or_more")]
+    pub listen: Vec<String>,
     /// Largest staging block (the client may ask for less).
     #[serde(default = "default_block")]
     pub block_size: u32,
@@ -86,8 +87,25 @@ pub struct ServerConfig {
     pub limits: LimitsConfig,
 }
 
-fn default_listen() -> String {
-    format!("tcp://0.0.0.0:{}", crate::DEFAULT_PORT)
+fn default_listen() -> Vec<String> {
+    vec![format!("tcp://0.0.0.0:{}", crate::DEFAULT_PORT)]
+}
+
+/// `listen`: one address (the form of configurations before several were allowed) or a
+/// list of them.
+fn one_or_more<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMore {
+        One(String),
+        More(Vec<String>),
+    }
+    Ok(match OneOrMore::deserialize(d)? {
+        OneOrMore::One(a) => vec![a],
+        OneOrMore::More(v) => v,
+    })
 }
 fn default_block() -> u32 {
     crate::DEFAULT_BLOCK
@@ -147,6 +165,16 @@ impl ServerConfig {
                 return usage(format!("root name {:?} is exported twice", r.name));
             }
         }
+        if self.listen.is_empty() {
+            return usage("listen = []: give at least one address to listen on".into());
+        }
+        // The same address twice is left to bind, which says the address is in use; port
+        // 0 twice is two ports.
+        for a in &self.listen {
+            if let Err(e) = a.parse::<ferry_fabric::Address>() {
+                return usage(format!("bad listen address {a}: {e}"));
+            }
+        }
         if !(crate::proto::MIN_BLOCK..=crate::proto::MAX_BLOCK).contains(&self.block_size) {
             return usage(format!(
                 "block_size {} outside {}..={}",
@@ -202,7 +230,7 @@ path = "/srv/data"
         assert_eq!(c.auth.tokens, vec!["s3cret-token".to_string()]);
         c.validate().unwrap();
         let d = ServerConfig::from_toml("[[root]]\nname='a'\npath='/x'\n").unwrap();
-        assert_eq!(d.listen, "tcp://0.0.0.0:7370");
+        assert_eq!(d.listen, ["tcp://0.0.0.0:7370"]);
         assert!(!d.direct, "direct I/O is off unless asked for");
         assert!(d.validate().is_err(), "no auth configured must be refused");
         assert!(ServerConfig::from_toml("lisen = 'x'").is_err());
@@ -235,6 +263,30 @@ path = "/srv/data"
             assert!(c.validate().is_err(), "{bad}");
         }
         assert!(ServerConfig::from_toml(&format!("{base}[limits]\nmax_conns = 1\n")).is_err());
+    }
+
+    /// `listen` takes one address (as before) or a list; every entry must be an address.
+    #[test]
+    fn listen_is_one_address_or_a_list() {
+        let base = "[auth]\nanonymous = true\n[[root]]\nname='a'\npath='/x'\n";
+        let one = ServerConfig::from_toml(&format!("listen = 'tcp://[::1]:7000'\n{base}")).unwrap();
+        assert_eq!(one.listen, ["tcp://[::1]:7000"]);
+        one.validate().unwrap();
+        let two = ServerConfig::from_toml(&format!(
+            "listen = ['tcp://0.0.0.0:7370', 'ofi+shm://ferry']\n{base}"
+        ))
+        .unwrap();
+        assert_eq!(two.listen, ["tcp://0.0.0.0:7370", "ofi+shm://ferry"]);
+        two.validate().unwrap();
+        for (bad, says) in [
+            ("[]", "at least one"),
+            ("['tcp://a:1', 'a:1']", "bad listen address"),
+        ] {
+            let c = ServerConfig::from_toml(&format!("listen = {bad}\n{base}")).unwrap();
+            let e = c.validate().unwrap_err();
+            assert!(e.msg.contains(says), "{bad}: {}", e.msg);
+        }
+        assert!(ServerConfig::from_toml(&format!("listen = 7\n{base}")).is_err());
     }
 
     #[test]

@@ -10,6 +10,9 @@
 //!   a thread per connection.
 //! - `third_party`: server-to-server copies (SEND_TO): the source server uploads to the
 //!   destination as an ordinary client, to destinations its operator allowed.
+//! - [`conv`]: the download and upload conversations and the server's request routing as
+//!   sans-I/O state machines (client and server sides), which the client and server run
+//!   and seeded simulations drive.
 //! - [`client`]: download and upload of files and trees with per-block CRC-32C (bad blocks
 //!   are fetched again) and whole-file BLAKE3, landing by temp name + fsync + rename;
 //!   `--resume` and `--retries` continue interrupted transfers.
@@ -29,6 +32,7 @@
 
 pub mod client;
 pub mod config;
+pub mod conv;
 pub mod error;
 mod export;
 pub mod link;

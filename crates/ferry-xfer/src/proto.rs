@@ -1,4 +1,4 @@
-//! The file-transfer control protocol, version 1.4: pure encode/decode, no I/O.
+//! The file-transfer control protocol, version 1.6: pure encode/decode, no I/O.
 //!
 //! Every EXS message on a transfer connection is exactly one frame (a PACK frame carries
 //! several FILE frames inside it). A frame is an 8-byte
@@ -17,7 +17,7 @@ use ferry_wire::{
 /// Protocol major version: a peer with another major is refused at HELLO.
 pub const VERSION_MAJOR: u16 = 1;
 /// Protocol minor version.
-pub const VERSION_MINOR: u16 = 5;
+pub const VERSION_MINOR: u16 = 6;
 /// The first minor version with parallel streams (session join, OPEN/HAVE/PUT_RANGE/CLOSE).
 pub const MINOR_STREAMS: u16 = 2;
 /// The first minor version with FILE frames (a small file's READY, BLOCK and FILE_DONE in
@@ -35,6 +35,10 @@ pub const MINOR_SEND_STREAMS: u16 = 4;
 /// read-only file): a client sets them only for servers of this minor or later (an older
 /// server replaces read-only files anyway).
 pub const MINOR_FORCE: u16 = 5;
+/// The first minor version whose servers take a service selection (the floor's SELECT,
+/// `ferry_service::select`) before HELLO. A client sends one only when it wants a service
+/// other than file transfer: a HELLO without one is file transfer's, on every server.
+pub const MINOR_SERVICES: u16 = 6;
 /// The most GETs in one GETS frame.
 pub const MAX_GETS: usize = 64;
 /// The most streams a session may have.

@@ -38,7 +38,7 @@ fn start_cfg(driver: &str, tweak: impl FnOnce(&mut ServerConfig)) -> (String, st
         d => format!("{d}://127.0.0.1:0"),
     };
     let cfg = ServerConfig {
-        listen,
+        listen: vec![listen],
         block_size: 64 * 1024,
         ring: 4,
         auth: AuthConfig {
@@ -54,9 +54,9 @@ fn start_cfg(driver: &str, tweak: impl FnOnce(&mut ServerConfig)) -> (String, st
     let mut cfg = cfg;
     tweak(&mut cfg);
     let server = Server::new(cfg).unwrap();
-    let listener = server.bind().unwrap();
-    let addr = listener.local_addr();
-    std::thread::spawn(move || server.serve(&listener));
+    let listeners = server.bind().unwrap();
+    let addr = listeners[0].local_addr();
+    std::thread::spawn(move || server.serve(&listeners));
     (addr, dir)
 }
 

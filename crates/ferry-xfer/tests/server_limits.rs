@@ -21,7 +21,7 @@ fn start(limits: LimitsConfig) -> String {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("f"), b"hello").unwrap();
     let cfg = ServerConfig {
-        listen: "tcp://127.0.0.1:0".into(),
+        listen: vec!["tcp://127.0.0.1:0".into()],
         block_size: 64 * 1024,
         ring: 4,
         auth: AuthConfig {
@@ -36,9 +36,9 @@ fn start(limits: LimitsConfig) -> String {
         ..ServerConfig::default()
     };
     let server = Server::new(cfg).unwrap();
-    let listener = server.bind().unwrap();
-    let addr = listener.local_addr();
-    std::thread::spawn(move || server.serve(&listener));
+    let listeners = server.bind().unwrap();
+    let addr = listeners[0].local_addr();
+    std::thread::spawn(move || server.serve(&listeners));
     addr
 }
 

@@ -1,6 +1,6 @@
 //! Downloads: pipelined GETs into part files, CRC checks and re-fetches, resume, commits.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
@@ -8,10 +8,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use super::{remote_err, unexpected, Client, Progress, GET_WINDOW};
+use super::{unexpected, Client, Progress, GET_WINDOW};
 use rustix::fs::{AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 
+use crate::conv::download::{Action, Downloader, Job, Landing, Settings};
 use crate::error::{Kind, Result, XferError};
 use crate::link::BlockWriter;
 use crate::proto::{self, Msg};
@@ -350,57 +351,45 @@ pub(super) fn mtime_secs(md: &std::fs::Metadata) -> i64 {
     md.mtime()
 }
 
-/// One file of a download.
-struct Dl {
+/// What the runtime holds of one file of a download: where it lands and its writer (the
+/// conversation itself is the [`Downloader`]'s).
+struct Local {
     path: String,
-    /// Discard the data (the null sink): CRCs are checked, nothing is written.
-    null: bool,
+    /// The destination, for messages.
     dest: PathBuf,
-    ident: Ident,
+    /// The source's mtime (seconds), set on the committed file.
+    mtime: i64,
     part: Option<LocalPart>,
     /// The journal's view until READY hands it to the writer.
     journal: Option<Journaled>,
     writer: Option<BlockWriter>,
-    size: u64,
-    mode: u32,
-    hash: Option<[u8; 32]>,
-    outstanding: u32,
-    rounds: u32,
     chunk: Option<crate::parallel::Chunk>,
 }
 
-impl Dl {
-    /// A file whose GET was just sent: nothing received yet.
-    fn new(
-        job: DlJob,
-        part: Option<LocalPart>,
-        journal: Option<Journaled>,
-        chunk: Option<crate::parallel::Chunk>,
-    ) -> Dl {
-        Dl {
-            path: job.path,
-            null: job.dest.is_none(),
-            dest: job.dest.map(|d| d.path()).unwrap_or_default(),
-            ident: job.ident,
-            part,
-            journal,
-            writer: None,
-            size: 0,
-            mode: 0o644,
-            hash: None,
-            outstanding: 1,
-            rounds: 0,
-            chunk,
-        }
+impl Local {
+    /// The writer `file`'s data goes through (opened at its READY).
+    fn writer(&mut self) -> Result<&mut BlockWriter> {
+        self.writer
+            .as_mut()
+            .ok_or_else(|| XferError::conn("FILE_DONE before READY"))
     }
 }
 
+/// The files in flight, by transfer id.
+type Locals = HashMap<u32, Local>;
+
+fn local(locals: &mut Locals, file: u32) -> Result<&mut Local> {
+    locals
+        .get_mut(&file)
+        .ok_or_else(|| XferError::conn(format!("no transfer {file} in progress")))
+}
+
 impl Client {
-    /// Downloads remote files to local paths, pipelined. Without [`Options::resume`] (as
-    /// given to [`Client::set_resume`]) each file starts from zero; with it, a journaled
-    /// part of the same source continues where its verified prefix ends. When the
-    /// connection fails the parts stay, journaled, for a later resume; any other failure
-    /// removes them.
+    /// Downloads remote files to local paths, pipelined. Without
+    /// [`Options::resume`](super::Options::resume) (as given to [`Client::set_resume`]) each
+    /// file starts from zero; with it, a journaled part of the same source continues where
+    /// its verified prefix ends. When the connection fails the parts stay, journaled, for a
+    /// later resume; any other failure removes them.
     pub fn download_files(&mut self, jobs: Vec<DlJob>, progress: &dyn Progress) -> Result<()> {
         self.download_from(&mut jobs.into_iter(), progress)
     }
@@ -412,379 +401,321 @@ impl Client {
         jobs: &mut dyn Iterator<Item = DlJob>,
         progress: &dyn Progress,
     ) -> Result<()> {
-        let mut live: HashMap<u32, Dl> = HashMap::new();
+        let mut conv = Downloader::new(Settings {
+            minor: self.minor,
+            window: GET_WINDOW,
+            chunks_ahead: crate::parallel::CHUNKS_AHEAD,
+            retries: crate::BLOCK_RETRIES,
+        });
+        let mut locals = Locals::new();
         let mut commits = CommitPool::new();
-        let res = self.download_loop(jobs, &mut live, &mut commits, progress);
+        let res = self.download_loop(&mut conv, jobs, &mut locals, &mut commits, progress);
+        self.stats.blocks_resent += conv.resent();
         // Every file handed to the pool is complete and verified: let its commit finish.
         let committed = commits.finish();
         if let Err(e) = &res {
-            let keep = e.kind == Kind::Connection;
-            for (_, dl) in live.drain() {
-                let Some(part) = dl.part else {
-                    // A chunk of a shared file: its writer reports the blocks it still
-                    // writes to the file's journal, which the parallel copy checkpoints.
-                    if let Some(w) = dl.writer.filter(|_| keep) {
-                        let _ = w.finish();
-                    }
-                    continue;
-                };
-                if !keep {
-                    part.discard();
-                    continue;
-                }
-                if let Some(w) = dl.writer {
-                    let saved = w.finish().map(|mut s| s.checkpoint(&part.file));
-                    if !matches!(saved, Ok(Ok(()))) {
-                        tracing::warn!("{}: could not journal the partial file", dl.path);
-                    }
-                }
-            }
+            leave(locals, e.kind == Kind::Connection);
         }
         res.and(committed)
     }
 
-    fn start_download(
-        &mut self,
-        mut job: DlJob,
-        live: &mut HashMap<u32, Dl>,
-        sums: &mut VecDeque<u32>,
-        gets: &mut Vec<(u32, String)>,
-        progress: &dyn Progress,
-    ) -> Result<()> {
-        let file_id = self.id();
-        if let Some(ch) = job.chunk.take() {
-            self.flush_gets(gets)?;
-            // A range of a file the streams share: its part is open already.
-            self.send_get(file_id, &job.path, ch.lo, ch.hi - ch.lo, ch.sum, sums)?;
-            live.insert(file_id, Dl::new(job, None, None, Some(ch)));
-            return Ok(());
-        }
-        // No destination: the null sink, nothing to open or resume.
-        let (part, journal, offset) = match &job.dest {
-            None => (None, None, 0),
-            Some(dest) => {
-                let how = (self.resume, self.force);
-                let (part, journal, found) = LocalPart::open(dest, job.ident, self.block, how)?;
-                let offset = journal.prefix();
-                match found {
-                    Found::Resumed => {
-                        tracing::info!("{}: resuming at byte {offset}", job.path);
-                        self.stats.resumed_bytes += offset;
-                        progress.add(offset);
-                    }
-                    Found::Restarted => tracing::warn!(
-                        "{}: the source changed since the interrupted copy (size or mtime differ); starting over",
-                        job.path
-                    ),
-                    Found::Fresh => {}
-                }
-                (Some(part), Some(journal), offset)
-            }
-        };
-        if offset == 0 && self.minor >= proto::MINOR_FILE {
-            // Whole files go out in GETS frames, several per message.
-            let bytes = |g: &[(u32, String)]| g.iter().map(|(_, p)| p.len() + 6).sum::<usize>();
-            if gets.len() >= proto::MAX_GETS
-                || bytes(gets) + job.path.len() + 6 > proto::MAX_CONTROL - 64
-            {
-                self.flush_gets(gets)?;
-            }
-            gets.push((file_id, job.path.clone()));
-            live.insert(file_id, Dl::new(job, part, journal, None));
-            return Ok(());
-        }
-        self.flush_gets(gets)?;
-        // A ranged GET carries no hash: ask for the source's first.
-        self.send_get(file_id, &job.path, offset, u64::MAX, offset > 0, sums)?;
-        live.insert(file_id, Dl::new(job, part, journal, None));
-        Ok(())
-    }
-
-    /// Sends a GET of `length` bytes at `offset` of `path` as transfer `file_id`, preceded by
-    /// a SUM of the whole source if `sum` (answers come in request order, so `sums` records
-    /// whose hash comes next).
-    fn send_get(
-        &self,
-        file_id: u32,
-        path: &str,
-        offset: u64,
-        length: u64,
-        sum: bool,
-        sums: &mut VecDeque<u32>,
-    ) -> Result<()> {
-        if sum {
-            self.link.send(&Msg::Sum { path: path.into() })?;
-            sums.push_back(file_id);
-        }
-        self.link.send(&Msg::Get {
-            file_id,
-            offset,
-            length,
-            path: path.into(),
-        })
-    }
-
-    /// Sends the whole-file GETs collected in `gets` as one GETS frame.
-    fn flush_gets(&self, gets: &mut Vec<(u32, String)>) -> Result<()> {
-        if !gets.is_empty() {
-            ferry_fabric::timeline::mark("cp.gets", gets.len() as u64);
-        }
-        if gets.is_empty() {
-            return Ok(());
-        }
-        self.link.send(&Msg::Gets {
-            files: std::mem::take(gets),
-        })
-    }
-
     fn download_loop(
         &mut self,
+        conv: &mut Downloader,
         jobs: &mut dyn Iterator<Item = DlJob>,
-        live: &mut HashMap<u32, Dl>,
+        locals: &mut Locals,
         commits: &mut CommitPool,
         progress: &dyn Progress,
     ) -> Result<()> {
-        let mut sums = VecDeque::new();
-        let mut gets = Vec::new();
         loop {
-            self.refill(jobs, live, &mut sums, &mut gets, progress)?;
-            if live.is_empty() {
+            self.refill(conv, jobs, locals, progress)?;
+            self.execute(conv, locals, commits)?;
+            if conv.is_idle() {
                 return Ok(());
             }
-            ferry_fabric::timeline::mark("cp.wait", live.len() as u64);
-            // BLOCKs and FILEs are checked (and written) in place in the receive buffer; a
-            // BLOCK goes to its writer in that buffer (held until written, no copy).
-            let wire = &mut self.stats.wire_bytes;
-            let (direct, ring) = (self.direct, self.ring);
-            let held = self.link.recv_held()?;
-            let mut block = None;
-            let msgs = held.with_bytes(|bytes| -> Result<Vec<Msg>> {
-                ferry_fabric::timeline::mark("cp.got", bytes.len() as u64);
-                let (msg, payload) = proto::decode(bytes)
-                    .map_err(|e| XferError::conn(format!("the server sent a bad frame: {e}")))?;
-                let mut take_file = |msg, payload: &[u8]| -> Result<Msg> {
-                    let (id, len) = take_file(live, msg, payload, direct, ring)?;
-                    progress.add(len);
-                    *wire += len;
-                    Ok(id)
-                };
-                match msg {
-                    Msg::Pack { count, .. } => proto::decode_pack(count, payload)
-                        .map_err(|e| XferError::conn(format!("the server sent a bad pack: {e}")))?
-                        .into_iter()
-                        .map(|(m, p)| take_file(m, p))
-                        .collect(),
-                    Msg::File { .. } => Ok(vec![take_file(msg, payload)?]),
-                    Msg::Block(h) => {
-                        block = Some((h, bytes.len() - payload.len()));
-                        Ok(vec![msg])
-                    }
-                    _ => Ok(vec![msg]),
-                }
-            })?;
-            match block {
-                Some((h, at)) => {
-                    let writer = live
-                        .get_mut(&h.file_id)
-                        .and_then(|dl| dl.writer.as_mut())
-                        .ok_or_else(|| XferError::conn("BLOCK of no transfer in progress"))?;
-                    writer.push_held(&h, held, at)?;
-                    progress.add(u64::from(h.len));
-                    self.stats.wire_bytes += u64::from(h.len);
-                }
-                // The peer gets the buffer back before the answers are worked through.
-                None => self.link.give_back(held)?,
-            }
+            ferry_fabric::timeline::mark("cp.wait", conv.in_flight() as u64);
+            let msgs = self.receive(conv, locals, progress)?;
             let last = msgs.len();
             ferry_fabric::timeline::mark("cp.msg", last as u64);
             for (i, msg) in msgs.into_iter().enumerate() {
-                self.on_msg(msg, live, &mut sums, commits)?;
+                conv.on_msg(msg)?;
+                self.execute(conv, locals, commits)?;
                 // A PACK answers many GETs: ask for the next ones as soon as half the
                 // window is back, not after the whole pack is written.
                 if i + 1 < last {
-                    self.refill(jobs, live, &mut sums, &mut gets, progress)?;
+                    self.refill(conv, jobs, locals, progress)?;
+                    self.execute(conv, locals, commits)?;
                 }
             }
         }
     }
 
-    /// Starts downloads of the next jobs while the window has room. A 1.3 server takes
-    /// whole-file GETs in batches (GETS): refill once half the window is back, so that each
-    /// batch carries several.
+    /// Receives one message and writes the data it carries in place in the receive buffer
+    /// (BLOCKs, FILE frames, PACKs of them): the frames for the conversation, a FILE frame
+    /// as its FILE_DONE (its READY is taken at once, the writer being needed for the payload).
+    /// A BLOCK goes to its writer in that buffer, held until written (no copy, also for a
+    /// writer thread).
+    fn receive(
+        &mut self,
+        conv: &mut Downloader,
+        locals: &mut Locals,
+        progress: &dyn Progress,
+    ) -> Result<Vec<Msg>> {
+        let wire = &mut self.stats.wire_bytes;
+        let (direct, ring) = (self.direct, self.ring);
+        let held = self.link.recv_held()?;
+        let mut block = None;
+        let msgs = held.with_bytes(|bytes| -> Result<Vec<Msg>> {
+            ferry_fabric::timeline::mark("cp.got", bytes.len() as u64);
+            let (msg, payload) = proto::decode(bytes)
+                .map_err(|e| XferError::conn(format!("the server sent a bad frame: {e}")))?;
+            let mut take_file = |msg, payload: &[u8]| -> Result<Msg> {
+                let (done, len) = take_file(conv, locals, msg, payload, (direct, ring))?;
+                progress.add(len);
+                *wire += len;
+                Ok(done)
+            };
+            match msg {
+                Msg::Pack { count, .. } => proto::decode_pack(count, payload)
+                    .map_err(|e| XferError::conn(format!("the server sent a bad pack: {e}")))?
+                    .into_iter()
+                    .map(|(m, p)| take_file(m, p))
+                    .collect(),
+                Msg::File { .. } => Ok(vec![take_file(msg, payload)?]),
+                Msg::Block(h) => {
+                    block = Some((h, bytes.len() - payload.len()));
+                    Ok(vec![msg])
+                }
+                _ => Ok(vec![msg]),
+            }
+        })?;
+        match block {
+            Some((h, at)) => {
+                let writer = locals
+                    .get_mut(&h.file_id)
+                    .and_then(|l| l.writer.as_mut())
+                    .ok_or_else(|| XferError::conn("BLOCK of no transfer in progress"))?;
+                writer.push_held(&h, held, at)?;
+                progress.add(u64::from(h.len));
+                self.stats.wire_bytes += u64::from(h.len);
+            }
+            // The peer gets the buffer back before the answers are worked through.
+            None => self.link.give_back(held)?,
+        }
+        Ok(msgs)
+    }
+
+    /// Starts downloads of the next jobs while the conversation has room for them.
     fn refill(
         &mut self,
+        conv: &mut Downloader,
         jobs: &mut dyn Iterator<Item = DlJob>,
-        live: &mut HashMap<u32, Dl>,
-        sums: &mut VecDeque<u32>,
-        gets: &mut Vec<(u32, String)>,
+        locals: &mut Locals,
         progress: &dyn Progress,
     ) -> Result<()> {
-        let refill = self.minor < proto::MINOR_FILE || live.len() <= GET_WINDOW / 2;
-        while refill
-            && live.len() < GET_WINDOW
-            && live.values().filter(|d| d.chunk.is_some()).count() < crate::parallel::CHUNKS_AHEAD
-        {
-            let Some(job) = jobs.next() else {
-                break;
-            };
-            self.start_download(job, live, sums, gets, progress)?;
+        if conv.refill_open() {
+            while conv.has_room() {
+                let Some(job) = jobs.next() else {
+                    break;
+                };
+                let (local, job) = self.prepare(job, progress)?;
+                locals.insert(job.file, local);
+                conv.start(job);
+            }
         }
-        self.flush_gets(gets)
+        conv.flush();
+        Ok(())
     }
 
-    /// Takes one frame of the server's answers (FILE and PACK frames already written as
-    /// their READY, BLOCK and FILE_DONE, which is what arrives here for them).
-    fn on_msg(
+    /// Opens (or resumes) the part file of `job`, or takes the chunk it is: what the runtime
+    /// keeps of it, and the job for the conversation.
+    fn prepare(&mut self, mut job: DlJob, progress: &dyn Progress) -> Result<(Local, Job)> {
+        let file = self.id();
+        let mut local = Local {
+            path: job.path.clone(),
+            dest: job.dest.as_ref().map(|d| d.path()).unwrap_or_default(),
+            mtime: job.ident.mtime,
+            part: None,
+            journal: None,
+            writer: None,
+            chunk: None,
+        };
+        let landing = if let Some(ch) = job.chunk.take() {
+            // A range of a file the streams share: its part is open already.
+            let landing = Landing::Chunk {
+                lo: ch.lo,
+                hi: ch.hi,
+                sum: ch.sum,
+            };
+            local.chunk = Some(ch);
+            landing
+        } else if let Some(dest) = &job.dest {
+            let how = (self.resume, self.force);
+            let (part, journal, found) = LocalPart::open(dest, job.ident, self.block, how)?;
+            let held = journal.prefix();
+            match found {
+                Found::Resumed => {
+                    tracing::info!("{}: resuming at byte {held}", job.path);
+                    self.stats.resumed_bytes += held;
+                    progress.add(held);
+                }
+                Found::Restarted => tracing::warn!(
+                    "{}: the source changed since the interrupted copy (size or mtime differ); starting over",
+                    job.path
+                ),
+                Found::Fresh => {}
+            }
+            local.part = Some(part);
+            local.journal = Some(journal);
+            Landing::Part {
+                size: job.ident.size,
+                held,
+            }
+        } else {
+            // No destination: the null sink, nothing to open or resume.
+            Landing::Null
+        };
+        let job = Job {
+            file,
+            path: job.path,
+            landing,
+        };
+        Ok((local, job))
+    }
+
+    /// Carries out the conversation's actions until it has none.
+    fn execute(
         &mut self,
-        msg: Msg,
-        live: &mut HashMap<u32, Dl>,
-        sums: &mut VecDeque<u32>,
+        conv: &mut Downloader,
+        locals: &mut Locals,
         commits: &mut CommitPool,
     ) -> Result<()> {
-        let (direct, ring) = (self.direct, self.ring);
-        let id = match &msg {
-            Msg::Ready { file_id, .. }
-            | Msg::FileDone { file_id, .. }
-            | Msg::Error { file_id, .. } => *file_id,
-            Msg::Block(h) => h.file_id,
-            Msg::SumReply { blake3, .. } => {
-                let id = sums
-                    .pop_front()
-                    .ok_or_else(|| XferError::conn("the server sent a SUM_REPLY unasked"))?;
-                if let Some(dl) = live.get_mut(&id) {
-                    dl.hash = Some(*blake3);
-                    if let Some(ch) = &dl.chunk {
-                        if let Some(size) = ch.file.source_hash(*blake3)? {
-                            self.stats.files += 1;
-                            self.stats.bytes += size;
-                        }
+        while let Some(action) = conv.poll() {
+            match action {
+                Action::Send(msg) => {
+                    if let Msg::Gets { files } = &msg {
+                        ferry_fabric::timeline::mark("cp.gets", files.len() as u64);
+                    }
+                    self.link.send(&msg)?;
+                }
+                Action::Open { file, size, mode } => {
+                    let l = local(locals, file)?;
+                    l.writer = Some(open_writer(l, file, size, mode, (self.direct, self.ring))?);
+                }
+                Action::Check { file } => {
+                    let bad = local(locals, file)?.writer()?.sync()?;
+                    conv.checked(file, bad)?;
+                }
+                Action::Hash { file } => {
+                    let got = hash_part(local(locals, file)?)?;
+                    conv.hashed(file, got)?;
+                }
+                Action::Commit { file, size, mode } => {
+                    self.commit(locals.remove(&file), mode, commits)?;
+                    self.count(Some(size));
+                }
+                Action::Finish { file, size } => {
+                    if let Some(l) = locals.remove(&file) {
+                        let done = finish(l, size)?;
+                        self.count(done);
                     }
                 }
-                return Ok(());
+                Action::SourceHash { file, hash } => {
+                    let chunk = locals.get(&file).and_then(|l| l.chunk.as_ref());
+                    let done = chunk.map(|ch| ch.file.source_hash(hash)).transpose()?;
+                    self.count(done.flatten());
+                }
             }
-            m => return Err(unexpected(m)),
-        };
-        let Some(dl) = live.get_mut(&id) else {
-            if let Msg::Error { code, message, .. } = &msg {
-                return Err(remote_err(*code, message));
-            }
-            return Err(XferError::conn(format!(
-                "the server answered unknown transfer {id}"
-            )));
-        };
-        match msg {
-            Msg::Ready { size, mode, .. } => on_ready(dl, id, size, mode, direct, ring)?,
-            Msg::Block(_) => {}
-            Msg::Error { code, message, .. } => {
-                return Err(remote_err(code, &message));
-            }
-            Msg::FileDone { blake3, .. } => {
-                if blake3.is_some() {
-                    dl.hash = blake3;
-                }
-                dl.outstanding = dl.outstanding.saturating_sub(1);
-                if dl.outstanding > 0 {
-                    return Ok(());
-                }
-                let bad = match dl.writer.as_mut() {
-                    Some(w) => w.sync()?,
-                    None => return Err(XferError::conn("FILE_DONE before READY")),
-                };
-                if !bad.is_empty() {
-                    dl.rounds += 1;
-                    if dl.rounds > crate::BLOCK_RETRIES {
-                        return Err(XferError::new(
-                            Kind::Integrity,
-                            crate::crc_exhausted(&dl.path),
-                        ));
-                    }
-                    self.stats.blocks_resent += bad.len() as u64;
-                    for (offset, len) in bad {
-                        self.link.send(&Msg::Get {
-                            file_id: id,
-                            offset,
-                            length: u64::from(len),
-                            path: dl.path.clone(),
-                        })?;
-                        dl.outstanding += 1;
-                    }
-                    return Ok(());
-                }
-                let Some(mut dl) = live.remove(&id) else {
-                    return Ok(());
-                };
-                if let Some(ch) = dl.chunk.take() {
-                    let w = dl
-                        .writer
-                        .take()
-                        .ok_or_else(|| XferError::conn("FILE_DONE before READY"))?;
-                    if let Some(size) = ch.done(w.finish()?)? {
-                        self.stats.files += 1;
-                        self.stats.bytes += size;
-                    }
-                    return Ok(());
-                }
-                if dl.null {
-                    self.stats.files += 1;
-                    self.stats.bytes += dl.size;
-                    return Ok(());
-                }
-                if dl.hash.is_none() && crate::mem::classify(&dl.path).is_some() {
-                    // A server's zero source sends no hash: what was written must be zeros.
-                    dl.hash = Some(crate::mem::zero_hash(dl.size));
-                }
-                let (Some(part), Some(writer)) = (dl.part.take(), dl.writer.take()) else {
-                    return Err(XferError::conn("FILE_DONE before READY"));
-                };
-                let mut sink = writer.finish()?;
-                let fail = |part: LocalPart, e: XferError| {
-                    part.discard();
-                    Err(e)
-                };
-                if let Some(e) = sink.io_error.take() {
-                    return fail(part, XferError::io(dl.dest.display(), &e));
-                }
-                let got = match sink.hash(&part.file) {
-                    Ok(h) => h,
-                    Err(e) => return fail(part, XferError::io(dl.dest.display(), &e)),
-                };
-                if dl.hash != Some(got) {
-                    return fail(
-                            part,
-                            XferError::new(
-                                Kind::Integrity,
-                                format!(
-                                    "{}: the whole-file BLAKE3 does not match the server's; nothing was written. Was the file changing on the server? Try again",
-                                    dl.path
-                                ),
-                            ),
-                        );
-                }
-                let (mode, mtime) = (dl.mode, system_time(dl.ident.mtime));
-                if ferry_service::commit::fsync_is_free(&part.file) {
-                    // Nothing to wait for: a thread hand-off would cost more (tmpfs).
-                    commits.run_here(move || part.commit(mode, mtime).map(Some))?;
-                } else {
-                    commits.submit(move || part.commit(mode, mtime).map(Some))?;
-                }
-                self.stats.files += 1;
-                self.stats.bytes += dl.size;
-            }
-            m => return Err(unexpected(&m)),
         }
         Ok(())
     }
+
+    /// Commits the verified part of `l` (mode, mtime, fsync, rename) on this thread or the
+    /// pool's.
+    fn commit(&self, l: Option<Local>, mode: u32, commits: &mut CommitPool) -> Result<()> {
+        let Some((part, mtime)) = l.and_then(|l| Some((l.part?, l.mtime))) else {
+            return Err(XferError::conn("FILE_DONE before READY"));
+        };
+        let mtime = system_time(mtime);
+        if ferry_service::commit::fsync_is_free(&part.file) {
+            // Nothing to wait for: a thread hand-off would cost more (tmpfs).
+            commits.run_here(move || part.commit(mode, mtime).map(Some))
+        } else {
+            commits.submit(move || part.commit(mode, mtime).map(Some))
+        }
+    }
+
+    /// Counts a file of `size` bytes copied (`None`: none completed).
+    fn count(&mut self, size: Option<u64>) {
+        if let Some(size) = size {
+            self.stats.files += 1;
+            self.stats.bytes += size;
+        }
+    }
+}
+
+/// A complete null-sink file (`size` bytes) or chunk: the size of a file it completed.
+fn finish(mut l: Local, size: u64) -> Result<Option<u64>> {
+    let Some(ch) = l.chunk.take() else {
+        // The null sink: nothing to commit.
+        return Ok(Some(size));
+    };
+    // A chunk: the parallel copy counts its file once all chunks are in.
+    let w = l
+        .writer
+        .take()
+        .ok_or_else(|| XferError::conn("FILE_DONE before READY"))?;
+    ch.done(w.finish()?)
+}
+
+/// After a failed download: with `keep` (a connection failure) each part is journaled for a
+/// resume, else removed.
+fn leave(locals: Locals, keep: bool) {
+    for (_, l) in locals {
+        let Some(part) = l.part else {
+            // A chunk of a shared file: its writer reports the blocks it still writes to
+            // the file's journal, which the parallel copy checkpoints.
+            if let Some(w) = l.writer.filter(|_| keep) {
+                let _ = w.finish();
+            }
+            continue;
+        };
+        if !keep {
+            part.discard();
+            continue;
+        }
+        if let Some(w) = l.writer {
+            let saved = w.finish().map(|mut s| s.checkpoint(&part.file));
+            if !matches!(saved, Ok(Ok(()))) {
+                tracing::warn!("{}: could not journal the partial file", l.path);
+            }
+        }
+    }
+}
+
+/// Stops the writer of a complete part and hashes the whole part (a write error it kept
+/// fails the file here).
+fn hash_part(l: &mut Local) -> Result<[u8; 32]> {
+    let (Some(part), Some(writer)) = (l.part.as_ref(), l.writer.take()) else {
+        return Err(XferError::conn("FILE_DONE before READY"));
+    };
+    let mut sink = writer.finish()?;
+    if let Some(e) = sink.io_error.take() {
+        return Err(XferError::io(l.dest.display(), &e));
+    }
+    sink.hash(&part.file)
+        .map_err(|e| XferError::io(l.dest.display(), &e))
 }
 
 /// A whole small file (a FILE frame, alone or in a PACK): its READY, its one block (checked
-/// and written in place) and its FILE_DONE, which it returns for the caller to take as
-/// such, with the payload's length.
+/// and written in place) and its FILE_DONE, which it returns for the conversation to take
+/// as such, with the payload's length.
 fn take_file(
-    live: &mut HashMap<u32, Dl>,
+    conv: &mut Downloader,
+    locals: &mut Locals,
     msg: Msg,
     payload: &[u8],
-    direct: bool,
-    ring: usize,
+    how: (bool, usize),
 ) -> Result<(Msg, u64)> {
     let Msg::File {
         file_id,
@@ -796,10 +727,12 @@ fn take_file(
     else {
         return Err(unexpected(&msg));
     };
-    let dl = live
+    let l = locals
         .get_mut(&file_id)
         .ok_or_else(|| XferError::conn("FILE of no transfer in progress"))?;
-    on_ready(dl, file_id, u64::from(len), mode, direct, ring)?;
+    if let Some((size, mode)) = conv.ready(file_id, u64::from(len), mode)? {
+        l.writer = Some(open_writer(l, file_id, size, mode, how)?);
+    }
     let h = proto::BlockHeader {
         file_id,
         stream: 0,
@@ -807,10 +740,7 @@ fn take_file(
         len,
         crc32c,
     };
-    dl.writer
-        .as_mut()
-        .ok_or_else(|| XferError::conn("FILE of no transfer in progress"))?
-        .push_file(&h, payload, &blake3)?;
+    l.writer()?.push_file(&h, payload, &blake3)?;
     let done = Msg::FileDone {
         file_id,
         length: u64::from(len),
@@ -819,35 +749,26 @@ fn take_file(
     Ok((done, u64::from(len)))
 }
 
-/// READY of `dl` (transfer `id`, `size` bytes, permission bits `mode`): its writer, once.
-fn on_ready(dl: &mut Dl, id: u32, size: u64, mode: u32, direct: bool, ring: usize) -> Result<()> {
-    if dl.writer.is_some() {
-        return Ok(());
+/// The writer of `l` (transfer `id`, `size` bytes, permission bits `mode`), opened at its
+/// READY; `(direct, ring)`: O_DIRECT writes, blocks queued to a writer thread at most.
+fn open_writer(
+    l: &mut Local,
+    id: u32,
+    size: u64,
+    mode: u32,
+    (direct, ring): (bool, usize),
+) -> Result<BlockWriter> {
+    if let Some(ch) = &l.chunk {
+        return ch.writer(id, size, mode, ring);
     }
-    if let Some(ch) = &dl.chunk {
-        dl.writer = Some(ch.writer(id, size, mode, ring)?);
-    } else if dl.null {
-        dl.writer = Some(BlockWriter::null(id, size));
-    } else {
-        if size != dl.ident.size {
-            return Err(XferError::new(
-                Kind::Integrity,
-                format!(
-                    "{}: the file changed on the server while being copied ({} bytes, now {size}); try again",
-                    dl.path, dl.ident.size
-                ),
-            ));
-        }
-        let (Some(part), Some(journal)) = (dl.part.as_ref(), dl.journal.take()) else {
-            return Err(XferError::conn("READY twice"));
-        };
-        let mut sink = BlockSink::journaled(id, size, journal);
-        if direct {
-            sink.set_direct(&part.file);
-        }
-        dl.writer = Some(BlockWriter::with_sink(sink, &part.file, ring)?);
-        dl.mode = mode;
+    let (Some(part), journal) = (l.part.as_ref(), l.journal.take()) else {
+        // No part: the null sink.
+        return Ok(BlockWriter::null(id, size));
+    };
+    let journal = journal.ok_or_else(|| XferError::conn("READY twice"))?;
+    let mut sink = BlockSink::journaled(id, size, journal);
+    if direct {
+        sink.set_direct(&part.file);
     }
-    dl.size = size;
-    Ok(())
+    BlockWriter::with_sink(sink, &part.file, ring)
 }

@@ -192,9 +192,7 @@ pub(crate) fn remote_err(code: proto::ErrorCode, message: &str) -> XferError {
     crate::error::remote(code, message)
 }
 
-pub(crate) fn unexpected(m: &Msg) -> XferError {
-    XferError::conn(format!("the server sent an unexpected frame: {m:?}"))
-}
+pub(crate) use crate::conv::download::unexpected;
 
 impl Client {
     /// `flag` if this copy may replace read-only files and the server knows the FORCE

@@ -1,16 +1,14 @@
-//! Uploads: PUT, blocks from the staging ring, FILE_DONE with the BLAKE3, RESEND rounds.
+//! Uploads: the runtime of the upload conversation ([`crate::conv::upload`]): PUT_FILEs in a
+//! window, PUTs whose blocks go through the staging ring with the running BLAKE3.
 
-use std::collections::VecDeque;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use super::{remote_err, unexpected, Client, Progress};
+use super::{Client, Progress};
+use crate::conv::upload::{Action, Event, PutFiles, PutJob, Uploader, PUT_WINDOW};
 use crate::error::{Kind, Result, XferError};
 use crate::link::{FileMeta, Source, Span};
-use crate::proto::{self, Msg};
-
-/// PUT_FILEs a client keeps unanswered before it waits for the oldest answer.
-const PUT_WINDOW: usize = 32;
+use crate::proto;
 
 /// Opens a local regular file for upload: the file and what a PUT says of it. The open is
 /// non-blocking (opening a FIFO waits for a writer) and anything but a regular file is
@@ -76,15 +74,14 @@ impl Client {
         open: &dyn Fn(&K) -> Result<(File, FileMeta)>,
         progress: &dyn Progress,
     ) -> Result<()> {
-        let mut waiting: VecDeque<(u32, K, String, u64)> = VecDeque::new();
-        let mut again = Vec::new();
+        let mut window = PutFiles::default();
         for (src, path) in files {
             let whole = self.minor >= proto::MINOR_PUT_FILE
                 && crate::mem::classify(&path).is_none()
                 && !self.resume;
             let (file, meta) = open(&src)?;
             if !(whole && self.tx.put_file_fits(&path, meta.size)) {
-                self.take_answers(&mut waiting, &mut again, 0, progress)?;
+                self.take_answers(&mut window, 0, progress)?;
                 self.put_meta(&file, &meta, &path, progress)?;
                 continue;
             }
@@ -93,12 +90,12 @@ impl Client {
             self.tx
                 .send_put_file(&self.link, &file, (file_id, flags), &path, &meta)?;
             self.stats.wire_bytes += meta.size;
-            waiting.push_back((file_id, src, path, meta.size));
-            self.take_answers(&mut waiting, &mut again, PUT_WINDOW, progress)?;
+            window.sent(file_id, (src, path), meta.size);
+            self.take_answers(&mut window, PUT_WINDOW, progress)?;
         }
-        self.take_answers(&mut waiting, &mut again, 0, progress)?;
+        self.take_answers(&mut window, 0, progress)?;
         // What arrived damaged goes again by PUT, with its CRC-checked blocks and RESENDs.
-        for (src, path) in again {
+        for (src, path) in window.again() {
             self.stats.blocks_resent += 1;
             let (file, meta) = open(&src)?;
             self.put_meta(&file, &meta, &path, progress)?;
@@ -126,32 +123,19 @@ impl Client {
     }
 
     /// Takes the server's answers to PUT_FILEs, oldest first, until at most `keep` are
-    /// unanswered. A file refused for a BLAKE3 mismatch joins `again`; any other refusal
-    /// ends the upload with the server's error.
+    /// unanswered ([`PutFiles::answer`]).
     fn take_answers<K>(
         &mut self,
-        waiting: &mut VecDeque<(u32, K, String, u64)>,
-        again: &mut Vec<(K, String)>,
+        window: &mut PutFiles<K>,
         keep: usize,
         progress: &dyn Progress,
     ) -> Result<()> {
-        while waiting.len() > keep {
-            let Some((file_id, src, path, size)) = waiting.pop_front() else {
-                break;
-            };
-            match self.link.recv_msg()? {
-                Msg::Ok { file_id: id } if id == file_id => {
-                    self.stats.files += 1;
-                    self.stats.bytes += size;
-                    progress.add(size);
-                }
-                Msg::Error {
-                    file_id: id,
-                    code: proto::ErrorCode::Integrity,
-                    ..
-                } if id == file_id => again.push((src, path)),
-                Msg::Error { code, message, .. } => return Err(remote_err(code, &message)),
-                m => return Err(unexpected(&m)),
+        while window.over(keep) {
+            let m = self.link.recv_msg()?;
+            if let Some(size) = window.answer(m)? {
+                self.stats.files += 1;
+                self.stats.bytes += size;
+                progress.add(size);
             }
         }
         Ok(())
@@ -163,9 +147,9 @@ impl Client {
         self.put(Source::Zero, size, 0o644, None, None, path, progress)
     }
 
-    /// PUTs `size` bytes of `src` to `path`. A file source with its `stamp` is checked
-    /// before each FILE_DONE: if it changed while being read, the server is told to drop
-    /// the part (ERROR) and the upload fails (integrity).
+    /// PUTs `size` bytes of `src` to `path`, executing the [`Uploader`]'s actions. A file
+    /// source with its `stamp` is checked before each FILE_DONE: if it changed while being
+    /// read, the server is told to drop the part (ERROR) and the upload fails (integrity).
     #[allow(clippy::too_many_arguments)]
     fn put(
         &mut self,
@@ -187,94 +171,104 @@ impl Client {
                 "the server speaks protocol 1.0 and cannot resume; sending the whole file"
             );
         }
-        self.link.send(&Msg::Put {
+        let to_null = crate::mem::classify(path) == Some(Ok(crate::mem::Virtual::Null));
+        let up = Uploader::put(PutJob {
             file_id,
             flags: if resume { proto::PUT_RESUME } else { 0 } | self.force_flag(proto::PUT_FORCE),
             mode,
             size,
             mtime: mtime.filter(|_| v11),
             path: path.into(),
-        })?;
-        let offset = match self.link.recv_msg()? {
-            Msg::Ready { offset, .. } if offset <= size => offset,
-            Msg::Ready { offset, .. } => {
-                return Err(XferError::conn(format!(
-                    "the server would resume at {offset}, past the end ({size} bytes)"
-                )))
-            }
-            Msg::Error { code, message, .. } => return Err(remote_err(code, &message)),
-            m => return Err(unexpected(&m)),
-        };
-        let to_null = crate::mem::classify(path) == Some(Ok(crate::mem::Virtual::Null));
-        let mut hasher = (!to_null).then(blake3::Hasher::new);
-        if offset > 0 {
-            tracing::info!("{path}: resuming at byte {offset}");
-            if let (Source::File(file), Some(h)) = (src, hasher.as_mut()) {
-                ferry_service::hash::hash_range(file, 0, offset, h, &mut Vec::new())
-                    .map_err(|e| XferError::io(path, &e))?;
-            }
-            self.stats.resumed_bytes += offset;
-            progress.add(offset);
-        }
-        // Counted as the blocks go (a connection that breaks part way sent only some).
-        let wire = std::cell::Cell::new(0);
-        let add = |n| {
-            wire.set(wire.get() + n);
-            progress.add(n)
-        };
-        let span = Span {
-            file_id,
-            offset,
-            len: size - offset,
-        };
-        let sent = self
-            .tx
-            .send_range(&self.link, src, span, hasher.as_mut(), &add);
-        self.stats.wire_bytes += wire.take();
-        if let Err(e) = sent {
-            return self.tx.abandon(&self.link, file_id, e);
-        }
-        // The server answers FILE_DONE only after taking every block: no flush needed.
-        let hash = hasher.map(|h| *h.finalize().as_bytes());
-        loop {
-            if let (Some(stamp), Source::File(file)) = (stamp, src) {
-                if let Err(e) = stamp.check(file, path) {
-                    return self.tx.abandon(&self.link, file_id, e);
-                }
-            }
-            self.link.send(&Msg::FileDone {
-                file_id,
-                length: size,
-                blake3: hash,
-            })?;
-            match self.link.recv_msg()? {
-                Msg::Ok { .. } => break,
-                Msg::Resend { ranges, .. } => {
-                    self.stats.blocks_resent += ranges.len() as u64;
-                    for (off, len) in ranges {
-                        if off.saturating_add(u64::from(len)) > size {
-                            return Err(XferError::conn(
-                                "the server asked for a range past the end",
-                            ));
-                        }
-                        let span = Span {
-                            file_id,
-                            offset: off,
-                            len: u64::from(len),
-                        };
-                        let sent = self
-                            .tx
-                            .send_range(&self.link, src, span, None, &|n| wire.set(wire.get() + n));
-                        self.stats.wire_bytes += wire.take();
-                        sent?;
-                    }
-                }
-                Msg::Error { code, message, .. } => return Err(remote_err(code, &message)),
-                m => return Err(unexpected(&m)),
-            }
-        }
+            hash: !to_null,
+            check_source: stamp.is_some() && matches!(src, Source::File(_)),
+        });
+        self.converse(up, src, stamp, path, progress)?;
         self.stats.files += 1;
         self.stats.bytes += size;
         Ok(())
+    }
+
+    /// Runs one upload conversation to its end: executes the [`Uploader`]'s actions on this
+    /// connection, reading `src` (checked against `stamp` before each FILE_DONE).
+    pub(crate) fn converse(
+        &mut self,
+        mut up: Uploader,
+        src: Source<'_>,
+        stamp: Option<&ferry_service::stamp::Stamp>,
+        path: &str,
+        progress: &dyn Progress,
+    ) -> Result<()> {
+        let mut hasher = blake3::Hasher::new();
+        loop {
+            let Some(action) = up.poll() else {
+                let m = self.link.recv_msg()?;
+                up.handle(Event::Msg(m));
+                continue;
+            };
+            match action {
+                Action::Send(m) => self.link.send(&m)?,
+                Action::Resumed { offset, hash } => {
+                    tracing::info!("{path}: resuming at byte {offset}");
+                    if let (Source::File(file), true) = (src, hash) {
+                        ferry_service::hash::hash_range(
+                            file,
+                            0,
+                            offset,
+                            &mut hasher,
+                            &mut Vec::new(),
+                        )
+                        .map_err(|e| XferError::io(path, &e))?;
+                    }
+                    self.stats.resumed_bytes += offset;
+                    progress.add(offset);
+                }
+                Action::SendRange { span, hash, resend } => {
+                    let sent =
+                        self.send_span(src, span, hash.then_some(&mut hasher), resend, progress);
+                    up.handle(match sent {
+                        Ok(()) => Event::Sent {
+                            digest: hash.then(|| *hasher.finalize().as_bytes()),
+                        },
+                        Err(e) => Event::SendFailed(e),
+                    });
+                }
+                Action::CheckSource => {
+                    let checked = match (stamp, src) {
+                        (Some(stamp), Source::File(file)) => stamp.check(file, path),
+                        _ => Ok(()),
+                    };
+                    up.handle(Event::SourceChecked(checked));
+                }
+                Action::Abandon(e) => return self.tx.abandon(&self.link, up.file_id(), e),
+                Action::Fail(e) => return Err(e),
+                Action::Done => return Ok(()),
+            }
+        }
+    }
+
+    /// Sends `span` of `src` as BLOCKs, counting its bytes as they go (a connection that
+    /// breaks part way sent only some); a first send counts as progress too, a resend (one
+    /// counted block more) does not. With `hasher`, the bytes are hashed as they are read.
+    fn send_span(
+        &mut self,
+        src: Source<'_>,
+        span: Span,
+        hasher: Option<&mut blake3::Hasher>,
+        resend: bool,
+        progress: &dyn Progress,
+    ) -> Result<()> {
+        let wire = std::cell::Cell::new(0);
+        let add = |n| {
+            wire.set(wire.get() + n);
+            if !resend {
+                progress.add(n)
+            }
+        };
+        if resend {
+            self.stats.blocks_resent += 1;
+        }
+        let sent = self.tx.send_range(&self.link, src, span, hasher, &add);
+        self.stats.wire_bytes += wire.take();
+        sent
     }
 }

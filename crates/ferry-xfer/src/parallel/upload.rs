@@ -10,8 +10,9 @@ use super::{chunk_size, chunks, finish_clients, join_streams, lock, run_streams}
 use crate::client::{
     open_source, plan_upload, remote_err, unexpected, Client, Options, Progress, Stats,
 };
+use crate::conv::upload::{held_ranges, Uploader};
 use crate::error::{Kind, Result, XferError};
-use crate::link::{FileMeta, Source, Span};
+use crate::link::{FileMeta, Source};
 use crate::proto::{self, Msg};
 use crate::url::Remote;
 use ferry_service::journal::RangeSet;
@@ -280,15 +281,7 @@ fn open_upload(
         Msg::Error { code, message, .. } => return Err(remote_err(code, &message)),
         m => return Err(unexpected(&m)),
     };
-    let mut left = RangeSet::new();
-    for (a, b) in have {
-        if a >= b || b > size {
-            return Err(XferError::conn(format!(
-                "the server holds a range {a}..{b} outside the file ({size} bytes)"
-            )));
-        }
-        left.insert(a, b);
-    }
+    let left = held_ranges(&have, size)?;
     if !left.is_empty() {
         tracing::info!("{path}: resuming, {} bytes in place", left.total());
         c.stats.resumed_bytes += left.total();
@@ -318,7 +311,8 @@ fn open_upload(
     })))
 }
 
-/// Sends `[lo, hi)` of `up` on this stream (PUT_RANGE, BLOCKs, FILE_DONE; RESEND rounds).
+/// Sends `[lo, hi)` of `up` on this stream (PUT_RANGE, BLOCKs, FILE_DONE; RESEND rounds),
+/// executing the [`Uploader`]'s actions.
 fn put_range(
     c: &mut Client,
     up: &SharedUp,
@@ -326,66 +320,13 @@ fn put_range(
     hi: u64,
     progress: &dyn Progress,
 ) -> Result<()> {
-    let file_id = up.id;
-    c.link.send(&Msg::PutRange {
-        file_id,
-        offset: lo,
-        length: hi - lo,
-    })?;
-    match c.link.recv_msg()? {
-        Msg::Ready { offset, .. } if offset == lo => {}
-        Msg::Error { code, message, .. } => return Err(remote_err(code, &message)),
-        m => return Err(unexpected(&m)),
-    }
-    let span = Span {
-        file_id,
-        offset: lo,
-        len: hi - lo,
-    };
-    // Counted as the blocks go (a connection that breaks part way sent only some).
-    let wire = std::cell::Cell::new(0);
-    let add = |n| {
-        wire.set(wire.get() + n);
-        progress.add(n)
-    };
-    let sent = c.tx.send_range(&c.link, up.source(), span, None, &add);
-    c.stats.wire_bytes += wire.take();
-    if let Err(e) = sent {
-        return c.tx.abandon(&c.link, file_id, e);
-    }
-    loop {
-        c.link.send(&Msg::FileDone {
-            file_id,
-            length: hi - lo,
-            blake3: None,
-        })?;
-        match c.link.recv_msg()? {
-            Msg::Ok { .. } => return Ok(()),
-            Msg::Resend { ranges, .. } => {
-                c.stats.blocks_resent += ranges.len() as u64;
-                for (off, len) in ranges {
-                    let end = off.saturating_add(u64::from(len));
-                    if off < lo || end > hi {
-                        return Err(XferError::conn(
-                            "the server asked for a range outside the one sent",
-                        ));
-                    }
-                    let span = Span {
-                        file_id,
-                        offset: off,
-                        len: u64::from(len),
-                    };
-                    let sent = c.tx.send_range(&c.link, up.source(), span, None, &|n| {
-                        wire.set(wire.get() + n)
-                    });
-                    c.stats.wire_bytes += wire.take();
-                    sent?;
-                }
-            }
-            Msg::Error { code, message, .. } => return Err(remote_err(code, &message)),
-            m => return Err(unexpected(&m)),
-        }
-    }
+    c.converse(
+        Uploader::range(up.id, lo, hi),
+        up.source(),
+        None,
+        &up.path,
+        progress,
+    )
 }
 
 /// A hash no content has, as good as: the complement of the one computed. A CLOSE that

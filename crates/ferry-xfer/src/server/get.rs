@@ -1,12 +1,14 @@
 //! Serving reads: GET of files and of the memory root.
 
-use super::{id_in_use, ready, reply_refusal, send_entries, Server, GET_PIECE};
+use super::{id_in_use, reply_refusal, send_entries, Server, GET_PIECE};
+use crate::conv::download::{self as conv, Reply, Responder};
 use crate::error::{Kind, Result, XferError};
-use crate::export::refuse;
+use crate::export::{refuse, Refusal};
 use crate::link::{BlockSender, BlockWriter, Link, Source, Span};
 use crate::mem::{Virtual, MEM_ROOT};
 use crate::proto::{Entry, EntryKind, ErrorCode, Msg};
 use crate::session::{Session, Upload};
+use ferry_service::hash::hash_file;
 use ferry_service::stamp::Stamp;
 
 impl Server {
@@ -148,26 +150,23 @@ impl Server {
         length: u64,
         size: u64,
     ) -> Result<()> {
-        let Some(len) = ready(link, file_id, "mem/zero", offset, length, size, 0o444)? else {
-            return Ok(());
-        };
-        let span = Span {
-            file_id,
-            offset,
-            len,
-        };
-        tx.send_range(link, Source::Zero, span, None, &|_| {})?;
-        link.send(&Msg::FileDone {
-            file_id,
-            length: len,
-            blake3: None,
-        })
+        // One piece: nothing to read, nothing that can change.
+        let mut conv = Responder::new(false, u64::MAX);
+        let zeros = Ok(conv::Source {
+            size,
+            mode: 0o444,
+            fits: false,
+            hash: false,
+        });
+        conv.get((file_id, offset, length), "mem/zero", zeros);
+        self.answer(link, tx, &mut conv, "mem/zero", None)
     }
 
-    /// Answers a GET of a file: READY, BLOCKs, FILE_DONE; or, when `tx` sends FILE frames
-    /// (a 1.3 client), for a whole file that fits in one frame, one FILE frame. A file that
-    /// changes while it is read ([`ferry_service::stamp`]) gets an ERROR (integrity) instead of its
-    /// FILE_DONE or FILE frame, so no client, of any version, commits it.
+    /// Answers a GET of a file ([`Responder`]): READY, BLOCKs, FILE_DONE; or, when `tx` sends
+    /// FILE frames (a 1.3 client), for a whole file that fits in one frame, one FILE frame. A
+    /// file that changes while it is read ([`ferry_service::stamp`]) gets an ERROR
+    /// (integrity) instead of its FILE_DONE or FILE frame, so no client, of any version,
+    /// commits it.
     pub(super) fn get(
         &self,
         link: &mut Link,
@@ -177,89 +176,114 @@ impl Server {
         length: u64,
         path: &str,
     ) -> Result<()> {
+        let mut conv = Responder::new(tx.inline, GET_PIECE);
+        let req = (file_id, offset, length);
         let (file, st) = match self.roots.open_read(path) {
             Ok(f) => f,
             Err(r) => {
-                tx.flush_pack(link)?;
-                return reply_refusal(link, file_id, r);
+                conv.get(req, path, Err(r.into()));
+                return self.answer(link, tx, &mut conv, path, None);
             }
         };
         let size = st.st_size as u64;
-        let mode = st.st_mode & 0o7777;
+        let source = conv::Source {
+            size,
+            mode: st.st_mode & 0o7777,
+            fits: tx.file_fits(size),
+            hash: true,
+        };
+        conv.get(req, path, Ok(source));
         let stamp = Stamp::of(&st);
-        let unchanged = || stamp.check(&file, path);
-        if tx.inline && offset == 0 && length == u64::MAX && tx.file_fits(size) {
-            // A small file whole: READY, its block and FILE_DONE in one FILE frame.
-            return match tx.send_file(link, &file, file_id, mode, size, &unchanged) {
-                Err(e) if e.kind == Kind::Integrity => {
+        self.answer(link, tx, &mut conv, path, Some((&file, &stamp)))
+    }
+
+    /// Answers a SUM of `path` ([`Responder::sum`]): the whole file's BLAKE3, or an ERROR if
+    /// it cannot be read or changed while it was (such a hash matches no version of it).
+    pub(super) fn sum(&self, link: &mut Link, tx: &mut BlockSender, path: &str) -> Result<()> {
+        let found = self
+            .roots
+            .open_read(path)
+            .map_err(Refusal::from)
+            .and_then(|(f, st)| {
+                let size = st.st_size as u64;
+                let io = |e: std::io::Error| refuse(ErrorCode::Io, format!("{path}: {e}"));
+                let hash = hash_file(&f, size).map_err(io)?;
+                let changed = |e: XferError| refuse(ErrorCode::Integrity, e.msg);
+                Stamp::of(&st).check(&f, path).map_err(changed)?;
+                Ok((size, hash))
+            });
+        let mut conv = Responder::new(false, GET_PIECE);
+        conv.sum(found);
+        self.answer(link, tx, &mut conv, path, None)
+    }
+
+    /// Carries out a GET's replies: frames, FILE frames and pieces read from `file` (with
+    /// the stamp it must keep), or zeros if `None`. A broken connection ends the GET (and
+    /// the connection) at once; a drain stops it between pieces.
+    fn answer(
+        &self,
+        link: &mut Link,
+        tx: &mut BlockSender,
+        conv: &mut Responder,
+        path: &str,
+        file: Option<(&std::fs::File, &Stamp)>,
+    ) -> Result<()> {
+        let unchanged = || file.map_or(Ok(()), |(f, stamp)| stamp.check(f, path));
+        let mut pieces = 0;
+        while let Some(reply) = conv.poll() {
+            let piece = matches!(reply, Reply::Read { .. });
+            let sent = match reply {
+                Reply::Send(msg) => {
+                    // Answers leave in request order: an open PACK goes first.
                     tx.flush_pack(link)?;
-                    reply_refusal(link, file_id, refuse(ErrorCode::Integrity, e.msg))
+                    link.send(&msg)?;
+                    continue;
                 }
-                Err(e) if e.kind != Kind::Connection => {
-                    tx.flush_pack(link)?;
-                    reply_refusal(
-                        link,
+                Reply::SendFile {
+                    file_id,
+                    size,
+                    mode,
+                } => {
+                    let Some((f, _)) = file else {
+                        return Err(XferError::conn("a FILE frame of no file"));
+                    };
+                    tx.send_file(link, f, file_id, mode, size, &unchanged)
+                }
+                Reply::Read {
+                    file_id,
+                    offset,
+                    len,
+                } => {
+                    if pieces > 0 && self.stopping() {
+                        return Err(self.stopped(path));
+                    }
+                    pieces += 1;
+                    let span = Span {
                         file_id,
-                        refuse(ErrorCode::Io, format!("{path}: {}", e.msg)),
-                    )
+                        offset,
+                        len,
+                    };
+                    let source = file.map_or(Source::Zero, |(f, _)| Source::File(f));
+                    // Checked after every piece: a change stops the rest from being read
+                    // and sent.
+                    tx.send_range(link, source, span, conv.hasher(), &|_| {})
+                        .and_then(|()| unchanged())
                 }
-                res => res,
             };
-        }
-        tx.flush_pack(link)?;
-        let Some(len) = ready(link, file_id, path, offset, length, size, mode)? else {
-            return Ok(());
-        };
-        let whole = offset == 0 && len == size;
-        let mut hasher = whole.then(blake3::Hasher::new);
-        let end = offset + len;
-        let mut pos = offset;
-        let sent = loop {
-            let n = (end - pos).min(GET_PIECE);
-            let span = Span {
-                file_id,
-                offset: pos,
-                len: n,
-            };
-            if let Err(e) = tx.send_range(link, Source::File(&file), span, hasher.as_mut(), &|_| {})
-            {
-                break Err(e);
-            }
-            // Checked after every piece: a change stops the rest from being read and sent.
-            if let Err(e) = unchanged() {
-                break Err(e);
-            }
-            pos += n;
-            if pos >= end {
-                break Ok(());
-            }
-            if self.stopping() {
-                return Err(self.stopped(path));
-            }
-        };
-        // A broken connection ends here (waiting for the completions of blocks sent to a
-        // dead peer could take the whole link timeout on some providers).
-        if let Err(e) = sent.as_ref() {
-            if e.kind == Kind::Connection {
-                return Err(e.clone());
+            match sent {
+                Ok(()) => conv.sent(),
+                // A broken connection ends here (waiting for the completions of blocks sent
+                // to a dead peer could take the whole link timeout on some providers).
+                Err(e) if e.kind == Kind::Connection => return Err(e),
+                Err(e) => {
+                    if piece {
+                        // No blocks of a failed GET linger behind its ERROR.
+                        tx.flush().ok();
+                    }
+                    conv.failed(e);
+                }
             }
         }
-        if let Err(e) = sent {
-            tx.flush().ok();
-            // The source changed, or a mid-file read failed: tell the client (no FILE_DONE,
-            // nothing to commit), keep the connection.
-            let refusal = match e.kind {
-                Kind::Integrity => refuse(ErrorCode::Integrity, e.msg),
-                _ => refuse(ErrorCode::Io, format!("{path}: {}", e.msg)),
-            };
-            tracing::warn!("{}", refusal.message);
-            return reply_refusal(link, file_id, refusal);
-        }
-        // No flush: blocks and FILE_DONE leave in order; blocks are reaped as the ring needs them.
-        link.send(&Msg::FileDone {
-            file_id,
-            length: len,
-            blake3: hasher.map(|h| *h.finalize().as_bytes()),
-        })
+        Ok(())
     }
 }

@@ -17,25 +17,24 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ferry_exs::runtime::{default_config, EventQueue, ExsIncoming, ExsListener};
-use rustix::io::Errno;
+use ferry_exs::runtime::ExsListener;
 
 use crate::config::ServerConfig;
+pub(crate) use crate::conv::serve::PutReq;
+use crate::conv::serve::{Route, Router, SendToReq};
 use crate::error::{Kind, Result, XferError};
 use crate::link::{BlockSender, Link};
 use crate::proto::{self, Entry, ErrorCode, Msg, BLOCK_HEADER_LEN};
 use crate::session::Session;
-use ferry_service::admit::{more, Admission, Handshake, Stage};
-use ferry_service::journal::Ident;
+use ferry_service::admit::{Admission, AuthRefused, Handshake, Stage};
+use ferry_service::registry::Registry;
 pub use ferry_service::serve::DrainReport;
-use ferry_service::serve::{accept_until, Drain, Service};
+use ferry_service::serve::{Conn, Drain, Service};
 
 pub use crate::export::Refusal;
 use crate::export::{refuse, PResult};
 use ferry_service::claims::{Claim, Claims};
-use ferry_service::hash::hash_file;
 pub use ferry_service::roots::{PartFile, Roots, Target};
-use ferry_service::sink::BlockSink;
 
 /// A running server's shared state.
 pub struct Server {
@@ -56,34 +55,31 @@ pub struct Server {
 }
 
 impl Service for Server {
-    /// A connection's thread: the EXS handshake, then [`Server::connection`], within the
+    /// A connection the floor handed to file transfer: `Server::connection`, within the
     /// handshake's deadline until authenticated, and ended early if the handshake is called
     /// off to make room for a newer connection.
-    fn serve_connection(&self, inc: ExsIncoming, hs: Handshake, peer: &str) {
-        let q = match EventQueue::new() {
-            Ok(q) => q,
-            Err(e) => return tracing::warn!("{peer}: event queue: {e}"),
-        };
-        let sock = match inc.start_cancellable(&q, hs.left(), &hs.cancel) {
-            Ok(s) => s,
-            Err(e) => {
-                if let Some(held) = hs.admission().log_handshake.pass() {
-                    tracing::info!("{peer}: handshake failed: {e}{}", more(held));
-                }
-                return;
-            }
-        };
-        let mut link = Link::new(sock, q);
-        if !hs.reached(Stage::Hello) {
-            return link.close();
-        }
-        match self.connection(&mut link, hs) {
+    fn serve_connection(&self, conn: Conn) {
+        let Conn {
+            sock,
+            queue,
+            hs,
+            peer,
+            first,
+            // A HELLO carries the token of the session it opens or joins, checked with it.
+            token: _,
+        } = conn;
+        let mut link = Link::new(sock, queue);
+        match self.connection(&mut link, hs, first) {
             Ok(()) => tracing::debug!("{peer}: done"),
             Err(e) => tracing::info!("{peer}: connection ended: {e}"),
         }
         link.close();
     }
 }
+
+/// The name file transfer is hosted under in a server's registry (the service a client
+/// older than protocol 1.6 gets: [`ferry_service::registry::LEGACY_SERVICE`]).
+pub const SERVICE: &str = ferry_service::registry::LEGACY_SERVICE;
 
 /// How long a PUT waits for another connection to let go of the same file.
 const BUSY_WAIT: Duration = Duration::from_secs(20);
@@ -119,37 +115,31 @@ impl Server {
         }))
     }
 
-    /// Binds the configured address.
-    pub fn bind(&self) -> Result<ExsListener> {
-        let addr: ferry_fabric::Address = self.cfg.listen.parse().map_err(|e| {
-            XferError::new(
-                Kind::Usage,
-                format!("bad listen address {}: {e}", self.cfg.listen),
-            )
-        })?;
-        ExsListener::bind(&self.cfg.listen, default_config(&addr))
-            .map(ExsListener::defer_remote_access)
-            .map_err(|e| {
-                XferError::conn(format!(
-                "cannot listen on {}: {e} (is another server using it? pick another with --listen)",
-                self.cfg.listen
-            ))
-            })
+    /// Binds every configured listen address.
+    pub fn bind(&self) -> Result<Vec<ExsListener>> {
+        ferry_service::serve::bind_all(&self.cfg.listen)
     }
 
-    /// Accepts connections forever, serving each on its own thread. A failing connection
-    /// ends only itself.
-    pub fn serve(self: &Arc<Self>, listener: &ExsListener) -> Result<()> {
-        self.serve_until(listener, &AtomicBool::new(false))
+    /// Accepts connections on every listener forever, serving each on its own thread. A
+    /// failing connection ends only itself.
+    pub fn serve(self: &Arc<Self>, listeners: &[ExsListener]) -> Result<()> {
+        self.serve_until(listeners, &AtomicBool::new(false))
     }
 
     /// Like [`Server::serve`], until `quit` is set (checked a few times a second); then it
     /// stops accepting and returns, leaving the connections running (see [`Server::drain`]).
     ///
-    /// Each accepted connection first passes [`Admission::arrive`] (the bounded handshake
-    /// pool), then gets its thread ([`ferry_service::serve::accept_until`]).
-    pub fn serve_until(self: &Arc<Self>, listener: &ExsListener, quit: &AtomicBool) -> Result<()> {
-        accept_until(self, &self.admission, listener, quit);
+    /// The server is the registry's file-transfer service ([`SERVICE`]); each listener
+    /// accepts on its own thread, and every connection passes the one admission
+    /// ([`ferry_service::serve::serve_until`]).
+    pub fn serve_until(
+        self: &Arc<Self>,
+        listeners: &[ExsListener],
+        quit: &AtomicBool,
+    ) -> Result<()> {
+        let mut registry = Registry::new(self.cfg.auth.clone());
+        registry.add(SERVICE, self.clone())?;
+        ferry_service::serve::serve_until(&Arc::new(registry), &self.admission, listeners, quit);
         Ok(())
     }
 
@@ -208,28 +198,35 @@ impl Server {
         }
     }
 
-    /// Answers a HELLO whose token is refused, or that comes from an address locked out
-    /// for failed tokens (the same answer, so a guesser learns nothing from it).
-    fn refuse_token(link: &Link, token: &str) -> Result<()> {
-        let message = if token.is_empty() {
-            "this server needs a token: pass --token or set FERRY_TOKEN"
-        } else {
-            "the token was not accepted: check --token / FERRY_TOKEN against the server's [auth] tokens"
-        };
+    /// Answers a HELLO whose token the floor refused ([`Admission::authenticate`]).
+    fn refuse_token(link: &Link, r: AuthRefused) -> Result<()> {
         link.send(&Msg::Error {
             code: ErrorCode::AuthRefused,
             file_id: 0,
-            message: message.into(),
+            message: r.message.into(),
         })?;
         // Let the refusal reach the client before the connection goes.
         std::thread::sleep(Duration::from_millis(50));
         Err(XferError::new(Kind::Auth, "client refused: bad token"))
     }
 
+    /// The client's HELLO: `first` if the floor already received it (a client that sent no
+    /// service selection), else the next message.
+    fn hello(link: &mut Link, hs: &Handshake, first: Option<Vec<u8>>) -> Result<Msg> {
+        match first {
+            Some(bytes) => proto::decode(&bytes)
+                .map(|(m, _)| m)
+                .map_err(|e| XferError::conn(format!("the peer sent a bad frame: {e}"))),
+            None => {
+                link.post_ring(1, proto::MAX_CONTROL)?;
+                Self::first_msg(link, hs)
+            }
+        }
+    }
+
     /// Serves one connection: handshake, then requests in order until BYE or close.
-    fn connection(&self, link: &mut Link, hs: Handshake) -> Result<()> {
-        link.post_ring(1, proto::MAX_CONTROL)?;
-        let (major, minor, block_size, token, join, stream) = match Self::first_msg(link, &hs)? {
+    fn connection(&self, link: &mut Link, hs: Handshake, first: Option<Vec<u8>>) -> Result<()> {
+        let (major, minor, block_size, token, join, stream) = match Self::hello(link, &hs, first)? {
             Msg::Hello {
                 major,
                 minor,
@@ -253,13 +250,11 @@ impl Server {
             })?;
             return Err(XferError::conn(message));
         }
-        // A locked-out address's token is not even looked at.
-        if self.admission.locked_out(&hs.addr) {
-            return Self::refuse_token(link, &token);
-        }
-        if !self.cfg.auth.accepts(&token) {
-            self.admission.auth_failed(&hs.addr);
-            return Self::refuse_token(link, &token);
+        if let Err(r) = self
+            .admission
+            .authenticate(&hs.addr, &self.cfg.auth, &token)
+        {
+            return Self::refuse_token(link, r);
         }
         let block = block_size.clamp(proto::MIN_BLOCK, self.cfg.block_size);
         let slot = match hs.admit(self.cfg.ring, block) {
@@ -306,7 +301,8 @@ impl Server {
         res.and(flushed)
     }
 
-    /// The request loop of [`Server::connection`], until BYE or an error.
+    /// The request loop of [`Server::connection`], until BYE or an error: each request is
+    /// routed ([`Router`]) and its route executed.
     fn requests(
         &self,
         link: &mut Link,
@@ -314,246 +310,150 @@ impl Server {
         tx: &mut BlockSender,
         st: &mut Requests,
     ) -> Result<()> {
-        let Requests {
-            block,
-            ring,
-            batch,
-            request,
-            commits,
-        } = st;
-        let (block, ring) = (*block, *ring);
+        let router = Router {
+            block: st.block,
+            ring: st.ring,
+            mem: self.cfg.mem,
+        };
         loop {
-            let msg = match batch.pop_front() {
+            let msg = match st.batch.pop_front() {
                 Some(m) => m,
                 None => {
                     tx.flush_pack(link)?;
-                    // Waiting commits go when no request is there to join them.
-                    let arrived =
-                        !commits.is_empty() && link.recv_within(request, Duration::ZERO)?;
-                    if !arrived {
-                        commits.flush(link)?;
-                    }
-                    ferry_fabric::timeline::mark("srv.wait", 0);
-                    let m = if arrived {
-                        decode_request(request)?
-                    } else {
-                        next_request(link, session, request, self.cfg.limits.idle())?
-                    };
-                    ferry_fabric::timeline::mark("srv.req", 0);
-                    m
+                    self.wait_request(link, session, st)?
                 }
             };
             // The session is not idle while this request runs.
             let _working = session.working();
-            if !matches!(msg, Msg::PutFile { .. }) {
-                commits.flush(link)?;
+            if !Router::joins_commits(&msg) {
+                st.commits.flush(link)?;
             }
-            // Answers leave in request order: only whole-file GETs of real files add to an
-            // open PACK (`get` sends it first when it answers otherwise).
-            let packs = match &msg {
-                Msg::Get {
-                    offset: 0,
-                    length: u64::MAX,
-                    path,
-                    ..
-                } => !(self.cfg.mem && crate::mem::classify(path).is_some()),
-                _ => false,
-            };
-            if !packs || self.drain.draining() {
+            let draining = self.drain.draining();
+            if !router.packs(&msg) || draining {
                 tx.flush_pack(link)?;
             }
-            if let Msg::Gets { files } = msg {
-                batch.extend(files.into_iter().map(|(file_id, path)| Msg::Get {
-                    file_id,
-                    offset: 0,
-                    length: u64::MAX,
-                    path,
-                }));
-                continue;
-            }
-            if self.drain.draining() && msg != Msg::Bye {
-                let file_id = match &msg {
-                    Msg::Get { file_id, .. }
-                    | Msg::Put { file_id, .. }
-                    | Msg::Open { file_id, .. }
-                    | Msg::PutRange { file_id, .. }
-                    | Msg::Close { file_id, .. } => *file_id,
-                    _ => 0,
-                };
-                reply_refusal(
-                    link,
-                    file_id,
-                    refuse(
-                        ErrorCode::Unavailable,
-                        "the server is shutting down; try again shortly (ferry cp --retries does)",
-                    ),
-                )?;
-                continue;
-            }
-            if self.cfg.mem && self.virtual_request(link, tx, &msg, session)? {
-                continue;
-            }
-            match msg {
-                Msg::Bye => return Ok(()),
-                Msg::Stat { path } => match crate::export::stat(&self.roots, &path) {
-                    Ok(e) => link.send(&Msg::Entry(e))?,
-                    Err(r) => reply_refusal(link, 0, r)?,
-                },
-                Msg::List { path } => match crate::export::list(&self.roots, &path) {
-                    Ok(entries) => send_entries(link, entries)?,
-                    Err(r) => reply_refusal(link, 0, r)?,
-                },
-                Msg::Mkdir { mode, path } => match self.roots.mkdir(&path, mode) {
-                    Ok(()) => link.send(&Msg::Ok { file_id: 0 })?,
-                    Err(r) => reply_refusal(link, 0, r)?,
-                },
-                Msg::Sum { path } => match self.roots.open_read(&path) {
-                    // A hash of a file that changed while it was read matches no version.
-                    Ok((f, st)) => match hash_file(&f, st.st_size as u64) {
-                        Ok(h) => match ferry_service::stamp::Stamp::of(&st).check(&f, &path) {
-                            Ok(()) => link.send(&Msg::SumReply {
-                                size: st.st_size as u64,
-                                blake3: h,
-                            })?,
-                            Err(e) => reply_refusal(link, 0, refuse(ErrorCode::Integrity, e.msg))?,
-                        },
-                        Err(e) => {
-                            reply_refusal(link, 0, refuse(ErrorCode::Io, format!("{path}: {e}")))?
-                        }
-                    },
-                    Err(r) => reply_refusal(link, 0, r)?,
-                },
-                Msg::Get {
-                    file_id,
-                    offset,
-                    length,
-                    path,
-                } => {
-                    let _counted = self.drain.count();
-                    self.get(link, tx, file_id, offset, length, &path)?
+            match router.route(msg, draining) {
+                Route::Bye => return Ok(()),
+                Route::Batch(gets) => st.batch.extend(gets),
+                Route::Virtual(msg) => {
+                    if !self.virtual_request(link, tx, &msg, session)? {
+                        self.execute(link, session, tx, st, router.dispatch(msg))?
+                    }
                 }
-                Msg::Put {
-                    file_id,
-                    flags,
-                    mode,
-                    size,
-                    mtime,
-                    path,
-                } => {
-                    let _counted = self.drain.count();
-                    let req = PutReq {
-                        file_id,
-                        resume: flags & proto::PUT_RESUME != 0,
-                        force: flags & proto::PUT_FORCE != 0,
-                        mode,
-                        size,
-                        mtime,
-                        block,
-                        ring,
-                    };
-                    self.put(link, &req, &path)?
-                }
-                Msg::PutFile {
-                    flags,
-                    file_id,
-                    mode,
-                    mtime,
-                    blake3,
-                    path,
-                    len,
-                } => {
-                    let _counted = self.drain.count();
-                    let payload = request
-                        .len()
-                        .checked_sub(len as usize)
-                        .and_then(|at| request.get(at..))
-                        .ok_or_else(|| XferError::conn("PUT_FILE shorter than its payload"))?;
-                    let req = PutReq {
-                        file_id,
-                        resume: false,
-                        force: flags & proto::PUT_FILE_FORCE != 0,
-                        mode,
-                        size: u64::from(len),
-                        mtime: Some(mtime),
-                        block,
-                        ring,
-                    };
-                    self.put_file(link, commits, &req, &path, payload, &blake3)?
-                }
-                Msg::Open {
-                    flags,
-                    file_id,
-                    mode,
-                    size,
-                    mtime,
-                    path,
-                } => {
-                    let req = PutReq {
-                        file_id,
-                        resume: flags & proto::OPEN_RESUME != 0,
-                        force: flags & proto::OPEN_FORCE != 0,
-                        mode,
-                        size,
-                        mtime: Some(mtime),
-                        block,
-                        ring,
-                    };
-                    self.open(link, session, &req, &path)?
-                }
-                Msg::PutRange {
-                    file_id,
-                    offset,
-                    length,
-                } => {
-                    let _counted = self.drain.count();
-                    self.put_range(link, session, ring, file_id, offset, length)?
-                }
-                Msg::Close {
-                    file_id,
-                    length,
-                    blake3,
-                } => self.close(link, session, file_id, length, blake3)?,
-                Msg::SendTo {
-                    flags,
-                    file_id,
-                    path,
-                    dest,
-                    dest_path,
-                    token,
-                    streams,
-                } => {
-                    // The connections to the destination hold staging memory too.
-                    let grant = match self.admission.reserve(
-                        usize::from(streams.max(1)),
-                        self.cfg.ring,
-                        self.cfg.block_size,
-                    ) {
-                        Ok(g) => g,
-                        Err(r) => {
-                            reply_refusal(link, file_id, r)?;
-                            continue;
-                        }
-                    };
-                    crate::third_party::serve(
-                        &self.cfg,
-                        &self.roots,
-                        link,
-                        crate::third_party::SendTo {
-                            file_id,
-                            recursive: flags & proto::SEND_RECURSIVE != 0,
-                            path: &path,
-                            dest: &dest,
-                            dest_path: &dest_path,
-                            token: &token,
-                            streams,
-                            ring: grant.ring,
-                            block: grant.block,
-                        },
-                    )?
-                }
-                m => return Err(XferError::conn(format!("unexpected request {m:?}"))),
+                route => self.execute(link, session, tx, st, route)?,
             }
         }
+    }
+
+    /// The next request: waiting PUT_FILE commits go when no request is there to join them.
+    fn wait_request(&self, link: &mut Link, session: &Session, st: &mut Requests) -> Result<Msg> {
+        let arrived =
+            !st.commits.is_empty() && link.recv_within(&mut st.request, Duration::ZERO)?;
+        if !arrived {
+            st.commits.flush(link)?;
+        }
+        ferry_fabric::timeline::mark("srv.wait", 0);
+        let m = if arrived {
+            decode_request(&st.request)?
+        } else {
+            next_request(link, session, &mut st.request, self.cfg.limits.idle())?
+        };
+        ferry_fabric::timeline::mark("srv.req", 0);
+        Ok(m)
+    }
+
+    /// Executes one route (a transfer is counted in flight for the drain while it runs).
+    fn execute(
+        &self,
+        link: &mut Link,
+        session: &Arc<Session>,
+        tx: &mut BlockSender,
+        st: &mut Requests,
+        route: Route,
+    ) -> Result<()> {
+        let _counted = route.counted().then(|| self.drain.count());
+        match route {
+            Route::Bye | Route::Batch(_) | Route::Virtual(_) => Err(XferError::conn(
+                "internal: a route the request loop takes is executed",
+            )),
+            Route::Refuse { file_id, refusal } => reply_refusal(link, file_id, refusal),
+            Route::Stat(path) => match crate::export::stat(&self.roots, &path) {
+                Ok(e) => link.send(&Msg::Entry(e)),
+                Err(r) => reply_refusal(link, 0, r),
+            },
+            Route::List(path) => match crate::export::list(&self.roots, &path) {
+                Ok(entries) => send_entries(link, entries),
+                Err(r) => reply_refusal(link, 0, r),
+            },
+            Route::Mkdir { mode, path } => match self.roots.mkdir(&path, mode) {
+                Ok(()) => link.send(&Msg::Ok { file_id: 0 }),
+                Err(r) => reply_refusal(link, 0, r),
+            },
+            Route::Sum(path) => self.sum(link, tx, &path),
+            Route::Get {
+                file_id,
+                offset,
+                length,
+                path,
+            } => self.get(link, tx, file_id, offset, length, &path),
+            Route::Put(req, path) => self.put(link, &req, &path),
+            Route::PutFile {
+                req,
+                path,
+                blake3,
+                len,
+            } => {
+                let payload = st
+                    .request
+                    .len()
+                    .checked_sub(len as usize)
+                    .and_then(|at| st.request.get(at..))
+                    .ok_or_else(|| XferError::conn("PUT_FILE shorter than its payload"))?;
+                self.put_file(link, &mut st.commits, &req, &path, payload, &blake3)
+            }
+            Route::Open(req, path) => self.open(link, session, &req, &path),
+            Route::PutRange {
+                file_id,
+                offset,
+                length,
+            } => self.put_range(link, session, st.ring, file_id, offset, length),
+            Route::Close {
+                file_id,
+                length,
+                blake3,
+            } => self.close(link, session, file_id, length, blake3),
+            Route::SendTo(req) => self.send_to(link, req),
+            Route::Unexpected(m) => Err(XferError::conn(format!("unexpected request {m:?}"))),
+        }
+    }
+
+    /// SEND_TO: copies to another server, whose connections hold staging memory too.
+    fn send_to(&self, link: &mut Link, req: SendToReq) -> Result<()> {
+        let streams = req.streams;
+        let grant = match self.admission.reserve(
+            usize::from(streams.max(1)),
+            self.cfg.ring,
+            self.cfg.block_size,
+        ) {
+            Ok(g) => g,
+            Err(r) => return reply_refusal(link, req.file_id, r),
+        };
+        crate::third_party::serve(
+            &self.cfg,
+            &self.roots,
+            link,
+            crate::third_party::SendTo {
+                file_id: req.file_id,
+                recursive: req.recursive,
+                path: &req.path,
+                dest: &req.dest,
+                dest_path: &req.dest_path,
+                token: &req.token,
+                streams,
+                ring: grant.ring,
+                block: grant.block,
+            },
+        )
     }
 
     /// Admits a stream: stream 0 of a new session (`join` 0), or stream `stream` of the live
@@ -600,38 +500,6 @@ impl Server {
         }
         s.streams.fetch_add(1, Ordering::SeqCst);
         Ok(s.clone())
-    }
-}
-
-/// A PUT as the server handles it.
-struct PutReq {
-    file_id: u32,
-    resume: bool,
-    /// Replace a read-only destination (the client's `--force`).
-    force: bool,
-    mode: u32,
-    size: u64,
-    mtime: Option<i64>,
-    block: u32,
-    /// The connection's ring (the writer queues at most this many blocks).
-    ring: usize,
-}
-
-impl PutReq {
-    /// What identifies the source the upload comes from (a part of another is not resumed).
-    fn ident(&self) -> Ident {
-        Ident {
-            size: self.size,
-            mtime: self.mtime.unwrap_or(0),
-        }
-    }
-
-    /// How the upload may treat its destination.
-    fn target(&self) -> Target {
-        Target {
-            resume: self.resume,
-            force: self.force,
-        }
     }
 }
 
@@ -682,25 +550,12 @@ fn decode_request(buf: &[u8]) -> Result<Msg> {
     Ok(msg)
 }
 
-/// A PUT's blocks all good: the sink, FILE_DONE's `length` and hash.
-type Received2 = (BlockSink, u64, Option<[u8; 32]>);
-
 /// The refusal for a file another connection is writing.
 fn busy(path: &str) -> Refusal {
     refuse(
         ErrorCode::Unavailable,
         format!("{path}: another connection is still writing this file; try again"),
     )
-}
-
-/// The refusal for a failed write.
-fn write_refusal(path: &str, e: &std::io::Error) -> Refusal {
-    let code = if e.raw_os_error() == Some(Errno::NOSPC.raw_os_error()) {
-        ErrorCode::NoSpace
-    } else {
-        ErrorCode::Io
-    };
-    refuse(code, format!("{path}: write failed: {e}"))
 }
 
 fn id_in_use(file_id: u32) -> Refusal {
@@ -738,32 +593,6 @@ impl Drop for StreamGuard<'_> {
 /// How a PUT's blocks ended: FILE_DONE's `length`, and its hash once every block was good
 /// (or the refusal after too many CRC rounds).
 type Received = (u64, PResult<Option<[u8; 32]>>);
-
-/// Answers a GET of `length` bytes at `offset` from a source of `size` bytes: READY and the
-/// length that will travel (clipped to the end), or a refusal (`None`) if `offset` lies past
-/// the end.
-fn ready(
-    link: &Link,
-    file_id: u32,
-    path: &str,
-    offset: u64,
-    length: u64,
-    size: u64,
-    mode: u32,
-) -> Result<Option<u64>> {
-    if offset > size {
-        let why = format!("{path}: offset {offset} past the end ({size} bytes)");
-        reply_refusal(link, file_id, refuse(ErrorCode::BadRequest, why))?;
-        return Ok(None);
-    }
-    link.send(&Msg::Ready {
-        file_id,
-        size,
-        mode,
-        offset,
-    })?;
-    Ok(Some(length.min(size - offset)))
-}
 
 /// Refuses a connection at its handshake: the refusal, a moment for it to reach the client
 /// before the connection goes, and the error that ends the connection.

@@ -1,14 +1,19 @@
-//! Serving single-stream writes: PUT, its blocks, RESEND rounds and the commit.
+//! Serving writes: the runtime of the upload receiver ([`crate::conv::upload::Receiver`])
+//! for PUT and PUT_RANGE, whole files by PUT_FILE and their grouped commits.
 
-use std::fs::File;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
-use super::{busy, reply_refusal, write_refusal, PutReq, Received, Received2, Server, RECV_SLICE};
+use super::{busy, reply_refusal, PutReq, Received, Refusal, Server, RECV_SLICE};
+use crate::conv::upload::{check_whole, write_refusal, Receiver, RxAction, RxEvent};
 use crate::error::{Result, XferError};
 use crate::export::{refuse, PResult};
 use crate::link::{BlockWriter, Link};
-use crate::proto::{self, ErrorCode, Msg};
+use crate::proto::{self, BlockHeader, ErrorCode, Msg};
+use crate::session::Upload;
+use ferry_service::channel::Held;
+use ferry_service::claims::Claim;
 use ferry_service::landing::Found;
 use ferry_service::roots::PartFile;
 use ferry_service::sink::BlockSink;
@@ -50,16 +55,7 @@ impl Server {
         force: bool,
     ) -> PResult<(PartFile, ferry_service::claims::Claim)> {
         let claim = self.claim(path).ok_or_else(|| busy(path))?;
-        if blake3::hash(payload).as_bytes() != blake3 {
-            tracing::warn!(
-                path,
-                "uploaded file's BLAKE3 mismatch; the client sends it again"
-            );
-            return Err(refuse(
-                ErrorCode::Integrity,
-                format!("{path}: the file's BLAKE3 does not match what was sent"),
-            ));
-        }
+        check_whole(path, payload, blake3)?;
         let part = PartFile::whole(&self.roots, path, force)?;
         if let Err(e) = std::os::unix::fs::FileExt::write_all_at(&part.file, payload, 0) {
             part.discard();
@@ -68,174 +64,155 @@ impl Server {
         Ok((part, claim))
     }
 
+    /// PUT: one upload conversation ([`Receiver::put`]) into the path's part file.
     pub(super) fn put(&self, link: &mut Link, req: &PutReq, path: &str) -> Result<()> {
-        let file_id = req.file_id;
-        let Some(claim) = self.claim(path) else {
-            return reply_refusal(link, file_id, busy(path));
+        let rx = Receiver::put(req.file_id, req.size, req.mode, path);
+        let dest = Dest::Put {
+            req,
+            claim: None,
+            part: None,
+            sink: None,
         };
-        let (part, progress, found) =
-            match PartFile::open(&self.roots, path, req.ident(), req.block, req.target()) {
-                Ok(p) => p,
-                Err(r) => return reply_refusal(link, file_id, r),
-            };
-        let offset = progress.prefix();
-        match found {
-            Found::Resumed => tracing::info!("{path}: resuming an upload at byte {offset}"),
-            Found::Restarted => tracing::info!(
-                "{path}: the partial upload is of another source (size or mtime differ); starting over"
-            ),
-            Found::Fresh => {}
-        }
-        link.send(&Msg::Ready {
-            file_id,
-            size: req.size,
-            mode: req.mode,
-            offset,
-        })?;
-        let mut sink = BlockSink::journaled(file_id, req.size, progress);
-        if self.cfg.direct {
-            sink.set_direct(&part.file);
-        }
-        match self.receive(link, &part, sink, req.ring, &claim.yield_to_newer, path) {
-            // Connection-level failure: the connection ends; the part and its journal stay
-            // for a resume if the journal holds verified bytes (the part's drop decides).
-            Err(e) => Err(e),
-            // The client gave up on this file.
-            Ok(None) => {
-                part.discard();
-                Ok(())
-            }
-            Ok(Some(Err(r))) => {
-                part.discard();
-                reply_refusal(link, file_id, r)
-            }
-            Ok(Some(Ok(()))) => commit_and_answer(link, part, req, path),
-        }
+        self.converse(link, rx, dest, req.ring, path)
     }
 
-    /// Receives a PUT's blocks through the staging ring's writer until the file is whole
-    /// and verified (`Some(Ok)`), refused (`Some(Err)`) or abandoned by the client (`None`).
-    /// If the connection fails or the server stops, the verified prefix is journaled first.
-    fn receive(
+    /// Runs one receiving conversation to its end, executing the [`Receiver`]'s actions:
+    /// frames from `link`, blocks through the staging ring's writer into `dest`. If the
+    /// connection fails, the server stops, the client goes quiet or a newer PUT takes the
+    /// file over, the verified prefix is journaled first (`Keep`).
+    pub(super) fn converse(
         &self,
         link: &mut Link,
-        part: &PartFile,
-        sink: BlockSink,
+        mut rx: Receiver,
+        mut dest: Dest,
         ring: usize,
-        superseded: &AtomicBool,
         path: &str,
-    ) -> Result<Option<PResult<()>>> {
-        let (file_id, size) = (sink.transfer(), sink.size());
-        let writer = BlockWriter::with_sink(sink, &part.file, ring)?;
-        let file = Some(&part.file);
-        let (mut sink, length, blake3) =
-            match self.receive_blocks(link, writer, file_id, file, superseded, path)? {
-                None => return Ok(None),
-                Some(Err(r)) => return Ok(Some(Err(r))),
-                Some(Ok(got)) => got,
+    ) -> Result<()> {
+        let file_id = rx.file_id();
+        let mut writer: Option<BlockWriter> = None;
+        let mut frame = Frame::default();
+        loop {
+            let Some(action) = rx.poll() else {
+                self.next_frame(link, &mut rx, &mut frame, dest.superseded(), path);
+                continue;
             };
-        if let Some(e) = sink.io_error.take() {
-            return Ok(Some(Err(write_refusal(path, &e))));
+            match action {
+                RxAction::Send(m) => link.send(&m)?,
+                RxAction::Claim => {
+                    let claimed = dest.claim(self, path);
+                    rx.handle(RxEvent::Claimed(claimed))
+                }
+                RxAction::OpenPart => rx.handle(RxEvent::Opened(dest.open(self, path))),
+                RxAction::StartWriter => writer = Some(dest.writer(file_id, ring)?),
+                RxAction::Land => {
+                    let pushed = match (writer.as_mut(), frame.block.take()) {
+                        (Some(w), Some((h, at, held))) => w.push_held(&h, held, at),
+                        _ => Err(XferError::conn(
+                            "internal: a block to land without a writer",
+                        )),
+                    };
+                    if let Err(e) = pushed {
+                        rx.handle(RxEvent::Interrupted(e));
+                    }
+                }
+                RxAction::Sync => {
+                    let synced = match writer.as_mut() {
+                        Some(w) => w.sync(),
+                        None => Ok(Vec::new()),
+                    };
+                    rx.handle(RxEvent::Synced(synced))
+                }
+                RxAction::Finish => {
+                    let Some(w) = writer.take() else {
+                        return Err(XferError::conn("internal: no writer to finish"));
+                    };
+                    let mut sink = w.finish()?;
+                    let write_error = sink.io_error.take();
+                    let digest = match write_error {
+                        None => dest.digest(&mut sink),
+                        Some(_) => None,
+                    };
+                    rx.handle(RxEvent::Finished {
+                        write_error,
+                        digest,
+                    })
+                }
+                RxAction::Commit => rx.handle(RxEvent::Committed(dest.commit())),
+                RxAction::Discard => dest.discard(),
+                RxAction::Refuse { refusal, abandon } => {
+                    if abandon {
+                        dest.discard();
+                    }
+                    reply_refusal(link, file_id, refusal)?
+                }
+                RxAction::Keep(e) => {
+                    if let Some(w) = writer.take() {
+                        dest.keep(w, path);
+                    }
+                    return Err(e);
+                }
+                RxAction::Over => return Ok(()),
+            }
         }
-        let got = match sink.hash(&part.file) {
-            Ok(h) => h,
-            Err(e) => return Ok(Some(Err(refuse(ErrorCode::Io, format!("{path}: {e}"))))),
-        };
-        if length != size || blake3 != Some(got) {
-            return Ok(Some(Err(refuse(
-                ErrorCode::Integrity,
-                format!("{path}: the whole-file BLAKE3 does not match what was sent; nothing was written, try again"),
-            ))));
-        }
-        Ok(Some(Ok(())))
     }
 
-    /// Feeds BLOCKs to `writer` until a FILE_DONE finds every block good (`Some(Ok)`: the
-    /// sink, FILE_DONE's `length` and hash), the CRC rounds run out (`Some(Err)`) or the
-    /// client gives up (`None`). Bad blocks are asked for again with RESEND. If the
-    /// connection fails, the server stops or a newer PUT takes the file over, the sink's
-    /// journal (if any) is checkpointed into `file` first.
-    pub(super) fn receive_blocks(
+    /// Waits for the next frame of a receiving conversation (a slice at a time, looking at
+    /// the drain and takeover flags in between) and feeds it to `rx`: a BLOCK's header (its
+    /// frame kept in `frame` to land), another message, or what interrupted the wait.
+    fn next_frame(
         &self,
         link: &mut Link,
-        mut writer: BlockWriter,
-        file_id: u32,
-        file: Option<&File>,
-        superseded: &AtomicBool,
+        rx: &mut Receiver,
+        frame: &mut Frame,
+        superseded: Option<&AtomicBool>,
         path: &str,
-    ) -> Result<Option<PResult<Received2>>> {
-        let keep = |w: BlockWriter, e: XferError| -> Result<Option<PResult<Received2>>> {
-            // The writer finishes its queue first: a range's sink reports the blocks it
-            // writes to its file's shared journal, which journals them when the upload ends.
-            let saved = w.finish().map(|mut s| match file {
-                Some(file) => s.checkpoint(file),
-                None => Ok(()),
-            });
-            match saved {
-                Ok(Ok(())) => {}
-                Ok(Err(io)) => tracing::warn!("{path}: journal: {io}"),
-                Err(f) => tracing::warn!("{path}: journal: {f}"),
+    ) {
+        if self.stopping() {
+            return rx.handle(RxEvent::Interrupted(self.stopped(path)));
+        }
+        if superseded.is_some_and(|s| s.load(Ordering::SeqCst)) {
+            let e = XferError::conn(format!("{path}: a newer PUT of this file took over"));
+            return rx.handle(RxEvent::Interrupted(e));
+        }
+        // A BLOCK the conversation did not land goes back to the peer.
+        if let Some((_, _, held)) = frame.block.take() {
+            if let Err(e) = link.give_back(held) {
+                return rx.handle(RxEvent::Interrupted(e));
             }
-            Err(e)
+        }
+        let held = match link.recv_held_within(RECV_SLICE) {
+            Ok(Some(held)) => {
+                frame.idle = Duration::ZERO;
+                held
+            }
+            Ok(None) => {
+                frame.idle += RECV_SLICE;
+                if frame.idle >= link.timeout {
+                    let e = XferError::conn(format!(
+                        "the client sent nothing for {} s; giving up",
+                        frame.idle.as_secs()
+                    ));
+                    rx.handle(RxEvent::Interrupted(e));
+                }
+                return;
+            }
+            Err(e) => return rx.handle(RxEvent::Interrupted(e)),
         };
-        let mut rounds = 0;
-        let mut idle = Duration::ZERO;
-        loop {
-            if self.stopping() {
-                return keep(writer, self.stopped(path));
+        let decoded = held.with_bytes(|buf| match proto::decode(buf) {
+            Ok((Msg::Block(h), payload)) => Ok(Ok((h, buf.len() - payload.len()))),
+            Ok((m, _)) => Ok(Err(m)),
+            Err(e) => Err(XferError::conn(format!("the peer sent a bad frame: {e}"))),
+        });
+        match decoded {
+            Ok(Ok((h, at))) => {
+                frame.block = Some((h, at, held));
+                rx.on_block(&h);
             }
-            if superseded.load(Ordering::SeqCst) {
-                let e = XferError::conn(format!("{path}: a newer PUT of this file took over"));
-                return keep(writer, e);
-            }
-            // A BLOCK goes to the writer in its receive buffer (held until written, no copy).
-            let held = match link.recv_held_within(RECV_SLICE) {
-                Ok(Some(held)) => held,
-                Ok(None) => {
-                    idle += RECV_SLICE;
-                    if idle >= link.timeout {
-                        let e = XferError::conn(format!(
-                            "the client sent nothing for {} s; giving up",
-                            idle.as_secs()
-                        ));
-                        return keep(writer, e);
-                    }
-                    continue;
-                }
-                Err(e) => return keep(writer, e),
-            };
-            idle = Duration::ZERO;
-            let (blake3, length) = match held.with_bytes(decode_step) {
-                Ok(Step::Block(h, at)) => {
-                    if let Err(e) = writer.push_held(&h, held, at) {
-                        return keep(writer, e);
-                    }
-                    continue;
-                }
-                Ok(Step::Done { blake3, length }) => (blake3, length),
-                Ok(Step::GaveUp) => return Ok(None),
-                Err(e) => return keep(writer, e),
-            };
-            let bad = match writer.sync() {
-                Ok(b) => b,
-                Err(e) => return keep(writer, e),
-            };
-            if !bad.is_empty() {
-                rounds += 1;
-                if rounds > crate::BLOCK_RETRIES {
-                    return Ok(Some(Err(refuse(
-                        ErrorCode::Integrity,
-                        crate::crc_exhausted(path),
-                    ))));
-                }
-                link.send(&Msg::Resend {
-                    file_id,
-                    ranges: bad,
-                })?;
-                continue;
-            }
-            let sink = writer.finish()?;
-            return Ok(Some(Ok((sink, length, blake3))));
+            Ok(Err(m)) => match link.give_back(held) {
+                Ok(()) => rx.handle(RxEvent::Msg(m)),
+                Err(e) => rx.handle(RxEvent::Interrupted(e)),
+            },
+            Err(e) => rx.handle(RxEvent::Interrupted(e)),
         }
     }
 
@@ -285,30 +262,168 @@ impl Server {
     }
 }
 
-/// What a frame received during a PUT means.
-enum Step {
-    /// A BLOCK, its payload at this offset of the frame.
-    Block(proto::BlockHeader, usize),
-    /// FILE_DONE: the client's length and hash.
-    Done {
-        blake3: Option<[u8; 32]>,
-        length: u64,
-    },
-    /// ERROR: the client gave the file up.
-    GaveUp,
+/// The frame a receiving conversation is taking in.
+#[derive(Default)]
+pub(super) struct Frame {
+    /// The BLOCK waiting to be landed: its header, where its payload starts, and the
+    /// frame itself, held in its receive buffer (handed to the writer whole, no copy).
+    block: Option<(BlockHeader, usize, Held)>,
+    /// How long nothing arrived.
+    idle: Duration,
 }
 
-/// Decodes a frame received during a PUT (anything but BLOCK, FILE_DONE or ERROR breaks
-/// the protocol).
-fn decode_step(buf: &[u8]) -> Result<Step> {
-    match proto::decode(buf) {
-        Ok((Msg::Block(h), payload)) => Ok(Step::Block(h, buf.len() - payload.len())),
-        Ok((Msg::FileDone { blake3, length, .. }, _)) => Ok(Step::Done { blake3, length }),
-        Ok((Msg::Error { .. }, _)) => Ok(Step::GaveUp),
-        Ok((m, _)) => Err(XferError::conn(format!(
-            "unexpected frame during a PUT: {m:?}"
-        ))),
-        Err(e) => Err(XferError::conn(format!("the peer sent a bad frame: {e}"))),
+/// Where a receiving conversation lands its blocks.
+pub(super) enum Dest<'a> {
+    /// A PUT: the path's part file, claimed and opened when the conversation asks.
+    Put {
+        /// The request.
+        req: &'a PutReq,
+        /// Keeps other connections off the path.
+        claim: Option<Claim>,
+        /// The part file (taken by the commit or discard).
+        part: Option<PartFile>,
+        /// The journaled sink, until the writer takes it.
+        sink: Option<Box<BlockSink>>,
+    },
+    /// A PUT_RANGE: `[offset, end)` of an OPENed upload's shared part.
+    Range {
+        /// The upload (let go once the range is marked).
+        up: Option<Arc<Upload>>,
+        /// The range.
+        offset: u64,
+        /// Its end.
+        end: u64,
+    },
+}
+
+impl Dest<'_> {
+    /// The flag a newer PUT of the same file raises.
+    fn superseded(&self) -> Option<&AtomicBool> {
+        match self {
+            Dest::Put { claim, .. } => claim.as_ref().map(|c| &*c.yield_to_newer),
+            Dest::Range { up, .. } => up.as_ref().map(|u| u.superseded()),
+        }
+    }
+
+    fn claim(&mut self, server: &Server, path: &str) -> bool {
+        match self {
+            Dest::Put { claim, .. } => {
+                *claim = server.claim(path);
+                claim.is_some()
+            }
+            Dest::Range { .. } => true,
+        }
+    }
+
+    /// Opens the part (resuming what its journal holds): the verified prefix.
+    fn open(&mut self, server: &Server, path: &str) -> std::result::Result<u64, Refusal> {
+        let Dest::Put {
+            req, part, sink, ..
+        } = self
+        else {
+            return Ok(0);
+        };
+        let (p, progress, found) =
+            PartFile::open(&server.roots, path, req.ident(), req.block, req.target())?;
+        let offset = progress.prefix();
+        match found {
+            Found::Resumed => tracing::info!("{path}: resuming an upload at byte {offset}"),
+            Found::Restarted => tracing::info!(
+                "{path}: the partial upload is of another source (size or mtime differ); starting over"
+            ),
+            Found::Fresh => {}
+        }
+        let mut s = BlockSink::journaled(req.file_id, req.size, progress);
+        if server.cfg.direct {
+            s.set_direct(&p.file);
+        }
+        (*part, *sink) = (Some(p), Some(Box::new(s)));
+        Ok(offset)
+    }
+
+    /// The writer transfer `file_id`'s blocks go to, with at most `ring` queued.
+    fn writer(&mut self, file_id: u32, ring: usize) -> Result<BlockWriter> {
+        match self {
+            Dest::Put {
+                part: Some(p),
+                sink,
+                ..
+            } => match sink.take() {
+                Some(s) => BlockWriter::with_sink(*s, &p.file, ring),
+                None => Err(XferError::conn("internal: the writer started twice")),
+            },
+            Dest::Put { .. } => Err(XferError::conn("internal: no part to write")),
+            Dest::Range { up: None, .. } => Err(XferError::conn("internal: no upload")),
+            Dest::Range {
+                up: Some(up),
+                offset,
+                end,
+            } => {
+                let mut sink = BlockSink::range(file_id, up.size, *offset, *end);
+                sink.report_to(up.journal());
+                match &up.file {
+                    Some(f) => BlockWriter::with_sink(sink, f, ring),
+                    None => Ok(BlockWriter::null_sink(sink)),
+                }
+            }
+        }
+    }
+
+    /// The whole part's BLAKE3 (a PUT; a range is hashed with its file at CLOSE).
+    fn digest(&self, sink: &mut BlockSink) -> Option<std::io::Result<[u8; 32]>> {
+        match self {
+            Dest::Put { part: Some(p), .. } => Some(sink.hash(&p.file)),
+            _ => None,
+        }
+    }
+
+    /// PUT: mode, the source's mtime, fsync, rename. A range: marked in its upload, which
+    /// is let go before the answer (the client may CLOSE on another stream as soon as the
+    /// OK arrives, and CLOSE needs the only reference).
+    fn commit(&mut self) -> std::io::Result<()> {
+        match self {
+            Dest::Put { req, part, .. } => match part.take() {
+                Some(p) => p.commit(req.mode, mtime_of(req)),
+                None => Err(std::io::Error::other("internal: no part to commit")),
+            },
+            Dest::Range { up, offset, end } => {
+                if let Some(up) = up.take() {
+                    up.mark(*offset, *end);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Drops the file: a PUT's part, or the whole upload a range belongs to.
+    fn discard(&mut self) {
+        match self {
+            Dest::Put { part, .. } => {
+                if let Some(p) = part.take() {
+                    p.discard();
+                }
+            }
+            Dest::Range { up, .. } => {
+                if let Some(up) = up.take() {
+                    up.fail();
+                }
+            }
+        }
+    }
+
+    /// The connection ends mid-transfer: the writer finishes its queue first (a range's
+    /// sink reports the blocks it writes to its file's shared journal, which journals them
+    /// when the upload ends), then a PUT's journal records the verified prefix.
+    fn keep(&self, w: BlockWriter, path: &str) {
+        let saved = w.finish().map(|mut s| match self {
+            Dest::Put { part: Some(p), .. } => s.checkpoint(&p.file),
+            _ => Ok(()),
+        });
+        match saved {
+            Ok(Ok(())) => {}
+            Ok(Err(io)) => tracing::warn!("{path}: journal: {io}"),
+            Err(f) => tracing::warn!("{path}: journal: {f}"),
+        }
     }
 }
 
@@ -318,21 +433,6 @@ fn mtime_of(req: &PutReq) -> Option<std::time::SystemTime> {
         let ns = u64::try_from(ns).ok()?;
         std::time::UNIX_EPOCH.checked_add(Duration::from_nanos(ns))
     })
-}
-
-/// Commits a whole, verified upload (mode, the source's mtime, fsync, rename) and answers
-/// OK, or ERROR if the commit failed.
-fn commit_and_answer(link: &mut Link, part: PartFile, req: &PutReq, path: &str) -> Result<()> {
-    match part.commit(req.mode, mtime_of(req)) {
-        Ok(()) => link.send(&Msg::Ok {
-            file_id: req.file_id,
-        }),
-        Err(e) => reply_refusal(
-            link,
-            req.file_id,
-            refuse(ErrorCode::Io, format!("{path}: commit failed: {e}")),
-        ),
-    }
 }
 
 /// The most PUT_FILEs whose commits wait together.

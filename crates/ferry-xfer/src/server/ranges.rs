@@ -2,15 +2,16 @@
 
 use std::time::Duration;
 
-use super::{busy, id_in_use, reply_refusal, write_refusal, PutReq, Server};
+use super::put::Dest;
+use super::{busy, id_in_use, reply_refusal, PutReq, Server};
+use crate::conv::upload::{close_matches, close_ready, Receiver};
 use crate::error::{Result, XferError};
 use crate::export::refuse;
-use crate::link::{BlockWriter, Link};
+use crate::link::Link;
 use crate::proto::{ErrorCode, Msg};
 use crate::session::{Session, Upload};
 use ferry_service::landing::Found;
 use ferry_service::roots::PartFile;
-use ferry_service::sink::BlockSink;
 
 impl Server {
     /// OPEN (1.2): starts a parallel upload of `path` in `session` and answers HAVE with
@@ -79,50 +80,14 @@ impl Server {
             );
             return reply_refusal(link, file_id, refuse(ErrorCode::Io, why));
         }
-        let Some(end) = offset.checked_add(length).filter(|&e| e <= up.size) else {
-            let why = format!(
-                "{}: range {offset}+{length} past the end ({} bytes)",
-                up.path, up.size
-            );
-            return reply_refusal(link, file_id, refuse(ErrorCode::BadRequest, why));
-        };
-        link.send(&Msg::Ready {
-            file_id,
-            size: up.size,
-            mode: up.mode,
-            offset,
-        })?;
-        let mut sink = BlockSink::range(file_id, up.size, offset, end);
-        sink.report_to(up.journal());
-        let writer = match &up.file {
-            Some(f) => BlockWriter::with_sink(sink, f, ring)?,
-            None => BlockWriter::null_sink(sink),
-        };
         let path = up.path.clone();
-        let (mut sink, _, _) =
-            match self.receive_blocks(link, writer, file_id, None, up.superseded(), &path)? {
-                // The client gave up on the file (its source failed): nothing to resume.
-                None => {
-                    up.fail();
-                    return Ok(());
-                }
-                Some(Err(r)) => return reply_refusal(link, file_id, r),
-                Some(Ok(got)) => got,
-            };
-        if let Some(e) = sink.io_error.take() {
-            // A full disk or a failing one: the part goes when the upload ends.
-            up.fail();
-            return reply_refusal(link, file_id, write_refusal(&path, &e));
-        }
-        if !sink.got.contains(offset, end) {
-            let why = format!("{path}: FILE_DONE before every block of range {offset}+{length}");
-            return reply_refusal(link, file_id, refuse(ErrorCode::Integrity, why));
-        }
-        up.mark(offset, end);
-        // Let go before answering: the client may CLOSE on another stream as soon as this OK
-        // arrives, and CLOSE needs the only reference (it was refused, rarely, without this).
-        drop(up);
-        link.send(&Msg::Ok { file_id })
+        let rx = Receiver::range(file_id, (up.size, up.mode), offset, length, &path);
+        let dest = Dest::Range {
+            up: Some(up),
+            offset,
+            end: offset.saturating_add(length),
+        };
+        self.converse(link, rx, dest, ring, &path)
     }
 
     /// CLOSE (1.2): every range of an OPENed upload arrived; check its BLAKE3 and commit.
@@ -147,36 +112,23 @@ impl Server {
             }
         };
         let path = up.path.clone();
-        if !up.complete() {
-            // Dropping the upload journals it: a resume sends the rest.
-            let why = format!("{path}: CLOSE before every range arrived; resume the copy");
-            return reply_refusal(link, file_id, refuse(ErrorCode::Integrity, why));
-        }
-        if length != up.size {
-            let why = format!("{path}: {length} bytes announced, {} opened", up.size);
-            if let Some(p) = up.take_part() {
-                p.discard();
+        if let Err((r, drop_part)) = close_ready(&path, up.complete(), length, up.size) {
+            // Dropping a kept upload journals it: a resume sends the rest.
+            if drop_part {
+                if let Some(p) = up.take_part() {
+                    p.discard();
+                }
             }
-            return reply_refusal(link, file_id, refuse(ErrorCode::Integrity, why));
+            return reply_refusal(link, file_id, r);
         }
         let got = up.hash();
         let Some(part) = up.take_part() else {
             // The null sink: nothing to hash or commit.
             return link.send(&Msg::Ok { file_id });
         };
-        let matched = match got {
-            Some(Ok(h)) => blake3 == Some(h),
-            Some(Err(e)) => {
-                part.discard();
-                let why = format!("{path}: hashing the part: {e}");
-                return reply_refusal(link, file_id, refuse(ErrorCode::Io, why));
-            }
-            None => false,
-        };
-        if !matched {
+        if let Err(r) = close_matches(&path, got, blake3) {
             part.discard();
-            let why = format!("{path}: the whole-file BLAKE3 does not match what was sent; nothing was written, try again");
-            return reply_refusal(link, file_id, refuse(ErrorCode::Integrity, why));
+            return reply_refusal(link, file_id, r);
         }
         let mtime = u64::try_from(up.mtime)
             .ok()

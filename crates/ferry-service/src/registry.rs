@@ -1,0 +1,365 @@
+//! The services one `ferry serve` hosts, and how a connection chooses one (protocol 1.6,
+//! `docs/protocol.md`, "Service selection").
+//!
+//! A connection's first message is either a floor SELECT ([`crate::select`]) naming a
+//! service (and, optionally, the client's token, checked here before the service sees the
+//! connection), answered SELECTED (the service's face takes over; its first frame may
+//! already be on its way), SERVICES (not hosted here: the list of those that are) or
+//! REFUSED (the token), the last two closing the connection; or a face's own first frame, which goes to [`LEGACY_SERVICE`], since
+//! every client that sends none predates the selection and speaks file transfer. The
+//! selection is a floor frame rather than a field of a face's HELLO so that every face keeps
+//! its protocol to itself: a face never parses another's frames, and the floor none.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_exs::proto::{EventKind, Flags};
+use ferry_exs::runtime::{EventQueue, ExsIncoming, ExsSocket};
+use ferry_fabric::Access;
+
+use crate::admit::{more, Handshake, Stage};
+use crate::auth::AuthConfig;
+use crate::error::{Error, Kind, Result};
+use crate::select::{self, Floor};
+use crate::serve::{Conn, Service};
+
+/// The service a connection whose first frame is not a SELECT goes to: file transfer,
+/// the only face of clients older than protocol 1.6.
+pub const LEGACY_SERVICE: &str = "xfer";
+
+/// The most bytes a connection's first message may have (a SELECT, or a face's first frame
+/// sent without one).
+pub const FIRST_MAX: usize = 64 * 1024;
+
+/// How often a connection waiting for its first message looks whether it was called off.
+const CANCEL_POLL: Duration = Duration::from_millis(10);
+
+/// How long a refusal is given to reach the client before the connection closes.
+const LINGER: Duration = Duration::from_millis(50);
+
+/// The services a server hosts, by name, behind its one authentication.
+pub struct Registry {
+    services: Vec<(String, Arc<dyn Service>)>,
+    /// Who may use them (the token a SELECT carries is checked against it).
+    auth: AuthConfig,
+}
+
+impl Registry {
+    /// No services yet; clients authenticate against `auth`.
+    pub fn new(auth: AuthConfig) -> Registry {
+        Registry {
+            services: Vec::new(),
+            auth,
+        }
+    }
+
+    /// Hosts `service` as `name`: a [`select::valid_name`], not empty, not taken, and at
+    /// most [`select::MAX_SERVICES`] in all.
+    pub fn add(&mut self, name: &str, service: Arc<dyn Service>) -> Result<()> {
+        let usage = |m: String| Err(Error::new(Kind::Usage, m));
+        if name.is_empty() || !select::valid_name(name) {
+            return usage(format!(
+                "service name {name:?}: 1 to {} bytes of a-z 0-9 - _ .",
+                select::MAX_NAME
+            ));
+        }
+        if self.get(name).is_some() {
+            return usage(format!("service {name:?} is hosted twice"));
+        }
+        if self.services.len() >= select::MAX_SERVICES {
+            return usage(format!(
+                "at most {} services in one server",
+                select::MAX_SERVICES
+            ));
+        }
+        self.services.push((name.to_string(), service));
+        Ok(())
+    }
+
+    /// The service hosted as `name`.
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn Service>> {
+        self.services
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, s)| s)
+    }
+
+    /// The names of the services hosted, in the order they were added.
+    pub fn names(&self) -> Vec<String> {
+        self.services.iter().map(|(n, _)| n.clone()).collect()
+    }
+
+    /// A connection's thread: the EXS handshake, the first message, and the service it
+    /// chooses, within the handshake's deadline and ended early if the handshake is called
+    /// off to make room for a newer connection.
+    pub(crate) fn connection(&self, inc: ExsIncoming, hs: Handshake, peer: String) {
+        let queue = match EventQueue::new() {
+            Ok(q) => q,
+            Err(e) => return tracing::warn!("{peer}: event queue: {e}"),
+        };
+        let sock = match inc.start_cancellable(&queue, hs.left(), &hs.cancel) {
+            Ok(s) => s,
+            Err(e) => {
+                if let Some(held) = hs.admission().log_handshake.pass() {
+                    tracing::info!("{peer}: handshake failed: {e}{}", more(held));
+                }
+                return;
+            }
+        };
+        if !hs.reached(Stage::Hello) {
+            let _ = sock.close();
+            return;
+        }
+        let first = match first_message(&sock, &queue, &hs) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::info!("{peer}: connection ended: {e}");
+                let _ = sock.close();
+                return;
+            }
+        };
+        match self.choose(&sock, &hs, &first) {
+            Ok(Some((service, selected, token))) => {
+                // A face's first frame is being checked now: never called off.
+                if !selected && !hs.reached(Stage::Checking) {
+                    let _ = sock.close();
+                    return;
+                }
+                service.serve_connection(Conn {
+                    sock,
+                    queue,
+                    hs,
+                    peer,
+                    first: (!selected).then_some(first),
+                    token,
+                });
+            }
+            Ok(None) => {
+                std::thread::sleep(LINGER);
+                let _ = sock.close();
+            }
+            Err(e) => {
+                tracing::info!("{peer}: connection ended: {e}");
+                let _ = sock.close();
+            }
+        }
+    }
+
+    /// The service a first message chooses, whether it chose by SELECT (answered
+    /// SELECTED), and the token the SELECT carried and the floor accepted; `None` when it
+    /// named a service not hosted here (answered SERVICES) or carried a token refused
+    /// (answered REFUSED).
+    fn choose(&self, sock: &ExsSocket, hs: &Handshake, first: &[u8]) -> Result<Option<Chosen>> {
+        if !select::is_floor(first) {
+            return match self.get(LEGACY_SERVICE) {
+                Some(s) => Ok(Some((s.clone(), false, None))),
+                None => Err(Error::conn(format!(
+                    "a client without service selection (older than protocol 1.6) asked for {LEGACY_SERVICE}, which this server does not run"
+                ))),
+            };
+        }
+        let (service, token) = match select::decode(first) {
+            Ok(Floor::Select { service, token }) => (service, token),
+            Ok(f) => return Err(Error::conn(format!("expected SELECT, got {f:?}"))),
+            Err(e) => return Err(Error::conn(format!("the peer sent {e}"))),
+        };
+        match self.get(&service) {
+            Some(s) => {
+                if let Some(t) = &token {
+                    if let Err(r) = hs.admission().authenticate(&hs.addr, &self.auth, t) {
+                        send(
+                            sock,
+                            &Floor::Refused {
+                                message: r.message.into(),
+                            },
+                        )?;
+                        return Ok(None);
+                    }
+                }
+                send(sock, &Floor::Selected)?;
+                Ok(Some((s.clone(), true, token)))
+            }
+            None => {
+                tracing::debug!("refused a SELECT of service {service:?}: not hosted");
+                send(
+                    sock,
+                    &Floor::Services {
+                        requested: service,
+                        hosted: self.names(),
+                    },
+                )?;
+                Ok(None)
+            }
+        }
+    }
+}
+
+/// A chosen service, whether by SELECT, and the token the floor accepted.
+type Chosen = (Arc<dyn Service>, bool, Option<String>);
+
+/// The connection's first message, waited for until the handshake's deadline or until it
+/// is called off.
+fn first_message(sock: &ExsSocket, queue: &EventQueue, hs: &Handshake) -> Result<Vec<u8>> {
+    let buf = sock
+        .alloc_with(FIRST_MAX, recv_rights(sock))
+        .map_err(|e| Error::conn(format!("register the first receive buffer: {e}")))?;
+    sock.recv(buf, Flags::NONE, 0);
+    loop {
+        if hs.cancelled() {
+            return Err(Error::conn(
+                "closed before its first frame to make room for newer connections (max_handshakes)",
+            ));
+        }
+        let left = hs.left();
+        if left.is_zero() {
+            return Err(Error::conn(
+                "no first frame within the handshake timeout (handshake_timeout)",
+            ));
+        }
+        let Some(ev) = queue.dequeue(left.min(CANCEL_POLL)) else {
+            continue;
+        };
+        match ev.kind {
+            EventKind::Recv => {
+                ev.result
+                    .map_err(|e| Error::conn(format!("receive the first frame: {e}")))?;
+                let buf = ev
+                    .buf
+                    .ok_or_else(|| Error::conn("receive completed without its buffer"))?;
+                let len = usize::try_from(ev.len).unwrap_or(usize::MAX).min(buf.len());
+                let mut v = buf.to_vec();
+                v.truncate(len);
+                return Ok(v);
+            }
+            EventKind::Close => return Err(Error::conn("the peer closed the connection")),
+            _ => {}
+        }
+    }
+}
+
+/// Sends a floor frame (small enough to need no remote access).
+fn send(sock: &ExsSocket, f: &Floor) -> Result<()> {
+    let bytes = select::encode(f).map_err(|e| Error::conn(format!("encode {f:?}: {e}")))?;
+    let rights = if sock.config().push {
+        Access::LOCAL
+    } else {
+        Access::REMOTE_READ
+    };
+    let buf = sock
+        .alloc_with(bytes.len(), rights)
+        .map_err(|e| Error::conn(format!("register a send buffer: {e}")))?;
+    buf.write_at(0, &bytes)
+        .map_err(|e| Error::conn(format!("fill a send buffer: {e}")))?;
+    sock.send(buf, Flags::NONE, 0);
+    Ok(())
+}
+
+/// The remote rights a receive buffer needs: none with pull (the default), write with push.
+fn recv_rights(sock: &ExsSocket) -> Access {
+    if sock.config().push {
+        Access::REMOTE_WRITE
+    } else {
+        Access::LOCAL
+    }
+}
+
+/// What a server answered a SELECT ([`probe`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// The service is hosted (SELECTED).
+    Selected,
+    /// It is not; these are (SERVICES).
+    Hosted(Vec<String>),
+}
+
+/// Asks the server at `addr` for `service` ("" only asks for the list) and returns its
+/// answer, then closes the connection: what `ferry services` does. A server older than
+/// protocol 1.6 closes the connection without an answer (it takes a SELECT for a bad frame).
+pub fn probe(addr: &str, service: &str, timeout: Duration) -> Result<Answer> {
+    if !select::valid_name(service) {
+        return Err(Error::new(
+            Kind::Usage,
+            format!(
+                "service name {service:?}: 1 to {} bytes of a-z 0-9 - _ .",
+                select::MAX_NAME
+            ),
+        ));
+    }
+    let fabric: ferry_fabric::Address = addr
+        .parse()
+        .map_err(|e| Error::new(Kind::Usage, format!("bad address {addr}: {e}")))?;
+    let queue = EventQueue::new().map_err(|e| Error::io("create an event queue", &e))?;
+    let sock = ExsSocket::connect(
+        addr,
+        ferry_exs::runtime::default_config(&fabric),
+        &queue,
+        timeout,
+    )
+    .map_err(|e| Error::conn(format!("cannot connect to {addr}: {e}")))?;
+    let buf = sock
+        .alloc_with(select::MAX_FRAME, recv_rights(&sock))
+        .map_err(|e| Error::conn(format!("register a receive buffer: {e}")))?;
+    sock.recv(buf, Flags::NONE, 0);
+    send(
+        &sock,
+        &Floor::Select {
+            service: service.to_string(),
+            token: None,
+        },
+    )?;
+    let answer = answer(&queue, timeout, addr);
+    let _ = sock.close();
+    answer
+}
+
+/// The server's answer to a SELECT, received on `queue`.
+fn answer(queue: &EventQueue, timeout: Duration, addr: &str) -> Result<Answer> {
+    let old = || {
+        Error::conn(format!(
+            "{addr} closed the connection without answering: a ferry serve older than protocol 1.6 (no service selection; it runs file transfer only)"
+        ))
+    };
+    loop {
+        let ev = queue
+            .dequeue(timeout)
+            .ok_or_else(|| Error::conn(format!("{addr} did not answer within {timeout:?}")))?;
+        match ev.kind {
+            EventKind::Recv => {
+                ev.result.map_err(|_| old())?;
+                let buf = ev
+                    .buf
+                    .ok_or_else(|| Error::conn("receive completed without its buffer"))?;
+                let len = usize::try_from(ev.len).unwrap_or(usize::MAX).min(buf.len());
+                let mut v = buf.to_vec();
+                v.truncate(len);
+                return match select::decode(&v) {
+                    Ok(Floor::Selected) => Ok(Answer::Selected),
+                    Ok(Floor::Services { hosted, .. }) => Ok(Answer::Hosted(hosted)),
+                    Ok(Floor::Refused { message }) => {
+                        Err(Error::new(Kind::Auth, format!("{addr}: {message}")))
+                    }
+                    Ok(f) => Err(Error::conn(format!("{addr} answered {f:?} to SELECT"))),
+                    Err(e) => Err(Error::conn(format!("{addr} sent {e}"))),
+                };
+            }
+            EventKind::Send => {
+                ev.result.map_err(|_| old())?;
+            }
+            EventKind::Close => return Err(old()),
+            _ => {}
+        }
+    }
+}
+
+/// The refusal `ferry` prints for a service a server does not run.
+pub fn not_hosted(addr: &str, service: &str, hosted: &[String]) -> Error {
+    let list = if hosted.is_empty() {
+        "none".to_string()
+    } else {
+        hosted.join(", ")
+    };
+    Error::new(
+        Kind::NotFound,
+        format!("the server at {addr} does not run service {service:?}; it runs: {list}"),
+    )
+}
