@@ -6,6 +6,7 @@ use std::fs::File;
 use std::time::{Duration, Instant};
 
 use crate::journal::{journal_name, Ident, Journal, RangeSet};
+use crate::ring::Cadence;
 
 /// A receiver checkpoints at least this often (bytes of verified prefix)...
 pub const CHECKPOINT_BYTES: u64 = 8 << 20;
@@ -73,9 +74,9 @@ pub struct Progress {
     journal: Option<Journal>,
     background: Option<crate::writeback::Checkpointer>,
     good: RangeSet,
-    /// Bytes verified when the last checkpoint was asked for.
-    requested: u64,
-    last: Instant,
+    /// When the next checkpoint is due: bytes verified since the last one was asked for,
+    /// against [`CHECKPOINT_BYTES`] and [`CHECKPOINT_EVERY`].
+    cadence: Cadence,
 }
 
 fn journal_lost() -> std::io::Error {
@@ -87,37 +88,40 @@ impl Progress {
     pub fn new(journal: Journal) -> Progress {
         Progress {
             good: journal.ranges().clone(),
-            requested: journal.ranges().total(),
             journal: Some(journal),
             background: None,
-            last: Instant::now(),
+            cadence: Cadence::new(CHECKPOINT_BYTES, CHECKPOINT_EVERY, Instant::now()),
         }
     }
 
     /// A block `[offset, offset + len)` was written and verified.
     pub fn good(&mut self, offset: u64, len: u64) {
+        let before = self.good.total();
         self.good.insert(offset, offset.saturating_add(len));
+        self.cadence.wrote(self.good.total() - before);
     }
 
     /// Whether enough arrived since the last checkpoint to take another.
     pub fn due(&self) -> bool {
-        let now = self.good.total();
-        now > self.requested
-            && (now - self.requested >= CHECKPOINT_BYTES || self.last.elapsed() >= CHECKPOINT_EVERY)
+        self.cadence.due(Instant::now())
+    }
+
+    /// A checkpoint of everything verified so far was asked for at `now`.
+    fn asked(&mut self, now: Instant) {
+        self.cadence.synced(self.cadence.unsynced(), now);
     }
 
     /// fsyncs the part file, then records the verified ranges in the journal, on this
     /// thread, after the background checkpoints asked for (reporting their first error).
     pub fn checkpoint(&mut self, part: &File) -> std::io::Result<()> {
-        self.last = Instant::now();
+        let now = Instant::now();
         self.settle()?;
         let journal = self.journal.as_mut().ok_or_else(journal_lost)?;
-        if self.good == *journal.ranges() {
-            return Ok(());
+        if self.good != *journal.ranges() {
+            part.sync_data()?;
+            journal.record(&self.good)?;
         }
-        part.sync_data()?;
-        journal.record(&self.good)?;
-        self.requested = self.good.total();
+        self.asked(now);
         Ok(())
     }
 
@@ -125,14 +129,14 @@ impl Progress {
     /// the verified ranges, without waiting for it; it waits only for the previous
     /// checkpoint, if that is still running. Returns the thread's first error, if any.
     pub fn checkpoint_in_background(&mut self, part: &File) -> std::io::Result<()> {
-        self.last = Instant::now();
+        let now = Instant::now();
         if self.background.is_none() {
             let journal = self.journal.take().ok_or_else(journal_lost)?;
             self.background = Some(crate::writeback::Checkpointer::start(part, journal)?);
         }
         if let Some(bg) = &mut self.background {
             bg.request(self.good.clone())?;
-            self.requested = self.good.total();
+            self.asked(now);
         }
         Ok(())
     }

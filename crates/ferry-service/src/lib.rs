@@ -16,7 +16,11 @@
 //! - [`hash`]: the one BLAKE3 of a file's range; [`ordered_hash`]: the hash of a file whose
 //!   ranges arrive out of order.
 //! - [`direct`]: direct I/O (`O_DIRECT`) handles and alignment.
-//! - [`sink`]: landing checked blocks in a file (CRC-32C, holes, in-order hash, journal).
+//! - [`sink`]: landing checked blocks in a file (CRC-32C, holes, in-order hash, journal);
+//!   [`writer`]: feeding a sink received blocks, inline or on a disk writer thread.
+//! - [`channel`]: the EXS message channel (a face's frames as messages, a posted receive
+//!   ring of registered buffers); [`ring`]: the staging ring, its sans-I/O core (slots,
+//!   credits, fsync cadence) and its sending runtime over EXS.
 //! - [`journal`]: the resume journal of a part file (its pure codec and range set, then
 //!   its file); [`landing`]: a part file with its journal and checkpoints; [`writeback`]:
 //!   those checkpoints off the receiving thread; [`commit`]: fsync and rename of finished
@@ -31,6 +35,7 @@
 pub mod admit;
 pub mod auth;
 pub mod beneath;
+pub mod channel;
 pub mod claims;
 pub mod commit;
 pub mod direct;
@@ -40,11 +45,13 @@ pub mod journal;
 pub mod landing;
 pub mod ordered_hash;
 pub mod registry;
+pub mod ring;
 pub mod roots;
 pub mod select;
 pub mod serve;
 pub mod sink;
 pub mod stamp;
 pub mod writeback;
+pub mod writer;
 
 pub use error::{Error, Kind, Result};

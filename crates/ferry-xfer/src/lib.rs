@@ -1,10 +1,11 @@
 //! ferry's file-transfer face (ADTS/GridFTP style): `ferry serve` and `ferry cp`.
 //!
 //! - [`proto`]: the versioned control protocol, pure encode/decode (fuzzed).
-//! - [`link`]: one transfer connection over EXS: control frames as small (immediate) EXS
+//! - [`link`]: one transfer connection in this protocol's frames, over the service floor's
+//!   EXS message channel and staging ring: control frames as small (immediate) EXS
 //!   messages, file blocks as EXS sends of registered staging blocks the receiver pulls by
-//!   RMA; the staging ring (disk reader → registered blocks → network → disk writer) with
-//!   bounded depth and back-pressure.
+//!   RMA (disk reader → registered blocks → network → disk writer), with bounded depth and
+//!   back-pressure.
 //! - [`server`]: exported roots behind an `openat2(RESOLVE_BENEATH)` sandbox, token auth,
 //!   a thread per connection.
 //! - `third_party`: server-to-server copies (SEND_TO): the source server uploads to the
@@ -21,7 +22,7 @@
 //!
 //! Below it, the service floor (`ferry-service`) holds what does not depend on this
 //! protocol: sandboxed paths, part files and their resume journals, commit, writeback,
-//! direct I/O, source stamps and file hashes.
+//! direct I/O, source stamps and file hashes, the EXS message channel and the staging ring.
 //!
 //! The wire format is `docs/protocol.md`, section "File transfer protocol"; the user guide
 //! is `docs/xfer.md`.

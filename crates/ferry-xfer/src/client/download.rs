@@ -453,6 +453,8 @@ impl Client {
     /// Receives one message and writes the data it carries in place in the receive buffer
     /// (BLOCKs, FILE frames, PACKs of them): the frames for the conversation, a FILE frame
     /// as its FILE_DONE (its READY is taken at once, the writer being needed for the payload).
+    /// A BLOCK goes to its writer in that buffer, held until written (no copy, also for a
+    /// writer thread).
     fn receive(
         &mut self,
         conv: &mut Downloader,
@@ -461,7 +463,9 @@ impl Client {
     ) -> Result<Vec<Msg>> {
         let wire = &mut self.stats.wire_bytes;
         let (direct, ring) = (self.direct, self.ring);
-        self.link.recv_with(|bytes| -> Result<Vec<Msg>> {
+        let held = self.link.recv_held()?;
+        let mut block = None;
+        let msgs = held.with_bytes(|bytes| -> Result<Vec<Msg>> {
             ferry_fabric::timeline::mark("cp.got", bytes.len() as u64);
             let (msg, payload) = proto::decode(bytes)
                 .map_err(|e| XferError::conn(format!("the server sent a bad frame: {e}")))?;
@@ -479,18 +483,26 @@ impl Client {
                     .collect(),
                 Msg::File { .. } => Ok(vec![take_file(msg, payload)?]),
                 Msg::Block(h) => {
-                    let writer = locals
-                        .get_mut(&h.file_id)
-                        .and_then(|l| l.writer.as_mut())
-                        .ok_or_else(|| XferError::conn("BLOCK of no transfer in progress"))?;
-                    writer.push_block(&h, payload)?;
-                    progress.add(u64::from(h.len));
-                    *wire += u64::from(h.len);
+                    block = Some((h, bytes.len() - payload.len()));
                     Ok(vec![msg])
                 }
                 _ => Ok(vec![msg]),
             }
-        })?
+        })?;
+        match block {
+            Some((h, at)) => {
+                let writer = locals
+                    .get_mut(&h.file_id)
+                    .and_then(|l| l.writer.as_mut())
+                    .ok_or_else(|| XferError::conn("BLOCK of no transfer in progress"))?;
+                writer.push_held(&h, held, at)?;
+                progress.add(u64::from(h.len));
+                self.stats.wire_bytes += u64::from(h.len);
+            }
+            // The peer gets the buffer back before the answers are worked through.
+            None => self.link.give_back(held)?,
+        }
+        Ok(msgs)
     }
 
     /// Starts downloads of the next jobs while the conversation has room for them.

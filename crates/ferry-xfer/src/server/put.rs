@@ -12,6 +12,7 @@ use crate::export::{refuse, PResult};
 use crate::link::{BlockWriter, Link};
 use crate::proto::{self, BlockHeader, ErrorCode, Msg};
 use crate::session::Upload;
+use ferry_service::channel::Held;
 use ferry_service::claims::Claim;
 use ferry_service::landing::Found;
 use ferry_service::roots::PartFile;
@@ -92,7 +93,7 @@ impl Server {
         let mut frame = Frame::default();
         loop {
             let Some(action) = rx.poll() else {
-                self.next_frame(link, &mut rx, &mut frame, &writer, dest.superseded(), path);
+                self.next_frame(link, &mut rx, &mut frame, dest.superseded(), path);
                 continue;
             };
             match action {
@@ -105,7 +106,7 @@ impl Server {
                 RxAction::StartWriter => writer = Some(dest.writer(file_id, ring)?),
                 RxAction::Land => {
                     let pushed = match (writer.as_mut(), frame.block.take()) {
-                        (Some(w), Some((h, at))) => w.push(&h, std::mem::take(&mut frame.buf), at),
+                        (Some(w), Some((h, at, held))) => w.push_held(&h, held, at),
                         _ => Err(XferError::conn(
                             "internal: a block to land without a writer",
                         )),
@@ -163,7 +164,6 @@ impl Server {
         link: &mut Link,
         rx: &mut Receiver,
         frame: &mut Frame,
-        writer: &Option<BlockWriter>,
         superseded: Option<&AtomicBool>,
         path: &str,
     ) {
@@ -174,14 +174,18 @@ impl Server {
             let e = XferError::conn(format!("{path}: a newer PUT of this file took over"));
             return rx.handle(RxEvent::Interrupted(e));
         }
-        if frame.buf.capacity() == 0 {
-            if let Some(w) = writer {
-                frame.buf = w.spare();
+        // A BLOCK the conversation did not land goes back to the peer.
+        if let Some((_, _, held)) = frame.block.take() {
+            if let Err(e) = link.give_back(held) {
+                return rx.handle(RxEvent::Interrupted(e));
             }
         }
-        match link.recv_within(&mut frame.buf, RECV_SLICE) {
-            Ok(true) => frame.idle = Duration::ZERO,
-            Ok(false) => {
+        let held = match link.recv_held_within(RECV_SLICE) {
+            Ok(Some(held)) => {
+                frame.idle = Duration::ZERO;
+                held
+            }
+            Ok(None) => {
                 frame.idle += RECV_SLICE;
                 if frame.idle >= link.timeout {
                     let e = XferError::conn(format!(
@@ -193,17 +197,22 @@ impl Server {
                 return;
             }
             Err(e) => return rx.handle(RxEvent::Interrupted(e)),
-        }
-        match proto::decode(&frame.buf) {
-            Ok((Msg::Block(h), payload)) => {
-                frame.block = Some((h, frame.buf.len() - payload.len()));
+        };
+        let decoded = held.with_bytes(|buf| match proto::decode(buf) {
+            Ok((Msg::Block(h), payload)) => Ok(Ok((h, buf.len() - payload.len()))),
+            Ok((m, _)) => Ok(Err(m)),
+            Err(e) => Err(XferError::conn(format!("the peer sent a bad frame: {e}"))),
+        });
+        match decoded {
+            Ok(Ok((h, at))) => {
+                frame.block = Some((h, at, held));
                 rx.on_block(&h);
             }
-            Ok((m, _)) => rx.handle(RxEvent::Msg(m)),
-            Err(e) => {
-                let e = XferError::conn(format!("the peer sent a bad frame: {e}"));
-                rx.handle(RxEvent::Interrupted(e))
-            }
+            Ok(Err(m)) => match link.give_back(held) {
+                Ok(()) => rx.handle(RxEvent::Msg(m)),
+                Err(e) => rx.handle(RxEvent::Interrupted(e)),
+            },
+            Err(e) => rx.handle(RxEvent::Interrupted(e)),
         }
     }
 
@@ -256,10 +265,9 @@ impl Server {
 /// The frame a receiving conversation is taking in.
 #[derive(Default)]
 pub(super) struct Frame {
-    /// The received frame (a BLOCK's is handed to the writer whole, no copy).
-    buf: Vec<u8>,
-    /// The BLOCK in `buf` waiting to be landed: its header and where its payload starts.
-    block: Option<(BlockHeader, usize)>,
+    /// The BLOCK waiting to be landed: its header, where its payload starts, and the
+    /// frame itself, held in its receive buffer (handed to the writer whole, no copy).
+    block: Option<(BlockHeader, usize, Held)>,
     /// How long nothing arrived.
     idle: Duration,
 }

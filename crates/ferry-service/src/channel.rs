@@ -1,0 +1,427 @@
+//! The EXS message channel: one connection over EXS carrying a face's frames as messages.
+//!
+//! Every EXS message is one frame (the face encodes and decodes them; the channel moves
+//! bytes). The receiving side keeps a ring of receive buffers of one size posted
+//! (registered memory); a small message fits the immediate size and is copied out of the
+//! advert, a large one (a block) is pulled by RMA straight into a posted buffer. Received
+//! messages are delivered in posting order.
+//!
+//! Every buffer keeps [`FRAME_HEAD`] bytes for a block frame's header right before a payload
+//! that starts [`DIRECT_ALIGN`] into its page-aligned allocation, so direct I/O reads into
+//! and writes from it in place.
+
+use std::collections::BTreeMap;
+use std::sync::mpsc;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use ferry_exs::proto::{EventKind, Flags};
+use ferry_exs::runtime::{default_config, EventQueue, ExsBuf, ExsSocket};
+use ferry_exs::ExsError;
+use ferry_fabric::Access;
+
+use crate::direct::DIRECT_ALIGN;
+use crate::error::{Error, Kind, Result};
+
+/// The bytes of a face's block-frame header, which sit right before the block's payload in
+/// every staging block and receive buffer (file transfer's BLOCK header is this long).
+pub const FRAME_HEAD: usize = 32;
+
+/// Room in front of every staging block and receive buffer: the header ends exactly where
+/// the payload starts, [`DIRECT_ALIGN`] into the allocation.
+pub(crate) const HEAD_ROOM: usize = DIRECT_ALIGN;
+
+/// Context of control sends (their completions are only checked for errors).
+const CTX_CONTROL: u64 = u64::MAX;
+
+/// Size of a pooled control send buffer (larger frames get their own).
+const CONTROL_BUF: usize = 4096;
+
+/// Completed control send buffers kept for reuse.
+const CONTROL_POOL: usize = 16;
+
+/// What a buffer is for, which decides the remote rights it is registered with.
+#[derive(Clone, Copy)]
+pub(crate) enum Use {
+    /// Sent from (staging blocks, control frames).
+    Send,
+    /// Received into (the receive ring).
+    Recv,
+}
+
+/// The least remote rights a buffer needs under the socket's rendezvous: with pull (the
+/// default) the peer reads what we send and never touches what we receive into; with push,
+/// the reverse. Nothing else of ours is reachable by the peer, and only on its own
+/// connection.
+fn rights(sock: &ExsSocket, what: Use) -> Access {
+    match (sock.config().push, what) {
+        (false, Use::Send) => Access::REMOTE_READ,
+        (true, Use::Recv) => Access::REMOTE_WRITE,
+        _ => Access::LOCAL,
+    }
+}
+
+/// Allocates a registered buffer of `len` bytes whose byte [`FRAME_HEAD`] (a block's
+/// payload) is [`DIRECT_ALIGN`]-aligned, with the rights its use needs.
+pub(crate) fn alloc_aligned(sock: &ExsSocket, len: usize, what: &str, to: Use) -> Result<ExsBuf> {
+    let start = HEAD_ROOM - FRAME_HEAD;
+    sock.alloc_with(start + len, rights(sock, to))
+        .map_err(|e| Error::conn(format!("register {what}: {e}")))?
+        .slice(start..)
+        .map_err(|e| Error::conn(format!("slice {what}: {e}")))
+}
+
+/// Bytes one staging block or receive buffer for blocks of `block` bytes takes (its head
+/// room, header and payload, in whole pages).
+pub fn buffer_bytes(block: u32) -> u64 {
+    (HEAD_ROOM as u64 + u64::from(block)).next_multiple_of(DIRECT_ALIGN as u64)
+}
+
+/// An EXS error as the channel reports it.
+pub(crate) fn exs_err(what: &str, e: ExsError) -> Error {
+    match e {
+        ExsError::PeerClosed | ExsError::ConnectionReset | ExsError::NotConnected => {
+            Error::conn(format!("{what}: the peer closed the connection"))
+        }
+        ExsError::MessageSize => Error::conn(format!(
+            "{what}: the peer sent a message larger than agreed"
+        )),
+        e => Error::conn(format!("{what}: {e}")),
+    }
+}
+
+/// A connected channel: an EXS socket, its queue, and the posted receive ring.
+pub struct Channel {
+    sock: ExsSocket,
+    q: EventQueue,
+    next_post: u64,
+    next_deliver: u64,
+    done: BTreeMap<u64, (ExsBuf, usize)>,
+    recv_size: usize,
+    /// Registered control send buffers whose sends completed, for reuse.
+    ctrl_pool: Mutex<Vec<ExsBuf>>,
+    /// Receive buffers handed out as [`Held`] come back here when dropped (the receiver in
+    /// a mutex, only ever taken by `&mut self`, keeps the channel shareable).
+    returns: (mpsc::Sender<ExsBuf>, Mutex<mpsc::Receiver<ExsBuf>>),
+    /// Receive buffers handed out and not back yet.
+    held: usize,
+    /// How long a receive waits for the peer before giving up.
+    pub timeout: Duration,
+}
+
+/// A received message whose registered buffer its receiver keeps (to write from it on
+/// another thread, say) instead of copying the bytes out: the channel posts the buffer
+/// again once this is dropped. While held, the buffer is one fewer the peer may send into,
+/// so holding them is back-pressure, as a copy's bounded queue was.
+pub struct Held {
+    buf: Option<ExsBuf>,
+    len: usize,
+    back: mpsc::Sender<ExsBuf>,
+}
+
+impl Held {
+    /// The message's length.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the message is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Runs `f` over the message's bytes, in place in the registered buffer.
+    pub fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
+        match &self.buf {
+            Some(b) => b.buffer().with_bytes(b.offset(), self.len, f),
+            None => f(&[]),
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Some(b) = self.buf.take() {
+            // A closed channel no longer wants it: the buffer is freed with it.
+            let _ = self.back.send(b);
+        }
+    }
+}
+
+impl Channel {
+    /// Connects to a `ferry serve` at a fabric address (`tcp://h:p`, `ofi+tcp://h:p`,
+    /// `ofi+shm://name`).
+    pub fn connect(addr: &str, timeout: Duration) -> Result<Channel> {
+        let fabric: ferry_fabric::Address = addr
+            .parse()
+            .map_err(|e| Error::new(Kind::Usage, format!("bad address {addr}: {e}")))?;
+        let q = EventQueue::new().map_err(|e| Error::io("create event queue", &e))?;
+        let sock = ExsSocket::connect(addr, default_config(&fabric), &q, timeout).map_err(|e| {
+            // A driver missing here (libfabric not installed) is not the server's doing.
+            let hint = match e {
+                ferry_exs::runtime::Error::Fabric(ferry_fabric::FabricError::Unavailable(_)) => "",
+                _ => " (is `ferry serve` running there, and is the driver right?)",
+            };
+            Error::conn(format!("cannot connect to {addr}: {e}{hint}"))
+        })?;
+        Ok(Self::new(sock, q))
+    }
+
+    /// Wraps a connected socket whose events go to `q`.
+    pub fn new(sock: ExsSocket, q: EventQueue) -> Channel {
+        Channel {
+            sock,
+            q,
+            next_post: 0,
+            next_deliver: 0,
+            done: BTreeMap::new(),
+            recv_size: 0,
+            ctrl_pool: Mutex::new(Vec::new()),
+            returns: {
+                let (tx, rx) = mpsc::channel();
+                (tx, Mutex::new(rx))
+            },
+            held: 0,
+            timeout: Duration::from_secs(120),
+        }
+    }
+
+    /// The socket underneath.
+    pub fn socket(&self) -> &ExsSocket {
+        &self.sock
+    }
+
+    /// Posts receive buffers until `count` are outstanding, each `size` bytes (the first
+    /// call fixes the size; later messages must fit it).
+    pub fn post_ring(&mut self, count: usize, size: usize) -> Result<()> {
+        self.recv_size = size;
+        let outstanding = (self.next_post - self.next_deliver) as usize;
+        for _ in outstanding..count {
+            let buf = alloc_aligned(&self.sock, size, "receive buffer", Use::Recv)?;
+            self.sock.recv(buf, Flags::NONE, self.next_post);
+            self.next_post += 1;
+        }
+        Ok(())
+    }
+
+    /// Sends `bytes`, a whole encoded frame (with its payload, if any), as one message,
+    /// copied into a registered buffer.
+    pub fn send_frame(&self, bytes: &[u8]) -> Result<()> {
+        let pooled = {
+            let mut pool = self.ctrl_pool.lock().unwrap_or_else(|p| p.into_inner());
+            pool.iter()
+                .position(|b| b.len() >= bytes.len())
+                .map(|i| pool.swap_remove(i))
+        };
+        let buf = match pooled {
+            Some(b) => b,
+            None => self
+                .sock
+                .alloc_with(bytes.len().max(CONTROL_BUF), rights(&self.sock, Use::Send))
+                .map_err(|e| Error::conn(format!("register send buffer: {e}")))?,
+        };
+        buf.write_at(0, bytes)
+            .map_err(|e| Error::conn(format!("fill send buffer: {e}")))?;
+        let buf = buf
+            .slice(..bytes.len())
+            .map_err(|e| Error::conn(format!("slice send buffer: {e}")))?;
+        self.sock.send(buf, Flags::NONE, CTX_CONTROL);
+        Ok(())
+    }
+
+    /// Receives the next message into `out` (resized to the message) and re-posts its
+    /// buffer. Send completions met on the way are checked.
+    pub fn recv_into(&mut self, out: &mut Vec<u8>) -> Result<()> {
+        let (buf, len) = self.next_done()?;
+        copy_out(&buf, len, out);
+        self.repost(buf)
+    }
+
+    /// Like [`Channel::recv_into`], but `Ok(false)` when nothing arrived for about `wait`,
+    /// so a caller can look at other things between waits.
+    pub fn recv_within(&mut self, out: &mut Vec<u8>, wait: Duration) -> Result<bool> {
+        let Some((buf, len)) = self.next_done_within(wait)? else {
+            return Ok(false);
+        };
+        copy_out(&buf, len, out);
+        self.repost(buf)?;
+        Ok(true)
+    }
+
+    /// Receives the next message and runs `f` over its bytes in place, in the registered
+    /// receive buffer (no copy), then re-posts the buffer.
+    pub fn recv_with<R>(&mut self, f: impl FnOnce(&[u8]) -> R) -> Result<R> {
+        let (buf, len) = self.next_done()?;
+        let out = buf.buffer().with_bytes(buf.offset(), len, f);
+        self.repost(buf)?;
+        Ok(out)
+    }
+
+    /// Receives the next message and hands over its registered buffer itself, posted again
+    /// once the [`Held`] is dropped (no copy, and the bytes may be used on another thread).
+    pub fn recv_held(&mut self) -> Result<Held> {
+        let wait = self.timeout;
+        self.recv_held_within(wait)?
+            .ok_or_else(|| silent_peer(wait))
+    }
+
+    /// Like [`Channel::recv_held`], but `Ok(None)` when nothing arrived for about `wait`, so
+    /// a caller can look at other things between waits.
+    pub fn recv_held_within(&mut self, wait: Duration) -> Result<Option<Held>> {
+        let Some((buf, len)) = self.next_done_within(wait)? else {
+            return Ok(None);
+        };
+        self.held += 1;
+        Ok(Some(Held {
+            buf: Some(buf),
+            len,
+            back: self.returns.0.clone(),
+        }))
+    }
+
+    /// Posts a held buffer again at once, rather than at the next receive after the
+    /// [`Held`] is dropped (for a message done with before other work).
+    pub fn give_back(&mut self, mut held: Held) -> Result<()> {
+        match held.buf.take() {
+            Some(buf) => {
+                self.held = self.held.saturating_sub(1);
+                self.repost(buf)
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// The next message, copied out, without posting its buffer again: for a handshake's
+    /// frame, after which the caller posts its ring sized for the agreed block (re-posted,
+    /// the handshake's small buffer would be the next to fill, and the first message after
+    /// the handshake may be a whole file). `Ok(None)` when nothing arrived for about `wait`.
+    pub fn recv_first_within(&mut self, wait: Duration) -> Result<Option<Vec<u8>>> {
+        let Some((buf, len)) = self.next_done_within(wait)? else {
+            return Ok(None);
+        };
+        let mut v = Vec::new();
+        copy_out(&buf, len, &mut v);
+        Ok(Some(v))
+    }
+
+    /// Like [`Channel::recv_first_within`], waiting at most the channel's timeout.
+    pub fn recv_first(&mut self) -> Result<Vec<u8>> {
+        let wait = self.timeout;
+        self.recv_first_within(wait)?
+            .ok_or_else(|| silent_peer(wait))
+    }
+
+    /// The largest message the posted buffers take.
+    pub fn recv_size(&self) -> usize {
+        self.recv_size
+    }
+
+    /// Closes the connection (the peer sees it closed).
+    pub fn close(&self) {
+        let _ = self.sock.close();
+    }
+
+    /// Where held buffers come back.
+    fn returned(&mut self) -> &mpsc::Receiver<ExsBuf> {
+        self.returns.1.get_mut().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Posts again the held buffers that came back.
+    fn repost_returned(&mut self) -> Result<()> {
+        while let Ok(buf) = self.returned().try_recv() {
+            self.held = self.held.saturating_sub(1);
+            self.repost(buf)?;
+        }
+        Ok(())
+    }
+
+    /// Re-posts a delivered receive buffer (a fresh one if the ring grew since).
+    fn repost(&mut self, buf: ExsBuf) -> Result<()> {
+        let buf = if buf.len() < self.recv_size {
+            alloc_aligned(&self.sock, self.recv_size, "receive buffer", Use::Recv)?
+        } else {
+            buf
+        };
+        self.sock.recv(buf, Flags::NONE, self.next_post);
+        self.next_post += 1;
+        Ok(())
+    }
+
+    /// The next received message in posting order (its buffer and length), waiting at most
+    /// the channel's timeout.
+    fn next_done(&mut self) -> Result<(ExsBuf, usize)> {
+        let wait = self.timeout;
+        self.next_done_within(wait)?
+            .ok_or_else(|| silent_peer(wait))
+    }
+
+    /// The next received message in posting order, or `None` when nothing arrived for
+    /// about `wait`. Send completions met on the way are checked.
+    fn next_done_within(&mut self, wait: Duration) -> Result<Option<(ExsBuf, usize)>> {
+        loop {
+            // Held buffers go back to the peer first, so its window stays full.
+            self.repost_returned()?;
+            if let Some(done) = self.done.remove(&self.next_deliver) {
+                self.next_deliver += 1;
+                return Ok(Some(done));
+            }
+            if self.next_post == self.next_deliver {
+                if self.held == 0 {
+                    return Err(Error::conn("internal: receive with no buffer posted"));
+                }
+                // Every buffer is held: wait for one to come back.
+                match self.returned().recv_timeout(wait) {
+                    Ok(buf) => {
+                        self.held -= 1;
+                        self.repost(buf)?;
+                        continue;
+                    }
+                    Err(_) => return Ok(None),
+                }
+            }
+            let Some(ev) = self.q.dequeue(wait) else {
+                return Ok(None);
+            };
+            match ev.kind {
+                EventKind::Recv => {
+                    ev.result.map_err(|e| exs_err("receive", e))?;
+                    let buf = ev
+                        .buf
+                        .ok_or_else(|| Error::conn("receive completed without its buffer"))?;
+                    let len = usize::try_from(ev.len).unwrap_or(usize::MAX).min(buf.len());
+                    self.done.insert(ev.ctx, (buf, len));
+                }
+                EventKind::Send => {
+                    ev.result.map_err(|e| exs_err("send", e))?;
+                    if let Some(b) = ev.buf {
+                        let mut pool = self.ctrl_pool.lock().unwrap_or_else(|p| p.into_inner());
+                        if pool.len() < CONTROL_POOL {
+                            pool.push(ExsBuf::new(b.region().clone()));
+                        }
+                    }
+                }
+                EventKind::Close => {
+                    return Err(match ev.result {
+                        Err(e) => exs_err("connection", e),
+                        Ok(()) => Error::conn("the connection was closed"),
+                    })
+                }
+                EventKind::Connect | EventKind::ReadNotify => {}
+            }
+        }
+    }
+}
+
+/// Copies the first `len` bytes of a received buffer into `out` (resized to them).
+fn copy_out(buf: &ExsBuf, len: usize, out: &mut Vec<u8>) {
+    out.resize(len, 0);
+    buf.buffer().read_at(buf.offset(), out);
+}
+
+/// The error of a peer that sent nothing for `wait`.
+fn silent_peer(wait: Duration) -> Error {
+    Error::conn(format!(
+        "the peer sent nothing for {} s; giving up",
+        wait.as_secs()
+    ))
+}

@@ -1,0 +1,473 @@
+//! The sending half of the staging ring over EXS: the runtime of a [`SendRing`].
+//!
+//! The calling thread is the disk reader. It takes a free registered block (at most `ring`
+//! exist), `pread`s into it, computes the block's CRC-32C, has the face write its frame
+//! header in front and posts the EXS send; the transfer itself proceeds in the EXS progress
+//! thread and the peer's RMA read while the reader fills the next block. A block comes back
+//! for reuse when its send completes, so a slow network or a slow receiver (which stops
+//! re-posting receive buffers while its writer lags) stalls the reader: bounded memory,
+//! back-pressure end to end.
+//!
+//! A face that builds other frames in a block (whole files, packs of them) [`Sender::claim`]s
+//! one, fills it and [`Sender::send`]s it; the same credits bound it.
+
+use std::collections::HashSet;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use ferry_exs::proto::{EventKind, Flags};
+use ferry_exs::runtime::{EventQueue, ExsBuf, ExsSocket};
+
+use super::{Action, Piece, SendRing, SlotId};
+use crate::channel::{alloc_aligned, exs_err, Use, FRAME_HEAD, HEAD_ROOM};
+use crate::direct::{direct_aligned, open_direct_or_warn};
+use crate::error::{Error, Result};
+
+/// Where the bytes of a sent range come from.
+#[derive(Debug, Clone, Copy)]
+pub enum Source<'a> {
+    /// A file, read at the range's offsets.
+    File(&'a std::fs::File),
+    /// Zeros (memory-to-memory mode: no file is read).
+    Zero,
+}
+
+/// Whether the staging ring runs its helper threads (the receiver's disk writer, the
+/// sender's hasher) or does that work on the network thread. `FERRY_STAGING_THREADS=on|off`
+/// decides; by default they run on hosts with at least 4 CPUs, because on fewer cores the
+/// extra threads share them with the EXS progress threads and the hand-offs cost more than
+/// the overlap gains (the measurement is in `docs/xfer.md`, "Tuning").
+pub fn staging_threads() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| match std::env::var("FERRY_STAGING_THREADS").as_deref() {
+        Ok("on") | Ok("1") => true,
+        Ok("off") | Ok("0") => false,
+        _ => std::thread::available_parallelism().is_ok_and(|n| n.get() >= 4),
+    })
+}
+
+/// A slot claimed for the face to fill: its registered block, with byte 0 where a frame
+/// header starts ([`FRAME_HEAD`] bytes before the aligned payload).
+pub struct Staged {
+    slot: SlotId,
+    /// The block.
+    pub buf: ExsBuf,
+}
+
+/// The sending runtime: registered blocks by slot, the [`SendRing`] deciding what each does,
+/// and the queue their send completions come back on.
+pub struct Sender {
+    dq: EventQueue,
+    ring: SendRing,
+    /// Each slot's whole registered block, while the slot is free (`None` before its first
+    /// use and while it is claimed or in flight).
+    blocks: Vec<Option<ExsBuf>>,
+    /// What each filled slot sends (a slice of its block).
+    msgs: Vec<Option<ExsBuf>>,
+    /// Slots whose payload area holds only zeros.
+    zeroed: HashSet<SlotId>,
+    /// CRC-32C of the last length of zeros sent: a zero source's blocks all carry the same
+    /// one, and computing it per block was 40 % of a memory-mode server's CPU.
+    zero_crc: Option<(usize, u32)>,
+    timeout: Duration,
+    /// Read files with direct I/O (`O_DIRECT`, bypassing the page cache) where the
+    /// filesystem allows it; the unaligned tail of a file is read through the cache.
+    pub direct: bool,
+}
+
+impl Sender {
+    /// A sender of blocks of at most `block` bytes, with at most `ring` in flight; it keeps
+    /// its registered blocks for the next ranges it sends.
+    pub fn new(block: u32, ring: usize, timeout: Duration) -> Result<Self> {
+        let ring = SendRing::new(ring, u64::from(block));
+        Ok(Sender {
+            dq: EventQueue::new().map_err(|e| Error::io("create event queue", &e))?,
+            blocks: (0..ring.slots()).map(|_| None).collect(),
+            msgs: (0..ring.slots()).map(|_| None).collect(),
+            ring,
+            zeroed: HashSet::new(),
+            zero_crc: None,
+            timeout,
+            direct: false,
+        })
+    }
+
+    /// The payload bytes a block holds.
+    pub fn block(&self) -> usize {
+        self.ring.block() as usize
+    }
+
+    /// A free block for the face to fill (waiting for a send to complete while every block
+    /// is busy), its payload area's contents unspecified.
+    pub fn claim(&mut self, sock: &ExsSocket) -> Result<Staged> {
+        let slot = loop {
+            match self.ring.claim() {
+                Some(slot) => break slot,
+                None => self.reap_one()?,
+            }
+        };
+        self.zeroed.remove(&slot);
+        match self.block_of(sock, slot) {
+            Ok(buf) => Ok(Staged { slot, buf }),
+            Err(e) => {
+                self.ring.release(slot);
+                Err(e)
+            }
+        }
+    }
+
+    /// A claimed block not sent after all: free again.
+    pub fn release(&mut self, staged: Staged) {
+        self.blocks[staged.slot] = Some(ExsBuf::new(staged.buf.region().clone()));
+        self.ring.release(staged.slot);
+    }
+
+    /// Sends `bytes` of a claimed block (a frame or frames the face wrote there), counting
+    /// it in flight until its completion hands the block back.
+    pub fn send(&mut self, sock: &ExsSocket, staged: Staged, bytes: Range<usize>) -> Result<()> {
+        let (slot, len) = (staged.slot, bytes.len());
+        let region = staged.buf.region().clone();
+        let msg = match staged.buf.slice(bytes) {
+            Ok(m) => m,
+            Err(e) => {
+                self.release(Staged {
+                    slot,
+                    buf: ExsBuf::new(region),
+                });
+                return Err(Error::conn(format!("slice staging block: {e}")));
+            }
+        };
+        self.msgs[slot] = Some(msg);
+        self.ring.filled(slot, len);
+        self.drive(sock, &mut |_, _, _| {
+            Err(Error::conn("internal: a read outside a range"))
+        })
+    }
+
+    /// Waits until every block sent has completed.
+    pub fn flush(&mut self) -> Result<()> {
+        while self.ring.in_flight() > 0 {
+            self.reap_one()?;
+        }
+        Ok(())
+    }
+
+    /// Sends `piece` of `src` as block frames whose header `head(piece, crc32c)` writes,
+    /// feeding every byte read to `hasher` in order, and `progress` with each block's
+    /// length. Each block is read straight into its registered staging block (no copy; a
+    /// zero source's blocks are zeroed once), and its CRC-32C is computed there. For ranges
+    /// of more than two blocks with staging threads on, the hash runs on its own thread,
+    /// fed copies of the blocks, so reading, CRC and hashing overlap.
+    pub fn send_range(
+        &mut self,
+        sock: &ExsSocket,
+        src: Source<'_>,
+        piece: Piece,
+        hasher: Option<&mut blake3::Hasher>,
+        progress: &dyn Fn(u64),
+        head: &dyn Fn(&Piece, u32) -> Result<[u8; FRAME_HEAD]>,
+    ) -> Result<()> {
+        let block = self.block() as u64;
+        let mut range = RangeRead {
+            src,
+            piece,
+            direct: None,
+            block,
+            progress,
+            head,
+        };
+        match hasher {
+            Some(h) if piece.len > 2 * block && staging_threads() => {
+                let depth = self.ring.slots();
+                std::thread::scope(|s| {
+                    let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(depth);
+                    let (back_tx, back_rx) = std::sync::mpsc::channel::<Vec<u8>>();
+                    let worker = s.spawn(move || {
+                        for v in rx {
+                            h.update(&v);
+                            let _ = back_tx.send(v);
+                        }
+                    });
+                    let res = self.read_and_send(sock, &mut range, &mut |b: &[u8]| {
+                        let mut v = back_rx.try_recv().unwrap_or_default();
+                        v.clear();
+                        v.extend_from_slice(b);
+                        tx.send(v)
+                            .map_err(|_| Error::conn("the hashing thread stopped"))
+                    });
+                    drop(tx);
+                    let joined = worker.join();
+                    res?;
+                    joined.map_err(|_| Error::conn("the hashing thread failed"))
+                })
+            }
+            Some(h) => self.read_and_send(sock, &mut range, &mut |b: &[u8]| {
+                h.update(b);
+                Ok(())
+            }),
+            None => self.read_and_send(sock, &mut range, &mut |_: &[u8]| Ok(())),
+        }
+    }
+
+    /// Queues the range in the ring and carries out its actions until it is all sent.
+    fn read_and_send(
+        &mut self,
+        sock: &ExsSocket,
+        range: &mut RangeRead<'_, '_>,
+        after_read: &mut dyn FnMut(&[u8]) -> Result<()>,
+    ) -> Result<()> {
+        range.prepare(self.direct);
+        self.ring.queue(range.piece);
+        let res = self.drive(sock, &mut |me: &mut Sender, slot, piece| {
+            me.fill_block(sock, range, slot, piece, after_read)
+        });
+        if res.is_err() {
+            self.ring.cancel_pending();
+        }
+        res
+    }
+
+    /// Carries out the ring's actions until nothing is left to read or send (what is in
+    /// flight completes later): reads through `read`, sends, and waits for completions.
+    fn drive(
+        &mut self,
+        sock: &ExsSocket,
+        read: &mut dyn FnMut(&mut Sender, SlotId, Piece) -> Result<()>,
+    ) -> Result<()> {
+        loop {
+            match self.ring.step() {
+                Some(Action::ReadInto { slot, piece }) => {
+                    if let Err(e) = read(self, slot, piece) {
+                        // Not filled: the slot is free again (its block, if kept, with it).
+                        self.ring.release(slot);
+                        return Err(e);
+                    }
+                }
+                Some(Action::Send { slot, .. }) => {
+                    let msg = self.msgs[slot]
+                        .take()
+                        .ok_or_else(|| Error::conn("internal: a send of an empty slot"))?;
+                    sock.send_to(Some(&self.dq), msg, 0, Flags::NONE, slot as u64);
+                }
+                Some(Action::Wait) if self.ring.has_pending() => self.reap_one()?,
+                // Only sends in flight: they complete while the caller goes on.
+                Some(Action::Wait) | None => return Ok(()),
+                Some(other) => {
+                    return Err(Error::conn(format!("internal: a sender asked {other:?}")))
+                }
+            }
+        }
+    }
+
+    /// Reads `piece` into `slot`'s block, checksums it, writes its frame header and marks
+    /// it filled.
+    fn fill_block(
+        &mut self,
+        sock: &ExsSocket,
+        range: &mut RangeRead<'_, '_>,
+        slot: SlotId,
+        piece: Piece,
+        after_read: &mut dyn FnMut(&[u8]) -> Result<()>,
+    ) -> Result<()> {
+        let buf = self.block_of(sock, slot)?;
+        // Until it is filled the slot's block is held here: put it back if anything fails.
+        let res = self.fill(range, slot, &buf, piece, after_read);
+        match res {
+            Ok(len) => {
+                let msg = buf
+                    .slice(..FRAME_HEAD + len)
+                    .map_err(|e| Error::conn(format!("slice staging block: {e}")))?;
+                self.msgs[slot] = Some(msg);
+                self.ring.filled(slot, FRAME_HEAD + len);
+                (range.progress)(len as u64);
+                Ok(())
+            }
+            Err(e) => {
+                self.blocks[slot] = Some(ExsBuf::new(buf.region().clone()));
+                Err(e)
+            }
+        }
+    }
+
+    /// Fills `buf` (slot `slot`) with `piece` and its header; the payload's length.
+    fn fill(
+        &mut self,
+        range: &mut RangeRead<'_, '_>,
+        slot: SlotId,
+        buf: &ExsBuf,
+        piece: Piece,
+        after_read: &mut dyn FnMut(&[u8]) -> Result<()>,
+    ) -> Result<usize> {
+        let n = usize::try_from(piece.len).map_err(|_| Error::conn("internal: block too large"))?;
+        if buf.len() < FRAME_HEAD + n {
+            return Err(Error::conn("internal: staging block too small"));
+        }
+        let (mem, at) = (buf.buffer(), buf.offset() + FRAME_HEAD);
+        match range.src {
+            Source::File(_) => {
+                self.zeroed.remove(&slot);
+                range.read(buf, piece)?;
+            }
+            Source::Zero => {
+                if self.zeroed.insert(slot) {
+                    mem.copy_from(at, &zero_block(self.block()), 0, self.block());
+                }
+            }
+        }
+        // A zero source's staging blocks hold zeros (`zeroed`), so one CRC serves them all.
+        let zero_crc = match (range.src, self.zero_crc) {
+            (Source::Zero, Some((len, crc))) if len == n => Some(crc),
+            _ => None,
+        };
+        let crc = mem.with_bytes(at, n, |b| -> Result<u32> {
+            after_read(b)?;
+            Ok(zero_crc.unwrap_or_else(|| crc32c::crc32c(b)))
+        })?;
+        if matches!(range.src, Source::Zero) {
+            self.zero_crc = Some((n, crc));
+        }
+        let head = (range.head)(&piece, crc)?;
+        buf.write_at(0, &head)
+            .map_err(|e| Error::conn(format!("fill staging block: {e}")))?;
+        if test_corrupt(buf, FRAME_HEAD, n) {
+            self.zeroed.remove(&slot);
+        }
+        Ok(n)
+    }
+
+    /// `slot`'s block (allocated on its first use), with byte 0 where a frame header starts.
+    fn block_of(&mut self, sock: &ExsSocket, slot: SlotId) -> Result<ExsBuf> {
+        match self.blocks[slot].take() {
+            Some(b) => b
+                .slice(HEAD_ROOM - FRAME_HEAD..)
+                .map_err(|e| Error::conn(format!("slice staging block: {e}"))),
+            None => alloc_aligned(sock, FRAME_HEAD + self.block(), "staging block", Use::Send),
+        }
+    }
+
+    /// Waits for one send completion and takes its block back.
+    fn reap_one(&mut self) -> Result<()> {
+        let ev = self
+            .dq
+            .dequeue(self.timeout)
+            .ok_or_else(|| Error::conn("the peer stopped taking data; giving up"))?;
+        if ev.kind == EventKind::Send {
+            let slot = usize::try_from(ev.ctx)
+                .ok()
+                .filter(|&s| s < self.blocks.len())
+                .ok_or_else(|| Error::conn("internal: a send completion of no slot"))?;
+            if let Some(buf) = ev.buf {
+                // The send used part of the block; keep the whole block.
+                self.blocks[slot] = Some(ExsBuf::new(buf.region().clone()));
+            }
+            self.ring.sent(slot);
+        }
+        ev.result.map_err(|e| exs_err("send block", e))
+    }
+}
+
+/// One range being read: its source, and the file's direct-I/O handle.
+struct RangeRead<'s, 'f> {
+    src: Source<'s>,
+    piece: Piece,
+    direct: Option<std::fs::File>,
+    /// The block size, the most read ahead at a time.
+    block: u64,
+    progress: &'f dyn Fn(u64),
+    head: &'f dyn Fn(&Piece, u32) -> Result<[u8; FRAME_HEAD]>,
+}
+
+impl RangeRead<'_, '_> {
+    /// Opens the direct handle, or advises the kernel of a sequential read of the range.
+    fn prepare(&mut self, direct: bool) {
+        let Source::File(file) = self.src else {
+            return;
+        };
+        if direct {
+            self.direct = open_direct_or_warn(file, false);
+        } else {
+            // A larger kernel readahead window for the whole range (advice only).
+            let _ = rustix::fs::fadvise(
+                file,
+                self.piece.offset,
+                std::num::NonZeroU64::new(self.piece.len),
+                rustix::fs::Advice::Sequential,
+            );
+        }
+    }
+
+    /// Reads `piece` of the file into `buf`'s payload area.
+    fn read(&self, buf: &ExsBuf, piece: Piece) -> Result<()> {
+        let Source::File(file) = self.src else {
+            return Ok(());
+        };
+        let (pos, n) = (piece.offset, piece.len as usize);
+        let (mem, at) = (buf.buffer(), buf.offset() + FRAME_HEAD);
+        let aligned = direct_aligned(buf.addr() + FRAME_HEAD, pos, n);
+        let read = match &self.direct {
+            Some(d) if aligned => mem.read_file_at(at, n, d, pos),
+            _ => {
+                // The disk reads the next block while this one is read, checked and sent.
+                let (next, end) = (pos + n as u64, self.piece.end());
+                if next < end && self.direct.is_none() {
+                    let _ = rustix::fs::fadvise(
+                        file,
+                        next,
+                        std::num::NonZeroU64::new((end - next).min(self.block)),
+                        rustix::fs::Advice::WillNeed,
+                    );
+                }
+                mem.read_file_at(at, n, file, pos)
+            }
+        };
+        read.map_err(|e| Error::io(format!("read at offset {pos}"), &e))?;
+        if pos == self.piece.offset {
+            crate::stamp::test_pause_after_read();
+        }
+        Ok(())
+    }
+}
+
+/// A registered-size buffer of zeros, shared by every sender of a process, to clear a
+/// staging block from.
+fn zero_block(len: usize) -> ferry_fabric::Buffer {
+    static ZEROS: std::sync::Mutex<Option<ferry_fabric::Buffer>> = std::sync::Mutex::new(None);
+    let mut z = ZEROS.lock().unwrap_or_else(|p| p.into_inner());
+    match &*z {
+        Some(b) if b.len() >= len => b.clone(),
+        _ => {
+            let b = ferry_fabric::Buffer::new(len);
+            b.fill(0);
+            *z = Some(b.clone());
+            b
+        }
+    }
+}
+
+/// Test hook: `FERRY_TEST_CORRUPT_BLOCKS=N` flips a byte in the first N blocks this process
+/// sends (after their CRC was computed), so tests can watch the receiver catch and re-fetch
+/// them. Unset in normal use.
+fn corrupt_this_block() -> bool {
+    static SENT: AtomicU64 = AtomicU64::new(0);
+    static LIMIT: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let limit = *LIMIT.get_or_init(|| {
+        std::env::var("FERRY_TEST_CORRUPT_BLOCKS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    });
+    limit > 0 && SENT.fetch_add(1, Ordering::Relaxed) < limit
+}
+
+/// The test hook (`FERRY_TEST_CORRUPT_BLOCKS`): flips the first byte of the `n`-byte
+/// payload at `at` of `buf`, after its checksums were computed, while the hook allows. True
+/// if it did. A face calls it for the frames it fills itself.
+pub fn test_corrupt(buf: &ExsBuf, at: usize, n: usize) -> bool {
+    if n == 0 || !corrupt_this_block() {
+        return false;
+    }
+    let first = buf.buffer().with_bytes(buf.offset() + at, 1, |b| b[0]);
+    let _ = buf.write_at(at, &[first ^ 0xff]);
+    true
+}
