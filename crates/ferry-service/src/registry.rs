@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_exs::proto::{EventKind, Flags};
-use ferry_exs::runtime::{EventQueue, ExsIncoming, ExsSocket};
+use ferry_exs::runtime::{EventQueue, ExsBuf, ExsIncoming, ExsSocket};
 use ferry_fabric::Access;
 
 use crate::admit::{more, Handshake, Stage};
@@ -223,18 +223,21 @@ fn first_message(sock: &ExsSocket, queue: &EventQueue, hs: &Handshake) -> Result
             EventKind::Recv => {
                 ev.result
                     .map_err(|e| Error::conn(format!("receive the first frame: {e}")))?;
-                let buf = ev
-                    .buf
-                    .ok_or_else(|| Error::conn("receive completed without its buffer"))?;
-                let len = usize::try_from(ev.len).unwrap_or(usize::MAX).min(buf.len());
-                let mut v = buf.to_vec();
-                v.truncate(len);
-                return Ok(v);
+                return received(ev.buf, ev.len);
             }
             EventKind::Close => return Err(Error::conn("the peer closed the connection")),
             _ => {}
         }
     }
+}
+
+/// The bytes a completed receive delivered (`len` of its buffer).
+fn received(buf: Option<ExsBuf>, len: u64) -> Result<Vec<u8>> {
+    let buf = buf.ok_or_else(|| Error::conn("receive completed without its buffer"))?;
+    let len = usize::try_from(len).unwrap_or(usize::MAX).min(buf.len());
+    let mut v = buf.to_vec();
+    v.truncate(len);
+    Ok(v)
 }
 
 /// Sends a floor frame (small enough to need no remote access).
@@ -326,13 +329,7 @@ fn answer(queue: &EventQueue, timeout: Duration, addr: &str) -> Result<Answer> {
         match ev.kind {
             EventKind::Recv => {
                 ev.result.map_err(|_| old())?;
-                let buf = ev
-                    .buf
-                    .ok_or_else(|| Error::conn("receive completed without its buffer"))?;
-                let len = usize::try_from(ev.len).unwrap_or(usize::MAX).min(buf.len());
-                let mut v = buf.to_vec();
-                v.truncate(len);
-                return match select::decode(&v) {
+                return match select::decode(&received(ev.buf, ev.len)?) {
                     Ok(Floor::Selected) => Ok(Answer::Selected),
                     Ok(Floor::Services { hosted, .. }) => Ok(Answer::Hosted(hosted)),
                     Ok(Floor::Refused { message }) => {
