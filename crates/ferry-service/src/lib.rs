@@ -3,7 +3,7 @@
 //! checksums, never a face's messages, and depends on no face.
 //!
 //! - [`serve`]: the server skeleton (listen on one or more addresses of any driver, a
-//!   thread per connection through a [`serve::Service`], in-flight accounting and drain);
+//!   thread per connection through a [`registry::Service`], in-flight accounting and drain);
 //!   [`registry`]: the services one server hosts and how a connection selects one, on the
 //!   floor's own frames ([`select`]).
 //! - [`auth`]: who may use a server's services (tokens); [`admit`]: admission limits

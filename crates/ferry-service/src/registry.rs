@@ -21,7 +21,36 @@ use crate::admit::{more, Handshake, Stage};
 use crate::auth::AuthConfig;
 use crate::error::{Error, Kind, Result};
 use crate::select::{self, Floor};
-use crate::serve::{Conn, Service};
+
+/// What a server does with a connection once admission let it in and the client chose it.
+pub trait Service: Send + Sync + 'static {
+    /// Serves one connection from its face's first frame on (within the handshake's
+    /// deadline until authenticated), on the connection's own thread. A failing connection
+    /// ends only itself.
+    fn serve_connection(&self, conn: Conn);
+}
+
+/// An accepted connection handed to a [`Service`]: EXS is open on it, no receive is
+/// posted, and the service was chosen.
+pub struct Conn {
+    /// The connection (remote access deferred until the service authenticates the peer:
+    /// [`ExsSocket::enable_remote_access`]).
+    pub sock: ExsSocket,
+    /// The queue its events go to.
+    pub queue: EventQueue,
+    /// Its place in the handshake pool, until the service admits it.
+    pub hs: Handshake,
+    /// The peer's address.
+    pub peer: String,
+    /// The face's first frame, already received, when the client sent no SELECT (a client
+    /// older than protocol 1.6: see [`LEGACY_SERVICE`]); `None` when the
+    /// client selected the service, its first frame being the next message.
+    pub first: Option<Vec<u8>>,
+    /// The token the client's SELECT carried, accepted by the floor
+    /// ([`crate::admit::Admission::authenticate`]); `None` when it sent none, and the
+    /// service checks the token its own first frame carries with the same call.
+    pub token: Option<String>,
+}
 
 /// The service a connection whose first frame is not a SELECT goes to: file transfer,
 /// the only face of clients older than protocol 1.6.

@@ -1,50 +1,21 @@
 //! The server skeleton every service runs on: listen on one or more addresses (any driver,
 //! [`bind_all`]), accept on each on a thread of its own, pass each connection through
 //! admission ([`crate::admit`]) and serve it on a thread of its own ([`serve_until`]) by the
-//! service it selected ([`crate::registry`], a [`Service`] saying what a connection does),
-//! and count the transfers in flight so a SIGTERM can drain them ([`Drain`]).
+//! service it selected ([`crate::registry`], whose [`Service`](crate::registry::Service)
+//! says what a connection does), and count the transfers in flight so a SIGTERM can drain
+//! them ([`Drain`]).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_exs::runtime::{default_config, EventQueue, ExsListener, ExsSocket};
+use ferry_exs::runtime::{default_config, ExsListener};
 
 use crate::admit::{more, Admission, Turned};
 use crate::error::{Error, Kind, Result};
 use crate::registry::Registry;
 
 pub use crate::admit::Handshake;
-
-/// What a server does with a connection once admission let it in and the client chose it.
-pub trait Service: Send + Sync + 'static {
-    /// Serves one connection from its face's first frame on (within the handshake's
-    /// deadline until authenticated), on the connection's own thread. A failing connection
-    /// ends only itself.
-    fn serve_connection(&self, conn: Conn);
-}
-
-/// An accepted connection handed to a [`Service`]: EXS is open on it, no receive is
-/// posted, and the service was chosen.
-pub struct Conn {
-    /// The connection (remote access deferred until the service authenticates the peer:
-    /// [`ExsSocket::enable_remote_access`]).
-    pub sock: ExsSocket,
-    /// The queue its events go to.
-    pub queue: EventQueue,
-    /// Its place in the handshake pool, until the service admits it.
-    pub hs: Handshake,
-    /// The peer's address.
-    pub peer: String,
-    /// The face's first frame, already received, when the client sent no SELECT (a client
-    /// older than protocol 1.6: see [`crate::registry::LEGACY_SERVICE`]); `None` when the
-    /// client selected the service, its first frame being the next message.
-    pub first: Option<Vec<u8>>,
-    /// The token the client's SELECT carried, accepted by the floor
-    /// ([`crate::admit::Admission::authenticate`]); `None` when it sent none, and the
-    /// service checks the token its own first frame carries with the same call.
-    pub token: Option<String>,
-}
 
 /// Binds `addr` (`tcp://HOST:PORT`, `ofi+tcp://HOST:PORT`, `ofi+shm://NAME`) for a server
 /// that authenticates its clients: their sockets serve no RMA until the service says so.

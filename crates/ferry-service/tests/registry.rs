@@ -14,8 +14,9 @@ use ferry_fabric::Access;
 use ferry_service::admit::{Admission, LimitsConfig};
 use ferry_service::auth::AuthConfig;
 use ferry_service::registry::{probe, Answer, Registry};
+use ferry_service::registry::{Conn, Service};
 use ferry_service::select::{self, Floor};
-use ferry_service::serve::{bind_all, serve_until, Conn, Service};
+use ferry_service::serve::{bind_all, serve_until};
 
 const T: Duration = Duration::from_secs(10);
 

@@ -28,8 +28,9 @@ use crate::proto::{self, Entry, ErrorCode, Msg, BLOCK_HEADER_LEN};
 use crate::session::Session;
 use ferry_service::admit::{Admission, AuthRefused, Handshake, Stage};
 use ferry_service::registry::Registry;
+use ferry_service::registry::{Conn, Service};
+use ferry_service::serve::Drain;
 pub use ferry_service::serve::DrainReport;
-use ferry_service::serve::{Conn, Drain, Service};
 
 pub use crate::export::Refusal;
 use crate::export::{refuse, PResult};
