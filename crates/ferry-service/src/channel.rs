@@ -413,7 +413,7 @@ impl Channel {
 }
 
 /// Copies the first `len` bytes of a received buffer into `out` (resized to them).
-fn copy_out(buf: &ExsBuf, len: usize, out: &mut Vec<u8>) {
+pub(crate) fn copy_out(buf: &ExsBuf, len: usize, out: &mut Vec<u8>) {
     out.resize(len, 0);
     buf.buffer().read_at(buf.offset(), out);
 }

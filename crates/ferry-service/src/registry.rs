@@ -264,8 +264,8 @@ fn first_message(sock: &ExsSocket, queue: &EventQueue, hs: &Handshake) -> Result
 fn received(buf: Option<ExsBuf>, len: u64) -> Result<Vec<u8>> {
     let buf = buf.ok_or_else(|| Error::conn("receive completed without its buffer"))?;
     let len = usize::try_from(len).unwrap_or(usize::MAX).min(buf.len());
-    let mut v = buf.to_vec();
-    v.truncate(len);
+    let mut v = Vec::new();
+    crate::channel::copy_out(&buf, len, &mut v);
     Ok(v)
 }
 
