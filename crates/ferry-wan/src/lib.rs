@@ -38,6 +38,7 @@
 //! the host's own are left alone: see [`HostLimits`].
 #![deny(unsafe_code)]
 
+mod error;
 mod gso;
 mod line;
 mod netns;
@@ -53,6 +54,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+pub use error::Error;
 pub use line::LineStats;
 use line::{Controls, LineConfig};
 use netns::Netns;
@@ -71,24 +73,6 @@ const DEVICE: &str = "wan0";
 const MIN_QUEUE: u64 = 256 << 10;
 /// Rate assumed for sizing buffers when there is no bottleneck.
 const UNCAPPED_RATE_BPS: u64 = 10_000_000_000;
-
-/// Errors of setting up the emulator.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// This machine or user cannot run it (not root, no /dev/net/tun, no `ip`): tests skip.
-    #[error("the WAN emulator cannot run here: {0}")]
-    Unsupported(String),
-    #[error("{what}: {source}")]
-    Io { what: String, source: io::Error },
-    #[error("`{cmd}` failed: {stderr}")]
-    Command { cmd: String, stderr: String },
-}
-
-impl Error {
-    fn io(what: String, source: io::Error) -> Error {
-        Error::Io { what, source }
-    }
-}
 
 /// Whether packets cross the line as GSO super-packets or one MTU each.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -8,7 +8,7 @@ use std::process::Command;
 use rustix::fs::{open, Mode, OFlags};
 use rustix::thread::{move_into_link_name_space, LinkNameSpaceType};
 
-use crate::Error;
+use crate::error::Error;
 
 /// Where `ip netns` keeps its namespaces.
 pub(crate) const NETNS_DIR: &str = "/run/netns";
