@@ -27,6 +27,7 @@ use crate::link::{BlockSender, Link};
 use crate::proto::{self, Entry, ErrorCode, Msg, BLOCK_HEADER_LEN};
 use crate::session::Session;
 use ferry_service::admit::{Admission, AuthRefused, Handshake, Stage};
+use ferry_service::auth::AuthConfig;
 use ferry_service::registry::Registry;
 use ferry_service::registry::{Conn, Service};
 use ferry_service::serve::Drain;
@@ -76,6 +77,19 @@ impl Service for Server {
         }
         link.close();
     }
+
+    /// Starts refusing new requests (with Unavailable) and notes how many transfers are in
+    /// flight.
+    fn begin_drain(&self) {
+        self.drain.begin();
+    }
+
+    /// Refuses new requests, lets the transfers in flight run for up to `grace`, then
+    /// tells the rest to stop (an upload fsyncs its part file and journals its verified
+    /// prefix; a download just ends, its client journals) and waits a little for them.
+    fn drain(&self, grace: Duration) -> DrainReport {
+        self.drain.run(grace)
+    }
 }
 
 /// The name file transfer is hosted under in a server's registry (the service a client
@@ -116,6 +130,22 @@ impl Server {
         }))
     }
 
+    /// The admission every connection passes (limits, handshake pool, staging memory),
+    /// shared with the other faces of a daemon.
+    pub fn admission(&self) -> &Arc<Admission> {
+        &self.admission
+    }
+
+    /// The addresses it is configured to listen on.
+    pub fn listen(&self) -> &[String] {
+        &self.cfg.listen
+    }
+
+    /// Who may use it.
+    pub fn auth(&self) -> &AuthConfig {
+        &self.cfg.auth
+    }
+
     /// Binds every configured listen address.
     pub fn bind(&self) -> Result<Vec<ExsListener>> {
         ferry_service::serve::bind_all(&self.cfg.listen)
@@ -128,7 +158,7 @@ impl Server {
     }
 
     /// Like [`Server::serve`], until `quit` is set (checked a few times a second); then it
-    /// stops accepting and returns, leaving the connections running (see [`Server::drain`]).
+    /// stops accepting and returns, leaving the connections running (see [`Service::drain`]).
     ///
     /// The server is the registry's file-transfer service ([`SERVICE`]); each listener
     /// accepts on its own thread, and every connection passes the one admission
@@ -142,21 +172,6 @@ impl Server {
         registry.add(SERVICE, self.clone())?;
         ferry_service::serve::serve_until(&Arc::new(registry), &self.admission, listeners, quit);
         Ok(())
-    }
-
-    /// Ends service gracefully: refuses new requests, lets the transfers in flight run for
-    /// up to `grace`, then tells the rest to stop (an upload fsyncs its part file and
-    /// journals its verified prefix; a download just ends, its client journals) and waits a
-    /// little for them. The caller exits afterwards.
-    pub fn drain(&self, grace: Duration) -> DrainReport {
-        self.drain.run(grace)
-    }
-
-    /// Starts refusing new requests (with Unavailable) and notes how many transfers are in
-    /// flight; cheap and callable from any thread (e.g. a signal-watching one) before
-    /// [`Server::drain`]. Idempotent.
-    pub fn begin_drain(&self) {
-        self.drain.begin();
     }
 
     fn stopping(&self) -> bool {
