@@ -157,9 +157,16 @@ impl Channel {
             .map_err(|e| Error::new(Kind::Usage, format!("bad address {addr}: {e}")))?;
         let q = EventQueue::new().map_err(|e| Error::io("create event queue", &e))?;
         let sock = ExsSocket::connect(addr, default_config(&fabric), &q, timeout).map_err(|e| {
-            // A driver missing here (libfabric not installed) is not the server's doing.
-            let hint = match e {
-                ferry_exs::runtime::Error::Fabric(ferry_fabric::FabricError::Unavailable(_)) => "",
+            // A driver missing here (libfabric not installed) is not the server's doing, and
+            // a name that does not resolve is the user's to fix, not a server to start.
+            use ferry_fabric::FabricError;
+            let hint = match &e {
+                ferry_exs::runtime::Error::Fabric(FabricError::Unavailable(_)) => "",
+                ferry_exs::runtime::Error::Fabric(FabricError::Io { context, .. })
+                    if context.starts_with("resolv") =>
+                {
+                    " (no such host: check its name)"
+                }
                 _ => " (is `ferry serve` running there, and is the driver right?)",
             };
             Error::conn(format!("cannot connect to {addr}: {e}{hint}"))
