@@ -629,22 +629,26 @@ impl Drop for StreamGuard<'_> {
 /// (or the refusal after too many CRC rounds).
 type Received = (u64, PResult<Option<[u8; 32]>>);
 
-/// Refuses a connection at its handshake: the refusal, a moment for it to reach the client
-/// before the connection goes, and the error that ends the connection.
-/// Bytes of staging memory a connection with `ring` blocks of `block` bytes may hold at
-/// once: its receive ring and its send ring (registered buffers), the copies of one request
-/// and one received block, and with staging threads the blocks queued to the writer or
-/// hasher thread.
+/// Bytes of staging memory a connection with `ring` blocks of `block` bytes holds at most,
+/// from what it really allocates: its receive ring (the posted receive buffers, in which a
+/// writer's queued blocks and a PUT_FILE being written also wait: no copies), its send ring
+/// (staging blocks, each on first use), its pool of control send buffers, and with staging
+/// threads the copies a GET's hashing thread is fed. (It used to count two more blocks, a
+/// copy of a request and of a received block, and with staging threads a writer queue of
+/// copies: none is made any more.) The floor's test `ring_costs_what_it_allocates` holds
+/// the rings' part to the real allocations.
 fn staging_cost(ring: usize, block: u32) -> u64 {
-    let threads = if crate::link::staging_threads() {
-        ring
+    use ferry_service::channel::{control_pool_bytes, ring_bytes};
+    let hashing = if crate::link::staging_threads() {
+        ferry_service::ring::sender::hasher_bytes(ring, block)
     } else {
         0
     };
-    let buffers = 2 * ring + 2 + threads;
-    buffers as u64 * crate::link::buffer_bytes(block)
+    2 * ring_bytes(ring, block) + control_pool_bytes(proto::MAX_CONTROL) + hashing
 }
 
+/// Refuses a connection at its handshake: the refusal, a moment for it to reach the client
+/// before the connection goes, and the error that ends the connection.
 fn refuse_connection<T>(link: &Link, r: impl Into<Refusal>) -> Result<T> {
     let r = r.into();
     let message = r.message.clone();
