@@ -282,7 +282,9 @@ fn fio_nbd_engine_verifies() {
         "this fio has no nbd engine (Debian's fio is built with it; install fio from Debian)"
     );
     let s = start(vec![ExportConfig::memory("ram", 64 * MIB)], &[]);
-    run(Command::new("fio").args([
+    // fio leaves verify state files in its working directory.
+    let dir = scratch("fio");
+    run(Command::new("fio").current_dir(&dir).args([
         "--name=verify",
         "--ioengine=nbd",
         &format!("--uri={}", s.uri("ram")),
@@ -294,7 +296,7 @@ fn fio_nbd_engine_verifies() {
         "--do_verify=1",
         "--verify_fatal=1",
     ]));
-    run(Command::new("fio").args([
+    run(Command::new("fio").current_dir(&dir).args([
         "--name=trim",
         "--ioengine=nbd",
         &format!("--uri={}", s.uri("ram")),
@@ -303,4 +305,38 @@ fn fio_nbd_engine_verifies() {
         "--size=16m",
         "--iodepth=4",
     ]));
+}
+
+/// `qemu-nbd --list` on the Unix-socket listener: the exports, the flags advertised and
+/// the metadata context.
+#[test]
+fn qemu_nbd_list_shows_flags_on_the_unix_socket() {
+    need("qemu-nbd", "qemu-utils");
+    let dir = scratch("qemu-nbd");
+    let img = dir.join("disk.img");
+    sparse_file(&img, 4 * MIB, &[]);
+    let sock = dir.join("nbd.sock");
+    let mut e = ExportConfig::file("disk", &img);
+    e.description = "listed".into();
+    let _s = start(vec![e], &[format!("unix:{}", sock.display())]);
+    let out = run(Command::new("qemu-nbd").args(["--list", "-k", sock.to_str().unwrap()]));
+    let text = String::from_utf8_lossy(&out.stdout);
+    for want in [
+        "export: 'disk'",
+        "description: listed",
+        "size:  4194304",
+        "flush",
+        "fua",
+        "trim",
+        "zeroes",
+        "multi",
+        "cache",
+        "fast-zero",
+        "base:allocation",
+    ] {
+        assert!(
+            text.contains(want),
+            "qemu-nbd --list lacks {want:?}:\n{text}"
+        );
+    }
 }
