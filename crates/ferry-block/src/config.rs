@@ -156,11 +156,17 @@ impl BlockConfig {
     /// Reads the `[block]` table of `ferry serve`'s configuration and checks it
     /// ([`BlockConfig::validate`]).
     pub fn from_table(table: toml::Table) -> Result<BlockConfig> {
-        let c: BlockConfig = toml::Value::Table(table)
-            .try_into()
-            .map_err(|e| Error::new(Kind::Usage, format!("bad [block] configuration: {e}")))?;
+        let c = Self::parse_table(table)?;
         c.validate()?;
         Ok(c)
+    }
+
+    /// Reads the `[block]` table without checking it, for a caller that adds to it (the
+    /// command line's exports) before [`BlockConfig::validate`].
+    pub fn parse_table(table: toml::Table) -> Result<BlockConfig> {
+        toml::Value::Table(table)
+            .try_into()
+            .map_err(|e| Error::new(Kind::Usage, format!("bad [block] configuration: {e}")))
     }
 
     /// Parses a TOML document holding only the block table's fields (for tests and

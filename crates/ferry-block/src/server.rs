@@ -386,6 +386,9 @@ impl BlockServer {
         for s in lock(&self.shared.conns).values() {
             s.shutdown();
         }
+        // The daemon may never drop its faces (its signal thread holds them): the socket
+        // files go now.
+        self.remove_socket_files();
         DrainReport {
             in_flight: at_start,
             interrupted: left,
@@ -394,13 +397,20 @@ impl BlockServer {
     }
 }
 
-impl Drop for BlockServer {
-    fn drop(&mut self) {
+impl BlockServer {
+    /// Removes the files of the Unix sockets listened on.
+    fn remove_socket_files(&self) {
         for l in &self.listeners {
             if let Listener::Unix(_, p) = l {
                 let _ = std::fs::remove_file(p);
             }
         }
+    }
+}
+
+impl Drop for BlockServer {
+    fn drop(&mut self) {
+        self.remove_socket_files();
     }
 }
 
@@ -741,5 +751,24 @@ impl Conn<'_> {
                 self.send(&reply::error_chunk(cookie, nbd_errno(&e), &msg))
             }
         }
+    }
+}
+
+/// The block service as a face of `ferry serve`'s daemon: it accepts on sockets of its own.
+impl ferry_service::daemon::Endpoint for BlockServer {
+    fn local_addrs(&self) -> Vec<String> {
+        BlockServer::local_addrs(self)
+    }
+
+    fn serve_until(&self, quit: &AtomicBool) {
+        BlockServer::serve_until(self, quit)
+    }
+
+    fn begin_drain(&self) {
+        BlockServer::begin_drain(self)
+    }
+
+    fn drain(&self, grace: Duration) -> DrainReport {
+        BlockServer::drain(self, grace)
     }
 }

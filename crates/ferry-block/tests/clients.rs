@@ -284,7 +284,7 @@ fn fio_nbd_engine_verifies() {
     let s = start(vec![ExportConfig::memory("ram", 64 * MIB)], &[]);
     // fio leaves verify state files in its working directory.
     let dir = scratch("fio");
-    run(Command::new("fio").current_dir(&dir).args([
+    run(Command::new("fio").current_dir(&*dir).args([
         "--name=verify",
         "--ioengine=nbd",
         &format!("--uri={}", s.uri("ram")),
@@ -296,7 +296,7 @@ fn fio_nbd_engine_verifies() {
         "--do_verify=1",
         "--verify_fatal=1",
     ]));
-    run(Command::new("fio").current_dir(&dir).args([
+    run(Command::new("fio").current_dir(&*dir).args([
         "--name=trim",
         "--ioengine=nbd",
         &format!("--uri={}", s.uri("ram")),

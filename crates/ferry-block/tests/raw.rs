@@ -100,16 +100,18 @@ fn served(s: &Running, expect: &[u8]) {
     assert_eq!(read_n(&mut c, expect.len()), expect);
 }
 
-fn disk(tag: &str) -> (std::path::PathBuf, Vec<u8>) {
+/// A 1 MiB file with data in its first 64 KiB (in a scratch directory that lives as long
+/// as the first element); its path and its first 4096 bytes.
+fn disk(tag: &str) -> (Scratch, std::path::PathBuf, Vec<u8>) {
     let dir = scratch(tag);
     let img = dir.join("disk.img");
     sparse_file(&img, 1 << 20, &[(0, 65536)]);
-    (img, pattern(0, 4096))
+    (dir, img, pattern(0, 4096))
 }
 
 #[test]
 fn unknown_option_is_answered_and_negotiation_goes_on() {
-    let (img, first) = disk("unknown");
+    let (_dir, img, first) = disk("unknown");
     let s = start(vec![ExportConfig::file("disk", &img)], &[]);
     let mut c = connect(&s);
     hello(&mut c);
@@ -133,7 +135,7 @@ fn unknown_option_is_answered_and_negotiation_goes_on() {
 /// 1 GiB of data each lose their own connection; other clients are served throughout.
 #[test]
 fn broken_clients_lose_only_their_connection() {
-    let (img, first) = disk("garbage");
+    let (_dir, img, first) = disk("garbage");
     let s = start(vec![ExportConfig::file("disk", &img)], &[]);
 
     let mut garbage = connect(&s);
@@ -185,7 +187,7 @@ fn broken_clients_lose_only_their_connection() {
 /// connection goes on; many requests in flight are each answered once.
 #[test]
 fn errors_keep_the_connection_and_replies_match_cookies() {
-    let (img, first) = disk("errors");
+    let (_dir, img, first) = disk("errors");
     let s = start(vec![ExportConfig::file("disk", &img)], &[]);
     let mut c = connect(&s);
     hello(&mut c);
@@ -226,7 +228,7 @@ fn errors_keep_the_connection_and_replies_match_cookies() {
 
 #[test]
 fn unix_socket_listener_serves() {
-    let (img, first) = disk("unix");
+    let (_dir, img, first) = disk("unix");
     let sock = img.with_file_name("nbd.sock");
     let s = start(
         vec![ExportConfig::file("disk", &img)],
@@ -248,7 +250,7 @@ fn unix_socket_listener_serves() {
 /// disconnect), and closes the connections once nothing is in flight.
 #[test]
 fn a_drain_refuses_new_requests_then_closes() {
-    let (img, _) = disk("drain");
+    let (_dir, img, _) = disk("drain");
     let s = start(vec![ExportConfig::file("disk", &img)], &[]);
     let mut c = connect(&s);
     hello(&mut c);

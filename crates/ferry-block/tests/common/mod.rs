@@ -60,15 +60,31 @@ pub fn start(exports: Vec<ExportConfig>, extra: &[String]) -> Running {
     }
 }
 
+/// A scratch directory, removed when dropped.
+pub struct Scratch(PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// A fresh scratch directory on the real filesystem (direct I/O and holes work there).
-pub fn scratch(tag: &str) -> PathBuf {
+pub fn scratch(tag: &str) -> Scratch {
     static N: AtomicU32 = AtomicU32::new(0);
     let n = N.fetch_add(1, Ordering::Relaxed);
     let d = Path::new(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("ferry-block-{tag}-{}-{n}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
-    d
+    Scratch(d)
 }
 
 /// A sparse file of `size` bytes with a pattern in each `(offset, len)` of `data` and
