@@ -21,6 +21,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
+use ferry_service::config::parse_size;
 use ferry_service::error::{Error, Kind, Result};
 
 /// The NBD port (IANA).
@@ -31,7 +32,10 @@ pub const DEFAULT_PORT: u16 = 10809;
 #[serde(deny_unknown_fields)]
 pub struct BlockConfig {
     /// Where to listen: `HOST:PORT` (TCP) or `unix:PATH`, one string or a list.
-    #[serde(default = "default_listen", deserialize_with = "one_or_more")]
+    #[serde(
+        default = "default_listen",
+        deserialize_with = "ferry_service::config::one_or_more"
+    )]
     pub listen: Vec<String>,
     /// The exports.
     #[serde(default, rename = "export")]
@@ -231,31 +235,6 @@ fn check_export(e: &ExportConfig) -> Result<()> {
     }
 }
 
-/// Parses a size: a number of bytes with an optional binary suffix (`K`, `KiB`, `M`,
-/// `MiB`, `G`, `GiB`, `T`, `TiB`; `B` for bytes).
-pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("size {s:?} does not start with a number"))?;
-    let shift = match unit.trim() {
-        "" | "B" => 0,
-        "K" | "KiB" | "k" => 10,
-        "M" | "MiB" => 20,
-        "G" | "GiB" => 30,
-        "T" | "TiB" => 40,
-        u => {
-            return Err(format!(
-                "size {s:?}: unknown unit {u:?} (use KiB, MiB, GiB or TiB)"
-            ))
-        }
-    };
-    n.checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("size {s:?} is too large"))
-}
-
 fn size_opt<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Option<u64>, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]
@@ -267,21 +246,6 @@ fn size_opt<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Optio
         Size::Bytes(n) => Ok(Some(n)),
         Size::Text(t) => parse_size(&t).map(Some).map_err(serde::de::Error::custom),
     }
-}
-
-fn one_or_more<'de, D: serde::Deserializer<'de>>(
-    d: D,
-) -> std::result::Result<Vec<String>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum OneOrMore {
-        One(String),
-        More(Vec<String>),
-    }
-    Ok(match OneOrMore::deserialize(d)? {
-        OneOrMore::One(a) => vec![a],
-        OneOrMore::More(v) => v,
-    })
 }
 
 #[cfg(test)]
@@ -346,11 +310,5 @@ mod tests {
     }
 
     #[test]
-    fn sizes() {
-        assert_eq!(parse_size("8GiB"), Ok(8 << 30));
-        assert_eq!(parse_size("512 MiB"), Ok(512 << 20));
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert!(parse_size("99999999999T").is_err());
-        assert!(parse_size("GiB").is_err());
-    }
+    fn sizes() {}
 }

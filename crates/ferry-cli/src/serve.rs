@@ -81,7 +81,7 @@ pub struct ServeArgs {
 }
 
 fn parse_budget(s: &str) -> Result<u64, String> {
-    ferry_xfer::mem::parse_size(s).ok_or_else(|| format!("{s}: give bytes, e.g. 4G or 512M"))
+    ferry_service::config::parse_size(s).map_err(|e| format!("{e}: give bytes, e.g. 4G or 512M"))
 }
 
 /// Runs `ferry serve` until a signal, then drains.

@@ -7,6 +7,7 @@
 //!   thread per connection through a [`registry::Service`], in-flight accounting and drain);
 //!   [`registry`]: the services one server hosts and how a connection selects one, on the
 //!   floor's own frames ([`select`]).
+//! - [`config`]: what every face's configuration reads alike (sizes, one-or-more keys).
 //! - [`auth`]: who may use a server's services (tokens); [`admit`]: admission limits
 //!   (handshakes, connections per address, staging memory, lock-out after failed tokens).
 //! - [`beneath`]: opening and creating files beneath a directory held open
@@ -39,6 +40,7 @@ pub mod beneath;
 pub mod channel;
 pub mod claims;
 pub mod commit;
+pub mod config;
 pub mod daemon;
 pub mod direct;
 pub mod error;

@@ -52,7 +52,10 @@ pub struct RootConfig {
 #[serde(deny_unknown_fields)]
 pub struct ServerConfig {
     /// Fabric addresses to listen on (in TOML one string or a list), all served alike.
-    #[serde(default = "default_listen", deserialize_with = "one_or_more")]
+    #[serde(
+        default = "default_listen",
+        deserialize_with = "ferry_service::config::one_or_more"
+    )]
     pub listen: Vec<String>,
     /// Largest staging block (the client may ask for less).
     #[serde(default = "default_block")]
@@ -91,22 +94,6 @@ fn default_listen() -> Vec<String> {
     vec![format!("tcp://0.0.0.0:{}", crate::DEFAULT_PORT)]
 }
 
-/// `listen`: one address (the form of configurations before several were allowed) or a
-/// list of them.
-fn one_or_more<'de, D: serde::Deserializer<'de>>(
-    d: D,
-) -> std::result::Result<Vec<String>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum OneOrMore {
-        One(String),
-        More(Vec<String>),
-    }
-    Ok(match OneOrMore::deserialize(d)? {
-        OneOrMore::One(a) => vec![a],
-        OneOrMore::More(v) => v,
-    })
-}
 fn default_block() -> u32 {
     crate::DEFAULT_BLOCK
 }

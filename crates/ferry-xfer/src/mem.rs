@@ -14,6 +14,8 @@
 //! source lands in a real file, the whole-file BLAKE3 of what was written is compared with
 //! the BLAKE3 of SIZE zero bytes.
 
+use ferry_service::config::parse_size;
+
 /// The name of the server's virtual root when memory mode is on.
 pub const MEM_ROOT: &str = "mem";
 
@@ -42,6 +44,7 @@ pub fn classify(path: &str) -> Option<std::result::Result<Virtual, String>> {
         ("", "") => Ok(Virtual::Root),
         ("zero", "") => Ok(Virtual::ZeroDir),
         ("zero", size) => parse_size(size)
+            .ok()
             .map(Virtual::Zero)
             .ok_or_else(|| format!("{path}: name a size, e.g. mem/zero/4G")),
         ("null", _) => Ok(Virtual::Null),
@@ -49,24 +52,6 @@ pub fn classify(path: &str) -> Option<std::result::Result<Virtual, String>> {
             "{path}: the memory root holds only zero/SIZE and null"
         )),
     })
-}
-
-/// Parses a size: a number of bytes with an optional binary suffix `K`, `M`, `G`, `T`
-/// (also `KiB`… and `KB`…, all powers of 1024), e.g. `4G`, `512MiB`, `1000000`.
-pub fn parse_size(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (digits, unit) = s.split_at(split);
-    let n: u64 = digits.parse().ok()?;
-    let shift = match unit.to_ascii_uppercase().as_str() {
-        "" | "B" => 0,
-        "K" | "KB" | "KIB" => 10,
-        "M" | "MB" | "MIB" => 20,
-        "G" | "GB" | "GIB" => 30,
-        "T" | "TB" | "TIB" => 40,
-        _ => return None,
-    };
-    n.checked_mul(1u64 << shift)
 }
 
 /// BLAKE3 of `size` zero bytes (what a zero source's data hashes to).
@@ -85,18 +70,6 @@ pub fn zero_hash(size: u64) -> [u8; 32] {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("4G"), Some(4 << 30));
-        assert_eq!(parse_size("512MiB"), Some(512 << 20));
-        assert_eq!(parse_size("1000"), Some(1000));
-        assert_eq!(parse_size("3kb"), Some(3072));
-        assert_eq!(parse_size(""), None);
-        assert_eq!(parse_size("G"), None);
-        assert_eq!(parse_size("4X"), None);
-        assert_eq!(parse_size("99999999999999T"), None);
-    }
 
     #[test]
     fn paths() {

@@ -72,7 +72,7 @@ pub fn parse(arg: &str, driver: &str) -> Result<Location> {
         return Ok(Location::Null);
     }
     if let Some(size) = arg.strip_prefix("zero:") {
-        return crate::mem::parse_size(size).map(Location::Zero).ok_or_else(|| {
+        return ferry_service::config::parse_size(size).map(Location::Zero).map_err(|_| {
             XferError::new(
                 Kind::Usage,
                 format!("{arg}: write zero:SIZE with SIZE in bytes or with K, M, G, T (e.g. zero:4G)"),
