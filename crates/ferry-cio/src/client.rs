@@ -100,13 +100,15 @@ impl File {
         ch.recv_into(&mut answer)?;
         match select::decode(&answer) {
             Ok(Floor::Selected) => {}
-            Ok(Floor::Services { hosted, .. }) => return Err(CioError::new(
-                ErrorClass::Unsupported,
-                format!(
+            Ok(Floor::Services { hosted, .. }) => {
+                return Err(CioError::new(
+                    ErrorClass::Unsupported,
+                    format!(
                     "the server at {addr} does not run collective I/O (service cio); it runs: {}",
                     hosted.join(", ")
                 ),
-            )),
+                ))
+            }
             Ok(Floor::Refused { message }) => {
                 return Err(CioError::new(
                     ErrorClass::Access,

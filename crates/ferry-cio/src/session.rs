@@ -436,7 +436,7 @@ pub fn placement(works: Vec<Work>) -> Result<Action, CioError> {
         }
         data.push(bytes);
     }
-    pieces.sort_unstable_by_key(|p| (p.file, p.rank, p.at));
+    pieces.sort_unstable_by_key(|p| p.file);
     for w in pieces.windows(2) {
         let (a, b) = (w[0], w[1]);
         if a.file + a.len > b.file {

@@ -153,9 +153,11 @@ impl View {
             let full = out.len() >= MAX_EXTENTS;
             match out.last_mut() {
                 Some(last) if last.file + last.len == e.file => last.len += e.len,
-                _ if full => return Err(arg(format!(
+                _ if full => {
+                    return Err(arg(format!(
                     "the call covers more than {MAX_EXTENTS} separate pieces of the file; split it"
-                ))),
+                )))
+                }
                 _ => out.push(e),
             }
             left -= s.len;

@@ -267,11 +267,20 @@ pub fn read_regions(file: &File, wants: &[Vec<Extent>]) -> Result<Vec<Vec<u8>>> 
     for extents in &clipped {
         let n: u64 = extents.iter().map(|e| e.len).sum();
         let mut stream = Vec::with_capacity(n as usize);
+        let mut r = 0;
         for e in extents {
-            // Every extent lies inside the region that starts at or before it.
-            let r = regions
-                .partition_point(|&(f, _, _)| f <= e.file)
-                .saturating_sub(1);
+            // Every extent lies inside the region that starts at or before it: the one of
+            // the extent before (views mostly ascend), else found by binary search.
+            let inside = |r: usize| {
+                regions
+                    .get(r)
+                    .is_some_and(|&(f, l, _)| f <= e.file && e.file < f + l)
+            };
+            if !inside(r) {
+                r = regions
+                    .partition_point(|&(f, _, _)| f <= e.file)
+                    .saturating_sub(1);
+            }
             let piece = regions.get(r).and_then(|&(f, _, at)| {
                 let from = at + usize::try_from(e.file.checked_sub(f)?).ok()?;
                 buf.get(from..from + e.len as usize)
