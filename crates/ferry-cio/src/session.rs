@@ -415,7 +415,7 @@ fn agreed(kind: CallKind, works: &[Work]) -> Result<u64, CioError> {
 /// `r`'s [`Work::Write`]) sorted by file offset; pieces that overlap are an error (which
 /// rank's byte would land depends on nothing MPI defines), and nothing is written.
 pub fn placement(works: Vec<Work>) -> Result<Action, CioError> {
-    let mut pieces = Vec::new();
+    let mut lists = Vec::with_capacity(works.len());
     let mut data = Vec::with_capacity(works.len());
     for (rank, w) in works.into_iter().enumerate() {
         let (extents, bytes) = match w {
@@ -423,6 +423,7 @@ pub fn placement(works: Vec<Work>) -> Result<Action, CioError> {
             _ => (Vec::new(), Vec::new()),
         };
         let mut at = 0u64;
+        let mut pieces = Vec::with_capacity(extents.len());
         for e in extents {
             if e.len > 0 {
                 pieces.push(Piece {
@@ -434,9 +435,10 @@ pub fn placement(works: Vec<Work>) -> Result<Action, CioError> {
             }
             at += e.len;
         }
+        lists.push(pieces);
         data.push(bytes);
     }
-    pieces.sort_unstable_by_key(|p| p.file);
+    let pieces = merge_by_offset(lists, |p| p.file);
     for w in pieces.windows(2) {
         let (a, b) = (w[0], w[1]);
         if a.file + a.len > b.file {
@@ -456,6 +458,41 @@ pub fn placement(works: Vec<Work>) -> Result<Action, CioError> {
         }
     }
     Ok(Action::PlaceWrite { pieces, data })
+}
+
+/// The most lists [`merge_by_offset`] merges head by head; more are sorted instead.
+const MERGE_WAYS: usize = 8;
+
+/// Every item of `lists`, ordered by `key`. Views mostly ascend, so each rank's list
+/// usually is in order already: a few such lists are merged in one pass, picking the
+/// lowest head each time (linear, where a sort of a million 4-byte pieces costs most of a
+/// collective call); otherwise everything is sorted.
+pub fn merge_by_offset<T: Copy>(lists: Vec<Vec<T>>, key: impl Fn(&T) -> u64) -> Vec<T> {
+    let ascending = |l: &Vec<T>| l.windows(2).all(|w| key(&w[0]) <= key(&w[1]));
+    let total = lists.iter().map(Vec::len).sum();
+    let mut out = Vec::with_capacity(total);
+    if lists.len() > MERGE_WAYS || !lists.iter().all(ascending) {
+        out.extend(lists.into_iter().flatten());
+        out.sort_unstable_by_key(|t| key(t));
+        return out;
+    }
+    let mut heads = vec![0usize; lists.len()];
+    while out.len() < total {
+        let mut best: Option<(u64, usize)> = None;
+        for (i, l) in lists.iter().enumerate() {
+            if let Some(t) = l.get(heads[i]) {
+                let k = key(t);
+                match best {
+                    Some((b, _)) if b <= k => {}
+                    _ => best = Some((k, i)),
+                }
+            }
+        }
+        let Some((_, i)) = best else { break };
+        out.push(lists[i][heads[i]]);
+        heads[i] += 1;
+    }
+    out
 }
 
 #[cfg(test)]
@@ -493,6 +530,14 @@ mod tests {
         };
         let files: Vec<(u64, Rank, u64)> = pieces.iter().map(|p| (p.file, p.rank, p.at)).collect();
         assert_eq!(files, [(0, 0, 0), (4, 1, 0), (8, 0, 4), (12, 1, 4)]);
+    }
+
+    #[test]
+    fn merging_sorted_and_unsorted_lists() {
+        let m = merge_by_offset(vec![vec![1u64, 4, 9], vec![2, 3, 10], vec![]], |&x| x);
+        assert_eq!(m, [1, 2, 3, 4, 9, 10]);
+        let m = merge_by_offset(vec![vec![5u64, 1], vec![3]], |&x| x);
+        assert_eq!(m, [1, 3, 5]);
     }
 
     #[test]

@@ -240,8 +240,7 @@ pub fn read_regions(file: &File, wants: &[Vec<Extent>]) -> Result<Vec<Vec<u8>>> 
         .len();
     // Each rank's extents, clipped to the end of the file.
     let clipped: Vec<Vec<Extent>> = wants.iter().map(|w| clip(w, size)).collect();
-    let mut all: Vec<Extent> = clipped.iter().flatten().copied().collect();
-    all.sort_unstable_by_key(|e| e.file);
+    let all = crate::session::merge_by_offset(clipped.clone(), |e| e.file);
     // The regions: the union of every extent, read into one buffer back to back.
     let mut regions: Vec<(u64, u64, usize)> = Vec::new(); // (file, len, buffer offset)
     for e in all {
