@@ -1,8 +1,12 @@
-# libferry: the EXS C library. Builds with cargo; installs the library, header and
-# pkg-config file under PREFIX (staged under DESTDIR if given).
+# ferry: the `ferry` command and libferry, the EXS C library. Builds with cargo; installs
+# under PREFIX (staged under DESTDIR if given).
 #
-#   make                                  cargo build --release -p ferry-capi
-#   make install PREFIX=/usr/local        lib/libferry.so{,.0,.0.1.0}, include/ferry/exs.h,
+#   make                                  cargo build --release -p ferry-cli -p ferry-capi
+#   make install PREFIX=/usr/local        install-cli and install-lib:
+#   make install-cli                      bin/ferry, share/man/man1/ferry*.1, completions
+#                                         (bash, zsh, fish), lib/systemd/system/ferry-serve.service,
+#                                         share/doc/ferry/ (the guides, a sample serve.toml)
+#   make install-lib                      lib/libferry.so{,.0,.0.1.0}, include/ferry/exs.h,
 #                                         lib/pkgconfig/ferry.pc, share/man/man3/exs*.3
 #   make uninstall PREFIX=/usr/local
 #   make check-c                          C tests against a staged install, every driver
@@ -13,6 +17,10 @@ LIBDIR     ?= $(PREFIX)/lib
 INCLUDEDIR ?= $(PREFIX)/include
 PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
 MANDIR     ?= $(PREFIX)/share/man
+BINDIR     ?= $(PREFIX)/bin
+DOCDIR     ?= $(PREFIX)/share/doc/ferry
+DATADIR    ?= $(PREFIX)/share
+UNITDIR    ?= $(PREFIX)/lib/systemd/system
 CARGO      ?= cargo
 INSTALL    ?= install
 
@@ -22,6 +30,8 @@ VERSION  := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
 SOMAJOR  := 0
 CAPI     := crates/ferry-capi
 BUILT    := $(or $(CARGO_TARGET_DIR),target)/release/libferry.so
+FERRY    := $(or $(CARGO_TARGET_DIR),target)/release/ferry
+GUIDES   := $(wildcard docs/*.md)
 REALNAME := libferry.so.$(VERSION)
 # ferry.pc names its directories relative to ${prefix} when they lie under it.
 # One page per family (exs_socket.3, ...) and a .so link page per call, as libfabric does.
@@ -29,14 +39,34 @@ MANPAGES := $(wildcard man/man3/exs*.3)
 PC_LIBDIR     := $(patsubst $(PREFIX)/%,$${prefix}/%,$(LIBDIR))
 PC_INCLUDEDIR := $(patsubst $(PREFIX)/%,$${prefix}/%,$(INCLUDEDIR))
 
-.PHONY: all build install uninstall check-c
+.PHONY: all build build-cli build-lib install install-cli install-lib uninstall check-c
 
 all: build
 
-build:
+build: build-cli build-lib
+
+build-cli:
+	$(CARGO) build --release -p ferry-cli
+
+build-lib:
 	$(CARGO) build --release -p ferry-capi
 
-install: build
+install: install-cli install-lib
+
+install-cli: build-cli
+	$(INSTALL) -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(DOCDIR) \
+	    $(DESTDIR)$(UNITDIR) $(DESTDIR)$(DATADIR)/bash-completion/completions \
+	    $(DESTDIR)$(DATADIR)/zsh/site-functions $(DESTDIR)$(DATADIR)/fish/vendor_completions.d
+	$(INSTALL) -m 0755 $(FERRY) $(DESTDIR)$(BINDIR)/ferry
+	$(FERRY) manpages $(DESTDIR)$(MANDIR)/man1
+	$(FERRY) completions bash > $(DESTDIR)$(DATADIR)/bash-completion/completions/ferry
+	$(FERRY) completions zsh > $(DESTDIR)$(DATADIR)/zsh/site-functions/_ferry
+	$(FERRY) completions fish > $(DESTDIR)$(DATADIR)/fish/vendor_completions.d/ferry.fish
+	sed -e 's|@BINDIR@|$(BINDIR)|g' packaging/ferry-serve.service \
+	    > $(DESTDIR)$(UNITDIR)/ferry-serve.service
+	$(INSTALL) -m 0644 $(GUIDES) packaging/serve.toml $(DESTDIR)$(DOCDIR)/
+
+install-lib: build-lib
 	$(INSTALL) -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR)/ferry $(DESTDIR)$(PKGCONFIGDIR)
 	$(INSTALL) -m 0755 $(BUILT) $(DESTDIR)$(LIBDIR)/$(REALNAME)
 	ln -sf $(REALNAME) $(DESTDIR)$(LIBDIR)/libferry.so.$(SOMAJOR)
@@ -50,6 +80,12 @@ install: build
 	$(INSTALL) -m 0644 $(MANPAGES) $(DESTDIR)$(MANDIR)/man3/
 
 uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/ferry $(DESTDIR)$(MANDIR)/man1/ferry.1 \
+	      $(DESTDIR)$(MANDIR)/man1/ferry-*.1 $(DESTDIR)$(UNITDIR)/ferry-serve.service \
+	      $(DESTDIR)$(DATADIR)/bash-completion/completions/ferry \
+	      $(DESTDIR)$(DATADIR)/zsh/site-functions/_ferry \
+	      $(DESTDIR)$(DATADIR)/fish/vendor_completions.d/ferry.fish
+	rm -rf $(DESTDIR)$(DOCDIR)
 	rm -f $(DESTDIR)$(LIBDIR)/$(REALNAME) $(DESTDIR)$(LIBDIR)/libferry.so.$(SOMAJOR) \
 	      $(DESTDIR)$(LIBDIR)/libferry.so $(DESTDIR)$(INCLUDEDIR)/ferry/exs.h \
 	      $(DESTDIR)$(PKGCONFIGDIR)/ferry.pc \

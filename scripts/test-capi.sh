@@ -21,8 +21,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-echo "== make install PREFIX=$tmp/prefix"
-if ! make --no-print-directory install PREFIX="$tmp/prefix" >"$tmp/install.log" 2>&1; then
+echo "== make install-lib PREFIX=$tmp/prefix"
+if ! make --no-print-directory install-lib PREFIX="$tmp/prefix" >"$tmp/install.log" 2>&1; then
   cat "$tmp/install.log"
   exit 1
 fi

@@ -3,20 +3,32 @@
 #![forbid(unsafe_code)]
 
 mod bench;
+mod log;
+mod ls;
+mod manual;
+mod serve;
+mod token;
 mod xfer;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use tracing_subscriber::EnvFilter;
 
 /// ferry moves data between machines as fast as the wire allows: over RDMA fabrics
 /// (libfabric: InfiniBand, RoCE, EFA, shm, tcp) and plain TCP, between memory buffers, files
-/// and block devices. `serve` exports directories, `cp`/`ls`/`sum` reach them (see
-/// docs/xfer.md), `services` asks a server what it runs; `bench` measures ferry against its
-/// peers.
+/// and block devices. `serve` exports directories, `cp`/`ls`/`sum` reach them, `services`
+/// asks a server what it runs; `bench` measures ferry against its peers. Every command has
+/// a man page (`man ferry-cp`); the guides are installed in /usr/local/share/doc/ferry
+/// (`docs/` of the source).
 #[derive(Parser)]
 #[command(name = "ferry", version, after_help = xfer::EXIT_CODES)]
 struct Cli {
+    /// Print more: -v adds debug messages, -vv trace messages with their source modules
+    /// (without either, $FERRY_LOG or $RUST_LOG filters, e.g. `warn`).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+    /// Print errors only: no warnings, no progress bar, no summary.
+    #[arg(short, long, global = true)]
+    quiet: bool,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -30,29 +42,42 @@ enum Cmd {
     },
     /// Export directories to `ferry cp` clients (token auth, sandboxed roots).
     #[command(after_help = xfer::EXIT_CODES)]
-    Serve(xfer::ServeArgs),
+    Serve(serve::ServeArgs),
     /// Copy files or trees to or from a `ferry serve`, scp-like, with per-block CRC-32C
     /// and whole-file BLAKE3; files land by temp name + fsync + rename.
     #[command(after_help = xfer::EXIT_CODES)]
     Cp(xfer::CpArgs),
     /// List a directory (or the roots) on a `ferry serve`.
     #[command(after_help = xfer::EXIT_CODES)]
-    Ls(xfer::LsArgs),
+    Ls(ls::LsArgs),
     /// Print the BLAKE3 of a local or remote file (b3sum format).
     #[command(after_help = xfer::EXIT_CODES)]
     Sum(xfer::SumArgs),
+    /// Make secrets: `ferry token new` prints a random token (or writes it to a private
+    /// file) for `ferry serve --token-file` and clients' FERRY_TOKEN.
+    Token {
+        #[command(subcommand)]
+        which: token::TokenCmd,
+    },
     /// List the services a `ferry serve` runs (file transfer: xfer), or check it runs one.
     #[command(after_help = xfer::EXIT_CODES)]
     Services(xfer::ServicesArgs),
+    /// Print shell completions: `ferry completions bash > ~/.local/share/bash-completion/completions/ferry`
+    /// (also zsh, fish, elvish, powershell; `make install` installs bash, zsh and fish).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Write the man pages (ferry.1, ferry-cp.1, ...) into DIR (`make install` does).
+    #[command(hide = true)]
+    Manpages {
+        /// Where to write them.
+        dir: std::path::PathBuf,
+    },
 }
 
 fn main() -> Result<()> {
     ferry_fabric::timeline::mark("main.start", 0);
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
@@ -61,13 +86,20 @@ fn main() -> Result<()> {
             std::process::exit(if e.use_stderr() { 1 } else { 0 });
         }
     };
+    log::init(cli.verbose, cli.quiet);
     let res = match cli.cmd {
         Cmd::Bench { which } => return bench::run(which),
-        Cmd::Serve(a) => xfer::serve(a),
-        Cmd::Cp(a) => xfer::cp(a),
-        Cmd::Ls(a) => xfer::ls(a),
+        Cmd::Serve(a) => serve::serve(a),
+        Cmd::Cp(a) => xfer::cp(a, cli.quiet),
+        Cmd::Ls(a) => ls::ls(a),
         Cmd::Sum(a) => xfer::sum(a),
         Cmd::Services(a) => xfer::services(a),
+        Cmd::Token { which } => token::run(which),
+        Cmd::Completions { shell } => {
+            manual::completions(shell);
+            Ok(())
+        }
+        Cmd::Manpages { dir } => manual::manpages(&dir),
     };
     // FERRY_TIMELINE=PREFIX: this run's marks (see `ferry_fabric::timeline`).
     ferry_fabric::timeline::mark("main.end", 0);

@@ -1,15 +1,12 @@
-//! `ferry serve`, `ferry cp`, `ferry ls`, `ferry sum`: the file-transfer face; and
-//! `ferry services`, which asks a server what it hosts.
+//! `ferry cp`, `ferry ls`, `ferry sum`: the file-transfer face's clients; and
+//! `ferry services`, which asks a server what it hosts (`ferry serve` is in `serve.rs`).
 
 use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Instant;
 
 use clap::Args;
 use ferry_xfer::client::{self, Options, Progress};
-use ferry_xfer::config::{RootConfig, ServerConfig};
 use ferry_xfer::url::{self, Location};
 use ferry_xfer::{Kind, XferError};
 
@@ -25,17 +22,6 @@ Exit codes (serve, cp, ls, sum, services):
   6  connection failed, broke, or the peer spoke nonsense
   7  permission denied, or the path leaves its root
  75  (serve) the libfabric provider is wedged (a peer died holding its lock): restart it";
-
-/// `ferry serve`'s status when its libfabric provider wedged (EX_TEMPFAIL): a supervisor
-/// should restart it (docs/fabric.md).
-pub const WEDGED_EXIT: i32 = 75;
-
-/// `ferry serve`'s wedge hook: the listener and every connection on the wedged domain are
-/// dead and threads are stuck in the provider, so exit for a supervisor to restart us.
-fn serve_wedged(msg: &str) {
-    eprintln!("ferry serve: {msg}; exiting with status {WEDGED_EXIT} so a supervisor restarts it");
-    ferry_fabric::exit_now(WEDGED_EXIT);
-}
 
 /// `ferry cp`'s wedge hook: a thread of this attempt may be stuck in the provider, and no
 /// later attempt in this process can use it: fail as a broken connection, at once.
@@ -68,72 +54,18 @@ fn report_once(line: impl FnOnce() -> serde_json::Value) {
 }
 
 #[derive(Args)]
-pub struct ServeArgs {
-    /// TOML configuration (listen (one address or a list), block_size, ring, mem, direct, keep_special_bits, third_party, [auth] tokens/anonymous, [limits], [[root]] name/path; docs/xfer.md).
-    #[arg(long, value_name = "FILE")]
-    config: Option<PathBuf>,
-    /// Export a directory as NAME (repeatable; adds to the config's roots).
-    #[arg(long = "root", value_name = "NAME=PATH")]
-    roots: Vec<String>,
-    /// Address to listen on [default: tcp://0.0.0.0:7370]; also ofi+tcp://HOST:PORT, ofi+shm://NAME.
-    /// Repeatable: every address is served alike (replaces the config's `listen`).
-    #[arg(long = "listen", value_name = "URL")]
-    listen: Vec<String>,
-    /// Accept clients without a token (trusted networks only).
-    #[arg(long)]
-    anonymous: bool,
-    /// Memory mode: also export the virtual root `mem` (read mem/zero/SIZE, write mem/null)
-    /// so copies can skip the disk on this side.
-    #[arg(long)]
-    mem: bool,
-    /// Read and write file data with direct I/O (O_DIRECT), bypassing the page cache
-    /// (also `direct = true` in the config).
-    #[arg(long)]
-    direct: bool,
-    /// Accept this token (repeatable; adds to the config's [auth] tokens).
-    #[arg(long = "token", value_name = "TOKEN")]
-    tokens: Vec<String>,
-    /// Let clients have this server send third-party copies to ADDR (a fabric address such as tcp://HOST:7370, or * for any; repeatable).
-    #[arg(long = "allow-third-party", value_name = "ADDR")]
-    third_party: Vec<String>,
-    /// On SIGTERM/SIGINT: stop accepting, let transfers in flight finish for this long, then
-    /// journal the rest (clients resume them) and exit 0. A second signal exits at once.
-    #[arg(long, value_name = "SECONDS", default_value_t = 30.0)]
-    drain_timeout: f64,
-    /// Authenticated connections at once; more are refused as unavailable
-    /// [default: 256; config `[limits] max_connections`].
-    #[arg(long, value_name = "N")]
-    max_connections: Option<usize>,
-    /// Connections at once from one client address (IP)
-    /// [default: 32; config `[limits] max_per_address`].
-    #[arg(long, value_name = "N")]
-    max_per_address: Option<usize>,
-    /// Close a session that sends no request for this long
-    /// [default: 120; config `[limits] idle_timeout`].
-    #[arg(long, value_name = "SECONDS")]
-    idle_timeout: Option<f64>,
-    /// Staging memory all connections together may hold, in bytes (suffixes K, M, G)
-    /// [default: a quarter of physical memory; config `[limits] memory_budget`].
-    #[arg(long, value_name = "BYTES", value_parser = parse_budget)]
-    memory_budget: Option<u64>,
-}
-
-fn parse_budget(s: &str) -> Result<u64, String> {
-    ferry_xfer::mem::parse_size(s).ok_or_else(|| format!("{s}: give bytes, e.g. 4G or 512M"))
-}
-
-#[derive(Args)]
 pub struct Remote {
     /// Token for the server [default: $FERRY_TOKEN].
     #[arg(long, value_name = "TOKEN")]
     token: Option<String>,
     /// Driver for ferry:// and host:path forms: tcp, ofi+tcp or ofi+shm.
     #[arg(long, default_value = "tcp")]
-    driver: String,
+    pub driver: String,
 }
 
 impl Remote {
-    fn options(&self) -> Options {
+    /// The client options these flags give (the token from $FERRY_TOKEN if not given).
+    pub fn options(&self) -> Options {
         Options {
             token: self
                 .token
@@ -150,9 +82,6 @@ pub struct CpArgs {
     /// Copy directories recursively.
     #[arg(short = 'r', long)]
     recursive: bool,
-    /// No progress bar, no summary.
-    #[arg(short, long)]
-    quiet: bool,
     /// Print one JSON summary line on stdout (and nothing else there).
     #[arg(long)]
     json: bool,
@@ -202,14 +131,6 @@ pub struct CpArgs {
 }
 
 #[derive(Args)]
-pub struct LsArgs {
-    #[command(flatten)]
-    remote: Remote,
-    /// What to list: HOST:ROOT/PATH or ferry://HOST[:PORT]/ROOT/PATH (HOST: alone lists the roots).
-    target: String,
-}
-
-#[derive(Args)]
 pub struct ServicesArgs {
     /// Driver for ferry:// and HOST: forms: tcp, ofi+tcp or ofi+shm.
     #[arg(long, default_value = "tcp")]
@@ -232,7 +153,8 @@ pub struct SumArgs {
     target: String,
 }
 
-fn remote_of(target: &str, driver: &str) -> Result<ferry_xfer::url::Remote, XferError> {
+/// `target` as a remote path, or a usage error.
+pub fn remote_of(target: &str, driver: &str) -> Result<ferry_xfer::url::Remote, XferError> {
     match url::parse(target, driver)? {
         Location::Remote(r) => Ok(r),
         _ => Err(XferError::new(
@@ -240,87 +162,6 @@ fn remote_of(target: &str, driver: &str) -> Result<ferry_xfer::url::Remote, Xfer
             format!("{target}: not a remote path; write HOST:ROOT/PATH or ferry://HOST/ROOT/PATH"),
         )),
     }
-}
-
-pub fn serve(a: ServeArgs) -> Result<(), XferError> {
-    let mut cfg = match &a.config {
-        Some(p) => {
-            let text = std::fs::read_to_string(p).map_err(|e| XferError::io(p.display(), &e))?;
-            ServerConfig::from_toml(&text)?
-        }
-        None => ServerConfig::default(),
-    };
-    for r in &a.roots {
-        let (name, path) = r
-            .split_once('=')
-            .ok_or_else(|| XferError::new(Kind::Usage, format!("--root {r}: write NAME=PATH")))?;
-        cfg.roots.push(RootConfig {
-            name: name.into(),
-            path: path.into(),
-        });
-    }
-    if !a.listen.is_empty() {
-        cfg.listen = a.listen;
-    }
-    cfg.auth.anonymous |= a.anonymous;
-    cfg.mem |= a.mem;
-    cfg.direct |= a.direct;
-    cfg.auth.tokens.extend(a.tokens);
-    cfg.third_party.extend(a.third_party);
-    let limits = &mut cfg.limits;
-    limits.max_connections = a.max_connections.unwrap_or(limits.max_connections);
-    limits.max_per_address = a.max_per_address.unwrap_or(limits.max_per_address);
-    limits.idle_timeout = a.idle_timeout.unwrap_or(limits.idle_timeout);
-    limits.memory_budget = a.memory_budget.or(limits.memory_budget);
-    let grace = std::time::Duration::try_from_secs_f64(a.drain_timeout).map_err(|_| {
-        XferError::new(
-            Kind::Usage,
-            format!("--drain-timeout {}: give seconds >= 0", a.drain_timeout),
-        )
-    })?;
-    ferry_fabric::on_unrecoverable(serve_wedged);
-    let server = ferry_xfer::server::Server::new(cfg)?;
-    // The first SIGTERM/SIGINT starts a drain; a second one exits at once (status 1).
-    let quit = Arc::new(AtomicBool::new(false));
-    let mut signals = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGINT,
-    ])
-    .map_err(|e| XferError::io("install signal handlers", &e))?;
-    let flag = quit.clone();
-    let watched = server.clone();
-    std::thread::Builder::new()
-        .name("ferry-signals".into())
-        .spawn(move || {
-            for sig in signals.forever() {
-                watched.begin_drain();
-                if flag.swap(true, Ordering::SeqCst) {
-                    eprintln!("ferry serve: second signal {sig}; exiting without draining");
-                    std::process::exit(1);
-                }
-            }
-        })
-        .map_err(|e| XferError::io("start the signal thread", &e))?;
-    let listeners = server.bind()?;
-    for l in &listeners {
-        println!("listening on {}", l.local_addr());
-    }
-    let _ = std::io::stdout().flush();
-    server.serve_until(&listeners, &quit)?;
-    drop(listeners);
-    eprintln!(
-        "ferry serve: signal received; not accepting connections; draining transfers in flight (up to {:.0} s)",
-        grace.as_secs_f64()
-    );
-    let r = server.drain(grace);
-    eprintln!(
-        "ferry serve: stopped: {} transfer(s) in flight at the signal, {} finished, {} journaled and stopped, {} abandoned at their last checkpoint",
-        r.in_flight,
-        r.in_flight.saturating_sub(r.interrupted + r.abandoned),
-        r.interrupted,
-        r.abandoned
-    );
-    Ok(())
 }
 
 struct Bar(Option<indicatif::ProgressBar>);
@@ -343,7 +184,8 @@ impl Progress for Bar {
     }
 }
 
-pub fn cp(a: CpArgs) -> Result<(), XferError> {
+/// `ferry cp`; `quiet` (the global `-q`) prints no progress bar and no summary.
+pub fn cp(a: CpArgs, quiet: bool) -> Result<(), XferError> {
     CP_JSON.store(a.json, Ordering::SeqCst);
     ferry_fabric::on_unrecoverable(cp_wedged);
     let src = url::parse(&a.src, &a.remote.driver)?;
@@ -371,7 +213,7 @@ pub fn cp(a: CpArgs) -> Result<(), XferError> {
         force: a.force,
         ..a.remote.options()
     };
-    let bar = (!a.quiet && !a.json && std::io::stderr().is_terminal()).then(|| {
+    let bar = (!quiet && !a.json && std::io::stderr().is_terminal()).then(|| {
         let b = indicatif::ProgressBar::new(0);
         if let Ok(style) = indicatif::ProgressStyle::with_template(
             "{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}",
@@ -380,9 +222,11 @@ pub fn cp(a: CpArgs) -> Result<(), XferError> {
         }
         b
     });
+    crate::log::show_bar(bar.as_ref());
     let bar = Bar(bar);
     let start = Instant::now();
     let res = client::copy(&src, &dst, a.recursive, &opts, &bar);
+    crate::log::show_bar(None);
     if let Some(b) = &bar.0 {
         b.finish_and_clear();
     }
@@ -408,7 +252,7 @@ pub fn cp(a: CpArgs) -> Result<(), XferError> {
                         "retries": s.retries,
                     })
                 );
-            } else if !a.quiet {
+            } else if !quiet {
                 let mut notes = String::new();
                 if s.blocks_resent > 0 {
                     notes += &format!(", {} block(s) resent after CRC mismatch", s.blocks_resent);
@@ -443,61 +287,6 @@ pub fn cp(a: CpArgs) -> Result<(), XferError> {
             Err(e)
         }
     }
-}
-
-pub fn ls(a: LsArgs) -> Result<(), XferError> {
-    let r = remote_of(&a.target, &a.remote.driver)?;
-    let mut c = client::Client::connect(&r.addr, &a.remote.options())?;
-    let entry = if r.path.is_empty() {
-        None
-    } else {
-        Some(c.stat(&r.path)?)
-    };
-    let entries = match entry {
-        Some(e) if e.kind != ferry_xfer::proto::EntryKind::Dir => vec![e],
-        _ => c.list(&r.path)?,
-    };
-    let mut out = std::io::stdout().lock();
-    for e in entries {
-        let kind = match e.kind {
-            ferry_xfer::proto::EntryKind::File => '-',
-            ferry_xfer::proto::EntryKind::Dir => 'd',
-            ferry_xfer::proto::EntryKind::Symlink => 'l',
-            ferry_xfer::proto::EntryKind::Other => '?',
-        };
-        let suffix = if e.kind == ferry_xfer::proto::EntryKind::Dir {
-            "/"
-        } else {
-            ""
-        };
-        let _ = writeln!(
-            out,
-            "{kind}{:04o} {:>14} {}{suffix}",
-            e.mode,
-            e.size,
-            printable(&e.name)
-        );
-    }
-    c.bye();
-    Ok(())
-}
-
-/// A name as `ls` shows it: control characters (legal in file names, and a server chooses
-/// what it lists) escaped, so a name cannot move the cursor or recolour the terminal.
-fn printable(name: &str) -> std::borrow::Cow<'_, str> {
-    if !name.chars().any(char::is_control) {
-        return name.into();
-    }
-    name.chars()
-        .map(|c| {
-            if c.is_control() {
-                c.escape_default().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect::<String>()
-        .into()
 }
 
 /// `ferry services`: which services a `ferry serve` runs (protocol 1.6 service selection).
@@ -545,13 +334,4 @@ pub fn sum(a: SumArgs) -> Result<(), XferError> {
     };
     println!("{}  {shown}", client::hex(&hash));
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn ls_escapes_control_characters_only() {
-        assert_eq!(super::printable("plain é name"), "plain é name");
-        assert_eq!(super::printable("a\nb\u{1b}[2J"), "a\\nb\\u{1b}[2J");
-    }
 }

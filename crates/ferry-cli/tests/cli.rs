@@ -51,6 +51,42 @@ fn help_explains_and_mentions_bench() {
     }
 }
 
+/// Completions and man pages come from the command definition: every command and its flags
+/// are in them.
+#[test]
+fn completions_and_man_pages_cover_every_command() {
+    let bash = stdout(&ferry(&["completions", "bash"]));
+    for word in ["serve", "cp", "ls", "--token-file", "--streams"] {
+        assert!(
+            bash.contains(word),
+            "{word} missing from the bash completions"
+        );
+    }
+    assert!(stdout(&ferry(&["completions", "zsh"])).contains("#compdef ferry"));
+    assert!(stdout(&ferry(&["completions", "fish"])).contains("complete -c ferry"));
+    let dir = std::env::temp_dir().join(format!("ferry-man-{}", std::process::id()));
+    let o = ferry(&["manpages", dir.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for page in [
+        "ferry",
+        "ferry-serve",
+        "ferry-cp",
+        "ferry-token-new",
+        "ferry-bench-cp",
+    ] {
+        let text = std::fs::read_to_string(dir.join(format!("{page}.1")))
+            .unwrap_or_else(|e| panic!("{page}.1: {e}"));
+        assert!(text.contains(".TH"), "{page}.1: {text}");
+    }
+    let cp = std::fs::read_to_string(dir.join("ferry-cp.1")).unwrap();
+    assert!(cp.contains("streams"), "ferry-cp.1 documents its flags");
+    assert!(
+        !dir.join("ferry-manpages.1").exists(),
+        "the hidden command has no page"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn unknown_driver_is_a_clear_error() {
     let o = ferry(&["bench", "fabric", "--quick", "--json", "--drivers", "udp"]);

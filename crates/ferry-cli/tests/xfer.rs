@@ -97,7 +97,7 @@ fn tree(driver: &str) {
     );
     let o = run({
         let mut c = ferry();
-        c.args(["ls", "--token", TOKEN, &s.url("tree/d0")]);
+        c.args(["ls", "-l", "--token", TOKEN, &s.url("tree/d0")]);
         c
     });
     let text = String::from_utf8_lossy(&o.stdout);
@@ -105,6 +105,28 @@ fn tree(driver: &str) {
         o.status.success() && text.contains(" f0\n") && text.contains("e0/"),
         "{text}"
     );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("-rw") && l.ends_with(" f0")),
+        "-l shows the mode: {text}"
+    );
+    // -R --json: every file of the tree, with its exact size, once.
+    let o = run({
+        let mut c = ferry();
+        c.args(["ls", "-R", "--json", "--token", TOKEN, &s.url("tree")]);
+        c
+    });
+    let text = String::from_utf8_lossy(&o.stdout);
+    let files: Vec<serde_json::Value> = (text.lines())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|v: &serde_json::Value| v["kind"] == "file")
+        .collect();
+    assert_eq!(files.len(), 100, "{text}");
+    for f in &files {
+        let path = f["path"].as_str().unwrap();
+        let len = std::fs::metadata(src.join(path)).unwrap().len();
+        assert_eq!(f["size"].as_u64(), Some(len), "{f}");
+    }
     let sum = |target: &str| {
         let mut c = ferry();
         c.args(["sum", "--token", TOKEN, target]);
@@ -383,10 +405,12 @@ fn third_party(driver: &str) {
     }
 
     fails(&cp(&[&a.url("tree"), &b.url("t2")], &[]), 1, "use -r");
-    fails(
-        &cp(&["--dest-token", "wrong", &a.url("big"), &b.url("x")], &[]),
-        2,
-        "destination",
+    let refused = cp(&["--dest-token", "wrong", &a.url("big"), &b.url("x")], &[]);
+    fails(&refused, 2, "--dest-token");
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !said.contains("check --token"),
+        "advice for the wrong token: {said}"
     );
     // A destination A was not told about, and a server allowed none.
     let c = serve(driver, &[]);
@@ -804,4 +828,25 @@ fn fifos_are_refused_not_waited_on() {
     assert_eq!(std::fs::read(s.root.join("tree/a")).unwrap(), b"a");
     assert!(!s.root.join("tree/p").exists());
     std::fs::remove_dir_all(&local).unwrap();
+}
+
+/// A host name that does not resolve is said to be one, not blamed on a server that is not
+/// running; `HOST:PORT:PATH` names a port.
+#[test]
+fn an_unknown_host_is_named_and_ports_fit_the_short_form() {
+    let mut c = ferry();
+    c.args(["ls", "no-such-host.invalid:d/"]);
+    let o = run(c);
+    fails(&o, 6, "no such host");
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(!said.contains("ferry serve"), "{said}");
+
+    let s = serve("tcp", &[]);
+    std::fs::write(s.root.join("only-here"), b"x").unwrap();
+    let port = s.addr.rsplit(':').next().unwrap();
+    let mut c = ferry();
+    c.args(["ls", "--token", TOKEN, &format!("127.0.0.1:{port}:d/")]);
+    let o = run(c);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("only-here"));
 }

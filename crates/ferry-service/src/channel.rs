@@ -77,6 +77,26 @@ pub fn buffer_bytes(block: u32) -> u64 {
     (HEAD_ROOM as u64 + u64::from(block)).next_multiple_of(DIRECT_ALIGN as u64)
 }
 
+/// Bytes a ring of `slots` buffers for blocks of `block` bytes pins: the receive buffers
+/// [`Channel::post_ring`] posts for such blocks, or the staging blocks a
+/// [`crate::ring::Sender`] of that depth allocates. (Held buffers, the blocks a writer has
+/// queued, are the receive ring's own: they add nothing.)
+pub fn ring_bytes(slots: usize, block: u32) -> u64 {
+    slots as u64 * buffer_bytes(block)
+}
+
+/// The most a channel's pool of control send buffers holds when its control frames are at
+/// most `largest` bytes (a face's largest control frame).
+pub fn control_pool_bytes(largest: usize) -> u64 {
+    (CONTROL_POOL * CONTROL_BUF.max(largest).next_multiple_of(DIRECT_ALIGN)) as u64
+}
+
+/// The memory an allocated buffer really takes: its whole registered allocation (the
+/// slice a caller sees may start past its head room), in the fabric's whole 4 KiB pages.
+pub(crate) fn pinned(buf: &ExsBuf) -> u64 {
+    buf.buffer().len().next_multiple_of(DIRECT_ALIGN) as u64
+}
+
 /// An EXS error as the channel reports it.
 pub(crate) fn exs_err(what: &str, e: ExsError) -> Error {
     match e {
@@ -105,6 +125,8 @@ pub struct Channel {
     returns: (mpsc::Sender<ExsBuf>, Mutex<mpsc::Receiver<ExsBuf>>),
     /// Receive buffers handed out and not back yet.
     held: usize,
+    /// Bytes of the receive buffers allocated and not dropped (posted, received, held).
+    recv_bytes: u64,
     /// How long a receive waits for the peer before giving up.
     pub timeout: Duration,
 }
@@ -157,9 +179,16 @@ impl Channel {
             .map_err(|e| Error::new(Kind::Usage, format!("bad address {addr}: {e}")))?;
         let q = EventQueue::new().map_err(|e| Error::io("create event queue", &e))?;
         let sock = ExsSocket::connect(addr, default_config(&fabric), &q, timeout).map_err(|e| {
-            // A driver missing here (libfabric not installed) is not the server's doing.
-            let hint = match e {
-                ferry_exs::runtime::Error::Fabric(ferry_fabric::FabricError::Unavailable(_)) => "",
+            // A driver missing here (libfabric not installed) is not the server's doing, and
+            // a name that does not resolve is the user's to fix, not a server to start.
+            use ferry_fabric::FabricError;
+            let hint = match &e {
+                ferry_exs::runtime::Error::Fabric(FabricError::Unavailable(_)) => "",
+                ferry_exs::runtime::Error::Fabric(FabricError::Io { context, .. })
+                    if context.starts_with("resolv") =>
+                {
+                    " (no such host: check its name)"
+                }
                 _ => " (is `ferry serve` running there, and is the driver right?)",
             };
             Error::conn(format!("cannot connect to {addr}: {e}{hint}"))
@@ -182,6 +211,7 @@ impl Channel {
                 (tx, Mutex::new(rx))
             },
             held: 0,
+            recv_bytes: 0,
             timeout: Duration::from_secs(120),
         }
     }
@@ -198,6 +228,7 @@ impl Channel {
         let outstanding = (self.next_post - self.next_deliver) as usize;
         for _ in outstanding..count {
             let buf = alloc_aligned(&self.sock, size, "receive buffer", Use::Recv)?;
+            self.recv_bytes += pinned(&buf);
             self.sock.recv(buf, Flags::NONE, self.next_post);
             self.next_post += 1;
         }
@@ -301,6 +332,7 @@ impl Channel {
         };
         let mut v = Vec::new();
         copy_out(&buf, len, &mut v);
+        self.recv_bytes = self.recv_bytes.saturating_sub(pinned(&buf));
         Ok(Some(v))
     }
 
@@ -309,6 +341,12 @@ impl Channel {
         let wait = self.timeout;
         self.recv_first_within(wait)?
             .ok_or_else(|| silent_peer(wait))
+    }
+
+    /// Bytes of receive buffers this channel has allocated and not let go: what its receive
+    /// ring really pins (compare [`ring_bytes`]).
+    pub fn recv_ring_bytes(&self) -> u64 {
+        self.recv_bytes
     }
 
     /// The largest message the posted buffers take.
@@ -338,7 +376,9 @@ impl Channel {
     /// Re-posts a delivered receive buffer (a fresh one if the ring grew since).
     fn repost(&mut self, buf: ExsBuf) -> Result<()> {
         let buf = if buf.len() < self.recv_size {
-            alloc_aligned(&self.sock, self.recv_size, "receive buffer", Use::Recv)?
+            let grown = alloc_aligned(&self.sock, self.recv_size, "receive buffer", Use::Recv)?;
+            self.recv_bytes = self.recv_bytes.saturating_sub(pinned(&buf)) + pinned(&grown);
+            grown
         } else {
             buf
         };

@@ -1,6 +1,8 @@
 //! Durable landing of a part file: opening it with its journal ([`open_part`]) and the
 //! receiver's checkpoints ([`Progress`], [`SharedProgress`]), which fsync the part before
-//! the journal records it ([`crate::writeback`] runs them off the receiving thread).
+//! the journal records it ([`crate::writeback`] runs them off the receiving thread). A
+//! single stream's checkpoints come when its writer's staging ring asks for them
+//! ([`crate::writer`]); a parallel transfer's streams share one cadence here.
 
 use std::fs::File;
 use std::time::{Duration, Instant};
@@ -8,7 +10,7 @@ use std::time::{Duration, Instant};
 use crate::journal::{journal_name, Ident, Journal, RangeSet};
 use crate::ring::Cadence;
 
-/// A receiver checkpoints at least this often (bytes of verified prefix)...
+/// A receiver checkpoints at least this often (bytes written from good blocks)...
 pub const CHECKPOINT_BYTES: u64 = 8 << 20;
 /// ...or this often (time), whichever comes first: a killed receiver loses at most that.
 pub const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
@@ -65,7 +67,11 @@ pub fn open_part(
     Ok((f, Progress::new(journal), found))
 }
 
-/// to checkpoint next. Checkpoints while data flows run on a thread of their own
+/// What of a part file is verified (journaled or not yet) and its journal, which the
+/// receiver's checkpoints bring up to date. *When* to checkpoint is not decided here: a
+/// writer's staging ring asks ([`crate::ring::LandRing`], an `Fsync` at its
+/// [`Cadence`]), or the streams of a parallel transfer together ([`SharedProgress`]).
+/// Checkpoints while data flows run on a thread of their own
 /// ([`Progress::checkpoint_in_background`]); the final one ([`Progress::checkpoint`]) waits
 /// for them and runs on the caller's.
 #[derive(Debug)]
@@ -74,9 +80,6 @@ pub struct Progress {
     journal: Option<Journal>,
     background: Option<crate::writeback::Checkpointer>,
     good: RangeSet,
-    /// When the next checkpoint is due: bytes verified since the last one was asked for,
-    /// against [`CHECKPOINT_BYTES`] and [`CHECKPOINT_EVERY`].
-    cadence: Cadence,
 }
 
 fn journal_lost() -> std::io::Error {
@@ -90,38 +93,26 @@ impl Progress {
             good: journal.ranges().clone(),
             journal: Some(journal),
             background: None,
-            cadence: Cadence::new(CHECKPOINT_BYTES, CHECKPOINT_EVERY, Instant::now()),
         }
     }
 
-    /// A block `[offset, offset + len)` was written and verified.
-    pub fn good(&mut self, offset: u64, len: u64) {
+    /// A block `[offset, offset + len)` was written and verified: the bytes of it not
+    /// verified before.
+    pub fn good(&mut self, offset: u64, len: u64) -> u64 {
         let before = self.good.total();
         self.good.insert(offset, offset.saturating_add(len));
-        self.cadence.wrote(self.good.total() - before);
-    }
-
-    /// Whether enough arrived since the last checkpoint to take another.
-    pub fn due(&self) -> bool {
-        self.cadence.due(Instant::now())
-    }
-
-    /// A checkpoint of everything verified so far was asked for at `now`.
-    fn asked(&mut self, now: Instant) {
-        self.cadence.synced(self.cadence.unsynced(), now);
+        self.good.total().saturating_sub(before)
     }
 
     /// fsyncs the part file, then records the verified ranges in the journal, on this
     /// thread, after the background checkpoints asked for (reporting their first error).
     pub fn checkpoint(&mut self, part: &File) -> std::io::Result<()> {
-        let now = Instant::now();
         self.settle()?;
         let journal = self.journal.as_mut().ok_or_else(journal_lost)?;
         if self.good != *journal.ranges() {
             part.sync_data()?;
             journal.record(&self.good)?;
         }
-        self.asked(now);
         Ok(())
     }
 
@@ -129,14 +120,12 @@ impl Progress {
     /// the verified ranges, without waiting for it; it waits only for the previous
     /// checkpoint, if that is still running. Returns the thread's first error, if any.
     pub fn checkpoint_in_background(&mut self, part: &File) -> std::io::Result<()> {
-        let now = Instant::now();
         if self.background.is_none() {
             let journal = self.journal.take().ok_or_else(journal_lost)?;
             self.background = Some(crate::writeback::Checkpointer::start(part, journal)?);
         }
         if let Some(bg) = &mut self.background {
             bg.request(self.good.clone())?;
-            self.asked(now);
         }
         Ok(())
     }
@@ -181,12 +170,24 @@ impl Progress {
 /// together, exactly as with one stream: a kill loses what one stream would (two intervals)
 /// plus at most the block each other stream was writing, whatever the chunk size. (Reporting
 /// only whole chunks, as before, lost every chunk in flight: up to 132 MiB with `-p 4`.)
+///
+/// This is the one cadence of a file several streams fill: each stream's writer ring has
+/// none of its own (its sink keeps no journal, [`Cadence::never`]), since a ring sees only
+/// its stream's bytes.
 #[derive(Debug)]
 pub struct SharedProgress {
     /// A handle on the part for the checkpoints' fsync.
     part: File,
     /// `None` once the part is committed, discarded or let go: later reports are ignored.
-    progress: std::sync::Mutex<Option<Progress>>,
+    progress: std::sync::Mutex<Option<Journaling>>,
+}
+
+/// A shared part's progress and when its next checkpoint is due: bytes newly verified by
+/// any stream, against [`CHECKPOINT_BYTES`] and [`CHECKPOINT_EVERY`].
+#[derive(Debug)]
+struct Journaling {
+    progress: Progress,
+    cadence: Cadence,
 }
 
 impl SharedProgress {
@@ -194,11 +195,14 @@ impl SharedProgress {
     pub fn new(part: &File, progress: Progress) -> std::io::Result<SharedProgress> {
         Ok(SharedProgress {
             part: part.try_clone()?,
-            progress: std::sync::Mutex::new(Some(progress)),
+            progress: std::sync::Mutex::new(Some(Journaling {
+                progress,
+                cadence: Cadence::new(CHECKPOINT_BYTES, CHECKPOINT_EVERY, Instant::now()),
+            })),
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Progress>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Journaling>> {
         self.progress.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -208,12 +212,14 @@ impl SharedProgress {
     /// them all. `Err`: a checkpoint failed (the transfer must fail).
     pub fn good(&self, offset: u64, len: u64) -> std::io::Result<()> {
         let mut g = self.lock();
-        let Some(p) = g.as_mut() else {
+        let Some(j) = g.as_mut() else {
             return Ok(());
         };
-        p.good(offset, len);
-        if p.due() {
-            p.checkpoint_in_background(&self.part)?;
+        j.cadence.wrote(j.progress.good(offset, len));
+        let now = Instant::now();
+        if j.cadence.due(now) {
+            j.progress.checkpoint_in_background(&self.part)?;
+            j.cadence.synced(j.cadence.unsynced(), now);
         }
         Ok(())
     }
@@ -222,7 +228,7 @@ impl SharedProgress {
     /// thread: a transfer that stops keeps its part for a resume.
     pub fn checkpoint(&self) -> std::io::Result<()> {
         match self.lock().as_mut() {
-            Some(p) => p.checkpoint(&self.part),
+            Some(j) => j.progress.checkpoint(&self.part),
             None => Ok(()),
         }
     }
@@ -232,7 +238,7 @@ impl SharedProgress {
     pub fn finish(&self) -> std::io::Result<()> {
         let mut g = self.lock();
         let res = match g.as_mut() {
-            Some(p) => p.checkpoint(&self.part),
+            Some(j) => j.progress.checkpoint(&self.part),
             None => Ok(()),
         };
         *g = None;
@@ -242,8 +248,8 @@ impl SharedProgress {
     /// Stops journaling without a checkpoint (the part is being committed or discarded):
     /// waits for a background checkpoint in flight, so none lands after.
     pub fn close(&self) {
-        if let Some(mut p) = self.lock().take() {
-            let _ = p.settle();
+        if let Some(mut j) = self.lock().take() {
+            let _ = j.progress.settle();
         }
     }
 }
@@ -285,11 +291,9 @@ mod tests {
         let size = 3 * CHECKPOINT_BYTES;
         let j = Journal::create(open(&p), Ident { size, mtime: 1 }, 10).unwrap();
         let mut pr = Progress::new(j);
-        assert!(!pr.due(), "nothing verified yet");
-        pr.good(0, CHECKPOINT_BYTES);
-        assert!(pr.due(), "an interval verified");
+        assert_eq!(pr.good(0, CHECKPOINT_BYTES), CHECKPOINT_BYTES);
+        assert_eq!(pr.good(0, 10), 0, "verified again: nothing new");
         pr.checkpoint_in_background(&part).unwrap();
-        assert!(!pr.due(), "handed over: not due again at once");
         pr.good(CHECKPOINT_BYTES, CHECKPOINT_BYTES);
         pr.checkpoint_in_background(&part).unwrap();
         // Handing the second over waited for the first; settling waits for the second.

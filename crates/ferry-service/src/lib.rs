@@ -2,7 +2,8 @@
 //! a block service next) needs below its own protocol. It speaks bytes, byte ranges and
 //! checksums, never a face's messages, and depends on no face.
 //!
-//! - [`serve`]: the server skeleton (listen on one or more addresses of any driver, a
+//! - [`daemon`]: a server process's life (its faces, the signals that drain it, the exit a
+//!   wedged provider forces); [`serve`]: the server skeleton (listen on one or more addresses of any driver, a
 //!   thread per connection through a [`registry::Service`], in-flight accounting and drain);
 //!   [`registry`]: the services one server hosts and how a connection selects one, on the
 //!   floor's own frames ([`select`]).
@@ -38,6 +39,7 @@ pub mod beneath;
 pub mod channel;
 pub mod claims;
 pub mod commit;
+pub mod daemon;
 pub mod direct;
 pub mod error;
 pub mod hash;

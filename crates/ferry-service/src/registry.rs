@@ -21,6 +21,7 @@ use crate::admit::{more, Handshake, Stage};
 use crate::auth::AuthConfig;
 use crate::error::{Error, Kind, Result};
 use crate::select::{self, Floor};
+use crate::serve::DrainReport;
 
 /// What a server does with a connection once admission let it in and the client chose it.
 pub trait Service: Send + Sync + 'static {
@@ -28,6 +29,17 @@ pub trait Service: Send + Sync + 'static {
     /// deadline until authenticated), on the connection's own thread. A failing connection
     /// ends only itself.
     fn serve_connection(&self, conn: Conn);
+
+    /// Starts refusing new work (the daemon's first SIGTERM); cheap, idempotent, callable
+    /// from the signal thread.
+    fn begin_drain(&self) {}
+
+    /// Lets the work in flight run for up to `grace`, then stops the rest, and says what
+    /// it did (see [`crate::daemon`]).
+    fn drain(&self, grace: Duration) -> DrainReport {
+        let _ = grace;
+        DrainReport::default()
+    }
 }
 
 /// An accepted connection handed to a [`Service`]: EXS is open on it, no receive is

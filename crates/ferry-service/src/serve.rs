@@ -152,8 +152,8 @@ pub struct Drain {
     at_drain: AtomicUsize,
 }
 
-/// What [`Drain::run`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What [`Drain::run`] did (summed over a daemon's faces with `+`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DrainReport {
     /// Transfers in flight when the drain began.
     pub in_flight: usize,
@@ -163,6 +163,18 @@ pub struct DrainReport {
     /// Transfers that neither finished nor stopped in time (their journals hold their last
     /// checkpoint).
     pub abandoned: usize,
+}
+
+impl std::ops::Add for DrainReport {
+    type Output = DrainReport;
+
+    fn add(self, o: DrainReport) -> DrainReport {
+        DrainReport {
+            in_flight: self.in_flight + o.in_flight,
+            interrupted: self.interrupted + o.interrupted,
+            abandoned: self.abandoned + o.abandoned,
+        }
+    }
 }
 
 /// Counts a transfer in flight while it lives ([`Drain::count`]).

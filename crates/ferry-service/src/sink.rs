@@ -58,6 +58,9 @@ pub struct BlockSink {
     bounce: Vec<u8>,
     /// How runs of zeros are stored (see [`Holes`]).
     holes: Holes,
+    /// Bytes of good blocks written so far (what a writer's ring counts toward its next
+    /// checkpoint).
+    stored: u64,
 }
 
 /// How a sink stores runs of zeros.
@@ -90,6 +93,7 @@ impl BlockSink {
             direct: None,
             bounce: Vec::new(),
             holes: Holes::Unsized,
+            stored: 0,
         }
     }
 
@@ -134,6 +138,32 @@ impl BlockSink {
     /// The transfer's size.
     pub fn size(&self) -> u64 {
         self.size
+    }
+
+    /// Bytes of good blocks written so far.
+    pub fn stored(&self) -> u64 {
+        self.stored
+    }
+
+    /// Whether the sink journals what it verifies (only then has it anything to checkpoint
+    /// while data flows).
+    pub fn journals(&self) -> bool {
+        self.journal.is_some()
+    }
+
+    /// A checkpoint while data flows, when the writer's ring asks for one: hands the
+    /// verified ranges to the journal's checkpoint thread, which fsyncs `file` and then
+    /// records them (waiting only for the previous checkpoint). A failure becomes the
+    /// transfer's write error.
+    pub fn checkpoint_in_background(&mut self, file: &File) {
+        if self.io_error.is_some() {
+            return;
+        }
+        if let Some(j) = &mut self.journal {
+            if let Err(e) = j.checkpoint_in_background(file) {
+                self.io_error = Some(e);
+            }
+        }
     }
 
     /// Records what is verified so far in the journal (fsync first), e.g. before giving up
@@ -228,7 +258,8 @@ impl BlockSink {
     }
 
     /// Writes a good block (bounds checked) and records it: in the range set of a parallel
-    /// piece, in the journal (checkpointing when due). A write error is kept for the end.
+    /// piece, in the journal (checkpointed when the writer's ring asks, or, for a piece, in
+    /// its file's shared journal). A write error is kept for the end.
     fn store(&mut self, file: &File, h: &Block, payload: &[u8]) {
         if self.io_error.is_some() {
             return;
@@ -237,6 +268,7 @@ impl BlockSink {
             self.io_error = Some(e);
             return;
         }
+        self.stored += u64::from(h.len);
         if self.window.is_some() {
             self.got.insert(h.offset, h.offset + u64::from(h.len));
         }
@@ -247,11 +279,6 @@ impl BlockSink {
         }
         if let Some(j) = &mut self.journal {
             j.good(h.offset, u64::from(h.len));
-            if j.due() {
-                if let Err(e) = j.checkpoint_in_background(file) {
-                    self.io_error = Some(e);
-                }
-            }
         }
     }
 

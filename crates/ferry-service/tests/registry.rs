@@ -112,6 +112,7 @@ fn two_services_on_two_listeners() {
     let mut reg = Registry::new(AuthConfig {
         tokens: vec!["tok".into()],
         anonymous: false,
+        ..AuthConfig::default()
     });
     reg.add("shout", Arc::new(Transform(|b| b.to_ascii_uppercase())))
         .unwrap();

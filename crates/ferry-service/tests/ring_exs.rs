@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use ferry_exs::runtime::{default_config, EventQueue, ExsListener};
-use ferry_service::channel::{Channel, FRAME_HEAD};
+use ferry_service::channel::{ring_bytes, Channel, FRAME_HEAD};
 use ferry_service::ring::{staging_threads, Piece, Sender, Source};
 use ferry_service::sink::{Block, BlockSink};
 use ferry_service::writer::BlockWriter;
@@ -259,4 +259,55 @@ fn held_blocks_land_over_tcp() {
 #[test]
 fn held_blocks_land_over_ofi_shm() {
     held_blocks_land(&format!("ofi+shm://ferry-ring-held-{}", std::process::id()));
+}
+
+/// What a face budgets for a connection's rings ([`ring_bytes`]) is what the channel and the
+/// sender really allocate: the receive ring once posted, and after taking more blocks than
+/// it has (its buffers reposted, nothing new allocated); the send ring once every slot was
+/// used. Either side changing its buffers' layout without the other fails here.
+fn ring_costs_what_it_allocates(url: &str) {
+    let (tx, mut rx) = pair(url);
+    rx.timeout = T;
+    rx.post_ring(RING, FRAME_HEAD + BLOCK as usize)
+        .expect("post");
+    let want = ring_bytes(RING, BLOCK);
+    assert_eq!(rx.recv_ring_bytes(), want, "the receive ring as posted");
+    let (file, _) = source(3 * RING * BLOCK as usize + 5, "cost");
+    let piece = Piece {
+        transfer: 1,
+        offset: 0,
+        len: 3 * (RING as u64) * u64::from(BLOCK) + 5,
+    };
+    std::thread::scope(|s| {
+        let sender = s.spawn(|| {
+            let mut ring = Sender::new(BLOCK, RING, T).expect("sender");
+            ring.send_range(
+                tx.socket(),
+                Source::File(&file),
+                piece,
+                None,
+                &|_| {},
+                &head,
+            )
+            .expect("send");
+            ring.flush().expect("every send completes");
+            ring.staged_bytes()
+        });
+        let mut got = 0;
+        while got < piece.len {
+            got += rx.recv_with(|b| field(b, 12)).expect("receive");
+        }
+        assert_eq!(sender.join().expect("sender thread"), want, "the send ring");
+    });
+    assert_eq!(rx.recv_ring_bytes(), want, "the receive ring after reposts");
+}
+
+#[test]
+fn ring_costs_what_it_allocates_over_tcp() {
+    ring_costs_what_it_allocates("tcp://127.0.0.1:0");
+}
+
+#[test]
+fn ring_costs_what_it_allocates_over_ofi_shm() {
+    ring_costs_what_it_allocates(&format!("ofi+shm://ferry-ring-cost-{}", std::process::id()));
 }

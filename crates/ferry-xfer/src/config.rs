@@ -131,11 +131,20 @@ impl Default for ServerConfig {
     }
 }
 
+fn bad_config(e: toml::de::Error) -> XferError {
+    XferError::new(Kind::Usage, format!("bad server configuration: {e}"))
+}
+
 impl ServerConfig {
     /// Parses a TOML configuration.
     pub fn from_toml(text: &str) -> Result<Self> {
-        toml::from_str(text)
-            .map_err(|e| XferError::new(Kind::Usage, format!("bad server configuration: {e}")))
+        toml::from_str(text).map_err(bad_config)
+    }
+
+    /// Takes a parsed TOML configuration: a daemon's file with the tables of its other
+    /// faces (`[block]`, `[cio]`) taken out.
+    pub fn from_table(table: toml::Table) -> Result<Self> {
+        toml::Value::Table(table).try_into().map_err(bad_config)
     }
 
     /// Checks the configuration makes a usable server: at least one root, unique plain

@@ -16,7 +16,6 @@ use ferry_service::channel::{Channel, FRAME_HEAD};
 use ferry_service::ring::{self, Piece, Sender, Staged};
 use ferry_service::sink::Block;
 
-pub use ferry_service::channel::buffer_bytes;
 pub use ferry_service::ring::{staging_threads, Source};
 pub use ferry_service::writer::BlockWriter;
 

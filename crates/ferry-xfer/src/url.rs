@@ -4,7 +4,8 @@
 //! - `ferry://host[:port]/root/path` — the driver comes from `--driver` (default `tcp`);
 //!   with `ofi+shm` the host is the shm name;
 //! - `tcp://host:port/root/path`, `ofi+tcp://host:port/root/path`, `ofi+shm://name/root/path`;
-//! - `host:root/path` — scp-like shorthand, default port and driver;
+//! - `host:root/path` — scp-like shorthand, default port and driver; `host:port:root/path`
+//!   names a port;
 //! - `zero:SIZE` (a source of SIZE zero bytes) and `null:` or `/dev/null` (a sink that
 //!   discards), memory-to-memory mode: no file is read or written (a host named `zero` or
 //!   `null` needs the `ferry://` form);
@@ -99,8 +100,16 @@ pub fn parse(arg: &str, driver: &str) -> Result<Location> {
     }
     if let Some((host, path)) = arg.split_once(':') {
         if !host.is_empty() && !host.contains('/') && !arg.starts_with('.') {
+            // HOST:PORT:PATH: a port between two colons (no root name is all digits
+            // followed by a colon, so nothing else is taken away).
+            let (authority, path) = match path.split_once(':') {
+                Some((port, rest)) if port.parse::<u16>().is_ok() => {
+                    (format!("{host}:{port}"), rest)
+                }
+                _ => (host.to_string(), path),
+            };
             return Ok(Location::Remote(Remote {
-                addr: host_port(driver, host)?,
+                addr: host_port(driver, &authority)?,
                 path: path.trim_start_matches('/').to_string(),
             }));
         }
@@ -136,6 +145,14 @@ mod tests {
         assert_eq!(
             parse("h:d/x", "tcp").unwrap(),
             remote("tcp://h:7370", "d/x")
+        );
+        assert_eq!(
+            parse("h:7371:d/x", "ofi+tcp").unwrap(),
+            remote("ofi+tcp://h:7371", "d/x")
+        );
+        assert_eq!(
+            parse("h:d/x:y", "tcp").unwrap(),
+            remote("tcp://h:7370", "d/x:y")
         );
         assert_eq!(
             parse("./a:b", "tcp").unwrap(),

@@ -32,6 +32,7 @@ fn start(listen: &[&str]) -> (Vec<String>, std::path::PathBuf) {
         auth: AuthConfig {
             tokens: vec!["tok".into()],
             anonymous: false,
+            ..AuthConfig::default()
         },
         roots: vec![RootConfig {
             name: "d".into(),

@@ -44,6 +44,7 @@ fn start_cfg(driver: &str, tweak: impl FnOnce(&mut ServerConfig)) -> (String, st
         auth: AuthConfig {
             tokens: vec!["tok".into()],
             anonymous: false,
+            ..AuthConfig::default()
         },
         roots: vec![RootConfig {
             name: "d".into(),

@@ -27,6 +27,7 @@ fn start(limits: LimitsConfig) -> String {
         auth: AuthConfig {
             tokens: vec!["tok".into()],
             anonymous: false,
+            ..AuthConfig::default()
         },
         roots: vec![RootConfig {
             name: "d".into(),

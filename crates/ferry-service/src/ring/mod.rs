@@ -257,6 +257,12 @@ impl Cadence {
         }
     }
 
+    /// A cadence that never comes due: for a receiver with nothing to make durable before
+    /// its end (no journal to checkpoint).
+    pub fn never(now: Instant) -> Cadence {
+        Cadence::new(u64::MAX, Duration::MAX, now)
+    }
+
     /// `len` more bytes were written.
     pub fn wrote(&mut self, len: u64) {
         self.written = self.written.saturating_add(len);
@@ -319,6 +325,17 @@ impl LandRing {
     /// Slots posted for the network to fill: the credits the peer may use.
     pub fn credits(&self) -> usize {
         self.state.iter().filter(|&&s| s == SlotState::Free).count()
+    }
+
+    /// The slots the ring has.
+    pub fn slots(&self) -> usize {
+        self.state.len()
+    }
+
+    /// A posted slot for the next arrival (the lowest), or `None` while every slot holds a
+    /// block not yet written.
+    pub fn free_slot(&self) -> Option<SlotId> {
+        self.state.iter().position(|&s| s == SlotState::Free)
     }
 
     /// `slot` received `piece` (an out-of-range slot or one not posted is ignored: the

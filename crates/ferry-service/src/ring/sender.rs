@@ -20,7 +20,7 @@ use ferry_exs::proto::{EventKind, Flags};
 use ferry_exs::runtime::{EventQueue, ExsBuf, ExsSocket};
 
 use super::{Action, Piece, SendRing, SlotId};
-use crate::channel::{alloc_aligned, exs_err, Use, FRAME_HEAD, HEAD_ROOM};
+use crate::channel::{alloc_aligned, exs_err, pinned, Use, FRAME_HEAD, HEAD_ROOM};
 use crate::direct::{direct_aligned, open_direct_or_warn};
 use crate::error::{Error, Result};
 
@@ -45,6 +45,15 @@ pub fn staging_threads() -> bool {
         Ok("off") | Ok("0") => false,
         _ => std::thread::available_parallelism().is_ok_and(|n| n.get() >= 4),
     })
+}
+
+/// Heap bytes the hashing thread of a [`Sender`] of `depth` slots of `block` bytes holds at
+/// most (staging threads on, a range of more than two blocks, [`Sender::send_range`]): the
+/// blocks it is fed are copies, `depth` queued, one being hashed and one being filled;
+/// every piece of such a range but its last is a whole block, so each copy's capacity is
+/// one block.
+pub fn hasher_bytes(depth: usize, block: u32) -> u64 {
+    (depth as u64 + 2) * u64::from(block)
 }
 
 /// A slot claimed for the face to fill: its registered block, with byte 0 where a frame
@@ -74,6 +83,8 @@ pub struct Sender {
     /// Read files with direct I/O (`O_DIRECT`, bypassing the page cache) where the
     /// filesystem allows it; the unaligned tail of a file is read through the cache.
     pub direct: bool,
+    /// Bytes of the staging blocks allocated so far (each slot's, on its first use).
+    staged_bytes: u64,
 }
 
 impl Sender {
@@ -90,7 +101,14 @@ impl Sender {
             zero_crc: None,
             timeout,
             direct: false,
+            staged_bytes: 0,
         })
+    }
+
+    /// Bytes of staging blocks this sender has allocated: what its ring really pins
+    /// (compare [`crate::channel::ring_bytes`]).
+    pub fn staged_bytes(&self) -> u64 {
+        self.staged_bytes
     }
 
     /// The payload bytes a block holds.
@@ -342,7 +360,12 @@ impl Sender {
             Some(b) => b
                 .slice(HEAD_ROOM - FRAME_HEAD..)
                 .map_err(|e| Error::conn(format!("slice staging block: {e}"))),
-            None => alloc_aligned(sock, FRAME_HEAD + self.block(), "staging block", Use::Send),
+            None => {
+                let buf =
+                    alloc_aligned(sock, FRAME_HEAD + self.block(), "staging block", Use::Send)?;
+                self.staged_bytes += pinned(&buf);
+                Ok(buf)
+            }
         }
     }
 

@@ -9,7 +9,7 @@ use super::{
     RETRY_MAX_DELAY,
 };
 use crate::error::{Kind, Result, XferError};
-use crate::proto::{self, EntryKind, Msg};
+use crate::proto::{self, EntryKind, ErrorCode, Msg};
 use crate::url::{Location, Remote};
 use ferry_service::journal::Ident;
 
@@ -396,6 +396,19 @@ fn third_party(
                     c.stats.wire_bytes += bytes;
                     c.stats.blocks_resent += blocks_resent;
                     return Ok(());
+                }
+                // Only the destination refuses a token here (the source took ours at HELLO).
+                Msg::Error {
+                    code: ErrorCode::AuthRefused,
+                    ..
+                } => {
+                    return Err(XferError::new(
+                        Kind::Auth,
+                        format!(
+                            "the destination {} refused the token sent to it: pass its token with --dest-token or FERRY_DEST_TOKEN (without either, the source's token is sent)",
+                            dst.addr
+                        ),
+                    ))
                 }
                 Msg::Error { code, message, .. } => return Err(remote_err(code, &message)),
                 m => return Err(unexpected(&m)),

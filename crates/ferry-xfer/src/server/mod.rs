@@ -27,6 +27,8 @@ use crate::link::{BlockSender, Link};
 use crate::proto::{self, Entry, ErrorCode, Msg, BLOCK_HEADER_LEN};
 use crate::session::Session;
 use ferry_service::admit::{Admission, AuthRefused, Handshake, Stage};
+use ferry_service::auth::AuthConfig;
+use ferry_service::channel::Held;
 use ferry_service::registry::Registry;
 use ferry_service::registry::{Conn, Service};
 use ferry_service::serve::Drain;
@@ -76,6 +78,19 @@ impl Service for Server {
         }
         link.close();
     }
+
+    /// Starts refusing new requests (with Unavailable) and notes how many transfers are in
+    /// flight.
+    fn begin_drain(&self) {
+        self.drain.begin();
+    }
+
+    /// Refuses new requests, lets the transfers in flight run for up to `grace`, then
+    /// tells the rest to stop (an upload fsyncs its part file and journals its verified
+    /// prefix; a download just ends, its client journals) and waits a little for them.
+    fn drain(&self, grace: Duration) -> DrainReport {
+        self.drain.run(grace)
+    }
 }
 
 /// The name file transfer is hosted under in a server's registry (the service a client
@@ -116,6 +131,22 @@ impl Server {
         }))
     }
 
+    /// The admission every connection passes (limits, handshake pool, staging memory),
+    /// shared with the other faces of a daemon.
+    pub fn admission(&self) -> &Arc<Admission> {
+        &self.admission
+    }
+
+    /// The addresses it is configured to listen on.
+    pub fn listen(&self) -> &[String] {
+        &self.cfg.listen
+    }
+
+    /// Who may use it.
+    pub fn auth(&self) -> &AuthConfig {
+        &self.cfg.auth
+    }
+
     /// Binds every configured listen address.
     pub fn bind(&self) -> Result<Vec<ExsListener>> {
         ferry_service::serve::bind_all(&self.cfg.listen)
@@ -128,7 +159,7 @@ impl Server {
     }
 
     /// Like [`Server::serve`], until `quit` is set (checked a few times a second); then it
-    /// stops accepting and returns, leaving the connections running (see [`Server::drain`]).
+    /// stops accepting and returns, leaving the connections running (see [`Service::drain`]).
     ///
     /// The server is the registry's file-transfer service ([`SERVICE`]); each listener
     /// accepts on its own thread, and every connection passes the one admission
@@ -142,21 +173,6 @@ impl Server {
         registry.add(SERVICE, self.clone())?;
         ferry_service::serve::serve_until(&Arc::new(registry), &self.admission, listeners, quit);
         Ok(())
-    }
-
-    /// Ends service gracefully: refuses new requests, lets the transfers in flight run for
-    /// up to `grace`, then tells the rest to stop (an upload fsyncs its part file and
-    /// journals its verified prefix; a download just ends, its client journals) and waits a
-    /// little for them. The caller exits afterwards.
-    pub fn drain(&self, grace: Duration) -> DrainReport {
-        self.drain.run(grace)
-    }
-
-    /// Starts refusing new requests (with Unavailable) and notes how many transfers are in
-    /// flight; cheap and callable from any thread (e.g. a signal-watching one) before
-    /// [`Server::drain`]. Idempotent.
-    pub fn begin_drain(&self) {
-        self.drain.begin();
     }
 
     fn stopping(&self) -> bool {
@@ -293,7 +309,7 @@ impl Server {
             block,
             ring,
             batch: std::collections::VecDeque::new(),
-            request: Vec::new(),
+            put_file: None,
             commits: put::Commits::default(),
         };
         let res = self.requests(link, &session, &mut tx, &mut st);
@@ -317,6 +333,10 @@ impl Server {
             mem: self.cfg.mem,
         };
         loop {
+            // The frame of a PUT_FILE refused unwritten (while draining, say) goes back.
+            if let Some(frame) = st.put_file.take() {
+                link.give_back(frame)?;
+            }
             let msg = match st.batch.pop_front() {
                 Some(m) => m,
                 None => {
@@ -348,17 +368,20 @@ impl Server {
 
     /// The next request: waiting PUT_FILE commits go when no request is there to join them.
     fn wait_request(&self, link: &mut Link, session: &Session, st: &mut Requests) -> Result<Msg> {
-        let arrived =
-            !st.commits.is_empty() && link.recv_within(&mut st.request, Duration::ZERO)?;
-        if !arrived {
+        let arrived = if st.commits.is_empty() {
+            None
+        } else {
+            link.recv_held_within(Duration::ZERO)?
+        };
+        if arrived.is_none() {
             st.commits.flush(link)?;
         }
         ferry_fabric::timeline::mark("srv.wait", 0);
-        let m = if arrived {
-            decode_request(&st.request)?
-        } else {
-            next_request(link, session, &mut st.request, self.cfg.limits.idle())?
+        let held = match arrived {
+            Some(held) => held,
+            None => next_request(link, session, self.cfg.limits.idle())?,
         };
+        let m = st.take_request(link, held)?;
         ferry_fabric::timeline::mark("srv.req", 0);
         Ok(m)
     }
@@ -404,13 +427,21 @@ impl Server {
                 blake3,
                 len,
             } => {
-                let payload = st
-                    .request
-                    .len()
-                    .checked_sub(len as usize)
-                    .and_then(|at| st.request.get(at..))
-                    .ok_or_else(|| XferError::conn("PUT_FILE shorter than its payload"))?;
-                self.put_file(link, &mut st.commits, &req, &path, payload, &blake3)
+                let frame = st
+                    .put_file
+                    .take()
+                    .ok_or_else(|| XferError::conn("internal: a PUT_FILE without its frame"))?;
+                // Landed from its receive buffer, which goes back to the peer after.
+                let res = frame.with_bytes(|b| {
+                    let payload = b
+                        .len()
+                        .checked_sub(len as usize)
+                        .and_then(|at| b.get(at..))
+                        .ok_or_else(|| XferError::conn("PUT_FILE shorter than its payload"))?;
+                    self.put_file(link, &mut st.commits, &req, &path, payload, &blake3)
+                });
+                link.give_back(frame)?;
+                res
             }
             Route::Open(req, path) => self.open(link, session, &req, &path),
             Route::PutRange {
@@ -512,24 +543,43 @@ struct Requests {
     ring: usize,
     /// The GETs of a GETS frame, answered one by one as if each had come alone.
     batch: std::collections::VecDeque<Msg>,
-    /// The last request's bytes (a PUT_FILE's payload is read from here).
-    request: Vec<u8>,
+    /// The PUT_FILE being answered, in its receive buffer (its payload is the frame's last
+    /// `len` bytes, written from there: no copy).
+    put_file: Option<Held>,
     /// PUT_FILEs written and waiting to be committed together.
     commits: put::Commits,
 }
 
-/// The next request on a connection, its bytes left in `buf` (a PUT_FILE's payload is its
-/// last `len` bytes). While it waits, the session lets go of uploads a newer OPEN or PUT of
-/// the same file asked for and no stream is receiving (their client is usually gone without
-/// the fabric noticing yet). The connection ends once the whole session has been idle
-/// (no stream working on a request) for `idle`.
-fn next_request(
-    link: &mut Link,
-    session: &Session,
-    buf: &mut Vec<u8>,
-    idle: Duration,
-) -> Result<Msg> {
-    while !link.recv_within(buf, RECV_SLICE.min(idle))? {
+impl Requests {
+    /// Decodes the request `held` in place. Its receive buffer goes back to the peer at once,
+    /// but a PUT_FILE's, which is kept until the file is written.
+    fn take_request(&mut self, link: &mut Link, held: Held) -> Result<Msg> {
+        let msg = held.with_bytes(decode_request);
+        match msg {
+            Ok(m @ Msg::PutFile { .. }) => {
+                if let Some(old) = self.put_file.replace(held) {
+                    link.give_back(old)?;
+                }
+                Ok(m)
+            }
+            other => {
+                link.give_back(held)?;
+                other
+            }
+        }
+    }
+}
+
+/// The next request on a connection, in its receive buffer. While it waits, the session
+/// lets go of uploads a newer OPEN or PUT of the same file asked for and no stream is
+/// receiving (their client is usually gone without the fabric noticing yet). The
+/// connection ends once the whole session has been idle (no stream working on a request)
+/// for `idle`.
+fn next_request(link: &mut Link, session: &Session, idle: Duration) -> Result<Held> {
+    loop {
+        if let Some(held) = link.recv_held_within(RECV_SLICE.min(idle))? {
+            return Ok(held);
+        }
         session.release_superseded();
         if session.idle_for() >= idle {
             return Err(XferError::conn(format!(
@@ -538,7 +588,6 @@ fn next_request(
             )));
         }
     }
-    decode_request(buf)
 }
 
 /// Decodes a request (a data frame is an error here).
@@ -595,22 +644,26 @@ impl Drop for StreamGuard<'_> {
 /// (or the refusal after too many CRC rounds).
 type Received = (u64, PResult<Option<[u8; 32]>>);
 
-/// Refuses a connection at its handshake: the refusal, a moment for it to reach the client
-/// before the connection goes, and the error that ends the connection.
-/// Bytes of staging memory a connection with `ring` blocks of `block` bytes may hold at
-/// once: its receive ring and its send ring (registered buffers), the copies of one request
-/// and one received block, and with staging threads the blocks queued to the writer or
-/// hasher thread.
+/// Bytes of staging memory a connection with `ring` blocks of `block` bytes holds at most,
+/// from what it really allocates: its receive ring (the posted receive buffers, in which a
+/// writer's queued blocks and a PUT_FILE being written also wait: no copies), its send ring
+/// (staging blocks, each on first use), its pool of control send buffers, and with staging
+/// threads the copies a GET's hashing thread is fed. (It used to count two more blocks, a
+/// copy of a request and of a received block, and with staging threads a writer queue of
+/// copies: none is made any more.) The floor's test `ring_costs_what_it_allocates` holds
+/// the rings' part to the real allocations.
 fn staging_cost(ring: usize, block: u32) -> u64 {
-    let threads = if crate::link::staging_threads() {
-        ring
+    use ferry_service::channel::{control_pool_bytes, ring_bytes};
+    let hashing = if crate::link::staging_threads() {
+        ferry_service::ring::sender::hasher_bytes(ring, block)
     } else {
         0
     };
-    let buffers = 2 * ring + 2 + threads;
-    buffers as u64 * crate::link::buffer_bytes(block)
+    2 * ring_bytes(ring, block) + control_pool_bytes(proto::MAX_CONTROL) + hashing
 }
 
+/// Refuses a connection at its handshake: the refusal, a moment for it to reach the client
+/// before the connection goes, and the error that ends the connection.
 fn refuse_connection<T>(link: &Link, r: impl Into<Refusal>) -> Result<T> {
     let r = r.into();
     let message = r.message.clone();

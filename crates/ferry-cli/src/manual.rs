@@ -1,0 +1,43 @@
+//! Shell completions (`ferry completions SHELL`) and man pages (`ferry manpages DIR`, run by
+//! `make install`), generated from the command definition so they never drift from
+//! `--help`.
+
+use std::path::Path;
+
+use clap::CommandFactory;
+use ferry_xfer::XferError;
+
+/// Prints the completion script for `shell` on stdout.
+pub fn completions(shell: clap_complete::Shell) {
+    let mut cmd = crate::Cli::command();
+    clap_complete::generate(shell, &mut cmd, "ferry", &mut std::io::stdout());
+}
+
+/// Writes `ferry.1` and a page per visible command (`ferry-cp.1`, `ferry-bench-cp.1`, ...)
+/// into `dir`, which is created if missing.
+pub fn manpages(dir: &Path) -> Result<(), XferError> {
+    std::fs::create_dir_all(dir).map_err(|e| XferError::io(dir.display(), &e))?;
+    let root = crate::Cli::command();
+    write_page(&root, "ferry", dir)?;
+    for sub in root.get_subcommands().filter(|c| !c.is_hide_set()) {
+        let name = format!("ferry-{}", sub.get_name());
+        write_page(sub, &name, dir)?;
+        for leaf in sub.get_subcommands().filter(|c| !c.is_hide_set()) {
+            write_page(leaf, &format!("{name}-{}", leaf.get_name()), dir)?;
+        }
+    }
+    Ok(())
+}
+
+fn write_page(cmd: &clap::Command, name: &str, dir: &Path) -> Result<(), XferError> {
+    let path = dir.join(format!("{name}.1"));
+    let mut page = Vec::new();
+    let man = clap_mangen::Man::new(cmd.clone())
+        .title(name.to_uppercase())
+        .section("1")
+        .source(format!("ferry {}", env!("CARGO_PKG_VERSION")))
+        .manual("ferry manual");
+    man.render(&mut page)
+        .and_then(|()| std::fs::write(&path, &page))
+        .map_err(|e| XferError::io(path.display(), &e))
+}

@@ -1,0 +1,210 @@
+//! `ferry serve`: one daemon hosting ferry's faces (file transfer today) behind one
+//! configuration file, one authentication and one admission. This is the composition root:
+//! each face is built from its part of the configuration and added to the service floor's
+//! [`Daemon`], which owns the process's life (signals, drain, the wedge exit).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use ferry_service::daemon::Daemon;
+use ferry_xfer::config::{RootConfig, ServerConfig};
+use ferry_xfer::{Kind, XferError};
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// TOML configuration (listen (one address or a list), block_size, ring, mem, direct, keep_special_bits, third_party, [auth] tokens/anonymous, [limits], [[root]] name/path; docs/xfer.md).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Export a directory as NAME (repeatable; adds to the config's roots).
+    #[arg(long = "root", value_name = "NAME=PATH")]
+    roots: Vec<String>,
+    /// Address to listen on [default: tcp://0.0.0.0:7370]; also ofi+tcp://HOST:PORT, ofi+shm://NAME.
+    /// Repeatable: every address is served alike (replaces the config's `listen`).
+    #[arg(long = "listen", value_name = "URL")]
+    listen: Vec<String>,
+    /// Accept clients without a token (trusted networks only).
+    #[arg(long)]
+    anonymous: bool,
+    /// Memory mode: also export the virtual root `mem` (read mem/zero/SIZE, write mem/null)
+    /// so copies can skip the disk on this side.
+    #[arg(long)]
+    mem: bool,
+    /// Read and write file data with direct I/O (O_DIRECT), bypassing the page cache
+    /// (also `direct = true` in the config).
+    #[arg(long)]
+    direct: bool,
+    /// Accept this token (repeatable; adds to the config's [auth] tokens). Every user of
+    /// this machine can read it in `ps`: prefer --token-file or $FERRY_TOKEN.
+    #[arg(long = "token", value_name = "TOKEN")]
+    tokens: Vec<String>,
+    /// Accept the tokens in FILE, one per line (repeatable; `#` starts a comment line).
+    /// Keep it private (chmod 600); `ferry token new` makes a token. $FERRY_TOKEN, when
+    /// set, is accepted too.
+    #[arg(long = "token-file", value_name = "FILE")]
+    token_files: Vec<PathBuf>,
+    /// Let clients have this server send third-party copies to ADDR (a fabric address such as tcp://HOST:7370, or * for any; repeatable).
+    #[arg(long = "allow-third-party", value_name = "ADDR")]
+    third_party: Vec<String>,
+    /// On SIGTERM/SIGINT: stop accepting, let transfers in flight finish for this long, then
+    /// journal the rest (clients resume them) and exit 0. A second signal exits at once.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30.0)]
+    drain_timeout: f64,
+    /// Authenticated connections at once; more are refused as unavailable
+    /// [default: 256; config `[limits] max_connections`].
+    #[arg(long, value_name = "N")]
+    max_connections: Option<usize>,
+    /// Connections at once from one client address (IP)
+    /// [default: 32; config `[limits] max_per_address`].
+    #[arg(long, value_name = "N")]
+    max_per_address: Option<usize>,
+    /// Close a session that sends no request for this long
+    /// [default: 120; config `[limits] idle_timeout`].
+    #[arg(long, value_name = "SECONDS")]
+    idle_timeout: Option<f64>,
+    /// Staging memory all connections together may hold, in bytes (suffixes K, M, G)
+    /// [default: a quarter of physical memory; config `[limits] memory_budget`].
+    #[arg(long, value_name = "BYTES", value_parser = parse_budget)]
+    memory_budget: Option<u64>,
+}
+
+fn parse_budget(s: &str) -> Result<u64, String> {
+    ferry_xfer::mem::parse_size(s).ok_or_else(|| format!("{s}: give bytes, e.g. 4G or 512M"))
+}
+
+/// Runs `ferry serve` until a signal, then drains.
+pub fn serve(a: ServeArgs) -> Result<(), XferError> {
+    let table = match &a.config {
+        Some(p) => read_config(p)?,
+        None => toml::Table::new(),
+    };
+    let grace = std::time::Duration::try_from_secs_f64(a.drain_timeout).map_err(|_| {
+        XferError::new(
+            Kind::Usage,
+            format!("--drain-timeout {}: give seconds >= 0", a.drain_timeout),
+        )
+    })?;
+    let config_file = a.config.clone();
+    let mut cfg = xfer_config(table, a)?;
+    secrets(&mut cfg, config_file.as_deref())?;
+    let roots: Vec<(String, PathBuf)> = (cfg.roots.iter())
+        .map(|r| (r.name.clone(), r.path.clone()))
+        .collect();
+    let xfer = ferry_xfer::server::Server::new(cfg)?;
+    let mut daemon = Daemon::new(
+        xfer.listen().to_vec(),
+        xfer.auth().clone(),
+        xfer.admission().clone(),
+    );
+    daemon.add_service(ferry_xfer::server::SERVICE, xfer)?;
+    let mut running = daemon.start()?;
+    let addresses = running.addresses();
+    for addr in &addresses {
+        println!("listening on {addr}");
+    }
+    let _ = std::io::stdout().flush();
+    greet(&roots, &addresses);
+    running.serve_until_signal();
+    eprintln!(
+        "ferry serve: signal received; not accepting connections; draining transfers in flight (up to {:.0} s)",
+        grace.as_secs_f64()
+    );
+    let r = running.drain(grace);
+    eprintln!(
+        "ferry serve: stopped: {} transfer(s) in flight at the signal, {} finished, {} journaled and stopped, {} abandoned at their last checkpoint",
+        r.in_flight,
+        r.in_flight.saturating_sub(r.interrupted + r.abandoned),
+        r.interrupted,
+        r.abandoned
+    );
+    Ok(())
+}
+
+/// Says what is exported and how a client reaches it.
+fn greet(roots: &[(String, PathBuf)], addresses: &[String]) {
+    for (name, path) in roots {
+        tracing::info!("exporting {name} = {}", path.display());
+    }
+    if let (Some((name, _)), Some(addr)) = (roots.first(), addresses.first()) {
+        tracing::info!(
+            "from a client: ferry cp FILE {}/{name}/ (token in FERRY_TOKEN)",
+            reachable(addr)
+        );
+    }
+}
+
+/// `addr` as a client elsewhere would write it: a wildcard host becomes this host's name.
+fn reachable(addr: &str) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "HOST".into());
+    ["0.0.0.0", "[::]"]
+        .iter()
+        .find_map(|w| {
+            let (scheme, rest) = addr.split_once("://")?;
+            let port = rest.strip_prefix(w)?;
+            Some(format!("{scheme}://{host}{port}"))
+        })
+        .unwrap_or_else(|| addr.to_string())
+}
+
+/// The configuration file as a TOML table, each face taking its part.
+fn read_config(path: &std::path::Path) -> Result<toml::Table, XferError> {
+    let text = std::fs::read_to_string(path).map_err(|e| XferError::io(path.display(), &e))?;
+    text.parse().map_err(|e| {
+        XferError::new(
+            Kind::Usage,
+            format!("{}: bad server configuration: {e}", path.display()),
+        )
+    })
+}
+
+/// File transfer's configuration (with the daemon's listen addresses, authentication and
+/// limits): the file's top level, then the command line on top.
+fn xfer_config(table: toml::Table, a: ServeArgs) -> Result<ServerConfig, XferError> {
+    let mut cfg = ServerConfig::from_table(table)?;
+    for r in &a.roots {
+        let (name, path) = r
+            .split_once('=')
+            .ok_or_else(|| XferError::new(Kind::Usage, format!("--root {r}: write NAME=PATH")))?;
+        cfg.roots.push(RootConfig {
+            name: name.into(),
+            path: path.into(),
+        });
+    }
+    if !a.listen.is_empty() {
+        cfg.listen = a.listen;
+    }
+    cfg.auth.anonymous |= a.anonymous;
+    cfg.mem |= a.mem;
+    cfg.direct |= a.direct;
+    if !a.tokens.is_empty() {
+        tracing::warn!("--token is visible to every user of this machine (ps): prefer --token-file or FERRY_TOKEN");
+    }
+    cfg.auth.tokens.extend(a.tokens);
+    cfg.auth.token_files.extend(a.token_files);
+    if let Some(t) = std::env::var("FERRY_TOKEN").ok().filter(|t| !t.is_empty()) {
+        cfg.auth.tokens.push(t);
+    }
+    cfg.third_party.extend(a.third_party);
+    let limits = &mut cfg.limits;
+    limits.max_connections = a.max_connections.unwrap_or(limits.max_connections);
+    limits.max_per_address = a.max_per_address.unwrap_or(limits.max_per_address);
+    limits.idle_timeout = a.idle_timeout.unwrap_or(limits.idle_timeout);
+    limits.memory_budget = a.memory_budget.or(limits.memory_budget);
+    Ok(cfg)
+}
+
+/// Reads the token files and warns about secrets others can read or guess: the token
+/// files, a configuration file holding tokens, short tokens.
+fn secrets(cfg: &mut ServerConfig, config_file: Option<&Path>) -> Result<(), XferError> {
+    let has_tokens = !cfg.auth.tokens.is_empty();
+    let warnings = cfg.auth.load_token_files()?;
+    let config_warning = config_file
+        .filter(|_| has_tokens)
+        .and_then(ferry_service::auth::secret_file_warning);
+    for w in config_warning.into_iter().chain(warnings) {
+        tracing::warn!("{w}");
+    }
+    Ok(())
+}
