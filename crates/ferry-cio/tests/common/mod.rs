@@ -16,7 +16,7 @@ use ferry_service::admit::{Admission, LimitsConfig};
 use ferry_service::auth::AuthConfig;
 
 /// The token every test server accepts.
-pub const TOKEN: &str = "cio-token";
+pub const TOKEN: &str = "cio-test-token-0001";
 
 /// A running in-process server exporting a scratch directory as root `d`; stops on drop.
 pub struct Running {
@@ -51,7 +51,7 @@ pub fn start(driver: &str, timeout: Duration) -> Running {
     };
     let auth = AuthConfig {
         tokens: vec![TOKEN.into()],
-        anonymous: false,
+        ..AuthConfig::default()
     };
     let admission = Admission::new(&LimitsConfig::default(), |_, _| 0);
     let server = Server::new(cfg, &[("d".into(), root.clone())], auth, admission).unwrap();
