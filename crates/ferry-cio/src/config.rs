@@ -64,6 +64,15 @@ impl CioConfig {
         Ok(c)
     }
 
+    /// Takes the `[cio]` table of a daemon's configuration file.
+    pub fn from_table(table: toml::Table) -> Result<Self> {
+        let c: CioConfig = toml::Value::Table(table)
+            .try_into()
+            .map_err(|e| CioError::new(ErrorClass::Arg, format!("[cio]: {e}")))?;
+        c.validate()?;
+        Ok(c)
+    }
+
     /// Checks the values.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(CioError::new(ErrorClass::Arg, m));

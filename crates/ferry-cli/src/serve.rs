@@ -1,4 +1,4 @@
-//! `ferry serve`: one daemon hosting ferry's faces (file transfer today) behind one
+//! `ferry serve`: one daemon hosting ferry's faces (file transfer and collective I/O) behind one
 //! configuration file, one authentication and one admission. This is the composition root:
 //! each face is built from its part of the configuration and added to the service floor's
 //! [`Daemon`], which owns the process's life (signals, drain, the wedge exit).
@@ -13,7 +13,7 @@ use ferry_xfer::{Kind, XferError};
 
 #[derive(Args)]
 pub struct ServeArgs {
-    /// TOML configuration (listen (one address or a list), block_size, ring, mem, direct, keep_special_bits, third_party, [auth] tokens/anonymous, [limits], [[root]] name/path; docs/xfer.md).
+    /// TOML configuration (listen (one address or a list), block_size, ring, mem, direct, keep_special_bits, third_party, [auth] tokens/anonymous, [limits], [[root]] name/path; docs/xfer.md; [cio] collective I/O, docs/cio.md).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Export a directory as NAME (repeatable; adds to the config's roots).
@@ -74,10 +74,11 @@ fn parse_budget(s: &str) -> Result<u64, String> {
 
 /// Runs `ferry serve` until a signal, then drains.
 pub fn serve(a: ServeArgs) -> Result<(), XferError> {
-    let table = match &a.config {
+    let mut table = match &a.config {
         Some(p) => read_config(p)?,
         None => toml::Table::new(),
     };
+    let cio_cfg = cio_config(&mut table)?;
     let grace = std::time::Duration::try_from_secs_f64(a.drain_timeout).map_err(|_| {
         XferError::new(
             Kind::Usage,
@@ -96,7 +97,12 @@ pub fn serve(a: ServeArgs) -> Result<(), XferError> {
         xfer.auth().clone(),
         xfer.admission().clone(),
     );
+    let auth = xfer.auth().clone();
+    let admission = xfer.admission().clone();
     daemon.add_service(ferry_xfer::server::SERVICE, xfer)?;
+    // Collective I/O over the same roots, behind the same tokens and admission.
+    let cio = ferry_cio::server::Server::new(cio_cfg, &roots, auth, admission).map_err(cio_err)?;
+    daemon.add_service(ferry_cio::server::SERVICE, cio)?;
     let mut running = daemon.start()?;
     let addresses = running.addresses();
     for addr in &addresses {
@@ -157,6 +163,25 @@ fn read_config(path: &std::path::Path) -> Result<toml::Table, XferError> {
             format!("{}: bad server configuration: {e}", path.display()),
         )
     })
+}
+
+/// Collective I/O's configuration: the file's `[cio]` table, taken out (file transfer's
+/// configuration is the rest).
+fn cio_config(table: &mut toml::Table) -> Result<ferry_cio::CioConfig, XferError> {
+    match table.remove("cio") {
+        None => Ok(ferry_cio::CioConfig::default()),
+        Some(toml::Value::Table(t)) => ferry_cio::CioConfig::from_table(t).map_err(cio_err),
+        Some(_) => Err(XferError::new(Kind::Usage, "[cio] must be a table")),
+    }
+}
+
+/// A collective I/O setup error as `ferry serve` reports it.
+fn cio_err(e: ferry_cio::CioError) -> XferError {
+    let kind = match e.class {
+        ferry_cio::ErrorClass::Arg => Kind::Usage,
+        _ => Kind::Io,
+    };
+    XferError::new(kind, format!("collective I/O (cio): {}", e.message))
 }
 
 /// File transfer's configuration (with the daemon's listen addresses, authentication and

@@ -169,16 +169,6 @@ impl Server {
         Ok(())
     }
 
-    /// Starts refusing new opens (Busy); callable from any thread. Idempotent.
-    pub fn begin_drain(&self) {
-        self.drain.begin();
-    }
-
-    /// Refuses new opens, lets the requests in flight run for up to `grace`, and reports.
-    pub fn drain(&self, grace: Duration) -> DrainReport {
-        self.drain.run(grace)
-    }
-
     fn sessions(&self) -> MutexGuard<'_, HashMap<(u64, String), Arc<Shared>>> {
         self.sessions.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -632,6 +622,17 @@ impl Service for Server {
             Err(e) => tracing::info!("{peer}: connection ended: {e}"),
         }
         ch.close();
+    }
+
+    /// Starts refusing new opens (Busy); callable from any thread. Idempotent.
+    fn begin_drain(&self) {
+        self.drain.begin();
+    }
+
+    /// Refuses new opens and lets the requests in flight run for up to `grace` (a
+    /// collective call waits at most `collective_timeout` for its ranks), and reports.
+    fn drain(&self, grace: Duration) -> DrainReport {
+        self.drain.run(grace)
     }
 }
 
