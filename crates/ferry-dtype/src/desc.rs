@@ -494,6 +494,46 @@ mod tests {
         same(&Datatype::decode(&bytes).unwrap(), &ft);
     }
 
+    /// The bytes of a description (version 1): the format must not change.
+    #[test]
+    fn golden_bytes() {
+        let int = Datatype::primitive(4).unwrap();
+        let v = Datatype::vector(3, 1, 2, &int).unwrap();
+        let ft = Datatype::resized(&v, -8, 24).unwrap();
+        let s = Datatype::structure(&[1, 2], &[0, 16], &[int.clone(), int]).unwrap();
+        let hex =
+            |t: &Datatype| -> String { t.encode().iter().map(|b| format!("{b:02x}")).collect() };
+        assert_eq!(
+            hex(&ft),
+            concat!(
+                "01",               // version
+                "0a",               // resized
+                "f8ffffffffffffff", // lb -8
+                "1800000000000000", // extent 24
+                "03",               // vector
+                "0300000000000000", // count 3
+                "0100000000000000", // blocklen 1
+                "0200000000000000", // stride 2
+                "01",               // primitive
+                "0400000000000000", // size 4
+            )
+        );
+        assert_eq!(
+            hex(&s),
+            concat!(
+                "01",                 // version
+                "09",                 // struct
+                "02000000",           // 2 fields
+                "0100000000000000",   // blocklen 1
+                "0000000000000000",   // displ 0
+                "010400000000000000", // primitive 4 (node 0)
+                "0200000000000000",   // blocklen 2
+                "1000000000000000",   // displ 16
+                "0000000000",         // reference to node 0
+            )
+        );
+    }
+
     #[test]
     fn bad_descriptions_are_errors() {
         let int = Datatype::primitive(4).unwrap();
