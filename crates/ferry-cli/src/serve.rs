@@ -112,12 +112,12 @@ pub fn serve(a: ServeArgs) -> Result<(), XferError> {
     greet(&roots, &addresses);
     running.serve_until_signal();
     eprintln!(
-        "ferry serve: signal received; not accepting connections; draining transfers in flight (up to {:.0} s)",
+        "ferry serve: signal received; not accepting connections; letting those open finish (up to {:.0} s)",
         grace.as_secs_f64()
     );
     let r = running.drain(grace);
     eprintln!(
-        "ferry serve: stopped: {} transfer(s) in flight at the signal, {} finished, {} journaled and stopped, {} abandoned at their last checkpoint",
+        "ferry serve: stopped: {} connection(s) open at the signal, {} finished, {} stopped (uploads journaled), {} abandoned at their last checkpoint",
         r.in_flight,
         r.in_flight.saturating_sub(r.interrupted + r.abandoned),
         r.interrupted,

@@ -894,7 +894,7 @@ fn sigterm(driver: &str) {
     let status = wait_bounded(server);
     assert_eq!(status.code(), Some(0), "serve after SIGTERM");
     let log = std::fs::read_to_string(&s.log).unwrap();
-    assert!(log.contains("1 journaled and stopped"), "{log}");
+    assert!(log.contains("1 stopped (uploads journaled)"), "{log}");
     assert!(journal_of(&dest).exists() && part_of(&dest).exists());
     assert!(!dest.exists());
     s.spawn();
@@ -928,7 +928,7 @@ fn sigterm(driver: &str) {
     assert_eq!(wait_bounded(server).code(), Some(0));
     let log = std::fs::read_to_string(&s.log).unwrap();
     assert!(
-        log.contains("1 transfer(s) in flight at the signal, 1 finished"),
+        log.contains("1 connection(s) open at the signal, 1 finished"),
         "{log}"
     );
     let v = ok(&finish(client));
@@ -940,6 +940,65 @@ fn sigterm(driver: &str) {
 #[test]
 fn sigterm_tcp() {
     sigterm("tcp");
+}
+
+/// SIGTERM during a download: with a grace period a parallel download (four streams, each
+/// fetching chunk after chunk) finishes, because the server keeps serving the connections
+/// that were transferring instead of refusing their next chunk, and the server reports it
+/// finished; without a grace period the client hears that the server is shutting down,
+/// keeps its journaled part, and (with --retries) finishes against the restarted server
+/// without fetching again what it had.
+fn sigterm_download(driver: &str) {
+    const BIG: usize = 4 * SIZE;
+    let mut s = Server::start(driver, &["--drain-timeout", "60"]);
+    std::fs::write(s.root.join("src"), pattern(BIG, 78)).unwrap();
+    let local = scratch("local-down");
+    let download = |s: &Server, name: &str, retries: &str| {
+        cp_cmd(&["--retries", retries, "--idle-timeout", "3"])
+            .args(["-p", "4", "--chunk-size", "4194304"])
+            .arg(s.url("src"))
+            .arg(local.join(name))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let sigterm = |s: &mut Server| {
+        let server = s.child.take().unwrap();
+        let pid = rustix::process::Pid::from_child(&server);
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+        assert_eq!(wait_bounded(server).code(), Some(0), "serve after SIGTERM");
+        std::fs::read_to_string(&s.log).unwrap()
+    };
+    let mut client = download(&s, "graced", "0");
+    let part = part_of(&local.join("graced"));
+    assert!(wait_for_part(&part, BIG as u64 / 8, &mut client, &mut s));
+    let log = sigterm(&mut s);
+    assert!(log.contains(" finished, 0 stopped"), "{log}");
+    let v = ok(&finish(client));
+    assert_eq!(num(&v, "bytes"), BIG as u64, "{v}");
+    same(&s.root.join("src"), &local.join("graced"));
+
+    s.args = vec!["--drain-timeout".into(), "0".into()];
+    s.spawn();
+    let mut client = download(&s, "stopped", "30");
+    let part = part_of(&local.join("stopped"));
+    assert!(wait_for_part(&part, BIG as u64 / 8, &mut client, &mut s));
+    let log = sigterm(&mut s);
+    assert!(!log.contains(" 0 stopped"), "{log}");
+    s.spawn();
+    let v = ok(&finish(client));
+    assert!(
+        num(&v, "retries") >= 1 && num(&v, "resumed_bytes") > 0,
+        "{v}"
+    );
+    same(&s.root.join("src"), &local.join("stopped"));
+    std::fs::remove_dir_all(&local).unwrap();
+}
+
+#[test]
+fn sigterm_download_tcp() {
+    sigterm_download("tcp");
 }
 
 #[test]

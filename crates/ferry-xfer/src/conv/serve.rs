@@ -144,18 +144,9 @@ pub enum Route {
     Unexpected(Msg),
 }
 
-impl Route {
-    /// Whether the route is a transfer the drain waits for (and counts as interrupted).
-    pub fn counted(&self) -> bool {
-        matches!(
-            self,
-            Route::Get { .. } | Route::Put(..) | Route::PutFile { .. } | Route::PutRange { .. }
-        )
-    }
-}
-
 /// What is shutting down refused requests hear.
-const DRAINING: &str = "the server is shutting down; try again shortly (ferry cp --retries does)";
+pub(crate) const DRAINING: &str =
+    "the server is shutting down; try again shortly (ferry cp --retries does)";
 
 /// Routes one connection's requests.
 #[derive(Debug, Clone, Copy)]
@@ -189,9 +180,10 @@ impl Router {
         }
     }
 
-    /// Routes a request. While the server drains, every request but BYE is refused
-    /// (Unavailable); a GETS batch is expanded first, so each of its GETs is refused alone.
-    pub fn route(&self, msg: Msg, draining: bool) -> Route {
+    /// Routes a request. Once a drain's grace is over (`stopping`), every request but BYE
+    /// is refused (Unavailable); a GETS batch is expanded first, so each of its GETs is
+    /// refused alone.
+    pub fn route(&self, msg: Msg, stopping: bool) -> Route {
         if let Msg::Gets { files } = msg {
             return Route::Batch(
                 files
@@ -205,7 +197,7 @@ impl Router {
                     .collect(),
             );
         }
-        if draining && msg != Msg::Bye {
+        if stopping && msg != Msg::Bye {
             return Route::Refuse {
                 file_id: transfer_of(&msg),
                 refusal: refuse(ErrorCode::Unavailable, DRAINING),
@@ -468,12 +460,5 @@ mod tests {
     fn replies_and_data_frames_are_not_requests() {
         let ok = Msg::Ok { file_id: 1 };
         assert!(matches!(router().route(ok, false), Route::Unexpected(_)));
-        let range = Msg::PutRange {
-            file_id: 1,
-            offset: 0,
-            length: 1,
-        };
-        assert!(router().dispatch(range).counted());
-        assert!(!router().dispatch(Msg::Bye).counted());
     }
 }

@@ -2,6 +2,7 @@
 
 use super::{id_in_use, reply_refusal, send_entries, Server, GET_PIECE};
 use crate::conv::download::{self as conv, Reply, Responder};
+use crate::conv::serve::DRAINING;
 use crate::error::{Kind, Result, XferError};
 use crate::export::{refuse, Refusal};
 use crate::link::{BlockSender, BlockWriter, Link, Source, Span};
@@ -255,6 +256,11 @@ impl Server {
                     len,
                 } => {
                     if pieces > 0 && self.stopping() {
+                        // The client hears why (and resumes with --retries) instead of
+                        // finding the connection closed.
+                        tx.flush().ok();
+                        let refusal = refuse(ErrorCode::Unavailable, DRAINING);
+                        reply_refusal(link, file_id, refusal).ok();
                         return Err(self.stopped(path));
                     }
                     pieces += 1;

@@ -21,7 +21,7 @@ use ferry_exs::runtime::ExsListener;
 
 use crate::config::ServerConfig;
 pub(crate) use crate::conv::serve::PutReq;
-use crate::conv::serve::{Route, Router, SendToReq};
+use crate::conv::serve::{Route, Router, SendToReq, DRAINING};
 use crate::error::{Kind, Result, XferError};
 use crate::link::{BlockSender, Link};
 use crate::proto::{self, Entry, ErrorCode, Msg, BLOCK_HEADER_LEN};
@@ -51,7 +51,8 @@ pub struct Server {
     busy: Claims,
     /// Live sessions (parallel streams join them by id).
     live: Mutex<HashMap<u64, Arc<Session>>>,
-    /// GETs and PUTs in flight, and the drain (new requests refused with Unavailable).
+    /// Connections in flight, and the drain (requests refused with Unavailable once its
+    /// grace is over).
     drain: Drain,
     /// Connection, memory and authentication limits.
     admission: Arc<Admission>,
@@ -332,6 +333,11 @@ impl Server {
             ring: st.ring,
             mem: self.cfg.mem,
         };
+        // A connection is in flight for the drain until it ends: its client's next requests
+        // (the rest of a download in pieces, re-GETs after a CRC failure, the chunks of a
+        // parallel copy, its final verdicts) are served through the grace period, which is
+        // what finishing the work in progress means; the listeners take no new connections.
+        let _in_flight = self.drain.count();
         loop {
             // The frame of a PUT_FILE refused unwritten (while draining, say) goes back.
             if let Some(frame) = st.put_file.take() {
@@ -349,12 +355,17 @@ impl Server {
             if !Router::joins_commits(&msg) {
                 st.commits.flush(link)?;
             }
-            let draining = self.drain.draining();
-            if !router.packs(&msg) || draining {
+            let stopping = self.stopping();
+            if !router.packs(&msg) || stopping {
                 tx.flush_pack(link)?;
             }
-            match router.route(msg, draining) {
+            match router.route(msg, stopping) {
                 Route::Bye => return Ok(()),
+                // The drain's grace is over: the client hears why, and the connection ends.
+                Route::Refuse { file_id, refusal } if stopping => {
+                    reply_refusal(link, file_id, refusal)?;
+                    return Err(self.stopped("a request"));
+                }
                 Route::Batch(gets) => st.batch.extend(gets),
                 Route::Virtual(msg) => {
                     if !self.virtual_request(link, tx, &msg, session)? {
@@ -379,14 +390,27 @@ impl Server {
         ferry_fabric::timeline::mark("srv.wait", 0);
         let held = match arrived {
             Some(held) => held,
-            None => next_request(link, session, self.cfg.limits.idle())?,
+            None => {
+                match next_request(link, session, self.cfg.limits.idle(), || self.stopping())? {
+                    Some(held) => held,
+                    None => return self.stop_idle(link),
+                }
+            }
         };
         let m = st.take_request(link, held)?;
         ferry_fabric::timeline::mark("srv.req", 0);
         Ok(m)
     }
 
-    /// Executes one route (a transfer is counted in flight for the drain while it runs).
+    /// A connection waiting for its client's next request when the drain's grace ran out:
+    /// the client hears that the server is shutting down (it resumes with --retries), and
+    /// the connection ends, counted as stopped by the drain.
+    fn stop_idle(&self, link: &mut Link) -> Result<Msg> {
+        reply_refusal(link, 0, refuse(ErrorCode::Unavailable, DRAINING))?;
+        Err(self.stopped("a connection between requests"))
+    }
+
+    /// Executes one route.
     fn execute(
         &self,
         link: &mut Link,
@@ -395,7 +419,6 @@ impl Server {
         st: &mut Requests,
         route: Route,
     ) -> Result<()> {
-        let _counted = route.counted().then(|| self.drain.count());
         match route {
             Route::Bye | Route::Batch(_) | Route::Virtual(_) => Err(XferError::conn(
                 "internal: a route the request loop takes is executed",
@@ -575,10 +598,20 @@ impl Requests {
 /// receiving (their client is usually gone without the fabric noticing yet). The
 /// connection ends once the whole session has been idle (no stream working on a request)
 /// for `idle`.
-fn next_request(link: &mut Link, session: &Session, idle: Duration) -> Result<Held> {
+/// The next request; `None` once `stopping` says the drain's grace is over; an error when
+/// the connection has been idle for `idle`.
+fn next_request(
+    link: &mut Link,
+    session: &Session,
+    idle: Duration,
+    stopping: impl Fn() -> bool,
+) -> Result<Option<Held>> {
     loop {
         if let Some(held) = link.recv_held_within(RECV_SLICE.min(idle))? {
-            return Ok(held);
+            return Ok(Some(held));
+        }
+        if stopping() {
+            return Ok(None);
         }
         session.release_superseded();
         if session.idle_for() >= idle {
