@@ -445,3 +445,30 @@ fn a_killed_rank_fails_the_others_at_once() {
     });
     assert_eq!(n, [4]);
 }
+
+/// A drain refuses new opens (Busy) and lets open files work through the grace period;
+/// once it is over, a connection ends between requests.
+#[test]
+fn a_drain_refuses_new_opens_and_then_ends_open_files() {
+    use ferry_service::registry::Service;
+    let srv = start("tcp", T);
+    let one = || Comm {
+        job: job(),
+        rank: 0,
+        size: 1,
+    };
+    let mut f = File::open(&srv.addr, "d/drain.bin", one(), RW, TOKEN).unwrap();
+    srv.server.begin_drain();
+    assert_eq!(
+        class(File::open(&srv.addr, "d/new.bin", one(), RW, TOKEN)),
+        ErrorClass::Busy
+    );
+    assert_eq!(f.write_at(0, b"still", 5, &Datatype::byte()).unwrap(), 5);
+    let report = srv.server.drain(Duration::ZERO);
+    assert_eq!(
+        (report.in_flight, report.interrupted, report.abandoned),
+        (1, 1, 0)
+    );
+    assert!(f.size().is_err(), "the connection ended after the grace");
+    assert_eq!(std::fs::read(srv.root.join("drain.bin")).unwrap(), b"still");
+}

@@ -50,6 +50,9 @@ const CANCEL_POLL: Duration = Duration::from_millis(10);
 /// a rank whose process died is noticed at once, by its connection closing.
 const IDLE: Duration = Duration::from_secs(3600);
 
+/// How often a connection waiting for its rank's next request looks at the drain.
+const RECV_SLICE: Duration = Duration::from_millis(250);
+
 /// A running collective I/O face.
 pub struct Server {
     cfg: CioConfig,
@@ -224,7 +227,6 @@ impl Server {
             RING,
             (HEADER_LEN + self.cfg.chunk as usize).max(proto::MAX_SET_VIEW),
         )?;
-        ch.timeout = IDLE;
         if size == 0 || rank >= size || size > proto::MAX_RANKS {
             return refuse_open(
                 ch,
@@ -324,10 +326,32 @@ impl Server {
 
     /// The request loop, until CLOSE (answered) or an error.
     fn requests(&self, ch: &mut Channel, me: &mut RankConn) -> Result<()> {
+        // An open file is in flight for the drain until it is closed: a drain lets the
+        // job finish its I/O through the grace period, then ends the connection between
+        // requests (the job's other ranks fail with RankLost).
+        let _open = self.drain.count();
+        let mut bytes = Vec::new();
+        let mut idle = Duration::ZERO;
         loop {
-            let bytes = recv_bytes(ch)?;
+            if !ch.recv_within(&mut bytes, RECV_SLICE)? {
+                idle += RECV_SLICE;
+                if self.drain.stopping() {
+                    self.drain.interrupted();
+                    return Err(CioError::new(
+                        ErrorClass::Busy,
+                        "the server is shutting down (its drain's grace is over)",
+                    ));
+                }
+                if idle >= IDLE {
+                    return Err(CioError::conn(format!(
+                        "the rank sent nothing for {} s",
+                        IDLE.as_secs()
+                    )));
+                }
+                continue;
+            }
+            idle = Duration::ZERO;
             let msg = decode(&bytes)?.0;
-            let _busy = self.drain.count();
             let closing = matches!(msg, Msg::Close);
             self.request(ch, me, msg)?;
             if closing {
@@ -750,12 +774,6 @@ fn refuse_open(ch: &Channel, e: CioError) -> Result<()> {
 
 fn decode(bytes: &[u8]) -> Result<(Msg, &[u8])> {
     proto::decode(bytes).map_err(|e| CioError::conn(format!("the peer sent a bad frame: {e}")))
-}
-
-fn recv_bytes(ch: &mut Channel) -> Result<Vec<u8>> {
-    let mut v = Vec::new();
-    ch.recv_into(&mut v)?;
-    Ok(v)
 }
 
 fn send(ch: &Channel, msg: &Msg) -> Result<()> {

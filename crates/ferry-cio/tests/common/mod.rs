@@ -22,6 +22,7 @@ pub const TOKEN: &str = "cio-test-token-0001";
 pub struct Running {
     pub addr: String,
     pub root: PathBuf,
+    pub server: Arc<Server>,
     quit: Arc<AtomicBool>,
 }
 
@@ -58,9 +59,14 @@ pub fn start(driver: &str, timeout: Duration) -> Running {
     let listeners = ferry_service::serve::bind_all(&[listen]).unwrap();
     let addr = listeners[0].local_addr();
     let quit = Arc::new(AtomicBool::new(false));
-    let q = quit.clone();
-    std::thread::spawn(move || server.serve_until(&listeners, &q));
-    Running { addr, root, quit }
+    let (q, s) = (quit.clone(), server.clone());
+    std::thread::spawn(move || s.serve_until(&listeners, &q));
+    Running {
+        addr,
+        root,
+        server,
+        quit,
+    }
 }
 
 /// A job key no other test of this process uses.
