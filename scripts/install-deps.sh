@@ -5,10 +5,13 @@ set -euo pipefail
 # Build: libfabric headers, libclang for bindgen. Run: a font for plots. Benchmark peers
 # (`ferry bench`): iperf3, GridFTP (server and globus-url-copy), XRootD (server and xrdcp),
 # fio (the disk's own read+write rate, the ceiling of `bench cp`'s disk rows). Tests: iproute2
-# and iputils-ping for the WAN emulator (ferry-wan's namespaces, RTT checks), jq for its script.
+# and iputils-ping for the WAN emulator (ferry-wan's namespaces, RTT checks), jq for its script;
+# the NBD clients the block service is tested with (nbdinfo, nbdcopy, nbdsh, qemu-img, fuse2fs)
+# and nbdkit, its benchmark peer.
 packages=(build-essential pkg-config libfabric-dev libfabric-bin libclang-dev fonts-dejavu-core procps
   iperf3 globus-gridftp-server-progs globus-gass-copy-progs xrootd-server xrootd-client fio
-  iproute2 iputils-ping jq)
+  iproute2 iputils-ping jq
+  nbdkit libnbd-bin python3-libnbd qemu-utils fuse2fs)
 
 missing=()
 for p in "${packages[@]}"; do

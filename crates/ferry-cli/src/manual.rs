@@ -32,7 +32,12 @@ pub fn manpages(dir: &Path) -> Result<(), XferError> {
 fn write_page(cmd: &clap::Command, name: &str, dir: &Path) -> Result<(), XferError> {
     let path = dir.join(format!("{name}.1"));
     let mut page = Vec::new();
-    let man = clap_mangen::Man::new(cmd.clone())
+    // NAME shows the page's name (ferry-cp), SYNOPSIS the command as typed (ferry cp).
+    let cmd = cmd
+        .clone()
+        .display_name(name)
+        .bin_name(name.replace('-', " "));
+    let man = clap_mangen::Man::new(cmd)
         .title(name.to_uppercase())
         .section("1")
         .source(format!("ferry {}", env!("CARGO_PKG_VERSION")))

@@ -1,12 +1,16 @@
-//! `ferry serve`: one daemon hosting ferry's faces (file transfer and collective I/O) behind one
-//! configuration file, one authentication and one admission. This is the composition root:
-//! each face is built from its part of the configuration and added to the service floor's
-//! [`Daemon`], which owns the process's life (signals, drain, the wedge exit).
+//! `ferry serve`: one daemon hosting ferry's faces (file transfer, collective I/O, the block
+//! service) behind one configuration file, one authentication and one admission. This is the
+//! composition root: each face is built from its part of the configuration and added to the
+//! service floor's [`Daemon`], which owns the process's life (signals, drain, the wedge exit).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use std::sync::Arc;
+
 use clap::Args;
+use ferry_block::config::{BlockConfig, ExportConfig};
+use ferry_service::admit::Admission;
 use ferry_service::daemon::Daemon;
 use ferry_xfer::config::{RootConfig, ServerConfig};
 use ferry_xfer::{Kind, XferError};
@@ -66,6 +70,14 @@ pub struct ServeArgs {
     /// [default: a quarter of physical memory; config `[limits] memory_budget`].
     #[arg(long, value_name = "BYTES", value_parser = parse_budget)]
     memory_budget: Option<u64>,
+    /// Export a file or block device to NBD clients as NAME (repeatable; adds to the
+    /// config's [[block.export]]; docs/block.md): nbdinfo nbd://127.0.0.1/NAME.
+    #[arg(long = "nbd-export", value_name = "NAME=PATH")]
+    nbd_exports: Vec<String>,
+    /// Where NBD clients connect: HOST:PORT or unix:PATH [default: 127.0.0.1:10809].
+    /// Repeatable (replaces the config's [block] listen).
+    #[arg(long = "nbd-listen", value_name = "ADDR")]
+    nbd_listen: Vec<String>,
 }
 
 fn parse_budget(s: &str) -> Result<u64, String> {
@@ -73,7 +85,7 @@ fn parse_budget(s: &str) -> Result<u64, String> {
 }
 
 /// Runs `ferry serve` until a signal, then drains.
-pub fn serve(a: ServeArgs) -> Result<(), XferError> {
+pub fn serve(mut a: ServeArgs) -> Result<(), XferError> {
     let mut table = match &a.config {
         Some(p) => read_config(p)?,
         None => toml::Table::new(),
@@ -86,23 +98,43 @@ pub fn serve(a: ServeArgs) -> Result<(), XferError> {
         )
     })?;
     let config_file = a.config.clone();
+    let block = block_config(
+        table.remove("block"),
+        std::mem::take(&mut a.nbd_exports),
+        std::mem::take(&mut a.nbd_listen),
+    )?;
     let mut cfg = xfer_config(table, a)?;
     secrets(&mut cfg, config_file.as_deref())?;
     let roots: Vec<(String, PathBuf)> = (cfg.roots.iter())
         .map(|r| (r.name.clone(), r.path.clone()))
         .collect();
-    let xfer = ferry_xfer::server::Server::new(cfg)?;
-    let mut daemon = Daemon::new(
-        xfer.listen().to_vec(),
-        xfer.auth().clone(),
-        xfer.admission().clone(),
-    );
-    let auth = xfer.auth().clone();
-    let admission = xfer.admission().clone();
-    daemon.add_service(ferry_xfer::server::SERVICE, xfer)?;
-    // Collective I/O over the same roots, behind the same tokens and admission.
-    let cio = ferry_cio::server::Server::new(cio_cfg, &roots, auth, admission).map_err(cio_err)?;
-    daemon.add_service(ferry_cio::server::SERVICE, cio)?;
+    // A daemon configured for block exports only hosts no file transfer (which would ask
+    // for roots and tokens it has no use for), nor collective I/O (which works in roots).
+    let mut daemon = if block.is_some() && cfg.roots.is_empty() && !cfg.mem {
+        let admission = Admission::new(&cfg.limits, |_, _| 0);
+        Daemon::new(Vec::new(), cfg.auth.clone(), admission)
+    } else {
+        let xfer = ferry_xfer::server::Server::new(cfg)?;
+        let (auth, admission) = (xfer.auth().clone(), xfer.admission().clone());
+        let mut daemon = Daemon::new(xfer.listen().to_vec(), auth.clone(), admission.clone());
+        daemon.add_service(ferry_xfer::server::SERVICE, xfer)?;
+        // Collective I/O over the same roots, behind the same tokens and admission.
+        let cio =
+            ferry_cio::server::Server::new(cio_cfg, &roots, auth, admission).map_err(cio_err)?;
+        daemon.add_service(ferry_cio::server::SERVICE, cio)?;
+        daemon
+    };
+    if let Some(b) = &block {
+        let nbd = ferry_block::BlockServer::new(b)?;
+        for e in nbd.exports() {
+            tracing::info!(
+                "exporting block device {} ({} bytes)",
+                e.info.name,
+                e.info.size
+            );
+        }
+        daemon.add_endpoint(Arc::new(nbd));
+    }
     let mut running = daemon.start()?;
     let addresses = running.addresses();
     for addr in &addresses {
@@ -124,6 +156,37 @@ pub fn serve(a: ServeArgs) -> Result<(), XferError> {
         r.abandoned
     );
     Ok(())
+}
+
+/// The block service's configuration: the file's `[block]` table with the command line's
+/// exports and addresses on top; `None` when neither asks for one.
+fn block_config(
+    table: Option<toml::Value>,
+    exports: Vec<String>,
+    listen: Vec<String>,
+) -> Result<Option<BlockConfig>, XferError> {
+    let usage = |m: String| XferError::new(Kind::Usage, m);
+    let mut cfg = match table {
+        None if exports.is_empty() && listen.is_empty() => return Ok(None),
+        None => BlockConfig::default(),
+        Some(toml::Value::Table(t)) => BlockConfig::parse_table(t)?,
+        Some(_) => {
+            return Err(usage(
+                "block in the configuration must be a table ([block])".into(),
+            ))
+        }
+    };
+    for e in exports {
+        let (name, path) = e
+            .split_once('=')
+            .ok_or_else(|| usage(format!("--nbd-export {e}: write NAME=PATH")))?;
+        cfg.exports.push(ExportConfig::file(name, path));
+    }
+    if !listen.is_empty() {
+        cfg.listen = listen;
+    }
+    cfg.validate()?;
+    Ok(Some(cfg))
 }
 
 /// Says what is exported and how a client reaches it.

@@ -37,6 +37,54 @@ fn cp_wedged(msg: &str) {
     ferry_fabric::exit_now(code);
 }
 
+/// On Ctrl-C (or SIGTERM), says how to continue before exiting 130: what was verified is in
+/// the part file's journal (here for downloads, on the server for uploads), and the same
+/// command with `--resume` picks it up.
+fn hint_on_interrupt(resuming: bool) {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) else {
+        return;
+    };
+    let mut again: Vec<String> = std::env::args().map(|a| shell_word(&a)).collect();
+    if !resuming {
+        let at = again
+            .iter()
+            .position(|a| a == "cp")
+            .map_or(again.len(), |i| i + 1);
+        again.insert(at, "--resume".into());
+    }
+    let again = again.join(" ");
+    let spawned = std::thread::Builder::new()
+        .name("ferry-interrupt".into())
+        .spawn(move || {
+            if signals.forever().next().is_some() {
+                if CP_JSON.load(Ordering::SeqCst) {
+                    report_once(|| {
+                        serde_json::json!({"ok": false, "op": "cp", "exit_code": 130,
+                            "error": "interrupted", "continue_with": again.clone()})
+                    });
+                }
+                eprintln!(
+                    "\nferry: interrupted; what was verified is kept. To continue:\n  {again}"
+                );
+                std::process::exit(130);
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::debug!("no interrupt hint: {e}");
+    }
+}
+
+/// `arg` as a POSIX shell reads it back: bare when it is plainly safe, else single-quoted.
+fn shell_word(arg: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "-_./:=,+@%".contains(c);
+    if !arg.is_empty() && arg.chars().all(plain) {
+        arg.to_string()
+    } else {
+        format!("'{}'", arg.replace('\'', "'\\''"))
+    }
+}
+
 /// `ferry cp --json` is running (for [`cp_wedged`]).
 static CP_JSON: AtomicBool = AtomicBool::new(false);
 /// `ferry cp --json` printed its error line (the wedge hook and the failing attempt may
@@ -188,6 +236,7 @@ impl Progress for Bar {
 pub fn cp(a: CpArgs, quiet: bool) -> Result<(), XferError> {
     CP_JSON.store(a.json, Ordering::SeqCst);
     ferry_fabric::on_unrecoverable(cp_wedged);
+    hint_on_interrupt(a.resume);
     let src = url::parse(&a.src, &a.remote.driver)?;
     let dst = url::parse(&a.dst, &a.remote.driver)?;
     let idle_timeout = std::time::Duration::try_from_secs_f64(a.idle_timeout)
@@ -334,4 +383,17 @@ pub fn sum(a: SumArgs) -> Result<(), XferError> {
     };
     println!("{}  {shown}", client::hex(&hash));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shell_word;
+
+    #[test]
+    fn words_come_back_as_the_shell_reads_them() {
+        assert_eq!(shell_word("host:data/a.bin"), "host:data/a.bin");
+        assert_eq!(shell_word("a b"), "'a b'");
+        assert_eq!(shell_word("it's"), "'it'\\''s'");
+        assert_eq!(shell_word(""), "''");
+    }
 }

@@ -81,6 +81,10 @@ fn completions_and_man_pages_cover_every_command() {
     let cp = std::fs::read_to_string(dir.join("ferry-cp.1")).unwrap();
     assert!(cp.contains("streams"), "ferry-cp.1 documents its flags");
     assert!(
+        cp.contains("ferry\\-cp \\-") && cp.contains("ferry cp"),
+        "ferry-cp.1 names itself and the command as typed: {cp}"
+    );
+    assert!(
         !dir.join("ferry-manpages.1").exists(),
         "the hidden command has no page"
     );

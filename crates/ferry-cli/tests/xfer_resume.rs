@@ -996,6 +996,57 @@ fn sigterm_download(driver: &str) {
     std::fs::remove_dir_all(&local).unwrap();
 }
 
+/// Ctrl-C on a download: the client exits 130 printing the command that continues it, and
+/// that command, run as printed, resumes from the journaled part.
+#[test]
+fn interrupted_copy_says_how_to_continue() {
+    const BIG: usize = 4 * SIZE;
+    let mut s = Server::start("tcp", &[]);
+    std::fs::write(s.root.join("src"), pattern(BIG, 79)).unwrap();
+    let local = scratch("local-int");
+    let dest = local.join("copy");
+    let mut client = cp_cmd(&[])
+        .arg(s.url("src"))
+        .arg(&dest)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Past the first checkpoint (8 MiB), so there is something to resume from.
+    assert!(wait_for_part(
+        &part_of(&dest),
+        24 << 20,
+        &mut client,
+        &mut s
+    ));
+    let pid = rustix::process::Pid::from_child(&client);
+    rustix::process::kill_process(pid, rustix::process::Signal::INT).unwrap();
+    let o = finish(client);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(130), "{said}");
+    let again = said
+        .lines()
+        .skip_while(|l| !l.contains("To continue:"))
+        .nth(1)
+        .unwrap_or_else(|| panic!("no command to continue with: {said}"));
+    let words: Vec<&str> = again.split_whitespace().collect();
+    assert!(words.contains(&"--resume"), "{again}");
+    let line = common::json(&o);
+    assert_eq!(line["exit_code"], 130, "{line}");
+    assert_eq!(line["continue_with"].as_str(), Some(again.trim()), "{line}");
+    let mut c = Command::new(words[0]);
+    c.args(&words[1..]).env_remove("FERRY_TOKEN");
+    let v = ok(&finish(
+        c.stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    ));
+    assert!(num(&v, "resumed_bytes") > 0, "{v}");
+    same(&s.root.join("src"), &dest);
+    std::fs::remove_dir_all(&local).unwrap();
+}
+
 #[test]
 fn sigterm_download_tcp() {
     sigterm_download("tcp");

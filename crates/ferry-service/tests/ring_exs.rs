@@ -32,6 +32,16 @@ fn head(p: &Piece, crc: u32) -> Result<[u8; FRAME_HEAD]> {
     Ok(h)
 }
 
+/// Sends `piece` of `file` on `tx` through a ring of [`RING`] blocks, waits for every send
+/// to complete, and returns the ring.
+fn send_file(tx: &Channel, file: &std::fs::File, piece: Piece) -> Sender {
+    let mut ring = Sender::new(BLOCK, RING, T).expect("sender");
+    ring.send_range(tx.socket(), Source::File(file), piece, None, &|_| {}, &head)
+        .expect("send");
+    ring.flush().expect("every send completes");
+    ring
+}
+
 fn field(b: &[u8], at: usize) -> u64 {
     let mut v = [0u8; 8];
     v.copy_from_slice(&b[at..at + 8]);
@@ -197,19 +207,7 @@ fn held_blocks_land(url: &str) {
     let mut writer =
         BlockWriter::with_sink(BlockSink::new(3, size as u64), &out, RING).expect("writer");
     std::thread::scope(|s| {
-        s.spawn(|| {
-            let mut ring = Sender::new(BLOCK, RING, T).expect("sender");
-            ring.send_range(
-                tx.socket(),
-                Source::File(&file),
-                piece,
-                None,
-                &|_| {},
-                &head,
-            )
-            .expect("send");
-            ring.flush().expect("every send completes");
-        });
+        s.spawn(|| send_file(&tx, &file, piece));
         let mut got = 0;
         while got < piece.len {
             let held = rx.recv_held().expect("receive");
@@ -280,17 +278,7 @@ fn ring_costs_what_it_allocates(url: &str) {
     };
     std::thread::scope(|s| {
         let sender = s.spawn(|| {
-            let mut ring = Sender::new(BLOCK, RING, T).expect("sender");
-            ring.send_range(
-                tx.socket(),
-                Source::File(&file),
-                piece,
-                None,
-                &|_| {},
-                &head,
-            )
-            .expect("send");
-            ring.flush().expect("every send completes");
+            let ring = send_file(&tx, &file, piece);
             ring.staged_bytes()
         });
         let mut got = 0;

@@ -1,0 +1,356 @@
+//! The `[block]` table of `ferry serve`'s configuration:
+//!
+//! ```toml
+//! [block]
+//! listen = ["127.0.0.1:10809", "unix:/run/ferry/nbd.sock"]   # default: 127.0.0.1:10809
+//!
+//! [[block.export]]
+//! name = "disk"                  # what clients ask for (nbd://host/disk); the first export
+//!                                # is also the default one (an empty name)
+//! path = "/srv/images/disk.img"  # a regular file or a block device ...
+//! readonly = false               # true: writes are refused (EPERM)
+//! direct = false                 # true: O_DIRECT, 4096-byte minimum block
+//! description = "scratch disk"   # shown by nbdinfo
+//!
+//! [[block.export]]
+//! name = "ram"
+//! memory = "8GiB"                # ... or memory (sparse, for benchmarks)
+//! ```
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use ferry_service::error::{Error, Kind, Result};
+
+/// The NBD port (IANA).
+pub const DEFAULT_PORT: u16 = 10809;
+
+/// The block service's configuration.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct BlockConfig {
+    /// Where to listen: `HOST:PORT` (TCP) or `unix:PATH`, one string or a list.
+    #[serde(default = "default_listen", deserialize_with = "one_or_more")]
+    pub listen: Vec<String>,
+    /// The exports.
+    #[serde(default, rename = "export")]
+    pub exports: Vec<ExportConfig>,
+}
+
+/// One export.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ExportConfig {
+    /// The name clients ask for.
+    pub name: String,
+    /// A regular file or block device to export.
+    #[serde(default)]
+    pub path: Option<PathBuf>,
+    /// Or: export this many bytes of memory (`"8GiB"`, `"512MiB"` or a number of bytes).
+    #[serde(default, deserialize_with = "size_opt")]
+    pub memory: Option<u64>,
+    /// Refuse writes.
+    #[serde(default)]
+    pub readonly: bool,
+    /// Read and write with `O_DIRECT` (files and devices).
+    #[serde(default)]
+    pub direct: bool,
+    /// A line for humans.
+    #[serde(default)]
+    pub description: String,
+}
+
+/// An export's storage, as the configuration names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Storage {
+    /// A file or block device.
+    Path(PathBuf),
+    /// Memory of this many bytes.
+    Memory(u64),
+}
+
+impl ExportConfig {
+    /// An export of `path` named `name`, writable, buffered, with no description.
+    pub fn file(name: &str, path: impl Into<PathBuf>) -> Self {
+        ExportConfig {
+            name: name.into(),
+            path: Some(path.into()),
+            memory: None,
+            readonly: false,
+            direct: false,
+            description: String::new(),
+        }
+    }
+
+    /// An export of `size` bytes of memory named `name`.
+    pub fn memory(name: &str, size: u64) -> Self {
+        ExportConfig {
+            memory: Some(size),
+            path: None,
+            ..ExportConfig::file(name, "")
+        }
+    }
+
+    /// Where the data lives (after [`BlockConfig::validate`], exactly one is set).
+    pub fn storage(&self) -> Storage {
+        match (&self.path, self.memory) {
+            (Some(p), _) => Storage::Path(p.clone()),
+            (None, Some(m)) => Storage::Memory(m),
+            (None, None) => Storage::Memory(0),
+        }
+    }
+}
+
+/// Where the service listens, parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListenAddr {
+    /// A TCP `HOST:PORT`.
+    Tcp(String),
+    /// A Unix socket path.
+    Unix(PathBuf),
+}
+
+impl ListenAddr {
+    /// Parses `HOST:PORT` (also `tcp://HOST:PORT` or `nbd://HOST:PORT`) or `unix:PATH`.
+    pub fn parse(s: &str) -> Result<ListenAddr> {
+        if let Some(p) = s.strip_prefix("unix:") {
+            if p.is_empty() {
+                return usage(format!("listen address {s:?}: unix: needs a socket path"));
+            }
+            return Ok(ListenAddr::Unix(PathBuf::from(p)));
+        }
+        let hp = s
+            .strip_prefix("tcp://")
+            .or_else(|| s.strip_prefix("nbd://"))
+            .unwrap_or(s);
+        match hp.rsplit_once(':') {
+            Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {
+                Ok(ListenAddr::Tcp(hp.to_string()))
+            }
+            _ => usage(format!(
+                "listen address {s:?} is neither HOST:PORT nor unix:PATH (e.g. 127.0.0.1:{DEFAULT_PORT})"
+            )),
+        }
+    }
+}
+
+fn usage<T>(msg: String) -> Result<T> {
+    Err(Error::new(Kind::Usage, msg))
+}
+
+fn default_listen() -> Vec<String> {
+    vec![format!("127.0.0.1:{DEFAULT_PORT}")]
+}
+
+impl Default for BlockConfig {
+    fn default() -> Self {
+        BlockConfig {
+            listen: default_listen(),
+            exports: Vec::new(),
+        }
+    }
+}
+
+impl BlockConfig {
+    /// Reads the `[block]` table of `ferry serve`'s configuration and checks it
+    /// ([`BlockConfig::validate`]).
+    pub fn from_table(table: toml::Table) -> Result<BlockConfig> {
+        let c = Self::parse_table(table)?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Reads the `[block]` table without checking it, for a caller that adds to it (the
+    /// command line's exports) before [`BlockConfig::validate`].
+    pub fn parse_table(table: toml::Table) -> Result<BlockConfig> {
+        toml::Value::Table(table)
+            .try_into()
+            .map_err(|e| Error::new(Kind::Usage, format!("bad [block] configuration: {e}")))
+    }
+
+    /// Parses a TOML document holding only the block table's fields (for tests and
+    /// `--config` files of the block service alone).
+    pub fn from_toml(text: &str) -> Result<BlockConfig> {
+        let t: toml::Table = text
+            .parse()
+            .map_err(|e| Error::new(Kind::Usage, format!("bad [block] configuration: {e}")))?;
+        Self::from_table(t)
+    }
+
+    /// Checks the configuration makes a usable service: an address to listen on, at least
+    /// one export, unique valid names, exactly one of `path` and `memory` per export.
+    pub fn validate(&self) -> Result<()> {
+        if self.listen.is_empty() {
+            return usage("[block] listen = []: give at least one address to listen on".into());
+        }
+        for a in &self.listen {
+            ListenAddr::parse(a)?;
+        }
+        if self.exports.is_empty() {
+            return usage(
+                "[block] exports nothing: add a [[block.export]] with name and path (or memory)"
+                    .into(),
+            );
+        }
+        for (i, e) in self.exports.iter().enumerate() {
+            check_export(e)?;
+            if self.exports[..i].iter().any(|o| o.name == e.name) {
+                return usage(format!("block export {:?} is configured twice", e.name));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check_export(e: &ExportConfig) -> Result<()> {
+    use crate::nbd::consts::MAX_STRING;
+    let name = &e.name;
+    if name.is_empty() || name.len() > MAX_STRING || name.contains('\0') {
+        return usage(format!(
+            "block export name {name:?} must be 1 to {MAX_STRING} bytes without NUL"
+        ));
+    }
+    if e.description.len() > MAX_STRING || e.description.contains('\0') {
+        return usage(format!(
+            "block export {name:?}: description longer than {MAX_STRING} bytes or with a NUL"
+        ));
+    }
+    match (&e.path, e.memory) {
+        (Some(_), Some(_)) => usage(format!(
+            "block export {name:?} has both path and memory: pick one"
+        )),
+        (None, None) => usage(format!(
+            "block export {name:?} needs path = \"FILE-OR-DEVICE\" or memory = \"SIZE\""
+        )),
+        (None, Some(0)) => usage(format!("block export {name:?}: memory = 0 exports nothing")),
+        (None, Some(_)) if e.direct => usage(format!(
+            "block export {name:?}: direct applies to files and devices, not memory"
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Parses a size: a number of bytes with an optional binary suffix (`K`, `KiB`, `M`,
+/// `MiB`, `G`, `GiB`, `T`, `TiB`; `B` for bytes).
+pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("size {s:?} does not start with a number"))?;
+    let shift = match unit.trim() {
+        "" | "B" => 0,
+        "K" | "KiB" | "k" => 10,
+        "M" | "MiB" => 20,
+        "G" | "GiB" => 30,
+        "T" | "TiB" => 40,
+        u => {
+            return Err(format!(
+                "size {s:?}: unknown unit {u:?} (use KiB, MiB, GiB or TiB)"
+            ))
+        }
+    };
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("size {s:?} is too large"))
+}
+
+fn size_opt<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Option<u64>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Size {
+        Bytes(u64),
+        Text(String),
+    }
+    match Size::deserialize(d)? {
+        Size::Bytes(n) => Ok(Some(n)),
+        Size::Text(t) => parse_size(&t).map(Some).map_err(serde::de::Error::custom),
+    }
+}
+
+fn one_or_more<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMore {
+        One(String),
+        More(Vec<String>),
+    }
+    Ok(match OneOrMore::deserialize(d)? {
+        OneOrMore::One(a) => vec![a],
+        OneOrMore::More(v) => v,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_a_full_table() {
+        let c = BlockConfig::from_toml(
+            r#"
+            listen = ["127.0.0.1:10809", "unix:/tmp/nbd.sock"]
+            [[export]]
+            name = "disk"
+            path = "/srv/disk.img"
+            readonly = true
+            description = "a disk"
+            [[export]]
+            name = "ram"
+            memory = "8GiB"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.listen.len(), 2);
+        assert_eq!(
+            c.exports[0].storage(),
+            Storage::Path("/srv/disk.img".into())
+        );
+        assert!(c.exports[0].readonly);
+        assert_eq!(c.exports[1].storage(), Storage::Memory(8 << 30));
+    }
+
+    #[test]
+    fn refuses_what_is_wrong_with_a_reason() {
+        let bad = |t: &str, needle: &str| {
+            let e = BlockConfig::from_toml(t).unwrap_err();
+            assert!(e.msg.contains(needle), "{t}: {}", e.msg);
+            assert_eq!(e.kind, Kind::Usage);
+        };
+        bad("listn = []", "unknown field");
+        bad(
+            "[[export]]\nname = \"a\"\npath = \"/x\"\nsize = 3",
+            "unknown field",
+        );
+        bad("", "exports nothing");
+        bad("[[export]]\nname = \"a\"", "needs path");
+        bad(
+            "[[export]]\nname = \"a\"\npath = \"/x\"\nmemory = 5",
+            "both path and memory",
+        );
+        bad(
+            "[[export]]\nname = \"a\"\nmemory = \"5 parsecs\"",
+            "unknown unit",
+        );
+        bad(
+            "[[export]]\nname = \"a\"\npath = \"/x\"\n[[export]]\nname = \"a\"\npath = \"/y\"",
+            "twice",
+        );
+        bad(
+            "listen = \"nowhere\"\n[[export]]\nname = \"a\"\npath = \"/x\"",
+            "neither",
+        );
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("8GiB"), Ok(8 << 30));
+        assert_eq!(parse_size("512 MiB"), Ok(512 << 20));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert!(parse_size("99999999999T").is_err());
+        assert!(parse_size("GiB").is_err());
+    }
+}

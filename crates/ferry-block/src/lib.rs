@@ -1,0 +1,27 @@
+//! ferry's block face: an NBD server that standard clients (nbdinfo, nbdcopy, qemu-img,
+//! qemu-nbd --list, fio's nbd engine, nbdfuse, the kernel's nbd-client) use unchanged, a
+//! service of `ferry serve` beside file transfer on the service floor.
+//!
+//! - [`nbd`]: the protocol as a sans-I/O core: constants, option and request decoders that
+//!   never panic, the server handshake as a state machine, replies and their planning.
+//! - [`backend`]: the storage behind an export: a regular file (sparse), a block device,
+//!   memory.
+//! - [`server`]: the runtime: TCP and Unix listeners, a thread per connection, a worker
+//!   pool per connection answering out of order, the drain.
+//! - [`config`]: the `[block]` table of `ferry serve`'s configuration.
+//! - [`buf`]: aligned, recycled transfer buffers.
+//!
+//! Not in this version: TLS (`NBD_OPT_STARTTLS` is answered `NBD_REP_ERR_UNSUP`), extended
+//! headers, and the RDMA delegation path.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod backend;
+pub mod buf;
+pub mod config;
+pub mod nbd;
+pub mod server;
+
+pub use config::{BlockConfig, ExportConfig};
+pub use server::{BlockServer, Export};

@@ -1,0 +1,774 @@
+//! The NBD runtime: listeners on TCP and Unix sockets, a thread per connection that runs
+//! the handshake ([`crate::nbd::handshake`]) and then reads requests, a small pool of
+//! workers per connection that serve them concurrently against the export's
+//! [`Backend`] and answer out of order (replies written whole under one lock), and the
+//! drain a SIGTERM starts. A client that breaks the protocol loses its own connection;
+//! nothing it sends can stop the others.
+
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ferry_service::error::{Error, Kind, Result};
+use ferry_service::serve::DrainReport;
+
+use crate::backend::file::FileBackend;
+use crate::backend::memory::MemoryBackend;
+use crate::backend::{nbd_errno, Backend, Zeroing};
+use crate::buf::{Buf, Pool};
+use crate::config::{BlockConfig, ExportConfig, ListenAddr, Storage};
+use crate::nbd::consts::{ESHUTDOWN, REQUEST_LEN};
+use crate::nbd::handshake::{ExportInfo, Handshake, Negotiated, Next, BASE_ALLOCATION_ID};
+use crate::nbd::reply::{self, Piece};
+use crate::nbd::request::{decode_request, Command, Refusal, RequestHeader, Session};
+
+/// Workers serving one connection's requests.
+const WORKERS: usize = 4;
+/// How long a client may take over the whole handshake's each read.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often the accept loop looks at its quit flag.
+const POLL_INTERVAL: Duration = Duration::from_millis(200);
+
+/// An export: what clients are told about it and the storage behind it.
+pub struct Export {
+    /// Name, size, flags, block sizes.
+    pub info: ExportInfo,
+    /// The storage.
+    pub backend: Arc<dyn Backend>,
+}
+
+impl std::fmt::Debug for Export {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Export").field("info", &self.info).finish()
+    }
+}
+
+impl Export {
+    /// Opens the storage an export's configuration names.
+    pub fn open(c: &ExportConfig) -> Result<Export> {
+        let backend: Arc<dyn Backend> = match c.storage() {
+            Storage::Path(p) => {
+                let f = FileBackend::open(&p, c.readonly, c.direct).map_err(|e| {
+                    Error::io(
+                        format_args!("block export {:?} ({})", c.name, p.display()),
+                        &e,
+                    )
+                })?;
+                Arc::new(f)
+            }
+            Storage::Memory(n) => Arc::new(MemoryBackend::new(n)),
+        };
+        Ok(Export::new(c, backend))
+    }
+
+    /// An export of `backend` with the name, description and read-only flag of `c`.
+    pub fn new(c: &ExportConfig, backend: Arc<dyn Backend>) -> Export {
+        let info = ExportInfo {
+            name: c.name.clone(),
+            description: c.description.clone(),
+            size: backend.size(),
+            readonly: c.readonly,
+            min_block: backend.min_block(),
+            preferred_block: backend.preferred_block(),
+            multi_conn: backend.multi_conn(),
+        };
+        Export { info, backend }
+    }
+}
+
+/// A connected client's socket.
+#[derive(Debug)]
+enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Stream {
+    fn try_clone(&self) -> io::Result<Stream> {
+        Ok(match self {
+            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
+            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
+        })
+    }
+
+    fn shutdown(&self) {
+        let _ = match self {
+            Stream::Tcp(s) => s.shutdown(std::net::Shutdown::Both),
+            Stream::Unix(s) => s.shutdown(std::net::Shutdown::Both),
+        };
+    }
+
+    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_read_timeout(t),
+            Stream::Unix(s) => s.set_read_timeout(t),
+        }
+    }
+
+    fn prepare(&self) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => {
+                s.set_nonblocking(false)?;
+                // Replies are written whole; small ones must leave at once.
+                s.set_nodelay(true)
+            }
+            Stream::Unix(s) => s.set_nonblocking(false),
+        }
+    }
+}
+
+impl Read for &Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => (&*s).read(buf),
+            Stream::Unix(s) => (&*s).read(buf),
+        }
+    }
+}
+
+impl Write for &Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => (&*s).write(buf),
+            Stream::Unix(s) => (&*s).write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A bound listening socket.
+#[derive(Debug)]
+enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener, PathBuf),
+}
+
+impl Listener {
+    fn bind(addr: &ListenAddr) -> Result<Listener> {
+        match addr {
+            ListenAddr::Tcp(hp) => TcpListener::bind(hp.as_str())
+                .map(Listener::Tcp)
+                .map_err(|e| {
+                    Error::conn(format!(
+                        "cannot listen on {hp} for NBD: {e} (is another NBD server using it? set [block] listen)"
+                    ))
+                }),
+            ListenAddr::Unix(p) => bind_unix(p),
+        }
+    }
+
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            Listener::Tcp(l) => l.as_fd(),
+            Listener::Unix(l, _) => l.as_fd(),
+        }
+    }
+
+    fn set_nonblocking(&self) -> io::Result<()> {
+        match self {
+            Listener::Tcp(l) => l.set_nonblocking(true),
+            Listener::Unix(l, _) => l.set_nonblocking(true),
+        }
+    }
+
+    fn accept(&self) -> io::Result<(Stream, String)> {
+        match self {
+            Listener::Tcp(l) => l.accept().map(|(s, a)| (Stream::Tcp(s), a.to_string())),
+            Listener::Unix(l, p) => l
+                .accept()
+                .map(|(s, _)| (Stream::Unix(s), format!("unix:{}", p.display()))),
+        }
+    }
+
+    /// The address as an NBD URI clients can use.
+    fn uri(&self) -> String {
+        match self {
+            Listener::Tcp(l) => match l.local_addr() {
+                Ok(a) => format!("nbd://{a}"),
+                Err(_) => "nbd://?".into(),
+            },
+            Listener::Unix(_, p) => format!("nbd+unix:///?socket={}", p.display()),
+        }
+    }
+}
+
+/// Binds a Unix socket at `p`, replacing a stale socket file nobody listens on (a server
+/// that died) but refusing one that answers.
+fn bind_unix(p: &std::path::Path) -> Result<Listener> {
+    use std::os::unix::fs::FileTypeExt;
+    let fail = |e: io::Error| Error::conn(format!("cannot listen on unix:{}: {e}", p.display()));
+    if let Ok(m) = std::fs::symlink_metadata(p) {
+        if !m.file_type().is_socket() {
+            return Err(fail(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                "a file that is not a socket is in the way",
+            )));
+        }
+        if UnixStream::connect(p).is_ok() {
+            return Err(fail(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                "another server answers on it",
+            )));
+        }
+        std::fs::remove_file(p).map_err(fail)?;
+    }
+    UnixListener::bind(p)
+        .map(|l| Listener::Unix(l, p.to_path_buf()))
+        .map_err(fail)
+}
+
+/// State every connection of a server shares: the drain and the sockets a drain closes.
+#[derive(Debug, Default)]
+struct Shared {
+    draining: AtomicBool,
+    /// Requests read and not yet answered, over all connections.
+    in_flight: AtomicUsize,
+    next_id: AtomicU64,
+    conns: Mutex<HashMap<u64, Stream>>,
+}
+
+impl Shared {
+    fn register(&self, s: &Stream) -> u64 {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        if let Ok(c) = s.try_clone() {
+            lock(&self.conns).insert(id, c);
+        }
+        id
+    }
+
+    fn unregister(&self, id: u64) {
+        lock(&self.conns).remove(&id);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The NBD service of `ferry serve`: its exports and listeners.
+#[derive(Debug)]
+pub struct BlockServer {
+    exports: Arc<Vec<Export>>,
+    listeners: Vec<Listener>,
+    shared: Arc<Shared>,
+}
+
+impl BlockServer {
+    /// Opens every export of `cfg` and binds its listen addresses.
+    pub fn new(cfg: &BlockConfig) -> Result<BlockServer> {
+        cfg.validate()?;
+        let exports = cfg
+            .exports
+            .iter()
+            .map(Export::open)
+            .collect::<Result<Vec<_>>>()?;
+        Self::with_exports(&cfg.listen, exports)
+    }
+
+    /// A server of already opened `exports` on `listen`.
+    pub fn with_exports(listen: &[String], exports: Vec<Export>) -> Result<BlockServer> {
+        if exports.is_empty() {
+            return Err(Error::new(Kind::Usage, "an NBD server needs an export"));
+        }
+        let listeners = listen
+            .iter()
+            .map(|a| ListenAddr::parse(a).and_then(|a| Listener::bind(&a)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(BlockServer {
+            exports: Arc::new(exports),
+            listeners,
+            shared: Arc::default(),
+        })
+    }
+
+    /// The exports served.
+    pub fn exports(&self) -> &[Export] {
+        &self.exports
+    }
+
+    /// Where clients connect, as NBD URIs (`nbd://127.0.0.1:10809`,
+    /// `nbd+unix:///?socket=/run/nbd.sock`); append `/NAME` (TCP) or `NAME` before `?`
+    /// (Unix) to choose an export.
+    pub fn local_addrs(&self) -> Vec<String> {
+        self.listeners.iter().map(Listener::uri).collect()
+    }
+
+    /// Accepts connections on every listener until `quit` is set (looked at a few times a
+    /// second), each served on a thread of its own; returns leaving them running (see
+    /// [`BlockServer::drain`]).
+    pub fn serve_until(&self, quit: &AtomicBool) {
+        for l in &self.listeners {
+            if let Err(e) = l.set_nonblocking() {
+                tracing::warn!("NBD listener {}: {e}", l.uri());
+            }
+        }
+        let timeout = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: POLL_INTERVAL.as_nanos() as _,
+        };
+        while !quit.load(Ordering::SeqCst) {
+            let mut fds: Vec<rustix::event::PollFd<'_>> = self
+                .listeners
+                .iter()
+                .map(|l| {
+                    rustix::event::PollFd::from_borrowed_fd(l.as_fd(), rustix::event::PollFlags::IN)
+                })
+                .collect();
+            match rustix::event::poll(&mut fds, Some(&timeout)) {
+                Ok(0) | Err(rustix::io::Errno::INTR) => continue,
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!("NBD accept loop: poll: {e}");
+                    std::thread::sleep(POLL_INTERVAL);
+                    continue;
+                }
+            }
+            for l in &self.listeners {
+                self.accept_ready(l);
+            }
+        }
+    }
+
+    /// Accepts every connection waiting on `l`.
+    fn accept_ready(&self, l: &Listener) {
+        loop {
+            match l.accept() {
+                Ok((stream, peer)) => self.spawn(stream, peer),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // Out of descriptors or memory: give it a moment rather than spin.
+                    tracing::warn!("NBD accept on {}: {e}", l.uri());
+                    std::thread::sleep(Duration::from_millis(50));
+                    return;
+                }
+            }
+        }
+    }
+
+    fn spawn(&self, stream: Stream, peer: String) {
+        let exports = self.exports.clone();
+        let shared = self.shared.clone();
+        let spawned = std::thread::Builder::new()
+            .name("ferry-nbd-conn".into())
+            .spawn(move || connection(stream, &exports, &shared, &peer));
+        if let Err(e) = spawned {
+            tracing::warn!("cannot start an NBD connection thread: {e}");
+        }
+    }
+
+    /// First step of a drain: requests read from now on are answered `ESHUTDOWN` (a
+    /// client then disconnects).
+    pub fn begin_drain(&self) {
+        self.shared.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// Waits up to `grace` for the requests in flight to be answered, then closes every
+    /// connection.
+    pub fn drain(&self, grace: Duration) -> DrainReport {
+        self.begin_drain();
+        let at_start = self.shared.in_flight.load(Ordering::SeqCst);
+        let deadline = Instant::now() + grace;
+        while self.shared.in_flight.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let left = self.shared.in_flight.load(Ordering::SeqCst);
+        for s in lock(&self.shared.conns).values() {
+            s.shutdown();
+        }
+        // The daemon may never drop its faces (its signal thread holds them): the socket
+        // files go now.
+        self.remove_socket_files();
+        DrainReport {
+            in_flight: at_start,
+            interrupted: left,
+            abandoned: 0,
+        }
+    }
+}
+
+impl BlockServer {
+    /// Removes the files of the Unix sockets listened on.
+    fn remove_socket_files(&self) {
+        for l in &self.listeners {
+            if let Listener::Unix(_, p) = l {
+                let _ = std::fs::remove_file(p);
+            }
+        }
+    }
+}
+
+impl Drop for BlockServer {
+    fn drop(&mut self) {
+        self.remove_socket_files();
+    }
+}
+
+/// One connection, on its own thread: handshake, then transmission.
+fn connection(stream: Stream, exports: &[Export], shared: &Shared, peer: &str) {
+    let id = shared.register(&stream);
+    let end = serve_connection(&stream, exports, shared);
+    shared.unregister(id);
+    stream.shutdown();
+    match end {
+        Ok(why) => tracing::debug!("NBD client {peer}: {why}"),
+        Err(e) => tracing::info!("NBD client {peer} disconnected: {e}"),
+    }
+}
+
+/// The connection's life; `Ok` says how it ended well, `Err` what went wrong.
+fn serve_connection(
+    stream: &Stream,
+    exports: &[Export],
+    shared: &Shared,
+) -> std::result::Result<&'static str, String> {
+    stream.prepare().map_err(|e| e.to_string())?;
+    stream
+        .set_read_timeout(Some(HANDSHAKE_TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    let Some(n) = handshake(stream, exports)? else {
+        return Ok("left during the handshake");
+    };
+    stream.set_read_timeout(None).map_err(|e| e.to_string())?;
+    let export = exports
+        .get(n.export)
+        .ok_or("handshake chose an export that does not exist")?;
+    transmission(stream, export, &n, shared)
+}
+
+/// Runs the handshake machine over the socket; `None` when it ended without an export.
+fn handshake(
+    stream: &Stream,
+    exports: &[Export],
+) -> std::result::Result<Option<Negotiated>, String> {
+    let io = |e: io::Error| format!("during the handshake: {e}");
+    let mut hs = Handshake::new(exports.iter().map(|e| e.info.clone()).collect());
+    let mut w = stream;
+    w.write_all(&hs.greeting()).map_err(io)?;
+    loop {
+        let mut input = vec![0u8; hs.wants()];
+        let mut r = stream;
+        r.read_exact(&mut input).map_err(io)?;
+        let step = hs.feed(&input);
+        if !step.send.is_empty() {
+            w.write_all(&step.send).map_err(io)?;
+        }
+        match step.next {
+            Next::Continue => {}
+            Next::Transmit(n) => return Ok(Some(n)),
+            Next::Close(why) => {
+                tracing::debug!("NBD handshake closed: {why}");
+                return Ok(None);
+            }
+        }
+    }
+}
+
+/// A request read and checked, waiting for a worker.
+struct Job {
+    header: RequestHeader,
+    cmd: std::result::Result<Command, Refusal>,
+    payload: Option<Buf>,
+}
+
+/// The transmission phase of one connection.
+struct Conn<'a> {
+    stream: &'a Stream,
+    /// Held while one reply is written, so replies never interleave.
+    write_lock: Mutex<()>,
+    backend: &'a dyn Backend,
+    session: Session,
+    pool: Pool,
+    shared: &'a Shared,
+}
+
+fn transmission(
+    stream: &Stream,
+    export: &Export,
+    n: &Negotiated,
+    shared: &Shared,
+) -> std::result::Result<&'static str, String> {
+    let conn = Conn {
+        stream,
+        write_lock: Mutex::new(()),
+        backend: export.backend.as_ref(),
+        session: Session {
+            size: export.info.size,
+            readonly: export.info.readonly,
+            min_block: export.info.min_block,
+            structured: n.structured,
+            base_allocation: n.base_allocation,
+        },
+        pool: Pool::default(),
+        shared,
+    };
+    let (tx, rx) = sync_channel::<Job>(WORKERS);
+    let rx = Mutex::new(rx);
+    std::thread::scope(|s| {
+        for _ in 0..WORKERS {
+            std::thread::Builder::new()
+                .name("ferry-nbd-work".into())
+                .spawn_scoped(s, || conn.work(&rx))
+                .map_err(|e| format!("cannot start an NBD worker: {e}"))?;
+        }
+        // Returning drops `tx`: the workers finish what is queued, then the scope joins.
+        conn.read_requests(tx)
+    })
+}
+
+impl Conn<'_> {
+    /// Reads requests until the client disconnects or breaks the protocol, handing each
+    /// to the workers.
+    fn read_requests(&self, tx: SyncSender<Job>) -> std::result::Result<&'static str, String> {
+        let mut r = self.stream;
+        loop {
+            let mut hb = [0u8; REQUEST_LEN];
+            match r.read_exact(&mut hb) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                    return Ok("closed the connection")
+                }
+                Err(e) => return Err(e.to_string()),
+            }
+            let header = decode_request(&hb).map_err(|e| e.to_string())?;
+            let plen = self
+                .session
+                .payload_len(&header)
+                .map_err(|e| e.to_string())? as usize;
+            let payload = if plen > 0 {
+                let mut b = self.pool.get(plen);
+                r.read_exact(b.data_mut(plen))
+                    .map_err(|e| format!("reading a write's data: {e}"))?;
+                Some(b)
+            } else {
+                None
+            };
+            let cmd = if self.shared.draining.load(Ordering::SeqCst) {
+                Err(Refusal {
+                    errno: ESHUTDOWN,
+                    why: "the server is shutting down",
+                })
+            } else {
+                self.session.check(&header)
+            };
+            if cmd == Ok(Command::Disconnect) {
+                return Ok("disconnected");
+            }
+            self.shared.in_flight.fetch_add(1, Ordering::SeqCst);
+            let job = Job {
+                header,
+                cmd,
+                payload,
+            };
+            if tx.send(job).is_err() {
+                self.shared.in_flight.fetch_sub(1, Ordering::SeqCst);
+                return Err("the workers stopped".into());
+            }
+        }
+    }
+
+    /// A worker: serves jobs until the reader hangs up.
+    fn work(&self, rx: &Mutex<Receiver<Job>>) {
+        loop {
+            let job = lock(rx).recv();
+            let Ok(job) = job else { return };
+            self.serve(job);
+            self.shared.in_flight.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    fn serve(&self, job: Job) {
+        let cookie = job.header.cookie;
+        let sent = match job.cmd {
+            Err(r) => self.send(&reply::error(
+                self.session.structured,
+                cookie,
+                r.errno,
+                r.why,
+            )),
+            Ok(cmd) => self.run(cmd, cookie, job.payload.as_ref()),
+        };
+        if let Some(b) = job.payload {
+            self.pool.put(b);
+        }
+        if let Err(e) = sent {
+            // The socket is broken: end the connection (the reader sees it close).
+            tracing::debug!("NBD reply not sent: {e}");
+            self.stream.shutdown();
+        }
+    }
+
+    /// Writes one whole reply.
+    fn send(&self, bytes: &[u8]) -> io::Result<()> {
+        let _one = lock(&self.write_lock);
+        let mut w = self.stream;
+        w.write_all(bytes)
+    }
+
+    /// The reply to a command without data: success, or its error.
+    fn send_result(&self, cookie: u64, r: io::Result<()>) -> io::Result<()> {
+        match r {
+            Ok(()) => self.send(&reply::simple(cookie, 0)),
+            Err(e) => self.send(&reply::error(
+                self.session.structured,
+                cookie,
+                nbd_errno(&e),
+                &e.to_string(),
+            )),
+        }
+    }
+
+    fn run(&self, cmd: Command, cookie: u64, payload: Option<&Buf>) -> io::Result<()> {
+        let b = self.backend;
+        match cmd {
+            Command::Read { offset, len, df } if self.session.structured => {
+                self.read_structured(cookie, offset, len, df)
+            }
+            Command::Read { offset, len, .. } => self.read_simple(cookie, offset, len),
+            Command::Write { offset, len, fua } => {
+                let data = payload.map_or(&[][..], |p| p.data(len as usize));
+                self.send_result(cookie, b.write_at(data, offset, fua))
+            }
+            Command::Flush => self.send_result(cookie, b.flush()),
+            Command::Trim { offset, len, fua } => {
+                self.send_result(cookie, b.trim(offset, u64::from(len), fua))
+            }
+            Command::Cache { offset, len } => {
+                self.send_result(cookie, b.cache(offset, u64::from(len)))
+            }
+            Command::WriteZeroes {
+                offset,
+                len,
+                fua,
+                may_trim,
+                fast,
+            } => {
+                let how = Zeroing {
+                    may_trim,
+                    fast,
+                    fua,
+                };
+                self.send_result(cookie, b.write_zeroes(offset, u64::from(len), how))
+            }
+            Command::BlockStatus {
+                offset,
+                len,
+                req_one,
+            } => self.block_status(cookie, offset, len, req_one),
+            Command::Disconnect => Ok(()),
+        }
+    }
+
+    fn read_simple(&self, cookie: u64, offset: u64, len: u32) -> io::Result<()> {
+        let len = len as usize;
+        let mut buf = self.pool.get(len);
+        let sent = match self.backend.read_at(buf.data_mut(len), offset) {
+            Ok(()) => self.send(buf.framed(&reply::simple(cookie, 0), len)),
+            Err(e) => self.send(&reply::simple(cookie, nbd_errno(&e))),
+        };
+        self.pool.put(buf);
+        sent
+    }
+
+    /// A structured read: zero runs as holes, the rest as data, every byte read before
+    /// anything is sent (so an error is one error chunk, never a broken data chunk).
+    fn read_structured(&self, cookie: u64, offset: u64, len: u32, df: bool) -> io::Result<()> {
+        if len == 0 {
+            return self.send(&reply::done(cookie));
+        }
+        let extents = if df {
+            Vec::new()
+        } else {
+            // Unknown allocation is read as data.
+            self.backend
+                .extents(offset, u64::from(len))
+                .unwrap_or_default()
+        };
+        let pieces = reply::plan_read(offset, len, &extents, df);
+        let mut buf = self.pool.get(len as usize);
+        for p in pieces.iter().filter(|p| !p.hole) {
+            let at = (p.offset - offset) as usize;
+            let into = &mut buf.data_mut(len as usize)[at..at + p.len as usize];
+            if let Err(e) = self.backend.read_at(into, p.offset) {
+                self.pool.put(buf);
+                let msg = format!("read failed: {e}");
+                return self.send(&reply::error_chunk(cookie, nbd_errno(&e), &msg));
+            }
+        }
+        let sent = self.send_pieces(cookie, offset, len, &pieces, &mut buf);
+        self.pool.put(buf);
+        sent
+    }
+
+    fn send_pieces(
+        &self,
+        cookie: u64,
+        offset: u64,
+        len: u32,
+        pieces: &[Piece],
+        buf: &mut Buf,
+    ) -> io::Result<()> {
+        if let [p] = pieces {
+            if !p.hole {
+                let h = reply::offset_data(cookie, p.offset, p.len, true);
+                return self.send(buf.framed(&h, p.len as usize));
+            }
+        }
+        let _one = lock(&self.write_lock);
+        let mut w = self.stream;
+        for (i, p) in pieces.iter().enumerate() {
+            let last = i + 1 == pieces.len();
+            if p.hole {
+                w.write_all(&reply::offset_hole(cookie, p.offset, p.len, last))?;
+            } else {
+                let at = (p.offset - offset) as usize;
+                w.write_all(&reply::offset_data(cookie, p.offset, p.len, last))?;
+                w.write_all(&buf.data(len as usize)[at..at + p.len as usize])?;
+            }
+        }
+        Ok(())
+    }
+
+    fn block_status(&self, cookie: u64, offset: u64, len: u32, req_one: bool) -> io::Result<()> {
+        let id = self.session.base_allocation.unwrap_or(BASE_ALLOCATION_ID);
+        match self.backend.extents(offset, u64::from(len)) {
+            Ok(ext) => {
+                let d = reply::status_descriptors(len, &ext, req_one);
+                self.send(&reply::block_status(cookie, id, &d))
+            }
+            Err(e) => {
+                let msg = format!("block status failed: {e}");
+                self.send(&reply::error_chunk(cookie, nbd_errno(&e), &msg))
+            }
+        }
+    }
+}
+
+/// The block service as a face of `ferry serve`'s daemon: it accepts on sockets of its own.
+impl ferry_service::daemon::Endpoint for BlockServer {
+    fn local_addrs(&self) -> Vec<String> {
+        BlockServer::local_addrs(self)
+    }
+
+    fn serve_until(&self, quit: &AtomicBool) {
+        BlockServer::serve_until(self, quit)
+    }
+
+    fn begin_drain(&self) {
+        BlockServer::begin_drain(self)
+    }
+
+    fn drain(&self, grace: Duration) -> DrainReport {
+        BlockServer::drain(self, grace)
+    }
+}
