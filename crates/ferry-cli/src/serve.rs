@@ -1,7 +1,7 @@
-//! `ferry serve`: one daemon hosting ferry's faces (file transfer today) behind one
-//! configuration file, one authentication and one admission. This is the composition root:
-//! each face is built from its part of the configuration and added to the service floor's
-//! [`Daemon`], which owns the process's life (signals, drain, the wedge exit).
+//! `ferry serve`: one daemon hosting ferry's faces (file transfer, collective I/O, the block
+//! service) behind one configuration file, one authentication and one admission. This is the
+//! composition root: each face is built from its part of the configuration and added to the
+//! service floor's [`Daemon`], which owns the process's life (signals, drain, the wedge exit).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -17,7 +17,7 @@ use ferry_xfer::{Kind, XferError};
 
 #[derive(Args)]
 pub struct ServeArgs {
-    /// TOML configuration (listen (one address or a list), block_size, ring, mem, direct, keep_special_bits, third_party, [auth] tokens/anonymous, [limits], [[root]] name/path; docs/xfer.md).
+    /// TOML configuration (listen (one address or a list), block_size, ring, mem, direct, keep_special_bits, third_party, [auth] tokens/anonymous, [limits], [[root]] name/path; docs/xfer.md; [cio] collective I/O, docs/cio.md).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Export a directory as NAME (repeatable; adds to the config's roots).
@@ -90,6 +90,7 @@ pub fn serve(mut a: ServeArgs) -> Result<(), XferError> {
         Some(p) => read_config(p)?,
         None => toml::Table::new(),
     };
+    let cio_cfg = cio_config(&mut table)?;
     let grace = std::time::Duration::try_from_secs_f64(a.drain_timeout).map_err(|_| {
         XferError::new(
             Kind::Usage,
@@ -108,18 +109,19 @@ pub fn serve(mut a: ServeArgs) -> Result<(), XferError> {
         .map(|r| (r.name.clone(), r.path.clone()))
         .collect();
     // A daemon configured for block exports only hosts no file transfer (which would ask
-    // for roots and tokens it has no use for).
+    // for roots and tokens it has no use for), nor collective I/O (which works in roots).
     let mut daemon = if block.is_some() && cfg.roots.is_empty() && !cfg.mem {
         let admission = Admission::new(&cfg.limits, |_, _| 0);
         Daemon::new(Vec::new(), cfg.auth.clone(), admission)
     } else {
         let xfer = ferry_xfer::server::Server::new(cfg)?;
-        let mut daemon = Daemon::new(
-            xfer.listen().to_vec(),
-            xfer.auth().clone(),
-            xfer.admission().clone(),
-        );
+        let (auth, admission) = (xfer.auth().clone(), xfer.admission().clone());
+        let mut daemon = Daemon::new(xfer.listen().to_vec(), auth.clone(), admission.clone());
         daemon.add_service(ferry_xfer::server::SERVICE, xfer)?;
+        // Collective I/O over the same roots, behind the same tokens and admission.
+        let cio =
+            ferry_cio::server::Server::new(cio_cfg, &roots, auth, admission).map_err(cio_err)?;
+        daemon.add_service(ferry_cio::server::SERVICE, cio)?;
         daemon
     };
     if let Some(b) = &block {
@@ -224,6 +226,25 @@ fn read_config(path: &std::path::Path) -> Result<toml::Table, XferError> {
             format!("{}: bad server configuration: {e}", path.display()),
         )
     })
+}
+
+/// Collective I/O's configuration: the file's `[cio]` table, taken out (file transfer's
+/// configuration is the rest).
+fn cio_config(table: &mut toml::Table) -> Result<ferry_cio::CioConfig, XferError> {
+    match table.remove("cio") {
+        None => Ok(ferry_cio::CioConfig::default()),
+        Some(toml::Value::Table(t)) => ferry_cio::CioConfig::from_table(t).map_err(cio_err),
+        Some(_) => Err(XferError::new(Kind::Usage, "[cio] must be a table")),
+    }
+}
+
+/// A collective I/O setup error as `ferry serve` reports it.
+fn cio_err(e: ferry_cio::CioError) -> XferError {
+    let kind = match e.class {
+        ferry_cio::ErrorClass::Arg => Kind::Usage,
+        _ => Kind::Io,
+    };
+    XferError::new(kind, format!("collective I/O (cio): {}", e.message))
 }
 
 /// File transfer's configuration (with the daemon's listen addresses, authentication and

@@ -80,8 +80,8 @@ fn cp_through_each_of_two_listeners() {
     std::fs::remove_dir_all(&local).unwrap();
 }
 
-/// A config's `listen` list: both addresses serve; `ferry services` lists xfer through
-/// either, says xfer is hosted, and refuses nbd naming xfer (exit 3).
+/// A config's `listen` list: both addresses serve; `ferry services` lists xfer and cio
+/// through either, says xfer is hosted, and refuses nbd naming those it runs (exit 3).
 #[test]
 fn config_listen_list_and_services() {
     let dir = scratch("conf");
@@ -97,7 +97,7 @@ fn config_listen_list_and_services() {
     for addr in &addrs {
         let o = services(&[addr]);
         assert!(o.status.success(), "{o:?}");
-        assert_eq!(String::from_utf8_lossy(&o.stdout), "xfer\n");
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "xfer\ncio\n");
         let o = services(&[addr, "xfer"]);
         assert!(o.status.success(), "{o:?}");
         ok(&cp(
@@ -106,7 +106,7 @@ fn config_listen_list_and_services() {
         ));
     }
     let o = services(&[&addrs[1], "nbd"]);
-    fails(&o, 3, "does not run service \"nbd\"; it runs: xfer");
+    fails(&o, 3, "does not run service \"nbd\"; it runs: xfer, cio");
     assert!(o.stdout.is_empty());
     let o = services(&[&addrs[0], "NBD"]);
     fails(&o, 1, "service name");

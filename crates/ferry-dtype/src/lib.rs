@@ -69,6 +69,9 @@
 //! # Ok::<(), ferry_dtype::DtypeError>(())
 //! ```
 //!
+//! A type travels as its compact description, the constructor tree that built it
+//! ([`Datatype::encode`], [`Datatype::decode`], module [`desc`]).
+//!
 //! Segment lists are datatypes too ([`Datatype::from_segments`]); a list meant for receiving
 //! must not overlap ([`validate_receive_segments`], [`Datatype::check_receive`]).
 
@@ -76,6 +79,7 @@
 #![warn(missing_docs)]
 
 mod cursor;
+pub mod desc;
 pub mod error;
 mod pack;
 mod segments;

@@ -7,6 +7,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::desc::Ctor;
 use crate::error::{DtypeError, Result};
 
 /// An immutable description of where the bytes of one value lie relative to its origin: an
@@ -53,6 +54,9 @@ pub(crate) struct Node {
     pub(crate) depth: usize,
     /// Leaf runs the cursor visits for one instance before merging (saturating).
     pub(crate) raw_segments: u64,
+    /// The public constructor and arguments that made it, for the wire description
+    /// ([`Datatype::encode`]); `None` for the intermediate nodes constructors build inside.
+    pub(crate) ctor: Option<Ctor>,
 }
 
 /// The shapes the cursor walks. Every constructor lowers to one of these.
@@ -296,7 +300,20 @@ impl Acc {
             } else {
                 self.raw_segments
             },
+            ctor: None,
         })))
+    }
+}
+
+impl Datatype {
+    /// Records the public constructor that made this freshly built type (its wire
+    /// description). A type still shared cannot be changed and keeps what it had; a fresh
+    /// one never is.
+    fn made_by(mut self, ctor: Ctor) -> Datatype {
+        if let Some(node) = Arc::get_mut(&mut self.0) {
+            node.ctor = Some(ctor);
+        }
+        self
     }
 }
 
@@ -335,7 +352,7 @@ impl Datatype {
             acc.data = Some((0, end));
             acc.raw_segments = 1;
         }
-        acc.finish(op, Kind::Bytes)
+        Ok(acc.finish(op, Kind::Bytes)?.made_by(Ctor::Primitive))
     }
 
     /// One byte (`MPI_BYTE`).
@@ -355,13 +372,18 @@ impl Datatype {
             tiles: true,
             depth: 1,
             raw_segments: 1,
+            ctor: Some(Ctor::Primitive),
         }))
     }
 
     /// `count` copies of `old`, each `old.extent()` bytes after the previous one.
     #[doc(alias = "MPI_Type_contiguous")]
     pub fn contiguous(count: u64, old: &Datatype) -> Result<Datatype> {
-        Self::vector_bytes("contiguous", 1, count, 0, old)
+        let t = Self::vector_bytes("contiguous", 1, count, 0, old)?;
+        Ok(t.made_by(Ctor::Contiguous {
+            count,
+            old: old.clone(),
+        }))
     }
 
     /// `count` blocks of `blocklen` copies of `old`; block `i` starts `i * stride` elements
@@ -369,14 +391,28 @@ impl Datatype {
     #[doc(alias = "MPI_Type_vector")]
     pub fn vector(count: u64, blocklen: u64, stride: i64, old: &Datatype) -> Result<Datatype> {
         let op = "vector";
-        let stride = times(op, "stride", stride, old.0.extent)?;
-        Self::vector_bytes(op, count, blocklen, stride, old)
+        let bytes = times(op, "stride", stride, old.0.extent)?;
+        let t = Self::vector_bytes(op, count, blocklen, bytes, old)?;
+        Ok(t.made_by(Ctor::Vector {
+            bytes: false,
+            count,
+            blocklen,
+            stride,
+            old: old.clone(),
+        }))
     }
 
     /// Like [`Datatype::vector`] with the stride in bytes.
     #[doc(alias = "MPI_Type_create_hvector")]
     pub fn hvector(count: u64, blocklen: u64, stride: i64, old: &Datatype) -> Result<Datatype> {
-        Self::vector_bytes("hvector", count, blocklen, stride, old)
+        let t = Self::vector_bytes("hvector", count, blocklen, stride, old)?;
+        Ok(t.made_by(Ctor::Vector {
+            bytes: true,
+            count,
+            blocklen,
+            stride,
+            old: old.clone(),
+        }))
     }
 
     fn vector_bytes(
@@ -430,7 +466,13 @@ impl Datatype {
             .iter()
             .map(|&d| times(op, "displacement", d, old.0.extent))
             .collect::<Result<Vec<_>>>()?;
-        Self::indexed_bytes(op, blocklens.iter().copied().zip(bytes), old)
+        let t = Self::indexed_bytes(op, blocklens.iter().copied().zip(bytes), old)?;
+        Ok(t.made_by(Ctor::Indexed {
+            bytes: false,
+            blocklens: blocklens.into(),
+            displs: displs.into(),
+            old: old.clone(),
+        }))
     }
 
     /// Like [`Datatype::indexed`] with displacements in bytes.
@@ -438,11 +480,17 @@ impl Datatype {
     pub fn hindexed(blocklens: &[u64], displs: &[i64], old: &Datatype) -> Result<Datatype> {
         let op = "hindexed";
         same_len(op, "displs", displs.len(), blocklens.len())?;
-        Self::indexed_bytes(
+        let t = Self::indexed_bytes(
             op,
             blocklens.iter().copied().zip(displs.iter().copied()),
             old,
-        )
+        )?;
+        Ok(t.made_by(Ctor::Indexed {
+            bytes: true,
+            blocklens: blocklens.into(),
+            displs: displs.into(),
+            old: old.clone(),
+        }))
     }
 
     /// Blocks of the same length `blocklen` at `displs[i]` elements of `old`.
@@ -453,24 +501,43 @@ impl Datatype {
             .iter()
             .map(|&d| times(op, "displacement", d, old.0.extent))
             .collect::<Result<Vec<_>>>()?;
-        Self::indexed_bytes(op, bytes.into_iter().map(|d| (blocklen, d)), old)
+        let t = Self::indexed_bytes(op, bytes.into_iter().map(|d| (blocklen, d)), old)?;
+        Ok(t.made_by(Ctor::IndexedBlock {
+            bytes: false,
+            blocklen,
+            displs: displs.into(),
+            old: old.clone(),
+        }))
     }
 
     /// Blocks of the same length `blocklen` at `displs[i]` bytes.
     #[doc(alias = "MPI_Type_create_hindexed_block")]
     pub fn hindexed_block(blocklen: u64, displs: &[i64], old: &Datatype) -> Result<Datatype> {
-        Self::indexed_bytes("hindexed_block", displs.iter().map(|&d| (blocklen, d)), old)
+        let t = Self::indexed_bytes("hindexed_block", displs.iter().map(|&d| (blocklen, d)), old)?;
+        Ok(t.made_by(Ctor::IndexedBlock {
+            bytes: true,
+            blocklen,
+            displs: displs.into(),
+            old: old.clone(),
+        }))
     }
 
     /// A segment list as a datatype: the bytes `[offset, offset + len)` of each segment, in
     /// list order (an hindexed type of bytes). Zero-length segments are allowed and carry
     /// nothing. To check a list meant for receiving, see [`crate::validate_receive_segments`].
     pub fn from_segments(segments: &[crate::Segment]) -> Result<Datatype> {
-        Self::indexed_bytes(
+        let byte = Self::byte();
+        let t = Self::indexed_bytes(
             "from_segments",
             segments.iter().map(|s| (s.len, s.offset)),
-            &Self::byte(),
-        )
+            &byte,
+        )?;
+        Ok(t.made_by(Ctor::Indexed {
+            bytes: true,
+            blocklens: segments.iter().map(|s| s.len).collect(),
+            displs: segments.iter().map(|s| s.offset).collect(),
+            old: byte,
+        }))
     }
 
     pub(crate) fn indexed_bytes(
@@ -524,7 +591,11 @@ impl Datatype {
             blocks: kept.into(),
             prefix: prefix.into(),
         };
-        acc.finish(op, kind)
+        Ok(acc.finish(op, kind)?.made_by(Ctor::Struct {
+            blocklens: blocklens.into(),
+            displs: displs.into(),
+            types: types.into(),
+        }))
     }
 
     /// The data of `old` with lower bound `lb` and extent `extent` (upper bound
@@ -532,7 +603,12 @@ impl Datatype {
     /// interleave instances, or to match a C struct's `sizeof`.
     #[doc(alias = "MPI_Type_create_resized")]
     pub fn resized(old: &Datatype, lb: i64, extent: i64) -> Result<Datatype> {
-        Self::resized_named("resized", old, lb, extent)
+        let t = Self::resized_named("resized", old, lb, extent)?;
+        Ok(t.made_by(Ctor::Resized {
+            lb,
+            extent,
+            old: old.clone(),
+        }))
     }
 
     fn resized_named(op: &'static str, old: &Datatype, lb: i64, extent: i64) -> Result<Datatype> {
@@ -602,7 +678,14 @@ impl Datatype {
         if offset != 0 {
             t = Self::indexed_bytes(op, std::iter::once((1, offset)), &t)?;
         }
-        Self::resized_named(op, &t, 0, stride)
+        let t = Self::resized_named(op, &t, 0, stride)?;
+        Ok(t.made_by(Ctor::Subarray {
+            sizes: sizes.into(),
+            subsizes: subsizes.into(),
+            starts: starts.into(),
+            order,
+            old: old.clone(),
+        }))
     }
 
     /// Data bytes in one instance (`MPI_Type_size`).

@@ -331,6 +331,23 @@ fn config() -> ProptestConfig {
 proptest! {
     #![proptest_config(config())]
 
+    /// The wire description round-trips: the decoded type has the same type map (the
+    /// flattening of several instances), figures and depth, and describes itself with the
+    /// same bytes.
+    #[test]
+    fn description_round_trips((s, count, _one, _all) in case()) {
+        let t = build(&s).expect("small specs build");
+        let bytes = t.encode();
+        let back = Datatype::decode(&bytes).expect("a description decodes");
+        prop_assert_eq!(back.flatten(count + 1).unwrap(), t.flatten(count + 1).unwrap());
+        prop_assert_eq!(
+            (back.size(), back.lb(), back.ub(), back.true_lb(), back.true_ub()),
+            (t.size(), t.lb(), t.ub(), t.true_lb(), t.true_ub())
+        );
+        prop_assert_eq!(back.depth(), t.depth());
+        prop_assert_eq!(back.encode(), bytes);
+    }
+
     /// Figures, flattening, merging, segment-count hint, receive check.
     #[test]
     fn layout_matches_reference((s, count, one, all) in case()) {

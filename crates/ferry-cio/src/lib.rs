@@ -1,0 +1,38 @@
+//! ferry's collective I/O face (ECIO): MPI-IO programs write and read one shared file on a
+//! ferry server through file views, each rank's pieces going straight to the server once,
+//! with no redistribution among the ranks.
+//!
+//! In MPI-IO's two-phase collective I/O the ranks first exchange their pieces so that a
+//! few aggregators can write large contiguous regions: every byte crosses the network
+//! twice, and the analysis costs the compute nodes CPU. Here each rank sends its view once
+//! (a compact datatype description, [`ferry_dtype::Datatype::encode`], cached by hash) and
+//! then only its packed data; the server gathers one collective call from every rank,
+//! flattens each view lazily over the call's window ([`view`]), sorts the pieces of all
+//! ranks and writes each run of touching pieces at once, never reading to fill holes.
+//! Reads are symmetric: the regions the ranks' views cover are read once and each rank
+//! gets exactly its pieces.
+//!
+//! - [`proto`]: the protocol's frames (sans-I/O), specified in `docs/protocol.md`.
+//! - [`session`]: the collective session machine (pure): which calls complete, which fail,
+//!   what file action each runs.
+//! - [`view`]: file views and the file extents of a window of a view's data stream.
+//! - [`server`]: the floor's service `cio` (sandboxed roots, the floor's authentication).
+//! - [`File`]: the Rust API, in MPI-IO's shape; an MPI-IO interposer wraps it next.
+//!
+//! The guide is `docs/cio.md`.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod client;
+pub mod config;
+pub mod error;
+pub mod proto;
+pub mod server;
+pub mod session;
+pub mod view;
+
+pub use client::{Comm, File};
+pub use config::CioConfig;
+pub use error::{CioError, ErrorClass, Result};
+pub use proto::amode;

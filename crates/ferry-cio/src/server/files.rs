@@ -1,0 +1,350 @@
+//! The files of a session: opened beneath an exported root, written by placing pieces and
+//! read by regions.
+//!
+//! Paths are `root/relative/path`; the relative part is opened with the floor's sandbox
+//! discipline ([`ferry_service::beneath`]: `openat2` with `RESOLVE_BENEATH |
+//! RESOLVE_NO_MAGICLINKS` below the root's directory descriptor), so `..`, absolute paths
+//! and symlinks leading out of the root are refused by the kernel. Unlike file transfer's
+//! uploads (a part file renamed into place), a collective file is written in place: every
+//! rank writes its pieces of the same file.
+
+use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use rustix::fs::{Mode, OFlags};
+use rustix::io::Errno;
+
+use crate::error::{CioError, ErrorClass, Result};
+use crate::proto::amode;
+use crate::session::Piece;
+use crate::view::Extent;
+
+/// The most bytes gathered into one write: runs of touching pieces longer than this are
+/// written in several.
+const GATHER: usize = 8 << 20;
+
+/// The exported roots, each held open.
+pub struct Exports {
+    roots: Vec<(String, OwnedFd)>,
+}
+
+impl Exports {
+    /// Opens every root directory (name, directory).
+    pub fn open<'a>(roots: impl IntoIterator<Item = (&'a str, &'a Path)>) -> Result<Exports> {
+        let mut open = Vec::new();
+        for (name, path) in roots {
+            let dir = rustix::fs::open(
+                path,
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(|e| {
+                CioError::new(
+                    ErrorClass::Io,
+                    format!(
+                        "root {name} ({}): {}",
+                        path.display(),
+                        std::io::Error::from(e)
+                    ),
+                )
+            })?;
+            open.push((name.to_string(), dir));
+        }
+        Ok(Exports { roots: open })
+    }
+
+    /// Checks an access mode: exactly one of read-only, write-only and read-write; no
+    /// create or exclusive with read-only; nothing this server does not implement.
+    pub fn check_amode(mode: u32) -> Result<()> {
+        let bad = |m: &str| {
+            Err(CioError::new(
+                ErrorClass::Amode,
+                format!("access mode {mode:#x}: {m}"),
+            ))
+        };
+        let rw = [amode::RDONLY, amode::WRONLY, amode::RDWR]
+            .iter()
+            .filter(|&&b| mode & b != 0)
+            .count();
+        if mode & !amode::ALL != 0 {
+            return bad("unknown bits");
+        }
+        if rw != 1 {
+            return bad("exactly one of RDONLY, WRONLY and RDWR");
+        }
+        if mode & amode::RDONLY != 0 && mode & (amode::CREATE | amode::EXCL) != 0 {
+            return bad("CREATE and EXCL need write access");
+        }
+        if mode & (amode::DELETE_ON_CLOSE | amode::SEQUENTIAL) != 0 {
+            return Err(CioError::new(
+                ErrorClass::Unsupported,
+                "DELETE_ON_CLOSE and SEQUENTIAL are not supported by this server",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Opens `path` (`root/relative/path`) with access mode `mode` (checked by
+    /// [`Exports::check_amode`]). Only a regular file opens: a FIFO is opened non-blocking
+    /// and refused, like a directory or a device.
+    pub fn open_file(&self, path: &str, mode: u32) -> Result<File> {
+        Self::check_amode(mode)?;
+        let (dir, rel) = self.split(path)?;
+        let mut flags = OFlags::NONBLOCK | OFlags::CLOEXEC;
+        flags |= if mode & amode::RDONLY != 0 {
+            OFlags::RDONLY
+        } else if mode & amode::WRONLY != 0 {
+            OFlags::WRONLY
+        } else {
+            OFlags::RDWR
+        };
+        // openat2 takes a mode only with O_CREAT (EINVAL otherwise).
+        let mut perm = Mode::empty();
+        if mode & amode::CREATE != 0 {
+            flags |= OFlags::CREATE;
+            perm = Mode::from_raw_mode(0o644);
+        }
+        if mode & amode::EXCL != 0 {
+            flags |= OFlags::EXCL;
+        }
+        let fd = rustix::fs::openat2(dir, rel, flags, perm, ferry_service::beneath::BENEATH)
+            .map_err(|e| errno(path, e))?;
+        let st = rustix::fs::fstat(&fd).map_err(|e| errno(path, e))?;
+        if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
+            return Err(CioError::new(
+                ErrorClass::BadFile,
+                format!("{path}: not a regular file"),
+            ));
+        }
+        Ok(File::from(fd))
+    }
+
+    /// The root's directory and the relative path of `path`.
+    fn split<'p>(&self, path: &'p str) -> Result<(&OwnedFd, &'p str)> {
+        let denied = |m: String| Err(CioError::new(ErrorClass::Access, m));
+        if path.starts_with('/') {
+            return denied(format!(
+                "{path}: refused, paths are root/relative/path, never absolute"
+            ));
+        }
+        if path.contains('\0') {
+            return Err(CioError::new(
+                ErrorClass::BadFile,
+                "the path holds a NUL byte",
+            ));
+        }
+        let (name, rel) = path.split_once('/').unwrap_or((path, ""));
+        let Some((_, dir)) = self.roots.iter().find(|(n, _)| n == name) else {
+            let names: Vec<&str> = self.roots.iter().map(|(n, _)| n.as_str()).collect();
+            return Err(CioError::new(
+                ErrorClass::NoSuchFile,
+                format!("no root named {name:?} (exported: {})", names.join(", ")),
+            ));
+        };
+        let rel = rel.trim_end_matches('/');
+        if rel.is_empty() || rel.starts_with('/') {
+            return Err(CioError::new(
+                ErrorClass::BadFile,
+                format!("{path}: name a file inside the root"),
+            ));
+        }
+        Ok((dir, rel))
+    }
+}
+
+/// An open error as the client sees it.
+fn errno(path: &str, e: Errno) -> CioError {
+    let class = match e {
+        Errno::NOENT => ErrorClass::NoSuchFile,
+        Errno::EXIST => ErrorClass::FileExists,
+        Errno::XDEV | Errno::LOOP => {
+            return CioError::new(
+                ErrorClass::Access,
+                format!("{path}: refused, the path leads outside its root"),
+            )
+        }
+        Errno::ACCESS | Errno::PERM => ErrorClass::Access,
+        Errno::ROFS => ErrorClass::ReadOnly,
+        Errno::NOSPC | Errno::DQUOT => ErrorClass::NoSpace,
+        Errno::ISDIR | Errno::NOTDIR => ErrorClass::BadFile,
+        _ => ErrorClass::Io,
+    };
+    CioError::new(class, format!("{path}: {}", std::io::Error::from(e)))
+}
+
+/// A read or write error as the client sees it.
+pub fn io_error(what: &str, e: &std::io::Error) -> CioError {
+    let class = match e.raw_os_error().map(Errno::from_raw_os_error) {
+        Some(Errno::NOSPC) | Some(Errno::DQUOT) => ErrorClass::NoSpace,
+        Some(Errno::BADF) => ErrorClass::Access,
+        _ => ErrorClass::Io,
+    };
+    CioError::new(class, format!("{what}: {e}"))
+}
+
+/// Writes `pieces` (sorted by file offset, disjoint) from `data[rank]`: each run of pieces
+/// that touch is gathered and written at once (in writes of at most [`GATHER`] bytes), a
+/// lone piece straight from its rank's stream. Only the pieces' bytes are written: holes
+/// between runs are never filled, so nothing is read before it is written.
+pub fn place_write(file: &File, pieces: &[Piece], data: &[Vec<u8>]) -> Result<()> {
+    let write = |buf: &[u8], at: u64| {
+        file.write_all_at(buf, at)
+            .map_err(|e| io_error("collective write", &e))
+    };
+    let mut i = 0;
+    let mut stage = Vec::new();
+    while i < pieces.len() {
+        // The run: pieces i..j, each starting where the last ended, at most GATHER bytes.
+        let start = pieces[i].file;
+        let mut end = start + pieces[i].len;
+        let mut j = i + 1;
+        while j < pieces.len() && pieces[j].file == end && (end - start) < GATHER as u64 {
+            end += pieces[j].len;
+            j += 1;
+        }
+        if j == i + 1 {
+            write(piece_bytes(data, &pieces[i])?, start)?;
+        } else {
+            stage.clear();
+            for p in &pieces[i..j] {
+                stage.extend_from_slice(piece_bytes(data, p)?);
+            }
+            write(&stage, start)?;
+        }
+        i = j;
+    }
+    Ok(())
+}
+
+/// The bytes of piece `p` in its rank's stream.
+fn piece_bytes<'a>(data: &'a [Vec<u8>], p: &Piece) -> Result<&'a [u8]> {
+    let d = data.get(p.rank as usize).map(Vec::as_slice).unwrap_or(&[]);
+    usize::try_from(p.at)
+        .ok()
+        .zip(usize::try_from(p.len).ok())
+        .and_then(|(at, len)| d.get(at..at.checked_add(len)?))
+        .ok_or_else(|| CioError::new(ErrorClass::Arg, "a piece outside its rank's data"))
+}
+
+/// Reads what every rank wants (`wants[r]`, rank `r`'s extents in stream order): the file
+/// regions their extents cover are read once each (overlapping wants share them), and each
+/// rank gets exactly its bytes, in its stream's order. A rank's stream stops at the end of
+/// the file: it gets the bytes of its extents that lie before it, up to the first that
+/// does not.
+pub fn read_regions(file: &File, wants: &[Vec<Extent>]) -> Result<Vec<Vec<u8>>> {
+    let size = file
+        .metadata()
+        .map_err(|e| io_error("collective read", &e))?
+        .len();
+    // Each rank's extents, clipped to the end of the file.
+    let clipped: Vec<Vec<Extent>> = wants.iter().map(|w| clip(w, size)).collect();
+    let all = crate::session::merge_by_offset(clipped.clone(), |e| e.file);
+    // The regions: the union of every extent, read into one buffer back to back.
+    let mut regions: Vec<(u64, u64, usize)> = Vec::new(); // (file, len, buffer offset)
+    for e in all {
+        if let Some((f, l, _)) = regions.last_mut() {
+            if e.file <= *f + *l {
+                *l = (*l).max(e.file + e.len - *f);
+                continue;
+            }
+        }
+        regions.push((e.file, e.len, 0));
+    }
+    let mut total = 0usize;
+    for r in regions.iter_mut() {
+        r.2 = total;
+        total += r.1 as usize;
+    }
+    let mut buf = vec![0u8; total];
+    for &(f, l, at) in &regions {
+        read_fully(file, &mut buf[at..at + l as usize], f)?;
+    }
+    // Each rank's stream from the regions.
+    let mut out = Vec::with_capacity(clipped.len());
+    for extents in &clipped {
+        let n: u64 = extents.iter().map(|e| e.len).sum();
+        let mut stream = Vec::with_capacity(n as usize);
+        let mut r = 0;
+        for e in extents {
+            // Every extent lies inside the region that starts at or before it: the one of
+            // the extent before (views mostly ascend), else found by binary search.
+            let inside = |r: usize| {
+                regions
+                    .get(r)
+                    .is_some_and(|&(f, l, _)| f <= e.file && e.file < f + l)
+            };
+            if !inside(r) {
+                r = regions
+                    .partition_point(|&(f, _, _)| f <= e.file)
+                    .saturating_sub(1);
+            }
+            let piece = regions.get(r).and_then(|&(f, _, at)| {
+                let from = at + usize::try_from(e.file.checked_sub(f)?).ok()?;
+                buf.get(from..from + e.len as usize)
+            });
+            let piece = piece.ok_or_else(|| {
+                CioError::new(ErrorClass::Io, "internal: a read extent outside its region")
+            })?;
+            stream.extend_from_slice(piece);
+        }
+        out.push(stream);
+    }
+    Ok(out)
+}
+
+/// The extents of a stream that lie before `size`: all of them up to the first that
+/// reaches it, that one cut.
+fn clip(extents: &[Extent], size: u64) -> Vec<Extent> {
+    let mut out = Vec::new();
+    for e in extents {
+        if e.file >= size {
+            break;
+        }
+        let len = e.len.min(size - e.file);
+        out.push(Extent { file: e.file, len });
+        if len < e.len {
+            break;
+        }
+    }
+    out
+}
+
+/// Reads `buf.len()` bytes at `at`; bytes past the end of the file (it shrank meanwhile)
+/// stay zero.
+fn read_fully(file: &File, buf: &mut [u8], at: u64) -> Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], at + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(io_error("collective read", &e)),
+        }
+    }
+    Ok(())
+}
+
+/// Grows the file to at least `size` bytes with its blocks allocated (`fallocate`; where
+/// the file system cannot, only the size grows).
+pub fn preallocate(file: &File, size: u64) -> Result<()> {
+    if size == 0 {
+        return Ok(());
+    }
+    match rustix::fs::fallocate(file, rustix::fs::FallocateFlags::empty(), 0, size) {
+        Ok(()) => Ok(()),
+        Err(Errno::OPNOTSUPP) => {
+            let now = file
+                .metadata()
+                .map_err(|e| io_error("preallocate", &e))?
+                .len();
+            if size > now {
+                file.set_len(size)
+                    .map_err(|e| io_error("preallocate", &e))?;
+            }
+            Ok(())
+        }
+        Err(e) => Err(io_error("preallocate", &std::io::Error::from(e))),
+    }
+}
