@@ -142,6 +142,12 @@ fn tree(driver: &str) {
     let here = sum(src.join("d0/f0").to_str().unwrap());
     assert_eq!(remote.len(), 64);
     assert_eq!(remote, here);
+    // A directory has no sum, and ferry sum has no -r to suggest.
+    let mut c = ferry();
+    c.args(["sum", "--token", TOKEN, &s.url("tree/d0")]);
+    let o = run(c);
+    fails(&o, 1, "is a directory");
+    assert!(!String::from_utf8_lossy(&o.stderr).contains("-r"), "{o:?}");
     std::fs::remove_dir_all(&local).unwrap();
 }
 

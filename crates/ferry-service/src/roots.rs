@@ -177,7 +177,7 @@ impl Roots {
             FileKind::Dir => {
                 return Err(refuse(
                     Denial::IsADirectory,
-                    format!("{path}: not a regular file (use -r for directories)"),
+                    format!("{path}: is a directory, not a file"),
                 ))
             }
             _ => return Err(not_regular(path, &st)),
