@@ -225,6 +225,14 @@ impl Progress for Bar {
             b.inc(bytes);
         }
     }
+    fn already_there(&self, bytes: u64) {
+        if let Some(b) = &self.0 {
+            // Counted, then the rate estimate starts afresh: a resumed gigabyte is not a
+            // gigabyte a second.
+            b.inc(bytes);
+            b.reset_eta();
+        }
+    }
     fn restart(&self) {
         if let Some(b) = &self.0 {
             b.set_position(0);
@@ -387,7 +395,27 @@ pub fn sum(a: SumArgs) -> Result<(), XferError> {
 
 #[cfg(test)]
 mod tests {
-    use super::shell_word;
+    use super::{shell_word, Bar};
+    use ferry_xfer::client::Progress;
+
+    /// What a resume finds in place moves the bar but not its rate.
+    #[test]
+    fn bytes_already_there_stay_out_of_the_rate() {
+        let pb = indicatif::ProgressBar::with_draw_target(
+            Some(4 << 30),
+            indicatif::ProgressDrawTarget::hidden(),
+        );
+        let bar = Bar(Some(pb.clone()));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        bar.already_there(2 << 30);
+        for _ in 0..5 {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            bar.add(1 << 20);
+        }
+        assert_eq!(pb.position(), (2 << 30) + (5 << 20));
+        // 5 MiB in about 0.1 s: tens of MB/s, nowhere near the 2 GiB credited at once.
+        assert!(pb.per_sec() < 1e9, "rate {} B/s", pb.per_sec());
+    }
 
     #[test]
     fn words_come_back_as_the_shell_reads_them() {

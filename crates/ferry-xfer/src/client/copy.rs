@@ -205,7 +205,7 @@ pub(crate) fn plan_download(
                 c.stats.files += 1;
                 c.stats.files_skipped += 1;
                 c.stats.bytes += size;
-                progress.add(size);
+                progress.already_there(size);
                 continue;
             }
             jobs.push(DlJob {
@@ -315,7 +315,7 @@ pub(crate) fn plan_upload(
                 c.stats.files += 1;
                 c.stats.files_skipped += 1;
                 c.stats.bytes += size;
-                progress.add(size);
+                progress.already_there(size);
                 continue;
             }
             let src = if rel.is_empty() {

@@ -557,7 +557,7 @@ impl Client {
                 Found::Resumed => {
                     tracing::info!("{}: resuming at byte {held}", job.path);
                     self.stats.resumed_bytes += held;
-                    progress.add(held);
+                    progress.already_there(held);
                 }
                 Found::Restarted => tracing::warn!(
                     "{}: the source changed since the interrupted copy (size or mtime differ); starting over",

@@ -163,6 +163,11 @@ pub trait Progress {
     fn total(&self, _bytes: u64) {}
     /// `bytes` more moved.
     fn add(&self, _bytes: u64) {}
+    /// `bytes` counted done without moving: a resume's verified part, a file skipped as
+    /// already there. A display keeps them out of its rate and time estimate.
+    fn already_there(&self, bytes: u64) {
+        self.add(bytes)
+    }
     /// Starting over (a retry): the next attempt reports what is already there again.
     fn restart(&self) {}
 }

@@ -220,7 +220,7 @@ impl Client {
                         .map_err(|e| XferError::io(path, &e))?;
                     }
                     self.stats.resumed_bytes += offset;
-                    progress.add(offset);
+                    progress.already_there(offset);
                 }
                 Action::SendRange { span, hash, resend } => {
                     let sent =

@@ -370,7 +370,7 @@ pub(crate) fn download(
     };
     let resumed = q.resumed.load(Ordering::Relaxed);
     total.resumed_bytes += resumed;
-    progress.add(resumed);
+    progress.already_there(resumed);
     if let Err(e) = &res {
         for f in lock(&q.opened).iter() {
             f.abandon(e.kind == Kind::Connection);

@@ -285,7 +285,7 @@ fn open_upload(
     if !left.is_empty() {
         tracing::info!("{path}: resuming, {} bytes in place", left.total());
         c.stats.resumed_bytes += left.total();
-        progress.add(left.total());
+        progress.already_there(left.total());
     }
     let to_null = crate::mem::classify(path) == Some(Ok(crate::mem::Virtual::Null));
     let hash = match (&file, to_null) {
