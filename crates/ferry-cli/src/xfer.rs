@@ -10,6 +10,8 @@ use ferry_xfer::client::{self, Options, Progress};
 use ferry_xfer::url::{self, Location};
 use ferry_xfer::{Kind, XferError};
 
+use crate::ls::human_size;
+
 /// Exit codes, as `--help` shows them.
 pub const EXIT_CODES: &str = "\
 Exit codes (serve, cp, ls, sum, services):
@@ -316,16 +318,21 @@ pub fn cp(a: CpArgs, quiet: bool) -> Result<(), XferError> {
                 }
                 if s.resumed_bytes > 0 || s.files_skipped > 0 {
                     notes += &format!(
-                        ", resumed: {} bytes already there, {} file(s) skipped",
-                        s.resumed_bytes, s.files_skipped
+                        ", resumed: {} already there, {} file(s) skipped",
+                        human_size(s.resumed_bytes),
+                        s.files_skipped
                     );
                 }
                 if s.retries > 0 {
                     notes += &format!(", {} reconnection(s)", s.retries);
                 }
+                // The bar's units (KiB, MiB, ...), and the rate of what crossed the network.
+                let rate = (s.wire_bytes as f64 / secs.max(1e-9)) as u64;
                 eprintln!(
-                    "{} file(s), {} bytes in {secs:.2} s ({gbps:.3} GB/s){notes}",
-                    s.files, s.bytes,
+                    "{} file(s), {} in {secs:.2} s ({}/s){notes}",
+                    s.files,
+                    human_size(s.bytes),
+                    human_size(rate)
                 );
             }
             Ok(())

@@ -288,7 +288,16 @@ fn auth(driver: &str) {
         .args(["cp", "-q", &s.url("a"), local.to_str().unwrap()]);
     let o = run(c);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(o.stderr.is_empty(), "-q printed something");
     assert_eq!(std::fs::read(local.join("a")).unwrap(), b"abc");
+    // Without -q, one summary line in the progress bar's units.
+    let mut c = ferry();
+    c.env("FERRY_TOKEN", TOKEN)
+        .args(["cp", &s.url("a"), local.join("b").to_str().unwrap()]);
+    let o = run(c);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(said.starts_with("1 file(s), 3 B in "), "{said}");
+    assert!(said.trim_end().ends_with("/s)"), "{said}");
     std::fs::remove_dir_all(&local).unwrap();
 }
 
