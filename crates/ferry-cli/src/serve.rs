@@ -5,7 +5,6 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-
 use std::sync::Arc;
 
 use clap::Args;
@@ -108,33 +107,7 @@ pub fn serve(mut a: ServeArgs) -> Result<(), XferError> {
     let roots: Vec<(String, PathBuf)> = (cfg.roots.iter())
         .map(|r| (r.name.clone(), r.path.clone()))
         .collect();
-    // A daemon configured for block exports only hosts no file transfer (which would ask
-    // for roots and tokens it has no use for), nor collective I/O (which works in roots).
-    let mut daemon = if block.is_some() && cfg.roots.is_empty() && !cfg.mem {
-        let admission = Admission::new(&cfg.limits, |_, _| 0);
-        Daemon::new(Vec::new(), cfg.auth.clone(), admission)
-    } else {
-        let xfer = ferry_xfer::server::Server::new(cfg)?;
-        let (auth, admission) = (xfer.auth().clone(), xfer.admission().clone());
-        let mut daemon = Daemon::new(xfer.listen().to_vec(), auth.clone(), admission.clone());
-        daemon.add_service(ferry_xfer::server::SERVICE, xfer)?;
-        // Collective I/O over the same roots, behind the same tokens and admission.
-        let cio =
-            ferry_cio::server::Server::new(cio_cfg, &roots, auth, admission).map_err(cio_err)?;
-        daemon.add_service(ferry_cio::server::SERVICE, cio)?;
-        daemon
-    };
-    if let Some(b) = &block {
-        let nbd = ferry_block::BlockServer::new(b)?;
-        for e in nbd.exports() {
-            tracing::info!(
-                "exporting block device {} ({} bytes)",
-                e.info.name,
-                e.info.size
-            );
-        }
-        daemon.add_endpoint(Arc::new(nbd));
-    }
+    let daemon = faces(cfg, cio_cfg, &roots, block.as_ref())?;
     let mut running = daemon.start()?;
     let addresses = running.addresses();
     for addr in &addresses {
@@ -187,6 +160,43 @@ fn block_config(
     }
     cfg.validate()?;
     Ok(Some(cfg))
+}
+
+/// The daemon with every face the configuration asks for. One configured for block exports
+/// only hosts no file transfer (which would ask for roots and tokens it has no use for),
+/// nor collective I/O (which works in roots).
+fn faces(
+    cfg: ServerConfig,
+    cio_cfg: ferry_cio::CioConfig,
+    roots: &[(String, PathBuf)],
+    block: Option<&BlockConfig>,
+) -> Result<Daemon, XferError> {
+    let mut daemon = if block.is_some() && cfg.roots.is_empty() && !cfg.mem {
+        let admission = Admission::new(&cfg.limits, |_, _| 0);
+        Daemon::new(Vec::new(), cfg.auth.clone(), admission)
+    } else {
+        let xfer = ferry_xfer::server::Server::new(cfg)?;
+        let (auth, admission) = (xfer.auth().clone(), xfer.admission().clone());
+        let mut daemon = Daemon::new(xfer.listen().to_vec(), auth.clone(), admission.clone());
+        daemon.add_service(ferry_xfer::server::SERVICE, xfer)?;
+        // Collective I/O over the same roots, behind the same tokens and admission.
+        let cio =
+            ferry_cio::server::Server::new(cio_cfg, roots, auth, admission).map_err(cio_err)?;
+        daemon.add_service(ferry_cio::server::SERVICE, cio)?;
+        daemon
+    };
+    if let Some(b) = block {
+        let nbd = ferry_block::BlockServer::new(b)?;
+        for e in nbd.exports() {
+            tracing::info!(
+                "exporting block device {} ({} bytes)",
+                e.info.name,
+                e.info.size
+            );
+        }
+        daemon.add_endpoint(Arc::new(nbd));
+    }
+    Ok(daemon)
 }
 
 /// Says what is exported and how a client reaches it.
