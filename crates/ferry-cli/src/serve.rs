@@ -22,6 +22,10 @@ pub struct ServeArgs {
     /// Export a directory as NAME (repeatable; adds to the config's roots).
     #[arg(long = "root", value_name = "NAME=PATH")]
     roots: Vec<String>,
+    /// Export a directory as NAME for reading only: uploads and new directories there are
+    /// refused (repeatable; `read_only = true` in a config's [[root]]).
+    #[arg(long = "read-only-root", value_name = "NAME=PATH")]
+    read_only_roots: Vec<String>,
     /// Address to listen on [default: tcp://0.0.0.0:7370]; also ofi+tcp://HOST:PORT, ofi+shm://NAME.
     /// Repeatable: every address is served alike (replaces the config's `listen`).
     #[arg(long = "listen", value_name = "URL")]
@@ -104,9 +108,7 @@ pub fn serve(mut a: ServeArgs) -> Result<(), XferError> {
     )?;
     let mut cfg = xfer_config(table, a)?;
     secrets(&mut cfg, config_file.as_deref())?;
-    let roots: Vec<(String, PathBuf)> = (cfg.roots.iter())
-        .map(|r| (r.name.clone(), r.path.clone()))
-        .collect();
+    let roots = cfg.roots.clone();
     let daemon = faces(cfg, cio_cfg, &roots, block.as_ref())?;
     let mut running = daemon.start()?;
     let addresses = running.addresses();
@@ -168,7 +170,7 @@ fn block_config(
 fn faces(
     cfg: ServerConfig,
     cio_cfg: ferry_cio::CioConfig,
-    roots: &[(String, PathBuf)],
+    roots: &[RootConfig],
     block: Option<&BlockConfig>,
 ) -> Result<Daemon, XferError> {
     let mut daemon = if block.is_some() && cfg.roots.is_empty() && !cfg.mem {
@@ -179,9 +181,13 @@ fn faces(
         let (auth, admission) = (xfer.auth().clone(), xfer.admission().clone());
         let mut daemon = Daemon::new(xfer.listen().to_vec(), auth.clone(), admission.clone());
         daemon.add_service(ferry_xfer::server::SERVICE, xfer)?;
-        // Collective I/O over the same roots, behind the same tokens and admission.
+        // Collective I/O over the same roots, behind the same tokens and admission; it
+        // opens files for writing, so it is given the writable roots only.
+        let writable: Vec<(String, PathBuf)> = (roots.iter().filter(|r| !r.read_only))
+            .map(|r| (r.name.clone(), r.path.clone()))
+            .collect();
         let cio =
-            ferry_cio::server::Server::new(cio_cfg, roots, auth, admission).map_err(cio_err)?;
+            ferry_cio::server::Server::new(cio_cfg, &writable, auth, admission).map_err(cio_err)?;
         daemon.add_service(ferry_cio::server::SERVICE, cio)?;
         daemon
     };
@@ -200,11 +206,12 @@ fn faces(
 }
 
 /// Says what is exported and how a client reaches it.
-fn greet(roots: &[(String, PathBuf)], addresses: &[String]) {
-    for (name, path) in roots {
-        tracing::info!("exporting {name} = {}", path.display());
+fn greet(roots: &[RootConfig], addresses: &[String]) {
+    for r in roots {
+        let how = if r.read_only { " (read-only)" } else { "" };
+        tracing::info!("exporting {} = {}{how}", r.name, r.path.display());
     }
-    if let (Some((name, _)), Some(addr)) = (roots.first(), addresses.first()) {
+    if let (Some(RootConfig { name, .. }), Some(addr)) = (roots.first(), addresses.first()) {
         tracing::info!(
             "from a client: ferry cp FILE {}/{name}/ (token in FERRY_TOKEN)",
             reachable(addr)
@@ -261,13 +268,15 @@ fn cio_err(e: ferry_cio::CioError) -> XferError {
 /// limits): the file's top level, then the command line on top.
 fn xfer_config(table: toml::Table, a: ServeArgs) -> Result<ServerConfig, XferError> {
     let mut cfg = ServerConfig::from_table(table)?;
-    for r in &a.roots {
+    let writable = a.roots.iter().map(|r| (r, false));
+    for (r, read_only) in writable.chain(a.read_only_roots.iter().map(|r| (r, true))) {
         let (name, path) = r
             .split_once('=')
             .ok_or_else(|| XferError::new(Kind::Usage, format!("--root {r}: write NAME=PATH")))?;
         cfg.roots.push(RootConfig {
             name: name.into(),
             path: path.into(),
+            read_only,
         });
     }
     if !a.listen.is_empty() {

@@ -865,3 +865,42 @@ fn an_unknown_host_is_named_and_ports_fit_the_short_form() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(String::from_utf8_lossy(&o.stdout).contains("only-here"));
 }
+
+/// A read-only root serves reads and refuses every write (exit 7, saying why), leaving
+/// nothing behind; the writable root next to it still takes uploads.
+#[test]
+fn read_only_roots_serve_reads_and_refuse_writes() {
+    let ro = scratch("ro");
+    std::fs::write(ro.join("kept"), b"original").unwrap();
+    let arg = format!("ro={}", ro.display());
+    let s = serve_with("tcp", &[], &["--read-only-root", &arg]);
+    let local = scratch("local");
+    let v = ok(&cp(&[&s.at("ro/kept"), local.to_str().unwrap()], &[]));
+    assert_eq!(v["bytes"].as_u64(), Some(8));
+    std::fs::write(local.join("new"), b"payload").unwrap();
+    let up = local.join("new");
+    let up = up.to_str().unwrap();
+    fails(&cp(&[up, &s.at("ro/new")], &[]), 7, "read-only");
+    fails(&cp(&[up, &s.at("ro/kept")], &[]), 7, "read-only");
+    std::fs::create_dir(local.join("tree")).unwrap();
+    std::fs::write(local.join("tree/f"), b"x").unwrap();
+    let tree = local.join("tree");
+    fails(
+        &cp(&["-r", tree.to_str().unwrap(), &s.at("ro/")], &[]),
+        7,
+        "read-only",
+    );
+    assert_eq!(std::fs::read(ro.join("kept")).unwrap(), b"original");
+    let names: Vec<_> = std::fs::read_dir(&ro)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(
+        names,
+        vec![std::ffi::OsString::from("kept")],
+        "nothing was left in ro"
+    );
+    ok(&cp(&[up, &s.url("new")], &[]));
+    std::fs::remove_dir_all(&local).unwrap();
+    std::fs::remove_dir_all(&ro).unwrap();
+}

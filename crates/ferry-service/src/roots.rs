@@ -20,6 +20,19 @@ use crate::landing::{open_part, Found, OpenHow, Progress};
 struct Root {
     name: String,
     dir: OwnedFd,
+    /// Nothing may be created or written under it.
+    read_only: bool,
+}
+
+/// One exported root: the name clients use, its directory, and whether it is read-only.
+#[derive(Debug, Clone, Copy)]
+pub struct RootSpec<'a> {
+    /// The name clients write as the first path component.
+    pub name: &'a str,
+    /// The directory on this host.
+    pub path: &'a std::path::Path,
+    /// Refuse every write (uploads, directories, parts) under it.
+    pub read_only: bool,
 }
 
 fn errno_refusal(path: &str, e: Errno) -> Refusal {
@@ -100,14 +113,19 @@ fn entry_of(name: &str, st: &rustix::fs::Stat) -> Meta {
 }
 
 impl Roots {
-    /// Opens every root directory of `roots` (name, directory); uploads keep setuid, setgid
-    /// and sticky bits only with `keep_special`.
+    /// Opens every root directory of `roots`; uploads keep setuid, setgid and sticky bits
+    /// only with `keep_special`.
     pub fn open<'a>(
-        roots: impl IntoIterator<Item = (&'a str, &'a std::path::Path)>,
+        roots: impl IntoIterator<Item = RootSpec<'a>>,
         keep_special: bool,
     ) -> Result<Roots> {
         let mut open = Vec::new();
-        for (name, path) in roots {
+        for RootSpec {
+            name,
+            path,
+            read_only,
+        } in roots
+        {
             let dir = rustix::fs::open(
                 path,
                 OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
@@ -117,6 +135,7 @@ impl Roots {
             open.push(Root {
                 name: name.to_string(),
                 dir,
+                read_only,
             });
         }
         Ok(Roots {
@@ -236,9 +255,17 @@ impl Roots {
     }
 
     /// The directory holding `path`'s last component, opened inside the sandbox, and that
-    /// component (None when the path is a root itself).
+    /// component (None when the path is a root itself), for creating or writing it: refused
+    /// under a read-only root.
     fn parent(&self, path: &str) -> PResult<(OwnedFd, Option<String>)> {
         let (root, rel) = self.split(path)?;
+        // Every write goes through here: a read-only root takes none.
+        if root.read_only {
+            return Err(refuse(
+                Denial::PermissionDenied,
+                format!("{path}: refused, root {} is read-only", root.name),
+            ));
+        }
         if rel == "." {
             let fd = rustix::io::dup(&root.dir).map_err(|e| errno_refusal(path, e))?;
             return Ok((fd, None));

@@ -45,6 +45,9 @@ pub struct RootConfig {
     pub name: String,
     /// The directory on this host.
     pub path: PathBuf,
+    /// Serve it for reading only: uploads, directories and part files are refused (exit 7).
+    #[serde(default)]
+    pub read_only: bool,
 }
 
 /// The whole server configuration.

@@ -37,6 +37,7 @@ fn start(listen: &[&str]) -> (Vec<String>, std::path::PathBuf) {
         roots: vec![RootConfig {
             name: "d".into(),
             path: dir.clone(),
+            read_only: false,
         }],
         ..ServerConfig::default()
     };

@@ -49,6 +49,7 @@ fn start_cfg(driver: &str, tweak: impl FnOnce(&mut ServerConfig)) -> (String, st
         roots: vec![RootConfig {
             name: "d".into(),
             path: dir.clone(),
+            read_only: false,
         }],
         ..ServerConfig::default()
     };

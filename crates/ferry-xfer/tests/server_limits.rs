@@ -32,6 +32,7 @@ fn start(limits: LimitsConfig) -> String {
         roots: vec![RootConfig {
             name: "d".into(),
             path: dir,
+            read_only: false,
         }],
         limits,
         ..ServerConfig::default()

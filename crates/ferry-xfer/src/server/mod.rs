@@ -37,7 +37,7 @@ pub use ferry_service::serve::DrainReport;
 pub use crate::export::Refusal;
 use crate::export::{refuse, PResult};
 use ferry_service::claims::{Claim, Claims};
-pub use ferry_service::roots::{PartFile, Roots, Target};
+pub use ferry_service::roots::{PartFile, RootSpec, Roots, Target};
 
 /// A running server's shared state.
 pub struct Server {
@@ -115,9 +115,11 @@ impl Server {
     pub fn new(cfg: ServerConfig) -> Result<Arc<Server>> {
         cfg.validate()?;
         let roots = Roots::open(
-            cfg.roots
-                .iter()
-                .map(|r| (r.name.as_str(), r.path.as_path())),
+            cfg.roots.iter().map(|r| RootSpec {
+                name: &r.name,
+                path: &r.path,
+                read_only: r.read_only,
+            }),
             cfg.keep_special_bits,
         )?;
         let admission = Admission::new(&cfg.limits, staging_cost);
