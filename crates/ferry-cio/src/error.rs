@@ -48,9 +48,9 @@ pub enum ErrorClass {
     Other(u16),
 }
 
-impl ErrorClass {
+impl ferry_wire::Code16 for ErrorClass {
     /// The wire value.
-    pub fn to_u16(self) -> u16 {
+    fn to_u16(self) -> u16 {
         match self {
             ErrorClass::Arg => 1,
             ErrorClass::Type => 2,
@@ -73,7 +73,7 @@ impl ErrorClass {
     }
 
     /// From the wire value.
-    pub fn from_u16(n: u16) -> Self {
+    fn from_u16(n: u16) -> Self {
         match n {
             1 => ErrorClass::Arg,
             2 => ErrorClass::Type,
@@ -94,7 +94,9 @@ impl ErrorClass {
             n => ErrorClass::Other(n),
         }
     }
+}
 
+impl ErrorClass {
     /// The MPI error class an MPI-IO layer reports for it.
     pub fn mpi_name(self) -> &'static str {
         match self {

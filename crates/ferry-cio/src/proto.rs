@@ -9,7 +9,7 @@
 //! encoder produces and never panics. The specification is `docs/protocol.md`, section
 //! "Collective I/O protocol".
 
-use ferry_wire::{Cx, Field, Le, Payload, ReadError, Reader, Str, TooLong, Writer};
+use ferry_wire::{Code, Cx, Field, Le, Payload, ReadError, Reader, Str, TooLong, Writer};
 
 use crate::error::ErrorClass;
 
@@ -176,7 +176,7 @@ ferry_wire::frames! {
         /// A request failed.
         Error = 16 {
             /// The class, mappable to an MPI error class.
-            class: ErrorClass as ClassCodec,
+            class: ErrorClass as Code,
             /// What happened, with what to do.
             message: String as Str<MAX_MESSAGE>,
         },
@@ -218,26 +218,6 @@ impl From<ReadError> for DecodeError {
             ReadError::Invalid(why) => DecodeError::Malformed(why),
             ReadError::UnknownType => DecodeError::Malformed("unknown frame type"),
         }
-    }
-}
-
-/// [`ErrorClass`]: its `u16` wire value.
-struct ClassCodec;
-
-impl Field<ErrorClass> for ClassCodec {
-    const MIN: usize = 2;
-    const MAX: usize = 2;
-    fn put(
-        v: &ErrorClass,
-        w: &mut Writer<'_>,
-        _: &mut Cx<'_>,
-        _: &'static str,
-    ) -> Result<(), TooLong> {
-        w.u16(v.to_u16());
-        Ok(())
-    }
-    fn get<'a>(r: &mut Reader<'a>, _: &mut Cx<'a>) -> Result<ErrorClass, ReadError> {
-        r.u16().map(ErrorClass::from_u16)
     }
 }
 

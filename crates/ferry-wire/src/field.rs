@@ -59,6 +59,32 @@ macro_rules! le {
 }
 le!(u8, u16, u32, u64, i64);
 
+/// A value of a closed set carried as a `u16` code (error codes, error classes). Decoding
+/// never fails: a code the type does not know maps to its own catch-all, so a newer peer's
+/// code does not break the frame.
+pub trait Code16: Copy {
+    /// The value's code.
+    fn to_u16(self) -> u16;
+    /// The value a code stands for.
+    fn from_u16(code: u16) -> Self;
+}
+
+/// A [`Code16`] value, as its little-endian `u16`.
+#[derive(Debug)]
+pub struct Code;
+
+impl<T: Code16> Field<T> for Code {
+    const MIN: usize = 2;
+    const MAX: usize = 2;
+    fn put(v: &T, w: &mut Writer<'_>, _: &mut Cx<'_>, _: &'static str) -> Result<(), TooLong> {
+        w.u16(v.to_u16());
+        Ok(())
+    }
+    fn get<'a>(r: &mut Reader<'a>, _: &mut Cx<'a>) -> Result<T, ReadError> {
+        r.u16().map(T::from_u16)
+    }
+}
+
 /// A fixed array of bytes, as is (hashes).
 #[derive(Debug)]
 pub struct Raw;

@@ -17,7 +17,7 @@ mod field;
 mod frames;
 
 pub use bytes::{ReadError, Reader, TooLong, Writer};
-pub use field::{Cx, Field, Flag, Flags, IfFlag, Le, List, Payload, Raw, Str};
+pub use field::{Code, Code16, Cx, Field, Flag, Flags, IfFlag, Le, List, Payload, Raw, Str};
 
 #[cfg(test)]
 mod tests;

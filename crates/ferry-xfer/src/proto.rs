@@ -11,7 +11,8 @@
 use std::fmt;
 
 use ferry_wire::{
-    Cx, Field, Flag, Flags, IfFlag, Le, List, Payload, Raw, ReadError, Reader, Str, TooLong, Writer,
+    Code, Code16, Cx, Field, Flag, Flags, IfFlag, Le, List, Payload, Raw, ReadError, Reader, Str,
+    TooLong, Writer,
 };
 
 /// Protocol major version: a peer with another major is refused at HELLO.
@@ -105,9 +106,9 @@ pub enum ErrorCode {
     Other(u16),
 }
 
-impl ErrorCode {
+impl Code16 for ErrorCode {
     /// The wire value.
-    pub fn to_u16(self) -> u16 {
+    fn to_u16(self) -> u16 {
         match self {
             ErrorCode::BadRequest => 1,
             ErrorCode::AuthRefused => 2,
@@ -127,7 +128,7 @@ impl ErrorCode {
     }
 
     /// From the wire value.
-    pub fn from_u16(n: u16) -> Self {
+    fn from_u16(n: u16) -> Self {
         match n {
             1 => ErrorCode::BadRequest,
             2 => ErrorCode::AuthRefused,
@@ -568,26 +569,6 @@ impl From<TooLong> for EncodeError {
 
 // The codecs of the fields that are more than an integer, string or list: each says how
 // its field travels and what the decoder refuses.
-
-/// [`ErrorCode`]: its `u16` wire value; unknown codes decode as [`ErrorCode::Other`].
-struct Code;
-
-impl Field<ErrorCode> for Code {
-    const MIN: usize = 2;
-    const MAX: usize = 2;
-    fn put(
-        v: &ErrorCode,
-        w: &mut Writer<'_>,
-        _: &mut Cx<'_>,
-        _: &'static str,
-    ) -> Result<(), TooLong> {
-        w.u16(v.to_u16());
-        Ok(())
-    }
-    fn get<'a>(r: &mut Reader<'a>, _: &mut Cx<'a>) -> Result<ErrorCode, ReadError> {
-        r.u16().map(ErrorCode::from_u16)
-    }
-}
 
 /// [`Entry`]: `kind u8, mode u32, size u64, mtime i64, name str`.
 struct EntryCodec;

@@ -4,6 +4,7 @@
 #[path = "../fuzz_targets_src/xfer_frame.rs"]
 mod xfer_frame;
 
+use ferry_wire::Code16;
 use ferry_xfer::proto::{self, BlockHeader, Entry, EntryKind, ErrorCode, Msg};
 use proptest::prelude::*;
 
@@ -380,7 +381,10 @@ fn seed_corpus() {
     };
     assert_eq!(proto::decode(&proto::to_vec(&e).unwrap()).unwrap().0, e);
     // 1.1: Unavailable is a known code; a PUT with an mtime round-trips and sets its flag.
-    assert_eq!(ErrorCode::from_u16(12), ErrorCode::Unavailable);
+    assert_eq!(
+        <ErrorCode as ferry_wire::Code16>::from_u16(12),
+        ErrorCode::Unavailable
+    );
     let put = Msg::Put {
         file_id: 1,
         flags: proto::PUT_RESUME,
