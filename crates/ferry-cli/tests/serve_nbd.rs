@@ -2,7 +2,6 @@
 //! and from the config's `[block]` table, reached by standard NBD clients (libnbd-bin) over
 //! TCP and a Unix socket, beside file transfer in the same daemon, and stopped by SIGTERM.
 
-use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 
 mod common;
@@ -18,17 +17,7 @@ fn serve(args: &[&str], count: usize) -> (Child, Vec<String>) {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let addrs = (0..count)
-        .map(|_| {
-            let mut line = String::new();
-            out.read_line(&mut line).unwrap();
-            line.trim()
-                .strip_prefix("listening on ")
-                .unwrap_or_else(|| panic!("serve printed {line:?}"))
-                .to_string()
-        })
-        .collect();
+    let addrs: Vec<String> = listening(&mut child, count);
     (child, addrs)
 }
 

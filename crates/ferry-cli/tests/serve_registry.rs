@@ -3,7 +3,6 @@
 //! `listen` list in the config), and `ferry services` listing the services and refusing one
 //! the server does not run, naming those it does.
 
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
 mod common;
@@ -23,17 +22,7 @@ fn serve_on(args: &[&str], listeners: usize) -> (Server, Vec<String>) {
         .stdout(Stdio::piped())
         .spawn()
         .expect("spawn ferry serve");
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let addrs: Vec<String> = (0..listeners)
-        .map(|_| {
-            let mut line = String::new();
-            out.read_line(&mut line).unwrap();
-            line.trim()
-                .strip_prefix("listening on ")
-                .unwrap_or_else(|| panic!("serve printed {line:?}"))
-                .to_string()
-        })
-        .collect();
+    let addrs: Vec<String> = listening(&mut child, listeners);
     let server = Server {
         child,
         addr: addrs[0].clone(),

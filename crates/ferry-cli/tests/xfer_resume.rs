@@ -863,6 +863,15 @@ fn wedged_processes_exit_and_copies_complete() {
     std::fs::remove_dir_all(&local).unwrap();
 }
 
+/// Sends the server SIGTERM, checks it exits 0 within the bound, and returns its log.
+fn stop_gracefully(s: &mut Server) -> String {
+    let server = s.child.take().unwrap();
+    let pid = rustix::process::Pid::from_child(&server);
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    assert_eq!(wait_bounded(server).code(), Some(0), "serve after SIGTERM");
+    std::fs::read_to_string(&s.log).unwrap()
+}
+
 /// SIGTERM during an upload, with no grace: the server exits 0 saying it journaled one
 /// transfer, the journal is there, and the client (with --retries) finishes against the
 /// restarted server without resending what was journaled. With a grace period, a transfer
@@ -888,12 +897,7 @@ fn sigterm(driver: &str) {
         &mut client,
         &mut s
     ));
-    let server = s.child.take().unwrap();
-    let pid = rustix::process::Pid::from_child(&server);
-    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
-    let status = wait_bounded(server);
-    assert_eq!(status.code(), Some(0), "serve after SIGTERM");
-    let log = std::fs::read_to_string(&s.log).unwrap();
+    let log = stop_gracefully(&mut s);
     assert!(log.contains("1 stopped (uploads journaled)"), "{log}");
     assert!(journal_of(&dest).exists() && part_of(&dest).exists());
     assert!(!dest.exists());
@@ -922,11 +926,7 @@ fn sigterm(driver: &str) {
         &mut client,
         &mut s
     ));
-    let server = s.child.take().unwrap();
-    let pid = rustix::process::Pid::from_child(&server);
-    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
-    assert_eq!(wait_bounded(server).code(), Some(0));
-    let log = std::fs::read_to_string(&s.log).unwrap();
+    let log = stop_gracefully(&mut s);
     assert!(
         log.contains("1 connection(s) open at the signal, 1 finished"),
         "{log}"
@@ -963,17 +963,10 @@ fn sigterm_download(driver: &str) {
             .spawn()
             .unwrap()
     };
-    let sigterm = |s: &mut Server| {
-        let server = s.child.take().unwrap();
-        let pid = rustix::process::Pid::from_child(&server);
-        rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
-        assert_eq!(wait_bounded(server).code(), Some(0), "serve after SIGTERM");
-        std::fs::read_to_string(&s.log).unwrap()
-    };
     let mut client = download(&s, "graced", "0");
     let part = part_of(&local.join("graced"));
     assert!(wait_for_part(&part, BIG as u64 / 8, &mut client, &mut s));
-    let log = sigterm(&mut s);
+    let log = stop_gracefully(&mut s);
     assert!(log.contains(" finished, 0 stopped"), "{log}");
     let v = ok(&finish(client));
     assert_eq!(num(&v, "bytes"), BIG as u64, "{v}");
@@ -984,7 +977,7 @@ fn sigterm_download(driver: &str) {
     let mut client = download(&s, "stopped", "30");
     let part = part_of(&local.join("stopped"));
     assert!(wait_for_part(&part, BIG as u64 / 8, &mut client, &mut s));
-    let log = sigterm(&mut s);
+    let log = stop_gracefully(&mut s);
     assert!(!log.contains(" 0 stopped"), "{log}");
     s.spawn();
     let v = ok(&finish(client));

@@ -101,16 +101,24 @@ pub fn serve_logging(
         cmd.env(k, v);
     }
     let mut child = cmd.spawn().expect("spawn ferry serve");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("serve printed {line:?}"))
-        .to_string();
+    let addr = listening(&mut child, 1).remove(0);
     Server { child, addr, root }
+}
+
+/// The addresses the first `count` `listening on` lines of a `ferry serve` child (stdout
+/// piped) name.
+pub fn listening(child: &mut Child, count: usize) -> Vec<String> {
+    let mut out = BufReader::new(child.stdout.take().expect("serve's stdout is piped"));
+    (0..count)
+        .map(|_| {
+            let mut line = String::new();
+            out.read_line(&mut line).unwrap();
+            line.trim()
+                .strip_prefix("listening on ")
+                .unwrap_or_else(|| panic!("serve printed {line:?}"))
+                .to_string()
+        })
+        .collect()
 }
 
 /// The longest a test's command may run before it is killed and the test fails (a hung
