@@ -16,8 +16,8 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use ferry_service::drain::DrainReport;
 use ferry_service::error::{Error, Kind, Result};
-use ferry_service::serve::DrainReport;
 
 use crate::backend::file::FileBackend;
 use crate::backend::memory::MemoryBackend;

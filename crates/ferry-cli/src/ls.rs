@@ -8,6 +8,7 @@ use ferry_xfer::client::Client;
 use ferry_xfer::proto::{Entry, EntryKind};
 use ferry_xfer::XferError;
 
+use crate::units::human_size;
 use crate::xfer::{remote_of, Remote};
 
 #[derive(Args)]
@@ -141,22 +142,6 @@ fn mode_string(kind: EntryKind, mode: u32) -> String {
     s
 }
 
-/// Bytes in binary units, one decimal above a KiB: `512 B`, `1.5 KiB`, `4.0 GiB` (the
-/// units `ferry cp`'s progress uses).
-pub fn human_size(bytes: u64) -> String {
-    const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
-    if bytes < 1024 {
-        return format!("{bytes} B");
-    }
-    let mut v = bytes as f64 / 1024.0;
-    let mut unit = 0;
-    while v >= 1024.0 && unit + 1 < UNITS.len() {
-        v /= 1024.0;
-        unit += 1;
-    }
-    format!("{v:.1} {}", UNITS[unit])
-}
-
 /// Seconds since the epoch as `YYYY-MM-DD HH:MM` in UTC (days to a civil date by the
 /// proleptic Gregorian calendar, valid for any `i64` day count that fits a year in `i64`).
 fn utc_minute(secs: i64) -> String {
@@ -212,17 +197,12 @@ mod tests {
     }
 
     #[test]
-    fn modes_sizes_and_times_read_as_ls_writes_them() {
+    fn modes_and_times_read_as_ls_writes_them() {
         assert_eq!(mode_string(EntryKind::Dir, 0o755), "drwxr-xr-x");
         assert_eq!(mode_string(EntryKind::File, 0o640), "-rw-r-----");
         assert_eq!(mode_string(EntryKind::File, 0o4755), "-rwsr-xr-x");
         assert_eq!(mode_string(EntryKind::Dir, 0o1777), "drwxrwxrwt");
         assert_eq!(mode_string(EntryKind::File, 0o2644), "-rw-r-Sr--");
-        assert_eq!(human_size(0), "0 B");
-        assert_eq!(human_size(1023), "1023 B");
-        assert_eq!(human_size(1536), "1.5 KiB");
-        assert_eq!(human_size(4 << 30), "4.0 GiB");
-        assert_eq!(human_size(u64::MAX), "16.0 EiB");
         assert_eq!(utc_minute(0), "1970-01-01 00:00");
         assert_eq!(utc_minute(951_782_400), "2000-02-29 00:00");
         assert_eq!(utc_minute(1_795_710_900), "2026-11-26 16:35");

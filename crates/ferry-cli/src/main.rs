@@ -8,10 +8,11 @@ mod ls;
 mod manual;
 mod serve;
 mod token;
+mod units;
 mod xfer;
 
 use anyhow::Result;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// ferry moves data between machines as fast as the wire allows: over RDMA fabrics
 /// (libfabric: InfiniBand, RoCE, EFA, shm, tcp) and plain TCP, between memory buffers, files
@@ -96,10 +97,10 @@ fn main() -> Result<()> {
         Cmd::Services(a) => xfer::services(a),
         Cmd::Token { which } => token::run(which),
         Cmd::Completions { shell } => {
-            manual::completions(shell);
+            manual::completions(Cli::command(), shell);
             Ok(())
         }
-        Cmd::Manpages { dir } => manual::manpages(&dir),
+        Cmd::Manpages { dir } => manual::manpages(Cli::command(), &dir),
     };
     // FERRY_TIMELINE=PREFIX: this run's marks (see `ferry_fabric::timeline`).
     ferry_fabric::timeline::mark("main.end", 0);

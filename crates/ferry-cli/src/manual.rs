@@ -4,20 +4,17 @@
 
 use std::path::Path;
 
-use clap::CommandFactory;
 use ferry_xfer::XferError;
 
-/// Prints the completion script for `shell` on stdout.
-pub fn completions(shell: clap_complete::Shell) {
-    let mut cmd = crate::Cli::command();
+/// Prints the completion script of the command `cmd` for `shell` on stdout.
+pub fn completions(mut cmd: clap::Command, shell: clap_complete::Shell) {
     clap_complete::generate(shell, &mut cmd, "ferry", &mut std::io::stdout());
 }
 
-/// Writes `ferry.1` and a page per visible command (`ferry-cp.1`, `ferry-bench-cp.1`, ...)
-/// into `dir`, which is created if missing.
-pub fn manpages(dir: &Path) -> Result<(), XferError> {
+/// Writes `ferry.1` for the command `root` and a page per visible subcommand
+/// (`ferry-cp.1`, `ferry-bench-cp.1`, ...) into `dir`, which is created if missing.
+pub fn manpages(root: clap::Command, dir: &Path) -> Result<(), XferError> {
     std::fs::create_dir_all(dir).map_err(|e| XferError::io(dir.display(), &e))?;
-    let root = crate::Cli::command();
     write_page(&root, "ferry", dir)?;
     for sub in root.get_subcommands().filter(|c| !c.is_hide_set()) {
         let name = format!("ferry-{}", sub.get_name());

@@ -10,7 +10,7 @@ use ferry_xfer::client::{self, Options, Progress};
 use ferry_xfer::url::{self, Location};
 use ferry_xfer::{Kind, XferError};
 
-use crate::ls::human_size;
+use crate::units::human_size;
 
 /// Exit codes, as `--help` shows them.
 pub const EXIT_CODES: &str = "\

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use ferry_wire::{ReadError, Reader, Writer};
 
 use crate::error::{DtypeError, Result};
-use crate::types::{Datatype, Kind, Node, Order};
+use crate::types::{Ctor, Datatype, Kind, Node, Order};
 
 /// The version byte every description starts with.
 pub const VERSION: u8 = 1;
@@ -50,53 +50,6 @@ mod tag {
     pub const STRUCT: u8 = 9;
     pub const RESIZED: u8 = 10;
     pub const SUBARRAY: u8 = 11;
-}
-
-/// The public constructor that made a type, with its arguments as given (element
-/// displacements stay in elements), so the description says what the caller said.
-pub(crate) enum Ctor {
-    /// `primitive(size)` (the size is the node's).
-    Primitive,
-    /// `contiguous(count, old)`.
-    Contiguous { count: u64, old: Datatype },
-    /// `vector` (stride in elements) or `hvector` (`bytes`: in bytes).
-    Vector {
-        bytes: bool,
-        count: u64,
-        blocklen: u64,
-        stride: i64,
-        old: Datatype,
-    },
-    /// `indexed` or `hindexed` (also `from_segments`: bytes of `byte()`).
-    Indexed {
-        bytes: bool,
-        blocklens: Box<[u64]>,
-        displs: Box<[i64]>,
-        old: Datatype,
-    },
-    /// `indexed_block` or `hindexed_block`.
-    IndexedBlock {
-        bytes: bool,
-        blocklen: u64,
-        displs: Box<[i64]>,
-        old: Datatype,
-    },
-    /// `structure`.
-    Struct {
-        blocklens: Box<[u64]>,
-        displs: Box<[i64]>,
-        types: Box<[Datatype]>,
-    },
-    /// `resized(old, lb, extent)`.
-    Resized { lb: i64, extent: i64, old: Datatype },
-    /// `subarray`.
-    Subarray {
-        sizes: Box<[u64]>,
-        subsizes: Box<[u64]>,
-        starts: Box<[u64]>,
-        order: Order,
-        old: Datatype,
-    },
 }
 
 impl Datatype {

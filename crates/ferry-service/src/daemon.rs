@@ -25,9 +25,10 @@ use ferry_exs::runtime::ExsListener;
 
 use crate::admit::Admission;
 use crate::auth::AuthConfig;
+use crate::drain::DrainReport;
 use crate::error::{Error, Result};
 use crate::registry::{Registry, Service};
-use crate::serve::{self, DrainReport};
+use crate::serve;
 
 /// A server's exit status when its libfabric provider wedged (EX_TEMPFAIL): restart it.
 pub const WEDGED_EXIT: i32 = 75;

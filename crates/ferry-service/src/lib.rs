@@ -3,8 +3,9 @@
 //! checksums, never a face's messages, and depends on no face.
 //!
 //! - [`daemon`]: a server process's life (its faces, the signals that drain it, the exit a
-//!   wedged provider forces); [`serve`]: the server skeleton (listen on one or more addresses of any driver, a
-//!   thread per connection through a [`registry::Service`], in-flight accounting and drain);
+//!   wedged provider forces); [`drain`]: work in flight and its drain; [`serve`]: the
+//!   server skeleton (listen on one or more addresses of any driver, a
+//!   thread per connection through a [`registry::Service`]);
 //!   [`registry`]: the services one server hosts and how a connection selects one, on the
 //!   floor's own frames ([`select`]).
 //! - [`config`]: what every face's configuration reads alike (sizes, one-or-more keys).
@@ -43,6 +44,7 @@ pub mod commit;
 pub mod config;
 pub mod daemon;
 pub mod direct;
+pub mod drain;
 pub mod error;
 pub mod hash;
 pub mod journal;

@@ -19,9 +19,9 @@ use ferry_fabric::Access;
 
 use crate::admit::{more, Handshake, Stage};
 use crate::auth::AuthConfig;
+use crate::drain::DrainReport;
 use crate::error::{Error, Kind, Result};
 use crate::select::{self, Floor};
-use crate::serve::DrainReport;
 
 /// What a server does with a connection once admission let it in and the client chose it.
 pub trait Service: Send + Sync + 'static {

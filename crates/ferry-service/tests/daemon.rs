@@ -12,8 +12,8 @@ use std::time::Duration;
 use ferry_service::admit::{Admission, LimitsConfig};
 use ferry_service::auth::AuthConfig;
 use ferry_service::daemon::{Daemon, Endpoint};
+use ferry_service::drain::DrainReport;
 use ferry_service::registry::{probe, Answer, Conn, Service};
-use ferry_service::serve::DrainReport;
 
 const T: Duration = Duration::from_secs(10);
 

@@ -23,8 +23,8 @@ use ferry_exs::runtime::ExsListener;
 use ferry_service::admit::{Admission, Handshake, Stage};
 use ferry_service::auth::AuthConfig;
 use ferry_service::channel::Channel;
+use ferry_service::drain::{Drain, DrainReport};
 use ferry_service::registry::{Conn, Registry, Service};
-use ferry_service::serve::{Drain, DrainReport};
 
 pub use files::Exports;
 

@@ -29,10 +29,10 @@ use crate::session::Session;
 use ferry_service::admit::{Admission, AuthRefused, Handshake, Stage};
 use ferry_service::auth::AuthConfig;
 use ferry_service::channel::Held;
+use ferry_service::drain::Drain;
+pub use ferry_service::drain::DrainReport;
 use ferry_service::registry::Registry;
 use ferry_service::registry::{Conn, Service};
-use ferry_service::serve::Drain;
-pub use ferry_service::serve::DrainReport;
 
 pub use crate::export::Refusal;
 use crate::export::{refuse, PResult};
