@@ -21,6 +21,7 @@
  * are accepted and ignored. The guide is docs/cio.md. */
 
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <mpi.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -1126,4 +1127,52 @@ int MPI_File_get_position_shared(MPI_File fh, MPI_Offset *offset)
     struct ferry_file *f = lookup(fh);
     return f ? unsupported(f, "MPI_File_get_position_shared")
              : PMPI_File_get_position_shared(fh, offset);
+}
+
+/* ---- PnetCDF's format probe ---- */
+
+/* PnetCDF (1.12) learns an existing file's format before MPI_File_open by reading its
+ * first bytes with POSIX open() on rank 0 (ncmpi_inq_file_format, called through its
+ * PLT). For a ferry file this answers from the server: one read of the 8-byte magic on a
+ * session of this process alone. Every other name goes to PnetCDF's own function. The
+ * values are pnetcdf.h's (not included: PnetCDF need not be installed to build this). */
+enum {
+    PNC_NOERR = 0, PNC_ENOTNC = -51, PNC_EFILE = -204, PNC_ENOENT = -220,
+    PNC_FORMAT_UNKNOWN = -1, PNC_FORMAT_CLASSIC = 1, PNC_FORMAT_CDF2 = 2,
+    PNC_FORMAT_NETCDF4 = 3, PNC_FORMAT_CDF5 = 5
+};
+
+int ncmpi_inq_file_format(const char *filename, int *formatp)
+{
+    char url[1024], addr[1024], path[1024];
+    if (!ferry_url(filename, MPI_INFO_NULL, url, sizeof url)) {
+        int (*real)(const char *, int *) =
+            (int (*)(const char *, int *))dlsym(RTLD_NEXT, "ncmpi_inq_file_format");
+        return real ? real(filename, formatp) : PNC_EFILE;
+    }
+    if (split_url(url, addr, sizeof addr, path, sizeof path) != 0)
+        return PNC_EFILE;
+    uint64_t job = 0;
+    if (getrandom(&job, sizeof job, 0) != sizeof job)
+        job = ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)&job;
+    ferry_cio_file *cf = NULL;
+    int rc = ferry_cio_open(addr, path, job, 0, 1, MPI_MODE_RDONLY, getenv("FERRY_TOKEN"), &cf, NULL);
+    if (rc != 0)
+        return rc == FERRY_CIO_E_NO_SUCH_FILE ? PNC_ENOENT : PNC_EFILE;
+    unsigned char magic[8] = {0};
+    uint64_t got = 0;
+    ferry_dt *byte = ferry_dt_primitive(1);
+    rc = ferry_cio_read(cf, 0, 0, magic, sizeof magic, byte, &got);
+    ferry_dt_free(byte);
+    ferry_cio_close(cf);
+    if (rc != 0)
+        return PNC_EFILE;
+    *formatp = PNC_FORMAT_UNKNOWN;
+    if (got >= 4 && memcmp(magic, "CDF", 3) == 0)
+        *formatp = magic[3] == 1 ? PNC_FORMAT_CLASSIC
+                   : magic[3] == 2 ? PNC_FORMAT_CDF2
+                   : magic[3] == 5 ? PNC_FORMAT_CDF5 : PNC_FORMAT_UNKNOWN;
+    else if (got >= 8 && memcmp(magic, "\211HDF\r\n\032\n", 8) == 0)
+        *formatp = PNC_FORMAT_NETCDF4;
+    return *formatp == PNC_FORMAT_UNKNOWN ? PNC_ENOTNC : PNC_NOERR;
 }

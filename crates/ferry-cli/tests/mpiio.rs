@@ -48,12 +48,23 @@ fn mpi() -> &'static Mpi {
         link.arg(workspace().join("c/mpiio/link.sh")).arg(&profile);
         must(run(link), "c/mpiio/link.sh");
         let bin = scratch("mpiio-bin");
-        for prog in ["seed", "views"] {
-            let mut cc = Command::new("mpicc");
-            cc.args(["-O2", "-Wall", "-Wextra", "-Werror", "-o"])
+        // Each C program with its compiler driver and libraries.
+        let programs: [(&str, &str, &[&str]); 5] = [
+            ("seed", "mpicc", &[]),
+            ("views", "mpicc", &[]),
+            ("fault", "mpicc", &[]),
+            ("hdf5_grid", "h5pcc", &[]),
+            ("pnetcdf_grid", "mpicc", &["-lpnetcdf"]),
+        ];
+        for (prog, cc, libs) in programs {
+            let mut c = Command::new(cc);
+            // h5pcc leaves its object file in the current directory.
+            c.current_dir(&bin)
+                .args(["-O2", "-Wall", "-Wextra", "-Werror", "-o"])
                 .arg(bin.join(prog))
-                .arg(workspace().join(format!("c/mpiio/tests/{prog}.c")));
-            must(run(cc), "mpicc");
+                .arg(workspace().join(format!("c/mpiio/tests/{prog}.c")))
+                .args(libs);
+            must(run(c), cc);
         }
         Mpi {
             lib: profile.join("libferry-mpiio.so"),
@@ -110,8 +121,26 @@ fn mpirun(np: u32, io: Io, program: &[&str]) -> Command {
     c
 }
 
-fn bin(prog: &str) -> String {
-    mpi().bin.join(prog).display().to_string()
+/// The command line of test program `prog`: a C program built by [`mpi`], or a Python
+/// script of `c/mpiio/tests/` run by Debian's python3 (where python3-mpi4py and
+/// python3-h5py-mpi install; `FERRY_MPIIO_PYTHON` to change it).
+fn program(prog: &str) -> Vec<String> {
+    if prog.ends_with(".py") {
+        let python =
+            std::env::var("FERRY_MPIIO_PYTHON").unwrap_or_else(|_| "/usr/bin/python3".into());
+        let script = workspace().join("c/mpiio/tests").join(prog);
+        vec![python, script.display().to_string()]
+    } else {
+        vec![mpi().bin.join(prog).display().to_string()]
+    }
+}
+
+/// `prog FILE ARGS`.
+fn argv(prog: &str, file: &str, args: &[&str]) -> Vec<String> {
+    let mut v = program(prog);
+    v.push(file.to_string());
+    v.extend(args.iter().map(|a| a.to_string()));
+    v
 }
 
 fn seed_count() -> u64 {
@@ -129,34 +158,63 @@ const ROMIO: &[(&str, &str)] = &[("io", "romio321")];
 /// tile, so they are no reference where a view has holes; ferry never writes a hole.)
 const OMPIO_INDIVIDUAL: &[(&str, &str)] = &[("io", "ompio"), ("fcoll", "individual")];
 
-/// The file a program writes through Open MPI's MPI-IO (`mca`) on a local path.
-fn reference(np: u32, mca: &[(&str, &str)], prog: &str, args: &[&str]) -> Vec<u8> {
-    let dir = scratch("mpiio-ref");
-    let path = dir.join("ref.bin").display().to_string();
-    let mut argv = vec![bin(prog), path.clone()];
-    argv.extend(args.iter().map(|a| a.to_string()));
-    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-    must(run(mpirun(np, Io::Local(mca), &argv)), prog);
-    let bytes = std::fs::read(&path).unwrap();
-    let _ = std::fs::remove_dir_all(dir);
-    bytes
+/// A file written by a program through Open MPI's MPI-IO (`mca`) on a local path; the
+/// directory goes when it is dropped.
+struct Local {
+    dir: PathBuf,
+    path: PathBuf,
 }
 
-/// Runs `prog FILE ARGS` on `np` ranks against a ferry server on `driver` and returns the
-/// file on the server's disk.
-fn through_ferry(driver: &str, np: u32, prog: &str, args: &[&str]) -> Vec<u8> {
+impl Drop for Local {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn reference(np: u32, mca: &[(&str, &str)], prog: &str, args: &[&str]) -> Local {
+    let dir = scratch("mpiio-ref");
+    let path = dir.join(format!("ref-{}", prog.replace(".py", "")));
+    let cmd = argv(prog, &path.display().to_string(), args);
+    let cmd: Vec<&str> = cmd.iter().map(String::as_str).collect();
+    must(run(mpirun(np, Io::Local(mca), &cmd)), prog);
+    Local { dir, path }
+}
+
+/// Runs `prog FILE ARGS` on `np` ranks against a ferry server on `driver`, the file named
+/// `ferry+DRIVER://…/d/NAME`; returns the server (its root holds the file) and the path.
+fn through_ferry(driver: &str, np: u32, prog: &str, args: &[&str]) -> (Server, PathBuf) {
     let s = serve_as(ferry(), driver, &[], &[]);
-    let url = format!("ferry+{}", s.url(&format!("{prog}.bin")));
-    let mut argv = vec![bin(prog), url];
-    argv.extend(args.iter().map(|a| a.to_string()));
-    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-    let out = must(run(mpirun(np, Io::Ferry, &argv)), prog);
+    let name = prog.replace(".py", "");
+    let url = format!("ferry+{}", s.url(&name));
+    let cmd = argv(prog, &url, args);
+    let cmd: Vec<&str> = cmd.iter().map(String::as_str).collect();
+    let out = must(run(mpirun(np, Io::Ferry, &cmd)), prog);
     assert!(
         String::from_utf8_lossy(&out.stdout).contains(": ok"),
         "{prog} did not say ok: {}",
         String::from_utf8_lossy(&out.stdout)
     );
-    std::fs::read(s.root.join(format!("{prog}.bin"))).unwrap()
+    let path = s.root.join(&name);
+    (s, path)
+}
+
+/// `prog` through ferry and through Open MPI (`mca`) give byte-identical files; returns
+/// the server and ferry's file, for more checks.
+fn same_as(
+    driver: &str,
+    np: u32,
+    prog: &str,
+    args: &[&str],
+    mca: &[(&str, &str)],
+) -> (Server, PathBuf) {
+    let (s, got) = through_ferry(driver, np, prog, args);
+    let want = reference(np, mca, prog, args);
+    same_file(
+        &std::fs::read(&got).unwrap(),
+        &std::fs::read(&want.path).unwrap(),
+        &format!("{prog} np {np} on {driver}"),
+    );
+    (s, got)
 }
 
 fn same_file(ferry: &[u8], reference: &[u8], what: &str) {
@@ -169,10 +227,7 @@ fn same_file(ferry: &[u8], reference: &[u8], what: &str) {
 /// The seed's pattern (MPI_INT, block length 1, stride 2) written collectively and read
 /// back: the file equals ROMIO's for the same program.
 fn seed(driver: &str, np: u32) {
-    let count = seed_count().to_string();
-    let got = through_ferry(driver, np, "seed", &[&count]);
-    let want = reference(np, ROMIO, "seed", &[&count]);
-    same_file(&got, &want, &format!("seed np {np} on {driver}"));
+    same_as(driver, np, "seed", &[&seed_count().to_string()], ROMIO);
 }
 
 #[test]
@@ -190,9 +245,7 @@ fn seed_pattern_np4_ofi_shm() {
 /// named type with a hole): the file equals OMPIO's with fcoll `individual`. (ROMIO 3.2.1
 /// in Open MPI 4.1 also fails on the negative lower bound and on MPI_SHORT_INT.)
 fn views(driver: &str, np: u32) {
-    let got = through_ferry(driver, np, "views", &[]);
-    let want = reference(np, OMPIO_INDIVIDUAL, "views", &[]);
-    same_file(&got, &want, &format!("views np {np} on {driver}"));
+    same_as(driver, np, "views", &[], OMPIO_INDIVIDUAL);
 }
 
 #[test]
@@ -203,4 +256,112 @@ fn views_of_every_constructor_np2_tcp() {
 #[test]
 fn views_of_every_constructor_np4_ofi_shm() {
     views("ofi+shm", 4);
+}
+
+/// mpi4py's `MPI.File` (Set_view + Write_at_all / Read_at_all, file pointers, non-blocking
+/// calls, the view and property getters): the file equals ROMIO's.
+#[test]
+fn mpi4py_np2_tcp() {
+    same_as("tcp", 2, "mpi4py_views.py", &[], ROMIO);
+}
+
+/// h5py with driver='mpio' (collective hyperslab writes and reads of a 2-D dataset): the
+/// file equals ROMIO's (h5py does not stamp times), and the local tools read it.
+fn h5py(driver: &str, np: u32) {
+    let (_s, got) = same_as(driver, np, "h5py_grid.py", &[], ROMIO);
+    let mut check = Command::new(&program("h5py_grid.py")[0]);
+    check.args([
+        "-c",
+        "import sys, h5py, numpy as np; d = h5py.File(sys.argv[1], 'r')['grid'][...]; \
+         assert (d == np.arange(d.size, dtype='i4').reshape(d.shape)).all(); print(d.shape)",
+    ]);
+    check.arg(&got);
+    let out = must(run(check), "h5py (serial) reading the file");
+    let rows = 8 * np;
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("({rows}, 16)")
+    );
+    must(run(h5dump(&got)), "h5dump");
+}
+
+fn h5dump(file: &Path) -> Command {
+    let mut c = Command::new("h5dump");
+    c.args(["-d", "grid"]).arg(file);
+    c
+}
+
+#[test]
+fn h5py_np2_tcp() {
+    h5py("tcp", 2);
+}
+
+#[test]
+fn h5py_np4_ofi_shm() {
+    h5py("ofi+shm", 4);
+}
+
+/// A C HDF5 program (a strided column-block hyperslab written collectively, a row block
+/// read back): h5dump shows the same dataset as for ROMIO's file. (HDF5 stamps objects
+/// with their creation time, so the files themselves differ from run to run.)
+#[test]
+fn hdf5_c_np4_ofi_shm() {
+    let (_s, got) = through_ferry("ofi+shm", 4, "hdf5_grid", &[]);
+    let want = reference(4, ROMIO, "hdf5_grid", &[]);
+    let data = |f: &Path| {
+        let out = must(run(h5dump(f)), "h5dump");
+        // The first line names the file.
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .skip(1)
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let (g, w) = (data(&got), data(&want.path));
+    assert!(g.contains("(15,0): 15000, 15001"), "h5dump shows: {g}");
+    assert_eq!(g, w, "h5dump shows other data than for ROMIO's file");
+}
+
+/// PnetCDF (put_vara_all of row blocks, then get_vara_all of column blocks after a
+/// reopen): the file equals ROMIO's and ncmpidump reads it.
+#[test]
+fn pnetcdf_np4_tcp() {
+    let (_s, got) = same_as("tcp", 4, "pnetcdf_grid", &[], ROMIO);
+    let mut dump = Command::new("ncmpidump");
+    dump.arg(&got);
+    let out = must(run(dump), "ncmpidump");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("int grid(y, x)") && text.contains("1500, 1501, 1502"),
+        "ncmpidump shows: {text}"
+    );
+}
+
+/// A rank killed (SIGKILL) before a collective write: the other ranks' call fails with an
+/// MPI error at once (the server sees the connection end), and the server goes on serving.
+#[test]
+fn rank_killed_mid_collective_np3_tcp() {
+    let s = serve_as(ferry(), "tcp", &[], &[]);
+    let url = format!("ferry+{}", s.url("fault"));
+    let mut cmd = mpirun(3, Io::Ferry, &[]);
+    // Without it mpirun ends the whole job when a rank dies.
+    cmd.arg("--enable-recovery").args(argv("fault", &url, &[]));
+    let start = std::time::Instant::now();
+    let out = run(cmd);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("fault: ok"),
+        "rank 0 saw no error: {text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("(MPI_ERR_OTHER)"),
+        "not MPI_ERR_OTHER: {text}"
+    );
+    assert!(start.elapsed() < std::time::Duration::from_secs(30));
+    // The same server serves the next job.
+    let url = format!("ferry+{}", s.url("after"));
+    let cmd = argv("seed", &url, &["4096"]);
+    let cmd: Vec<&str> = cmd.iter().map(String::as_str).collect();
+    must(run(mpirun(2, Io::Ferry, &cmd)), "seed after the fault");
 }

@@ -1,0 +1,56 @@
+/* A rank killed mid-collective: every rank opens the file and sets a view, the last rank
+ * then kills itself (SIGKILL) instead of making the collective write, and the others'
+ * MPI_File_write_at_all must fail with an MPI error (not hang); rank 0 prints the error
+ * class and how long the call took. Run with `mpirun --enable-recovery` so that the job
+ * outlives the dead rank.
+ *   mpirun --enable-recovery -np 2 ./fault FILE */
+#include <mpi.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+int main(int argc, char **argv)
+{
+    MPI_Init(&argc, &argv);
+    int r, p;
+    MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    MPI_Comm_size(MPI_COMM_WORLD, &p);
+    if (argc < 2 || p < 2) {
+        fprintf(stderr, "usage: mpirun -np 2+ fault FILE\n");
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    MPI_File fh;
+    if (MPI_File_open(MPI_COMM_WORLD, argv[1], MPI_MODE_CREATE | MPI_MODE_WRONLY, MPI_INFO_NULL, &fh) != MPI_SUCCESS) {
+        fprintf(stderr, "fault: open failed\n");
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    MPI_File_set_errhandler(fh, MPI_ERRORS_RETURN);
+    MPI_Datatype ft;
+    MPI_Type_create_resized(MPI_INT, 0, 4 * p, &ft);
+    MPI_Type_commit(&ft);
+    MPI_File_set_view(fh, 4 * r, MPI_INT, ft, "native", MPI_INFO_NULL);
+    if (r == p - 1) {
+        fflush(stdout);
+        raise(SIGKILL);
+    }
+    int data[1024] = {0};
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int rc = MPI_File_write_at_all(fh, 0, data, 1024, MPI_INT, MPI_STATUS_IGNORE);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+    int cls = MPI_SUCCESS, len = 0;
+    char text[MPI_MAX_ERROR_STRING] = "";
+    MPI_Error_class(rc, &cls);
+    MPI_Error_string(rc, text, &len);
+    if (r == 0) {
+        printf("fault: rank 0: write_at_all returned class %d%s after %.0f ms: %s\n", cls,
+               cls == MPI_ERR_OTHER ? " (MPI_ERR_OTHER)" : "", ms, text);
+        printf(rc != MPI_SUCCESS ? "fault: ok\n" : "fault: the write succeeded\n");
+        fflush(stdout);
+    }
+    /* The communicator has a dead rank: leave without collective calls. */
+    _exit(rc != MPI_SUCCESS ? 0 : 6);
+}
