@@ -180,41 +180,45 @@ fn reference(np: u32, mca: &[(&str, &str)], prog: &str, args: &[&str]) -> Local 
     Local { dir, path }
 }
 
+/// A program's run against a ferry server.
+struct Ran {
+    /// The server (its root holds the file; stopped when dropped).
+    _server: Server,
+    /// The file on the server's disk.
+    file: PathBuf,
+    /// What the ranks printed.
+    stdout: String,
+}
+
 /// Runs `prog FILE ARGS` on `np` ranks against a ferry server on `driver`, the file named
-/// `ferry+DRIVER://…/d/NAME`; returns the server (its root holds the file) and the path.
-fn through_ferry(driver: &str, np: u32, prog: &str, args: &[&str]) -> (Server, PathBuf) {
+/// `ferry+DRIVER://…/d/NAME`; the program must say ": ok".
+fn through_ferry(driver: &str, np: u32, prog: &str, args: &[&str]) -> Ran {
     let s = serve_as(ferry(), driver, &[], &[]);
     let name = prog.replace(".py", "");
     let url = format!("ferry+{}", s.url(&name));
     let cmd = argv(prog, &url, args);
     let cmd: Vec<&str> = cmd.iter().map(String::as_str).collect();
     let out = must(run(mpirun(np, Io::Ferry, &cmd)), prog);
-    assert!(
-        String::from_utf8_lossy(&out.stdout).contains(": ok"),
-        "{prog} did not say ok: {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    let path = s.root.join(&name);
-    (s, path)
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(stdout.contains(": ok"), "{prog} did not say ok: {stdout}");
+    Ran {
+        file: s.root.join(&name),
+        _server: s,
+        stdout,
+    }
 }
 
 /// `prog` through ferry and through Open MPI (`mca`) give byte-identical files; returns
-/// the server and ferry's file, for more checks.
-fn same_as(
-    driver: &str,
-    np: u32,
-    prog: &str,
-    args: &[&str],
-    mca: &[(&str, &str)],
-) -> (Server, PathBuf) {
-    let (s, got) = through_ferry(driver, np, prog, args);
+/// ferry's run, for more checks.
+fn same_as(driver: &str, np: u32, prog: &str, args: &[&str], mca: &[(&str, &str)]) -> Ran {
+    let ran = through_ferry(driver, np, prog, args);
     let want = reference(np, mca, prog, args);
     same_file(
-        &std::fs::read(&got).unwrap(),
+        &std::fs::read(&ran.file).unwrap(),
         &std::fs::read(&want.path).unwrap(),
         &format!("{prog} np {np} on {driver}"),
     );
-    (s, got)
+    ran
 }
 
 fn same_file(ferry: &[u8], reference: &[u8], what: &str) {
@@ -245,7 +249,12 @@ fn seed_pattern_np4_ofi_shm() {
 /// named type with a hole): the file equals OMPIO's with fcoll `individual`. (ROMIO 3.2.1
 /// in Open MPI 4.1 also fails on the negative lower bound and on MPI_SHORT_INT.)
 fn views(driver: &str, np: u32) {
-    same_as(driver, np, "views", &[], OMPIO_INDIVIDUAL);
+    let ran = same_as(driver, np, "views", &[], OMPIO_INDIVIDUAL);
+    assert!(
+        ran.stdout.contains("the user error handler was called"),
+        "no user error handler call: {}",
+        ran.stdout
+    );
 }
 
 #[test]
@@ -268,21 +277,22 @@ fn mpi4py_np2_tcp() {
 /// h5py with driver='mpio' (collective hyperslab writes and reads of a 2-D dataset): the
 /// file equals ROMIO's (h5py does not stamp times), and the local tools read it.
 fn h5py(driver: &str, np: u32) {
-    let (_s, got) = same_as(driver, np, "h5py_grid.py", &[], ROMIO);
+    let ran = same_as(driver, np, "h5py_grid.py", &[], ROMIO);
+    let got = &ran.file;
     let mut check = Command::new(&program("h5py_grid.py")[0]);
     check.args([
         "-c",
         "import sys, h5py, numpy as np; d = h5py.File(sys.argv[1], 'r')['grid'][...]; \
          assert (d == np.arange(d.size, dtype='i4').reshape(d.shape)).all(); print(d.shape)",
     ]);
-    check.arg(&got);
+    check.arg(got);
     let out = must(run(check), "h5py (serial) reading the file");
     let rows = 8 * np;
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
         format!("({rows}, 16)")
     );
-    must(run(h5dump(&got)), "h5dump");
+    must(run(h5dump(got)), "h5dump");
 }
 
 fn h5dump(file: &Path) -> Command {
@@ -306,7 +316,8 @@ fn h5py_np4_ofi_shm() {
 /// with their creation time, so the files themselves differ from run to run.)
 #[test]
 fn hdf5_c_np4_ofi_shm() {
-    let (_s, got) = through_ferry("ofi+shm", 4, "hdf5_grid", &[]);
+    let ran = through_ferry("ofi+shm", 4, "hdf5_grid", &[]);
+    let got = &ran.file;
     let want = reference(4, ROMIO, "hdf5_grid", &[]);
     let data = |f: &Path| {
         let out = must(run(h5dump(f)), "h5dump");
@@ -317,7 +328,7 @@ fn hdf5_c_np4_ofi_shm() {
             .collect::<Vec<_>>()
             .join("\n")
     };
-    let (g, w) = (data(&got), data(&want.path));
+    let (g, w) = (data(got), data(&want.path));
     assert!(g.contains("(15,0): 15000, 15001"), "h5dump shows: {g}");
     assert_eq!(g, w, "h5dump shows other data than for ROMIO's file");
 }
@@ -326,15 +337,25 @@ fn hdf5_c_np4_ofi_shm() {
 /// reopen): the file equals ROMIO's and ncmpidump reads it.
 #[test]
 fn pnetcdf_np4_tcp() {
-    let (_s, got) = same_as("tcp", 4, "pnetcdf_grid", &[], ROMIO);
+    let ran = same_as("tcp", 4, "pnetcdf_grid", &[], ROMIO);
+    let got = &ran.file;
     let mut dump = Command::new("ncmpidump");
-    dump.arg(&got);
+    dump.arg(got);
     let out = must(run(dump), "ncmpidump");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains("int grid(y, x)") && text.contains("1500, 1501, 1502"),
         "ncmpidump shows: {text}"
     );
+}
+
+/// Bad input and what is not supported, each an MPI error of the right class whose string
+/// is ferry's message (a bad token, a path outside the roots, overlapping pieces with
+/// nothing written, a negative displacement, atomic mode, shared file pointers, another
+/// data representation); and the hint ferry_mode=independent.
+#[test]
+fn errors_np2_tcp() {
+    through_ferry("tcp", 2, "errors.py", &[]);
 }
 
 /// A rank killed (SIGKILL) before a collective write: the other ranks' call fails with an
