@@ -196,6 +196,25 @@ static int fail_ferry(struct ferry_file *f, int fc)
     return fail(f, ferry_to_mpi_class(fc), ferry_cio_last_error());
 }
 
+/* A collective call this rank cannot make (a memory type it cannot decode, which other
+ * ranks may well decode) would leave the others waiting for it until the server's
+ * collective_timeout: the rank leaves the session instead (its connection ends), so their
+ * calls fail at once (MPI_ERR_OTHER). The file is unusable afterwards: close it. */
+static int fail_collective(struct ferry_file *f, int cls, const char *msg)
+{
+    ferry_cio_abandon(f->cf);
+    f->cf = NULL;
+    return fail(f, cls, msg);
+}
+
+/* The failure of a call on a file whose session ended. */
+#define LIVE_OR_FAIL(f)                                                                      \
+    do {                                                                                     \
+        if (!(f)->cf)                                                                        \
+            return fail((f), MPI_ERR_OTHER, "this file left its session after a failed "    \
+                                            "collective call: close it");                    \
+    } while (0)
+
 /* A failure without a file (open, delete): the handler of MPI_FILE_NULL, as MPI says. */
 static int fail_nofile(MPI_Comm comm, int cls, const char *msg)
 {
@@ -572,7 +591,8 @@ int MPI_File_close(MPI_File *fh)
     struct ferry_file *f = fh ? lookup(*fh) : NULL;
     if (!f)
         return PMPI_File_close(fh);
-    int rc = ferry_cio_close(f->cf);
+    /* A file that left its session has nothing to close on the server. */
+    int rc = f->cf ? ferry_cio_close(f->cf) : 0;
     f->cf = NULL;
     int code = rc ? error_code(ferry_to_mpi_class(rc), ferry_cio_last_error()) : MPI_SUCCESS;
     MPI_Errhandler eh = f->eh;
@@ -615,12 +635,13 @@ int MPI_File_set_view(MPI_File fh, MPI_Offset disp, MPI_Datatype etype, MPI_Data
     if (disp == MPI_DISPLACEMENT_CURRENT)
         return fail(f, MPI_ERR_UNSUPPORTED_OPERATION,
                     "MPI_DISPLACEMENT_CURRENT (sequential mode) is not supported");
+    LIVE_OR_FAIL(f);
     char err[512] = "";
     ferry_dt *e = decode(etype, 0, err, sizeof err);
     ferry_dt *t = e ? decode(filetype, 0, err, sizeof err) : NULL;
     if (!e || !t) {
         ferry_dt_free(e);
-        return fail(f, MPI_ERR_TYPE, err);
+        return fail_collective(f, MPI_ERR_TYPE, err);
     }
     int rc = ferry_cio_set_view(f->cf, disp, e, t);
     ferry_dt_free(e);
@@ -679,14 +700,15 @@ static int io(struct ferry_file *f, int write, int collective, int use_pos, MPI_
               const void *buf, int count, MPI_Datatype dt, MPI_Status *st, MPI_Count *moved)
 {
     char err[512] = "";
+    LIVE_OR_FAIL(f);
     if (use_pos)
         offset = f->pos;
+    int coll = collective && !f->independent;
     if (offset < 0 || count < 0)
-        return fail(f, MPI_ERR_ARG, "a negative offset or count");
+        return (coll ? fail_collective : fail)(f, MPI_ERR_ARG, "a negative offset or count");
     ferry_dt *mt = decode(dt, 0, err, sizeof err);
     if (!mt)
-        return fail(f, MPI_ERR_TYPE, err);
-    int coll = collective && !f->independent;
+        return (coll ? fail_collective : fail)(f, MPI_ERR_TYPE, err);
     uint64_t done = 0;
     int rc = write ? ferry_cio_write(f->cf, coll, (uint64_t)offset, buf, (uint64_t)count, mt, &done)
                    : ferry_cio_read(f->cf, coll, (uint64_t)offset, (void *)buf, (uint64_t)count, mt, &done);
@@ -838,6 +860,7 @@ int MPI_File_get_size(MPI_File fh, MPI_Offset *size)
     struct ferry_file *f = lookup(fh);
     if (!f)
         return PMPI_File_get_size(fh, size);
+    LIVE_OR_FAIL(f);
     uint64_t n = 0;
     int rc = ferry_cio_get_size(f->cf, &n);
     if (rc)
@@ -853,6 +876,7 @@ int MPI_File_set_size(MPI_File fh, MPI_Offset size)
         return PMPI_File_set_size(fh, size);
     if (size < 0)
         return fail(f, MPI_ERR_ARG, "a negative file size");
+    LIVE_OR_FAIL(f);
     int rc = ferry_cio_set_size(f->cf, (uint64_t)size);
     return rc ? fail_ferry(f, rc) : MPI_SUCCESS;
 }
@@ -864,6 +888,7 @@ int MPI_File_preallocate(MPI_File fh, MPI_Offset size)
         return PMPI_File_preallocate(fh, size);
     if (size < 0)
         return fail(f, MPI_ERR_ARG, "a negative file size");
+    LIVE_OR_FAIL(f);
     int rc = ferry_cio_preallocate(f->cf, (uint64_t)size);
     return rc ? fail_ferry(f, rc) : MPI_SUCCESS;
 }
@@ -873,6 +898,7 @@ int MPI_File_sync(MPI_File fh)
     struct ferry_file *f = lookup(fh);
     if (!f)
         return PMPI_File_sync(fh);
+    LIVE_OR_FAIL(f);
     int rc = ferry_cio_sync(f->cf);
     return rc ? fail_ferry(f, rc) : MPI_SUCCESS;
 }
@@ -902,6 +928,7 @@ int MPI_File_seek(MPI_File fh, MPI_Offset offset, int whence)
     if (whence == MPI_SEEK_CUR)
         base = f->pos;
     else if (whence == MPI_SEEK_END) {
+        LIVE_OR_FAIL(f);
         uint64_t n = 0;
         int rc = ferry_cio_get_size(f->cf, &n);
         if (rc)
@@ -931,6 +958,7 @@ int MPI_File_get_byte_offset(MPI_File fh, MPI_Offset offset, MPI_Offset *disp)
         return PMPI_File_get_byte_offset(fh, offset, disp);
     if (offset < 0)
         return fail(f, MPI_ERR_ARG, "a negative offset");
+    LIVE_OR_FAIL(f);
     uint64_t at = 0;
     int rc = ferry_cio_byte_offset(f->cf, (uint64_t)offset, &at);
     if (rc)
