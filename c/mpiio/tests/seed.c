@@ -48,7 +48,10 @@ int main(int argc, char **argv)
     CHECK(MPI_File_set_errhandler(fh, MPI_ERRORS_RETURN));
     CHECK(MPI_File_set_view(fh, disp, MPI_INT, ft, "native", MPI_INFO_NULL));
     MPI_Status st;
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = MPI_Wtime();
     CHECK(MPI_File_write_at_all(fh, 0, mine, n, MPI_INT, &st));
+    double t_write = MPI_Wtime() - t0;
     int got = -1;
     MPI_Get_count(&st, MPI_INT, &got);
     if (got != n) {
@@ -57,7 +60,9 @@ int main(int argc, char **argv)
     }
     CHECK(MPI_File_sync(fh));
     MPI_Barrier(MPI_COMM_WORLD);
+    t0 = MPI_Wtime();
     CHECK(MPI_File_read_at_all(fh, 0, back, n, MPI_INT, &st));
+    double t_read = MPI_Wtime() - t0;
     MPI_Get_count(&st, MPI_INT, &got);
     for (int i = 0; i < n; i++)
         if (back[i] != mine[i] || got != n) {
@@ -69,7 +74,9 @@ int main(int argc, char **argv)
     CHECK(MPI_File_get_size(fh, &size));
     CHECK(MPI_File_close(&fh));
     if (rank == 0)
-        printf("seed: ok, %d ranks, %ld ints, file %lld bytes\n", p, (long)n * p, (long long)size);
+        printf("seed: ok, %d ranks, %ld ints, file %lld bytes, write_at_all %.1f ms, "
+               "read_at_all %.1f ms (rank 0)\n",
+               p, (long)n * p, (long long)size, t_write * 1e3, t_read * 1e3);
     MPI_Type_free(&ft);
     MPI_Type_free(&vec);
     free(mine);

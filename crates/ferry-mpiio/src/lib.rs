@@ -16,6 +16,7 @@
 //! `include/ferry/cio.h`.
 
 #![warn(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
 
 mod dt;
 mod file;
