@@ -609,14 +609,35 @@ int MPI_File_close(MPI_File *fh)
     return code;
 }
 
+/* Opens the ferry file `url` as a session of this process alone (for MPI_File_delete and
+ * PnetCDF's format probe); 0, a ferry error class, or -1 for a name that is no ferry URL. */
+static int open_alone(const char *url, MPI_Info info, int amode, ferry_cio_file **cf)
+{
+    char addr[1024], path[1024], token[1024];
+    if (split_url(url, addr, sizeof addr, path, sizeof path) != 0)
+        return -1;
+    const char *tok = hint(info, "ferry_token", token, sizeof token) ? token : getenv("FERRY_TOKEN");
+    uint64_t job = 0;
+    if (getrandom(&job, sizeof job, 0) != sizeof job)
+        job = ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)&job;
+    return ferry_cio_open(addr, path, job, 0, 1, (uint32_t)amode, tok, cf, NULL);
+}
+
 int MPI_File_delete(const char *filename, MPI_Info info)
 {
     char url[1024];
     if (!ferry_url(filename, info, url, sizeof url))
         return PMPI_File_delete(filename, info);
-    return fail_nofile(MPI_COMM_SELF, MPI_ERR_UNSUPPORTED_OPERATION,
-                       "MPI_File_delete of a ferry file is not supported: remove it on the server "
-                       "(or open it with MPI_MODE_CREATE and set its size to 0)");
+    /* The server removes a file opened with DELETE_ON_CLOSE when its session closes it. */
+    ferry_cio_file *cf = NULL;
+    int rc = open_alone(url, info, MPI_MODE_RDONLY | MPI_MODE_DELETE_ON_CLOSE, &cf);
+    if (rc < 0)
+        return fail_nofile(MPI_COMM_SELF, MPI_ERR_BAD_FILE,
+                           "not a ferry URL (ferry://host[:port]/root/path)");
+    if (rc == 0)
+        rc = ferry_cio_close(cf);
+    return rc ? fail_nofile(MPI_COMM_SELF, ferry_to_mpi_class(rc), ferry_cio_last_error())
+              : MPI_SUCCESS;
 }
 
 /* ---- views ---- */
@@ -1172,19 +1193,14 @@ enum {
 
 int ncmpi_inq_file_format(const char *filename, int *formatp)
 {
-    char url[1024], addr[1024], path[1024];
+    char url[1024];
     if (!ferry_url(filename, MPI_INFO_NULL, url, sizeof url)) {
         int (*real)(const char *, int *) =
             (int (*)(const char *, int *))dlsym(RTLD_NEXT, "ncmpi_inq_file_format");
         return real ? real(filename, formatp) : PNC_EFILE;
     }
-    if (split_url(url, addr, sizeof addr, path, sizeof path) != 0)
-        return PNC_EFILE;
-    uint64_t job = 0;
-    if (getrandom(&job, sizeof job, 0) != sizeof job)
-        job = ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)&job;
     ferry_cio_file *cf = NULL;
-    int rc = ferry_cio_open(addr, path, job, 0, 1, MPI_MODE_RDONLY, getenv("FERRY_TOKEN"), &cf, NULL);
+    int rc = open_alone(url, MPI_INFO_NULL, MPI_MODE_RDONLY, &cf);
     if (rc != 0)
         return rc == FERRY_CIO_E_NO_SUCH_FILE ? PNC_ENOENT : PNC_EFILE;
     unsigned char magic[8] = {0};

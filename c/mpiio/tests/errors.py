@@ -2,7 +2,7 @@
 through the file's error handler (mpi4py raises MPI.Exception): a bad token, a path
 outside the server's roots, pieces of one collective write that overlap, a negative
 displacement, atomic mode, shared file pointers, another data representation. Also the
-hint ferry_mode=independent.
+hint ferry_mode=independent, MPI_File_delete and MPI_MODE_DELETE_ON_CLOSE.
     mpirun -np 2 python3 errors.py URL   (URL: ferry+DRIVER://where/d/NAME)"""
 import sys
 
@@ -66,5 +66,17 @@ fh.Read_at_all(0, back)
 assert (back == mine).all()
 fh.Close()
 ft.Free()
+
+# MPI_File_delete, and MPI_MODE_DELETE_ON_CLOSE: the server removes the file.
+comm.Barrier()
+if r == 0:
+    MPI.File.Delete(url)
+    fails(MPI.ERR_NO_SUCH_FILE, MPI.File.Delete, url)
+comm.Barrier()
+fails(MPI.ERR_NO_SUCH_FILE, MPI.File.Open, comm, url, MPI.MODE_RDONLY)
+fh = MPI.File.Open(comm, url, RW | MPI.MODE_DELETE_ON_CLOSE)
+fh.Write_at_all(4 * r, np.arange(1, dtype="i4"))
+fh.Close()
+fails(MPI.ERR_NO_SUCH_FILE, MPI.File.Open, comm, url, MPI.MODE_RDONLY)
 if r == 0:
     print(f"errors: ok, {p} ranks")

@@ -361,10 +361,12 @@ fn pnetcdf_np4_tcp() {
 /// Bad input and what is not supported, each an MPI error of the right class whose string
 /// is ferry's message (a bad token, a path outside the roots, overlapping pieces with
 /// nothing written, a negative displacement, atomic mode, shared file pointers, another
-/// data representation); and the hint ferry_mode=independent.
+/// data representation); the hint ferry_mode=independent; MPI_File_delete and
+/// MPI_MODE_DELETE_ON_CLOSE remove the file on the server.
 #[test]
 fn errors_np2_tcp() {
-    through_ferry("tcp", 2, "errors.py", &[]);
+    let ran = through_ferry("tcp", 2, "errors.py", &[]);
+    assert!(!ran.file.exists(), "MPI_File_delete left the file");
 }
 
 /// Runs `fault FILE MODE` on 3 ranks (the last one fails the collective write) and checks
