@@ -10,6 +10,8 @@
 #                                         lib/pkgconfig/ferry.pc, share/man/man3/exs*.3
 #   make uninstall PREFIX=/usr/local
 #   make check-c                          C tests against a staged install, every driver
+#   make build-mpiio                      target/release/libferry-mpiio.so, the MPI-IO
+#                                         interposer (needs mpicc: libopenmpi-dev)
 
 PREFIX     ?= /usr/local
 DESTDIR    ?=
@@ -39,7 +41,7 @@ MANPAGES := $(wildcard man/man3/exs*.3)
 PC_LIBDIR     := $(patsubst $(PREFIX)/%,$${prefix}/%,$(LIBDIR))
 PC_INCLUDEDIR := $(patsubst $(PREFIX)/%,$${prefix}/%,$(INCLUDEDIR))
 
-.PHONY: all build build-cli build-lib install install-cli install-lib uninstall check-c
+.PHONY: all build build-cli build-lib build-mpiio install install-cli install-lib uninstall check-c
 
 all: build
 
@@ -50,6 +52,11 @@ build-cli:
 
 build-lib:
 	$(CARGO) build --release -p ferry-capi
+
+# The interposer: the crate ferry-mpiio (a static library) linked with c/mpiio by mpicc.
+build-mpiio:
+	$(CARGO) build --release -p ferry-mpiio
+	bash c/mpiio/link.sh $(or $(CARGO_TARGET_DIR),target)/release
 
 install: install-cli install-lib
 

@@ -6,7 +6,8 @@
 //! every rank made them. A rank packs its memory buffer by its memory type and sends the
 //! data stream; the server places it by the rank's view. In this slice the data moves in
 //! EXS messages of the chunk the server chose (4 MiB by default), not yet by RMA from the
-//! caller's memory. An MPI-IO interposer (`libferry-mpiio.so`, next) wraps this API.
+//! caller's memory. The MPI-IO interposer `libferry-mpiio.so` (crate ferry-mpiio and
+//! `c/mpiio/`) wraps this API.
 //!
 //! ```no_run
 //! use ferry_cio::{amode, Comm, File};

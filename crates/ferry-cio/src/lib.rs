@@ -17,7 +17,8 @@
 //!   what file action each runs.
 //! - [`view`]: file views and the file extents of a window of a view's data stream.
 //! - [`server`]: the floor's service `cio` (sandboxed roots, the floor's authentication).
-//! - [`File`]: the Rust API, in MPI-IO's shape; an MPI-IO interposer wraps it next.
+//! - [`File`]: the Rust API, in MPI-IO's shape; the MPI-IO interposer `libferry-mpiio.so`
+//!   (crate ferry-mpiio) wraps it.
 //!
 //! The guide is `docs/cio.md`.
 

@@ -15,8 +15,9 @@ use crate::error::ErrorClass;
 
 /// Protocol major version: a peer with another major is refused at OPEN.
 pub const VERSION_MAJOR: u16 = 1;
-/// Protocol minor version.
-pub const VERSION_MINOR: u16 = 0;
+/// Protocol minor version: 1.1 removes a file opened with DELETE_ON_CLOSE at its close
+/// (1.0 answered Unsupported).
+pub const VERSION_MINOR: u16 = 1;
 /// Header length in bytes.
 pub const HEADER_LEN: usize = 8;
 /// The largest frame but DATA and SET_VIEW.
@@ -54,7 +55,7 @@ pub mod amode {
     pub const WRONLY: u32 = 4;
     /// Read and write.
     pub const RDWR: u32 = 8;
-    /// Delete the file when it is closed (not supported by this server).
+    /// Delete the file when the session closes it (since 1.1).
     pub const DELETE_ON_CLOSE: u32 = 16;
     /// The file is not opened concurrently elsewhere (a hint; accepted).
     pub const UNIQUE_OPEN: u32 = 32;

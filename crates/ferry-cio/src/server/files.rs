@@ -56,7 +56,8 @@ impl Exports {
     }
 
     /// Checks an access mode: exactly one of read-only, write-only and read-write; no
-    /// create or exclusive with read-only; nothing this server does not implement.
+    /// create or exclusive with read-only; nothing this server does not implement
+    /// (SEQUENTIAL). DELETE_ON_CLOSE is the session's to honour at its close.
     pub fn check_amode(mode: u32) -> Result<()> {
         let bad = |m: &str| {
             Err(CioError::new(
@@ -77,10 +78,10 @@ impl Exports {
         if mode & amode::RDONLY != 0 && mode & (amode::CREATE | amode::EXCL) != 0 {
             return bad("CREATE and EXCL need write access");
         }
-        if mode & (amode::DELETE_ON_CLOSE | amode::SEQUENTIAL) != 0 {
+        if mode & amode::SEQUENTIAL != 0 {
             return Err(CioError::new(
                 ErrorClass::Unsupported,
-                "DELETE_ON_CLOSE and SEQUENTIAL are not supported by this server",
+                "SEQUENTIAL is not supported by this server",
             ));
         }
         Ok(())
@@ -119,6 +120,22 @@ impl Exports {
             ));
         }
         Ok(File::from(fd))
+    }
+
+    /// Removes the file `path` (`root/relative/path`): its directory is opened beneath the
+    /// root like any file, and the name removed there, so nothing outside the root goes.
+    pub fn remove_file(&self, path: &str) -> Result<()> {
+        let (root, rel) = self.split(path)?;
+        let (parent, name) = rel.rsplit_once('/').unwrap_or((".", rel));
+        let dir = rustix::fs::openat2(
+            root,
+            parent,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+            ferry_service::beneath::BENEATH,
+        )
+        .map_err(|e| errno(path, e))?;
+        rustix::fs::unlinkat(&dir, name, rustix::fs::AtFlags::empty()).map_err(|e| errno(path, e))
     }
 
     /// The root's directory and the relative path of `path`.

@@ -79,6 +79,8 @@ struct State {
     attached: Vec<bool>,
     /// The file, once the collective open ran.
     file: Option<Arc<std::fs::File>>,
+    /// Opened with DELETE_ON_CLOSE: the collective close removes it.
+    delete_on_close: bool,
 }
 
 /// One rank's answer to a collective call.
@@ -298,6 +300,7 @@ impl Server {
                         waiters: (0..size).map(|_| None).collect(),
                         attached: vec![false; size as usize],
                         file: None,
+                        delete_on_close: false,
                     }),
                 });
                 map.insert(key, s.clone());
@@ -583,7 +586,9 @@ impl Server {
                 });
                 match opened {
                     Ok((f, size)) => {
-                        shared.lock().file = Some(Arc::new(f));
+                        let mut st = shared.lock();
+                        st.file = Some(Arc::new(f));
+                        st.delete_on_close = amode & amode::DELETE_ON_CLOSE != 0;
                         all(Ok(size))
                     }
                     Err(e) => all(Err(e)),
@@ -621,8 +626,18 @@ impl Server {
                     f.sync_all().map_err(|e| files::io_error("close", &e))?;
                     Ok(0)
                 });
-                shared.lock().file = None;
-                all(synced)
+                let delete = {
+                    let mut st = shared.lock();
+                    st.file = None;
+                    st.delete_on_close
+                };
+                // MPI_MODE_DELETE_ON_CLOSE (and so MPI_File_delete): gone once every rank
+                // closed it.
+                let removed = synced.and_then(|n| match delete {
+                    true => self.exports.remove_file(&shared.path).map(|()| n),
+                    false => Ok(n),
+                });
+                all(removed)
             }
         }
     }
