@@ -14,6 +14,7 @@ use std::time::Duration;
 use ferry_exs::runtime::{EventQueue, ExsBuf, ExsSocket};
 use ferry_service::channel::{Channel, FRAME_HEAD};
 use ferry_service::ring::{self, Piece, Sender, Staged};
+use ferry_service::secure::ClientSecurity;
 use ferry_service::sink::Block;
 
 pub use ferry_service::ring::{staging_threads, Source};
@@ -21,6 +22,12 @@ pub use ferry_service::writer::BlockWriter;
 
 use crate::error::{Result, XferError};
 use crate::proto::{self, BlockHeader, Msg, BLOCK_HEADER_LEN};
+
+/// The frames that travel in clear on a secure connection in this slice (protocol 1.7):
+/// the data frames, BLOCK, FILE, PACK and PUT_FILE, which go from staging blocks by RMA or
+/// as bulk messages. Every other frame is sealed.
+/// Their type codes are those of `docs/protocol.md` (the golden-bytes test pins them).
+pub const DATA_TYPES: &[u8] = &[11, 23, 25, 26];
 
 /// How long a handshake may take.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -48,13 +55,27 @@ impl DerefMut for Link {
 impl Link {
     /// Connects to a `ferry serve` at a fabric address (`tcp://h:p`, `ofi+tcp://h:p`,
     /// `ofi+shm://name`).
+    ///
+    /// Secured as [`ClientSecurity::default`] says (TLS, the server pinned in the default
+    /// known-hosts file); the HELLO may follow at once (the server takes it for file
+    /// transfer, as from a client older than protocol 1.6).
     pub fn connect(addr: &str, timeout: Duration) -> Result<Link> {
-        Channel::connect(addr, timeout).map(Link)
+        Self::connect_with(addr, timeout, &ClientSecurity::default())
     }
 
-    /// Wraps a connected socket whose events go to `q`.
+    /// Connects, secured as `sec` says.
+    pub fn connect_with(addr: &str, timeout: Duration, sec: &ClientSecurity) -> Result<Link> {
+        let mut ch = Channel::connect_with(addr, timeout, sec)?;
+        ch.set_data_types(DATA_TYPES);
+        Ok(Link(ch))
+    }
+
+    /// Wraps a connected socket whose events go to `q` (seal it with the floor's session:
+    /// [`Channel::seal`]).
     pub fn new(sock: ExsSocket, q: EventQueue) -> Link {
-        Link(Channel::new(sock, q))
+        let mut ch = Channel::new(sock, q);
+        ch.set_data_types(DATA_TYPES);
+        Link(ch)
     }
 
     /// Sends one control frame.
