@@ -203,9 +203,7 @@ fn faces(
         let (auth, admission) = (xfer.auth().clone(), xfer.admission().clone());
         let security = xfer.security().clone();
         if let Some(fp) = security.fingerprint() {
-            eprintln!(
-                "ferry serve: identity {fp} (clients pin it; `ferry serve --fingerprint` prints it)"
-            );
+            tracing::info!("identity {fp} (clients pin it; `ferry serve --fingerprint` prints it)");
         }
         let mut daemon = Daemon::new(
             xfer.listen().to_vec(),

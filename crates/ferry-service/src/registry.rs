@@ -275,7 +275,8 @@ impl Registry {
                         Ok(Some((s.clone(), true, token)))
                     }
                     Err(r) => {
-                        tracing::info!("{}: refused a token", hs.addr);
+                        let how = if proof.is_some() { "proof" } else { "token" };
+                        tracing::info!("{}: client refused: bad token ({how})", hs.addr);
                         send(
                             sock,
                             secure,

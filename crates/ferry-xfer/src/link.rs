@@ -23,11 +23,12 @@ pub use ferry_service::writer::BlockWriter;
 use crate::error::{Result, XferError};
 use crate::proto::{self, BlockHeader, Msg, BLOCK_HEADER_LEN};
 
-/// The frames that travel in clear on a secure connection in this slice (protocol 1.7):
-/// the data frames, BLOCK, FILE, PACK and PUT_FILE, which go from staging blocks by RMA or
-/// as bulk messages. Every other frame is sealed.
-/// Their type codes are those of `docs/protocol.md` (the golden-bytes test pins them).
-pub const DATA_TYPES: &[u8] = &[11, 23, 25, 26];
+/// The frames that may arrive in clear on a secure connection in this slice (protocol
+/// 1.7): BLOCK (type 11, `docs/protocol.md`), whose payload goes from a staging block by
+/// RMA or as a bulk message; its range is checked by its CRC-32C and the whole file by the
+/// BLAKE3 that FILE_DONE (sealed) carries. Every other frame is sealed, the whole-file
+/// frames FILE, PACK and PUT_FILE included ([`BlockSender::send_whole`]).
+pub const DATA_TYPES: &[u8] = &[11];
 
 /// How long a handshake may take.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -305,7 +306,7 @@ impl BlockSender {
             .ok_or_else(|| XferError::conn("internal: file too large for one PUT_FILE frame"))?;
         let block = self.ring.claim(link.socket())?;
         match fill_put_file(&block.buf, file, (file_id, flags), path, meta, n) {
-            Ok(len) => self.ring.send(link.socket(), block, 0..len),
+            Ok(len) => self.send_whole(link, block, 0..len),
             Err(e) => {
                 self.ring.release(block);
                 Err(e)
@@ -322,7 +323,7 @@ impl BlockSender {
         };
         ferry_fabric::timeline::mark("srv.pack", u64::from(p.count));
         if p.count == 1 {
-            return self.ring.send(link.socket(), p.block, p.start..p.fill);
+            return self.send_whole(link, p.block, p.start..p.fill);
         }
         let frames = (p.fill - p.start) as u32;
         let head = proto::encode_pack_header(p.count, frames)
@@ -334,12 +335,34 @@ impl BlockSender {
                     .map_err(|e| XferError::conn(format!("fill staging block: {e}")))
             });
         match head {
-            Ok(()) => self.ring.send(link.socket(), p.block, 0..p.fill),
+            Ok(()) => self.send_whole(link, p.block, 0..p.fill),
             Err(e) => {
                 self.ring.release(p.block);
                 Err(e)
             }
         }
+    }
+
+    /// Sends the frame in `range` of a staging block that holds whole files (FILE, PACK,
+    /// PUT_FILE). On a secure connection it goes sealed, as a control frame (copied out of
+    /// the block, and encrypted): such a frame carries its own BLAKE3 (and PUT_FILE its
+    /// path), which must not cross where it can be read or replaced (protocol 1.7).
+    fn send_whole(
+        &mut self,
+        link: &Link,
+        block: Staged,
+        range: std::ops::Range<usize>,
+    ) -> Result<()> {
+        if link.secure().is_none() {
+            return self.ring.send(link.socket(), block, range);
+        }
+        let mut frame = vec![0u8; range.len()];
+        block
+            .buf
+            .buffer()
+            .read_at(block.buf.offset() + range.start, &mut frame);
+        self.ring.release(block);
+        link.send_frame(&frame)
     }
 
     /// Waits until every block sent has completed.
