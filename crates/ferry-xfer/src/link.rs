@@ -484,3 +484,34 @@ fn read_payload(buf: &ExsBuf, at: usize, file: &std::fs::File, n: usize) -> Resu
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The one frame type a secure connection takes in clear is BLOCK's, and no control
+    /// frame has it.
+    #[test]
+    fn only_blocks_travel_clear() {
+        let h = BlockHeader {
+            file_id: 1,
+            stream: 0,
+            offset: 0,
+            len: 1,
+            crc32c: 0,
+        };
+        let block = proto::encode_block_header(&h).unwrap();
+        assert_eq!(DATA_TYPES, &[block[4]]);
+        let whole = proto::to_vec(&Msg::PutFile {
+            flags: 0,
+            file_id: 1,
+            mode: 0o644,
+            mtime: 0,
+            blake3: [0; 32],
+            path: "d/f".into(),
+            len: 0,
+        })
+        .unwrap();
+        assert!(!DATA_TYPES.contains(&whole[4]), "PUT_FILE names a path");
+    }
+}
