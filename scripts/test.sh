@@ -10,6 +10,11 @@ cargo fmt --all --check
 echo "== cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo test"
+# Every server the tests start keeps its TLS identity, and every client its known hosts,
+# in one fresh directory of this run, not the machine's /var/lib/ferry and
+# ~/.config/ferry (docs/security.md); the CLI tests give each process its own.
+security_dir="$(mktemp -d -t ferry-ci-security.XXXXXX)"
+export FERRY_STATE_DIR="$security_dir/state" FERRY_KNOWN_HOSTS="$security_dir/known_hosts"
 cargo test --workspace --locked
 echo "== C API (libferry via pkg-config, every driver)"
 bash scripts/test-capi.sh

@@ -81,6 +81,7 @@ impl File {
         let selected = select::encode(&Floor::Select {
             service: crate::server::SERVICE.into(),
             token: None,
+            proof: None,
         })
         .map_err(|e| CioError::conn(format!("encode SELECT: {e}")))?;
         ch.send_frame(&selected)?;

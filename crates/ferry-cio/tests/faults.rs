@@ -132,6 +132,7 @@ fn raw(addr: &str, first: &[u8]) -> Channel {
     let sel = Floor::Select {
         service: "cio".into(),
         token: None,
+        proof: None,
     };
     ch.send_frame(&select::encode(&sel).unwrap()).unwrap();
     ch.send_frame(first).unwrap();

@@ -16,7 +16,7 @@ use ferry_xfer::{Kind, XferError};
 
 #[derive(Args)]
 pub struct ServeArgs {
-    /// TOML configuration (listen (one address or a list), block_size, ring, mem, direct, keep_special_bits, third_party, [auth] tokens/anonymous, [limits], [[root]] name/path; docs/xfer.md; [cio] collective I/O, docs/cio.md).
+    /// TOML configuration (listen (one address or a list), block_size, ring, mem, direct, keep_special_bits, third_party, [auth] tokens/anonymous, [limits], [[root]] name/path, [security] state_dir/allow_clear; docs/xfer.md, docs/security.md; [cio] collective I/O, docs/cio.md).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Export a directory as NAME (repeatable; adds to the config's roots).
@@ -81,6 +81,20 @@ pub struct ServeArgs {
     /// Repeatable (replaces the config's [block] listen).
     #[arg(long = "nbd-listen", value_name = "ADDR")]
     nbd_listen: Vec<String>,
+    /// Where the server keeps its identity (key pair and certificate, made at first start,
+    /// mode 0600) [default: $FERRY_STATE_DIR, else /var/lib/ferry as root, else
+    /// $XDG_STATE_HOME/ferry; config `[security] state_dir`].
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+    /// Also let in clients that ask for a clear connection (ferry cp --insecure-clear):
+    /// no TLS, tokens and file names in clear. Trusted networks only
+    /// [config `[security] allow_clear`].
+    #[arg(long)]
+    allow_clear: bool,
+    /// Print the server's identity fingerprint (what clients pin: ferry cp
+    /// --server-fingerprint, known_hosts), making the identity if there is none, and exit.
+    #[arg(long)]
+    fingerprint: bool,
 }
 
 fn parse_budget(s: &str) -> Result<u64, String> {
@@ -106,7 +120,13 @@ pub fn serve(mut a: ServeArgs) -> Result<(), XferError> {
         std::mem::take(&mut a.nbd_exports),
         std::mem::take(&mut a.nbd_listen),
     )?;
+    let print_fingerprint = a.fingerprint;
     let mut cfg = xfer_config(table, a)?;
+    if print_fingerprint {
+        let security = cfg.security.load()?;
+        println!("{}", security.fingerprint().unwrap_or("none"));
+        return Ok(());
+    }
     secrets(&mut cfg, config_file.as_deref())?;
     let roots = cfg.roots.clone();
     let daemon = faces(cfg, cio_cfg, &roots, block.as_ref())?;
@@ -175,11 +195,22 @@ fn faces(
 ) -> Result<Daemon, XferError> {
     let mut daemon = if block.is_some() && cfg.roots.is_empty() && !cfg.mem {
         let admission = Admission::new(&cfg.limits, |_, _| 0);
-        Daemon::new(Vec::new(), cfg.auth.clone(), admission)
+        // No EXS listener: TLS is never offered, no identity is made.
+        let security = ferry_service::secure::ServerSecurity::none();
+        Daemon::new(Vec::new(), cfg.auth.clone(), admission, security)
     } else {
         let xfer = ferry_xfer::server::Server::new(cfg)?;
         let (auth, admission) = (xfer.auth().clone(), xfer.admission().clone());
-        let mut daemon = Daemon::new(xfer.listen().to_vec(), auth.clone(), admission.clone());
+        let security = xfer.security().clone();
+        if let Some(fp) = security.fingerprint() {
+            tracing::info!("identity {fp} (clients pin it; `ferry serve --fingerprint` prints it)");
+        }
+        let mut daemon = Daemon::new(
+            xfer.listen().to_vec(),
+            auth.clone(),
+            admission.clone(),
+            security,
+        );
         daemon.add_service(ferry_xfer::server::SERVICE, xfer)?;
         // Collective I/O over the same roots, behind the same tokens and admission; it
         // opens files for writing, so it is given the writable roots only.
@@ -283,6 +314,10 @@ fn xfer_config(table: toml::Table, a: ServeArgs) -> Result<ServerConfig, XferErr
         cfg.listen = a.listen;
     }
     cfg.auth.anonymous |= a.anonymous;
+    cfg.security.allow_clear |= a.allow_clear;
+    if let Some(d) = a.state_dir {
+        cfg.security.state_dir = Some(d);
+    }
     cfg.mem |= a.mem;
     cfg.direct |= a.direct;
     if !a.tokens.is_empty() {

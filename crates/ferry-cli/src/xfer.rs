@@ -111,6 +111,8 @@ pub struct Remote {
     /// Driver for ferry:// and host:path forms: tcp, ofi+tcp or ofi+shm.
     #[arg(long, default_value = "tcp")]
     pub driver: String,
+    #[command(flatten)]
+    pub trust: Trust,
 }
 
 impl Remote {
@@ -122,8 +124,45 @@ impl Remote {
                 .clone()
                 .or_else(|| std::env::var("FERRY_TOKEN").ok())
                 .unwrap_or_default(),
+            security: self.trust.security(),
             ..Options::default()
         }
+    }
+}
+
+/// How a client secures its connection and knows the server (docs/security.md).
+#[derive(Args, Clone)]
+pub struct Trust {
+    /// Connect without TLS: the token, file names and every request in clear. Only where
+    /// the server allows it too (ferry serve --allow-clear); trusted networks only.
+    #[arg(long)]
+    insecure_clear: bool,
+    /// Accept only a server whose identity has this fingerprint (SHA256:HEX, printed by
+    /// `ferry serve --fingerprint` there); the known-hosts file is then not used.
+    #[arg(long, value_name = "SHA256:HEX")]
+    server_fingerprint: Option<String>,
+    /// Refuse a server not in the known-hosts file instead of pinning it on first use.
+    #[arg(long)]
+    strict_host_keys: bool,
+    /// The known-hosts file (HOST:PORT FINGERPRINT lines) [default: $FERRY_KNOWN_HOSTS,
+    /// else ~/.config/ferry/known_hosts].
+    #[arg(long, value_name = "FILE")]
+    known_hosts: Option<std::path::PathBuf>,
+}
+
+impl Trust {
+    /// The client security these flags ask for.
+    pub fn security(&self) -> ferry_service::secure::ClientSecurity {
+        let mut sec = ferry_service::secure::ClientSecurity {
+            clear: self.insecure_clear,
+            fingerprint: self.server_fingerprint.clone(),
+            strict: self.strict_host_keys,
+            ..Default::default()
+        };
+        if let Some(f) = &self.known_hosts {
+            sec.known_hosts = f.clone();
+        }
+        sec
     }
 }
 
@@ -193,6 +232,8 @@ pub struct ServicesArgs {
     /// A service to ask for (e.g. xfer): exit 0 if the server runs it, else print the
     /// refusal naming those it runs and exit 3. Without it: list the services.
     service: Option<String>,
+    #[command(flatten)]
+    trust: Trust,
 }
 
 #[derive(Args)]
@@ -355,7 +396,7 @@ pub fn cp(a: CpArgs, quiet: bool) -> Result<(), XferError> {
 
 /// `ferry services`: which services a `ferry serve` runs (protocol 1.6 service selection).
 pub fn services(a: ServicesArgs) -> Result<(), XferError> {
-    use ferry_service::registry::{not_hosted, probe, Answer};
+    use ferry_service::registry::{not_hosted, probe_with, Answer};
     let r = remote_of(&a.target, &a.driver)?;
     let timeout = std::time::Duration::try_from_secs_f64(a.timeout)
         .ok()
@@ -367,7 +408,7 @@ pub fn services(a: ServicesArgs) -> Result<(), XferError> {
             )
         })?;
     let asked = a.service.as_deref().unwrap_or("");
-    match probe(&r.addr, asked, timeout)? {
+    match probe_with(&r.addr, asked, timeout, &a.trust.security())? {
         Answer::Selected => println!("{asked}"),
         Answer::Hosted(hosted) if asked.is_empty() => {
             for s in hosted {

@@ -50,7 +50,7 @@ fn very_verbose_names_the_modules() {
     let log = server_log(&["-vv"], Duration::from_secs(10));
     assert!(log.contains("bad token"), "the refusal is logged: {log:?}");
     assert!(
-        log.contains("ferry_xfer::"),
+        log.contains("ferry_service::"),
         "no module paths with -vv: {log:?}"
     );
     assert!(!log.contains('\x1b'), "colour codes in a file: {log:?}");

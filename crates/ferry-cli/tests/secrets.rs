@@ -1,5 +1,6 @@
 //! Secrets off the command line: `ferry token new`, `ferry serve --token-file` and
-//! `FERRY_TOKEN` for the server, and the warnings about secrets others can read or guess.
+//! `FERRY_TOKEN` for the server, the warnings about secrets others can guess, and the
+//! refusal of token files others can read.
 
 mod common;
 
@@ -97,18 +98,22 @@ fn tokens_come_from_files_and_the_environment() {
 }
 
 #[test]
-fn secret_files_others_can_read_are_warned_about() {
+fn secret_files_others_can_read_are_refused() {
     let dir = scratch("secrets-open");
     let file = dir.join("tokens");
     std::fs::write(&file, "an-open-token-0123456789\n").unwrap();
-    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let (s, log) = serve_with(&["--token-file", file.to_str().unwrap()], &[]);
-    let text = logged(&log, "others may read");
-    assert!(text.contains("others may read it (mode 644)"), "{text}");
-    drop(s);
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let mut c = ferry();
+    c.args(["serve", "--root", &format!("d={}", dir.display())])
+        .args(["--listen", "tcp://127.0.0.1:0", "--token-file"])
+        .arg(&file);
+    let o = run(c);
+    fails(&o, 7, "others may read or write it (mode 640)");
+    fails(&o, 7, &format!("chmod 600 {}", file.display()));
 
     let empty = dir.join("empty");
     std::fs::write(&empty, "# no token yet\n").unwrap();
+    std::fs::set_permissions(&empty, std::fs::Permissions::from_mode(0o600)).unwrap();
     let mut c = ferry();
     c.args(["serve", "--root", &format!("d={}", dir.display())])
         .args(["--listen", "tcp://127.0.0.1:0", "--token-file"])

@@ -222,7 +222,15 @@ fn refused_uploads(addr: &str, uploads: u32, how: Refused) -> Option<Link> {
     static CONN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     // Each connection its own files (a PUT of a file another connection writes waits).
     let conn = CONN.fetch_add(1, Ordering::Relaxed);
-    let mut link = Link::connect(addr, Duration::from_secs(10)).ok()?;
+    static PIN: std::sync::OnceLock<ferry_service::secure::ClientSecurity> =
+        std::sync::OnceLock::new();
+    // The test's servers' identity, pinned: this process's known hosts are not the ones
+    // its `ferry` children use.
+    let pin = PIN.get_or_init(|| ferry_service::secure::ClientSecurity {
+        fingerprint: Some(fingerprint()),
+        ..Default::default()
+    });
+    let mut link = Link::connect_with(addr, Duration::from_secs(10), pin).ok()?;
     link.post_ring(1, BLOCK_HEADER_LEN + (4 << 20)).ok()?;
     link.send(&Msg::Hello {
         major: proto::VERSION_MAJOR,

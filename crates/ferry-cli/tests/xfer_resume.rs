@@ -47,6 +47,7 @@ fn ferry() -> Command {
         // A provider call stuck this long wedges the process (exit) instead of hanging it.
         .env("FERRY_OFI_WEDGE_TIMEOUT", "5")
         .env_remove("FERRY_TOKEN");
+    common::isolate(&mut c);
     c
 }
 

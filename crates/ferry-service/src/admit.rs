@@ -407,6 +407,34 @@ impl Admission {
         Ok(())
     }
 
+    /// Like [`Admission::authenticate`], for a token proven over a TLS session whose
+    /// exporter value is `binding` (protocol 1.7, [`crate::secure::prove`]): the accepted
+    /// token, the server's own copy of it, once one of `auth`'s tokens has the identifier
+    /// and HMAC of `proof`. The same lock-out counts the failures.
+    pub fn authenticate_proof(
+        &self,
+        addr: &str,
+        auth: &crate::auth::AuthConfig,
+        proof: &([u8; 8], [u8; 32]),
+        binding: &[u8; 32],
+    ) -> std::result::Result<String, AuthRefused> {
+        let refused = || {
+            AuthRefused {
+            message: "the token was not accepted: check --token / FERRY_TOKEN against the server's [auth] tokens",
+        }
+        };
+        if self.locked_out(addr) {
+            return Err(refused());
+        }
+        match auth.accepts_proof(proof, binding) {
+            Some(t) => Ok(t),
+            None => {
+                self.auth_failed(addr);
+                Err(refused())
+            }
+        }
+    }
+
     /// Whether `addr` is locked out for failed tokens now.
     fn locked_out(&self, addr: &str) -> bool {
         let now = Instant::now();

@@ -30,11 +30,12 @@ pub struct AuthConfig {
 
 impl AuthConfig {
     /// Adds the tokens of every token file to the accepted ones, and says what is unsafe
-    /// about the files and tokens ([`secret_file_warning`], [`weak_token_warning`]).
+    /// about the tokens ([`weak_token_warning`]). A token file others may read is refused
+    /// ([`crate::secure::identity::check_private`]), as ssh refuses such keys.
     pub fn load_token_files(&mut self) -> Result<Vec<String>> {
         let mut warnings = Vec::new();
         for f in &self.token_files {
-            warnings.extend(secret_file_warning(f));
+            crate::secure::identity::check_private(f)?;
             self.tokens.extend(read_token_file(f)?);
         }
         warnings.extend(self.tokens.iter().filter_map(|t| weak_token_warning(t)));
@@ -51,6 +52,23 @@ impl AuthConfig {
             ok |= ct_eq(t.as_bytes(), token.as_bytes());
         }
         ok
+    }
+}
+
+impl AuthConfig {
+    /// The token a proof ([`crate::secure::prove`]) was made with, when it is one of the
+    /// configured tokens: every token's identifier and HMAC are computed and compared, each
+    /// in time independent of where it differs.
+    pub fn accepts_proof(&self, proof: &([u8; 8], [u8; 32]), binding: &[u8; 32]) -> Option<String> {
+        let mut found = None;
+        for t in &self.tokens {
+            let id_ok = ct_eq(&crate::secure::token_id(t), &proof.0);
+            let mac_ok = ct_eq(&crate::secure::prove(t, binding), &proof.1);
+            if id_ok & mac_ok {
+                found = Some(t.clone());
+            }
+        }
+        found
     }
 }
 

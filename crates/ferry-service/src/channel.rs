@@ -6,13 +6,17 @@
 //! advert, a large one (a block) is pulled by RMA straight into a posted buffer. Received
 //! messages are delivered in posting order.
 //!
+//! A channel may be sealed ([`Channel::seal`], protocol 1.7): its control frames then travel
+//! as TLS records ([`crate::secure`]), and only the data frames its face names may arrive in
+//! clear; any other clear message breaks the connection.
+//!
 //! Every buffer keeps [`FRAME_HEAD`] bytes for a block frame's header right before a payload
 //! that starts [`DIRECT_ALIGN`] into its page-aligned allocation, so direct I/O reads into
 //! and writes from it in place.
 
 use std::collections::BTreeMap;
 use std::sync::mpsc;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ferry_exs::proto::{EventKind, Flags};
@@ -22,6 +26,8 @@ use ferry_fabric::Access;
 
 use crate::direct::DIRECT_ALIGN;
 use crate::error::{Error, Kind, Result};
+use crate::secure::{self, ClientSecurity, Secure};
+use crate::select::{self as floor, Floor};
 
 /// The bytes of a face's block-frame header, which sit right before the block's payload in
 /// every staging block and receive buffer (file transfer's BLOCK header is this long).
@@ -129,6 +135,16 @@ pub struct Channel {
     recv_bytes: u64,
     /// How long a receive waits for the peer before giving up.
     pub timeout: Duration,
+    /// The TLS session its control frames are sealed with, if any.
+    secure: Option<Arc<Secure>>,
+    /// The frame types that may arrive in clear on a sealed channel (the face's data).
+    data_types: &'static [u8],
+}
+
+/// A message as delivered: in its receive buffer (clear), or opened from its seal.
+enum Delivered {
+    Raw(ExsBuf, usize),
+    Opened(Vec<u8>),
 }
 
 /// A received message whose registered buffer its receiver keeps (to write from it on
@@ -137,6 +153,8 @@ pub struct Channel {
 /// so holding them is back-pressure, as a copy's bounded queue was.
 pub struct Held {
     buf: Option<ExsBuf>,
+    /// A sealed message's frame, opened (it no longer lives in a receive buffer).
+    opened: Option<Vec<u8>>,
     len: usize,
     back: mpsc::Sender<ExsBuf>,
 }
@@ -154,9 +172,10 @@ impl Held {
 
     /// Runs `f` over the message's bytes, in place in the registered buffer.
     pub fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
-        match &self.buf {
-            Some(b) => b.buffer().with_bytes(b.offset(), self.len, f),
-            None => f(&[]),
+        match (&self.buf, &self.opened) {
+            (Some(b), _) => b.buffer().with_bytes(b.offset(), self.len, f),
+            (None, Some(v)) => f(v),
+            (None, None) => f(&[]),
         }
     }
 }
@@ -173,7 +192,35 @@ impl Drop for Held {
 impl Channel {
     /// Connects to a `ferry serve` at a fabric address (`tcp://h:p`, `ofi+tcp://h:p`,
     /// `ofi+shm://name`).
+    ///
+    /// The connection is secured as [`ClientSecurity::default`] says (TLS, the server
+    /// pinned in the default known-hosts file): see [`Channel::connect_with`].
     pub fn connect(addr: &str, timeout: Duration) -> Result<Channel> {
+        Self::connect_with(addr, timeout, &ClientSecurity::default())
+    }
+
+    /// Connects to a `ferry serve` and, unless `sec` asks for a clear connection, runs the
+    /// TLS handshake (the server's identity checked as `sec` says) and seals the channel;
+    /// the caller names its face's data frames with [`Channel::set_data_types`].
+    pub fn connect_with(addr: &str, timeout: Duration, sec: &ClientSecurity) -> Result<Channel> {
+        let mut ch = Self::connect_clear(addr, timeout)?;
+        if !sec.clear {
+            let deadline = std::time::Instant::now() + timeout;
+            let secure = secure::connect(
+                sec,
+                addr,
+                &mut ChannelWire {
+                    ch: &mut ch,
+                    deadline,
+                },
+            )?;
+            ch.secure = Some(Arc::new(secure));
+        }
+        Ok(ch)
+    }
+
+    /// Connects without securing the connection.
+    fn connect_clear(addr: &str, timeout: Duration) -> Result<Channel> {
         let fabric: ferry_fabric::Address = addr
             .parse()
             .map_err(|e| Error::new(Kind::Usage, format!("bad address {addr}: {e}")))?;
@@ -213,6 +260,55 @@ impl Channel {
             held: 0,
             recv_bytes: 0,
             timeout: Duration::from_secs(120),
+            secure: None,
+            data_types: &[],
+        }
+    }
+
+    /// Seals the channel with a session the floor's handshake made (the server's side:
+    /// [`crate::registry::Conn::secure`]); `None` leaves it clear.
+    pub fn seal(&mut self, secure: Option<Arc<Secure>>) {
+        self.secure = secure;
+    }
+
+    /// The TLS session sealing the channel, if any.
+    pub fn secure(&self) -> Option<&Arc<Secure>> {
+        self.secure.as_ref()
+    }
+
+    /// The frame types (a face's header type byte) that may arrive in clear on a sealed
+    /// channel: the face's data frames, which this slice leaves unsealed.
+    pub fn set_data_types(&mut self, types: &'static [u8]) {
+        self.data_types = types;
+    }
+
+    /// Selects `service` on a sealed channel and waits for the answer, proving `token`
+    /// (if not empty) over the TLS exporter value instead of sending it (protocol 1.7).
+    /// A refused proof is an authentication error; a service not hosted, not found.
+    pub fn select(&mut self, addr: &str, service: &str, token: &str) -> Result<()> {
+        let proof = match (&self.secure, token.is_empty()) {
+            (Some(s), false) => Some((secure::token_id(token), secure::prove(token, s.binding()))),
+            _ => None,
+        };
+        self.post_ring(1, floor::MAX_ANSWER)?;
+        let bytes = floor::encode(&Floor::Select {
+            service: service.to_string(),
+            token: None,
+            proof,
+        })
+        .map_err(|e| Error::conn(format!("encode SELECT: {e}")))?;
+        self.send_frame(&bytes)?;
+        let answer = self.recv_first()?;
+        match floor::decode(&answer) {
+            Ok(Floor::Selected) => Ok(()),
+            Ok(Floor::Refused { message }) => {
+                Err(Error::new(Kind::Auth, format!("{addr}: {message}")))
+            }
+            Ok(Floor::Services { hosted, .. }) => {
+                Err(crate::registry::not_hosted(addr, service, &hosted))
+            }
+            Ok(f) => Err(Error::conn(format!("{addr} answered {f:?} to SELECT"))),
+            Err(e) => Err(Error::conn(format!("{addr} sent {e}"))),
         }
     }
 
@@ -224,6 +320,11 @@ impl Channel {
     /// Posts receive buffers until `count` are outstanding, each `size` bytes (the first
     /// call fixes the size; later messages must fit it).
     pub fn post_ring(&mut self, count: usize, size: usize) -> Result<()> {
+        // A sealed control frame is a little longer than the frame.
+        let size = match self.secure {
+            Some(_) => size + secure::seal_room(size),
+            None => size,
+        };
         self.recv_size = size;
         let outstanding = (self.next_post - self.next_deliver) as usize;
         for _ in outstanding..count {
@@ -238,6 +339,14 @@ impl Channel {
     /// Sends `bytes`, a whole encoded frame (with its payload, if any), as one message,
     /// copied into a registered buffer.
     pub fn send_frame(&self, bytes: &[u8]) -> Result<()> {
+        match &self.secure {
+            Some(s) => s.seal(bytes, |sealed| self.send_raw(sealed)),
+            None => self.send_raw(bytes),
+        }
+    }
+
+    /// Sends `bytes` as one message as they are.
+    fn send_raw(&self, bytes: &[u8]) -> Result<()> {
         let pooled = {
             let mut pool = self.ctrl_pool.lock().unwrap_or_else(|p| p.into_inner());
             pool.iter()
@@ -263,29 +372,45 @@ impl Channel {
     /// Receives the next message into `out` (resized to the message) and re-posts its
     /// buffer. Send completions met on the way are checked.
     pub fn recv_into(&mut self, out: &mut Vec<u8>) -> Result<()> {
-        let (buf, len) = self.next_done()?;
-        copy_out(&buf, len, out);
-        self.repost(buf)
+        let wait = self.timeout;
+        if !self.recv_within(out, wait)? {
+            return Err(silent_peer(wait));
+        }
+        Ok(())
     }
 
     /// Like [`Channel::recv_into`], but `Ok(false)` when nothing arrived for about `wait`,
     /// so a caller can look at other things between waits.
     pub fn recv_within(&mut self, out: &mut Vec<u8>, wait: Duration) -> Result<bool> {
-        let Some((buf, len)) = self.next_done_within(wait)? else {
-            return Ok(false);
-        };
-        copy_out(&buf, len, out);
-        self.repost(buf)?;
-        Ok(true)
+        match self.next_within(wait, true)? {
+            None => Ok(false),
+            Some(Delivered::Raw(buf, len)) => {
+                copy_out(&buf, len, out);
+                self.repost(buf)?;
+                Ok(true)
+            }
+            Some(Delivered::Opened(v)) => {
+                *out = v;
+                Ok(true)
+            }
+        }
     }
 
     /// Receives the next message and runs `f` over its bytes in place, in the registered
     /// receive buffer (no copy), then re-posts the buffer.
     pub fn recv_with<R>(&mut self, f: impl FnOnce(&[u8]) -> R) -> Result<R> {
-        let (buf, len) = self.next_done()?;
-        let out = buf.buffer().with_bytes(buf.offset(), len, f);
-        self.repost(buf)?;
-        Ok(out)
+        let wait = self.timeout;
+        match self
+            .next_within(wait, true)?
+            .ok_or_else(|| silent_peer(wait))?
+        {
+            Delivered::Raw(buf, len) => {
+                let out = buf.buffer().with_bytes(buf.offset(), len, f);
+                self.repost(buf)?;
+                Ok(out)
+            }
+            Delivered::Opened(v) => Ok(f(&v)),
+        }
     }
 
     /// Receives the next message and hands over its registered buffer itself, posted again
@@ -299,15 +424,24 @@ impl Channel {
     /// Like [`Channel::recv_held`], but `Ok(None)` when nothing arrived for about `wait`, so
     /// a caller can look at other things between waits.
     pub fn recv_held_within(&mut self, wait: Duration) -> Result<Option<Held>> {
-        let Some((buf, len)) = self.next_done_within(wait)? else {
-            return Ok(None);
-        };
-        self.held += 1;
-        Ok(Some(Held {
-            buf: Some(buf),
-            len,
-            back: self.returns.0.clone(),
-        }))
+        Ok(match self.next_within(wait, true)? {
+            None => None,
+            Some(Delivered::Raw(buf, len)) => {
+                self.held += 1;
+                Some(Held {
+                    buf: Some(buf),
+                    opened: None,
+                    len,
+                    back: self.returns.0.clone(),
+                })
+            }
+            Some(Delivered::Opened(v)) => Some(Held {
+                buf: None,
+                len: v.len(),
+                opened: Some(v),
+                back: self.returns.0.clone(),
+            }),
+        })
     }
 
     /// Posts a held buffer again at once, rather than at the next receive after the
@@ -327,13 +461,16 @@ impl Channel {
     /// the handshake's small buffer would be the next to fill, and the first message after
     /// the handshake may be a whole file). `Ok(None)` when nothing arrived for about `wait`.
     pub fn recv_first_within(&mut self, wait: Duration) -> Result<Option<Vec<u8>>> {
-        let Some((buf, len)) = self.next_done_within(wait)? else {
-            return Ok(None);
-        };
-        let mut v = Vec::new();
-        copy_out(&buf, len, &mut v);
-        self.recv_bytes = self.recv_bytes.saturating_sub(pinned(&buf));
-        Ok(Some(v))
+        Ok(match self.next_within(wait, false)? {
+            None => None,
+            Some(Delivered::Raw(buf, len)) => {
+                let mut v = Vec::new();
+                copy_out(&buf, len, &mut v);
+                self.recv_bytes = self.recv_bytes.saturating_sub(pinned(&buf));
+                Some(v)
+            }
+            Some(Delivered::Opened(v)) => Some(v),
+        })
     }
 
     /// Like [`Channel::recv_first_within`], waiting at most the channel's timeout.
@@ -387,12 +524,34 @@ impl Channel {
         Ok(())
     }
 
-    /// The next received message in posting order (its buffer and length), waiting at most
-    /// the channel's timeout.
-    fn next_done(&mut self) -> Result<(ExsBuf, usize)> {
-        let wait = self.timeout;
-        self.next_done_within(wait)?
-            .ok_or_else(|| silent_peer(wait))
+    /// The next received message within about `wait`: a clear one in its buffer, a sealed
+    /// one opened (its buffer posted again if `repost`, else let go). On a sealed channel a
+    /// clear message must be one of the face's data frames.
+    fn next_within(&mut self, wait: Duration, repost: bool) -> Result<Option<Delivered>> {
+        let Some((buf, len)) = self.next_done_within(wait)? else {
+            return Ok(None);
+        };
+        let Some(sec) = self.secure.clone() else {
+            return Ok(Some(Delivered::Raw(buf, len)));
+        };
+        let kind = buf
+            .buffer()
+            .with_bytes(buf.offset(), len.min(floor::HEADER_LEN), |h| {
+                h.get(4).copied()
+            });
+        if kind.is_some_and(|t| self.data_types.contains(&t)) {
+            return Ok(Some(Delivered::Raw(buf, len)));
+        }
+        let mut sealed = Vec::new();
+        copy_out(&buf, len, &mut sealed);
+        if repost {
+            self.repost(buf)?;
+        } else {
+            self.recv_bytes = self.recv_bytes.saturating_sub(pinned(&buf));
+        }
+        let mut frame = Vec::new();
+        sec.open(&sealed, &mut frame)?;
+        Ok(Some(Delivered::Opened(frame)))
     }
 
     /// The next received message in posting order, or `None` when nothing arrived for
@@ -451,6 +610,36 @@ impl Channel {
         }
     }
 }
+
+/// A clear channel's messages during its TLS handshake: one receive posted at a time (and
+/// not posted again, so none is left for the face), until `deadline`.
+struct ChannelWire<'a> {
+    ch: &'a mut Channel,
+    deadline: std::time::Instant,
+}
+
+impl secure::Wire for ChannelWire<'_> {
+    fn send_msg(&mut self, msg: &[u8]) -> Result<()> {
+        self.ch.send_raw(msg)
+    }
+
+    fn recv_msg(&mut self) -> Result<Vec<u8>> {
+        self.ch.post_ring(1, HANDSHAKE_BUF)?;
+        let left = self
+            .deadline
+            .saturating_duration_since(std::time::Instant::now());
+        self.ch
+            .recv_first_within(left)?
+            .ok_or_else(|| Error::conn("no answer to the TLS handshake within the connect timeout"))
+    }
+
+    fn immediate(&self) -> usize {
+        self.ch.sock.config().small_packet_max_size as usize
+    }
+}
+
+/// The receive buffer of a handshake message (a TLS flight cut to the immediate size).
+const HANDSHAKE_BUF: usize = 4096;
 
 /// Copies the first `len` bytes of a received buffer into `out` (resized to them).
 pub(crate) fn copy_out(buf: &ExsBuf, len: usize, out: &mut Vec<u8>) {

@@ -28,6 +28,7 @@ use crate::auth::AuthConfig;
 use crate::drain::DrainReport;
 use crate::error::{Error, Result};
 use crate::registry::{Registry, Service};
+use crate::secure::ServerSecurity;
 use crate::serve;
 
 /// A server's exit status when its libfabric provider wedged (EX_TEMPFAIL): restart it.
@@ -86,12 +87,17 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    /// A daemon listening for EXS connections on `listen` (any driver's addresses), which
-    /// authenticate against `auth` and pass `admission`.
-    pub fn new(listen: Vec<String>, auth: AuthConfig, admission: Arc<Admission>) -> Daemon {
+    /// A daemon listening for EXS connections on `listen` (any driver's addresses), secured
+    /// as `security` says, which authenticate against `auth` and pass `admission`.
+    pub fn new(
+        listen: Vec<String>,
+        auth: AuthConfig,
+        admission: Arc<Admission>,
+        security: ServerSecurity,
+    ) -> Daemon {
         Daemon {
             listen,
-            registry: Registry::new(auth),
+            registry: Registry::new(auth, security),
             admission,
             endpoints: Vec::new(),
             faces: Vec::new(),

@@ -9,6 +9,8 @@
 //!   [`registry`]: the services one server hosts and how a connection selects one, on the
 //!   floor's own frames ([`select`]).
 //! - [`config`]: what every face's configuration reads alike (sizes, one-or-more keys).
+//! - [`secure`]: TLS 1.3 on every connection's control messages, the server's identity
+//!   and the client's known hosts, tokens proven over the TLS exporter.
 //! - [`auth`]: who may use a server's services (tokens); [`admit`]: admission limits
 //!   (handshakes, connections per address, staging memory, lock-out after failed tokens).
 //! - [`beneath`]: opening and creating files beneath a directory held open
@@ -53,6 +55,7 @@ pub mod ordered_hash;
 pub mod registry;
 pub mod ring;
 pub mod roots;
+pub mod secure;
 pub mod select;
 pub mod serve;
 pub mod sink;

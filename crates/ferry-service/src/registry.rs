@@ -1,5 +1,12 @@
 //! The services one `ferry serve` hosts, and how a connection chooses one (protocol 1.6,
-//! `docs/protocol.md`, "Service selection").
+//! `docs/protocol.md`, "Service selection"), over the secure channel (protocol 1.7,
+//! [`crate::secure`]).
+//!
+//! A client's first message announces TLS (a [`crate::secure::TLS_TYPE`] frame): the
+//! handshake runs at once, and every floor and face control frame after it is sealed; the
+//! service gets the session ([`Conn::secure`]). A clear first message is refused (REFUSED,
+//! or the face's own refusal for a client older than 1.6) unless the server allows clear
+//! connections.
 //!
 //! A connection's first message is either a floor SELECT ([`crate::select`]) naming a
 //! service (and, optionally, the client's token, checked here before the service sees the
@@ -19,8 +26,10 @@ use ferry_fabric::Access;
 
 use crate::admit::{more, Handshake, Stage};
 use crate::auth::AuthConfig;
+use crate::channel::Channel;
 use crate::drain::DrainReport;
 use crate::error::{Error, Kind, Result};
+use crate::secure::{self, ClientSecurity, Secure, ServerSecurity};
 use crate::select::{self, Floor};
 
 /// What a server does with a connection once admission let it in and the client chose it.
@@ -29,6 +38,13 @@ pub trait Service: Send + Sync + 'static {
     /// deadline until authenticated), on the connection's own thread. A failing connection
     /// ends only itself.
     fn serve_connection(&self, conn: Conn);
+
+    /// Refuses a connection whose first frame is this face's own (a client older than
+    /// protocol 1.6) with `message`, in the face's words if it can; the default closes it.
+    fn refuse_connection(&self, conn: Conn, message: &str) {
+        let _ = message;
+        let _ = conn.sock.close();
+    }
 
     /// Starts refusing new work (the daemon's first SIGTERM); cheap, idempotent, callable
     /// from the signal thread.
@@ -60,8 +76,12 @@ pub struct Conn {
     pub first: Option<Vec<u8>>,
     /// The token the client's SELECT carried, accepted by the floor
     /// ([`crate::admit::Admission::authenticate`]); `None` when it sent none, and the
-    /// service checks the token its own first frame carries with the same call.
+    /// service checks the token its own first frame carries with the same call. Over TLS,
+    /// the token whose proof the floor accepted (the server's copy: it never crossed).
     pub token: Option<String>,
+    /// The connection's TLS session (protocol 1.7): the service seals its channel with it
+    /// ([`crate::channel::Channel::seal`]); `None` for a clear connection.
+    pub secure: Option<Arc<Secure>>,
 }
 
 /// The service a connection whose first frame is not a SELECT goes to: file transfer,
@@ -83,14 +103,18 @@ pub struct Registry {
     services: Vec<(String, Arc<dyn Service>)>,
     /// Who may use them (the token a SELECT carries is checked against it).
     auth: AuthConfig,
+    /// The server's TLS identity and whether clear connections are let in.
+    security: ServerSecurity,
 }
 
 impl Registry {
-    /// No services yet; clients authenticate against `auth`.
-    pub fn new(auth: AuthConfig) -> Registry {
+    /// No services yet; clients authenticate against `auth` over connections secured as
+    /// `security` says.
+    pub fn new(auth: AuthConfig, security: ServerSecurity) -> Registry {
         Registry {
             services: Vec::new(),
             auth,
+            security,
         }
     }
 
@@ -159,7 +183,21 @@ impl Registry {
                 return;
             }
         };
-        match self.choose(&sock, &hs, &first) {
+        let (first, secure) = if secure::is_tls(&first) {
+            match self.secure(&sock, &queue, &hs, first) {
+                Ok((f, s)) => (f, Some(Arc::new(s))),
+                Err(e) => {
+                    tracing::info!("{peer}: TLS handshake failed: {e}");
+                    let _ = sock.close();
+                    return;
+                }
+            }
+        } else if self.security.clear_allowed() {
+            (first, None)
+        } else {
+            return self.refuse_clear(sock, queue, hs, peer, first);
+        };
+        match self.choose(&sock, secure.as_deref(), &hs, &first) {
             Ok(Some((service, selected, token))) => {
                 // A face's first frame is being checked now: never called off.
                 if !selected && !hs.reached(Stage::Checking) {
@@ -173,6 +211,7 @@ impl Registry {
                     peer,
                     first: (!selected).then_some(first),
                     token,
+                    secure,
                 });
             }
             Ok(None) => {
@@ -190,7 +229,13 @@ impl Registry {
     /// SELECTED), and the token the SELECT carried and the floor accepted; `None` when it
     /// named a service not hosted here (answered SERVICES) or carried a token refused
     /// (answered REFUSED).
-    fn choose(&self, sock: &ExsSocket, hs: &Handshake, first: &[u8]) -> Result<Option<Chosen>> {
+    fn choose(
+        &self,
+        sock: &ExsSocket,
+        secure: Option<&Secure>,
+        hs: &Handshake,
+        first: &[u8],
+    ) -> Result<Option<Chosen>> {
         if !select::is_floor(first) {
             return match self.get(LEGACY_SERVICE) {
                 Some(s) => Ok(Some((s.clone(), false, None))),
@@ -199,31 +244,55 @@ impl Registry {
                 ))),
             };
         }
-        let (service, token) = match select::decode(first) {
-            Ok(Floor::Select { service, token }) => (service, token),
+        let (service, token, proof) = match select::decode(first) {
+            Ok(Floor::Select {
+                service,
+                token,
+                proof,
+            }) => (service, token, proof),
             Ok(f) => return Err(Error::conn(format!("expected SELECT, got {f:?}"))),
             Err(e) => return Err(Error::conn(format!("the peer sent {e}"))),
         };
         match self.get(&service) {
             Some(s) => {
-                if let Some(t) = &token {
-                    if let Err(r) = hs.admission().authenticate(&hs.addr, &self.auth, t) {
+                let checked = match (&token, &proof, secure) {
+                    (_, Some(_), None) => {
+                        return Err(Error::conn("a token proof outside TLS"));
+                    }
+                    (_, Some(p), Some(sec)) => hs
+                        .admission()
+                        .authenticate_proof(&hs.addr, &self.auth, p, sec.binding())
+                        .map(Some),
+                    (Some(t), None, _) => hs
+                        .admission()
+                        .authenticate(&hs.addr, &self.auth, t)
+                        .map(|()| Some(t.clone())),
+                    (None, None, _) => Ok(None),
+                };
+                match checked {
+                    Ok(token) => {
+                        send(sock, secure, &Floor::Selected)?;
+                        Ok(Some((s.clone(), true, token)))
+                    }
+                    Err(r) => {
+                        let how = if proof.is_some() { "proof" } else { "token" };
+                        tracing::info!("{}: client refused: bad token ({how})", hs.addr);
                         send(
                             sock,
+                            secure,
                             &Floor::Refused {
                                 message: r.message.into(),
                             },
                         )?;
-                        return Ok(None);
+                        Ok(None)
                     }
                 }
-                send(sock, &Floor::Selected)?;
-                Ok(Some((s.clone(), true, token)))
             }
             None => {
                 tracing::debug!("refused a SELECT of service {service:?}: not hosted");
                 send(
                     sock,
+                    secure,
                     &Floor::Services {
                         requested: service,
                         hosted: self.names(),
@@ -232,6 +301,91 @@ impl Registry {
                 Ok(None)
             }
         }
+    }
+}
+
+impl Registry {
+    /// The TLS handshake of a connection whose first message (`hello`) announced it, then
+    /// its first frame, opened.
+    fn secure(
+        &self,
+        sock: &ExsSocket,
+        queue: &EventQueue,
+        hs: &Handshake,
+        hello: Vec<u8>,
+    ) -> Result<(Vec<u8>, Secure)> {
+        let mut wire = RawWire { sock, queue, hs };
+        let session = secure::accept(&self.security, &mut wire, hello)?;
+        let sealed = secure::Wire::recv_msg(&mut wire)?;
+        let mut first = Vec::new();
+        session.open(&sealed, &mut first)?;
+        Ok((first, session))
+    }
+
+    /// Refuses a clear connection (this server requires TLS): REFUSED to a SELECT, the
+    /// face's refusal to a client older than protocol 1.6.
+    fn refuse_clear(
+        &self,
+        sock: ExsSocket,
+        queue: EventQueue,
+        hs: Handshake,
+        peer: String,
+        first: Vec<u8>,
+    ) {
+        tracing::info!("{peer}: refused a clear connection (this server requires TLS)");
+        if select::is_floor(&first) {
+            let _ = send(
+                &sock,
+                None,
+                &Floor::Refused {
+                    message: CLEAR_REFUSED.into(),
+                },
+            );
+            std::thread::sleep(LINGER);
+            let _ = sock.close();
+            return;
+        }
+        match self.get(LEGACY_SERVICE) {
+            Some(s) => s.refuse_connection(
+                Conn {
+                    sock,
+                    queue,
+                    hs,
+                    peer,
+                    first: Some(first),
+                    token: None,
+                    secure: None,
+                },
+                CLEAR_REFUSED,
+            ),
+            None => {
+                let _ = sock.close();
+            }
+        }
+    }
+}
+
+/// What a clear client is told by a server that requires TLS.
+pub const CLEAR_REFUSED: &str = "this server requires TLS (protocol 1.7): upgrade this ferry client; or, on a trusted network only, allow clear connections on the server ([security] allow_clear) and pass --insecure-clear";
+
+/// A connection's raw messages during its TLS handshake, within the handshake's deadline.
+struct RawWire<'a> {
+    sock: &'a ExsSocket,
+    queue: &'a EventQueue,
+    hs: &'a Handshake,
+}
+
+impl secure::Wire for RawWire<'_> {
+    fn send_msg(&mut self, msg: &[u8]) -> Result<()> {
+        send_raw(self.sock, msg)
+    }
+
+    fn recv_msg(&mut self) -> Result<Vec<u8>> {
+        first_message(self.sock, self.queue, self.hs)
+    }
+
+    fn immediate(&self) -> usize {
+        self.sock.config().small_packet_max_size as usize
     }
 }
 
@@ -281,9 +435,18 @@ fn received(buf: Option<ExsBuf>, len: u64) -> Result<Vec<u8>> {
     Ok(v)
 }
 
-/// Sends a floor frame (small enough to need no remote access).
-fn send(sock: &ExsSocket, f: &Floor) -> Result<()> {
+/// Sends a floor frame (small enough to need no remote access, sealed too), sealed when
+/// the connection is secure.
+fn send(sock: &ExsSocket, secure: Option<&Secure>, f: &Floor) -> Result<()> {
     let bytes = select::encode(f).map_err(|e| Error::conn(format!("encode {f:?}: {e}")))?;
+    match secure {
+        Some(s) => s.seal(&bytes, |sealed| send_raw(sock, sealed)),
+        None => send_raw(sock, &bytes),
+    }
+}
+
+/// Sends one message as it is (small enough to need no remote access).
+fn send_raw(sock: &ExsSocket, bytes: &[u8]) -> Result<()> {
     let rights = if sock.config().push {
         Access::LOCAL
     } else {
@@ -292,7 +455,7 @@ fn send(sock: &ExsSocket, f: &Floor) -> Result<()> {
     let buf = sock
         .alloc_with(bytes.len(), rights)
         .map_err(|e| Error::conn(format!("register a send buffer: {e}")))?;
-    buf.write_at(0, &bytes)
+    buf.write_at(0, bytes)
         .map_err(|e| Error::conn(format!("fill a send buffer: {e}")))?;
     sock.send(buf, Flags::NONE, 0);
     Ok(())
@@ -317,9 +480,20 @@ pub enum Answer {
 }
 
 /// Asks the server at `addr` for `service` ("" only asks for the list) and returns its
-/// answer, then closes the connection: what `ferry services` does. A server older than
-/// protocol 1.6 closes the connection without an answer (it takes a SELECT for a bad frame).
+/// answer, then closes the connection: what `ferry services` does, over a connection
+/// secured as [`ClientSecurity::default`] says (see [`probe_with`]).
 pub fn probe(addr: &str, service: &str, timeout: Duration) -> Result<Answer> {
+    probe_with(addr, service, timeout, &ClientSecurity::default())
+}
+
+/// [`probe`] over a connection secured as `sec` says. A server older than protocol 1.6
+/// closes the connection without an answer (it takes a SELECT for a bad frame).
+pub fn probe_with(
+    addr: &str,
+    service: &str,
+    timeout: Duration,
+    sec: &ClientSecurity,
+) -> Result<Answer> {
     if !select::valid_name(service) {
         return Err(Error::new(
             Kind::Usage,
@@ -329,63 +503,29 @@ pub fn probe(addr: &str, service: &str, timeout: Duration) -> Result<Answer> {
             ),
         ));
     }
-    let fabric: ferry_fabric::Address = addr
-        .parse()
-        .map_err(|e| Error::new(Kind::Usage, format!("bad address {addr}: {e}")))?;
-    let queue = EventQueue::new().map_err(|e| Error::io("create an event queue", &e))?;
-    let sock = ExsSocket::connect(
-        addr,
-        ferry_exs::runtime::default_config(&fabric),
-        &queue,
-        timeout,
-    )
-    .map_err(|e| Error::conn(format!("cannot connect to {addr}: {e}")))?;
-    let buf = sock
-        .alloc_with(select::MAX_FRAME, recv_rights(&sock))
-        .map_err(|e| Error::conn(format!("register a receive buffer: {e}")))?;
-    sock.recv(buf, Flags::NONE, 0);
-    send(
-        &sock,
-        &Floor::Select {
-            service: service.to_string(),
-            token: None,
-        },
-    )?;
-    let answer = answer(&queue, timeout, addr);
-    let _ = sock.close();
-    answer
-}
-
-/// The server's answer to a SELECT, received on `queue`.
-fn answer(queue: &EventQueue, timeout: Duration, addr: &str) -> Result<Answer> {
-    let old = || {
+    let mut ch = Channel::connect_with(addr, timeout, sec)?;
+    ch.timeout = timeout;
+    ch.post_ring(1, select::MAX_ANSWER)?;
+    let select = Floor::Select {
+        service: service.to_string(),
+        token: None,
+        proof: None,
+    };
+    let bytes = select::encode(&select).map_err(|e| Error::conn(format!("encode SELECT: {e}")))?;
+    ch.send_frame(&bytes)?;
+    let old = |e: Error| {
         Error::conn(format!(
-            "{addr} closed the connection without answering: a ferry serve older than protocol 1.6 (no service selection; it runs file transfer only)"
+            "{addr} closed the connection without answering: a ferry serve older than protocol 1.6 (no service selection; it runs file transfer only)? ({e})"
         ))
     };
-    loop {
-        let ev = queue
-            .dequeue(timeout)
-            .ok_or_else(|| Error::conn(format!("{addr} did not answer within {timeout:?}")))?;
-        match ev.kind {
-            EventKind::Recv => {
-                ev.result.map_err(|_| old())?;
-                return match select::decode(&received(ev.buf, ev.len)?) {
-                    Ok(Floor::Selected) => Ok(Answer::Selected),
-                    Ok(Floor::Services { hosted, .. }) => Ok(Answer::Hosted(hosted)),
-                    Ok(Floor::Refused { message }) => {
-                        Err(Error::new(Kind::Auth, format!("{addr}: {message}")))
-                    }
-                    Ok(f) => Err(Error::conn(format!("{addr} answered {f:?} to SELECT"))),
-                    Err(e) => Err(Error::conn(format!("{addr} sent {e}"))),
-                };
-            }
-            EventKind::Send => {
-                ev.result.map_err(|_| old())?;
-            }
-            EventKind::Close => return Err(old()),
-            _ => {}
-        }
+    let answer = ch.recv_first().map_err(old);
+    ch.close();
+    match select::decode(&answer?) {
+        Ok(Floor::Selected) => Ok(Answer::Selected),
+        Ok(Floor::Services { hosted, .. }) => Ok(Answer::Hosted(hosted)),
+        Ok(Floor::Refused { message }) => Err(Error::new(Kind::Auth, format!("{addr}: {message}"))),
+        Ok(f) => Err(Error::conn(format!("{addr} answered {f:?} to SELECT"))),
+        Err(e) => Err(Error::conn(format!("{addr} sent {e}"))),
     }
 }
 

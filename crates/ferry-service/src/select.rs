@@ -1,5 +1,6 @@
-//! The floor's own frames (protocol 1.6): the service selection a client may send before
-//! its face's first frame, and the server's answer. Pure encode/decode, no I/O; the
+//! The floor's own frames (protocol 1.6; 1.7 adds a SELECT's token proof and the TLS frame
+//! of [`crate::secure`]): the service selection a client may send before its face's first
+//! frame, and the server's answer. Pure encode/decode, no I/O; the
 //! specification is `docs/protocol.md`, "Service selection".
 //!
 //! They use the header every ferry face's frames use (`len u32` total length, `type u8`,
@@ -10,7 +11,7 @@
 //! the client is authenticated (the server serves no RMA until then; it reads what the
 //! client sends itself).
 
-use ferry_wire::{Cx, Field, IfFlag, List, ReadError, Reader, Str, TooLong, Writer};
+use ferry_wire::{Cx, Field, IfFlag, List, Raw, ReadError, Reader, Str, TooLong, Writer};
 
 /// The type codes of the floor's frames; face protocols keep their codes below.
 pub const FLOOR_TYPES: std::ops::RangeInclusive<u8> = 0xF0..=0xFF;
@@ -27,11 +28,16 @@ pub const MAX_MESSAGE: usize = 256;
 /// SELECT flag: a token follows the name; the floor authenticates the client before the
 /// service sees the connection.
 pub const SELECT_TOKEN: u8 = 1;
+/// SELECT flag (protocol 1.7, TLS only): a token proof follows, the token's identifier and
+/// HMAC-SHA256(token, TLS exporter value) ([`crate::secure::prove`]), in place of a token.
+pub const SELECT_PROOF: u8 = 2;
+/// Bytes of a token proof: the identifier and the HMAC.
+pub const PROOF_LEN: usize = crate::secure::TOKEN_ID_LEN + 32;
 /// The longest frame a server sends: a SERVICES naming a request and [`MAX_SERVICES`]
 /// services of [`MAX_NAME`] bytes (316 bytes, under the 512-byte default immediate size).
 pub const MAX_ANSWER: usize = HEADER_LEN + 2 * (2 + MAX_NAME) + 2 + MAX_SERVICES * (2 + MAX_NAME);
 /// The longest floor frame: a SELECT with a name and a token of the longest.
-pub const MAX_FRAME: usize = HEADER_LEN + 2 + MAX_NAME + 2 + MAX_TOKEN;
+pub const MAX_FRAME: usize = HEADER_LEN + 2 + MAX_NAME + 2 + MAX_TOKEN + PROOF_LEN;
 
 ferry_wire::frames! {
     /// One floor frame.
@@ -47,6 +53,9 @@ ferry_wire::frames! {
             /// service sees the connection; without it the service checks the token its own
             /// first frame carries.
             token: Option<String> as IfFlag<SELECT_TOKEN, Str<MAX_TOKEN>>,
+            /// The proof of the client's token (flag [`SELECT_PROOF`], only inside TLS):
+            /// its identifier and HMAC over the connection's exporter value.
+            proof: Option<([u8; 8], [u8; 32])> as IfFlag<SELECT_PROOF, (Raw, Raw)>,
         },
         /// Server → client: the service was selected; the face's frames follow.
         Selected = 0xF1,
@@ -180,6 +189,7 @@ mod tests {
                 Floor::Select {
                     service: "xfer".into(),
                     token: None,
+                    proof: None,
                 },
             ),
             (
@@ -187,6 +197,7 @@ mod tests {
                 Floor::Select {
                     service: String::new(),
                     token: None,
+                    proof: None,
                 },
             ),
             (
@@ -194,6 +205,15 @@ mod tests {
                 Floor::Select {
                     service: "xfer".into(),
                     token: Some("tok".into()),
+                    proof: None,
+                },
+            ),
+            (
+                "select_proof",
+                Floor::Select {
+                    service: "xfer".into(),
+                    token: None,
+                    proof: Some(([1; 8], [2; 32])),
                 },
             ),
             ("selected", Floor::Selected),
@@ -240,6 +260,10 @@ mod tests {
         ("select", "0e000000f0000000040078666572"),
         ("select_list", "0a000000f00000000000"),
         ("select_token", "13000000f00100000400786665720300746f6b"),
+        (
+            "select_proof",
+            "36000000f002000004007866657201010101010101010202020202020202020202020202020202020202020202020202020202020202",
+        ),
         ("selected", "08000000f1000000"),
         (
             "services",

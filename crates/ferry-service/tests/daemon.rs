@@ -13,7 +13,8 @@ use ferry_service::admit::{Admission, LimitsConfig};
 use ferry_service::auth::AuthConfig;
 use ferry_service::daemon::{Daemon, Endpoint};
 use ferry_service::drain::DrainReport;
-use ferry_service::registry::{probe, Answer, Conn, Service};
+use ferry_service::registry::{probe_with, Answer, Conn, Service};
+use ferry_service::secure::{ClientSecurity, ServerSecurity};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -82,6 +83,12 @@ impl Endpoint for Plain {
 
 #[test]
 fn a_signal_drains_every_face() {
+    let dir = std::env::temp_dir().join(format!("ferry-service-daemon-{}", std::process::id()));
+    let security = ServerSecurity::from_state_dir(&dir, false).unwrap();
+    let pin = ClientSecurity {
+        fingerprint: security.fingerprint().map(String::from),
+        ..ClientSecurity::default()
+    };
     let admission = Admission::new(&LimitsConfig::default(), |_, _| 0);
     let mut daemon = Daemon::new(
         vec!["tcp://127.0.0.1:0".into()],
@@ -90,6 +97,7 @@ fn a_signal_drains_every_face() {
             ..AuthConfig::default()
         },
         admission,
+        security.clone(),
     );
     let service = Arc::new(Quiet::default());
     let endpoint = Arc::new(Plain {
@@ -110,7 +118,10 @@ fn a_signal_drains_every_face() {
     let exs = addrs[0].clone();
     let watched = service.clone();
     let signaller = std::thread::spawn(move || {
-        assert_eq!(probe(&exs, "quiet", T).unwrap(), Answer::Selected);
+        assert_eq!(
+            probe_with(&exs, "quiet", T, &pin).unwrap(),
+            Answer::Selected
+        );
         assert_eq!(
             watched.0.begun.load(Ordering::SeqCst),
             0,

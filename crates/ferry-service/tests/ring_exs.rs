@@ -60,7 +60,12 @@ fn pair(url: &str) -> (Channel, Channel) {
             let sock = listener.accept(&q, T).expect("accept");
             Channel::new(sock, q)
         });
-        let client = Channel::connect(&addr, T).expect("connect");
+        // A bare listener, no server floor: no TLS to speak with.
+        let clear = ferry_service::secure::ClientSecurity {
+            clear: true,
+            ..Default::default()
+        };
+        let client = Channel::connect_with(&addr, T, &clear).expect("connect");
         (client, acc.join().expect("accept thread"))
     })
 }

@@ -14,8 +14,16 @@ fn name() -> impl Strategy<Value = String> {
 
 fn floor() -> impl Strategy<Value = Floor> {
     prop_oneof![
-        (name(), proptest::option::of(".{0,40}"))
-            .prop_map(|(service, token)| Floor::Select { service, token }),
+        (
+            name(),
+            proptest::option::of(".{0,40}"),
+            proptest::option::of(any::<([u8; 8], [u8; 32])>())
+        )
+            .prop_map(|(service, token, proof)| Floor::Select {
+                service,
+                token,
+                proof
+            }),
         Just(Floor::Selected),
         (name(), proptest::collection::vec(name(), 0..=MAX_SERVICES))
             .prop_map(|(requested, hosted)| Floor::Services { requested, hosted }),
@@ -59,6 +67,7 @@ fn refusals() {
     let ok = select::encode(&Floor::Select {
         service: "xfer".into(),
         token: None,
+        proof: None,
     })
     .unwrap();
     let mut flags = ok.clone();
@@ -97,6 +106,7 @@ fn refusals() {
     assert!(select::encode(&Floor::Select {
         service: "a b".into(),
         token: None,
+        proof: None,
     })
     .is_err());
 }

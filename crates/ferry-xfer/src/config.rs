@@ -36,6 +36,7 @@ use serde::Deserialize;
 use crate::error::{Kind, Result, XferError};
 pub use ferry_service::admit::LimitsConfig;
 pub use ferry_service::auth::AuthConfig;
+pub use ferry_service::secure::SecurityConfig;
 
 /// One exported directory.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
@@ -91,6 +92,10 @@ pub struct ServerConfig {
     /// Connection, memory, idle and authentication limits.
     #[serde(default)]
     pub limits: LimitsConfig,
+    /// TLS: where the server's identity is kept, whether clear clients are let in
+    /// (`[security]`, docs/security.md).
+    #[serde(default)]
+    pub security: SecurityConfig,
 }
 
 fn default_listen() -> Vec<String> {
@@ -117,6 +122,7 @@ impl Default for ServerConfig {
             roots: Vec::new(),
             third_party: Vec::new(),
             limits: LimitsConfig::default(),
+            security: SecurityConfig::default(),
         }
     }
 }

@@ -14,6 +14,7 @@ use std::time::Duration;
 use ferry_exs::runtime::{EventQueue, ExsBuf, ExsSocket};
 use ferry_service::channel::{Channel, FRAME_HEAD};
 use ferry_service::ring::{self, Piece, Sender, Staged};
+use ferry_service::secure::ClientSecurity;
 use ferry_service::sink::Block;
 
 pub use ferry_service::ring::{staging_threads, Source};
@@ -21,6 +22,13 @@ pub use ferry_service::writer::BlockWriter;
 
 use crate::error::{Result, XferError};
 use crate::proto::{self, BlockHeader, Msg, BLOCK_HEADER_LEN};
+
+/// The frames that may arrive in clear on a secure connection in this slice (protocol
+/// 1.7): BLOCK (type 11, `docs/protocol.md`), whose payload goes from a staging block by
+/// RMA or as a bulk message; its range is checked by its CRC-32C and the whole file by the
+/// BLAKE3 that FILE_DONE (sealed) carries. Every other frame is sealed, the whole-file
+/// frames FILE, PACK and PUT_FILE included ([`BlockSender::send_whole`]).
+pub const DATA_TYPES: &[u8] = &[11];
 
 /// How long a handshake may take.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -48,13 +56,27 @@ impl DerefMut for Link {
 impl Link {
     /// Connects to a `ferry serve` at a fabric address (`tcp://h:p`, `ofi+tcp://h:p`,
     /// `ofi+shm://name`).
+    ///
+    /// Secured as [`ClientSecurity::default`] says (TLS, the server pinned in the default
+    /// known-hosts file); the HELLO may follow at once (the server takes it for file
+    /// transfer, as from a client older than protocol 1.6).
     pub fn connect(addr: &str, timeout: Duration) -> Result<Link> {
-        Channel::connect(addr, timeout).map(Link)
+        Self::connect_with(addr, timeout, &ClientSecurity::default())
     }
 
-    /// Wraps a connected socket whose events go to `q`.
+    /// Connects, secured as `sec` says.
+    pub fn connect_with(addr: &str, timeout: Duration, sec: &ClientSecurity) -> Result<Link> {
+        let mut ch = Channel::connect_with(addr, timeout, sec)?;
+        ch.set_data_types(DATA_TYPES);
+        Ok(Link(ch))
+    }
+
+    /// Wraps a connected socket whose events go to `q` (seal it with the floor's session:
+    /// [`Channel::seal`]).
     pub fn new(sock: ExsSocket, q: EventQueue) -> Link {
-        Link(Channel::new(sock, q))
+        let mut ch = Channel::new(sock, q);
+        ch.set_data_types(DATA_TYPES);
+        Link(ch)
     }
 
     /// Sends one control frame.
@@ -284,7 +306,7 @@ impl BlockSender {
             .ok_or_else(|| XferError::conn("internal: file too large for one PUT_FILE frame"))?;
         let block = self.ring.claim(link.socket())?;
         match fill_put_file(&block.buf, file, (file_id, flags), path, meta, n) {
-            Ok(len) => self.ring.send(link.socket(), block, 0..len),
+            Ok(len) => self.send_whole(link, block, 0..len),
             Err(e) => {
                 self.ring.release(block);
                 Err(e)
@@ -301,7 +323,7 @@ impl BlockSender {
         };
         ferry_fabric::timeline::mark("srv.pack", u64::from(p.count));
         if p.count == 1 {
-            return self.ring.send(link.socket(), p.block, p.start..p.fill);
+            return self.send_whole(link, p.block, p.start..p.fill);
         }
         let frames = (p.fill - p.start) as u32;
         let head = proto::encode_pack_header(p.count, frames)
@@ -313,12 +335,34 @@ impl BlockSender {
                     .map_err(|e| XferError::conn(format!("fill staging block: {e}")))
             });
         match head {
-            Ok(()) => self.ring.send(link.socket(), p.block, 0..p.fill),
+            Ok(()) => self.send_whole(link, p.block, 0..p.fill),
             Err(e) => {
                 self.ring.release(p.block);
                 Err(e)
             }
         }
+    }
+
+    /// Sends the frame in `range` of a staging block that holds whole files (FILE, PACK,
+    /// PUT_FILE). On a secure connection it goes sealed, as a control frame (copied out of
+    /// the block, and encrypted): such a frame carries its own BLAKE3 (and PUT_FILE its
+    /// path), which must not cross where it can be read or replaced (protocol 1.7).
+    fn send_whole(
+        &mut self,
+        link: &Link,
+        block: Staged,
+        range: std::ops::Range<usize>,
+    ) -> Result<()> {
+        if link.secure().is_none() {
+            return self.ring.send(link.socket(), block, range);
+        }
+        let mut frame = vec![0u8; range.len()];
+        block
+            .buf
+            .buffer()
+            .read_at(block.buf.offset() + range.start, &mut frame);
+        self.ring.release(block);
+        link.send_frame(&frame)
     }
 
     /// Waits until every block sent has completed.
@@ -439,4 +483,35 @@ fn read_payload(buf: &ExsBuf, at: usize, file: &std::fs::File, n: usize) -> Resu
             .map_err(|e| XferError::io("read", &e))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The one frame type a secure connection takes in clear is BLOCK's, and no control
+    /// frame has it.
+    #[test]
+    fn only_blocks_travel_clear() {
+        let h = BlockHeader {
+            file_id: 1,
+            stream: 0,
+            offset: 0,
+            len: 1,
+            crc32c: 0,
+        };
+        let block = proto::encode_block_header(&h).unwrap();
+        assert_eq!(DATA_TYPES, &[block[4]]);
+        let whole = proto::to_vec(&Msg::PutFile {
+            flags: 0,
+            file_id: 1,
+            mode: 0o644,
+            mtime: 0,
+            blake3: [0; 32],
+            path: "d/f".into(),
+            len: 0,
+        })
+        .unwrap();
+        assert!(!DATA_TYPES.contains(&whole[4]), "PUT_FILE names a path");
+    }
 }

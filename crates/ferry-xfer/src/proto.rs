@@ -18,7 +18,7 @@ use ferry_wire::{
 /// Protocol major version: a peer with another major is refused at HELLO.
 pub const VERSION_MAJOR: u16 = 1;
 /// Protocol minor version.
-pub const VERSION_MINOR: u16 = 6;
+pub const VERSION_MINOR: u16 = 7;
 /// The first minor version with parallel streams (session join, OPEN/HAVE/PUT_RANGE/CLOSE).
 pub const MINOR_STREAMS: u16 = 2;
 /// The first minor version with FILE frames (a small file's READY, BLOCK and FILE_DONE in
@@ -40,6 +40,11 @@ pub const MINOR_FORCE: u16 = 5;
 /// `ferry_service::select`) before HELLO. A client sends one only when it wants a service
 /// other than file transfer: a HELLO without one is file transfer's, on every server.
 pub const MINOR_SERVICES: u16 = 6;
+/// The first minor version on the secure channel (the floor's TLS, `ferry_service::secure`):
+/// a client's first message is a TLS frame, its token is proven in SELECT over the TLS
+/// exporter and its HELLO carries none; a server refuses clear clients unless it allows
+/// them (`[security] allow_clear`).
+pub const MINOR_TLS: u16 = 7;
 /// The most GETs in one GETS frame.
 pub const MAX_GETS: usize = 64;
 /// The most streams a session may have.

@@ -129,9 +129,15 @@ fn download(addr: &str, to: &Path) -> ferry_xfer::Result<ferry_xfer::client::Sta
         addr: addr.to_string(),
         path: "d".into(),
     });
+    // The hostile server speaks protocol 1.1, before TLS: a client reaches it only by
+    // asking for a clear connection.
     let opts = Options {
         timeout: T,
         idle_timeout: T,
+        security: ferry_service::secure::ClientSecurity {
+            clear: true,
+            ..Default::default()
+        },
         ..Options::default()
     };
     copy(&src, &Location::Local(to.to_path_buf()), true, &opts, &())

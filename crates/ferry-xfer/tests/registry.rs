@@ -71,6 +71,7 @@ fn select_then_hello(addr: &str, service: &str) -> (Link, Floor) {
     let sel = select::encode(&Floor::Select {
         service: service.into(),
         token: None,
+        proof: None,
     })
     .unwrap();
     link.send_frame(&sel).unwrap();
@@ -93,7 +94,7 @@ fn a_hello_without_selection_is_still_served() {
         link.post_ring(1, proto::MAX_CONTROL).unwrap();
         link.send(&hello()).unwrap();
         assert!(
-            matches!(link.recv_msg().unwrap(), Msg::Welcome { minor: 6, .. }),
+            matches!(link.recv_msg().unwrap(), Msg::Welcome { minor: 7, .. }),
             "{addr}"
         );
         let mut c = Client::connect(
@@ -161,6 +162,7 @@ fn a_bad_selection_loses_only_its_connection() {
     let mut bad = select::encode(&Floor::Select {
         service: "xfer".into(),
         token: None,
+        proof: None,
     })
     .unwrap();
     bad[10] = b'X';

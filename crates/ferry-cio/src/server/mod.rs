@@ -162,13 +162,16 @@ impl Server {
     }
 
     /// Serves `cio` alone on `listeners` until `quit` is set (a server of its own, for
-    /// tests and embedding; `ferry serve` hosts it beside file transfer).
+    /// tests and embedding, secured with the identity of the default state directory;
+    /// `ferry serve` hosts it beside file transfer).
     pub fn serve_until(
         self: &Arc<Self>,
         listeners: &[ExsListener],
         quit: &AtomicBool,
     ) -> Result<()> {
-        let mut registry = Registry::new(self.auth.clone());
+        // TLS with the identity in the default state directory ($FERRY_STATE_DIR).
+        let security = ferry_service::secure::SecurityConfig::default().load()?;
+        let mut registry = Registry::new(self.auth.clone(), security);
         registry.add(SERVICE, self.clone())?;
         ferry_service::serve::serve_until(&Arc::new(registry), &self.admission, listeners, quit);
         Ok(())
@@ -652,10 +655,13 @@ impl Service for Server {
             hs,
             peer,
             first,
-            // OPEN carries the token, checked with it.
+            // OPEN carries the token, checked with it (sealed, over TLS).
             token: _,
+            secure,
         } = conn;
         let mut ch = Channel::new(sock, queue);
+        // Every frame of collective I/O goes through the channel's control path: all sealed.
+        ch.seal(secure);
         match self.connection(&mut ch, hs, first) {
             Ok(()) => tracing::debug!("{peer}: done"),
             Err(e) => tracing::info!("{peer}: connection ended: {e}"),

@@ -15,11 +15,36 @@ use serde_json::Value;
 /// The token every test server accepts.
 pub const TOKEN: &str = "test-token-1";
 
-/// The `ferry` under test, quiet, with no token from the environment.
+/// The `ferry` under test, quiet, with no token from the environment, and this test
+/// process's own server identity and known hosts ([`isolate`]).
 pub fn ferry() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_ferry"));
     c.env("RUST_LOG", "warn").env_remove("FERRY_TOKEN");
+    isolate(&mut c);
     c
+}
+
+/// Where this test process keeps its servers' identity and its clients' known hosts.
+pub fn security_dir() -> PathBuf {
+    std::env::temp_dir().join(format!("ferry-test-security-{}", std::process::id()))
+}
+
+/// Gives `c` this test process's state directory (one server identity, made by the first
+/// server) and known-hosts file (its clients pin that identity on first use), so that no
+/// test reads or writes the machine's own (/var/lib/ferry, ~/.config/ferry).
+pub fn isolate(c: &mut Command) {
+    let dir = security_dir();
+    c.env("FERRY_STATE_DIR", dir.join("state"))
+        .env("FERRY_KNOWN_HOSTS", dir.join("known_hosts"));
+}
+
+/// The fingerprint of this test process's server identity (`ferry serve --fingerprint`).
+pub fn fingerprint() -> String {
+    let mut c = ferry();
+    c.args(["serve", "--fingerprint"]);
+    let o = run(c);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout).unwrap().trim().to_string()
 }
 
 /// A fresh empty directory under the temp dir.
@@ -91,6 +116,7 @@ pub fn serve_logging(
     log: Stdio,
 ) -> Server {
     let root = scratch("root");
+    isolate(&mut cmd);
     cmd.args(["serve", "--root"])
         .arg(format!("d={}", root.display()))
         .args(["--listen", &listen_url(driver), "--token", TOKEN])

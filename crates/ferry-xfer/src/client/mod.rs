@@ -24,6 +24,7 @@ use std::time::Duration;
 use crate::error::{Kind, Result, XferError};
 use crate::link::{BlockSender, Link, HANDSHAKE_TIMEOUT};
 use crate::proto::{self, Entry, EntryKind, Msg, BLOCK_HEADER_LEN};
+use ferry_service::secure::ClientSecurity;
 
 pub use copy::{copy, sum_local};
 pub(crate) use copy::{plan_download, plan_upload};
@@ -105,6 +106,9 @@ pub struct Options {
     /// Replace read-only files at the destination (`ferry cp --force`); without it an
     /// upload onto a read-only file is refused (by a 1.5 server; older ones replace it).
     pub force: bool,
+    /// How the connection is secured: TLS and the server's identity pinned (known hosts,
+    /// or a given fingerprint), or clear on request (protocol 1.7, docs/security.md).
+    pub security: ClientSecurity,
 }
 
 impl Default for Options {
@@ -122,6 +126,7 @@ impl Default for Options {
             chunk: crate::parallel::DEFAULT_CHUNK,
             direct: false,
             force: false,
+            security: ClientSecurity::default(),
         }
     }
 }
@@ -222,8 +227,16 @@ impl Client {
         session: u64,
         stream: u16,
     ) -> Result<Client> {
-        let mut link = Link::connect(addr, opts.timeout)?;
+        let mut link = Link::connect_with(addr, opts.timeout, &opts.security)?;
         link.timeout = HANDSHAKE_TIMEOUT;
+        // Over TLS the token is proven in the floor's SELECT, never sent; a clear
+        // connection sends it in the HELLO, as every version did.
+        let token = if link.secure().is_some() {
+            link.select(addr, crate::server::SERVICE, &opts.token)?;
+            String::new()
+        } else {
+            opts.token.clone()
+        };
         let proposed = opts.block_size.clamp(proto::MIN_BLOCK, proto::MAX_BLOCK);
         // The handshake's buffer is re-posted for the first answers after it, and a 1.3
         // server may answer a GET with a FILE frame as large as any block: every buffer this
@@ -238,7 +251,7 @@ impl Client {
             block_size: proposed,
             session,
             stream,
-            token: opts.token.clone(),
+            token,
         })?;
         let (block, minor, session) = match link.recv_msg() {
             Ok(Msg::Welcome {

@@ -33,6 +33,7 @@ use ferry_service::drain::Drain;
 pub use ferry_service::drain::DrainReport;
 use ferry_service::registry::Registry;
 use ferry_service::registry::{Conn, Service};
+use ferry_service::secure::ServerSecurity;
 
 pub use crate::export::Refusal;
 use crate::export::{refuse, PResult};
@@ -56,6 +57,8 @@ pub struct Server {
     drain: Drain,
     /// Connection, memory and authentication limits.
     admission: Arc<Admission>,
+    /// Its TLS identity, and whether clear clients are let in.
+    security: ServerSecurity,
 }
 
 impl Service for Server {
@@ -69,14 +72,28 @@ impl Service for Server {
             hs,
             peer,
             first,
-            // A HELLO carries the token of the session it opens or joins, checked with it.
-            token: _,
+            token,
+            secure,
         } = conn;
         let mut link = Link::new(sock, queue);
-        match self.connection(&mut link, hs, first) {
+        link.seal(secure);
+        match self.connection(&mut link, hs, first, token) {
             Ok(()) => tracing::debug!("{peer}: done"),
             Err(e) => tracing::info!("{peer}: connection ended: {e}"),
         }
+        link.close();
+    }
+
+    /// A clear client older than protocol 1.6 on a server that requires TLS: told so in an
+    /// ERROR it understands.
+    fn refuse_connection(&self, conn: Conn, message: &str) {
+        let link = Link::new(conn.sock, conn.queue);
+        let _ = link.send(&Msg::Error {
+            code: ErrorCode::VersionMismatch,
+            file_id: 0,
+            message: message.to_string(),
+        });
+        std::thread::sleep(Duration::from_millis(50));
         link.close();
     }
 
@@ -123,8 +140,10 @@ impl Server {
             cfg.keep_special_bits,
         )?;
         let admission = Admission::new(&cfg.limits, staging_cost);
+        let security = cfg.security.load()?;
         Ok(Arc::new(Server {
             admission,
+            security,
             cfg,
             roots,
             sessions: AtomicU64::new(1),
@@ -150,6 +169,12 @@ impl Server {
         &self.cfg.auth
     }
 
+    /// Its TLS identity (its fingerprint is what clients pin), and whether clear clients
+    /// are let in.
+    pub fn security(&self) -> &ServerSecurity {
+        &self.security
+    }
+
     /// Binds every configured listen address.
     pub fn bind(&self) -> Result<Vec<ExsListener>> {
         ferry_service::serve::bind_all(&self.cfg.listen)
@@ -172,7 +197,7 @@ impl Server {
         listeners: &[ExsListener],
         quit: &AtomicBool,
     ) -> Result<()> {
-        let mut registry = Registry::new(self.cfg.auth.clone());
+        let mut registry = Registry::new(self.cfg.auth.clone(), self.security.clone());
         registry.add(SERVICE, self.clone())?;
         ferry_service::serve::serve_until(&Arc::new(registry), &self.admission, listeners, quit);
         Ok(())
@@ -245,7 +270,15 @@ impl Server {
     }
 
     /// Serves one connection: handshake, then requests in order until BYE or close.
-    fn connection(&self, link: &mut Link, hs: Handshake, first: Option<Vec<u8>>) -> Result<()> {
+    /// `floor_token`: the token the floor already accepted (proven over TLS, protocol 1.7),
+    /// which the HELLO then need not carry.
+    fn connection(
+        &self,
+        link: &mut Link,
+        hs: Handshake,
+        first: Option<Vec<u8>>,
+        floor_token: Option<String>,
+    ) -> Result<()> {
         let (major, minor, block_size, token, join, stream) = match Self::hello(link, &hs, first)? {
             Msg::Hello {
                 major,
@@ -270,12 +303,18 @@ impl Server {
             })?;
             return Err(XferError::conn(message));
         }
-        if let Err(r) = self
-            .admission
-            .authenticate(&hs.addr, &self.cfg.auth, &token)
-        {
-            return Self::refuse_token(link, r);
-        }
+        let token = match floor_token {
+            Some(t) => t,
+            None => {
+                if let Err(r) = self
+                    .admission
+                    .authenticate(&hs.addr, &self.cfg.auth, &token)
+                {
+                    return Self::refuse_token(link, r);
+                }
+                token
+            }
+        };
         let block = block_size.clamp(proto::MIN_BLOCK, self.cfg.block_size);
         let slot = match hs.admit(self.cfg.ring, block) {
             Ok(s) => s,
