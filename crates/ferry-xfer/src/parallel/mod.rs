@@ -5,8 +5,9 @@
 //! ones, pipelined on the stream as a single-stream copy does) and chunks of large files.
 //! A large file (more than one chunk) is opened once: its part file is shared by every
 //! stream, each chunk lands in place by `pwrite`, its journal records the verified ranges,
-//! and a hashing thread follows the verified prefix ([`ferry_service::ordered_hash`]), so the
-//! whole-file BLAKE3 is ready when the last chunk lands. Chunks are handed out one at a
+//! and each block is hashed into the file's hash tree as it lands
+//! ([`ferry_service::tree`]), so the whole-file BLAKE3 follows from 32 bytes per block when
+//! the last chunk lands, without reading the part again. Chunks are handed out one at a
 //! time (at most [`CHUNKS_AHEAD`] outstanding per stream), so a slow stream does not hold
 //! the others back.
 //!

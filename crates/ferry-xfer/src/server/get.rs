@@ -94,7 +94,7 @@ impl Server {
                 }
             }
             (Msg::Open { size, mode, .. }, Virtual::Null) => {
-                let up = Upload::new(path, *size, *mode, 0, None)
+                let up = Upload::new(path, (*size, 0), *mode, 0, None)
                     .map_err(|e| XferError::io(path, &e))?;
                 if session.add_upload(file_id, up) {
                     link.send(&Msg::Have {
