@@ -15,7 +15,8 @@
 //!   (`openat2(RESOLVE_BENEATH)`), the sandbox of exported roots and download destinations;
 //!   [`roots`]: the exported roots themselves and the part files written in them;
 //!   [`claims`]: one writer per destination file at a time.
-//! - [`stamp`]: catching a source file that changes while it is read.
+//! - [`stamp`]: catching a source file that changes while it is read; [`sumcache`]: a
+//!   file's BLAKE3 kept in an extended attribute for the next time it is read.
 //! - [`hash`]: the one BLAKE3 of a file's range; [`tree`]: the hash of a file from the
 //!   chaining values of its blocks, hashed where they land, in any order.
 //! - [`direct`]: direct I/O (`O_DIRECT`) handles and alignment.
@@ -56,6 +57,7 @@ pub mod select;
 pub mod serve;
 pub mod sink;
 pub mod stamp;
+pub mod sumcache;
 pub mod tree;
 pub mod writeback;
 pub mod writer;
