@@ -202,7 +202,7 @@ impl BlockSink {
     /// remembers its range for a re-fetch if not.
     pub fn block(&mut self, file: Option<&File>, h: &Block, payload: &[u8]) -> Result<()> {
         self.check_bounds(h)?;
-        if crc32c::crc32c(payload) != h.crc32c {
+        if !crate::hash::checksums_off() && crc32c::crc32c(payload) != h.crc32c {
             self.refetch(h, "block CRC mismatch; it will be sent again");
             return Ok(());
         }

@@ -340,6 +340,9 @@ impl Sender {
         };
         let crc = mem.with_bytes(at, n, |b| -> Result<u32> {
             after_read(b)?;
+            if crate::hash::checksums_off() {
+                return Ok(0);
+            }
             Ok(zero_crc.unwrap_or_else(|| crc32c::crc32c(b)))
         })?;
         if matches!(range.src, Source::Zero) {
