@@ -14,7 +14,7 @@
 //! Downloads fetch a chunk with a ranged GET; the source's BLAKE3 comes from a SUM sent on
 //! the stream that opened the file. Uploads OPEN the file (HAVE lists what a resumed part
 //! holds), send each chunk with PUT_RANGE on whichever stream is free, and CLOSE it with
-//! the source's BLAKE3, which a thread computes from the source file meanwhile.
+//! the source's BLAKE3, merged from the blocks the streams hashed as they read them.
 
 mod download;
 mod upload;

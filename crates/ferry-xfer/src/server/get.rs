@@ -5,7 +5,7 @@ use crate::conv::download::{self as conv, Reply, Responder};
 use crate::conv::serve::DRAINING;
 use crate::error::{Kind, Result, XferError};
 use crate::export::{refuse, Refusal};
-use crate::link::{BlockSender, BlockWriter, Link, Source, Span};
+use crate::link::{BlockSender, BlockWriter, Digest, Link, Source, Span};
 use crate::mem::{Virtual, MEM_ROOT};
 use crate::proto::{Entry, EntryKind, ErrorCode, Msg};
 use crate::session::{Session, Upload};
@@ -358,7 +358,8 @@ impl Server {
                     let source = file.map_or(Source::Zero, |h| Source::File(h.file));
                     // Checked after every piece: a change stops the rest from being read
                     // and sent.
-                    tx.send_range(link, source, span, conv.hasher(), &|_| {})
+                    let digest = conv.hasher().map_or(Digest::None, Digest::Stream);
+                    tx.send_range(link, source, span, digest, &|_| {})
                         .and_then(|()| unchanged())
                 }
             };
