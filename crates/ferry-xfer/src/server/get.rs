@@ -248,7 +248,14 @@ impl Server {
                 return self.answer(link, tx, &mut conv, path, None);
             }
         };
-        let held = Held::new(&file, &st, epoch, self.cfg.checksum_cache, path)?;
+        let held = match Held::new(&file, &st, epoch, self.cfg.checksum_cache, path) {
+            Ok(h) => h,
+            Err(e) => {
+                // This GET fails (its file could not be stat'ed); the connection stays.
+                conv.get(req, path, Err(refuse(ErrorCode::Io, e.msg)));
+                return self.answer(link, tx, &mut conv, path, None);
+            }
+        };
         let size = st.st_size as u64;
         let whole = offset == 0 && length >= size;
         let source = conv::Source {
