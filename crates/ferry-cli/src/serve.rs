@@ -16,7 +16,7 @@ use ferry_xfer::{Kind, XferError};
 
 #[derive(Args)]
 pub struct ServeArgs {
-    /// TOML configuration (listen (one address or a list), block_size, ring, mem, direct, keep_special_bits, third_party, [auth] tokens/anonymous, [limits], [[root]] name/path, [security] state_dir/allow_clear; docs/xfer.md, docs/security.md; [cio] collective I/O, docs/cio.md).
+    /// TOML configuration (listen (one address or a list), block_size, ring, mem, direct, checksum_cache, keep_special_bits, third_party, [auth] tokens/anonymous, [limits], [[root]] name/path, [security] state_dir/allow_clear; docs/xfer.md, docs/security.md; [cio] collective I/O, docs/cio.md).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Export a directory as NAME (repeatable; adds to the config's roots).
@@ -41,6 +41,10 @@ pub struct ServeArgs {
     /// (also `direct = true` in the config).
     #[arg(long)]
     direct: bool,
+    /// Keep no checksum cache: hash every file sent, and write no user.ferry.blake3
+    /// attribute (also `checksum_cache = false` in the config).
+    #[arg(long)]
+    no_checksum_cache: bool,
     /// Accept this token (repeatable; adds to the config's [auth] tokens). Every user of
     /// this machine can read it in `ps`: prefer --token-file or $FERRY_TOKEN.
     #[arg(long = "token", value_name = "TOKEN")]
@@ -320,6 +324,7 @@ fn xfer_config(table: toml::Table, a: ServeArgs) -> Result<ServerConfig, XferErr
     }
     cfg.mem |= a.mem;
     cfg.direct |= a.direct;
+    cfg.checksum_cache &= !a.no_checksum_cache;
     if !a.tokens.is_empty() {
         tracing::warn!("--token is visible to every user of this machine (ps): prefer --token-file or FERRY_TOKEN");
     }

@@ -3,6 +3,8 @@
 //! hook `FERRY_TEST_PAUSE_READ`), the test overwrites 1 MiB in the middle of the source and
 //! puts its mtime back (so only ctime tells), then lets it go on. Every copy must fail with
 //! exit 4, name the file, and leave nothing under the final name (and no part file).
+//! Downloads of a source truncated or extended at that point fail alike, and the server
+//! goes on serving.
 
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -14,9 +16,29 @@ use common::*;
 
 const SIZE: usize = 24 << 20;
 
+/// How the test changes the source while the sender is paused.
+#[derive(Clone, Copy)]
+enum Change {
+    /// 1 MiB at 12 MiB overwritten, the mtime put back.
+    Overwrite,
+    /// Cut to 8 MiB (the rest of the read finds no bytes).
+    Truncate,
+    /// 1 MiB appended.
+    Extend,
+}
+
 /// Waits for the sender to pause (the marker appears), overwrites 1 MiB of `src` at 12 MiB
 /// with its mtime restored, and releases the sender (removes the marker).
 fn overwrite_when_paused(marker: PathBuf, src: PathBuf) -> std::thread::JoinHandle<()> {
+    change_when_paused(marker, src, Change::Overwrite)
+}
+
+/// Waits for the sender to pause, makes `change` to `src` and releases the sender.
+fn change_when_paused(
+    marker: PathBuf,
+    src: PathBuf,
+    change: Change,
+) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let end = Instant::now() + Duration::from_secs(60);
         while !marker.exists() {
@@ -25,8 +47,14 @@ fn overwrite_when_paused(marker: PathBuf, src: PathBuf) -> std::thread::JoinHand
         }
         let f = std::fs::OpenOptions::new().write(true).open(&src).unwrap();
         let mtime = f.metadata().unwrap().modified().unwrap();
-        f.write_all_at(&vec![0xA5; 1 << 20], 12 << 20).unwrap();
-        f.set_modified(mtime).unwrap();
+        match change {
+            Change::Overwrite => {
+                f.write_all_at(&vec![0xA5; 1 << 20], 12 << 20).unwrap();
+                f.set_modified(mtime).unwrap();
+            }
+            Change::Truncate => f.set_len(8 << 20).unwrap(),
+            Change::Extend => f.write_all_at(&vec![0x5A; 1 << 20], SIZE as u64).unwrap(),
+        }
         drop(f);
         std::fs::remove_file(&marker).unwrap();
     })
@@ -36,7 +64,9 @@ fn overwrite_when_paused(marker: PathBuf, src: PathBuf) -> std::thread::JoinHand
 /// and no part file is left in its directory (the server removes an upload's part as it
 /// takes the client's refusal: allowed a moment).
 fn torn(o: &std::process::Output, dest: &Path) {
-    fails(o, 4, "changed while it was being copied");
+    // "changed while it was being copied" (the sender's check), or, for a parallel
+    // download that meets the new size in a later READY, "changed on the server".
+    fails(o, 4, "changed");
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("big"), "the file is not named: {err}");
     assert!(!dest.exists(), "{} was committed", dest.display());
@@ -57,13 +87,19 @@ fn torn(o: &std::process::Output, dest: &Path) {
 }
 
 fn download(streams: &str) {
+    download_changed(streams, Change::Overwrite);
+}
+
+/// A download whose source undergoes `change` after the server read its first block: it
+/// fails as torn, and the server still serves the (now quiet) file afterwards.
+fn download_changed(streams: &str, change: Change) {
     let marker = scratch("marker").join("paused");
     let hook = marker.display().to_string();
     let s = serve("tcp", &[("FERRY_TEST_PAUSE_READ", &hook)]);
     let src = s.root.join("big");
     std::fs::write(&src, pattern(SIZE, 1)).unwrap();
     let local = scratch("local");
-    let writer = overwrite_when_paused(marker, src);
+    let writer = change_when_paused(marker, src.clone(), change);
     let o = cp(
         &[
             "-p",
@@ -77,6 +113,13 @@ fn download(streams: &str) {
     );
     writer.join().unwrap();
     torn(&o, &local.join("big"));
+    // The server is alive and sends the file as it is now.
+    let o = cp(
+        &["-p", streams, &s.url("big"), local.to_str().unwrap()],
+        &[],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    same_file(&src, &local.join("big"));
     std::fs::remove_dir_all(&local).unwrap();
 }
 
@@ -136,6 +179,26 @@ fn download_one_stream() {
 #[test]
 fn download_four_streams() {
     download("4");
+}
+
+#[test]
+fn download_truncated_one_stream() {
+    download_changed("1", Change::Truncate);
+}
+
+#[test]
+fn download_truncated_four_streams() {
+    download_changed("4", Change::Truncate);
+}
+
+#[test]
+fn download_extended_one_stream() {
+    download_changed("1", Change::Extend);
+}
+
+#[test]
+fn download_extended_four_streams() {
+    download_changed("4", Change::Extend);
 }
 
 #[test]

@@ -5,6 +5,24 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
+/// Test and measurement switch: with `FERRY_TEST_NO_CHECKSUMS=1` in its environment a
+/// process computes no CRC-32C for the blocks it sends (it sends 0) and checks none it
+/// receives, and a server's GET and SUM compute no BLAKE3 (FILE_DONE without HASH): the
+/// cost of integrity is the difference against the same transfer without it
+/// (`ferry bench cp`'s `checksum_cost`). Only for a receiver that keeps nothing (`null:`,
+/// `mem/null`): one writing a file still checks its whole-file hash and fails. Never set in
+/// normal use.
+pub fn checksums_off() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFF.get_or_init(|| {
+        let off = std::env::var("FERRY_TEST_NO_CHECKSUMS").is_ok_and(|v| v == "1");
+        if off {
+            tracing::warn!("FERRY_TEST_NO_CHECKSUMS=1: blocks and files are not checked");
+        }
+        off
+    })
+}
+
 /// Bytes read per `pread` while hashing.
 const READ: usize = 1 << 20;
 

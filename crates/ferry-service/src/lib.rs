@@ -17,9 +17,10 @@
 //!   (`openat2(RESOLVE_BENEATH)`), the sandbox of exported roots and download destinations;
 //!   [`roots`]: the exported roots themselves and the part files written in them;
 //!   [`claims`]: one writer per destination file at a time.
-//! - [`stamp`]: catching a source file that changes while it is read.
-//! - [`hash`]: the one BLAKE3 of a file's range; [`ordered_hash`]: the hash of a file whose
-//!   ranges arrive out of order.
+//! - [`stamp`]: catching a source file that changes while it is read; [`sumcache`]: a
+//!   file's BLAKE3 kept in an extended attribute for the next time it is read.
+//! - [`hash`]: the one BLAKE3 of a file's range; [`tree`]: the hash of a file from the
+//!   chaining values of its blocks, hashed where they land, in any order.
 //! - [`direct`]: direct I/O (`O_DIRECT`) handles and alignment.
 //! - [`sink`]: landing checked blocks in a file (CRC-32C, holes, in-order hash, journal);
 //!   [`writer`]: feeding a sink received blocks, inline or on a disk writer thread.
@@ -51,7 +52,6 @@ pub mod error;
 pub mod hash;
 pub mod journal;
 pub mod landing;
-pub mod ordered_hash;
 pub mod registry;
 pub mod ring;
 pub mod roots;
@@ -60,6 +60,8 @@ pub mod select;
 pub mod serve;
 pub mod sink;
 pub mod stamp;
+pub mod sumcache;
+pub mod tree;
 pub mod writeback;
 pub mod writer;
 

@@ -13,6 +13,7 @@ use rustix::io::Errno;
 use crate::error::{Error, Result};
 use crate::journal::RangeSet;
 use crate::landing::{Progress, SharedProgress};
+use crate::tree::SharedTree;
 
 /// One block as its sender described it: the transfer it belongs to, where it lies in the
 /// file, its length and the CRC-32C of its bytes. (A face decodes it from its own frames.)
@@ -52,6 +53,9 @@ pub struct BlockSink {
     /// For one range of a parallel transfer: the shared file's journal, told of each block
     /// as it is written.
     shared: Option<std::sync::Arc<SharedProgress>>,
+    /// For one range of a parallel transfer: the shared file's [`SharedTree`], given the
+    /// BLAKE3 chaining values of each good block's bytes while they are in memory.
+    tree: Option<SharedTree>,
     /// A direct-I/O (`O_DIRECT`) handle on the file, when asked for and allowed.
     direct: Option<File>,
     /// An aligned copy of a payload that arrived unaligned, for direct writes.
@@ -90,6 +94,7 @@ impl BlockSink {
             window: None,
             got: RangeSet::new(),
             shared: None,
+            tree: None,
             direct: None,
             bounce: Vec::new(),
             holes: Holes::Unsized,
@@ -105,8 +110,9 @@ impl BlockSink {
     }
 
     /// A sink for the range `[lo, hi)` of a file of `size` bytes, one piece of a parallel
-    /// transfer: blocks outside it are refused, nothing is hashed (the whole file is hashed
-    /// in order as its ranges complete), and [`BlockSink::got`] records what was written.
+    /// transfer: blocks outside it are refused, nothing is hashed in order (each block goes
+    /// into the file's hash tree instead, [`BlockSink::hash_into`]), and [`BlockSink::got`]
+    /// records what was written.
     pub fn range(file_id: u32, size: u64, lo: u64, hi: u64) -> Self {
         let mut s = Self::new(file_id, size);
         s.rehash = true;
@@ -118,6 +124,12 @@ impl BlockSink {
     /// piece of (so a kill loses no more than with one stream).
     pub fn report_to(&mut self, journal: Option<std::sync::Arc<SharedProgress>>) {
         self.shared = journal;
+    }
+
+    /// Hashes each good block into `tree`, the hash tree of the file this range is a piece
+    /// of, so the whole file's BLAKE3 needs no second read ([`crate::tree`]).
+    pub fn hash_into(&mut self, tree: Option<SharedTree>) {
+        self.tree = tree;
     }
 
     /// A sink that journals its verified prefix as it goes ([`crate::landing`]) and starts
@@ -190,7 +202,7 @@ impl BlockSink {
     /// remembers its range for a re-fetch if not.
     pub fn block(&mut self, file: Option<&File>, h: &Block, payload: &[u8]) -> Result<()> {
         self.check_bounds(h)?;
-        if crc32c::crc32c(payload) != h.crc32c {
+        if !crate::hash::checksums_off() && crc32c::crc32c(payload) != h.crc32c {
             self.refetch(h, "block CRC mismatch; it will be sent again");
             return Ok(());
         }
@@ -201,6 +213,9 @@ impl BlockSink {
             return Ok(());
         };
         self.store(file, h, payload);
+        if let Some(t) = &self.tree {
+            t.record(h.offset, payload);
+        }
         if h.offset == self.hashed && !self.rehash {
             self.hasher.update(payload);
             self.hashed += u64::from(h.len);

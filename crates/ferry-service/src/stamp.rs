@@ -62,6 +62,33 @@ impl Stamp {
         }
         Err(Error::new(Kind::Integrity, changed(what, self, &now)))
     }
+
+    /// The ctime (seconds, nanoseconds).
+    pub fn ctime(&self) -> (i64, i64) {
+        self.ctime
+    }
+
+    /// [`Stamp::check`], except that a file whose only change is its ctime, from ours to
+    /// one `moved(ours, now)` vouches for (a change of the file's metadata the caller made
+    /// itself, such as the checksum cache's attribute), passes, and the stamp takes the
+    /// new ctime.
+    pub fn check_allowing(
+        &mut self,
+        file: &File,
+        what: &str,
+        moved: &dyn Fn((i64, i64), (i64, i64)) -> bool,
+    ) -> Result<()> {
+        let now = Stamp::now(file).map_err(|e| Error::io(what, &e))?;
+        let only_ctime = Stamp {
+            ctime: self.ctime,
+            ..now
+        } == *self;
+        if now == *self || (only_ctime && moved(self.ctime, now.ctime)) {
+            *self = now;
+            return Ok(());
+        }
+        Err(Error::new(Kind::Integrity, changed(what, self, &now)))
+    }
 }
 
 /// The message for a source that changed while being read.

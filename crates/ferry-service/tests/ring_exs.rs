@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use ferry_exs::runtime::{default_config, EventQueue, ExsListener};
 use ferry_service::channel::{ring_bytes, Channel, FRAME_HEAD};
-use ferry_service::ring::{staging_threads, Piece, Sender, Source};
+use ferry_service::ring::{staging_threads, Digest, Piece, Sender, Source};
 use ferry_service::sink::{Block, BlockSink};
 use ferry_service::writer::BlockWriter;
 use ferry_service::Result;
@@ -36,8 +36,15 @@ fn head(p: &Piece, crc: u32) -> Result<[u8; FRAME_HEAD]> {
 /// to complete, and returns the ring.
 fn send_file(tx: &Channel, file: &std::fs::File, piece: Piece) -> Sender {
     let mut ring = Sender::new(BLOCK, RING, T).expect("sender");
-    ring.send_range(tx.socket(), Source::File(file), piece, None, &|_| {}, &head)
-        .expect("send");
+    ring.send_range(
+        tx.socket(),
+        Source::File(file),
+        piece,
+        Digest::None,
+        &|_| {},
+        &head,
+    )
+    .expect("send");
     ring.flush().expect("every send completes");
     ring
 }
@@ -150,12 +157,12 @@ fn ranges_arrive_whole(url: &str) {
                 sock,
                 Source::File(&file),
                 range,
-                Some(&mut hasher),
+                Digest::Stream(&mut hasher),
                 &count,
                 &head,
             )
             .expect("send the file range");
-            ring.send_range(sock, Source::Zero, zeros, None, &count, &head)
+            ring.send_range(sock, Source::Zero, zeros, Digest::None, &count, &head)
                 .expect("send zeros");
             // A block the caller fills itself goes through the same ring.
             let staged = ring.claim(sock).expect("claim");

@@ -8,6 +8,7 @@
 //! third_party = ["tcp://dtn2:7370"]  # servers this one may send third-party copies to ("*": any)
 //! mem = false                        # true: export the virtual root `mem` (zero/SIZE, null)
 //! direct = false                     # true: read and write files with O_DIRECT (no page cache)
+//! checksum_cache = true              # false: no user.ferry.blake3 attribute (docs/xfer.md)
 //! keep_special_bits = false          # true: uploads keep setuid, setgid and sticky bits
 //!
 //! [auth]
@@ -74,6 +75,11 @@ pub struct ServerConfig {
     /// where the filesystem allows it (a warning says when it does not).
     #[serde(default)]
     pub direct: bool,
+    /// Keep each file's BLAKE3 (1 MiB and larger) in its `user.ferry.blake3` extended
+    /// attribute, so a file served again unchanged is not hashed again
+    /// ([`ferry_service::sumcache`]); on by default.
+    #[serde(default = "yes")]
+    pub checksum_cache: bool,
     /// Keep the setuid, setgid and sticky bits an upload's mode asks for. Off (the
     /// default), they are cleared: a client must not plant a setuid file owned by the
     /// server's user. The server's umask applies either way.
@@ -108,6 +114,9 @@ fn default_block() -> u32 {
 fn default_ring() -> usize {
     crate::DEFAULT_RING
 }
+fn yes() -> bool {
+    true
+}
 
 impl Default for ServerConfig {
     fn default() -> Self {
@@ -117,6 +126,7 @@ impl Default for ServerConfig {
             ring: default_ring(),
             mem: false,
             direct: false,
+            checksum_cache: true,
             keep_special_bits: false,
             auth: AuthConfig::default(),
             roots: Vec::new(),

@@ -17,7 +17,7 @@ use ferry_service::ring::{self, Piece, Sender, Staged};
 use ferry_service::secure::ClientSecurity;
 use ferry_service::sink::Block;
 
-pub use ferry_service::ring::{staging_threads, Source};
+pub use ferry_service::ring::{staging_threads, Digest, Source};
 pub use ferry_service::writer::BlockWriter;
 
 use crate::error::{Result, XferError};
@@ -182,14 +182,14 @@ impl BlockSender {
     }
 
     /// Sends `span` of `src` as BLOCK frames of `span.file_id`, feeding every byte read to
-    /// `hasher` in order, and `progress` with each block's length (see
+    /// `digest`, and `progress` with each block's length (see
     /// [`Sender::send_range`]: read in place, CRC-32C there, no copy).
     pub fn send_range(
         &mut self,
         link: &Link,
         src: Source<'_>,
         span: Span,
-        hasher: Option<&mut blake3::Hasher>,
+        digest: Digest<'_>,
         progress: &dyn Fn(u64),
     ) -> Result<()> {
         self.ring.direct = self.direct;
@@ -205,7 +205,7 @@ impl BlockSender {
                 .map_err(|e| XferError::conn(format!("encode block: {e}")))
         };
         self.ring
-            .send_range(link.socket(), src, span.into(), hasher, progress, &head)
+            .send_range(link.socket(), src, span.into(), digest, progress, &head)
     }
 
     /// Whether a file of `size` bytes fits in one FILE frame (header and payload in one

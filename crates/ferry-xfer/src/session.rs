@@ -4,7 +4,8 @@
 //! Stream 0's HELLO creates a session; streams 1..N-1 join it by id with the same token.
 //! A session lives while any of its streams does. An upload OPENed in a session is one
 //! `.ferry-part` that every stream writes ranges of (PUT_RANGE); its verified ranges are
-//! journaled as a range set and hashed in order as the prefix grows, and CLOSE commits it.
+//! journaled as a range set, each block is hashed into the file's hash tree as it lands
+//! ([`ferry_service::tree`]), and CLOSE commits it.
 //! A session that ends without CLOSE checkpoints the journals of its open uploads, so a
 //! resumed copy sends only the missing ranges.
 
@@ -17,8 +18,8 @@ use std::time::{Duration, Instant};
 use ferry_service::claims::Claim;
 use ferry_service::journal::RangeSet;
 use ferry_service::landing::{Progress, SharedProgress};
-use ferry_service::ordered_hash::OrderedHash;
 use ferry_service::roots::PartFile;
+use ferry_service::tree::{BlockTree, SharedTree};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -151,7 +152,9 @@ pub(crate) struct Upload {
     /// The part's journal, fed block by block by every stream's sink (`None`: null sink).
     journal: Option<Arc<SharedProgress>>,
     state: Mutex<State>,
-    hash: Mutex<Option<OrderedHash>>,
+    /// The part's hash tree, fed block by block by every stream's sink (`None`: null sink,
+    /// or a block size no tree aligns to: the part is then hashed at CLOSE).
+    tree: Option<SharedTree>,
     /// Set when the upload cannot succeed (a write failed, the client gave up on it): its
     /// part is removed when the upload ends instead of kept for a resume.
     failed: std::sync::atomic::AtomicBool,
@@ -165,10 +168,10 @@ struct State {
 
 impl Upload {
     /// An upload into `part` (journal `progress`, whose ranges are already good), or into
-    /// the null sink (`part` `None`).
+    /// the null sink (`part` `None`), in blocks of `block` bytes.
     pub fn new(
         path: &str,
-        size: u64,
+        (size, block): (u64, u32),
         mode: u32,
         mtime: i64,
         part: Option<(PartFile, Progress, Claim)>,
@@ -181,14 +184,18 @@ impl Upload {
             .as_ref()
             .map(|j| j.ranges().clone())
             .unwrap_or_default();
-        let (file, hash, journal) = match (&part, journal) {
+        let (file, journal) = match (&part, journal) {
             (Some(p), Some(j)) => (
                 Some(p.file.try_clone()?),
-                Some(OrderedHash::start(&p.file, size, done.prefix())?),
                 Some(Arc::new(SharedProgress::new(&p.file, j)?)),
             ),
-            _ => (None, None, None),
+            _ => (None, None),
         };
+        // What a resume found in place is read into the tree at CLOSE.
+        let tree = file
+            .as_ref()
+            .and_then(|_| BlockTree::new(size, u64::from(block)))
+            .map(SharedTree::new);
         Ok(Upload {
             path: path.to_string(),
             size,
@@ -198,7 +205,7 @@ impl Upload {
             file,
             journal,
             state: Mutex::new(State { done }),
-            hash: Mutex::new(hash),
+            tree,
             failed: std::sync::atomic::AtomicBool::new(false),
             claim,
         })
@@ -220,15 +227,14 @@ impl Upload {
         self.journal.clone()
     }
 
-    /// Every block of `[lo, hi)` was written (and journaled by the sink): feed the hasher.
+    /// The part's hash tree, for the sinks of its ranges to hash their blocks into.
+    pub fn tree(&self) -> Option<SharedTree> {
+        self.tree.clone()
+    }
+
+    /// Every block of `[lo, hi)` was written (and journaled and hashed by the sink).
     pub fn mark(&self, lo: u64, hi: u64) {
-        let mut st = lock(&self.state);
-        st.done.insert(lo, hi);
-        let prefix = st.done.prefix();
-        drop(st);
-        if let Some(h) = lock(&self.hash).as_ref() {
-            h.advance(prefix);
-        }
+        lock(&self.state).done.insert(lo, hi);
     }
 
     /// Marks the upload as failed: nothing of it is kept for a resume.
@@ -246,9 +252,14 @@ impl Upload {
         lock(&self.state).done.contains(0, self.size)
     }
 
-    /// The whole file's BLAKE3 (waits for the hasher; `None` for the null sink).
+    /// The whole file's BLAKE3 from its tree (reading what the blocks did not supply:
+    /// a resumed part's ranges), or by reading the part; `None` for the null sink.
     pub fn hash(&self) -> Option<std::io::Result<[u8; 32]>> {
-        lock(&self.hash).take().map(OrderedHash::finish)
+        let file = self.file.as_ref()?;
+        Some(match &self.tree {
+            Some(t) => t.root_filling_from(file),
+            None => ferry_service::hash::hash_file(file, self.size),
+        })
     }
 
     /// Takes the part file out (to commit or discard it); the journal is not written again.

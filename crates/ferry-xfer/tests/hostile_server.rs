@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use ferry_exs::runtime::{default_config, EventQueue, ExsListener};
 use ferry_xfer::client::{copy, Options};
-use ferry_xfer::link::{BlockSender, Link, Source, Span};
+use ferry_xfer::link::{BlockSender, Digest, Link, Source, Span};
 use ferry_xfer::proto::{self, Entry, EntryKind, Msg, BLOCK_HEADER_LEN};
 use ferry_xfer::url::{Location, Remote};
 use ferry_xfer::Kind;
@@ -111,7 +111,7 @@ fn answer(link: &mut Link, listing: &Listing, content: &Path) -> ferry_xfer::Res
                     offset: 0,
                     len: size,
                 };
-                tx.send_range(link, Source::File(&file), span, None, &|_| {})?;
+                tx.send_range(link, Source::File(&file), span, Digest::None, &|_| {})?;
                 link.send(&Msg::FileDone {
                     file_id,
                     length: size,

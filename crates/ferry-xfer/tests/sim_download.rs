@@ -209,7 +209,7 @@ mod machine {
             fits in any::<bool>(),
         ) {
             let mut conv = Responder::new(inline, piece);
-            let src = Source { size, mode: 0o640, fits, hash: true };
+            let src = Source { size, mode: 0o640, fits, hash: true, known: None };
             conv.get((7, offset, length), "r/f", Ok(src));
             let mut replies = Vec::new();
             let mut read = offset;

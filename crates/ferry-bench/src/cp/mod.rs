@@ -47,6 +47,10 @@ pub struct CpArgs {
 /// The suffix of a ferry variant with direct I/O on both sides (disk workload).
 const DIRECT: &str = report::DIRECT;
 const STREAMS: &str = report::STREAMS;
+const NO_CACHE: &str = report::NO_CACHE;
+const NO_CHECKSUMS: &str = report::NO_CHECKSUMS;
+/// The test switch that turns checksums off in a ferry process (`NO_CHECKSUMS` rows).
+const CHECKSUMS_OFF: (&str, &str) = ("FERRY_TEST_NO_CHECKSUMS", "1");
 
 /// The workloads of a run, in order.
 const WORKLOADS: [&str; 4] = ["mem", "shm", "disk", "small"];
@@ -185,26 +189,42 @@ pub fn run(args: &CpArgs) -> Result<()> {
     let ws = Workspace::create(&plan).context("preparing the test data")?;
     let roots = [("shm", ws.shm.as_path()), ("disk", ws.disk.as_path())];
     // The disk workload also runs each driver with direct I/O on both sides (`ferry serve
-    // --direct`, `ferry cp --direct`): a server of its own per driver.
-    let direct = args.only.is_empty() || args.only.iter().any(|w| w == "disk");
-    let variants: Vec<(String, &[&str])> = drivers
+    // --direct`, `ferry cp --direct`), the shm workload without the checksum cache (what a
+    // first run costs) and with checksums off (the reference of `checksum_cost`): a server
+    // of its own per driver and variant.
+    let runs = |w: &str| args.only.is_empty() || args.only.iter().any(|x| x == w);
+    let (direct, shm) = (runs("disk"), runs("shm"));
+    type Variant<'a> = (String, &'a [&'a str], &'a [(&'a str, &'a str)]);
+    let variants: Vec<Variant<'_>> = drivers
         .iter()
-        .map(|d| (d.clone(), &[][..]))
+        .map(|d| (d.clone(), &[][..], &[][..]))
         .chain(
             drivers
                 .iter()
                 .filter(|_| direct)
-                .map(|d| (format!("{d}{DIRECT}"), &["--direct"][..])),
+                .map(|d| (format!("{d}{DIRECT}"), &["--direct"][..], &[][..])),
         )
+        .chain(drivers.iter().filter(|_| shm).flat_map(|d| {
+            [
+                (
+                    format!("{d}{NO_CACHE}"),
+                    &["--no-checksum-cache"][..],
+                    &[][..],
+                ),
+                (format!("{d}{NO_CHECKSUMS}"), &[][..], &[CHECKSUMS_OFF][..]),
+            ]
+        }))
         .collect();
     let servers = Servers {
         ferry: variants
             .iter()
             .enumerate()
-            .map(|(i, (v, extra))| {
-                let d = v.strip_suffix(DIRECT).unwrap_or(v);
-                let s =
-                    addr::address(d, i).and_then(|a| Server::ferry(&a.to_string(), &roots, extra));
+            .map(|(i, (v, extra, env))| {
+                let d = [DIRECT, NO_CACHE, NO_CHECKSUMS]
+                    .iter()
+                    .fold(v.as_str(), |v, s| v.strip_suffix(s).unwrap_or(v));
+                let s = addr::address(d, i)
+                    .and_then(|a| Server::ferry(&a.to_string(), &roots, extra, env));
                 (v.clone(), s)
             })
             .collect(),
@@ -293,6 +313,13 @@ fn cells_of(plan: &Plan, drivers: &[String]) -> Vec<Cell> {
     v.push(Cell::new("mem", "iperf3", "", big, 1));
     for d in drivers {
         v.push(Cell::new("shm", "ferry", d, big, 1));
+    }
+    // The same, hashing every run (a server without the checksum cache: what the first run
+    // of an unchanged file costs), and with checksums off (the reference of checksum_cost).
+    for suffix in [NO_CACHE, NO_CHECKSUMS] {
+        for d in drivers {
+            v.push(Cell::new("shm", "ferry", &format!("{d}{suffix}"), big, 1));
+        }
     }
     for p in ["-p 1", "-p 4"] {
         v.push(Cell::new("shm", "gridftp", p, big, 1));
@@ -408,6 +435,9 @@ fn transfer(plan: &Plan, ws: &Workspace, servers: &Servers, row: &CpRow) -> Resu
             }
             if row.variant.ends_with(STREAMS) {
                 c.args(["-p", "4"]);
+            }
+            if row.variant.ends_with(NO_CHECKSUMS) {
+                c.env(CHECKSUMS_OFF.0, CHECKSUMS_OFF.1);
             }
             let remote = |rel: &str| format!("{}/{rel}", server.addr);
             match row.workload.as_str() {

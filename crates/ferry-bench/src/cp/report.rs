@@ -18,7 +18,8 @@ pub struct CpRow {
     pub workload: String,
     /// `ferry`, `gridftp`, `xrdcp`, `iperf3`, or `fio` (the disk alone: `read`, `write`).
     pub tool: String,
-    /// ferry's driver, or the peer's variant (`-p 1`, `-p 4`).
+    /// ferry's driver with what differs from the default run ([`DIRECT`], [`STREAMS`],
+    /// [`NO_CACHE`], [`NO_CHECKSUMS`]), or the peer's variant (`-p 1`, `-p 4`).
     pub variant: String,
     /// Bytes per transfer.
     pub bytes: u64,
@@ -44,10 +45,16 @@ pub struct CpRow {
 pub const DIRECT: &str = " --direct";
 /// The variant suffix of ferry rows over four parallel streams.
 pub const STREAMS: &str = " -p 4";
+/// The variant suffix of ferry rows whose server keeps no checksum cache (every run hashes
+/// the file: what the first run of an unchanged file costs).
+pub const NO_CACHE: &str = " no-cache";
+/// The variant suffix of ferry rows with checksums turned off on both sides (the test
+/// switch `FERRY_TEST_NO_CHECKSUMS=1`): the reference of `checksum_cost`, never a result.
+pub const NO_CHECKSUMS: &str = " no-checksums";
 
 /// The driver of a ferry row's variant (`tcp --direct` and `tcp -p 4` are tcp).
 fn driver_of(variant: &str) -> &str {
-    [DIRECT, STREAMS]
+    [DIRECT, STREAMS, NO_CACHE, NO_CHECKSUMS]
         .iter()
         .fold(variant, |v, s| v.strip_suffix(s).unwrap_or(v))
 }
@@ -77,12 +84,15 @@ pub struct CpReport {
 }
 
 /// The goals: (summary key, op, bound).
-pub const GOALS: [(&str, &str, f64); 5] = [
+pub const GOALS: [(&str, &str, f64); 8] = [
     ("mem_vs_gridftp", ">=", 1.35),
     ("mem_vs_iperf3", ">=", 1.0),
     ("disk_vs_gridftp", ">=", 1.25),
     ("smallfiles_vs_gridftp", ">=", 2.0),
     ("cpu_vs_gridftp", ">=", 2.0),
+    ("shm_vs_gridftp", ">=", 1.5),
+    ("checksum_cost", "<=", 0.05),
+    ("cpu_vs_gridftp_shm", ">=", 2.0),
 ];
 
 /// How a ratio picks its sides.
@@ -124,6 +134,7 @@ fn best_ratio(
         &mut rows
             .iter()
             .filter(|r| r.tool == "ferry" && r.workload == ferry_workload)
+            .filter(|r| !r.variant.ends_with(NO_CHECKSUMS))
             .filter(|r| driver.is_none_or(|d| driver_of(&r.variant) == d)),
     )?;
     let (p, pname) = pick(
@@ -153,7 +164,7 @@ pub fn summary(rows: &[CpRow]) -> (Summary, BTreeMap<String, String>) {
         &'a dyn Fn(&CpRow) -> Option<f64>,
         Better,
     );
-    let picks: [Pick<'_>; 10] = [
+    let picks: [Pick<'_>; 11] = [
         (
             "mem_vs_gridftp",
             "mem",
@@ -212,6 +223,13 @@ pub fn summary(rows: &[CpRow]) -> (Summary, BTreeMap<String, String>) {
             Better::High,
         ),
         ("cpu_vs_xrdcp", "mem", ("shm", "xrdcp"), &cpu, Better::Low),
+        (
+            "cpu_vs_gridftp_shm",
+            "shm",
+            ("shm", "gridftp"),
+            &cpu,
+            Better::Low,
+        ),
     ];
     let mut out = Vec::new();
     let mut best = BTreeMap::new();
@@ -247,6 +265,13 @@ pub fn summary(rows: &[CpRow]) -> (Summary, BTreeMap<String, String>) {
         _ => None,
     };
     out.push(("disk_vs_device".into(), vs_device));
+    for (key, with) in [("checksum_cost", NO_CACHE), ("checksum_cost_cached", "")] {
+        let cost = checksum_cost(rows, with);
+        if let Some((_, names)) = &cost {
+            best.insert(key.into(), names.clone());
+        }
+        out.push((key.into(), cost.map(|c| c.0)));
+    }
     // The same ratios with ferry on its native tcp driver alone (ofi+shm is a shared-memory
     // transport: it wins on one host but says nothing about a network).
     for (key, fw, peer, value, better) in &picks[..5] {
@@ -258,6 +283,36 @@ pub fn summary(rows: &[CpRow]) -> (Summary, BTreeMap<String, String>) {
         out.push((key, r.map(|x| x.0)));
     }
     (Summary(out), best)
+}
+
+/// The cost of integrity on the `shm` workload: `1 − with ÷ without` (GB/s) for the driver
+/// whose row of variant suffix `with` (`NO_CACHE`: the first run of a file, hashed; `""`:
+/// later runs may take the hash from the cache) is fastest, against its
+/// [`NO_CHECKSUMS`] row.
+fn checksum_cost(rows: &[CpRow], with: &str) -> Option<(f64, String)> {
+    let shm_row = |variant: String| {
+        rows.iter().find(|r| {
+            r.workload == "shm"
+                && r.tool == "ferry"
+                && r.variant == variant
+                && r.gbps.is_some_and(|g| g > 0.0)
+        })
+    };
+    let drivers: std::collections::BTreeSet<&str> = rows
+        .iter()
+        .filter(|r| r.workload == "shm" && r.tool == "ferry")
+        .map(|r| driver_of(&r.variant))
+        .collect();
+    let gbps = |r: &CpRow| r.gbps.unwrap_or(0.0);
+    let (on, off) = drivers
+        .into_iter()
+        .filter_map(|d| {
+            let on = shm_row(format!("{d}{with}"))?;
+            Some((on, shm_row(format!("{d}{NO_CHECKSUMS}"))?))
+        })
+        .max_by(|a, b| gbps(a.0).total_cmp(&gbps(b.0)))?;
+    let cost = 1.0 - gbps(on) / gbps(off);
+    Some((round(cost, 3), format!("{} vs {}", on.label(), off.label())))
 }
 
 /// Each goal checked.
@@ -406,6 +461,35 @@ mod tests {
         assert_eq!(verdict("mem_vs_gridftp"), Some("pass"));
         assert_eq!(verdict("mem_vs_iperf3"), Some("FAIL"));
         assert_eq!(verdict("disk_vs_gridftp"), Some("FAIL"));
+    }
+
+    #[test]
+    fn checksum_cost_and_shm_ratios_leave_out_the_unchecked_rows() {
+        let rows = vec![
+            row("shm", "ferry", "tcp", 2.0, 2.0),
+            row("shm", "ferry", "tcp no-cache", 1.8, 2.4),
+            row("shm", "ferry", "tcp no-checksums", 2.4, 1.5),
+            row("shm", "ferry", "ofi+shm", 2.5, 1.8),
+            row("shm", "ferry", "ofi+shm no-cache", 2.2, 2.2),
+            row("shm", "ferry", "ofi+shm no-checksums", 2.75, 1.0),
+            row("shm", "gridftp", "-p 4", 2.0, 3.6),
+        ];
+        let (s, best) = summary(&rows);
+        // The unchecked ofi+shm row (2.75 GB/s, 1.0 CPU-s) is no result.
+        assert_eq!(s.get("shm_vs_gridftp"), Some(1.25));
+        assert_eq!(best["shm_vs_gridftp"], "ferry ofi+shm vs gridftp -p 4");
+        assert_eq!(s.get("cpu_vs_gridftp_shm"), Some(2.0));
+        assert_eq!(best["cpu_vs_gridftp_shm"], "ferry ofi+shm vs gridftp -p 4");
+        // First runs (no cache): ofi+shm 2.2 against 2.75 unchecked.
+        assert_eq!(s.get("checksum_cost"), Some(0.2));
+        assert_eq!(
+            best["checksum_cost"],
+            "ferry ofi+shm no-cache vs ferry ofi+shm no-checksums"
+        );
+        assert_eq!(s.get("checksum_cost_cached"), Some(0.091));
+        let t = targets(&s);
+        let verdict = |k: &str| t.iter().find(|t| t.metric == k).map(Target::verdict);
+        assert_eq!(verdict("checksum_cost"), Some("FAIL"));
     }
 
     #[test]

@@ -82,12 +82,18 @@ impl Server {
     }
 
     /// `ferry serve --mem --anonymous` exporting `roots` on `listen`, with `extra`
-    /// arguments; its address is the one it reports.
-    pub fn ferry(listen: &str, roots: &[(&str, &Path)], extra: &[&str]) -> Result<Server> {
+    /// arguments and environment `env`; its address is the one it reports.
+    pub fn ferry(
+        listen: &str,
+        roots: &[(&str, &Path)],
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<Server> {
         let exe = std::env::current_exe().context("locating the ferry binary")?;
         let mut cmd = Command::new(exe);
         cmd.args(["serve", "--mem", "--anonymous", "--listen", listen])
-            .args(extra);
+            .args(extra)
+            .envs(env.iter().copied());
         for (name, path) in roots {
             cmd.arg("--root").arg(format!("{name}={}", path.display()));
         }

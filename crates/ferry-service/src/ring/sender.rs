@@ -24,6 +24,17 @@ use crate::channel::{alloc_aligned, exs_err, pinned, Use, FRAME_HEAD, HEAD_ROOM}
 use crate::direct::{direct_aligned, open_direct_or_warn};
 use crate::error::{Error, Result};
 
+/// What hashes the bytes of a sent range as they are read.
+pub enum Digest<'a> {
+    /// Nothing.
+    None,
+    /// One hasher fed every byte in order (a range that is the whole file).
+    Stream(&'a mut blake3::Hasher),
+    /// The file's hash tree, given each block at its offset (one range of a file that
+    /// several streams send, [`crate::tree`]).
+    Tree(&'a crate::tree::SharedTree),
+}
+
 /// Where the bytes of a sent range come from.
 #[derive(Debug, Clone, Copy)]
 pub enum Source<'a> {
@@ -172,8 +183,7 @@ impl Sender {
     }
 
     /// Sends `piece` of `src` as block frames whose header `head(piece, crc32c)` writes,
-    /// feeding every byte read to `hasher` in order, and `progress` with each block's
-    /// length. Each block is read straight into its registered staging block (no copy; a
+    /// feeding every byte read to `digest`, and `progress` with each block's length. Each block is read straight into its registered staging block (no copy; a
     /// zero source's blocks are zeroed once), and its CRC-32C is computed there. For ranges
     /// of more than two blocks with staging threads on, the hash runs on its own thread,
     /// fed copies of the blocks, so reading, CRC and hashing overlap.
@@ -182,7 +192,7 @@ impl Sender {
         sock: &ExsSocket,
         src: Source<'_>,
         piece: Piece,
-        hasher: Option<&mut blake3::Hasher>,
+        digest: Digest<'_>,
         progress: &dyn Fn(u64),
         head: &dyn Fn(&Piece, u32) -> Result<[u8; FRAME_HEAD]>,
     ) -> Result<()> {
@@ -195,8 +205,8 @@ impl Sender {
             progress,
             head,
         };
-        match hasher {
-            Some(h) if piece.len > 2 * block && staging_threads() => {
+        match digest {
+            Digest::Stream(h) if piece.len > 2 * block && staging_threads() => {
                 let depth = self.ring.slots();
                 std::thread::scope(|s| {
                     let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(depth);
@@ -207,7 +217,7 @@ impl Sender {
                             let _ = back_tx.send(v);
                         }
                     });
-                    let res = self.read_and_send(sock, &mut range, &mut |b: &[u8]| {
+                    let res = self.read_and_send(sock, &mut range, &mut |_, b: &[u8]| {
                         let mut v = back_rx.try_recv().unwrap_or_default();
                         v.clear();
                         v.extend_from_slice(b);
@@ -220,11 +230,15 @@ impl Sender {
                     joined.map_err(|_| Error::conn("the hashing thread failed"))
                 })
             }
-            Some(h) => self.read_and_send(sock, &mut range, &mut |b: &[u8]| {
+            Digest::Stream(h) => self.read_and_send(sock, &mut range, &mut |_, b: &[u8]| {
                 h.update(b);
                 Ok(())
             }),
-            None => self.read_and_send(sock, &mut range, &mut |_: &[u8]| Ok(())),
+            Digest::Tree(t) => self.read_and_send(sock, &mut range, &mut |at, b: &[u8]| {
+                t.record(at, b);
+                Ok(())
+            }),
+            Digest::None => self.read_and_send(sock, &mut range, &mut |_, _: &[u8]| Ok(())),
         }
     }
 
@@ -233,7 +247,7 @@ impl Sender {
         &mut self,
         sock: &ExsSocket,
         range: &mut RangeRead<'_, '_>,
-        after_read: &mut dyn FnMut(&[u8]) -> Result<()>,
+        after_read: &mut dyn FnMut(u64, &[u8]) -> Result<()>,
     ) -> Result<()> {
         range.prepare(self.direct);
         self.ring.queue(range.piece);
@@ -286,7 +300,7 @@ impl Sender {
         range: &mut RangeRead<'_, '_>,
         slot: SlotId,
         piece: Piece,
-        after_read: &mut dyn FnMut(&[u8]) -> Result<()>,
+        after_read: &mut dyn FnMut(u64, &[u8]) -> Result<()>,
     ) -> Result<()> {
         let buf = self.block_of(sock, slot)?;
         // Until it is filled the slot's block is held here: put it back if anything fails.
@@ -315,7 +329,7 @@ impl Sender {
         slot: SlotId,
         buf: &ExsBuf,
         piece: Piece,
-        after_read: &mut dyn FnMut(&[u8]) -> Result<()>,
+        after_read: &mut dyn FnMut(u64, &[u8]) -> Result<()>,
     ) -> Result<usize> {
         let n = usize::try_from(piece.len).map_err(|_| Error::conn("internal: block too large"))?;
         if buf.len() < FRAME_HEAD + n {
@@ -339,7 +353,10 @@ impl Sender {
             _ => None,
         };
         let crc = mem.with_bytes(at, n, |b| -> Result<u32> {
-            after_read(b)?;
+            after_read(piece.offset, b)?;
+            if crate::hash::checksums_off() {
+                return Ok(0);
+            }
             Ok(zero_crc.unwrap_or_else(|| crc32c::crc32c(b)))
         })?;
         if matches!(range.src, Source::Zero) {

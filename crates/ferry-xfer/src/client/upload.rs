@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 use super::{Client, Progress};
 use crate::conv::upload::{Action, Event, PutFiles, PutJob, Uploader, PUT_WINDOW};
 use crate::error::{Kind, Result, XferError};
-use crate::link::{FileMeta, Source, Span};
+use crate::link::{Digest, FileMeta, Source, Span};
 use crate::proto;
+use ferry_service::tree::SharedTree;
 
 /// Opens a local regular file for upload: the file and what a PUT says of it. The open is
 /// non-blocking (opening a FIFO waits for a writer) and anything but a regular file is
@@ -182,18 +183,19 @@ impl Client {
             hash: !to_null,
             check_source: stamp.is_some() && matches!(src, Source::File(_)),
         });
-        self.converse(up, src, stamp, path, progress)?;
+        self.converse(up, (src, None), stamp, path, progress)?;
         self.stats.files += 1;
         self.stats.bytes += size;
         Ok(())
     }
 
     /// Runs one upload conversation to its end: executes the [`Uploader`]'s actions on this
-    /// connection, reading `src` (checked against `stamp` before each FILE_DONE).
+    /// connection, reading `src` (checked against `stamp` before each FILE_DONE), and
+    /// hashing what it sends of a range into `tree`, the file's hash tree, if given.
     pub(crate) fn converse(
         &mut self,
         mut up: Uploader,
-        src: Source<'_>,
+        (src, tree): (Source<'_>, Option<&SharedTree>),
         stamp: Option<&ferry_service::stamp::Stamp>,
         path: &str,
         progress: &dyn Progress,
@@ -223,8 +225,12 @@ impl Client {
                     progress.already_there(offset);
                 }
                 Action::SendRange { span, hash, resend } => {
-                    let sent =
-                        self.send_span(src, span, hash.then_some(&mut hasher), resend, progress);
+                    let digest = match (hash, tree) {
+                        (true, _) => Digest::Stream(&mut hasher),
+                        (false, Some(t)) => Digest::Tree(t),
+                        (false, None) => Digest::None,
+                    };
+                    let sent = self.send_span(src, span, digest, resend, progress);
                     up.handle(match sent {
                         Ok(()) => Event::Sent {
                             digest: hash.then(|| *hasher.finalize().as_bytes()),
@@ -248,12 +254,12 @@ impl Client {
 
     /// Sends `span` of `src` as BLOCKs, counting its bytes as they go (a connection that
     /// breaks part way sent only some); a first send counts as progress too, a resend (one
-    /// counted block more) does not. With `hasher`, the bytes are hashed as they are read.
+    /// counted block more) does not. The bytes go to `digest` as they are read.
     fn send_span(
         &mut self,
         src: Source<'_>,
         span: Span,
-        hasher: Option<&mut blake3::Hasher>,
+        digest: Digest<'_>,
         resend: bool,
         progress: &dyn Progress,
     ) -> Result<()> {
@@ -267,7 +273,7 @@ impl Client {
         if resend {
             self.stats.blocks_resent += 1;
         }
-        let sent = self.tx.send_range(&self.link, src, span, hasher, &add);
+        let sent = self.tx.send_range(&self.link, src, span, digest, &add);
         self.stats.wire_bytes += wire.take();
         sent
     }

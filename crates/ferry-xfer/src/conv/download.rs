@@ -435,6 +435,9 @@ pub struct Source {
     /// Whether a whole-file answer carries its BLAKE3 (not for the zero source of memory
     /// mode: the client knows what zeros hash to).
     pub hash: bool,
+    /// The source's BLAKE3, already known (the checksum cache,
+    /// [`ferry_service::sumcache`]): a whole-file answer carries it instead of hashing.
+    pub known: Option<[u8; 32]>,
 }
 
 /// What the server's runtime is to do for a GET, in order.
@@ -477,8 +480,10 @@ struct Serving {
     pos: u64,
     piece: u64,
     end: u64,
-    /// The whole file's hash, when the GET is for all of it.
+    /// The whole file's hash, when the GET is for all of it and it is not known.
     hasher: Option<blake3::Hasher>,
+    /// The whole file's hash, when the GET is for all of it and it is known.
+    known: Option<[u8; 32]>,
     /// Answered by a FILE frame.
     frame: bool,
 }
@@ -541,6 +546,7 @@ impl Responder {
             piece: 0,
             end: offset,
             hasher: None,
+            known: None,
             frame: false,
         };
         if self.inline && offset == 0 && length == u64::MAX && src.fits {
@@ -566,7 +572,9 @@ impl Responder {
         }));
         let len = length.min(src.size - offset);
         serving.end = offset + len;
-        serving.hasher = (src.hash && offset == 0 && len == src.size).then(blake3::Hasher::new);
+        let whole = src.hash && offset == 0 && len == src.size;
+        serving.known = src.known.filter(|_| whole);
+        serving.hasher = (whole && serving.known.is_none()).then(blake3::Hasher::new);
         self.serving = Some(serving);
         self.next_piece();
     }
@@ -624,7 +632,9 @@ impl Responder {
         self.out.push_back(Reply::Send(Msg::FileDone {
             file_id: s.file_id,
             length: s.end - s.start,
-            blake3: s.hasher.map(|h| *h.finalize().as_bytes()),
+            blake3: s
+                .known
+                .or_else(|| s.hasher.map(|h| *h.finalize().as_bytes())),
         }));
     }
 

@@ -15,8 +15,8 @@ use crate::link::BlockWriter;
 use crate::url::Remote;
 use ferry_service::journal::RangeSet;
 use ferry_service::landing::{Found, SharedProgress};
-use ferry_service::ordered_hash::OrderedHash;
 use ferry_service::sink::BlockSink;
+use ferry_service::tree::{BlockTree, SharedTree};
 
 /// One chunk of a download the streams share.
 #[derive(Clone)]
@@ -59,6 +59,10 @@ pub(crate) struct SharedDl {
     file: Option<File>,
     /// The part's journal, fed by every stream's sink block by block (`None`: the null sink).
     journal: Option<Arc<SharedProgress>>,
+    /// The part's hash tree, fed by every stream's sink block by block (`None`: the null
+    /// sink, or a block size no tree aligns to: the part is then hashed after the last
+    /// chunk).
+    tree: Option<SharedTree>,
     state: Mutex<DlState>,
 }
 
@@ -66,7 +70,6 @@ struct DlState {
     part: Option<LocalPart>,
     /// The chunks whose every block arrived.
     done: RangeSet,
-    hasher: Option<OrderedHash>,
     src_hash: Option<[u8; 32]>,
     mode: u32,
     finished: bool,
@@ -104,14 +107,18 @@ impl SharedDl {
             }
         };
         let io = |e: std::io::Error| XferError::io(job.path.as_str(), &e);
-        let (file, hasher, journal) = match (&part, journal) {
+        let (file, journal) = match (&part, journal) {
             (Some(p), Some(j)) => (
                 Some(p.file.try_clone().map_err(io)?),
-                Some(OrderedHash::start(&p.file, size, done.prefix()).map_err(io)?),
                 Some(Arc::new(SharedProgress::new(&p.file, j).map_err(io)?)),
             ),
-            _ => (None, None, None),
+            _ => (None, None),
         };
+        // Blocks are hashed as they land; what a resume found in place is read at the end.
+        let tree = file
+            .as_ref()
+            .and_then(|_| BlockTree::new(size, u64::from(block)))
+            .map(SharedTree::new);
         let zero_src = crate::mem::classify(&job.path).is_some();
         let shared = Arc::new(SharedDl {
             path: job.path.clone(),
@@ -120,10 +127,10 @@ impl SharedDl {
             mtime: job.ident.mtime,
             file,
             journal,
+            tree,
             state: Mutex::new(DlState {
                 part,
                 done: done.clone(),
-                hasher,
                 src_hash: zero_src.then(|| crate::mem::zero_hash(size)),
                 mode: 0o644,
                 finished: false,
@@ -169,6 +176,7 @@ impl SharedDl {
         lock(&self.state).mode = mode;
         let mut sink = BlockSink::range(id, size, lo, hi);
         sink.report_to(self.journal.clone());
+        sink.hash_into(self.tree.clone());
         match &self.file {
             Some(f) => BlockWriter::with_sink(sink, f, ring),
             None => Ok(BlockWriter::null_sink(sink)),
@@ -188,10 +196,6 @@ impl SharedDl {
         // Its blocks are in the journal already (the sink reported each as it wrote it).
         let mut st = lock(&self.state);
         st.done.insert(lo, hi);
-        let prefix = st.done.prefix();
-        if let Some(h) = &st.hasher {
-            h.advance(prefix);
-        }
         self.try_finish(&mut st)
     }
 
@@ -219,15 +223,15 @@ impl SharedDl {
         if let Some(j) = &self.journal {
             j.close();
         }
-        let got = match st.hasher.take().map(OrderedHash::finish) {
-            Some(Ok(h)) => h,
-            Some(Err(e)) => {
+        let hashed = match &self.tree {
+            Some(t) => t.root_filling_from(&part.file),
+            None => ferry_service::hash::hash_file(&part.file, self.size),
+        };
+        let got = match hashed {
+            Ok(h) => h,
+            Err(e) => {
                 part.discard();
                 return Err(XferError::io(self.dest.display(), &e));
-            }
-            None => {
-                part.discard();
-                return Err(XferError::conn("internal: no hasher"));
             }
         };
         if got != want {
@@ -249,7 +253,6 @@ impl SharedDl {
     /// connection failure), or remove both.
     fn abandon(&self, keep: bool) {
         let mut st = lock(&self.state);
-        st.hasher = None;
         let Some(part) = st.part.take() else { return };
         let journal = self.journal.as_deref();
         if !keep {

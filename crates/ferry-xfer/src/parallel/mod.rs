@@ -5,15 +5,16 @@
 //! ones, pipelined on the stream as a single-stream copy does) and chunks of large files.
 //! A large file (more than one chunk) is opened once: its part file is shared by every
 //! stream, each chunk lands in place by `pwrite`, its journal records the verified ranges,
-//! and a hashing thread follows the verified prefix ([`ferry_service::ordered_hash`]), so the
-//! whole-file BLAKE3 is ready when the last chunk lands. Chunks are handed out one at a
+//! and each block is hashed into the file's hash tree as it lands
+//! ([`ferry_service::tree`]), so the whole-file BLAKE3 follows from 32 bytes per block when
+//! the last chunk lands, without reading the part again. Chunks are handed out one at a
 //! time (at most [`CHUNKS_AHEAD`] outstanding per stream), so a slow stream does not hold
 //! the others back.
 //!
 //! Downloads fetch a chunk with a ranged GET; the source's BLAKE3 comes from a SUM sent on
 //! the stream that opened the file. Uploads OPEN the file (HAVE lists what a resumed part
 //! holds), send each chunk with PUT_RANGE on whichever stream is free, and CLOSE it with
-//! the source's BLAKE3, which a thread computes from the source file meanwhile.
+//! the source's BLAKE3, merged from the blocks the streams hashed as they read them.
 
 mod download;
 mod upload;

@@ -17,6 +17,7 @@ use crate::proto::{self, Msg};
 use crate::url::Remote;
 use ferry_service::journal::RangeSet;
 use ferry_service::stamp::Stamp;
+use ferry_service::tree::{BlockTree, SharedTree};
 
 /// A large file being uploaded by several streams (OPEN, PUT_RANGE…, CLOSE).
 struct SharedUp {
@@ -26,13 +27,20 @@ struct SharedUp {
     /// The source (`None`: zeros) and its stamp when it was opened.
     file: Option<(File, Stamp)>,
     left: Mutex<RangeSet>,
-    /// The source's BLAKE3, computed meanwhile (`None`: none is sent).
+    /// The source's BLAKE3, once CLOSE takes it.
     hash: Mutex<Option<HashJob>>,
+    /// The source's hash tree, fed with every block the streams send (`None`: nothing to
+    /// hash, or a block size no tree aligns to: the source is then read at CLOSE).
+    tree: Option<SharedTree>,
 }
 
+/// Where CLOSE's hash comes from.
 enum HashJob {
+    /// Known (`None`: none is sent).
     Ready(Option<[u8; 32]>),
-    Thread(std::thread::JoinHandle<std::io::Result<[u8; 32]>>),
+    /// The source's: its tree, completed from the file where the ranges sent did not
+    /// cover it (what a resumed server held), or the whole file read.
+    Source,
 }
 
 impl SharedUp {
@@ -54,11 +62,18 @@ impl SharedUp {
         let job = lock(&self.hash).take();
         match job {
             Some(HashJob::Ready(h)) => Ok(h),
-            Some(HashJob::Thread(t)) => match t.join() {
-                Ok(Ok(h)) => Ok(Some(h)),
-                Ok(Err(e)) => Err(XferError::io(self.path.as_str(), &e)),
-                Err(_) => Err(XferError::conn("the hashing thread failed")),
-            },
+            Some(HashJob::Source) => {
+                let Some((f, _)) = &self.file else {
+                    return Err(XferError::conn("internal: no source to hash"));
+                };
+                let hashed = match &self.tree {
+                    Some(t) => t.root_filling_from(f),
+                    None => ferry_service::hash::hash_file(f, self.size),
+                };
+                hashed
+                    .map(Some)
+                    .map_err(|e| XferError::io(self.path.as_str(), &e))
+            }
             None => Err(XferError::conn("internal: the file was closed twice")),
         }
     }
@@ -288,18 +303,14 @@ fn open_upload(
         progress.already_there(left.total());
     }
     let to_null = crate::mem::classify(path) == Some(Ok(crate::mem::Virtual::Null));
-    let hash = match (&file, to_null) {
-        (_, true) => HashJob::Ready(None),
-        (None, false) => HashJob::Ready(Some(crate::mem::zero_hash(size))),
-        (Some((f, _)), false) => {
-            let f = f.try_clone().map_err(|e| XferError::io(path, &e))?;
-            HashJob::Thread(
-                std::thread::Builder::new()
-                    .name("ferry-hash".into())
-                    .spawn(move || ferry_service::hash::hash_file(&f, size))
-                    .map_err(|e| XferError::io("start hashing thread", &e))?,
-            )
-        }
+    let (hash, tree) = match (&file, to_null) {
+        (_, true) => (HashJob::Ready(None), None),
+        (None, false) => (HashJob::Ready(Some(crate::mem::zero_hash(size))), None),
+        // Hashed as the streams read it to send it: each byte once.
+        (Some(_), false) => (
+            HashJob::Source,
+            BlockTree::new(size, u64::from(c.block_size())).map(SharedTree::new),
+        ),
     };
     Ok(Some(Arc::new(SharedUp {
         id,
@@ -308,6 +319,7 @@ fn open_upload(
         file,
         left: Mutex::new(left),
         hash: Mutex::new(Some(hash)),
+        tree,
     })))
 }
 
@@ -322,7 +334,7 @@ fn put_range(
 ) -> Result<()> {
     c.converse(
         Uploader::range(up.id, lo, hi),
-        up.source(),
+        (up.source(), up.tree.as_ref()),
         None,
         &up.path,
         progress,

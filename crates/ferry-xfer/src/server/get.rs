@@ -5,12 +5,70 @@ use crate::conv::download::{self as conv, Reply, Responder};
 use crate::conv::serve::DRAINING;
 use crate::error::{Kind, Result, XferError};
 use crate::export::{refuse, Refusal};
-use crate::link::{BlockSender, BlockWriter, Link, Source, Span};
+use crate::link::{BlockSender, BlockWriter, Digest, Link, Source, Span};
 use crate::mem::{Virtual, MEM_ROOT};
 use crate::proto::{Entry, EntryKind, ErrorCode, Msg};
 use crate::session::{Session, Upload};
 use ferry_service::hash::hash_file;
 use ferry_service::stamp::Stamp;
+use ferry_service::sumcache::{self, Reading};
+use std::cell::RefCell;
+use std::fs::File;
+
+/// A GET's open source: the file, the stamp it is held to, and (a file large enough for the
+/// checksum cache) its registration as a reader, which keeps the stamp across the cache's
+/// own writes and stores the hash the GET computed.
+struct Held<'a> {
+    file: &'a File,
+    stamp: RefCell<Stamp>,
+    reading: Option<Reading>,
+}
+
+impl<'a> Held<'a> {
+    /// Opens the hold on `file` (opened after [`sumcache::epoch`] said `epoch`, `st` its
+    /// `fstat` then).
+    fn new(
+        file: &'a File,
+        st: &rustix::fs::Stat,
+        epoch: u64,
+        cache: bool,
+        path: &str,
+    ) -> Result<Held<'a>> {
+        let (reading, stamp) = if st.st_size as u64 >= sumcache::MIN_CACHED {
+            let (r, s) =
+                Reading::start(file, st, epoch, cache).map_err(|e| XferError::io(path, &e))?;
+            (Some(r), s)
+        } else {
+            (None, Stamp::of(st))
+        };
+        Ok(Held {
+            file,
+            stamp: RefCell::new(stamp),
+            reading,
+        })
+    }
+
+    /// The file's BLAKE3 from the checksum cache.
+    fn cached(&self) -> Option<[u8; 32]> {
+        self.reading.as_ref().and_then(|r| r.cached(self.file))
+    }
+
+    /// Fails (integrity) if the file changed since it was opened.
+    fn check(&self, path: &str) -> Result<()> {
+        let mut stamp = self.stamp.borrow_mut();
+        match &self.reading {
+            Some(r) => r.check(&mut stamp, self.file, path),
+            None => stamp.check(self.file, path),
+        }
+    }
+
+    /// Keeps `root`, just computed from the unchanged file, in the checksum cache.
+    fn store(&self, root: &[u8; 32]) {
+        if let Some(r) = &self.reading {
+            r.store(&mut self.stamp.borrow_mut(), self.file, root);
+        }
+    }
+}
 
 impl Server {
     /// Answers a request on the memory root (`mem/...`, see [`crate::mem`]); false if
@@ -94,7 +152,7 @@ impl Server {
                 }
             }
             (Msg::Open { size, mode, .. }, Virtual::Null) => {
-                let up = Upload::new(path, *size, *mode, 0, None)
+                let up = Upload::new(path, (*size, 0), *mode, 0, None)
                     .map_err(|e| XferError::io(path, &e))?;
                 if session.add_upload(file_id, up) {
                     link.send(&Msg::Have {
@@ -158,6 +216,7 @@ impl Server {
             mode: 0o444,
             fits: false,
             hash: false,
+            known: None,
         });
         conv.get((file_id, offset, length), "mem/zero", zeros);
         self.answer(link, tx, &mut conv, "mem/zero", None)
@@ -167,7 +226,9 @@ impl Server {
     /// FILE frames (a 1.3 client), for a whole file that fits in one frame, one FILE frame. A
     /// file that changes while it is read ([`ferry_service::stamp`]) gets an ERROR
     /// (integrity) instead of its FILE_DONE or FILE frame, so no client, of any version,
-    /// commits it.
+    /// commits it. A whole-file GET's BLAKE3 comes from the checksum cache when it holds the
+    /// file's ([`ferry_service::sumcache`]), else from hashing what is sent, which then goes
+    /// into the cache.
     pub(super) fn get(
         &self,
         link: &mut Link,
@@ -179,6 +240,7 @@ impl Server {
     ) -> Result<()> {
         let mut conv = Responder::new(tx.inline, GET_PIECE);
         let req = (file_id, offset, length);
+        let epoch = sumcache::epoch();
         let (file, st) = match self.roots.open_read(path) {
             Ok(f) => f,
             Err(r) => {
@@ -186,31 +248,52 @@ impl Server {
                 return self.answer(link, tx, &mut conv, path, None);
             }
         };
+        let held = match Held::new(&file, &st, epoch, self.cfg.checksum_cache, path) {
+            Ok(h) => h,
+            Err(e) => {
+                // This GET fails (its file could not be stat'ed); the connection stays.
+                conv.get(req, path, Err(refuse(ErrorCode::Io, e.msg)));
+                return self.answer(link, tx, &mut conv, path, None);
+            }
+        };
         let size = st.st_size as u64;
+        let whole = offset == 0 && length >= size;
         let source = conv::Source {
             size,
             mode: st.st_mode & 0o7777,
             fits: tx.file_fits(size),
-            hash: true,
+            hash: !ferry_service::hash::checksums_off(),
+            known: whole.then(|| held.cached()).flatten(),
         };
         conv.get(req, path, Ok(source));
-        let stamp = Stamp::of(&st);
-        self.answer(link, tx, &mut conv, path, Some((&file, &stamp)))
+        self.answer(link, tx, &mut conv, path, Some(&held))
     }
 
-    /// Answers a SUM of `path` ([`Responder::sum`]): the whole file's BLAKE3, or an ERROR if
-    /// it cannot be read or changed while it was (such a hash matches no version of it).
+    /// Answers a SUM of `path` ([`Responder::sum`]): the whole file's BLAKE3 (from the
+    /// checksum cache, or read and then kept there), or an ERROR if it cannot be read or
+    /// changed while it was (such a hash matches no version of it).
     pub(super) fn sum(&self, link: &mut Link, tx: &mut BlockSender, path: &str) -> Result<()> {
+        let epoch = sumcache::epoch();
         let found = self
             .roots
             .open_read(path)
             .map_err(Refusal::from)
             .and_then(|(f, st)| {
                 let size = st.st_size as u64;
-                let io = |e: std::io::Error| refuse(ErrorCode::Io, format!("{path}: {e}"));
-                let hash = hash_file(&f, size).map_err(io)?;
+                let io = |e: String| refuse(ErrorCode::Io, e);
+                let held = Held::new(&f, &st, epoch, self.cfg.checksum_cache, path)
+                    .map_err(|e| io(e.msg))?;
+                if let Some(hash) = held.cached() {
+                    return Ok((size, hash));
+                }
                 let changed = |e: XferError| refuse(ErrorCode::Integrity, e.msg);
-                Stamp::of(&st).check(&f, path).map_err(changed)?;
+                // A read cut short by a truncation is a changed file, not a disk error.
+                let hash = hash_file(&f, size).map_err(|e| match held.check(path) {
+                    Err(c) => changed(c),
+                    Ok(()) => io(format!("{path}: {e}")),
+                })?;
+                held.check(path).map_err(changed)?;
+                held.store(&hash);
                 Ok((size, hash))
             });
         let mut conv = Responder::new(false, GET_PIECE);
@@ -218,18 +301,18 @@ impl Server {
         self.answer(link, tx, &mut conv, path, None)
     }
 
-    /// Carries out a GET's replies: frames, FILE frames and pieces read from `file` (with
-    /// the stamp it must keep), or zeros if `None`. A broken connection ends the GET (and
-    /// the connection) at once; a drain stops it between pieces.
+    /// Carries out a GET's replies: frames, FILE frames and pieces read from `file` (held to
+    /// its stamp), or zeros if `None`. A broken connection ends the GET (and the connection)
+    /// at once; a drain stops it between pieces.
     fn answer(
         &self,
         link: &mut Link,
         tx: &mut BlockSender,
         conv: &mut Responder,
         path: &str,
-        file: Option<(&std::fs::File, &Stamp)>,
+        file: Option<&Held<'_>>,
     ) -> Result<()> {
-        let unchanged = || file.map_or(Ok(()), |(f, stamp)| stamp.check(f, path));
+        let unchanged = || file.map_or(Ok(()), |h| h.check(path));
         let mut pieces = 0;
         while let Some(reply) = conv.poll() {
             let piece = matches!(reply, Reply::Read { .. });
@@ -238,6 +321,16 @@ impl Server {
                     // Answers leave in request order: an open PACK goes first.
                     tx.flush_pack(link)?;
                     link.send(&msg)?;
+                    if let (
+                        Msg::FileDone {
+                            blake3: Some(h), ..
+                        },
+                        Some(held),
+                    ) = (&msg, file)
+                    {
+                        // Read from the file as its stamp still was after the last piece.
+                        held.store(h);
+                    }
                     continue;
                 }
                 Reply::SendFile {
@@ -245,10 +338,10 @@ impl Server {
                     size,
                     mode,
                 } => {
-                    let Some((f, _)) = file else {
+                    let Some(held) = file else {
                         return Err(XferError::conn("a FILE frame of no file"));
                     };
-                    tx.send_file(link, f, file_id, mode, size, &unchanged)
+                    tx.send_file(link, held.file, file_id, mode, size, &unchanged)
                 }
                 Reply::Read {
                     file_id,
@@ -269,10 +362,11 @@ impl Server {
                         offset,
                         len,
                     };
-                    let source = file.map_or(Source::Zero, |(f, _)| Source::File(f));
+                    let source = file.map_or(Source::Zero, |h| Source::File(h.file));
                     // Checked after every piece: a change stops the rest from being read
                     // and sent.
-                    tx.send_range(link, source, span, conv.hasher(), &|_| {})
+                    let digest = conv.hasher().map_or(Digest::None, Digest::Stream);
+                    tx.send_range(link, source, span, digest, &|_| {})
                         .and_then(|()| unchanged())
                 }
             };
@@ -286,6 +380,12 @@ impl Server {
                         // No blocks of a failed GET linger behind its ERROR.
                         tx.flush().ok();
                     }
+                    // A read that failed because the file shrank under it is a changed
+                    // source (integrity), not a disk error.
+                    let e = match e.kind {
+                        Kind::Integrity => e,
+                        _ => unchanged().err().unwrap_or(e),
+                    };
                     conv.failed(e);
                 }
             }

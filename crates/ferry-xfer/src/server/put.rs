@@ -361,6 +361,7 @@ impl Dest<'_> {
             } => {
                 let mut sink = BlockSink::range(file_id, up.size, *offset, *end);
                 sink.report_to(up.journal());
+                sink.hash_into(up.tree());
                 match &up.file {
                     Some(f) => BlockWriter::with_sink(sink, f, ring),
                     None => Ok(BlockWriter::null_sink(sink)),

@@ -44,7 +44,7 @@ impl Server {
         }
         let up = Upload::new(
             path,
-            req.size,
+            (req.size, req.block),
             req.mode,
             ident.mtime,
             Some((part, progress, claim)),

@@ -907,6 +907,7 @@ impl Server {
                         mode,
                         fits,
                         hash,
+                        known: None,
                     }),
                     d.to_vec(),
                 )

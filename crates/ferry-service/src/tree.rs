@@ -1,0 +1,298 @@
+//! A file's BLAKE3 from the chaining values of its aligned pieces, so each byte is hashed
+//! once, where it is touched anyway (a received block, in memory), in any order, by any
+//! thread, and the whole-file hash follows from the pieces' 32-byte values alone.
+//!
+//! BLAKE3 is a binary tree over 1 KiB chunks, left-balanced: the left subtree of any node
+//! holds the largest power of two of chunks smaller than the node's. Cut a file into
+//! **units** of `u` bytes, `u` a power of two of at least 1 KiB, at offsets that are multiples
+//! of `u`: then every unit (the last one possibly short) is a whole subtree of the file's
+//! tree, and the tree over the units is again left-balanced (a power of two of chunks at
+//! least `u` long is a multiple of `u`). So each unit's chaining value
+//! ([`blake3::hazmat::HasherExt::finalize_non_root`], the unit's offset set) can be
+//! computed alone, and the root is merged from them by the same left-balanced split
+//! ([`blake3::hazmat::merge_subtrees_non_root`], [`blake3::hazmat::merge_subtrees_root`] at
+//! the top). A file of one unit or less has no parent node: its root is the plain hash of
+//! its bytes.
+//!
+//! A transfer's blocks are `block` bytes at multiples of `block` (ranges and chunks start on
+//! block boundaries): the unit is the largest power of two dividing the block size, so every
+//! block is a whole number of units (a 4 MiB block is one unit, a 3 MiB block three of 1 MiB).
+
+use std::fs::File;
+use std::sync::{Arc, Mutex};
+
+use blake3::hazmat::Mode;
+use blake3::hazmat::{merge_subtrees_non_root, merge_subtrees_root, ChainingValue, HasherExt};
+
+/// How a file is cut into units: what hashing a unit needs, without the values.
+#[derive(Debug, Clone, Copy)]
+struct Geometry {
+    size: u64,
+    /// The unit: a power of two, at least [`blake3::CHUNK_LEN`].
+    unit: u64,
+}
+
+/// The pieces of one file whose chaining values are known (see the module notes).
+#[derive(Debug, Clone)]
+pub struct BlockTree {
+    geo: Geometry,
+    /// Each unit's value: a chaining value, or (a file of one unit) the root itself.
+    cvs: Vec<Option<ChainingValue>>,
+}
+
+impl BlockTree {
+    /// The tree of a file of `size` bytes received in blocks of `block` bytes at multiples
+    /// of `block`; `None` if `block` is not a multiple of 1 KiB (no unit can then align to
+    /// every block).
+    pub fn new(size: u64, block: u64) -> Option<BlockTree> {
+        let unit = block.checked_sub(1).map(|m| block & !m)?;
+        if unit < blake3::CHUNK_LEN as u64 {
+            return None;
+        }
+        let units = usize::try_from(size.div_ceil(unit)).ok()?;
+        Some(BlockTree {
+            geo: Geometry { size, unit },
+            cvs: vec![None; units],
+        })
+    }
+
+    /// The file's size.
+    pub fn size(&self) -> u64 {
+        self.geo.size
+    }
+
+    /// Records the bytes `data` found at `offset` of the file: the value of every unit they
+    /// cover whole (the last unit ends at the file's end). Units they cover only in part
+    /// lose what they had (those bytes were just written over by others); [`BlockTree::fill`]
+    /// or a later block covering them whole supplies them.
+    pub fn record(&mut self, offset: u64, data: &[u8]) {
+        for (i, value) in self.geo.values(offset, data) {
+            if let Some(slot) = self.cvs.get_mut(i) {
+                *slot = value;
+            }
+        }
+    }
+
+    /// The ranges of the file whose units have no value yet, merged where they touch.
+    pub fn missing(&self) -> Vec<(u64, u64)> {
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        for (i, _) in self.cvs.iter().enumerate().filter(|(_, v)| v.is_none()) {
+            let lo = i as u64 * self.geo.unit;
+            let hi = (lo + self.geo.unit).min(self.geo.size);
+            match out.last_mut() {
+                Some(last) if last.1 == lo => last.1 = hi,
+                _ => out.push((lo, hi)),
+            }
+        }
+        out
+    }
+
+    /// Reads the units that have no value from `file` (a resumed part's bytes, or blocks that
+    /// did not align), so [`BlockTree::root`] has them all.
+    pub fn fill(&mut self, file: &File) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let mut buf = Vec::new();
+        for (lo, hi) in self.missing() {
+            let mut pos = lo;
+            while pos < hi {
+                let n = (hi - pos).min(self.geo.unit.max(1 << 20)) as usize;
+                buf.resize(n, 0);
+                file.read_exact_at(&mut buf, pos)?;
+                self.record(pos, &buf);
+                pos += n as u64;
+            }
+        }
+        Ok(())
+    }
+
+    /// The whole file's BLAKE3, once every unit has its value.
+    pub fn root(&self) -> Option<[u8; 32]> {
+        match self.cvs.len() {
+            0 => Some(*blake3::hash(&[]).as_bytes()),
+            1 => self.cvs[0],
+            n => {
+                let split = left_units(n);
+                let (l, r) = (self.merge(0, split)?, self.merge(split, n)?);
+                Some(*merge_subtrees_root(&l, &r, Mode::Hash).as_bytes())
+            }
+        }
+    }
+
+    /// The chaining value of the subtree over units `lo..hi` (not the root).
+    fn merge(&self, lo: usize, hi: usize) -> Option<ChainingValue> {
+        if hi - lo == 1 {
+            return self.cvs[lo];
+        }
+        let split = lo + left_units(hi - lo);
+        let (l, r) = (self.merge(lo, split)?, self.merge(split, hi)?);
+        Some(merge_subtrees_non_root(&l, &r, Mode::Hash))
+    }
+}
+
+impl Geometry {
+    /// The values of the units `data` at `offset` touches: `Some` for those it covers whole,
+    /// `None` for the others. Computed without the tree's lock by [`SharedTree::record`].
+    fn values(&self, offset: u64, data: &[u8]) -> Vec<(usize, Option<ChainingValue>)> {
+        let end = offset.saturating_add(data.len() as u64).min(self.size);
+        if offset >= end {
+            return Vec::new();
+        }
+        let (first, last) = (offset / self.unit, (end - 1) / self.unit);
+        (first..=last)
+            .map(|u| {
+                let lo = u * self.unit;
+                let hi = (lo + self.unit).min(self.size);
+                let whole = lo >= offset && hi <= end;
+                let value = whole.then(|| {
+                    let at = (lo - offset) as usize;
+                    self.value(lo, &data[at..at + (hi - lo) as usize])
+                });
+                (u as usize, value)
+            })
+            .collect()
+    }
+
+    /// The value of the unit starting at `lo` holding `bytes` (all of it).
+    fn value(&self, lo: u64, bytes: &[u8]) -> ChainingValue {
+        if self.size <= self.unit {
+            return *blake3::hash(bytes).as_bytes();
+        }
+        blake3::Hasher::new()
+            .set_input_offset(lo)
+            .update(bytes)
+            .finalize_non_root()
+    }
+}
+
+/// Units in the left subtree of a node over `n ≥ 2` units: the largest power of two below `n`.
+fn left_units(n: usize) -> usize {
+    1 << (usize::BITS - 1 - (n - 1).leading_zeros())
+}
+
+/// A [`BlockTree`] the receivers of one file's ranges share (parallel streams): each hashes
+/// its blocks outside the lock and only stores the values under it.
+#[derive(Debug, Clone)]
+pub struct SharedTree(Arc<Mutex<BlockTree>>);
+
+impl SharedTree {
+    /// Shares `tree`.
+    pub fn new(tree: BlockTree) -> SharedTree {
+        SharedTree(Arc::new(Mutex::new(tree)))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BlockTree> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// [`BlockTree::record`], hashing without holding the lock.
+    pub fn record(&self, offset: u64, data: &[u8]) {
+        let geo = self.lock().geo;
+        let values = geo.values(offset, data);
+        let mut t = self.lock();
+        for (i, v) in values {
+            if let Some(slot) = t.cvs.get_mut(i) {
+                *slot = v;
+            }
+        }
+    }
+
+    /// [`BlockTree::fill`] from `file`, then [`BlockTree::root`].
+    pub fn root_filling_from(&self, file: &File) -> std::io::Result<[u8; 32]> {
+        let mut t = self.lock();
+        t.fill(file)?;
+        t.root()
+            .ok_or_else(|| std::io::Error::other("internal: a unit of the file was not hashed"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn data(n: usize, seed: u8) -> Vec<u8> {
+        (0..n)
+            .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[3] ^ seed)
+            .collect()
+    }
+
+    /// The root from blocks recorded in any order equals the plain hash, for sizes around
+    /// the unit and chunk boundaries.
+    fn check(size: usize, block: u64, order_seed: u64) {
+        let bytes = data(size, order_seed as u8);
+        let mut tree = BlockTree::new(size as u64, block).unwrap();
+        let mut blocks: Vec<u64> = (0..(size as u64).div_ceil(block)).collect();
+        // A fixed shuffle: parallel streams land blocks out of order.
+        let k = blocks.len().max(1);
+        blocks.rotate_left((order_seed as usize) % k);
+        if order_seed % 2 == 1 {
+            blocks.reverse();
+        }
+        for b in blocks {
+            let lo = (b * block) as usize;
+            let hi = (lo + block as usize).min(size);
+            tree.record(lo as u64, &bytes[lo..hi]);
+        }
+        assert!(tree.missing().is_empty());
+        assert_eq!(
+            tree.root(),
+            Some(*blake3::hash(&bytes).as_bytes()),
+            "size {size} block {block}"
+        );
+    }
+
+    #[test]
+    fn sizes_around_boundaries() {
+        for block in [1024u64, 4096, 3 << 12, 1 << 16] {
+            for mult in [0u64, 1, 2, 3, 4, 5, 8, 9] {
+                for delta in [-1i64, 0, 1] {
+                    let size = (mult * block) as i64 + delta;
+                    if size >= 0 {
+                        check(size as usize, block, mult);
+                    }
+                }
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        #[test]
+        fn root_equals_the_plain_hash(
+            shift in 10u32..15,
+            odd in prop::sample::select(vec![1u64, 3, 5]),
+            blocks in 0u64..12,
+            delta in -1100i64..1100,
+            seed in any::<u64>(),
+        ) {
+            let block = odd << shift;
+            let size = ((blocks * block) as i64 + delta).max(0) as usize;
+            check(size, block, seed);
+        }
+    }
+
+    /// Unaligned or partial writes leave their units to be filled from the file.
+    #[test]
+    fn partial_units_are_filled_from_the_file() {
+        let bytes = data(10_000, 7);
+        let p = std::env::temp_dir().join(format!("ferry-tree-{}", std::process::id()));
+        std::fs::write(&p, &bytes).unwrap();
+        let f = File::open(&p).unwrap();
+        let tree = SharedTree::new(BlockTree::new(10_000, 2048).unwrap());
+        tree.record(0, &bytes[..2048]);
+        tree.record(3000, &bytes[3000..9000]); // covers units 2 and 3 whole only
+        assert_eq!(tree.lock().missing(), vec![(2048, 4096), (8192, 10_000)]);
+        assert_eq!(
+            tree.root_filling_from(&f).unwrap(),
+            *blake3::hash(&bytes).as_bytes()
+        );
+        let _ = std::fs::remove_file(&p);
+    }
+
+    #[test]
+    fn blocks_not_a_multiple_of_a_chunk_have_no_tree() {
+        assert!(BlockTree::new(100, 1000).is_none());
+        assert!(BlockTree::new(100, 0).is_none());
+        assert_eq!(BlockTree::new(100, 4096 * 3).unwrap().geo.unit, 4096);
+    }
+}
