@@ -89,9 +89,16 @@ pub struct Measured {
     pub client_cpu_s: f64,
 }
 
-/// Runs `w` against the export at `uri` for `secs` seconds over its first `region` bytes
-/// (time-based: the job wraps around the region), writing fio's JSON to `out`.
-pub fn run(uri: &str, w: &Workload, region: u64, secs: f64, out: &Path) -> Result<Measured> {
+/// Runs `w` against the export at `uri` over its first `region` bytes, writing fio's JSON
+/// to `out`: for `secs` seconds (the job wraps around the region), or with `None` once
+/// through the region.
+pub fn run(
+    uri: &str,
+    w: &Workload,
+    region: u64,
+    secs: Option<f64>,
+    out: &Path,
+) -> Result<Measured> {
     let mut c = Command::new("fio");
     c.args(["--name=bench", "--ioengine=nbd", "--output-format=json"])
         .arg(format!("--uri={uri}"))
@@ -99,15 +106,20 @@ pub fn run(uri: &str, w: &Workload, region: u64, secs: f64, out: &Path) -> Resul
         .arg(format!("--bs={}", w.bs))
         .arg(format!("--iodepth={}", w.qd))
         .arg(format!("--size={region}"))
-        .arg(format!("--runtime={secs}"))
-        .args(["--time_based", "--lat_percentiles=1"])
+        .arg("--lat_percentiles=1")
         .arg(format!("--output={}", out.display()))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
+    if let Some(secs) = secs {
+        let ms = (secs * 1000.0).round() as u64;
+        c.arg(format!("--runtime={ms}ms")).arg("--time_based");
+    }
+    // Once through the region takes seconds even on a slow, busy machine.
+    let limit = secs.unwrap_or(0.0) + 60.0;
     let c0 = children_usage();
     let mut child = c.spawn().context("starting fio")?;
-    let deadline = Instant::now() + Duration::from_secs_f64(secs + 60.0);
+    let deadline = Instant::now() + Duration::from_secs_f64(limit);
     let status = loop {
         if let Some(st) = child.try_wait().context("waiting for fio")? {
             break st;
@@ -115,7 +127,7 @@ pub fn run(uri: &str, w: &Workload, region: u64, secs: f64, out: &Path) -> Resul
         if Instant::now() > deadline {
             let _ = child.kill();
             let _ = child.wait();
-            bail!("fio did not finish within {:.0} s", secs + 60.0);
+            bail!("fio did not finish within {limit:.0} s");
         }
         std::thread::sleep(Duration::from_millis(20));
     };

@@ -24,7 +24,7 @@ use servers::{Listen, Proc};
 /// Options of `ferry bench block`.
 #[derive(Args)]
 pub struct BlockArgs {
-    /// Short run (under a minute): a smaller region, one second per job, one repetition.
+    /// Short run (about a minute): a smaller region, half a second per job, one repetition.
     #[arg(long)]
     quick: bool,
     /// Print exactly one JSON object on stdout instead of the table (files only with --out).
@@ -56,8 +56,8 @@ struct Plan {
 impl Plan {
     fn new(args: &BlockArgs) -> Plan {
         let (region, secs, reps) = match args.quick {
-            true => (128 << 20, 1.0, 1),
-            false => (1 << 30, 4.0, 3),
+            true => (128 << 20, 0.5, 1),
+            false => (512 << 20, 3.0, 3),
         };
         Plan {
             region,
@@ -211,7 +211,8 @@ impl Cell {
 }
 
 /// Every (job, export) of the run: jobs in [`WORKLOADS`] order, and within a job every
-/// server in turn, so servers alternate and drift hits them alike.
+/// server in turn (the first changing from job to job), so servers alternate and drift
+/// hits them alike.
 fn cells_of(servers: &Servers) -> Vec<Cell> {
     let mut v = Vec::new();
     for w in &WORKLOADS {
@@ -251,33 +252,23 @@ pub fn run(args: &BlockArgs) -> Result<()> {
         notes.push(format!("{s} {b} {t}: {why}"));
     }
     let report_path = dir.join("fio.json");
-    warm_up(&servers, &plan, &report_path);
+    warm_up(&servers, &plan, &file, &report_path);
     let mut cells = cells_of(&servers);
-    for rep in 1..=plan.reps {
-        tracing::info!("repetition {rep}/{}", plan.reps);
-        for c in cells.iter_mut().filter(|c| c.row.error.is_none()) {
-            let Some(t) = c.target.map(|i| &servers.targets[i]) else {
-                continue;
-            };
-            let proc = &servers.procs[t.proc];
-            let s0 = proc.cpu();
-            let m = fio::run(
-                &t.listen.uri(t.export),
-                &c.work,
-                plan.region,
-                plan.secs,
-                &report_path,
-            );
-            let server_cpu = match (s0, proc.cpu()) {
-                (Some(a), Some(b)) => (b - a).max(0.0),
-                _ => 0.0,
-            };
-            match m {
-                Ok(m) => c.samples.push((m, server_cpu)),
-                Err(e) => {
-                    let why = format!("{e:#}");
-                    tracing::warn!("{} {}: {why}", c.row.label(), c.row.job());
-                    c.row.error = Some(why);
+    for rep in 0..plan.reps {
+        tracing::info!("repetition {}/{}", rep + 1, plan.reps);
+        for (j, w) in WORKLOADS.iter().enumerate() {
+            let mut turn: Vec<&mut Cell> = (cells.iter_mut())
+                .filter(|c| c.work == *w && c.target.is_some() && c.row.error.is_none())
+                .collect();
+            // Who goes first changes from job to job and repetition to repetition.
+            let n = turn.len().max(1);
+            turn.rotate_left((j + rep) % n);
+            for c in turn {
+                measure(c, &servers, &plan, &report_path);
+                if c.row.backend == "file" && w.writes() {
+                    // Its dirty pages are written back now, not during the next server's
+                    // turn.
+                    sync_file(&file);
                 }
             }
         }
@@ -313,22 +304,51 @@ pub fn run(args: &BlockArgs) -> Result<()> {
     )
 }
 
-/// Fills every export's region once (memory exports then hold data, not holes, so reads
-/// read pages on every server alike) and warms each connection path.
-fn warm_up(servers: &Servers, plan: &Plan, out: &Path) {
+/// One fio run of `c`'s job against its server, recorded with the server's CPU.
+fn measure(c: &mut Cell, servers: &Servers, plan: &Plan, out: &Path) {
+    let Some(t) = c.target.map(|i| &servers.targets[i]) else {
+        return;
+    };
+    let proc = &servers.procs[t.proc];
+    let s0 = proc.cpu();
+    let uri = t.listen.uri(t.export);
+    let m = fio::run(&uri, &c.work, plan.region, Some(plan.secs), out);
+    let server_cpu = match (s0, proc.cpu()) {
+        (Some(a), Some(b)) => (b - a).max(0.0),
+        _ => 0.0,
+    };
+    match m {
+        Ok(m) => c.samples.push((m, server_cpu)),
+        Err(e) => {
+            let why = format!("{e:#}");
+            tracing::warn!("{} {}: {why}", c.row.label(), c.row.job());
+            c.row.error = Some(why);
+        }
+    }
+}
+
+/// Flushes the backing file's dirty pages (whoever wrote them).
+fn sync_file(path: &Path) {
+    if let Err(e) = std::fs::File::open(path).and_then(|f| f.sync_all()) {
+        tracing::warn!("syncing {}: {e}", path.display());
+    }
+}
+
+/// Writes every export's region once (memory exports then hold data, not holes, so reads
+/// read pages on every server alike), which also warms each connection path.
+fn warm_up(servers: &Servers, plan: &Plan, file: &Path, out: &Path) {
     let fill = Workload {
         name: "fill",
         rw: "write",
         bs: 1 << 20,
         qd: 16,
     };
-    let secs = (plan.secs / 2.0).max(1.0);
     for t in &servers.targets {
-        // time-based: at loopback speeds a second wraps the region more than once.
-        if let Err(e) = fio::run(&t.listen.uri(t.export), &fill, plan.region, secs, out) {
+        if let Err(e) = fio::run(&t.listen.uri(t.export), &fill, plan.region, None, out) {
             tracing::warn!("warm-up of {} {}: {e:#}", t.server, t.backend);
         }
     }
+    sync_file(file);
 }
 
 /// The backing file of the file exports: `size` bytes, written through (allocated, so no
