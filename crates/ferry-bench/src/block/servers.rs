@@ -3,6 +3,7 @@
 //! nbdkit (memory plugin, file plugin) and qemu-nbd (file), and where fio reaches each
 //! export (its NBD URI).
 
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -13,6 +14,9 @@ use anyhow::{bail, Context, Result};
 
 use crate::cp::tools::{free_port, installed};
 use crate::cpu::proc_cpu_secs;
+
+/// How long the readiness probe waits for a greeting.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A server process, killed and reaped on drop.
 pub struct Proc {
@@ -49,10 +53,16 @@ impl Proc {
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
             let up = match at {
-                Listen::Tcp(port) => TcpStream::connect(("127.0.0.1", *port)).is_ok(),
-                Listen::Unix(p) => UnixStream::connect(p).is_ok(),
+                Listen::Tcp(port) => TcpStream::connect(("127.0.0.1", *port)).map(|s| {
+                    let _ = s.set_read_timeout(Some(PROBE_TIMEOUT));
+                    nbd_abort(s)
+                }),
+                Listen::Unix(p) => UnixStream::connect(p).map(|s| {
+                    let _ = s.set_read_timeout(Some(PROBE_TIMEOUT));
+                    nbd_abort(s)
+                }),
             };
-            if up {
+            if up.is_ok() {
                 return Ok(());
             }
             if let Ok(Some(st)) = self.child.try_wait() {
@@ -66,6 +76,26 @@ impl Proc {
     /// CPU seconds (user + system) the server has used so far.
     pub fn cpu(&self) -> Option<f64> {
         proc_cpu_secs(self.child.id())
+    }
+}
+
+/// Takes an NBD server's greeting and leaves the way the protocol says,
+/// `NBD_OPT_ABORT`, so the server has no broken handshake to log.
+fn nbd_abort(mut s: impl Read + Write) {
+    const IHAVEOPT: u64 = 0x4948_4156_454f_5054;
+    const OPT_ABORT: u32 = 2;
+    let mut greeting = [0u8; 18];
+    if s.read_exact(&mut greeting).is_err() {
+        return;
+    }
+    let mut msg = Vec::with_capacity(20);
+    msg.extend_from_slice(&3u32.to_be_bytes()); // fixed newstyle, no zeroes
+    msg.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    msg.extend_from_slice(&OPT_ABORT.to_be_bytes());
+    msg.extend_from_slice(&0u32.to_be_bytes());
+    if s.write_all(&msg).is_ok() {
+        let mut reply = [0u8; 20];
+        let _ = s.read_exact(&mut reply);
     }
 }
 
