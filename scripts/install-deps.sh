@@ -6,13 +6,15 @@ set -euo pipefail
 # (`ferry bench`): iperf3, GridFTP (server and globus-url-copy), XRootD (server and xrdcp),
 # fio (the disk's own read+write rate, the ceiling of `bench cp`'s disk rows). Tests: iproute2
 # and iputils-ping for the WAN emulator (ferry-wan's namespaces, RTT checks), jq for its script;
-# the NBD clients the block service is tested with (nbdinfo, nbdcopy, nbdsh, qemu-img, fuse2fs)
-# and nbdkit, its benchmark peer. MPI-IO (libferry-mpiio.so and its tests): Open MPI (mpicc,
-# mpirun), parallel HDF5 and PnetCDF with their tools, mpi4py and h5py built for MPI.
+# the NBD clients the block service is tested with (nbdinfo, nbdcopy, nbdsh, nbdfuse, qemu-img;
+# fuse2fs for a file system on an export, fuse3's fusermount3 to unmount it as a user) and
+# nbdkit and qemu-nbd, its benchmark peers (`ferry bench block`, through fio's nbd engine).
+# MPI-IO (libferry-mpiio.so and its tests): Open MPI (mpicc, mpirun), parallel HDF5 and
+# PnetCDF with their tools, mpi4py and h5py built for MPI.
 packages=(build-essential pkg-config libfabric-dev libfabric-bin libclang-dev fonts-dejavu-core procps
   iperf3 globus-gridftp-server-progs globus-gass-copy-progs xrootd-server xrootd-client fio
   iproute2 iputils-ping jq
-  nbdkit libnbd-bin python3-libnbd qemu-utils fuse2fs
+  nbdkit libnbd-bin python3-libnbd qemu-utils fuse2fs fuse3
   libopenmpi-dev openmpi-bin libhdf5-openmpi-dev hdf5-tools libpnetcdf-dev pnetcdf-bin
   python3-mpi4py python3-h5py-mpi)
 

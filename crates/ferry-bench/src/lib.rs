@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 mod addr;
+mod block;
 mod child;
 mod cp;
 mod cpu;
@@ -25,6 +26,7 @@ mod session;
 
 use anyhow::Result;
 
+pub use block::BlockArgs;
 pub use cp::CpArgs;
 pub use exs::ExsArgs;
 pub use fabric::FabricArgs;
@@ -48,6 +50,11 @@ pub fn run_exs(args: &ExsArgs) -> Result<()> {
 /// `ferry bench cp`: `ferry cp` against GridFTP, xrdcp and iperf3 on loopback.
 pub fn run_cp(args: &CpArgs) -> Result<()> {
     cp::run(args)
+}
+
+/// `ferry bench block`: ferry's NBD server against nbdkit and qemu-nbd through fio.
+pub fn run_block(args: &BlockArgs) -> Result<()> {
+    block::run(args)
 }
 
 /// The peer process `bench fabric` and `bench noncontig` spawn per driver: listens on

@@ -3,6 +3,10 @@
 //! ```toml
 //! [block]
 //! listen = ["127.0.0.1:10809", "unix:/run/ferry/nbd.sock"]   # default: 127.0.0.1:10809
+//! max_connections = 256          # clients in transmission at once
+//! max_per_address = 32           # of them from one address
+//! max_handshakes = 32            # connections in their handshake at once
+//! handshake_timeout = 5.0        # seconds a client has to finish its handshake
 //!
 //! [[block.export]]
 //! name = "disk"                  # what clients ask for (nbd://host/disk); the first export
@@ -21,6 +25,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
+use ferry_service::admit::LimitsConfig;
 use ferry_service::config::parse_size;
 use ferry_service::error::{Error, Kind, Result};
 
@@ -28,7 +33,7 @@ use ferry_service::error::{Error, Kind, Result};
 pub const DEFAULT_PORT: u16 = 10809;
 
 /// The block service's configuration.
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct BlockConfig {
     /// Where to listen: `HOST:PORT` (TCP) or `unix:PATH`, one string or a list.
@@ -40,6 +45,38 @@ pub struct BlockConfig {
     /// The exports.
     #[serde(default, rename = "export")]
     pub exports: Vec<ExportConfig>,
+    /// Clients in transmission at once; one more is refused at the end of its handshake.
+    #[serde(default = "defaults::max_connections")]
+    pub max_connections: usize,
+    /// Clients in transmission at once from one address (every Unix-socket client is one).
+    #[serde(default = "defaults::max_per_address")]
+    pub max_per_address: usize,
+    /// Connections in their handshake at once; a newer one past the limit takes the place
+    /// of the oldest of the address that holds the most.
+    #[serde(default = "defaults::max_handshakes")]
+    pub max_handshakes: usize,
+    /// Seconds from accepting a connection to the end of its handshake; a slower client
+    /// is disconnected.
+    #[serde(default = "defaults::handshake_timeout")]
+    pub handshake_timeout: f64,
+}
+
+/// The admission defaults: the service floor's (`[limits]` of file transfer).
+mod defaults {
+    use ferry_service::admit::LimitsConfig;
+
+    pub fn max_connections() -> usize {
+        LimitsConfig::default().max_connections
+    }
+    pub fn max_per_address() -> usize {
+        LimitsConfig::default().max_per_address
+    }
+    pub fn max_handshakes() -> usize {
+        LimitsConfig::default().max_handshakes
+    }
+    pub fn handshake_timeout() -> f64 {
+        LimitsConfig::default().handshake_timeout
+    }
 }
 
 /// One export.
@@ -152,6 +189,10 @@ impl Default for BlockConfig {
         BlockConfig {
             listen: default_listen(),
             exports: Vec::new(),
+            max_connections: defaults::max_connections(),
+            max_per_address: defaults::max_per_address(),
+            max_handshakes: defaults::max_handshakes(),
+            handshake_timeout: defaults::handshake_timeout(),
         }
     }
 }
@@ -182,9 +223,26 @@ impl BlockConfig {
         Self::from_table(t)
     }
 
+    /// The admission limits of the service: the floor's, with the connection and
+    /// handshake limits of this table (a client's staging memory is not budgeted: a
+    /// connection holds its request buffers only).
+    pub fn limits(&self) -> LimitsConfig {
+        LimitsConfig {
+            max_connections: self.max_connections,
+            max_per_address: self.max_per_address,
+            max_handshakes: self.max_handshakes,
+            handshake_timeout: self.handshake_timeout,
+            ..LimitsConfig::default()
+        }
+    }
+
     /// Checks the configuration makes a usable service: an address to listen on, at least
-    /// one export, unique valid names, exactly one of `path` and `memory` per export.
+    /// one export, unique valid names, exactly one of `path` and `memory` per export,
+    /// limits in their ranges.
     pub fn validate(&self) -> Result<()> {
+        self.limits()
+            .validate()
+            .map_err(|e| Error::new(Kind::Usage, e.msg.replace("[limits]", "[block]")))?;
         if self.listen.is_empty() {
             return usage("[block] listen = []: give at least one address to listen on".into());
         }
@@ -310,5 +368,19 @@ mod tests {
     }
 
     #[test]
-    fn sizes() {}
+    fn limits_default_to_the_floors_and_are_checked() {
+        let c = BlockConfig::from_toml("[[export]]\nname = \"a\"\nmemory = 5").unwrap();
+        let floor = LimitsConfig::default();
+        assert_eq!(c.limits().max_connections, floor.max_connections);
+        assert_eq!(c.limits().handshake_timeout, floor.handshake_timeout);
+        let c = BlockConfig::from_toml(
+            "max_connections = 2\nhandshake_timeout = 0.5\n[[export]]\nname = \"a\"\nmemory = 5",
+        )
+        .unwrap();
+        assert_eq!(c.limits().max_connections, 2);
+        assert_eq!(c.limits().handshake().as_millis(), 500);
+        let e = BlockConfig::from_toml("max_connections = 0\n[[export]]\nname = \"a\"\nmemory = 5")
+            .unwrap_err();
+        assert!(e.msg.contains("[block] max_connections"), "{}", e.msg);
+    }
 }

@@ -6,8 +6,9 @@
 //!   never panic, the server handshake as a state machine, replies and their planning.
 //! - [`backend`]: the storage behind an export: a regular file (sparse), a block device,
 //!   memory.
-//! - [`server`]: the runtime: TCP and Unix listeners, a thread per connection, a worker
-//!   pool per connection answering out of order, the drain.
+//! - [`server`]: the runtime: TCP and Unix listeners, the service floor's admission
+//!   (handshake deadline and pool, connection limits), a thread per connection, workers
+//!   per connection that take turns reading requests and answer out of order, the drain.
 //! - [`config`]: the `[block]` table of `ferry serve`'s configuration.
 //! - [`buf`]: aligned, recycled transfer buffers.
 //!

@@ -1,21 +1,22 @@
-//! The NBD runtime: listeners on TCP and Unix sockets, a thread per connection that runs
-//! the handshake ([`crate::nbd::handshake`]) and then reads requests, a small pool of
-//! workers per connection that serve them concurrently against the export's
-//! [`Backend`] and answer out of order (replies written whole under one lock), and the
-//! drain a SIGTERM starts. A client that breaks the protocol loses its own connection;
-//! nothing it sends can stop the others.
+//! The NBD runtime: listeners on TCP and Unix sockets; the floor's admission
+//! ([`ferry_service::admit`]: a bounded handshake pool with a deadline, connection limits);
+//! a thread per connection that runs the handshake ([`crate::nbd::handshake`]) and then
+//! becomes one of the connection's workers, which take turns reading a request and each
+//! serve the request they read against the export's [`Backend`], answering out of order
+//! (replies written whole under one lock); and the drain a SIGTERM starts. A client that
+//! breaks the protocol loses its own connection; nothing it sends can stop the others.
 
 use std::collections::HashMap;
-use std::io::{self, Read, Write};
+use std::io::{self, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use ferry_service::admit::{more, Admission, Handshake as Pass, Slot, Turned};
 use ferry_service::drain::DrainReport;
 use ferry_service::error::{Error, Kind, Result};
 
@@ -29,10 +30,13 @@ use crate::nbd::handshake::{ExportInfo, Handshake, Negotiated, Next, BASE_ALLOCA
 use crate::nbd::reply::{self, Piece};
 use crate::nbd::request::{decode_request, Command, Refusal, RequestHeader, Session};
 
-/// Workers serving one connection's requests.
-const WORKERS: usize = 4;
-/// How long a client may take over the whole handshake's each read.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Workers serving one connection's requests (as many requests are served at once).
+const WORKERS: usize = 16;
+/// How often a read of the handshake looks at its deadline and whether it was called off.
+const HANDSHAKE_POLL: Duration = Duration::from_millis(100);
+/// Reads shorter than this go as one data chunk without looking for holes: a hole chunk
+/// saves little on a short read, and finding it costs a file two `lseek`s per read.
+const SPARSE_READ_MIN: u32 = 64 * 1024;
 /// How often the accept loop looks at its quit flag.
 const POLL_INTERVAL: Duration = Duration::from_millis(200);
 
@@ -112,6 +116,13 @@ impl Stream {
         }
     }
 
+    fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_write_timeout(t),
+            Stream::Unix(s) => s.set_write_timeout(t),
+        }
+    }
+
     fn prepare(&self) -> io::Result<()> {
         match self {
             Stream::Tcp(s) => {
@@ -181,12 +192,17 @@ impl Listener {
         }
     }
 
-    fn accept(&self) -> io::Result<(Stream, String)> {
+    /// A waiting connection: its socket, the peer for the log, and the address its
+    /// limits are counted under (the IP; every Unix-socket client is one, `unix`).
+    fn accept(&self) -> io::Result<(Stream, String, String)> {
         match self {
-            Listener::Tcp(l) => l.accept().map(|(s, a)| (Stream::Tcp(s), a.to_string())),
-            Listener::Unix(l, p) => l
+            Listener::Tcp(l) => l
                 .accept()
-                .map(|(s, _)| (Stream::Unix(s), format!("unix:{}", p.display()))),
+                .map(|(s, a)| (Stream::Tcp(s), a.to_string(), a.ip().to_string())),
+            Listener::Unix(l, p) => l.accept().map(|(s, _)| {
+                let peer = format!("unix:{}", p.display());
+                (Stream::Unix(s), peer, "unix".to_string())
+            }),
         }
     }
 
@@ -255,12 +271,22 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The NBD service of `ferry serve`: its exports and listeners.
-#[derive(Debug)]
+/// The NBD service of `ferry serve`: its exports, listeners and admission.
 pub struct BlockServer {
     exports: Arc<Vec<Export>>,
     listeners: Vec<Listener>,
     shared: Arc<Shared>,
+    /// The floor's admission: the handshake pool and deadline, the connection limits.
+    admission: Arc<Admission>,
+}
+
+impl std::fmt::Debug for BlockServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlockServer")
+            .field("exports", &self.exports)
+            .field("listeners", &self.listeners)
+            .finish_non_exhaustive()
+    }
 }
 
 impl BlockServer {
@@ -272,10 +298,12 @@ impl BlockServer {
             .iter()
             .map(Export::open)
             .collect::<Result<Vec<_>>>()?;
-        Self::with_exports(&cfg.listen, exports)
+        let mut s = Self::with_exports(&cfg.listen, exports)?;
+        s.admission = Admission::new(&cfg.limits(), no_staging);
+        Ok(s)
     }
 
-    /// A server of already opened `exports` on `listen`.
+    /// A server of already opened `exports` on `listen`, under the default limits.
     pub fn with_exports(listen: &[String], exports: Vec<Export>) -> Result<BlockServer> {
         if exports.is_empty() {
             return Err(Error::new(Kind::Usage, "an NBD server needs an export"));
@@ -288,6 +316,7 @@ impl BlockServer {
             exports: Arc::new(exports),
             listeners,
             shared: Arc::default(),
+            admission: Admission::new(&BlockConfig::default().limits(), no_staging),
         })
     }
 
@@ -343,7 +372,7 @@ impl BlockServer {
     fn accept_ready(&self, l: &Listener) {
         loop {
             match l.accept() {
-                Ok((stream, peer)) => self.spawn(stream, peer),
+                Ok((stream, peer, key)) => self.admit(stream, peer, &key),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
@@ -356,12 +385,24 @@ impl BlockServer {
         }
     }
 
-    fn spawn(&self, stream: Stream, peer: String) {
+    /// Lets a new connection into the handshake pool (calling off an older handshake if
+    /// the pool is full) and starts its thread, or closes it.
+    fn admit(&self, stream: Stream, peer: String, key: &str) {
+        let pass = match self.admission.arrive(key) {
+            Ok(pass) => pass,
+            Err(Turned(why)) => {
+                if let Some(held) = self.admission.log_refused.pass() {
+                    tracing::warn!("NBD: closed a connection from {peer}: {why}{}", more(held));
+                }
+                stream.shutdown();
+                return;
+            }
+        };
         let exports = self.exports.clone();
         let shared = self.shared.clone();
         let spawned = std::thread::Builder::new()
             .name("ferry-nbd-conn".into())
-            .spawn(move || connection(stream, &exports, &shared, &peer));
+            .spawn(move || connection(stream, pass, &exports, &shared, &peer));
         if let Err(e) = spawned {
             tracing::warn!("cannot start an NBD connection thread: {e}");
         }
@@ -415,9 +456,9 @@ impl Drop for BlockServer {
 }
 
 /// One connection, on its own thread: handshake, then transmission.
-fn connection(stream: Stream, exports: &[Export], shared: &Shared, peer: &str) {
+fn connection(stream: Stream, pass: Pass, exports: &[Export], shared: &Shared, peer: &str) {
     let id = shared.register(&stream);
-    let end = serve_connection(&stream, exports, shared);
+    let end = serve_connection(&stream, pass, exports, shared);
     shared.unregister(id);
     stream.shutdown();
     match end {
@@ -427,63 +468,125 @@ fn connection(stream: Stream, exports: &[Export], shared: &Shared, peer: &str) {
 }
 
 /// The connection's life; `Ok` says how it ended well, `Err` what went wrong.
-fn serve_connection(
-    stream: &Stream,
-    exports: &[Export],
-    shared: &Shared,
-) -> std::result::Result<&'static str, String> {
+fn serve_connection(stream: &Stream, pass: Pass, exports: &[Export], shared: &Shared) -> End {
     stream.prepare().map_err(|e| e.to_string())?;
     stream
-        .set_read_timeout(Some(HANDSHAKE_TIMEOUT))
+        .set_write_timeout(Some(pass.left()))
         .map_err(|e| e.to_string())?;
-    let Some(n) = handshake(stream, exports)? else {
+    let Some((n, _slot)) = handshake(stream, pass, exports)? else {
         return Ok("left during the handshake");
     };
     stream.set_read_timeout(None).map_err(|e| e.to_string())?;
+    stream.set_write_timeout(None).map_err(|e| e.to_string())?;
     let export = exports
         .get(n.export)
         .ok_or("handshake chose an export that does not exist")?;
+    // `_slot` holds the connection's place among max_connections until it ends.
     transmission(stream, export, &n, shared)
 }
 
-/// Runs the handshake machine over the socket; `None` when it ended without an export.
+/// Runs the handshake machine over the socket within the pass's deadline, then takes a
+/// connection slot; `None` when it ended without an export.
 fn handshake(
     stream: &Stream,
+    pass: Pass,
     exports: &[Export],
-) -> std::result::Result<Option<Negotiated>, String> {
+) -> std::result::Result<Option<(Negotiated, Slot)>, String> {
     let io = |e: io::Error| format!("during the handshake: {e}");
     let mut hs = Handshake::new(exports.iter().map(|e| e.info.clone()).collect());
     let mut w = stream;
     w.write_all(&hs.greeting()).map_err(io)?;
     loop {
         let mut input = vec![0u8; hs.wants()];
-        let mut r = stream;
-        r.read_exact(&mut input).map_err(io)?;
+        read_before_deadline(stream, &mut input, &pass).map_err(io)?;
         let step = hs.feed(&input);
-        if !step.send.is_empty() {
-            w.write_all(&step.send).map_err(io)?;
-        }
-        match step.next {
-            Next::Continue => {}
-            Next::Transmit(n) => return Ok(Some(n)),
+        let n = match step.next {
+            Next::Continue => {
+                w.write_all(&step.send).map_err(io)?;
+                continue;
+            }
             Next::Close(why) => {
+                w.write_all(&step.send).map_err(io)?;
                 tracing::debug!("NBD handshake closed: {why}");
                 return Ok(None);
             }
-        }
+            Next::Transmit(n) => n,
+        };
+        // The last answer goes only to a client that gets a place.
+        return match pass.admit(1, 0) {
+            Ok(slot) => {
+                w.write_all(&step.send).map_err(io)?;
+                Ok(Some((n, slot)))
+            }
+            Err(refused) => {
+                let _ = w.write_all(&n.refusal(&refused.message));
+                Err(format!("refused: {}", refused.message))
+            }
+        };
     }
 }
 
-/// A request read and checked, waiting for a worker.
+/// Fills `buf` from the socket before the handshake's deadline, giving up when a newer
+/// connection took this one's place in the handshake pool.
+fn read_before_deadline(stream: &Stream, buf: &mut [u8], pass: &Pass) -> io::Result<()> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        if pass.cancelled() {
+            let why = "called off: the handshake pool is full (max_handshakes)";
+            return Err(io::Error::other(why));
+        }
+        let left = pass.left();
+        if left.is_zero() {
+            let why = "the client took longer than handshake_timeout";
+            return Err(io::Error::new(io::ErrorKind::TimedOut, why));
+        }
+        stream.set_read_timeout(Some(left.min(HANDSHAKE_POLL)))?;
+        let mut r = stream;
+        match r.read(&mut buf[filled..]) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => filled += n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// A connection's staging memory, for the floor's memory budget: none worth counting (an
+/// NBD connection holds the buffers of its requests in flight, no rings).
+fn no_staging(_ring: usize, _block: u32) -> u64 {
+    0
+}
+
+/// A request read and checked, for the worker that read it.
 struct Job {
     header: RequestHeader,
     cmd: std::result::Result<Command, Refusal>,
     payload: Option<Buf>,
 }
 
+/// How a connection ended: `Ok` says how it ended well, `Err` what went wrong.
+type End = std::result::Result<&'static str, String>;
+
+/// The socket's receiving side, read by one worker at a time.
+struct Reader<'a> {
+    /// Buffered, so requests that arrive together are taken with one system call (a
+    /// write's data longer than the buffer is read straight into its own buffer).
+    r: BufReader<&'a Stream>,
+    /// Set by the worker that saw the connection end; the others then stop.
+    end: Option<End>,
+}
+
 /// The transmission phase of one connection.
 struct Conn<'a> {
     stream: &'a Stream,
+    /// Held by the worker whose turn it is to read the next request.
+    reader: Mutex<Reader<'a>>,
     /// Held while one reply is written, so replies never interleave.
     write_lock: Mutex<()>,
     backend: &'a dyn Backend,
@@ -492,14 +595,16 @@ struct Conn<'a> {
     shared: &'a Shared,
 }
 
-fn transmission(
-    stream: &Stream,
-    export: &Export,
-    n: &Negotiated,
-    shared: &Shared,
-) -> std::result::Result<&'static str, String> {
+/// Bytes of requests read ahead (a few hundred request headers).
+const READ_AHEAD: usize = 16 * 1024;
+
+fn transmission(stream: &Stream, export: &Export, n: &Negotiated, shared: &Shared) -> End {
     let conn = Conn {
         stream,
+        reader: Mutex::new(Reader {
+            r: BufReader::with_capacity(READ_AHEAD, stream),
+            end: None,
+        }),
         write_lock: Mutex::new(()),
         backend: export.backend.as_ref(),
         session: Session {
@@ -512,79 +617,92 @@ fn transmission(
         pool: Pool::default(),
         shared,
     };
-    let (tx, rx) = sync_channel::<Job>(WORKERS);
-    let rx = Mutex::new(rx);
     std::thread::scope(|s| {
-        for _ in 0..WORKERS {
-            std::thread::Builder::new()
+        // The first worker is this thread; the others are started beside it.
+        for _ in 1..WORKERS {
+            let spawned = std::thread::Builder::new()
                 .name("ferry-nbd-work".into())
-                .spawn_scoped(s, || conn.work(&rx))
-                .map_err(|e| format!("cannot start an NBD worker: {e}"))?;
+                .spawn_scoped(s, || conn.work());
+            if let Err(e) = spawned {
+                // Fewer workers serve the connection all the same.
+                tracing::warn!("cannot start an NBD worker: {e}");
+                break;
+            }
         }
-        // Returning drops `tx`: the workers finish what is queued, then the scope joins.
-        conn.read_requests(tx)
-    })
+        conn.work();
+    });
+    let end = lock(&conn.reader).end.take();
+    end.unwrap_or(Ok("closed the connection"))
 }
 
 impl Conn<'_> {
-    /// Reads requests until the client disconnects or breaks the protocol, handing each
-    /// to the workers.
-    fn read_requests(&self, tx: SyncSender<Job>) -> std::result::Result<&'static str, String> {
-        let mut r = self.stream;
+    /// A worker, in turn with the others: takes the reader, reads one request, lets the
+    /// reader go, serves the request and writes its reply; until the connection ends. A
+    /// request is thus served by the thread that read it, with no hand-over between
+    /// threads, and while it is served the next worker reads the next request.
+    fn work(&self) {
         loop {
-            let mut hb = [0u8; REQUEST_LEN];
-            match r.read_exact(&mut hb) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                    return Ok("closed the connection")
+            let job = {
+                let mut rd = lock(&self.reader);
+                if rd.end.is_some() {
+                    return;
                 }
-                Err(e) => return Err(e.to_string()),
-            }
-            let header = decode_request(&hb).map_err(|e| e.to_string())?;
-            let plen = self
-                .session
-                .payload_len(&header)
-                .map_err(|e| e.to_string())? as usize;
-            let payload = if plen > 0 {
-                let mut b = self.pool.get(plen);
-                r.read_exact(b.data_mut(plen))
-                    .map_err(|e| format!("reading a write's data: {e}"))?;
-                Some(b)
-            } else {
-                None
+                match self.next_request(&mut rd.r) {
+                    Ok(job) => job,
+                    Err(end) => {
+                        rd.end = Some(end);
+                        return;
+                    }
+                }
             };
-            let cmd = if self.shared.draining.load(Ordering::SeqCst) {
-                Err(Refusal {
-                    errno: ESHUTDOWN,
-                    why: "the server is shutting down",
-                })
-            } else {
-                self.session.check(&header)
-            };
-            if cmd == Ok(Command::Disconnect) {
-                return Ok("disconnected");
-            }
-            self.shared.in_flight.fetch_add(1, Ordering::SeqCst);
-            let job = Job {
-                header,
-                cmd,
-                payload,
-            };
-            if tx.send(job).is_err() {
-                self.shared.in_flight.fetch_sub(1, Ordering::SeqCst);
-                return Err("the workers stopped".into());
-            }
-        }
-    }
-
-    /// A worker: serves jobs until the reader hangs up.
-    fn work(&self, rx: &Mutex<Receiver<Job>>) {
-        loop {
-            let job = lock(rx).recv();
-            let Ok(job) = job else { return };
             self.serve(job);
             self.shared.in_flight.fetch_sub(1, Ordering::SeqCst);
         }
+    }
+
+    /// Reads and checks the next request (counted in flight); `Err` when the client
+    /// disconnects or breaks the protocol.
+    fn next_request(&self, r: &mut BufReader<&Stream>) -> std::result::Result<Job, End> {
+        let mut hb = [0u8; REQUEST_LEN];
+        match r.read_exact(&mut hb) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                return Err(Ok("closed the connection"))
+            }
+            Err(e) => return Err(Err(e.to_string())),
+        }
+        let header = decode_request(&hb).map_err(|e| Err(e.to_string()))?;
+        let plen = self
+            .session
+            .payload_len(&header)
+            .map_err(|e| Err(e.to_string()))? as usize;
+        let payload = if plen > 0 {
+            let mut b = self.pool.get(plen);
+            if let Err(e) = r.read_exact(b.data_mut(plen)) {
+                self.pool.put(b);
+                return Err(Err(format!("reading a write's data: {e}")));
+            }
+            Some(b)
+        } else {
+            None
+        };
+        let cmd = if self.shared.draining.load(Ordering::SeqCst) {
+            Err(Refusal {
+                errno: ESHUTDOWN,
+                why: "the server is shutting down",
+            })
+        } else {
+            self.session.check(&header)
+        };
+        if cmd == Ok(Command::Disconnect) {
+            return Err(Ok("disconnected"));
+        }
+        self.shared.in_flight.fetch_add(1, Ordering::SeqCst);
+        Ok(Job {
+            header,
+            cmd,
+            payload,
+        })
     }
 
     fn serve(&self, job: Job) {
@@ -680,13 +798,13 @@ impl Conn<'_> {
         sent
     }
 
-    /// A structured read: zero runs as holes, the rest as data, every byte read before
-    /// anything is sent (so an error is one error chunk, never a broken data chunk).
+    /// A structured read: zero runs as holes (in reads of at least [`SPARSE_READ_MIN`]),
+    /// the rest as data, every byte read before anything is sent (so an error is one error chunk, never a broken data chunk).
     fn read_structured(&self, cookie: u64, offset: u64, len: u32, df: bool) -> io::Result<()> {
         if len == 0 {
             return self.send(&reply::done(cookie));
         }
-        let extents = if df {
+        let extents = if df || len < SPARSE_READ_MIN {
             Vec::new()
         } else {
             // Unknown allocation is read as data.

@@ -1,16 +1,17 @@
 //! The server driven byte by byte from raw sockets: an option it does not know answered
 //! and negotiation going on, garbage and truncated handshakes and requests losing only
-//! their own connection, requests answered out of order, and the Unix socket listener.
+//! their own connection, requests answered out of order, the Unix socket listener, and
+//! admission (the handshake deadline, the connection limit).
 
 mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
-use ferry_block::config::ExportConfig;
+use ferry_block::config::{BlockConfig, ExportConfig};
 use ferry_block::nbd::consts::*;
 use ferry_block::nbd::option::{encode_option, ClientOption, GoRequest};
 use ferry_block::nbd::request::{encode_request, RequestHeader};
@@ -263,4 +264,102 @@ fn a_drain_refuses_new_requests_then_closes() {
     let mut tail = Vec::new();
     let _ = c.read_to_end(&mut tail);
     assert!(tail.is_empty(), "the drained connection still answered");
+}
+
+/// A server of `img` on loopback with `limits` applied to its table.
+fn limited(img: &std::path::Path, limits: impl FnOnce(&mut BlockConfig)) -> Running {
+    let mut cfg = BlockConfig {
+        listen: vec!["127.0.0.1:0".into()],
+        exports: vec![ExportConfig::file("disk", img)],
+        ..BlockConfig::default()
+    };
+    limits(&mut cfg);
+    start_config(cfg)
+}
+
+/// A client that dribbles its handshake a byte at a time (each byte well within any
+/// per-read timeout) is closed at the handshake deadline, and others are served meanwhile.
+#[test]
+fn a_handshake_dribbled_past_its_deadline_is_closed() {
+    let (_dir, img, first) = disk("deadline");
+    let s = limited(&img, |c| c.handshake_timeout = 0.5);
+    let mut c = connect(&s);
+    hello(&mut c);
+    served(&s, &first);
+    c.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    // NBD_OPT_LIST over and over: every one is answered, so only the deadline ends it.
+    let list = encode_option(&ClientOption::List);
+    let t0 = Instant::now();
+    let closed_after = 'dribble: loop {
+        for b in &list {
+            if t0.elapsed() > Duration::from_secs(5) {
+                break 'dribble None;
+            }
+            if c.write_all(&[*b]).is_err() {
+                break 'dribble Some(t0.elapsed());
+            }
+            let mut sink = [0u8; 4096];
+            match c.read(&mut sink) {
+                Ok(0) => break 'dribble Some(t0.elapsed()),
+                Ok(_) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(_) => break 'dribble Some(t0.elapsed()),
+            }
+        }
+    };
+    let after = closed_after.expect("the dribbling client was still connected after 5 s");
+    assert!(
+        after < Duration::from_secs(3),
+        "closed only after {after:?}"
+    );
+    served(&s, &first);
+}
+
+/// Past `max_connections` a client's GO is refused with `NBD_REP_ERR_POLICY` and a
+/// message naming the limit, then closed; the place is free again once a client leaves.
+#[test]
+fn the_connection_limit_refuses_go_with_a_reason() {
+    let (_dir, img, first) = disk("limit");
+    let s = limited(&img, |c| c.max_connections = 1);
+    let mut a = connect(&s);
+    hello(&mut a);
+    go(&mut a, "disk");
+
+    let mut b = connect(&s);
+    hello(&mut b);
+    let o = ClientOption::Go(GoRequest {
+        name: "disk".into(),
+        info: vec![],
+    });
+    b.write_all(&encode_option(&o)).unwrap();
+    let (t, msg) = option_reply(&mut b);
+    assert_eq!(t, REP_ERR_POLICY);
+    let msg = String::from_utf8_lossy(&msg);
+    assert!(msg.contains("max_connections"), "{msg}");
+    let mut tail = Vec::new();
+    let _ = b.read_to_end(&mut tail);
+    assert!(tail.is_empty(), "the refused connection was not closed");
+
+    // The first client still works; once it leaves, a new one gets its place.
+    request(&mut a, CMD_READ, 3, 0, 4096);
+    assert_eq!(simple_reply(&mut a), (0, 3));
+    assert_eq!(read_n(&mut a, 4096), first);
+    request(&mut a, CMD_DISC, 4, 0, 0);
+    let _ = a.read_to_end(&mut tail);
+    let deadline = Instant::now() + T;
+    loop {
+        let mut c = connect(&s);
+        hello(&mut c);
+        c.write_all(&encode_option(&o)).unwrap();
+        let (t, _) = option_reply(&mut c);
+        if t == REP_INFO || Instant::now() > deadline {
+            assert_eq!(t, REP_INFO, "the place was not freed");
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

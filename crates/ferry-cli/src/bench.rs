@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 use clap::Subcommand;
-use ferry_bench::{CpArgs, ExsArgs, FabricArgs, NoncontigArgs};
+use ferry_bench::{BlockArgs, CpArgs, ExsArgs, FabricArgs, NoncontigArgs};
 
 /// The benchmarks.
 #[derive(Subcommand)]
@@ -19,6 +19,10 @@ pub enum BenchCmd {
     /// a large file memory to memory and /dev/shm to /dev/null, disk to disk with the cache
     /// dropped, and 10,000 small files; throughput, files/s and CPU of both sides.
     Cp(CpArgs),
+    /// ferry's NBD server against nbdkit (memory and file plugins) and qemu-nbd through
+    /// fio's nbd engine: 1 MiB sequential write and read at QD 16, 4 KiB random write and
+    /// read at QD 1 and 32 (GB/s, IOPS, mean and p99 latency), over TCP and a Unix socket.
+    Block(BlockArgs),
     /// Internal: the peer process `bench exs` spawns (the sending side).
     #[command(hide = true)]
     ExsPeer {
@@ -47,6 +51,7 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
         BenchCmd::Noncontig(args) => ferry_bench::run_noncontig(&args),
         BenchCmd::Exs(args) => ferry_bench::run_exs(&args),
         BenchCmd::Cp(args) => ferry_bench::run_cp(&args),
+        BenchCmd::Block(args) => ferry_bench::run_block(&args),
         BenchCmd::ExsPeer { listen } => ferry_bench::run_exs_peer(&listen),
     }
 }

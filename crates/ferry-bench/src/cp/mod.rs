@@ -8,7 +8,7 @@
 mod data;
 mod plot;
 mod report;
-mod tools;
+pub(crate) mod tools;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -71,6 +71,23 @@ pub struct Negotiated {
     pub base_allocation: Option<u32>,
     /// The transmission flags sent.
     pub flags: u16,
+    /// `NBD_OPT_GO` chose the export (not the older `NBD_OPT_EXPORT_NAME`, which cannot
+    /// be answered with an error).
+    pub by_go: bool,
+}
+
+impl Negotiated {
+    /// What the server sends instead of the final step's bytes when it will not serve
+    /// this client after all (its connection limit is reached): an `NBD_REP_ERR_POLICY`
+    /// reply to the GO with `why` for humans, or nothing after `NBD_OPT_EXPORT_NAME`,
+    /// which has no error reply (the server just closes). Either way the server closes
+    /// next.
+    pub fn refusal(&self, why: &str) -> Vec<u8> {
+        match self.by_go {
+            true => error_reply(OPT_GO, REP_ERR_POLICY, why),
+            false => Vec::new(),
+        }
+    }
 }
 
 /// What to do after one [`Handshake::feed`].
@@ -262,8 +279,9 @@ impl Handshake {
         self.exports.iter().position(|e| e.name == name)
     }
 
-    fn negotiated(&self, export: usize) -> Negotiated {
+    fn negotiated(&self, export: usize, by_go: bool) -> Negotiated {
         Negotiated {
+            by_go,
             export,
             structured: self.structured,
             base_allocation: (self.meta_for == Some(export)).then_some(BASE_ALLOCATION_ID),
@@ -275,7 +293,7 @@ impl Handshake {
         let Some(i) = self.find(name) else {
             return self.close(format!("NBD_OPT_EXPORT_NAME for unknown export {name:?}"));
         };
-        let n = self.negotiated(i);
+        let n = self.negotiated(i, false);
         let mut send = Vec::with_capacity(134);
         send.put_u64(self.exports[i].size);
         send.put_u16(n.flags);
@@ -343,7 +361,7 @@ impl Handshake {
                 self.state = State::Finished;
                 Step {
                     send,
-                    next: Next::Transmit(self.negotiated(i)),
+                    next: Next::Transmit(self.negotiated(i, true)),
                 }
             }
             (send, None) => reply_continue(send),

@@ -46,7 +46,15 @@ impl Drop for Running {
 pub fn start(exports: Vec<ExportConfig>, extra: &[String]) -> Running {
     let mut listen = vec!["127.0.0.1:0".to_string()];
     listen.extend_from_slice(extra);
-    let cfg = BlockConfig { listen, exports };
+    start_config(BlockConfig {
+        listen,
+        exports,
+        ..BlockConfig::default()
+    })
+}
+
+/// Starts a server of `cfg` (its first listen address is the one [`Running::base`] names).
+pub fn start_config(cfg: BlockConfig) -> Running {
     let server = Arc::new(BlockServer::new(&cfg).expect("server starts"));
     let base = server.local_addrs()[0].clone();
     let quit = Arc::new(AtomicBool::new(false));

@@ -1,0 +1,379 @@
+//! `ferry bench block`: ferry's NBD server against nbdkit (memory plugin for memory
+//! exports, file plugin on the same backing file) and qemu-nbd (the file), all in the same
+//! run and all reached by one client, fio's nbd engine: 1 MiB sequential write and read at
+//! QD 16, 4 KiB random write and read at QD 1 and QD 32 (GB/s, IOPS, mean and p99
+//! latency). ferry is measured over TCP and over a Unix socket, on a memory and a file
+//! export; nbdkit's memory plugin over both too. Servers alternate within each job
+//! (A B A B); medians over the repetitions (see docs/block.md, "Benchmark").
+
+mod fio;
+mod plot;
+mod report;
+mod servers;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use clap::Args;
+
+use super::report::{emit, median, round, DriverStatus, Machine, Report};
+use fio::{Measured, Workload, WORKLOADS};
+use report::{BlockReport, BlockRow};
+use servers::{Listen, Proc};
+
+/// Options of `ferry bench block`.
+#[derive(Args)]
+pub struct BlockArgs {
+    /// Short run (about a minute): a smaller region, half a second per job, one repetition.
+    #[arg(long)]
+    quick: bool,
+    /// Print exactly one JSON object on stdout instead of the table (files only with --out).
+    #[arg(long)]
+    json: bool,
+    /// Where to write CSV, JSON and PNG [default without --json: bench/results/block].
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Directory for the backing file and sockets [default: the system's temporary
+    /// directory].
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Repetitions [default: 3, 1 with --quick].
+    #[arg(long)]
+    reps: Option<usize>,
+}
+
+/// Sizes and times of a run.
+#[derive(Debug, Clone, Copy)]
+struct Plan {
+    /// Bytes of each export the jobs touch (the memory exports' size, the file's size).
+    region: u64,
+    /// Seconds per fio job.
+    secs: f64,
+    /// Repetitions.
+    reps: usize,
+}
+
+impl Plan {
+    fn new(args: &BlockArgs) -> Plan {
+        let (region, secs, reps) = match args.quick {
+            true => (128 << 20, 0.5, 1),
+            false => (512 << 20, 3.0, 3),
+        };
+        Plan {
+            region,
+            secs,
+            reps: args.reps.unwrap_or(reps).max(1),
+        }
+    }
+}
+
+/// An export one server offers: what the rows call it and where fio finds it.
+struct Target {
+    server: &'static str,
+    backend: &'static str,
+    listen: Listen,
+    export: &'static str,
+    /// Index of its process in [`Servers::procs`].
+    proc: usize,
+}
+
+/// The servers of a run: processes, the exports they offer, and why a peer is missing.
+struct Servers {
+    procs: Vec<Proc>,
+    targets: Vec<Target>,
+    missing: Vec<(&'static str, &'static str, &'static str, String)>,
+}
+
+impl Servers {
+    fn start(dir: &Path, file: &Path, region: u64) -> Servers {
+        let mut s = Servers {
+            procs: Vec::new(),
+            targets: Vec::new(),
+            missing: Vec::new(),
+        };
+        match servers::ferry(dir, file, region) {
+            Ok((p, tcp, unix)) => {
+                let i = s.add(p);
+                for at in [tcp, unix] {
+                    for (backend, export) in [("memory", "mem"), ("file", "file")] {
+                        s.targets.push(Target {
+                            server: "ferry",
+                            backend,
+                            listen: at.clone(),
+                            export,
+                            proc: i,
+                        });
+                    }
+                }
+            }
+            Err(e) => {
+                for t in ["tcp", "unix"] {
+                    for b in ["memory", "file"] {
+                        s.missing.push(("ferry", b, t, format!("{e:#}")));
+                    }
+                }
+            }
+        }
+        let mem = vec!["memory".to_string(), format!("size={region}")];
+        let on_file = vec!["file".to_string(), file.display().to_string()];
+        let sock = dir.join("nbdkit.sock");
+        s.peer("nbdkit", "memory", "tcp", servers::nbdkit(&mem, None));
+        s.peer(
+            "nbdkit",
+            "memory",
+            "unix",
+            servers::nbdkit(&mem, Some(&sock)),
+        );
+        s.peer("nbdkit", "file", "tcp", servers::nbdkit(&on_file, None));
+        s.peer("qemu-nbd", "file", "tcp", servers::qemu_nbd(file));
+        s
+    }
+
+    fn add(&mut self, p: Proc) -> usize {
+        self.procs.push(p);
+        self.procs.len() - 1
+    }
+
+    /// A peer serving one export (its default one: nbdkit's is `""`, qemu-nbd's `file`).
+    fn peer(
+        &mut self,
+        server: &'static str,
+        backend: &'static str,
+        transport: &'static str,
+        started: Result<(Proc, Listen)>,
+    ) {
+        match started {
+            Ok((p, listen)) => {
+                let proc = self.add(p);
+                let export = if server == "qemu-nbd" { "file" } else { "" };
+                self.targets.push(Target {
+                    server,
+                    backend,
+                    listen,
+                    export,
+                    proc,
+                });
+            }
+            Err(e) => self
+                .missing
+                .push((server, backend, transport, format!("{e:#}"))),
+        }
+    }
+}
+
+/// One export and job, gathering samples over the repetitions.
+struct Cell {
+    row: BlockRow,
+    work: Workload,
+    /// Index in [`Servers::targets`] (None: the server is missing).
+    target: Option<usize>,
+    samples: Vec<(Measured, f64)>,
+}
+
+impl Cell {
+    fn new(server: &str, backend: &str, transport: &str, w: &Workload) -> Cell {
+        Cell {
+            row: BlockRow {
+                server: server.into(),
+                path: "nbd".into(),
+                transport: transport.into(),
+                backend: backend.into(),
+                workload: w.name.into(),
+                bs: w.bs,
+                qd: w.qd,
+                ..BlockRow::default()
+            },
+            work: *w,
+            target: None,
+            samples: Vec::new(),
+        }
+    }
+
+    fn finish(mut self) -> BlockRow {
+        if self.row.error.is_some() || self.samples.is_empty() {
+            self.row.error.get_or_insert_with(|| "not run".into());
+            return self.row;
+        }
+        let med = |f: &dyn Fn(&(Measured, f64)) -> f64, digits: i32| {
+            let mut v: Vec<f64> = self.samples.iter().map(f).collect();
+            median(&mut v).map(|x| round(x, digits))
+        };
+        let r = &mut self.row;
+        r.gbps = med(&|s| s.0.gbps, 3);
+        r.iops = med(&|s| s.0.iops, 0);
+        r.lat_mean_us = med(&|s| s.0.lat_mean_us, 1);
+        r.lat_p99_us = med(&|s| s.0.lat_p99_us, 1);
+        r.client_cpu_s = med(&|s| s.0.client_cpu_s, 2);
+        r.server_cpu_s = med(&|s| s.1, 2);
+        r.reps = self.samples.len();
+        self.row
+    }
+}
+
+/// Every (job, export) of the run: jobs in [`WORKLOADS`] order, and within a job every
+/// server in turn (the first changing from job to job), so servers alternate and drift
+/// hits them alike.
+fn cells_of(servers: &Servers) -> Vec<Cell> {
+    let mut v = Vec::new();
+    for w in &WORKLOADS {
+        for (i, t) in servers.targets.iter().enumerate() {
+            let mut c = Cell::new(t.server, t.backend, t.listen.transport(), w);
+            c.target = Some(i);
+            v.push(c);
+        }
+        for (server, backend, transport, why) in &servers.missing {
+            let mut c = Cell::new(server, backend, transport, w);
+            c.row.error = Some(why.clone());
+            v.push(c);
+        }
+    }
+    v
+}
+
+/// Runs the benchmark and prints (and writes) the report.
+pub fn run(args: &BlockArgs) -> Result<()> {
+    let plan = Plan::new(args);
+    let mut notes = Vec::new();
+    servers::need("fio")?;
+    let base = args.dir.clone().unwrap_or_else(std::env::temp_dir);
+    let dir = base.join(format!("ferry-bench-block-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let _clean = RemoveOnDrop(dir.clone());
+    let file = dir.join("backing.img");
+    backing_file(&file, plan.region)?;
+    notes.push(format!(
+        "file exports: {} ({} MiB, written through before the run; reads and writes go \
+         through the page cache)",
+        file.display(),
+        plan.region >> 20
+    ));
+    let servers = Servers::start(&dir, &file, plan.region);
+    for (s, b, t, why) in &servers.missing {
+        notes.push(format!("{s} {b} {t}: {why}"));
+    }
+    let report_path = dir.join("fio.json");
+    warm_up(&servers, &plan, &file, &report_path);
+    let mut cells = cells_of(&servers);
+    for rep in 0..plan.reps {
+        tracing::info!("repetition {}/{}", rep + 1, plan.reps);
+        for (j, w) in WORKLOADS.iter().enumerate() {
+            let mut turn: Vec<&mut Cell> = (cells.iter_mut())
+                .filter(|c| c.work == *w && c.target.is_some() && c.row.error.is_none())
+                .collect();
+            // Who goes first changes from job to job and repetition to repetition.
+            let n = turn.len().max(1);
+            turn.rotate_left((j + rep) % n);
+            for c in turn {
+                measure(c, &servers, &plan, &report_path);
+                if c.row.backend == "file" && w.writes() {
+                    // Its dirty pages are written back now, not during the next server's
+                    // turn.
+                    sync_file(&file);
+                }
+            }
+        }
+    }
+    drop(servers);
+    let rows: Vec<BlockRow> = cells.into_iter().map(Cell::finish).collect();
+    let summary = report::summary(&rows);
+    notes.push(format!(
+        "{} are the fabric path's and a file system's metrics, measured by a later slice: null here",
+        report::LATER.join(", ")
+    ));
+    let report = BlockReport {
+        report: Report {
+            bench: "block",
+            quick: args.quick,
+            machine: Machine::detect(None),
+            drivers: vec![DriverStatus::new("nbd")],
+            targets: report::targets(&summary),
+            rows,
+            summary,
+        },
+        notes,
+    };
+    let png = |p: &Path| report.png(p);
+    emit(
+        "block",
+        &report,
+        &report.report.rows,
+        &report.table(),
+        &png,
+        args.json,
+        args.out.as_deref(),
+    )
+}
+
+/// One fio run of `c`'s job against its server, recorded with the server's CPU.
+fn measure(c: &mut Cell, servers: &Servers, plan: &Plan, out: &Path) {
+    let Some(t) = c.target.map(|i| &servers.targets[i]) else {
+        return;
+    };
+    let proc = &servers.procs[t.proc];
+    let s0 = proc.cpu();
+    let uri = t.listen.uri(t.export);
+    let m = fio::run(&uri, &c.work, plan.region, Some(plan.secs), out);
+    let server_cpu = match (s0, proc.cpu()) {
+        (Some(a), Some(b)) => (b - a).max(0.0),
+        _ => 0.0,
+    };
+    match m {
+        Ok(m) => c.samples.push((m, server_cpu)),
+        Err(e) => {
+            let why = format!("{e:#}");
+            tracing::warn!("{} {}: {why}", c.row.label(), c.row.job());
+            c.row.error = Some(why);
+        }
+    }
+}
+
+/// Flushes the backing file's dirty pages (whoever wrote them).
+fn sync_file(path: &Path) {
+    if let Err(e) = std::fs::File::open(path).and_then(|f| f.sync_all()) {
+        tracing::warn!("syncing {}: {e}", path.display());
+    }
+}
+
+/// Writes every export's region once (memory exports then hold data, not holes, so reads
+/// read pages on every server alike), which also warms each connection path.
+fn warm_up(servers: &Servers, plan: &Plan, file: &Path, out: &Path) {
+    let fill = Workload {
+        name: "fill",
+        rw: "write",
+        bs: 1 << 20,
+        qd: 16,
+    };
+    for t in &servers.targets {
+        if let Err(e) = fio::run(&t.listen.uri(t.export), &fill, plan.region, None, out) {
+            tracing::warn!("warm-up of {} {}: {e:#}", t.server, t.backend);
+        }
+    }
+    sync_file(file);
+}
+
+/// The backing file of the file exports: `size` bytes, written through (allocated, so no
+/// server answers a read from a hole).
+fn backing_file(path: &Path, size: u64) -> Result<()> {
+    use std::io::Write;
+    let mut f =
+        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    let block: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8 | 1).collect();
+    let mut left = size;
+    while left > 0 {
+        let n = left.min(block.len() as u64) as usize;
+        f.write_all(&block[..n])
+            .with_context(|| format!("writing {}", path.display()))?;
+        left -= n as u64;
+    }
+    f.sync_all()
+        .with_context(|| format!("syncing {}", path.display()))
+}
+
+/// Removes a scratch directory when dropped.
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
