@@ -41,13 +41,16 @@ fn cp_wedged(msg: &str) {
 
 /// On Ctrl-C (or SIGTERM), says how to continue before exiting 130: what was verified is in
 /// the part file's journal (here for downloads, on the server for uploads), and the same
-/// command with `--resume` picks it up.
+/// command with `--resume` (and without `--no-resume`) picks it up.
 fn hint_on_interrupt(resuming: bool) {
     use signal_hook::consts::{SIGINT, SIGTERM};
     let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) else {
         return;
     };
-    let mut again: Vec<String> = std::env::args().map(|a| shell_word(&a)).collect();
+    let mut again: Vec<String> = std::env::args()
+        .filter(|a| a != "--no-resume")
+        .map(|a| shell_word(&a))
+        .collect();
     if !resuming {
         let at = again
             .iter()
@@ -141,10 +144,14 @@ pub struct CpArgs {
     /// Staging block size in bytes (the server may lower it).
     #[arg(long, value_name = "BYTES", default_value_t = ferry_xfer::DEFAULT_BLOCK)]
     block_size: u32,
-    /// Continue an interrupted copy: partial files resume after their journaled, verified
-    /// part; with -r, files already at the destination (same size and mtime) are skipped.
+    /// Continue an interrupted copy: besides partial files (resumed by default), skip files
+    /// already at the destination with the source's size and mtime.
     #[arg(long)]
     resume: bool,
+    /// Start over: ignore the journals of partial files (by default a partial file
+    /// continues after its journaled, verified part).
+    #[arg(long, conflicts_with = "resume")]
+    no_resume: bool,
     /// After a connection failure, reconnect and resume up to N times (pausing 0.2 s,
     /// doubling up to 5 s).
     #[arg(long, value_name = "N", default_value_t = 0)]
@@ -263,7 +270,8 @@ pub fn cp(a: CpArgs, quiet: bool) -> Result<(), XferError> {
         dest_token: a
             .dest_token
             .or_else(|| std::env::var("FERRY_DEST_TOKEN").ok()),
-        resume: a.resume,
+        resume: !a.no_resume,
+        skip_complete: a.resume,
         retries: a.retries,
         idle_timeout,
         streams: a.streams,

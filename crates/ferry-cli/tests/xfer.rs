@@ -83,7 +83,7 @@ fn tree(driver: &str) {
         &[],
     ));
     assert_eq!(v["files"].as_u64(), Some(100));
-    same_tree(&src, &s.root.join("back"));
+    same_tree(&src, &s.root.join("back/tree"));
     // ls and sum.
     let o = run({
         let mut c = ferry();
@@ -215,7 +215,7 @@ fn corruption(driver: &str) {
         std::fs::write(f, pattern(1000 + 7 * i, i as u8)).unwrap();
     }
     let v = ok(&cp(
-        &["-r", &t.url("t"), local.join("t").to_str().unwrap()],
+        &["-r", &t.url("t"), local.to_str().unwrap()],
         &[],
     ));
     assert_eq!(v["blocks_resent"].as_u64(), Some(2), "{v}");
@@ -242,7 +242,7 @@ fn corruption(driver: &str) {
     assert_eq!(v["files"].as_u64(), Some(6), "{v}");
     for i in 0..6 {
         let f = format!("f{i}");
-        same_file(&local.join("t").join(&f), &s.root.join("up").join(&f));
+        same_file(&local.join("t").join(&f), &s.root.join("up/t").join(&f));
     }
     no_part_files(&s.root);
     // Upload that never gets through.
@@ -396,7 +396,7 @@ fn third_party(driver: &str) {
         (Some(1), Some(BLOCK as u64 * 2 + 5))
     );
     same_file(&a.root.join("big"), &b.root.join("big"));
-    let v = ok(&cp(&["-r", &a.url("tree"), &b.url("copy")], &[]));
+    let v = ok(&cp(&["-r", &a.url("tree/"), &b.url("copy")], &[]));
     assert_eq!(v["files"].as_u64(), Some(30));
     same_tree(&a.root.join("tree"), &b.root.join("copy"));
     no_part_files(&b.root);
@@ -406,7 +406,7 @@ fn third_party(driver: &str) {
         let huge = 64 * 1024 * 1024 + 5;
         std::fs::write(a.root.join("huge"), pattern(huge, 3)).unwrap();
         let v = ok(&cp(
-            &["-p", "4", "-r", &a.url("tree"), &b.url("copy4")],
+            &["-p", "4", "-r", &a.url("tree/"), &b.url("copy4")],
             &[],
         ));
         assert_eq!(v["files"].as_u64(), Some(30), "{v}");
@@ -609,7 +609,7 @@ fn big_tree(files: usize) {
     ));
     let up = t.elapsed();
     assert_eq!(v["files"].as_u64(), Some(files as u64));
-    same_tree(&src, &s.root.join("back"));
+    same_tree(&src, &s.root.join("back/many"));
     eprintln!("{files} files: down {down:?}, up {up:?}");
     std::fs::remove_dir_all(&local).unwrap();
 }

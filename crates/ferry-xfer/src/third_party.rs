@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::client::{basename, join, walk_entries, Client, Options, Progress, Stats};
+use crate::client::{join, walk_entries, Client, Options, Progress, Stats};
 use crate::config::ServerConfig;
 use crate::error::XferError;
 use crate::export::{refuse, Refusal};
@@ -132,7 +132,7 @@ fn copy(cfg: &ServerConfig, roots: &Roots, link: &Link, req: &SendTo) -> Result<
     };
     let mut c = Client::connect(req.dest, &opts).map_err(at_dest)?;
     let target = c
-        .target(req.dest_path, basename(req.path))
+        .target(req.path, entry.kind == EntryKind::Dir, req.dest_path)
         .map_err(at_dest)?;
     let relay = Relay {
         link,

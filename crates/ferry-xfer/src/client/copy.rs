@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use super::download::{mtime_secs, Dest, DlJob};
 use super::{
-    basename, join, remote_err, unexpected, Client, Options, Progress, Stats, Tree, RETRY_DELAY,
+    join, remote_err, unexpected, Client, Options, Progress, Stats, Tree, RETRY_DELAY,
     RETRY_MAX_DELAY,
 };
 use crate::error::{Kind, Result, XferError};
@@ -54,7 +54,7 @@ pub fn copy(
             }
             (Location::Zero(n), Location::Remote(r)) => {
                 with_client(r, &opts, &mut total, |c| {
-                    let target = c.target(&r.path, "zero")?;
+                    let target = c.target("zero", false, &r.path)?;
                     progress.total(*n);
                     c.upload_zero(*n, &target, progress)
                 })
@@ -89,6 +89,7 @@ pub fn copy(
                 progress.restart();
                 // A retry continues what the failed attempt left.
                 opts.resume = true;
+                opts.skip_complete = true;
             }
             Err(e) => return Err(e),
         }
@@ -109,14 +110,6 @@ pub(crate) fn with_client(
         c.bye();
     }
     res
-}
-
-/// Where a tree goes when its destination is an existing directory: normally inside it
-/// under the source's name (as scp does). A resume would then nest a second copy inside the
-/// directory the interrupted run created, so with `--resume` a tree goes into the
-/// directory itself unless that already holds an entry of the source's name.
-fn resume_into_itself(opts: &Options, is_tree: bool, named_exists: bool) -> bool {
-    opts.resume && is_tree && !named_exists
 }
 
 /// Downloads to `local` (`None`: the null sink, nothing is written).
@@ -147,14 +140,12 @@ pub(crate) fn plan_download(
     {
         let entry = c.stat(&r.path)?;
         let is_tree = entry.kind == EntryKind::Dir;
-        let dest = local.map(|local| {
-            let named = local.join(basename(&r.path));
-            if local.is_dir() && !resume_into_itself(opts, is_tree, named.exists()) {
-                named
-            } else {
-                local.to_path_buf()
+        let dest = match local {
+            Some(local) if entry.kind == EntryKind::File || recursive => {
+                Some(super::place::local_target(&r.path, is_tree, local)?)
             }
-        });
+            _ => None,
+        };
         let files = match entry.kind {
             EntryKind::File => {
                 let to = dest.as_deref().map(Dest::file).transpose()?;
@@ -201,7 +192,7 @@ pub(crate) fn plan_download(
         let mut jobs = Vec::new();
         for (path, dest, size, mtime) in files {
             let ident = Ident { size, mtime };
-            if opts.resume && dest.as_ref().is_some_and(|d| d.complete(ident)) {
+            if opts.skip_complete && dest.as_ref().is_some_and(|d| d.complete(ident)) {
                 c.stats.files += 1;
                 c.stats.files_skipped += 1;
                 c.stats.bytes += size;
@@ -264,40 +255,23 @@ pub(crate) fn plan_upload(
     progress: &dyn Progress,
 ) -> Result<Vec<(PathBuf, String, u64)>> {
     {
-        let name = local
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let (target, existing) = match c.stat(&r.path) {
-            Ok(e) if e.kind == EntryKind::Dir && !name.is_empty() => {
-                let named = join(&r.path, &name);
-                let there = opts.resume && md.is_dir() && c.stat(&named).is_ok();
-                if resume_into_itself(opts, md.is_dir(), there) {
-                    (r.path.clone(), None)
-                } else {
-                    (named, None)
-                }
-            }
-            Ok(e) => (r.path.clone(), Some(e)),
-            Err(e) if e.kind == Kind::NotFound => (r.path.clone(), None),
-            Err(e) => return Err(e),
+        let src = local.to_string_lossy();
+        let target = c.target(&src, md.is_dir(), &r.path)?;
+        let existing = if md.is_file() && opts.skip_complete {
+            c.stat(&target).ok()
+        } else {
+            None
         };
         // What the destination already holds, for a resume's quick check (size, mtime s).
         let mut there: HashMap<String, (u64, i64)> = HashMap::new();
         let files = if md.is_file() {
-            if opts.resume {
-                let e = match existing {
-                    Some(e) => Some(e),
-                    None => c.stat(&target).ok(),
-                };
-                if let Some(e) = e.filter(|e| e.kind == EntryKind::File) {
-                    there.insert(String::new(), (e.size, e.mtime));
-                }
+            if let Some(e) = existing.filter(|e| e.kind == EntryKind::File) {
+                there.insert(String::new(), (e.size, e.mtime));
             }
             vec![(String::new(), md.len(), mtime_secs(md))]
         } else {
             let (dirs, files) = walk_local(local)?;
-            if opts.resume {
+            if opts.skip_complete {
                 if let Ok((_, remote)) = c.walk_remote(&target) {
                     there = remote.into_iter().map(|(p, s, m)| (p, (s, m))).collect();
                 }

@@ -241,9 +241,9 @@ impl LocalPart {
         };
         let io =
             |what: &str, e: std::io::Error| XferError::io(shown.with_file_name(what).display(), &e);
-        if !resume && ident.size <= u64::from(block) {
-            // One block: nothing to checkpoint before the file is whole, so no journal file
-            // unless one turns out to be needed. A journal only means something with its part:
+        if ident.size <= u64::from(block) {
+            // One block: nothing to checkpoint before the file is whole (so nothing worth
+            // resuming either), and no journal file unless one turns out to be needed. A journal only means something with its part:
             // if a part of an earlier copy is there, its journal goes before the part is reused.
             let jname = journal_name(&tmp);
             let file = match open_in(&dir, &tmp, OpenHow::New) {

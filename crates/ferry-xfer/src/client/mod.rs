@@ -17,6 +17,7 @@
 
 mod copy;
 mod download;
+mod place;
 mod upload;
 
 use std::time::Duration;
@@ -84,9 +85,13 @@ pub struct Options {
     /// How long to wait for a server that sends nothing before the connection counts as
     /// broken (and, with `retries`, is replaced).
     pub idle_timeout: Duration,
-    /// Continue interrupted transfers: partial files (their journaled, verified prefix)
-    /// and, for trees, files already complete at the destination (same size and mtime).
+    /// Continue partial files after their journaled, verified prefix (`ferry cp`'s
+    /// default; `--no-resume` starts them over). A journal proves its bytes against the
+    /// source's size and mtime, so nothing unverified is kept.
     pub resume: bool,
+    /// Skip files already at the destination with the source's size and mtime (`ferry cp
+    /// --resume`, and every retry): what running an interrupted tree copy again wants.
+    pub skip_complete: bool,
     /// Reconnect and resume this many times after a connection failure (exit class 6),
     /// pausing [`RETRY_DELAY`], doubling up to [`RETRY_MAX_DELAY`].
     pub retries: u32,
@@ -116,6 +121,7 @@ impl Default for Options {
             timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(120),
             resume: false,
+            skip_complete: false,
             retries: 0,
             dest_token: None,
             streams: 1,
@@ -359,15 +365,21 @@ impl Client {
         walk_entries(path, |p| self.list(p))
     }
 
-    /// Where a copy of a source named `name` lands when its destination is `path`: inside
-    /// `path` if that is an existing directory (as `scp` does), else at `path` itself.
-    pub fn target(&mut self, path: &str, name: &str) -> Result<String> {
-        Ok(match self.stat(path) {
-            Ok(e) if e.kind == EntryKind::Dir && !name.is_empty() => join(path, name),
-            Ok(_) => path.to_string(),
-            Err(e) if e.kind == Kind::NotFound => path.to_string(),
+    /// Where a copy of `src` (a tree or not) lands when its destination on this server is
+    /// `dst`, by the one rule of [`place`]; creates the directory the rule names when it is
+    /// missing, so a refusal comes before any data moves.
+    pub fn target(&mut self, src: &str, tree: bool, dst: &str) -> Result<String> {
+        let at = match self.stat(dst) {
+            Ok(e) if e.kind == EntryKind::Dir => place::AtDest::Dir,
+            Ok(_) => place::AtDest::Other,
+            Err(e) if e.kind == Kind::NotFound => place::AtDest::Nothing,
             Err(e) => return Err(e),
-        })
+        };
+        let (target, create) = place::remote_target(src, tree, dst, at)?;
+        if let Some(dir) = create {
+            self.mkdir(&dir, 0o755)?;
+        }
+        Ok(target)
     }
 
     /// Ends the session politely.
