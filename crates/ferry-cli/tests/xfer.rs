@@ -214,10 +214,7 @@ fn corruption(driver: &str) {
         let f = t.root.join("t").join(format!("f{i}"));
         std::fs::write(f, pattern(1000 + 7 * i, i as u8)).unwrap();
     }
-    let v = ok(&cp(
-        &["-r", &t.url("t"), local.to_str().unwrap()],
-        &[],
-    ));
+    let v = ok(&cp(&["-r", &t.url("t"), local.to_str().unwrap()], &[]));
     assert_eq!(v["blocks_resent"].as_u64(), Some(2), "{v}");
     assert_eq!(v["files"].as_u64(), Some(6), "{v}");
     for i in 0..6 {
@@ -903,4 +900,61 @@ fn read_only_roots_serve_reads_and_refuse_writes() {
     ok(&cp(&[up, &s.url("new")], &[]));
     std::fs::remove_dir_all(&local).unwrap();
     std::fs::remove_dir_all(&ro).unwrap();
+}
+
+/// One rule for where a copy lands, both directions (docs/xfer.md, "Where a copy lands"): a
+/// destination ending in / is a directory (created, one level), a missing parent is refused
+/// before any data moves, and a tree copied again lands where it did the first time.
+#[test]
+fn one_rule_for_where_a_copy_lands() {
+    let s = serve("tcp", &[]);
+    let local = scratch("local");
+    std::fs::create_dir_all(&local).unwrap();
+    std::fs::write(local.join("f1.dat"), pattern(5000, 1)).unwrap();
+    std::fs::write(s.root.join("g"), pattern(7000, 2)).unwrap();
+    make_tree(&s.root.join("t"), 12);
+    let f1 = local.join("f1.dat");
+    let f1 = f1.to_str().unwrap();
+    // Up to "newdir2/": a directory, created, the file inside it under its own name.
+    ok(&cp(&[f1, &s.url("newdir2/")], &[]));
+    same_file(&local.join("f1.dat"), &s.root.join("newdir2/f1.dat"));
+    // Down to "newdir/": the same.
+    let newdir = format!("{}/newdir/", local.display());
+    ok(&cp(&[&s.url("g"), &newdir], &[]));
+    same_file(&s.root.join("g"), &local.join("newdir/g"));
+    // A missing parent is refused before any data moves, naming the missing directory.
+    let deep = format!("{}/no/such/x/", local.display());
+    let o = cp(&[&s.url("g"), &deep], &[]);
+    fails(
+        &o,
+        3,
+        &format!("{}/no/such: no such directory", local.display()),
+    );
+    assert!(!local.join("no").exists());
+    let o = cp(&[f1, &s.url("no/such/x/")], &[]);
+    assert_eq!(o.status.code(), Some(3), "{o:?}");
+    assert!(!s.root.join("no").exists());
+    // A file where the rule needs a directory is refused.
+    let o = cp(&[f1, &s.url("g/")], &[]);
+    fails(&o, 1, "is not a directory");
+    // A tree lands in DST/NAME whether DST existed or not, so a second run resumes in place
+    // instead of nesting a copy inside the first; "t/" lands the contents.
+    let into = local.join("copies");
+    for _ in 0..2 {
+        ok(&cp(&["-r", &s.url("t"), into.to_str().unwrap()], &[]));
+        same_tree(&s.root.join("t"), &into.join("t"));
+        assert!(!into.join("t/t").exists());
+    }
+    ok(&cp(
+        &["-r", &s.url("t/"), local.join("flat").to_str().unwrap()],
+        &[],
+    ));
+    same_tree(&s.root.join("t"), &local.join("flat"));
+    let up = local.join("copies/t");
+    for _ in 0..2 {
+        ok(&cp(&["-r", up.to_str().unwrap(), &s.url("up")], &[]));
+        same_tree(&s.root.join("t"), &s.root.join("up/t"));
+        assert!(!s.root.join("up/t/t").exists());
+    }
+    std::fs::remove_dir_all(&local).unwrap();
 }
