@@ -175,6 +175,10 @@ pub struct CpArgs {
     /// (the server's side follows its config's `direct`).
     #[arg(long)]
     direct: bool,
+    /// Copy what symlinks in a tree point to (a server follows only links that stay inside
+    /// their root); without it symlinks are skipped, warned about and counted.
+    #[arg(short = 'L', long)]
+    follow_links: bool,
     /// Replace read-only files at the destination (without it, an upload onto a read-only
     /// file is refused, exit 7).
     #[arg(short = 'f', long)]
@@ -278,6 +282,7 @@ pub fn cp(a: CpArgs, quiet: bool) -> Result<(), XferError> {
         chunk: a.chunk_size,
         direct: a.direct,
         force: a.force,
+        follow_links: a.follow_links,
         ..a.remote.options()
     };
     let bar = (!quiet && !a.json && std::io::stderr().is_terminal()).then(|| {
@@ -316,6 +321,7 @@ pub fn cp(a: CpArgs, quiet: bool) -> Result<(), XferError> {
                         "wire_bytes": s.wire_bytes,
                         "resumed_bytes": s.resumed_bytes,
                         "files_skipped": s.files_skipped,
+                        "entries_skipped": s.entries_skipped,
                         "retries": s.retries,
                     })
                 );
@@ -329,6 +335,12 @@ pub fn cp(a: CpArgs, quiet: bool) -> Result<(), XferError> {
                         ", resumed: {} already there, {} file(s) skipped",
                         human_size(s.resumed_bytes),
                         s.files_skipped
+                    );
+                }
+                if s.entries_skipped > 0 {
+                    notes += &format!(
+                        ", {} entr(y/ies) not copied (symlinks: -L follows them; see the warnings)",
+                        s.entries_skipped
                     );
                 }
                 if s.retries > 0 {

@@ -958,3 +958,68 @@ fn one_rule_for_where_a_copy_lands() {
     }
     std::fs::remove_dir_all(&local).unwrap();
 }
+
+/// Symlinks in a tree are skipped and counted (in the JSON and the summary), or followed
+/// with -L: to files and directories, never a dangling link, and a local loop once.
+#[test]
+fn symlinks_are_counted_or_followed() {
+    use std::os::unix::fs::symlink;
+    let s = serve("tcp", &[]);
+    let mk = |t: &Path| {
+        std::fs::create_dir_all(t.join("d")).unwrap();
+        std::fs::write(t.join("f"), pattern(3000, 5)).unwrap();
+        std::fs::write(t.join("d/g"), pattern(4000, 6)).unwrap();
+        symlink("f", t.join("lf")).unwrap();
+        symlink("d", t.join("ld")).unwrap();
+        symlink("nowhere", t.join("ln")).unwrap();
+    };
+    mk(&s.root.join("t"));
+    let local = scratch("local");
+    let counts = |v: &serde_json::Value| (v["files"].as_u64(), v["entries_skipped"].as_u64());
+    // Down: skipped and counted, then followed.
+    let v = ok(&cp(
+        &["-r", &s.url("t"), local.join("a").to_str().unwrap()],
+        &[],
+    ));
+    assert_eq!(counts(&v), (Some(2), Some(3)), "{v}");
+    assert!(std::fs::symlink_metadata(local.join("a/t/lf")).is_err());
+    let human = run({
+        let mut c = ferry();
+        c.args([
+            "cp",
+            "-r",
+            "--token",
+            TOKEN,
+            &s.url("t"),
+            local.join("h").to_str().unwrap(),
+        ]);
+        c
+    });
+    assert!(human.status.success(), "{human:?}");
+    let said = String::from_utf8_lossy(&human.stderr);
+    assert!(
+        said.contains("3 entr(y/ies) not copied (symlinks: -L follows them"),
+        "{said}"
+    );
+    let v = ok(&cp(
+        &["-r", "-L", &s.url("t"), local.join("b").to_str().unwrap()],
+        &[],
+    ));
+    assert_eq!(counts(&v), (Some(4), Some(1)), "{v}");
+    same_file(&s.root.join("t/f"), &local.join("b/t/lf"));
+    same_file(&s.root.join("t/d/g"), &local.join("b/t/ld/g"));
+    assert!(std::fs::symlink_metadata(local.join("b/t/lf"))
+        .unwrap()
+        .is_file());
+    // Up, with a loop back to the tree's top: found once.
+    let lt = local.join("lt");
+    mk(&lt);
+    symlink(".", lt.join("lp")).unwrap();
+    let v = ok(&cp(&["-r", lt.to_str().unwrap(), &s.url("up1")], &[]));
+    assert_eq!(counts(&v), (Some(2), Some(4)), "{v}");
+    let v = ok(&cp(&["-r", "-L", lt.to_str().unwrap(), &s.url("up2")], &[]));
+    assert_eq!(counts(&v), (Some(4), Some(2)), "{v}");
+    same_file(&lt.join("f"), &s.root.join("up2/lt/lf"));
+    same_file(&lt.join("d/g"), &s.root.join("up2/lt/ld/g"));
+    std::fs::remove_dir_all(&local).unwrap();
+}

@@ -102,7 +102,13 @@ fn copy(cfg: &ServerConfig, roots: &Roots, link: &Link, req: &SendTo) -> Result<
     let (dirs, files) = match entry.kind {
         EntryKind::File => (Vec::new(), vec![(String::new(), entry.size, entry.mtime)]),
         EntryKind::Dir if req.recursive => {
-            walk_entries(req.path, |p| crate::export::list(roots, p))?
+            let t = walk_entries(
+                req.path,
+                false,
+                |p| crate::export::list(roots, p),
+                |p| crate::export::stat(roots, p).map_err(|r| r.message),
+            )?;
+            (t.dirs, t.files)
         }
         EntryKind::Dir => {
             return Err(refuse(

@@ -154,7 +154,9 @@ pub(crate) fn plan_download(
             EntryKind::Dir if recursive => {
                 // Names were checked as they arrived (Client::list); everything is created
                 // beneath the destination, held open.
-                let (dirs, files) = c.walk_remote(&r.path)?;
+                let tree = c.walk_remote(&r.path, opts.follow_links)?;
+                c.stats.entries_skipped += tree.skipped.len() as u64;
+                let (dirs, files) = (tree.dirs, tree.files);
                 let base = match &dest {
                     Some(dest) => {
                         std::fs::create_dir_all(dest)
@@ -270,10 +272,19 @@ pub(crate) fn plan_upload(
             }
             vec![(String::new(), md.len(), mtime_secs(md))]
         } else {
-            let (dirs, files) = walk_local(local)?;
+            let Tree {
+                dirs,
+                files,
+                skipped,
+            } = walk_local(local, opts.follow_links)?;
+            c.stats.entries_skipped += skipped.len() as u64;
             if opts.skip_complete {
-                if let Ok((_, remote)) = c.walk_remote(&target) {
-                    there = remote.into_iter().map(|(p, s, m)| (p, (s, m))).collect();
+                if let Ok(remote) = c.walk_remote(&target, false) {
+                    there = remote
+                        .files
+                        .into_iter()
+                        .map(|(p, s, m)| (p, (s, m)))
+                        .collect();
                 }
             }
             c.mkdir(&target, 0o755)?;
@@ -391,13 +402,18 @@ fn third_party(
     })
 }
 
-/// A local tree's directories (relative, parents first) and files; symlinks are skipped
-/// with a warning, names that are not UTF-8 are refused.
-fn walk_local(root: &Path) -> Result<Tree> {
-    let mut dirs = Vec::new();
-    let mut files = Vec::new();
-    let mut todo = vec![String::new()];
-    while let Some(rel) = todo.pop() {
+/// A local tree: its directories (relative, parents first) and files, and what was
+/// skipped — symlinks unless `follow` (a followed link that leads nowhere too), special
+/// files, a link back to a directory above it (a loop). Names that are not UTF-8 are
+/// refused.
+fn walk_local(root: &Path, follow: bool) -> Result<Tree> {
+    use std::os::unix::fs::MetadataExt;
+    let mut tree = Tree::default();
+    // Each directory to list, with the directories above it (device, inode): a link to
+    // one of those is a loop.
+    let top = std::fs::metadata(root).map_err(|e| XferError::io(root.display(), &e))?;
+    let mut todo = vec![(String::new(), vec![(top.dev(), top.ino())])];
+    while let Some((rel, above)) = todo.pop() {
         let here = root.join(&rel);
         let rd = std::fs::read_dir(&here).map_err(|e| XferError::io(here.display(), &e))?;
         for ent in rd {
@@ -409,27 +425,59 @@ fn walk_local(root: &Path) -> Result<Tree> {
                 )
             })?;
             let r = join(&rel, &name);
+            let path = ent.path();
             let ft = ent
                 .file_type()
-                .map_err(|e| XferError::io(ent.path().display(), &e))?;
-            if ft.is_dir() {
-                dirs.push(r.clone());
-                todo.push(r);
-            } else if ft.is_file() {
-                let md = ent
-                    .metadata()
-                    .map_err(|e| XferError::io(ent.path().display(), &e))?;
-                files.push((r, md.len(), mtime_secs(&md)));
+                .map_err(|e| XferError::io(path.display(), &e))?;
+            let md = if ft.is_symlink() && !follow {
+                tracing::warn!(
+                    "{}: skipping a symlink (-L follows symlinks)",
+                    path.display()
+                );
+                tree.skipped.push(r);
+                continue;
+            } else {
+                // Follows a link (the others are what they are).
+                match std::fs::metadata(&path) {
+                    Ok(md) => md,
+                    Err(e) if ft.is_symlink() => {
+                        tracing::warn!(
+                            "{}: skipping a symlink that cannot be followed: {e}",
+                            path.display()
+                        );
+                        tree.skipped.push(r);
+                        continue;
+                    }
+                    Err(e) => return Err(XferError::io(path.display(), &e)),
+                }
+            };
+            if md.is_dir() {
+                let id = (md.dev(), md.ino());
+                if above.contains(&id) {
+                    tracing::warn!(
+                        "{}: skipping a symlink loop (it leads to a directory above it)",
+                        path.display()
+                    );
+                    tree.skipped.push(r);
+                    continue;
+                }
+                let mut chain = above.clone();
+                chain.push(id);
+                tree.dirs.push(r.clone());
+                todo.push((r, chain));
+            } else if md.is_file() {
+                tree.files.push((r, md.len(), mtime_secs(&md)));
             } else {
                 tracing::warn!(
-                    "{}: skipping (not a file or directory)",
-                    ent.path().display()
+                    "{}: skipping (not a file, directory or symlink)",
+                    path.display()
                 );
+                tree.skipped.push(r);
             }
         }
     }
-    dirs.sort();
-    Ok((dirs, files))
+    tree.dirs.sort();
+    Ok(tree)
 }
 
 /// BLAKE3 of a local file, as `ferry sum` prints it.

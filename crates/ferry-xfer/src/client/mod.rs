@@ -32,34 +32,82 @@ pub(crate) use download::{system_time, LocalPart};
 pub use download::{Dest, DlJob};
 pub(crate) use upload::open_source;
 
-/// A tree: its directories (relative, parents first) and its files with their sizes and
-/// mtimes (seconds).
-pub(crate) type Tree = (Vec<String>, Vec<(String, u64, i64)>);
+/// A tree a walk found: its directories (relative, parents first), its files (relative
+/// path, size, mtime in seconds), and the entries it skipped (symlinks not followed, links
+/// that lead nowhere or out of the root, FIFOs, sockets, devices), each warned about.
+#[derive(Debug, Default)]
+pub(crate) struct Tree {
+    pub dirs: Vec<String>,
+    pub files: Vec<(String, u64, i64)>,
+    pub skipped: Vec<String>,
+}
 
-/// Walks the tree under `path` with `list` (which lists one directory). Symlinks and
-/// special files are skipped with a warning.
+/// Symlinks to directories followed in a row at most. A server's listing has no inode
+/// numbers to find a loop by, so a loop on a server is walked this deep, then skipped
+/// (a local walk finds loops exactly).
+pub(crate) const MAX_LINK_DEPTH: u32 = 8;
+
+/// Walks the tree under `path` with `list` (which lists one directory). Symlinks are
+/// followed with `stat` (which follows one, or says why not) when `follow`, else skipped;
+/// special files are skipped; each skip is warned about and counted in [`Tree::skipped`].
 pub(crate) fn walk_entries<E>(
     path: &str,
+    follow: bool,
     mut list: impl FnMut(&str) -> std::result::Result<Vec<Entry>, E>,
+    mut stat: impl FnMut(&str) -> std::result::Result<Entry, String>,
 ) -> std::result::Result<Tree, E> {
-    let mut dirs = Vec::new();
-    let mut files = Vec::new();
-    let mut todo = vec![String::new()];
-    while let Some(rel) = todo.pop() {
+    let mut tree = Tree::default();
+    // Each directory to list, with how many directory links led to it.
+    let mut todo = vec![(String::new(), 0)];
+    while let Some((rel, links)) = todo.pop() {
         for e in list(&join(path, &rel))? {
             let r = join(&rel, &e.name);
-            match e.kind {
-                EntryKind::Dir => {
-                    dirs.push(r.clone());
-                    todo.push(r);
+            let (kind, size, mtime, links) = match e.kind {
+                EntryKind::Symlink if follow => match stat(&join(path, &r)) {
+                    Ok(t) => (t.kind, t.size, t.mtime, links + 1),
+                    Err(why) => {
+                        tracing::warn!(
+                            "{}: skipping a symlink that cannot be followed: {why}",
+                            join(path, &r)
+                        );
+                        tree.skipped.push(r);
+                        continue;
+                    }
+                },
+                k => (k, e.size, e.mtime, links),
+            };
+            match kind {
+                EntryKind::Dir if links > MAX_LINK_DEPTH => {
+                    tracing::warn!(
+                        "{}: skipping: {MAX_LINK_DEPTH} directory links in a row (a loop?)",
+                        join(path, &r)
+                    );
+                    tree.skipped.push(r);
                 }
-                EntryKind::File => files.push((r, e.size, e.mtime)),
-                _ => tracing::warn!("{}: skipping (not a file or directory)", join(path, &r)),
+                EntryKind::Dir => {
+                    tree.dirs.push(r.clone());
+                    todo.push((r, links));
+                }
+                EntryKind::File => tree.files.push((r, size, mtime)),
+                EntryKind::Symlink => {
+                    tracing::warn!(
+                        "{}: skipping a symlink (-L follows symlinks)",
+                        join(path, &r)
+                    );
+                    tree.skipped.push(r);
+                }
+                _ => {
+                    tracing::warn!(
+                        "{}: skipping (not a file, directory or symlink)",
+                        join(path, &r)
+                    );
+                    tree.skipped.push(r);
+                }
             }
         }
     }
-    dirs.sort();
-    Ok((dirs, files))
+    tree.dirs.sort();
+    Ok(tree)
 }
 
 /// First pause before a retry; it doubles up to [`RETRY_MAX_DELAY`].
@@ -107,6 +155,10 @@ pub struct Options {
     /// bypassing the page cache, where the filesystem allows it. The server's side follows
     /// its own configuration (`direct` in `ferry serve`'s config).
     pub direct: bool,
+    /// Copy what symlinks in a tree point to (`ferry cp -L`): on a server, links that stay
+    /// inside their root; without it they are skipped and counted
+    /// ([`Stats::entries_skipped`]).
+    pub follow_links: bool,
     /// Replace read-only files at the destination (`ferry cp --force`); without it an
     /// upload onto a read-only file is refused (by a 1.5 server; older ones replace it).
     pub force: bool,
@@ -127,6 +179,7 @@ impl Default for Options {
             streams: 1,
             chunk: crate::parallel::DEFAULT_CHUNK,
             direct: false,
+            follow_links: false,
             force: false,
         }
     }
@@ -147,6 +200,9 @@ pub struct Stats {
     pub resumed_bytes: u64,
     /// Files a resumed tree copy found complete at the destination and skipped.
     pub files_skipped: u64,
+    /// Tree entries not copied: symlinks not followed (or that lead nowhere or out of the
+    /// root), FIFOs, sockets, devices.
+    pub entries_skipped: u64,
     /// Reconnections after a connection failure.
     pub retries: u64,
 }
@@ -159,6 +215,7 @@ impl Stats {
         self.wire_bytes += o.wire_bytes;
         self.resumed_bytes += o.resumed_bytes;
         self.files_skipped += o.files_skipped;
+        self.entries_skipped += o.entries_skipped;
         self.retries += o.retries;
     }
 }
@@ -361,8 +418,14 @@ impl Client {
     }
 
     /// Lists a remote tree: its directories (relative, parents first) and files.
-    fn walk_remote(&mut self, path: &str) -> Result<Tree> {
-        walk_entries(path, |p| self.list(p))
+    fn walk_remote(&mut self, path: &str, follow: bool) -> Result<Tree> {
+        let me = std::cell::RefCell::new(self);
+        walk_entries(
+            path,
+            follow,
+            |p| me.borrow_mut().list(p),
+            |p| me.borrow_mut().stat(p).map_err(|e| e.msg),
+        )
     }
 
     /// Where a copy of `src` (a tree or not) lands when its destination on this server is
