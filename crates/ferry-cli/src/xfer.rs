@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use clap::Args;
-use ferry_xfer::client::{self, Options, Progress};
+use ferry_xfer::client::{self, Filter, Options, Progress, Skip, Stats};
 use ferry_xfer::url::{self, Location};
 use ferry_xfer::{Kind, XferError};
 
@@ -148,6 +148,19 @@ pub struct CpArgs {
     /// already at the destination with the source's size and mtime.
     #[arg(long)]
     resume: bool,
+    /// Never replace a file at the destination: files already there are skipped (and
+    /// counted).
+    #[arg(short = 'n', long, conflicts_with = "resume")]
+    no_clobber: bool,
+    /// In a tree, copy only files matching PATTERN (a glob; without '/' it matches a name
+    /// at any depth, with '/' the path below the tree's top; '**' spans directories).
+    /// Repeatable.
+    #[arg(long, value_name = "PATTERN")]
+    include: Vec<String>,
+    /// In a tree, leave out what matches PATTERN (an excluded directory with everything
+    /// in it); wins over --include. Repeatable.
+    #[arg(long, value_name = "PATTERN")]
+    exclude: Vec<String>,
     /// Start over: ignore the journals of partial files (by default a partial file
     /// continues after its journaled, verified part).
     #[arg(long, conflicts_with = "resume")]
@@ -185,10 +198,14 @@ pub struct CpArgs {
     force: bool,
     #[command(flatten)]
     remote: Remote,
-    /// Source: a local path, HOST:ROOT/PATH, or ferry://HOST[:PORT]/ROOT/PATH (also tcp://, ofi+tcp://, ofi+shm://NAME/...), or zero:SIZE (memory mode: SIZE zero bytes, e.g. zero:4G). With both SRC and DST remote, the source server sends straight to the destination (third-party copy).
-    src: String,
-    /// Destination, in the same forms, or null: (or /dev/null): check and discard.
-    dst: String,
+    /// Sources, then the destination. A source is a local path, HOST:ROOT/PATH,
+    /// ferry://HOST[:PORT]/ROOT/PATH (also tcp://, ofi+tcp://, ofi+shm://NAME/...), or
+    /// zero:SIZE (memory mode: SIZE zero bytes, e.g. zero:4G). With both ends remote, the
+    /// source server sends straight to the destination (third-party copy). The destination
+    /// takes the same forms, or null: (or /dev/null): check and discard. With several
+    /// sources the destination is a directory (created if missing).
+    #[arg(value_name = "SRC... DST", num_args = 2.., required = true)]
+    paths: Vec<String>,
 }
 
 #[derive(Args)]
@@ -253,13 +270,38 @@ impl Progress for Bar {
     }
 }
 
+/// Copies each source to `dst` in turn, summing what they did; the first failure ends it.
+fn copy_each(
+    srcs: &[Location],
+    dst: &Location,
+    recursive: bool,
+    opts: &Options,
+    progress: &dyn Progress,
+) -> Result<Stats, XferError> {
+    let mut total = Stats::default();
+    for src in srcs {
+        total.add(&client::copy(src, dst, recursive, opts, progress)?);
+    }
+    Ok(total)
+}
+
 /// `ferry cp`; `quiet` (the global `-q`) prints no progress bar and no summary.
 pub fn cp(a: CpArgs, quiet: bool) -> Result<(), XferError> {
     CP_JSON.store(a.json, Ordering::SeqCst);
     ferry_fabric::on_unrecoverable(cp_wedged);
     hint_on_interrupt(a.resume);
-    let src = url::parse(&a.src, &a.remote.driver)?;
-    let dst = url::parse(&a.dst, &a.remote.driver)?;
+    let (dst, srcs) = a.paths.split_last().expect("clap requires two paths");
+    let dst = if srcs.len() > 1 && !dst.ends_with('/') && dst != "null:" {
+        // Several sources land in one directory: the destination names it.
+        format!("{dst}/")
+    } else {
+        dst.clone()
+    };
+    let dst = url::parse(&dst, &a.remote.driver)?;
+    let srcs = srcs
+        .iter()
+        .map(|s| url::parse(s, &a.remote.driver))
+        .collect::<Result<Vec<_>, _>>()?;
     let idle_timeout = std::time::Duration::try_from_secs_f64(a.idle_timeout)
         .ok()
         .filter(|d| !d.is_zero())
@@ -275,7 +317,14 @@ pub fn cp(a: CpArgs, quiet: bool) -> Result<(), XferError> {
             .dest_token
             .or_else(|| std::env::var("FERRY_DEST_TOKEN").ok()),
         resume: !a.no_resume,
-        skip_complete: a.resume,
+        skip: if a.no_clobber {
+            Skip::Existing
+        } else if a.resume {
+            Skip::Unchanged
+        } else {
+            Skip::Nothing
+        },
+        filter: Filter::new(&a.include, &a.exclude)?,
         retries: a.retries,
         idle_timeout,
         streams: a.streams,
@@ -297,7 +346,7 @@ pub fn cp(a: CpArgs, quiet: bool) -> Result<(), XferError> {
     crate::log::show_bar(bar.as_ref());
     let bar = Bar(bar);
     let start = Instant::now();
-    let res = client::copy(&src, &dst, a.recursive, &opts, &bar);
+    let res = copy_each(&srcs, &dst, a.recursive, &opts, &bar);
     crate::log::show_bar(None);
     if let Some(b) = &bar.0 {
         b.finish_and_clear();

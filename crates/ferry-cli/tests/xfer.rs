@@ -1023,3 +1023,94 @@ fn symlinks_are_counted_or_followed() {
     same_file(&lt.join("d/g"), &s.root.join("up2/lt/ld/g"));
     std::fs::remove_dir_all(&local).unwrap();
 }
+
+/// Several sources land in one directory; --include/--exclude pick a tree's files both ways;
+/// --no-clobber leaves files already there alone.
+#[test]
+fn several_sources_filters_and_no_clobber() {
+    let s = serve("tcp", &[]);
+    let t = s.root.join("t");
+    for (p, n) in [
+        ("a.h5", 1),
+        ("b.log", 2),
+        ("run/c.h5", 3),
+        ("run/tmp/d.h5", 4),
+        ("e.tmp", 5),
+    ] {
+        std::fs::create_dir_all(t.join(p).parent().unwrap()).unwrap();
+        std::fs::write(t.join(p), pattern(1000 * n, n as u8)).unwrap();
+    }
+    std::fs::write(s.root.join("x"), pattern(500, 7)).unwrap();
+    std::fs::write(s.root.join("y"), pattern(600, 8)).unwrap();
+    let local = scratch("local");
+    let names = |d: &Path| {
+        let mut v = Vec::new();
+        let mut todo = vec![d.to_path_buf()];
+        while let Some(p) = todo.pop() {
+            for e in std::fs::read_dir(&p).unwrap() {
+                let e = e.unwrap().path();
+                if e.is_dir() {
+                    todo.push(e);
+                } else {
+                    v.push(e.strip_prefix(d).unwrap().to_string_lossy().into_owned());
+                }
+            }
+        }
+        v.sort();
+        v
+    };
+    // Two sources, one destination directory (created).
+    let many = local.join("many");
+    let v = ok(&cp(
+        &[&s.url("x"), &s.url("y"), many.to_str().unwrap()],
+        &[],
+    ));
+    assert_eq!(v["files"].as_u64(), Some(2), "{v}");
+    same_file(&s.root.join("x"), &many.join("x"));
+    same_file(&s.root.join("y"), &many.join("y"));
+    // Down: only the .h5 files, not under tmp/.
+    let f = local.join("f");
+    let v = ok(&cp(
+        &[
+            "-r",
+            "--include",
+            "*.h5",
+            "--exclude",
+            "tmp",
+            &s.url("t"),
+            f.to_str().unwrap(),
+        ],
+        &[],
+    ));
+    assert_eq!(v["files"].as_u64(), Some(2), "{v}");
+    assert_eq!(names(&f.join("t")), ["a.h5", "run/c.h5"]);
+    // Up: everything but *.tmp and run/**.
+    let v = ok(&cp(
+        &[
+            "-r",
+            "--exclude",
+            "*.tmp",
+            "--exclude",
+            "run/**",
+            f.join("t").to_str().unwrap(),
+            &s.url("up"),
+        ],
+        &[],
+    ));
+    assert_eq!(v["files"].as_u64(), Some(1), "{v}");
+    // --no-clobber: a changed local copy is not replaced; a plain copy replaces it.
+    std::fs::write(many.join("x"), b"mine").unwrap();
+    let v = ok(&cp(&["-n", &s.url("x"), many.to_str().unwrap()], &[]));
+    assert_eq!(v["files_skipped"].as_u64(), Some(1), "{v}");
+    assert_eq!(std::fs::read(many.join("x")).unwrap(), b"mine");
+    ok(&cp(&[&s.url("x"), many.to_str().unwrap()], &[]));
+    same_file(&s.root.join("x"), &many.join("x"));
+    let o = cp(&["-r", "--exclude", "x", &s.url("t"), &s.url("t2")], &[]);
+    fails(&o, 1, "not available for server-to-server copies");
+    let o = cp(
+        &["-r", "--include", "[", &s.url("t"), f.to_str().unwrap()],
+        &[],
+    );
+    fails(&o, 1, "pattern \"[\"");
+    std::fs::remove_dir_all(&local).unwrap();
+}

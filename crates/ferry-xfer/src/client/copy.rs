@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use super::download::{mtime_secs, Dest, DlJob};
 use super::{
-    join, remote_err, unexpected, Client, Options, Progress, Stats, Tree, RETRY_DELAY,
+    join, remote_err, unexpected, Client, Options, Progress, Skip, Stats, Tree, RETRY_DELAY,
     RETRY_MAX_DELAY,
 };
 use crate::error::{Kind, Result, XferError};
@@ -89,7 +89,9 @@ pub fn copy(
                 progress.restart();
                 // A retry continues what the failed attempt left.
                 opts.resume = true;
-                opts.skip_complete = true;
+                if opts.skip == Skip::Nothing {
+                    opts.skip = Skip::Unchanged;
+                }
             }
             Err(e) => return Err(e),
         }
@@ -154,7 +156,9 @@ pub(crate) fn plan_download(
             EntryKind::Dir if recursive => {
                 // Names were checked as they arrived (Client::list); everything is created
                 // beneath the destination, held open.
-                let tree = c.walk_remote(&r.path, opts.follow_links)?;
+                let tree = c
+                    .walk_remote(&r.path, opts.follow_links)?
+                    .filtered(&opts.filter);
                 c.stats.entries_skipped += tree.skipped.len() as u64;
                 let (dirs, files) = (tree.dirs, tree.files);
                 let base = match &dest {
@@ -194,7 +198,8 @@ pub(crate) fn plan_download(
         let mut jobs = Vec::new();
         for (path, dest, size, mtime) in files {
             let ident = Ident { size, mtime };
-            if opts.skip_complete && dest.as_ref().is_some_and(|d| d.complete(ident)) {
+            let there = dest.as_ref().and_then(|d| d.existing());
+            if there.is_some_and(|t| opts.skip.keeps(t, (size, mtime))) {
                 c.stats.files += 1;
                 c.stats.files_skipped += 1;
                 c.stats.bytes += size;
@@ -259,7 +264,7 @@ pub(crate) fn plan_upload(
     {
         let src = local.to_string_lossy();
         let target = c.target(&src, md.is_dir(), &r.path)?;
-        let existing = if md.is_file() && opts.skip_complete {
+        let existing = if md.is_file() && opts.skip != Skip::Nothing {
             c.stat(&target).ok()
         } else {
             None
@@ -276,9 +281,9 @@ pub(crate) fn plan_upload(
                 dirs,
                 files,
                 skipped,
-            } = walk_local(local, opts.follow_links)?;
+            } = walk_local(local, opts.follow_links)?.filtered(&opts.filter);
             c.stats.entries_skipped += skipped.len() as u64;
-            if opts.skip_complete {
+            if opts.skip != Skip::Nothing {
                 if let Ok(remote) = c.walk_remote(&target, false) {
                     there = remote
                         .files
@@ -296,7 +301,10 @@ pub(crate) fn plan_upload(
         progress.total(files.iter().map(|f| f.1).sum());
         let mut out = Vec::new();
         for (rel, size, mtime) in files {
-            if there.get(&rel) == Some(&(size, mtime)) {
+            if there
+                .get(&rel)
+                .is_some_and(|&t| opts.skip.keeps(t, (size, mtime)))
+            {
                 c.stats.files += 1;
                 c.stats.files_skipped += 1;
                 c.stats.bytes += size;
@@ -324,6 +332,12 @@ fn third_party(
     progress: &dyn Progress,
     total: &mut Stats,
 ) -> Result<()> {
+    if !opts.filter.is_empty() || opts.skip == Skip::Existing || opts.follow_links {
+        return Err(XferError::new(
+            Kind::Usage,
+            "--include, --exclude, --no-clobber and -L are not available for server-to-server copies yet: copy through this host in two steps",
+        ));
+    }
     with_client(src, opts, total, |c| {
         if c.minor < 1 {
             return Err(XferError::new(

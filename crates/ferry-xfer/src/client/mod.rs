@@ -17,6 +17,7 @@
 
 mod copy;
 mod download;
+mod filter;
 mod place;
 mod upload;
 
@@ -30,6 +31,7 @@ pub use copy::{copy, sum_local};
 pub(crate) use copy::{plan_download, plan_upload};
 pub(crate) use download::{system_time, LocalPart};
 pub use download::{Dest, DlJob};
+pub use filter::Filter;
 pub(crate) use upload::open_source;
 
 /// A tree a walk found: its directories (relative, parents first), its files (relative
@@ -40,6 +42,17 @@ pub(crate) struct Tree {
     pub dirs: Vec<String>,
     pub files: Vec<(String, u64, i64)>,
     pub skipped: Vec<String>,
+}
+
+impl Tree {
+    /// The part of the tree `filter` takes (the skipped entries stay: they were never in).
+    pub(crate) fn filtered(mut self, filter: &Filter) -> Tree {
+        if !filter.is_empty() {
+            self.dirs.retain(|d| filter.takes_dir(d));
+            self.files.retain(|f| filter.takes_file(&f.0));
+        }
+        self
+    }
 }
 
 /// Symlinks to directories followed in a row at most. A server's listing has no inode
@@ -137,9 +150,10 @@ pub struct Options {
     /// default; `--no-resume` starts them over). A journal proves its bytes against the
     /// source's size and mtime, so nothing unverified is kept.
     pub resume: bool,
-    /// Skip files already at the destination with the source's size and mtime (`ferry cp
-    /// --resume`, and every retry): what running an interrupted tree copy again wants.
-    pub skip_complete: bool,
+    /// Which files already at the destination are left alone ([`Skip`]).
+    pub skip: Skip,
+    /// Which entries of a tree are copied (`--include`, `--exclude`).
+    pub filter: Filter,
     /// Reconnect and resume this many times after a connection failure (exit class 6),
     /// pausing [`RETRY_DELAY`], doubling up to [`RETRY_MAX_DELAY`].
     pub retries: u32,
@@ -173,7 +187,8 @@ impl Default for Options {
             timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(120),
             resume: false,
-            skip_complete: false,
+            skip: Skip::Nothing,
+            filter: Filter::default(),
             retries: 0,
             dest_token: None,
             streams: 1,
@@ -181,6 +196,32 @@ impl Default for Options {
             direct: false,
             follow_links: false,
             force: false,
+        }
+    }
+}
+
+/// Which files already at the destination a copy leaves alone (counted in
+/// [`Stats::files_skipped`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Skip {
+    /// None: every file is copied again (cp, scp).
+    #[default]
+    Nothing,
+    /// Those with the source's size and mtime, the quick check rsync makes (`ferry cp
+    /// --resume`, and every retry): what running an interrupted tree copy again wants.
+    Unchanged,
+    /// Every file that exists there (`ferry cp --no-clobber`).
+    Existing,
+}
+
+impl Skip {
+    /// Whether a file found at the destination with `there` (size, mtime s) is left alone
+    /// when the source has `src`.
+    pub(crate) fn keeps(self, there: (u64, i64), src: (u64, i64)) -> bool {
+        match self {
+            Skip::Nothing => false,
+            Skip::Unchanged => there == src,
+            Skip::Existing => true,
         }
     }
 }
@@ -208,7 +249,8 @@ pub struct Stats {
 }
 
 impl Stats {
-    pub(crate) fn add(&mut self, o: &Stats) {
+    /// Adds another copy's counters (several sources, retries).
+    pub fn add(&mut self, o: &Stats) {
         self.files += o.files;
         self.bytes += o.bytes;
         self.blocks_resent += o.blocks_resent;
