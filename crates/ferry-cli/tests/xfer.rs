@@ -1114,3 +1114,43 @@ fn several_sources_filters_and_no_clobber() {
     fails(&o, 1, "pattern \"[\"");
     std::fs::remove_dir_all(&local).unwrap();
 }
+
+/// Ctrl-C on the client cancels a server-to-server copy: the source stops sending, and the
+/// file never appears at the destination (what arrived stays journaled there for a resume).
+#[test]
+fn interrupting_a_third_party_copy_cancels_it() {
+    let b = serve("tcp", &[]);
+    let a = serve_with("tcp", &[], &["--allow-third-party", &b.addr]);
+    // Long enough to send that the signal lands mid-copy (a repeated MiB: quick to make).
+    const HUGE: u64 = 1 << 30;
+    let mib = pattern(1 << 20, 3);
+    let mut f = std::fs::File::create(a.root.join("huge")).unwrap();
+    for _ in 0..HUGE >> 20 {
+        f.write_all(&mib).unwrap();
+    }
+    drop(f);
+    let part = b.root.join(".huge.ferry-part");
+    let mut client = ferry();
+    client.args(["cp", "--token", TOKEN, &a.url("huge"), &b.url("")]);
+    let mut client = client
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let size = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
+    let t = std::time::Instant::now();
+    while size(&part) < 8 << 20 && t.elapsed() < std::time::Duration::from_secs(30) {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(size(&part) >= 8 << 20, "the copy did not start");
+    let pid = rustix::process::Pid::from_child(&client);
+    rustix::process::kill_process(pid, rustix::process::Signal::INT).unwrap();
+    assert_eq!(client.wait().unwrap().code(), Some(130));
+    // Within a second the part stops growing, and the file never lands.
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    let stopped = size(&part);
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    assert_eq!(size(&part), stopped, "the source kept sending");
+    assert!(stopped < HUGE);
+    assert!(!b.root.join("huge").exists());
+}
