@@ -1154,3 +1154,94 @@ fn interrupting_a_third_party_copy_cancels_it() {
     assert!(stopped < HUGE);
     assert!(!b.root.join("huge").exists());
 }
+
+/// `ferry sync` copies what differs, removes what the source lacks with --delete (not what
+/// the filter leaves out), changes nothing in a dry run, and with --checksum catches a
+/// change that kept size and mtime; both directions.
+#[test]
+fn sync_moves_only_what_differs() {
+    let s = serve("tcp", &[]);
+    let t = s.root.join("t");
+    std::fs::create_dir_all(t.join("d")).unwrap();
+    std::fs::write(t.join("a"), pattern(1000, 1)).unwrap();
+    std::fs::write(t.join("b"), pattern(2000, 2)).unwrap();
+    std::fs::write(t.join("d/c"), pattern(3000, 3)).unwrap();
+    let local = scratch("local");
+    std::fs::create_dir_all(&local).unwrap();
+    let m = local.join("m");
+    let sync = |args: &[&str]| {
+        let mut c = ferry();
+        c.args(["sync", "--json", "--token", TOKEN]).args(args);
+        ok(&run(c))
+    };
+    let list = |v: &serde_json::Value, k: &str| -> Vec<String> {
+        v[k].as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_str().unwrap().to_string())
+            .collect()
+    };
+    let v = sync(&[&s.url("t"), m.to_str().unwrap()]);
+    assert_eq!(list(&v, "copied"), ["a", "b", "d/c"], "{v}");
+    same_tree(&t, &m.join("t"));
+    let v = sync(&[&s.url("t"), m.to_str().unwrap()]);
+    assert_eq!(
+        (list(&v, "copied").len(), v["files_unchanged"].as_u64()),
+        (0, Some(3)),
+        "{v}"
+    );
+    // Changes on both sides.
+    std::fs::write(t.join("a"), pattern(1100, 4)).unwrap();
+    std::fs::write(t.join("e"), pattern(500, 5)).unwrap();
+    std::fs::remove_file(t.join("b")).unwrap();
+    std::fs::write(m.join("t/x"), b"extra").unwrap();
+    std::fs::create_dir_all(m.join("t/old")).unwrap();
+    std::fs::write(m.join("t/old/y"), b"extra").unwrap();
+    std::fs::write(m.join("t/keep.me"), b"mine").unwrap();
+    let dry = sync(&[
+        "--dry-run",
+        "--delete",
+        "--exclude",
+        "keep*",
+        &s.url("t"),
+        m.to_str().unwrap(),
+    ]);
+    assert_eq!(list(&dry, "copied"), ["a", "e"], "{dry}");
+    assert_eq!(list(&dry, "removed"), ["b", "old/y", "x", "old"], "{dry}");
+    assert!(
+        m.join("t/x").exists() && m.join("t/b").exists(),
+        "a dry run changed nothing"
+    );
+    sync(&[
+        "--delete",
+        "--exclude",
+        "keep*",
+        &s.url("t"),
+        m.to_str().unwrap(),
+    ]);
+    std::fs::remove_file(m.join("t/keep.me")).unwrap();
+    same_tree(&t, &m.join("t"));
+    // Up, with --delete: the server's extra file goes (REMOVE).
+    let up = m.join("t");
+    sync(&[up.to_str().unwrap(), &s.url("back")]);
+    std::fs::write(s.root.join("back/t/stale"), b"old").unwrap();
+    let v = sync(&["--delete", up.to_str().unwrap(), &s.url("back")]);
+    assert_eq!(list(&v, "removed"), ["stale"], "{v}");
+    same_tree(&up, &s.root.join("back/t"));
+    // Same size, same mtime, other bytes: only --checksum sees it.
+    let f = t.join("d/c");
+    let mtime = std::fs::metadata(&f).unwrap().modified().unwrap();
+    std::fs::write(&f, pattern(3000, 9)).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&f)
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+    let v = sync(&[&s.url("t"), m.to_str().unwrap()]);
+    assert!(list(&v, "copied").is_empty(), "{v}");
+    let v = sync(&["--checksum", &s.url("t"), m.to_str().unwrap()]);
+    assert_eq!(list(&v, "copied"), ["d/c"], "{v}");
+    same_file(&f, &m.join("t/d/c"));
+    std::fs::remove_dir_all(&local).unwrap();
+}

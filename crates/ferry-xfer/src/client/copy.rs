@@ -420,7 +420,7 @@ fn third_party(
 /// skipped — symlinks unless `follow` (a followed link that leads nowhere too), special
 /// files, a link back to a directory above it (a loop). Names that are not UTF-8 are
 /// refused.
-fn walk_local(root: &Path, follow: bool) -> Result<Tree> {
+pub(super) fn walk_local(root: &Path, follow: bool) -> Result<Tree> {
     use std::os::unix::fs::MetadataExt;
     let mut tree = Tree::default();
     // Each directory to list, with the directories above it (device, inode): a link to

@@ -8,6 +8,9 @@
 //! directory is walked unless excluded), so `--include '*.h5'` finds the HDF5 files at any
 //! depth; with no include every file is taken. Excludes win over includes.
 
+use std::collections::HashSet;
+use std::sync::Arc;
+
 use glob::{MatchOptions, Pattern};
 
 use crate::error::{Kind, Result, XferError};
@@ -49,6 +52,8 @@ impl Rule {
 pub struct Filter {
     include: Vec<Rule>,
     exclude: Vec<Rule>,
+    /// When set, only these files (relative paths) are taken: what a sync found to differ.
+    only: Option<Arc<HashSet<String>>>,
 }
 
 impl Filter {
@@ -58,12 +63,21 @@ impl Filter {
         Ok(Filter {
             include: rules(include)?,
             exclude: rules(exclude)?,
+            only: None,
         })
+    }
+
+    /// This filter, narrowed to the files `only` (relative paths).
+    pub(crate) fn only(&self, only: HashSet<String>) -> Filter {
+        Filter {
+            only: Some(Arc::new(only)),
+            ..self.clone()
+        }
     }
 
     /// Whether the filter takes everything.
     pub fn is_empty(&self) -> bool {
-        self.include.is_empty() && self.exclude.is_empty()
+        self.include.is_empty() && self.exclude.is_empty() && self.only.is_none()
     }
 
     /// Whether `rel` or a directory above it is excluded.
@@ -89,6 +103,7 @@ impl Filter {
     pub fn takes_file(&self, rel: &str) -> bool {
         (self.include.is_empty() || self.include.iter().any(|r| r.matches(rel)))
             && !self.excluded(rel)
+            && self.only.as_ref().is_none_or(|o| o.contains(rel))
     }
 }
 

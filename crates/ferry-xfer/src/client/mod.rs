@@ -19,6 +19,7 @@ mod copy;
 mod download;
 mod filter;
 mod place;
+mod sync;
 mod upload;
 
 use std::time::Duration;
@@ -27,11 +28,13 @@ use crate::error::{Kind, Result, XferError};
 use crate::link::{BlockSender, Link, HANDSHAKE_TIMEOUT};
 use crate::proto::{self, Entry, EntryKind, Msg, BLOCK_HEADER_LEN};
 
+use copy::walk_local;
 pub use copy::{copy, sum_local};
 pub(crate) use copy::{plan_download, plan_upload};
 pub(crate) use download::{system_time, LocalPart};
 pub use download::{Dest, DlJob};
 pub use filter::Filter;
+pub use sync::{sync, SyncHow, SyncReport};
 pub(crate) use upload::open_source;
 
 /// A tree a walk found: its directories (relative, parents first), its files (relative
@@ -436,6 +439,22 @@ impl Client {
         self.link.send(&Msg::Sum { path: path.into() })?;
         match self.link.recv_msg()? {
             Msg::SumReply { size, blake3 } => Ok((size, blake3)),
+            Msg::Error { code, message, .. } => Err(remote_err(code, &message)),
+            m => Err(unexpected(&m)),
+        }
+    }
+
+    /// Removes a remote file, symlink or empty directory (a 1.7 server).
+    pub fn remove(&mut self, path: &str) -> Result<()> {
+        if self.minor < proto::MINOR_REMOVE {
+            return Err(XferError::new(
+                Kind::Usage,
+                format!("the server speaks transfer protocol 1.{} and cannot remove files (1.{} can): upgrade it", self.minor, proto::MINOR_REMOVE),
+            ));
+        }
+        self.link.send(&Msg::Remove { path: path.into() })?;
+        match self.link.recv_msg()? {
+            Msg::Ok { .. } => Ok(()),
             Msg::Error { code, message, .. } => Err(remote_err(code, &message)),
             m => Err(unexpected(&m)),
         }

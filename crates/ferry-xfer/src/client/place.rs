@@ -89,6 +89,16 @@ pub(crate) fn remote_target(
 /// A local destination: the path the source takes here, after creating the directory the
 /// rule names, if it is missing. `src` is the source's path on the server.
 pub(crate) fn local_target(src: &str, tree: bool, dst: &Path) -> Result<PathBuf> {
+    let (target, create) = local_place(src, tree, dst)?;
+    if let Some(dir) = create {
+        create_last_level(&dir)?;
+    }
+    Ok(target)
+}
+
+/// A local destination by the rule, without touching it: the path the source takes, and
+/// the directory to create first, if any.
+pub(crate) fn local_place(src: &str, tree: bool, dst: &Path) -> Result<(PathBuf, Option<PathBuf>)> {
     use std::os::unix::ffi::OsStrExt;
     let at = match std::fs::metadata(dst) {
         Ok(md) if md.is_dir() => AtDest::Dir,
@@ -100,17 +110,15 @@ pub(crate) fn local_target(src: &str, tree: bool, dst: &Path) -> Result<PathBuf>
     let how = place(tree, src.ends_with('/'), dst_slash, at)
         .map_err(|e| XferError::new(e.kind, format!("{}: {}", dst.display(), e.msg)))?;
     Ok(match how {
-        Place::As => dst.to_path_buf(),
+        Place::As => (dst.to_path_buf(), None),
         Place::Into { create, contents } => {
-            if create {
-                create_last_level(dst)?;
-            }
             let name = super::basename(src);
-            if contents || name.is_empty() {
+            let target = if contents || name.is_empty() {
                 dst.to_path_buf()
             } else {
                 dst.join(name)
-            }
+            };
+            (target, create.then(|| dst.to_path_buf()))
         }
     })
 }
