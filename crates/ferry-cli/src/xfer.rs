@@ -270,6 +270,23 @@ impl Progress for Bar {
     }
 }
 
+/// The sources with every remote glob (`HOST:data/*.h5`) replaced by what it matches on
+/// its server.
+fn expand_globs(srcs: Vec<Location>, opts: &Options) -> Result<Vec<Location>, XferError> {
+    let mut out = Vec::new();
+    for s in srcs {
+        match s {
+            Location::Remote(r) if client::is_glob(&r.path) => out.extend(
+                client::expand_remote(&r, opts)?
+                    .into_iter()
+                    .map(Location::Remote),
+            ),
+            s => out.push(s),
+        }
+    }
+    Ok(out)
+}
+
 /// Copies each source to `dst` in turn, summing what they did; the first failure ends it.
 fn copy_each(
     srcs: &[Location],
@@ -290,18 +307,24 @@ pub fn cp(a: CpArgs, quiet: bool) -> Result<(), XferError> {
     CP_JSON.store(a.json, Ordering::SeqCst);
     ferry_fabric::on_unrecoverable(cp_wedged);
     hint_on_interrupt(a.resume);
-    let (dst, srcs) = a.paths.split_last().expect("clap requires two paths");
-    let dst = if srcs.len() > 1 && !dst.ends_with('/') && dst != "null:" {
-        // Several sources land in one directory: the destination names it.
+    let (dst, srcs) = a
+        .paths
+        .split_last()
+        .ok_or_else(|| XferError::new(Kind::Usage, "give SRC... DST"))?;
+    let srcs = srcs
+        .iter()
+        .map(|s| url::parse(s, &a.remote.driver))
+        .collect::<Result<Vec<_>, _>>()?;
+    let globbed = srcs
+        .iter()
+        .any(|s| matches!(s, Location::Remote(r) if client::is_glob(&r.path)));
+    let dst = if (srcs.len() > 1 || globbed) && !dst.ends_with('/') && dst != "null:" {
+        // Several sources (or a pattern) land in one directory: the destination names it.
         format!("{dst}/")
     } else {
         dst.clone()
     };
     let dst = url::parse(&dst, &a.remote.driver)?;
-    let srcs = srcs
-        .iter()
-        .map(|s| url::parse(s, &a.remote.driver))
-        .collect::<Result<Vec<_>, _>>()?;
     let idle_timeout = std::time::Duration::try_from_secs_f64(a.idle_timeout)
         .ok()
         .filter(|d| !d.is_zero())
@@ -346,7 +369,8 @@ pub fn cp(a: CpArgs, quiet: bool) -> Result<(), XferError> {
     crate::log::show_bar(bar.as_ref());
     let bar = Bar(bar);
     let start = Instant::now();
-    let res = copy_each(&srcs, &dst, a.recursive, &opts, &bar);
+    let res =
+        expand_globs(srcs, &opts).and_then(|srcs| copy_each(&srcs, &dst, a.recursive, &opts, &bar));
     crate::log::show_bar(None);
     if let Some(b) = &bar.0 {
         b.finish_and_clear();

@@ -1245,3 +1245,29 @@ fn sync_moves_only_what_differs() {
     same_file(&f, &m.join("t/d/c"));
     std::fs::remove_dir_all(&local).unwrap();
 }
+
+/// A remote glob expands on the server (names in its directory, hidden ones only when the
+/// pattern starts with a dot) and its matches land in the destination directory; no match
+/// is exit 3.
+#[test]
+fn remote_globs_expand_on_the_server() {
+    let s = serve("tcp", &[]);
+    std::fs::create_dir_all(s.root.join("g")).unwrap();
+    for (n, i) in [("a.h5", 1), ("b.h5", 2), ("c.log", 3), (".hidden.h5", 4)] {
+        std::fs::write(s.root.join("g").join(n), pattern(700 * i, i as u8)).unwrap();
+    }
+    let local = scratch("local");
+    let out = local.join("out");
+    let v = ok(&cp(&[&s.url("g/*.h5"), out.to_str().unwrap()], &[]));
+    assert_eq!(v["files"].as_u64(), Some(2), "{v}");
+    let mut got: Vec<_> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    got.sort();
+    assert_eq!(got, ["a.h5", "b.h5"]);
+    same_file(&s.root.join("g/b.h5"), &out.join("b.h5"));
+    let o = cp(&[&s.url("g/*.none"), out.to_str().unwrap()], &[]);
+    fails(&o, 3, "no match");
+    std::fs::remove_dir_all(&local).unwrap();
+}

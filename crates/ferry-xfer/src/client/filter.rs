@@ -13,7 +13,9 @@ use std::sync::Arc;
 
 use glob::{MatchOptions, Pattern};
 
+use super::{Client, Options};
 use crate::error::{Kind, Result, XferError};
+use crate::url::Remote;
 
 /// One pattern, and whether it is matched against whole paths or names.
 #[derive(Debug, Clone)]
@@ -105,6 +107,43 @@ impl Filter {
             && !self.excluded(rel)
             && self.only.as_ref().is_none_or(|o| o.contains(rel))
     }
+}
+
+/// Whether the last component of `path` is a glob (`*`, `?` or `[`): a remote source
+/// the client expands ([`expand_remote`]).
+pub fn is_glob(path: &str) -> bool {
+    super::basename(path).contains(['*', '?', '['])
+}
+
+/// The sources a remote glob names: the entries of its directory whose names match its
+/// last component (sorted; hidden names only when the pattern starts with a dot, as a
+/// shell does). No match is NotFound, as a shell without `nullglob` would have it.
+pub fn expand_remote(r: &Remote, opts: &Options) -> Result<Vec<Remote>> {
+    let path = r.path.trim_end_matches('/');
+    let (dir, pat) = path.rsplit_once('/').unwrap_or(("", path));
+    let pattern = Rule::new(pat)?;
+    let mut c = Client::connect(&r.addr, opts)?;
+    let mut names: Vec<String> = c
+        .list(dir)?
+        .into_iter()
+        .map(|e| e.name)
+        .filter(|n| (pat.starts_with('.') || !n.starts_with('.')) && pattern.matches(n))
+        .collect();
+    c.bye();
+    if names.is_empty() {
+        return Err(XferError::new(
+            Kind::NotFound,
+            format!("{}: no match", r.path),
+        ));
+    }
+    names.sort();
+    Ok(names
+        .into_iter()
+        .map(|n| Remote {
+            addr: r.addr.clone(),
+            path: super::join(dir, &n),
+        })
+        .collect())
 }
 
 #[cfg(test)]

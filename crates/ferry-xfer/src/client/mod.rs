@@ -33,7 +33,7 @@ pub use copy::{copy, sum_local};
 pub(crate) use copy::{plan_download, plan_upload};
 pub(crate) use download::{system_time, LocalPart};
 pub use download::{Dest, DlJob};
-pub use filter::Filter;
+pub use filter::{expand_remote, is_glob, Filter};
 pub use sync::{sync, SyncHow, SyncReport};
 pub(crate) use upload::open_source;
 
