@@ -142,14 +142,22 @@ pub(crate) fn plan_download(
     {
         let entry = c.stat(&r.path)?;
         let is_tree = entry.kind == EntryKind::Dir;
-        let dest = match local {
+        // Where it lands, and the directory the rule creates: created only once the
+        // source's listing was accepted, so a refused one leaves nothing behind.
+        let placed = match local {
             Some(local) if entry.kind == EntryKind::File || recursive => {
-                Some(super::place::local_target(&r.path, is_tree, local)?)
+                Some(super::place::local_place(&r.path, is_tree, local)?)
             }
             _ => None,
         };
+        let dest = placed.as_ref().map(|(target, _)| target.clone());
+        let make_dir = || match &placed {
+            Some((_, Some(dir))) => super::place::create_last_level(dir),
+            _ => Ok(()),
+        };
         let files = match entry.kind {
             EntryKind::File => {
+                make_dir()?;
                 let to = dest.as_deref().map(Dest::file).transpose()?;
                 vec![(r.path.clone(), to, entry.size, entry.mtime)]
             }
@@ -163,6 +171,7 @@ pub(crate) fn plan_download(
                 let (dirs, files) = (tree.dirs, tree.files);
                 let base = match &dest {
                     Some(dest) => {
+                        make_dir()?;
                         std::fs::create_dir_all(dest)
                             .map_err(|e| XferError::io(dest.display(), &e))?;
                         let base = Dest::open_base(dest)?;

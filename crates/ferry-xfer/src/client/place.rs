@@ -86,16 +86,6 @@ pub(crate) fn remote_target(
     })
 }
 
-/// A local destination: the path the source takes here, after creating the directory the
-/// rule names, if it is missing. `src` is the source's path on the server.
-pub(crate) fn local_target(src: &str, tree: bool, dst: &Path) -> Result<PathBuf> {
-    let (target, create) = local_place(src, tree, dst)?;
-    if let Some(dir) = create {
-        create_last_level(&dir)?;
-    }
-    Ok(target)
-}
-
 /// A local destination by the rule, without touching it: the path the source takes, and
 /// the directory to create first, if any.
 pub(crate) fn local_place(src: &str, tree: bool, dst: &Path) -> Result<(PathBuf, Option<PathBuf>)> {
@@ -123,8 +113,8 @@ pub(crate) fn local_place(src: &str, tree: bool, dst: &Path) -> Result<(PathBuf,
     })
 }
 
-/// Creates `dir`, whose parent must exist (that is checked first, for a clear message).
-fn create_last_level(dir: &Path) -> Result<()> {
+/// Creates `dir` (the directory [`local_place`] names), whose parent must exist.
+pub(crate) fn create_last_level(dir: &Path) -> Result<()> {
     match std::fs::create_dir(dir) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
@@ -217,10 +207,14 @@ mod tests {
         let _ = std::fs::remove_dir_all(&t);
         std::fs::create_dir(&t).unwrap();
         let d = t.join("new/");
-        assert_eq!(local_target("r/f", false, &d).unwrap(), t.join("new/f"));
+        let (target, create) = local_place("r/f", false, &d).unwrap();
+        assert_eq!(target, t.join("new/f"));
+        assert!(!t.join("new").exists(), "placing touches nothing");
+        create_last_level(&create.unwrap()).unwrap();
         assert!(t.join("new").is_dir());
         let deep = t.join("no/such/x/");
-        let e = local_target("r/f", false, &deep).unwrap_err();
+        let (_, create) = local_place("r/f", false, &deep).unwrap();
+        let e = create_last_level(&create.unwrap()).unwrap_err();
         assert_eq!(e.kind, Kind::NotFound);
         assert!(e.msg.contains("no/such: no such directory"), "{}", e.msg);
         assert!(!t.join("no").exists());
