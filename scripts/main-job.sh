@@ -48,7 +48,7 @@ echo "== ferry serve on $addr"
 echo "== ferry cp $addr/data/big.bin (download)"
 FERRY_TOKEN=$token "$ferry" cp "$addr/data/big.bin" "$work/copy/big.bin"
 echo "== ferry cp -r $addr/data/tree (download)"
-FERRY_TOKEN=$token "$ferry" cp -r "$addr/data/tree" "$work/copy/tree"
+FERRY_TOKEN=$token "$ferry" cp -r "$addr/data/tree" "$work/copy/"   # lands in copy/tree
 
 echo "== verify"
 cmp "$work/export/big.bin" "$work/copy/big.bin"

@@ -7,6 +7,7 @@ mod log;
 mod ls;
 mod manual;
 mod serve;
+mod sync;
 mod token;
 mod units;
 mod xfer;
@@ -48,6 +49,10 @@ enum Cmd {
     /// and whole-file BLAKE3; files land by temp name + fsync + rename.
     #[command(after_help = xfer::EXIT_CODES)]
     Cp(xfer::CpArgs),
+    /// Make a destination hold what a source holds, copying only what differs (size and
+    /// mtime, or BLAKE3 with --checksum); --delete removes what the source does not have.
+    #[command(after_help = xfer::EXIT_CODES)]
+    Sync(sync::SyncArgs),
     /// List a directory (or the roots) on a `ferry serve`.
     #[command(after_help = xfer::EXIT_CODES)]
     Ls(ls::LsArgs),
@@ -92,6 +97,7 @@ fn main() -> Result<()> {
         Cmd::Bench { which } => return bench::run(which),
         Cmd::Serve(a) => serve::serve(a),
         Cmd::Cp(a) => xfer::cp(a, cli.quiet),
+        Cmd::Sync(a) => sync::sync(a, cli.quiet),
         Cmd::Ls(a) => ls::ls(a),
         Cmd::Sum(a) => xfer::sum(a),
         Cmd::Services(a) => xfer::services(a),

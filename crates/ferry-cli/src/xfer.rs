@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use clap::Args;
-use ferry_xfer::client::{self, Options, Progress};
+use ferry_xfer::client::{self, Filter, Options, Progress, Skip, Stats};
 use ferry_xfer::url::{self, Location};
 use ferry_xfer::{Kind, XferError};
 
@@ -41,13 +41,16 @@ fn cp_wedged(msg: &str) {
 
 /// On Ctrl-C (or SIGTERM), says how to continue before exiting 130: what was verified is in
 /// the part file's journal (here for downloads, on the server for uploads), and the same
-/// command with `--resume` picks it up.
+/// command with `--resume` (and without `--no-resume`) picks it up.
 fn hint_on_interrupt(resuming: bool) {
     use signal_hook::consts::{SIGINT, SIGTERM};
     let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) else {
         return;
     };
-    let mut again: Vec<String> = std::env::args().map(|a| shell_word(&a)).collect();
+    let mut again: Vec<String> = std::env::args()
+        .filter(|a| a != "--no-resume")
+        .map(|a| shell_word(&a))
+        .collect();
     if !resuming {
         let at = again
             .iter()
@@ -180,10 +183,27 @@ pub struct CpArgs {
     /// Staging block size in bytes (the server may lower it).
     #[arg(long, value_name = "BYTES", default_value_t = ferry_xfer::DEFAULT_BLOCK)]
     block_size: u32,
-    /// Continue an interrupted copy: partial files resume after their journaled, verified
-    /// part; with -r, files already at the destination (same size and mtime) are skipped.
+    /// Continue an interrupted copy: besides partial files (resumed by default), skip files
+    /// already at the destination with the source's size and mtime.
     #[arg(long)]
     resume: bool,
+    /// Never replace a file at the destination: files already there are skipped (and
+    /// counted).
+    #[arg(short = 'n', long, conflicts_with = "resume")]
+    no_clobber: bool,
+    /// In a tree, copy only files matching PATTERN (a glob; without '/' it matches a name
+    /// at any depth, with '/' the path below the tree's top; '**' spans directories).
+    /// Repeatable.
+    #[arg(long, value_name = "PATTERN")]
+    include: Vec<String>,
+    /// In a tree, leave out what matches PATTERN (an excluded directory with everything
+    /// in it); wins over --include. Repeatable.
+    #[arg(long, value_name = "PATTERN")]
+    exclude: Vec<String>,
+    /// Start over: ignore the journals of partial files (by default a partial file
+    /// continues after its journaled, verified part).
+    #[arg(long, conflicts_with = "resume")]
+    no_resume: bool,
     /// After a connection failure, reconnect and resume up to N times (pausing 0.2 s,
     /// doubling up to 5 s).
     #[arg(long, value_name = "N", default_value_t = 0)]
@@ -207,16 +227,24 @@ pub struct CpArgs {
     /// (the server's side follows its config's `direct`).
     #[arg(long)]
     direct: bool,
+    /// Copy what symlinks in a tree point to (a server follows only links that stay inside
+    /// their root); without it symlinks are skipped, warned about and counted.
+    #[arg(short = 'L', long)]
+    follow_links: bool,
     /// Replace read-only files at the destination (without it, an upload onto a read-only
     /// file is refused, exit 7).
     #[arg(short = 'f', long)]
     force: bool,
     #[command(flatten)]
     remote: Remote,
-    /// Source: a local path, HOST:ROOT/PATH, or ferry://HOST[:PORT]/ROOT/PATH (also tcp://, ofi+tcp://, ofi+shm://NAME/...), or zero:SIZE (memory mode: SIZE zero bytes, e.g. zero:4G). With both SRC and DST remote, the source server sends straight to the destination (third-party copy).
-    src: String,
-    /// Destination, in the same forms, or null: (or /dev/null): check and discard.
-    dst: String,
+    /// Sources, then the destination. A source is a local path, HOST:ROOT/PATH,
+    /// ferry://HOST[:PORT]/ROOT/PATH (also tcp://, ofi+tcp://, ofi+shm://NAME/...), or
+    /// zero:SIZE (memory mode: SIZE zero bytes, e.g. zero:4G). With both ends remote, the
+    /// source server sends straight to the destination (third-party copy). The destination
+    /// takes the same forms, or null: (or /dev/null): check and discard. With several
+    /// sources the destination is a directory (created if missing).
+    #[arg(value_name = "SRC... DST", num_args = 2.., required = true)]
+    paths: Vec<String>,
 }
 
 #[derive(Args)]
@@ -283,13 +311,61 @@ impl Progress for Bar {
     }
 }
 
+/// The sources with every remote glob (`HOST:data/*.h5`) replaced by what it matches on
+/// its server.
+fn expand_globs(srcs: Vec<Location>, opts: &Options) -> Result<Vec<Location>, XferError> {
+    let mut out = Vec::new();
+    for s in srcs {
+        match s {
+            Location::Remote(r) if client::is_glob(&r.path) => out.extend(
+                client::expand_remote(&r, opts)?
+                    .into_iter()
+                    .map(Location::Remote),
+            ),
+            s => out.push(s),
+        }
+    }
+    Ok(out)
+}
+
+/// Copies each source to `dst` in turn, summing what they did; the first failure ends it.
+fn copy_each(
+    srcs: &[Location],
+    dst: &Location,
+    recursive: bool,
+    opts: &Options,
+    progress: &dyn Progress,
+) -> Result<Stats, XferError> {
+    let mut total = Stats::default();
+    for src in srcs {
+        total.add(&client::copy(src, dst, recursive, opts, progress)?);
+    }
+    Ok(total)
+}
+
 /// `ferry cp`; `quiet` (the global `-q`) prints no progress bar and no summary.
 pub fn cp(a: CpArgs, quiet: bool) -> Result<(), XferError> {
     CP_JSON.store(a.json, Ordering::SeqCst);
     ferry_fabric::on_unrecoverable(cp_wedged);
     hint_on_interrupt(a.resume);
-    let src = url::parse(&a.src, &a.remote.driver)?;
-    let dst = url::parse(&a.dst, &a.remote.driver)?;
+    let (dst, srcs) = a
+        .paths
+        .split_last()
+        .ok_or_else(|| XferError::new(Kind::Usage, "give SRC... DST"))?;
+    let srcs = srcs
+        .iter()
+        .map(|s| url::parse(s, &a.remote.driver))
+        .collect::<Result<Vec<_>, _>>()?;
+    let globbed = srcs
+        .iter()
+        .any(|s| matches!(s, Location::Remote(r) if client::is_glob(&r.path)));
+    let dst = if (srcs.len() > 1 || globbed) && !dst.ends_with('/') && dst != "null:" {
+        // Several sources (or a pattern) land in one directory: the destination names it.
+        format!("{dst}/")
+    } else {
+        dst.clone()
+    };
+    let dst = url::parse(&dst, &a.remote.driver)?;
     let idle_timeout = std::time::Duration::try_from_secs_f64(a.idle_timeout)
         .ok()
         .filter(|d| !d.is_zero())
@@ -304,13 +380,22 @@ pub fn cp(a: CpArgs, quiet: bool) -> Result<(), XferError> {
         dest_token: a
             .dest_token
             .or_else(|| std::env::var("FERRY_DEST_TOKEN").ok()),
-        resume: a.resume,
+        resume: !a.no_resume,
+        skip: if a.no_clobber {
+            Skip::Existing
+        } else if a.resume {
+            Skip::Unchanged
+        } else {
+            Skip::Nothing
+        },
+        filter: Filter::new(&a.include, &a.exclude)?,
         retries: a.retries,
         idle_timeout,
         streams: a.streams,
         chunk: a.chunk_size,
         direct: a.direct,
         force: a.force,
+        follow_links: a.follow_links,
         ..a.remote.options()
     };
     let bar = (!quiet && !a.json && std::io::stderr().is_terminal()).then(|| {
@@ -325,7 +410,8 @@ pub fn cp(a: CpArgs, quiet: bool) -> Result<(), XferError> {
     crate::log::show_bar(bar.as_ref());
     let bar = Bar(bar);
     let start = Instant::now();
-    let res = client::copy(&src, &dst, a.recursive, &opts, &bar);
+    let res =
+        expand_globs(srcs, &opts).and_then(|srcs| copy_each(&srcs, &dst, a.recursive, &opts, &bar));
     crate::log::show_bar(None);
     if let Some(b) = &bar.0 {
         b.finish_and_clear();
@@ -349,6 +435,7 @@ pub fn cp(a: CpArgs, quiet: bool) -> Result<(), XferError> {
                         "wire_bytes": s.wire_bytes,
                         "resumed_bytes": s.resumed_bytes,
                         "files_skipped": s.files_skipped,
+                        "entries_skipped": s.entries_skipped,
                         "retries": s.retries,
                     })
                 );
@@ -362,6 +449,12 @@ pub fn cp(a: CpArgs, quiet: bool) -> Result<(), XferError> {
                         ", resumed: {} already there, {} file(s) skipped",
                         human_size(s.resumed_bytes),
                         s.files_skipped
+                    );
+                }
+                if s.entries_skipped > 0 {
+                    notes += &format!(
+                        ", {} entr(y/ies) not copied (symlinks: -L follows them; see the warnings)",
+                        s.entries_skipped
                     );
                 }
                 if s.retries > 0 {

@@ -83,7 +83,7 @@ fn tree(driver: &str) {
         &[],
     ));
     assert_eq!(v["files"].as_u64(), Some(100));
-    same_tree(&src, &s.root.join("back"));
+    same_tree(&src, &s.root.join("back/tree"));
     // ls and sum.
     let o = run({
         let mut c = ferry();
@@ -214,10 +214,7 @@ fn corruption(driver: &str) {
         let f = t.root.join("t").join(format!("f{i}"));
         std::fs::write(f, pattern(1000 + 7 * i, i as u8)).unwrap();
     }
-    let v = ok(&cp(
-        &["-r", &t.url("t"), local.join("t").to_str().unwrap()],
-        &[],
-    ));
+    let v = ok(&cp(&["-r", &t.url("t"), local.to_str().unwrap()], &[]));
     assert_eq!(v["blocks_resent"].as_u64(), Some(2), "{v}");
     assert_eq!(v["files"].as_u64(), Some(6), "{v}");
     for i in 0..6 {
@@ -242,7 +239,7 @@ fn corruption(driver: &str) {
     assert_eq!(v["files"].as_u64(), Some(6), "{v}");
     for i in 0..6 {
         let f = format!("f{i}");
-        same_file(&local.join("t").join(&f), &s.root.join("up").join(&f));
+        same_file(&local.join("t").join(&f), &s.root.join("up/t").join(&f));
     }
     no_part_files(&s.root);
     // Upload that never gets through.
@@ -396,7 +393,7 @@ fn third_party(driver: &str) {
         (Some(1), Some(BLOCK as u64 * 2 + 5))
     );
     same_file(&a.root.join("big"), &b.root.join("big"));
-    let v = ok(&cp(&["-r", &a.url("tree"), &b.url("copy")], &[]));
+    let v = ok(&cp(&["-r", &a.url("tree/"), &b.url("copy")], &[]));
     assert_eq!(v["files"].as_u64(), Some(30));
     same_tree(&a.root.join("tree"), &b.root.join("copy"));
     no_part_files(&b.root);
@@ -406,7 +403,7 @@ fn third_party(driver: &str) {
         let huge = 64 * 1024 * 1024 + 5;
         std::fs::write(a.root.join("huge"), pattern(huge, 3)).unwrap();
         let v = ok(&cp(
-            &["-p", "4", "-r", &a.url("tree"), &b.url("copy4")],
+            &["-p", "4", "-r", &a.url("tree/"), &b.url("copy4")],
             &[],
         ));
         assert_eq!(v["files"].as_u64(), Some(30), "{v}");
@@ -609,7 +606,7 @@ fn big_tree(files: usize) {
     ));
     let up = t.elapsed();
     assert_eq!(v["files"].as_u64(), Some(files as u64));
-    same_tree(&src, &s.root.join("back"));
+    same_tree(&src, &s.root.join("back/many"));
     eprintln!("{files} files: down {down:?}, up {up:?}");
     std::fs::remove_dir_all(&local).unwrap();
 }
@@ -903,4 +900,374 @@ fn read_only_roots_serve_reads_and_refuse_writes() {
     ok(&cp(&[up, &s.url("new")], &[]));
     std::fs::remove_dir_all(&local).unwrap();
     std::fs::remove_dir_all(&ro).unwrap();
+}
+
+/// One rule for where a copy lands, both directions (docs/xfer.md, "Where a copy lands"): a
+/// destination ending in / is a directory (created, one level), a missing parent is refused
+/// before any data moves, and a tree copied again lands where it did the first time.
+#[test]
+fn one_rule_for_where_a_copy_lands() {
+    let s = serve("tcp", &[]);
+    let local = scratch("local");
+    std::fs::create_dir_all(&local).unwrap();
+    std::fs::write(local.join("f1.dat"), pattern(5000, 1)).unwrap();
+    std::fs::write(s.root.join("g"), pattern(7000, 2)).unwrap();
+    make_tree(&s.root.join("t"), 12);
+    let f1 = local.join("f1.dat");
+    let f1 = f1.to_str().unwrap();
+    // Up to "newdir2/": a directory, created, the file inside it under its own name.
+    ok(&cp(&[f1, &s.url("newdir2/")], &[]));
+    same_file(&local.join("f1.dat"), &s.root.join("newdir2/f1.dat"));
+    // Down to "newdir/": the same.
+    let newdir = format!("{}/newdir/", local.display());
+    ok(&cp(&[&s.url("g"), &newdir], &[]));
+    same_file(&s.root.join("g"), &local.join("newdir/g"));
+    // A missing parent is refused before any data moves, naming the missing directory.
+    let deep = format!("{}/no/such/x/", local.display());
+    let o = cp(&[&s.url("g"), &deep], &[]);
+    fails(
+        &o,
+        3,
+        &format!("{}/no/such: no such directory", local.display()),
+    );
+    assert!(!local.join("no").exists());
+    let o = cp(&[f1, &s.url("no/such/x/")], &[]);
+    assert_eq!(o.status.code(), Some(3), "{o:?}");
+    assert!(!s.root.join("no").exists());
+    // A file where the rule needs a directory is refused.
+    let o = cp(&[f1, &s.url("g/")], &[]);
+    fails(&o, 1, "is not a directory");
+    // A tree lands in DST/NAME whether DST existed or not, so a second run resumes in place
+    // instead of nesting a copy inside the first; "t/" lands the contents.
+    let into = local.join("copies");
+    for _ in 0..2 {
+        ok(&cp(&["-r", &s.url("t"), into.to_str().unwrap()], &[]));
+        same_tree(&s.root.join("t"), &into.join("t"));
+        assert!(!into.join("t/t").exists());
+    }
+    ok(&cp(
+        &["-r", &s.url("t/"), local.join("flat").to_str().unwrap()],
+        &[],
+    ));
+    same_tree(&s.root.join("t"), &local.join("flat"));
+    let up = local.join("copies/t");
+    for _ in 0..2 {
+        ok(&cp(&["-r", up.to_str().unwrap(), &s.url("up")], &[]));
+        same_tree(&s.root.join("t"), &s.root.join("up/t"));
+        assert!(!s.root.join("up/t/t").exists());
+    }
+    std::fs::remove_dir_all(&local).unwrap();
+}
+
+/// Symlinks in a tree are skipped and counted (in the JSON and the summary), or followed
+/// with -L: to files and directories, never a dangling link, and a local loop once.
+#[test]
+fn symlinks_are_counted_or_followed() {
+    use std::os::unix::fs::symlink;
+    let s = serve("tcp", &[]);
+    let mk = |t: &Path| {
+        std::fs::create_dir_all(t.join("d")).unwrap();
+        std::fs::write(t.join("f"), pattern(3000, 5)).unwrap();
+        std::fs::write(t.join("d/g"), pattern(4000, 6)).unwrap();
+        symlink("f", t.join("lf")).unwrap();
+        symlink("d", t.join("ld")).unwrap();
+        symlink("nowhere", t.join("ln")).unwrap();
+    };
+    mk(&s.root.join("t"));
+    let local = scratch("local");
+    let counts = |v: &serde_json::Value| (v["files"].as_u64(), v["entries_skipped"].as_u64());
+    // Down: skipped and counted, then followed.
+    let v = ok(&cp(
+        &["-r", &s.url("t"), local.join("a").to_str().unwrap()],
+        &[],
+    ));
+    assert_eq!(counts(&v), (Some(2), Some(3)), "{v}");
+    assert!(std::fs::symlink_metadata(local.join("a/t/lf")).is_err());
+    let human = run({
+        let mut c = ferry();
+        c.args([
+            "cp",
+            "-r",
+            "--token",
+            TOKEN,
+            &s.url("t"),
+            local.join("h").to_str().unwrap(),
+        ]);
+        c
+    });
+    assert!(human.status.success(), "{human:?}");
+    let said = String::from_utf8_lossy(&human.stderr);
+    assert!(
+        said.contains("3 entr(y/ies) not copied (symlinks: -L follows them"),
+        "{said}"
+    );
+    let v = ok(&cp(
+        &["-r", "-L", &s.url("t"), local.join("b").to_str().unwrap()],
+        &[],
+    ));
+    assert_eq!(counts(&v), (Some(4), Some(1)), "{v}");
+    same_file(&s.root.join("t/f"), &local.join("b/t/lf"));
+    same_file(&s.root.join("t/d/g"), &local.join("b/t/ld/g"));
+    assert!(std::fs::symlink_metadata(local.join("b/t/lf"))
+        .unwrap()
+        .is_file());
+    // Up, with a loop back to the tree's top: found once.
+    let lt = local.join("lt");
+    mk(&lt);
+    symlink(".", lt.join("lp")).unwrap();
+    let v = ok(&cp(&["-r", lt.to_str().unwrap(), &s.url("up1")], &[]));
+    assert_eq!(counts(&v), (Some(2), Some(4)), "{v}");
+    let v = ok(&cp(&["-r", "-L", lt.to_str().unwrap(), &s.url("up2")], &[]));
+    assert_eq!(counts(&v), (Some(4), Some(2)), "{v}");
+    same_file(&lt.join("f"), &s.root.join("up2/lt/lf"));
+    same_file(&lt.join("d/g"), &s.root.join("up2/lt/ld/g"));
+    std::fs::remove_dir_all(&local).unwrap();
+}
+
+/// Several sources land in one directory; --include/--exclude pick a tree's files both ways;
+/// --no-clobber leaves files already there alone.
+#[test]
+fn several_sources_filters_and_no_clobber() {
+    let s = serve("tcp", &[]);
+    let t = s.root.join("t");
+    for (p, n) in [
+        ("a.h5", 1),
+        ("b.log", 2),
+        ("run/c.h5", 3),
+        ("run/tmp/d.h5", 4),
+        ("e.tmp", 5),
+    ] {
+        std::fs::create_dir_all(t.join(p).parent().unwrap()).unwrap();
+        std::fs::write(t.join(p), pattern(1000 * n, n as u8)).unwrap();
+    }
+    std::fs::write(s.root.join("x"), pattern(500, 7)).unwrap();
+    std::fs::write(s.root.join("y"), pattern(600, 8)).unwrap();
+    let local = scratch("local");
+    let names = |d: &Path| {
+        let mut v = Vec::new();
+        let mut todo = vec![d.to_path_buf()];
+        while let Some(p) = todo.pop() {
+            for e in std::fs::read_dir(&p).unwrap() {
+                let e = e.unwrap().path();
+                if e.is_dir() {
+                    todo.push(e);
+                } else {
+                    v.push(e.strip_prefix(d).unwrap().to_string_lossy().into_owned());
+                }
+            }
+        }
+        v.sort();
+        v
+    };
+    // Two sources, one destination directory (created).
+    let many = local.join("many");
+    let v = ok(&cp(
+        &[&s.url("x"), &s.url("y"), many.to_str().unwrap()],
+        &[],
+    ));
+    assert_eq!(v["files"].as_u64(), Some(2), "{v}");
+    same_file(&s.root.join("x"), &many.join("x"));
+    same_file(&s.root.join("y"), &many.join("y"));
+    // Down: only the .h5 files, not under tmp/.
+    let f = local.join("f");
+    let v = ok(&cp(
+        &[
+            "-r",
+            "--include",
+            "*.h5",
+            "--exclude",
+            "tmp",
+            &s.url("t"),
+            f.to_str().unwrap(),
+        ],
+        &[],
+    ));
+    assert_eq!(v["files"].as_u64(), Some(2), "{v}");
+    assert_eq!(names(&f.join("t")), ["a.h5", "run/c.h5"]);
+    // Up: everything but *.tmp and run/**.
+    let v = ok(&cp(
+        &[
+            "-r",
+            "--exclude",
+            "*.tmp",
+            "--exclude",
+            "run/**",
+            f.join("t").to_str().unwrap(),
+            &s.url("up"),
+        ],
+        &[],
+    ));
+    assert_eq!(v["files"].as_u64(), Some(1), "{v}");
+    // --no-clobber: a changed local copy is not replaced; a plain copy replaces it.
+    std::fs::write(many.join("x"), b"mine").unwrap();
+    let v = ok(&cp(&["-n", &s.url("x"), many.to_str().unwrap()], &[]));
+    assert_eq!(v["files_skipped"].as_u64(), Some(1), "{v}");
+    assert_eq!(std::fs::read(many.join("x")).unwrap(), b"mine");
+    ok(&cp(&[&s.url("x"), many.to_str().unwrap()], &[]));
+    same_file(&s.root.join("x"), &many.join("x"));
+    let o = cp(&["-r", "--exclude", "x", &s.url("t"), &s.url("t2")], &[]);
+    fails(&o, 1, "not available for server-to-server copies");
+    let o = cp(
+        &["-r", "--include", "[", &s.url("t"), f.to_str().unwrap()],
+        &[],
+    );
+    fails(&o, 1, "pattern \"[\"");
+    std::fs::remove_dir_all(&local).unwrap();
+}
+
+/// Ctrl-C on the client cancels a server-to-server copy: the source stops sending, and the
+/// file never appears at the destination (what arrived stays journaled there for a resume).
+#[test]
+fn interrupting_a_third_party_copy_cancels_it() {
+    let b = serve("tcp", &[]);
+    let a = serve_with("tcp", &[], &["--allow-third-party", &b.addr]);
+    // Long enough to send that the signal lands mid-copy (a repeated MiB: quick to make).
+    const HUGE: u64 = 1 << 30;
+    let mib = pattern(1 << 20, 3);
+    let mut f = std::fs::File::create(a.root.join("huge")).unwrap();
+    for _ in 0..HUGE >> 20 {
+        f.write_all(&mib).unwrap();
+    }
+    drop(f);
+    let part = b.root.join(".huge.ferry-part");
+    let mut client = ferry();
+    client.args(["cp", "--token", TOKEN, &a.url("huge"), &b.url("")]);
+    let mut client = client
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let size = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
+    let t = std::time::Instant::now();
+    while size(&part) < 8 << 20 && t.elapsed() < std::time::Duration::from_secs(30) {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(size(&part) >= 8 << 20, "the copy did not start");
+    let pid = rustix::process::Pid::from_child(&client);
+    rustix::process::kill_process(pid, rustix::process::Signal::INT).unwrap();
+    assert_eq!(client.wait().unwrap().code(), Some(130));
+    // Within a second the part stops growing, and the file never lands.
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    let stopped = size(&part);
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    assert_eq!(size(&part), stopped, "the source kept sending");
+    assert!(stopped < HUGE);
+    assert!(!b.root.join("huge").exists());
+}
+
+/// `ferry sync` copies what differs, removes what the source lacks with --delete (not what
+/// the filter leaves out), changes nothing in a dry run, and with --checksum catches a
+/// change that kept size and mtime; both directions.
+#[test]
+fn sync_moves_only_what_differs() {
+    let s = serve("tcp", &[]);
+    let t = s.root.join("t");
+    std::fs::create_dir_all(t.join("d")).unwrap();
+    std::fs::write(t.join("a"), pattern(1000, 1)).unwrap();
+    std::fs::write(t.join("b"), pattern(2000, 2)).unwrap();
+    std::fs::write(t.join("d/c"), pattern(3000, 3)).unwrap();
+    let local = scratch("local");
+    std::fs::create_dir_all(&local).unwrap();
+    let m = local.join("m");
+    let sync = |args: &[&str]| {
+        let mut c = ferry();
+        c.args(["sync", "--json", "--token", TOKEN]).args(args);
+        ok(&run(c))
+    };
+    let list = |v: &serde_json::Value, k: &str| -> Vec<String> {
+        v[k].as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_str().unwrap().to_string())
+            .collect()
+    };
+    let v = sync(&[&s.url("t"), m.to_str().unwrap()]);
+    assert_eq!(list(&v, "copied"), ["a", "b", "d/c"], "{v}");
+    same_tree(&t, &m.join("t"));
+    let v = sync(&[&s.url("t"), m.to_str().unwrap()]);
+    assert_eq!(
+        (list(&v, "copied").len(), v["files_unchanged"].as_u64()),
+        (0, Some(3)),
+        "{v}"
+    );
+    // Changes on both sides.
+    std::fs::write(t.join("a"), pattern(1100, 4)).unwrap();
+    std::fs::write(t.join("e"), pattern(500, 5)).unwrap();
+    std::fs::remove_file(t.join("b")).unwrap();
+    std::fs::write(m.join("t/x"), b"extra").unwrap();
+    std::fs::create_dir_all(m.join("t/old")).unwrap();
+    std::fs::write(m.join("t/old/y"), b"extra").unwrap();
+    std::fs::write(m.join("t/keep.me"), b"mine").unwrap();
+    let dry = sync(&[
+        "--dry-run",
+        "--delete",
+        "--exclude",
+        "keep*",
+        &s.url("t"),
+        m.to_str().unwrap(),
+    ]);
+    assert_eq!(list(&dry, "copied"), ["a", "e"], "{dry}");
+    assert_eq!(list(&dry, "removed"), ["b", "old/y", "x", "old"], "{dry}");
+    assert!(
+        m.join("t/x").exists() && m.join("t/b").exists(),
+        "a dry run changed nothing"
+    );
+    sync(&[
+        "--delete",
+        "--exclude",
+        "keep*",
+        &s.url("t"),
+        m.to_str().unwrap(),
+    ]);
+    std::fs::remove_file(m.join("t/keep.me")).unwrap();
+    same_tree(&t, &m.join("t"));
+    // Up, with --delete: the server's extra file goes (REMOVE).
+    let up = m.join("t");
+    sync(&[up.to_str().unwrap(), &s.url("back")]);
+    std::fs::write(s.root.join("back/t/stale"), b"old").unwrap();
+    let v = sync(&["--delete", up.to_str().unwrap(), &s.url("back")]);
+    assert_eq!(list(&v, "removed"), ["stale"], "{v}");
+    same_tree(&up, &s.root.join("back/t"));
+    // Same size, same mtime, other bytes: only --checksum sees it.
+    let f = t.join("d/c");
+    let mtime = std::fs::metadata(&f).unwrap().modified().unwrap();
+    std::fs::write(&f, pattern(3000, 9)).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&f)
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+    let v = sync(&[&s.url("t"), m.to_str().unwrap()]);
+    assert!(list(&v, "copied").is_empty(), "{v}");
+    let v = sync(&["--checksum", &s.url("t"), m.to_str().unwrap()]);
+    assert_eq!(list(&v, "copied"), ["d/c"], "{v}");
+    same_file(&f, &m.join("t/d/c"));
+    std::fs::remove_dir_all(&local).unwrap();
+}
+
+/// A remote glob expands on the server (names in its directory, hidden ones only when the
+/// pattern starts with a dot) and its matches land in the destination directory; no match
+/// is exit 3.
+#[test]
+fn remote_globs_expand_on_the_server() {
+    let s = serve("tcp", &[]);
+    std::fs::create_dir_all(s.root.join("g")).unwrap();
+    for (n, i) in [("a.h5", 1), ("b.h5", 2), ("c.log", 3), (".hidden.h5", 4)] {
+        std::fs::write(s.root.join("g").join(n), pattern(700 * i, i as u8)).unwrap();
+    }
+    let local = scratch("local");
+    let out = local.join("out");
+    let v = ok(&cp(&[&s.url("g/*.h5"), out.to_str().unwrap()], &[]));
+    assert_eq!(v["files"].as_u64(), Some(2), "{v}");
+    let mut got: Vec<_> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    got.sort();
+    assert_eq!(got, ["a.h5", "b.h5"]);
+    same_file(&s.root.join("g/b.h5"), &out.join("b.h5"));
+    let o = cp(&[&s.url("g/*.none"), out.to_str().unwrap()], &[]);
+    fails(&o, 3, "no match");
+    std::fs::remove_dir_all(&local).unwrap();
 }

@@ -65,7 +65,7 @@ fn two_thousand_small_files_both_ways() {
     ));
     assert_eq!(v["files"].as_u64(), Some(2000));
     assert!(
-        files_of(&src) == files_of(&s.root.join("back")),
+        files_of(&src) == files_of(&s.root.join("back/many")),
         "upload differs"
     );
     no_part_files(&s.root);

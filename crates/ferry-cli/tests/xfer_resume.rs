@@ -1041,6 +1041,46 @@ fn interrupted_copy_says_how_to_continue() {
     std::fs::remove_dir_all(&local).unwrap();
 }
 
+/// The same command run again resumes by itself: the journal proves the verified part (no
+/// `--resume` needed), and `--no-resume` starts over.
+#[test]
+fn the_same_command_again_resumes() {
+    const BIG: usize = 4 * SIZE;
+    let mut s = Server::start("tcp", &[]);
+    std::fs::write(s.root.join("src"), pattern(BIG, 81)).unwrap();
+    let local = scratch("local-again");
+    let dest = local.join("copy");
+    let url = s.url("src");
+    let run = || {
+        let mut c = cp_cmd(&[]);
+        c.arg(&url).arg(&dest);
+        c
+    };
+    for (extra, resumed) in [(None, true), (Some("--no-resume"), false)] {
+        let mut client = run()
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Past the first checkpoint (8 MiB), so there is something to resume from.
+        assert!(wait_for_part(
+            &part_of(&dest),
+            24 << 20,
+            &mut client,
+            &mut s
+        ));
+        let _ = client.kill();
+        let _ = client.wait();
+        let mut again = run();
+        again.args(extra);
+        let v = ok(&again.bounded().unwrap());
+        assert_eq!(num(&v, "resumed_bytes") > 0, resumed, "{extra:?}: {v}");
+        same(&s.root.join("src"), &dest);
+        std::fs::remove_file(&dest).unwrap();
+    }
+    std::fs::remove_dir_all(&local).unwrap();
+}
+
 #[test]
 fn sigterm_download_tcp() {
     sigterm_download("tcp");
@@ -1405,7 +1445,8 @@ fn small_files_upload_killed_then_resumed() {
     for i in 0..n {
         std::fs::write(src.join(format!("f{i:04}")), pattern(20_000, i as u64)).unwrap();
     }
-    let dest = s.root.join("up");
+    // The tree lands in up/t, the first time (up created) and the second alike.
+    let dest = s.root.join("up/t");
     let mut c = cp_cmd(&["-r", src.to_str().unwrap(), &s.url("up")])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -126,7 +126,12 @@ fn tree(driver: &str) {
     assert_eq!(v["files"].as_u64(), Some(n), "{v}");
     same_tree(&src, &local.join("tree"));
     let v = ok(&cp4(
-        &["-r", local.join("tree").to_str().unwrap(), &s.url("back")],
+        // A source ending in / lands its contents (into back, created).
+        &[
+            "-r",
+            &format!("{}/", local.join("tree").display()),
+            &s.url("back"),
+        ],
         &[],
     ));
     assert_eq!(v["files"].as_u64(), Some(n), "{v}");

@@ -281,6 +281,24 @@ impl Roots {
         Ok((fd, Some(name.to_string())))
     }
 
+    /// Removes the file, symlink or empty directory `path` beneath its root (a read-only
+    /// root refuses, a root itself is never removed).
+    pub fn remove(&self, path: &str) -> PResult<()> {
+        let (parent, name) = self.parent(path)?;
+        let Some(name) = name else {
+            return Err(refuse(
+                Denial::PermissionDenied,
+                format!("{path}: a root is not removed"),
+            ));
+        };
+        // unlinkat never follows a symlink: a link is removed, not what it points to.
+        match rustix::fs::unlinkat(&parent, name.as_str(), AtFlags::empty()) {
+            Err(Errno::ISDIR) => rustix::fs::unlinkat(&parent, name.as_str(), AtFlags::REMOVEDIR),
+            r => r,
+        }
+        .map_err(|e| errno_refusal(path, e))
+    }
+
     /// Creates a directory (an existing directory is fine).
     pub fn mkdir(&self, path: &str, mode: u32) -> PResult<()> {
         let (parent, name) = self.parent(path)?;

@@ -18,7 +18,7 @@ use ferry_wire::{
 /// Protocol major version: a peer with another major is refused at HELLO.
 pub const VERSION_MAJOR: u16 = 1;
 /// Protocol minor version.
-pub const VERSION_MINOR: u16 = 7;
+pub const VERSION_MINOR: u16 = 8;
 /// The first minor version with parallel streams (session join, OPEN/HAVE/PUT_RANGE/CLOSE).
 pub const MINOR_STREAMS: u16 = 2;
 /// The first minor version with FILE frames (a small file's READY, BLOCK and FILE_DONE in
@@ -45,6 +45,9 @@ pub const MINOR_SERVICES: u16 = 6;
 /// exporter and its HELLO carries none; a server refuses clear clients unless it allows
 /// them (`[security] allow_clear`).
 pub const MINOR_TLS: u16 = 7;
+/// The first minor version with REMOVE (`ferry sync --delete`): a client sends it only to
+/// servers of this minor or later.
+pub const MINOR_REMOVE: u16 = 8;
 /// The most GETs in one GETS frame.
 pub const MAX_GETS: usize = 64;
 /// The most streams a session may have.
@@ -408,6 +411,12 @@ ferry_wire::frames! {
         Mkdir = 15 {
             /// Permission bits.
             mode: u32 as Le,
+            /// Path.
+            path: String as Str<MAX_PATH>,
+        },
+        /// Client → server (1.7): remove a file, a symlink or an empty directory; OK or
+        /// ERROR.
+        Remove = 35 {
             /// Path.
             path: String as Str<MAX_PATH>,
         },
@@ -1138,6 +1147,7 @@ mod tests {
                 },
             ),
             ("sum", Msg::Sum { path: "r/h".into() }),
+            ("remove", Msg::Remove { path: "r/x".into() }),
             (
                 "sum_reply",
                 Msg::SumReply {
@@ -1278,6 +1288,7 @@ mod tests {
 ("mkdir", "110000000f000000c00100000300722f64"),
 ("gets", "1d000000180000000200010000000300722f61020000000400722f6262"),
 ("sum", "0d000000100000000300722f68"),
+("remove", "0d000000230000000300722f78"),
 ("sum_reply", "30000000110000000c00000000000000abababababababababababababababababababababababababababababababab"),
 ("bye", "0800000012000000"),
 ("send_to", "26000000200100000c0000000500722f73726309007463703a2f2f683a310300642f78010074"),
@@ -1322,7 +1333,7 @@ mod tests {
         };
         assert_eq!(fixed(file), FILE_HEADER_LEN);
         assert_eq!(fixed(Msg::Pack { count: 1, len: 0 }), PACK_HEADER_LEN);
-        assert_eq!(Msg::CODES.len(), 29, "every frame type has a row");
+        assert_eq!(Msg::CODES.len(), 30, "every frame type has a row");
     }
 
     /// Decoding speed of the golden frames (a quick A/B for codec changes):

@@ -4,18 +4,18 @@
 //! destination server as an ordinary client and uploads, so the data goes straight from one
 //! server to the other and the destination needs nothing new: it sees a PUT like any other,
 //! with its own sandbox, token check, CRCs and BLAKE3. The client watches PROGRESS frames
-//! and gets COPIED or ERROR at the end.
+//! and gets COPIED or ERROR at the end; if it goes away first, the copy is cancelled.
 //!
 //! A server makes outgoing connections only to the destinations its operator listed
 //! (`third_party` in the config, `--allow-third-party`), so an authenticated client cannot
 //! turn it into a probe of other hosts.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::client::{basename, join, walk_entries, Client, Options, Progress, Stats};
+use crate::client::{join, walk_entries, Client, Options, Progress, Stats};
 use crate::config::ServerConfig;
 use crate::error::XferError;
 use crate::export::{refuse, Refusal};
@@ -23,6 +23,7 @@ use crate::link::{FileMeta, Link};
 use crate::parallel::{join_streams, upload_planned};
 use crate::proto::{EntryKind, ErrorCode, Msg};
 use crate::url::Remote;
+use ferry_exs::runtime::Closer;
 use ferry_service::roots::Roots;
 
 /// How often PROGRESS frames go to the watching client.
@@ -102,7 +103,13 @@ fn copy(cfg: &ServerConfig, roots: &Roots, link: &Link, req: &SendTo) -> Result<
     let (dirs, files) = match entry.kind {
         EntryKind::File => (Vec::new(), vec![(String::new(), entry.size, entry.mtime)]),
         EntryKind::Dir if req.recursive => {
-            walk_entries(req.path, |p| crate::export::list(roots, p))?
+            let t = walk_entries(
+                req.path,
+                false,
+                |p| crate::export::list(roots, p),
+                |p| crate::export::stat(roots, p).map_err(|r| r.message),
+            )?;
+            (t.dirs, t.files)
         }
         EntryKind::Dir => {
             return Err(refuse(
@@ -132,7 +139,7 @@ fn copy(cfg: &ServerConfig, roots: &Roots, link: &Link, req: &SendTo) -> Result<
     };
     let mut c = Client::connect(req.dest, &opts).map_err(at_dest)?;
     let target = c
-        .target(req.dest_path, basename(req.path))
+        .target(req.path, entry.kind == EntryKind::Dir, req.dest_path)
         .map_err(at_dest)?;
     let relay = Relay {
         link,
@@ -179,12 +186,44 @@ fn copy(cfg: &ServerConfig, roots: &Roots, link: &Link, req: &SendTo) -> Result<
         .collect();
     let mut stats = Stats::default();
     let res = match join_streams(&c, &dest, &opts) {
-        Ok(others) => upload_planned(c, others, planned, &open, &opts, &relay, &mut stats),
+        Ok(others) => {
+            let to_dest: Vec<Closer> = std::iter::once(&c)
+                .chain(&others)
+                .map(|d| d.link.socket().closer())
+                .collect();
+            let client = link.socket().closer();
+            let copying = AtomicBool::new(true);
+            std::thread::scope(|s| {
+                s.spawn(|| cancel_when_gone(&client, &to_dest, &copying));
+                let res = upload_planned(c, others, planned, &open, &opts, &relay, &mut stats);
+                copying.store(false, Ordering::Release);
+                res
+            })
+        }
         Err(e) => Err(e),
     };
     match res {
         Ok(()) => Ok(stats),
         Err(e) => Err(lock(&unreadable).take().unwrap_or_else(|| at_dest(e))),
+    }
+}
+
+/// How often a copy checks that the client that asked for it is still there.
+const WATCH_EVERY: Duration = Duration::from_millis(50);
+
+/// Cancels a copy whose client went away (Ctrl-C, a crash, a broken link): closes the
+/// connections to the destination, so the upload ends at once — what the destination
+/// verified stays journaled there, and the same command resumes it.
+fn cancel_when_gone(client: &Closer, to_dest: &[Closer], copying: &AtomicBool) {
+    while copying.load(Ordering::Acquire) {
+        if !client.is_connected() {
+            tracing::info!("third-party copy cancelled: the client that asked for it went away");
+            for d in to_dest {
+                d.close();
+            }
+            return;
+        }
+        std::thread::sleep(WATCH_EVERY);
     }
 }
 
@@ -203,7 +242,7 @@ struct Relay<'a> {
 
 impl Relay<'_> {
     fn send(&self) {
-        // A client that went away does not stop the copy; it only misses the news.
+        // A client that went away misses the news; `cancel_when_gone` stops the copy.
         let _ = self.link.send(&Msg::Progress {
             file_id: self.file_id,
             done: self.done.load(Ordering::Relaxed),

@@ -446,7 +446,8 @@ fn transfer(plan: &Plan, ws: &Workspace, servers: &Servers, row: &CpRow) -> Resu
                     .arg("null:"),
                 "shm" => c.arg(remote("shm/big")).arg("null:"),
                 "disk" => c.arg(remote("disk/big")).arg(&dst),
-                _ => c.arg("-r").arg(remote("shm/small")).arg(&dst),
+                // The tree's contents into the output directory, as GridFTP's `-r -cd src/ dst/`.
+                _ => c.arg("-r").arg(remote("shm/small/")).arg(&dst),
             };
             (Some(server), c)
         }

@@ -18,7 +18,7 @@ pub use ferry_dtype::{Datatype, Segment};
 pub use ferry_noncontig::Path as LayoutPath;
 pub use layout::{Layout, LayoutError, LayoutStats, Refused};
 pub use queue::{EventQueue, ExsEvent, SocketId};
-pub use socket::{default_config, ExsIncoming, ExsListener, ExsSocket};
+pub use socket::{default_config, Closer, ExsIncoming, ExsListener, ExsSocket};
 
 use crate::error::ExsError;
 

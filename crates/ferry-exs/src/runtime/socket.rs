@@ -155,6 +155,29 @@ pub struct ExsSocket {
     thread: Option<JoinHandle<()>>,
 }
 
+/// Closes a socket from another thread while its owner is busy with it (cancelling a
+/// transfer when the party that asked for it went away): [`ExsSocket::close`] without the
+/// socket. Closing one already closed, or dropped, does nothing.
+#[derive(Clone)]
+pub struct Closer(Arc<Inner>);
+
+impl Closer {
+    /// Closes the socket: every pending operation completes with [`ExsError::Canceled`].
+    pub fn close(&self) {
+        self.0.with(|e| {
+            if !e.user_closed {
+                e.user_closed = true;
+                e.conn.close();
+            }
+        })
+    }
+
+    /// True from the handshake until the connection closes (either side).
+    pub fn is_connected(&self) -> bool {
+        self.0.lock().phase == Phase::Open
+    }
+}
+
 impl std::fmt::Debug for ExsSocket {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ExsSocket")
@@ -443,6 +466,11 @@ impl ExsSocket {
             e.conn.close();
             Ok(())
         })
+    }
+
+    /// A handle that can close this socket from another thread ([`Closer`]).
+    pub fn closer(&self) -> Closer {
+        Closer(self.inner.clone())
     }
 
     /// Splits this side's RMA transfers into pieces of at most `bytes` (default: the

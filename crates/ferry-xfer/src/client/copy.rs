@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use super::download::{mtime_secs, Dest, DlJob};
 use super::{
-    basename, join, remote_err, unexpected, Client, Options, Progress, Stats, Tree, RETRY_DELAY,
+    join, remote_err, unexpected, Client, Options, Progress, Skip, Stats, Tree, RETRY_DELAY,
     RETRY_MAX_DELAY,
 };
 use crate::error::{Kind, Result, XferError};
@@ -54,7 +54,7 @@ pub fn copy(
             }
             (Location::Zero(n), Location::Remote(r)) => {
                 with_client(r, &opts, &mut total, |c| {
-                    let target = c.target(&r.path, "zero")?;
+                    let target = c.target("zero", false, &r.path)?;
                     progress.total(*n);
                     c.upload_zero(*n, &target, progress)
                 })
@@ -89,6 +89,9 @@ pub fn copy(
                 progress.restart();
                 // A retry continues what the failed attempt left.
                 opts.resume = true;
+                if opts.skip == Skip::Nothing {
+                    opts.skip = Skip::Unchanged;
+                }
             }
             Err(e) => return Err(e),
         }
@@ -109,14 +112,6 @@ pub(crate) fn with_client(
         c.bye();
     }
     res
-}
-
-/// Where a tree goes when its destination is an existing directory: normally inside it
-/// under the source's name (as scp does). A resume would then nest a second copy inside the
-/// directory the interrupted run created, so with `--resume` a tree goes into the
-/// directory itself unless that already holds an entry of the source's name.
-fn resume_into_itself(opts: &Options, is_tree: bool, named_exists: bool) -> bool {
-    opts.resume && is_tree && !named_exists
 }
 
 /// Downloads to `local` (`None`: the null sink, nothing is written).
@@ -147,25 +142,36 @@ pub(crate) fn plan_download(
     {
         let entry = c.stat(&r.path)?;
         let is_tree = entry.kind == EntryKind::Dir;
-        let dest = local.map(|local| {
-            let named = local.join(basename(&r.path));
-            if local.is_dir() && !resume_into_itself(opts, is_tree, named.exists()) {
-                named
-            } else {
-                local.to_path_buf()
+        // Where it lands, and the directory the rule creates: created only once the
+        // source's listing was accepted, so a refused one leaves nothing behind.
+        let placed = match local {
+            Some(local) if entry.kind == EntryKind::File || recursive => {
+                Some(super::place::local_place(&r.path, is_tree, local)?)
             }
-        });
+            _ => None,
+        };
+        let dest = placed.as_ref().map(|(target, _)| target.clone());
+        let make_dir = || match &placed {
+            Some((_, Some(dir))) => super::place::create_last_level(dir),
+            _ => Ok(()),
+        };
         let files = match entry.kind {
             EntryKind::File => {
+                make_dir()?;
                 let to = dest.as_deref().map(Dest::file).transpose()?;
                 vec![(r.path.clone(), to, entry.size, entry.mtime)]
             }
             EntryKind::Dir if recursive => {
                 // Names were checked as they arrived (Client::list); everything is created
                 // beneath the destination, held open.
-                let (dirs, files) = c.walk_remote(&r.path)?;
+                let tree = c
+                    .walk_remote(&r.path, opts.follow_links)?
+                    .filtered(&opts.filter);
+                c.stats.entries_skipped += tree.skipped.len() as u64;
+                let (dirs, files) = (tree.dirs, tree.files);
                 let base = match &dest {
                     Some(dest) => {
+                        make_dir()?;
                         std::fs::create_dir_all(dest)
                             .map_err(|e| XferError::io(dest.display(), &e))?;
                         let base = Dest::open_base(dest)?;
@@ -201,7 +207,8 @@ pub(crate) fn plan_download(
         let mut jobs = Vec::new();
         for (path, dest, size, mtime) in files {
             let ident = Ident { size, mtime };
-            if opts.resume && dest.as_ref().is_some_and(|d| d.complete(ident)) {
+            let there = dest.as_ref().and_then(|d| d.existing());
+            if there.is_some_and(|t| opts.skip.keeps(t, (size, mtime))) {
                 c.stats.files += 1;
                 c.stats.files_skipped += 1;
                 c.stats.bytes += size;
@@ -264,42 +271,34 @@ pub(crate) fn plan_upload(
     progress: &dyn Progress,
 ) -> Result<Vec<(PathBuf, String, u64)>> {
     {
-        let name = local
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let (target, existing) = match c.stat(&r.path) {
-            Ok(e) if e.kind == EntryKind::Dir && !name.is_empty() => {
-                let named = join(&r.path, &name);
-                let there = opts.resume && md.is_dir() && c.stat(&named).is_ok();
-                if resume_into_itself(opts, md.is_dir(), there) {
-                    (r.path.clone(), None)
-                } else {
-                    (named, None)
-                }
-            }
-            Ok(e) => (r.path.clone(), Some(e)),
-            Err(e) if e.kind == Kind::NotFound => (r.path.clone(), None),
-            Err(e) => return Err(e),
+        let src = local.to_string_lossy();
+        let target = c.target(&src, md.is_dir(), &r.path)?;
+        let existing = if md.is_file() && opts.skip != Skip::Nothing {
+            c.stat(&target).ok()
+        } else {
+            None
         };
         // What the destination already holds, for a resume's quick check (size, mtime s).
         let mut there: HashMap<String, (u64, i64)> = HashMap::new();
         let files = if md.is_file() {
-            if opts.resume {
-                let e = match existing {
-                    Some(e) => Some(e),
-                    None => c.stat(&target).ok(),
-                };
-                if let Some(e) = e.filter(|e| e.kind == EntryKind::File) {
-                    there.insert(String::new(), (e.size, e.mtime));
-                }
+            if let Some(e) = existing.filter(|e| e.kind == EntryKind::File) {
+                there.insert(String::new(), (e.size, e.mtime));
             }
             vec![(String::new(), md.len(), mtime_secs(md))]
         } else {
-            let (dirs, files) = walk_local(local)?;
-            if opts.resume {
-                if let Ok((_, remote)) = c.walk_remote(&target) {
-                    there = remote.into_iter().map(|(p, s, m)| (p, (s, m))).collect();
+            let Tree {
+                dirs,
+                files,
+                skipped,
+            } = walk_local(local, opts.follow_links)?.filtered(&opts.filter);
+            c.stats.entries_skipped += skipped.len() as u64;
+            if opts.skip != Skip::Nothing {
+                if let Ok(remote) = c.walk_remote(&target, false) {
+                    there = remote
+                        .files
+                        .into_iter()
+                        .map(|(p, s, m)| (p, (s, m)))
+                        .collect();
                 }
             }
             c.mkdir(&target, 0o755)?;
@@ -311,7 +310,10 @@ pub(crate) fn plan_upload(
         progress.total(files.iter().map(|f| f.1).sum());
         let mut out = Vec::new();
         for (rel, size, mtime) in files {
-            if there.get(&rel) == Some(&(size, mtime)) {
+            if there
+                .get(&rel)
+                .is_some_and(|&t| opts.skip.keeps(t, (size, mtime)))
+            {
                 c.stats.files += 1;
                 c.stats.files_skipped += 1;
                 c.stats.bytes += size;
@@ -339,6 +341,12 @@ fn third_party(
     progress: &dyn Progress,
     total: &mut Stats,
 ) -> Result<()> {
+    if !opts.filter.is_empty() || opts.skip == Skip::Existing || opts.follow_links {
+        return Err(XferError::new(
+            Kind::Usage,
+            "--include, --exclude, --no-clobber and -L are not available for server-to-server copies yet: copy through this host in two steps",
+        ));
+    }
     with_client(src, opts, total, |c| {
         if c.minor < 1 {
             return Err(XferError::new(
@@ -417,13 +425,18 @@ fn third_party(
     })
 }
 
-/// A local tree's directories (relative, parents first) and files; symlinks are skipped
-/// with a warning, names that are not UTF-8 are refused.
-fn walk_local(root: &Path) -> Result<Tree> {
-    let mut dirs = Vec::new();
-    let mut files = Vec::new();
-    let mut todo = vec![String::new()];
-    while let Some(rel) = todo.pop() {
+/// A local tree: its directories (relative, parents first) and files, and what was
+/// skipped — symlinks unless `follow` (a followed link that leads nowhere too), special
+/// files, a link back to a directory above it (a loop). Names that are not UTF-8 are
+/// refused.
+pub(super) fn walk_local(root: &Path, follow: bool) -> Result<Tree> {
+    use std::os::unix::fs::MetadataExt;
+    let mut tree = Tree::default();
+    // Each directory to list, with the directories above it (device, inode): a link to
+    // one of those is a loop.
+    let top = std::fs::metadata(root).map_err(|e| XferError::io(root.display(), &e))?;
+    let mut todo = vec![(String::new(), vec![(top.dev(), top.ino())])];
+    while let Some((rel, above)) = todo.pop() {
         let here = root.join(&rel);
         let rd = std::fs::read_dir(&here).map_err(|e| XferError::io(here.display(), &e))?;
         for ent in rd {
@@ -435,27 +448,59 @@ fn walk_local(root: &Path) -> Result<Tree> {
                 )
             })?;
             let r = join(&rel, &name);
+            let path = ent.path();
             let ft = ent
                 .file_type()
-                .map_err(|e| XferError::io(ent.path().display(), &e))?;
-            if ft.is_dir() {
-                dirs.push(r.clone());
-                todo.push(r);
-            } else if ft.is_file() {
-                let md = ent
-                    .metadata()
-                    .map_err(|e| XferError::io(ent.path().display(), &e))?;
-                files.push((r, md.len(), mtime_secs(&md)));
+                .map_err(|e| XferError::io(path.display(), &e))?;
+            let md = if ft.is_symlink() && !follow {
+                tracing::warn!(
+                    "{}: skipping a symlink (-L follows symlinks)",
+                    path.display()
+                );
+                tree.skipped.push(r);
+                continue;
+            } else {
+                // Follows a link (the others are what they are).
+                match std::fs::metadata(&path) {
+                    Ok(md) => md,
+                    Err(e) if ft.is_symlink() => {
+                        tracing::warn!(
+                            "{}: skipping a symlink that cannot be followed: {e}",
+                            path.display()
+                        );
+                        tree.skipped.push(r);
+                        continue;
+                    }
+                    Err(e) => return Err(XferError::io(path.display(), &e)),
+                }
+            };
+            if md.is_dir() {
+                let id = (md.dev(), md.ino());
+                if above.contains(&id) {
+                    tracing::warn!(
+                        "{}: skipping a symlink loop (it leads to a directory above it)",
+                        path.display()
+                    );
+                    tree.skipped.push(r);
+                    continue;
+                }
+                let mut chain = above.clone();
+                chain.push(id);
+                tree.dirs.push(r.clone());
+                todo.push((r, chain));
+            } else if md.is_file() {
+                tree.files.push((r, md.len(), mtime_secs(&md)));
             } else {
                 tracing::warn!(
-                    "{}: skipping (not a file or directory)",
-                    ent.path().display()
+                    "{}: skipping (not a file, directory or symlink)",
+                    path.display()
                 );
+                tree.skipped.push(r);
             }
         }
     }
-    dirs.sort();
-    Ok((dirs, files))
+    tree.dirs.sort();
+    Ok(tree)
 }
 
 /// BLAKE3 of a local file, as `ferry sum` prints it.

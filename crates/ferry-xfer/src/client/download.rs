@@ -150,17 +150,13 @@ impl Dest {
         })
     }
 
-    /// Whether a complete copy is already here by the quick check (a regular file of the
-    /// same size and mtime; a symlink does not count).
-    pub(crate) fn complete(&self, ident: Ident) -> bool {
-        let Ok((dir, name)) = self.parent() else {
-            return false;
-        };
-        rustix::fs::statat(&*dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW).is_ok_and(|st| {
-            rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile
-                && st.st_size as u64 == ident.size
-                && st.st_mtime == ident.mtime
-        })
+    /// The size and mtime (seconds) of the regular file here, if one is (a symlink does
+    /// not count), for [`Skip`](super::Skip)'s checks.
+    pub(crate) fn existing(&self) -> Option<(u64, i64)> {
+        let (dir, name) = self.parent().ok()?;
+        let st = rustix::fs::statat(&*dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW).ok()?;
+        (rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile)
+            .then_some((st.st_size as u64, st.st_mtime))
     }
 }
 
@@ -241,9 +237,9 @@ impl LocalPart {
         };
         let io =
             |what: &str, e: std::io::Error| XferError::io(shown.with_file_name(what).display(), &e);
-        if !resume && ident.size <= u64::from(block) {
-            // One block: nothing to checkpoint before the file is whole, so no journal file
-            // unless one turns out to be needed. A journal only means something with its part:
+        if ident.size <= u64::from(block) {
+            // One block: nothing to checkpoint before the file is whole (so nothing worth
+            // resuming either), and no journal file unless one turns out to be needed. A journal only means something with its part:
             // if a part of an earlier copy is there, its journal goes before the part is reused.
             let jname = journal_name(&tmp);
             let file = match open_in(&dir, &tmp, OpenHow::New) {

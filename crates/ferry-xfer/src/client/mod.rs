@@ -17,6 +17,9 @@
 
 mod copy;
 mod download;
+mod filter;
+mod place;
+mod sync;
 mod upload;
 
 use std::time::Duration;
@@ -26,40 +29,102 @@ use crate::link::{BlockSender, Link, HANDSHAKE_TIMEOUT};
 use crate::proto::{self, Entry, EntryKind, Msg, BLOCK_HEADER_LEN};
 use ferry_service::secure::ClientSecurity;
 
+use copy::walk_local;
 pub use copy::{copy, sum_local};
 pub(crate) use copy::{plan_download, plan_upload};
 pub(crate) use download::{system_time, LocalPart};
 pub use download::{Dest, DlJob};
+pub use filter::{expand_remote, is_glob, Filter};
+pub use sync::{sync, SyncHow, SyncReport};
 pub(crate) use upload::open_source;
 
-/// A tree: its directories (relative, parents first) and its files with their sizes and
-/// mtimes (seconds).
-pub(crate) type Tree = (Vec<String>, Vec<(String, u64, i64)>);
+/// A tree a walk found: its directories (relative, parents first), its files (relative
+/// path, size, mtime in seconds), and the entries it skipped (symlinks not followed, links
+/// that lead nowhere or out of the root, FIFOs, sockets, devices), each warned about.
+#[derive(Debug, Default)]
+pub(crate) struct Tree {
+    pub dirs: Vec<String>,
+    pub files: Vec<(String, u64, i64)>,
+    pub skipped: Vec<String>,
+}
 
-/// Walks the tree under `path` with `list` (which lists one directory). Symlinks and
-/// special files are skipped with a warning.
+impl Tree {
+    /// The part of the tree `filter` takes (the skipped entries stay: they were never in).
+    pub(crate) fn filtered(mut self, filter: &Filter) -> Tree {
+        if !filter.is_empty() {
+            self.dirs.retain(|d| filter.takes_dir(d));
+            self.files.retain(|f| filter.takes_file(&f.0));
+        }
+        self
+    }
+}
+
+/// Symlinks to directories followed in a row at most. A server's listing has no inode
+/// numbers to find a loop by, so a loop on a server is walked this deep, then skipped
+/// (a local walk finds loops exactly).
+pub(crate) const MAX_LINK_DEPTH: u32 = 8;
+
+/// Walks the tree under `path` with `list` (which lists one directory). Symlinks are
+/// followed with `stat` (which follows one, or says why not) when `follow`, else skipped;
+/// special files are skipped; each skip is warned about and counted in [`Tree::skipped`].
 pub(crate) fn walk_entries<E>(
     path: &str,
+    follow: bool,
     mut list: impl FnMut(&str) -> std::result::Result<Vec<Entry>, E>,
+    mut stat: impl FnMut(&str) -> std::result::Result<Entry, String>,
 ) -> std::result::Result<Tree, E> {
-    let mut dirs = Vec::new();
-    let mut files = Vec::new();
-    let mut todo = vec![String::new()];
-    while let Some(rel) = todo.pop() {
+    let mut tree = Tree::default();
+    // Each directory to list, with how many directory links led to it.
+    let mut todo = vec![(String::new(), 0)];
+    while let Some((rel, links)) = todo.pop() {
         for e in list(&join(path, &rel))? {
             let r = join(&rel, &e.name);
-            match e.kind {
-                EntryKind::Dir => {
-                    dirs.push(r.clone());
-                    todo.push(r);
+            let (kind, size, mtime, links) = match e.kind {
+                EntryKind::Symlink if follow => match stat(&join(path, &r)) {
+                    Ok(t) => (t.kind, t.size, t.mtime, links + 1),
+                    Err(why) => {
+                        tracing::warn!(
+                            "{}: skipping a symlink that cannot be followed: {why}",
+                            join(path, &r)
+                        );
+                        tree.skipped.push(r);
+                        continue;
+                    }
+                },
+                k => (k, e.size, e.mtime, links),
+            };
+            match kind {
+                EntryKind::Dir if links > MAX_LINK_DEPTH => {
+                    tracing::warn!(
+                        "{}: skipping: {MAX_LINK_DEPTH} directory links in a row (a loop?)",
+                        join(path, &r)
+                    );
+                    tree.skipped.push(r);
                 }
-                EntryKind::File => files.push((r, e.size, e.mtime)),
-                _ => tracing::warn!("{}: skipping (not a file or directory)", join(path, &r)),
+                EntryKind::Dir => {
+                    tree.dirs.push(r.clone());
+                    todo.push((r, links));
+                }
+                EntryKind::File => tree.files.push((r, size, mtime)),
+                EntryKind::Symlink => {
+                    tracing::warn!(
+                        "{}: skipping a symlink (-L follows symlinks)",
+                        join(path, &r)
+                    );
+                    tree.skipped.push(r);
+                }
+                _ => {
+                    tracing::warn!(
+                        "{}: skipping (not a file, directory or symlink)",
+                        join(path, &r)
+                    );
+                    tree.skipped.push(r);
+                }
             }
         }
     }
-    dirs.sort();
-    Ok((dirs, files))
+    tree.dirs.sort();
+    Ok(tree)
 }
 
 /// First pause before a retry; it doubles up to [`RETRY_MAX_DELAY`].
@@ -85,9 +150,14 @@ pub struct Options {
     /// How long to wait for a server that sends nothing before the connection counts as
     /// broken (and, with `retries`, is replaced).
     pub idle_timeout: Duration,
-    /// Continue interrupted transfers: partial files (their journaled, verified prefix)
-    /// and, for trees, files already complete at the destination (same size and mtime).
+    /// Continue partial files after their journaled, verified prefix (`ferry cp`'s
+    /// default; `--no-resume` starts them over). A journal proves its bytes against the
+    /// source's size and mtime, so nothing unverified is kept.
     pub resume: bool,
+    /// Which files already at the destination are left alone ([`Skip`]).
+    pub skip: Skip,
+    /// Which entries of a tree are copied (`--include`, `--exclude`).
+    pub filter: Filter,
     /// Reconnect and resume this many times after a connection failure (exit class 6),
     /// pausing [`RETRY_DELAY`], doubling up to [`RETRY_MAX_DELAY`].
     pub retries: u32,
@@ -103,6 +173,10 @@ pub struct Options {
     /// bypassing the page cache, where the filesystem allows it. The server's side follows
     /// its own configuration (`direct` in `ferry serve`'s config).
     pub direct: bool,
+    /// Copy what symlinks in a tree point to (`ferry cp -L`): on a server, links that stay
+    /// inside their root; without it they are skipped and counted
+    /// ([`Stats::entries_skipped`]).
+    pub follow_links: bool,
     /// Replace read-only files at the destination (`ferry cp --force`); without it an
     /// upload onto a read-only file is refused (by a 1.5 server; older ones replace it).
     pub force: bool,
@@ -120,13 +194,42 @@ impl Default for Options {
             timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(120),
             resume: false,
+            skip: Skip::Nothing,
+            filter: Filter::default(),
             retries: 0,
             dest_token: None,
             streams: 1,
             chunk: crate::parallel::DEFAULT_CHUNK,
             direct: false,
+            follow_links: false,
             force: false,
             security: ClientSecurity::default(),
+        }
+    }
+}
+
+/// Which files already at the destination a copy leaves alone (counted in
+/// [`Stats::files_skipped`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Skip {
+    /// None: every file is copied again (cp, scp).
+    #[default]
+    Nothing,
+    /// Those with the source's size and mtime, the quick check rsync makes (`ferry cp
+    /// --resume`, and every retry): what running an interrupted tree copy again wants.
+    Unchanged,
+    /// Every file that exists there (`ferry cp --no-clobber`).
+    Existing,
+}
+
+impl Skip {
+    /// Whether a file found at the destination with `there` (size, mtime s) is left alone
+    /// when the source has `src`.
+    pub(crate) fn keeps(self, there: (u64, i64), src: (u64, i64)) -> bool {
+        match self {
+            Skip::Nothing => false,
+            Skip::Unchanged => there == src,
+            Skip::Existing => true,
         }
     }
 }
@@ -146,18 +249,23 @@ pub struct Stats {
     pub resumed_bytes: u64,
     /// Files a resumed tree copy found complete at the destination and skipped.
     pub files_skipped: u64,
+    /// Tree entries not copied: symlinks not followed (or that lead nowhere or out of the
+    /// root), FIFOs, sockets, devices.
+    pub entries_skipped: u64,
     /// Reconnections after a connection failure.
     pub retries: u64,
 }
 
 impl Stats {
-    pub(crate) fn add(&mut self, o: &Stats) {
+    /// Adds another copy's counters (several sources, retries).
+    pub fn add(&mut self, o: &Stats) {
         self.files += o.files;
         self.bytes += o.bytes;
         self.blocks_resent += o.blocks_resent;
         self.wire_bytes += o.wire_bytes;
         self.resumed_bytes += o.resumed_bytes;
         self.files_skipped += o.files_skipped;
+        self.entries_skipped += o.entries_skipped;
         self.retries += o.retries;
     }
 }
@@ -349,6 +457,22 @@ impl Client {
         }
     }
 
+    /// Removes a remote file, symlink or empty directory (a 1.7 server).
+    pub fn remove(&mut self, path: &str) -> Result<()> {
+        if self.minor < proto::MINOR_REMOVE {
+            return Err(XferError::new(
+                Kind::Usage,
+                format!("the server speaks transfer protocol 1.{} and cannot remove files (1.{} can): upgrade it", self.minor, proto::MINOR_REMOVE),
+            ));
+        }
+        self.link.send(&Msg::Remove { path: path.into() })?;
+        match self.link.recv_msg()? {
+            Msg::Ok { .. } => Ok(()),
+            Msg::Error { code, message, .. } => Err(remote_err(code, &message)),
+            m => Err(unexpected(&m)),
+        }
+    }
+
     /// Creates a remote directory (existing is fine).
     pub fn mkdir(&mut self, path: &str, mode: u32) -> Result<()> {
         self.link.send(&Msg::Mkdir {
@@ -368,19 +492,31 @@ impl Client {
     }
 
     /// Lists a remote tree: its directories (relative, parents first) and files.
-    fn walk_remote(&mut self, path: &str) -> Result<Tree> {
-        walk_entries(path, |p| self.list(p))
+    fn walk_remote(&mut self, path: &str, follow: bool) -> Result<Tree> {
+        let me = std::cell::RefCell::new(self);
+        walk_entries(
+            path,
+            follow,
+            |p| me.borrow_mut().list(p),
+            |p| me.borrow_mut().stat(p).map_err(|e| e.msg),
+        )
     }
 
-    /// Where a copy of a source named `name` lands when its destination is `path`: inside
-    /// `path` if that is an existing directory (as `scp` does), else at `path` itself.
-    pub fn target(&mut self, path: &str, name: &str) -> Result<String> {
-        Ok(match self.stat(path) {
-            Ok(e) if e.kind == EntryKind::Dir && !name.is_empty() => join(path, name),
-            Ok(_) => path.to_string(),
-            Err(e) if e.kind == Kind::NotFound => path.to_string(),
+    /// Where a copy of `src` (a tree or not) lands when its destination on this server is
+    /// `dst`, by the one rule of [`place`]; creates the directory the rule names when it is
+    /// missing, so a refusal comes before any data moves.
+    pub fn target(&mut self, src: &str, tree: bool, dst: &str) -> Result<String> {
+        let at = match self.stat(dst) {
+            Ok(e) if e.kind == EntryKind::Dir => place::AtDest::Dir,
+            Ok(_) => place::AtDest::Other,
+            Err(e) if e.kind == Kind::NotFound => place::AtDest::Nothing,
             Err(e) => return Err(e),
-        })
+        };
+        let (target, create) = place::remote_target(src, tree, dst, at)?;
+        if let Some(dir) = create {
+            self.mkdir(&dir, 0o755)?;
+        }
+        Ok(target)
     }
 
     /// Ends the session politely.

@@ -77,9 +77,10 @@ impl Client {
     ) -> Result<()> {
         let mut window = PutFiles::default();
         for (src, path) in files {
-            let whole = self.minor >= proto::MINOR_PUT_FILE
-                && crate::mem::classify(&path).is_none()
-                && !self.resume;
+            // A file small enough for one frame has nothing worth resuming: it goes whole
+            // (the server's whole-file write drops any earlier part and journal of it).
+            let whole =
+                self.minor >= proto::MINOR_PUT_FILE && crate::mem::classify(&path).is_none();
             let (file, meta) = open(&src)?;
             if !(whole && self.tx.put_file_fits(&path, meta.size)) {
                 self.take_answers(&mut window, 0, progress)?;

@@ -92,6 +92,8 @@ pub enum Route {
         /// The directory.
         path: String,
     },
+    /// REMOVE.
+    Remove(String),
     /// SUM: the file's BLAKE3.
     Sum(String),
     /// GET `length` bytes at `offset`.
@@ -217,6 +219,7 @@ impl Router {
             Msg::Stat { path } => Route::Stat(path),
             Msg::List { path } => Route::List(path),
             Msg::Mkdir { mode, path } => Route::Mkdir { mode, path },
+            Msg::Remove { path } => Route::Remove(path),
             Msg::Sum { path } => Route::Sum(path),
             Msg::Get {
                 file_id,
@@ -351,6 +354,7 @@ fn names_virtual(msg: &Msg) -> bool {
         | Msg::List { path }
         | Msg::Sum { path }
         | Msg::Mkdir { path, .. }
+        | Msg::Remove { path }
         | Msg::Get { path, .. }
         | Msg::Put { path, .. }
         | Msg::Open { path, .. } => path,

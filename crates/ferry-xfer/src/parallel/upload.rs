@@ -138,7 +138,7 @@ pub(crate) fn upload(
     let planned = match (local, &md) {
         (Some(l), Some(md)) => plan_upload(&mut c0, l, md, r, opts, progress)
             .map(|v| v.into_iter().map(|(s, p, n)| (Some(s), p, n)).collect()),
-        _ => c0.target(&r.path, "zero").map(|t| {
+        _ => c0.target("zero", false, &r.path).map(|t| {
             progress.total(zero_size);
             vec![(None, t, zero_size)]
         }),

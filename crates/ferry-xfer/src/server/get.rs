@@ -82,7 +82,7 @@ impl Server {
     ) -> Result<bool> {
         let (path, file_id) = match msg {
             Msg::Stat { path } | Msg::List { path } | Msg::Sum { path } => (path, 0),
-            Msg::Mkdir { path, .. } => (path, 0),
+            Msg::Mkdir { path, .. } | Msg::Remove { path } => (path, 0),
             Msg::Get { path, file_id, .. }
             | Msg::Put { path, file_id, .. }
             | Msg::Open { path, file_id, .. } => (path, *file_id),
@@ -192,7 +192,9 @@ impl Server {
                 0,
                 refuse(ErrorCode::NotADirectory, format!("{path}: not a directory")),
             )?,
-            (Msg::Mkdir { .. }, _) => reply_refusal(link, 0, denied("the memory root is fixed"))?,
+            (Msg::Mkdir { .. } | Msg::Remove { .. }, _) => {
+                reply_refusal(link, 0, denied("the memory root is fixed"))?
+            }
             _ => return Ok(false),
         }
         Ok(true)

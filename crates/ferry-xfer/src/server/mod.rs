@@ -477,6 +477,10 @@ impl Server {
                 Ok(()) => link.send(&Msg::Ok { file_id: 0 }),
                 Err(r) => reply_refusal(link, 0, r),
             },
+            Route::Remove(path) => match self.roots.remove(&path) {
+                Ok(()) => link.send(&Msg::Ok { file_id: 0 }),
+                Err(r) => reply_refusal(link, 0, r),
+            },
             Route::Sum(path) => self.sum(link, tx, &path),
             Route::Get {
                 file_id,
