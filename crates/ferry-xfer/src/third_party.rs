@@ -179,7 +179,7 @@ fn copy(cfg: &ServerConfig, roots: &Roots, link: &Link, req: &SendTo) -> Result<
         .collect();
     let mut stats = Stats::default();
     let res = match join_streams(&c, &dest, &opts) {
-        Ok(others) => upload_planned(c, others, planned, &open, &opts, &relay, &mut stats),
+        Ok(others) => upload_planned(c, others, None, planned, &open, &opts, &relay, &mut stats),
         Err(e) => Err(e),
     };
     match res {
