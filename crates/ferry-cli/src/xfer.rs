@@ -163,8 +163,9 @@ pub struct CpArgs {
           value_parser = clap::value_parser!(u16).range(1..=16))]
     streams: Option<u16>,
     /// Staging (file buffer) per connection, e.g. 64M: the blocks kept in flight. Default:
-    /// from the path's round trip (32 MiB up to 2 ms, up to 128 MiB beyond); the server's
-    /// own ring and memory budget still bound what it sends and takes.
+    /// from the round trip measured at connect (twice the bandwidth-delay product at
+    /// 10 Gbit/s, 32 to 128 MiB); the server's own ring and memory budget still bound what
+    /// it sends and takes.
     #[arg(long, value_name = "SIZE", value_parser = parse_buffer)]
     buffer: Option<u64>,
     /// With -p N > 1: the chunk of a large file handed to one stream, in bytes (rounded up

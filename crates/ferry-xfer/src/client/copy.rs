@@ -32,8 +32,16 @@ pub fn copy(
         let mut first = None;
         let spread = match data_remote(src, dst) {
             Some(r) if opts.auto_streams => {
-                let c = Client::connect(&r.addr, &opts);
-                let long = c.as_ref().is_ok_and(|c| super::tune::long_path(c.rtt()));
+                // A STAT is a second sample of the round trip: the handshake's includes
+                // the server allocating the connection's staging. (Its answer does not
+                // matter here; the copy asks again as it plans.)
+                let c = Client::connect(&r.addr, &opts).map(|mut c| {
+                    let _ = c.stat(&r.path);
+                    c
+                });
+                let long = c.as_ref().is_ok_and(|c| {
+                    super::tune::long_path(c.rtt()) && c.minor >= proto::MINOR_STREAMS
+                });
                 first = Some(c);
                 long
             }

@@ -92,23 +92,27 @@ pub fn path_buffer(rtt: Duration) -> u64 {
     (2 * bdp(rtt, ASSUMED_RATE)).clamp(MIN_BUFFER, MAX_BUFFER)
 }
 
-/// Staging blocks of `block` bytes for `buffer` ([`Buffer::Fixed`]: `fixed` blocks, at
-/// least one); a size is at least 2 blocks (one being filled while one travels).
+/// Staging blocks of `block` bytes for `buffer`: `fixed` blocks (at least one) when the
+/// buffer is [`Buffer::Fixed`] or the path is short (as before paths were measured),
+/// else the bytes asked for or the path's, at least 2 blocks (one being filled while one
+/// travels) and, from the path, never fewer than `fixed`.
 pub fn ring_for(buffer: Buffer, fixed: usize, rtt: Duration, block: u32) -> usize {
-    let bytes = match buffer {
-        Buffer::Fixed => return fixed.max(1),
-        Buffer::Bytes(b) => b,
-        Buffer::Path => path_buffer(rtt),
+    let blocks = |bytes: u64| {
+        let n = bytes.div_ceil(u64::from(block.max(1)));
+        usize::try_from(n).unwrap_or(usize::MAX).clamp(2, 1024)
     };
-    let n = bytes.div_ceil(u64::from(block.max(1)));
-    usize::try_from(n).unwrap_or(usize::MAX).clamp(2, 1024)
+    match buffer {
+        Buffer::Bytes(b) => blocks(b),
+        Buffer::Path if long_path(rtt) => blocks(path_buffer(rtt)).max(fixed),
+        Buffer::Fixed | Buffer::Path => fixed.max(1),
+    }
 }
 
 /// GETs a download keeps outstanding over a path of round trip `rtt` so that files of
 /// `mean_size` bytes keep twice the path's bandwidth-delay product (at [`ASSUMED_RATE`])
 /// requested: at least [`super::GET_WINDOW`], at most [`MAX_GET_WINDOW`].
 pub fn get_window(buffer: Buffer, rtt: Duration, mean_size: u64) -> usize {
-    if buffer == Buffer::Fixed {
+    if buffer == Buffer::Fixed || !long_path(rtt) {
         return super::GET_WINDOW;
     }
     let want = (2 * bdp(rtt, ASSUMED_RATE)).div_ceil(mean_size.max(4096));
@@ -120,6 +124,22 @@ pub fn get_window(buffer: Buffer, rtt: Duration, mean_size: u64) -> usize {
 /// The mean size of `count` files of `bytes` together (for sizing a window of requests).
 pub fn mean_size(bytes: u64, count: usize) -> u64 {
     bytes / (count.max(1) as u64)
+}
+
+/// Whether `addr` (a fabric address) names this host: a loopback address, `localhost`,
+/// or shared memory. Such a path is local whatever its handshake took: on a busy host a
+/// round trip through two processes waiting for a core can take milliseconds.
+pub fn is_local(addr: &str) -> bool {
+    let Ok(a) = addr.parse::<ferry_fabric::Address>() else {
+        return false;
+    };
+    if matches!(&a.scheme, ferry_fabric::Scheme::Ofi(p) if p.starts_with("shm")) {
+        return true;
+    }
+    a.host == "localhost"
+        || a.host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// Whether a path of round trip `rtt` is long enough for a copy without `-p` to try more
@@ -205,6 +225,11 @@ mod tests {
         // Loopback and LAN: the loopback-tuned ring.
         assert_eq!(ring_for(Buffer::Path, 8, ms(0), block), crate::DEFAULT_RING);
         assert_eq!(ring_for(Buffer::Path, 8, ms(1), block), crate::DEFAULT_RING);
+        // A short path keeps the ring in blocks, whatever their size (the old behaviour).
+        assert_eq!(ring_for(Buffer::Path, 8, ms(1), 256 << 10), 8);
+        assert_eq!(ring_for(Buffer::Path, 3, ms(0), block), 3);
+        // A long one: bytes, in blocks of the negotiated size.
+        assert_eq!(ring_for(Buffer::Path, 8, ms(10), 256 << 10), 128);
         // 10 ms at 10 Gbit/s: 2 × 12.5 MB = 25 MB, under the floor of 32 MiB.
         assert_eq!(ring_for(Buffer::Path, 8, ms(10), block), 8);
         // 20 ms: 50 MB → 12 blocks of 4 MiB.
@@ -242,11 +267,31 @@ mod tests {
         assert_eq!(get_window(Buffer::Path, ms(50), 65536), MAX_GET_WINDOW);
         // 2.5 ms: 6.25 MB → 96 files.
         assert_eq!(get_window(Buffer::Path, ms(2) + ms(1) / 2, 65536), 96);
+        assert_eq!(
+            get_window(Buffer::Path, ms(2), 65536),
+            super::super::GET_WINDOW
+        );
         // Large files: the floor.
         assert_eq!(
             get_window(Buffer::Path, ms(50), 1 << 30),
             super::super::GET_WINDOW
         );
+    }
+
+    #[test]
+    fn this_host_is_a_local_path() {
+        for local in [
+            "tcp://127.0.0.1:7370",
+            "tcp://localhost:1",
+            "tcp://[::1]:7370",
+            "ofi+tcp://127.0.0.2:9",
+            "ofi+shm://ferry",
+        ] {
+            assert!(is_local(local), "{local}");
+        }
+        for remote in ["tcp://198.18.0.1:7370", "ofi+tcp://dtn1:7370", "nonsense"] {
+            assert!(!is_local(remote), "{remote}");
+        }
     }
 
     #[test]
