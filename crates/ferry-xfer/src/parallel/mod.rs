@@ -141,7 +141,9 @@ fn run_streams(
         // The growth search's measuring period: from when (after a stream's slow start),
         // and the bytes at that moment.
         let mut mark: Option<(Instant, u64)> = None;
-        let mut settle_until = Instant::now();
+        // The first stream's slow start is not measured either.
+        let mut settle_until =
+            Instant::now() + grow.as_ref().map_or(Duration::ZERO, |g| g.0.period() / 2);
         while !handles.iter().all(|h| h.is_finished()) {
             std::thread::sleep(Duration::from_millis(10));
             let now = counter.0.load(Ordering::Relaxed);
