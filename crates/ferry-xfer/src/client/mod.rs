@@ -1,6 +1,7 @@
 //! The client side of `ferry cp`, `ferry ls` and `ferry sum`.
 //!
-//! Downloads are pipelined: up to [`GET_WINDOW`] GETs are outstanding, the server answers
+//! Downloads are pipelined: up to [`GET_WINDOW`] GETs are outstanding (on a long path
+//! as many as cover its bandwidth-delay product: [`tune`]), the server answers
 //! them in order, and every message names its transfer, so a tree of small files costs
 //! little more than its bytes. Each received block is checked against its CRC-32C; bad
 //! blocks are fetched again by ranged GETs (up to [`crate::BLOCK_RETRIES`] rounds) and the
