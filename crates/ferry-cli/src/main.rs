@@ -96,7 +96,7 @@ fn main() -> Result<()> {
     let res = match cli.cmd {
         Cmd::Bench { which } => return bench::run(which),
         Cmd::Serve(a) => serve::serve(a),
-        Cmd::Cp(a) => xfer::cp(a, cli.quiet),
+        Cmd::Cp(a) => xfer::cp(a, cli.quiet, cli.verbose > 0),
         Cmd::Sync(a) => sync::sync(a, cli.quiet),
         Cmd::Ls(a) => ls::ls(a),
         Cmd::Sum(a) => xfer::sum(a),

@@ -215,10 +215,18 @@ pub struct CpArgs {
     /// Parallel streams: copy over N connections at once (1 to 16); large files are split
     /// into chunks the streams share, trees spread their files over them. Needs a server
     /// speaking protocol 1.2 (an older one gets one stream). In a server-to-server copy the
-    /// source server opens the N streams to the destination (protocol 1.4).
-    #[arg(short = 'p', long = "streams", value_name = "N", default_value_t = 1,
+    /// source server opens the N streams to the destination (protocol 1.4). Without -p: one
+    /// stream on a short path (round trip up to 2 ms); on a longer one the copy starts with
+    /// one and adds streams while the rate grows (up to 8; -v and --json say how many).
+    #[arg(short = 'p', long = "streams", value_name = "N",
           value_parser = clap::value_parser!(u16).range(1..=16))]
-    streams: u16,
+    streams: Option<u16>,
+    /// Staging (file buffer) per connection, e.g. 64M: the blocks kept in flight. Default:
+    /// from the round trip measured at connect (twice the bandwidth-delay product at
+    /// 10 Gbit/s, 32 to 128 MiB); the server's own ring and memory budget still bound what
+    /// it sends and takes.
+    #[arg(long, value_name = "SIZE", value_parser = parse_buffer)]
+    buffer: Option<u64>,
     /// With -p N > 1: the chunk of a large file handed to one stream, in bytes (rounded up
     /// to the block size; a server-to-server copy uses the default).
     #[arg(long, value_name = "BYTES", default_value_t = ferry_xfer::parallel::DEFAULT_CHUNK)]
@@ -343,8 +351,45 @@ fn copy_each(
     Ok(total)
 }
 
-/// `ferry cp`; `quiet` (the global `-q`) prints no progress bar and no summary.
-pub fn cp(a: CpArgs, quiet: bool) -> Result<(), XferError> {
+/// `--buffer SIZE`: a size (`64M`, `1G`, bytes) of at least 64 KiB.
+fn parse_buffer(s: &str) -> Result<u64, String> {
+    let n = ferry_service::config::parse_size(s)?;
+    if n < 64 << 10 {
+        return Err(format!("{s}: give at least 64K"));
+    }
+    Ok(n)
+}
+
+/// What the copy chose from its path, as `-v` prints it.
+fn describe_tuning(t: &client::Tuning) -> String {
+    format!(
+        "path: round trip {:.1} ms; staging {} × {} = {} per stream; {} GETs in flight; {} stream(s){}",
+        t.rtt_us as f64 / 1000.0,
+        t.ring,
+        human_size(u64::from(t.block)),
+        human_size(t.buffer()),
+        t.get_window,
+        t.streams,
+        if t.streams_auto { " (chosen)" } else { " (-p)" }
+    )
+}
+
+/// `ferry cp --json`'s `path` object: what the copy chose from its path.
+fn tuning_json(t: &client::Tuning) -> serde_json::Value {
+    serde_json::json!({
+        "rtt_ms": t.rtt_us as f64 / 1000.0,
+        "block_size": t.block,
+        "ring": t.ring,
+        "buffer": t.buffer(),
+        "get_window": t.get_window,
+        "streams": t.streams,
+        "streams_auto": t.streams_auto,
+    })
+}
+
+/// `ferry cp`; `quiet` (the global `-q`) prints no progress bar and no summary, `verbose`
+/// (`-v`) adds what the copy chose from its path.
+pub fn cp(a: CpArgs, quiet: bool, verbose: bool) -> Result<(), XferError> {
     CP_JSON.store(a.json, Ordering::SeqCst);
     ferry_fabric::on_unrecoverable(cp_wedged);
     hint_on_interrupt(a.resume);
@@ -391,7 +436,11 @@ pub fn cp(a: CpArgs, quiet: bool) -> Result<(), XferError> {
         filter: Filter::new(&a.include, &a.exclude)?,
         retries: a.retries,
         idle_timeout,
-        streams: a.streams,
+        streams: a
+            .streams
+            .unwrap_or(ferry_xfer::client::tune::MAX_AUTO_STREAMS),
+        auto_streams: a.streams.is_none(),
+        buffer: a.buffer.map_or(client::Buffer::Path, client::Buffer::Bytes),
         chunk: a.chunk_size,
         direct: a.direct,
         force: a.force,
@@ -419,6 +468,9 @@ pub fn cp(a: CpArgs, quiet: bool) -> Result<(), XferError> {
     let secs = start.elapsed().as_secs_f64();
     match res {
         Ok(s) => {
+            if verbose && !quiet {
+                eprintln!("ferry: {}", describe_tuning(&s.tuning));
+            }
             // The rate of what crossed the network (a resume moves less than the files hold).
             let gbps = s.wire_bytes as f64 / secs.max(1e-9) / 1e9;
             if a.json {
@@ -437,6 +489,7 @@ pub fn cp(a: CpArgs, quiet: bool) -> Result<(), XferError> {
                         "files_skipped": s.files_skipped,
                         "entries_skipped": s.entries_skipped,
                         "retries": s.retries,
+                        "path": tuning_json(&s.tuning),
                     })
                 );
             } else if !quiet {

@@ -195,7 +195,8 @@ fn copy(cfg: &ServerConfig, roots: &Roots, link: &Link, req: &SendTo) -> Result<
             let copying = AtomicBool::new(true);
             std::thread::scope(|s| {
                 s.spawn(|| cancel_when_gone(&client, &to_dest, &copying));
-                let res = upload_planned(c, others, planned, &open, &opts, &relay, &mut stats);
+                let res =
+                    upload_planned(c, others, None, planned, &open, &opts, &relay, &mut stats);
                 copying.store(false, Ordering::Release);
                 res
             })

@@ -27,33 +27,70 @@ pub fn copy(
     let mut opts = opts.clone();
     let mut delay = RETRY_DELAY;
     loop {
+        // A copy that chooses its stream count looks at the path first: its first
+        // connection's handshake measures the round trip, and the copy goes on with it.
+        let mut first = None;
+        let spread = match data_remote(src, dst) {
+            Some(r) if opts.auto_streams => {
+                // A STAT is a second sample of the round trip: the handshake's includes
+                // the server allocating the connection's staging. (Its answer does not
+                // matter here; the copy asks again as it plans.)
+                let c = Client::connect(&r.addr, &opts).map(|mut c| {
+                    let _ = c.stat(&r.path);
+                    c
+                });
+                let long = c.as_ref().is_ok_and(|c| {
+                    super::tune::long_path(c.rtt()) && c.minor >= proto::MINOR_STREAMS
+                });
+                first = Some(c);
+                long
+            }
+            _ => opts.streams > 1,
+        };
+        let mut first = match first.transpose() {
+            Ok(c) => c,
+            Err(e) if e.kind == Kind::Connection => {
+                retry_or_fail(e, &mut total, &opts, &mut delay, progress)?;
+                opts.resume = true;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let (total_, first_) = (&mut total, &mut first);
         let res = match (src, dst) {
-            (Location::Remote(r), Location::Local(l)) if opts.streams > 1 => {
-                crate::parallel::download(r, Some(l), recursive, &opts, progress, &mut total)
+            (Location::Remote(r), Location::Local(l)) if spread => {
+                crate::parallel::download(first_, r, Some(l), recursive, &opts, progress, total_)
             }
-            (Location::Remote(r), Location::Null) if opts.streams > 1 => {
-                crate::parallel::download(r, None, recursive, &opts, progress, &mut total)
+            (Location::Remote(r), Location::Null) if spread => {
+                crate::parallel::download(first_, r, None, recursive, &opts, progress, total_)
             }
-            (Location::Local(l), Location::Remote(r)) if opts.streams > 1 => {
-                crate::parallel::upload(Some(l), 0, r, recursive, &opts, progress, &mut total)
-            }
-            (Location::Zero(n), Location::Remote(r)) if opts.streams > 1 => {
-                crate::parallel::upload(None, *n, r, recursive, &opts, progress, &mut total)
-            }
+            (Location::Local(l), Location::Remote(r)) if spread => crate::parallel::upload(
+                first_,
+                Some(l),
+                0,
+                r,
+                recursive,
+                &opts,
+                progress,
+                total_,
+            ),
+            (Location::Zero(n), Location::Remote(r)) if spread => crate::parallel::upload(
+                first_, None, *n, r, recursive, &opts, progress, total_,
+            ),
             (Location::Remote(r), Location::Local(l)) => {
-                download(r, Some(l), recursive, &opts, progress, &mut total)
+                download(first_, r, Some(l), recursive, &opts, progress, total_)
             }
             (Location::Remote(r), Location::Null) => {
-                download(r, None, recursive, &opts, progress, &mut total)
+                download(first_, r, None, recursive, &opts, progress, total_)
             }
             (Location::Local(l), Location::Remote(r)) => {
-                upload(l, r, recursive, &opts, progress, &mut total)
+                upload(first_, l, r, recursive, &opts, progress, total_)
             }
             (Location::Remote(s), Location::Remote(d)) => {
-                third_party(s, d, recursive, &opts, progress, &mut total)
+                third_party(s, d, recursive, &opts, progress, total_)
             }
             (Location::Zero(n), Location::Remote(r)) => {
-                with_client(r, &opts, &mut total, |c| {
+                with_client(first_, r, &opts, total_, |c| {
                     let target = c.target("zero", false, &r.path)?;
                     progress.total(*n);
                     c.upload_zero(*n, &target, progress)
@@ -76,36 +113,65 @@ pub fn copy(
         };
         match res {
             Ok(()) => return Ok(total),
-            Err(e) if e.kind == Kind::Connection && total.retries < u64::from(opts.retries) => {
-                total.retries += 1;
-                tracing::warn!(
-                    "{e}; retrying in {:.1} s ({} of {}), resuming",
-                    delay.as_secs_f64(),
-                    total.retries,
-                    opts.retries
-                );
-                std::thread::sleep(delay);
-                delay = (delay * 2).min(RETRY_MAX_DELAY);
-                progress.restart();
+            Err(e) => {
+                retry_or_fail(e, &mut total, &opts, &mut delay, progress)?;
                 // A retry continues what the failed attempt left.
                 opts.resume = true;
                 if opts.skip == Skip::Nothing {
                     opts.skip = Skip::Unchanged;
                 }
             }
-            Err(e) => return Err(e),
         }
     }
 }
 
-/// Runs `f` on a new connection and adds its counters to `total`, whatever the outcome.
+/// After `e`: `Ok` (having paused) if the copy is to try again, else `Err(e)`.
+fn retry_or_fail(
+    e: XferError,
+    total: &mut Stats,
+    opts: &Options,
+    delay: &mut std::time::Duration,
+    progress: &dyn Progress,
+) -> Result<()> {
+    if e.kind != Kind::Connection || total.retries >= u64::from(opts.retries) {
+        return Err(e);
+    }
+    total.retries += 1;
+    tracing::warn!(
+        "{e}; retrying in {:.1} s ({} of {}), resuming",
+        delay.as_secs_f64(),
+        total.retries,
+        opts.retries
+    );
+    std::thread::sleep(*delay);
+    *delay = (*delay * 2).min(RETRY_MAX_DELAY);
+    progress.restart();
+    Ok(())
+}
+
+/// The server a copy of file data between `src` and `dst` talks to (not for a
+/// third-party copy, whose source server chooses its own streams).
+fn data_remote<'a>(src: &'a Location, dst: &'a Location) -> Option<&'a Remote> {
+    match (src, dst) {
+        (Location::Remote(r), Location::Local(_) | Location::Null)
+        | (Location::Local(_) | Location::Zero(_), Location::Remote(r)) => Some(r),
+        _ => None,
+    }
+}
+
+/// Runs `f` on `first` (taken) or a new connection and adds its counters to `total`,
+/// whatever the outcome.
 pub(crate) fn with_client(
+    first: &mut Option<Client>,
     r: &Remote,
     opts: &Options,
     total: &mut Stats,
     f: impl FnOnce(&mut Client) -> Result<()>,
 ) -> Result<()> {
-    let mut c = Client::connect(&r.addr, opts)?;
+    let mut c = match first.take() {
+        Some(c) => c,
+        None => Client::connect(&r.addr, opts)?,
+    };
     let res = f(&mut c);
     total.add(&c.stats);
     if res.is_ok() {
@@ -116,6 +182,7 @@ pub(crate) fn with_client(
 
 /// Downloads to `local` (`None`: the null sink, nothing is written).
 fn download(
+    first: &mut Option<Client>,
     r: &Remote,
     local: Option<&Path>,
     recursive: bool,
@@ -123,7 +190,7 @@ fn download(
     progress: &dyn Progress,
     total: &mut Stats,
 ) -> Result<()> {
-    with_client(r, opts, total, |c| {
+    with_client(first, r, opts, total, |c| {
         let jobs = plan_download(c, r, local, recursive, opts, progress)?;
         c.download_files(jobs, progress)
     })
@@ -203,7 +270,9 @@ pub(crate) fn plan_download(
                 ))
             }
         };
-        progress.total(files.iter().map(|f| f.2).sum());
+        let bytes: u64 = files.iter().map(|f| f.2).sum();
+        progress.total(bytes);
+        c.fit_window(super::tune::mean_size(bytes, files.len()));
         let mut jobs = Vec::new();
         for (path, dest, size, mtime) in files {
             let ident = Ident { size, mtime };
@@ -227,6 +296,7 @@ pub(crate) fn plan_download(
 }
 
 fn upload(
+    first: &mut Option<Client>,
     local: &Path,
     r: &Remote,
     recursive: bool,
@@ -250,7 +320,7 @@ fn upload(
             ),
         ));
     }
-    with_client(r, opts, total, |c| {
+    with_client(first, r, opts, total, |c| {
         let files = plan_upload(c, local, &md, r, opts, progress)?;
         c.upload_files(
             files.into_iter().map(|(src, path, _)| (src, path)),
@@ -347,7 +417,7 @@ fn third_party(
             "--include, --exclude, --no-clobber and -L are not available for server-to-server copies yet: copy through this host in two steps",
         ));
     }
-    with_client(src, opts, total, |c| {
+    with_client(&mut None, src, opts, total, |c| {
         if c.minor < 1 {
             return Err(XferError::new(
                 Kind::Usage,
@@ -358,7 +428,13 @@ fn third_party(
             ));
         }
         let file_id = c.id();
-        let streams = opts.streams.clamp(1, proto::MAX_STREAMS);
+        // Without -p a third-party copy keeps one stream: the source server would have to
+        // measure the path to the destination to choose.
+        let streams = if opts.auto_streams {
+            1
+        } else {
+            opts.streams.clamp(1, proto::MAX_STREAMS)
+        };
         if streams > 1 && c.minor < proto::MINOR_SEND_STREAMS {
             tracing::warn!(
                 "{} speaks transfer protocol 1.{}, which sends third-party copies over one stream",

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use super::{unexpected, Client, Progress, GET_WINDOW};
+use super::{unexpected, Client, Progress};
 use rustix::fs::{AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 
@@ -399,7 +399,7 @@ impl Client {
     ) -> Result<()> {
         let mut conv = Downloader::new(Settings {
             minor: self.minor,
-            window: GET_WINDOW,
+            window: self.get_window,
             chunks_ahead: crate::parallel::CHUNKS_AHEAD,
             retries: crate::BLOCK_RETRIES,
         });

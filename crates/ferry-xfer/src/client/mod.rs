@@ -1,6 +1,7 @@
 //! The client side of `ferry cp`, `ferry ls` and `ferry sum`.
 //!
-//! Downloads are pipelined: up to [`GET_WINDOW`] GETs are outstanding, the server answers
+//! Downloads are pipelined: up to [`GET_WINDOW`] GETs are outstanding (on a long path
+//! as many as cover its bandwidth-delay product: [`tune`]), the server answers
 //! them in order, and every message names its transfer, so a tree of small files costs
 //! little more than its bytes. Each received block is checked against its CRC-32C; bad
 //! blocks are fetched again by ranged GETs (up to [`crate::BLOCK_RETRIES`] rounds) and the
@@ -20,6 +21,7 @@ mod download;
 mod filter;
 mod place;
 mod sync;
+pub mod tune;
 mod upload;
 
 use std::time::Duration;
@@ -36,6 +38,7 @@ pub(crate) use download::{system_time, LocalPart};
 pub use download::{Dest, DlJob};
 pub use filter::{expand_remote, is_glob, Filter};
 pub use sync::{sync, SyncHow, SyncReport};
+pub use tune::{Buffer, Tuning};
 pub(crate) use upload::open_source;
 
 /// A tree a walk found: its directories (relative, parents first), its files (relative
@@ -143,8 +146,11 @@ pub struct Options {
     pub token: String,
     /// Proposed block size.
     pub block_size: u32,
-    /// Staging blocks in flight.
+    /// Staging blocks in flight, with [`Buffer::Fixed`].
     pub ring: usize,
+    /// How each connection's staging ring (and a download's window of GETs) is sized:
+    /// [`Options::ring`] blocks, a number of bytes, or from the path's round trip.
+    pub buffer: Buffer,
     /// Connect timeout.
     pub timeout: Duration,
     /// How long to wait for a server that sends nothing before the connection counts as
@@ -166,6 +172,10 @@ pub struct Options {
     /// Parallel streams (connections) per copy, 1 to [`proto::MAX_STREAMS`]; more than one
     /// needs a protocol 1.2 server (an older one gets one stream and a note).
     pub streams: u16,
+    /// Choose the stream count ([`tune::Growth`]): on a long path, start with one stream
+    /// and add streams while the delivery rate grows, up to `streams` (`ferry cp` without
+    /// `-p`).
+    pub auto_streams: bool,
     /// With several streams, files are split into chunks of about this many bytes (rounded
     /// to the block size), handed to whichever stream is free.
     pub chunk: u64,
@@ -191,6 +201,7 @@ impl Default for Options {
             token: String::new(),
             block_size: crate::DEFAULT_BLOCK,
             ring: crate::DEFAULT_RING,
+            buffer: Buffer::Fixed,
             timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(120),
             resume: false,
@@ -199,6 +210,7 @@ impl Default for Options {
             retries: 0,
             dest_token: None,
             streams: 1,
+            auto_streams: false,
             chunk: crate::parallel::DEFAULT_CHUNK,
             direct: false,
             follow_links: false,
@@ -254,6 +266,8 @@ pub struct Stats {
     pub entries_skipped: u64,
     /// Reconnections after a connection failure.
     pub retries: u64,
+    /// What the copy chose from its path.
+    pub tuning: Tuning,
 }
 
 impl Stats {
@@ -267,6 +281,7 @@ impl Stats {
         self.files_skipped += o.files_skipped;
         self.entries_skipped += o.entries_skipped;
         self.retries += o.retries;
+        self.tuning.merge(&o.tuning);
     }
 }
 
@@ -299,6 +314,12 @@ pub struct Client {
     /// Direct I/O for local files ([`Options::direct`]).
     direct: bool,
     ring: usize,
+    /// The handshake's round trip (zero to this host: [`tune::is_local`]).
+    pub(crate) rtt: Duration,
+    /// GETs a download keeps outstanding.
+    pub(crate) get_window: usize,
+    /// How `opts.buffer` sizes the window once the files' sizes are known.
+    buffer: Buffer,
     next_id: u32,
     /// The session WELCOME named (parallel streams join it).
     pub(crate) session: u64,
@@ -353,6 +374,9 @@ impl Client {
             1,
             proto::MAX_CONTROL.max(BLOCK_HEADER_LEN + proposed as usize),
         )?;
+        // The handshake's round trip is the path's first RTT sample (plus the server's
+        // token check and admission, well under a millisecond).
+        let hello_sent = std::time::Instant::now();
         link.send(&Msg::Hello {
             major: proto::VERSION_MAJOR,
             minor: proto::VERSION_MINOR,
@@ -372,15 +396,35 @@ impl Client {
             Ok(m) => return Err(unexpected(&m)),
             Err(e) => return Err(e),
         };
+        let measured = hello_sent.elapsed();
+        // This host is no distance, however long a busy scheduler made the handshake.
+        let rtt = if tune::is_local(addr) {
+            Duration::ZERO
+        } else {
+            measured
+        };
         if !(proto::MIN_BLOCK..=proto::MAX_BLOCK).contains(&block) {
             return Err(XferError::conn(format!(
                 "the server chose a bad block size {block}"
             )));
         }
         link.timeout = opts.idle_timeout;
-        link.post_ring(opts.ring.max(2), BLOCK_HEADER_LEN + block as usize)?;
-        let mut tx = BlockSender::new(block, opts.ring.max(1), opts.idle_timeout)?;
+        let ring = tune::ring_for(opts.buffer, opts.ring, rtt, block);
+        link.post_ring(ring.max(2), BLOCK_HEADER_LEN + block as usize)?;
+        let mut tx = BlockSender::new(block, ring, opts.idle_timeout)?;
         tx.direct = opts.direct;
+        let get_window = tune::get_window(opts.buffer, rtt, u64::from(block));
+        let stats = Stats {
+            tuning: Tuning {
+                rtt_us: measured.as_micros().try_into().unwrap_or(u64::MAX),
+                ring,
+                block,
+                get_window,
+                streams: 1,
+                streams_auto: opts.auto_streams,
+            },
+            ..Stats::default()
+        };
         Ok(Client {
             link,
             block,
@@ -389,11 +433,37 @@ impl Client {
             force: opts.force,
             tx,
             direct: opts.direct,
-            ring: opts.ring.max(1),
+            ring,
+            rtt,
+            get_window,
+            buffer: opts.buffer,
             next_id: 1,
             session,
-            stats: Stats::default(),
+            stats,
         })
+    }
+
+    /// The handshake's round trip: the path's RTT as this connection measured it (zero to
+    /// this host, [`tune::is_local`]).
+    pub fn rtt(&self) -> Duration {
+        self.rtt
+    }
+
+    /// Takes another round-trip sample (a request the server answers at once): the
+    /// smallest counts. The handshake's may be long: the server allocates the
+    /// connection's staging before it answers.
+    fn sample_rtt(&mut self, rtt: Duration) {
+        if rtt < self.rtt {
+            self.rtt = rtt;
+            self.stats.tuning.rtt_us = rtt.as_micros().try_into().unwrap_or(u64::MAX);
+        }
+    }
+
+    /// Sizes the window of GETs for files of `mean_size` bytes (from the path, unless
+    /// the buffer is fixed).
+    pub(crate) fn fit_window(&mut self, mean_size: u64) {
+        self.get_window = tune::get_window(self.buffer, self.rtt, mean_size);
+        self.stats.tuning.get_window = self.get_window;
     }
 
     /// The negotiated block size.
@@ -409,8 +479,11 @@ impl Client {
 
     /// Describes a remote path.
     pub fn stat(&mut self, path: &str) -> Result<Entry> {
+        let sent = std::time::Instant::now();
         self.link.send(&Msg::Stat { path: path.into() })?;
-        match self.link.recv_msg()? {
+        let answer = self.link.recv_msg()?;
+        self.sample_rtt(sent.elapsed());
+        match answer {
             Msg::Entry(e) => Ok(e),
             Msg::Error { code, message, .. } => Err(remote_err(code, &message)),
             m => Err(unexpected(&m)),

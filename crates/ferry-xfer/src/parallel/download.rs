@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::{chunk_size, chunks, finish_clients, join_streams, lock, run_streams};
+use super::{chunk_size, chunks, finish_clients, grower, join_streams, lock, run_streams};
 use crate::client::{
     plan_download, system_time, Client, DlJob, LocalPart, Options, Progress, Stats,
 };
@@ -319,8 +319,10 @@ impl DlQueue {
     }
 }
 
-/// A download over `opts.streams` streams (see the module documentation).
+/// A download over `opts.streams` streams (see the module documentation), the first
+/// `first` if connected already.
 pub(crate) fn download(
+    first: &mut Option<Client>,
     r: &Remote,
     local: Option<&Path>,
     recursive: bool,
@@ -328,7 +330,10 @@ pub(crate) fn download(
     progress: &dyn Progress,
     total: &mut Stats,
 ) -> Result<()> {
-    let mut c0 = Client::connect(&r.addr, opts)?;
+    let mut c0 = match first.take() {
+        Some(c) => c,
+        None => Client::connect(&r.addr, opts)?,
+    };
     let planned = plan_download(&mut c0, r, local, recursive, opts, progress);
     let jobs = match planned {
         Ok(j) => j,
@@ -345,6 +350,8 @@ pub(crate) fn download(
         }
     };
     let block = c0.block_size();
+    let mean = crate::client::tune::mean_size(jobs.iter().map(|j| j.ident.size).sum(), jobs.len());
+    let grow = grower(&c0, r, opts);
     let mut clients = vec![c0];
     clients.extend(others);
     let q = DlQueue {
@@ -358,8 +365,9 @@ pub(crate) fn download(
         resume: opts.resume,
         force: opts.force,
     };
-    let res = run_streams(&mut clients, progress, &|c, counter| {
+    let (clients, res) = run_streams(clients, grow, progress, &|c, counter| {
         c.set_resume(q.resume);
+        c.fit_window(mean);
         let mut jobs = std::iter::from_fn(|| q.next());
         let r = c.download_from(&mut jobs, counter);
         if r.is_err() {

@@ -21,8 +21,9 @@ mod upload;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use crate::client::tune::{self, Growth};
 use crate::client::{Client, Options, Progress, Stats};
 use crate::error::{Kind, Result, XferError};
 use crate::proto;
@@ -69,8 +70,12 @@ fn chunk_size(opts: &Options, block: u32) -> u64 {
     opts.chunk.max(b).div_ceil(b) * b
 }
 
-/// Opens streams 1..N-1 of `c0`'s session, or says why it keeps one stream.
+/// Opens streams 1..N-1 of `c0`'s session, or says why it keeps one stream. A copy that
+/// chooses its stream count starts with one ([`grower`] adds the others).
 pub(crate) fn join_streams(c0: &Client, r: &Remote, opts: &Options) -> Result<Vec<Client>> {
+    if opts.auto_streams {
+        return Ok(Vec::new());
+    }
     if c0.minor < proto::MINOR_STREAMS {
         tracing::warn!(
             "{} speaks transfer protocol 1.{}, which has no parallel streams; copying over one stream",
@@ -82,7 +87,7 @@ pub(crate) fn join_streams(c0: &Client, r: &Remote, opts: &Options) -> Result<Ve
     let n = opts.streams.clamp(1, proto::MAX_STREAMS);
     let mut out = Vec::new();
     for i in 1..n {
-        match join_stream(c0, r, opts, i) {
+        match join_stream(c0.session, r, opts, i) {
             Ok(c) => out.push(c),
             // A refusal is the server's answer: it would answer every stream the same.
             Err(e) if e.kind != Kind::Connection => return Err(e),
@@ -95,12 +100,12 @@ pub(crate) fn join_streams(c0: &Client, r: &Remote, opts: &Options) -> Result<Ve
     Ok(out)
 }
 
-/// Connects stream `i` of `c0`'s session; a connection that fails (e.g. reset by a busy
+/// Connects stream `i` of `session`; a connection that fails (e.g. reset by a busy
 /// listener) is tried twice more.
-fn join_stream(c0: &Client, r: &Remote, opts: &Options, i: u16) -> Result<Client> {
+fn join_stream(session: u64, r: &Remote, opts: &Options, i: u16) -> Result<Client> {
     let mut tries = 0;
     loop {
-        match Client::connect_as(&r.addr, opts, c0.session, i) {
+        match Client::connect_as(&r.addr, opts, session, i) {
             Err(e) if e.kind == Kind::Connection && tries < 2 => {
                 tries += 1;
                 std::thread::sleep(Duration::from_millis(100));
@@ -110,54 +115,128 @@ fn join_stream(c0: &Client, r: &Remote, opts: &Options, i: u16) -> Result<Client
     }
 }
 
+/// Opens stream `i` of the copy's session (for a copy that grows its stream count).
+pub(crate) type Joiner<'a> = Box<dyn Fn(u16) -> Result<Client> + Sync + 'a>;
+
 /// Runs `work` on every client, each on its own thread, relaying their progress to
-/// `progress`; returns the first error (connection failures last: they are usually the
-/// consequence of another) after every thread ended.
+/// `progress`; with `grow`, adds streams while the delivery rate grows ([`Growth`]).
+/// Returns the clients (for their counters) and the first error (connection failures last:
+/// they are usually the consequence of another) after every thread ended.
 fn run_streams(
-    clients: &mut [Client],
+    clients: Vec<Client>,
+    mut grow: Option<(Growth, Joiner<'_>)>,
     progress: &dyn Progress,
     work: &(dyn Fn(&mut Client, &dyn Progress) -> Result<()> + Sync),
-) -> Result<()> {
+) -> (Vec<Client>, Result<()>) {
     let counter = Counter::default();
-    let results: Vec<Result<()>> = std::thread::scope(|s| {
-        let handles: Vec<_> = clients
-            .iter_mut()
-            .map(|c| {
-                let counter = &counter;
-                s.spawn(move || work(c, counter))
+    let (clients, results): (Vec<Client>, Vec<Result<()>>) = std::thread::scope(|s| {
+        let spawn = |mut c: Client| {
+            let counter = &counter;
+            s.spawn(move || {
+                let r = work(&mut c, counter);
+                (c, r)
             })
-            .collect();
+        };
+        let mut handles: Vec<_> = clients.into_iter().map(spawn).collect();
         let mut shown = 0;
+        // The growth search's measuring period: from when (after a stream's slow start),
+        // and the bytes at that moment.
+        let mut mark: Option<(Instant, u64)> = None;
+        // The first stream's slow start is not measured either.
+        let mut settle_until =
+            Instant::now() + grow.as_ref().map_or(Duration::ZERO, |g| g.0.period() / 2);
         while !handles.iter().all(|h| h.is_finished()) {
             std::thread::sleep(Duration::from_millis(10));
             let now = counter.0.load(Ordering::Relaxed);
             progress.add(now - shown);
             shown = now;
+            let Some((growth, join)) = grow.as_mut() else {
+                continue;
+            };
+            if growth.done() || Instant::now() < settle_until {
+                continue;
+            }
+            let (since, bytes) = *mark.get_or_insert((Instant::now(), now));
+            if since.elapsed() < growth.period() {
+                continue;
+            }
+            let rate = (now - bytes) as f64 / since.elapsed().as_secs_f64();
+            let streams = handles.len() as u16;
+            mark = None;
+            if !growth.add_after(streams, rate) {
+                tracing::debug!(
+                    "{streams} stream(s) deliver {:.0} Mbit/s; keeping {streams}",
+                    rate * 8e-6
+                );
+                continue;
+            }
+            match join(streams) {
+                Ok(c) => {
+                    tracing::debug!(
+                        "{streams} stream(s) deliver {:.0} Mbit/s; adding stream {}",
+                        rate * 8e-6,
+                        streams + 1
+                    );
+                    handles.push(spawn(c));
+                    // Its slow start is not measured.
+                    settle_until = Instant::now() + growth.period() / 2;
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "stream {} could not connect ({e}); copying over {streams}",
+                        streams + 1
+                    );
+                    growth.stop();
+                }
+            }
         }
         progress.add(counter.0.load(Ordering::Relaxed) - shown);
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(XferError::conn("a stream thread failed")))
-            })
-            .collect()
+        let mut out = (Vec::new(), Vec::new());
+        for h in handles {
+            match h.join() {
+                Ok((c, r)) => {
+                    out.0.push(c);
+                    out.1.push(r);
+                }
+                Err(_) => out.1.push(Err(XferError::conn("a stream thread failed"))),
+            }
+        }
+        out
     });
     let mut errs: Vec<XferError> = results.into_iter().filter_map(|r| r.err()).collect();
     errs.sort_by_key(|e| e.kind == Kind::Connection);
-    match errs.into_iter().next() {
+    let res = match errs.into_iter().next() {
         Some(e) => Err(e),
         None => Ok(()),
+    };
+    (clients, res)
+}
+
+/// A copy that chooses its stream count: the search and how to open one more stream of
+/// `c0`'s session, if the path is long and the server has sessions; `None` otherwise.
+pub(crate) fn grower<'a>(
+    c0: &Client,
+    r: &'a Remote,
+    opts: &'a Options,
+) -> Option<(Growth, Joiner<'a>)> {
+    if !opts.auto_streams || !tune::long_path(c0.rtt()) || c0.minor < proto::MINOR_STREAMS {
+        return None;
     }
+    let session = c0.session;
+    let max = opts.streams.clamp(1, proto::MAX_STREAMS);
+    let join = move |i| join_stream(session, r, opts, i);
+    Some((Growth::new(c0.rtt(), max), Box::new(join)))
 }
 
 fn finish_clients(clients: Vec<Client>, total: &mut Stats, ok: bool) {
+    let streams = clients.len() as u16;
     for c in clients {
         total.add(&c.stats);
         if ok {
             c.bye();
         }
     }
+    total.tuning.streams = total.tuning.streams.max(streams);
 }
 
 pub(crate) use download::{download, Chunk};

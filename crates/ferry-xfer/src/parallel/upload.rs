@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::{chunk_size, chunks, finish_clients, join_streams, lock, run_streams};
+use super::{chunk_size, chunks, finish_clients, grower, join_streams, lock, run_streams, Joiner};
+use crate::client::tune::Growth;
 use crate::client::{
     open_source, plan_upload, remote_err, unexpected, Client, Options, Progress, Stats,
 };
@@ -112,7 +113,9 @@ impl UpQueue<'_> {
 }
 
 /// An upload of `local` (`None`: `zero_size` zero bytes) over `opts.streams` streams.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn upload(
+    first: &mut Option<Client>,
     local: Option<&Path>,
     zero_size: u64,
     r: &Remote,
@@ -134,7 +137,10 @@ pub(crate) fn upload(
         }
         None => None,
     };
-    let mut c0 = Client::connect(&r.addr, opts)?;
+    let mut c0 = match first.take() {
+        Some(c) => c,
+        None => Client::connect(&r.addr, opts)?,
+    };
     let planned = match (local, &md) {
         (Some(l), Some(md)) => plan_upload(&mut c0, l, md, r, opts, progress)
             .map(|v| v.into_iter().map(|(s, p, n)| (Some(s), p, n)).collect()),
@@ -158,16 +164,19 @@ pub(crate) fn upload(
         }
     };
     let open = |p: &Path| open_source(p);
-    upload_planned(c0, others, files, &open, opts, progress, total)
+    let grow = grower(&c0, r, opts);
+    upload_planned(c0, others, grow, files, &open, opts, progress, total)
 }
 
 /// Uploads `files` ((source, remote path, size); source `None`: zeros) over `c0` and the
 /// streams `others` joined to its session: whole files (PUT_FILE or PUT) and ranges of
 /// large ones (OPEN, PUT_RANGE…, CLOSE) on whichever stream is free. Sources open with
 /// `open`. Every client's counters end up in `total`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn upload_planned(
     c0: Client,
     others: Vec<Client>,
+    grow: Option<(Growth, Joiner<'_>)>,
     files: Vec<(Option<PathBuf>, String, u64)>,
     open: &Opener,
     opts: &Options,
@@ -175,7 +184,8 @@ pub(crate) fn upload_planned(
     total: &mut Stats,
 ) -> Result<()> {
     let chunk = chunk_size(opts, c0.block_size());
-    let parallel = !others.is_empty();
+    // A copy that may grow its streams splits large files from the start.
+    let parallel = !others.is_empty() || grow.is_some();
     let mut clients = vec![c0];
     clients.extend(others);
     let jobs = files
@@ -193,7 +203,7 @@ pub(crate) fn upload_planned(
         resume: opts.resume,
         open,
     };
-    let res = run_streams(&mut clients, progress, &|c, counter| {
+    let (clients, res) = run_streams(clients, grow, progress, &|c, counter| {
         c.set_resume(q.resume);
         let r = upload_stream(c, &q, counter);
         if r.is_err() {

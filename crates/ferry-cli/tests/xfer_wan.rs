@@ -1,0 +1,253 @@
+//! `ferry cp` at distance, on the WAN emulator (`ferry-wan`): a server in namespace A, the
+//! client in namespace B, 50 ms between them through a bottleneck. No tuning flags: what a
+//! user gets.
+//!
+//! - a memory copy reaches 90 % of a 1 Gbit/s bottleneck within 20 s;
+//! - 1,000 files of 64 KiB take their bytes at the bottleneck rate plus a few round trips;
+//! - a 5 s cut of the link in the middle of a copy is finished by `--retries`, byte for
+//!   byte, without fetching again what had landed;
+//! - 1 % random loss: the copy completes and reports its rate.
+//!
+//! Each test skips with the emulator's message when the machine cannot run it (not root,
+//! no /dev/net/tun). They run one at a time: they measure rates on shared cores.
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::Ordering;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use common::{ferry, ok, pattern, run, same_file, scratch, Server, TOKEN};
+use ferry_wan::{Config, Wan};
+use serde_json::Value;
+
+const RTT: Duration = Duration::from_millis(50);
+const GBIT: u64 = 1_000_000_000;
+
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The emulator with `config`, or `None` (and why, on stderr) when it cannot run here.
+fn wan_or_skip(config: Config) -> Option<Wan> {
+    if let Err(e) = ferry_wan::supported() {
+        eprintln!("skipping: {e}");
+        return None;
+    }
+    Some(Wan::up(config).expect("bring the emulator up"))
+}
+
+fn path(rate_bps: u64) -> Config {
+    Config {
+        rtt: RTT,
+        rate_bps: Some(rate_bps),
+        ..Config::default()
+    }
+}
+
+/// `ferry serve --mem` in namespace A, exporting a scratch directory as root `d`.
+fn serve_in_a(wan: &Wan) -> Server {
+    let root = scratch("wan-root");
+    let mut cmd = wan.exec_in_a(ferry());
+    cmd.args(["serve", "--mem", "--token", TOKEN, "--root"])
+        .arg(format!("d={}", root.display()))
+        .arg("--listen")
+        .arg(format!("tcp://{}:0", wan.a().addr))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    let mut child = cmd.spawn().expect("spawn ferry serve in namespace A");
+    let addr = common::listening(&mut child, 1).remove(0);
+    Server { child, addr, root }
+}
+
+/// `ferry cp --token TOKEN --json ARGS` in namespace B.
+fn cp_in_b(wan: &Wan, args: &[&str]) -> Command {
+    let mut c = wan.exec_in_b(ferry());
+    c.args(["cp", "--token", TOKEN, "--json"]).args(args);
+    c
+}
+
+/// The rate a copy reported (bits/s of file data that crossed the network).
+fn rate(v: &Value) -> f64 {
+    v["wire_bytes"].as_f64().unwrap() * 8.0 / v["seconds"].as_f64().unwrap()
+}
+
+/// A memory copy with no flags reaches 90 % of a 1 Gbit/s bottleneck at 50 ms within 20 s:
+/// measured on the line (IP bytes the bottleneck passed, which it bills as a 1500-byte-MTU
+/// link does) over 2-second windows, and ferry's own report once the copy ends.
+#[test]
+fn a_memory_copy_fills_a_long_path() {
+    let _g = serial();
+    let Some(wan) = wan_or_skip(path(GBIT)) else {
+        return;
+    };
+    let srv = serve_in_a(&wan);
+    // 2.5 GB: 20 s at the bottleneck; the test stops the copy once the rate was reached.
+    let mut cp = cp_in_b(&wan, &[&srv.at("mem/zero/2500M"), "null:"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn ferry cp");
+    let line = wan.stats_a_to_b();
+    let start = Instant::now();
+    let window = Duration::from_secs(2);
+    let mut samples = vec![(start, line.bytes.load(Ordering::Relaxed))];
+    let mut best = 0.0f64;
+    let mut reached = None;
+    while start.elapsed() < Duration::from_secs(20) && reached.is_none() {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = (Instant::now(), line.bytes.load(Ordering::Relaxed));
+        samples.push(now);
+        if let Some(then) = samples.iter().find(|s| now.0 - s.0 <= window) {
+            if now.0 - then.0 >= window - Duration::from_millis(150) {
+                let bps = (now.1 - then.1) as f64 * 8.0 / (now.0 - then.0).as_secs_f64();
+                best = best.max(bps);
+                if bps >= 0.9 * GBIT as f64 {
+                    reached = Some(start.elapsed());
+                }
+            }
+        }
+        if cp.try_wait().unwrap().is_some() {
+            break;
+        }
+    }
+    let finished = cp.try_wait().unwrap().is_some();
+    stop(&mut cp);
+    match reached {
+        Some(t) => eprintln!(
+            "90 % of 1 Gbit/s reached after {:.1} s ({:.0} Mbit/s over 2 s)",
+            t.as_secs_f64(),
+            best / 1e6
+        ),
+        None => panic!(
+            "the copy never reached 90 % of the bottleneck in 20 s: best {:.0} Mbit/s over 2 s (finished: {finished})",
+            best / 1e6
+        ),
+    }
+}
+
+fn stop(child: &mut Child) {
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// 1,000 files of 64 KiB through 1 Gbit/s at 50 ms take no longer than their bytes at the
+/// bottleneck rate (as TCP payload: 1448 of every 1500 bytes) plus a few round trips: the
+/// connection's handshake, the listing, and TCP's slow start (about log2 of the path's
+/// bandwidth-delay product in segments over the initial window: 9 round trips) — 15 in all.
+///
+/// Not met yet (docs/wan.md, "Figures"): on the loaded 2-core development host the copy
+/// took 3.5–4.7 s in a release build (6.4 s before the window followed the path), most of
+/// it before the first answer arrived; run it with `--ignored` to measure.
+#[test]
+#[ignore = "the bound is not met yet: docs/wan.md, Figures"]
+fn a_tree_of_small_files_streams_at_distance() {
+    let _g = serial();
+    let Some(wan) = wan_or_skip(path(GBIT)) else {
+        return;
+    };
+    let srv = serve_in_a(&wan);
+    let tree = srv.root.join("tree");
+    for i in 0..1000 {
+        let dir = tree.join(format!("d{}", i / 100));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(format!("f{i}")), pattern(64 << 10, i as u8)).unwrap();
+    }
+    let out = scratch("wan-tree");
+    let v = ok(&run(cp_in_b(
+        &wan,
+        &["-r", &srv.url("tree"), out.to_str().unwrap()],
+    )));
+    assert_eq!(v["files"], 1000);
+    let bytes = 1000.0 * 65536.0;
+    let at_rate = bytes * 8.0 / (GBIT as f64 * 1448.0 / 1500.0);
+    let budget = at_rate + 15.0 * RTT.as_secs_f64();
+    let secs = v["seconds"].as_f64().unwrap();
+    eprintln!(
+        "1,000 × 64 KiB: {secs:.2} s (at the bottleneck rate {at_rate:.2} s, budget {budget:.2} s), {:.0} Mbit/s; path {}",
+        rate(&v) / 1e6,
+        v["path"]
+    );
+    same_file(&tree.join("d3/f345"), &out.join("tree/d3/f345"));
+    assert!(secs <= budget, "took {secs:.2} s, more than {budget:.2} s");
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// The link goes dead for 5 s in the middle of a download: `--retries` reconnects once it
+/// is back and finishes the file byte for byte, fetching only what had not landed.
+#[test]
+fn a_cut_link_is_survived_by_retries() {
+    let _g = serial();
+    let Some(wan) = wan_or_skip(path(200_000_000)) else {
+        return;
+    };
+    let srv = serve_in_a(&wan);
+    // 96 MiB: about 4 s at 200 Mbit/s; the cut comes 2.5 s in, past the receiver's first
+    // journal checkpoints (every 8 MiB or second).
+    let size = 96 << 20;
+    std::fs::write(srv.root.join("big"), pattern(size, 7)).unwrap();
+    let out = scratch("wan-cut");
+    let dst = out.join("big");
+    let cp = cp_in_b(
+        &wan,
+        &[
+            "--retries",
+            "8",
+            "--idle-timeout",
+            "2",
+            &srv.url("big"),
+            dst.to_str().unwrap(),
+        ],
+    );
+    let copy = std::thread::spawn(move || run(cp));
+    std::thread::sleep(Duration::from_millis(2500));
+    wan.set_cut(true);
+    std::thread::sleep(Duration::from_secs(5));
+    wan.set_cut(false);
+    let v = ok(&copy.join().unwrap());
+    same_file(&srv.root.join("big"), &dst);
+    let (wire, resumed) = (
+        v["wire_bytes"].as_u64().unwrap(),
+        v["resumed_bytes"].as_u64().unwrap(),
+    );
+    eprintln!(
+        "after a 5 s cut: {} reconnection(s), {resumed} bytes kept, {wire} bytes sent for {size}, in {:.1} s",
+        v["retries"],
+        v["seconds"].as_f64().unwrap()
+    );
+    assert!(v["retries"].as_u64().unwrap() >= 1, "{v}");
+    assert!(resumed > 0, "nothing of the first attempt was kept: {v}");
+    // The first attempt moved what it kept plus what arrived unjournaled; the second the
+    // rest: what crossed twice is the excess over the file, at most what arrived after the
+    // last checkpoint, far less than what was kept.
+    let twice = wire.saturating_sub(size as u64);
+    assert!(
+        twice < resumed,
+        "{wire} bytes crossed for {size}, {resumed} kept: completed ranges were sent again"
+    );
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// 1 % of segments lost at random on a 50 ms path: the copy completes and says its rate.
+#[test]
+fn a_lossy_path_completes_and_reports_its_rate() {
+    let _g = serial();
+    let Some(wan) = wan_or_skip(Config {
+        loss: 0.01,
+        ..path(GBIT)
+    }) else {
+        return;
+    };
+    let srv = serve_in_a(&wan);
+    let v = ok(&run(cp_in_b(&wan, &[&srv.at("mem/zero/64M"), "null:"])));
+    assert_eq!(v["bytes"], 64 << 20);
+    let bps = rate(&v);
+    assert!(bps > 0.0 && v["gbps"].as_f64().unwrap() > 0.0, "{v}");
+    eprintln!(
+        "1 % loss at 50 ms: {:.0} Mbit/s ({} segments lost on the way)",
+        bps / 1e6,
+        wan.stats_a_to_b().random_drops.load(Ordering::Relaxed)
+    );
+}

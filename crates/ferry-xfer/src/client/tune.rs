@@ -1,0 +1,319 @@
+//! Tuning a copy to its path, with no flags: what one connection keeps in flight (its
+//! staging ring, its window of GETs) follows the bandwidth-delay product, and how many
+//! streams a copy uses follows what more streams deliver.
+//!
+//! - The round trip is measured at connect: the HELLO/WELCOME exchange is one round trip
+//!   (plus the server's token check and admission, far below a millisecond). Every stream
+//!   adds a sample; the smallest counts (queues only ever add to it).
+//! - The rate is not known before data moves, so what a connection keeps in flight is sized
+//!   for [`ASSUMED_RATE`] over that round trip (twice the bandwidth-delay product: the pull
+//!   protocol holds a block for about two round trips, advert to acknowledgement), within
+//!   [`MIN_BUFFER`]..=[`MAX_BUFFER`]. The server's own ring and admission limits stay
+//!   authoritative: a client ring larger than the server's only holds buffers it does not
+//!   fill.
+//! - The delivery rate is measured as the copy goes ([`Growth`]): on a long path a copy
+//!   without `-p` starts with one stream and adds one while the rate grows by at least
+//!   [`GROWTH`], up to [`MAX_AUTO_STREAMS`].
+
+use std::time::Duration;
+
+/// The rate a connection's in-flight data is sized to carry when nothing better is known,
+/// in bytes per second (10 Gbit/s).
+pub const ASSUMED_RATE: u64 = 10_000_000_000 / 8;
+/// Least staging a path-sized connection holds: the loopback-tuned default (8 × 4 MiB).
+pub const MIN_BUFFER: u64 = crate::DEFAULT_RING as u64 * crate::DEFAULT_BLOCK as u64;
+/// Most staging a path-sized connection holds (receive buffers are registered memory).
+pub const MAX_BUFFER: u64 = 128 << 20;
+/// Most GETs a path-sized download keeps outstanding: each holds an open part file, and
+/// 256 stay well inside the usual limit of 1,024 open files (64 KiB files: 16 MiB asked
+/// for, twice the bandwidth-delay product of 1 Gbit/s at 60 ms).
+pub const MAX_GET_WINDOW: usize = 256;
+/// Round trips up to this are a local path: one stream, the loopback-tuned defaults.
+pub const LOCAL_RTT: Duration = Duration::from_millis(2);
+/// Most streams a copy without `-p` grows to.
+pub const MAX_AUTO_STREAMS: u16 = 8;
+/// The rate must grow by this share after a stream was added for another to be tried.
+pub const GROWTH: f64 = 0.10;
+
+/// How a connection's staging (the seed's "file buffer") is sized.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Buffer {
+    /// [`super::Options::ring`] blocks, and a window of [`super::GET_WINDOW`] GETs.
+    Fixed,
+    /// This many bytes (`ferry cp --buffer`), as blocks of the negotiated size.
+    Bytes(u64),
+    /// From the path's round trip (`ferry cp` without `--buffer`).
+    Path,
+}
+
+/// What a copy decided from its path (shown by `ferry cp -v` and `--json`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tuning {
+    /// The smallest handshake round trip seen, in microseconds.
+    pub rtt_us: u64,
+    /// Staging blocks per connection (receive buffers posted, blocks sent ahead).
+    pub ring: usize,
+    /// The negotiated block size.
+    pub block: u32,
+    /// GETs a download keeps outstanding.
+    pub get_window: usize,
+    /// Streams used at most.
+    pub streams: u16,
+    /// Whether the copy chose its stream count (no `-p`).
+    pub streams_auto: bool,
+}
+
+impl Tuning {
+    /// Staging bytes per connection.
+    pub fn buffer(&self) -> u64 {
+        self.ring as u64 * u64::from(self.block)
+    }
+
+    /// Folds in another connection's decision: the smallest round trip, the most streams.
+    pub(crate) fn merge(&mut self, o: &Tuning) {
+        if self.ring == 0 {
+            *self = *o;
+            return;
+        }
+        if o.rtt_us > 0 {
+            self.rtt_us = self.rtt_us.min(o.rtt_us);
+        }
+        self.streams = self.streams.max(o.streams);
+    }
+}
+
+/// Bytes `rate` (bytes per second) carries in `rtt`.
+pub fn bdp(rtt: Duration, rate: u64) -> u64 {
+    (rtt.as_secs_f64() * rate as f64) as u64
+}
+
+/// Staging bytes for a connection over a path of round trip `rtt`.
+pub fn path_buffer(rtt: Duration) -> u64 {
+    (2 * bdp(rtt, ASSUMED_RATE)).clamp(MIN_BUFFER, MAX_BUFFER)
+}
+
+/// Staging blocks of `block` bytes for `buffer`: `fixed` blocks (at least one) when the
+/// buffer is [`Buffer::Fixed`] or the path is short (as before paths were measured),
+/// else the bytes asked for or the path's, at least 2 blocks (one being filled while one
+/// travels) and, from the path, never fewer than `fixed`.
+pub fn ring_for(buffer: Buffer, fixed: usize, rtt: Duration, block: u32) -> usize {
+    let blocks = |bytes: u64| {
+        let n = bytes.div_ceil(u64::from(block.max(1)));
+        usize::try_from(n).unwrap_or(usize::MAX).clamp(2, 1024)
+    };
+    match buffer {
+        Buffer::Bytes(b) => blocks(b),
+        Buffer::Path if long_path(rtt) => blocks(path_buffer(rtt)).max(fixed),
+        Buffer::Fixed | Buffer::Path => fixed.max(1),
+    }
+}
+
+/// GETs a download keeps outstanding over a path of round trip `rtt` so that files of
+/// `mean_size` bytes keep twice the path's bandwidth-delay product (at [`ASSUMED_RATE`])
+/// requested: at least [`super::GET_WINDOW`], at most [`MAX_GET_WINDOW`].
+pub fn get_window(buffer: Buffer, rtt: Duration, mean_size: u64) -> usize {
+    if buffer == Buffer::Fixed || !long_path(rtt) {
+        return super::GET_WINDOW;
+    }
+    let want = (2 * bdp(rtt, ASSUMED_RATE)).div_ceil(mean_size.max(4096));
+    usize::try_from(want)
+        .unwrap_or(usize::MAX)
+        .clamp(super::GET_WINDOW, MAX_GET_WINDOW)
+}
+
+/// The mean size of `count` files of `bytes` together (for sizing a window of requests).
+pub fn mean_size(bytes: u64, count: usize) -> u64 {
+    bytes / (count.max(1) as u64)
+}
+
+/// Whether `addr` (a fabric address) names this host: a loopback address, `localhost`,
+/// or shared memory. Such a path is local whatever its handshake took: on a busy host a
+/// round trip through two processes waiting for a core can take milliseconds.
+pub fn is_local(addr: &str) -> bool {
+    let Ok(a) = addr.parse::<ferry_fabric::Address>() else {
+        return false;
+    };
+    if matches!(&a.scheme, ferry_fabric::Scheme::Ofi(p) if p.starts_with("shm")) {
+        return true;
+    }
+    a.host == "localhost"
+        || a.host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Whether a path of round trip `rtt` is long enough for a copy without `-p` to try more
+/// streams (on loopback and a LAN, more streams share the same cores and rarely help).
+pub fn long_path(rtt: Duration) -> bool {
+    rtt > LOCAL_RTT
+}
+
+/// The stream-count search of a copy without `-p`: it measures the delivery rate over
+/// periods of [`Growth::period`] and says when to add a stream.
+#[derive(Debug)]
+pub struct Growth {
+    period: Duration,
+    max: u16,
+    /// The rate of the last period before the latest stream was added (bytes/s).
+    before: Option<f64>,
+    done: bool,
+}
+
+impl Growth {
+    /// A search up to `max` streams over a path of round trip `rtt`.
+    pub fn new(rtt: Duration, max: u16) -> Growth {
+        Growth {
+            period: Self::period_for(rtt),
+            max,
+            before: None,
+            done: max <= 1,
+        }
+    }
+
+    /// How long a stream count is measured before the next decision: twenty round trips
+    /// (a stream's slow start to 1 Gbit/s at 50 ms takes about ten, and BBR drains the
+    /// queue it built after), 0.5 to 4 s.
+    pub fn period_for(rtt: Duration) -> Duration {
+        (rtt * 20).clamp(Duration::from_millis(500), Duration::from_secs(4))
+    }
+
+    /// The measuring period.
+    pub fn period(&self) -> Duration {
+        self.period
+    }
+
+    /// Takes the rate (bytes/s) `streams` streams delivered over the last period: whether
+    /// to add one. A stream is added after the first period, then again each time the
+    /// last one raised the rate by [`GROWTH`] or more; once one did not, the search ends.
+    pub fn add_after(&mut self, streams: u16, rate: f64) -> bool {
+        if self.done || streams >= self.max {
+            self.done = true;
+            return false;
+        }
+        let grew = match self.before {
+            None => true,
+            Some(b) => rate >= b * (1.0 + GROWTH),
+        };
+        if grew {
+            self.before = Some(rate);
+        } else {
+            self.done = true;
+        }
+        grew
+    }
+
+    /// Ends the search (a stream could not connect).
+    pub fn stop(&mut self) {
+        self.done = true;
+    }
+
+    /// Whether the search is over.
+    pub fn done(&self) -> bool {
+        self.done
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn staging_follows_the_round_trip_within_bounds() {
+        let block = crate::DEFAULT_BLOCK;
+        let ms = Duration::from_millis;
+        // Loopback and LAN: the loopback-tuned ring.
+        assert_eq!(ring_for(Buffer::Path, 8, ms(0), block), crate::DEFAULT_RING);
+        assert_eq!(ring_for(Buffer::Path, 8, ms(1), block), crate::DEFAULT_RING);
+        // A short path keeps the ring in blocks, whatever their size (the old behaviour).
+        assert_eq!(ring_for(Buffer::Path, 8, ms(1), 256 << 10), 8);
+        assert_eq!(ring_for(Buffer::Path, 3, ms(0), block), 3);
+        // A long one: bytes, in blocks of the negotiated size.
+        assert_eq!(ring_for(Buffer::Path, 8, ms(10), 256 << 10), 128);
+        // 10 ms at 10 Gbit/s: 2 × 12.5 MB = 25 MB, under the floor of 32 MiB.
+        assert_eq!(ring_for(Buffer::Path, 8, ms(10), block), 8);
+        // 20 ms: 50 MB → 12 blocks of 4 MiB.
+        assert_eq!(ring_for(Buffer::Path, 8, ms(20), block), 12);
+        // 50 ms: 125 MB → 30 blocks; 60 ms and beyond: the ceiling.
+        assert_eq!(ring_for(Buffer::Path, 8, ms(50), block), 30);
+        assert_eq!(
+            ring_for(Buffer::Path, 8, ms(60), block) as u64,
+            MAX_BUFFER / u64::from(block)
+        );
+        assert_eq!(
+            ring_for(Buffer::Path, 8, ms(100), block),
+            ring_for(Buffer::Path, 8, ms(60), block)
+        );
+        // --buffer: exactly that, in whole blocks, at least two.
+        assert_eq!(ring_for(Buffer::Bytes(64 * MIB), 8, ms(50), block), 16);
+        assert_eq!(ring_for(Buffer::Bytes(MIB), 8, ms(50), block), 2);
+        assert_eq!(ring_for(Buffer::Bytes(9 * MIB), 8, ms(50), 1 << 20), 9);
+        // Fixed: the ring given, whatever the path.
+        assert_eq!(ring_for(Buffer::Fixed, 5, ms(100), block), 5);
+    }
+
+    #[test]
+    fn the_get_window_covers_the_path_for_small_files() {
+        let ms = Duration::from_millis;
+        assert_eq!(
+            get_window(Buffer::Fixed, ms(50), 65536),
+            super::super::GET_WINDOW
+        );
+        assert_eq!(
+            get_window(Buffer::Path, ms(0), 65536),
+            super::super::GET_WINDOW
+        );
+        // 50 ms at 10 Gbit/s: 125 MB in flight, 1,908 files of 64 KiB: the ceiling.
+        assert_eq!(get_window(Buffer::Path, ms(50), 65536), MAX_GET_WINDOW);
+        // 2.5 ms: 6.25 MB → 96 files.
+        assert_eq!(get_window(Buffer::Path, ms(2) + ms(1) / 2, 65536), 96);
+        assert_eq!(
+            get_window(Buffer::Path, ms(2), 65536),
+            super::super::GET_WINDOW
+        );
+        // Large files: the floor.
+        assert_eq!(
+            get_window(Buffer::Path, ms(50), 1 << 30),
+            super::super::GET_WINDOW
+        );
+    }
+
+    #[test]
+    fn this_host_is_a_local_path() {
+        for local in [
+            "tcp://127.0.0.1:7370",
+            "tcp://localhost:1",
+            "tcp://[::1]:7370",
+            "ofi+tcp://127.0.0.2:9",
+            "ofi+shm://ferry",
+        ] {
+            assert!(is_local(local), "{local}");
+        }
+        for remote in ["tcp://198.18.0.1:7370", "ofi+tcp://dtn1:7370", "nonsense"] {
+            assert!(!is_local(remote), "{remote}");
+        }
+    }
+
+    #[test]
+    fn streams_are_added_while_the_rate_grows() {
+        let mut g = Growth::new(Duration::from_millis(50), 8);
+        assert_eq!(g.period(), Duration::from_secs(1));
+        assert!(
+            g.add_after(1, 100.0),
+            "the first period always tries a second stream"
+        );
+        assert!(g.add_after(2, 150.0), "+50 %: try a third");
+        assert!(!g.add_after(3, 160.0), "+7 %: stop");
+        assert!(g.done());
+        assert!(!g.add_after(3, 1000.0), "a search that ended stays ended");
+        let mut capped = Growth::new(Duration::from_millis(50), 2);
+        assert!(capped.add_after(1, 1.0));
+        assert!(!capped.add_after(2, 100.0), "never past the maximum");
+        assert!(Growth::new(Duration::ZERO, 1).done());
+        assert_eq!(
+            Growth::period_for(Duration::ZERO),
+            Duration::from_millis(500)
+        );
+    }
+}
