@@ -542,7 +542,8 @@ pub fn cp(a: CpArgs, quiet: bool, verbose: bool) -> Result<(), XferError> {
 
 /// `ferry services`: which services a `ferry serve` runs (protocol 1.6 service selection).
 pub fn services(a: ServicesArgs) -> Result<(), XferError> {
-    use ferry_service::registry::{not_hosted, probe_with, Answer};
+    use ferry_service::channel::not_hosted;
+    use ferry_service::registry::{probe_with, Answer};
     let r = remote_of(&a.target, &a.driver)?;
     let timeout = std::time::Duration::try_from_secs_f64(a.timeout)
         .ok()

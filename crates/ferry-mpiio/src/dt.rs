@@ -7,7 +7,7 @@ use std::slice;
 use ferry_cio::CioError;
 use ferry_dtype::{Datatype, Order};
 
-use crate::{bad_arg, fail};
+use crate::last_error::{bad_arg, fail};
 
 /// A datatype handle for C.
 pub struct FerryDt(pub(crate) Datatype);

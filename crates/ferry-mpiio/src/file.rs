@@ -8,7 +8,7 @@ use ferry_cio::{CioError, Comm, ErrorClass, File};
 use ferry_dtype::Datatype;
 
 use crate::dt::{dt, FerryDt};
-use crate::{bad_arg, fail};
+use crate::last_error::{bad_arg, fail};
 
 /// A file handle for C.
 pub struct FerryCioFile {

@@ -304,9 +304,7 @@ impl Channel {
             Ok(Floor::Refused { message }) => {
                 Err(Error::new(Kind::Auth, format!("{addr}: {message}")))
             }
-            Ok(Floor::Services { hosted, .. }) => {
-                Err(crate::registry::not_hosted(addr, service, &hosted))
-            }
+            Ok(Floor::Services { hosted, .. }) => Err(not_hosted(addr, service, &hosted)),
             Ok(f) => Err(Error::conn(format!("{addr} answered {f:?} to SELECT"))),
             Err(e) => Err(Error::conn(format!("{addr} sent {e}"))),
         }
@@ -653,4 +651,17 @@ fn silent_peer(wait: Duration) -> Error {
         "the peer sent nothing for {} s; giving up",
         wait.as_secs()
     ))
+}
+
+/// The refusal `ferry` prints for a service a server does not run.
+pub fn not_hosted(addr: &str, service: &str, hosted: &[String]) -> Error {
+    let list = if hosted.is_empty() {
+        "none".to_string()
+    } else {
+        hosted.join(", ")
+    };
+    Error::new(
+        Kind::NotFound,
+        format!("the server at {addr} does not run service {service:?}; it runs: {list}"),
+    )
 }

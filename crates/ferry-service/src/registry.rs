@@ -528,16 +528,3 @@ pub fn probe_with(
         Err(e) => Err(Error::conn(format!("{addr} sent {e}"))),
     }
 }
-
-/// The refusal `ferry` prints for a service a server does not run.
-pub fn not_hosted(addr: &str, service: &str, hosted: &[String]) -> Error {
-    let list = if hosted.is_empty() {
-        "none".to_string()
-    } else {
-        hosted.join(", ")
-    };
-    Error::new(
-        Kind::NotFound,
-        format!("the server at {addr} does not run service {service:?}; it runs: {list}"),
-    )
-}

@@ -1,5 +1,5 @@
 //! The floor's own frames (protocol 1.6; 1.7 adds a SELECT's token proof and the TLS frame
-//! of [`crate::secure`]): the service selection a client may send before its face's first
+//! of the secure channel): the service selection a client may send before its face's first
 //! frame, and the server's answer. Pure encode/decode, no I/O; the
 //! specification is `docs/protocol.md`, "Service selection".
 //!
@@ -29,10 +29,12 @@ pub const MAX_MESSAGE: usize = 256;
 /// service sees the connection.
 pub const SELECT_TOKEN: u8 = 1;
 /// SELECT flag (protocol 1.7, TLS only): a token proof follows, the token's identifier and
-/// HMAC-SHA256(token, TLS exporter value) ([`crate::secure::prove`]), in place of a token.
+/// HMAC-SHA256(token, TLS exporter value) (made by the secure channel), in place of a token.
 pub const SELECT_PROOF: u8 = 2;
+/// Bytes of a token's identifier in a proof.
+pub const TOKEN_ID_LEN: usize = 8;
 /// Bytes of a token proof: the identifier and the HMAC.
-pub const PROOF_LEN: usize = crate::secure::TOKEN_ID_LEN + 32;
+pub const PROOF_LEN: usize = TOKEN_ID_LEN + 32;
 /// The longest frame a server sends: a SERVICES naming a request and [`MAX_SERVICES`]
 /// services of [`MAX_NAME`] bytes (316 bytes, under the 512-byte default immediate size).
 pub const MAX_ANSWER: usize = HEADER_LEN + 2 * (2 + MAX_NAME) + 2 + MAX_SERVICES * (2 + MAX_NAME);

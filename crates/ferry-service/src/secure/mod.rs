@@ -11,7 +11,7 @@
 //! and the receiver opens it ([`Secure::open`]). Data frames (a face's blocks, moved by RMA
 //! or as bulk messages) stay as they are in this slice: the face names their types, and
 //! any other clear message on a sealed connection is refused, so a control frame cannot be
-//! forged or changed on the path (`crate::channel`).
+//! forged or changed on the path (the floor's channel checks it).
 //!
 //! The server's identity ([`identity`]) is a key pair and self-signed certificate made at
 //! first start in its state directory; the client pins the certificate's SHA-256
@@ -51,8 +51,7 @@ pub const TLS_TYPE: u8 = 0xF4;
 /// The label of the TLS exporter value a token proof is computed over (RFC 8446 7.5).
 pub const PROOF_LABEL: &[u8] = b"EXPORTER-ferry-token-proof";
 
-/// Bytes of a token's identifier in a proof.
-pub const TOKEN_ID_LEN: usize = 8;
+pub use crate::select::TOKEN_ID_LEN;
 
 /// The largest TLS record payload, and what sealing adds to each record at most (record
 /// header, content type, AEAD tag).
