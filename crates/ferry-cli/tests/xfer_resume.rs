@@ -329,6 +329,18 @@ fn wait_for_part(part: &Path, bytes: u64, copier: &mut Child, s: &mut Server) ->
     }
 }
 
+/// Starts the download `cp` into `dest` and waits until its part file is past the first
+/// checkpoint (8 MiB), so there is something to resume from.
+fn past_first_checkpoint(mut cp: Command, dest: &Path, s: &mut Server) -> Child {
+    let mut client = cp
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(wait_for_part(&part_of(dest), 24 << 20, &mut client, s));
+    client
+}
+
 fn finish(c: Child) -> Output {
     finish_serving(c, None)
 }
@@ -999,20 +1011,9 @@ fn interrupted_copy_says_how_to_continue() {
     std::fs::write(s.root.join("src"), pattern(BIG, 79)).unwrap();
     let local = scratch("local-int");
     let dest = local.join("copy");
-    let mut client = cp_cmd(&[])
-        .arg(s.url("src"))
-        .arg(&dest)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Past the first checkpoint (8 MiB), so there is something to resume from.
-    assert!(wait_for_part(
-        &part_of(&dest),
-        24 << 20,
-        &mut client,
-        &mut s
-    ));
+    let mut copy = cp_cmd(&[]);
+    copy.arg(s.url("src")).arg(&dest);
+    let client = past_first_checkpoint(copy, &dest, &mut s);
     let pid = rustix::process::Pid::from_child(&client);
     rustix::process::kill_process(pid, rustix::process::Signal::INT).unwrap();
     let o = finish(client);
@@ -1057,18 +1058,7 @@ fn the_same_command_again_resumes() {
         c
     };
     for (extra, resumed) in [(None, true), (Some("--no-resume"), false)] {
-        let mut client = run()
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        // Past the first checkpoint (8 MiB), so there is something to resume from.
-        assert!(wait_for_part(
-            &part_of(&dest),
-            24 << 20,
-            &mut client,
-            &mut s
-        ));
+        let mut client = past_first_checkpoint(run(), &dest, &mut s);
         let _ = client.kill();
         let _ = client.wait();
         let mut again = run();
