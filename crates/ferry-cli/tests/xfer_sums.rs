@@ -110,7 +110,7 @@ fn parallel_copies_hash_each_block_once() {
             same_file(&tree.join(&name), &local.join("t").join(&name));
             same_file(
                 &tree.join(&name),
-                &s.root.join(format!("back{block}/{name}")),
+                &s.root.join(format!("back{block}/t/{name}")),
             );
         }
         std::fs::remove_dir_all(&local).unwrap();
