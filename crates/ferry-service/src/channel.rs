@@ -24,10 +24,14 @@ use ferry_exs::runtime::{default_config, EventQueue, ExsBuf, ExsSocket};
 use ferry_exs::ExsError;
 use ferry_fabric::Access;
 
+use crate::admit::{Handshake, Stage};
 use crate::direct::DIRECT_ALIGN;
 use crate::error::{Error, Kind, Result};
 use crate::secure::{self, ClientSecurity, Secure};
 use crate::select::{self as floor, Floor};
+
+/// How often a wait for a face's first frame looks whether its handshake was called off.
+const HANDSHAKE_POLL: Duration = Duration::from_millis(10);
 
 /// The bytes of a face's block-frame header, which sit right before the block's payload in
 /// every staging block and receive buffer (file transfer's BLOCK header is this long).
@@ -469,6 +473,30 @@ impl Channel {
             }
             Some(Delivered::Opened(v)) => Some(v),
         })
+    }
+
+    /// A face's first frame on a connection still in its handshake (`hs`): waited for until
+    /// the handshake's deadline, or until the handshake is called off to make room for
+    /// newer connections. `what` names the frame (HELLO, OPEN) in the errors.
+    pub fn recv_first_in(&mut self, hs: &Handshake, what: &str) -> Result<Vec<u8>> {
+        loop {
+            if hs.cancelled() {
+                return Err(Error::conn(format!(
+                    "closed before its {what} to make room for newer connections (max_handshakes)"
+                )));
+            }
+            let left = hs.left();
+            if left.is_zero() {
+                return Err(Error::conn(format!(
+                    "no {what} within the handshake timeout (handshake_timeout)"
+                )));
+            }
+            if let Some(v) = self.recv_first_within(left.min(HANDSHAKE_POLL))? {
+                if hs.reached(Stage::Checking) {
+                    return Ok(v);
+                }
+            }
+        }
     }
 
     /// Like [`Channel::recv_first_within`], waiting at most the channel's timeout.

@@ -99,6 +99,15 @@ impl Link {
         decode_control(&self.0.recv_first()?)
     }
 
+    /// Decoded [`Channel::recv_first_in`]: the first frame within the handshake's deadline.
+    pub fn recv_first_in(
+        &mut self,
+        hs: &ferry_service::admit::Handshake,
+        what: &str,
+    ) -> Result<Msg> {
+        decode_control(&self.0.recv_first_in(hs, what)?)
+    }
+
     /// Like [`Link::recv_first_msg`], but `Ok(None)` when nothing arrived for about
     /// `wait`, so a caller can look at a deadline or a cancel flag between waits.
     pub fn recv_first_within(&mut self, wait: Duration) -> Result<Option<Msg>> {

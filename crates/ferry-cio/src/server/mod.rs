@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use ferry_dtype::Datatype;
 use ferry_exs::runtime::ExsListener;
-use ferry_service::admit::{Admission, Handshake, Stage};
+use ferry_service::admit::{Admission, Handshake};
 use ferry_service::auth::AuthConfig;
 use ferry_service::channel::Channel;
 use ferry_service::drain::{Drain, DrainReport};
@@ -42,9 +42,6 @@ const RING: usize = 3;
 
 /// How often a rank waiting in a collective call looks at the session's clock.
 const TICK: Duration = Duration::from_millis(200);
-
-/// How often a connection waiting for its OPEN looks whether it was called off.
-const CANCEL_POLL: Duration = Duration::from_millis(10);
 
 /// How long a rank may send nothing between requests (it computes between I/O phases);
 /// a rank whose process died is noticed at once, by its connection closing.
@@ -764,25 +761,7 @@ fn first_frame(ch: &mut Channel, hs: &Handshake, first: Option<Vec<u8>>) -> Resu
         return Ok(b);
     }
     ch.post_ring(1, proto::MAX_CONTROL)?;
-    loop {
-        if hs.cancelled() {
-            return Err(CioError::conn(
-                "closed before its OPEN to make room for newer connections (max_handshakes)",
-            ));
-        }
-        let left = hs.left();
-        if left.is_zero() {
-            return Err(CioError::conn(
-                "no OPEN within the handshake timeout (handshake_timeout)",
-            ));
-        }
-        if let Some(v) = ch.recv_first_within(left.min(CANCEL_POLL))? {
-            if !hs.reached(Stage::Checking) {
-                continue;
-            }
-            return Ok(v);
-        }
-    }
+    Ok(ch.recv_first_in(hs, "OPEN")?)
 }
 
 /// Answers a refused OPEN and ends the connection (after a moment for the answer to

@@ -26,7 +26,7 @@ use crate::error::{Kind, Result, XferError};
 use crate::link::{BlockSender, Link};
 use crate::proto::{self, Entry, ErrorCode, Msg, BLOCK_HEADER_LEN};
 use crate::session::Session;
-use ferry_service::admit::{Admission, AuthRefused, Handshake, Stage};
+use ferry_service::admit::{Admission, AuthRefused, Handshake};
 use ferry_service::auth::AuthConfig;
 use ferry_service::channel::Held;
 use ferry_service::drain::Drain;
@@ -120,9 +120,6 @@ const BUSY_WAIT: Duration = Duration::from_secs(20);
 
 /// A PUT's receive loop looks at the drain and takeover flags this often while idle.
 const RECV_SLICE: Duration = Duration::from_millis(250);
-
-/// How often a connection waiting for its HELLO looks whether it was called off.
-const CANCEL_POLL: Duration = Duration::from_millis(10);
 
 /// A GET is sent in pieces of this many bytes, so a drain can stop it between them.
 const GET_PIECE: u64 = 32 << 20;
@@ -222,25 +219,7 @@ impl Server {
     /// The client's HELLO, waited for until the handshake's deadline or until it is called
     /// off.
     fn first_msg(link: &mut Link, hs: &Handshake) -> Result<Msg> {
-        loop {
-            if hs.cancelled() {
-                return Err(XferError::conn(
-                    "closed before its HELLO to make room for newer connections (max_handshakes)",
-                ));
-            }
-            let left = hs.left();
-            if left.is_zero() {
-                return Err(XferError::conn(
-                    "no HELLO within the handshake timeout (handshake_timeout)",
-                ));
-            }
-            if let Some(m) = link.recv_first_within(left.min(CANCEL_POLL))? {
-                if !hs.reached(Stage::Checking) {
-                    continue;
-                }
-                return Ok(m);
-            }
-        }
+        link.recv_first_in(hs, "HELLO")
     }
 
     /// Answers a HELLO whose token the floor refused ([`Admission::authenticate`]).
