@@ -184,43 +184,7 @@ ferry_wire::frames! {
     }
 }
 
-/// Why bytes are not a valid frame.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum DecodeError {
-    /// Fewer bytes than the frame needs.
-    #[error("truncated frame")]
-    Truncated,
-    /// The header's length disagrees with the message length.
-    #[error("frame length {header} but message of {actual} bytes")]
-    Length {
-        /// What the header says.
-        header: u32,
-        /// What arrived.
-        actual: usize,
-    },
-    /// A frame over its limit.
-    #[error("frame too large")]
-    TooLarge,
-    /// Unknown frame type.
-    #[error("unknown frame type {0}")]
-    UnknownType(u8),
-    /// Unknown flags, nonzero reserved bytes, bad values, invalid UTF-8, bytes left over.
-    #[error("malformed frame: {0}")]
-    Malformed(&'static str),
-}
-
-impl From<ReadError> for DecodeError {
-    fn from(e: ReadError) -> Self {
-        match e {
-            ReadError::Short => DecodeError::Truncated,
-            ReadError::TooLong { .. } => DecodeError::TooLarge,
-            ReadError::NotUtf8 => DecodeError::Malformed("string is not UTF-8"),
-            ReadError::Trailing(_) => DecodeError::Malformed("bytes after frame"),
-            ReadError::Invalid(why) => DecodeError::Malformed(why),
-            ReadError::UnknownType => DecodeError::Malformed("unknown frame type"),
-        }
-    }
-}
+pub use ferry_wire::DecodeError;
 
 /// [`Desc`]: `kind u8` then, for 0, `len u32` and that many bytes (at most [`MAX_DESC`]),
 /// for 1, the 32-byte hash.

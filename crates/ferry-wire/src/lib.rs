@@ -13,10 +13,12 @@
 #[doc(hidden)]
 pub mod bench;
 mod bytes;
+mod decode;
 mod field;
 mod frames;
 
 pub use bytes::{ReadError, Reader, TooLong, Writer};
+pub use decode::DecodeError;
 pub use field::{Code, Code16, Cx, Field, Flag, Flags, IfFlag, Le, List, Payload, Raw, Str};
 
 #[cfg(test)]

@@ -528,30 +528,7 @@ ferry_wire::frames! {
     }
 }
 
-/// Why bytes are not a valid frame.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum DecodeError {
-    /// Fewer bytes than the frame needs.
-    #[error("truncated frame")]
-    Truncated,
-    /// The header's length disagrees with the message length.
-    #[error("frame length {header} but message of {actual} bytes")]
-    Length {
-        /// What the header says.
-        header: u32,
-        /// What arrived.
-        actual: usize,
-    },
-    /// A frame over its limit.
-    #[error("frame too large")]
-    TooLarge,
-    /// Unknown frame type.
-    #[error("unknown frame type {0}")]
-    UnknownType(u8),
-    /// Unknown flags, nonzero reserved bytes, bad enum value, invalid UTF-8, bytes left over.
-    #[error("malformed frame: {0}")]
-    Malformed(&'static str),
-}
+pub use ferry_wire::DecodeError;
 
 /// Why a frame cannot be encoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -559,20 +536,6 @@ pub enum EncodeError {
     /// A field over its limit (path, token, message, ranges, control frame size).
     #[error("{0} too long")]
     TooLong(&'static str),
-}
-
-impl From<ReadError> for DecodeError {
-    fn from(e: ReadError) -> Self {
-        match e {
-            ReadError::Short => DecodeError::Truncated,
-            ReadError::TooLong { .. } => DecodeError::TooLarge,
-            ReadError::NotUtf8 => DecodeError::Malformed("string is not UTF-8"),
-            ReadError::Trailing(_) => DecodeError::Malformed("bytes after frame"),
-            ReadError::Invalid(why) => DecodeError::Malformed(why),
-            // Only the frame table reports it, and `decode` names the type.
-            ReadError::UnknownType => DecodeError::Malformed("unknown frame type"),
-        }
-    }
 }
 
 impl From<TooLong> for EncodeError {
