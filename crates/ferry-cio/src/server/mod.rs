@@ -259,6 +259,11 @@ impl Server {
             types: HashMap::new(),
             chunk: self.cfg.chunk as usize,
         };
+        // An open file is in flight for the drain until it is closed: a drain lets the
+        // job finish its I/O through the grace period, then ends the connection between
+        // requests (the job's other ranks fail with RankLost). Counted before the OPEN is
+        // answered, so a drain that follows the answer finds it.
+        let _open = self.drain.count();
         let work = Exports::check_amode(mode).map(|()| Work::Value(u64::from(mode)));
         match self.collective(&me, CallKind::Open, work) {
             Ok(Reply::Done(size)) => send(
@@ -327,12 +332,9 @@ impl Server {
         Ok(shared)
     }
 
-    /// The request loop, until CLOSE (answered) or an error.
+    /// The request loop, until CLOSE (answered) or an error; the caller counts the open
+    /// file in flight for the drain.
     fn requests(&self, ch: &mut Channel, me: &mut RankConn) -> Result<()> {
-        // An open file is in flight for the drain until it is closed: a drain lets the
-        // job finish its I/O through the grace period, then ends the connection between
-        // requests (the job's other ranks fail with RankLost).
-        let _open = self.drain.count();
         let mut bytes = Vec::new();
         let mut idle = Duration::ZERO;
         loop {
