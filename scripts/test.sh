@@ -10,11 +10,20 @@ cargo fmt --all --check
 echo "== cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo test"
-# Every server the tests start keeps its TLS identity, and every client its known hosts,
-# in one fresh directory of this run, not the machine's /var/lib/ferry and
-# ~/.config/ferry (docs/security.md); the CLI tests give each process its own.
-security_dir="$(mktemp -d -t ferry-ci-security.XXXXXX)"
-export FERRY_STATE_DIR="$security_dir/state" FERRY_KNOWN_HOSTS="$security_dir/known_hosts"
+# The run's scratch: every test's temporary files (TMPDIR), servers' TLS identities and
+# clients' known hosts live in one fresh directory, not the machine's /tmp, /var/lib/ferry
+# and ~/.config/ferry (docs/security.md; the CLI tests give each process its own). It is
+# removed when the run passes and kept, with its path printed, when it fails.
+run_dir="$(mktemp -d -t ferry-tests.XXXXXX)"
+finish() {
+  local rc=$?
+  if [ "$rc" -eq 0 ]; then rm -rf "$run_dir" 2>/dev/null || true
+  else echo "ferry: the failed run's temporary files are kept in $run_dir" >&2; fi
+}
+trap finish EXIT
+mkdir -p "$run_dir/tmp"
+export TMPDIR="$run_dir/tmp"
+export FERRY_STATE_DIR="$run_dir/state" FERRY_KNOWN_HOSTS="$run_dir/known_hosts"
 cargo test --workspace --locked
 echo "== C API (libferry via pkg-config, every driver)"
 bash scripts/test-capi.sh
