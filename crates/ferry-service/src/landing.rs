@@ -78,6 +78,8 @@ pub fn open_part(
 pub struct Progress {
     /// `None` while the checkpoint thread holds it.
     journal: Option<Journal>,
+    /// The journal's block size.
+    block: u32,
     background: Option<crate::writeback::Checkpointer>,
     good: RangeSet,
 }
@@ -91,6 +93,7 @@ impl Progress {
     pub fn new(journal: Journal) -> Progress {
         Progress {
             good: journal.ranges().clone(),
+            block: journal.block(),
             journal: Some(journal),
             background: None,
         }
@@ -142,6 +145,12 @@ impl Progress {
             }
             None => Ok(()),
         }
+    }
+
+    /// The block size the journal was made for (its ranges are whole blocks of it, but for
+    /// the file's last).
+    pub fn block(&self) -> u32 {
+        self.block
     }
 
     /// The verified prefix (journaled or not yet).

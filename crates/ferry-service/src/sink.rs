@@ -13,7 +13,7 @@ use rustix::io::Errno;
 use crate::error::{Error, Result};
 use crate::journal::RangeSet;
 use crate::landing::{Progress, SharedProgress};
-use crate::tree::SharedTree;
+use crate::tree::{BlockTree, SharedTree};
 
 /// One block as its sender described it: the transfer it belongs to, where it lies in the
 /// file, its length and the CRC-32C of its bytes. (A face decodes it from its own frames.)
@@ -133,11 +133,16 @@ impl BlockSink {
     }
 
     /// A sink that journals its verified prefix as it goes ([`crate::landing`]) and starts
-    /// where the journal's prefix ends (those bytes are not expected again; the final hash
-    /// then re-reads the whole file).
+    /// where the journal's prefix ends (those bytes are not expected again). A resumed
+    /// file's blocks go into its hash tree as they arrive, so the final hash reads back
+    /// only the part verified before (not the whole file, which made a resume slower than
+    /// a fresh copy).
     pub fn journaled(file_id: u32, size: u64, journal: Progress) -> Self {
         let mut s = Self::new(file_id, size);
-        s.rehash = journal.prefix() > 0;
+        if journal.prefix() > 0 {
+            s.rehash = true;
+            s.tree = BlockTree::new(size, u64::from(journal.block())).map(SharedTree::new);
+        }
         s.journal = Some(journal);
         s
     }
@@ -351,12 +356,17 @@ impl BlockSink {
         }
     }
 
-    /// The BLAKE3 of what was written (re-reading the file if blocks arrived out of order).
+    /// The BLAKE3 of what was written: hashed as it came in order; from the hash tree of a
+    /// resumed file (reading back the units no block of this transfer covered); else
+    /// (blocks out of order) by re-reading the file.
     pub fn hash(&mut self, file: &File) -> std::io::Result<[u8; 32]> {
         if !self.rehash && self.hashed == self.size {
             return Ok(*self.hasher.finalize().as_bytes());
         }
-        crate::hash::hash_file(file, self.size)
+        match (&self.tree, self.window) {
+            (Some(tree), None) => tree.root_filling_from(file),
+            _ => crate::hash::hash_file(file, self.size),
+        }
     }
 }
 
@@ -505,6 +515,55 @@ mod tests {
         assert!(sink
             .whole_file(Some(&file), &header(data.len(), crc), &data, &good)
             .is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A resumed file is hashed from its tree: the part verified before is read back, the
+    /// blocks of this transfer are hashed as they arrive and never read again (changed on
+    /// disk after they were written, they still count as sent; the prefix, changed, shows).
+    #[test]
+    fn a_resumed_file_reads_back_only_its_old_part() {
+        use crate::journal::{Ident, Journal};
+        use std::os::unix::fs::FileExt;
+        const BLOCK: usize = 64 * 1024;
+        let dir = std::env::temp_dir().join(format!("ferry-sink-resume-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let data: Vec<u8> = (0..5 * BLOCK as u32 + 999)
+            .map(|i| (i * 7 + i / 251) as u8)
+            .collect();
+        let size = data.len() as u64;
+        let prefix = 2 * BLOCK;
+        let resumed = |tag: &str| {
+            let part = File::options()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(dir.join(format!("{tag}-part")))
+                .unwrap();
+            part.write_all_at(&data[..prefix], 0).unwrap();
+            let jfile = File::create(dir.join(format!("{tag}-journal"))).unwrap();
+            let mut journal =
+                Journal::create(jfile, Ident { size, mtime: 1 }, BLOCK as u32).unwrap();
+            let mut done = RangeSet::new();
+            done.insert(0, prefix as u64);
+            journal.record(&done).unwrap();
+            let mut sink = BlockSink::journaled(7, size, Progress::new(journal));
+            for (i, chunk) in data[prefix..].chunks(BLOCK).enumerate() {
+                let mut h = header(chunk.len(), crc32c::crc32c(chunk));
+                h.offset = (prefix + i * BLOCK) as u64;
+                sink.block(Some(&part), &h, chunk).unwrap();
+            }
+            (sink, part)
+        };
+        let (mut sink, part) = resumed("tail");
+        part.write_all_at(b"changed after it was written", prefix as u64 + 10)
+            .unwrap();
+        assert_eq!(&sink.hash(&part).unwrap(), blake3::hash(&data).as_bytes());
+
+        let (mut sink, part) = resumed("head");
+        part.write_all_at(b"changed", 10).unwrap();
+        assert_ne!(&sink.hash(&part).unwrap(), blake3::hash(&data).as_bytes());
         let _ = std::fs::remove_dir_all(&dir);
     }
 
