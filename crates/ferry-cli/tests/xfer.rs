@@ -393,8 +393,12 @@ fn third_party(driver: &str) {
         (Some(1), Some(BLOCK as u64 * 2 + 5))
     );
     same_file(&a.root.join("big"), &b.root.join("big"));
+    // A symbolic link in the tree stays behind, and the client is told (protocol 1.9).
+    std::os::unix::fs::symlink("f0", a.root.join("tree/link")).unwrap();
     let v = ok(&cp(&["-r", &a.url("tree/"), &b.url("copy")], &[]));
     assert_eq!(v["files"].as_u64(), Some(30));
+    assert_eq!(v["entries_skipped"].as_u64(), Some(1), "{v}");
+    std::fs::remove_file(a.root.join("tree/link")).unwrap();
     same_tree(&a.root.join("tree"), &b.root.join("copy"));
     no_part_files(&b.root);
     // Over 4 streams (protocol 1.4): the tree's files spread over them, and a file larger

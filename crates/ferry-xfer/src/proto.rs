@@ -18,7 +18,7 @@ use ferry_wire::{
 /// Protocol major version: a peer with another major is refused at HELLO.
 pub const VERSION_MAJOR: u16 = 1;
 /// Protocol minor version.
-pub const VERSION_MINOR: u16 = 8;
+pub const VERSION_MINOR: u16 = 9;
 /// The first minor version with parallel streams (session join, OPEN/HAVE/PUT_RANGE/CLOSE).
 pub const MINOR_STREAMS: u16 = 2;
 /// The first minor version with FILE frames (a small file's READY, BLOCK and FILE_DONE in
@@ -48,6 +48,9 @@ pub const MINOR_TLS: u16 = 7;
 /// The first minor version with REMOVE (`ferry sync --delete`): a client sends it only to
 /// servers of this minor or later.
 pub const MINOR_REMOVE: u16 = 8;
+/// The first minor version whose COPIED may count the entries a third-party copy skipped
+/// ([`COPIED_SKIPPED`]): a server sets it only for clients of this minor or later.
+pub const MINOR_COPIED_SKIPPED: u16 = 9;
 /// The most GETs in one GETS frame.
 pub const MAX_GETS: usize = 64;
 /// The most streams a session may have.
@@ -235,6 +238,9 @@ pub const SEND_RECURSIVE: u8 = 1;
 /// SEND_TO flag (1.4): a `streams u16` (2..=[`MAX_STREAMS`]) follows the token; the source
 /// server copies over that many streams. Set exactly when `streams` > 1.
 pub const SEND_STREAMS: u8 = 2;
+/// COPIED flag (1.9): a `skipped u64` follows `blocks_resent`: entries of the source tree the
+/// copy left out (symbolic links, devices, sockets, FIFOs). Set exactly when `skipped` > 0.
+pub const COPIED_SKIPPED: u8 = 1;
 /// The longest fabric address in a frame (bytes).
 pub const MAX_ADDR: usize = 512;
 
@@ -479,6 +485,8 @@ ferry_wire::frames! {
             bytes: u64 as Le,
             /// Blocks the destination asked for again after a CRC mismatch.
             blocks_resent: u64 as Le,
+            /// Entries of the source tree left out, not regular files or directories (1.9).
+            skipped: u64 as CountIf<COPIED_SKIPPED>,
         },
         /// Opens a parallel upload (1.2): a file of `size` bytes whose ranges any stream of the
         /// session then sends with PUT_RANGE, closed by CLOSE. Reply: HAVE or ERROR.
@@ -683,6 +691,32 @@ impl<const BIT: u8> Field<Option<[u8; 32]>> for HashIf<BIT> {
             Err(ReadError::Invalid("hash without its flag"))
         } else {
             Ok(None)
+        }
+    }
+}
+
+/// A count that is on the wire only when it is not zero, as a `u64` with the header flag
+/// `BIT` set (zero, and absent, without it).
+struct CountIf<const BIT: u8>;
+
+impl<const BIT: u8> Field<u64> for CountIf<BIT> {
+    const MIN: usize = 0;
+    const MAX: usize = 8;
+    const FLAGS: u8 = BIT;
+    fn put(n: &u64, w: &mut Writer<'_>, cx: &mut Cx<'_>, _: &'static str) -> Result<(), TooLong> {
+        if *n > 0 {
+            cx.flags |= BIT;
+            w.u64(*n);
+        }
+        Ok(())
+    }
+    fn get<'a>(r: &mut Reader<'a>, cx: &mut Cx<'a>) -> Result<u64, ReadError> {
+        if cx.flags & BIT == 0 {
+            return Ok(0);
+        }
+        match r.u64()? {
+            0 => Err(ReadError::Invalid("a zero count with its flag")),
+            n => Ok(n),
         }
     }
 }
@@ -1158,6 +1192,7 @@ mod tests {
                     files: 2,
                     bytes: 3,
                     blocks_resent: 4,
+                    skipped: 0,
                 },
             ),
             (

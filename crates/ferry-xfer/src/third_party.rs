@@ -21,7 +21,7 @@ use crate::error::XferError;
 use crate::export::{refuse, Refusal};
 use crate::link::{FileMeta, Link};
 use crate::parallel::{join_streams, upload_planned};
-use crate::proto::{EntryKind, ErrorCode, Msg};
+use crate::proto::{self, EntryKind, ErrorCode, Msg};
 use crate::url::Remote;
 use ferry_exs::runtime::Closer;
 use ferry_service::roots::Roots;
@@ -49,6 +49,8 @@ pub(crate) struct SendTo<'a> {
     pub ring: usize,
     /// Block size to ask the destination for (reserved from the memory budget).
     pub block: u32,
+    /// The asking client's protocol minor version (what COPIED may tell it).
+    pub client_minor: u16,
 }
 
 /// Whether `cfg` lets this server connect to `dest` for a third-party copy.
@@ -70,6 +72,12 @@ pub(crate) fn serve(
             files: s.files,
             bytes: s.bytes,
             blocks_resent: s.blocks_resent,
+            // An older client cannot read the count; the log line below still has it.
+            skipped: if req.client_minor >= proto::MINOR_COPIED_SKIPPED {
+                s.entries_skipped
+            } else {
+                0
+            },
         }),
         Err(r) => {
             tracing::info!(
@@ -100,8 +108,12 @@ fn copy(cfg: &ServerConfig, roots: &Roots, link: &Link, req: &SendTo) -> Result<
         ));
     }
     let entry = crate::export::stat(roots, req.path)?;
-    let (dirs, files) = match entry.kind {
-        EntryKind::File => (Vec::new(), vec![(String::new(), entry.size, entry.mtime)]),
+    let (dirs, files, skipped) = match entry.kind {
+        EntryKind::File => (
+            Vec::new(),
+            vec![(String::new(), entry.size, entry.mtime)],
+            Vec::new(),
+        ),
         EntryKind::Dir if req.recursive => {
             let t = walk_entries(
                 req.path,
@@ -109,7 +121,7 @@ fn copy(cfg: &ServerConfig, roots: &Roots, link: &Link, req: &SendTo) -> Result<
                 |p| crate::export::list(roots, p),
                 |p| crate::export::stat(roots, p).map_err(|r| r.message),
             )?;
-            (t.dirs, t.files)
+            (t.dirs, t.files, t.skipped)
         }
         EntryKind::Dir => {
             return Err(refuse(
@@ -184,7 +196,12 @@ fn copy(cfg: &ServerConfig, roots: &Roots, link: &Link, req: &SendTo) -> Result<
         .iter()
         .map(|(rel, size, _)| (Some(PathBuf::from(rel)), join(&target, rel), *size))
         .collect();
-    let mut stats = Stats::default();
+    // Only regular files and directories travel (as `ferry cp -r` without -L); the walk
+    // named what it left out, and the client gets the count.
+    let mut stats = Stats {
+        entries_skipped: skipped.len() as u64,
+        ..Stats::default()
+    };
     let res = match join_streams(&c, &dest, &opts) {
         Ok(others) => {
             let to_dest: Vec<Closer> = std::iter::once(&c)

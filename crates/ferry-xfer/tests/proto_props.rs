@@ -164,14 +164,22 @@ fn msg() -> impl Strategy<Value = Msg> {
                 total,
             }
         }),
-        (any::<u32>(), any::<u64>(), any::<u64>(), any::<u64>()).prop_map(
-            |(file_id, files, bytes, blocks_resent)| Msg::Copied {
-                file_id,
-                files,
-                bytes,
-                blocks_resent
-            }
-        ),
+        (
+            any::<u32>(),
+            any::<u64>(),
+            any::<u64>(),
+            any::<u64>(),
+            any::<u64>()
+        )
+            .prop_map(
+                |(file_id, files, bytes, blocks_resent, skipped)| Msg::Copied {
+                    file_id,
+                    files,
+                    bytes,
+                    blocks_resent,
+                    skipped,
+                }
+            ),
         (
             0u8..4,
             any::<u32>(),

@@ -472,10 +472,12 @@ fn third_party(
                     files,
                     bytes,
                     blocks_resent,
+                    skipped,
                     ..
                 } => {
                     progress.add(bytes.saturating_sub(shown));
                     c.stats.files += files;
+                    c.stats.entries_skipped += skipped;
                     c.stats.bytes += bytes;
                     c.stats.wire_bytes += bytes;
                     c.stats.blocks_resent += blocks_resent;

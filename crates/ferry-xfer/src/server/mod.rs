@@ -332,6 +332,7 @@ impl Server {
             batch: std::collections::VecDeque::new(),
             put_file: None,
             commits: put::Commits::default(),
+            minor,
         };
         let res = self.requests(link, &session, &mut tx, &mut st);
         // What was whole and verified is committed even if the connection ended.
@@ -501,13 +502,13 @@ impl Server {
                 length,
                 blake3,
             } => self.close(link, session, file_id, length, blake3),
-            Route::SendTo(req) => self.send_to(link, req),
+            Route::SendTo(req) => self.send_to(link, req, st.minor),
             Route::Unexpected(m) => Err(XferError::conn(format!("unexpected request {m:?}"))),
         }
     }
 
     /// SEND_TO: copies to another server, whose connections hold staging memory too.
-    fn send_to(&self, link: &mut Link, req: SendToReq) -> Result<()> {
+    fn send_to(&self, link: &mut Link, req: SendToReq, client_minor: u16) -> Result<()> {
         let streams = req.streams;
         let grant = match self.admission.reserve(
             usize::from(streams.max(1)),
@@ -531,6 +532,7 @@ impl Server {
                 streams,
                 ring: grant.ring,
                 block: grant.block,
+                client_minor,
             },
         )
     }
@@ -595,6 +597,8 @@ struct Requests {
     put_file: Option<Held>,
     /// PUT_FILEs written and waiting to be committed together.
     commits: put::Commits,
+    /// The client's protocol minor version.
+    minor: u16,
 }
 
 impl Requests {
