@@ -19,6 +19,8 @@ pub struct Workspace {
     pub shm: PathBuf,
     /// On disk (/var/tmp): `big`, `ccsm/`, `viz/`, `out`.
     pub disk: PathBuf,
+    /// The ferry servers' configuration file (`--server-ring`), in `shm`.
+    pub serve_config: Option<PathBuf>,
 }
 
 impl Drop for Workspace {
@@ -38,15 +40,26 @@ fn write_files(dir: &Path, count: usize, size: u64, seed: u64) -> Result<()> {
 }
 
 impl Workspace {
-    /// Creates the data of the workloads that run (`runs`).
-    pub fn create(plan: &Plan, runs: &dyn Fn(&str) -> bool) -> Result<Workspace> {
+    /// Creates the data of the workloads that run (`runs`), and a server configuration
+    /// with `server_ring` if given.
+    pub fn create(
+        plan: &Plan,
+        runs: &dyn Fn(&str) -> bool,
+        server_ring: Option<usize>,
+    ) -> Result<Workspace> {
         let tag = format!("ferry-bench-wan-{}", std::process::id());
+        let shm = Path::new("/dev/shm").join(&tag);
         let ws = Workspace {
-            shm: Path::new("/dev/shm").join(&tag),
+            serve_config: server_ring.map(|_| shm.join("serve.toml")),
+            shm,
             disk: Path::new("/var/tmp").join(&tag),
         };
         for d in [&ws.shm, &ws.disk] {
             std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+        }
+        if let (Some(path), Some(ring)) = (&ws.serve_config, server_ring) {
+            std::fs::write(path, format!("ring = {ring}\n"))
+                .with_context(|| format!("writing {}", path.display()))?;
         }
         tracing::info!(
             "writing test data under {} and {}",

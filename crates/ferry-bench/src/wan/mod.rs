@@ -56,6 +56,14 @@ pub struct WanArgs {
     /// Run only these workloads, comma-separated (mem, disk, trace, small) [default: all].
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
+    /// Bytes of one memory-to-memory and one disk-to-disk transfer (`1G`, `512M`) [default:
+    /// 2 GiB and 1 GiB; --quick: 256 and 128 MiB].
+    #[arg(long, value_parser = ferry_wan::units::parse_bytes)]
+    size: Option<u64>,
+    /// The ferry servers' staging ring in blocks (`ring` of `ferry serve`'s config), for
+    /// A/B runs of the server's ring [default: the server's own, 8].
+    #[arg(long, value_name = "BLOCKS")]
+    server_ring: Option<usize>,
     /// Repetitions [default: 3; --quick: 1].
     #[arg(long)]
     reps: Option<usize>,
@@ -130,6 +138,9 @@ impl Plan {
         }
         if !args.buffers.is_empty() {
             p.buffers = args.buffers.iter().map(|m| m * MIB).collect();
+        }
+        if let Some(b) = args.size {
+            (p.mem_bytes, p.disk_bytes) = (b, b);
         }
         if let Some(r) = args.reps {
             p.reps = r.max(1);
@@ -321,10 +332,11 @@ fn need(prog: &str) -> Result<()> {
 impl Servers {
     fn start(wan: &Wan, drivers: &[String], ws: &Workspace) -> Servers {
         let roots = [("shm", ws.shm.as_path()), ("disk", ws.disk.as_path())];
+        let config = ws.serve_config.as_deref();
         Servers {
             ferry: drivers
                 .iter()
-                .map(|d| (d.clone(), servers::ferry(wan, d, &roots)))
+                .map(|d| (d.clone(), servers::ferry(wan, d, &roots, config)))
                 .collect(),
             gridftp: need("globus-url-copy")
                 .and_then(|()| need("globus-gridftp-server"))
@@ -344,7 +356,8 @@ pub fn run(args: &WanArgs) -> Result<()> {
     let drivers = super::addr::drivers(&args.drivers)?;
     let runs = |w: &str| args.only.is_empty() || args.only.iter().any(|x| x == w);
     let mut notes = host_notes(args.rate);
-    let ws = Workspace::create(&plan, &runs).context("preparing the test data")?;
+    let ws =
+        Workspace::create(&plan, &runs, args.server_ring).context("preparing the test data")?;
     let mut cells = cells_of(&plan, &drivers, &runs);
     let mut status: Vec<DriverStatus> = drivers.iter().map(|d| DriverStatus::new(d)).collect();
     let rtts: BTreeSet<u32> = cells.iter().map(|c| c.row.rtt_ms).collect();

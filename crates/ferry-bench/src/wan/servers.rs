@@ -65,14 +65,23 @@ fn spawn_quiet(wan: &Wan, cmd: Command, what: &str) -> Result<Child> {
 }
 
 /// `ferry serve --mem --anonymous` on `driver` (`tcp`, `ofi+tcp`) in namespace A,
-/// exporting `roots`; its address is the one it reports.
-pub fn ferry(wan: &Wan, driver: &str, roots: &[(&str, &Path)]) -> Result<Remote> {
+/// exporting `roots`, with the configuration file `config` if given; its address is the
+/// one it reports.
+pub fn ferry(
+    wan: &Wan,
+    driver: &str,
+    roots: &[(&str, &Path)],
+    config: Option<&Path>,
+) -> Result<Remote> {
     let exe = std::env::current_exe().context("locating the ferry binary")?;
     let mut cmd = Command::new(exe);
     let listen = format!("{driver}://{}:0", wan.a().addr);
     cmd.args(["serve", "--mem", "--anonymous", "--listen", &listen]);
     for (name, path) in roots {
         cmd.arg("--root").arg(format!("{name}={}", path.display()));
+    }
+    if let Some(c) = config {
+        cmd.arg("--config").arg(c);
     }
     cmd.env("RUST_LOG", "warn");
     let mut child = wan
