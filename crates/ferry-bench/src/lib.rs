@@ -23,6 +23,7 @@ mod proto;
 mod refs;
 mod report;
 mod session;
+mod wan;
 
 use anyhow::Result;
 
@@ -31,6 +32,7 @@ pub use cp::CpArgs;
 pub use exs::ExsArgs;
 pub use fabric::FabricArgs;
 pub use noncontig::NoncontigArgs;
+pub use wan::WanArgs;
 
 /// `ferry bench fabric`: fabric bandwidth and latency per driver against iperf3 and memcpy.
 pub fn run_fabric(args: &FabricArgs) -> Result<()> {
@@ -55,6 +57,12 @@ pub fn run_cp(args: &CpArgs) -> Result<()> {
 /// `ferry bench block`: ferry's NBD server against nbdkit and qemu-nbd through fio.
 pub fn run_block(args: &BlockArgs) -> Result<()> {
     block::run(args)
+}
+
+/// `ferry bench wan`: the seed's figures 7–10 on the WAN emulator, with GridFTP and
+/// iperf3 on the same path.
+pub fn run_wan(args: &WanArgs) -> Result<()> {
+    wan::run(args)
 }
 
 /// The peer process `bench fabric` and `bench noncontig` spawn per driver: listens on

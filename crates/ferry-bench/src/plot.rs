@@ -49,13 +49,15 @@ impl Axis {
 
     fn label(self, x: f64) -> String {
         let r = x.round();
-        if (x - r).abs() > 0.05 || !(0.0..63.0).contains(&r) {
+        if (x - r).abs() > 0.05 {
             return String::new();
         }
         match self {
+            Axis::Linear => format!("{r}"),
+            // Exponents: only those a u64 holds.
+            _ if !(0.0..63.0).contains(&r) => String::new(),
             Axis::Log2Bytes => human_size(1u64 << r as u32),
             Axis::Log10Bytes => human_size(10u64.pow(r as u32)),
-            Axis::Linear => format!("{r}"),
         }
     }
 }

@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 use clap::Subcommand;
-use ferry_bench::{BlockArgs, CpArgs, ExsArgs, FabricArgs, NoncontigArgs};
+use ferry_bench::{BlockArgs, CpArgs, ExsArgs, FabricArgs, NoncontigArgs, WanArgs};
 
 /// The benchmarks.
 #[derive(Subcommand)]
@@ -23,6 +23,11 @@ pub enum BenchCmd {
     /// fio's nbd engine: 1 MiB sequential write and read at QD 16, 4 KiB random write and
     /// read at QD 1 and 32 (GB/s, IOPS, mean and p99 latency), over TCP and a Unix socket.
     Block(BlockArgs),
+    /// The ADTS paper's figures 7–10 on the WAN emulator (needs root): `ferry cp` memory to
+    /// memory against round trip (0–100 ms) by file buffer, disk to disk without and with
+    /// staging, the CCSM and visualization traces and 1,000 small files, with GridFTP
+    /// (-p 1, -p 4, -tcp-bs) and iperf3 on the same path.
+    Wan(WanArgs),
     /// Internal: the peer process `bench exs` spawns (the sending side).
     #[command(hide = true)]
     ExsPeer {
@@ -52,6 +57,7 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
         BenchCmd::Exs(args) => ferry_bench::run_exs(&args),
         BenchCmd::Cp(args) => ferry_bench::run_cp(&args),
         BenchCmd::Block(args) => ferry_bench::run_block(&args),
+        BenchCmd::Wan(args) => ferry_bench::run_wan(&args),
         BenchCmd::ExsPeer { listen } => ferry_bench::run_exs_peer(&listen),
     }
 }

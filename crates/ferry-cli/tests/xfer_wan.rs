@@ -62,6 +62,23 @@ fn serve_in_a(wan: &Wan) -> Server {
     Server { child, addr, root }
 }
 
+/// `ferry serve --mem` in namespace A as [`serve_in_a`] does, its debug log going to the
+/// file `log`.
+fn serve_in_a_logging(wan: &Wan, log: &std::path::Path) -> Server {
+    let root = scratch("wan-root");
+    let mut cmd = wan.exec_in_a(ferry());
+    cmd.args(["serve", "--mem", "--token", TOKEN, "--root"])
+        .arg(format!("d={}", root.display()))
+        .arg("--listen")
+        .arg(format!("tcp://{}:0", wan.a().addr))
+        .env("RUST_LOG", "ferry_xfer=debug")
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(log).expect("create the server's log"));
+    let mut child = cmd.spawn().expect("spawn ferry serve in namespace A");
+    let addr = common::listening(&mut child, 1).remove(0);
+    Server { child, addr, root }
+}
+
 /// `ferry cp --token TOKEN --json ARGS` in namespace B.
 fn cp_in_b(wan: &Wan, args: &[&str]) -> Command {
     let mut c = wan.exec_in_b(ferry());
@@ -249,5 +266,33 @@ fn a_lossy_path_completes_and_reports_its_rate() {
         "1 % loss at 50 ms: {:.0} Mbit/s ({} segments lost on the way)",
         bps / 1e6,
         wan.stats_a_to_b().random_drops.load(Ordering::Relaxed)
+    );
+}
+
+/// The server sizes a connection's staging ring to the path, as the client does its own:
+/// at 50 ms its default 8 blocks of 4 MiB (about 1.3 Gbit/s for one stream, a block being
+/// busy two round trips) grow to the bandwidth-delay product, for a download and for an
+/// upload alike.
+#[test]
+fn the_server_sizes_its_ring_to_the_path() {
+    let _g = serial();
+    let Some(wan) = wan_or_skip(path(GBIT)) else {
+        return;
+    };
+    let log = scratch("wan-serve-log").join("serve.log");
+    let mut srv = serve_in_a_logging(&wan, &log);
+    let down = ok(&run(cp_in_b(&wan, &[&srv.at("mem/zero/16M"), "null:"])));
+    assert_eq!(down["bytes"], 16 << 20);
+    let up = ok(&run(cp_in_b(&wan, &["zero:16M", &srv.at("mem/null")])));
+    assert_eq!(up["bytes"], 16 << 20);
+    stop(&mut srv.child);
+    let text = std::fs::read_to_string(&log).unwrap();
+    let grown: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("staging ring grown from 8 to"))
+        .collect();
+    assert!(
+        grown.len() >= 2,
+        "no ring grown in the server's log:\n{text}"
     );
 }

@@ -66,6 +66,10 @@ pub const NETNS_PREFIX: &str = "fwan-";
 pub const ADDR_A: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 /// Address of namespace B's end.
 pub const ADDR_B: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
+/// Host names of the two ends, in both namespaces' /etc/hosts (for commands run through
+/// `ip netns exec`).
+pub const HOST_A: &str = "ferry-wan-a";
+pub const HOST_B: &str = "ferry-wan-b";
 /// The device in each namespace.
 const DEVICE: &str = "wan0";
 /// Smallest bottleneck queue: four 64 KiB GSO packets, so a line with a tiny
@@ -217,6 +221,9 @@ impl Wan {
         let base = format!("{NETNS_PREFIX}{}-{run}", std::process::id());
         let ns_a = Netns::create(&format!("{base}-a"))?;
         let ns_b = Netns::create(&format!("{base}-b"))?;
+        for ns in [&ns_a, &ns_b] {
+            ns.write_hosts(&[(ADDR_A, HOST_A), (ADDR_B, HOST_B)])?;
+        }
         let mode = config.tun_mode();
         let tun_a = open_end(&ns_a, &config, mode, ADDR_A, ADDR_B)?;
         let tun_b = open_end(&ns_b, &config, mode, ADDR_B, ADDR_A)?;
@@ -460,5 +467,7 @@ pub fn remove_namespace(name: &str) -> Result<(), Error> {
             let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
         }
     }
-    netns::ip(&["netns", "del", name])
+    let deleted = netns::ip(&["netns", "del", name]);
+    netns::remove_etc(name);
+    deleted
 }

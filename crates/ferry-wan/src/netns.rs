@@ -12,6 +12,9 @@ use crate::error::Error;
 
 /// Where `ip netns` keeps its namespaces.
 pub(crate) const NETNS_DIR: &str = "/run/netns";
+/// Where `ip netns exec NAME` finds files it bind-mounts over /etc (`/etc/netns/NAME/hosts`
+/// becomes the command's /etc/hosts).
+const ETC_NETNS_DIR: &str = "/etc/netns";
 
 /// A namespace this process created; deleted on drop.
 #[derive(Debug)]
@@ -28,6 +31,24 @@ impl Netns {
         };
         ns.ip(&["link", "set", "lo", "up"])?;
         Ok(ns)
+    }
+
+    /// Gives commands run through `ip netns exec` an /etc/hosts of the host's entries
+    /// plus `names`. The namespace reaches no resolver, so a program that looks its own
+    /// address up (GridFTP's server does) would fail with "temporary failure in name
+    /// resolution" without them. Removed with the namespace.
+    pub fn write_hosts(&self, names: &[(std::net::Ipv4Addr, &str)]) -> Result<(), Error> {
+        let dir = std::path::Path::new(ETC_NETNS_DIR).join(&self.name);
+        let mut hosts = fs::read_to_string("/etc/hosts").unwrap_or_default();
+        if !hosts.is_empty() && !hosts.ends_with('\n') {
+            hosts.push('\n');
+        }
+        for (addr, name) in names {
+            hosts += &format!("{addr} {name}\n");
+        }
+        fs::create_dir_all(&dir)
+            .and_then(|()| fs::write(dir.join("hosts"), hosts))
+            .map_err(|e| Error::io(format!("write {}/hosts", dir.display()), e))
     }
 
     /// Runs `ip -n NAME ARGS...`.
@@ -67,6 +88,14 @@ impl Drop for Netns {
     fn drop(&mut self) {
         // Best effort: a namespace already gone (`ferry-wan down --all` ran) is fine.
         let _ = ip(&["netns", "del", &self.name]);
+        remove_etc(&self.name);
+    }
+}
+
+/// Removes `/etc/netns/NAME` (see [`Netns::write_hosts`]); best effort.
+pub(crate) fn remove_etc(name: &str) {
+    if !name.is_empty() && !name.contains('/') && !name.starts_with('.') {
+        let _ = fs::remove_dir_all(std::path::Path::new(ETC_NETNS_DIR).join(name));
     }
 }
 

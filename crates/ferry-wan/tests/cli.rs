@@ -22,8 +22,9 @@ fn supported() -> bool {
     }
 }
 
+/// Whether the namespace, or the /etc/hosts file its commands get, is still there.
 fn netns_exists(name: &str) -> bool {
-    Path::new("/run/netns").join(name).exists()
+    Path::new("/run/netns").join(name).exists() || Path::new("/etc/netns").join(name).exists()
 }
 
 /// Starts `ferry-wan up` and reads the two namespace names it prints.
@@ -57,13 +58,17 @@ fn run_exits_with_b_status_and_tears_down() {
     let out = ferry_wan()
         .args(["run", "--rtt", "2ms", "--grace", "0s"])
         .args(["--a", "sleep 30"])
-        .args(["--b", "[ \"$FERRY_WAN_A\" = 198.18.0.1 ] || exit 9; exit 3"])
+        .args([
+            "--b",
+            "[ \"$FERRY_WAN_A\" = 198.18.0.1 ] || exit 9; \
+             getent hosts ferry-wan-a | grep -q '^198.18.0.1 ' || exit 8; exit 3",
+        ])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "{stderr}");
-    // It names its namespaces on stderr; A's `sleep 30` was ended, not waited for, and
-    // the namespaces are gone.
+    // B resolved A's name (its /etc/hosts has both ends). It names its namespaces on
+    // stderr; A's `sleep 30` was ended, not waited for, and the namespaces are gone.
     let names: Vec<&str> = stderr
         .lines()
         .filter_map(|l| l.strip_prefix("ferry-wan: namespace "))

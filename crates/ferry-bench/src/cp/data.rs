@@ -26,7 +26,7 @@ impl Drop for Workspace {
 }
 
 /// Writes `len` bytes of a cheap pseudo-random stream (not compressible, not all zeros).
-fn write_data(path: &Path, len: u64, seed: u64) -> Result<()> {
+pub(crate) fn write_data(path: &Path, len: u64, seed: u64) -> Result<()> {
     let mut f =
         std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
     let mut x = seed | 1;

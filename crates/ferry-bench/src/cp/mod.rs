@@ -5,7 +5,7 @@
 //! (A B A B); medians; the summary takes ferry's best driver against the peer's best variant
 //! (see bench/results/README.md).
 
-mod data;
+pub(crate) mod data;
 mod plot;
 mod report;
 pub(crate) mod tools;
