@@ -7,7 +7,7 @@
 //! breaks the protocol loses its own connection; nothing it sends can stop the others.
 
 use std::collections::HashMap;
-use std::io::{self, BufReader, Read, Write};
+use std::io::{self, BufReader, IoSlice, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -152,6 +152,13 @@ impl Write for &Stream {
         }
     }
 
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => (&*s).write_vectored(bufs),
+            Stream::Unix(s) => (&*s).write_vectored(bufs),
+        }
+    }
+
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
     }
@@ -265,6 +272,20 @@ impl Shared {
     fn unregister(&self, id: u64) {
         lock(&self.conns).remove(&id);
     }
+}
+
+/// Writes every byte of `parts` (`Write::write_all_vectored` is not stable yet).
+fn write_all_vectored(mut w: impl Write, mut parts: &mut [IoSlice<'_>]) -> io::Result<()> {
+    IoSlice::advance_slices(&mut parts, 0);
+    while !parts.is_empty() {
+        match w.write_vectored(parts) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => IoSlice::advance_slices(&mut parts, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -787,11 +808,24 @@ impl Conn<'_> {
         }
     }
 
+    /// Writes one whole reply gathered from `parts` (headers and data in place: one
+    /// vectored write, no copy into a reply buffer).
+    fn send_vectored(&self, parts: &mut [IoSlice<'_>]) -> io::Result<()> {
+        let _one = lock(&self.write_lock);
+        write_all_vectored(self.stream, parts)
+    }
+
     fn read_simple(&self, cookie: u64, offset: u64, len: u32) -> io::Result<()> {
         let len = len as usize;
+        let ok = reply::simple(cookie, 0);
+        if let Some(shared) = self.backend.read_shared(offset, len) {
+            let mut parts = vec![IoSlice::new(&ok)];
+            parts.extend(shared.slices(0, len));
+            return self.send_vectored(&mut parts);
+        }
         let mut buf = self.pool.get(len);
         let sent = match self.backend.read_at(buf.data_mut(len), offset) {
-            Ok(()) => self.send(buf.framed(&reply::simple(cookie, 0), len)),
+            Ok(()) => self.send(buf.framed(&ok, len)),
             Err(e) => self.send(&reply::simple(cookie, nbd_errno(&e))),
         };
         self.pool.put(buf);
@@ -799,18 +833,26 @@ impl Conn<'_> {
     }
 
     /// A structured read: zero runs as holes (in reads of at least [`SPARSE_READ_MIN`]),
-    /// the rest as data, every byte read before anything is sent (so an error is one error chunk, never a broken data chunk).
+    /// the rest as data, every byte read before anything is sent (so an error is one error
+    /// chunk, never a broken data chunk). Memory the backend shares is sent from where it
+    /// lies, and tells the holes itself.
     fn read_structured(&self, cookie: u64, offset: u64, len: u32, df: bool) -> io::Result<()> {
         if len == 0 {
             return self.send(&reply::done(cookie));
         }
-        let extents = if df || len < SPARSE_READ_MIN {
-            Vec::new()
-        } else {
+        let sparse = !df && len >= SPARSE_READ_MIN;
+        if let Some(shared) = self.backend.read_shared(offset, len as usize) {
+            let extents = if sparse { shared.extents() } else { Vec::new() };
+            let pieces = reply::plan_read(offset, len, &extents, df);
+            return self.send_pieces(cookie, offset, &pieces, |at, n| shared.slices(at, n));
+        }
+        let extents = if sparse {
             // Unknown allocation is read as data.
             self.backend
                 .extents(offset, u64::from(len))
                 .unwrap_or_default()
+        } else {
+            Vec::new()
         };
         let pieces = reply::plan_read(offset, len, &extents, df);
         let mut buf = self.pool.get(len as usize);
@@ -823,38 +865,39 @@ impl Conn<'_> {
                 return self.send(&reply::error_chunk(cookie, nbd_errno(&e), &msg));
             }
         }
-        let sent = self.send_pieces(cookie, offset, len, &pieces, &mut buf);
+        let data = buf.data(len as usize);
+        let sent = self.send_pieces(cookie, offset, &pieces, |at, n| {
+            vec![IoSlice::new(&data[at..at + n])]
+        });
         self.pool.put(buf);
         sent
     }
 
-    fn send_pieces(
+    /// The chunks of a structured read in one vectored write: a hole chunk for each hole
+    /// piece, a data chunk with `data(at, len)` (bytes from `at` in the request) for the
+    /// others, the last flagged done.
+    fn send_pieces<'d>(
         &self,
         cookie: u64,
         offset: u64,
-        len: u32,
         pieces: &[Piece],
-        buf: &mut Buf,
+        data: impl Fn(usize, usize) -> Vec<IoSlice<'d>>,
     ) -> io::Result<()> {
-        if let [p] = pieces {
+        let last = pieces.len().saturating_sub(1);
+        let heads: Vec<Vec<u8>> = (pieces.iter().enumerate())
+            .map(|(i, p)| match p.hole {
+                true => reply::offset_hole(cookie, p.offset, p.len, i == last).to_vec(),
+                false => reply::offset_data(cookie, p.offset, p.len, i == last).to_vec(),
+            })
+            .collect();
+        let mut parts = Vec::with_capacity(pieces.len() * 2);
+        for (p, h) in pieces.iter().zip(&heads) {
+            parts.push(IoSlice::new(h));
             if !p.hole {
-                let h = reply::offset_data(cookie, p.offset, p.len, true);
-                return self.send(buf.framed(&h, p.len as usize));
+                parts.extend(data((p.offset - offset) as usize, p.len as usize));
             }
         }
-        let _one = lock(&self.write_lock);
-        let mut w = self.stream;
-        for (i, p) in pieces.iter().enumerate() {
-            let last = i + 1 == pieces.len();
-            if p.hole {
-                w.write_all(&reply::offset_hole(cookie, p.offset, p.len, last))?;
-            } else {
-                let at = (p.offset - offset) as usize;
-                w.write_all(&reply::offset_data(cookie, p.offset, p.len, last))?;
-                w.write_all(&buf.data(len as usize)[at..at + p.len as usize])?;
-            }
-        }
-        Ok(())
+        self.send_vectored(&mut parts)
     }
 
     fn block_status(&self, cookie: u64, offset: u64, len: u32, req_one: bool) -> io::Result<()> {
