@@ -51,7 +51,8 @@ pub fn nbd_option(data: &[u8]) {
 
 /// Feeds `data` to a handshake, after a well-formed client-flags word.
 fn drive(data: &[u8]) {
-    let mut hs = Handshake::new(exports());
+    // TLS offered, the read-only export TLS-only: STARTTLS and the refusals are reached.
+    let mut hs = Handshake::new(exports()).offer_tls(vec![false, true]);
     let _ = hs.greeting();
     let input = [&[0u8, 0, 0, 3][..], data].concat();
     let mut rest = &input[..];
@@ -63,7 +64,7 @@ fn drive(data: &[u8]) {
         let (now, later) = rest.split_at(want);
         let step = hs.feed(now);
         match step.next {
-            Next::Continue => {}
+            Next::Continue | Next::StartTls => {}
             Next::Transmit(n) => {
                 assert!(n.export < 2);
                 return;

@@ -7,6 +7,8 @@
 //! max_per_address = 32           # of them from one address
 //! max_handshakes = 32            # connections in their handshake at once
 //! handshake_timeout = 5.0        # seconds a client has to finish its handshake
+//! tls_certificate = "/etc/ferry/nbd-cert.pem"  # offer NBD_OPT_STARTTLS with this
+//! tls_key = "/etc/ferry/nbd-key.pem"           # certificate chain and key (PEM)
 //!
 //! [[block.export]]
 //! name = "disk"                  # what clients ask for (nbd://host/disk); the first export
@@ -15,6 +17,8 @@
 //! readonly = false               # true: writes are refused (EPERM)
 //! direct = false                 # true: O_DIRECT, 4096-byte minimum block
 //! description = "scratch disk"   # shown by nbdinfo
+//! tls = "require"                # clear clients are refused (NBD_REP_ERR_TLS_REQD);
+//!                                # default "allow": TLS when the client starts it
 //!
 //! [[block.export]]
 //! name = "ram"
@@ -59,6 +63,13 @@ pub struct BlockConfig {
     /// is disconnected.
     #[serde(default = "defaults::handshake_timeout")]
     pub handshake_timeout: f64,
+    /// The server's certificate chain (PEM) for `NBD_OPT_STARTTLS`; TLS is offered only
+    /// with one (and [`BlockConfig::tls_key`]).
+    #[serde(default)]
+    pub tls_certificate: Option<PathBuf>,
+    /// The private key (PEM) of [`BlockConfig::tls_certificate`].
+    #[serde(default)]
+    pub tls_key: Option<PathBuf>,
 }
 
 /// The admission defaults: the service floor's (`[limits]` of file transfer).
@@ -100,6 +111,20 @@ pub struct ExportConfig {
     /// A line for humans.
     #[serde(default)]
     pub description: String,
+    /// Whether a client must start TLS before it may use the export.
+    #[serde(default)]
+    pub tls: TlsPolicy,
+}
+
+/// An export's TLS policy.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum TlsPolicy {
+    /// Clear or TLS, as the client chooses (TLS only when the server has a certificate).
+    #[default]
+    Allow,
+    /// TLS only: a clear client is refused the export (`NBD_REP_ERR_TLS_REQD`).
+    Require,
 }
 
 /// An export's storage, as the configuration names it.
@@ -121,6 +146,7 @@ impl ExportConfig {
             readonly: false,
             direct: false,
             description: String::new(),
+            tls: TlsPolicy::Allow,
         }
     }
 
@@ -193,6 +219,8 @@ impl Default for BlockConfig {
             max_per_address: defaults::max_per_address(),
             max_handshakes: defaults::max_handshakes(),
             handshake_timeout: defaults::handshake_timeout(),
+            tls_certificate: None,
+            tls_key: None,
         }
     }
 }
@@ -255,8 +283,19 @@ impl BlockConfig {
                     .into(),
             );
         }
+        let has_cert = match (&self.tls_certificate, &self.tls_key) {
+            (Some(_), Some(_)) => true,
+            (None, None) => false,
+            _ => return usage("[block] tls_certificate and tls_key go together".into()),
+        };
         for (i, e) in self.exports.iter().enumerate() {
             check_export(e)?;
+            if e.tls == TlsPolicy::Require && !has_cert {
+                return usage(format!(
+                    "block export {:?} has tls = \"require\": give [block] tls_certificate and tls_key",
+                    e.name
+                ));
+            }
             if self.exports[..i].iter().any(|o| o.name == e.name) {
                 return usage(format!("block export {:?} is configured twice", e.name));
             }
@@ -365,11 +404,29 @@ mod tests {
             "listen = \"nowhere\"\n[[export]]\nname = \"a\"\npath = \"/x\"",
             "neither",
         );
+        bad(
+            "[[export]]\nname = \"a\"\nmemory = 5\ntls = \"require\"",
+            "tls_certificate and tls_key",
+        );
+        bad(
+            "tls_key = \"/k\"\n[[export]]\nname = \"a\"\nmemory = 5",
+            "go together",
+        );
+        bad(
+            "[[export]]\nname = \"a\"\nmemory = 5\ntls = \"maybe\"",
+            "unknown variant",
+        );
     }
 
     #[test]
     fn limits_default_to_the_floors_and_are_checked() {
         let c = BlockConfig::from_toml("[[export]]\nname = \"a\"\nmemory = 5").unwrap();
+        // Without TLS configured, only this machine can reach the service by default.
+        assert_eq!(c.listen, vec![format!("127.0.0.1:{DEFAULT_PORT}")]);
+        assert_eq!(
+            (&c.tls_certificate, c.exports[0].tls),
+            (&None, TlsPolicy::Allow)
+        );
         let floor = LimitsConfig::default();
         assert_eq!(c.limits().max_connections, floor.max_connections);
         assert_eq!(c.limits().handshake_timeout, floor.handshake_timeout);

@@ -11,9 +11,10 @@
 //!   per connection that take turns reading requests and answer out of order, the drain.
 //! - [`config`]: the `[block]` table of `ferry serve`'s configuration.
 //! - [`buf`]: aligned, recycled transfer buffers.
+//! - [`tls`]: `NBD_OPT_STARTTLS` (rustls, X.509), a TLS session the workers share.
 //!
-//! Not in this version: TLS (`NBD_OPT_STARTTLS` is answered `NBD_REP_ERR_UNSUP`), extended
-//! headers, and the RDMA delegation path.
+//! Not in this version: extended headers, TLS with pre-shared keys, and the RDMA
+//! delegation path.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -23,6 +24,7 @@ pub mod buf;
 pub mod config;
 pub mod nbd;
 pub mod server;
+pub mod tls;
 
 pub use config::{BlockConfig, ExportConfig};
 pub use server::{BlockServer, Export};

@@ -7,7 +7,7 @@
 //! breaks the protocol loses its own connection; nothing it sends can stop the others.
 
 use std::collections::HashMap;
-use std::io::{self, BufReader, Read, Write};
+use std::io::{self, BufReader, IoSlice, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -24,11 +24,12 @@ use crate::backend::file::FileBackend;
 use crate::backend::memory::MemoryBackend;
 use crate::backend::{nbd_errno, Backend, Zeroing};
 use crate::buf::{Buf, Pool};
-use crate::config::{BlockConfig, ExportConfig, ListenAddr, Storage};
+use crate::config::{BlockConfig, ExportConfig, ListenAddr, Storage, TlsPolicy};
 use crate::nbd::consts::{ESHUTDOWN, REQUEST_LEN};
 use crate::nbd::handshake::{ExportInfo, Handshake, Negotiated, Next, BASE_ALLOCATION_ID};
 use crate::nbd::reply::{self, Piece};
 use crate::nbd::request::{decode_request, Command, Refusal, RequestHeader, Session};
+use crate::tls::{self, TlsStream};
 
 /// Workers serving one connection's requests (as many requests are served at once).
 const WORKERS: usize = 16;
@@ -46,6 +47,8 @@ pub struct Export {
     pub info: ExportInfo,
     /// The storage.
     pub backend: Arc<dyn Backend>,
+    /// Refused to a client that has not started TLS (`tls = "require"`).
+    pub tls_required: bool,
 }
 
 impl std::fmt::Debug for Export {
@@ -83,15 +86,21 @@ impl Export {
             preferred_block: backend.preferred_block(),
             multi_conn: backend.multi_conn(),
         };
-        Export { info, backend }
+        Export {
+            info,
+            backend,
+            tls_required: c.tls == TlsPolicy::Require,
+        }
     }
 }
 
-/// A connected client's socket.
+/// A connected client's socket, clear or under TLS.
 #[derive(Debug)]
 enum Stream {
     Tcp(TcpStream),
     Unix(UnixStream),
+    /// After `NBD_OPT_STARTTLS`: a TLS session on a TCP or Unix socket.
+    Tls(Arc<TlsStream<Stream>>),
 }
 
 impl Stream {
@@ -99,6 +108,7 @@ impl Stream {
         Ok(match self {
             Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
             Stream::Unix(s) => Stream::Unix(s.try_clone()?),
+            Stream::Tls(t) => Stream::Tls(t.clone()),
         })
     }
 
@@ -106,6 +116,10 @@ impl Stream {
         let _ = match self {
             Stream::Tcp(s) => s.shutdown(std::net::Shutdown::Both),
             Stream::Unix(s) => s.shutdown(std::net::Shutdown::Both),
+            Stream::Tls(t) => {
+                t.socket().shutdown();
+                Ok(())
+            }
         };
     }
 
@@ -113,6 +127,7 @@ impl Stream {
         match self {
             Stream::Tcp(s) => s.set_read_timeout(t),
             Stream::Unix(s) => s.set_read_timeout(t),
+            Stream::Tls(s) => s.socket().set_read_timeout(t),
         }
     }
 
@@ -120,6 +135,7 @@ impl Stream {
         match self {
             Stream::Tcp(s) => s.set_write_timeout(t),
             Stream::Unix(s) => s.set_write_timeout(t),
+            Stream::Tls(s) => s.socket().set_write_timeout(t),
         }
     }
 
@@ -131,6 +147,7 @@ impl Stream {
                 s.set_nodelay(true)
             }
             Stream::Unix(s) => s.set_nonblocking(false),
+            Stream::Tls(t) => t.socket().prepare(),
         }
     }
 }
@@ -140,6 +157,7 @@ impl Read for &Stream {
         match self {
             Stream::Tcp(s) => (&*s).read(buf),
             Stream::Unix(s) => (&*s).read(buf),
+            Stream::Tls(t) => t.read_plain(buf),
         }
     }
 }
@@ -149,6 +167,15 @@ impl Write for &Stream {
         match self {
             Stream::Tcp(s) => (&*s).write(buf),
             Stream::Unix(s) => (&*s).write(buf),
+            Stream::Tls(t) => t.send_sealed(&[IoSlice::new(buf)]),
+        }
+    }
+
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => (&*s).write_vectored(bufs),
+            Stream::Unix(s) => (&*s).write_vectored(bufs),
+            Stream::Tls(t) => t.send_sealed(bufs),
         }
     }
 
@@ -203,6 +230,14 @@ impl Listener {
                 let peer = format!("unix:{}", p.display());
                 (Stream::Unix(s), peer, "unix".to_string())
             }),
+        }
+    }
+
+    /// Whether clients beyond this machine can reach it (a TCP address not on loopback).
+    fn beyond_loopback(&self) -> bool {
+        match self {
+            Listener::Tcp(l) => l.local_addr().is_ok_and(|a| !a.ip().is_loopback()),
+            Listener::Unix(..) => false,
         }
     }
 
@@ -262,9 +297,24 @@ impl Shared {
         id
     }
 
-    fn unregister(&self, id: u64) {
-        lock(&self.conns).remove(&id);
+    /// Forgets a connection, giving back the clone of its socket.
+    fn unregister(&self, id: u64) -> Option<Stream> {
+        lock(&self.conns).remove(&id)
     }
+}
+
+/// Writes every byte of `parts` (`Write::write_all_vectored` is not stable yet).
+fn write_all_vectored(mut w: impl Write, mut parts: &mut [IoSlice<'_>]) -> io::Result<()> {
+    IoSlice::advance_slices(&mut parts, 0);
+    while !parts.is_empty() {
+        match w.write_vectored(parts) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => IoSlice::advance_slices(&mut parts, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -278,6 +328,8 @@ pub struct BlockServer {
     shared: Arc<Shared>,
     /// The floor's admission: the handshake pool and deadline, the connection limits.
     admission: Arc<Admission>,
+    /// TLS, offered with `NBD_OPT_STARTTLS` when the configuration names a certificate.
+    tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl std::fmt::Debug for BlockServer {
@@ -300,6 +352,19 @@ impl BlockServer {
             .collect::<Result<Vec<_>>>()?;
         let mut s = Self::with_exports(&cfg.listen, exports)?;
         s.admission = Admission::new(&cfg.limits(), no_staging);
+        if let (Some(cert), Some(key)) = (&cfg.tls_certificate, &cfg.tls_key) {
+            s.tls = Some(tls::server_config(cert, key)?);
+        }
+        let clear = s.exports.iter().any(|e| !e.tls_required);
+        for l in &s.listeners {
+            if clear && l.beyond_loopback() {
+                tracing::warn!(
+                    "NBD exports without tls = \"require\" are reachable in clear on {} \
+                     (beyond loopback): anyone on the network can read and write them",
+                    l.uri()
+                );
+            }
+        }
         Ok(s)
     }
 
@@ -317,6 +382,7 @@ impl BlockServer {
             listeners,
             shared: Arc::default(),
             admission: Admission::new(&BlockConfig::default().limits(), no_staging),
+            tls: None,
         })
     }
 
@@ -398,11 +464,14 @@ impl BlockServer {
                 return;
             }
         };
-        let exports = self.exports.clone();
-        let shared = self.shared.clone();
+        let on = Serving {
+            exports: self.exports.clone(),
+            shared: self.shared.clone(),
+            tls: self.tls.clone(),
+        };
         let spawned = std::thread::Builder::new()
             .name("ferry-nbd-conn".into())
-            .spawn(move || connection(stream, pass, &exports, &shared, &peer));
+            .spawn(move || connection(stream, pass, &on, &peer));
         if let Err(e) = spawned {
             tracing::warn!("cannot start an NBD connection thread: {e}");
         }
@@ -455,12 +524,22 @@ impl Drop for BlockServer {
     }
 }
 
+/// What a connection thread serves: the server's exports, shared state and TLS.
+struct Serving {
+    exports: Arc<Vec<Export>>,
+    shared: Arc<Shared>,
+    tls: Option<Arc<rustls::ServerConfig>>,
+}
+
 /// One connection, on its own thread: handshake, then transmission.
-fn connection(stream: Stream, pass: Pass, exports: &[Export], shared: &Shared, peer: &str) {
-    let id = shared.register(&stream);
-    let end = serve_connection(&stream, pass, exports, shared);
-    shared.unregister(id);
-    stream.shutdown();
+fn connection(stream: Stream, pass: Pass, on: &Serving, peer: &str) {
+    let id = on.shared.register(&stream);
+    let end = serve_connection(stream, pass, on);
+    // The server's clone of the socket: shut down, so the client sees the end whatever
+    // the connection thread still holds.
+    if let Some(s) = on.shared.unregister(id) {
+        s.shutdown();
+    }
     match end {
         Ok(why) => tracing::debug!("NBD client {peer}: {why}"),
         Err(e) => tracing::info!("NBD client {peer} disconnected: {e}"),
@@ -468,45 +547,55 @@ fn connection(stream: Stream, pass: Pass, exports: &[Export], shared: &Shared, p
 }
 
 /// The connection's life; `Ok` says how it ended well, `Err` what went wrong.
-fn serve_connection(stream: &Stream, pass: Pass, exports: &[Export], shared: &Shared) -> End {
+fn serve_connection(stream: Stream, pass: Pass, on: &Serving) -> End {
     stream.prepare().map_err(|e| e.to_string())?;
     stream
         .set_write_timeout(Some(pass.left()))
         .map_err(|e| e.to_string())?;
-    let Some((n, _slot)) = handshake(stream, pass, exports)? else {
+    let Some((stream, n, _slot)) = handshake(stream, pass, on)? else {
         return Ok("left during the handshake");
     };
     stream.set_read_timeout(None).map_err(|e| e.to_string())?;
     stream.set_write_timeout(None).map_err(|e| e.to_string())?;
-    let export = exports
+    let export = (on.exports)
         .get(n.export)
         .ok_or("handshake chose an export that does not exist")?;
     // `_slot` holds the connection's place among max_connections until it ends.
-    transmission(stream, export, &n, shared)
+    let end = transmission(&stream, export, &n, &on.shared);
+    stream.shutdown();
+    end
 }
 
-/// Runs the handshake machine over the socket within the pass's deadline, then takes a
-/// connection slot; `None` when it ended without an export.
+/// Runs the handshake machine over the socket within the pass's deadline (TLS started on
+/// it when the client asks and the server has a certificate), then takes a connection
+/// slot; the stream to go on with, or `None` when it ended without an export.
 fn handshake(
-    stream: &Stream,
+    mut stream: Stream,
     pass: Pass,
-    exports: &[Export],
-) -> std::result::Result<Option<(Negotiated, Slot)>, String> {
+    on: &Serving,
+) -> std::result::Result<Option<(Stream, Negotiated, Slot)>, String> {
     let io = |e: io::Error| format!("during the handshake: {e}");
-    let mut hs = Handshake::new(exports.iter().map(|e| e.info.clone()).collect());
-    let mut w = stream;
-    w.write_all(&hs.greeting()).map_err(io)?;
+    let mut hs = Handshake::new(on.exports.iter().map(|e| e.info.clone()).collect());
+    if on.tls.is_some() {
+        hs = hs.offer_tls(on.exports.iter().map(|e| e.tls_required).collect());
+    }
+    (&stream).write_all(&hs.greeting()).map_err(io)?;
     loop {
         let mut input = vec![0u8; hs.wants()];
-        read_before_deadline(stream, &mut input, &pass).map_err(io)?;
+        read_before_deadline(&stream, &mut input, &pass).map_err(io)?;
         let step = hs.feed(&input);
         let n = match step.next {
             Next::Continue => {
-                w.write_all(&step.send).map_err(io)?;
+                (&stream).write_all(&step.send).map_err(io)?;
+                continue;
+            }
+            Next::StartTls => {
+                (&stream).write_all(&step.send).map_err(io)?;
+                stream = start_tls(stream, on.tls.clone(), &pass).map_err(io)?;
                 continue;
             }
             Next::Close(why) => {
-                w.write_all(&step.send).map_err(io)?;
+                (&stream).write_all(&step.send).map_err(io)?;
                 tracing::debug!("NBD handshake closed: {why}");
                 return Ok(None);
             }
@@ -515,15 +604,30 @@ fn handshake(
         // The last answer goes only to a client that gets a place.
         return match pass.admit(1, 0) {
             Ok(slot) => {
-                w.write_all(&step.send).map_err(io)?;
-                Ok(Some((n, slot)))
+                (&stream).write_all(&step.send).map_err(io)?;
+                Ok(Some((stream, n, slot)))
             }
             Err(refused) => {
-                let _ = w.write_all(&n.refusal(&refused.message));
+                let _ = (&stream).write_all(&n.refusal(&refused.message));
                 Err(format!("refused: {}", refused.message))
             }
         };
     }
+}
+
+/// The TLS handshake on a clear socket, within what is left of the handshake's time.
+fn start_tls(
+    stream: Stream,
+    cfg: Option<Arc<rustls::ServerConfig>>,
+    pass: &Pass,
+) -> io::Result<Stream> {
+    let cfg = cfg.ok_or_else(|| io::Error::other("STARTTLS accepted with no certificate"))?;
+    let left = pass.left().max(Duration::from_millis(1));
+    stream.set_read_timeout(Some(left))?;
+    stream.set_write_timeout(Some(left))?;
+    let t = TlsStream::accept(stream, cfg)
+        .map_err(|e| io::Error::new(e.kind(), format!("TLS handshake: {e}")))?;
+    Ok(Stream::Tls(Arc::new(t)))
 }
 
 /// Fills `buf` from the socket before the handshake's deadline, giving up when a newer
@@ -787,11 +891,24 @@ impl Conn<'_> {
         }
     }
 
+    /// Writes one whole reply gathered from `parts` (headers and data in place: one
+    /// vectored write, no copy into a reply buffer).
+    fn send_vectored(&self, parts: &mut [IoSlice<'_>]) -> io::Result<()> {
+        let _one = lock(&self.write_lock);
+        write_all_vectored(self.stream, parts)
+    }
+
     fn read_simple(&self, cookie: u64, offset: u64, len: u32) -> io::Result<()> {
         let len = len as usize;
+        let ok = reply::simple(cookie, 0);
+        if let Some(shared) = self.backend.read_shared(offset, len) {
+            let mut parts = vec![IoSlice::new(&ok)];
+            parts.extend(shared.slices(0, len));
+            return self.send_vectored(&mut parts);
+        }
         let mut buf = self.pool.get(len);
         let sent = match self.backend.read_at(buf.data_mut(len), offset) {
-            Ok(()) => self.send(buf.framed(&reply::simple(cookie, 0), len)),
+            Ok(()) => self.send(buf.framed(&ok, len)),
             Err(e) => self.send(&reply::simple(cookie, nbd_errno(&e))),
         };
         self.pool.put(buf);
@@ -799,18 +916,26 @@ impl Conn<'_> {
     }
 
     /// A structured read: zero runs as holes (in reads of at least [`SPARSE_READ_MIN`]),
-    /// the rest as data, every byte read before anything is sent (so an error is one error chunk, never a broken data chunk).
+    /// the rest as data, every byte read before anything is sent (so an error is one error
+    /// chunk, never a broken data chunk). Memory the backend shares is sent from where it
+    /// lies, and tells the holes itself.
     fn read_structured(&self, cookie: u64, offset: u64, len: u32, df: bool) -> io::Result<()> {
         if len == 0 {
             return self.send(&reply::done(cookie));
         }
-        let extents = if df || len < SPARSE_READ_MIN {
-            Vec::new()
-        } else {
+        let sparse = !df && len >= SPARSE_READ_MIN;
+        if let Some(shared) = self.backend.read_shared(offset, len as usize) {
+            let extents = if sparse { shared.extents() } else { Vec::new() };
+            let pieces = reply::plan_read(offset, len, &extents, df);
+            return self.send_pieces(cookie, offset, &pieces, |at, n| shared.slices(at, n));
+        }
+        let extents = if sparse {
             // Unknown allocation is read as data.
             self.backend
                 .extents(offset, u64::from(len))
                 .unwrap_or_default()
+        } else {
+            Vec::new()
         };
         let pieces = reply::plan_read(offset, len, &extents, df);
         let mut buf = self.pool.get(len as usize);
@@ -823,38 +948,39 @@ impl Conn<'_> {
                 return self.send(&reply::error_chunk(cookie, nbd_errno(&e), &msg));
             }
         }
-        let sent = self.send_pieces(cookie, offset, len, &pieces, &mut buf);
+        let data = buf.data(len as usize);
+        let sent = self.send_pieces(cookie, offset, &pieces, |at, n| {
+            vec![IoSlice::new(&data[at..at + n])]
+        });
         self.pool.put(buf);
         sent
     }
 
-    fn send_pieces(
+    /// The chunks of a structured read in one vectored write: a hole chunk for each hole
+    /// piece, a data chunk with `data(at, len)` (bytes from `at` in the request) for the
+    /// others, the last flagged done.
+    fn send_pieces<'d>(
         &self,
         cookie: u64,
         offset: u64,
-        len: u32,
         pieces: &[Piece],
-        buf: &mut Buf,
+        data: impl Fn(usize, usize) -> Vec<IoSlice<'d>>,
     ) -> io::Result<()> {
-        if let [p] = pieces {
+        let last = pieces.len().saturating_sub(1);
+        let heads: Vec<Vec<u8>> = (pieces.iter().enumerate())
+            .map(|(i, p)| match p.hole {
+                true => reply::offset_hole(cookie, p.offset, p.len, i == last).to_vec(),
+                false => reply::offset_data(cookie, p.offset, p.len, i == last).to_vec(),
+            })
+            .collect();
+        let mut parts = Vec::with_capacity(pieces.len() * 2);
+        for (p, h) in pieces.iter().zip(&heads) {
+            parts.push(IoSlice::new(h));
             if !p.hole {
-                let h = reply::offset_data(cookie, p.offset, p.len, true);
-                return self.send(buf.framed(&h, p.len as usize));
+                parts.extend(data((p.offset - offset) as usize, p.len as usize));
             }
         }
-        let _one = lock(&self.write_lock);
-        let mut w = self.stream;
-        for (i, p) in pieces.iter().enumerate() {
-            let last = i + 1 == pieces.len();
-            if p.hole {
-                w.write_all(&reply::offset_hole(cookie, p.offset, p.len, last))?;
-            } else {
-                let at = (p.offset - offset) as usize;
-                w.write_all(&reply::offset_data(cookie, p.offset, p.len, last))?;
-                w.write_all(&buf.data(len as usize)[at..at + p.len as usize])?;
-            }
-        }
-        Ok(())
+        self.send_vectored(&mut parts)
     }
 
     fn block_status(&self, cookie: u64, offset: u64, len: u32, req_one: bool) -> io::Result<()> {

@@ -279,3 +279,60 @@ fn bad_handshakes_close() {
     assert_eq!(replies(&s.send), vec![(OPT_ABORT, REP_ACK, vec![])]);
     assert!(matches!(s.next, Next::Close(_)));
 }
+
+#[test]
+fn starttls_opens_tls_only_exports_and_resets_what_was_negotiated_in_clear() {
+    let mut hs = Handshake::new(nbd_option::exports()).offer_tls(vec![false, true]);
+    let _ = hs.greeting();
+    assert_eq!(hs.feed(&[0, 0, 0, 1]).next, Next::Continue);
+    let go = |name: &str| {
+        ClientOption::Info(GoRequest {
+            name: name.into(),
+            info: vec![],
+        })
+    };
+    let s = send(&mut hs, &ClientOption::StructuredReply);
+    assert_eq!(replies(&s.send)[0].1, REP_ACK);
+    // In clear: the TLS-only export is refused, the other one and the list answer.
+    let s = send(&mut hs, &go("ro"));
+    assert_eq!(s.next, Next::Continue);
+    assert_eq!(replies(&s.send)[0].1, REP_ERR_TLS_REQD);
+    assert_eq!(
+        replies(&send(&mut hs, &go("disk")).send).last().unwrap().1,
+        REP_ACK
+    );
+    assert_eq!(replies(&send(&mut hs, &ClientOption::List).send).len(), 3);
+    let s = send(&mut hs, &ClientOption::StartTls);
+    assert_eq!(s.next, Next::StartTls);
+    assert_eq!(replies(&s.send), vec![(OPT_STARTTLS, REP_ACK, vec![])]);
+    // Through TLS: a second STARTTLS is invalid, the export opens, and structured
+    // replies must be asked for again.
+    let s = send(&mut hs, &ClientOption::StartTls);
+    assert_eq!(
+        (s.next, replies(&s.send)[0].1),
+        (Next::Continue, REP_ERR_INVALID)
+    );
+    let s = send(
+        &mut hs,
+        &ClientOption::Go(GoRequest {
+            name: "ro".into(),
+            info: vec![],
+        }),
+    );
+    assert!(matches!(s.next, Next::Transmit(ref n) if n.export == 1 && !n.structured));
+}
+
+#[test]
+fn starttls_is_unsupported_without_a_certificate_and_export_name_in_clear_closes() {
+    let mut hs = started();
+    let s = send(&mut hs, &ClientOption::StartTls);
+    assert_eq!(
+        (s.next, replies(&s.send)[0].1),
+        (Next::Continue, REP_ERR_UNSUP)
+    );
+    let mut hs = Handshake::new(nbd_option::exports()).offer_tls(vec![false, true]);
+    let _ = hs.greeting();
+    hs.feed(&[0, 0, 0, 1]);
+    let s = send(&mut hs, &ClientOption::ExportName("ro".into()));
+    assert!(matches!(s.next, Next::Close(_)));
+}

@@ -1,13 +1,15 @@
 //! An export in memory, for benchmarks and tests: sparse pages allocated on first write,
 //! so an 8 GiB export costs nothing until written; unwritten pages read as zeroes and are
 //! reported as holes. Pages are spread over independently locked shards so connections
-//! and workers rarely wait for each other.
+//! and workers rarely wait for each other. Pages are reference counted: a read can pin
+//! them ([`Backend::read_shared`]) and a reply is sent straight from them with no shard
+//! lock held; a write to a pinned page writes a fresh copy of it.
 
 use std::collections::HashMap;
 use std::io;
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 
-use super::{Backend, Extent, Zeroing};
+use super::{Backend, Extent, SharedPage, SharedRead, Zeroing};
 
 /// Bytes per page.
 const PAGE: u64 = 64 * 1024;
@@ -16,7 +18,7 @@ const SHARDS: u64 = 64;
 /// Most extents one allocation query returns.
 const MAX_EXTENTS: usize = 1024;
 
-type Pages = HashMap<u64, Box<[u8]>>;
+type Pages = HashMap<u64, SharedPage>;
 
 /// A sparse in-memory export.
 #[derive(Debug)]
@@ -66,7 +68,7 @@ impl MemoryBackend {
             if r.len() as u64 == PAGE {
                 shard.remove(&page);
             } else if let Some(p) = shard.get_mut(&page) {
-                p[in_page..in_page + r.len()].fill(0);
+                Arc::make_mut(p)[in_page..in_page + r.len()].fill(0);
             }
         });
     }
@@ -103,8 +105,9 @@ impl Backend for MemoryBackend {
             let mut shard = write(self.shard(page));
             let p = shard
                 .entry(page)
-                .or_insert_with(|| vec![0u8; PAGE as usize].into_boxed_slice());
-            p[in_page..in_page + r.len()].copy_from_slice(&buf[r]);
+                .or_insert_with(|| Arc::new(vec![0u8; PAGE as usize]));
+            // A copy when a reply being sent still holds the page (see `read_shared`).
+            Arc::make_mut(p)[in_page..in_page + r.len()].copy_from_slice(&buf[r]);
         });
         Ok(())
     }
@@ -122,6 +125,19 @@ impl Backend for MemoryBackend {
         // Dropping or clearing pages is always faster than a write: FAST_ZERO is honoured.
         self.zero(offset, len);
         Ok(())
+    }
+
+    fn read_shared(&self, offset: u64, len: usize) -> Option<SharedRead> {
+        let mut out = SharedRead::default();
+        Self::each_page(offset, len as u64, |page, in_page, r| {
+            // The shard's lock is held only to take a reference to the page.
+            let p = read(self.shard(page)).get(&page).cloned();
+            match p {
+                Some(p) => out.push_page(p, in_page, r.len()),
+                None => out.push_zeroes(r.len()),
+            }
+        });
+        Some(out)
     }
 
     fn extents(&self, offset: u64, len: u64) -> io::Result<Vec<Extent>> {
@@ -186,5 +202,45 @@ mod tests {
         .unwrap();
         m.read_at(&mut b, PAGE * 3 - 4).unwrap();
         assert_eq!(&b, b"\0\0\0\0\0\0o\0\0");
+    }
+
+    /// Bytes of a shared read, gathered.
+    fn gather(s: &SharedRead, from: usize, len: usize) -> Vec<u8> {
+        s.slices(from, len)
+            .iter()
+            .flat_map(|x| x.iter().copied())
+            .collect()
+    }
+
+    #[test]
+    fn shared_read_is_a_snapshot_that_writers_do_not_change() {
+        let m = MemoryBackend::new(1 << 20);
+        let data: Vec<u8> = (0..2 * PAGE as usize)
+            .map(|i| (i % 251) as u8 | 1)
+            .collect();
+        m.write_at(&data, PAGE, false).unwrap();
+        // Half a hole page, two data pages, half a hole page.
+        let s = m.read_shared(PAGE / 2, 3 * PAGE as usize).unwrap();
+        assert_eq!(s.len(), 3 * PAGE as usize);
+        let kinds: Vec<(u64, bool)> = s.extents().iter().map(|x| (x.len, x.hole)).collect();
+        assert_eq!(
+            kinds,
+            vec![(PAGE / 2, true), (2 * PAGE, false), (PAGE / 2, true)]
+        );
+        let mut want = vec![0u8; PAGE as usize / 2];
+        want.extend_from_slice(&data);
+        want.resize(3 * PAGE as usize, 0);
+        assert_eq!(gather(&s, 0, s.len()), want);
+        // A sub-range across a page boundary.
+        let (from, n) = (PAGE as usize - 10, PAGE as usize + 20);
+        assert_eq!(gather(&s, from, n), want[from..from + n]);
+        // Writers and trims after the read leave the pinned bytes alone.
+        m.write_at(&vec![9u8; 2 * PAGE as usize], PAGE, false)
+            .unwrap();
+        m.trim(PAGE, PAGE, false).unwrap();
+        assert_eq!(gather(&s, 0, s.len()), want);
+        let mut now = vec![0u8; 8];
+        m.read_at(&mut now, 2 * PAGE).unwrap();
+        assert_eq!(now, vec![9u8; 8]);
     }
 }

@@ -3,7 +3,8 @@
 //! ([`memory::MemoryBackend`], sparse, for benchmarks). Backends are shared by every
 //! connection to the export and called from many threads at once.
 
-use std::io;
+use std::io::{self, IoSlice};
+use std::sync::Arc;
 
 use crate::nbd::consts;
 pub use crate::nbd::reply::Extent;
@@ -69,6 +70,131 @@ pub trait Backend: Send + Sync + 'static {
     /// Reads a range ahead into a cache where there is one.
     fn cache(&self, _offset: u64, _len: u64) -> io::Result<()> {
         Ok(())
+    }
+
+    /// The range `[offset, offset + len)` as the storage's own memory, pinned without a
+    /// lock, so a reply is written straight from it (no copy into a reply buffer, no lock
+    /// held across the socket write); `None` where the storage has no such memory (the
+    /// caller then reads into a buffer with [`Backend::read_at`]).
+    fn read_shared(&self, _offset: u64, _len: usize) -> Option<SharedRead> {
+        None
+    }
+}
+
+/// A page of memory a backend shares with readers: a writer to a page a reader still
+/// holds writes a copy (`Arc::make_mut`), so a reader's bytes never change under it.
+pub type SharedPage = Arc<Vec<u8>>;
+
+/// Zeroes to send for the parts of a [`SharedRead`] that are holes.
+static ZEROES: [u8; 64 * 1024] = [0; 64 * 1024];
+
+/// One run of a [`SharedRead`]: bytes of a page, or zeroes.
+#[derive(Debug, Clone)]
+enum Segment {
+    Page {
+        page: SharedPage,
+        start: usize,
+        len: usize,
+    },
+    Zero(usize),
+}
+
+impl Segment {
+    fn len(&self) -> usize {
+        match self {
+            Segment::Page { len, .. } | Segment::Zero(len) => *len,
+        }
+    }
+}
+
+/// A range of an export read as shared pages (see [`Backend::read_shared`]): what the
+/// range held when it was read, kept alive by reference counts while a reply is sent.
+#[derive(Debug, Clone, Default)]
+pub struct SharedRead {
+    segments: Vec<Segment>,
+    len: usize,
+}
+
+impl SharedRead {
+    /// Appends `len` bytes of `page` from `start` (clamped to the page).
+    pub fn push_page(&mut self, page: SharedPage, start: usize, len: usize) {
+        let start = start.min(page.len());
+        let len = len.min(page.len() - start);
+        self.len += len;
+        self.segments.push(Segment::Page { page, start, len });
+    }
+
+    /// Appends `len` bytes of zeroes (a hole), merged with zeroes before them.
+    pub fn push_zeroes(&mut self, len: usize) {
+        self.len += len;
+        if let Some(Segment::Zero(n)) = self.segments.last_mut() {
+            *n += len;
+        } else {
+            self.segments.push(Segment::Zero(len));
+        }
+    }
+
+    /// Bytes held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no bytes are held.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The allocation of the range: zeroes as holes, pages as data (what a structured
+    /// read's plan and a block status need, with no second look at the storage).
+    pub fn extents(&self) -> Vec<Extent> {
+        let mut out: Vec<Extent> = Vec::new();
+        for s in &self.segments {
+            let hole = matches!(s, Segment::Zero(_));
+            let len = s.len() as u64;
+            match out.last_mut() {
+                Some(last) if last.hole == hole => last.len += len,
+                _ => out.push(Extent {
+                    len,
+                    hole,
+                    zero: hole,
+                }),
+            }
+        }
+        out
+    }
+
+    /// The bytes `[from, from + len)` of the range (clamped to it) as slices for one
+    /// vectored write.
+    pub fn slices(&self, from: usize, len: usize) -> Vec<IoSlice<'_>> {
+        let mut out = Vec::new();
+        let end = from.saturating_add(len).min(self.len);
+        let mut at = 0usize;
+        for s in &self.segments {
+            let (lo, hi) = (at.max(from), (at + s.len()).min(end));
+            if lo < hi {
+                let (skip, n) = (lo - at, hi - lo);
+                match s {
+                    Segment::Page { page, start, .. } => {
+                        out.push(IoSlice::new(&page[start + skip..start + skip + n]));
+                    }
+                    Segment::Zero(_) => push_zero_slices(&mut out, n),
+                }
+            }
+            at += s.len();
+            if at >= end {
+                break;
+            }
+        }
+        out
+    }
+}
+
+/// Slices of [`ZEROES`] adding up to `n` bytes.
+fn push_zero_slices<'a>(out: &mut Vec<IoSlice<'a>>, mut n: usize) {
+    while n > 0 {
+        let k = n.min(ZEROES.len());
+        out.push(IoSlice::new(&ZEROES[..k]));
+        n -= k;
     }
 }
 

@@ -59,7 +59,7 @@ pub const OPT_EXPORT_NAME: u32 = 1;
 pub const OPT_ABORT: u32 = 2;
 /// `NBD_OPT_LIST`.
 pub const OPT_LIST: u32 = 3;
-/// `NBD_OPT_STARTTLS` (refused with `NBD_REP_ERR_UNSUP` in this version).
+/// `NBD_OPT_STARTTLS` (refused with `NBD_REP_ERR_UNSUP` by a server with no certificate).
 pub const OPT_STARTTLS: u32 = 5;
 /// `NBD_OPT_INFO`.
 pub const OPT_INFO: u32 = 6;
@@ -89,6 +89,8 @@ pub const REP_ERR_UNSUP: u32 = (1 << 31) + 1;
 pub const REP_ERR_POLICY: u32 = (1 << 31) + 2;
 /// `NBD_REP_ERR_INVALID`.
 pub const REP_ERR_INVALID: u32 = (1 << 31) + 3;
+/// `NBD_REP_ERR_TLS_REQD`.
+pub const REP_ERR_TLS_REQD: u32 = (1 << 31) + 5;
 /// `NBD_REP_ERR_UNKNOWN`.
 pub const REP_ERR_UNKNOWN: u32 = (1 << 31) + 6;
 /// `NBD_REP_ERR_SHUTDOWN`.

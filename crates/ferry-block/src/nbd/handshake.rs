@@ -6,8 +6,12 @@
 //! Offered: `NBD_OPT_GO` / `NBD_OPT_INFO` (with `NBD_INFO_EXPORT`, `NAME`, `DESCRIPTION`,
 //! `BLOCK_SIZE`), `NBD_OPT_LIST`, `NBD_OPT_ABORT`, the `NBD_OPT_EXPORT_NAME` fallback,
 //! `NBD_OPT_STRUCTURED_REPLY`, `NBD_OPT_LIST_META_CONTEXT` / `NBD_OPT_SET_META_CONTEXT`
-//! for `base:allocation`. Every other option (STARTTLS and extended headers included) is
-//! answered `NBD_REP_ERR_UNSUP` and negotiation goes on.
+//! for `base:allocation`, and `NBD_OPT_STARTTLS` when the server has a certificate
+//! ([`Handshake::offer_tls`]; the runtime then runs TLS on the socket, [`Next::StartTls`]).
+//! An export that needs TLS is refused to a clear client with `NBD_REP_ERR_TLS_REQD`
+//! (the specification's "selective TLS": the other options work in clear). Every other
+//! option (extended headers included) is answered `NBD_REP_ERR_UNSUP` and negotiation goes
+//! on.
 
 use super::consts::*;
 use super::option::{self, ClientOption, GoRequest, MetaRequest, OptionError, OptionHeader};
@@ -99,6 +103,9 @@ pub enum Next {
     Transmit(Negotiated),
     /// Send the bytes (if any), then close: the reason is for the log.
     Close(String),
+    /// Send the bytes (the acknowledgement of `NBD_OPT_STARTTLS`), run the TLS handshake
+    /// on the socket, then go on reading options through TLS.
+    StartTls,
 }
 
 /// The answer to one [`Handshake::feed`].
@@ -127,6 +134,10 @@ pub struct Handshake {
     structured: bool,
     /// The export `NBD_OPT_SET_META_CONTEXT` last selected `base:allocation` for.
     meta_for: Option<usize>,
+    /// `None`: TLS not offered; else, per export, whether it refuses a clear client.
+    tls_only: Option<Vec<bool>>,
+    /// TLS was started.
+    secured: bool,
 }
 
 impl Handshake {
@@ -139,7 +150,22 @@ impl Handshake {
             no_zeroes: false,
             structured: false,
             meta_for: None,
+            tls_only: None,
+            secured: false,
         }
+    }
+
+    /// Offers `NBD_OPT_STARTTLS`; `tls_only[i]` says export `i` is refused to a client
+    /// that did not start TLS.
+    pub fn offer_tls(mut self, tls_only: Vec<bool>) -> Self {
+        self.tls_only = Some(tls_only);
+        self
+    }
+
+    /// Whether export `i` is closed to this client until it starts TLS.
+    fn needs_tls(&self, i: usize) -> bool {
+        !self.secured
+            && (self.tls_only.as_ref()).is_some_and(|t| t.get(i).copied().unwrap_or(false))
     }
 
     /// The bytes the server sends first: `NBDMAGIC`, `IHAVEOPT`, the handshake flags.
@@ -253,11 +279,7 @@ impl Handshake {
             }
             ClientOption::ListMetaContext(m) => reply_continue(self.list_meta(&m)),
             ClientOption::SetMetaContext(m) => reply_continue(self.set_meta(&m)),
-            ClientOption::StartTls => reply_continue(error_reply(
-                opt,
-                REP_ERR_UNSUP,
-                "TLS is not offered by this server version",
-            )),
+            ClientOption::StartTls => self.start_tls(),
             ClientOption::ExtendedHeaders => reply_continue(error_reply(
                 opt,
                 REP_ERR_UNSUP,
@@ -289,10 +311,36 @@ impl Handshake {
         }
     }
 
+    fn start_tls(&mut self) -> Step {
+        let opt = OPT_STARTTLS;
+        if self.tls_only.is_none() {
+            let msg =
+                "TLS is not offered: this server has no certificate ([block] tls_certificate)";
+            return reply_continue(error_reply(opt, REP_ERR_UNSUP, msg));
+        }
+        if self.secured {
+            return reply_continue(error_reply(opt, REP_ERR_INVALID, "TLS is already on"));
+        }
+        // What was negotiated in clear does not carry over into TLS (the specification).
+        self.secured = true;
+        self.structured = false;
+        self.meta_for = None;
+        Step {
+            send: reply(opt, REP_ACK, &[]),
+            next: Next::StartTls,
+        }
+    }
+
     fn export_name(&mut self, name: &str) -> Step {
         let Some(i) = self.find(name) else {
             return self.close(format!("NBD_OPT_EXPORT_NAME for unknown export {name:?}"));
         };
+        if self.needs_tls(i) {
+            // EXPORT_NAME has no error reply: the session ends.
+            return self.close(format!(
+                "NBD_OPT_EXPORT_NAME in clear for TLS-only {name:?}"
+            ));
+        }
         let n = self.negotiated(i, false);
         let mut send = Vec::with_capacity(134);
         send.put_u64(self.exports[i].size);
@@ -329,6 +377,13 @@ impl Handshake {
             );
             return (error_reply(opt, REP_ERR_UNKNOWN, &msg), None);
         };
+        if self.needs_tls(i) {
+            let msg = format!(
+                "export {:?} needs TLS: start it first (NBD_OPT_STARTTLS)",
+                g.name
+            );
+            return (error_reply(opt, REP_ERR_TLS_REQD, &msg), None);
+        }
         let e = &self.exports[i];
         let mut out = Vec::new();
         let mut d = Vec::with_capacity(12);
