@@ -11,9 +11,11 @@
 //!   per connection that take turns reading requests and answer out of order, the drain.
 //! - [`config`]: the `[block]` table of `ferry serve`'s configuration.
 //! - [`buf`]: aligned, recycled transfer buffers.
+//! - [`deleg`]: the RMA path by buffer-management delegation, a face of the fabric port
+//!   (`block`), and its Rust client.
 //!
 //! Not in this version: TLS (`NBD_OPT_STARTTLS` is answered `NBD_REP_ERR_UNSUP`), extended
-//! headers, and the RDMA delegation path.
+//! headers.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -21,6 +23,7 @@
 pub mod backend;
 pub mod buf;
 pub mod config;
+pub mod deleg;
 pub mod nbd;
 pub mod server;
 
