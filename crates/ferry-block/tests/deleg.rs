@@ -4,6 +4,10 @@
 //! working, and a client naming a chunk that is not its own loses its session while
 //! another client's goes on.
 
+#[path = "common/mod.rs"]
+mod common;
+
+use std::process::Command;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -11,11 +15,12 @@ use std::time::Duration;
 use ferry_block::backend::file::FileBackend;
 use ferry_block::backend::memory::MemoryBackend;
 use ferry_block::backend::Backend;
+use ferry_block::deleg::attach::RemoteBackend;
 use ferry_block::deleg::client::{Client, Options};
 use ferry_block::deleg::proto::{self, Cmd, Data, Msg, ReadMode, Scheme};
 use ferry_block::deleg::server::{FabricService, PoolConfig};
 use ferry_block::deleg::SERVICE;
-use ferry_block::{Export, ExportConfig};
+use ferry_block::{BlockServer, Export, ExportConfig};
 use ferry_service::admit::{Admission, LimitsConfig};
 use ferry_service::auth::AuthConfig;
 use ferry_service::channel::Channel;
@@ -263,5 +268,76 @@ fn a_wrong_token_or_export_is_refused() {
     let o = opts("nosuch", Scheme::Delegated, ReadMode::ServerFill);
     let e = Client::connect(addr, &o).err().unwrap();
     assert!(e.to_string().contains("no export"), "{e}");
+    let _ = std::fs::remove_file(path);
+}
+
+/// `ferry block attach`'s backend served by the NBD server on a Unix socket: nbdcopy up
+/// and down and fio with verification, through the RMA path on every driver.
+#[test]
+fn standard_clients_through_attach_on_every_driver() {
+    common::need("nbdcopy", "libnbd-bin");
+    common::need("fio", "fio");
+    let path = backing("attach");
+    let addrs = server("attach", &path, PoolConfig::default());
+    let dir = common::scratch("deleg-attach");
+    let src = dir.join("src.img");
+    std::fs::write(&src, common::pattern(0, 8 << 20)).unwrap();
+    for (i, addr) in addrs.iter().enumerate() {
+        let remote = RemoteBackend::connect(
+            addr,
+            &opts("file", Scheme::Delegated, ReadMode::ServerWrite),
+            4,
+        )
+        .expect(addr);
+        let sock = dir.join(format!("nbd{i}.sock"));
+        let cfg = ExportConfig {
+            name: "disk".into(),
+            path: None,
+            memory: Some(SIZE),
+            readonly: false,
+            direct: false,
+            description: String::new(),
+        };
+        let nbd = Arc::new(
+            BlockServer::with_exports(
+                &[format!("unix:{}", sock.display())],
+                vec![Export::new(&cfg, Arc::new(remote))],
+            )
+            .unwrap(),
+        );
+        let quit = Arc::new(AtomicBool::new(false));
+        let (n2, q2) = (nbd.clone(), quit.clone());
+        let t = std::thread::spawn(move || n2.serve_until(&q2));
+        let uri = format!("nbd+unix:///disk?socket={}", sock.display());
+        common::run(Command::new("nbdcopy").args(["--connections=4", src.to_str().unwrap(), &uri]));
+        // What went up is on the server's file (flushed by nbdcopy).
+        let on_server = std::fs::read(&path).unwrap();
+        assert!(
+            on_server[..8 << 20] == std::fs::read(&src).unwrap()[..],
+            "{addr}"
+        );
+        let back = dir.join(format!("back{i}.img"));
+        common::run(Command::new("nbdcopy").args([&uri, back.to_str().unwrap()]));
+        assert!(
+            std::fs::read(&back).unwrap()[..8 << 20] == std::fs::read(&src).unwrap()[..],
+            "{addr}"
+        );
+        common::run(Command::new("fio").args([
+            "--name=verify",
+            "--ioengine=nbd",
+            &format!("--uri={uri}"),
+            "--rw=randwrite",
+            "--bs=64k",
+            "--size=8m",
+            "--offset=16m",
+            "--iodepth=8",
+            "--verify=crc32c",
+            "--do_verify=1",
+            "--output-format=terse",
+        ]));
+        quit.store(true, std::sync::atomic::Ordering::SeqCst);
+        t.join().unwrap();
+        nbd.drain(Duration::from_millis(100));
+    }
     let _ = std::fs::remove_file(path);
 }

@@ -15,7 +15,9 @@
 //! - [`pool`]: the client's first-fit allocator and the server's range check.
 //! - [`server`]: the face ([`server::FabricService`]), one thread per session.
 //! - [`client`]: the Rust API ([`client::Client`]).
+//! - [`attach`]: a remote export as a local backend, for `ferry block attach`.
 
+pub mod attach;
 pub mod client;
 pub mod pool;
 pub mod proto;
