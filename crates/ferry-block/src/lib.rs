@@ -12,9 +12,10 @@
 //! - [`config`]: the `[block]` table of `ferry serve`'s configuration.
 //! - [`buf`]: aligned, recycled transfer buffers.
 //! - [`tls`]: `NBD_OPT_STARTTLS` (rustls, X.509), a TLS session the workers share.
+//! - [`deleg`]: the RMA path by buffer-management delegation, a face of the fabric port
+//!   (`block`), and its Rust client.
 //!
-//! Not in this version: extended headers, TLS with pre-shared keys, and the RDMA
-//! delegation path.
+//! Not in this version: extended headers, TLS with pre-shared keys.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -22,6 +23,7 @@
 pub mod backend;
 pub mod buf;
 pub mod config;
+pub mod deleg;
 pub mod nbd;
 pub mod server;
 pub mod tls;

@@ -107,6 +107,8 @@ fn convert(ev: ExsEvent) -> Conv {
         EventKind::Send => EVT_SEND,
         EventKind::Recv => EVT_RECV,
         EventKind::ReadNotify => EVT_READ_NOTIFY,
+        // The C API posts no one-sided RMA of its own.
+        EventKind::Rma => return Conv::Discard,
         EventKind::Close => {
             let mut ids = ids();
             return match ids.get(&ev.socket).copied() {

@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 mod bench;
+mod block;
 mod log;
 mod ls;
 mod manual;
@@ -41,6 +42,12 @@ enum Cmd {
     Bench {
         #[command(subcommand)]
         which: bench::BenchCmd,
+    },
+    /// Block exports over the fabric: `ferry block attach ADDRESS/EXPORT --nbd unix:PATH`
+    /// serves a remote export to local NBD clients over the RMA path.
+    Block {
+        #[command(subcommand)]
+        which: block::BlockCmd,
     },
     /// Export directories to `ferry cp` clients (token auth, sandboxed roots).
     #[command(after_help = xfer::EXIT_CODES)]
@@ -96,6 +103,7 @@ fn main() -> Result<()> {
     let res = match cli.cmd {
         Cmd::Bench { which } => return bench::run(which),
         Cmd::Serve(a) => serve::serve(a),
+        Cmd::Block { which } => block::run(which),
         Cmd::Cp(a) => xfer::cp(a, cli.quiet, cli.verbose > 0),
         Cmd::Sync(a) => sync::sync(a, cli.quiet),
         Cmd::Ls(a) => ls::ls(a),

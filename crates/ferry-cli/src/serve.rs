@@ -197,6 +197,7 @@ fn faces(
     roots: &[RootConfig],
     block: Option<&BlockConfig>,
 ) -> Result<Daemon, XferError> {
+    let nbd = block.map(ferry_block::BlockServer::new).transpose()?;
     let mut daemon = if block.is_some() && cfg.roots.is_empty() && !cfg.mem {
         let admission = Admission::new(&cfg.limits, |_, _| 0);
         // No EXS listener: TLS is never offered, no identity is made.
@@ -222,12 +223,30 @@ fn faces(
             .map(|r| (r.name.clone(), r.path.clone()))
             .collect();
         let cio =
-            ferry_cio::server::Server::new(cio_cfg, &writable, auth, admission).map_err(cio_err)?;
+            ferry_cio::server::Server::new(cio_cfg, &writable, auth.clone(), admission.clone())
+                .map_err(cio_err)?;
         daemon.add_service(ferry_cio::server::SERVICE, cio)?;
+        // The block exports' RMA path on the fabric port, over the NBD server's storage.
+        if let Some(nbd) = &nbd {
+            let exports = nbd
+                .exports()
+                .iter()
+                .map(|e| ferry_block::Export {
+                    info: e.info.clone(),
+                    backend: e.backend.clone(),
+                })
+                .collect();
+            let face = ferry_block::deleg::server::FabricService::new(
+                exports,
+                auth,
+                admission,
+                ferry_block::deleg::server::PoolConfig::default(),
+            );
+            daemon.add_service(ferry_block::deleg::SERVICE, Arc::new(face))?;
+        }
         daemon
     };
-    if let Some(b) = block {
-        let nbd = ferry_block::BlockServer::new(b)?;
+    if let Some(nbd) = nbd {
         for e in nbd.exports() {
             tracing::info!(
                 "exporting block device {} ({} bytes)",

@@ -631,7 +631,7 @@ impl Channel {
                         Ok(()) => Error::conn("the connection was closed"),
                     })
                 }
-                EventKind::Connect | EventKind::ReadNotify => {}
+                EventKind::Connect | EventKind::ReadNotify | EventKind::Rma => {}
             }
         }
     }

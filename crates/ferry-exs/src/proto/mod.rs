@@ -217,6 +217,8 @@ pub enum EventKind {
     ReadNotify,
     /// The connection ended; `result` says why (Ok for a local close).
     Close,
+    /// A one-sided RMA the user posted ([`crate::runtime::ExsSocket::rma`]) completed.
+    Rma,
 }
 
 /// A completion or notification for the user (the `exs_event` of the C API, less the socket,

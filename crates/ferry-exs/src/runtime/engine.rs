@@ -33,6 +33,15 @@ enum Pending {
     Rma(OpId),
     /// One operation of a layout transfer (`engine/layout.rs`).
     Layout(OpId),
+    /// A one-sided RMA the user posted ([`super::ExsSocket::rma`]).
+    User(UserRma),
+}
+
+/// A user's one-sided RMA out on the fabric: what its completion event carries back.
+pub(crate) struct UserRma {
+    pub(crate) ctx: u64,
+    pub(crate) queue: EventQueue,
+    pub(crate) buf: super::ExsBuf,
 }
 
 /// Connection lifecycle as the waiting `connect` sees it.
@@ -202,7 +211,45 @@ impl Engine {
             Pending::Layout(op) => {
                 self.layout_piece_done(op, c.result.map_err(|e| rma_failure(&e)))
             }
+            Pending::User(u) => self.user_rma_done(u, c.result.map_err(|e| rma_failure(&e))),
         }
+    }
+
+    /// Posts a user's one-sided RMA of all of `u.buf` to or from `remote`; a post the fabric
+    /// refuses, or one on a closed connection, is answered at once.
+    pub(crate) fn user_rma(&mut self, u: UserRma, write: bool, remote: ferry_fabric::RemoteSlice) {
+        if self.phase == Phase::Closed {
+            return self.user_rma_done(u, Err(ExsError::NotConnected));
+        }
+        let start = u.buf.offset();
+        let local = match u.buf.region().slice(start..start + u.buf.len()) {
+            Ok(l) => l,
+            Err(_) => return self.user_rma_done(u, Err(ExsError::Transfer)),
+        };
+        let c = self.ctx(Pending::User(u));
+        let posted = if write {
+            self.ep.post_write(&[local], remote, c)
+        } else {
+            self.ep.post_read(&[local], remote, c)
+        };
+        if let Err(e) = posted {
+            if let Some(Pending::User(u)) = self.pending.remove(&c) {
+                self.user_rma_done(u, Err(rma_failure(&e)));
+            }
+        }
+    }
+
+    /// Reports a user's RMA to its queue, with its buffer.
+    fn user_rma_done(&mut self, u: UserRma, result: Result<(), ExsError>) {
+        let UserRma { ctx, queue, buf } = u;
+        queue.push(ExsEvent {
+            kind: EventKind::Rma,
+            socket: self.id,
+            ctx,
+            len: buf.len() as u64,
+            buf: Some(buf),
+            result,
+        });
     }
 
     /// Executes every action the core has, in order; after a close, also answers every RMA
@@ -219,7 +266,9 @@ impl Engine {
             let mut keys: Vec<u64> = self
                 .pending
                 .iter()
-                .filter(|(_, p)| matches!(p, Pending::Rma(_) | Pending::Layout(_)))
+                .filter(|(_, p)| {
+                    matches!(p, Pending::Rma(_) | Pending::Layout(_) | Pending::User(_))
+                })
                 .map(|(c, _)| *c)
                 .collect();
             keys.sort_unstable();
@@ -234,6 +283,7 @@ impl Engine {
                 match p {
                     Pending::Rma(op) => self.piece_done(op, Err(ExsError::Canceled)),
                     Pending::Layout(op) => self.layout_piece_done(op, Err(ExsError::Canceled)),
+                    Pending::User(u) => self.user_rma_done(u, Err(ExsError::Canceled)),
                     _ => {}
                 }
             }

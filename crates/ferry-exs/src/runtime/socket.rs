@@ -324,6 +324,37 @@ impl ExsSocket {
         self.inner.ep.enable_remote_access();
     }
 
+    /// Lets the peer reach `buf`'s whole registration by RMA on this connection (and only
+    /// this one), with the rights it was registered with, for as long as it stays
+    /// registered: for a face that delegates memory to its peer and tells it the key itself
+    /// (the block face's chunks). Grant before telling the key; drop the registration to
+    /// take it back.
+    pub fn grant(&self, buf: &ExsBuf) -> Result<(), Error> {
+        Ok(self.inner.ep.grant(buf.region())?)
+    }
+
+    /// One-sided RMA for a face that manages remote memory itself: writes all of `buf` into
+    /// `remote` (`write`) or reads `remote` into all of `buf` (their lengths must match).
+    /// `remote` is a range the peer granted on this connection; its fabric checks the key,
+    /// bounds and rights. An [`crate::proto::EventKind::Rma`] event hands the buffer back on
+    /// `queue` (the socket's own queue or another), with its result.
+    pub fn rma(
+        &self,
+        queue: &EventQueue,
+        write: bool,
+        buf: ExsBuf,
+        remote: ferry_fabric::RemoteSlice,
+        ctx: u64,
+    ) {
+        ferry_fabric::timeline::mark("exs.rma", ctx);
+        let u = super::engine::UserRma {
+            ctx,
+            queue: queue.clone(),
+            buf,
+        };
+        self.inner.with(|e| e.user_rma(u, write, remote));
+    }
+
     /// `exs_send`: sends all of `buf` as one message. The buffer comes back in the Send event.
     pub fn send(&self, buf: ExsBuf, flags: Flags, ctx: u64) {
         self.send_to(None, buf, 0, flags, ctx);

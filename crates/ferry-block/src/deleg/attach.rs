@@ -1,0 +1,182 @@
+//! `ferry block attach`: an export of a remote `ferry serve`, reached over the RMA path,
+//! served to local NBD clients (fio, nbdcopy, qemu-img, nbdfuse) by the NBD server of this
+//! crate. [`RemoteBackend`] is the [`Backend`] it serves: every call goes to one of a few
+//! sessions ([`Client`]s) with the remote export, so the NBD server's concurrent requests
+//! stay concurrent on the fabric.
+
+use std::io;
+use std::sync::{Condvar, Mutex};
+
+use ferry_service::Kind;
+
+use super::client::{Client, Options};
+use crate::backend::{Backend, Extent, Zeroing};
+
+/// Sessions an attachment opens by default: the NBD server's workers each get one.
+pub const DEFAULT_SESSIONS: usize = 4;
+
+/// A remote export as a local backend.
+pub struct RemoteBackend {
+    size: u64,
+    readonly: bool,
+    /// Sessions not in use.
+    idle: Mutex<Vec<Client>>,
+    returned: Condvar,
+}
+
+impl RemoteBackend {
+    /// Opens `sessions` sessions (at least one) with the export at `addr` as `opts` says.
+    pub fn connect(addr: &str, opts: &Options, sessions: usize) -> ferry_service::Result<Self> {
+        let mut idle = Vec::new();
+        for _ in 0..sessions.max(1) {
+            idle.push(Client::connect(addr, opts)?);
+        }
+        let (size, readonly) = (idle[0].size(), idle[0].readonly());
+        Ok(RemoteBackend {
+            size,
+            readonly,
+            idle: Mutex::new(idle),
+            returned: Condvar::new(),
+        })
+    }
+
+    /// Whether the remote export refuses writes.
+    pub fn readonly(&self) -> bool {
+        self.readonly
+    }
+
+    /// Runs `f` on an idle session, waiting for one if all are busy. A session that fails
+    /// at the connection level is dropped; the call fails, and so will the next ones once
+    /// none is left.
+    fn with<R>(&self, f: impl FnOnce(&mut Client) -> ferry_service::Result<R>) -> io::Result<R> {
+        let mut c = {
+            let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+            loop {
+                if let Some(c) = idle.pop() {
+                    break c;
+                }
+                let (g, timeout) = self
+                    .returned
+                    .wait_timeout(idle, std::time::Duration::from_secs(60))
+                    .unwrap_or_else(|p| p.into_inner());
+                idle = g;
+                if timeout.timed_out() && idle.is_empty() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::NotConnected,
+                        "no session with the remote export is left",
+                    ));
+                }
+            }
+        };
+        let r = f(&mut c);
+        let broken = matches!(&r, Err(e) if e.kind == Kind::Connection);
+        if !broken {
+            self.idle.lock().unwrap_or_else(|p| p.into_inner()).push(c);
+            self.returned.notify_one();
+        }
+        r.map_err(to_io)
+    }
+}
+
+/// A remote failure as the NBD server reports it (its errno chosen from the kind).
+fn to_io(e: ferry_service::Error) -> io::Error {
+    let errno = match e.kind {
+        Kind::Permission => rustix::io::Errno::PERM,
+        Kind::Usage => rustix::io::Errno::INVAL,
+        _ => rustix::io::Errno::IO,
+    };
+    tracing::debug!("remote block export: {e}");
+    io::Error::from_raw_os_error(errno.raw_os_error())
+}
+
+impl Backend for RemoteBackend {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.with(|c| c.read_at(offset, buf))
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
+        self.with(|c| c.write_at(offset, buf, fua))
+    }
+
+    /// A FLUSH on any session covers every write the export acknowledged: the remote
+    /// export's storage is shared by all its sessions.
+    fn flush(&self) -> io::Result<()> {
+        self.with(|c| c.flush())
+    }
+
+    fn trim(&self, offset: u64, len: u64, _fua: bool) -> io::Result<()> {
+        self.with(|c| pieces(offset, len, |o, n| c.trim(o, n)))
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, how: Zeroing) -> io::Result<()> {
+        if how.fast {
+            return Err(crate::backend::not_fast());
+        }
+        self.with(|c| pieces(offset, len, |o, n| c.write_zeroes(o, n, !how.may_trim)))?;
+        if how.fua {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Unknown from here: all data.
+    fn extents(&self, _offset: u64, len: u64) -> io::Result<Vec<Extent>> {
+        Ok(vec![Extent {
+            len,
+            hole: false,
+            zero: false,
+        }])
+    }
+}
+
+/// Runs `f` over `len` bytes from `offset` in pieces a request's `u32` length holds.
+fn pieces(
+    offset: u64,
+    len: u64,
+    mut f: impl FnMut(u64, u32) -> ferry_service::Result<()>,
+) -> ferry_service::Result<()> {
+    const MAX: u64 = 1 << 30;
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(MAX);
+        f(offset + done, n as u32)?;
+        done += n;
+    }
+    Ok(())
+}
+
+/// Splits `ADDRESS/EXPORT` (`ofi+shm://ferry/disk`, `tcp://host:7000/disk`) into the
+/// fabric address and the export's name.
+pub fn split_url(url: &str) -> Option<(&str, &str)> {
+    let (scheme, rest) = url.split_once("://")?;
+    let slash = rest.find('/')?;
+    let export = &rest[slash + 1..];
+    if export.is_empty() || rest[..slash].is_empty() {
+        return None;
+    }
+    Some((&url[..scheme.len() + 3 + slash], export))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_url;
+
+    #[test]
+    fn urls_split_into_address_and_export() {
+        assert_eq!(
+            split_url("ofi+shm://ferry/disk"),
+            Some(("ofi+shm://ferry", "disk"))
+        );
+        assert_eq!(
+            split_url("tcp://127.0.0.1:7000/a/b"),
+            Some(("tcp://127.0.0.1:7000", "a/b"))
+        );
+        assert_eq!(split_url("tcp://127.0.0.1:7000"), None);
+        assert_eq!(split_url("tcp://127.0.0.1:7000/"), None);
+        assert_eq!(split_url("disk"), None);
+    }
+}

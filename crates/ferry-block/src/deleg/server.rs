@@ -1,0 +1,461 @@
+//! The block fabric face: one thread per session, which registers and delegates the
+//! session's chunk pool, then serves its requests in order.
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_exs::proto::EventKind;
+use ferry_exs::runtime::{EventQueue, ExsBuf, ExsSocket};
+use ferry_fabric::{Access, RemoteSlice};
+use ferry_service::admit::{Admission, Handshake};
+use ferry_service::auth::AuthConfig;
+use ferry_service::channel::Channel;
+use ferry_service::registry::{Conn, Service};
+use ferry_service::{Error, Kind, Result};
+
+use super::pool;
+use super::proto::{self, rflag, Cmd, Data, Msg, ReadMode, Scheme};
+use crate::backend::{nbd_errno, Backend, Zeroing};
+use crate::nbd::consts;
+use crate::server::Export;
+
+/// How long the server waits for its own RMA into a client's memory (RTRS reads).
+const RMA_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The pool delegated to each session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolConfig {
+    /// Chunks (and credits).
+    pub chunks: u16,
+    /// Bytes per chunk: the largest request.
+    pub chunk_size: u32,
+}
+
+impl Default for PoolConfig {
+    /// 16 chunks of 1 MiB: 1 MiB requests at queue depth 16.
+    fn default() -> Self {
+        PoolConfig {
+            chunks: 16,
+            chunk_size: 1 << 20,
+        }
+    }
+}
+
+/// The `block` face on the fabric port.
+pub struct FabricService {
+    exports: Vec<Export>,
+    auth: AuthConfig,
+    admission: Arc<Admission>,
+    pool: PoolConfig,
+}
+
+impl FabricService {
+    /// Serves `exports` to clients authenticated against `auth`, each session delegated a
+    /// pool as `pool` says (clamped to the protocol's bounds).
+    pub fn new(
+        exports: Vec<Export>,
+        auth: AuthConfig,
+        admission: Arc<Admission>,
+        pool: PoolConfig,
+    ) -> FabricService {
+        let pool = PoolConfig {
+            chunks: pool.chunks.clamp(1, proto::MAX_CHUNKS),
+            chunk_size: pool.chunk_size.clamp(proto::MIN_CHUNK, proto::MAX_CHUNK),
+        };
+        FabricService {
+            exports,
+            auth,
+            admission,
+            pool,
+        }
+    }
+
+    /// One session: HELLO, the checks, the delegation, then its requests. `floor_authed`:
+    /// the floor already accepted the client's token (proved in its SELECT over TLS).
+    fn session(
+        &self,
+        ch: &mut Channel,
+        hs: Handshake,
+        first: Option<Vec<u8>>,
+        floor_authed: bool,
+    ) -> Result<()> {
+        let bytes = match first {
+            Some(b) => b,
+            None => {
+                ch.post_ring(1, 2 * proto::MAX_TEXT + 64)?;
+                ch.recv_first_in(&hs, "HELLO")?
+            }
+        };
+        let Ok(Msg::Hello {
+            major,
+            scheme,
+            read,
+            always_invalidate,
+            export,
+            token,
+            ..
+        }) = proto::decode(&bytes)
+        else {
+            return refuse(ch, "expected HELLO".into());
+        };
+        if major != proto::VERSION_MAJOR {
+            return refuse(
+                ch,
+                format!(
+                    "this server speaks ferry block protocol {}.{}, the client {major}.x",
+                    proto::VERSION_MAJOR,
+                    proto::VERSION_MINOR
+                ),
+            );
+        }
+        if !floor_authed {
+            if let Err(r) = self.admission.authenticate(&hs.addr, &self.auth, &token) {
+                return refuse(ch, r.message.to_string());
+            }
+        }
+        let Some(exp) = self.exports.iter().find(|e| e.info.name == export) else {
+            return refuse(ch, format!("no export named {export:?}"));
+        };
+        let _slot = match hs.admit(usize::from(self.pool.chunks), self.pool.chunk_size) {
+            Ok(s) => s,
+            Err(r) => return refuse(ch, r.message.to_string()),
+        };
+        // Authenticated: the client may now reach this session's chunks by RMA.
+        ch.socket().enable_remote_access();
+        let chunks = match scheme {
+            Scheme::Delegated => Chunks::register(ch.socket(), self.pool)?,
+            Scheme::Copy => Chunks::default(),
+        };
+        let frame_max = proto::HEADER_LEN
+            + proto::REQUEST_LEN
+            + RemoteSlice::WIRE_LEN
+            + match scheme {
+                Scheme::Copy => self.pool.chunk_size as usize,
+                Scheme::Delegated => 0,
+            };
+        ch.post_ring(usize::from(self.pool.chunks), frame_max)?;
+        ch.send_frame(&proto::encode(&Msg::Delegate {
+            major: proto::VERSION_MAJOR,
+            minor: proto::VERSION_MINOR,
+            size: exp.info.size,
+            readonly: exp.info.readonly,
+            credits: self.pool.chunks,
+            chunk_size: self.pool.chunk_size,
+            chunks: chunks.remote.clone(),
+        }))?;
+        let mut s = Session {
+            ch,
+            backend: exp.backend.as_ref(),
+            size: exp.info.size,
+            readonly: exp.info.readonly,
+            chunk_size: self.pool.chunk_size,
+            scheme,
+            read,
+            always_invalidate,
+            chunks,
+            rtrs: None,
+            rq: EventQueue::new().map_err(|e| Error::io("create event queue", &e))?,
+            scratch: Vec::new(),
+        };
+        s.serve()
+    }
+}
+
+impl Service for FabricService {
+    fn serve_connection(&self, conn: Conn) {
+        let Conn {
+            sock,
+            queue,
+            hs,
+            peer,
+            first,
+            token,
+            secure,
+        } = conn;
+        let mut ch = Channel::new(sock, queue);
+        ch.seal(secure);
+        match self.session(&mut ch, hs, first, token.is_some()) {
+            Ok(()) => tracing::debug!("{peer}: block session done"),
+            Err(e) => tracing::info!("{peer}: block session ended: {e}"),
+        }
+        // Closing drops the session's registrations with it: its keys die here.
+        ch.close();
+    }
+}
+
+/// Answers a refused HELLO and ends the session (after a moment for the answer to leave).
+fn refuse(ch: &Channel, message: String) -> Result<()> {
+    let _ = ch.send_frame(&proto::encode(&Msg::Error {
+        message: message.clone(),
+    }));
+    std::thread::sleep(Duration::from_millis(50));
+    Err(Error::new(Kind::Usage, message))
+}
+
+/// A session's delegated chunks: its own registrations, granted on its connection only.
+#[derive(Default)]
+struct Chunks {
+    bufs: Vec<ExsBuf>,
+    remote: Vec<RemoteSlice>,
+}
+
+/// The rights a chunk gives the client: it writes into it and reads from it.
+const CHUNK_ACCESS: Access = Access::ALL;
+
+impl Chunks {
+    fn register(sock: &ExsSocket, cfg: PoolConfig) -> Result<Chunks> {
+        let mut c = Chunks::default();
+        for _ in 0..cfg.chunks {
+            let buf = sock
+                .alloc_with(cfg.chunk_size as usize, CHUNK_ACCESS)
+                .map_err(|e| Error::conn(format!("register a chunk: {e}")))?;
+            let remote = grant(sock, &buf)?;
+            c.bufs.push(buf);
+            c.remote.push(remote);
+        }
+        Ok(c)
+    }
+
+    /// Re-registers chunk `i` (the same memory, a new key) and drops the old registration,
+    /// whose key the client can no longer use: RTRS's `always_invalidate`.
+    fn rotate(&mut self, sock: &ExsSocket, i: usize) -> Result<RemoteSlice> {
+        let memory = self.bufs[i].buffer().clone();
+        let buf = sock
+            .register_with(memory, CHUNK_ACCESS)
+            .map_err(|e| Error::conn(format!("re-register a chunk: {e}")))?;
+        let remote = grant(sock, &buf)?;
+        self.bufs[i] = buf;
+        self.remote[i] = remote;
+        Ok(remote)
+    }
+}
+
+/// Grants `buf` to the connection's peer and returns its remote range.
+fn grant(sock: &ExsSocket, buf: &ExsBuf) -> Result<RemoteSlice> {
+    sock.grant(buf)
+        .map_err(|e| Error::conn(format!("grant a chunk: {e}")))?;
+    buf.region()
+        .remote(..)
+        .map_err(|e| Error::conn(format!("a chunk's remote range: {e}")))
+}
+
+/// One session being served.
+struct Session<'a> {
+    ch: &'a mut Channel,
+    backend: &'a dyn Backend,
+    size: u64,
+    readonly: bool,
+    chunk_size: u32,
+    scheme: Scheme,
+    read: ReadMode,
+    always_invalidate: bool,
+    chunks: Chunks,
+    /// The registered buffer RTRS reads are written from.
+    rtrs: Option<ExsBuf>,
+    /// Where the server's own RMAs complete.
+    rq: EventQueue,
+    scratch: Vec<u8>,
+}
+
+/// What a request got: the NBD errno (0: done), and the copy scheme's READ data.
+type Outcome = (u32, Option<RemoteSlice>, Vec<u8>);
+
+impl Session<'_> {
+    /// Serves requests until the client goes, or breaks the protocol (which ends this
+    /// session alone: its error says why).
+    fn serve(&mut self) -> Result<()> {
+        loop {
+            let mut frame = Vec::new();
+            // The client closing its connection ends the session here too.
+            self.ch.recv_into(&mut frame)?;
+            let msg = match proto::decode(&frame) {
+                Ok(m) => m,
+                Err(e) => return self.violation(e.to_string()),
+            };
+            let Msg::Request {
+                handle,
+                cmd,
+                flags,
+                offset,
+                len,
+                data,
+            } = msg
+            else {
+                return self.violation("expected REQUEST".into());
+            };
+            let (error, rekey, payload) = match self.request(cmd, flags, offset, len, data) {
+                Ok(o) => o,
+                Err(Violation(m)) => return self.violation(m),
+            };
+            self.ch.send_frame(&proto::encode(&Msg::Reply {
+                handle,
+                error,
+                rekey,
+                payload,
+            }))?;
+        }
+    }
+
+    /// Tells the client why its session ends, and ends it.
+    fn violation(&self, message: String) -> Result<()> {
+        let _ = self.ch.send_frame(&proto::encode(&Msg::Error {
+            message: message.clone(),
+        }));
+        Err(Error::conn(message))
+    }
+
+    fn request(
+        &mut self,
+        cmd: Cmd,
+        flags: u8,
+        offset: u64,
+        len: u32,
+        data: Data,
+    ) -> std::result::Result<Outcome, Violation> {
+        if matches!(cmd, Cmd::Read | Cmd::Write) && len > self.chunk_size {
+            return Err(Violation(format!(
+                "a {len}-byte request is larger than the {}-byte chunk",
+                self.chunk_size
+            )));
+        }
+        if let Data::Chunk { chunk, at } = data {
+            if self.scheme != Scheme::Delegated {
+                return Err(Violation("a chunk named in a copy-based session".into()));
+            }
+            pool::check(self.chunks.bufs.len(), self.chunk_size, chunk, at, len)
+                .map_err(|e| Violation(e.to_string()))?;
+        }
+        let scheme_fits = match (&data, cmd) {
+            (Data::Inline(_), _) | (Data::None, Cmd::Read) => self.scheme == Scheme::Copy,
+            (Data::Remote(_), _) => {
+                self.scheme == Scheme::Delegated && self.read == ReadMode::ServerWrite
+            }
+            (Data::None, Cmd::Write) => false,
+            _ => true,
+        };
+        if !scheme_fits {
+            return Err(Violation(format!(
+                "a {cmd:?} whose data does not fit the session's scheme"
+            )));
+        }
+        let fua = flags & rflag::FUA != 0;
+        let writes = !matches!(cmd, Cmd::Read | Cmd::Flush);
+        if writes && self.readonly {
+            return Ok((consts::EPERM, None, Vec::new()));
+        }
+        let inside = offset
+            .checked_add(u64::from(len))
+            .is_some_and(|end| end <= self.size);
+        if !inside && cmd != Cmd::Flush {
+            return Ok((consts::EINVAL, None, Vec::new()));
+        }
+        let done = match (cmd, data) {
+            (Cmd::Write, Data::Chunk { chunk, at }) => {
+                let buf = self.chunks.bufs[usize::from(chunk)].buffer();
+                let r = buf.with_bytes(at as usize, len as usize, |b| {
+                    self.backend.write_at(b, offset, fua)
+                });
+                return Ok(self.after_chunk_io(r, chunk));
+            }
+            (Cmd::Write, Data::Inline(b)) => self.backend.write_at(&b, offset, fua),
+            (Cmd::Read, data) => return self.read(offset, len, data),
+            (Cmd::Flush, _) => self.backend.flush(),
+            (Cmd::Trim, _) => self.backend.trim(offset, u64::from(len), fua),
+            (Cmd::WriteZeroes, _) => {
+                let how = Zeroing {
+                    may_trim: flags & rflag::NO_HOLE == 0,
+                    fast: false,
+                    fua,
+                };
+                self.backend.write_zeroes(offset, u64::from(len), how)
+            }
+            (Cmd::Write, _) => unreachable_scheme(),
+        };
+        Ok((errno(done), None, Vec::new()))
+    }
+
+    fn read(
+        &mut self,
+        offset: u64,
+        len: u32,
+        data: Data,
+    ) -> std::result::Result<Outcome, Violation> {
+        self.scratch.resize(len as usize, 0);
+        if let Err(e) = self.backend.read_at(&mut self.scratch, offset) {
+            return Ok((nbd_errno(&e), None, Vec::new()));
+        }
+        match data {
+            Data::Chunk { chunk, at } => {
+                self.chunks.bufs[usize::from(chunk)]
+                    .buffer()
+                    .write_at(at as usize, &self.scratch);
+                Ok(self.after_chunk_io(Ok(()), chunk))
+            }
+            Data::Remote(remote) => {
+                self.write_remote(remote)?;
+                Ok((0, None, Vec::new()))
+            }
+            _ => Ok((0, None, std::mem::take(&mut self.scratch))),
+        }
+    }
+
+    /// RMA-writes the scratch bytes into the client's `remote` range and waits for it: a
+    /// range the fabric refuses (not the client's, or not granted) ends the session.
+    fn write_remote(&mut self, remote: RemoteSlice) -> std::result::Result<(), Violation> {
+        let sock = self.ch.socket();
+        let buf = match self.rtrs.take() {
+            Some(b) => b,
+            None => sock
+                .alloc_with(self.chunk_size as usize, Access::LOCAL)
+                .map_err(|e| Violation(format!("register the RTRS buffer: {e}")))?,
+        };
+        let whole = buf.region().clone();
+        let n = self.scratch.len();
+        buf.write_at(0, &self.scratch)
+            .map_err(|e| Violation(e.to_string()))?;
+        let part = buf.slice(..n).map_err(|e| Violation(e.to_string()))?;
+        sock.rma(&self.rq, true, part, remote, 0);
+        let ev = loop {
+            match self.rq.dequeue(RMA_TIMEOUT) {
+                Some(ev) if ev.kind == EventKind::Rma => break ev,
+                Some(_) => continue,
+                None => return Err(Violation("the RMA into the client's memory hung".into())),
+            }
+        };
+        self.rtrs = Some(ExsBuf::new(whole));
+        ev.result
+            .map_err(|e| Violation(format!("the client's range was refused: {e}")))
+    }
+
+    /// The reply of an I/O on a chunk, after rotating its key if the session asked.
+    fn after_chunk_io(&mut self, r: io::Result<()>, chunk: u16) -> Outcome {
+        let rekey = if self.always_invalidate {
+            match self.chunks.rotate(self.ch.socket(), usize::from(chunk)) {
+                Ok(k) => Some(k),
+                Err(e) => {
+                    tracing::warn!("rotate a chunk's key: {e}");
+                    return (consts::EIO, None, Vec::new());
+                }
+            }
+        } else {
+            None
+        };
+        (errno(r), rekey, Vec::new())
+    }
+}
+
+/// A request the session cannot trust: it ends the session.
+struct Violation(String);
+
+fn errno(r: io::Result<()>) -> u32 {
+    match r {
+        Ok(()) => 0,
+        Err(e) => nbd_errno(&e),
+    }
+}
+
+/// A WRITE without data: refused by the scheme check before it gets here.
+fn unreachable_scheme() -> io::Result<()> {
+    Err(io::Error::from(io::ErrorKind::InvalidInput))
+}
