@@ -11,6 +11,7 @@
 mod addr;
 mod block;
 mod child;
+mod cio;
 mod cp;
 mod cpu;
 mod exs;
@@ -27,6 +28,7 @@ mod session;
 use anyhow::Result;
 
 pub use block::BlockArgs;
+pub use cio::CioArgs;
 pub use cp::CpArgs;
 pub use exs::ExsArgs;
 pub use fabric::FabricArgs;
@@ -55,6 +57,12 @@ pub fn run_cp(args: &CpArgs) -> Result<()> {
 /// `ferry bench block`: ferry's NBD server against nbdkit and qemu-nbd through fio.
 pub fn run_block(args: &BlockArgs) -> Result<()> {
     block::run(args)
+}
+
+/// `ferry bench cio`: the ECIO seed's pattern through ferry's MPI-IO interposer against
+/// ROMIO and OMPIO.
+pub fn run_cio(args: &CioArgs) -> Result<()> {
+    cio::run(args)
 }
 
 /// The peer process `bench fabric` and `bench noncontig` spawn per driver: listens on

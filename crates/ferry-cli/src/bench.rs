@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 use clap::Subcommand;
-use ferry_bench::{BlockArgs, CpArgs, ExsArgs, FabricArgs, NoncontigArgs};
+use ferry_bench::{BlockArgs, CioArgs, CpArgs, ExsArgs, FabricArgs, NoncontigArgs};
 
 /// The benchmarks.
 #[derive(Subcommand)]
@@ -23,6 +23,12 @@ pub enum BenchCmd {
     /// fio's nbd engine: 1 MiB sequential write and read at QD 16, 4 KiB random write and
     /// read at QD 1 and 32 (GB/s, IOPS, mean and p99 latency), over TCP and a Unix socket.
     Block(BlockArgs),
+    /// Collective I/O (the ECIO paper's tables 1 to 4): the seed's pattern (MPI_INTs, block
+    /// length 1, stride 2, 2 and 4 ranks, 4k to 1,024k ints) written and read through
+    /// ferry's MPI-IO interposer (ecio on tcp and ofi+shm, independent) and through ROMIO
+    /// (two-phase, collective buffering off) and OMPIO (vulcan, individual); time per
+    /// collective call, bandwidth, CPU of ranks and server, bytes resent between ranks.
+    Cio(CioArgs),
     /// Internal: the peer process `bench exs` spawns (the sending side).
     #[command(hide = true)]
     ExsPeer {
@@ -52,6 +58,7 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
         BenchCmd::Exs(args) => ferry_bench::run_exs(&args),
         BenchCmd::Cp(args) => ferry_bench::run_cp(&args),
         BenchCmd::Block(args) => ferry_bench::run_block(&args),
+        BenchCmd::Cio(args) => ferry_bench::run_cio(&args),
         BenchCmd::ExsPeer { listen } => ferry_bench::run_exs_peer(&listen),
     }
 }
