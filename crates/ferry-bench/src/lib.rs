@@ -11,6 +11,7 @@
 mod addr;
 mod block;
 mod child;
+mod cio;
 mod cp;
 mod cpu;
 mod exs;
@@ -28,6 +29,7 @@ mod wan;
 use anyhow::Result;
 
 pub use block::BlockArgs;
+pub use cio::CioArgs;
 pub use cp::CpArgs;
 pub use exs::ExsArgs;
 pub use fabric::FabricArgs;
@@ -63,6 +65,12 @@ pub fn run_block(args: &BlockArgs) -> Result<()> {
 /// iperf3 on the same path.
 pub fn run_wan(args: &WanArgs) -> Result<()> {
     wan::run(args)
+}
+
+/// `ferry bench cio`: the ECIO seed's pattern through ferry's MPI-IO interposer against
+/// ROMIO and OMPIO.
+pub fn run_cio(args: &CioArgs) -> Result<()> {
+    cio::run(args)
 }
 
 /// The peer process `bench fabric` and `bench noncontig` spawn per driver: listens on

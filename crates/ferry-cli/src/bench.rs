@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 use clap::Subcommand;
-use ferry_bench::{BlockArgs, CpArgs, ExsArgs, FabricArgs, NoncontigArgs, WanArgs};
+use ferry_bench::{BlockArgs, CioArgs, CpArgs, ExsArgs, FabricArgs, NoncontigArgs, WanArgs};
 
 /// The benchmarks.
 #[derive(Subcommand)]
@@ -28,6 +28,12 @@ pub enum BenchCmd {
     /// staging, the CCSM and visualization traces and 1,000 small files, with GridFTP
     /// (-p 1, -p 4, -tcp-bs) and iperf3 on the same path.
     Wan(WanArgs),
+    /// Collective I/O (the ECIO paper's tables 1 to 4): the seed's pattern (MPI_INTs, block
+    /// length 1, stride 2, 2 and 4 ranks, 4k to 1,024k ints) written and read through
+    /// ferry's MPI-IO interposer (ecio on tcp and ofi+shm, independent) and through ROMIO
+    /// (two-phase, collective buffering off) and OMPIO (vulcan, individual); time per
+    /// collective call, bandwidth, CPU of ranks and server, bytes resent between ranks.
+    Cio(CioArgs),
     /// Internal: the peer process `bench exs` spawns (the sending side).
     #[command(hide = true)]
     ExsPeer {
@@ -58,6 +64,7 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
         BenchCmd::Cp(args) => ferry_bench::run_cp(&args),
         BenchCmd::Block(args) => ferry_bench::run_block(&args),
         BenchCmd::Wan(args) => ferry_bench::run_wan(&args),
+        BenchCmd::Cio(args) => ferry_bench::run_cio(&args),
         BenchCmd::ExsPeer { listen } => ferry_bench::run_exs_peer(&listen),
     }
 }

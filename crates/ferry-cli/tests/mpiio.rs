@@ -415,3 +415,84 @@ fn rank_failing_its_memory_type_np3_tcp() {
     let text = rank_lost("type");
     assert!(text.contains("(MPI_ERR_TYPE)"), "rank 2: {text}");
 }
+
+/// `ferry bench cio --quick --json` at one tiny point (4,000 ints, 2 ranks, one call per
+/// configuration, about 15 s): a row per configuration and direction, each measured or
+/// saying why not, ferry's rows measured with no bytes resent between ranks, ROMIO
+/// two-phase's resent size the other rank's half, the summary keys the issue names and a
+/// verdict per goal; CSV and JSON written with --out.
+#[test]
+fn bench_cio_quick_shape() {
+    if Command::new("mpirun").arg("--version").output().is_err() {
+        eprintln!("skipped: mpirun is not installed (scripts/install-deps.sh)");
+        return;
+    }
+    let out_dir = scratch("bench-cio");
+    let mut c = ferry();
+    c.args(["bench", "cio", "--quick", "--json"])
+        .args([
+            "--counts", "4000", "--np", "2", "--iters", "1", "--budget", "0",
+        ])
+        .arg("--mpiio-lib")
+        .arg(&mpi().lib)
+        .arg("--out")
+        .arg(&out_dir)
+        .arg("--dir")
+        .arg(&out_dir);
+    let out = must(run_mpi(c), "ferry bench cio");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v: serde_json::Value = serde_json::from_str(text.trim())
+        .unwrap_or_else(|e| panic!("stdout is not one JSON object ({e}): {text}"));
+    assert_eq!(v["bench"], "cio");
+    let rows = v["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 14, "7 configurations × write and read: {v}");
+    for r in rows {
+        assert!(
+            r["ms"].as_f64().is_some() || r["error"].as_str().is_some_and(|e| !e.is_empty()),
+            "{r}"
+        );
+        assert_eq!(r["bytes"].as_u64(), Some(16_000), "{r}");
+    }
+    let row = |io: &str, variant: &str, driver: &str, op: &str| {
+        rows.iter()
+            .find(|r| {
+                r["io"] == io && r["variant"] == variant && r["driver"] == driver && r["op"] == op
+            })
+            .unwrap_or_else(|| panic!("no {io} {variant} {driver} {op} row: {v}"))
+    };
+    for driver in ["tcp", "ofi+shm"] {
+        for op in ["write", "read"] {
+            let r = row("ferry", "ecio", driver, op);
+            assert!(r["ms"].as_f64().is_some_and(|ms| ms > 0.0), "{r}");
+            assert!(r["server_cpu_ms"].as_f64().is_some(), "{r}");
+            assert!(r["rank_cpu_ms"].as_f64().is_some(), "{r}");
+            assert_eq!(r["resent_bytes"].as_u64(), Some(0), "{r}");
+        }
+    }
+    assert_eq!(
+        row("romio", "two-phase", "local", "write")["resent_bytes"].as_u64(),
+        Some(8_000)
+    );
+    let s = &v["summary"];
+    for k in [
+        "ecio_vs_best_mpiio_write_np2_1m",
+        "ecio_vs_best_mpiio_read_np2_1m",
+        "ecio_vs_best_mpiio_write_np4_1m",
+        "ecio_vs_best_mpiio_read_np4_1m",
+        "ecio_vs_twophase_write_np2_1m",
+    ] {
+        // Not measured at this count: null, but present.
+        assert!(s[k].is_null(), "{k}: {s}");
+    }
+    assert!(s["ecio_min_vs_best_mpiio"].as_f64().is_some(), "{s}");
+    let targets = v["targets"].as_array().expect("targets");
+    assert_eq!(targets.len(), 6, "{v}");
+    let csv = std::fs::read_to_string(out_dir.join("cio.csv")).expect("cio.csv");
+    assert!(
+        csv.starts_with("io,variant,driver,np,count,op,bytes,iters,ms,"),
+        "{csv}"
+    );
+    assert_eq!(csv.lines().count(), 15, "{csv}");
+    assert!(out_dir.join("cio.json").is_file());
+    let _ = std::fs::remove_dir_all(&out_dir);
+}
