@@ -1,4 +1,4 @@
-//! The file-transfer control protocol, version 1.6: pure encode/decode, no I/O.
+//! The file-transfer control protocol, version 1.9: pure encode/decode, no I/O.
 //!
 //! Every EXS message on a transfer connection is exactly one frame (a PACK frame carries
 //! several FILE frames inside it). A frame is an 8-byte
@@ -18,7 +18,7 @@ use ferry_wire::{
 /// Protocol major version: a peer with another major is refused at HELLO.
 pub const VERSION_MAJOR: u16 = 1;
 /// Protocol minor version.
-pub const VERSION_MINOR: u16 = 8;
+pub const VERSION_MINOR: u16 = 9;
 /// The first minor version with parallel streams (session join, OPEN/HAVE/PUT_RANGE/CLOSE).
 pub const MINOR_STREAMS: u16 = 2;
 /// The first minor version with FILE frames (a small file's READY, BLOCK and FILE_DONE in
@@ -48,6 +48,10 @@ pub const MINOR_TLS: u16 = 7;
 /// The first minor version with REMOVE (`ferry sync --delete`): a client sends it only to
 /// servers of this minor or later.
 pub const MINOR_REMOVE: u16 = 8;
+/// The first minor version with client keys (the floor's SELECT flag KEY,
+/// `ferry_service::keys`) and per-credential rights: a client proves a key only to servers
+/// of this minor or later (an older one closes the connection at the unknown flag).
+pub const MINOR_KEYS: u16 = 9;
 /// The most GETs in one GETS frame.
 pub const MAX_GETS: usize = 64;
 /// The most streams a session may have.

@@ -655,7 +655,7 @@ impl Service for Server {
             peer,
             first,
             // OPEN carries the token, checked with it (sealed, over TLS).
-            token: _,
+            principal: _,
             secure,
         } = conn;
         let mut ch = Channel::new(sock, queue);
