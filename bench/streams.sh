@@ -31,7 +31,7 @@ serve() {
         *) listen="$driver://127.0.0.1:0" ;;
     esac
     local out="$WORK/serve.$RANDOM$RANDOM"
-    "$bin" serve --anonymous --mem --root "d=$WORK/root" --listen "$listen" >"$out" 2>/dev/null &
+    "$bin" serve --anonymous --anonymous-write --mem --root "d=$WORK/root" --listen "$listen" >"$out" 2>/dev/null &
     PIDS+=("$!")
     local line=""
     for _ in $(seq 100); do

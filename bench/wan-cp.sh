@@ -38,7 +38,7 @@ on_path() {
 serve() {   # serve DRIVER: the command that serves $WORK/root and mem on A
     local config=
     [ -n "$SERVE_CONFIG" ] && config="--config $(realpath "$SERVE_CONFIG")"
-    echo "$FERRY serve $config --anonymous --mem --root d=$WORK/root --listen $1://\$FERRY_WAN_A:7370 >/dev/null 2>&1"
+    echo "$FERRY serve $config --anonymous --anonymous-write --mem --root d=$WORK/root --listen $1://\$FERRY_WAN_A:7370 >/dev/null 2>&1"
 }
 
 for what in $WHAT; do

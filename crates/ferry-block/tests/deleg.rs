@@ -52,6 +52,7 @@ fn export(name: &str, backend: Arc<dyn Backend>) -> Export {
         readonly: false,
         direct: false,
         description: String::new(),
+        tls: Default::default(),
     };
     Export::new(&c, backend)
 }
@@ -297,6 +298,7 @@ fn standard_clients_through_attach_on_every_driver() {
             readonly: false,
             direct: false,
             description: String::new(),
+            tls: Default::default(),
         };
         let nbd = Arc::new(
             BlockServer::with_exports(

@@ -82,6 +82,7 @@ impl File {
             service: crate::server::SERVICE.into(),
             token: None,
             proof: None,
+            key: None,
         })
         .map_err(|e| CioError::conn(format!("encode SELECT: {e}")))?;
         ch.send_frame(&selected)?;

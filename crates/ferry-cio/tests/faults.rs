@@ -133,6 +133,7 @@ fn raw(addr: &str, first: &[u8]) -> Channel {
         service: "cio".into(),
         token: None,
         proof: None,
+        key: None,
     };
     ch.send_frame(&select::encode(&sel).unwrap()).unwrap();
     ch.send_frame(first).unwrap();

@@ -94,6 +94,7 @@ fn attach(a: AttachArgs) -> Result<(), XferError> {
         readonly: remote.readonly(),
         direct: false,
         description: format!("{} over ferry's RMA path", a.url),
+        tls: Default::default(),
     };
     let nbd = BlockServer::with_exports(
         std::slice::from_ref(&a.nbd),

@@ -33,7 +33,7 @@ pub struct LsArgs {
 /// Runs `ferry ls`.
 pub fn ls(a: LsArgs) -> Result<(), XferError> {
     let r = remote_of(&a.target, &a.remote.driver)?;
-    let mut c = Client::connect(&r.addr, &a.remote.options())?;
+    let mut c = Client::connect(&r.addr, &a.remote.options()?)?;
     let entry = if r.path.is_empty() {
         None
     } else {

@@ -72,6 +72,9 @@ enum Cmd {
         #[command(subcommand)]
         which: token::TokenCmd,
     },
+    /// Make a client key pair (Ed25519) for servers' authorized_keys: the private key at
+    /// ~/.config/ferry/id_ed25519 (or -f PATH), the public key line at PATH.pub.
+    Keygen(token::KeygenArgs),
     /// List the services a `ferry serve` runs (file transfer: xfer), or check it runs one.
     #[command(after_help = xfer::EXIT_CODES)]
     Services(xfer::ServicesArgs),
@@ -110,6 +113,7 @@ fn main() -> Result<()> {
         Cmd::Sum(a) => xfer::sum(a),
         Cmd::Services(a) => xfer::services(a),
         Cmd::Token { which } => token::run(which),
+        Cmd::Keygen(a) => token::keygen(a),
         Cmd::Completions { shell } => {
             manual::completions(Cli::command(), shell);
             Ok(())

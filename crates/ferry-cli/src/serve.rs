@@ -16,7 +16,7 @@ use ferry_xfer::{Kind, XferError};
 
 #[derive(Args)]
 pub struct ServeArgs {
-    /// TOML configuration (listen (one address or a list), block_size, ring, mem, direct, checksum_cache, keep_special_bits, third_party, [auth] tokens/anonymous, [limits], [[root]] name/path, [security] state_dir/allow_clear; docs/xfer.md, docs/security.md; [cio] collective I/O, docs/cio.md).
+    /// TOML configuration (listen (one address or a list), block_size, ring, mem, direct, checksum_cache, keep_special_bits, third_party, [auth] tokens/token_files/anonymous/anonymous_write/authorized_keys, [limits], [[root]] name/path, [security] state_dir/allow_clear; docs/xfer.md, docs/security.md; [cio] collective I/O, docs/cio.md).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Export a directory as NAME (repeatable; adds to the config's roots).
@@ -30,9 +30,18 @@ pub struct ServeArgs {
     /// Repeatable: every address is served alike (replaces the config's `listen`).
     #[arg(long = "listen", value_name = "URL")]
     listen: Vec<String>,
-    /// Accept clients without a token (trusted networks only).
+    /// Accept clients without a token (trusted networks only), for reading only unless
+    /// --anonymous-write.
     #[arg(long)]
     anonymous: bool,
+    /// Let anonymous clients write too: upload, remove, make directories
+    /// (`[auth] anonymous_write = true`).
+    #[arg(long, requires = "anonymous")]
+    anonymous_write: bool,
+    /// Accept the client keys in FILE (`ferry keygen` .pub lines, one per line, each
+    /// optionally after `roots=NAME,...` and `ro`; `[auth] authorized_keys`; docs/security.md).
+    #[arg(long, value_name = "FILE")]
+    authorized_keys: Option<PathBuf>,
     /// Memory mode: also export the virtual root `mem` (read mem/zero/SIZE, write mem/null)
     /// so copies can skip the disk on this side.
     #[arg(long)]
@@ -234,6 +243,7 @@ fn faces(
                 .map(|e| ferry_block::Export {
                     info: e.info.clone(),
                     backend: e.backend.clone(),
+                    tls_required: e.tls_required,
                 })
                 .collect();
             let face = ferry_block::deleg::server::FabricService::new(
@@ -337,6 +347,10 @@ fn xfer_config(table: toml::Table, a: ServeArgs) -> Result<ServerConfig, XferErr
         cfg.listen = a.listen;
     }
     cfg.auth.anonymous |= a.anonymous;
+    cfg.auth.anonymous_write |= a.anonymous_write;
+    if let Some(f) = a.authorized_keys {
+        cfg.auth.authorized_keys = Some(f);
+    }
     cfg.security.allow_clear |= a.allow_clear;
     if let Some(d) = a.state_dir {
         cfg.security.state_dir = Some(d);

@@ -55,7 +55,7 @@ pub fn sync(a: SyncArgs, quiet: bool) -> Result<(), XferError> {
         filter: Filter::new(&a.include, &a.exclude)?,
         skip: Skip::Unchanged,
         resume: true,
-        ..a.remote.options()
+        ..a.remote.options()?
     };
     let how = SyncHow {
         delete: a.delete,

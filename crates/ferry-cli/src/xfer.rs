@@ -111,6 +111,11 @@ pub struct Remote {
     /// Token for the server [default: $FERRY_TOKEN].
     #[arg(long, value_name = "TOKEN")]
     token: Option<String>,
+    /// Private key to prove to the server instead of a token (made by `ferry keygen`; its
+    /// .pub line goes into the server's authorized_keys); `none` for no key
+    /// [default: ~/.config/ferry/id_ed25519 if it exists and no token is given].
+    #[arg(long, short = 'i', value_name = "PATH")]
+    identity: Option<std::path::PathBuf>,
     /// Driver for ferry:// and host:path forms: tcp, ofi+tcp or ofi+shm.
     #[arg(long, default_value = "tcp")]
     pub driver: String,
@@ -119,17 +124,32 @@ pub struct Remote {
 }
 
 impl Remote {
-    /// The client options these flags give (the token from $FERRY_TOKEN if not given).
-    pub fn options(&self) -> Options {
-        Options {
-            token: self
-                .token
-                .clone()
-                .or_else(|| std::env::var("FERRY_TOKEN").ok())
-                .unwrap_or_default(),
+    /// The client options these flags give (the token from $FERRY_TOKEN if not given; the
+    /// key from --identity, else the default key file when there is no token).
+    pub fn options(&self) -> Result<Options, XferError> {
+        let token = self
+            .token
+            .clone()
+            .or_else(|| std::env::var("FERRY_TOKEN").ok())
+            .unwrap_or_default();
+        let key_file = match &self.identity {
+            Some(p) if p.as_os_str() == "none" => None,
+            Some(p) => Some(p.clone()),
+            None => Some(ferry_service::keys::default_identity())
+                .filter(|p| token.is_empty() && p.exists()),
+        };
+        let key = match key_file {
+            Some(p) => Some(std::sync::Arc::new(ferry_service::keys::ClientKey::load(
+                &p,
+            )?)),
+            None => None,
+        };
+        Ok(Options {
+            token,
+            key,
             security: self.trust.security(),
             ..Options::default()
-        }
+        })
     }
 }
 
@@ -445,7 +465,7 @@ pub fn cp(a: CpArgs, quiet: bool, verbose: bool) -> Result<(), XferError> {
         direct: a.direct,
         force: a.force,
         follow_links: a.follow_links,
-        ..a.remote.options()
+        ..a.remote.options()?
     };
     let bar = (!quiet && !a.json && std::io::stderr().is_terminal()).then(|| {
         let b = indicatif::ProgressBar::new(0);
@@ -571,7 +591,7 @@ pub fn sum(a: SumArgs) -> Result<(), XferError> {
     let (hash, shown) = match url::parse(&a.target, &a.remote.driver)? {
         Location::Local(p) => (client::sum_local(&p)?.1, p.display().to_string()),
         Location::Remote(r) => {
-            let mut c = client::Client::connect(&r.addr, &a.remote.options())?;
+            let mut c = client::Client::connect(&r.addr, &a.remote.options()?)?;
             let (_, h) = c.sum(&r.path)?;
             c.bye();
             (h, a.target.clone())

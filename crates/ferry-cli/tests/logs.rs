@@ -27,7 +27,7 @@ fn server_log(flags: &[&str], wait: Duration) -> String {
     let mut log = String::new();
     while Instant::now() < end {
         log = std::fs::read_to_string(&path).unwrap();
-        if log.contains("bad token") {
+        if log.contains("authentication failed") {
             break;
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -40,7 +40,10 @@ fn server_log(flags: &[&str], wait: Duration) -> String {
 #[test]
 fn a_log_file_gets_plain_lines_without_module_paths() {
     let log = server_log(&[], Duration::from_secs(10));
-    assert!(log.contains("bad token"), "the refusal is logged: {log:?}");
+    assert!(
+        log.contains("authentication failed"),
+        "the refusal is logged: {log:?}"
+    );
     assert!(!log.contains('\x1b'), "colour codes in a file: {log:?}");
     assert!(!log.contains("ferry_"), "module paths by default: {log:?}");
 }
@@ -48,7 +51,10 @@ fn a_log_file_gets_plain_lines_without_module_paths() {
 #[test]
 fn very_verbose_names_the_modules() {
     let log = server_log(&["-vv"], Duration::from_secs(10));
-    assert!(log.contains("bad token"), "the refusal is logged: {log:?}");
+    assert!(
+        log.contains("authentication failed"),
+        "the refusal is logged: {log:?}"
+    );
     assert!(
         log.contains("ferry_service::"),
         "no module paths with -vv: {log:?}"
@@ -59,6 +65,9 @@ fn very_verbose_names_the_modules() {
 #[test]
 fn quiet_keeps_errors_only() {
     let log = server_log(&["-q"], Duration::from_secs(1));
-    assert!(!log.contains("bad token"), "-q logged info: {log:?}");
+    assert!(
+        !log.contains("authentication failed"),
+        "-q logged info: {log:?}"
+    );
     assert!(!log.contains("INFO") && !log.contains("WARN"), "{log:?}");
 }

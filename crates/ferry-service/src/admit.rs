@@ -23,7 +23,12 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
+use crate::auth::Principal;
 use crate::error::{refuse, Denial, Error, Kind, Refusal, Result};
+
+/// What a wrong token (and a locked-out address) is told.
+const TOKEN_REFUSED: &str =
+    "the token was not accepted: check --token / FERRY_TOKEN against the server's [auth] tokens";
 
 /// The smallest ring a connection is given when memory is short.
 const MIN_RING: usize = 2;
@@ -34,6 +39,9 @@ const MIN_BLOCK: u32 = 256 << 10;
 const MAX_TRACKED: usize = 65_536;
 /// At most one line a second per kind of refusal, so the log is no lever for a flood.
 const LOG_EVERY: Duration = Duration::from_secs(1);
+/// At most one line per address this often for its failed authentications (the next says
+/// how many were held back), so a thousand wrong tokens make a few lines, not a thousand.
+pub const AUTH_LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// What one server lets its clients use (`[limits]`): connections, handshakes, idle time,
 /// staging memory, failed token attempts. See `docs/xfer.md`, "Limits".
@@ -283,6 +291,9 @@ pub struct Admission {
     pub log_accept: LogGate,
     /// and failed handshakes.
     pub log_handshake: LogGate,
+    /// Failed authentications, per address: when one was last logged, and how many were
+    /// held back since.
+    auth_log: Mutex<HashMap<String, (Instant, u64)>>,
 }
 
 /// Why a connection was turned away at the door.
@@ -305,6 +316,7 @@ impl Admission {
             log_locked: LogGate::default(),
             log_accept: LogGate::default(),
             log_handshake: LogGate::default(),
+            auth_log: Mutex::new(HashMap::new()),
         })
     }
 
@@ -378,61 +390,130 @@ impl Admission {
         }
     }
 
-    /// The one token check of every service: whether `token` from `addr` gets in under
-    /// `auth`. A locked-out address's token is not even looked at, and gets the answer a
-    /// wrong token gets, so a guesser learns nothing from it; a wrong token counts towards
-    /// the lock-out (`[limits] auth_failures`).
+    /// The one token check of every service: who `token` from `addr` is under `auth`
+    /// ([`crate::auth::AuthConfig::accepts`]). A locked-out address's token is not even
+    /// looked at, and gets the answer a wrong token gets, so a guesser learns nothing from
+    /// it; a wrong token counts towards the lock-out (`[limits] auth_failures`).
     pub fn authenticate(
         &self,
         addr: &str,
         auth: &crate::auth::AuthConfig,
         token: &str,
-    ) -> std::result::Result<(), AuthRefused> {
-        let refused = || {
-            Err(AuthRefused {
-                message: if token.is_empty() {
-                    "this server needs a token: pass --token or set FERRY_TOKEN"
-                } else {
-                    "the token was not accepted: check --token / FERRY_TOKEN against the server's [auth] tokens"
-                },
-            })
+    ) -> std::result::Result<Principal, AuthRefused> {
+        let refused = AuthRefused {
+            message: if token.is_empty() {
+                "this server needs a token: pass --token or set FERRY_TOKEN"
+            } else {
+                TOKEN_REFUSED
+            },
         };
-        if self.locked_out(addr) {
-            return refused();
-        }
-        if !auth.accepts(token) {
-            self.auth_failed(addr);
-            return refused();
-        }
-        Ok(())
+        let who = if token.is_empty() {
+            "no credential".to_string()
+        } else {
+            crate::auth::token_label(token)
+        };
+        self.judge(addr, &who, refused, || auth.accepts(token))
     }
 
     /// Like [`Admission::authenticate`], for a token proven over a TLS session whose
-    /// exporter value is `binding` (protocol 1.7, [`crate::secure::prove`]): the accepted
-    /// token, the server's own copy of it, once one of `auth`'s tokens has the identifier
-    /// and HMAC of `proof`. The same lock-out counts the failures.
+    /// exporter value is `binding` (protocol 1.7, [`crate::secure::prove`]): its holder,
+    /// once one of `auth`'s tokens has the identifier and HMAC of `proof`. The same
+    /// lock-out counts the failures.
     pub fn authenticate_proof(
         &self,
         addr: &str,
         auth: &crate::auth::AuthConfig,
         proof: &([u8; 8], [u8; 32]),
         binding: &[u8; 32],
-    ) -> std::result::Result<String, AuthRefused> {
-        let refused = || {
-            AuthRefused {
-            message: "the token was not accepted: check --token / FERRY_TOKEN against the server's [auth] tokens",
-        }
+    ) -> std::result::Result<Principal, AuthRefused> {
+        let id: String = proof.0.iter().map(|b| format!("{b:02x}")).collect();
+        let refused = AuthRefused {
+            message: TOKEN_REFUSED,
         };
+        self.judge(addr, &format!("token {id}"), refused, || {
+            auth.accepts_proof(proof, binding)
+                .map(|t| Principal::token(auth, &t))
+        })
+    }
+
+    /// Like [`Admission::authenticate`], for a key proven over a TLS session whose exporter
+    /// value is `binding` (protocol 1.9, [`crate::keys`]): its holder, once the key is in
+    /// the authorized keys and the signature is good. The same lock-out counts the failures.
+    pub fn authenticate_key(
+        &self,
+        addr: &str,
+        auth: &crate::auth::AuthConfig,
+        proof: &([u8; 32], [u8; 64]),
+        binding: &[u8; 32],
+    ) -> std::result::Result<Principal, AuthRefused> {
+        let refused = AuthRefused {
+            message: "the key was not accepted: is its public key (ferry keygen's .pub line) in the server's authorized_keys?",
+        };
+        let who = format!("key {}", crate::keys::fingerprint(&proof.0));
+        self.judge(addr, &who, refused, || {
+            auth.accepts_key(&proof.0, &proof.1, binding)
+        })
+    }
+
+    /// The lock-out around a credential check: refused unchecked while `addr` is locked
+    /// out; a failed `check` counted and logged ([`Admission::auth_failed`]).
+    fn judge(
+        &self,
+        addr: &str,
+        who: &str,
+        refused: AuthRefused,
+        check: impl FnOnce() -> Option<Principal>,
+    ) -> std::result::Result<Principal, AuthRefused> {
         if self.locked_out(addr) {
-            return Err(refused());
+            self.note_failure(addr, who, "address locked out after failed attempts");
+            return Err(refused);
         }
-        match auth.accepts_proof(proof, binding) {
-            Some(t) => Ok(t),
+        match check() {
+            Some(p) => Ok(p),
             None => {
                 self.auth_failed(addr);
-                Err(refused())
+                self.note_failure(addr, who, "wrong credential");
+                Err(refused)
             }
         }
+    }
+
+    /// Logs a failed authentication from `addr` (`who`: the key fingerprint or token
+    /// identifier it tried, never a secret; `why`), at most once per address per
+    /// [`AUTH_LOG_EVERY`]; the next line says how many were held back meanwhile.
+    fn note_failure(&self, addr: &str, who: &str, why: &str) {
+        let now = Instant::now();
+        let mut log = self.auth_log.lock().unwrap_or_else(|p| p.into_inner());
+        if log.len() >= MAX_TRACKED && !log.contains_key(addr) {
+            log.retain(|_, (t, _)| now.duration_since(*t) < AUTH_LOG_EVERY);
+            if log.len() >= MAX_TRACKED {
+                return;
+            }
+        }
+        let held = match log.get_mut(addr) {
+            Some((t, held)) if now.duration_since(*t) < AUTH_LOG_EVERY => {
+                *held += 1;
+                return;
+            }
+            Some((t, held)) => {
+                *t = now;
+                std::mem::take(held)
+            }
+            None => {
+                log.insert(addr.to_string(), (now, 0));
+                0
+            }
+        };
+        drop(log);
+        let more = if held == 0 {
+            String::new()
+        } else {
+            format!(
+                " ({held} more from this address in the last {} s)",
+                AUTH_LOG_EVERY.as_secs()
+            )
+        };
+        tracing::warn!("{addr}: authentication failed ({who}): {why}{more}");
     }
 
     /// Whether `addr` is locked out for failed tokens now.

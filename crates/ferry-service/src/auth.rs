@@ -1,7 +1,9 @@
-//! Authentication: who may use a server's services (`[auth]` of its config). One check for
-//! every service, so a daemon hosting several has one set of tokens; failed attempts are
-//! counted and locked out by [`crate::admit::Admission`].
+//! Authentication: who may use a server's services (`[auth]` of its config), and what each
+//! credential may do there ([`Rights`]). One check for every service, so a daemon hosting
+//! several has one set of tokens and keys; failed attempts are counted and locked out by
+//! [`crate::admit::Admission`].
 
+use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
@@ -22,36 +24,167 @@ pub struct AuthConfig {
     /// Accept clients without a token.
     #[serde(default)]
     pub anonymous: bool,
+    /// Let anonymous clients write (upload, remove, make directories); without it they
+    /// only read.
+    #[serde(default)]
+    pub anonymous_write: bool,
     /// Files holding more accepted tokens, one per line ([`read_token_file`]), so that no
     /// secret needs to be on a command line or in a config others may read.
     #[serde(default)]
     pub token_files: Vec<PathBuf>,
+    /// The authorized-keys file: the client public keys accepted, one per line with their
+    /// rights ([`crate::keys::read_authorized_keys`]).
+    #[serde(default)]
+    pub authorized_keys: Option<PathBuf>,
+    /// The rights of tokens whose token-file line limits them (a token not in it has every
+    /// right).
+    #[serde(skip)]
+    pub token_rights: HashMap<String, Rights>,
+    /// The keys of the authorized-keys file, once loaded ([`AuthConfig::load_token_files`]).
+    #[serde(skip)]
+    pub keys: Vec<crate::keys::AuthorizedKey>,
+}
+
+/// What one credential may do: which roots it sees, and whether it may write there.
+/// Enforced where a face resolves a path ([`crate::roots::Roots::permit`]), on top of the
+/// roots' own read-only setting.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Rights {
+    /// The roots it may use (`None`: every root); any other is "no root named ...".
+    pub roots: Option<Vec<String>>,
+    /// Reading only: uploads, removals and new directories are refused.
+    pub read_only: bool,
+}
+
+impl Rights {
+    /// Every right.
+    pub const ALL: Rights = Rights {
+        roots: None,
+        read_only: false,
+    };
+
+    /// Whether the root named `name` is granted.
+    pub fn grants(&self, name: &str) -> bool {
+        self.roots
+            .as_ref()
+            .is_none_or(|r| r.iter().any(|n| n == name))
+    }
+
+    /// Parses options as authorized-keys and token-file lines write them: comma-separated
+    /// `ro`, `rw` and `roots=NAME`, where a bare name after `roots=` names one more root
+    /// (`roots=data,scratch,ro`). `Err` names what is not understood.
+    pub fn parse(options: &str) -> std::result::Result<Rights, String> {
+        let mut rights = Rights::default();
+        let mut in_roots = false;
+        for item in options.split(',').map(str::trim) {
+            match item {
+                "ro" => rights.read_only = true,
+                "rw" => rights.read_only = false,
+                _ => {
+                    let name = match item.strip_prefix("roots=") {
+                        Some(first) => {
+                            in_roots = true;
+                            first
+                        }
+                        None if in_roots => item,
+                        None => {
+                            return Err(format!("unknown option {item:?} (ro, rw, roots=NAME,...)"))
+                        }
+                    };
+                    if name.is_empty() || name.contains(['/', ' ']) {
+                        return Err(format!("{item:?}: a root name, without / or blanks"));
+                    }
+                    rights
+                        .roots
+                        .get_or_insert_with(Vec::new)
+                        .push(name.to_string());
+                }
+            }
+        }
+        Ok(rights)
+    }
+}
+
+/// Who a connection authenticated as, and what it may do: what the audit log names and the
+/// faces enforce.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    /// Names the credential without revealing it: `key SHA256:...`, `token 0123abcd...`
+    /// (its identifier, [`crate::secure::token_id`]) or `anonymous`.
+    pub id: String,
+    /// What it may do.
+    pub rights: Rights,
+}
+
+impl Principal {
+    /// A client without a credential on a server that lets anonymous clients in (reading
+    /// only unless `write`).
+    pub fn anonymous(write: bool) -> Principal {
+        Principal {
+            id: "anonymous".into(),
+            rights: Rights {
+                roots: None,
+                read_only: !write,
+            },
+        }
+    }
+
+    /// The holder of `token`, with the rights its token-file line gives.
+    pub fn token(auth: &AuthConfig, token: &str) -> Principal {
+        Principal {
+            id: token_label(token),
+            rights: auth.token_rights.get(token).cloned().unwrap_or(Rights::ALL),
+        }
+    }
+}
+
+/// How logs and the audit name a token: `token` and its identifier in hex.
+pub fn token_label(token: &str) -> String {
+    let id: String = crate::secure::token_id(token)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("token {id}")
 }
 
 impl AuthConfig {
     /// Adds the tokens of every token file to the accepted ones, and says what is unsafe
     /// about the tokens ([`weak_token_warning`]). A token file others may read is refused
     /// ([`crate::secure::identity::check_private`]), as ssh refuses such keys.
+    /// The authorized-keys file is read too.
     pub fn load_token_files(&mut self) -> Result<Vec<String>> {
         let mut warnings = Vec::new();
         for f in &self.token_files {
             crate::secure::identity::check_private(f)?;
-            self.tokens.extend(read_token_file(f)?);
+            for (token, rights) in read_token_file(f)? {
+                if let Some(r) = rights {
+                    self.token_rights.insert(token.clone(), r);
+                }
+                self.tokens.push(token);
+            }
+        }
+        if let Some(f) = &self.authorized_keys {
+            self.keys = crate::keys::read_authorized_keys(f)?;
         }
         warnings.extend(self.tokens.iter().filter_map(|t| weak_token_warning(t)));
         warnings.dedup();
         Ok(warnings)
     }
 
-    /// Whether `token` gets in: any token when anonymous clients are accepted, else one of
-    /// the configured tokens. Every configured token is compared, each in time independent
-    /// of where it differs, so the answer's timing tells nothing about them.
-    pub fn accepts(&self, token: &str) -> bool {
-        let mut ok = self.anonymous;
+    /// Who `token` gets in as: one of the configured tokens' holder, else an anonymous
+    /// client when those are accepted. Every configured token is compared, each in time
+    /// independent of where it differs, so the answer's timing tells nothing about them.
+    pub fn accepts(&self, token: &str) -> Option<Principal> {
+        let mut found = false;
         for t in &self.tokens {
-            ok |= ct_eq(t.as_bytes(), token.as_bytes());
+            found |= ct_eq(t.as_bytes(), token.as_bytes());
         }
-        ok
+        if found {
+            Some(Principal::token(self, token))
+        } else {
+            self.anonymous
+                .then(|| Principal::anonymous(self.anonymous_write))
+        }
     }
 }
 
@@ -70,19 +203,50 @@ impl AuthConfig {
         }
         found
     }
+
+    /// The holder of the authorized key `key` when `signature` is its signature of the
+    /// connection's exporter value `binding` ([`crate::keys::verify`]).
+    pub fn accepts_key(
+        &self,
+        key: &[u8; 32],
+        signature: &[u8; 64],
+        binding: &[u8; 32],
+    ) -> Option<Principal> {
+        let k = self.keys.iter().find(|k| &k.key == key)?;
+        crate::keys::verify(key, binding, signature).then(|| Principal {
+            id: format!("key {}", crate::keys::fingerprint(key)),
+            rights: k.rights.clone(),
+        })
+    }
 }
 
-/// The tokens of a token file: one per line, surrounding blanks trimmed; empty lines and
-/// lines starting with `#` are skipped.
-pub fn read_token_file(path: &Path) -> Result<Vec<String>> {
+/// The tokens of a token file, each with the rights its line gives: one per line,
+/// surrounding blanks trimmed; empty lines and lines starting with `#` are skipped. A line
+/// may start with options and a blank, as an authorized-keys line ([`Rights::parse`]):
+/// `roots=data,ro TOKEN`; a line of one word is a token with every right, as before.
+pub fn read_token_file(path: &Path) -> Result<Vec<(String, Option<Rights>)>> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| Error::io(format!("token file {}", path.display()), &e))?;
-    let tokens: Vec<String> = text
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .map(String::from)
-        .collect();
+    let mut tokens = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let entry = match line.split_once(char::is_whitespace) {
+            Some((options, token)) => {
+                let rights = Rights::parse(options).map_err(|e| {
+                    Error::new(
+                        Kind::Usage,
+                        format!("token file {} line {}: {e}", path.display(), n + 1),
+                    )
+                })?;
+                (token.trim().to_string(), Some(rights))
+            }
+            None => (line.to_string(), None),
+        };
+        tokens.push(entry);
+    }
     if tokens.is_empty() {
         return Err(Error::new(
             Kind::Usage,
@@ -142,17 +306,39 @@ mod tests {
     fn tokens_and_anonymous() {
         let a = AuthConfig {
             tokens: vec!["s3cret".into(), "other".into()],
-            anonymous: false,
-            token_files: Vec::new(),
+            ..AuthConfig::default()
         };
-        assert!(a.accepts("s3cret") && a.accepts("other"));
-        assert!(!a.accepts("s3cre") && !a.accepts("s3cret!") && !a.accepts(""));
+        assert_eq!(a.accepts("s3cret").unwrap().rights, Rights::ALL);
+        assert!(a.accepts("other").is_some());
+        assert!(a.accepts("s3cre").is_none() && a.accepts("s3cret!").is_none());
+        assert!(a.accepts("").is_none());
         let anon = AuthConfig {
             anonymous: true,
-            ..a
+            ..a.clone()
         };
-        assert!(anon.accepts("") && anon.accepts("anything"));
+        assert_eq!(anon.accepts("").unwrap(), Principal::anonymous(false));
+        assert!(anon.accepts("anything").unwrap().rights.read_only);
+        assert!(!anon.accepts("s3cret").unwrap().rights.read_only);
+        let writers = AuthConfig {
+            anonymous_write: true,
+            ..anon
+        };
+        assert!(!writers.accepts("").unwrap().rights.read_only);
         assert!(ct_eq(b"", b"") && !ct_eq(b"a", b"b"));
+    }
+
+    #[test]
+    fn rights_options() {
+        let r = Rights::parse("roots=data,ro").unwrap();
+        assert_eq!(r.roots, Some(vec!["data".to_string()]));
+        assert!(r.read_only && r.grants("data") && !r.grants("other"));
+        let r = Rights::parse("rw,roots=a,b").unwrap();
+        assert_eq!(r.roots, Some(vec!["a".to_string(), "b".to_string()]));
+        assert!(!r.read_only);
+        assert!(Rights::parse("ro").unwrap().grants("anything"));
+        assert!(Rights::parse("a").is_err());
+        assert!(Rights::parse("roots=").is_err());
+        assert!(Rights::parse("roots=a/b").is_err());
     }
 
     #[test]
@@ -160,12 +346,35 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("ferry-auth-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let f = dir.join("tokens");
-        std::fs::write(&f, "# ours\n\n  first-token-0123456789  \nsecond\n").unwrap();
+        std::fs::write(
+            &f,
+            "# ours\n\n  first-token-0123456789  \nsecond\nroots=a,b,ro  third\n",
+        )
+        .unwrap();
         std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let limited = Rights {
+            roots: Some(vec!["a".into(), "b".into()]),
+            read_only: true,
+        };
         assert_eq!(
             read_token_file(&f).unwrap(),
-            vec!["first-token-0123456789".to_string(), "second".to_string()]
+            vec![
+                ("first-token-0123456789".to_string(), None),
+                ("second".to_string(), None),
+                ("third".to_string(), Some(limited.clone())),
+            ]
         );
+        let mut auth = AuthConfig {
+            token_files: vec![f.clone()],
+            ..AuthConfig::default()
+        };
+        auth.load_token_files().unwrap();
+        assert_eq!(auth.accepts("third").unwrap().rights, limited);
+        assert_eq!(auth.accepts("second").unwrap().rights, Rights::ALL);
+        assert!(auth.accepts("third").unwrap().id.starts_with("token "));
+        assert!(!auth.accepts("third").unwrap().id.contains("third"));
+        std::fs::write(&f, "rx third\n").unwrap();
+        assert!(read_token_file(&f).is_err(), "an unknown option is refused");
         assert_eq!(secret_file_warning(&f), None);
         std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
         assert!(secret_file_warning(&f).unwrap().contains("mode 644"));

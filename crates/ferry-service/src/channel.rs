@@ -290,19 +290,46 @@ impl Channel {
     /// (if not empty) over the TLS exporter value instead of sending it (protocol 1.7).
     /// A refused proof is an authentication error; a service not hosted, not found.
     pub fn select(&mut self, addr: &str, service: &str, token: &str) -> Result<()> {
+        self.select_as(addr, service, token, None)
+    }
+
+    /// [`Channel::select`] proving `key` too (protocol 1.9): its signature of the TLS
+    /// exporter value ([`crate::keys::ClientKey::prove`]); the server authenticates the
+    /// key when one is given.
+    pub fn select_as(
+        &mut self,
+        addr: &str,
+        service: &str,
+        token: &str,
+        key: Option<&crate::keys::ClientKey>,
+    ) -> Result<()> {
         let proof = match (&self.secure, token.is_empty()) {
             (Some(s), false) => Some((secure::token_id(token), secure::prove(token, s.binding()))),
             _ => None,
         };
+        let key = match (&self.secure, key) {
+            (Some(s), Some(k)) => Some(k.prove(s.binding())),
+            _ => None,
+        };
+        let keyed = key.is_some();
         self.post_ring(1, floor::MAX_ANSWER)?;
         let bytes = floor::encode(&Floor::Select {
             service: service.to_string(),
             token: None,
             proof,
+            key,
         })
         .map_err(|e| Error::conn(format!("encode SELECT: {e}")))?;
         self.send_frame(&bytes)?;
-        let answer = self.recv_first()?;
+        let answer = self.recv_first().map_err(|e| {
+            if keyed {
+                Error::conn(format!(
+                    "{addr} closed the connection at a key proof: a ferry serve older than protocol 1.9 (no client keys)? Use a token with it (--token; --identity none) ({e})"
+                ))
+            } else {
+                e
+            }
+        })?;
         match floor::decode(&answer) {
             Ok(Floor::Selected) => Ok(()),
             Ok(Floor::Refused { message }) => {

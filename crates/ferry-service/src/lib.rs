@@ -51,6 +51,7 @@ pub mod drain;
 pub mod error;
 pub mod hash;
 pub mod journal;
+pub mod keys;
 pub mod landing;
 pub mod registry;
 pub mod ring;

@@ -25,7 +25,7 @@ use ferry_exs::runtime::{EventQueue, ExsBuf, ExsIncoming, ExsSocket};
 use ferry_fabric::Access;
 
 use crate::admit::{more, Handshake, Stage};
-use crate::auth::AuthConfig;
+use crate::auth::{AuthConfig, Principal};
 use crate::channel::Channel;
 use crate::drain::DrainReport;
 use crate::error::{Error, Kind, Result};
@@ -74,11 +74,11 @@ pub struct Conn {
     /// older than protocol 1.6: see [`LEGACY_SERVICE`]); `None` when the
     /// client selected the service, its first frame being the next message.
     pub first: Option<Vec<u8>>,
-    /// The token the client's SELECT carried, accepted by the floor
-    /// ([`crate::admit::Admission::authenticate`]); `None` when it sent none, and the
-    /// service checks the token its own first frame carries with the same call. Over TLS,
-    /// the token whose proof the floor accepted (the server's copy: it never crossed).
-    pub token: Option<String>,
+    /// Who the client's SELECT authenticated as, accepted by the floor
+    /// ([`crate::admit::Admission::authenticate`]: a token, over TLS a token's proof or a
+    /// key's signature), and what it may do; `None` when it sent no credential, and the
+    /// service checks the token its own first frame carries with the same call.
+    pub principal: Option<Principal>,
     /// The connection's TLS session (protocol 1.7): the service seals its channel with it
     /// ([`crate::channel::Channel::seal`]); `None` for a clear connection.
     pub secure: Option<Arc<Secure>>,
@@ -198,7 +198,7 @@ impl Registry {
             return self.refuse_clear(sock, queue, hs, peer, first);
         };
         match self.choose(&sock, secure.as_deref(), &hs, &first) {
-            Ok(Some((service, selected, token))) => {
+            Ok(Some((service, selected, principal))) => {
                 // A face's first frame is being checked now: never called off.
                 if !selected && !hs.reached(Stage::Checking) {
                     let _ = sock.close();
@@ -210,7 +210,7 @@ impl Registry {
                     hs,
                     peer,
                     first: (!selected).then_some(first),
-                    token,
+                    principal,
                     secure,
                 });
             }
@@ -226,9 +226,10 @@ impl Registry {
     }
 
     /// The service a first message chooses, whether it chose by SELECT (answered
-    /// SELECTED), and the token the SELECT carried and the floor accepted; `None` when it
-    /// named a service not hosted here (answered SERVICES) or carried a token refused
-    /// (answered REFUSED).
+    /// SELECTED), and who the credential the SELECT carried (token, token proof or key
+    /// proof) authenticated; `None` when it named a service not hosted here (answered
+    /// SERVICES) or carried a credential refused (answered REFUSED; the admission logs it,
+    /// rate-limited per address).
     fn choose(
         &self,
         sock: &ExsSocket,
@@ -244,39 +245,38 @@ impl Registry {
                 ))),
             };
         }
-        let (service, token, proof) = match select::decode(first) {
+        let (service, token, proof, key) = match select::decode(first) {
             Ok(Floor::Select {
                 service,
                 token,
                 proof,
-            }) => (service, token, proof),
+                key,
+            }) => (service, token, proof, key),
             Ok(f) => return Err(Error::conn(format!("expected SELECT, got {f:?}"))),
             Err(e) => return Err(Error::conn(format!("the peer sent {e}"))),
         };
         match self.get(&service) {
             Some(s) => {
-                let checked = match (&token, &proof, secure) {
-                    (_, Some(_), None) => {
-                        return Err(Error::conn("a token proof outside TLS"));
+                let adm = hs.admission();
+                let checked = match (&token, &proof, &key, secure) {
+                    (_, Some(_), _, None) | (_, _, Some(_), None) => {
+                        return Err(Error::conn("a token or key proof outside TLS"));
                     }
-                    (_, Some(p), Some(sec)) => hs
-                        .admission()
+                    (_, _, Some(k), Some(sec)) => adm
+                        .authenticate_key(&hs.addr, &self.auth, k, sec.binding())
+                        .map(Some),
+                    (_, Some(p), None, Some(sec)) => adm
                         .authenticate_proof(&hs.addr, &self.auth, p, sec.binding())
                         .map(Some),
-                    (Some(t), None, _) => hs
-                        .admission()
-                        .authenticate(&hs.addr, &self.auth, t)
-                        .map(|()| Some(t.clone())),
-                    (None, None, _) => Ok(None),
+                    (Some(t), None, None, _) => adm.authenticate(&hs.addr, &self.auth, t).map(Some),
+                    (None, None, None, _) => Ok(None),
                 };
                 match checked {
-                    Ok(token) => {
+                    Ok(principal) => {
                         send(sock, secure, &Floor::Selected)?;
-                        Ok(Some((s.clone(), true, token)))
+                        Ok(Some((s.clone(), true, principal)))
                     }
                     Err(r) => {
-                        let how = if proof.is_some() { "proof" } else { "token" };
-                        tracing::info!("{}: client refused: bad token ({how})", hs.addr);
                         send(
                             sock,
                             secure,
@@ -353,7 +353,7 @@ impl Registry {
                     hs,
                     peer,
                     first: Some(first),
-                    token: None,
+                    principal: None,
                     secure: None,
                 },
                 CLEAR_REFUSED,
@@ -389,8 +389,8 @@ impl secure::Wire for RawWire<'_> {
     }
 }
 
-/// A chosen service, whether by SELECT, and the token the floor accepted.
-type Chosen = (Arc<dyn Service>, bool, Option<String>);
+/// A chosen service, whether by SELECT, and who the floor authenticated.
+type Chosen = (Arc<dyn Service>, bool, Option<Principal>);
 
 /// The connection's first message, waited for until the handshake's deadline or until it
 /// is called off.
@@ -510,6 +510,7 @@ pub fn probe_with(
         service: service.to_string(),
         token: None,
         proof: None,
+        key: None,
     };
     let bytes = select::encode(&select).map_err(|e| Error::conn(format!("encode SELECT: {e}")))?;
     ch.send_frame(&bytes)?;

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use rustix::fs::{Access, AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 
+use crate::auth::Rights;
 use crate::beneath::{mkdir_in, open_beneath, open_dir_beneath};
 use crate::error::{refuse, Denial, Error, PResult, Refusal, Result};
 use crate::journal::{journal_name, Ident, Journal};
@@ -142,6 +143,39 @@ impl Roots {
             roots: open,
             keep_special,
         })
+    }
+
+    /// Whether a credential with `rights` may use `path` (`write`: create, change or remove
+    /// something there): a root it is not granted is "no root named ..." (as a root that
+    /// does not exist: it learns nothing of it), a write by a read-only credential is
+    /// refused. Every face calls this where it resolves a client's path; the roots' own
+    /// read-only setting is checked on top, by every write.
+    pub fn permit(&self, rights: &Rights, path: &str, write: bool) -> PResult<()> {
+        let name = path.split('/').next().unwrap_or("");
+        // "" is the list of roots (which the face filters), or an absolute path, which
+        // every resolution refuses.
+        if name.is_empty() {
+            return Ok(());
+        }
+        if !rights.grants(name) {
+            let granted: Vec<&str> = self
+                .roots
+                .iter()
+                .map(|r| r.name.as_str())
+                .filter(|n| rights.grants(n))
+                .collect();
+            return Err(refuse(
+                Denial::NotFound,
+                format!("no root named {name:?} (exported: {})", granted.join(", ")),
+            ));
+        }
+        if write && rights.read_only {
+            return Err(refuse(
+                Denial::PermissionDenied,
+                format!("{path}: refused, your credential is read-only on this server"),
+            ));
+        }
+        Ok(())
     }
 
     /// Splits `root/rel` and finds the root; `rel` is "." for the root itself.

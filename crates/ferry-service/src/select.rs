@@ -1,5 +1,5 @@
 //! The floor's own frames (protocol 1.6; 1.7 adds a SELECT's token proof and the TLS frame
-//! of the secure channel): the service selection a client may send before its face's first
+//! of the secure channel, 1.9 a SELECT's key proof): the service selection a client may send before its face's first
 //! frame, and the server's answer. Pure encode/decode, no I/O; the
 //! specification is `docs/protocol.md`, "Service selection".
 //!
@@ -31,6 +31,12 @@ pub const SELECT_TOKEN: u8 = 1;
 /// SELECT flag (protocol 1.7, TLS only): a token proof follows, the token's identifier and
 /// HMAC-SHA256(token, TLS exporter value) (made by the secure channel), in place of a token.
 pub const SELECT_PROOF: u8 = 2;
+/// SELECT flag (protocol 1.9, TLS only): a key proof follows, the client's Ed25519 public
+/// key and its signature of the TLS exporter value ([`crate::keys`]). A server older than
+/// 1.9 takes it for a bad frame and closes the connection.
+pub const SELECT_KEY: u8 = 4;
+/// Bytes of a key proof: the public key and the signature.
+pub const KEY_PROOF_LEN: usize = 32 + 64;
 /// Bytes of a token's identifier in a proof.
 pub const TOKEN_ID_LEN: usize = 8;
 /// Bytes of a token proof: the identifier and the HMAC.
@@ -39,7 +45,7 @@ pub const PROOF_LEN: usize = TOKEN_ID_LEN + 32;
 /// services of [`MAX_NAME`] bytes (316 bytes, under the 512-byte default immediate size).
 pub const MAX_ANSWER: usize = HEADER_LEN + 2 * (2 + MAX_NAME) + 2 + MAX_SERVICES * (2 + MAX_NAME);
 /// The longest floor frame: a SELECT with a name and a token of the longest.
-pub const MAX_FRAME: usize = HEADER_LEN + 2 + MAX_NAME + 2 + MAX_TOKEN + PROOF_LEN;
+pub const MAX_FRAME: usize = HEADER_LEN + 2 + MAX_NAME + 2 + MAX_TOKEN + PROOF_LEN + KEY_PROOF_LEN;
 
 ferry_wire::frames! {
     /// One floor frame.
@@ -58,6 +64,9 @@ ferry_wire::frames! {
             /// The proof of the client's token (flag [`SELECT_PROOF`], only inside TLS):
             /// its identifier and HMAC over the connection's exporter value.
             proof: Option<([u8; 8], [u8; 32])> as IfFlag<SELECT_PROOF, (Raw, Raw)>,
+            /// The proof of the client's key (flag [`SELECT_KEY`], only inside TLS): its
+            /// public key and signature of the connection's exporter value.
+            key: Option<([u8; 32], [u8; 64])> as IfFlag<SELECT_KEY, (Raw, Raw)>,
         },
         /// Server → client: the service was selected; the face's frames follow.
         Selected = 0xF1,
@@ -192,6 +201,7 @@ mod tests {
                     service: "xfer".into(),
                     token: None,
                     proof: None,
+                    key: None,
                 },
             ),
             (
@@ -200,6 +210,7 @@ mod tests {
                     service: String::new(),
                     token: None,
                     proof: None,
+                    key: None,
                 },
             ),
             (
@@ -208,6 +219,7 @@ mod tests {
                     service: "xfer".into(),
                     token: Some("tok".into()),
                     proof: None,
+                    key: None,
                 },
             ),
             (
@@ -216,6 +228,16 @@ mod tests {
                     service: "xfer".into(),
                     token: None,
                     proof: Some(([1; 8], [2; 32])),
+                    key: None,
+                },
+            ),
+            (
+                "select_key",
+                Floor::Select {
+                    service: "xfer".into(),
+                    token: None,
+                    proof: None,
+                    key: Some(([3; 32], [4; 64])),
                 },
             ),
             ("selected", Floor::Selected),
@@ -266,6 +288,7 @@ mod tests {
             "select_proof",
             "36000000f002000004007866657201010101010101010202020202020202020202020202020202020202020202020202020202020202",
         ),
+        ("select_key", "6e000000f0040000040078666572030303030303030303030303030303030303030303030303030303030303030304040404040404040404040404040404040404040404040404040404040404040404040404040404040404040404040404040404040404040404040404040404"),
         ("selected", "08000000f1000000"),
         (
             "services",

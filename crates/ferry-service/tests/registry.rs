@@ -51,7 +51,7 @@ impl Service for Transform {
             sock,
             queue,
             first,
-            token,
+            principal,
             secure,
             ..
         } = conn;
@@ -67,7 +67,7 @@ impl Service for Transform {
         if ch.post_ring(1, 4096).is_err() || ch.recv_into(&mut msg).is_err() {
             return;
         }
-        let mut answer = if token.is_some() {
+        let mut answer = if principal.is_some() {
             b"+".to_vec()
         } else {
             Vec::new()
@@ -123,6 +123,7 @@ fn ask_with(
         service: service.into(),
         token: token.map(String::from),
         proof: None,
+        key: None,
     })
     .unwrap();
     ch.send_frame(&select).unwrap();
@@ -229,6 +230,7 @@ fn two_services_on_two_listeners() {
             service: "shout".into(),
             token: None,
             proof: None,
+            key: None,
         })
         .unwrap(),
     );

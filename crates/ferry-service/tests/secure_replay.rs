@@ -1,7 +1,8 @@
 //! Replays at the TLS level, over real EXS connections on loopback (tcp and ofi+shm): a
 //! token proof made on one connection is refused on another (its exporter value differs),
 //! and a record sealed by one connection's session, sent on another, ends that connection.
-//! A tampered or forged clear control message on a sealed channel ends it too.
+//! A tampered or forged clear control message on a sealed channel ends it too. A key's
+//! signature (protocol 1.9) made on one connection is refused on another.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -12,6 +13,7 @@ use ferry_fabric::Access;
 use ferry_service::admit::{Admission, LimitsConfig};
 use ferry_service::auth::AuthConfig;
 use ferry_service::channel::Channel;
+use ferry_service::keys::{self, ClientKey};
 use ferry_service::registry::{Conn, Registry, Service};
 use ferry_service::secure::{self, ClientSecurity, ServerSecurity};
 use ferry_service::select::{self, Floor};
@@ -42,15 +44,24 @@ impl Service for Echo {
 
 /// A server hosting `echo` on tcp and ofi+shm; its addresses, a client security pinning
 /// it, and the flag that stops it.
-fn start() -> (Vec<String>, ClientSecurity, Arc<AtomicBool>) {
+fn start() -> (Vec<String>, ClientSecurity, Arc<AtomicBool>, ClientKey) {
     let dir = std::env::temp_dir().join(format!("ferry-secure-replay-{}", std::process::id()));
     let security = ServerSecurity::from_state_dir(&dir, false).unwrap();
     let client = ClientSecurity {
         fingerprint: security.fingerprint().map(String::from),
         ..ClientSecurity::default()
     };
+    let key_file = dir.join("id_ed25519");
+    let _ = std::fs::remove_file(&key_file);
+    let _ = std::fs::remove_file(keys::public_path(&key_file));
+    let public = keys::generate(&key_file, "replay").unwrap();
     let auth = AuthConfig {
         tokens: vec![TOKEN.into()],
+        keys: vec![keys::AuthorizedKey {
+            key: public,
+            rights: Default::default(),
+            comment: String::new(),
+        }],
         ..AuthConfig::default()
     };
     let mut reg = Registry::new(auth, security);
@@ -63,7 +74,7 @@ fn start() -> (Vec<String>, ClientSecurity, Arc<AtomicBool>) {
     let q = quit.clone();
     let reg = Arc::new(reg);
     std::thread::spawn(move || serve_until(&reg, &admission, &listeners, &q));
-    (addrs, client, quit)
+    (addrs, client, quit, ClientKey::load(&key_file).unwrap())
 }
 
 /// A sealed channel to `addr` with the SELECT `proof` answered.
@@ -72,6 +83,16 @@ fn selected(
     sec: &ClientSecurity,
     proof: Option<([u8; 8], [u8; 32])>,
 ) -> (Channel, Floor) {
+    selected_with(addr, sec, proof, None)
+}
+
+/// [`selected`] with a key proof too.
+fn selected_with(
+    addr: &str,
+    sec: &ClientSecurity,
+    proof: Option<([u8; 8], [u8; 32])>,
+    key: Option<([u8; 32], [u8; 64])>,
+) -> (Channel, Floor) {
     let mut ch = Channel::connect_with(addr, T, sec).unwrap();
     ch.timeout = T;
     ch.post_ring(2, 4096).unwrap();
@@ -79,6 +100,7 @@ fn selected(
         service: "echo".into(),
         token: None,
         proof,
+        key,
     })
     .unwrap();
     ch.send_frame(&sel).unwrap();
@@ -97,7 +119,7 @@ fn send_raw(ch: &Channel, bytes: &[u8]) {
 
 #[test]
 fn replays_and_forgeries_are_refused() {
-    let (addrs, sec, quit) = start();
+    let (addrs, sec, quit, key) = start();
     for addr in &addrs {
         // A proof of the token made for connection A gets A in ...
         let mut a = Channel::connect_with(addr, T, &sec).unwrap();
@@ -112,6 +134,20 @@ fn replays_and_forgeries_are_refused() {
             "{addr}: {answer:?}"
         );
         b.close();
+
+        // A key's signature of A's exporter value gets A in, and is refused on another
+        // connection: a captured SELECT cannot be replayed.
+        let mut k = Channel::connect_with(addr, T, &sec).unwrap();
+        k.timeout = T;
+        let key_proof = key.prove(k.secure().unwrap().binding());
+        k.select_as(addr, "echo", "", Some(&key)).unwrap();
+        let (b, answer) = selected_with(addr, &sec, None, Some(key_proof));
+        assert!(
+            matches!(&answer, Floor::Refused { message } if message.contains("key was not accepted")),
+            "{addr}: {answer:?}"
+        );
+        b.close();
+        k.close();
 
         // A record sealed by A's session, replayed on C: C's session cannot open it.
         let (mut c, answer) = selected(addr, &sec, None);

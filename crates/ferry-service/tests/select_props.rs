@@ -17,12 +17,19 @@ fn floor() -> impl Strategy<Value = Floor> {
         (
             name(),
             proptest::option::of(".{0,40}"),
-            proptest::option::of(any::<([u8; 8], [u8; 32])>())
+            proptest::option::of(any::<([u8; 8], [u8; 32])>()),
+            proptest::option::of(any::<([u8; 32], [u8; 32], [u8; 32])>())
         )
-            .prop_map(|(service, token, proof)| Floor::Select {
+            .prop_map(|(service, token, proof, key)| Floor::Select {
                 service,
                 token,
-                proof
+                proof,
+                key: key.map(|(k, a, b)| {
+                    let mut sig = [0u8; 64];
+                    sig[..32].copy_from_slice(&a);
+                    sig[32..].copy_from_slice(&b);
+                    (k, sig)
+                }),
             }),
         Just(Floor::Selected),
         (name(), proptest::collection::vec(name(), 0..=MAX_SERVICES))
@@ -68,6 +75,7 @@ fn refusals() {
         service: "xfer".into(),
         token: None,
         proof: None,
+        key: None,
     })
     .unwrap();
     let mut flags = ok.clone();
@@ -107,6 +115,7 @@ fn refusals() {
         service: "a b".into(),
         token: None,
         proof: None,
+        key: None,
     })
     .is_err());
 }

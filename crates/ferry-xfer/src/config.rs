@@ -13,7 +13,12 @@
 //!
 //! [auth]
 //! tokens = ["s3cret-token"]          # clients send one of these (ferry cp --token / FERRY_TOKEN)
+//! token_files = ["/etc/ferry/tokens"] # more tokens, one a line, each optionally after
+//!                                    # options: `roots=data,scratch,ro TOKEN` (mode 600)
+//! authorized_keys = "/etc/ferry/authorized_keys"  # client keys (ferry keygen), one a line:
+//!                                    # `[roots=NAME,...][,ro] ferry-ed25519 BASE64 COMMENT`
 //! anonymous = false                  # true: no token needed (trusted networks only)
+//! anonymous_write = false            # true: anonymous clients may write (else read only)
 //!
 //! [limits]                           # every key optional; defaults shown
 //! max_connections = 256              # authenticated connections at once
@@ -209,9 +214,9 @@ impl ServerConfig {
             }
         }
         self.limits.validate()?;
-        if self.auth.tokens.is_empty() && !self.auth.anonymous {
+        if self.auth.tokens.is_empty() && self.auth.keys.is_empty() && !self.auth.anonymous {
             return usage(
-                "no way to authenticate: add [auth] tokens = [\"...\"] (or --token), or allow anonymous access with [auth] anonymous = true (or --anonymous)"
+                "no way to authenticate: add [auth] tokens = [\"...\"] (or --token, --token-file), authorized_keys = \"FILE\" (or --authorized-keys), or allow anonymous access with [auth] anonymous = true (or --anonymous)"
                     .into(),
             );
         }

@@ -1,4 +1,4 @@
-//! The file-transfer control protocol, version 1.6: pure encode/decode, no I/O.
+//! The file-transfer control protocol, version 1.9: pure encode/decode, no I/O.
 //!
 //! Every EXS message on a transfer connection is exactly one frame (a PACK frame carries
 //! several FILE frames inside it). A frame is an 8-byte
@@ -51,6 +51,10 @@ pub const MINOR_REMOVE: u16 = 8;
 /// The first minor version whose COPIED may count the entries a third-party copy skipped
 /// ([`COPIED_SKIPPED`]): a server sets it only for clients of this minor or later.
 pub const MINOR_COPIED_SKIPPED: u16 = 9;
+/// The first minor version with client keys (the floor's SELECT flag KEY,
+/// `ferry_service::keys`) and per-credential rights: a client proves a key only to servers
+/// of this minor or later (an older one closes the connection at the unknown flag).
+pub const MINOR_KEYS: u16 = 9;
 /// The most GETs in one GETS frame.
 pub const MAX_GETS: usize = 64;
 /// The most streams a session may have.

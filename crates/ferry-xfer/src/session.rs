@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use ferry_service::auth::Principal;
 use ferry_service::claims::Claim;
 use ferry_service::journal::RangeSet;
 use ferry_service::landing::{Progress, SharedProgress};
@@ -29,8 +30,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub(crate) struct Session {
     /// The id WELCOME gave stream 0.
     pub id: u64,
-    /// The token stream 0 authenticated with: joining streams must present the same.
-    pub token: String,
+    /// Who stream 0 authenticated as, and what it may do: joining streams must be the same.
+    pub principal: Principal,
     /// Streams connected now.
     pub streams: AtomicUsize,
     uploads: Mutex<HashMap<u32, Arc<Upload>>>,
@@ -52,10 +53,10 @@ impl Drop for Working<'_> {
 
 impl Session {
     /// A new session with one stream.
-    pub fn new(id: u64, token: String) -> Session {
+    pub fn new(id: u64, principal: Principal) -> Session {
         Session {
             id,
-            token,
+            principal,
             streams: AtomicUsize::new(1),
             uploads: Mutex::new(HashMap::new()),
             working: AtomicUsize::new(0),

@@ -72,6 +72,7 @@ fn select_then_hello(addr: &str, service: &str) -> (Link, Floor) {
         service: service.into(),
         token: None,
         proof: None,
+        key: None,
     })
     .unwrap();
     link.send_frame(&sel).unwrap();
@@ -163,6 +164,7 @@ fn a_bad_selection_loses_only_its_connection() {
         service: "xfer".into(),
         token: None,
         proof: None,
+        key: None,
     })
     .unwrap();
     bad[10] = b'X';

@@ -81,7 +81,7 @@ impl Server {
         proc_cpu_secs(self.child.id())
     }
 
-    /// `ferry serve --mem --anonymous` exporting `roots` on `listen`, with `extra`
+    /// `ferry serve --mem --anonymous --anonymous-write` exporting `roots` on `listen`, with `extra`
     /// arguments and environment `env`; its address is the one it reports.
     pub fn ferry(
         listen: &str,
@@ -91,9 +91,16 @@ impl Server {
     ) -> Result<Server> {
         let exe = std::env::current_exe().context("locating the ferry binary")?;
         let mut cmd = Command::new(exe);
-        cmd.args(["serve", "--mem", "--anonymous", "--listen", listen])
-            .args(extra)
-            .envs(env.iter().copied());
+        cmd.args([
+            "serve",
+            "--mem",
+            "--anonymous",
+            "--anonymous-write",
+            "--listen",
+            listen,
+        ])
+        .args(extra)
+        .envs(env.iter().copied());
         for (name, path) in roots {
             cmd.arg("--root").arg(format!("{name}={}", path.display()));
         }

@@ -9,7 +9,7 @@ use ferry_exs::proto::EventKind;
 use ferry_exs::runtime::{EventQueue, ExsBuf, ExsSocket};
 use ferry_fabric::{Access, RemoteSlice};
 use ferry_service::admit::{Admission, Handshake};
-use ferry_service::auth::AuthConfig;
+use ferry_service::auth::{AuthConfig, Principal};
 use ferry_service::channel::Channel;
 use ferry_service::registry::{Conn, Service};
 use ferry_service::{Error, Kind, Result};
@@ -78,7 +78,8 @@ impl FabricService {
         ch: &mut Channel,
         hs: Handshake,
         first: Option<Vec<u8>>,
-        floor_authed: bool,
+        floor: Option<Principal>,
+        sealed: bool,
     ) -> Result<()> {
         let bytes = match first {
             Some(b) => b,
@@ -109,14 +110,24 @@ impl FabricService {
                 ),
             );
         }
-        if !floor_authed {
-            if let Err(r) = self.admission.authenticate(&hs.addr, &self.auth, &token) {
-                return refuse(ch, r.message.to_string());
-            }
-        }
+        let principal = match floor {
+            Some(p) => p,
+            None => match self.admission.authenticate(&hs.addr, &self.auth, &token) {
+                Ok(p) => p,
+                Err(r) => return refuse(ch, r.message.to_string()),
+            },
+        };
+        // A read-only credential sees every export read-only.
+        let readonly_for = |exp: &Export| exp.info.readonly || principal.rights.read_only;
         let Some(exp) = self.exports.iter().find(|e| e.info.name == export) else {
             return refuse(ch, format!("no export named {export:?}"));
         };
+        if exp.tls_required && !sealed {
+            return refuse(
+                ch,
+                format!("export {export:?} requires TLS: connect without --insecure-clear"),
+            );
+        }
         let _slot = match hs.admit(usize::from(self.pool.chunks), self.pool.chunk_size) {
             Ok(s) => s,
             Err(r) => return refuse(ch, r.message.to_string()),
@@ -139,7 +150,7 @@ impl FabricService {
             major: proto::VERSION_MAJOR,
             minor: proto::VERSION_MINOR,
             size: exp.info.size,
-            readonly: exp.info.readonly,
+            readonly: readonly_for(exp),
             credits: self.pool.chunks,
             chunk_size: self.pool.chunk_size,
             chunks: chunks.remote.clone(),
@@ -148,7 +159,7 @@ impl FabricService {
             ch,
             backend: exp.backend.as_ref(),
             size: exp.info.size,
-            readonly: exp.info.readonly,
+            readonly: readonly_for(exp),
             chunk_size: self.pool.chunk_size,
             scheme,
             read,
@@ -170,12 +181,13 @@ impl Service for FabricService {
             hs,
             peer,
             first,
-            token,
+            principal,
             secure,
         } = conn;
         let mut ch = Channel::new(sock, queue);
+        let sealed = secure.is_some();
         ch.seal(secure);
-        match self.session(&mut ch, hs, first, token.is_some()) {
+        match self.session(&mut ch, hs, first, principal, sealed) {
             Ok(()) => tracing::debug!("{peer}: block session done"),
             Err(e) => tracing::info!("{peer}: block session ended: {e}"),
         }

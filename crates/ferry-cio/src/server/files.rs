@@ -139,6 +139,38 @@ impl Exports {
     }
 
     /// The root's directory and the relative path of `path`.
+    /// Whether a credential with `rights` may open `path` with access mode `mode`: a root
+    /// not granted is "no root named ..." (naming only the granted ones), a mode that
+    /// writes (write, create, delete on close) by a read-only credential is refused.
+    pub fn permit(
+        &self,
+        rights: &ferry_service::auth::Rights,
+        path: &str,
+        mode: u32,
+    ) -> Result<()> {
+        let name = path.split('/').next().unwrap_or("");
+        if !name.is_empty() && !rights.grants(name) {
+            let names: Vec<&str> = self
+                .roots
+                .iter()
+                .map(|(n, _)| n.as_str())
+                .filter(|n| rights.grants(n))
+                .collect();
+            return Err(CioError::new(
+                ErrorClass::NoSuchFile,
+                format!("no root named {name:?} (exported: {})", names.join(", ")),
+            ));
+        }
+        let writes = amode::WRONLY | amode::RDWR | amode::CREATE | amode::DELETE_ON_CLOSE;
+        if rights.read_only && mode & writes != 0 {
+            return Err(CioError::new(
+                ErrorClass::Access,
+                format!("{path}: refused, your credential is read-only on this server"),
+            ));
+        }
+        Ok(())
+    }
+
     fn split<'p>(&self, path: &'p str) -> Result<(&OwnedFd, &'p str)> {
         let denied = |m: String| Err(CioError::new(ErrorClass::Access, m));
         if path.starts_with('/') {
@@ -363,5 +395,27 @@ pub fn preallocate(file: &File, size: u64) -> Result<()> {
             Ok(())
         }
         Err(e) => Err(io_error("preallocate", &std::io::Error::from(e))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry_service::auth::Rights;
+
+    #[test]
+    fn rights_limit_roots_and_writes() {
+        let dir = std::env::temp_dir();
+        let ex = Exports::open([("a", dir.as_path()), ("b", dir.as_path())]).unwrap();
+        let ro_a = Rights::parse("roots=a,ro").unwrap();
+        assert!(ex.permit(&ro_a, "a/f", amode::RDONLY).is_ok());
+        let e = ex
+            .permit(&ro_a, "a/f", amode::WRONLY | amode::CREATE)
+            .unwrap_err();
+        assert_eq!(e.class, ErrorClass::Access);
+        let e = ex.permit(&ro_a, "b/f", amode::RDONLY).unwrap_err();
+        assert_eq!(e.class, ErrorClass::NoSuchFile);
+        assert!(e.message.contains("(exported: a)"), "{}", e.message);
+        assert!(ex.permit(&Rights::ALL, "b/f", amode::RDWR).is_ok());
     }
 }

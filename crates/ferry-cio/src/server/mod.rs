@@ -207,8 +207,12 @@ impl Server {
                 ),
             );
         }
-        if let Err(r) = self.admission.authenticate(&hs.addr, &self.auth, &token) {
-            return refuse_open(ch, CioError::new(ErrorClass::Access, r.message));
+        let principal = match self.admission.authenticate(&hs.addr, &self.auth, &token) {
+            Ok(p) => p,
+            Err(r) => return refuse_open(ch, CioError::new(ErrorClass::Access, r.message)),
+        };
+        if let Err(e) = self.exports.permit(&principal.rights, &path, mode) {
+            return refuse_open(ch, e);
         }
         if self.drain.draining() {
             return refuse_open(
@@ -655,7 +659,7 @@ impl Service for Server {
             peer,
             first,
             // OPEN carries the token, checked with it (sealed, over TLS).
-            token: _,
+            principal: _,
             secure,
         } = conn;
         let mut ch = Channel::new(sock, queue);

@@ -35,7 +35,9 @@ pub fn security_dir() -> PathBuf {
 pub fn isolate(c: &mut Command) {
     let dir = security_dir();
     c.env("FERRY_STATE_DIR", dir.join("state"))
-        .env("FERRY_KNOWN_HOSTS", dir.join("known_hosts"));
+        .env("FERRY_KNOWN_HOSTS", dir.join("known_hosts"))
+        // No client key of the machine's user (~/.config/ferry/id_ed25519) is used.
+        .env("XDG_CONFIG_HOME", dir.join("config"));
 }
 
 /// The fingerprint of this test process's server identity (`ferry serve --fingerprint`).

@@ -13,13 +13,19 @@ pub fn default_path() -> PathBuf {
     if let Some(p) = std::env::var_os("FERRY_KNOWN_HOSTS").filter(|p| !p.is_empty()) {
         return PathBuf::from(p);
     }
+    config_dir().join("known_hosts")
+}
+
+/// A client's ferry configuration directory: `$XDG_CONFIG_HOME/ferry`, else
+/// `~/.config/ferry`.
+pub fn config_dir() -> PathBuf {
     let config = std::env::var_os("XDG_CONFIG_HOME")
         .filter(|d| !d.is_empty())
         .map(PathBuf::from)
         .unwrap_or_else(|| {
             PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| ".".into())).join(".config")
         });
-    config.join("ferry/known_hosts")
+    config.join("ferry")
 }
 
 /// The name a server has in the known-hosts file: its address without the driver

@@ -144,6 +144,9 @@ pub const GET_WINDOW: usize = 32;
 pub struct Options {
     /// Token ("" for anonymous).
     pub token: String,
+    /// The client's key pair (`--identity`, `~/.config/ferry/id_ed25519`), proven to the
+    /// server over TLS instead of a token (protocol 1.9; docs/security.md).
+    pub key: Option<std::sync::Arc<ferry_service::keys::ClientKey>>,
     /// Proposed block size.
     pub block_size: u32,
     /// Staging blocks in flight, with [`Buffer::Fixed`].
@@ -199,6 +202,7 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             token: String::new(),
+            key: None,
             block_size: crate::DEFAULT_BLOCK,
             ring: crate::DEFAULT_RING,
             buffer: Buffer::Fixed,
@@ -361,7 +365,12 @@ impl Client {
         // Over TLS the token is proven in the floor's SELECT, never sent; a clear
         // connection sends it in the HELLO, as every version did.
         let token = if link.secure().is_some() {
-            link.select(addr, crate::server::SERVICE, &opts.token)?;
+            link.select_as(
+                addr,
+                crate::server::SERVICE,
+                &opts.token,
+                opts.key.as_deref(),
+            )?;
             String::new()
         } else {
             opts.token.clone()

@@ -335,6 +335,48 @@ impl Router {
     }
 }
 
+impl Route {
+    /// The path this route resolves on the server, whether it writes there, and the
+    /// transfer id a refusal carries: what a credential's rights are checked against
+    /// ([`ferry_service::roots::Roots::permit`]). `None` for routes that name no path
+    /// (their file was checked when it was opened).
+    pub fn access(&self) -> Option<(&str, bool, u32)> {
+        match self {
+            Route::Stat(p) | Route::List(p) | Route::Sum(p) => Some((p, false, 0)),
+            Route::Mkdir { path, .. } => Some((path, true, 0)),
+            Route::Remove(p) => Some((p, true, 0)),
+            Route::Get { path, file_id, .. } => Some((path, false, *file_id)),
+            Route::Put(req, path) | Route::Open(req, path) | Route::PutFile { req, path, .. } => {
+                Some((path, true, req.file_id))
+            }
+            Route::SendTo(req) => Some((&req.path, false, req.file_id)),
+            Route::Virtual(msg) => {
+                let write = matches!(
+                    msg,
+                    Msg::Mkdir { .. } | Msg::Remove { .. } | Msg::Put { .. } | Msg::Open { .. }
+                );
+                match msg {
+                    Msg::Stat { path }
+                    | Msg::List { path }
+                    | Msg::Sum { path }
+                    | Msg::Mkdir { path, .. }
+                    | Msg::Remove { path }
+                    | Msg::Get { path, .. }
+                    | Msg::Put { path, .. }
+                    | Msg::Open { path, .. } => Some((path, write, transfer_of(msg))),
+                    _ => None,
+                }
+            }
+            Route::Bye
+            | Route::Batch(_)
+            | Route::Refuse { .. }
+            | Route::PutRange { .. }
+            | Route::Close { .. }
+            | Route::Unexpected(_) => None,
+        }
+    }
+}
+
 /// The transfer id a refusal of `msg` carries (0 for requests without one).
 fn transfer_of(msg: &Msg) -> u32 {
     match msg {

@@ -27,7 +27,7 @@ use crate::link::{BlockSender, Link};
 use crate::proto::{self, Entry, ErrorCode, Msg, BLOCK_HEADER_LEN};
 use crate::session::Session;
 use ferry_service::admit::{Admission, AuthRefused, Handshake};
-use ferry_service::auth::AuthConfig;
+use ferry_service::auth::{AuthConfig, Principal};
 use ferry_service::channel::Held;
 use ferry_service::drain::Drain;
 pub use ferry_service::drain::DrainReport;
@@ -72,12 +72,12 @@ impl Service for Server {
             hs,
             peer,
             first,
-            token,
+            principal,
             secure,
         } = conn;
         let mut link = Link::new(sock, queue);
         link.seal(secure);
-        match self.connection(&mut link, hs, first, token) {
+        match self.connection(&mut link, hs, first, principal) {
             Ok(()) => tracing::debug!("{peer}: done"),
             Err(e) => tracing::info!("{peer}: connection ended: {e}"),
         }
@@ -249,14 +249,14 @@ impl Server {
     }
 
     /// Serves one connection: handshake, then requests in order until BYE or close.
-    /// `floor_token`: the token the floor already accepted (proven over TLS, protocol 1.7),
-    /// which the HELLO then need not carry.
+    /// `floor`: who the floor already authenticated (a token or key proven over TLS,
+    /// protocol 1.7 and 1.9), in which case the HELLO carries no token.
     fn connection(
         &self,
         link: &mut Link,
         hs: Handshake,
         first: Option<Vec<u8>>,
-        floor_token: Option<String>,
+        floor: Option<Principal>,
     ) -> Result<()> {
         let (major, minor, block_size, token, join, stream) = match Self::hello(link, &hs, first)? {
             Msg::Hello {
@@ -282,17 +282,15 @@ impl Server {
             })?;
             return Err(XferError::conn(message));
         }
-        let token = match floor_token {
-            Some(t) => t,
-            None => {
-                if let Err(r) = self
-                    .admission
-                    .authenticate(&hs.addr, &self.cfg.auth, &token)
-                {
-                    return Self::refuse_token(link, r);
-                }
-                token
-            }
+        let principal = match floor {
+            Some(p) => p,
+            None => match self
+                .admission
+                .authenticate(&hs.addr, &self.cfg.auth, &token)
+            {
+                Ok(p) => p,
+                Err(r) => return Self::refuse_token(link, r),
+            },
         };
         let block = block_size.clamp(proto::MIN_BLOCK, self.cfg.block_size);
         let remote = is_remote_peer(&hs.addr);
@@ -302,7 +300,7 @@ impl Server {
         };
         // Authenticated: the client may now reach this connection's buffers by RMA.
         link.socket().enable_remote_access();
-        let session = match self.join(join, stream, &token) {
+        let session = match self.join(join, stream, principal) {
             Ok(s) => s,
             Err(r) => return refuse_connection(link, r),
         };
@@ -390,7 +388,7 @@ impl Server {
             if !router.packs(&msg) || stopping {
                 tx.flush_pack(link)?;
             }
-            match router.route(msg, stopping) {
+            match self.permitted(session, router.route(msg, stopping)) {
                 Route::Bye => return Ok(()),
                 // The drain's grace is over: the client hears why, and the connection ends.
                 Route::Refuse { file_id, refusal } if stopping => {
@@ -447,6 +445,21 @@ impl Server {
         Ok(true)
     }
 
+    /// `route`, or its refusal when the session's credential may not do it (a root not
+    /// granted, a write by a read-only credential).
+    fn permitted(&self, session: &Session, route: Route) -> Route {
+        let Some((path, write, file_id)) = route.access() else {
+            return route;
+        };
+        match self.roots.permit(&session.principal.rights, path, write) {
+            Ok(()) => route,
+            Err(r) => Route::Refuse {
+                file_id,
+                refusal: r.into(),
+            },
+        }
+    }
+
     /// The next request: waiting PUT_FILE commits go when no request is there to join them.
     fn wait_request(&self, link: &mut Link, session: &Session, st: &mut Requests) -> Result<Msg> {
         let arrived = if st.commits.is_empty() {
@@ -499,7 +512,13 @@ impl Server {
                 Err(r) => reply_refusal(link, 0, r),
             },
             Route::List(path) => match crate::export::list(&self.roots, &path) {
-                Ok(entries) => send_entries(link, entries),
+                Ok(mut entries) => {
+                    // The list of roots shows those the credential is granted.
+                    if path.trim_matches('/').is_empty() {
+                        entries.retain(|e| session.principal.rights.grants(&e.name));
+                    }
+                    send_entries(link, entries)
+                }
                 Err(r) => reply_refusal(link, 0, r),
             },
             Route::Mkdir { mode, path } => match self.roots.mkdir(&path, mode) {
@@ -587,8 +606,8 @@ impl Server {
     }
 
     /// Admits a stream: stream 0 of a new session (`join` 0), or stream `stream` of the live
-    /// session `join`, which must have been opened with the same token.
-    fn join(&self, join: u64, stream: u16, token: &str) -> PResult<Arc<Session>> {
+    /// session `join`, which must have been opened with the same credential.
+    fn join(&self, join: u64, stream: u16, principal: Principal) -> PResult<Arc<Session>> {
         let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
         if join == 0 {
             if stream != 0 {
@@ -603,7 +622,7 @@ impl Server {
                     break id;
                 }
             };
-            let s = Arc::new(Session::new(id, token.to_string()));
+            let s = Arc::new(Session::new(id, principal));
             live.insert(id, s.clone());
             return Ok(s);
         }
@@ -622,7 +641,7 @@ impl Server {
                 format!("unknown session {join:#x}: it ended or never existed (a stream joins while stream 0 is connected)"),
             )
         })?;
-        if !ferry_service::auth::ct_eq(s.token.as_bytes(), token.as_bytes()) {
+        if s.principal.id != principal.id {
             return Err(refuse(
                 ErrorCode::AuthRefused,
                 "the token differs from the one session was opened with",
