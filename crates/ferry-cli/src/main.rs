@@ -4,6 +4,7 @@
 
 mod bench;
 mod block;
+mod copies;
 mod log;
 mod ls;
 mod manual;
@@ -63,6 +64,10 @@ enum Cmd {
     /// List a directory (or the roots) on a `ferry serve`.
     #[command(after_help = xfer::EXIT_CODES)]
     Ls(ls::LsArgs),
+    /// List the server-to-server copies a `ferry serve` is making for you (your credential),
+    /// or stop one with --abort ID.
+    #[command(after_help = xfer::EXIT_CODES)]
+    Copies(copies::CopiesArgs),
     /// Print the BLAKE3 of a local or remote file (b3sum format).
     #[command(after_help = xfer::EXIT_CODES)]
     Sum(xfer::SumArgs),
@@ -110,6 +115,7 @@ fn main() -> Result<()> {
         Cmd::Cp(a) => xfer::cp(a, cli.quiet, cli.verbose > 0),
         Cmd::Sync(a) => sync::sync(a, cli.quiet),
         Cmd::Ls(a) => ls::ls(a),
+        Cmd::Copies(a) => copies::copies(a),
         Cmd::Sum(a) => xfer::sum(a),
         Cmd::Services(a) => xfer::services(a),
         Cmd::Token { which } => token::run(which),

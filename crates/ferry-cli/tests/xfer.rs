@@ -1119,14 +1119,12 @@ fn several_sources_filters_and_no_clobber() {
     std::fs::remove_dir_all(&local).unwrap();
 }
 
-/// Ctrl-C on the client cancels a server-to-server copy: the source stops sending, and the
-/// file never appears at the destination (what arrived stays journaled there for a resume).
-#[test]
-fn interrupting_a_third_party_copy_cancels_it() {
-    let b = serve("tcp", &[]);
-    let a = serve_with("tcp", &[], &["--allow-third-party", &b.addr]);
-    // Long enough to send that the signal lands mid-copy (a repeated MiB: quick to make).
-    const HUGE: u64 = 1 << 30;
+/// A large file on `a` (a repeated MiB: quick to make, long enough to send that a test
+/// acts mid-copy), a `ferry cp` of it to `b` started with its stderr piped, and the
+/// destination's part file, once 8 MiB of it arrived.
+const HUGE: u64 = 1 << 30;
+
+fn third_party_copy_under_way(a: &Server, b: &Server) -> (std::process::Child, PathBuf) {
     let mib = pattern(1 << 20, 3);
     let mut f = std::fs::File::create(a.root.join("huge")).unwrap();
     for _ in 0..HUGE >> 20 {
@@ -1136,17 +1134,30 @@ fn interrupting_a_third_party_copy_cancels_it() {
     let part = b.root.join(".huge.ferry-part");
     let mut client = ferry();
     client.args(["cp", "--token", TOKEN, &a.url("huge"), &b.url("")]);
-    let mut client = client
+    let client = client
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let size = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
     let t = std::time::Instant::now();
     while size(&part) < 8 << 20 && t.elapsed() < std::time::Duration::from_secs(30) {
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
     assert!(size(&part) >= 8 << 20, "the copy did not start");
+    (client, part)
+}
+
+fn size(p: &Path) -> u64 {
+    std::fs::metadata(p).map_or(0, |m| m.len())
+}
+
+/// Ctrl-C on the client cancels a server-to-server copy: the source stops sending, and the
+/// file never appears at the destination (what arrived stays journaled there for a resume).
+#[test]
+fn interrupting_a_third_party_copy_cancels_it() {
+    let b = serve("tcp", &[]);
+    let a = serve_with("tcp", &[], &["--allow-third-party", &b.addr]);
+    let (mut client, part) = third_party_copy_under_way(&a, &b);
     let pid = rustix::process::Pid::from_child(&client);
     rustix::process::kill_process(pid, rustix::process::Signal::INT).unwrap();
     assert_eq!(client.wait().unwrap().code(), Some(130));
@@ -1157,6 +1168,47 @@ fn interrupting_a_third_party_copy_cancels_it() {
     assert_eq!(size(&part), stopped, "the source kept sending");
     assert!(stopped < HUGE);
     assert!(!b.root.join("huge").exists());
+}
+
+/// `ferry copies` lists a server-to-server copy to its owner, and `--abort` stops it: its
+/// own `ferry cp` ends with exit 1 saying so, and the file never lands.
+#[test]
+fn a_third_party_copy_is_listed_and_aborted_by_its_owner() {
+    let b = serve("tcp", &[]);
+    let a = serve_with("tcp", &[], &["--allow-third-party", &b.addr]);
+    let (client, part) = third_party_copy_under_way(&a, &b);
+    let copies = |args: &[&str]| {
+        let mut c = ferry();
+        c.args(["copies", "--token", TOKEN]).args(args).arg(&a.addr);
+        run(c)
+    };
+    let v = ok(&copies(&["--json"]));
+    assert_eq!(v["path"].as_str(), Some("d/huge"), "{v}");
+    assert!(
+        b.addr.contains(v["dest"].as_str().unwrap()),
+        "{v} vs {}",
+        b.addr
+    );
+    assert_eq!(v["total"].as_u64(), Some(HUGE), "{v}");
+    assert!(v["done"].as_u64().unwrap() >= 8 << 20, "{v}");
+    let id = v["id"].as_u64().unwrap();
+    fails(
+        &copies(&["--abort", &(id + 1).to_string()]),
+        3,
+        "no third-party copy",
+    );
+    assert!(copies(&["--abort", &id.to_string()]).status.success());
+    let out = client.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("aborted by its owner"), "{said}");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let stopped = size(&part);
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    assert_eq!(size(&part), stopped, "the source kept sending");
+    assert!(!b.root.join("huge").exists());
+    // Nothing left to list.
+    assert!(copies(&[]).stdout.is_empty());
 }
 
 /// `ferry sync` copies what differs, removes what the source lacks with --delete (not what

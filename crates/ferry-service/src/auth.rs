@@ -129,6 +129,11 @@ impl Principal {
         }
     }
 
+    /// Whether this is an anonymous client (no credential).
+    pub fn is_anonymous(&self) -> bool {
+        self.id == "anonymous"
+    }
+
     /// The holder of `token`, with the rights its token-file line gives.
     pub fn token(auth: &AuthConfig, token: &str) -> Principal {
         Principal {

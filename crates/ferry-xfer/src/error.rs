@@ -21,6 +21,8 @@ pub fn remote(code: ErrorCode, message: &str) -> XferError {
         ErrorCode::Integrity => Kind::Integrity,
         ErrorCode::Io | ErrorCode::NoSpace => Kind::Io,
         ErrorCode::NotADirectory | ErrorCode::IsADirectory | ErrorCode::Unsupported => Kind::Usage,
+        // Stopped on purpose by its owner: running it again is theirs to decide.
+        ErrorCode::Cancelled => Kind::Usage,
         // Retryable: `ferry cp --retries` reconnects and resumes.
         ErrorCode::Unavailable => Kind::Connection,
         _ => Kind::Connection,

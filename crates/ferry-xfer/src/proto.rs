@@ -51,6 +51,9 @@ pub const MINOR_REMOVE: u16 = 8;
 /// The first minor version whose COPIED may count the entries a third-party copy skipped
 /// ([`COPIED_SKIPPED`]): a server sets it only for clients of this minor or later.
 pub const MINOR_COPIED_SKIPPED: u16 = 9;
+/// The first minor version with COPIES and ABORT_COPY (`ferry copies`): a client sends them
+/// only to servers of this minor or later.
+pub const MINOR_COPIES: u16 = 9;
 /// The first minor version with client keys (the floor's SELECT flag KEY,
 /// `ferry_service::keys`) and per-credential rights: a client proves a key only to servers
 /// of this minor or later (an older one closes the connection at the unknown flag).
@@ -117,6 +120,9 @@ pub enum ErrorCode {
     /// A server this one had to reach (the destination of a third-party copy) could not be
     /// reached, or its connection broke (since 1.1).
     Unreachable,
+    /// The request was stopped on purpose: a third-party copy aborted by its owner from
+    /// another connection (since 1.9). Not retried.
+    Cancelled,
     /// A code this build does not know.
     Other(u16),
 }
@@ -138,6 +144,7 @@ impl Code16 for ErrorCode {
             ErrorCode::Unsupported => 11,
             ErrorCode::Unavailable => 12,
             ErrorCode::Unreachable => 13,
+            ErrorCode::Cancelled => 14,
             ErrorCode::Other(n) => n,
         }
     }
@@ -158,6 +165,7 @@ impl Code16 for ErrorCode {
             11 => ErrorCode::Unsupported,
             12 => ErrorCode::Unavailable,
             13 => ErrorCode::Unreachable,
+            14 => ErrorCode::Cancelled,
             n => ErrorCode::Other(n),
         }
     }
@@ -429,6 +437,32 @@ ferry_wire::frames! {
         Remove = 35 {
             /// Path.
             path: String as Str<MAX_PATH>,
+        },
+        /// Client → server (1.9): list the third-party copies this server is making for the
+        /// asking credential. Reply: one COPY frame per copy, then OK.
+        Copies = 36,
+        /// A third-party copy in progress (1.9, server → client, answering COPIES).
+        Copy = 37 {
+            /// The server's id of the copy (ABORT_COPY names it).
+            id: u64 as Le,
+            /// Bytes copied so far.
+            done: u64 as Le,
+            /// Bytes to copy in all.
+            total: u64 as Le,
+            /// Seconds since it started.
+            secs: u32 as Le,
+            /// Source path on this server.
+            path: String as Str<MAX_PATH>,
+            /// Destination server address.
+            dest: String as Str<MAX_ADDR>,
+            /// Path there.
+            dest_path: String as Str<MAX_PATH>,
+        },
+        /// Client → server (1.9): stop the third-party copy `id` of the asking credential;
+        /// OK, or ERROR NotFound. The copy's own client gets ERROR Cancelled.
+        AbortCopy = 38 {
+            /// The copy's id (from COPY).
+            id: u64 as Le,
         },
         /// Several whole-file GETs in one frame (1.3, client → server, to a server whose
         /// WELCOME said minor ≥ 3): answered exactly as that many GETs of `(file_id, path)`
@@ -917,6 +951,7 @@ impl fmt::Display for ErrorCode {
             ErrorCode::Unsupported => "unsupported",
             ErrorCode::Unavailable => "unavailable, try again",
             ErrorCode::Unreachable => "destination unreachable",
+            ErrorCode::Cancelled => "cancelled",
             ErrorCode::Other(n) => return write!(f, "error code {n}"),
         };
         f.write_str(s)
@@ -1149,6 +1184,20 @@ mod tests {
             ),
             ("sum", Msg::Sum { path: "r/h".into() }),
             ("remove", Msg::Remove { path: "r/x".into() }),
+            ("copies", Msg::Copies),
+            (
+                "copy",
+                Msg::Copy {
+                    id: 1,
+                    done: 2,
+                    total: 3,
+                    secs: 4,
+                    path: "r/a".into(),
+                    dest: "h:1".into(),
+                    dest_path: "d".into(),
+                },
+            ),
+            ("abort_copy", Msg::AbortCopy { id: 7 }),
             (
                 "sum_reply",
                 Msg::SumReply {
@@ -1197,6 +1246,16 @@ mod tests {
                     bytes: 3,
                     blocks_resent: 4,
                     skipped: 0,
+                },
+            ),
+            (
+                "copied_skipped",
+                Msg::Copied {
+                    file_id: 14,
+                    files: 2,
+                    bytes: 3,
+                    blocks_resent: 4,
+                    skipped: 5,
                 },
             ),
             (
@@ -1291,12 +1350,16 @@ mod tests {
 ("gets", "1d000000180000000200010000000300722f61020000000400722f6262"),
 ("sum", "0d000000100000000300722f68"),
 ("remove", "0d000000230000000300722f78"),
+("copies", "0800000024000000"),
+("copy", "3100000025000000010000000000000002000000000000000300000000000000040000000300722f610300683a31010064"),
+("abort_copy", "10000000260000000700000000000000"),
 ("sum_reply", "30000000110000000c00000000000000abababababababababababababababababababababababababababababababab"),
 ("bye", "0800000012000000"),
 ("send_to", "26000000200100000c0000000500722f73726309007463703a2f2f683a310300642f78010074"),
 ("send_to_streams", "19000000200200000c00000001006101006201006300000400"),
 ("progress", "1c000000210000000d00000005000000000000000a00000000000000"),
 ("copied", "24000000220000000e000000020000000000000003000000000000000400000000000000"),
+("copied_skipped", "2c000000220100000e0000000200000000000000030000000000000004000000000000000500000000000000"),
 ("open", "25000000130300000f000000a40100000000000000010000fdffffffffffffff0300722f6f"),
 ("have", "2e0000001400000010000000020000000000000000000a0000000000000014000000000000001e00000000000000"),
 ("put_range", "1c000000150000001100000000100000000000000020000000000000"),
@@ -1335,7 +1398,7 @@ mod tests {
         };
         assert_eq!(fixed(file), FILE_HEADER_LEN);
         assert_eq!(fixed(Msg::Pack { count: 1, len: 0 }), PACK_HEADER_LEN);
-        assert_eq!(Msg::CODES.len(), 30, "every frame type has a row");
+        assert_eq!(Msg::CODES.len(), 33, "every frame type has a row");
     }
 
     /// Decoding speed of the golden frames (a quick A/B for codec changes):

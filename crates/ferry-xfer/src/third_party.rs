@@ -9,10 +9,14 @@
 //! A server makes outgoing connections only to the destinations its operator listed
 //! (`third_party` in the config, `--allow-third-party`), so an authenticated client cannot
 //! turn it into a probe of other hosts.
+//!
+//! The copies in progress are listed ([`Copies`]): their owner (the credential that asked)
+//! can see them from another connection (COPIES) and stop one (ABORT_COPY), as
+//! `ferry copies` does.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::client::{join, walk_entries, Client, Options, Progress, Stats};
@@ -24,6 +28,7 @@ use crate::parallel::{join_streams, upload_planned};
 use crate::proto::{self, EntryKind, ErrorCode, Msg};
 use crate::url::Remote;
 use ferry_exs::runtime::Closer;
+use ferry_service::auth::Principal;
 use ferry_service::roots::Roots;
 
 /// How often PROGRESS frames go to the watching client.
@@ -51,6 +56,114 @@ pub(crate) struct SendTo<'a> {
     pub block: u32,
     /// The asking client's protocol minor version (what COPIED may tell it).
     pub client_minor: u16,
+    /// Who asked: who may list and abort the copy.
+    pub owner: Owner,
+}
+
+/// Who may see and stop a third-party copy: the credential that asked for it; anonymous
+/// clients only from the same host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Owner(String);
+
+impl Owner {
+    /// The owner of what `principal`, connected from `peer`, asks for.
+    pub fn of(principal: &Principal, peer: &str) -> Owner {
+        if principal.is_anonymous() {
+            // Every anonymous client has the same credential; its host tells them apart.
+            let host = peer.rsplit_once(':').map_or(peer, |(h, _)| h);
+            Owner(format!("anonymous from {host}"))
+        } else {
+            Owner(principal.id.clone())
+        }
+    }
+}
+
+/// The third-party copies a server is making.
+#[derive(Default)]
+pub(crate) struct Copies {
+    next: AtomicU64,
+    running: Mutex<Vec<Arc<Running>>>,
+}
+
+/// One copy in progress.
+struct Running {
+    id: u64,
+    owner: Owner,
+    path: String,
+    dest: String,
+    dest_path: String,
+    started: Instant,
+    /// Bytes uploaded so far.
+    done: AtomicU64,
+    /// Bytes to upload in all (known once the source is walked).
+    total: AtomicU64,
+    /// Its owner asked for it to stop (ABORT_COPY).
+    aborted: AtomicBool,
+}
+
+/// A copy's place in [`Copies`], given up when the copy ends.
+struct Listed<'a> {
+    copies: &'a Copies,
+    running: Arc<Running>,
+}
+
+impl Drop for Listed<'_> {
+    fn drop(&mut self) {
+        lock(&self.copies.running).retain(|r| !Arc::ptr_eq(r, &self.running));
+    }
+}
+
+impl Copies {
+    fn start(&self, req: &SendTo) -> Listed<'_> {
+        let running = Arc::new(Running {
+            id: self.next.fetch_add(1, Ordering::Relaxed) + 1,
+            owner: req.owner.clone(),
+            path: req.path.into(),
+            dest: req.dest.into(),
+            dest_path: req.dest_path.into(),
+            started: Instant::now(),
+            done: AtomicU64::new(0),
+            total: AtomicU64::new(0),
+            aborted: AtomicBool::new(false),
+        });
+        lock(&self.running).push(running.clone());
+        Listed {
+            copies: self,
+            running,
+        }
+    }
+
+    /// COPY frames for the copies of `owner`, oldest first.
+    pub fn list(&self, owner: &Owner) -> Vec<Msg> {
+        lock(&self.running)
+            .iter()
+            .filter(|r| &r.owner == owner)
+            .map(|r| Msg::Copy {
+                id: r.id,
+                done: r.done.load(Ordering::Relaxed),
+                total: r.total.load(Ordering::Relaxed),
+                secs: u32::try_from(r.started.elapsed().as_secs()).unwrap_or(u32::MAX),
+                path: r.path.clone(),
+                dest: r.dest.clone(),
+                dest_path: r.dest_path.clone(),
+            })
+            .collect()
+    }
+
+    /// Asks copy `id` of `owner` to stop; false if `owner` has no such copy.
+    pub fn abort(&self, owner: &Owner, id: u64) -> bool {
+        let running = lock(&self.running);
+        let Some(r) = running.iter().find(|r| r.id == id && &r.owner == owner) else {
+            return false;
+        };
+        tracing::info!(
+            "third-party copy {id} ({} -> {}) aborted by its owner",
+            r.path,
+            r.dest
+        );
+        r.aborted.store(true, Ordering::Release);
+        true
+    }
 }
 
 /// Whether `cfg` lets this server connect to `dest` for a third-party copy.
@@ -62,17 +175,18 @@ fn allowed(cfg: &ServerConfig, dest: &str) -> bool {
 /// is an error of this connection.
 pub(crate) fn serve(
     cfg: &ServerConfig,
-    roots: &Roots,
+    (roots, copies): (&Roots, &Copies),
     link: &Link,
     req: SendTo,
 ) -> crate::Result<()> {
-    match copy(cfg, roots, link, &req) {
+    let listed = copies.start(&req);
+    match copy(cfg, roots, link, &req, &listed.running) {
         Ok(s) => link.send(&Msg::Copied {
             file_id: req.file_id,
             files: s.files,
             bytes: s.bytes,
             blocks_resent: s.blocks_resent,
-            // An older client cannot read the count; the log line below still has it.
+            // An older client cannot read the count (the walk logged each entry).
             skipped: if req.client_minor >= proto::MINOR_COPIED_SKIPPED {
                 s.entries_skipped
             } else {
@@ -95,7 +209,13 @@ pub(crate) fn serve(
     }
 }
 
-fn copy(cfg: &ServerConfig, roots: &Roots, link: &Link, req: &SendTo) -> Result<Stats, Refusal> {
+fn copy(
+    cfg: &ServerConfig,
+    roots: &Roots,
+    link: &Link,
+    req: &SendTo,
+    running: &Running,
+) -> Result<Stats, Refusal> {
     if !allowed(cfg, req.dest) {
         let how = "its operator can allow destinations with `third_party = [\"ADDR\"]` in serve.toml or --allow-third-party ADDR";
         return Err(refuse(
@@ -153,11 +273,13 @@ fn copy(cfg: &ServerConfig, roots: &Roots, link: &Link, req: &SendTo) -> Result<
     let target = c
         .target(req.path, entry.kind == EntryKind::Dir, req.dest_path)
         .map_err(at_dest)?;
+    running
+        .total
+        .store(files.iter().map(|f| f.1).sum(), Ordering::Relaxed);
     let relay = Relay {
         link,
         file_id: req.file_id,
-        total: files.iter().map(|f| f.1).sum(),
-        done: AtomicU64::new(0),
+        running,
         last: Mutex::new(Instant::now()),
     };
     relay.send();
@@ -211,7 +333,7 @@ fn copy(cfg: &ServerConfig, roots: &Roots, link: &Link, req: &SendTo) -> Result<
             let client = link.socket().closer();
             let copying = AtomicBool::new(true);
             std::thread::scope(|s| {
-                s.spawn(|| cancel_when_gone(&client, &to_dest, &copying));
+                s.spawn(|| cancel_when_gone(&client, &to_dest, &copying, &running.aborted));
                 let res =
                     upload_planned(c, others, None, planned, &open, &opts, &relay, &mut stats);
                 copying.store(false, Ordering::Release);
@@ -222,6 +344,13 @@ fn copy(cfg: &ServerConfig, roots: &Roots, link: &Link, req: &SendTo) -> Result<
     };
     match res {
         Ok(()) => Ok(stats),
+        Err(_) if running.aborted.load(Ordering::Acquire) => Err(refuse(
+            ErrorCode::Cancelled,
+            format!(
+                "copy {} aborted by its owner from another connection (ferry copies --abort); what the destination verified stays there for a resume",
+                running.id
+            ),
+        )),
         Err(e) => Err(lock(&unreadable).take().unwrap_or_else(|| at_dest(e))),
     }
 }
@@ -229,13 +358,23 @@ fn copy(cfg: &ServerConfig, roots: &Roots, link: &Link, req: &SendTo) -> Result<
 /// How often a copy checks that the client that asked for it is still there.
 const WATCH_EVERY: Duration = Duration::from_millis(50);
 
-/// Cancels a copy whose client went away (Ctrl-C, a crash, a broken link): closes the
-/// connections to the destination, so the upload ends at once — what the destination
-/// verified stays journaled there, and the same command resumes it.
-fn cancel_when_gone(client: &Closer, to_dest: &[Closer], copying: &AtomicBool) {
+/// Cancels a copy whose client went away (Ctrl-C, a crash, a broken link) or whose owner
+/// aborted it: closes the connections to the destination, so the upload ends at once —
+/// what the destination verified stays journaled there, and the same command resumes it.
+fn cancel_when_gone(
+    client: &Closer,
+    to_dest: &[Closer],
+    copying: &AtomicBool,
+    aborted: &AtomicBool,
+) {
     while copying.load(Ordering::Acquire) {
-        if !client.is_connected() {
-            tracing::info!("third-party copy cancelled: the client that asked for it went away");
+        let gone = !client.is_connected();
+        if gone || aborted.load(Ordering::Acquire) {
+            if gone {
+                tracing::info!(
+                    "third-party copy cancelled: the client that asked for it went away"
+                );
+            }
             for d in to_dest {
                 d.close();
             }
@@ -253,8 +392,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 struct Relay<'a> {
     link: &'a Link,
     file_id: u32,
-    total: u64,
-    done: AtomicU64,
+    /// Where the copy's counts are kept (also for COPIES).
+    running: &'a Running,
     last: Mutex<Instant>,
 }
 
@@ -263,8 +402,8 @@ impl Relay<'_> {
         // A client that went away misses the news; `cancel_when_gone` stops the copy.
         let _ = self.link.send(&Msg::Progress {
             file_id: self.file_id,
-            done: self.done.load(Ordering::Relaxed),
-            total: self.total,
+            done: self.running.done.load(Ordering::Relaxed),
+            total: self.running.total.load(Ordering::Relaxed),
         });
         *lock(&self.last) = Instant::now();
     }
@@ -272,7 +411,7 @@ impl Relay<'_> {
 
 impl Progress for Relay<'_> {
     fn add(&self, bytes: u64) {
-        self.done.fetch_add(bytes, Ordering::Relaxed);
+        self.running.done.fetch_add(bytes, Ordering::Relaxed);
         if lock(&self.last).elapsed() >= PROGRESS_EVERY {
             self.send();
         }

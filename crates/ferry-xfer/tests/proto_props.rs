@@ -137,6 +137,23 @@ fn msg() -> impl Strategy<Value = Msg> {
         s(300).prop_map(|path| Msg::Sum { path }),
         (any::<u64>(), any::<[u8; 32]>()).prop_map(|(size, blake3)| Msg::SumReply { size, blake3 }),
         Just(Msg::Bye),
+        Just(Msg::Copies),
+        any::<u64>().prop_map(|id| Msg::AbortCopy { id }),
+        (
+            (any::<u64>(), any::<u64>(), any::<u64>(), any::<u32>()),
+            (s(300), s(100), s(300))
+        )
+            .prop_map(
+                |((id, done, total, secs), (path, dest, dest_path))| Msg::Copy {
+                    id,
+                    done,
+                    total,
+                    secs,
+                    path,
+                    dest,
+                    dest_path
+                }
+            ),
         (
             0u8..2,
             any::<u32>(),

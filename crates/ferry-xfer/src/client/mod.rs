@@ -541,18 +541,54 @@ impl Client {
 
     /// Removes a remote file, symlink or empty directory (a 1.7 server).
     pub fn remove(&mut self, path: &str) -> Result<()> {
-        if self.minor < proto::MINOR_REMOVE {
-            return Err(XferError::new(
-                Kind::Usage,
-                format!("the server speaks transfer protocol 1.{} and cannot remove files (1.{} can): upgrade it", self.minor, proto::MINOR_REMOVE),
-            ));
-        }
+        self.needs(proto::MINOR_REMOVE, "remove files")?;
         self.link.send(&Msg::Remove { path: path.into() })?;
         match self.link.recv_msg()? {
             Msg::Ok { .. } => Ok(()),
             Msg::Error { code, message, .. } => Err(remote_err(code, &message)),
             m => Err(unexpected(&m)),
         }
+    }
+
+    /// The third-party copies the server is making for this client's credential
+    /// (COPY frames, 1.9), oldest first.
+    pub fn copies(&mut self) -> Result<Vec<Msg>> {
+        self.needs(proto::MINOR_COPIES, "list third-party copies")?;
+        self.link.send(&Msg::Copies)?;
+        let mut out = Vec::new();
+        loop {
+            match self.link.recv_msg()? {
+                m @ Msg::Copy { .. } => out.push(m),
+                Msg::Ok { .. } => return Ok(out),
+                Msg::Error { code, message, .. } => return Err(remote_err(code, &message)),
+                m => return Err(unexpected(&m)),
+            }
+        }
+    }
+
+    /// Stops third-party copy `id` (from [`Client::copies`]) of this client's credential.
+    pub fn abort_copy(&mut self, id: u64) -> Result<()> {
+        self.needs(proto::MINOR_COPIES, "abort third-party copies")?;
+        self.link.send(&Msg::AbortCopy { id })?;
+        match self.link.recv_msg()? {
+            Msg::Ok { .. } => Ok(()),
+            Msg::Error { code, message, .. } => Err(remote_err(code, &message)),
+            m => Err(unexpected(&m)),
+        }
+    }
+
+    /// A usage error unless the server speaks `minor` or later (it can do `what`).
+    fn needs(&self, minor: u16, what: &str) -> Result<()> {
+        if self.minor < minor {
+            return Err(XferError::new(
+                Kind::Usage,
+                format!(
+                    "the server speaks transfer protocol 1.{} and cannot {what} (1.{minor} can): upgrade it",
+                    self.minor
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Creates a remote directory (existing is fine).

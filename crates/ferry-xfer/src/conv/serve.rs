@@ -70,6 +70,10 @@ pub struct SendToReq {
 pub enum Route {
     /// BYE: the connection ends.
     Bye,
+    /// COPIES: the asking credential's third-party copies in progress.
+    Copies,
+    /// ABORT_COPY: stop one of them.
+    AbortCopy(u64),
     /// A GETS frame: its files are answered one by one, each as if its GET came alone.
     Batch(Vec<Msg>),
     /// Refused without looking further.
@@ -330,6 +334,8 @@ impl Router {
                 token,
                 streams,
             }),
+            Msg::Copies => Route::Copies,
+            Msg::AbortCopy { id } => Route::AbortCopy(id),
             m => Route::Unexpected(m),
         }
     }
@@ -368,6 +374,8 @@ impl Route {
                 }
             }
             Route::Bye
+            | Route::Copies
+            | Route::AbortCopy(_)
             | Route::Batch(_)
             | Route::Refuse { .. }
             | Route::PutRange { .. }

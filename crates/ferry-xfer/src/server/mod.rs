@@ -50,6 +50,8 @@ pub struct Server {
     /// A newer PUT of the same file raises the holder's flag: the holder journals and lets go
     /// (the usual holder is a vanished client's connection the fabric has not noticed).
     busy: Claims,
+    /// Third-party copies in progress (`ferry copies`).
+    copies: crate::third_party::Copies,
     /// Live sessions (parallel streams join them by id).
     live: Mutex<HashMap<u64, Arc<Session>>>,
     /// Connections in flight, and the drain (requests refused with Unavailable once its
@@ -145,6 +147,7 @@ impl Server {
             roots,
             sessions: AtomicU64::new(1),
             busy: Claims::new(),
+            copies: crate::third_party::Copies::default(),
             live: Mutex::new(HashMap::new()),
             drain: Drain::new(),
         }))
@@ -292,6 +295,7 @@ impl Server {
                 Err(r) => return Self::refuse_token(link, r),
             },
         };
+        let owner = crate::third_party::Owner::of(&principal, &hs.addr);
         let block = block_size.clamp(proto::MIN_BLOCK, self.cfg.block_size);
         let remote = is_remote_peer(&hs.addr);
         let slot = match hs.admit(self.cfg.ring, block) {
@@ -333,6 +337,7 @@ impl Server {
             put_file: None,
             commits: put::Commits::default(),
             minor,
+            owner,
             welcomed: remote.then_some(welcomed),
             grown: None,
         };
@@ -570,13 +575,30 @@ impl Server {
                 length,
                 blake3,
             } => self.close(link, session, file_id, length, blake3),
-            Route::SendTo(req) => self.send_to(link, req, st.minor),
+            Route::SendTo(req) => self.send_to(link, req, st),
+            Route::Copies => {
+                for m in self.copies.list(&st.owner) {
+                    link.send(&m)?;
+                }
+                link.send(&Msg::Ok { file_id: 0 })
+            }
+            Route::AbortCopy(id) => {
+                if self.copies.abort(&st.owner, id) {
+                    link.send(&Msg::Ok { file_id: 0 })
+                } else {
+                    link.send(&Msg::Error {
+                        code: ErrorCode::NotFound,
+                        file_id: 0,
+                        message: format!("no third-party copy {id} of yours is running here"),
+                    })
+                }
+            }
             Route::Unexpected(m) => Err(XferError::conn(format!("unexpected request {m:?}"))),
         }
     }
 
     /// SEND_TO: copies to another server, whose connections hold staging memory too.
-    fn send_to(&self, link: &mut Link, req: SendToReq, client_minor: u16) -> Result<()> {
+    fn send_to(&self, link: &mut Link, req: SendToReq, st: &Requests) -> Result<()> {
         let streams = req.streams;
         let grant = match self.admission.reserve(
             usize::from(streams.max(1)),
@@ -588,7 +610,7 @@ impl Server {
         };
         crate::third_party::serve(
             &self.cfg,
-            &self.roots,
+            (&self.roots, &self.copies),
             link,
             crate::third_party::SendTo {
                 file_id: req.file_id,
@@ -600,7 +622,8 @@ impl Server {
                 streams,
                 ring: grant.ring,
                 block: grant.block,
-                client_minor,
+                client_minor: st.minor,
+                owner: st.owner.clone(),
             },
         )
     }
@@ -667,6 +690,8 @@ struct Requests {
     commits: put::Commits,
     /// The client's protocol minor version.
     minor: u16,
+    /// Whose third-party copies this connection may list and abort.
+    owner: crate::third_party::Owner,
     /// When WELCOME went to a peer on another host: the first request's arrival is one
     /// round trip later (and sizes the ring to the path, [`Server::grow_to_path`]).
     welcomed: Option<Instant>,
