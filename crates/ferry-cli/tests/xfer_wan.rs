@@ -269,10 +269,10 @@ fn a_lossy_path_completes_and_reports_its_rate() {
     );
 }
 
-/// The server sizes a connection's staging ring to the path, as the client does its own:
-/// at 50 ms its default 8 blocks of 4 MiB (about 1.3 Gbit/s for one stream, a block being
-/// busy two round trips) grow to the bandwidth-delay product, for a download and for an
-/// upload alike.
+/// The server sizes a connection's send ring to the path, as the client does its own: at
+/// 50 ms its default 8 blocks of 4 MiB (about 1.3 Gbit/s for one stream, a block being busy
+/// two round trips) grow to the bandwidth-delay product, on every connection from another
+/// host (a download's and an upload's).
 #[test]
 fn the_server_sizes_its_ring_to_the_path() {
     let _g = serial();
@@ -289,7 +289,7 @@ fn the_server_sizes_its_ring_to_the_path() {
     let text = std::fs::read_to_string(&log).unwrap();
     let grown: Vec<&str> = text
         .lines()
-        .filter(|l| l.contains("staging ring grown from 8 to"))
+        .filter(|l| l.contains("send ring grown from 8 to"))
         .collect();
     assert!(
         grown.len() >= 2,

@@ -108,7 +108,7 @@ impl WanReport {
                 }));
             }
         }
-        let panels = vec![
+        let mut panels = vec![
             panel(
                 "Fig. 7: memory to memory, ferry by file buffer",
                 by_variant("mem", "ferry"),
@@ -121,6 +121,11 @@ impl WanReport {
                 traces,
             ),
         ];
+        // Workloads left out of the run (`--only`) draw no empty frames.
+        panels.retain(|p| !p.series.is_empty());
+        if panels.is_empty() {
+            return Ok(false);
+        }
         let title = format!(
             "ferry bench wan{}: emulated path, bottleneck {:.2} Gbit/s, {} cores, medians",
             if self.report.quick { " --quick" } else { "" },

@@ -356,7 +356,7 @@ impl Server {
         tx: &mut BlockSender,
         st: &mut Requests,
     ) -> Result<()> {
-        let mut router = Router {
+        let router = Router {
             block: st.block,
             ring: st.ring,
             mem: self.cfg.mem,
@@ -380,9 +380,7 @@ impl Server {
             };
             // The first request came one round trip after WELCOME went out.
             if let Some(welcomed) = st.welcomed.take() {
-                if self.grow_to_path(link, tx, st, welcomed.elapsed())? {
-                    router.ring = st.ring;
-                }
+                self.grow_to_path(link, tx, st, welcomed.elapsed());
             }
             // The session is not idle while this request runs.
             let _working = session.working();
@@ -411,43 +409,38 @@ impl Server {
         }
     }
 
-    /// Grows the connection's staging ring (blocks sent ahead for a download, receive
-    /// buffers for an upload) from the configured `ring` to the path's bandwidth-delay
-    /// product for round trip `rtt`, as a client sizes its own (`tune::ring_for`): a block
-    /// is busy for about two round trips, so a fixed 8 × 4 MiB holds one stream near
-    /// 1.3 Gbit/s at 50 ms. The extra memory is reserved from the budget like a
-    /// connection's own (less, or none, when the budget is short: the ring stays); true if
-    /// the ring grew. Called before the first request is served: nothing is in flight.
-    fn grow_to_path(
-        &self,
-        link: &mut Link,
-        tx: &mut BlockSender,
-        st: &mut Requests,
-        rtt: Duration,
-    ) -> Result<bool> {
+    /// Grows the ring of blocks the connection sends ahead (downloads) from the configured
+    /// `ring` to the path's bandwidth-delay product for round trip `rtt`, as a client sizes
+    /// its own (`tune::ring_for`): a block is busy for about two round trips, so a fixed
+    /// 8 × 4 MiB holds one stream near 1.3 Gbit/s at 50 ms. Its blocks are allocated on
+    /// first use, so a connection that sends little costs nothing more; the receive ring
+    /// (uploads) stays as configured: posting it whole up front cost more than it gave
+    /// (docs/wan.md). The extra memory is reserved from the budget like a connection's own
+    /// (less, or none, when the budget is short: the ring stays). Called before the first
+    /// request is served: nothing is in flight.
+    fn grow_to_path(&self, link: &Link, tx: &mut BlockSender, st: &mut Requests, rtt: Duration) {
         use crate::client::tune;
         let want = tune::ring_for(tune::Buffer::Path, st.ring, rtt, st.block);
         if want <= st.ring {
-            return Ok(false);
+            return;
         }
         let grant = match self.admission.reserve(1, want - st.ring, st.block) {
             Ok(g) if g.block == st.block && g.ring > 0 => g,
-            _ => return Ok(false),
+            _ => return,
         };
         let ring = st.ring + grant.ring;
-        let mut grown = BlockSender::new(st.block, ring, link.timeout)?;
+        let Ok(mut grown) = BlockSender::new(st.block, ring, link.timeout) else {
+            return;
+        };
         (grown.inline, grown.packing, grown.direct) = (tx.inline, tx.packing, tx.direct);
         *tx = grown;
-        link.post_ring(ring, BLOCK_HEADER_LEN + st.block as usize)?;
         tracing::debug!(
-            "round trip {:.1} ms: staging ring grown from {} to {ring} blocks of {} bytes",
+            "round trip {:.1} ms: send ring grown from {} to {ring} blocks of {} bytes",
             rtt.as_secs_f64() * 1e3,
             st.ring,
             st.block
         );
-        st.ring = ring;
         st.grown = Some(grant);
-        Ok(true)
     }
 
     /// `route`, or its refusal when the session's credential may not do it (a root not
@@ -693,9 +686,9 @@ struct Requests {
     /// Whose third-party copies this connection may list and abort.
     owner: crate::third_party::Owner,
     /// When WELCOME went to a peer on another host: the first request's arrival is one
-    /// round trip later (and sizes the ring to the path, [`Server::grow_to_path`]).
+    /// round trip later (and sizes the send ring to the path, [`Server::grow_to_path`]).
     welcomed: Option<Instant>,
-    /// The budget's memory for the ring's growth to the path, held while it lasts.
+    /// The budget's memory for the send ring's growth to the path, held while it lasts.
     grown: Option<ferry_service::admit::Grant>,
 }
 
