@@ -1,7 +1,8 @@
 //! `ferry bench block --quick --json` end to end (about a minute): one JSON object with a
 //! row per server, export and fio job, ferry's rows measured on both transports and both
-//! backends, the summary keys the issue names (numbers, or null when a peer is missing),
-//! and each target with a verdict.
+//! backends, the application rows (ext4 on the export: untar, postmark, fileop), the
+//! summary keys the issue names (numbers, or null when a peer is missing), and each
+//! target with a verdict.
 
 use std::process::Command;
 
@@ -62,11 +63,27 @@ fn quick_json_run() {
         let n = rows
             .iter()
             .filter(|r| {
-                r["server"] == server && r["backend"] == backend && r["transport"] == transport
+                r["server"] == server
+                    && r["path"] == "nbd"
+                    && r["backend"] == backend
+                    && r["transport"] == transport
             })
             .inspect(|r| assert!(r["iops"].is_number() || r["error"].is_string(), "{r}"))
             .count();
         assert_eq!(n, jobs.len(), "{server} {backend} {transport} rows");
+    }
+    // The application rows (ext4 on the export): measured, or why FUSE cannot run here.
+    for server in ["ferry", "nbdkit"] {
+        for app in ["untar", "postmark", "fileop"] {
+            let r = rows
+                .iter()
+                .find(|r| r["server"] == server && r["path"] == "ext4" && r["workload"] == app)
+                .unwrap_or_else(|| panic!("no {server} {app} row"));
+            assert!(
+                r["iops"].as_f64().is_some_and(|x| x > 0.0) || r["error"].is_string(),
+                "{r}"
+            );
+        }
     }
     let summary = &v["summary"];
     for k in [
@@ -79,12 +96,14 @@ fn quick_json_run() {
         "zcopy_vs_bcopy_write_1m",
         "zcopy_vs_nbdtcp_write_1m",
         "untar_vs_nbdkit",
+        "postmark_vs_nbdkit",
+        "fileop_vs_nbdkit",
     ] {
         let x = &summary[k];
         assert!(x.is_number() || x.is_null(), "summary {k} = {x}");
     }
     let targets = v["targets"].as_array().expect("targets");
-    assert_eq!(targets.len(), 6, "{targets:?}");
+    assert_eq!(targets.len(), 7, "{targets:?}");
     for t in targets {
         assert!(t["pass"].is_boolean() || t["pass"].is_null(), "{t}");
     }

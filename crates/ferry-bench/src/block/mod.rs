@@ -4,8 +4,11 @@
 //! QD 16, 4 KiB random write and read at QD 1 and QD 32 (GB/s, IOPS, mean and p99
 //! latency). ferry is measured over TCP and over a Unix socket, on a memory and a file
 //! export; nbdkit's memory plugin over both too. Servers alternate within each job
-//! (A B A B); medians over the repetitions (see docs/block.md, "Benchmark").
+//! (A B A B); medians over the repetitions (see docs/block.md, "Benchmark"). Then the
+//! application rows ([`apps`]): ext4 on ferry's and nbdkit's memory exports over TCP, an
+//! untar, a postmark-like and a fileop-like run on it.
 
+mod apps;
 mod fio;
 mod plot;
 mod report;
@@ -17,6 +20,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 
 use super::report::{emit, median, round, DriverStatus, Machine, Report};
+use apps::{Ran, Sizes, Tarball, APPS};
 use fio::{Measured, Workload, WORKLOADS};
 use report::{BlockReport, BlockRow};
 use servers::{Listen, Proc};
@@ -273,11 +277,12 @@ pub fn run(args: &BlockArgs) -> Result<()> {
             }
         }
     }
+    let mut rows: Vec<BlockRow> = cells.into_iter().map(Cell::finish).collect();
+    rows.extend(applications(&servers, &plan, &dir, args.quick, &mut notes));
     drop(servers);
-    let rows: Vec<BlockRow> = cells.into_iter().map(Cell::finish).collect();
     let summary = report::summary(&rows);
     notes.push(format!(
-        "{} are the fabric path's and a file system's metrics, measured by a later slice: null here",
+        "{} are the fabric path's metrics, measured by a later slice: null here",
         report::LATER.join(", ")
     ));
     let report = BlockReport {
@@ -324,6 +329,115 @@ fn measure(c: &mut Cell, servers: &Servers, plan: &Plan, out: &Path) {
             tracing::warn!("{} {}: {why}", c.row.label(), c.row.job());
             c.row.error = Some(why);
         }
+    }
+}
+
+/// The application rows: on ferry's and nbdkit's memory exports over TCP, taking turns
+/// (who goes first changes from repetition to repetition), [`apps::run`] each time; the
+/// medians of each server's runs, or why there are none.
+fn applications(
+    servers: &Servers,
+    plan: &Plan,
+    dir: &Path,
+    quick: bool,
+    notes: &mut Vec<String>,
+) -> Vec<BlockRow> {
+    let mut turn: Vec<&Target> = (servers.targets.iter())
+        .filter(|t| t.backend == "memory" && t.listen.transport() == "tcp")
+        .collect();
+    let mut runs: Vec<AppRuns> = ["ferry", "nbdkit"]
+        .into_iter()
+        .map(|server| AppRuns {
+            server,
+            samples: Vec::new(),
+            error: (!turn.iter().any(|t| t.server == server))
+                .then(|| format!("{server} memory tcp is not running")),
+        })
+        .collect();
+    let sizes = Sizes::new(quick);
+    let tar = match apps::unavailable() {
+        Some(why) => Err(why),
+        None => Tarball::make(dir, &sizes).map_err(|e| format!("making the tarball: {e:#}")),
+    };
+    let tar = match tar {
+        Ok(t) => t,
+        Err(why) => {
+            runs.iter_mut().for_each(|r| r.error = Some(why.clone()));
+            return runs.iter().flat_map(AppRuns::rows).collect();
+        }
+    };
+    notes.push(format!(
+        "application rows: ext4 made on the memory exports over TCP through nbdfuse, mounted \
+         with fuse2fs, each run on a fresh mount timed to the end of its unmount; untar of a \
+         {:.1} MB tarball; IOPS = operations per second",
+        tar.len() as f64 / 1e6
+    ));
+    for rep in 0..plan.reps {
+        let n = turn.len().max(1);
+        turn.rotate_left(rep % n);
+        for t in &turn {
+            let Some(r) = runs.iter_mut().find(|r| r.server == t.server) else {
+                continue;
+            };
+            if r.error.is_some() {
+                continue;
+            }
+            let proc = &servers.procs[t.proc];
+            let work = dir.join(format!("apps-{}-{rep}", t.server));
+            match apps::run(&t.listen.uri(t.export), &work, &tar, &sizes, &|| proc.cpu()) {
+                Ok(ran) => r.samples.push(ran),
+                Err(e) => {
+                    tracing::warn!("application runs on {}: {e:#}", t.server);
+                    r.error = Some(format!("{e:#}"));
+                }
+            }
+            let _ = std::fs::remove_dir_all(&work);
+        }
+    }
+    runs.iter().flat_map(AppRuns::rows).collect()
+}
+
+/// One server's application runs: per repetition, each run of [`APPS`].
+struct AppRuns {
+    server: &'static str,
+    samples: Vec<Vec<Ran>>,
+    error: Option<String>,
+}
+
+impl AppRuns {
+    /// A row per application: medians of rate, bandwidth and time per operation.
+    fn rows(&self) -> Vec<BlockRow> {
+        APPS.iter()
+            .enumerate()
+            .map(|(i, app)| {
+                let mut row = BlockRow {
+                    server: self.server.into(),
+                    path: "ext4".into(),
+                    transport: "tcp".into(),
+                    backend: "memory".into(),
+                    workload: (*app).into(),
+                    qd: 1,
+                    error: self.error.clone(),
+                    reps: self.samples.len(),
+                    ..BlockRow::default()
+                };
+                if row.error.is_some() || self.samples.is_empty() {
+                    row.error.get_or_insert_with(|| "not run".into());
+                    return row;
+                }
+                let med = |f: &dyn Fn(&Ran) -> f64, digits: i32| {
+                    let mut v: Vec<f64> = self.samples.iter().map(|s| f(&s[i])).collect();
+                    median(&mut v).map(|x| round(x, digits))
+                };
+                row.iops = med(&|r| r.ops as f64 / r.secs, 0);
+                row.lat_mean_us = med(&|r| r.secs * 1e6 / r.ops.max(1) as f64, 1);
+                if *app == "untar" {
+                    row.gbps = med(&|r| r.bytes as f64 / r.secs / 1e9, 3);
+                }
+                row.server_cpu_s = med(&|r| r.server_cpu_s, 2);
+                row
+            })
+            .collect()
     }
 }
 
