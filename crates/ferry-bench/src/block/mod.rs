@@ -4,8 +4,11 @@
 //! QD 16, 4 KiB random write and read at QD 1 and QD 32 (GB/s, IOPS, mean and p99
 //! latency). ferry is measured over TCP and over a Unix socket, on a memory and a file
 //! export; nbdkit's memory plugin over both too. Servers alternate within each job
-//! (A B A B); medians over the repetitions (see docs/block.md, "Benchmark").
+//! (A B A B); medians over the repetitions (see docs/block.md, "Benchmark"). Then the
+//! block face's fabric path ([`fabric`]): its schemes at 1 MiB QD 16 through the direct
+//! Rust client and through `ferry block attach`.
 
+mod fabric;
 mod fio;
 mod plot;
 mod report;
@@ -274,12 +277,23 @@ pub fn run(args: &BlockArgs) -> Result<()> {
         }
     }
     drop(servers);
-    let rows: Vec<BlockRow> = cells.into_iter().map(Cell::finish).collect();
-    let summary = report::summary(&rows);
-    notes.push(format!(
-        "{} are the fabric path's and a file system's metrics, measured by a later slice: null here",
-        report::LATER.join(", ")
-    ));
+    let mut rows: Vec<BlockRow> = cells.into_iter().map(Cell::finish).collect();
+    let mut summary = report::summary(&rows);
+    tracing::info!("the fabric path");
+    rows.extend(fabric::run(plan.region, plan.secs, plan.reps, &dir, &report_path).rows);
+    fabric_summary(&rows, &mut summary);
+    notes.push(
+        "fabric rows (server `ferry direct`/`ferry attach`): the block face in this process over \
+         a memory export; zcopy = delegation (RTRS reads), zcopy-fill = the paper's reads, \
+         zcopy-inval = a key rotation after every I/O, bcopy = data in messages; \
+         zcopy_vs_bcopy_write_1m compares the direct client on ofi+shm, \
+         zcopy_vs_nbdtcp_write_1m fio through attach (zcopy, ofi+shm) with fio on ferry's NBD \
+         over TCP (memory)"
+            .into(),
+    );
+    notes.push(
+        "untar_vs_nbdkit is a file system's metric, measured by a later slice: null here".into(),
+    );
     let report = BlockReport {
         report: Report {
             bench: "block",
@@ -302,6 +316,27 @@ pub fn run(args: &BlockArgs) -> Result<()> {
         args.json,
         args.out.as_deref(),
     )
+}
+
+/// Fills the fabric path's summary keys from its rows (see the note `run` adds).
+fn fabric_summary(rows: &[BlockRow], summary: &mut report::Summary) {
+    let zb = fabric::ratio(
+        rows,
+        ("ferry direct", "zcopy", "ofi+shm"),
+        ("ferry direct", "bcopy", "ofi+shm"),
+    );
+    let zn = fabric::ratio(
+        rows,
+        ("ferry attach", "zcopy", "ofi+shm"),
+        ("ferry", "nbd", "tcp"),
+    );
+    for (k, v) in summary.0.iter_mut() {
+        match k.as_str() {
+            "zcopy_vs_bcopy_write_1m" => *v = zb,
+            "zcopy_vs_nbdtcp_write_1m" => *v = zn,
+            _ => {}
+        }
+    }
 }
 
 /// One fio run of `c`'s job against its server, recorded with the server's CPU.
