@@ -32,13 +32,14 @@ const TOKEN: &str = "bench";
 /// A scheme as the rows name it, and how a client asks for it.
 #[derive(Clone, Copy)]
 struct Way {
+    /// The row's path; `nbd` is the baseline: ferry's NBD server over TCP, no fabric.
     path: &'static str,
     scheme: Scheme,
     read: ReadMode,
     invalidate: bool,
 }
 
-const WAYS: [Way; 4] = [
+const WAYS: [Way; 5] = [
     Way {
         path: "zcopy",
         scheme: Scheme::Delegated,
@@ -59,6 +60,12 @@ const WAYS: [Way; 4] = [
     },
     Way {
         path: "bcopy",
+        scheme: Scheme::Copy,
+        read: ReadMode::ServerWrite,
+        invalidate: false,
+    },
+    Way {
+        path: "nbd",
         scheme: Scheme::Copy,
         read: ReadMode::ServerWrite,
         invalidate: false,
@@ -84,7 +91,7 @@ impl Drop for Floor {
     }
 }
 
-fn floor(region: u64) -> Result<Floor> {
+fn floor(region: u64, dir: &Path) -> Result<Floor> {
     let backend = Arc::new(MemoryBackend::new(region));
     let export = Export::new(&ExportConfig::memory("mem", region), backend);
     let auth = AuthConfig {
@@ -98,7 +105,9 @@ fn floor(region: u64) -> Result<Floor> {
         admission.clone(),
         PoolConfig::default(),
     );
-    let mut reg = Registry::new(auth, ServerSecurity::none());
+    // Clear connections, as a trusted network's (TLS would cost the copy scheme alone).
+    let security = ServerSecurity::from_state_dir(&dir.join("state"), true)?;
+    let mut reg = Registry::new(auth, security);
     reg.add(ferry_block::deleg::SERVICE, Arc::new(face))?;
     let shm = format!("ofi+shm://ferry-bench-block-{}", std::process::id());
     let names = ["tcp", "ofi+shm"];
@@ -136,7 +145,7 @@ pub fn run(region: u64, secs: f64, reps: usize, dir: &Path, out: &Path) -> Fabri
         .filter(|w| w.bs == 1 << 20)
         .collect();
     let mut rows = Vec::new();
-    let fl = match floor(region) {
+    let fl = match floor(region, dir) {
         Ok(f) => f,
         Err(e) => {
             for w in &jobs {
@@ -152,12 +161,16 @@ pub fn run(region: u64, secs: f64, reps: usize, dir: &Path, out: &Path) -> Fabri
             for w in &jobs {
                 let mut samples: Vec<Vec<f64>> = vec![Vec::new(); WAYS.len()];
                 let mut errors: Vec<Option<String>> = vec![None; WAYS.len()];
+                // The NBD baseline once per job, beside the attaches on ofi+shm.
+                let baseline = client == "ferry attach" && *transport == "ofi+shm";
                 for rep in 0..reps {
                     for k in 0..WAYS.len() {
                         let i = (k + rep) % WAYS.len();
                         let way = &WAYS[i];
-                        let r = match client {
-                            "ferry direct" => direct(addr, way, w, region, secs),
+                        let r = match (client, way.path) {
+                            (_, "nbd") if !baseline => continue,
+                            (_, "nbd") => nbd_tcp(w, region, secs, out),
+                            ("ferry direct", _) => direct(addr, way, w, region, secs),
                             _ => attached(addr, way, w, region, secs, dir, out),
                         };
                         match r {
@@ -167,6 +180,10 @@ pub fn run(region: u64, secs: f64, reps: usize, dir: &Path, out: &Path) -> Fabri
                     }
                 }
                 for (i, way) in WAYS.iter().enumerate() {
+                    if way.path == "nbd" && !baseline {
+                        continue;
+                    }
+                    let transport = if way.path == "nbd" { "tcp" } else { transport };
                     let mut r = row(client, way.path, transport, w);
                     r.reps = samples[i].len();
                     r.gbps = super::median(&mut samples[i]).map(|g| super::round(g, 3));
@@ -244,6 +261,33 @@ fn attached(
     quit.store(true, Ordering::SeqCst);
     t.join()
         .map_err(|_| anyhow!("the attach's NBD server panicked"))?;
+    nbd.drain(Duration::from_millis(200));
+    Ok(m?.gbps)
+}
+
+/// GB/s fio's nbd engine gets from ferry's NBD server (in this process, memory export)
+/// over TCP: the scheme without the fabric.
+fn nbd_tcp(w: &Workload, region: u64, secs: f64, out: &Path) -> Result<f64> {
+    let export = Export::new(
+        &ExportConfig::memory("mem", region),
+        Arc::new(MemoryBackend::new(region)),
+    );
+    let nbd = Arc::new(BlockServer::with_exports(
+        &["127.0.0.1:0".to_string()],
+        vec![export],
+    )?);
+    let uri = format!("{}/mem", nbd.local_addrs()[0]);
+    let quit = Arc::new(AtomicBool::new(false));
+    let (n, q) = (nbd.clone(), quit.clone());
+    let t = std::thread::spawn(move || n.serve_until(&q));
+    // Reads need pages, not holes: fill the region first (untimed).
+    if !w.writes() {
+        let fill = WORKLOADS[0];
+        fio::run(&uri, &fill, region, None, out)?;
+    }
+    let m = fio::run(&uri, w, region, Some(secs), out);
+    quit.store(true, Ordering::SeqCst);
+    t.join().map_err(|_| anyhow!("the NBD server panicked"))?;
     nbd.drain(Duration::from_millis(200));
     Ok(m?.gbps)
 }

@@ -43,6 +43,9 @@ pub struct BlockArgs {
     /// Repetitions [default: 3, 1 with --quick].
     #[arg(long)]
     reps: Option<usize>,
+    /// Only the fabric path's rows (no NBD peers).
+    #[arg(long)]
+    fabric_only: bool,
 }
 
 /// Sizes and times of a run.
@@ -250,7 +253,14 @@ pub fn run(args: &BlockArgs) -> Result<()> {
         file.display(),
         plan.region >> 20
     ));
-    let servers = Servers::start(&dir, &file, plan.region);
+    let servers = match args.fabric_only {
+        true => Servers {
+            procs: Vec::new(),
+            targets: Vec::new(),
+            missing: Vec::new(),
+        },
+        false => Servers::start(&dir, &file, plan.region),
+    };
     for (s, b, t, why) in &servers.missing {
         notes.push(format!("{s} {b} {t}: {why}"));
     }
@@ -288,7 +298,7 @@ pub fn run(args: &BlockArgs) -> Result<()> {
          zcopy-inval = a key rotation after every I/O, bcopy = data in messages; \
          zcopy_vs_bcopy_write_1m compares the direct client on ofi+shm, \
          zcopy_vs_nbdtcp_write_1m fio through attach (zcopy, ofi+shm) with fio on ferry's NBD \
-         over TCP (memory)"
+         over TCP (row `ferry attach nbd tcp`: in this process, memory export)"
             .into(),
     );
     notes.push(
@@ -328,7 +338,7 @@ fn fabric_summary(rows: &[BlockRow], summary: &mut report::Summary) {
     let zn = fabric::ratio(
         rows,
         ("ferry attach", "zcopy", "ofi+shm"),
-        ("ferry", "nbd", "tcp"),
+        ("ferry attach", "nbd", "tcp"),
     );
     for (k, v) in summary.0.iter_mut() {
         match k.as_str() {
