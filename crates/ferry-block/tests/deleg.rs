@@ -155,6 +155,23 @@ fn every_scheme_round_trips_on_every_driver() {
     let _ = std::fs::remove_file(path);
 }
 
+/// A copy-scheme session whose first request is a whole-chunk READ: its reply is the
+/// largest message, and must not land in the buffer DELEGATE came in.
+#[test]
+fn a_first_read_of_a_whole_chunk_fits() {
+    let path = backing("first-read");
+    let addrs = server("first-read", &path, PoolConfig::default());
+    for addr in &addrs {
+        for scheme in [Scheme::Copy, Scheme::Delegated] {
+            let mut c = Client::connect(addr, &opts("mem", scheme, ReadMode::ServerWrite)).unwrap();
+            let mut buf = vec![1u8; 4 << 20];
+            c.read_at(0, &mut buf).expect(addr);
+            assert!(buf.iter().all(|b| *b == 0), "{addr}");
+        }
+    }
+    let _ = std::fs::remove_file(path);
+}
+
 #[test]
 fn always_invalidate_rotates_keys_and_keeps_working() {
     let path = backing("rotate");

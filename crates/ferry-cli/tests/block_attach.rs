@@ -94,6 +94,8 @@ fn attach_carries_nbd_clients_over_every_driver_and_survives_a_killed_client() {
                 "--size=16m",
                 "--time_based",
                 "--runtime=20",
+                // One process: killing it leaves no job process behind.
+                "--thread",
             ])
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -6,9 +6,12 @@
 //! export; nbdkit's memory plugin over both too. Servers alternate within each job
 //! (A B A B); medians over the repetitions (see docs/block.md, "Benchmark"). Then the
 //! application rows ([`apps`]): ext4 on ferry's and nbdkit's memory exports over TCP, an
-//! untar, a postmark-like and a fileop-like run on it.
+//! untar, a postmark-like and a fileop-like run on it; and the block face's fabric path
+//! ([`fabric`]): its schemes at 1 MiB QD 16 through the direct Rust client and through
+//! `ferry block attach`.
 
 mod apps;
+mod fabric;
 mod fio;
 mod plot;
 mod report;
@@ -44,6 +47,9 @@ pub struct BlockArgs {
     /// Repetitions [default: 3, 1 with --quick].
     #[arg(long)]
     reps: Option<usize>,
+    /// Only the fabric path's rows (no NBD peers).
+    #[arg(long)]
+    fabric_only: bool,
 }
 
 /// Sizes and times of a run.
@@ -251,7 +257,14 @@ pub fn run(args: &BlockArgs) -> Result<()> {
         file.display(),
         plan.region >> 20
     ));
-    let servers = Servers::start(&dir, &file, plan.region);
+    let servers = match args.fabric_only {
+        true => Servers {
+            procs: Vec::new(),
+            targets: Vec::new(),
+            missing: Vec::new(),
+        },
+        false => Servers::start(&dir, &file, plan.region),
+    };
     for (s, b, t, why) in &servers.missing {
         notes.push(format!("{s} {b} {t}: {why}"));
     }
@@ -280,11 +293,19 @@ pub fn run(args: &BlockArgs) -> Result<()> {
     let mut rows: Vec<BlockRow> = cells.into_iter().map(Cell::finish).collect();
     rows.extend(applications(&servers, &plan, &dir, args.quick, &mut notes));
     drop(servers);
-    let summary = report::summary(&rows);
-    notes.push(format!(
-        "{} are the fabric path's metrics, measured by a later slice: null here",
-        report::LATER.join(", ")
-    ));
+    let mut summary = report::summary(&rows);
+    tracing::info!("the fabric path");
+    rows.extend(fabric::run(plan.region, plan.secs, plan.reps, &dir, &report_path).rows);
+    fabric_summary(&rows, &mut summary);
+    notes.push(
+        "fabric rows (server `ferry direct`/`ferry attach`): the block face in this process over \
+         a memory export; zcopy = delegation (RTRS reads), zcopy-fill = the paper's reads, \
+         zcopy-inval = a key rotation after every I/O, bcopy = data in messages; \
+         zcopy_vs_bcopy_write_1m compares the direct client on ofi+shm, \
+         zcopy_vs_nbdtcp_write_1m fio through attach (zcopy, ofi+shm) with fio on ferry's NBD \
+         over TCP (row `ferry attach nbd tcp`: in this process, memory export)"
+            .into(),
+    );
     let report = BlockReport {
         report: Report {
             bench: "block",
@@ -307,6 +328,27 @@ pub fn run(args: &BlockArgs) -> Result<()> {
         args.json,
         args.out.as_deref(),
     )
+}
+
+/// Fills the fabric path's summary keys from its rows (see the note `run` adds).
+fn fabric_summary(rows: &[BlockRow], summary: &mut report::Summary) {
+    let zb = fabric::ratio(
+        rows,
+        ("ferry direct", "zcopy", "ofi+shm"),
+        ("ferry direct", "bcopy", "ofi+shm"),
+    );
+    let zn = fabric::ratio(
+        rows,
+        ("ferry attach", "zcopy", "ofi+shm"),
+        ("ferry attach", "nbd", "tcp"),
+    );
+    for (k, v) in summary.0.iter_mut() {
+        match k.as_str() {
+            "zcopy_vs_bcopy_write_1m" => *v = zb,
+            "zcopy_vs_nbdtcp_write_1m" => *v = zn,
+            _ => {}
+        }
+    }
 }
 
 /// One fio run of `c`'s job against its server, recorded with the server's CPU.

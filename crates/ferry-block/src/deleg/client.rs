@@ -138,8 +138,9 @@ impl Client {
                 opts.token.clone()
             },
         }))?;
-        let mut frame = Vec::new();
-        ch.recv_into(&mut frame)?;
+        // Not posted again: the ring for the replies, posted next, is sized for the
+        // largest (a whole chunk's READ under the copy scheme).
+        let frame = ch.recv_first()?;
         let (size, readonly, credits, chunk_size, chunks) = match proto::decode(&frame) {
             Ok(Msg::Delegate {
                 major,

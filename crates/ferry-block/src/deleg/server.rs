@@ -279,8 +279,11 @@ impl Session<'_> {
     fn serve(&mut self) -> Result<()> {
         loop {
             let mut frame = Vec::new();
-            // The client closing its connection ends the session here too.
-            self.ch.recv_into(&mut frame)?;
+            if let Err(e) = self.ch.recv_into(&mut frame) {
+                // The client went (closed, or its connection broke): the session's end.
+                tracing::debug!("block session: {e}");
+                return Ok(());
+            }
             let msg = match proto::decode(&frame) {
                 Ok(m) => m,
                 Err(e) => return self.violation(e.to_string()),
