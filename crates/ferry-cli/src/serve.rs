@@ -16,7 +16,7 @@ use ferry_xfer::{Kind, XferError};
 
 #[derive(Args)]
 pub struct ServeArgs {
-    /// TOML configuration (listen (one address or a list), block_size, ring, mem, direct, checksum_cache, keep_special_bits, third_party, [auth] tokens/token_files/anonymous/anonymous_write/authorized_keys, [limits], [[root]] name/path, [security] state_dir/allow_clear; docs/xfer.md, docs/security.md; [cio] collective I/O, docs/cio.md).
+    /// TOML configuration (listen (one address or a list), block_size, ring, mem, direct, checksum_cache, keep_special_bits, third_party, [auth] tokens/token_files/anonymous/anonymous_write/authorized_keys, [limits], [[root]] name/path, [security] state_dir/allow_clear, audit_log; docs/xfer.md, docs/security.md; [cio] collective I/O, docs/cio.md).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Export a directory as NAME (repeatable; adds to the config's roots).
@@ -38,6 +38,11 @@ pub struct ServeArgs {
     /// (`[auth] anonymous_write = true`).
     #[arg(long, requires = "anonymous")]
     anonymous_write: bool,
+    /// Append one JSON line per client request to FILE (time, peer, credential, face,
+    /// operation, path, bytes, duration, result, error; `audit_log` in the config); without
+    /// it, a line per transfer goes to the server's log.
+    #[arg(long, value_name = "FILE")]
+    audit_log: Option<PathBuf>,
     /// Accept the client keys in FILE (`ferry keygen` .pub lines, one per line, each
     /// optionally after `roots=NAME,...` and `ro`; `[auth] authorized_keys`; docs/security.md).
     #[arg(long, value_name = "FILE")]
@@ -330,6 +335,9 @@ fn xfer_config(table: toml::Table, a: ServeArgs) -> Result<ServerConfig, XferErr
     cfg.auth.anonymous_write |= a.anonymous_write;
     if let Some(f) = a.authorized_keys {
         cfg.auth.authorized_keys = Some(f);
+    }
+    if let Some(f) = a.audit_log {
+        cfg.audit_log = Some(f);
     }
     cfg.security.allow_clear |= a.allow_clear;
     if let Some(d) = a.state_dir {

@@ -39,6 +39,7 @@
 #![warn(missing_docs)]
 
 pub mod admit;
+pub mod audit;
 pub mod auth;
 pub mod beneath;
 pub mod channel;
