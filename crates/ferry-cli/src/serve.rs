@@ -109,6 +109,10 @@ pub struct ServeArgs {
     /// [config `[security] allow_clear`].
     #[arg(long)]
     allow_clear: bool,
+    /// After binding its addresses and opening its state directory, roots and key files,
+    /// become this user for good (a name in /etc/passwd, or UID:GID); needs starting as root.
+    #[arg(long, value_name = "NAME")]
+    user: Option<String>,
     /// Print the server's identity fingerprint (what clients pin: ferry cp
     /// --server-fingerprint, known_hosts), making the identity if there is none, and exit.
     #[arg(long)]
@@ -139,6 +143,11 @@ pub fn serve(mut a: ServeArgs) -> Result<(), XferError> {
         std::mem::take(&mut a.nbd_listen),
     )?;
     let print_fingerprint = a.fingerprint;
+    let user = a
+        .user
+        .as_deref()
+        .map(ferry_service::privs::lookup)
+        .transpose()?;
     let mut cfg = xfer_config(table, a)?;
     if print_fingerprint {
         let security = cfg.security.load()?;
@@ -149,6 +158,10 @@ pub fn serve(mut a: ServeArgs) -> Result<(), XferError> {
     let roots = cfg.roots.clone();
     let daemon = faces(cfg, cio_cfg, &roots, block.as_ref())?;
     let mut running = daemon.start()?;
+    if let Some(ids) = user {
+        ferry_service::privs::drop_to(ids)?;
+        tracing::info!("running as uid {} gid {}", ids.uid, ids.gid);
+    }
     let addresses = running.addresses();
     for addr in &addresses {
         println!("listening on {addr}");
