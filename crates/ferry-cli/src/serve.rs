@@ -16,7 +16,7 @@ use ferry_xfer::{Kind, XferError};
 
 #[derive(Args)]
 pub struct ServeArgs {
-    /// TOML configuration (listen (one address or a list), block_size, ring, mem, direct, checksum_cache, keep_special_bits, third_party, [auth] tokens/token_files/anonymous/anonymous_write/authorized_keys, [limits], [[root]] name/path, [security] state_dir/allow_clear; docs/xfer.md, docs/security.md; [cio] collective I/O, docs/cio.md).
+    /// TOML configuration (listen (one address or a list), block_size, ring, mem, direct, checksum_cache, keep_special_bits, third_party, [auth] tokens/token_files/anonymous/anonymous_write/authorized_keys, [limits], [[root]] name/path, [security] state_dir/allow_clear, audit_log; docs/xfer.md, docs/security.md; [cio] collective I/O, docs/cio.md).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Export a directory as NAME (repeatable; adds to the config's roots).
@@ -38,6 +38,11 @@ pub struct ServeArgs {
     /// (`[auth] anonymous_write = true`).
     #[arg(long, requires = "anonymous")]
     anonymous_write: bool,
+    /// Append one JSON line per client request to FILE (time, peer, credential, face,
+    /// operation, path, bytes, duration, result, error; `audit_log` in the config); without
+    /// it, a line per transfer goes to the server's log.
+    #[arg(long, value_name = "FILE")]
+    audit_log: Option<PathBuf>,
     /// Accept the client keys in FILE (`ferry keygen` .pub lines, one per line, each
     /// optionally after `roots=NAME,...` and `ro`; `[auth] authorized_keys`; docs/security.md).
     #[arg(long, value_name = "FILE")]
@@ -104,6 +109,10 @@ pub struct ServeArgs {
     /// [config `[security] allow_clear`].
     #[arg(long)]
     allow_clear: bool,
+    /// After binding its addresses and opening its state directory, roots and key files,
+    /// become this user for good (a name in /etc/passwd, or UID:GID); needs starting as root.
+    #[arg(long, value_name = "NAME")]
+    user: Option<String>,
     /// Print the server's identity fingerprint (what clients pin: ferry cp
     /// --server-fingerprint, known_hosts), making the identity if there is none, and exit.
     #[arg(long)]
@@ -134,6 +143,11 @@ pub fn serve(mut a: ServeArgs) -> Result<(), XferError> {
         std::mem::take(&mut a.nbd_listen),
     )?;
     let print_fingerprint = a.fingerprint;
+    let user = a
+        .user
+        .as_deref()
+        .map(ferry_service::privs::lookup)
+        .transpose()?;
     let mut cfg = xfer_config(table, a)?;
     if print_fingerprint {
         let security = cfg.security.load()?;
@@ -144,6 +158,10 @@ pub fn serve(mut a: ServeArgs) -> Result<(), XferError> {
     let roots = cfg.roots.clone();
     let daemon = faces(cfg, cio_cfg, &roots, block.as_ref())?;
     let mut running = daemon.start()?;
+    if let Some(ids) = user {
+        ferry_service::privs::drop_to(ids)?;
+        tracing::info!("running as uid {} gid {}", ids.uid, ids.gid);
+    }
     let addresses = running.addresses();
     for addr in &addresses {
         println!("listening on {addr}");
@@ -350,6 +368,9 @@ fn xfer_config(table: toml::Table, a: ServeArgs) -> Result<ServerConfig, XferErr
     cfg.auth.anonymous_write |= a.anonymous_write;
     if let Some(f) = a.authorized_keys {
         cfg.auth.authorized_keys = Some(f);
+    }
+    if let Some(f) = a.audit_log {
+        cfg.audit_log = Some(f);
     }
     cfg.security.allow_clear |= a.allow_clear;
     if let Some(d) = a.state_dir {

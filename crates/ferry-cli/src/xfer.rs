@@ -171,6 +171,10 @@ pub struct Trust {
     /// else ~/.config/ferry/known_hosts].
     #[arg(long, value_name = "FILE")]
     known_hosts: Option<std::path::PathBuf>,
+    /// Verify the server's certificate chain against the CAs in FILE (PEM), for the host
+    /// name or address in the URL, instead of pinning (sites with a PKI; docs/security.md).
+    #[arg(long, value_name = "FILE", conflicts_with = "server_fingerprint")]
+    ca_file: Option<std::path::PathBuf>,
 }
 
 impl Trust {
@@ -180,6 +184,7 @@ impl Trust {
             clear: self.insecure_clear,
             fingerprint: self.server_fingerprint.clone(),
             strict: self.strict_host_keys,
+            ca_file: self.ca_file.clone(),
             ..Default::default()
         };
         if let Some(f) = &self.known_hosts {

@@ -234,3 +234,30 @@ fn anonymous_clients_read_unless_the_server_lets_them_write() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `ferry serve --user nobody` (as root only; skipped otherwise): the server runs as
+/// nobody once it listens, and still serves what nobody may read; what nobody may not
+/// write is refused by the system.
+#[test]
+fn serve_drops_to_an_unprivileged_user() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: --user needs root");
+        return;
+    }
+    let s = serve_as(ferry(), "tcp", &[], &["--user", "nobody"]);
+    let status = std::fs::read_to_string(format!("/proc/{}/status", s.child.id())).unwrap();
+    let uid = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+    assert!(
+        uid.split_whitespace().skip(1).all(|id| id == "65534"),
+        "still privileged: {uid}"
+    );
+    std::fs::write(s.root.join("r.txt"), b"for everyone").unwrap();
+    let dir = scratch("user");
+    let got = dir.join("r.txt");
+    ok(&cp(&[&s.url("r.txt"), got.to_str().unwrap()], &[]));
+    assert_eq!(std::fs::read(&got).unwrap(), b"for everyone");
+    // The root directory belongs to root (mode 755): nobody cannot write there.
+    let o = cp(&[got.to_str().unwrap(), &s.url("w.txt")], &[]);
+    assert!(!o.status.success() && !s.root.join("w.txt").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}

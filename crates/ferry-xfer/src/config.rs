@@ -10,6 +10,8 @@
 //! direct = false                     # true: read and write files with O_DIRECT (no page cache)
 //! checksum_cache = true              # false: no user.ferry.blake3 attribute (docs/xfer.md)
 //! keep_special_bits = false          # true: uploads keep setuid, setgid and sticky bits
+//! audit_log = "/var/log/ferry/audit.jsonl"  # one JSON line per request (default: a line per
+//!                                    # transfer in the server's log)
 //!
 //! [auth]
 //! tokens = ["s3cret-token"]          # clients send one of these (ferry cp --token / FERRY_TOKEN)
@@ -107,6 +109,10 @@ pub struct ServerConfig {
     /// (`[security]`, docs/security.md).
     #[serde(default)]
     pub security: SecurityConfig,
+    /// The audit log: one JSON line per client request ([`ferry_service::audit`]); `None`:
+    /// a line per transfer in the server's log.
+    #[serde(default)]
+    pub audit_log: Option<PathBuf>,
 }
 
 fn default_listen() -> Vec<String> {
@@ -138,6 +144,7 @@ impl Default for ServerConfig {
             third_party: Vec::new(),
             limits: LimitsConfig::default(),
             security: SecurityConfig::default(),
+            audit_log: None,
         }
     }
 }

@@ -35,8 +35,11 @@ pub fn default_state_dir() -> PathBuf {
 
 /// A server's certificate and key.
 pub struct Identity {
-    /// The self-signed certificate (DER).
+    /// The server's certificate (DER): self-signed as made at first start, or one a CA
+    /// signed, put in the file by the site.
     pub cert: CertificateDer<'static>,
+    /// The certificates after the first in the file: the chain to the site's CA, if any.
+    pub chain: Vec<CertificateDer<'static>>,
     /// Its private key.
     pub key: PrivateKeyDer<'static>,
     /// Where it is kept.
@@ -153,10 +156,18 @@ fn load(path: &Path) -> Result<Identity> {
             ),
         )
     };
-    let cert = CertificateDer::from_pem_slice(&pem).map_err(|_| bad("no certificate in it"))?;
+    let mut certs = CertificateDer::pem_slice_iter(&pem);
+    let cert = certs
+        .next()
+        .and_then(|c| c.ok())
+        .ok_or_else(|| bad("no certificate in it"))?;
+    let chain = certs
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|_| bad("a certificate after the first is unreadable"))?;
     let key = PrivateKeyDer::from_pem_slice(&pem).map_err(|_| bad("no private key in it"))?;
     Ok(Identity {
         cert,
+        chain,
         key,
         path: path.to_path_buf(),
     })

@@ -37,6 +37,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, SignatureScheme};
 
@@ -162,7 +163,13 @@ impl ServerSecurity {
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(|e| Error::new(Kind::Usage, format!("TLS setup: {e}")))?
             .with_no_client_auth()
-            .with_single_cert(vec![identity.cert.clone()], identity.key.clone_key())
+            .with_single_cert(
+                std::iter::once(&identity.cert)
+                    .chain(&identity.chain)
+                    .cloned()
+                    .collect(),
+                identity.key.clone_key(),
+            )
             .map_err(|e| {
                 Error::new(
                     Kind::Usage,
@@ -228,6 +235,10 @@ pub struct ClientSecurity {
     pub known_hosts: PathBuf,
     /// Refuse a server not in the known-hosts file (`--strict-host-keys`).
     pub strict: bool,
+    /// Verify the server's certificate chain against the CAs in this PEM file, for the
+    /// server's host name or IP address (`--ca-file`), instead of pinning: the known-hosts
+    /// file is then neither read nor written.
+    pub ca_file: Option<PathBuf>,
 }
 
 impl Default for ClientSecurity {
@@ -237,6 +248,7 @@ impl Default for ClientSecurity {
             fingerprint: None,
             known_hosts: known_hosts::default_path(),
             strict: false,
+            ca_file: None,
         }
     }
 }
@@ -402,6 +414,9 @@ pub(crate) fn accept(sec: &ServerSecurity, wire: &mut dyn Wire, first: Vec<u8>) 
 /// The client's side of a handshake with the server at `addr`, pinning its identity as
 /// `sec` says.
 pub(crate) fn connect(sec: &ClientSecurity, addr: &str, wire: &mut dyn Wire) -> Result<Secure> {
+    if let Some(ca) = &sec.ca_file {
+        return connect_ca(ca, addr, wire);
+    }
     let pins = Arc::new(Pinning {
         host: known_hosts::host_key(addr),
         sec: sec.clone(),
@@ -442,6 +457,71 @@ pub(crate) fn connect(sec: &ClientSecurity, addr: &str, wire: &mut dyn Wire) -> 
         );
     }
     Ok(secure)
+}
+
+/// The client's side of a handshake whose server certificate must chain to a CA of the PEM
+/// file `ca` and name the host of `addr` (its DNS name or IP address).
+fn connect_ca(ca: &std::path::Path, addr: &str, wire: &mut dyn Wire) -> Result<Secure> {
+    let pem =
+        std::fs::read(ca).map_err(|e| Error::io(format!("--ca-file {}", ca.display()), &e))?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(&pem) {
+        let cert =
+            cert.map_err(|e| Error::new(Kind::Usage, format!("--ca-file {}: {e}", ca.display())))?;
+        roots
+            .add(cert)
+            .map_err(|e| Error::new(Kind::Usage, format!("--ca-file {}: {e}", ca.display())))?;
+    }
+    if roots.is_empty() {
+        return Err(Error::new(
+            Kind::Usage,
+            format!("--ca-file {}: no certificate in it", ca.display()),
+        ));
+    }
+    let verifier =
+        rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider())
+            .build()
+            .map_err(|e| Error::new(Kind::Usage, format!("--ca-file {}: {e}", ca.display())))?;
+    let mut cfg = rustls::ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| Error::new(Kind::Usage, format!("TLS setup: {e}")))?
+        .with_webpki_verifier(verifier)
+        .with_no_client_auth();
+    cfg.resumption = rustls::client::Resumption::disabled();
+    cfg.enable_sni = false;
+    let host = host_of(addr);
+    let name = ServerName::try_from(host.to_string()).map_err(|e| {
+        Error::new(
+            Kind::Usage,
+            format!("{addr}: {host:?} is no host name: {e}"),
+        )
+    })?;
+    let tls = rustls::ClientConnection::new(Arc::new(cfg), name)
+        .map_err(|e| Error::conn(format!("TLS: {e}")))?;
+    handshake(tls.into(), wire, None).map_err(|e| {
+        if e.msg.contains("certificate") {
+            Error::new(
+                Kind::Auth,
+                format!(
+                    "the server at {addr} presented a certificate the CAs of {} do not vouch for as {host}: refusing it ({e})",
+                    ca.display()
+                ),
+            )
+        } else {
+            old_server(addr, e)
+        }
+    })
+}
+
+/// The host of a fabric address (`tcp://HOST:PORT`, `[V6]:PORT`): what its certificate
+/// must name.
+fn host_of(addr: &str) -> &str {
+    let hp = addr.split_once("://").map_or(addr, |(_, rest)| rest);
+    let host = match hp.rsplit_once(':') {
+        Some((h, port)) if port.bytes().all(|b| b.is_ascii_digit()) => h,
+        _ => hp,
+    };
+    host.trim_start_matches('[').trim_end_matches(']')
 }
 
 /// A handshake that failed because the server closed the connection is most likely a

@@ -342,6 +342,36 @@ impl Router {
 }
 
 impl Route {
+    /// What the audit log calls this route, the path it names (`#ID` for a parallel
+    /// upload's CLOSE, which names its transfer), the bytes it asks to move, and whether it
+    /// only looks (a listing, a stat, a sum: logged at debug level when no audit file is
+    /// set); `None` for routes that are not requests of their own.
+    pub fn audited(&self) -> Option<(&'static str, String, u64, bool)> {
+        Some(match self {
+            Route::Stat(p) => ("stat", p.clone(), 0, true),
+            Route::List(p) => ("list", p.clone(), 0, true),
+            Route::Sum(p) => ("sum", p.clone(), 0, true),
+            Route::Mkdir { path, .. } => ("mkdir", path.clone(), 0, false),
+            Route::Remove(p) => ("remove", p.clone(), 0, false),
+            Route::Get { path, length, .. } => ("get", path.clone(), *length, false),
+            Route::Put(req, path) => ("put", path.clone(), req.size, false),
+            Route::PutFile { path, len, .. } => ("put", path.clone(), u64::from(*len), false),
+            Route::Open(req, path) => ("open", path.clone(), req.size, false),
+            Route::Close {
+                file_id, length, ..
+            } => ("close", format!("#{file_id}"), *length, false),
+            Route::SendTo(req) => ("send_to", req.path.clone(), 0, false),
+            Route::Copies => ("copies", String::new(), 0, true),
+            Route::AbortCopy(id) => ("abort_copy", format!("#{id}"), 0, false),
+            Route::Bye
+            | Route::Batch(_)
+            | Route::Refuse { .. }
+            | Route::Virtual(_)
+            | Route::PutRange { .. }
+            | Route::Unexpected(_) => return None,
+        })
+    }
+
     /// The path this route resolves on the server, whether it writes there, and the
     /// transfer id a refusal carries: what a credential's rights are checked against
     /// ([`ferry_service::roots::Roots::permit`]). `None` for routes that name no path

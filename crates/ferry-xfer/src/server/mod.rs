@@ -27,6 +27,7 @@ use crate::link::{BlockSender, Link};
 use crate::proto::{self, Entry, ErrorCode, Msg, BLOCK_HEADER_LEN};
 use crate::session::Session;
 use ferry_service::admit::{Admission, AuthRefused, Handshake};
+use ferry_service::audit::{Audit, Record};
 use ferry_service::auth::{AuthConfig, Principal};
 use ferry_service::channel::Held;
 use ferry_service::drain::Drain;
@@ -61,6 +62,8 @@ pub struct Server {
     admission: Arc<Admission>,
     /// Its TLS identity, and whether clear clients are let in.
     security: ServerSecurity,
+    /// Where a record of each request goes.
+    audit: Audit,
 }
 
 impl Service for Server {
@@ -140,9 +143,11 @@ impl Server {
         )?;
         let admission = Admission::new(&cfg.limits, staging_cost);
         let security = cfg.security.load()?;
+        let audit = Audit::open(cfg.audit_log.as_deref())?;
         Ok(Arc::new(Server {
             admission,
             security,
+            audit,
             cfg,
             roots,
             sessions: AtomicU64::new(1),
@@ -298,6 +303,7 @@ impl Server {
         let owner = crate::third_party::Owner::of(&principal, &hs.addr);
         let block = block_size.clamp(proto::MIN_BLOCK, self.cfg.block_size);
         let remote = is_remote_peer(&hs.addr);
+        let peer = hs.addr.clone();
         let slot = match hs.admit(self.cfg.ring, block) {
             Ok(s) => s,
             Err(r) => return refuse_connection(link, r),
@@ -331,6 +337,7 @@ impl Server {
         tx.packing = minor >= proto::MINOR_PACK;
         tx.direct = self.cfg.direct;
         let mut st = Requests {
+            peer,
             block,
             ring,
             batch: std::collections::VecDeque::new(),
@@ -391,7 +398,7 @@ impl Server {
             if !router.packs(&msg) || stopping {
                 tx.flush_pack(link)?;
             }
-            match self.permitted(session, router.route(msg, stopping)) {
+            match self.permitted(session, &st.peer, router.route(msg, stopping)) {
                 Route::Bye => return Ok(()),
                 // The drain's grace is over: the client hears why, and the connection ends.
                 Route::Refuse { file_id, refusal } if stopping => {
@@ -444,17 +451,33 @@ impl Server {
     }
 
     /// `route`, or its refusal when the session's credential may not do it (a root not
-    /// granted, a write by a read-only credential).
-    fn permitted(&self, session: &Session, route: Route) -> Route {
+    /// granted, a write by a read-only credential), which the audit records.
+    fn permitted(&self, session: &Session, peer: &str, route: Route) -> Route {
         let Some((path, write, file_id)) = route.access() else {
             return route;
         };
-        match self.roots.permit(&session.principal.rights, path, write) {
-            Ok(()) => route,
-            Err(r) => Route::Refuse {
-                file_id,
-                refusal: r.into(),
-            },
+        let Err(r) = self.roots.permit(&session.principal.rights, path, write) else {
+            return route;
+        };
+        if let Some((op, path, _, quiet)) = route.audited() {
+            self.audit.write(
+                &Record {
+                    time: std::time::SystemTime::now(),
+                    peer: peer.to_string(),
+                    credential: session.principal.id.clone(),
+                    face: SERVICE,
+                    op,
+                    path,
+                    bytes: 0,
+                    duration: Duration::ZERO,
+                    error: Some(r.message.clone()),
+                },
+                quiet,
+            );
+        }
+        Route::Refuse {
+            file_id,
+            refusal: r.into(),
         }
     }
 
@@ -491,8 +514,52 @@ impl Server {
         Err(self.stopped("a connection between requests"))
     }
 
-    /// Executes one route.
+    /// Executes one route, and records it in the audit: what was asked, by whom, how long
+    /// it took, and how it ended (the refusal the client was told, or the error that ended
+    /// the connection).
     fn execute(
+        &self,
+        link: &mut Link,
+        session: &Arc<Session>,
+        tx: &mut BlockSender,
+        st: &mut Requests,
+        route: Route,
+    ) -> Result<()> {
+        let Some((op, path, asked, quiet)) = route.audited() else {
+            return self.execute_route(link, session, tx, st, route);
+        };
+        let (time, began) = (std::time::SystemTime::now(), std::time::Instant::now());
+        let _ = take_refusal();
+        let res = self.execute_route(link, session, tx, st, route);
+        let error = match &res {
+            Ok(()) => take_refusal(),
+            Err(e) => Some(e.msg.clone()),
+        };
+        // A GET to the end names no length: the file's size says what it moved.
+        let bytes = match (op, asked, &error) {
+            ("get", u64::MAX, None) => self.roots.stat(&path).map_or(0, |m| m.size),
+            ("get", u64::MAX, Some(_)) => 0,
+            _ => asked,
+        };
+        self.audit.write(
+            &Record {
+                time,
+                peer: st.peer.clone(),
+                credential: session.principal.id.clone(),
+                face: SERVICE,
+                op,
+                path,
+                bytes,
+                duration: began.elapsed(),
+                error,
+            },
+            quiet,
+        );
+        res
+    }
+
+    /// Executes one route.
+    fn execute_route(
         &self,
         link: &mut Link,
         session: &Arc<Session>,
@@ -670,6 +737,8 @@ impl Server {
 
 /// A connection's state between requests.
 struct Requests {
+    /// The client's address, for the audit.
+    peer: String,
     /// The agreed block size.
     block: u32,
     /// The connection's ring.
@@ -832,9 +901,22 @@ fn refuse_connection<T>(link: &Link, r: impl Into<Refusal>) -> Result<T> {
     Err(XferError::conn(message))
 }
 
+thread_local! {
+    /// The last refusal this thread sent: a connection is served on its own thread, so this
+    /// is what the request being executed was refused with, for its audit record (the
+    /// request handlers answer refusals themselves and return Ok).
+    static REFUSED: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// The refusal sent since the last call, if any.
+fn take_refusal() -> Option<String> {
+    REFUSED.with(|r| r.borrow_mut().take())
+}
+
 fn reply_refusal(link: &Link, file_id: u32, r: impl Into<Refusal>) -> Result<()> {
     let r = r.into();
     tracing::debug!("refused: {}", r.message);
+    REFUSED.with(|cell| *cell.borrow_mut() = Some(r.message.clone()));
     link.send(&Msg::Error {
         code: r.code,
         file_id,
