@@ -151,6 +151,16 @@ pub struct Trust {
     /// else ~/.config/ferry/known_hosts].
     #[arg(long, value_name = "FILE")]
     known_hosts: Option<std::path::PathBuf>,
+    /// The data protection this copy requires, exactly, or it fails: integrity (each block
+    /// authenticated under a session key), clear (a CRC-32C, only where the server allows
+    /// it) [default: integrity over TLS, clear with --insecure-clear; docs/security.md].
+    #[arg(long, value_name = "LEVEL", value_parser = parse_level)]
+    protect: Option<ferry_service::secure::Level>,
+}
+
+/// A data protection level's name (`clear`, `integrity`, `private`).
+pub fn parse_level(s: &str) -> Result<ferry_service::secure::Level, String> {
+    s.parse().map_err(|e: ferry_service::Error| e.msg)
 }
 
 impl Trust {
@@ -160,6 +170,7 @@ impl Trust {
             clear: self.insecure_clear,
             fingerprint: self.server_fingerprint.clone(),
             strict: self.strict_host_keys,
+            protection: self.protect,
             ..Default::default()
         };
         if let Some(f) = &self.known_hosts {

@@ -1,4 +1,4 @@
-//! The file-transfer control protocol, version 1.6: pure encode/decode, no I/O.
+//! The file-transfer control protocol, version 1.9: pure encode/decode, no I/O.
 //!
 //! Every EXS message on a transfer connection is exactly one frame (a PACK frame carries
 //! several FILE frames inside it). A frame is an 8-byte
@@ -18,7 +18,7 @@ use ferry_wire::{
 /// Protocol major version: a peer with another major is refused at HELLO.
 pub const VERSION_MAJOR: u16 = 1;
 /// Protocol minor version.
-pub const VERSION_MINOR: u16 = 8;
+pub const VERSION_MINOR: u16 = 9;
 /// The first minor version with parallel streams (session join, OPEN/HAVE/PUT_RANGE/CLOSE).
 pub const MINOR_STREAMS: u16 = 2;
 /// The first minor version with FILE frames (a small file's READY, BLOCK and FILE_DONE in
@@ -48,6 +48,10 @@ pub const MINOR_TLS: u16 = 7;
 /// The first minor version with REMOVE (`ferry sync --delete`): a client sends it only to
 /// servers of this minor or later.
 pub const MINOR_REMOVE: u16 = 8;
+/// The first minor version with data protection levels: a client on a secure connection
+/// sends PROTECT right after WELCOME to servers of this minor or later, and a server of it
+/// serves an older client over TLS only if it allows `clear` (`docs/security.md`).
+pub const MINOR_PROTECT: u16 = 9;
 /// The most GETs in one GETS frame.
 pub const MAX_GETS: usize = 64;
 /// The most streams a session may have.
@@ -413,6 +417,14 @@ ferry_wire::frames! {
             mode: u32 as Le,
             /// Path.
             path: String as Str<MAX_PATH>,
+        },
+        /// Client → server (1.9, secure connections only, right after WELCOME): the data
+        /// protection the client requires ([`ferry_service::secure::Level`]'s code: 0 clear,
+        /// 1 integrity, 2 private). Answered OK (file id 0), after which the connection's
+        /// blocks are protected so, or ERROR (`Refused`), after which it closes.
+        Protect = 36 {
+            /// The level's code.
+            level: u8 as Le,
         },
         /// Client → server (1.7): remove a file, a symlink or an empty directory; OK or
         /// ERROR.
@@ -1111,6 +1123,7 @@ mod tests {
             ),
             ("sum", Msg::Sum { path: "r/h".into() }),
             ("remove", Msg::Remove { path: "r/x".into() }),
+            ("protect", Msg::Protect { level: 1 }),
             (
                 "sum_reply",
                 Msg::SumReply {

@@ -30,6 +30,7 @@
 
 pub mod identity;
 pub mod known_hosts;
+pub mod protect;
 
 use std::io::Read;
 use std::path::PathBuf;
@@ -44,6 +45,7 @@ use crate::error::{Error, Kind, Result};
 use crate::select::HEADER_LEN;
 
 pub use identity::{default_state_dir, fingerprint, parse_fingerprint, Identity};
+pub use protect::{Level, Protection};
 
 /// The floor frame type carrying TLS bytes (header as every floor frame, then the bytes).
 pub const TLS_TYPE: u8 = 0xF4;
@@ -122,6 +124,10 @@ pub struct SecurityConfig {
     /// token in clear. Trusted networks only.
     #[serde(default)]
     pub allow_clear: bool,
+    /// The data protection levels a TLS client may ask for ([`protect`]; the default
+    /// [`protect::DEFAULT_ALLOWED`]): `clear` only when listed.
+    #[serde(default)]
+    pub protection: Option<Vec<Level>>,
 }
 
 impl SecurityConfig {
@@ -132,7 +138,11 @@ impl SecurityConfig {
 
     /// The server's security: its identity loaded (made at first start), TLS with it.
     pub fn load(&self) -> Result<ServerSecurity> {
-        ServerSecurity::from_state_dir(&self.state_dir(), self.allow_clear)
+        let mut sec = ServerSecurity::from_state_dir(&self.state_dir(), self.allow_clear)?;
+        if let Some(levels) = &self.protection {
+            sec.set_protection(levels)?;
+        }
+        Ok(sec)
     }
 }
 
@@ -144,6 +154,8 @@ pub struct ServerSecurity {
     fingerprint: Option<String>,
     /// Let in clients that ask for a clear connection (`[security] allow_clear`).
     pub allow_clear: bool,
+    /// The data protection levels a TLS client may ask for (`[security] protection`).
+    protection: Vec<Level>,
 }
 
 impl std::fmt::Debug for ServerSecurity {
@@ -151,6 +163,7 @@ impl std::fmt::Debug for ServerSecurity {
         f.debug_struct("ServerSecurity")
             .field("fingerprint", &self.fingerprint)
             .field("allow_clear", &self.allow_clear)
+            .field("protection", &self.protection)
             .finish()
     }
 }
@@ -176,6 +189,7 @@ impl ServerSecurity {
             tls: Some(Arc::new(cfg)),
             fingerprint: Some(identity.fingerprint()),
             allow_clear,
+            protection: protect::DEFAULT_ALLOWED.to_vec(),
         })
     }
 
@@ -186,6 +200,7 @@ impl ServerSecurity {
             tls: None,
             fingerprint: None,
             allow_clear: false,
+            protection: protect::DEFAULT_ALLOWED.to_vec(),
         }
     }
 
@@ -214,6 +229,21 @@ impl ServerSecurity {
     pub fn clear_allowed(&self) -> bool {
         self.allow_clear
     }
+
+    /// The data protection levels a TLS client may ask for.
+    pub fn protection(&self) -> &[Level] {
+        &self.protection
+    }
+
+    /// Allows exactly `levels` ([`protect::check_allowed`]).
+    pub fn set_protection(&mut self, levels: &[Level]) -> Result<()> {
+        protect::check_allowed(levels)?;
+        let mut levels = levels.to_vec();
+        levels.sort();
+        levels.dedup();
+        self.protection = levels;
+        Ok(())
+    }
 }
 
 /// What a client does about security.
@@ -228,6 +258,20 @@ pub struct ClientSecurity {
     pub known_hosts: PathBuf,
     /// Refuse a server not in the known-hosts file (`--strict-host-keys`).
     pub strict: bool,
+    /// The data protection required (`--protect`): exactly this level or the connection
+    /// fails. `None`: [`Level::Integrity`] over TLS, [`Level::Clear`] on a clear connection.
+    pub protection: Option<Level>,
+}
+
+impl ClientSecurity {
+    /// The data protection this client requires.
+    pub fn level(&self) -> Level {
+        match (self.protection, self.clear) {
+            (Some(l), _) => l,
+            (None, true) => Level::Clear,
+            (None, false) => Level::Integrity,
+        }
+    }
 }
 
 impl Default for ClientSecurity {
@@ -237,6 +281,7 @@ impl Default for ClientSecurity {
             fingerprint: None,
             known_hosts: known_hosts::default_path(),
             strict: false,
+            protection: None,
         }
     }
 }
@@ -271,6 +316,16 @@ impl Secure {
     /// The TLS exporter value a token proof is computed over (unique to this session).
     pub fn binding(&self) -> &[u8; 32] {
         &self.binding
+    }
+
+    /// 32 bytes of the TLS exporter under `label` and `context` (RFC 8446 7.5): keys both
+    /// ends of this session derive alike and no one else can ([`protect`]).
+    pub fn export(&self, label: &[u8], context: &[u8]) -> Result<[u8; 32]> {
+        let mut out = [0u8; 32];
+        self.lock()
+            .export_keying_material(&mut out, label, Some(context))
+            .map_err(|e| Error::conn(format!("TLS exporter: {e}")))?;
+        Ok(out)
     }
 
     /// Seals `frame` into one TLS floor frame and hands it to `send` while holding the

@@ -33,7 +33,7 @@ use ferry_service::drain::Drain;
 pub use ferry_service::drain::DrainReport;
 use ferry_service::registry::Registry;
 use ferry_service::registry::{Conn, Service};
-use ferry_service::secure::ServerSecurity;
+use ferry_service::secure::{Level, ServerSecurity};
 
 pub use crate::export::Refusal;
 use crate::export::{refuse, PResult};
@@ -248,6 +248,50 @@ impl Server {
         }
     }
 
+    /// A client older than protocol 1.9 over TLS sends blocks with a CRC-32C only (the
+    /// `clear` level, its files checked by the sealed BLAKE3): served only if this server
+    /// allows `clear`, else refused with what to do.
+    fn older_client(&self, link: &Link, minor: u16) -> Result<()> {
+        if self.security.protection().contains(&Level::Clear) {
+            return Ok(());
+        }
+        let message = format!(
+            "this server requires data protection ({}; protocol 1.{}), which a protocol 1.{minor} client cannot give: upgrade the client, or allow \"clear\" in the server's [security] protection",
+            levels(self.security.protection()),
+            proto::MINOR_PROTECT,
+        );
+        refuse_connection(link, refuse(ErrorCode::AuthRefused, message))
+    }
+
+    /// The client's PROTECT, right after WELCOME: the level it requires, agreed if this
+    /// server allows it (the connection's blocks are then checked so), refused otherwise
+    /// (the connection ends: never a weaker level than asked).
+    fn agree_protection(&self, link: &mut Link) -> Result<()> {
+        let asked = match link.recv_msg()? {
+            Msg::Protect { level } => Level::from_code(level),
+            m => {
+                return Err(XferError::conn(format!(
+                    "expected PROTECT after WELCOME, got {m:?}"
+                )))
+            }
+        };
+        let allowed = self.security.protection();
+        match asked.filter(|l| allowed.contains(l)) {
+            Some(level) => {
+                link.protect(level, true)?;
+                link.send(&Msg::Ok { file_id: 0 })
+            }
+            None => {
+                let asked = asked.map_or("an unknown level".to_string(), |l| l.to_string());
+                let message = format!(
+                    "the client requires data protection {asked}; this server allows only {}",
+                    levels(allowed)
+                );
+                refuse_connection(link, refuse(ErrorCode::AuthRefused, message))
+            }
+        }
+    }
+
     /// Serves one connection: handshake, then requests in order until BYE or close.
     /// `floor_token`: the token the floor already accepted (proven over TLS, protocol 1.7),
     /// which the HELLO then need not carry.
@@ -281,6 +325,9 @@ impl Server {
                 message: message.clone(),
             })?;
             return Err(XferError::conn(message));
+        }
+        if link.secure().is_some() && minor < proto::MINOR_PROTECT {
+            self.older_client(link, minor)?;
         }
         let token = match floor_token {
             Some(t) => t,
@@ -320,6 +367,9 @@ impl Server {
         })?;
         // Also how long a transfer may make no progress.
         link.timeout = self.cfg.limits.idle();
+        if link.secure().is_some() && minor >= proto::MINOR_PROTECT {
+            self.agree_protection(link)?;
+        }
         let mut tx = BlockSender::new(block, ring, link.timeout)?;
         // Small whole files travel as one FILE frame to clients that know it (1.3), and
         // those of one GETS batch several to a PACK (1.4).
@@ -721,6 +771,12 @@ fn staging_cost(ring: usize, block: u32) -> u64 {
 
 /// Refuses a connection at its handshake: the refusal, a moment for it to reach the client
 /// before the connection goes, and the error that ends the connection.
+/// A server's allowed protection levels, as a refusal names them.
+fn levels(allowed: &[Level]) -> String {
+    let names: Vec<&str> = allowed.iter().map(|l| l.name()).collect();
+    names.join(", ")
+}
+
 fn refuse_connection<T>(link: &Link, r: impl Into<Refusal>) -> Result<T> {
     let r = r.into();
     let message = r.message.clone();
