@@ -287,17 +287,18 @@ impl Channel {
     /// channel (`server`: which side this is); the keys come from the TLS session. A clear
     /// channel has only [`Level::Clear`].
     pub fn protect(&mut self, level: Level, server: bool) -> Result<()> {
-        self.protection =
-            match (&self.secure, level) {
-                (_, Level::Clear) => Protection::default(),
-                (Some(s), _) => Protection::new(level, server, |l, c| s.export(l, c))?,
-                (None, _) => return Err(Error::new(
+        self.protection = match (&self.secure, level) {
+            (_, Level::Clear) => Protection::default(),
+            (Some(s), _) => Protection::new(level, server, |l, c| s.export(l, c))?,
+            (None, _) => {
+                return Err(Error::new(
                     Kind::Usage,
                     format!(
                         "data protection {level} needs TLS: a clear connection has only clear data"
                     ),
-                )),
-            };
+                ))
+            }
+        };
         Ok(())
     }
 

@@ -1265,6 +1265,7 @@ mod tests {
 ("gets", "1d000000180000000200010000000300722f61020000000400722f6262"),
 ("sum", "0d000000100000000300722f68"),
 ("remove", "0d000000230000000300722f78"),
+("protect", "090000002400000001"),
 ("sum_reply", "30000000110000000c00000000000000abababababababababababababababababababababababababababababababab"),
 ("bye", "0800000012000000"),
 ("send_to", "26000000200100000c0000000500722f73726309007463703a2f2f683a310300642f78010074"),
@@ -1309,7 +1310,7 @@ mod tests {
         };
         assert_eq!(fixed(file), FILE_HEADER_LEN);
         assert_eq!(fixed(Msg::Pack { count: 1, len: 0 }), PACK_HEADER_LEN);
-        assert_eq!(Msg::CODES.len(), 30, "every frame type has a row");
+        assert_eq!(Msg::CODES.len(), 31, "every frame type has a row");
     }
 
     /// Decoding speed of the golden frames (a quick A/B for codec changes):

@@ -156,6 +156,9 @@ pub struct ServerSecurity {
     pub allow_clear: bool,
     /// The data protection levels a TLS client may ask for (`[security] protection`).
     protection: Vec<Level>,
+    /// Whether `protection` was configured (then a client that agrees on no level, one
+    /// older than protocol 1.9, is served only if it lists `clear`).
+    protection_set: bool,
 }
 
 impl std::fmt::Debug for ServerSecurity {
@@ -190,6 +193,7 @@ impl ServerSecurity {
             fingerprint: Some(identity.fingerprint()),
             allow_clear,
             protection: protect::DEFAULT_ALLOWED.to_vec(),
+            protection_set: false,
         })
     }
 
@@ -201,6 +205,7 @@ impl ServerSecurity {
             fingerprint: None,
             allow_clear: false,
             protection: protect::DEFAULT_ALLOWED.to_vec(),
+            protection_set: false,
         }
     }
 
@@ -242,7 +247,16 @@ impl ServerSecurity {
         levels.sort();
         levels.dedup();
         self.protection = levels;
+        self.protection_set = true;
         Ok(())
+    }
+
+    /// Whether a TLS client that agrees on no level (one older than protocol 1.9) is
+    /// served, its blocks checked by CRC-32C and its files by their sealed BLAKE3, as 1.8
+    /// did: by default yes (compatibility); with `[security] protection` set, only if it
+    /// lists `clear`.
+    pub fn serves_unprotected(&self) -> bool {
+        !self.protection_set || self.protection.contains(&Level::Clear)
     }
 }
 

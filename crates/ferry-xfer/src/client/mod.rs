@@ -332,13 +332,8 @@ pub struct Client {
 /// level than asked, whatever the server or the path says.
 fn agree_protection(link: &mut Link, addr: &str, minor: u16, level: Level) -> Result<()> {
     if link.secure().is_none() {
-        if level == Level::Clear {
-            return Ok(());
-        }
-        return Err(XferError::new(
-            Kind::Usage,
-            format!("data protection {level} needs TLS: a clear connection (--insecure-clear) carries clear data only (--protect clear)"),
-        ));
+        // A clear connection carries clear data only: checked before connecting.
+        return Ok(());
     }
     if minor < proto::MINOR_PROTECT {
         if level == Level::Clear {
@@ -388,6 +383,13 @@ impl Client {
         session: u64,
         stream: u16,
     ) -> Result<Client> {
+        let level = opts.security.level();
+        if opts.security.clear && level != Level::Clear {
+            return Err(XferError::new(
+                Kind::Usage,
+                format!("data protection {level} needs TLS: a clear connection (--insecure-clear) carries clear data only (--protect clear)"),
+            ));
+        }
         let mut link = Link::connect_with(addr, opts.timeout, &opts.security)?;
         link.timeout = HANDSHAKE_TIMEOUT;
         // Over TLS the token is proven in the floor's SELECT, never sent; a clear
@@ -443,7 +445,7 @@ impl Client {
         link.timeout = opts.idle_timeout;
         let ring = tune::ring_for(opts.buffer, opts.ring, rtt, block);
         link.post_ring(ring.max(2), BLOCK_HEADER_LEN + block as usize)?;
-        agree_protection(&mut link, addr, minor, opts.security.level())?;
+        agree_protection(&mut link, addr, minor, level)?;
         let mut tx = BlockSender::new(block, ring, opts.idle_timeout)?;
         tx.direct = opts.direct;
         let get_window = tune::get_window(opts.buffer, rtt, u64::from(block));

@@ -248,11 +248,11 @@ impl Server {
         }
     }
 
-    /// A client older than protocol 1.9 over TLS sends blocks with a CRC-32C only (the
-    /// `clear` level, its files checked by the sealed BLAKE3): served only if this server
-    /// allows `clear`, else refused with what to do.
+    /// A client older than protocol 1.9 over TLS sends blocks with a CRC-32C only, its
+    /// files checked by the sealed BLAKE3 (as 1.8 did): served unless this server's
+    /// protection is configured without `clear`, then refused with what to do.
     fn older_client(&self, link: &Link, minor: u16) -> Result<()> {
-        if self.security.protection().contains(&Level::Clear) {
+        if self.security.serves_unprotected() {
             return Ok(());
         }
         let message = format!(
@@ -263,22 +263,20 @@ impl Server {
         refuse_connection(link, refuse(ErrorCode::AuthRefused, message))
     }
 
-    /// The client's PROTECT, right after WELCOME: the level it requires, agreed if this
+    /// The client's PROTECT (its first request): the level it requires, agreed if this
     /// server allows it (the connection's blocks are then checked so), refused otherwise
-    /// (the connection ends: never a weaker level than asked).
-    fn agree_protection(&self, link: &mut Link) -> Result<()> {
-        let asked = match link.recv_msg()? {
-            Msg::Protect { level } => Level::from_code(level),
-            m => {
-                return Err(XferError::conn(format!(
-                    "expected PROTECT after WELCOME, got {m:?}"
-                )))
-            }
-        };
+    /// (the connection ends: never another level than asked). Once only, before data moves.
+    fn agree_protection(&self, link: &mut Link, code: u8, st: &mut Requests) -> Result<()> {
+        if st.agreed || link.secure().is_none() {
+            let message = "PROTECT only once, first, and only on a secure connection";
+            return refuse_connection(link, refuse(ErrorCode::BadRequest, message));
+        }
+        let asked = Level::from_code(code);
         let allowed = self.security.protection();
         match asked.filter(|l| allowed.contains(l)) {
             Some(level) => {
                 link.protect(level, true)?;
+                st.agreed = true;
                 link.send(&Msg::Ok { file_id: 0 })
             }
             None => {
@@ -367,9 +365,6 @@ impl Server {
         })?;
         // Also how long a transfer may make no progress.
         link.timeout = self.cfg.limits.idle();
-        if link.secure().is_some() && minor >= proto::MINOR_PROTECT {
-            self.agree_protection(link)?;
-        }
         let mut tx = BlockSender::new(block, ring, link.timeout)?;
         // Small whole files travel as one FILE frame to clients that know it (1.3), and
         // those of one GETS batch several to a PACK (1.4).
@@ -382,6 +377,7 @@ impl Server {
             batch: std::collections::VecDeque::new(),
             put_file: None,
             commits: put::Commits::default(),
+            agreed: false,
         };
         let res = self.requests(link, &session, &mut tx, &mut st);
         // What was whole and verified is committed even if the connection ended.
@@ -420,6 +416,14 @@ impl Server {
                     self.wait_request(link, session, st)?
                 }
             };
+            if let Msg::Protect { level } = msg {
+                self.agree_protection(link, level, st)?;
+                continue;
+            }
+            if !st.agreed && link.secure().is_some() && !self.security.serves_unprotected() {
+                let message = "this server requires a data protection level (PROTECT, protocol 1.9) before any request";
+                return refuse_connection(link, refuse(ErrorCode::AuthRefused, message));
+            }
             // The session is not idle while this request runs.
             let _working = session.working();
             if !Router::joins_commits(&msg) {
@@ -645,6 +649,8 @@ struct Requests {
     put_file: Option<Held>,
     /// PUT_FILEs written and waiting to be committed together.
     commits: put::Commits,
+    /// Whether the client agreed on a data protection level (PROTECT).
+    agreed: bool,
 }
 
 impl Requests {
