@@ -16,7 +16,7 @@ use ferry_xfer::{Kind, XferError};
 
 #[derive(Args)]
 pub struct ServeArgs {
-    /// TOML configuration (listen (one address or a list), block_size, ring, mem, direct, checksum_cache, keep_special_bits, third_party, [auth] tokens/token_files/anonymous/anonymous_write/authorized_keys, [limits], [[root]] name/path, [security] state_dir/allow_clear, audit_log; docs/xfer.md, docs/security.md; [cio] collective I/O, docs/cio.md).
+    /// TOML configuration (listen (one address or a list), block_size, ring, mem, direct, checksum_cache, keep_special_bits, third_party, audit_log, [auth] tokens/token_files/anonymous/anonymous_write/authorized_keys, [limits], [[root]] name/path, [security] state_dir/allow_clear/protection; docs/xfer.md, docs/security.md; [cio] collective I/O, docs/cio.md).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Export a directory as NAME (repeatable; adds to the config's roots).
@@ -113,6 +113,11 @@ pub struct ServeArgs {
     /// become this user for good (a name in /etc/passwd, or UID:GID); needs starting as root.
     #[arg(long, value_name = "NAME")]
     user: Option<String>,
+    /// The data protection levels TLS clients may ask for (ferry cp --protect), comma
+    /// separated: clear, integrity [default: integrity; config `[security] protection`].
+    /// `clear` lets blocks cross with a CRC-32C only (docs/security.md).
+    #[arg(long, value_name = "LEVELS", value_delimiter = ',', value_parser = crate::xfer::parse_level)]
+    protection: Vec<ferry_service::secure::Level>,
     /// Print the server's identity fingerprint (what clients pin: ferry cp
     /// --server-fingerprint, known_hosts), making the identity if there is none, and exit.
     #[arg(long)]
@@ -373,6 +378,9 @@ fn xfer_config(table: toml::Table, a: ServeArgs) -> Result<ServerConfig, XferErr
         cfg.audit_log = Some(f);
     }
     cfg.security.allow_clear |= a.allow_clear;
+    if !a.protection.is_empty() {
+        cfg.security.protection = Some(a.protection);
+    }
     if let Some(d) = a.state_dir {
         cfg.security.state_dir = Some(d);
     }

@@ -175,6 +175,16 @@ pub struct Trust {
     /// name or address in the URL, instead of pinning (sites with a PKI; docs/security.md).
     #[arg(long, value_name = "FILE", conflicts_with = "server_fingerprint")]
     ca_file: Option<std::path::PathBuf>,
+    /// The data protection this copy requires, exactly, or it fails: integrity (each block
+    /// authenticated under a session key), clear (a CRC-32C, only where the server allows
+    /// it) [default: integrity over TLS, clear with --insecure-clear; docs/security.md].
+    #[arg(long, value_name = "LEVEL", value_parser = parse_level)]
+    protect: Option<ferry_service::secure::Level>,
+}
+
+/// A data protection level's name (`clear`, `integrity`, `private`).
+pub fn parse_level(s: &str) -> Result<ferry_service::secure::Level, String> {
+    s.parse().map_err(|e: ferry_service::Error| e.msg)
 }
 
 impl Trust {
@@ -185,6 +195,7 @@ impl Trust {
             fingerprint: self.server_fingerprint.clone(),
             strict: self.strict_host_keys,
             ca_file: self.ca_file.clone(),
+            protection: self.protect,
             ..Default::default()
         };
         if let Some(f) = &self.known_hosts {

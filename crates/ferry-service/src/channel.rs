@@ -27,7 +27,7 @@ use ferry_fabric::Access;
 use crate::admit::{Handshake, Stage};
 use crate::direct::DIRECT_ALIGN;
 use crate::error::{Error, Kind, Result};
-use crate::secure::{self, ClientSecurity, Secure};
+use crate::secure::{self, ClientSecurity, Level, Protection, Secure};
 use crate::select::{self as floor, Floor};
 
 /// How often a wait for a face's first frame looks whether its handshake was called off.
@@ -143,6 +143,8 @@ pub struct Channel {
     secure: Option<Arc<Secure>>,
     /// The frame types that may arrive in clear on a sealed channel (the face's data).
     data_types: &'static [u8],
+    /// How the data blocks of the channel are checked ([`Channel::protect`]).
+    protection: Protection,
 }
 
 /// A message as delivered: in its receive buffer (clear), or opened from its seal.
@@ -266,6 +268,7 @@ impl Channel {
             timeout: Duration::from_secs(120),
             secure: None,
             data_types: &[],
+            protection: Protection::default(),
         }
     }
 
@@ -278,6 +281,30 @@ impl Channel {
     /// The TLS session sealing the channel, if any.
     pub fn secure(&self) -> Option<&Arc<Secure>> {
         self.secure.as_ref()
+    }
+
+    /// Protects the channel's data blocks at `level`, as agreed with the peer on the sealed
+    /// channel (`server`: which side this is); the keys come from the TLS session. A clear
+    /// channel has only [`Level::Clear`].
+    pub fn protect(&mut self, level: Level, server: bool) -> Result<()> {
+        self.protection = match (&self.secure, level) {
+            (_, Level::Clear) => Protection::default(),
+            (Some(s), _) => Protection::new(level, server, |l, c| s.export(l, c))?,
+            (None, _) => {
+                return Err(Error::new(
+                    Kind::Usage,
+                    format!(
+                        "data protection {level} needs TLS: a clear connection has only clear data"
+                    ),
+                ))
+            }
+        };
+        Ok(())
+    }
+
+    /// What protects the channel's data blocks (CRC-32C only until [`Channel::protect`]).
+    pub fn protection(&self) -> &Protection {
+        &self.protection
     }
 
     /// The frame types (a face's header type byte) that may arrive in clear on a sealed

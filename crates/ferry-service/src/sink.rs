@@ -13,10 +13,12 @@ use rustix::io::Errno;
 use crate::error::{Error, Result};
 use crate::journal::RangeSet;
 use crate::landing::{Progress, SharedProgress};
+use crate::secure::protect::BlockCheck;
 use crate::tree::{BlockTree, SharedTree};
 
 /// One block as its sender described it: the transfer it belongs to, where it lies in the
-/// file, its length and the CRC-32C of its bytes. (A face decodes it from its own frames.)
+/// file, its length and its check value, and how the receiver checks it (a face decodes it
+/// from its own frames and its connection's [`crate::secure::Protection`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Block {
     /// The transfer (the face's file id) the block belongs to.
@@ -25,8 +27,10 @@ pub struct Block {
     pub offset: u64,
     /// Its length in bytes.
     pub len: u32,
-    /// CRC-32C of its bytes.
+    /// Its check value: the CRC-32C of its bytes, or its integrity tag, as `check` says.
     pub crc32c: u32,
+    /// How the check value is verified.
+    pub check: BlockCheck,
 }
 
 /// Receives the blocks of one transfer into `file`: verifies each block's
@@ -202,13 +206,14 @@ impl BlockSink {
         }
     }
 
-    /// Checks one BLOCK against its CRC-32C and the transfer's bounds; writes it if good
-    /// (to `file`; `None` is the null sink of memory mode: nothing is written or hashed),
-    /// remembers its range for a re-fetch if not.
+    /// Checks one BLOCK against its check value (CRC-32C or integrity tag) and the
+    /// transfer's bounds; writes it if good (to `file`; `None` is the null sink of memory
+    /// mode: nothing is written or hashed), remembers its range for a re-fetch if not.
     pub fn block(&mut self, file: Option<&File>, h: &Block, payload: &[u8]) -> Result<()> {
         self.check_bounds(h)?;
-        if !crate::hash::checksums_off() && crc32c::crc32c(payload) != h.crc32c {
-            self.refetch(h, "block CRC mismatch; it will be sent again");
+        let good = || h.check.verify(h.transfer, h.offset, payload, h.crc32c);
+        if !crate::hash::checksums_off() && !good() {
+            self.refetch(h, h.check.failure());
             return Ok(());
         }
         let Some(file) = file else {
@@ -478,6 +483,7 @@ mod tests {
             offset: 0,
             len: len as u32,
             crc32c,
+            check: BlockCheck::Crc,
         }
     }
 
@@ -616,6 +622,7 @@ mod tests {
                 offset: (i * block) as u64,
                 len: chunk.len() as u32,
                 crc32c: crc32c::crc32c(chunk),
+                check: BlockCheck::Crc,
             };
             sink.block(Some(&file), &h, chunk).unwrap();
         }
@@ -643,6 +650,7 @@ mod tests {
                 offset: (i * block) as u64,
                 len: block as u32,
                 crc32c: crc32c::crc32c(c),
+                check: BlockCheck::Crc,
             };
             sink.block(Some(&file), &h, c).unwrap();
         }

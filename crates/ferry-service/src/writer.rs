@@ -439,6 +439,7 @@ mod tests {
             offset: (i * BLOCK) as u64,
             len: BLOCK as u32,
             crc32c: crc32c::crc32c(&bytes),
+            check: Default::default(),
         };
         (block, bytes)
     }

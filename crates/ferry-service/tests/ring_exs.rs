@@ -228,6 +228,7 @@ fn held_blocks_land(url: &str) {
                 offset: field(b, 4),
                 len: field(b, 12) as u32,
                 crc32c: u32::from_le_bytes(b[20..24].try_into().expect("4 bytes")),
+                check: Default::default(),
             });
             got += u64::from(block.len);
             writer

@@ -14,6 +14,7 @@ use std::time::Duration;
 use ferry_exs::runtime::{EventQueue, ExsBuf, ExsSocket};
 use ferry_service::channel::{Channel, FRAME_HEAD};
 use ferry_service::ring::{self, Piece, Sender, Staged};
+use ferry_service::secure::protect::BlockCheck;
 use ferry_service::secure::ClientSecurity;
 use ferry_service::sink::Block;
 
@@ -23,10 +24,10 @@ pub use ferry_service::writer::BlockWriter;
 use crate::error::{Result, XferError};
 use crate::proto::{self, BlockHeader, Msg, BLOCK_HEADER_LEN};
 
-/// The frames that may arrive in clear on a secure connection in this slice (protocol
-/// 1.7): BLOCK (type 11, `docs/protocol.md`), whose payload goes from a staging block by
-/// RMA or as a bulk message; its range is checked by its CRC-32C and the whole file by the
-/// BLAKE3 that FILE_DONE (sealed) carries. Every other frame is sealed, the whole-file
+/// The frames that may arrive in clear on a secure connection (protocol 1.7): BLOCK (type
+/// 11, `docs/protocol.md`), whose payload goes from a staging block by RMA or as a bulk
+/// message; its range is checked by its integrity tag (1.9, keyed by the session; a CRC-32C
+/// at the `clear` level) and the whole file by the BLAKE3 that FILE_DONE (sealed) carries. Every other frame is sealed, the whole-file
 /// frames FILE, PACK and PUT_FILE included ([`BlockSender::send_whole`]).
 pub const DATA_TYPES: &[u8] = &[11];
 
@@ -79,6 +80,11 @@ impl Link {
         Link(ch)
     }
 
+    /// How the blocks this side receives are checked (as agreed, [`Channel::protect`]).
+    pub fn recv_check(&self) -> BlockCheck {
+        self.protection().recv
+    }
+
     /// Sends one control frame.
     pub fn send(&self, msg: &Msg) -> Result<()> {
         let bytes =
@@ -128,7 +134,17 @@ fn decode_control(v: &[u8]) -> Result<Msg> {
     Ok(msg)
 }
 
-/// What the floor's sink needs of a BLOCK header (the stream number only routes it here).
+/// A received BLOCK's header as the floor's [`Block`], its check value verified by `check`
+/// (the connection's, [`Link::recv_check`]).
+pub fn received(h: &BlockHeader, check: BlockCheck) -> Block {
+    Block {
+        check,
+        ..Block::from(h)
+    }
+}
+
+/// What the floor's sink needs of a frame's header, checked by CRC-32C (a FILE frame's,
+/// which travels sealed and is checked by its BLAKE3; BLOCKs take [`received`]).
 impl From<&BlockHeader> for Block {
     fn from(h: &BlockHeader) -> Block {
         Block {
@@ -136,6 +152,7 @@ impl From<&BlockHeader> for Block {
             offset: h.offset,
             len: h.len,
             crc32c: h.crc32c,
+            check: Default::default(),
         }
     }
 }
@@ -192,7 +209,8 @@ impl BlockSender {
 
     /// Sends `span` of `src` as BLOCK frames of `span.file_id`, feeding every byte read to
     /// `digest`, and `progress` with each block's length (see
-    /// [`Sender::send_range`]: read in place, CRC-32C there, no copy).
+    /// [`Sender::send_range`]: read in place, checked there, no copy), each block carrying
+    /// the check value the link's protection asks for (CRC-32C or integrity tag).
     pub fn send_range(
         &mut self,
         link: &Link,
@@ -202,6 +220,7 @@ impl BlockSender {
         progress: &dyn Fn(u64),
     ) -> Result<()> {
         self.ring.direct = self.direct;
+        self.ring.check = link.protection().send;
         let head = |p: &Piece, crc32c: u32| {
             let h = BlockHeader {
                 file_id: p.transfer,

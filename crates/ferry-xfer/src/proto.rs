@@ -58,6 +58,10 @@ pub const MINOR_COPIES: u16 = 9;
 /// `ferry_service::keys`) and per-credential rights: a client proves a key only to servers
 /// of this minor or later (an older one closes the connection at the unknown flag).
 pub const MINOR_KEYS: u16 = 9;
+/// The first minor version with data protection levels: a client on a secure connection
+/// sends PROTECT right after WELCOME to servers of this minor or later, and a server of it
+/// serves an older client over TLS only if it allows `clear` (`docs/security.md`).
+pub const MINOR_PROTECT: u16 = 9;
 /// The most GETs in one GETS frame.
 pub const MAX_GETS: usize = 64;
 /// The most streams a session may have.
@@ -432,6 +436,14 @@ ferry_wire::frames! {
             /// Path.
             path: String as Str<MAX_PATH>,
         },
+        /// Client → server (1.9, secure connections only, right after WELCOME): the data
+        /// protection the client requires ([`ferry_service::secure::Level`]'s code: 0 clear,
+        /// 1 integrity, 2 private). Answered OK (file id 0), after which the connection's
+        /// blocks are protected so, or ERROR (`Refused`), after which it closes.
+        Protect = 36 {
+            /// The level's code.
+            level: u8 as Le,
+        },
         /// Client → server (1.7): remove a file, a symlink or an empty directory; OK or
         /// ERROR.
         Remove = 35 {
@@ -440,9 +452,9 @@ ferry_wire::frames! {
         },
         /// Client → server (1.9): list the third-party copies this server is making for the
         /// asking credential. Reply: one COPY frame per copy, then OK.
-        Copies = 36,
+        Copies = 37,
         /// A third-party copy in progress (1.9, server → client, answering COPIES).
-        Copy = 37 {
+        Copy = 38 {
             /// The server's id of the copy (ABORT_COPY names it).
             id: u64 as Le,
             /// Bytes copied so far.
@@ -460,7 +472,7 @@ ferry_wire::frames! {
         },
         /// Client → server (1.9): stop the third-party copy `id` of the asking credential;
         /// OK, or ERROR NotFound. The copy's own client gets ERROR Cancelled.
-        AbortCopy = 38 {
+        AbortCopy = 39 {
             /// The copy's id (from COPY).
             id: u64 as Le,
         },
@@ -1198,6 +1210,7 @@ mod tests {
                 },
             ),
             ("abort_copy", Msg::AbortCopy { id: 7 }),
+            ("protect", Msg::Protect { level: 1 }),
             (
                 "sum_reply",
                 Msg::SumReply {
@@ -1350,9 +1363,10 @@ mod tests {
 ("gets", "1d000000180000000200010000000300722f61020000000400722f6262"),
 ("sum", "0d000000100000000300722f68"),
 ("remove", "0d000000230000000300722f78"),
-("copies", "0800000024000000"),
-("copy", "3100000025000000010000000000000002000000000000000300000000000000040000000300722f610300683a31010064"),
-("abort_copy", "10000000260000000700000000000000"),
+("copies", "0800000025000000"),
+("copy", "3100000026000000010000000000000002000000000000000300000000000000040000000300722f610300683a31010064"),
+("abort_copy", "10000000270000000700000000000000"),
+("protect", "090000002400000001"),
 ("sum_reply", "30000000110000000c00000000000000abababababababababababababababababababababababababababababababab"),
 ("bye", "0800000012000000"),
 ("send_to", "26000000200100000c0000000500722f73726309007463703a2f2f683a310300642f78010074"),
@@ -1398,7 +1412,7 @@ mod tests {
         };
         assert_eq!(fixed(file), FILE_HEADER_LEN);
         assert_eq!(fixed(Msg::Pack { count: 1, len: 0 }), PACK_HEADER_LEN);
-        assert_eq!(Msg::CODES.len(), 33, "every frame type has a row");
+        assert_eq!(Msg::CODES.len(), 34, "every frame type has a row");
     }
 
     /// Decoding speed of the golden frames (a quick A/B for codec changes):

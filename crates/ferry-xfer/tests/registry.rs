@@ -119,6 +119,9 @@ fn selecting_xfer_is_answered_then_the_hello() {
     let (mut link, answer) = select_then_hello(&addrs[0], "xfer");
     assert_eq!(answer, Floor::Selected);
     assert!(matches!(link.recv_msg().unwrap(), Msg::Welcome { .. }));
+    // A 1.9 client on a secure connection agrees on the data protection first.
+    link.send(&Msg::Protect { level: 1 }).unwrap();
+    assert_eq!(link.recv_msg().unwrap(), Msg::Ok { file_id: 0 });
     link.send(&Msg::List {
         path: String::new(),
     })

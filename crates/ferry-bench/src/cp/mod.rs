@@ -49,6 +49,7 @@ const DIRECT: &str = report::DIRECT;
 const STREAMS: &str = report::STREAMS;
 const NO_CACHE: &str = report::NO_CACHE;
 const NO_CHECKSUMS: &str = report::NO_CHECKSUMS;
+const CLEAR: &str = report::CLEAR;
 /// The test switch that turns checksums off in a ferry process (`NO_CHECKSUMS` rows).
 const CHECKSUMS_OFF: (&str, &str) = ("FERRY_TEST_NO_CHECKSUMS", "1");
 
@@ -194,6 +195,7 @@ pub fn run(args: &CpArgs) -> Result<()> {
     // of its own per driver and variant.
     let runs = |w: &str| args.only.is_empty() || args.only.iter().any(|x| x == w);
     let (direct, shm) = (runs("disk"), runs("shm"));
+    let clear = runs("mem") || shm;
     type Variant<'a> = (String, &'a [&'a str], &'a [(&'a str, &'a str)]);
     let variants: Vec<Variant<'_>> = drivers
         .iter()
@@ -214,13 +216,22 @@ pub fn run(args: &CpArgs) -> Result<()> {
                 (format!("{d}{NO_CHECKSUMS}"), &[][..], &[CHECKSUMS_OFF][..]),
             ]
         }))
+        // The memory and shm workloads also run at data protection `clear` (the reference
+        // of `integrity_vs_clear_*`; every other row is at the default, `integrity`).
+        .chain(drivers.iter().filter(|_| clear).map(|d| {
+            (
+                format!("{d}{CLEAR}"),
+                &["--protection", "clear,integrity"][..],
+                &[][..],
+            )
+        }))
         .collect();
     let servers = Servers {
         ferry: variants
             .iter()
             .enumerate()
             .map(|(i, (v, extra, env))| {
-                let d = [DIRECT, NO_CACHE, NO_CHECKSUMS]
+                let d = [DIRECT, NO_CACHE, NO_CHECKSUMS, CLEAR]
                     .iter()
                     .fold(v.as_str(), |v, s| v.strip_suffix(s).unwrap_or(v));
                 let s = addr::address(d, i)
@@ -310,13 +321,18 @@ fn cells_of(plan: &Plan, drivers: &[String]) -> Vec<Cell> {
     for d in drivers {
         v.push(Cell::new("mem", "ferry", d, big, 1));
     }
+    // At data protection `clear`, the reference of integrity_vs_clear_mem.
+    for d in drivers {
+        v.push(Cell::new("mem", "ferry", &format!("{d}{CLEAR}"), big, 1));
+    }
     v.push(Cell::new("mem", "iperf3", "", big, 1));
     for d in drivers {
         v.push(Cell::new("shm", "ferry", d, big, 1));
     }
     // The same, hashing every run (a server without the checksum cache: what the first run
-    // of an unchanged file costs), and with checksums off (the reference of checksum_cost).
-    for suffix in [NO_CACHE, NO_CHECKSUMS] {
+    // of an unchanged file costs), with checksums off (the reference of checksum_cost), and
+    // at data protection `clear` (the reference of integrity_vs_clear_shm).
+    for suffix in [NO_CACHE, NO_CHECKSUMS, CLEAR] {
         for d in drivers {
             v.push(Cell::new("shm", "ferry", &format!("{d}{suffix}"), big, 1));
         }
@@ -438,6 +454,9 @@ fn transfer(plan: &Plan, ws: &Workspace, servers: &Servers, row: &CpRow) -> Resu
             }
             if row.variant.ends_with(NO_CHECKSUMS) {
                 c.env(CHECKSUMS_OFF.0, CHECKSUMS_OFF.1);
+            }
+            if row.variant.ends_with(CLEAR) {
+                c.args(["--protect", "clear"]);
             }
             let remote = |rel: &str| format!("{}/{rel}", server.addr);
             match row.workload.as_str() {

@@ -52,9 +52,14 @@ pub const NO_CACHE: &str = " no-cache";
 /// switch `FERRY_TEST_NO_CHECKSUMS=1`): the reference of `checksum_cost`, never a result.
 pub const NO_CHECKSUMS: &str = " no-checksums";
 
+/// The variant suffix of ferry rows at data protection `clear` (`ferry cp --protect
+/// clear`, blocks with a CRC-32C): the reference of `integrity_vs_clear_*`, never a result
+/// (every other row runs at the default, `integrity`).
+pub const CLEAR: &str = " clear";
+
 /// The driver of a ferry row's variant (`tcp --direct` and `tcp -p 4` are tcp).
 fn driver_of(variant: &str) -> &str {
-    [DIRECT, STREAMS, NO_CACHE, NO_CHECKSUMS]
+    [DIRECT, STREAMS, NO_CACHE, NO_CHECKSUMS, CLEAR]
         .iter()
         .fold(variant, |v, s| v.strip_suffix(s).unwrap_or(v))
 }
@@ -84,7 +89,7 @@ pub struct CpReport {
 }
 
 /// The goals: (summary key, op, bound).
-pub const GOALS: [(&str, &str, f64); 8] = [
+pub const GOALS: [(&str, &str, f64); 9] = [
     ("mem_vs_gridftp", ">=", 1.35),
     ("mem_vs_iperf3", ">=", 1.0),
     ("disk_vs_gridftp", ">=", 1.25),
@@ -93,6 +98,7 @@ pub const GOALS: [(&str, &str, f64); 8] = [
     ("shm_vs_gridftp", ">=", 1.5),
     ("checksum_cost", "<=", 0.05),
     ("cpu_vs_gridftp_shm", ">=", 2.0),
+    ("integrity_vs_clear_mem", ">=", 0.95),
 ];
 
 /// How a ratio picks its sides.
@@ -134,7 +140,7 @@ fn best_ratio(
         &mut rows
             .iter()
             .filter(|r| r.tool == "ferry" && r.workload == ferry_workload)
-            .filter(|r| !r.variant.ends_with(NO_CHECKSUMS))
+            .filter(|r| !r.variant.ends_with(NO_CHECKSUMS) && !r.variant.ends_with(CLEAR))
             .filter(|r| driver.is_none_or(|d| driver_of(&r.variant) == d)),
     )?;
     let (p, pname) = pick(
@@ -272,6 +278,14 @@ pub fn summary(rows: &[CpRow]) -> (Summary, BTreeMap<String, String>) {
         }
         out.push((key.into(), cost.map(|c| c.0)));
     }
+    for w in ["mem", "shm"] {
+        let key = format!("integrity_vs_clear_{w}");
+        let r = integrity_vs_clear(rows, w);
+        if let Some((_, names)) = &r {
+            best.insert(key.clone(), names.clone());
+        }
+        out.push((key, r.map(|x| x.0)));
+    }
     // The same ratios with ferry on its native tcp driver alone (ofi+shm is a shared-memory
     // transport: it wins on one host but says nothing about a network).
     for (key, fw, peer, value, better) in &picks[..5] {
@@ -313,6 +327,32 @@ fn checksum_cost(rows: &[CpRow], with: &str) -> Option<(f64, String)> {
         .max_by(|a, b| gbps(a.0).total_cmp(&gbps(b.0)))?;
     let cost = 1.0 - gbps(on) / gbps(off);
     Some((round(cost, 3), format!("{} vs {}", on.label(), off.label())))
+}
+
+/// What the default data protection (`integrity`) keeps of `clear`'s throughput on
+/// `workload`: GB/s of the driver's default row ÷ its [`CLEAR`] row, for the driver whose
+/// default row is fastest.
+fn integrity_vs_clear(rows: &[CpRow], workload: &str) -> Option<(f64, String)> {
+    let row = |variant: &str| {
+        rows.iter().find(|r| {
+            r.workload == workload
+                && r.tool == "ferry"
+                && r.variant == variant
+                && r.gbps.is_some_and(|g| g > 0.0)
+        })
+    };
+    let gbps = |r: &CpRow| r.gbps.unwrap_or(0.0);
+    let (on, off) = rows
+        .iter()
+        .filter(|r| r.workload == workload && r.tool == "ferry")
+        .filter_map(|r| r.variant.strip_suffix(CLEAR))
+        .filter_map(|d| Some((row(d)?, row(&format!("{d}{CLEAR}"))?)))
+        .max_by(|a, b| gbps(a.0).total_cmp(&gbps(b.0)))?;
+    let ratio = gbps(on) / gbps(off);
+    Some((
+        round(ratio, 3),
+        format!("{} vs {}", on.label(), off.label()),
+    ))
 }
 
 /// Each goal checked.
@@ -490,6 +530,31 @@ mod tests {
         let t = targets(&s);
         let verdict = |k: &str| t.iter().find(|t| t.metric == k).map(Target::verdict);
         assert_eq!(verdict("checksum_cost"), Some("FAIL"));
+    }
+
+    #[test]
+    fn integrity_is_measured_against_clear_and_clear_rows_are_no_result() {
+        let rows = vec![
+            row("mem", "ferry", "tcp", 2.0, 1.0),
+            row("mem", "ferry", "tcp clear", 2.5, 0.8),
+            row("mem", "ferry", "ofi+shm", 4.0, 1.0),
+            row("mem", "ferry", "ofi+shm clear", 5.0, 0.5),
+            row("shm", "gridftp", "-p 4", 2.0, 3.0),
+        ];
+        let (s, best) = summary(&rows);
+        // The fastest default row (ofi+shm, 4.0) against its clear row (5.0).
+        assert_eq!(s.get("integrity_vs_clear_mem"), Some(0.8));
+        assert_eq!(
+            best["integrity_vs_clear_mem"],
+            "ferry ofi+shm vs ferry ofi+shm clear"
+        );
+        assert_eq!(s.get("integrity_vs_clear_shm"), None);
+        // The clear rows (5.0 GB/s, 0.5 CPU-s) are no result.
+        assert_eq!(s.get("mem_vs_gridftp"), Some(2.0));
+        assert_eq!(s.get("cpu_vs_gridftp"), Some(3.0));
+        let t = targets(&s);
+        let verdict = |k: &str| t.iter().find(|t| t.metric == k).map(Target::verdict);
+        assert_eq!(verdict("integrity_vs_clear_mem"), Some("FAIL"));
     }
 
     #[test]

@@ -23,6 +23,7 @@ use super::{Action, Piece, SendRing, SlotId};
 use crate::channel::{alloc_aligned, exs_err, pinned, Use, FRAME_HEAD, HEAD_ROOM};
 use crate::direct::{direct_aligned, open_direct_or_warn};
 use crate::error::{Error, Result};
+use crate::secure::protect::{BlockCheck, BlockDigest};
 
 /// What hashes the bytes of a sent range as they are read.
 pub enum Digest<'a> {
@@ -87,9 +88,13 @@ pub struct Sender {
     msgs: Vec<Option<ExsBuf>>,
     /// Slots whose payload area holds only zeros.
     zeroed: HashSet<SlotId>,
-    /// CRC-32C of the last length of zeros sent: a zero source's blocks all carry the same
-    /// one, and computing it per block was 40 % of a memory-mode server's CPU.
-    zero_crc: Option<(usize, u32)>,
+    /// The digest of the last length of zeros sent (its CRC-32C, or BLAKE3 under an
+    /// integrity tag): a zero source's blocks all share it, and computing the CRC per block
+    /// was 40 % of a memory-mode server's CPU.
+    zero_digest: Option<(usize, BlockDigest)>,
+    /// How each block's check value is computed: CRC-32C, or the connection's integrity
+    /// tag ([`crate::secure::protect`]).
+    pub check: BlockCheck,
     timeout: Duration,
     /// Read files with direct I/O (`O_DIRECT`, bypassing the page cache) where the
     /// filesystem allows it; the unaligned tail of a file is read through the cache.
@@ -109,7 +114,8 @@ impl Sender {
             msgs: (0..ring.slots()).map(|_| None).collect(),
             ring,
             zeroed: HashSet::new(),
-            zero_crc: None,
+            zero_digest: None,
+            check: BlockCheck::Crc,
             timeout,
             direct: false,
             staged_bytes: 0,
@@ -347,22 +353,30 @@ impl Sender {
                 }
             }
         }
-        // A zero source's staging blocks hold zeros (`zeroed`), so one CRC serves them all.
-        let zero_crc = match (range.src, self.zero_crc) {
-            (Source::Zero, Some((len, crc))) if len == n => Some(crc),
+        // A zero source's staging blocks hold zeros (`zeroed`), so one digest serves them
+        // all (its block's place goes into the check value after).
+        let check = self.check;
+        let zero = match (range.src, self.zero_digest) {
+            (Source::Zero, Some((len, d))) if len == n && check.reads_as(&d) => Some(d),
             _ => None,
         };
-        let crc = mem.with_bytes(at, n, |b| -> Result<u32> {
+        let digest = mem.with_bytes(at, n, |b| -> Result<Option<BlockDigest>> {
             after_read(piece.offset, b)?;
             if crate::hash::checksums_off() {
-                return Ok(0);
+                return Ok(None);
             }
-            Ok(zero_crc.unwrap_or_else(|| crc32c::crc32c(b)))
+            Ok(Some(zero.unwrap_or_else(|| check.digest(b))))
         })?;
-        if matches!(range.src, Source::Zero) {
-            self.zero_crc = Some((n, crc));
-        }
-        let head = (range.head)(&piece, crc)?;
+        let value = match digest {
+            Some(d) => {
+                if matches!(range.src, Source::Zero) {
+                    self.zero_digest = Some((n, d));
+                }
+                check.value(&d, piece.transfer, piece.offset, n as u32)
+            }
+            None => 0,
+        };
+        let head = (range.head)(&piece, value)?;
         buf.write_at(0, &head)
             .map_err(|e| Error::conn(format!("fill staging block: {e}")))?;
         if test_corrupt(buf, FRAME_HEAD, n) {

@@ -14,7 +14,7 @@ use rustix::io::Errno;
 
 use crate::conv::download::{Action, Downloader, Job, Landing, Settings};
 use crate::error::{Kind, Result, XferError};
-use crate::link::BlockWriter;
+use crate::link::{received, BlockWriter};
 use crate::proto::{self, Msg};
 use ferry_service::commit::{CommitPool, SyncDir};
 use ferry_service::journal::{journal_name, Ident, Journal};
@@ -459,6 +459,7 @@ impl Client {
     ) -> Result<Vec<Msg>> {
         let wire = &mut self.stats.wire_bytes;
         let (direct, ring) = (self.direct, self.ring);
+        let check = self.link.recv_check();
         let held = self.link.recv_held()?;
         let mut block = None;
         let msgs = held.with_bytes(|bytes| -> Result<Vec<Msg>> {
@@ -491,7 +492,7 @@ impl Client {
                     .get_mut(&h.file_id)
                     .and_then(|l| l.writer.as_mut())
                     .ok_or_else(|| XferError::conn("BLOCK of no transfer in progress"))?;
-                writer.push_held(&h, held, at)?;
+                writer.push_held(received(&h, check), held, at)?;
                 progress.add(u64::from(h.len));
                 self.stats.wire_bytes += u64::from(h.len);
             }

@@ -29,7 +29,7 @@ use std::time::Duration;
 use crate::error::{Kind, Result, XferError};
 use crate::link::{BlockSender, Link, HANDSHAKE_TIMEOUT};
 use crate::proto::{self, Entry, EntryKind, Msg, BLOCK_HEADER_LEN};
-use ferry_service::secure::ClientSecurity;
+use ferry_service::secure::{ClientSecurity, Level};
 
 use copy::walk_local;
 pub use copy::{copy, sum_local};
@@ -331,6 +331,33 @@ pub struct Client {
     pub stats: Stats,
 }
 
+/// Agrees on the data protection `level` with the server at `addr` (protocol `minor`), or
+/// fails: the connection's blocks are then checked as agreed. Fails closed: never a weaker
+/// level than asked, whatever the server or the path says.
+fn agree_protection(link: &mut Link, addr: &str, minor: u16, level: Level) -> Result<()> {
+    if link.secure().is_none() {
+        // A clear connection carries clear data only: checked before connecting.
+        return Ok(());
+    }
+    if minor < proto::MINOR_PROTECT {
+        if level == Level::Clear {
+            return Ok(());
+        }
+        return Err(XferError::new(
+            Kind::Auth,
+            format!("{addr} speaks ferry protocol 1.{minor}, which has no data protection levels, and this copy requires {level}: upgrade the server, or use --protect clear (blocks checked by CRC-32C, whole files by their sealed BLAKE3)"),
+        ));
+    }
+    link.send(&Msg::Protect {
+        level: level.code(),
+    })?;
+    match link.recv_msg()? {
+        Msg::Ok { file_id: 0 } => link.protect(level, false),
+        Msg::Error { code, message, .. } => Err(remote_err(code, &message)),
+        m => Err(unexpected(&m)),
+    }
+}
+
 pub(crate) fn remote_err(code: proto::ErrorCode, message: &str) -> XferError {
     crate::error::remote(code, message)
 }
@@ -360,6 +387,13 @@ impl Client {
         session: u64,
         stream: u16,
     ) -> Result<Client> {
+        let level = opts.security.level();
+        if opts.security.clear && level != Level::Clear {
+            return Err(XferError::new(
+                Kind::Usage,
+                format!("data protection {level} needs TLS: a clear connection (--insecure-clear) carries clear data only (--protect clear)"),
+            ));
+        }
         let mut link = Link::connect_with(addr, opts.timeout, &opts.security)?;
         link.timeout = HANDSHAKE_TIMEOUT;
         // Over TLS the token is proven in the floor's SELECT, never sent; a clear
@@ -420,6 +454,7 @@ impl Client {
         link.timeout = opts.idle_timeout;
         let ring = tune::ring_for(opts.buffer, opts.ring, rtt, block);
         link.post_ring(ring.max(2), BLOCK_HEADER_LEN + block as usize)?;
+        agree_protection(&mut link, addr, minor, level)?;
         let mut tx = BlockSender::new(block, ring, opts.idle_timeout)?;
         tx.direct = opts.direct;
         let get_window = tune::get_window(opts.buffer, rtt, u64::from(block));

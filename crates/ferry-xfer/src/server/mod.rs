@@ -34,7 +34,7 @@ use ferry_service::drain::Drain;
 pub use ferry_service::drain::DrainReport;
 use ferry_service::registry::Registry;
 use ferry_service::registry::{Conn, Service};
-use ferry_service::secure::ServerSecurity;
+use ferry_service::secure::{Level, ServerSecurity};
 
 pub use crate::export::Refusal;
 use crate::export::{refuse, PResult};
@@ -256,6 +256,48 @@ impl Server {
         }
     }
 
+    /// A client older than protocol 1.9 over TLS sends blocks with a CRC-32C only, its
+    /// files checked by the sealed BLAKE3 (as 1.8 did): served unless this server's
+    /// protection is configured without `clear`, then refused with what to do.
+    fn older_client(&self, link: &Link, minor: u16) -> Result<()> {
+        if self.security.serves_unprotected() {
+            return Ok(());
+        }
+        let message = format!(
+            "this server requires data protection ({}; protocol 1.{}), which a protocol 1.{minor} client cannot give: upgrade the client, or allow \"clear\" in the server's [security] protection",
+            levels(self.security.protection()),
+            proto::MINOR_PROTECT,
+        );
+        refuse_connection(link, refuse(ErrorCode::AuthRefused, message))
+    }
+
+    /// The client's PROTECT (its first request): the level it requires, agreed if this
+    /// server allows it (the connection's blocks are then checked so), refused otherwise
+    /// (the connection ends: never another level than asked). Once only, before data moves.
+    fn agree_protection(&self, link: &mut Link, code: u8, st: &mut Requests) -> Result<()> {
+        if st.agreed || link.secure().is_none() {
+            let message = "PROTECT only once, first, and only on a secure connection";
+            return refuse_connection(link, refuse(ErrorCode::BadRequest, message));
+        }
+        let asked = Level::from_code(code);
+        let allowed = self.security.protection();
+        match asked.filter(|l| allowed.contains(l)) {
+            Some(level) => {
+                link.protect(level, true)?;
+                st.agreed = true;
+                link.send(&Msg::Ok { file_id: 0 })
+            }
+            None => {
+                let asked = asked.map_or("an unknown level".to_string(), |l| l.to_string());
+                let message = format!(
+                    "the client requires data protection {asked}; this server allows only {}",
+                    levels(allowed)
+                );
+                refuse_connection(link, refuse(ErrorCode::AuthRefused, message))
+            }
+        }
+    }
+
     /// Serves one connection: handshake, then requests in order until BYE or close.
     /// `floor`: who the floor already authenticated (a token or key proven over TLS,
     /// protocol 1.7 and 1.9), in which case the HELLO carries no token.
@@ -289,6 +331,9 @@ impl Server {
                 message: message.clone(),
             })?;
             return Err(XferError::conn(message));
+        }
+        if link.secure().is_some() && minor < proto::MINOR_PROTECT {
+            self.older_client(link, minor)?;
         }
         let principal = match floor {
             Some(p) => p,
@@ -347,6 +392,7 @@ impl Server {
             owner,
             welcomed: remote.then_some(welcomed),
             grown: None,
+            agreed: false,
         };
         let res = self.requests(link, &session, &mut tx, &mut st);
         // What was whole and verified is committed even if the connection ended.
@@ -388,6 +434,14 @@ impl Server {
             // The first request came one round trip after WELCOME went out.
             if let Some(welcomed) = st.welcomed.take() {
                 self.grow_to_path(link, tx, st, welcomed.elapsed());
+            }
+            if let Msg::Protect { level } = msg {
+                self.agree_protection(link, level, st)?;
+                continue;
+            }
+            if !st.agreed && link.secure().is_some() && !self.security.serves_unprotected() {
+                let message = "this server requires a data protection level (PROTECT, protocol 1.9) before any request";
+                return refuse_connection(link, refuse(ErrorCode::AuthRefused, message));
             }
             // The session is not idle while this request runs.
             let _working = session.working();
@@ -759,6 +813,8 @@ struct Requests {
     welcomed: Option<Instant>,
     /// The budget's memory for the send ring's growth to the path, held while it lasts.
     grown: Option<ferry_service::admit::Grant>,
+    /// Whether the client agreed on a data protection level (PROTECT).
+    agreed: bool,
 }
 
 impl Requests {
@@ -893,6 +949,12 @@ fn staging_cost(ring: usize, block: u32) -> u64 {
 
 /// Refuses a connection at its handshake: the refusal, a moment for it to reach the client
 /// before the connection goes, and the error that ends the connection.
+/// A server's allowed protection levels, as a refusal names them.
+fn levels(allowed: &[Level]) -> String {
+    let names: Vec<&str> = allowed.iter().map(|l| l.name()).collect();
+    names.join(", ")
+}
+
 fn refuse_connection<T>(link: &Link, r: impl Into<Refusal>) -> Result<T> {
     let r = r.into();
     let message = r.message.clone();

@@ -9,7 +9,7 @@ use super::{busy, reply_refusal, PutReq, Received, Refusal, Server, RECV_SLICE};
 use crate::conv::upload::{check_whole, write_refusal, Receiver, RxAction, RxEvent};
 use crate::error::{Result, XferError};
 use crate::export::{refuse, PResult};
-use crate::link::{BlockWriter, Link};
+use crate::link::{received, BlockWriter, Link};
 use crate::proto::{self, BlockHeader, ErrorCode, Msg};
 use crate::session::Upload;
 use ferry_service::channel::Held;
@@ -106,7 +106,9 @@ impl Server {
                 RxAction::StartWriter => writer = Some(dest.writer(file_id, ring)?),
                 RxAction::Land => {
                     let pushed = match (writer.as_mut(), frame.block.take()) {
-                        (Some(w), Some((h, at, held))) => w.push_held(&h, held, at),
+                        (Some(w), Some((h, at, held))) => {
+                            w.push_held(received(&h, link.recv_check()), held, at)
+                        }
                         _ => Err(XferError::conn(
                             "internal: a block to land without a writer",
                         )),
@@ -227,9 +229,12 @@ impl Server {
         path: &str,
     ) -> Result<Option<Received>> {
         let mut rounds = 0;
+        let check = link.recv_check();
         loop {
             let step = link.recv_with(|buf| match proto::decode(buf) {
-                Ok((Msg::Block(h), payload)) => writer.push_block(&h, payload).map(|()| None),
+                Ok((Msg::Block(h), payload)) => writer
+                    .push_block(received(&h, check), payload)
+                    .map(|()| None),
                 Ok((Msg::FileDone { blake3, length, .. }, _)) => Ok(Some(Some((blake3, length)))),
                 Ok((Msg::Error { .. }, _)) => Ok(Some(None)),
                 Ok((m, _)) => Err(XferError::conn(format!(

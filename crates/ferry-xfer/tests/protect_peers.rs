@@ -1,0 +1,120 @@
+//! Data protection against peers of other versions (protocol 1.9, docs/protocol.md "Data
+//! protection"): a real in-process server on loopback, driven frame by frame over TLS. A
+//! server whose `[security] protection` is set refuses a client older than 1.9 and a 1.9
+//! client that skips PROTECT, each with a clear error; a default server serves older
+//! clients as 1.8 did; PROTECT comes once.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use ferry_service::secure::Level;
+use ferry_xfer::config::{AuthConfig, RootConfig, ServerConfig};
+use ferry_xfer::link::Link;
+use ferry_xfer::proto::{self, ErrorCode, Msg, BLOCK_HEADER_LEN};
+use ferry_xfer::server::Server;
+
+const T: Duration = Duration::from_secs(10);
+
+/// A tcp server on loopback allowing `protection` (`None`: the default); its address.
+fn start(protection: Option<Vec<Level>>) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("ferry-protect-peers-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("a"), b"abc").unwrap();
+    let mut cfg = ServerConfig {
+        listen: vec!["tcp://127.0.0.1:0".into()],
+        block_size: 64 * 1024,
+        ring: 4,
+        auth: AuthConfig {
+            tokens: vec!["tok".into()],
+            anonymous: false,
+            ..AuthConfig::default()
+        },
+        roots: vec![RootConfig {
+            name: "d".into(),
+            path: dir,
+            read_only: false,
+        }],
+        ..ServerConfig::default()
+    };
+    cfg.security.protection = protection;
+    let server = Server::new(cfg).unwrap();
+    let listeners = server.bind().unwrap();
+    let addr = listeners[0].local_addr();
+    std::thread::spawn(move || server.serve(&listeners));
+    addr
+}
+
+/// Connects over TLS and sends the HELLO of a client of `minor`; the link and the answer.
+fn hello(addr: &str, minor: u16) -> (Link, Msg) {
+    let mut link = Link::connect(addr, T).unwrap();
+    assert!(link.secure().is_some());
+    link.post_ring(1, BLOCK_HEADER_LEN + 64 * 1024).unwrap();
+    link.send(&Msg::Hello {
+        major: proto::VERSION_MAJOR,
+        minor,
+        block_size: 64 * 1024,
+        session: 0,
+        stream: 0,
+        token: "tok".into(),
+    })
+    .unwrap();
+    let answer = link.recv_msg().unwrap();
+    link.post_ring(4, BLOCK_HEADER_LEN + 64 * 1024).unwrap();
+    (link, answer)
+}
+
+fn refusal(m: &Msg) -> (ErrorCode, &str) {
+    match m {
+        Msg::Error { code, message, .. } => (*code, message.as_str()),
+        m => panic!("expected ERROR, got {m:?}"),
+    }
+}
+
+#[test]
+fn a_server_with_a_protection_policy_refuses_unprotected_clients() {
+    let addr = start(Some(vec![Level::Integrity]));
+    // A 1.8 client: refused at its HELLO, told what to do.
+    let (_, m) = hello(&addr, proto::MINOR_PROTECT - 1);
+    let (code, says) = refusal(&m);
+    assert_eq!(code, ErrorCode::AuthRefused);
+    assert!(says.contains("upgrade the client"), "{says}");
+    // A 1.9 client that asks for data before it agreed on a level.
+    let (mut link, m) = hello(&addr, proto::VERSION_MINOR);
+    assert!(matches!(m, Msg::Welcome { .. }), "{m:?}");
+    link.send(&Msg::Stat { path: "d/a".into() }).unwrap();
+    let m = link.recv_msg().unwrap();
+    let (code, says) = refusal(&m);
+    assert_eq!(code, ErrorCode::AuthRefused);
+    assert!(says.contains("data protection level"), "{says}");
+    // One that agrees is served, and may not agree twice.
+    let (mut link, _) = hello(&addr, proto::VERSION_MINOR);
+    link.send(&Msg::Protect {
+        level: Level::Integrity.code(),
+    })
+    .unwrap();
+    assert_eq!(link.recv_msg().unwrap(), Msg::Ok { file_id: 0 });
+    link.send(&Msg::Stat { path: "d/a".into() }).unwrap();
+    assert!(matches!(link.recv_msg().unwrap(), Msg::Entry(e) if e.size == 3));
+    link.send(&Msg::Protect {
+        level: Level::Clear.code(),
+    })
+    .unwrap();
+    assert_eq!(refusal(&link.recv_msg().unwrap()).0, ErrorCode::BadRequest);
+    // An unknown level is refused, not taken for another.
+    let (mut link, _) = hello(&addr, proto::VERSION_MINOR);
+    link.send(&Msg::Protect { level: 9 }).unwrap();
+    let m = link.recv_msg().unwrap();
+    assert!(refusal(&m).1.contains("an unknown level"), "{m:?}");
+}
+
+#[test]
+fn a_default_server_serves_older_clients_as_before() {
+    let addr = start(None);
+    let (mut link, m) = hello(&addr, proto::MINOR_PROTECT - 1);
+    assert!(matches!(m, Msg::Welcome { .. }), "{m:?}");
+    link.send(&Msg::Stat { path: "d/a".into() }).unwrap();
+    assert!(matches!(link.recv_msg().unwrap(), Msg::Entry(e) if e.size == 3));
+}
