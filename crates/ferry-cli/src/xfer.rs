@@ -17,7 +17,7 @@ pub const EXIT_CODES: &str = "\
 Exit codes (serve, cp, ls, sum, services):
   0  success
   1  usage: bad arguments, or an unsupported combination
-  2  authentication refused: check --token / FERRY_TOKEN
+  2  authentication refused: check --token / FERRY_TOKEN / --identity (or the server's identity was refused)
   3  not found: no such root, file or directory (services: no such service)
   4  integrity failure: a checksum kept failing; nothing was written
   5  I/O error or disk full (local or on the server)
