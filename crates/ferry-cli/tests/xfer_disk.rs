@@ -146,3 +146,50 @@ fn direct_io_sizes_both_ways() {
         std::fs::remove_dir_all(&local).unwrap();
     }
 }
+
+/// Bytes of `path` in the page cache (`fincore`), or `None` where the tool is missing.
+fn cached_bytes(path: &Path) -> Option<u64> {
+    let o = std::process::Command::new("fincore")
+        .args(["--bytes", "--noheadings", "--output", "RES"])
+        .arg(path)
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&o.stdout).trim().parse().ok()
+}
+
+/// With no flags, a large file is written with direct I/O on a disk filesystem, down and
+/// up: it lands byte-identical and almost none of it stays in the page cache (through the
+/// cache, all of it did). On tmpfs, which has nothing to gain, it goes through the cache
+/// with no complaint. The size ends in a partial 4 KiB page (written through the cache).
+#[test]
+fn large_files_are_written_direct_unasked_where_it_helps() {
+    const LEN: usize = (64 << 20) + 5;
+    let s = serve_as(ferry(), "tcp", &[], &[]);
+    std::fs::write(s.root.join("big"), pattern(LEN, 7)).unwrap();
+    let local = scratch("auto-direct");
+    let here = local.join("big");
+    let o = cp(&[&s.url("big"), here.to_str().unwrap()], &[]);
+    assert_eq!(ok(&o)["bytes"].as_u64(), Some(LEN as u64));
+    let Some(down) = cached_bytes(&here) else {
+        eprintln!("skipping the page-cache checks: no fincore");
+        return;
+    };
+    let o = cp(&[here.to_str().unwrap(), &s.url("up")], &[]);
+    ok(&o);
+    let up = cached_bytes(&s.root.join("up")).unwrap();
+    assert!(down < 1 << 20, "download: {down} bytes in the page cache");
+    assert!(up < 1 << 20, "upload: {up} bytes in the page cache");
+    same_file(&s.root.join("big"), &here);
+    same_file(&s.root.join("big"), &s.root.join("up"));
+    // tmpfs: through the page cache, silently.
+    let shm = Path::new("/dev/shm").join(format!("ferry-test-auto-direct-{}", std::process::id()));
+    std::fs::create_dir_all(&shm).unwrap();
+    let o = cp(&[&s.url("big"), shm.to_str().unwrap()], &[]);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    ok(&o);
+    assert!(!err.contains("direct I/O"), "a warning on tmpfs: {err}");
+    same_file(&s.root.join("big"), &shm.join("big"));
+    let _ = std::fs::remove_dir_all(&shm);
+    no_part_files(&local);
+    std::fs::remove_dir_all(&local).unwrap();
+}

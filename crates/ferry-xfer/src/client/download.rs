@@ -746,7 +746,8 @@ fn take_file(
 }
 
 /// The writer of `l` (transfer `id`, `size` bytes, permission bits `mode`), opened at its
-/// READY; `(direct, ring)`: O_DIRECT writes, blocks queued to a writer thread at most.
+/// READY; `(direct, ring)`: O_DIRECT writes (asked for; else where they help, see
+/// [`BlockSink::choose_direct`]), blocks queued to a writer thread at most.
 fn open_writer(
     l: &mut Local,
     id: u32,
@@ -763,8 +764,8 @@ fn open_writer(
     };
     let journal = journal.ok_or_else(|| XferError::conn("READY twice"))?;
     let mut sink = BlockSink::journaled(id, size, journal);
-    if direct {
-        sink.set_direct(&part.file);
+    if sink.choose_direct(&part.file, direct) {
+        tracing::debug!("{}: writing with direct I/O", l.dest.display());
     }
     BlockWriter::with_sink(sink, &part.file, ring)
 }
