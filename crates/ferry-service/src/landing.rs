@@ -294,6 +294,7 @@ mod tests {
         };
         let j = Journal::create(open(&p), ident, 4 << 20).unwrap();
         assert_eq!(Progress::new(j).size(), 4 << 30);
+        let _ = std::fs::remove_file(&p);
     }
 
     #[test]
