@@ -268,7 +268,8 @@ pub struct CpArgs {
     #[arg(long, value_name = "BYTES", default_value_t = ferry_xfer::parallel::DEFAULT_CHUNK)]
     chunk_size: u64,
     /// Read and write local files with direct I/O (O_DIRECT), bypassing the page cache
-    /// (the server's side follows its config's `direct`).
+    /// (the server's side follows its config's `direct`). Without it, files of 64 MiB or
+    /// more are written so on a disk filesystem anyway.
     #[arg(long)]
     direct: bool,
     /// Copy what symlinks in a tree point to (a server follows only links that stay inside

@@ -166,7 +166,7 @@ impl CommitPool {
 
 /// Whether `file` lives on a memory filesystem (tmpfs, ramfs), where fsync has nothing to
 /// make durable and returns at once. An error answers false (treat it as a disk).
-pub fn fsync_is_free(file: &std::fs::File) -> bool {
+pub fn fsync_is_free(file: impl rustix::fd::AsFd) -> bool {
     const TMPFS_MAGIC: u64 = 0x0102_1994;
     const RAMFS_MAGIC: u64 = 0x8584_58f6;
     rustix::fs::fstatfs(file).is_ok_and(|s| {

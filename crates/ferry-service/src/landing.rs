@@ -10,10 +10,24 @@ use std::time::{Duration, Instant};
 use crate::journal::{journal_name, Ident, Journal, RangeSet};
 use crate::ring::Cadence;
 
-/// A receiver checkpoints at least this often (bytes written from good blocks)...
+/// A receiver checkpoints at least this often (bytes written from good blocks) in a file
+/// up to [`CHECKPOINTS_PER_FILE`] times this size...
 pub const CHECKPOINT_BYTES: u64 = 8 << 20;
+/// ...in a larger file after each this share of it ([`checkpoint_bytes`]), up to
+/// [`MAX_CHECKPOINT_BYTES`]...
+pub const CHECKPOINTS_PER_FILE: u64 = 32;
+/// ...(the most bytes between two checkpoints)...
+pub const MAX_CHECKPOINT_BYTES: u64 = 256 << 20;
 /// ...or this often (time), whichever comes first: a killed receiver loses at most that.
 pub const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
+
+/// Bytes between a receiver's checkpoints of a file of `size` bytes: a checkpoint fsyncs
+/// the part, and one every 8 MiB of a 4 GiB file (512 of them) kept a disk writing in small
+/// flushes; a kill loses at most a thirty-second of the file (and at most
+/// [`CHECKPOINT_EVERY`] of time).
+pub fn checkpoint_bytes(size: u64) -> u64 {
+    (size / CHECKPOINTS_PER_FILE).clamp(CHECKPOINT_BYTES, MAX_CHECKPOINT_BYTES)
+}
 
 /// How [`open_part`] wants a file opened (read-write, never following a symlink).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,6 +167,12 @@ impl Progress {
         self.block
     }
 
+    /// The size of the file being received (as its journal names it; 0 if the journal is
+    /// with its checkpoint thread).
+    pub fn size(&self) -> u64 {
+        self.journal.as_ref().map_or(0, |j| j.ident().size)
+    }
+
     /// The verified prefix (journaled or not yet).
     pub fn prefix(&self) -> u64 {
         self.good.prefix()
@@ -192,7 +212,7 @@ pub struct SharedProgress {
 }
 
 /// A shared part's progress and when its next checkpoint is due: bytes newly verified by
-/// any stream, against [`CHECKPOINT_BYTES`] and [`CHECKPOINT_EVERY`].
+/// any stream, against [`checkpoint_bytes`] and [`CHECKPOINT_EVERY`].
 #[derive(Debug)]
 struct Journaling {
     progress: Progress,
@@ -202,11 +222,12 @@ struct Journaling {
 impl SharedProgress {
     /// Shares `progress`, the journal of `part` (a duplicate handle is kept).
     pub fn new(part: &File, progress: Progress) -> std::io::Result<SharedProgress> {
+        let every = checkpoint_bytes(progress.size());
         Ok(SharedProgress {
             part: part.try_clone()?,
             progress: std::sync::Mutex::new(Some(Journaling {
                 progress,
-                cadence: Cadence::new(CHECKPOINT_BYTES, CHECKPOINT_EVERY, Instant::now()),
+                cadence: Cadence::new(every, CHECKPOINT_EVERY, Instant::now()),
             })),
         })
     }
@@ -268,6 +289,22 @@ mod tests {
     use super::*;
 
     use crate::journal::tests::{open, set, tmp};
+
+    #[test]
+    fn checkpoints_scale_with_the_file() {
+        assert_eq!(checkpoint_bytes(0), CHECKPOINT_BYTES);
+        assert_eq!(checkpoint_bytes(100 << 20), CHECKPOINT_BYTES);
+        assert_eq!(checkpoint_bytes(4 << 30), 128 << 20);
+        assert_eq!(checkpoint_bytes(1 << 40), MAX_CHECKPOINT_BYTES);
+        let p = tmp("scale");
+        let ident = Ident {
+            size: 4 << 30,
+            mtime: 0,
+        };
+        let j = Journal::create(open(&p), ident, 4 << 20).unwrap();
+        assert_eq!(Progress::new(j).size(), 4 << 30);
+        let _ = std::fs::remove_file(&p);
+    }
 
     #[test]
     fn prefix_waits_for_holes() {

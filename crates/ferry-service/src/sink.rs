@@ -113,6 +113,19 @@ impl BlockSink {
         self.direct = crate::direct::open_direct_or_warn(file, true);
     }
 
+    /// Writes with direct I/O as [`BlockSink::set_direct`] does if `asked`, and otherwise
+    /// where it helps ([`crate::direct::direct_helps`]: a large file on a disk), silently
+    /// going through the page cache where the filesystem refuses it. True if direct I/O is
+    /// on.
+    pub fn choose_direct(&mut self, file: &File, asked: bool) -> bool {
+        if asked {
+            self.set_direct(file);
+        } else if crate::direct::direct_helps(file, self.size) {
+            self.direct = crate::direct::open_direct(file, true).ok();
+        }
+        self.direct.is_some()
+    }
+
     /// A sink for the range `[lo, hi)` of a file of `size` bytes, one piece of a parallel
     /// transfer: blocks outside it are refused, nothing is hashed in order (each block goes
     /// into the file's hash tree instead, [`BlockSink::hash_into`]), and [`BlockSink::got`]

@@ -7,7 +7,7 @@
 //! one and hashes the file in order), then [`Action::Repost`] once the write returned: only
 //! then does a block's receive buffer ([`Held`]) go back to the channel for the peer to
 //! fill again. When the bytes written since the last one reach the ring's [`Cadence`]
-//! (a journaled sink's [`CHECKPOINT_BYTES`] or [`CHECKPOINT_EVERY`]), the core asks
+//! (a journaled sink's [`checkpoint_bytes`] or [`CHECKPOINT_EVERY`]), the core asks
 //! [`Action::Fsync`]: the journal's checkpoint (fsync the part file, then record the
 //! verified ranges; on the journal's own thread, [`crate::writeback`]).
 //!
@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use crate::channel::Held;
 use crate::error::{Error, Result};
-use crate::landing::{CHECKPOINT_BYTES, CHECKPOINT_EVERY};
+use crate::landing::{checkpoint_bytes, CHECKPOINT_EVERY};
 use crate::ring::{staging_threads, Action, Cadence, LandRing, Piece, SlotId};
 use crate::sink::{Block, BlockSink};
 
@@ -92,11 +92,11 @@ struct Lander {
 
 impl Lander {
     /// A ring of `slots` slots landing in `sink`, with the fsync cadence a sink wants: its
-    /// journal's ([`CHECKPOINT_BYTES`], [`CHECKPOINT_EVERY`]), or none without a journal.
+    /// journal's ([`checkpoint_bytes`] of its size, [`CHECKPOINT_EVERY`]), or none without a journal.
     fn new(sink: BlockSink, file: Option<File>, slots: usize) -> Lander {
         let now = Instant::now();
         let cadence = if sink.journals() && file.is_some() {
-            Cadence::new(CHECKPOINT_BYTES, CHECKPOINT_EVERY, now)
+            Cadence::new(checkpoint_bytes(sink.size()), CHECKPOINT_EVERY, now)
         } else {
             Cadence::never(now)
         };

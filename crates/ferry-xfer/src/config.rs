@@ -7,7 +7,7 @@
 //! ring = 8                           # staging blocks in flight per connection (default 8)
 //! third_party = ["tcp://dtn2:7370"]  # servers this one may send third-party copies to ("*": any)
 //! mem = false                        # true: export the virtual root `mem` (zero/SIZE, null)
-//! direct = false                     # true: read and write files with O_DIRECT (no page cache)
+//! direct = false                     # true: O_DIRECT reads and writes (large files on disks: writes anyway)
 //! checksum_cache = true              # false: no user.ferry.blake3 attribute (docs/xfer.md)
 //! keep_special_bits = false          # true: uploads keep setuid, setgid and sticky bits
 //! audit_log = "/var/log/ferry/audit.jsonl"  # one JSON line per request (default: a line per
@@ -79,7 +79,9 @@ pub struct ServerConfig {
     #[serde(default)]
     pub mem: bool,
     /// Read and write file data with direct I/O (`O_DIRECT`), bypassing the page cache,
-    /// where the filesystem allows it (a warning says when it does not).
+    /// where the filesystem allows it (a warning says when it does not). Without it, files
+    /// of 64 MiB or more landing on a disk filesystem are written with direct I/O anyway
+    /// ([`ferry_service::direct::direct_helps`]).
     #[serde(default)]
     pub direct: bool,
     /// Keep each file's BLAKE3 (1 MiB and larger) in its `user.ferry.blake3` extended

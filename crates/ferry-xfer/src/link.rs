@@ -372,9 +372,10 @@ impl BlockSender {
     }
 
     /// Sends the frame in `range` of a staging block that holds whole files (FILE, PACK,
-    /// PUT_FILE). On a secure connection it goes sealed, as a control frame (copied out of
-    /// the block, and encrypted): such a frame carries its own BLAKE3 (and PUT_FILE its
-    /// path), which must not cross where it can be read or replaced (protocol 1.7).
+    /// PUT_FILE). On a secure connection it goes sealed, as a control frame (encrypted
+    /// from the block where it lies, with no copy of it first): such a frame carries its
+    /// own BLAKE3 (and PUT_FILE its path), which must not cross where it can be read or
+    /// replaced (protocol 1.7).
     fn send_whole(
         &mut self,
         link: &Link,
@@ -384,13 +385,14 @@ impl BlockSender {
         if link.secure().is_none() {
             return self.ring.send(link.socket(), block, range);
         }
-        let mut frame = vec![0u8; range.len()];
-        block
+        // The staging block is this side's own, written before and idle until released.
+        let at = block.buf.offset() + range.start;
+        let sent = block
             .buf
             .buffer()
-            .read_at(block.buf.offset() + range.start, &mut frame);
+            .with_bytes(at, range.len(), |frame| link.send_frame(frame));
         self.ring.release(block);
-        link.send_frame(&frame)
+        sent
     }
 
     /// Waits until every block sent has completed.

@@ -238,7 +238,7 @@ fn copy(
             let t = walk_entries(
                 req.path,
                 false,
-                |p| crate::export::list(roots, p),
+                |ps| ps.iter().map(|p| crate::export::list(roots, p)).collect(),
                 |p| crate::export::stat(roots, p).map_err(|r| r.message),
             )?;
             (t.dirs, t.files, t.skipped)

@@ -89,7 +89,7 @@ pub struct CpReport {
 }
 
 /// The goals: (summary key, op, bound).
-pub const GOALS: [(&str, &str, f64); 9] = [
+pub const GOALS: [(&str, &str, f64); 11] = [
     ("mem_vs_gridftp", ">=", 1.35),
     ("mem_vs_iperf3", ">=", 1.0),
     ("disk_vs_gridftp", ">=", 1.25),
@@ -99,6 +99,8 @@ pub const GOALS: [(&str, &str, f64); 9] = [
     ("checksum_cost", "<=", 0.05),
     ("cpu_vs_gridftp_shm", ">=", 2.0),
     ("integrity_vs_clear_mem", ">=", 0.95),
+    ("disk_default_vs_gridftp", ">=", 1.2),
+    ("disk_default_vs_device", ">=", 0.85),
 ];
 
 /// How a ratio picks its sides.
@@ -246,31 +248,35 @@ pub fn summary(rows: &[CpRow]) -> (Summary, BTreeMap<String, String>) {
         }
         out.push((key.to_string(), r.map(|x| x.0)));
     }
-    // Against the disk itself: the slower of fio reading alone and fio writing alone bounds
-    // any copy on this disk, so this is the fraction of that bound ferry's best row reaches.
-    let device = rows
+    // Against the disk itself, with ferry's best disk row, then as a user without flags
+    // gets it (no --direct): the rows of real files a user copies by default.
+    let defaults: Vec<CpRow> = rows
         .iter()
-        .filter(|r| r.workload == "disk" && r.tool == "fio")
-        .map(|r| r.gbps)
-        .collect::<Option<Vec<f64>>>()
-        .filter(|v| v.len() == 2)
-        .and_then(|v| v.into_iter().reduce(f64::min));
-    let ferry_disk = rows
-        .iter()
-        .filter(|r| r.workload == "disk" && r.tool == "ferry")
-        .filter_map(|r| r.gbps.map(|g| (g, r.label())))
-        .max_by(|a, b| a.0.total_cmp(&b.0));
-    let vs_device = match (ferry_disk, device) {
-        (Some((f, name)), Some(d)) if d > 0.0 => {
-            best.insert(
-                "disk_vs_device".into(),
-                format!("{name} vs min(fio read, fio write)"),
-            );
-            Some(round(f / d, 3))
+        .filter(|r| !(r.tool == "ferry" && r.variant.ends_with(DIRECT)))
+        .cloned()
+        .collect();
+    for (key, rows) in [
+        ("disk_vs_device", rows),
+        ("disk_default_vs_device", &defaults),
+    ] {
+        let r = vs_device(rows);
+        if let Some((_, names)) = &r {
+            best.insert(key.into(), names.clone());
         }
-        _ => None,
-    };
-    out.push(("disk_vs_device".into(), vs_device));
+        out.push((key.into(), r.map(|x| x.0)));
+    }
+    let r = best_ratio(
+        &defaults,
+        None,
+        "disk",
+        ("disk", "gridftp"),
+        gbps,
+        Better::High,
+    );
+    if let Some((_, names)) = &r {
+        best.insert("disk_default_vs_gridftp".into(), names.clone());
+    }
+    out.push(("disk_default_vs_gridftp".into(), r.map(|x| x.0)));
     for (key, with) in [("checksum_cost", NO_CACHE), ("checksum_cost_cached", "")] {
         let cost = checksum_cost(rows, with);
         if let Some((_, names)) = &cost {
@@ -297,6 +303,29 @@ pub fn summary(rows: &[CpRow]) -> (Summary, BTreeMap<String, String>) {
         out.push((key, r.map(|x| x.0)));
     }
     (Summary(out), best)
+}
+
+/// ferry's best `disk` row in `rows` against the disk itself: the slower of fio reading
+/// alone and fio writing alone bounds any copy on this disk, so this is the fraction of
+/// that bound ferry reaches.
+fn vs_device(rows: &[CpRow]) -> Option<(f64, String)> {
+    let device = rows
+        .iter()
+        .filter(|r| r.workload == "disk" && r.tool == "fio")
+        .map(|r| r.gbps)
+        .collect::<Option<Vec<f64>>>()
+        .filter(|v| v.len() == 2)
+        .and_then(|v| v.into_iter().reduce(f64::min))
+        .filter(|d| *d > 0.0)?;
+    let (f, name) = rows
+        .iter()
+        .filter(|r| r.workload == "disk" && r.tool == "ferry")
+        .filter_map(|r| r.gbps.map(|g| (g, r.label())))
+        .max_by(|a, b| a.0.total_cmp(&b.0))?;
+    Some((
+        round(f / device, 3),
+        format!("{name} vs min(fio read, fio write)"),
+    ))
 }
 
 /// The cost of integrity on the `shm` workload: `1 − with ÷ without` (GB/s) for the driver
@@ -501,6 +530,31 @@ mod tests {
         assert_eq!(verdict("mem_vs_gridftp"), Some("pass"));
         assert_eq!(verdict("mem_vs_iperf3"), Some("FAIL"));
         assert_eq!(verdict("disk_vs_gridftp"), Some("FAIL"));
+    }
+
+    #[test]
+    fn disk_default_ratios_use_the_rows_without_flags() {
+        let rows = vec![
+            row("disk", "ferry", "tcp", 0.3, 1.0),
+            row("disk", "ferry", "ofi+shm", 0.4, 1.0),
+            row("disk", "ferry", "tcp --direct", 0.9, 1.0),
+            row("disk", "gridftp", "-p 4", 0.5, 1.0),
+            row("disk", "fio", "read", 0.8, 0.0),
+            row("disk", "fio", "write", 1.2, 0.0),
+        ];
+        let (s, best) = summary(&rows);
+        assert_eq!(s.get("disk_vs_gridftp"), Some(1.8));
+        assert_eq!(s.get("disk_vs_device"), Some(1.125));
+        assert_eq!(s.get("disk_default_vs_gridftp"), Some(0.8));
+        assert_eq!(
+            best["disk_default_vs_gridftp"],
+            "ferry ofi+shm vs gridftp -p 4"
+        );
+        assert_eq!(s.get("disk_default_vs_device"), Some(0.5));
+        let t = targets(&s);
+        let verdict = |k: &str| t.iter().find(|t| t.metric == k).map(Target::verdict);
+        assert_eq!(verdict("disk_default_vs_gridftp"), Some("FAIL"));
+        assert_eq!(verdict("disk_default_vs_device"), Some("FAIL"));
     }
 
     #[test]

@@ -276,7 +276,9 @@ pub(crate) fn plan_download(
         let mut jobs = Vec::new();
         for (path, dest, size, mtime) in files {
             let ident = Ident { size, mtime };
-            let there = dest.as_ref().and_then(|d| d.existing());
+            // Nothing is kept unless asked: then there is nothing to stat.
+            let asked = opts.skip != Skip::Nothing;
+            let there = dest.as_ref().filter(|_| asked).and_then(|d| d.existing());
             if there.is_some_and(|t| opts.skip.keeps(t, (size, mtime))) {
                 c.stats.files += 1;
                 c.stats.files_skipped += 1;

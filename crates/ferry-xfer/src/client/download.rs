@@ -38,21 +38,54 @@ pub struct Dest {
 /// cached directory stays the one that was beneath the base when it was opened.
 pub(crate) struct DestBase {
     fd: OwnedFd,
-    last: std::sync::Mutex<Option<(String, Arc<OwnedFd>)>>,
+    last: std::sync::Mutex<Option<(String, Arc<OwnedFd>, DirFacts)>>,
+}
+
+/// What is decided once per directory when it is opened, instead of once per file in it.
+#[derive(Debug, Clone, Copy, Default)]
+struct DirFacts {
+    /// The directory was empty when opened (one `getdents`): no file of this copy's names
+    /// was there then, so there is nothing to stat before a file is placed in it (a file
+    /// another process puts there meanwhile is the same race as between a stat and the
+    /// rename). The files a copy places go under names it places once, and a directory
+    /// opened again after they landed is not empty any more.
+    fresh: bool,
+    /// It is on a memory filesystem (tmpfs, ramfs): an fsync there makes nothing more
+    /// durable (nothing there survives a reboot) and is skipped.
+    memory: bool,
+}
+
+impl DirFacts {
+    fn of(fd: &OwnedFd) -> DirFacts {
+        DirFacts {
+            fresh: is_empty_dir(fd),
+            memory: ferry_service::commit::fsync_is_free(fd),
+        }
+    }
+}
+
+/// Whether directory `fd` holds no entry but `.` and `..` (an error answers false).
+fn is_empty_dir(fd: &OwnedFd) -> bool {
+    let Ok(dir) = rustix::fs::Dir::read_from(fd) else {
+        return false;
+    };
+    let mut entries = dir;
+    entries.all(|e| e.is_ok_and(|e| matches!(e.file_name().to_bytes(), b"." | b"..")))
 }
 
 impl DestBase {
-    /// `dir` (relative, "" for the base itself), opened beneath the base.
-    fn open_dir(&self, dir: &str) -> std::result::Result<Arc<OwnedFd>, Errno> {
+    /// `dir` (relative, "" for the base itself), opened beneath the base, and its facts.
+    fn open_dir(&self, dir: &str) -> std::result::Result<(Arc<OwnedFd>, DirFacts), Errno> {
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((name, fd)) = &*last {
+        if let Some((name, fd, facts)) = &*last {
             if name == dir {
-                return Ok(fd.clone());
+                return Ok((fd.clone(), *facts));
             }
         }
         let fd = Arc::new(ferry_service::beneath::open_dir_beneath(&self.fd, dir)?);
-        *last = Some((dir.to_string(), fd.clone()));
-        Ok(fd)
+        let facts = DirFacts::of(&fd);
+        *last = Some((dir.to_string(), fd.clone(), facts));
+        Ok((fd, facts))
     }
 }
 
@@ -123,21 +156,21 @@ impl Dest {
         }
     }
 
-    /// The directory holding the last component, opened beneath the base, and that
-    /// component.
-    fn parent(&self) -> Result<(Arc<OwnedFd>, &str)> {
+    /// The directory holding the last component, opened beneath the base, that component
+    /// and the directory's facts.
+    fn parent(&self) -> Result<(Arc<OwnedFd>, &str, DirFacts)> {
         let (dir, name) = ferry_service::beneath::split_last(&self.rel);
-        let fd = self
+        let (fd, facts) = self
             .base
             .open_dir(dir)
             .map_err(|e| beneath_err(&self.path(), e))?;
-        Ok((fd, name))
+        Ok((fd, name, facts))
     }
 
     /// Creates this directory (an existing one is fine; a symlink or file in its place
     /// is refused, not followed).
     pub(crate) fn mkdir(&self) -> Result<()> {
-        let (parent, name) = self.parent()?;
+        let (parent, name, _) = self.parent()?;
         ferry_service::beneath::mkdir_in(&*parent, name, 0o755).map_err(|e| match e {
             Errno::NOTDIR => XferError::new(
                 Kind::Usage,
@@ -153,7 +186,10 @@ impl Dest {
     /// The size and mtime (seconds) of the regular file here, if one is (a symlink does
     /// not count), for [`Skip`](super::Skip)'s checks.
     pub(crate) fn existing(&self) -> Option<(u64, i64)> {
-        let (dir, name) = self.parent().ok()?;
+        let (dir, name, facts) = self.parent().ok()?;
+        if facts.fresh {
+            return None;
+        }
         let st = rustix::fs::statat(&*dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW).ok()?;
         (rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile)
             .then_some((st.st_size as u64, st.st_mtime))
@@ -172,6 +208,8 @@ pub(crate) struct LocalPart {
     /// Whether a journal file may exist next to the part (false: a deferred journal that
     /// was never created, so there is none to remove).
     journal: Arc<AtomicBool>,
+    /// On a memory filesystem: the commit needs no fsync (see [`DirFacts::memory`]).
+    memory: bool,
 }
 
 /// Opens `name` in `dir` for a part or its journal, never following a symlink.
@@ -223,9 +261,11 @@ impl LocalPart {
         block: u32,
         (resume, force): (bool, bool),
     ) -> Result<(LocalPart, Journaled, Found)> {
-        let (dir, name) = dest.parent()?;
+        let (dir, name, facts) = dest.parent()?;
         let shown = dest.path();
-        check_local_target(&dir, name, &shown, force)?;
+        if !facts.fresh {
+            check_local_target(&dir, name, &shown, force)?;
+        }
         let tmp = ferry_service::roots::part_name(name);
         let part = |file, journal| LocalPart {
             dest: shown.clone(),
@@ -234,6 +274,7 @@ impl LocalPart {
             tmp: tmp.clone(),
             file,
             journal,
+            memory: facts.memory,
         };
         let io =
             |what: &str, e: std::io::Error| XferError::io(shown.with_file_name(what).display(), &e);
@@ -267,7 +308,8 @@ impl LocalPart {
         Ok((part(file, Arc::new(AtomicBool::new(true))), progress, found))
     }
 
-    /// Sets mode and mtime, fsyncs, drops the journal and renames into place; returns the
+    /// Sets mode and mtime, fsyncs (not on a memory filesystem), drops the journal and
+    /// renames into place; returns the
     /// directory, which the caller fsyncs (once for all the files committed into it) before
     /// it reports success. If any step fails the temporary file goes too (nothing to
     /// resume: the data was whole and verified, the failure is the destination's).
@@ -290,7 +332,9 @@ impl LocalPart {
         if let Some(t) = mtime {
             self.file.set_modified(t).map_err(io)?;
         }
-        self.file.sync_all().map_err(io)?;
+        if !self.memory {
+            self.file.sync_all().map_err(io)?;
+        }
         // The journal first: a part without one is never trusted.
         if self.journal.load(Ordering::SeqCst) {
             let jname = journal_name(&self.tmp);
@@ -634,7 +678,7 @@ impl Client {
             return Err(XferError::conn("FILE_DONE before READY"));
         };
         let mtime = system_time(mtime);
-        if ferry_service::commit::fsync_is_free(&part.file) {
+        if part.memory {
             // Nothing to wait for: a thread hand-off would cost more (tmpfs).
             commits.run_here(move || part.commit(mode, mtime).map(Some))
         } else {
@@ -747,7 +791,8 @@ fn take_file(
 }
 
 /// The writer of `l` (transfer `id`, `size` bytes, permission bits `mode`), opened at its
-/// READY; `(direct, ring)`: O_DIRECT writes, blocks queued to a writer thread at most.
+/// READY; `(direct, ring)`: O_DIRECT writes (asked for; else where they help, see
+/// [`BlockSink::choose_direct`]), blocks queued to a writer thread at most.
 fn open_writer(
     l: &mut Local,
     id: u32,
@@ -764,8 +809,8 @@ fn open_writer(
     };
     let journal = journal.ok_or_else(|| XferError::conn("READY twice"))?;
     let mut sink = BlockSink::journaled(id, size, journal);
-    if direct {
-        sink.set_direct(&part.file);
+    if sink.choose_direct(&part.file, direct) {
+        tracing::debug!("{}: writing with direct I/O", l.dest.display());
     }
     BlockWriter::with_sink(sink, &part.file, ring)
 }

@@ -67,30 +67,69 @@ impl Tree {
 /// (a local walk finds loops exactly).
 pub(crate) const MAX_LINK_DEPTH: u32 = 8;
 
-/// Walks the tree under `path` with `list` (which lists one directory). Symlinks are
+/// Directories a walk lists at once (LISTs in flight together): fewer than the receive
+/// buffers a server keeps posted (8), so the requests never wait for one another's answers.
+pub(crate) const LIST_BATCH: usize = 6;
+
+/// Walks the tree under `path` with `list` (which lists several directories, each one's
+/// entries in order), level by level, up to [`LIST_BATCH`] directories a call. Symlinks are
 /// followed with `stat` (which follows one, or says why not) when `follow`, else skipped;
 /// special files are skipped; each skip is warned about and counted in [`Tree::skipped`].
 pub(crate) fn walk_entries<E>(
     path: &str,
     follow: bool,
-    mut list: impl FnMut(&str) -> std::result::Result<Vec<Entry>, E>,
+    mut list: impl FnMut(&[String]) -> std::result::Result<Vec<Vec<Entry>>, E>,
     mut stat: impl FnMut(&str) -> std::result::Result<Entry, String>,
 ) -> std::result::Result<Tree, E> {
-    let mut tree = Tree::default();
-    // Each directory to list, with how many directory links led to it.
-    let mut todo = vec![(String::new(), 0)];
-    while let Some((rel, links)) = todo.pop() {
-        for e in list(&join(path, &rel))? {
-            let r = join(&rel, &e.name);
+    let mut walk = Walk {
+        path,
+        follow,
+        tree: Tree::default(),
+        todo: std::collections::VecDeque::from([(String::new(), 0)]),
+    };
+    while !walk.todo.is_empty() {
+        let n = walk.todo.len().min(LIST_BATCH);
+        let batch: Vec<(String, u32)> = walk.todo.drain(..n).collect();
+        let paths: Vec<String> = batch.iter().map(|(rel, _)| join(path, rel)).collect();
+        let listed = list(&paths)?;
+        for ((rel, links), entries) in batch.into_iter().zip(listed) {
+            walk.take(&rel, links, entries, &mut stat);
+        }
+    }
+    walk.tree.dirs.sort();
+    Ok(walk.tree)
+}
+
+/// A walk under way: what it found, and the directories still to list, each with how many
+/// directory links led to it.
+struct Walk<'a> {
+    path: &'a str,
+    follow: bool,
+    tree: Tree,
+    todo: std::collections::VecDeque<(String, u32)>,
+}
+
+impl Walk<'_> {
+    /// Takes the `entries` of directory `rel` (reached through `links` directory links)
+    /// into the tree, and its subdirectories into what is left to list.
+    fn take(
+        &mut self,
+        rel: &str,
+        links: u32,
+        entries: Vec<Entry>,
+        stat: &mut impl FnMut(&str) -> std::result::Result<Entry, String>,
+    ) {
+        for e in entries {
+            let r = join(rel, &e.name);
             let (kind, size, mtime, links) = match e.kind {
-                EntryKind::Symlink if follow => match stat(&join(path, &r)) {
+                EntryKind::Symlink if self.follow => match stat(&join(self.path, &r)) {
                     Ok(t) => (t.kind, t.size, t.mtime, links + 1),
                     Err(why) => {
                         tracing::warn!(
                             "{}: skipping a symlink that cannot be followed: {why}",
-                            join(path, &r)
+                            join(self.path, &r)
                         );
-                        tree.skipped.push(r);
+                        self.tree.skipped.push(r);
                         continue;
                     }
                 },
@@ -100,34 +139,32 @@ pub(crate) fn walk_entries<E>(
                 EntryKind::Dir if links > MAX_LINK_DEPTH => {
                     tracing::warn!(
                         "{}: skipping: {MAX_LINK_DEPTH} directory links in a row (a loop?)",
-                        join(path, &r)
+                        join(self.path, &r)
                     );
-                    tree.skipped.push(r);
+                    self.tree.skipped.push(r);
                 }
                 EntryKind::Dir => {
-                    tree.dirs.push(r.clone());
-                    todo.push((r, links));
+                    self.tree.dirs.push(r.clone());
+                    self.todo.push_back((r, links));
                 }
-                EntryKind::File => tree.files.push((r, size, mtime)),
+                EntryKind::File => self.tree.files.push((r, size, mtime)),
                 EntryKind::Symlink => {
                     tracing::warn!(
                         "{}: skipping a symlink (-L follows symlinks)",
-                        join(path, &r)
+                        join(self.path, &r)
                     );
-                    tree.skipped.push(r);
+                    self.tree.skipped.push(r);
                 }
                 _ => {
                     tracing::warn!(
                         "{}: skipping (not a file, directory or symlink)",
-                        join(path, &r)
+                        join(self.path, &r)
                     );
-                    tree.skipped.push(r);
+                    self.tree.skipped.push(r);
                 }
             }
         }
     }
-    tree.dirs.sort();
-    Ok(tree)
 }
 
 /// First pause before a retry; it doubles up to [`RETRY_MAX_DELAY`].
@@ -539,6 +576,39 @@ impl Client {
     /// hostile or broken server) fails the whole request, before anything is written.
     pub fn list(&mut self, path: &str) -> Result<Vec<Entry>> {
         self.link.send(&Msg::List { path: path.into() })?;
+        self.listed(path)
+    }
+
+    /// Lists several remote directories, their LISTs in flight together (a round trip for
+    /// all of them instead of one each; the server answers in request order): each one's
+    /// entries, or the first failure. An ERROR answering one LIST is taken after the others'
+    /// answers, so the connection stays in step; a listing that breaks the rules fails at
+    /// once, as [`Client::list`] does.
+    pub fn list_many(&mut self, paths: &[String]) -> Result<Vec<Vec<Entry>>> {
+        for p in paths {
+            self.link.send(&Msg::List { path: p.clone() })?;
+        }
+        let mut out = Vec::with_capacity(paths.len());
+        let mut refused = None;
+        for p in paths {
+            match self.listed(p) {
+                Ok(entries) => out.push(entries),
+                Err(e) if e.kind == Kind::Connection || e.kind == Kind::Permission => {
+                    return Err(e)
+                }
+                Err(e) => {
+                    refused.get_or_insert(e);
+                }
+            }
+        }
+        match refused {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
+    }
+
+    /// The answer to a LIST of `path` sent before: its entries, checked.
+    fn listed(&mut self, path: &str) -> Result<Vec<Entry>> {
         let mut out = Vec::new();
         loop {
             match self.link.recv_msg()? {
@@ -644,13 +714,16 @@ impl Client {
         self.resume = on;
     }
 
-    /// Lists a remote tree: its directories (relative, parents first) and files.
+    /// Lists a remote tree: its directories (relative, parents first) and files. The
+    /// directories found at one depth are listed together ([`Client::list_many`]): a tree
+    /// costs a round trip per level, not per directory (at 50 ms, 11 directories took
+    /// 0.55 s of LISTs one after another).
     fn walk_remote(&mut self, path: &str, follow: bool) -> Result<Tree> {
         let me = std::cell::RefCell::new(self);
         walk_entries(
             path,
             follow,
-            |p| me.borrow_mut().list(p),
+            |ps| me.borrow_mut().list_many(ps),
             |p| me.borrow_mut().stat(p).map_err(|e| e.msg),
         )
     }

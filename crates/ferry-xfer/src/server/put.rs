@@ -339,8 +339,8 @@ impl Dest<'_> {
             Found::Fresh => {}
         }
         let mut s = BlockSink::journaled(req.file_id, req.size, progress);
-        if server.cfg.direct {
-            s.set_direct(&p.file);
+        if s.choose_direct(&p.file, server.cfg.direct) {
+            tracing::debug!("{path}: writing with direct I/O");
         }
         (*part, *sink) = (Some(p), Some(Box::new(s)));
         Ok(offset)
