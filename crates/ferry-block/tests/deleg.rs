@@ -352,6 +352,8 @@ fn standard_clients_through_attach_on_every_driver() {
             "--iodepth=8",
             "--verify=crc32c",
             "--do_verify=1",
+            // No verify state file left in the crate's directory.
+            "--verify_state_save=0",
             "--output-format=terse",
         ]));
         quit.store(true, std::sync::atomic::Ordering::SeqCst);

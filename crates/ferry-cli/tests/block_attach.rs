@@ -14,6 +14,44 @@ use common::*;
 
 const SIZE: u64 = 32 << 20;
 
+/// A `ferry serve` exporting `nbd_export` over NBD and on the fabric listener of
+/// `driver`, killed on drop. Both `listening on` lines are read before its stdout is let
+/// go (a server printing into a closed pipe would die).
+struct Serve {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(name) = self.addr.strip_prefix("ofi+shm://") {
+            let _ = std::fs::remove_file(Path::new("/dev/shm").join(name));
+        }
+    }
+}
+
+fn serve(driver: &str, dir: &Path, nbd_export: &str) -> Serve {
+    let root = dir.join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let mut child = ferry()
+        .args(["serve", "--root"])
+        .arg(format!("d={}", root.display()))
+        .args(["--listen", &listen_url(driver), "--token", TOKEN])
+        .args(["--nbd-export", nbd_export, "--nbd-listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn ferry serve");
+    let addrs = listening(&mut child, 2);
+    let addr = addrs
+        .into_iter()
+        .find(|a| !a.starts_with("nbd"))
+        .expect("a fabric address");
+    Serve { child, addr }
+}
+
 /// Starts `ferry block attach ADDR/disk --nbd unix:SOCK`; its child and NBD URI.
 fn attach(addr: &str, sock: &Path) -> (Child, String) {
     let mut c = ferry();
@@ -55,12 +93,7 @@ fn attach_carries_nbd_clients_over_every_driver_and_survives_a_killed_client() {
         let src = dir.join("src.img");
         std::fs::write(&src, pattern(8 << 20, 5)).unwrap();
         let nbd_export = format!("disk={}", img.display());
-        let s = serve_as(
-            ferry(),
-            driver,
-            &[],
-            &["--nbd-export", &nbd_export, "--nbd-listen", "127.0.0.1:0"],
-        );
+        let s = serve(driver, &dir, &nbd_export);
         let (a, uri) = attach(&s.addr, &dir.join("a.sock"));
         nbdcopy(src.to_str().unwrap(), &uri);
         let on_server = std::fs::read(&img).unwrap();

@@ -1,0 +1,60 @@
+//! One-sided RMA a face manages itself (`ExsSocket::grant`, `ExsSocket::rma`): on every
+//! driver, the side that granted a buffer is written and read by its peer, completions
+//! arrive as `Rma` events on the queue named, and a range the peer was not granted (a
+//! forged key) fails that RMA only.
+
+mod runtime_util;
+
+use ferry_exs::proto::EventKind;
+use ferry_exs::runtime::EventQueue;
+use ferry_fabric::{Access, RemoteSlice};
+use runtime_util::*;
+
+const LEN: usize = 256 << 10;
+
+fn rma_done(q: &EventQueue) -> ferry_exs::runtime::ExsEvent {
+    let ev = next(q, "Rma");
+    assert_eq!(ev.kind, EventKind::Rma, "{ev:?}");
+    ev
+}
+
+#[test]
+fn granted_memory_is_written_and_read_and_a_forged_key_is_refused() {
+    for driver in DRIVERS {
+        let p = pair(driver);
+        let exposed = p.b.alloc_with(LEN, Access::ALL).unwrap();
+        p.b.grant(&exposed).unwrap();
+        let remote = exposed.region().remote(..).unwrap();
+        let rq = EventQueue::new().unwrap();
+
+        let data = pattern(LEN, 7);
+        let src = p.a.alloc_with(LEN, Access::LOCAL).unwrap();
+        src.write_at(0, &data).unwrap();
+        p.a.rma(&rq, true, src, remote, 11);
+        let ev = rma_done(&rq);
+        assert_eq!(
+            (ev.ctx, ev.result, ev.len),
+            (11, Ok(()), LEN as u64),
+            "{driver}"
+        );
+        assert_eq!(exposed.to_vec(), data, "{driver}: written");
+
+        exposed.write_at(0, &pattern(LEN, 9)).unwrap();
+        let dst = p.a.alloc_with(LEN, Access::LOCAL).unwrap();
+        p.a.rma(&rq, false, dst, remote, 12);
+        let ev = rma_done(&rq);
+        assert_eq!(ev.result, Ok(()), "{driver}");
+        assert_eq!(ev.buf.unwrap().to_vec(), pattern(LEN, 9), "{driver}: read");
+
+        // A key nobody granted: that RMA fails, the memory is untouched.
+        let forged = RemoteSlice {
+            key: remote.key ^ 0x5a5a,
+            ..remote
+        };
+        let src = p.a.alloc_with(LEN, Access::LOCAL).unwrap();
+        p.a.rma(&rq, true, src, forged, 13);
+        let ev = rma_done(&rq);
+        assert!(ev.result.is_err(), "{driver}: forged key accepted");
+        assert_eq!(exposed.to_vec(), pattern(LEN, 9), "{driver}: untouched");
+    }
+}
