@@ -21,7 +21,6 @@
 
 use std::time::{Duration, Instant};
 
-use crate::domain::{self, Domain};
 use crate::error::{CioError, ErrorClass};
 use crate::view::Extent;
 
@@ -102,15 +101,6 @@ pub enum Action {
         pieces: Vec<Piece>,
         /// Each rank's data stream.
         data: Vec<Vec<u8>>,
-    },
-    /// Write a collective call of many small pieces close together: placed in one buffer
-    /// over the span they cover ([`Domain`]), written region by region; rank `r` is
-    /// answered `lens[r]`, the bytes of its stream.
-    WriteDomain {
-        /// The placed call.
-        domain: Domain,
-        /// Each rank's stream length.
-        lens: Vec<u64>,
     },
     /// Read the file regions every rank's extents cover; rank `r` receives the bytes of
     /// `wants[r]`, in order.
@@ -421,38 +411,17 @@ fn agreed(kind: CallKind, works: &[Work]) -> Result<u64, CioError> {
     first.ok_or_else(|| CioError::new(ErrorClass::Arg, format!("{kind:?} without its value")))
 }
 
-/// A write's placement: for many small pieces close together, one buffer over the span
-/// they cover ([`Action::WriteDomain`]); otherwise every rank's pieces (`works[r]` is rank
-/// `r`'s [`Work::Write`]) sorted by file offset ([`Action::PlaceWrite`]). Pieces that
-/// overlap are an error (which rank's byte would land depends on nothing MPI defines),
-/// and nothing is written.
+/// A write's placement ([`Action::PlaceWrite`]): every rank's pieces (`works[r]` is rank
+/// `r`'s [`Work::Write`]) sorted by file offset; pieces that overlap are an error (which
+/// rank's byte would land depends on nothing MPI defines), and nothing is written.
 pub fn placement(works: Vec<Work>) -> Result<Action, CioError> {
-    let ranks: Vec<(Vec<Extent>, Vec<u8>)> = works
-        .into_iter()
-        .map(|w| match w {
+    let mut lists = Vec::with_capacity(works.len());
+    let mut data = Vec::with_capacity(works.len());
+    for (rank, w) in works.into_iter().enumerate() {
+        let (extents, bytes) = match w {
             Work::Write { extents, data } => (extents, data),
             _ => (Vec::new(), Vec::new()),
-        })
-        .collect();
-    let lists = ranks.iter().map(|(e, _)| e.as_slice());
-    if let Some(span) = domain::dense_span(lists) {
-        let views: Vec<(&[Extent], &[u8])> = (ranks.iter())
-            .map(|(e, d)| (e.as_slice(), d.as_slice()))
-            .collect();
-        // None: an overlap, which the piece-by-piece placement below reports exactly.
-        if let Some(domain) = Domain::place(&views, span) {
-            let lens = ranks.iter().map(|(_, d)| d.len() as u64).collect();
-            return Ok(Action::WriteDomain { domain, lens });
-        }
-    }
-    place_pieces(ranks)
-}
-
-/// [`placement`] piece by piece: every rank's pieces sorted by file offset.
-fn place_pieces(ranks: Vec<(Vec<Extent>, Vec<u8>)>) -> Result<Action, CioError> {
-    let mut lists = Vec::with_capacity(ranks.len());
-    let mut data = Vec::with_capacity(ranks.len());
-    for (rank, (extents, bytes)) in ranks.into_iter().enumerate() {
+        };
         let mut at = 0u64;
         let mut pieces = Vec::with_capacity(extents.len());
         for e in extents {
@@ -561,35 +530,6 @@ mod tests {
         };
         let files: Vec<(u64, Rank, u64)> = pieces.iter().map(|p| (p.file, p.rank, p.at)).collect();
         assert_eq!(files, [(0, 0, 0), (4, 1, 0), (8, 0, 4), (12, 1, 4)]);
-    }
-
-    /// Many small interleaved pieces: one domain buffer, one region; overlapping ones fail
-    /// with the exact range, as piece by piece, and nothing is placed.
-    #[test]
-    fn many_small_pieces_make_one_domain_and_overlaps_still_fail() {
-        let ints = |first: u64| (0..300).map(|i| (first + 8 * i, 4)).collect::<Vec<_>>();
-        let now = Instant::now();
-        let mut s = Session::new(2, T);
-        s.arrive(0, CallKind::WriteAtAll, write(&ints(0)), now);
-        let out = s.arrive(1, CallKind::WriteAtAll, write(&ints(4)), now);
-        let [Output::Run {
-            action: Action::WriteDomain { domain, lens },
-            ..
-        }] = &out[..]
-        else {
-            panic!("{out:?}")
-        };
-        assert_eq!(
-            (domain.regions.as_slice(), lens.as_slice()),
-            (&[(0, 2400)][..], &[1200, 1200][..])
-        );
-        s.arrive(0, CallKind::WriteAtAll, write(&ints(0)), now);
-        let out = s.arrive(1, CallKind::WriteAtAll, write(&ints(2)), now);
-        assert!(
-            matches!(&out[..], [Output::Fail { ranks, error }]
-                if ranks == &[0, 1] && error.message.contains("overlapping pieces") && error.message.contains("[2, 4)")),
-            "{out:?}"
-        );
     }
 
     #[test]

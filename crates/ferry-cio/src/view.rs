@@ -137,10 +137,6 @@ impl View {
         let base = i128::from(self.disp) + i128::from(tile) * i128::from(self.filetype.extent());
         let base = i64::try_from(base).map_err(|_| too_far())?;
         let mut c = Cursor::new(&self.filetype, tiles).map_err(|_| too_far())?;
-        // Room for every piece at once (a million 4-byte pieces would otherwise be copied
-        // through a dozen reallocations): at most one per byte, at most MAX_EXTENTS.
-        let pieces = self.filetype.segment_count_hint(tiles).min(len);
-        out.reserve(usize::try_from(pieces).map_or(MAX_EXTENTS, |n| n.min(MAX_EXTENTS)));
         c.seek(within).map_err(|_| too_far())?;
         let mut left = len;
         while left > 0 {

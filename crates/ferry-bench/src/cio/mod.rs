@@ -51,6 +51,10 @@ pub struct CioArgs {
     /// Seconds of timed calls per point at most [default: 10, 2 with --quick].
     #[arg(long)]
     budget: Option<f64>,
+    /// Only the configurations whose label (`romio two-phase`, `ferry ecio ofi+shm`, ...)
+    /// contains one of these words, comma-separated (e.g. `ferry`, `cb-off,ecio`).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
     /// The interposer [default: libferry-mpiio.so beside the ferry binary, where `make
     /// build-mpiio` puts it].
     #[arg(long)]
@@ -95,6 +99,13 @@ struct Config {
     how: Io,
     /// Aggregators of a two-phase collective (0: no redistribution among ranks).
     aggregators: u64,
+}
+
+impl Config {
+    /// `romio two-phase`, `ferry ecio tcp` (as the rows say it).
+    fn label(&self) -> String {
+        format!("{} {} {}", self.io, self.variant, self.driver)
+    }
 }
 
 const ROMIO: &[(&str, &str)] = &[("io", "romio321")];
@@ -224,7 +235,11 @@ pub fn run(args: &CioArgs) -> Result<()> {
     let _clean = RemoveOnDrop(dir.clone());
     let seed = mpi::build_seed(&dir)?;
     let ferry = Ferry::start(&dir, &root, mpi::interposer(args.mpiio_lib.as_deref()));
-    let configs = configs();
+    let configs: Vec<Config> = (configs().into_iter())
+        .filter(|c| {
+            args.only.is_empty() || args.only.iter().any(|w| c.label().contains(w.as_str()))
+        })
+        .collect();
     let mut notes = vec![
         format!(
             "every configuration writes {} (ferry: the server's root d); each point is one \
@@ -252,7 +267,7 @@ pub fn run(args: &CioArgs) -> Result<()> {
         for &count in &plan.counts {
             for phase in ["w", "r"] {
                 let mut order: Vec<&Config> = configs.iter().collect();
-                let n = order.len();
+                let n = order.len().max(1);
                 order.rotate_left(turn % n);
                 turn += 1;
                 for c in order {

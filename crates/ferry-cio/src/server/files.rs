@@ -16,10 +16,9 @@ use std::path::Path;
 use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
 
-use crate::domain::{self, Domain};
 use crate::error::{CioError, ErrorClass, Result};
 use crate::proto::amode;
-use crate::session::{Action, Piece};
+use crate::session::Piece;
 use crate::view::Extent;
 
 /// The most bytes gathered into one write: runs of touching pieces longer than this are
@@ -234,30 +233,11 @@ pub fn io_error(what: &str, e: &std::io::Error) -> CioError {
     CioError::new(class, format!("{what}: {e}"))
 }
 
-/// Runs a write action ([`Action::PlaceWrite`] or [`Action::WriteDomain`]); any other
-/// action writes nothing.
-pub fn write(file: &File, action: &Action) -> Result<()> {
-    match action {
-        Action::PlaceWrite { pieces, data } => place_write(file, pieces, data),
-        Action::WriteDomain { domain, .. } => write_domain(file, domain),
-        _ => Ok(()),
-    }
-}
-
-/// Writes a domain's claimed regions, each with one write (its holes are never written).
-fn write_domain(file: &File, d: &Domain) -> Result<()> {
-    for &r in &d.regions {
-        file.write_all_at(d.bytes(r), r.0)
-            .map_err(|e| io_error("collective write", &e))?;
-    }
-    Ok(())
-}
-
 /// Writes `pieces` (sorted by file offset, disjoint) from `data[rank]`: each run of pieces
 /// that touch is gathered and written at once (in writes of at most [`GATHER`] bytes), a
 /// lone piece straight from its rank's stream. Only the pieces' bytes are written: holes
 /// between runs are never filled, so nothing is read before it is written.
-fn place_write(file: &File, pieces: &[Piece], data: &[Vec<u8>]) -> Result<()> {
+pub fn place_write(file: &File, pieces: &[Piece], data: &[Vec<u8>]) -> Result<()> {
     let write = |buf: &[u8], at: u64| {
         file.write_all_at(buf, at)
             .map_err(|e| io_error("collective write", &e))
@@ -299,8 +279,7 @@ fn piece_bytes<'a>(data: &'a [Vec<u8>], p: &Piece) -> Result<&'a [u8]> {
 
 /// Reads what every rank wants (`wants[r]`, rank `r`'s extents in stream order): the file
 /// regions their extents cover are read once each (overlapping wants share them), and each
-/// rank gets exactly its bytes, in its stream's order (many small pieces close together:
-/// the span they cover is read at once, see [`domain`]). A rank's stream stops at the end of
+/// rank gets exactly its bytes, in its stream's order. A rank's stream stops at the end of
 /// the file: it gets the bytes of its extents that lie before it, up to the first that
 /// does not.
 pub fn read_regions(file: &File, wants: &[Vec<Extent>]) -> Result<Vec<Vec<u8>>> {
@@ -310,15 +289,6 @@ pub fn read_regions(file: &File, wants: &[Vec<Extent>]) -> Result<Vec<Vec<u8>>> 
         .len();
     // Each rank's extents, clipped to the end of the file.
     let clipped: Vec<Vec<Extent>> = wants.iter().map(|w| clip(w, size)).collect();
-    // Many small pieces close together: the span they cover in one read, each rank's
-    // pieces copied out of it.
-    if let Some((lo, hi)) = domain::dense_span(clipped.iter().map(Vec::as_slice)) {
-        let mut span = vec![0u8; (hi - lo) as usize];
-        read_fully(file, &mut span, lo)?;
-        return domain::gather(&clipped, lo, &span).ok_or_else(|| {
-            CioError::new(ErrorClass::Io, "internal: a read extent outside its span")
-        });
-    }
     let all = crate::session::merge_by_offset(clipped.clone(), |e| e.file);
     // The regions: the union of every extent, read into one buffer back to back.
     let mut regions: Vec<(u64, u64, usize)> = Vec::new(); // (file, len, buffer offset)
@@ -376,7 +346,7 @@ pub fn read_regions(file: &File, wants: &[Vec<Extent>]) -> Result<Vec<Vec<u8>>> 
 /// The extents of a stream that lie before `size`: all of them up to the first that
 /// reaches it, that one cut.
 fn clip(extents: &[Extent], size: u64) -> Vec<Extent> {
-    let mut out = Vec::with_capacity(extents.len());
+    let mut out = Vec::new();
     for e in extents {
         if e.file >= size {
             break;

@@ -413,10 +413,11 @@ impl Server {
                     let mut extents = Vec::new();
                     me.view.extents(offset, len, &mut extents)?;
                     let file = file_of(me)?;
-                    files::write(
-                        &file,
-                        &session::placement(vec![Work::Write { extents, data }])?,
-                    )?;
+                    if let Action::PlaceWrite { pieces, data } =
+                        session::placement(vec![Work::Write { extents, data }])?
+                    {
+                        files::place_write(&file, &pieces, &data)?;
+                    }
                     Ok(Reply::Done(len))
                 });
                 answer(ch, outcome, me.chunk)
@@ -600,15 +601,9 @@ impl Server {
                 }
             }
             Action::Nothing => all(Ok(0)),
-            Action::PlaceWrite { .. } | Action::WriteDomain { .. } => {
-                let lens: Vec<u64> = match &action {
-                    Action::PlaceWrite { data, .. } => {
-                        data.iter().map(|d| d.len() as u64).collect()
-                    }
-                    Action::WriteDomain { lens, .. } => lens.clone(),
-                    _ => Vec::new(),
-                };
-                match need().and_then(|f| files::write(&f, &action)) {
+            Action::PlaceWrite { pieces, data } => {
+                let lens: Vec<u64> = data.iter().map(|d| d.len() as u64).collect();
+                match need().and_then(|f| files::place_write(&f, &pieces, &data)) {
                     Ok(()) => lens.into_iter().map(|l| Ok(Reply::Done(l))).collect(),
                     Err(e) => all(Err(e)),
                 }
