@@ -3,14 +3,15 @@
 # side): `ferry cp` of 1 GiB down and up over tcp on loopback, disk (/tmp) to disk, with two
 # builds alternating in the same run (5 rounds), medians and new/old time ratios.
 #   bench/journal_overhead.sh OLD_FERRY NEW_FERRY [DIR]
-# e.g. OLD built from 8a60db1 (before resume), NEW from this branch (both --release).
+# e.g. OLD built from 8a60db1 (before resume), NEW from this branch (both --release; a NEW
+# from protocol 1.9 on needs --anonymous-write to take uploads from anonymous clients).
 set -euo pipefail
 OLD=$1 NEW=$2 B=${3:-/tmp/ferry-journal-bench}
 rm -rf "$B"; mkdir -p "$B"/{old,new}/{root,local}
 head -c 1G /dev/urandom > "$B/src"
 for v in old new; do cp "$B/src" "$B/$v/root/f"; cp "$B/src" "$B/$v/local/u"; done
 "$OLD" serve --root d="$B/old/root" --listen tcp://127.0.0.1:7401 --anonymous >/dev/null 2>&1 & PO=$!
-"$NEW" serve --root d="$B/new/root" --listen tcp://127.0.0.1:7402 --anonymous >/dev/null 2>&1 & PN=$!
+"$NEW" serve --root d="$B/new/root" --listen tcp://127.0.0.1:7402 --anonymous --anonymous-write >/dev/null 2>&1 & PN=$!
 trap 'kill $PO $PN; rm -rf "$B"' EXIT
 sleep 0.5
 t() { /usr/bin/time -f %e "$@" 2>&1 >/dev/null | tail -n 1; }
