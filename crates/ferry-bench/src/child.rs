@@ -77,3 +77,23 @@ impl Drop for PeerProcess {
         let _ = self.child.wait();
     }
 }
+
+/// The address a `ferry serve` child reports on the first line of its (piped) stdout,
+/// `listening on ADDR`, within 20 s; an error names what it said instead.
+pub fn serve_address(child: &mut Child) -> Result<String> {
+    let out = child.stdout.take().context("ferry serve stdout")?;
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(out).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let line = rx
+        .recv_timeout(Duration::from_secs(20))
+        .context("ferry serve did not report its address")?;
+    Ok(line
+        .trim()
+        .strip_prefix("listening on ")
+        .with_context(|| format!("ferry serve said {line:?}"))?
+        .to_string())
+}

@@ -146,6 +146,29 @@ pub fn num(v: Option<f64>, width: usize, prec: usize) -> String {
     )
 }
 
+/// A report's summary as text, one line per metric: its value, the goal and verdict where
+/// the issue sets one, and (from `best`) the rows it compared; keys padded to `width`.
+pub fn summary_text(
+    s: &mut String,
+    summary: &[(String, Option<f64>)],
+    targets: &[Target],
+    best: Option<&std::collections::BTreeMap<String, String>>,
+    width: usize,
+) {
+    use std::fmt::Write as _;
+    for (k, v) in summary {
+        let t = targets.iter().find(|t| t.metric == *k);
+        let goal = t.map_or(String::new(), |t| format!("{} {}", t.op, t.target));
+        let verdict = t.map_or("", Target::verdict);
+        let names = best.and_then(|b| b.get(k)).map_or("", String::as_str);
+        let line = format!(
+            "  {k:<width$} {} {goal:<8} {verdict:<7} {names}",
+            num(*v, 7, 3)
+        );
+        let _ = writeln!(s, "{}", line.trim_end());
+    }
+}
+
 /// The rows as CSV, the one writer of every bench: a header line of the row type's field
 /// names, then a line per row with the same cells its JSON has, in field order. Missing
 /// values are empty cells, fractions have six decimals, integers none, and text is quoted

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 pub use crate::exs::ExsSummary as Summary;
-use crate::report::{human_size, num, round, Report, Target};
+use crate::report::{human_size, num, round, summary_text, Report, Target};
 
 /// One server, export and workload: medians over the repetitions, or an error.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
@@ -247,12 +247,7 @@ impl BlockReport {
             s,
             "\nsummary (ferry / peer; latency ratios: lower is better):"
         );
-        for (k, v) in &rep.summary.0 {
-            let t = rep.targets.iter().find(|t| t.metric == *k);
-            let goal = t.map_or(String::new(), |t| format!("{} {}", t.op, t.target));
-            let verdict = t.map_or("", Target::verdict);
-            let _ = writeln!(s, "  {k:<44} {} {goal:<8} {verdict}", num(*v, 7, 3));
-        }
+        summary_text(&mut s, &rep.summary.0, &rep.targets, None, 44);
         s
     }
 }

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::exs::ExsSummary as Summary;
-use crate::report::{num, round, Report, Target};
+use crate::report::{num, round, summary_text, Report, Target};
 
 /// One MPI-IO configuration, rank count, count and direction: medians over the timed calls
 /// of one `mpirun`, or an error.
@@ -243,12 +243,7 @@ impl CioReport {
             s,
             "\nsummary (speed-up: MPI-IO's time / ferry ECIO's, higher is better):"
         );
-        for (k, v) in &rep.summary.0 {
-            let t = rep.targets.iter().find(|t| t.metric == *k);
-            let goal = t.map_or(String::new(), |t| format!("{} {}", t.op, t.target));
-            let verdict = t.map_or("", Target::verdict);
-            let _ = writeln!(s, "  {k:<36} {} {goal:<8} {verdict}", num(*v, 7, 3));
-        }
+        summary_text(&mut s, &rep.summary.0, &rep.targets, None, 36);
         s
     }
 }

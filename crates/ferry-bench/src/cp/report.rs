@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::exs::ExsSummary as Summary;
-use crate::report::{human_size, num, round, Report, Target};
+use crate::report::{human_size, num, round, summary_text, Report, Target};
 
 /// One tool on one workload: medians over the repetitions, or an error.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
@@ -442,17 +442,7 @@ impl CpReport {
             s,
             "\nsummary (ferry's best driver vs the peer's best variant):"
         );
-        for (k, v) in &rep.summary.0 {
-            let t = rep.targets.iter().find(|t| t.metric == *k);
-            let goal = t.map_or(String::new(), |t| format!("{} {}", t.op, t.target));
-            let verdict = t.map_or("", Target::verdict);
-            let names = self.best.get(k).map_or("", String::as_str);
-            let _ = writeln!(
-                s,
-                "  {k:<26} {} {goal:<8} {verdict:<7} {names}",
-                num(*v, 7, 3)
-            );
-        }
+        summary_text(&mut s, &rep.summary.0, &rep.targets, Some(&self.best), 26);
         s
     }
 }

@@ -2,7 +2,6 @@
 //! xrootd, iperf3 -s) kept up for the whole run, and one client process per transfer, timed
 //! from spawn to exit, with the CPU of both sides.
 
-use std::io::{BufRead, BufReader};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -104,32 +103,19 @@ impl Server {
         for (name, path) in roots {
             cmd.arg("--root").arg(format!("{name}={}", path.display()));
         }
-        let mut child = cmd
+        let child = cmd
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
             .context("starting ferry serve")?;
-        let out = child.stdout.take().context("ferry serve stdout")?;
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(out).read_line(&mut line);
-            let _ = tx.send(line);
-        });
+        // Owned first, so that a server that never reports is killed with it.
         let mut server = Server {
             child,
             addr: String::new(),
         };
-        let line = rx
-            .recv_timeout(Duration::from_secs(20))
-            .context("ferry serve did not report its address")?;
-        server.addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .with_context(|| format!("ferry serve said {line:?}"))?
-            .to_string();
+        server.addr = crate::child::serve_address(&mut server.child)?;
         Ok(server)
     }
 

@@ -2,7 +2,6 @@
 //! driver, a GridFTP server and `iperf3 -s`. Clients run in namespace B, so every byte
 //! crosses the delay line and its bottleneck.
 
-use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -84,32 +83,19 @@ pub fn ferry(
         cmd.arg("--config").arg(c);
     }
     cmd.env("RUST_LOG", "warn");
-    let mut child = wan
+    let child = wan
         .exec_in_a(cmd)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
         .context("starting ferry serve in namespace A")?;
-    let out = child.stdout.take().context("ferry serve stdout")?;
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = BufReader::new(out).read_line(&mut line);
-        let _ = tx.send(line);
-    });
+    // Owned first, so that a server that never reports is killed with it.
     let mut server = Remote {
         child,
         addr: String::new(),
     };
-    let line = rx
-        .recv_timeout(Duration::from_secs(20))
-        .context("ferry serve did not report its address")?;
-    server.addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .with_context(|| format!("ferry serve said {line:?}"))?
-        .to_string();
+    server.addr = crate::child::serve_address(&mut server.child)?;
     Ok(server)
 }
 
