@@ -17,8 +17,8 @@ use ring::signature::{Ed25519KeyPair, KeyPair as _, UnparsedPublicKey, ED25519};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::PrivatePkcs8KeyDer;
 
-use crate::auth::Rights;
 use crate::error::{Error, Kind, Result};
+use crate::rights::Rights;
 
 /// The key type word of a public-key line.
 pub const KEY_TYPE: &str = "ferry-ed25519";

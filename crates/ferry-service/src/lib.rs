@@ -58,6 +58,7 @@ pub mod landing;
 #[allow(unsafe_code)] // FFI: setgroups, setgid, setuid for every thread (glibc).
 pub mod privs;
 pub mod registry;
+pub mod rights;
 pub mod ring;
 pub mod roots;
 pub mod secure;
