@@ -122,8 +122,10 @@ fn a_thousand_wrong_proofs_are_throttled_and_logged_while_a_good_client_copies()
         "{}",
         failures[0]
     );
+    // The good client's copies are logged, one line each (the server's transfer log);
+    // everything else must not grow with the flood.
     assert!(
-        log.lines().count() < 20,
+        log.lines().filter(|l| !l.contains(": xfer get ")).count() < 20,
         "the log grew with the flood:\n{log}"
     );
     assert!(!log.contains(WRONG), "a secret in the log");
