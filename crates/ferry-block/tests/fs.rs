@@ -55,6 +55,12 @@ impl Mount {
             let _ = c.kill();
             let _ = c.wait();
         }
+        // A FUSE server killed while its mount was busy leaves a dead mount point
+        // ("Transport endpoint is not connected") that breaks every later walk of the
+        // scratch directory, cargo's included: detach it.
+        if mounted(&self.at) {
+            let _ = Command::new("umount").arg("-l").arg(&self.at).status();
+        }
     }
 }
 
