@@ -181,6 +181,28 @@ fn large_files_are_written_direct_unasked_where_it_helps() {
     assert!(up < 1 << 20, "upload: {up} bytes in the page cache");
     same_file(&s.root.join("big"), &here);
     same_file(&s.root.join("big"), &s.root.join("up"));
+    // Several streams, each writing its own ranges: the same choice, down and up.
+    let there = local.join("big-p4");
+    ok(&cp(
+        &["-p", "4", &s.url("big"), there.to_str().unwrap()],
+        &[],
+    ));
+    let down = cached_bytes(&there).unwrap();
+    ok(&cp(
+        &["-p", "4", there.to_str().unwrap(), &s.url("up-p4")],
+        &[],
+    ));
+    let up = cached_bytes(&s.root.join("up-p4")).unwrap();
+    assert!(
+        down < 1 << 20,
+        "download, 4 streams: {down} bytes in the page cache"
+    );
+    assert!(
+        up < 1 << 20,
+        "upload, 4 streams: {up} bytes in the page cache"
+    );
+    same_file(&s.root.join("big"), &there);
+    same_file(&s.root.join("big"), &s.root.join("up-p4"));
     // tmpfs: through the page cache, silently.
     let shm = Path::new("/dev/shm").join(format!("ferry-test-auto-direct-{}", std::process::id()));
     std::fs::create_dir_all(&shm).unwrap();

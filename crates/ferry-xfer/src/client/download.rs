@@ -801,7 +801,7 @@ fn open_writer(
     (direct, ring): (bool, usize),
 ) -> Result<BlockWriter> {
     if let Some(ch) = &l.chunk {
-        return ch.writer(id, size, mode, ring);
+        return ch.writer(id, size, mode, (direct, ring));
     }
     let (Some(part), journal) = (l.part.as_ref(), l.journal.take()) else {
         // No part: the null sink.

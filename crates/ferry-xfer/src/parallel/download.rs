@@ -38,9 +38,16 @@ impl std::fmt::Debug for Chunk {
 }
 
 impl Chunk {
-    /// The writer for this chunk once READY said the file's `size` and `mode`.
-    pub(crate) fn writer(&self, id: u32, size: u64, mode: u32, ring: usize) -> Result<BlockWriter> {
-        self.file.writer(id, size, mode, self.lo, self.hi, ring)
+    /// The writer for this chunk once READY said the file's `size` and `mode`; `(direct,
+    /// ring)` as for a whole file (direct I/O asked for, else where it helps).
+    pub(crate) fn writer(
+        &self,
+        id: u32,
+        size: u64,
+        mode: u32,
+        how: (bool, usize),
+    ) -> Result<BlockWriter> {
+        self.file.writer(id, size, mode, (self.lo, self.hi), how)
     }
 
     /// Every block of the chunk was good: record it; `Some(size)` if that finished the file.
@@ -160,9 +167,8 @@ impl SharedDl {
         id: u32,
         size: u64,
         mode: u32,
-        lo: u64,
-        hi: u64,
-        ring: usize,
+        (lo, hi): (u64, u64),
+        (direct, ring): (bool, usize),
     ) -> Result<BlockWriter> {
         if size != self.size {
             return Err(XferError::new(
@@ -178,7 +184,10 @@ impl SharedDl {
         sink.report_to(self.journal.clone());
         sink.hash_into(self.tree.clone());
         match &self.file {
-            Some(f) => BlockWriter::with_sink(sink, f, ring),
+            Some(f) => {
+                sink.choose_direct(f, direct);
+                BlockWriter::with_sink(sink, f, ring)
+            }
             None => Ok(BlockWriter::null_sink(sink)),
         }
     }

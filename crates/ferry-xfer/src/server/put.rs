@@ -103,7 +103,9 @@ impl Server {
                     rx.handle(RxEvent::Claimed(claimed))
                 }
                 RxAction::OpenPart => rx.handle(RxEvent::Opened(dest.open(self, path))),
-                RxAction::StartWriter => writer = Some(dest.writer(file_id, ring)?),
+                RxAction::StartWriter => {
+                    writer = Some(dest.writer(file_id, (self.cfg.direct, ring))?)
+                }
                 RxAction::Land => {
                     let pushed = match (writer.as_mut(), frame.block.take()) {
                         (Some(w), Some((h, at, held))) => {
@@ -346,8 +348,10 @@ impl Dest<'_> {
         Ok(offset)
     }
 
-    /// The writer transfer `file_id`'s blocks go to, with at most `ring` queued.
-    fn writer(&mut self, file_id: u32, ring: usize) -> Result<BlockWriter> {
+    /// The writer transfer `file_id`'s blocks go to, with at most `ring` queued; a range of
+    /// a parallel upload writes with direct I/O on the same terms as a whole file (`direct`:
+    /// asked for in the config; else where it helps).
+    fn writer(&mut self, file_id: u32, (direct, ring): (bool, usize)) -> Result<BlockWriter> {
         match self {
             Dest::Put {
                 part: Some(p),
@@ -368,7 +372,10 @@ impl Dest<'_> {
                 sink.report_to(up.journal());
                 sink.hash_into(up.tree());
                 match &up.file {
-                    Some(f) => BlockWriter::with_sink(sink, f, ring),
+                    Some(f) => {
+                        sink.choose_direct(f, direct);
+                        BlockWriter::with_sink(sink, f, ring)
+                    }
                     None => Ok(BlockWriter::null_sink(sink)),
                 }
             }
