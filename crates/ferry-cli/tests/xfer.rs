@@ -1327,3 +1327,43 @@ fn remote_globs_expand_on_the_server() {
     fails(&o, 3, "no match");
     std::fs::remove_dir_all(&local).unwrap();
 }
+
+/// A tree download asks about its source once: one STAT, with the top level's LIST in the
+/// same round trip, before the subdirectories are listed (the server's audit file records
+/// every request; the copy used to STAT the source twice and LIST it a round trip later:
+/// at 50 ms, 100 ms before the first byte). With `-p 1`, the same.
+#[test]
+fn a_tree_download_asks_about_its_source_once() {
+    let dir = scratch("plan-once");
+    let audit = dir.join("audit.jsonl");
+    let s = serve_as(
+        ferry(),
+        "tcp",
+        &[],
+        &["--audit-log", audit.to_str().unwrap()],
+    );
+    std::fs::create_dir_all(s.root.join("tree/sub")).unwrap();
+    std::fs::write(s.root.join("tree/a"), pattern(1000, 1)).unwrap();
+    std::fs::write(s.root.join("tree/sub/b"), pattern(2000, 2)).unwrap();
+    let src = s.url("tree");
+    for (i, extra) in [&[][..], &["-p", "1"][..]].into_iter().enumerate() {
+        let out = dir.join(format!("out{i}"));
+        let mut args = extra.to_vec();
+        args.extend(["-r", &src, out.to_str().unwrap()]);
+        ok(&cp(&args, &[]));
+        same_file(&s.root.join("tree/sub/b"), &out.join("tree/sub/b"));
+    }
+    let text = std::fs::read_to_string(&audit).unwrap();
+    let asked = |op: &str, path: &str| {
+        text.lines()
+            .filter(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                v["op"] == op && v["path"] == path
+            })
+            .count()
+    };
+    assert_eq!(asked("stat", "d/tree"), 2, "one STAT per copy:\n{text}");
+    assert_eq!(asked("list", "d/tree"), 2, "one top LIST per copy:\n{text}");
+    assert_eq!(asked("list", "d/tree/sub"), 2, "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -33,10 +33,12 @@ pub fn copy(
         let spread = match data_remote(src, dst) {
             Some(r) if opts.auto_streams => {
                 // A STAT is a second sample of the round trip: the handshake's includes
-                // the server allocating the connection's staging. (Its answer does not
-                // matter here; the copy asks again as it plans.)
+                // the server allocating the connection's staging. Its answer (and, for a
+                // tree download, the top level's listing, asked with it) is kept for the
+                // plan; an error is the plan's to report.
+                let list = recursive && matches!(src, Location::Remote(_));
                 let c = Client::connect(&r.addr, &opts).map(|mut c| {
-                    let _ = c.stat(&r.path);
+                    let _ = c.look(&r.path, list);
                     c
                 });
                 let long = c.as_ref().is_ok_and(|c| {
@@ -207,7 +209,7 @@ pub(crate) fn plan_download(
     progress: &dyn Progress,
 ) -> Result<Vec<DlJob>> {
     {
-        let entry = c.stat(&r.path)?;
+        let entry = c.look_once(&r.path, recursive)?;
         let is_tree = entry.kind == EntryKind::Dir;
         // Where it lands, and the directory the rule creates: created only once the
         // source's listing was accepted, so a refused one leaves nothing behind.

@@ -364,8 +364,18 @@ pub struct Client {
     next_id: u32,
     /// The session WELCOME named (parallel streams join it).
     pub(crate) session: u64,
+    /// What [`Client::look`] learned of a path and no one has used yet.
+    looked: Option<Looked>,
     /// Counters so far.
     pub stats: Stats,
+}
+
+/// A path's STAT answer, and its LIST answer when it was asked for with it
+/// ([`Client::look`]), kept for the plan that follows.
+struct Looked {
+    path: String,
+    entry: Option<Entry>,
+    listing: Option<Vec<Entry>>,
 }
 
 /// Agrees on the data protection `level` with the server at `addr` (protocol `minor`), or
@@ -520,6 +530,7 @@ impl Client {
             buffer: opts.buffer,
             next_id: 1,
             session,
+            looked: None,
             stats,
         })
     }
@@ -568,6 +579,62 @@ impl Client {
             Msg::Entry(e) => Ok(e),
             Msg::Error { code, message, .. } => Err(remote_err(code, &message)),
             m => Err(unexpected(&m)),
+        }
+    }
+
+    /// Describes `path` as [`Client::stat`] does; with `list`, also lists it in the same
+    /// round trip (the LIST goes with the STAT: a tree copy's plan needs both, and at 50 ms
+    /// each round trip saved is 50 ms before the first byte moves). What it learns is kept
+    /// for the plan: the next [`Client::look_once`] at `path` and the top level of the
+    /// next walk of it take it instead of asking again. A LIST refused (the path is a
+    /// file, or unreadable) leaves no listing; the STAT's answer is what counts.
+    pub fn look(&mut self, path: &str, list: bool) -> Result<Entry> {
+        self.looked = None;
+        let sent = std::time::Instant::now();
+        self.link.send(&Msg::Stat { path: path.into() })?;
+        if list {
+            self.link.send(&Msg::List { path: path.into() })?;
+        }
+        let answer = self.link.recv_msg()?;
+        self.sample_rtt(sent.elapsed());
+        let listing = match list {
+            // Any other refusal is the walk's to report, if it comes to one.
+            true => match self.listed(path) {
+                Ok(entries) => Some(entries),
+                Err(e) if e.kind == Kind::Connection => return Err(e),
+                Err(_) => None,
+            },
+            false => None,
+        };
+        let entry = match answer {
+            Msg::Entry(e) => e,
+            Msg::Error { code, message, .. } => return Err(remote_err(code, &message)),
+            m => return Err(unexpected(&m)),
+        };
+        self.looked = Some(Looked {
+            path: path.into(),
+            entry: Some(entry.clone()),
+            listing: listing.filter(|_| entry.kind == EntryKind::Dir),
+        });
+        Ok(entry)
+    }
+
+    /// `path`'s entry from the last [`Client::look`] at it (once), else a fresh look.
+    pub(crate) fn look_once(&mut self, path: &str, list: bool) -> Result<Entry> {
+        match &mut self.looked {
+            Some(l) if l.path == path && l.entry.is_some() => l
+                .entry
+                .take()
+                .ok_or_else(|| XferError::conn("internal: no entry")),
+            _ => self.look(path, list),
+        }
+    }
+
+    /// The listing of `path` kept by the last [`Client::look`] at it (once).
+    fn looked_listing(&mut self, path: &str) -> Option<Vec<Entry>> {
+        match &mut self.looked {
+            Some(l) if l.path == path => l.listing.take(),
+            _ => None,
         }
     }
 
@@ -719,11 +786,16 @@ impl Client {
     /// costs a round trip per level, not per directory (at 50 ms, 11 directories took
     /// 0.55 s of LISTs one after another).
     fn walk_remote(&mut self, path: &str, follow: bool) -> Result<Tree> {
+        let mut top = self.looked_listing(path);
         let me = std::cell::RefCell::new(self);
         walk_entries(
             path,
             follow,
-            |ps| me.borrow_mut().list_many(ps),
+            |ps| match (top.take(), ps) {
+                // The first call lists the top alone (walk_entries starts there).
+                (Some(entries), [only]) if only.as_str() == path => Ok(vec![entries]),
+                _ => me.borrow_mut().list_many(ps),
+            },
             |p| me.borrow_mut().stat(p).map_err(|e| e.msg),
         )
     }
