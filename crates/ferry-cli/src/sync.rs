@@ -97,6 +97,9 @@ pub fn sync(a: SyncArgs, quiet: bool) -> Result<(), XferError> {
     } else if !quiet {
         let skipped = match r.stats.entries_skipped {
             0 => String::new(),
+            n if a.follow_links => format!(
+                ", {n} entr(y/ies) not copied (links out of the root or to nothing, special files; see the warnings)"
+            ),
             n => format!(
                 ", {n} entr(y/ies) not copied (symlinks: -L follows them; see the warnings)"
             ),

@@ -97,6 +97,15 @@ fn server_to_server_sync_moves_only_what_differs() {
     let v = sync(&["--checksum", &src, &dst]);
     assert_eq!(list(&v, "copied"), ["d/c"], "{v}");
     same_tree(&t, &m);
+    // -L: a link inside the source's root syncs as what it leads to; one out of the root is
+    // skipped and counted.
+    std::os::unix::fs::symlink("a", t.join("to_a")).unwrap();
+    std::os::unix::fs::symlink(std::env::temp_dir(), t.join("out")).unwrap();
+    let v = sync(&["-L", &src, &dst]);
+    assert_eq!(list(&v, "copied"), ["to_a"], "{v}");
+    assert_eq!(v["entries_skipped"].as_u64(), Some(1), "{v}");
+    same_file(&t.join("a"), &m.join("to_a"));
+    assert!(!m.join("out").exists());
 }
 
 /// A sync whose changed files fill more than one SEND_TO (their list is split over several
