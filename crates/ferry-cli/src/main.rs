@@ -59,6 +59,7 @@ enum Cmd {
     Cp(xfer::CpArgs),
     /// Make a destination hold what a source holds, copying only what differs (size and
     /// mtime, or BLAKE3 with --checksum); --delete removes what the source does not have.
+    /// Local to remote, remote to local, or server to server (the source server sends).
     #[command(after_help = xfer::EXIT_CODES)]
     Sync(sync::SyncArgs),
     /// List a directory (or the roots) on a `ferry serve`.

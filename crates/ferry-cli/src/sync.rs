@@ -36,12 +36,18 @@ pub struct SyncArgs {
     /// Print one JSON line on stdout: what was (or would be) copied and removed.
     #[arg(long)]
     json: bool,
+    /// Token for the destination server when both ends are servers [default:
+    /// $FERRY_DEST_TOKEN, else the same token].
+    #[arg(long, value_name = "TOKEN")]
+    dest_token: Option<String>,
     #[command(flatten)]
     remote: Remote,
     /// Source: a local path or a remote one (HOST:ROOT/PATH, ferry://HOST/ROOT/PATH, ...);
     /// it lands where `ferry cp -r` puts it (SRC/ for its contents).
     src: String,
-    /// Destination: the other end.
+    /// Destination: the other end. With both ends remote, the source server sends the
+    /// files that differ straight to the destination server (a third-party copy: the
+    /// source's operator must allow the destination, `ferry serve --allow-third-party`).
     dst: String,
 }
 
@@ -55,6 +61,9 @@ pub fn sync(a: SyncArgs, quiet: bool) -> Result<(), XferError> {
         filter: Filter::new(&a.include, &a.exclude)?,
         skip: Skip::Unchanged,
         resume: true,
+        dest_token: a
+            .dest_token
+            .or_else(|| std::env::var("FERRY_DEST_TOKEN").ok()),
         ..a.remote.options()?
     };
     let how = SyncHow {
@@ -72,6 +81,7 @@ pub fn sync(a: SyncArgs, quiet: bool) -> Result<(), XferError> {
                 "ok": true, "op": "sync", "dry_run": a.dry_run,
                 "copied": r.copied, "removed": r.removed,
                 "files": r.stats.files, "files_unchanged": r.stats.files_skipped,
+                "entries_skipped": r.stats.entries_skipped,
                 "bytes": r.stats.bytes, "wire_bytes": r.stats.wire_bytes, "seconds": secs,
             })
         );
@@ -85,8 +95,17 @@ pub fn sync(a: SyncArgs, quiet: bool) -> Result<(), XferError> {
             println!("remove {p}");
         }
     } else if !quiet {
+        let skipped = match r.stats.entries_skipped {
+            0 => String::new(),
+            n if a.follow_links => format!(
+                ", {n} entr(y/ies) not copied (links out of the root or to nothing, special files; see the warnings)"
+            ),
+            n => format!(
+                ", {n} entr(y/ies) not copied (symlinks: -L follows them; see the warnings)"
+            ),
+        };
         eprintln!(
-            "{} file(s) copied ({}), {} unchanged, {} removed, in {secs:.2} s",
+            "{} file(s) copied ({}), {} unchanged, {} removed{skipped}, in {secs:.2} s",
             r.copied.len(),
             human_size(r.stats.wire_bytes),
             r.stats.files_skipped,

@@ -167,33 +167,6 @@ fn make_tree(root: &Path, files: usize) {
     std::fs::create_dir_all(root.join("empty")).unwrap();
 }
 
-fn same_tree(a: &Path, b: &Path) {
-    let list = |r: &Path| {
-        let mut out = Vec::new();
-        let mut todo = vec![r.to_path_buf()];
-        while let Some(d) = todo.pop() {
-            for e in std::fs::read_dir(&d).unwrap() {
-                let p = e.unwrap().path();
-                let rel = p.strip_prefix(r).unwrap().to_path_buf();
-                if p.is_dir() {
-                    todo.push(p);
-                    out.push((rel, None));
-                } else {
-                    out.push((rel, Some(std::fs::read(&p).unwrap())));
-                }
-            }
-        }
-        out.sort();
-        out
-    };
-    assert!(
-        list(a) == list(b),
-        "trees {} and {} differ",
-        a.display(),
-        b.display()
-    );
-}
-
 /// Corrupted blocks are caught by their CRC and fetched again, both directions; corruption
 /// that never stops fails loudly with exit 4 and leaves nothing behind.
 fn corruption(driver: &str) {
@@ -1109,7 +1082,8 @@ fn several_sources_filters_and_no_clobber() {
     assert_eq!(std::fs::read(many.join("x")).unwrap(), b"mine");
     ok(&cp(&[&s.url("x"), many.to_str().unwrap()], &[]));
     same_file(&s.root.join("x"), &many.join("x"));
-    let o = cp(&["-r", "--exclude", "x", &s.url("t"), &s.url("t2")], &[]);
+    // (Filters work server to server: tests/xfer_sync.rs; --no-clobber not yet.)
+    let o = cp(&["-r", "-n", &s.url("t"), &s.url("t2")], &[]);
     fails(&o, 1, "not available for server-to-server copies");
     let o = cp(
         &["-r", "--include", "[", &s.url("t"), f.to_str().unwrap()],

@@ -139,33 +139,6 @@ fn tree(driver: &str) {
     std::fs::remove_dir_all(&local).unwrap();
 }
 
-fn same_tree(a: &Path, b: &Path) {
-    let list = |r: &Path| {
-        let mut out = Vec::new();
-        let mut todo = vec![r.to_path_buf()];
-        while let Some(d) = todo.pop() {
-            for e in std::fs::read_dir(&d).unwrap() {
-                let p = e.unwrap().path();
-                let rel = p.strip_prefix(r).unwrap().to_path_buf();
-                if p.is_dir() {
-                    todo.push(p);
-                    out.push((rel, None));
-                } else {
-                    out.push((rel, Some(std::fs::read(&p).unwrap())));
-                }
-            }
-        }
-        out.sort();
-        out
-    };
-    assert!(
-        list(a) == list(b),
-        "trees {} and {} differ",
-        a.display(),
-        b.display()
-    );
-}
-
 /// Memory mode: zeros to the null sinks both ways, and zeros into real files.
 fn memory(driver: &str) {
     let s = serve_as(ferry(), driver, &[], &["--mem"]);

@@ -51,6 +51,10 @@ pub const MINOR_REMOVE: u16 = 8;
 /// The first minor version whose COPIED may count the entries a third-party copy skipped
 /// ([`COPIED_SKIPPED`]): a server sets it only for clients of this minor or later.
 pub const MINOR_COPIED_SKIPPED: u16 = 9;
+/// The first minor version whose SEND_TO may carry a filter, an only-list and the follow
+/// flag ([`SEND_FILTER`], [`SEND_ONLY`], [`SEND_FOLLOW`]): a client sets them only for
+/// servers of this minor or later (an older one refuses the unknown flags).
+pub const MINOR_SEND_FILTER: u16 = 9;
 /// The first minor version with COPIES and ABORT_COPY (`ferry copies`): a client sends them
 /// only to servers of this minor or later.
 pub const MINOR_COPIES: u16 = 9;
@@ -254,6 +258,17 @@ pub const SEND_RECURSIVE: u8 = 1;
 /// SEND_TO flag (1.4): a `streams u16` (2..=[`MAX_STREAMS`]) follows the token; the source
 /// server copies over that many streams. Set exactly when `streams` > 1.
 pub const SEND_STREAMS: u8 = 2;
+/// SEND_TO flag (1.9): follow symbolic links in the tree, as long as they stay inside the
+/// source server's root (`ferry cp -L`); a link that leaves it is skipped and counted.
+pub const SEND_FOLLOW: u8 = 8;
+/// SEND_TO flag (1.9): two lists of patterns follow (after `streams`): `--include`, then
+/// `--exclude` (`ferry cp -r --include/--exclude`; docs/xfer.md, "Filters").
+pub const SEND_FILTER: u8 = 16;
+/// SEND_TO flag (1.9): a list of relative paths follows (after the patterns): of the tree,
+/// copy only these files (what `ferry sync` found to differ).
+pub const SEND_ONLY: u8 = 32;
+/// The most patterns in each of SEND_TO's pattern lists.
+pub const MAX_PATTERNS: usize = 256;
 /// COPIED flag (1.9): a `skipped u64` follows `blocks_resent`: entries of the source tree the
 /// copy left out (symbolic links, devices, sockets, FIFOs). Set exactly when `skipped` > 0.
 pub const COPIED_SKIPPED: u8 = 1;
@@ -515,6 +530,18 @@ ferry_wire::frames! {
             token: String as Str<MAX_TOKEN>,
             /// Streams to the destination (1: one; more: a parallel copy, 1.4).
             streams: u16 as Streams,
+            /// Follow symbolic links that stay inside the root ([`SEND_FOLLOW`], 1.9).
+            follow: bool as Flag<SEND_FOLLOW>,
+            /// `--include` and `--exclude` patterns ([`SEND_FILTER`], 1.9).
+            patterns: Option<(Vec<String>, Vec<String>)> as IfFlag<
+                SEND_FILTER,
+                (
+                    List<Str<MAX_PATH>, MAX_PATTERNS>,
+                    List<Str<MAX_PATH>, MAX_PATTERNS>,
+                ),
+            >,
+            /// Copy only these files of the tree ([`SEND_ONLY`], 1.9).
+            only: Option<Vec<String>> as IfFlag<SEND_ONLY, List<Str<MAX_PATH>, { u16::MAX as usize }>>,
         },
         /// How far a third-party copy has got (at most a few per second).
         Progress = 33 {
@@ -1229,6 +1256,9 @@ mod tests {
                     dest_path: "d/x".into(),
                     token: "t".into(),
                     streams: 1,
+                    follow: false,
+                    patterns: None,
+                    only: None,
                 },
             ),
             (
@@ -1241,6 +1271,24 @@ mod tests {
                     dest_path: "c".into(),
                     token: String::new(),
                     streams: 4,
+                    follow: false,
+                    patterns: None,
+                    only: None,
+                },
+            ),
+            (
+                "send_to_filter",
+                Msg::SendTo {
+                    flags: SEND_RECURSIVE,
+                    file_id: 3,
+                    path: "a".into(),
+                    dest: "b".into(),
+                    dest_path: "c".into(),
+                    token: String::new(),
+                    streams: 1,
+                    follow: true,
+                    patterns: Some((vec!["*.h5".into()], vec!["*.tmp".into(), "x/".into()])),
+                    only: Some(vec!["d/e".into()]),
                 },
             ),
             (
@@ -1371,6 +1419,7 @@ mod tests {
 ("bye", "0800000012000000"),
 ("send_to", "26000000200100000c0000000500722f73726309007463703a2f2f683a310300642f78010074"),
 ("send_to_streams", "19000000200200000c00000001006101006201006300000400"),
+("send_to_filter", "3300000020390000030000000100610100620100630000010004002a2e6835020005002a2e746d700200782f01000300642f65"),
 ("progress", "1c000000210000000d00000005000000000000000a00000000000000"),
 ("copied", "24000000220000000e000000020000000000000003000000000000000400000000000000"),
 ("copied_skipped", "2c000000220100000e0000000200000000000000030000000000000004000000000000000500000000000000"),

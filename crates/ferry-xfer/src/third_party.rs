@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::client::{join, walk_entries, Client, Options, Progress, Stats};
+use crate::client::{join, walk_entries, Client, Filter, Options, Progress, Stats};
 use crate::config::ServerConfig;
 use crate::error::XferError;
 use crate::export::{refuse, Refusal};
@@ -50,6 +50,12 @@ pub(crate) struct SendTo<'a> {
     pub token: &'a str,
     /// Streams to the destination.
     pub streams: u16,
+    /// Follow symbolic links that stay inside the root (`-L`).
+    pub follow: bool,
+    /// `--include` and `--exclude` patterns.
+    pub patterns: Option<&'a (Vec<String>, Vec<String>)>,
+    /// Copy only these files of the tree (a sync's plan).
+    pub only: Option<&'a [String]>,
     /// Staging blocks in flight per stream (reserved from the memory budget).
     pub ring: usize,
     /// Block size to ask the destination for (reserved from the memory budget).
@@ -235,12 +241,18 @@ fn copy(
             Vec::new(),
         ),
         EntryKind::Dir if req.recursive => {
+            let filter = Filter::from_wire(req.patterns, req.only)
+                .map_err(|e| refuse(ErrorCode::BadRequest, e.msg))?;
+            // The sandbox's stat follows a link only while it stays inside the root: one
+            // that leaves it is skipped (and counted), never followed.
             let t = walk_entries(
                 req.path,
-                false,
+                req.follow,
+                &filter,
                 |ps| ps.iter().map(|p| crate::export::list(roots, p)).collect(),
                 |p| crate::export::stat(roots, p).map_err(|r| r.message),
-            )?;
+            )?
+            .filtered(&filter);
             (t.dirs, t.files, t.skipped)
         }
         EntryKind::Dir => {
@@ -318,8 +330,8 @@ fn copy(
         .iter()
         .map(|(rel, size, _)| (Some(PathBuf::from(rel)), join(&target, rel), *size))
         .collect();
-    // Only regular files and directories travel (as `ferry cp -r` without -L); the walk
-    // named what it left out, and the client gets the count.
+    // Only regular files and directories travel (and, with -L, what links inside the root
+    // lead to); the walk named what it left out, and the client gets the count.
     let mut stats = Stats {
         entries_skipped: skipped.len() as u64,
         ..Stats::default()

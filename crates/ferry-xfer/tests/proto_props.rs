@@ -161,10 +161,16 @@ fn msg() -> impl Strategy<Value = Msg> {
             s(100),
             s(300),
             s(100),
-            1u16..=16
+            1u16..=16,
+            any::<bool>(),
+            proptest::option::of((
+                proptest::collection::vec(s(50), 0..4),
+                proptest::collection::vec(s(50), 0..4)
+            )),
+            proptest::option::of(proptest::collection::vec(s(300), 0..20))
         )
-            .prop_map(|(flags, file_id, path, dest, dest_path, token, streams)| {
-                Msg::SendTo {
+            .prop_map(
+                |(
                     flags,
                     file_id,
                     path,
@@ -172,8 +178,24 @@ fn msg() -> impl Strategy<Value = Msg> {
                     dest_path,
                     token,
                     streams,
+                    follow,
+                    patterns,
+                    only,
+                )| {
+                    Msg::SendTo {
+                        flags,
+                        file_id,
+                        path,
+                        dest,
+                        dest_path,
+                        token,
+                        streams,
+                        follow,
+                        patterns,
+                        only,
+                    }
                 }
-            }),
+            ),
         (any::<u32>(), any::<u64>(), any::<u64>()).prop_map(|(file_id, done, total)| {
             Msg::Progress {
                 file_id,

@@ -257,3 +257,31 @@ pub fn same_file(a: &Path, b: &Path) {
         b.display()
     );
 }
+
+/// Asserts two trees hold the same directories and files, byte for byte.
+pub fn same_tree(a: &Path, b: &Path) {
+    let list = |r: &Path| {
+        let mut out = Vec::new();
+        let mut todo = vec![r.to_path_buf()];
+        while let Some(d) = todo.pop() {
+            for e in std::fs::read_dir(&d).unwrap() {
+                let p = e.unwrap().path();
+                let rel = p.strip_prefix(r).unwrap().to_path_buf();
+                if p.is_dir() {
+                    todo.push(p);
+                    out.push((rel, None));
+                } else {
+                    out.push((rel, Some(std::fs::read(&p).unwrap())));
+                }
+            }
+        }
+        out.sort();
+        out
+    };
+    assert!(
+        list(a) == list(b),
+        "trees {} and {} differ",
+        a.display(),
+        b.display()
+    );
+}

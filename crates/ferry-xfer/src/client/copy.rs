@@ -1,6 +1,6 @@
 //! `copy`: scp-like copies of files and trees, with retries, resume and third-party copies.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use super::download::{mtime_secs, Dest, DlJob};
@@ -234,7 +234,7 @@ pub(crate) fn plan_download(
                 // Names were checked as they arrived (Client::list); everything is created
                 // beneath the destination, held open.
                 let tree = c
-                    .walk_remote(&r.path, opts.follow_links)?
+                    .walk_remote(&r.path, opts.follow_links, &opts.filter)?
                     .filtered(&opts.filter);
                 c.stats.entries_skipped += tree.skipped.len() as u64;
                 let (dirs, files) = (tree.dirs, tree.files);
@@ -364,10 +364,10 @@ pub(crate) fn plan_upload(
                 dirs,
                 files,
                 skipped,
-            } = walk_local(local, opts.follow_links)?.filtered(&opts.filter);
+            } = walk_local(local, opts.follow_links, &opts.filter)?.filtered(&opts.filter);
             c.stats.entries_skipped += skipped.len() as u64;
             if opts.skip != Skip::Nothing {
-                if let Ok(remote) = c.walk_remote(&target, false) {
+                if let Ok(remote) = c.walk_remote(&target, false, &super::Filter::default()) {
                     there = remote
                         .files
                         .into_iter()
@@ -406,7 +406,8 @@ pub(crate) fn plan_upload(
 }
 
 /// A third-party copy: the source server sends straight to the destination server, and
-/// this client only watches.
+/// this client only watches. The filter and `-L` travel with the request (1.9); a sync's
+/// list of the files to copy goes in as many requests as its frames need.
 fn third_party(
     src: &Remote,
     dst: &Remote,
@@ -415,10 +416,10 @@ fn third_party(
     progress: &dyn Progress,
     total: &mut Stats,
 ) -> Result<()> {
-    if !opts.filter.is_empty() || opts.skip == Skip::Existing || opts.follow_links {
+    if opts.skip == Skip::Existing {
         return Err(XferError::new(
             Kind::Usage,
-            "--include, --exclude, --no-clobber and -L are not available for server-to-server copies yet: copy through this host in two steps",
+            "--no-clobber is not available for server-to-server copies yet: use ferry sync, or copy through this host in two steps",
         ));
     }
     with_client(&mut None, src, opts, total, |c| {
@@ -431,7 +432,18 @@ fn third_party(
                 ),
             ));
         }
-        let file_id = c.id();
+        let selects = !opts.filter.is_empty() || opts.follow_links;
+        if selects && c.minor < proto::MINOR_SEND_FILTER {
+            return Err(XferError::new(
+                Kind::Usage,
+                format!(
+                    "{} speaks transfer protocol 1.{}: its third-party copies take no --include, --exclude or -L (1.{} does); upgrade it, or copy through this host in two steps",
+                    src.addr,
+                    c.minor,
+                    proto::MINOR_SEND_FILTER
+                ),
+            ));
+        }
         // Without -p a third-party copy keeps one stream: the source server would have to
         // measure the path to the destination to choose.
         let streams = if opts.auto_streams {
@@ -446,72 +458,122 @@ fn third_party(
                 c.minor
             );
         }
-        c.link.send(&Msg::SendTo {
+        let token = opts
+            .dest_token
+            .clone()
+            .unwrap_or_else(|| opts.token.clone());
+        let streams = if c.minor >= proto::MINOR_SEND_STREAMS {
+            streams
+        } else {
+            1
+        };
+        let request = |file_id, only| Msg::SendTo {
             flags: if recursive { proto::SEND_RECURSIVE } else { 0 },
             file_id,
             path: src.path.clone(),
             dest: dst.addr.clone(),
             dest_path: dst.path.clone(),
-            token: opts
-                .dest_token
-                .clone()
-                .unwrap_or_else(|| opts.token.clone()),
-            streams: if c.minor >= proto::MINOR_SEND_STREAMS {
-                streams
-            } else {
-                1
-            },
-        })?;
-        let mut shown = 0;
-        loop {
-            match c.link.recv_msg()? {
-                Msg::Progress { done, total, .. } => {
-                    if shown == 0 {
-                        progress.total(total);
-                    }
-                    progress.add(done.saturating_sub(shown));
-                    shown = shown.max(done);
-                }
-                Msg::Copied {
-                    files,
-                    bytes,
-                    blocks_resent,
-                    skipped,
-                    ..
-                } => {
-                    progress.add(bytes.saturating_sub(shown));
-                    c.stats.files += files;
-                    c.stats.entries_skipped += skipped;
-                    c.stats.bytes += bytes;
-                    c.stats.wire_bytes += bytes;
-                    c.stats.blocks_resent += blocks_resent;
-                    return Ok(());
-                }
-                // Only the destination refuses a token here (the source took ours at HELLO).
-                Msg::Error {
-                    code: ErrorCode::AuthRefused,
-                    ..
-                } => {
-                    return Err(XferError::new(
-                        Kind::Auth,
-                        format!(
-                            "the destination {} refused the token sent to it: pass its token with --dest-token or FERRY_DEST_TOKEN (without either, the source's token is sent)",
-                            dst.addr
-                        ),
-                    ))
-                }
-                Msg::Error { code, message, .. } => return Err(remote_err(code, &message)),
-                m => return Err(unexpected(&m)),
-            }
+            token: token.clone(),
+            streams,
+            follow: opts.follow_links,
+            patterns: opts.filter.patterns(),
+            only,
+        };
+        // Patterns too long for one frame are the user's to shorten, not a retry's.
+        let base = proto::to_vec(&request(0, None))
+            .map_err(|e| XferError::new(Kind::Usage, format!("--include/--exclude: {e}")))?
+            .len();
+        let chunks = only_chunks(opts.filter.only_files(), base);
+        let mut sent = 0;
+        for only in chunks {
+            let file_id = c.id();
+            c.link.send(&request(file_id, only))?;
+            sent += watch_copy(c, dst, progress, sent)?;
         }
+        Ok(())
     })
+}
+
+/// The only-lists a sync's narrowed copy sends, each filling one SEND_TO of `base` bytes
+/// without a list up to [`proto::MAX_CONTROL`] (at least one, maybe empty: it still creates
+/// the tree's directories); without a narrowing, one request without a list.
+fn only_chunks(only: Option<&HashSet<String>>, base: usize) -> Vec<Option<Vec<String>>> {
+    let Some(only) = only else {
+        return vec![None];
+    };
+    let mut files: Vec<&String> = only.iter().collect();
+    files.sort();
+    // The list's count, and each path's length and bytes.
+    let room = proto::MAX_CONTROL.saturating_sub(base + 2);
+    let mut chunks = vec![Vec::new()];
+    let mut used = 0;
+    for f in files {
+        let len = 2 + f.len();
+        if used + len > room && used > 0 {
+            chunks.push(Vec::new());
+            used = 0;
+        }
+        used += len;
+        if let Some(last) = chunks.last_mut() {
+            last.push(f.clone());
+        }
+    }
+    chunks.into_iter().map(Some).collect()
+}
+
+/// Watches one SEND_TO to its end: PROGRESS frames to `progress` (after `before` bytes of
+/// the copy's earlier requests), then the counts of COPIED into the connection's stats.
+/// Returns the bytes it copied.
+fn watch_copy(c: &mut Client, dst: &Remote, progress: &dyn Progress, before: u64) -> Result<u64> {
+    let mut shown = 0;
+    loop {
+        match c.link.recv_msg()? {
+            Msg::Progress { done, total, .. } => {
+                if shown == 0 {
+                    progress.total(before + total);
+                }
+                progress.add(done.saturating_sub(shown));
+                shown = shown.max(done);
+            }
+            Msg::Copied {
+                files,
+                bytes,
+                blocks_resent,
+                skipped,
+                ..
+            } => {
+                progress.add(bytes.saturating_sub(shown));
+                c.stats.files += files;
+                c.stats.entries_skipped += skipped;
+                c.stats.bytes += bytes;
+                c.stats.wire_bytes += bytes;
+                c.stats.blocks_resent += blocks_resent;
+                return Ok(bytes);
+            }
+            // Only the destination refuses a token here (the source took ours at HELLO).
+            Msg::Error {
+                code: ErrorCode::AuthRefused,
+                ..
+            } => {
+                return Err(XferError::new(
+                    Kind::Auth,
+                    format!(
+                        "the destination {} refused the token sent to it: pass its token with --dest-token or FERRY_DEST_TOKEN (without either, the source's token is sent)",
+                        dst.addr
+                    ),
+                ))
+            }
+            Msg::Error { code, message, .. } => return Err(remote_err(code, &message)),
+            m => return Err(unexpected(&m)),
+        }
+    }
 }
 
 /// A local tree: its directories (relative, parents first) and files, and what was
 /// skipped — symlinks unless `follow` (a followed link that leads nowhere too), special
-/// files, a link back to a directory above it (a loop). Names that are not UTF-8 are
-/// refused.
-pub(super) fn walk_local(root: &Path, follow: bool) -> Result<Tree> {
+/// files, a link back to a directory above it (a loop). What `filter` excludes is passed
+/// over, not walked or counted. Names that are not UTF-8 are refused.
+pub(super) fn walk_local(root: &Path, follow: bool, filter: &super::Filter) -> Result<Tree> {
     use std::os::unix::fs::MetadataExt;
     let mut tree = Tree::default();
     // Each directory to list, with the directories above it (device, inode): a link to
@@ -530,6 +592,9 @@ pub(super) fn walk_local(root: &Path, follow: bool) -> Result<Tree> {
                 )
             })?;
             let r = join(&rel, &name);
+            if filter.excluded(&r) {
+                continue;
+            }
             let path = ent.path();
             let ft = ent
                 .file_type()
@@ -592,4 +657,40 @@ pub fn sum_local(path: &Path) -> Result<(u64, [u8; 32])> {
     let h = ferry_service::hash::hash_file(&f, meta.size)
         .map_err(|e| XferError::io(path.display(), &e))?;
     Ok((meta.size, h))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_lists_fill_frames_and_never_vanish() {
+        assert_eq!(only_chunks(None, 100), [None]);
+        let none = HashSet::new();
+        assert_eq!(only_chunks(Some(&none), 100), [Some(Vec::new())]);
+        let many: HashSet<String> = (0..600).map(|i| format!("{i:0>200}")).collect();
+        let chunks = only_chunks(Some(&many), 100);
+        assert!(chunks.len() >= 2, "{}", chunks.len());
+        let mut all: Vec<String> = chunks.into_iter().flatten().flatten().collect();
+        all.sort();
+        assert_eq!(all.len(), 600);
+        all.dedup();
+        assert_eq!(all.len(), 600);
+        // Each request fits a control frame.
+        for chunk in only_chunks(Some(&many), 100).into_iter().flatten() {
+            let msg = Msg::SendTo {
+                flags: proto::SEND_RECURSIVE,
+                file_id: 1,
+                path: "p".into(),
+                dest: "d".into(),
+                dest_path: "q".into(),
+                token: String::new(),
+                streams: 1,
+                follow: false,
+                patterns: None,
+                only: Some(chunk),
+            };
+            assert!(proto::to_vec(&msg).is_ok());
+        }
+    }
 }

@@ -77,13 +77,41 @@ impl Filter {
         }
     }
 
+    /// A filter of patterns from the wire (SEND_TO) and a list of the only files to take.
+    pub(crate) fn from_wire(
+        patterns: Option<&(Vec<String>, Vec<String>)>,
+        only: Option<&[String]>,
+    ) -> Result<Filter> {
+        let filter = match patterns {
+            Some((include, exclude)) => Filter::new(include, exclude)?,
+            None => Filter::default(),
+        };
+        Ok(match only {
+            Some(o) => filter.only(o.iter().cloned().collect()),
+            None => filter,
+        })
+    }
+
+    /// The `--include` and `--exclude` patterns, as [`Filter::new`] takes them back (none:
+    /// `None`), for a server to apply (SEND_TO).
+    pub(crate) fn patterns(&self) -> Option<(Vec<String>, Vec<String>)> {
+        let text = |v: &[Rule]| v.iter().map(|r| r.pattern.as_str().to_string()).collect();
+        (!self.include.is_empty() || !self.exclude.is_empty())
+            .then(|| (text(&self.include), text(&self.exclude)))
+    }
+
+    /// The only files taken, when a sync narrowed the filter to them.
+    pub(crate) fn only_files(&self) -> Option<&HashSet<String>> {
+        self.only.as_deref()
+    }
+
     /// Whether the filter takes everything.
     pub fn is_empty(&self) -> bool {
         self.include.is_empty() && self.exclude.is_empty() && self.only.is_none()
     }
 
     /// Whether `rel` or a directory above it is excluded.
-    fn excluded(&self, rel: &str) -> bool {
+    pub(crate) fn excluded(&self, rel: &str) -> bool {
         let mut at = rel;
         loop {
             if self.exclude.iter().any(|r| r.matches(at)) {
@@ -173,6 +201,27 @@ mod tests {
         assert!(!x.takes_file("scratch/out.h5"));
         let star = f(&["run*/out.h5"], &[]);
         assert!(star.takes_file("run7/out.h5") && !star.takes_file("run7/sub/out.h5"));
+    }
+
+    #[test]
+    fn patterns_travel_and_come_back_the_same() {
+        let x = f(&["run*/out.h5", "*.h5"], &["cache/", "*.tmp"]);
+        let (inc, exc) = x.patterns().unwrap();
+        let back = Filter::from_wire(Some(&(inc, exc)), None).unwrap();
+        for p in [
+            "run1/out.h5",
+            "a/b.h5",
+            "cache/x.h5",
+            "d/cache",
+            "a.tmp",
+            "x.log",
+        ] {
+            assert_eq!(back.takes_file(p), x.takes_file(p), "{p}");
+            assert_eq!(back.takes_dir(p), x.takes_dir(p), "{p}");
+        }
+        assert!(f(&[], &[]).patterns().is_none());
+        let only = Filter::from_wire(None, Some(&["a/b".to_string()])).unwrap();
+        assert!(only.takes_file("a/b") && !only.takes_file("a/c") && only.takes_dir("a"));
     }
 
     #[test]

@@ -7,12 +7,19 @@
 //! has none with its size and mtime (`--checksum`: none with its size and BLAKE3); with
 //! `delete`, destination entries the source does not have are removed after the copy
 //! succeeded, deepest first. A dry run reports both lists and touches nothing.
+//!
+//! Between two servers the plan is made the same way with a client on each, and the
+//! copy is one third-party tree copy narrowed to the files that differ (the list travels
+//! in SEND_TO, split over as many requests as its frames need): the data goes straight
+//! from server to server, each request costs the source one connection to the
+//! destination (not one per file), and the source server applies the same filter and
+//! `-L` as the plan did.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use super::place::{local_place, remote_target, AtDest};
-use super::{join, walk_local, Client, Options, Progress, Skip, Stats, Tree};
+use super::{join, walk_local, Client, Filter, Options, Progress, Skip, Stats, Tree};
 use crate::error::{Kind, Result, XferError};
 use crate::proto::EntryKind;
 use crate::url::{Location, Remote};
@@ -39,13 +46,14 @@ pub struct SyncReport {
     pub stats: Stats,
 }
 
-/// One side of a sync: a tree here or on the server `c` is connected to.
+/// One side of a sync: a tree here or on the server the client `clients[i]` is connected
+/// to.
 enum Side<'a> {
     Local(&'a Path),
-    Remote(&'a str),
+    Remote(usize, &'a str),
 }
 
-/// Syncs `src` to `dst` (one local, one remote).
+/// Syncs `src` to `dst` (one local and one remote, or two remote: a third-party copy).
 pub fn sync(
     src: &Location,
     dst: &Location,
@@ -53,12 +61,18 @@ pub fn sync(
     opts: &Options,
     progress: &dyn Progress,
 ) -> Result<SyncReport> {
-    let remote = match (src, dst) {
-        (Location::Local(_), Location::Remote(r)) | (Location::Remote(r), Location::Local(_)) => r,
-        _ => return Err(one_local_one_remote()),
+    // Sources on clients[0], destinations on the last one (the same, unless both remote).
+    let mut clients = match (src, dst) {
+        (Location::Local(_), Location::Remote(r)) | (Location::Remote(r), Location::Local(_)) => {
+            vec![Client::connect(&r.addr, opts)?]
+        }
+        (Location::Remote(a), Location::Remote(b)) => vec![
+            Client::connect(&a.addr, opts)?,
+            Client::connect(&b.addr, &dest_options(opts))?,
+        ],
+        _ => return Err(not_two_ends()),
     };
-    let mut c = Client::connect(&remote.addr, opts)?;
-    let plan = plan(&mut c, src, dst, how, opts)?;
+    let plan = plan(&mut clients, src, dst, how, opts)?;
     let mut report = SyncReport {
         copied: plan.copy.iter().cloned().collect(),
         removed: plan.remove.clone(),
@@ -66,7 +80,7 @@ pub fn sync(
     };
     report.copied.sort();
     if how.dry_run {
-        c.bye();
+        clients.into_iter().for_each(Client::bye);
         return Ok(report);
     }
     if !plan.copy.is_empty() || plan.missing_dirs {
@@ -79,20 +93,39 @@ pub fn sync(
     }
     report.stats.files += plan.unchanged;
     report.stats.files_skipped += plan.unchanged;
+    report.stats.entries_skipped = plan.skipped;
     for rel in &plan.remove {
         match &plan.target {
             Target::Local(t) => remove_local(&t.join(rel))?,
-            Target::Remote(t) => c.remove(&join(t, rel))?,
+            Target::Remote(t) => last(&mut clients).remove(&join(t, rel))?,
         }
     }
-    c.bye();
+    clients.into_iter().for_each(Client::bye);
     Ok(report)
 }
 
-fn one_local_one_remote() -> XferError {
+/// The options of the client connected to a sync's destination server: its own token
+/// (`--dest-token`) when one was given.
+fn dest_options(opts: &Options) -> Options {
+    Options {
+        token: opts
+            .dest_token
+            .clone()
+            .unwrap_or_else(|| opts.token.clone()),
+        ..opts.clone()
+    }
+}
+
+/// The client connected to the destination.
+fn last(clients: &mut [Client]) -> &mut Client {
+    let n = clients.len();
+    &mut clients[n - 1]
+}
+
+fn not_two_ends() -> XferError {
     XferError::new(
         Kind::Usage,
-        "ferry sync needs one local and one remote end (server-to-server syncs are not there yet)",
+        "ferry sync needs a remote end: local to remote, remote to local, or server to server",
     )
 }
 
@@ -109,6 +142,8 @@ struct Plan {
     copy: HashSet<String>,
     /// Files left alone as unchanged.
     unchanged: u64,
+    /// Source entries the walk skipped (symlinks not followed, special files).
+    skipped: u64,
     /// Whether the copy has directories to create even if no file differs.
     missing_dirs: bool,
     /// Destination entries to remove, deepest first.
@@ -116,7 +151,7 @@ struct Plan {
 }
 
 fn plan(
-    c: &mut Client,
+    clients: &mut [Client],
     src: &Location,
     dst: &Location,
     how: SyncHow,
@@ -124,15 +159,15 @@ fn plan(
 ) -> Result<Plan> {
     let (src_side, src_name) = match src {
         Location::Local(p) => (Side::Local(p), p.to_string_lossy().into_owned()),
-        Location::Remote(r) => (Side::Remote(&r.path), r.path.clone()),
-        _ => return Err(one_local_one_remote()),
+        Location::Remote(r) => (Side::Remote(0, &r.path), r.path.clone()),
+        _ => return Err(not_two_ends()),
     };
-    let (source, tree) = walk(c, &src_side, opts.follow_links)?;
+    let (source, tree) = walk(clients, &src_side, opts.follow_links, &opts.filter)?;
     let source = source.filtered(&opts.filter);
     let target = match dst {
         Location::Local(p) => Target::Local(local_place(&src_name, tree, p)?.0),
         Location::Remote(Remote { path, .. }) => {
-            let at = match c.stat(path) {
+            let at = match last(clients).stat(path) {
                 Ok(e) if e.kind == EntryKind::Dir => AtDest::Dir,
                 Ok(_) => AtDest::Other,
                 Err(e) if e.kind == Kind::NotFound => AtDest::Nothing,
@@ -140,15 +175,15 @@ fn plan(
             };
             Target::Remote(remote_target(&src_name, tree, path, at)?.0)
         }
-        _ => return Err(one_local_one_remote()),
+        _ => return Err(not_two_ends()),
     };
     let dest_side = match &target {
         Target::Local(p) => Side::Local(p),
-        Target::Remote(p) => Side::Remote(p),
+        Target::Remote(p) => Side::Remote(clients.len() - 1, p),
     };
     // What is there now (nothing if the target is missing), through the same filter:
     // what it leaves out is protected from --delete.
-    let (there, there_at_all) = match walk(c, &dest_side, false) {
+    let (there, there_at_all) = match walk(clients, &dest_side, false, &opts.filter) {
         Ok((t, _)) => (t.filtered(&opts.filter), true),
         Err(e) if e.kind == Kind::NotFound => (Tree::default(), false),
         Err(e) => return Err(e),
@@ -163,7 +198,7 @@ fn plan(
     for (rel, size, mtime) in &source.files {
         let same = match theirs.get(rel.as_str()) {
             Some(&(s, _)) if how.checksum => {
-                s == *size && same_content(c, &src_side, &dest_side, rel)?
+                s == *size && same_content(clients, &src_side, &dest_side, rel)?
             }
             Some(&t) => t == (*size, *mtime),
             None => false,
@@ -186,14 +221,20 @@ fn plan(
         target,
         copy,
         unchanged,
+        skipped: source.skipped.len() as u64,
         missing_dirs,
         remove,
     })
 }
 
-/// Walks one side: its tree (a single file is a tree of one file named ""), and whether it
-/// is a directory. A missing side is NotFound.
-fn walk(c: &mut Client, side: &Side<'_>, follow: bool) -> Result<(Tree, bool)> {
+/// Walks one side (passing over what `filter` excludes): its tree (a single file is a tree
+/// of one file named ""), and whether it is a directory. A missing side is NotFound.
+fn walk(
+    clients: &mut [Client],
+    side: &Side<'_>,
+    follow: bool,
+    filter: &Filter,
+) -> Result<(Tree, bool)> {
     let (kind, size, mtime) = match side {
         Side::Local(p) => {
             let md = std::fs::metadata(p).map_err(|e| XferError::io(p.display(), &e))?;
@@ -204,14 +245,16 @@ fn walk(c: &mut Client, side: &Side<'_>, follow: bool) -> Result<(Tree, bool)> {
             };
             (kind, md.len(), super::download::mtime_secs(&md))
         }
-        Side::Remote(p) => {
-            let e = c.stat(p)?;
+        Side::Remote(i, p) => {
+            let e = clients[*i].stat(p)?;
             (e.kind, e.size, e.mtime)
         }
     };
     match (kind, side) {
-        (EntryKind::Dir, Side::Local(p)) => Ok((walk_local(p, follow)?, true)),
-        (EntryKind::Dir, Side::Remote(p)) => Ok((c.walk_remote(p, follow)?, true)),
+        (EntryKind::Dir, Side::Local(p)) => Ok((walk_local(p, follow, filter)?, true)),
+        (EntryKind::Dir, Side::Remote(i, p)) => {
+            Ok((clients[*i].walk_remote(p, follow, filter)?, true))
+        }
         _ => Ok((
             Tree {
                 files: vec![(String::new(), size, mtime)],
@@ -222,8 +265,8 @@ fn walk(c: &mut Client, side: &Side<'_>, follow: bool) -> Result<(Tree, bool)> {
     }
 }
 
-/// Whether `rel` has the same BLAKE3 on both sides (one local, one remote).
-fn same_content(c: &mut Client, a: &Side<'_>, b: &Side<'_>, rel: &str) -> Result<bool> {
+/// Whether `rel` has the same BLAKE3 on both sides (a server hashes its own side).
+fn same_content(clients: &mut [Client], a: &Side<'_>, b: &Side<'_>, rel: &str) -> Result<bool> {
     let mut hash = |side: &Side<'_>| -> Result<[u8; 32]> {
         match side {
             Side::Local(p) => {
@@ -234,7 +277,7 @@ fn same_content(c: &mut Client, a: &Side<'_>, b: &Side<'_>, rel: &str) -> Result
                 };
                 Ok(super::sum_local(&p)?.1)
             }
-            Side::Remote(p) => Ok(c.sum(&join(p, rel))?.1),
+            Side::Remote(i, p) => Ok(clients[*i].sum(&join(p, rel))?.1),
         }
     };
     Ok(hash(a)? == hash(b)?)

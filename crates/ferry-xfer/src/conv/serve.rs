@@ -63,6 +63,12 @@ pub struct SendToReq {
     pub token: String,
     /// Streams to the destination.
     pub streams: u16,
+    /// Follow symbolic links that stay inside the root (1.9).
+    pub follow: bool,
+    /// `--include` and `--exclude` patterns (1.9).
+    pub patterns: Option<(Vec<String>, Vec<String>)>,
+    /// Copy only these files of the tree (1.9: what a sync found to differ).
+    pub only: Option<Vec<String>>,
 }
 
 /// What the server does with one request.
@@ -325,6 +331,9 @@ impl Router {
                 dest_path,
                 token,
                 streams,
+                follow,
+                patterns,
+                only,
             } => Route::SendTo(SendToReq {
                 file_id,
                 recursive: flags & proto::SEND_RECURSIVE != 0,
@@ -333,6 +342,9 @@ impl Router {
                 dest_path,
                 token,
                 streams,
+                follow,
+                patterns,
+                only,
             }),
             Msg::Copies => Route::Copies,
             Msg::AbortCopy { id } => Route::AbortCopy(id),
