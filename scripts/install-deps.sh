@@ -4,7 +4,8 @@ set -euo pipefail
 
 # Build: libfabric headers, libclang for bindgen. Run: a font for plots. Benchmark peers
 # (`ferry bench`): iperf3, GridFTP (server and globus-url-copy), XRootD (server and xrdcp),
-# fio (the disk's own read+write rate, the ceiling of `bench cp`'s disk rows). Tests: iproute2
+# fio (the disk's own read+write rate, the ceiling of `bench cp`'s disk rows), OpenSSH's
+# server and client and rsync (`bench cp`'s encrypted peer: scp, rsync -e ssh). Tests: iproute2
 # and iputils-ping for the WAN emulator (ferry-wan's namespaces, RTT checks), jq for its script;
 # the NBD clients the block service is tested with (nbdinfo, nbdcopy, nbdsh, nbdfuse, qemu-img;
 # fuse2fs for a file system on an export, fuse3's fusermount3 to unmount it as a user) and
@@ -13,6 +14,7 @@ set -euo pipefail
 # PnetCDF with their tools, mpi4py and h5py built for MPI.
 packages=(build-essential pkg-config libfabric-dev libfabric-bin libclang-dev fonts-dejavu-core procps
   iperf3 globus-gridftp-server-progs globus-gass-copy-progs xrootd-server xrootd-client fio
+  openssh-server openssh-client rsync
   iproute2 iputils-ping jq
   nbdkit libnbd-bin python3-libnbd qemu-utils fuse2fs fuse3
   libopenmpi-dev openmpi-bin libhdf5-openmpi-dev hdf5-tools libpnetcdf-dev pnetcdf-bin

@@ -115,8 +115,9 @@ pub struct ServeArgs {
     #[arg(long, value_name = "NAME")]
     user: Option<String>,
     /// The data protection levels TLS clients may ask for (ferry cp --protect), comma
-    /// separated: clear, integrity [default: integrity; config `[security] protection`].
-    /// `clear` lets blocks cross with a CRC-32C only (docs/security.md).
+    /// separated: clear, integrity, private [default: integrity; config `[security]
+    /// protection`]. `clear` lets blocks cross with a CRC-32C only; `private` encrypts them
+    /// (AES-256-GCM, docs/security.md).
     #[arg(long, value_name = "LEVELS", value_delimiter = ',', value_parser = crate::xfer::parse_level)]
     protection: Vec<ferry_service::secure::Level>,
     /// Print the server's identity fingerprint (what clients pin: ferry cp

@@ -176,8 +176,9 @@ pub struct Trust {
     #[arg(long, value_name = "FILE", conflicts_with = "server_fingerprint")]
     ca_file: Option<std::path::PathBuf>,
     /// The data protection this copy requires, exactly, or it fails: integrity (each block
-    /// authenticated under a session key), clear (a CRC-32C, only where the server allows
-    /// it) [default: integrity over TLS, clear with --insecure-clear; docs/security.md].
+    /// authenticated under a session key), private (each block encrypted too, AES-256-GCM,
+    /// where the server allows it), clear (a CRC-32C, only where the server allows it)
+    /// [default: integrity over TLS, clear with --insecure-clear; docs/security.md].
     #[arg(long, value_name = "LEVEL", value_parser = parse_level)]
     protect: Option<ferry_service::secure::Level>,
 }

@@ -67,11 +67,27 @@ fn quick_json_run() {
             );
         }
     }
+    // ferry's private rows are measured on the memory and shm workloads, and OpenSSH's
+    // rows either measured or say why not (sshd absent).
+    for w in ["mem", "shm"] {
+        let p = rows
+            .iter()
+            .find(|r| r["workload"] == w && r["tool"] == "ferry" && r["variant"] == "tcp private")
+            .unwrap_or_else(|| panic!("no ferry private {w} row"));
+        assert!(p["gbps"].as_f64().is_some_and(|g| g > 0.0), "{p}");
+    }
+    for tool in ["scp", "rsync"] {
+        assert!(rows.iter().any(|r| r["tool"] == tool), "no {tool} row");
+    }
+    assert!(
+        s["private_vs_clear_mem"].as_f64().is_some_and(|x| x > 0.0),
+        "{s}"
+    );
     // iperf3 is a long-standing dependency: that ratio must be there.
     assert!(s["mem_vs_iperf3"].as_f64().is_some_and(|x| x > 0.0), "{s}");
     let targets = v["targets"].as_array().expect("targets");
     // A verdict for every goal the issues set (issue 20 added shm, checksum and CPU, issue 16
-    // the integrity ratio, issue 20 the default-disk ratios).
+    // the integrity and private ratios, issue 20 the default-disk ratios).
     let metrics: Vec<&str> = targets
         .iter()
         .filter_map(|t| t["metric"].as_str())
@@ -88,6 +104,8 @@ fn quick_json_run() {
             "checksum_cost",
             "cpu_vs_gridftp_shm",
             "integrity_vs_clear_mem",
+            "private_vs_clear_mem",
+            "private_vs_scp",
             "disk_default_vs_gridftp",
             "disk_default_vs_device"
         ],

@@ -25,9 +25,10 @@ fn said(o: &std::process::Output) -> String {
     )
 }
 
-/// A client that requires `private` from a server that allows only `clear` (a downgrade),
-/// one that requires `integrity` there, and one that requires `clear` from a default
-/// server are all refused, saying why, and nothing lands; the levels both allow work.
+/// A client that requires `private` from a server that allows only `clear` or only
+/// `integrity` (a downgrade), one that requires `integrity` from a `clear` server, and one
+/// that requires `clear` from a default server are all refused, saying why, and nothing
+/// lands; the levels both allow work.
 #[test]
 fn a_downgrade_fails_closed() {
     let dir = scratch("downgrade");
@@ -73,7 +74,25 @@ fn a_downgrade_fails_closed() {
     ok(&cp(&[src.to_str().unwrap(), &strict.url("i")], &[]));
     same_file(&src, &strict.root.join("i"));
 
-    // A level a clear connection cannot carry, and one this version does not offer.
+    // A client that requires private from a server that allows only integrity: refused.
+    let o = cp(
+        &[
+            "--protect",
+            "private",
+            src.to_str().unwrap(),
+            &strict.url("p"),
+        ],
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", said(&o));
+    let text = said(&o);
+    assert!(
+        text.contains("requires data protection private") && text.contains("allows only integrity"),
+        "{text}"
+    );
+    assert!(!strict.root.join("p").exists());
+
+    // A level a clear connection cannot carry.
     let o = cp(
         &[
             "--insecure-clear",
@@ -86,20 +105,6 @@ fn a_downgrade_fails_closed() {
     );
     assert!(!o.status.success());
     assert!(said(&o).contains("needs TLS"), "{}", said(&o));
-    let mut c = ferry();
-    c.args([
-        "serve",
-        "--protection",
-        "private",
-        "--root",
-        "d=/tmp",
-        "--token",
-        TOKEN,
-    ])
-    .args(["--listen", "tcp://127.0.0.1:0"]);
-    let o = run(c);
-    assert!(!o.status.success());
-    assert!(said(&o).contains("not offered"), "{}", said(&o));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -116,7 +121,21 @@ struct Mitm {
     tampered: Arc<AtomicUsize>,
 }
 
+/// What a [`mitm`] changes.
+#[derive(Clone, Copy)]
+enum Change {
+    /// A block payload that starts with [`MARK`]: its first byte flipped, its CRC fixed.
+    Mark,
+    /// A sealed BLOCK of `block` bytes (its header found by its length, type and flag): a
+    /// byte of its ciphertext flipped.
+    Sealed,
+}
+
 fn mitm(to: &str, block: usize, budget: usize) -> Mitm {
+    mitm_changing(to, block, budget, Change::Mark)
+}
+
+fn mitm_changing(to: &str, block: usize, budget: usize, change: Change) -> Mitm {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap().to_string();
     let tampered = Arc::new(AtomicUsize::new(0));
@@ -129,8 +148,8 @@ fn mitm(to: &str, block: usize, budget: usize) -> Mitm {
             };
             let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
             let (up, down) = (Arc::clone(&t), Arc::clone(&t));
-            std::thread::spawn(move || forward(client, server, Some((block, budget, up))));
-            std::thread::spawn(move || forward(s2, c2, Some((block, budget, down))));
+            std::thread::spawn(move || forward(client, server, Some((block, budget, up)), change));
+            std::thread::spawn(move || forward(s2, c2, Some((block, budget, down)), change));
         }
     });
     Mitm { addr, tampered }
@@ -150,7 +169,11 @@ fn forward(
     mut from: TcpStream,
     mut to: TcpStream,
     tamper: Option<(usize, usize, Arc<AtomicUsize>)>,
+    change: Change,
 ) {
+    if let (Change::Sealed, Some(t)) = (change, tamper.clone()) {
+        return forward_sealed(from, to, t);
+    }
     let _ = from.set_read_timeout(Some(Duration::from_millis(5)));
     let mut buf = vec![0u8; 64 * 1024];
     let mut pending: Vec<u8> = Vec::new();
@@ -295,4 +318,128 @@ fn at_clear_the_sealed_file_hash_still_refuses_a_wrong_file() {
         assert!(!back.exists(), "a wrong file was committed: {}", said(&o));
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// [`forward`] for [`Change::Sealed`]: finds the headers of sealed BLOCKs of `block` bytes
+/// (`len u32` = 32 + block + 24, type 11, flag 1, two zero bytes) and flips a byte 1000
+/// bytes into the ciphertext after each, `budget` times in all. The bytes from a header on
+/// are held back until that byte is here (or the stream pauses).
+fn forward_sealed(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    (block, budget, done): (usize, usize, Arc<AtomicUsize>),
+) {
+    const INTO: usize = 32 + 1000;
+    let mut head = ((32 + block + 24) as u32).to_le_bytes().to_vec();
+    head.extend_from_slice(&[11, 1, 0, 0]);
+    let _ = from.set_read_timeout(Some(Duration::from_millis(5)));
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut pending: Vec<u8> = Vec::new();
+    // Stream offsets: bytes already forwarded, and where the last header changed was.
+    let (mut base, mut changed_to) = (0usize, 0usize);
+    loop {
+        let (n, paused) = match from.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => (n, false),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                (0, true)
+            }
+            Err(_) => break,
+        };
+        pending.extend_from_slice(&buf[..n]);
+        let mut hold = None;
+        let mut from_i = changed_to.saturating_sub(base);
+        while done.load(Ordering::SeqCst) < budget {
+            let Some(at) = pending[from_i.min(pending.len())..]
+                .windows(head.len())
+                .position(|w| w == head)
+                .map(|p| p + from_i)
+            else {
+                break;
+            };
+            if at + INTO >= pending.len() {
+                hold = Some(at);
+                break;
+            }
+            pending[at + INTO] ^= 0x40;
+            done.fetch_add(1, Ordering::SeqCst);
+            changed_to = base + at + 1;
+            from_i = at + 1;
+        }
+        let partial = (1..head.len())
+            .rev()
+            .find(|&k| pending.ends_with(&head[..k]));
+        let keep = match (paused, hold, partial) {
+            (true, _, _) => 0,
+            (false, Some(at), _) => pending.len() - at,
+            (false, None, Some(k)) => k,
+            (false, None, None) => 0,
+        };
+        let out = pending.len() - keep;
+        if out > 0 && to.write_all(&pending[..out]).is_err() {
+            break;
+        }
+        pending.drain(..out);
+        base += out;
+    }
+    let _ = to.write_all(&pending);
+    let _ = to.shutdown(std::net::Shutdown::Both);
+}
+
+/// At `private`, a download and an upload through a proxy that flips a byte inside the
+/// ciphertext of two sealed blocks on `driver`: those blocks fail to open and are sent
+/// again (the download's by a ranged GET), and both copies land byte-identical.
+fn sealed_blocks_changed_are_fetched_again(driver: &str) {
+    let dir = scratch("mitm-private");
+    let src = marked_file(&dir);
+    let s = serve_as(ferry(), driver, &[], &["--protection", "private"]);
+    std::fs::copy(&src, s.root.join("marked")).unwrap();
+    let hostport = s.addr.split_once("://").unwrap().1.to_string();
+    let bs = BLOCK.to_string();
+    let m = mitm_changing(&hostport, BLOCK, 2, Change::Sealed);
+    let url = format!("{driver}://{}/d/marked", m.addr);
+    let back = dir.join("back");
+    let args = ["--protect", "private", "--block-size", &bs];
+    let o = cp(&[&args[..], &[&url, back.to_str().unwrap()]].concat(), &[]);
+    assert!(o.status.success(), "{}", said(&o));
+    assert_eq!(
+        m.tampered.load(Ordering::SeqCst),
+        2,
+        "the proxy found the blocks"
+    );
+    assert!(
+        said(&o).contains("private block failed to open"),
+        "{}",
+        said(&o)
+    );
+    same_file(&src, &back);
+    let m = mitm_changing(&hostport, BLOCK, 2, Change::Sealed);
+    let up = format!("{driver}://{}/d/up", m.addr);
+    let v = ok(&cp(
+        &[&args[..], &[src.to_str().unwrap(), &up]].concat(),
+        &[],
+    ));
+    assert_eq!(
+        m.tampered.load(Ordering::SeqCst),
+        2,
+        "the proxy found the blocks"
+    );
+    assert_eq!(v["blocks_resent"].as_u64(), Some(2), "{v}");
+    same_file(&src, &s.root.join("up"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn sealed_blocks_changed_are_fetched_again_tcp() {
+    sealed_blocks_changed_are_fetched_again("tcp");
+}
+
+#[test]
+fn sealed_blocks_changed_are_fetched_again_ofi_tcp() {
+    sealed_blocks_changed_are_fetched_again("ofi+tcp");
 }

@@ -346,6 +346,24 @@ impl Buffer {
         f(unsafe { self.bytes(offset, len) })
     }
 
+    /// Runs `f` over `len` bytes at `offset`, mutably and in place (no copy): how a block
+    /// is encrypted in its staging block before it is sent, or decrypted in its receive
+    /// buffer. Panics if the range is out of bounds (a caller bug). The caller holds the
+    /// range idle while `f` runs: no operation in flight on it (a staging block not yet
+    /// sent, a completed receive not yet posted again) and no other view of it, the
+    /// contract `write_at` relies on.
+    pub fn with_bytes_mut<R>(
+        &self,
+        offset: usize,
+        len: usize,
+        f: impl FnOnce(&mut [u8]) -> R,
+    ) -> R {
+        self.check(offset, len);
+        // SAFETY: range checked just above; the caller keeps the range idle and unviewed
+        // while `f` runs (documented above), so this is its only reference.
+        f(unsafe { self.bytes_mut(offset, len) })
+    }
+
     /// Fills the whole buffer with `byte`.
     pub fn fill(&self, byte: u8) {
         // SAFETY: whole allocation; same contract as write_at.

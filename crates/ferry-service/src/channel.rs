@@ -184,6 +184,16 @@ impl Held {
             (None, None) => f(&[]),
         }
     }
+
+    /// Runs `f` over the message's bytes mutably, in place (a `private` block is decrypted
+    /// where it landed). The buffer is this receiver's alone until it is dropped.
+    pub fn with_bytes_mut<R>(&mut self, f: impl FnOnce(&mut [u8]) -> R) -> R {
+        match (&self.buf, &mut self.opened) {
+            (Some(b), _) => b.buffer().with_bytes_mut(b.offset(), self.len, f),
+            (None, Some(v)) => f(v),
+            (None, None) => f(&mut []),
+        }
+    }
 }
 
 impl Drop for Held {

@@ -229,11 +229,30 @@ impl BlockSink {
             self.refetch(h, h.check.failure());
             return Ok(());
         }
+        self.accept(file, h, payload);
+        Ok(())
+    }
+
+    /// Opens a `private` block in place (`wire`: its ciphertext and seal trailer,
+    /// [`crate::secure::protect::BlockCheck::open`]) and lands its bytes as
+    /// [`BlockSink::block`] does a good block's; one that does not open is remembered for a
+    /// re-fetch, never written.
+    pub fn sealed_block(&mut self, file: Option<&File>, h: &Block, wire: &mut [u8]) -> Result<()> {
+        self.check_bounds(h)?;
+        match h.check.open(h.transfer, h.offset, h.len, wire) {
+            Some(plain) => self.accept(file, h, plain),
+            None => self.refetch(h, h.check.failure()),
+        }
+        Ok(())
+    }
+
+    /// Lands a checked block: writes and hashes it (a memory-mode sink only records it).
+    fn accept(&mut self, file: Option<&File>, h: &Block, payload: &[u8]) {
         let Some(file) = file else {
             if self.window.is_some() {
                 self.got.insert(h.offset, h.offset + u64::from(h.len));
             }
-            return Ok(());
+            return;
         };
         self.store(file, h, payload);
         if let Some(t) = &self.tree {
@@ -245,7 +264,6 @@ impl BlockSink {
         } else {
             self.rehash = true;
         }
-        Ok(())
     }
 
     /// A whole file in one block (a FILE frame), with the file's BLAKE3 from the sender:

@@ -52,6 +52,12 @@ struct Landed<P> {
 trait Payload {
     /// Runs `f` over the bytes, in place.
     fn with_payload<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R;
+
+    /// Runs `f` over the bytes mutably (a `private` block is opened in place): a copy
+    /// unless the bytes are this slot's own.
+    fn with_payload_mut<R>(&mut self, f: impl FnOnce(&mut [u8]) -> R) -> R {
+        self.with_payload(|b| f(&mut b.to_vec()))
+    }
 }
 
 impl Payload for &[u8] {
@@ -73,6 +79,16 @@ impl Payload for Received {
     fn with_payload<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
         match self {
             Received::Held { held, at } => held.with_bytes(|b| f(b.get(*at..).unwrap_or(&[]))),
+            Received::Copied(v) => f(v),
+        }
+    }
+
+    fn with_payload_mut<R>(&mut self, f: impl FnOnce(&mut [u8]) -> R) -> R {
+        match self {
+            Received::Held { held, at } => {
+                let at = *at;
+                held.with_bytes_mut(|b| f(b.get_mut(at..).unwrap_or(&mut [])))
+            }
             Received::Copied(v) => f(v),
         }
     }
@@ -156,14 +172,19 @@ impl Lander {
 
     /// The ring's `Write` of `slot`, then its `Repost`.
     fn write<P: Payload>(&mut self, slots: &mut [Option<Landed<P>>], slot: SlotId) {
-        let landed = slots.get_mut(slot).and_then(Option::take);
+        let mut landed = slots.get_mut(slot).and_then(Option::take);
         let before = self.sink.stored();
-        if let (Some(l), true) = (&landed, self.fatal.is_none()) {
-            let (sink, file) = (&mut self.sink, self.file.as_ref());
-            let res = l.payload.with_payload(|b| match &l.whole {
-                Some(hash) => sink.whole_file(file, &l.block, b, hash),
-                None => sink.block(file, &l.block, b),
-            });
+        if let (Some(l), true) = (&mut landed, self.fatal.is_none()) {
+            let (sink, file, block) = (&mut self.sink, self.file.as_ref(), l.block);
+            let res = match &l.whole {
+                Some(hash) => l
+                    .payload
+                    .with_payload(|b| sink.whole_file(file, &block, b, hash)),
+                None if block.check.seals() => l
+                    .payload
+                    .with_payload_mut(|b| sink.sealed_block(file, &block, b)),
+                None => l.payload.with_payload(|b| sink.block(file, &block, b)),
+            };
             if let Err(e) = res {
                 self.fatal = Some(e);
             }

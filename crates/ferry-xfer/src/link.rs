@@ -38,6 +38,9 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 // header must fill it exactly, so the payload stays aligned for direct I/O.
 const _: () = assert!(BLOCK_HEADER_LEN == FRAME_HEAD);
 
+// A sealed BLOCK's trailer is the floor's seal trailer.
+const _: () = assert!(proto::BLOCK_SEAL_TRAILER == ferry_service::secure::protect::SEAL_TRAILER);
+
 /// A connected transfer link: the floor's EXS channel carrying this protocol's frames.
 pub struct Link(Channel);
 
@@ -210,7 +213,8 @@ impl BlockSender {
     /// Sends `span` of `src` as BLOCK frames of `span.file_id`, feeding every byte read to
     /// `digest`, and `progress` with each block's length (see
     /// [`Sender::send_range`]: read in place, checked there, no copy), each block carrying
-    /// the check value the link's protection asks for (CRC-32C or integrity tag).
+    /// the check value the link's protection asks for (CRC-32C or integrity tag), or sealed
+    /// (encrypted in place, its header flagged [`proto::BLOCK_SEALED`]) at `private`.
     pub fn send_range(
         &mut self,
         link: &Link,
@@ -221,6 +225,7 @@ impl BlockSender {
     ) -> Result<()> {
         self.ring.direct = self.direct;
         self.ring.check = link.protection().send;
+        let sealed = self.ring.check.seals();
         let head = |p: &Piece, crc32c: u32| {
             let h = BlockHeader {
                 file_id: p.transfer,
@@ -229,8 +234,12 @@ impl BlockSender {
                 len: p.len as u32,
                 crc32c,
             };
-            proto::encode_block_header(&h)
-                .map_err(|e| XferError::conn(format!("encode block: {e}")))
+            let head = if sealed {
+                proto::encode_sealed_block_header(&h)
+            } else {
+                proto::encode_block_header(&h)
+            };
+            head.map_err(|e| XferError::conn(format!("encode block: {e}")))
         };
         self.ring
             .send_range(link.socket(), src, span.into(), digest, progress, &head)

@@ -80,6 +80,12 @@ pub const MAX_BLOCK: u32 = 64 << 20;
 pub const MIN_BLOCK: u32 = 4096;
 /// The length of a BLOCK frame without its payload.
 pub const BLOCK_HEADER_LEN: usize = HEADER_LEN + 4 + 2 + 2 + 8 + 4 + 4;
+/// BLOCK header flag (1.9, data protection `private`): the payload is the block's
+/// AES-256-GCM ciphertext, `len` bytes, followed by [`BLOCK_SEAL_TRAILER`] bytes (the tag
+/// and the nonce's sequence number); the check value field is 0.
+pub const BLOCK_SEALED: u8 = 1;
+/// The bytes after a sealed BLOCK's ciphertext ([`BLOCK_SEALED`]).
+pub const BLOCK_SEAL_TRAILER: usize = 24;
 /// The length of a FILE frame without its payload.
 pub const FILE_HEADER_LEN: usize = HEADER_LEN + 4 + 4 + 4 + 32;
 /// The length of a PACK frame without the frames it carries.
@@ -658,12 +664,14 @@ impl Field<Entry> for EntryCodec {
 }
 
 /// [`BlockHeader`]: `file_id u32, stream u16, reserved u16, offset u64, len u32, crc32c
-/// u32`, then exactly `len` payload bytes.
+/// u32`, then exactly `len` payload bytes, and [`BLOCK_SEAL_TRAILER`] more when the header
+/// flag [`BLOCK_SEALED`] is set (the payload then includes them).
 struct BlockCodec;
 
 impl Field<BlockHeader> for BlockCodec {
     const MIN: usize = BLOCK_HEADER_LEN - HEADER_LEN;
-    const MAX: usize = Self::MIN + MAX_BLOCK as usize;
+    const MAX: usize = Self::MIN + MAX_BLOCK as usize + BLOCK_SEAL_TRAILER;
+    const FLAGS: u8 = BLOCK_SEALED;
     const PAYLOAD: bool = true;
     fn put(
         h: &BlockHeader,
@@ -705,7 +713,12 @@ impl Field<BlockHeader> for BlockCodec {
         if h.offset.checked_add(u64::from(h.len)).is_none() {
             return Err(ReadError::Invalid("block range overflows"));
         }
-        cx.payload = r.take(h.len as usize)?;
+        let trailer = if cx.flags & BLOCK_SEALED != 0 {
+            BLOCK_SEAL_TRAILER
+        } else {
+            0
+        };
+        cx.payload = r.take(h.len as usize + trailer)?;
         Ok(h)
     }
 }
@@ -858,6 +871,16 @@ pub fn encode_block_header(h: &BlockHeader) -> Result<[u8; BLOCK_HEADER_LEN], En
     encode(&Msg::Block(*h), &mut v)?;
     let mut a = [0u8; BLOCK_HEADER_LEN];
     a.copy_from_slice(&v);
+    Ok(a)
+}
+
+/// The header of a sealed BLOCK ([`BLOCK_SEALED`]): `h.len` ciphertext bytes and the seal
+/// trailer follow it, and its check value is 0.
+pub fn encode_sealed_block_header(h: &BlockHeader) -> Result<[u8; BLOCK_HEADER_LEN], EncodeError> {
+    let mut a = encode_block_header(&BlockHeader { crc32c: 0, ..*h })?;
+    let total = u32::from_le_bytes([a[0], a[1], a[2], a[3]]) + BLOCK_SEAL_TRAILER as u32;
+    a[..4].copy_from_slice(&total.to_le_bytes());
+    a[5] |= BLOCK_SEALED;
     Ok(a)
 }
 

@@ -1,5 +1,6 @@
 //! `ferry bench cp`: `ferry cp` against GridFTP (globus-url-copy -p 1 and -p 4, -fast),
-//! XRootD (xrdcp) and iperf3, in the same run, on loopback: a large file from /dev/shm to
+//! XRootD (xrdcp), iperf3 and, as the encrypted peer, OpenSSH (`scp`, `rsync -e ssh`
+//! against a throwaway `sshd`), in the same run, on loopback: a large file from /dev/shm to
 //! /dev/null (ferry also memory to memory: zero source, null sink), disk to disk after
 //! dropping the page cache, and a tree of small files. Tools interleave per repetition
 //! (A B A B); medians; the summary takes ferry's best driver against the peer's best variant
@@ -22,7 +23,7 @@ use super::report::{emit, median, round, DriverStatus, Machine, Report};
 use data::Workspace;
 use report::CpReport;
 pub use report::CpRow;
-use tools::{installed, run_client, Measured, Server};
+use tools::{installed, run_client, Measured, Server, Sshd};
 
 /// Options of `ferry bench cp`.
 #[derive(Args)]
@@ -50,6 +51,7 @@ const STREAMS: &str = report::STREAMS;
 const NO_CACHE: &str = report::NO_CACHE;
 const NO_CHECKSUMS: &str = report::NO_CHECKSUMS;
 const CLEAR: &str = report::CLEAR;
+const PRIVATE: &str = report::PRIVATE;
 /// The test switch that turns checksums off in a ferry process (`NO_CHECKSUMS` rows).
 const CHECKSUMS_OFF: (&str, &str) = ("FERRY_TEST_NO_CHECKSUMS", "1");
 
@@ -169,6 +171,7 @@ struct Servers {
     gridftp: Result<Server>,
     xrootd: Result<Server>,
     iperf3: Result<Server>,
+    sshd: Result<Sshd>,
 }
 
 fn need(prog: &str) -> Result<()> {
@@ -225,13 +228,21 @@ pub fn run(args: &CpArgs) -> Result<()> {
                 &[][..],
             )
         }))
+        // And at `private` (blocks encrypted): held against clear and against scp.
+        .chain(drivers.iter().filter(|_| clear).map(|d| {
+            (
+                format!("{d}{PRIVATE}"),
+                &["--protection", "private"][..],
+                &[][..],
+            )
+        }))
         .collect();
     let servers = Servers {
         ferry: variants
             .iter()
             .enumerate()
             .map(|(i, (v, extra, env))| {
-                let d = [DIRECT, NO_CACHE, NO_CHECKSUMS, CLEAR]
+                let d = [DIRECT, NO_CACHE, NO_CHECKSUMS, CLEAR, PRIVATE]
                     .iter()
                     .fold(v.as_str(), |v, s| v.strip_suffix(s).unwrap_or(v));
                 let s = addr::address(d, i)
@@ -246,13 +257,19 @@ pub fn run(args: &CpArgs) -> Result<()> {
             .and_then(|()| need("xrootd"))
             .and_then(|()| Server::xrootd(&[&ws.shm, &ws.disk], &ws.xrootd_cfg())),
         iperf3: need("iperf3").and_then(|()| Server::iperf3()),
+        sshd: if shm {
+            Sshd::start()
+        } else {
+            Err(anyhow::anyhow!("not run"))
+        },
     };
     for (name, s) in [
-        ("GridFTP", &servers.gridftp),
-        ("XRootD", &servers.xrootd),
-        ("iperf3", &servers.iperf3),
+        ("GridFTP", servers.gridftp.as_ref().err()),
+        ("XRootD", servers.xrootd.as_ref().err()),
+        ("iperf3", servers.iperf3.as_ref().err()),
+        ("OpenSSH", servers.sshd.as_ref().err().filter(|_| shm)),
     ] {
-        if let Err(e) = s {
+        if let Some(e) = s {
             notes.push(format!("{name}: {e:#}"));
         }
     }
@@ -321,9 +338,12 @@ fn cells_of(plan: &Plan, drivers: &[String]) -> Vec<Cell> {
     for d in drivers {
         v.push(Cell::new("mem", "ferry", d, big, 1));
     }
-    // At data protection `clear`, the reference of integrity_vs_clear_mem.
-    for d in drivers {
-        v.push(Cell::new("mem", "ferry", &format!("{d}{CLEAR}"), big, 1));
+    // At data protection `clear`, the reference of integrity_vs_clear_mem, and at
+    // `private` (private_vs_clear_mem).
+    for suffix in [CLEAR, PRIVATE] {
+        for d in drivers {
+            v.push(Cell::new("mem", "ferry", &format!("{d}{suffix}"), big, 1));
+        }
     }
     v.push(Cell::new("mem", "iperf3", "", big, 1));
     for d in drivers {
@@ -331,12 +351,18 @@ fn cells_of(plan: &Plan, drivers: &[String]) -> Vec<Cell> {
     }
     // The same, hashing every run (a server without the checksum cache: what the first run
     // of an unchanged file costs), with checksums off (the reference of checksum_cost), and
-    // at data protection `clear` (the reference of integrity_vs_clear_shm).
-    for suffix in [NO_CACHE, NO_CHECKSUMS, CLEAR] {
+    // at data protection `clear` (the reference of integrity_vs_clear_shm) and `private`.
+    for suffix in [NO_CACHE, NO_CHECKSUMS, CLEAR, PRIVATE] {
         for d in drivers {
             v.push(Cell::new("shm", "ferry", &format!("{d}{suffix}"), big, 1));
         }
     }
+    // The encrypted copies users have today: scp with OpenSSH's default cipher
+    // (chacha20-poly1305) and with AES-256-GCM (what `private` uses), and rsync over ssh.
+    for cipher in ["", "aes256-gcm@openssh.com"] {
+        v.push(Cell::new("shm", "scp", cipher, big, 1));
+    }
+    v.push(Cell::new("shm", "rsync", "-e ssh", big, 1));
     for p in ["-p 1", "-p 4"] {
         v.push(Cell::new("shm", "gridftp", p, big, 1));
     }
@@ -458,6 +484,9 @@ fn transfer(plan: &Plan, ws: &Workspace, servers: &Servers, row: &CpRow) -> Resu
             if row.variant.ends_with(CLEAR) {
                 c.args(["--protect", "clear"]);
             }
+            if row.variant.ends_with(PRIVATE) {
+                c.args(["--protect", "private"]);
+            }
             let remote = |rel: &str| format!("{}/{rel}", server.addr);
             match row.workload.as_str() {
                 "mem" => c
@@ -508,6 +537,22 @@ fn transfer(plan: &Plan, ws: &Workspace, servers: &Servers, row: &CpRow) -> Resu
             .arg(&dst);
             (Some(server), c)
         }
+        "scp" => {
+            let sshd = servers
+                .sshd
+                .as_ref()
+                .map_err(|e| anyhow::anyhow!("OpenSSH: {e:#}"))?;
+            (Some(&sshd.server), sshd.scp(&row.variant, &src, &dst))
+        }
+        // rsync replaces its destination through a temporary file, so it writes a file in
+        // /dev/shm (removed after) where the others write to /dev/null.
+        "rsync" => {
+            let sshd = servers
+                .sshd
+                .as_ref()
+                .map_err(|e| anyhow::anyhow!("OpenSSH: {e:#}"))?;
+            (Some(&sshd.server), sshd.rsync(&src, &rsync_out(ws)))
+        }
         "iperf3" => {
             let server = ok(&servers.iperf3, "iperf3")?;
             let mut c = Command::new("iperf3");
@@ -538,5 +583,13 @@ fn transfer(plan: &Plan, ws: &Workspace, servers: &Servers, row: &CpRow) -> Resu
         m.secs = row.bytes as f64 / (s.value * 1e9);
     }
     ws.clear_output(&row.workload)?;
+    if row.tool == "rsync" {
+        std::fs::remove_file(rsync_out(ws)).context("removing rsync's output")?;
+    }
     Ok(m)
+}
+
+/// Where the rsync rows write (a file beside the shm workload's source).
+fn rsync_out(ws: &Workspace) -> PathBuf {
+    ws.shm.join("out-rsync")
 }

@@ -16,7 +16,8 @@ pub struct CpRow {
     /// `disk` (a file on disk → a file on disk, caches dropped first), `small` (a tree of
     /// small files in /dev/shm → /dev/shm).
     pub workload: String,
-    /// `ferry`, `gridftp`, `xrdcp`, `iperf3`, or `fio` (the disk alone: `read`, `write`).
+    /// `ferry`, `gridftp`, `xrdcp`, `iperf3`, `scp`, `rsync`, or `fio` (the disk alone:
+    /// `read`, `write`).
     pub tool: String,
     /// ferry's driver with what differs from the default run ([`DIRECT`], [`STREAMS`],
     /// [`NO_CACHE`], [`NO_CHECKSUMS`]), or the peer's variant (`-p 1`, `-p 4`).
@@ -57,9 +58,14 @@ pub const NO_CHECKSUMS: &str = " no-checksums";
 /// (every other row runs at the default, `integrity`).
 pub const CLEAR: &str = " clear";
 
+/// The variant suffix of ferry rows at data protection `private` (`ferry cp --protect
+/// private`, blocks encrypted with AES-256-GCM): held against [`CLEAR`] rows
+/// (`private_vs_clear_*`) and OpenSSH (`private_vs_scp`), and in no other ratio.
+pub const PRIVATE: &str = " private";
+
 /// The driver of a ferry row's variant (`tcp --direct` and `tcp -p 4` are tcp).
 fn driver_of(variant: &str) -> &str {
-    [DIRECT, STREAMS, NO_CACHE, NO_CHECKSUMS, CLEAR]
+    [DIRECT, STREAMS, NO_CACHE, NO_CHECKSUMS, CLEAR, PRIVATE]
         .iter()
         .fold(variant, |v, s| v.strip_suffix(s).unwrap_or(v))
 }
@@ -89,7 +95,7 @@ pub struct CpReport {
 }
 
 /// The goals: (summary key, op, bound).
-pub const GOALS: [(&str, &str, f64); 11] = [
+pub const GOALS: [(&str, &str, f64); 13] = [
     ("mem_vs_gridftp", ">=", 1.35),
     ("mem_vs_iperf3", ">=", 1.0),
     ("disk_vs_gridftp", ">=", 1.25),
@@ -99,6 +105,8 @@ pub const GOALS: [(&str, &str, f64); 11] = [
     ("checksum_cost", "<=", 0.05),
     ("cpu_vs_gridftp_shm", ">=", 2.0),
     ("integrity_vs_clear_mem", ">=", 0.95),
+    ("private_vs_clear_mem", ">=", 0.8),
+    ("private_vs_scp", ">=", 2.0),
     ("disk_default_vs_gridftp", ">=", 1.2),
     ("disk_default_vs_device", ">=", 0.85),
 ];
@@ -142,7 +150,11 @@ fn best_ratio(
         &mut rows
             .iter()
             .filter(|r| r.tool == "ferry" && r.workload == ferry_workload)
-            .filter(|r| !r.variant.ends_with(NO_CHECKSUMS) && !r.variant.ends_with(CLEAR))
+            .filter(|r| {
+                ![NO_CHECKSUMS, CLEAR, PRIVATE]
+                    .iter()
+                    .any(|s| r.variant.ends_with(s))
+            })
             .filter(|r| driver.is_none_or(|d| driver_of(&r.variant) == d)),
     )?;
     let (p, pname) = pick(
@@ -284,14 +296,21 @@ pub fn summary(rows: &[CpRow]) -> (Summary, BTreeMap<String, String>) {
         }
         out.push((key.into(), cost.map(|c| c.0)));
     }
-    for w in ["mem", "shm"] {
-        let key = format!("integrity_vs_clear_{w}");
-        let r = integrity_vs_clear(rows, w);
-        if let Some((_, names)) = &r {
-            best.insert(key.clone(), names.clone());
+    for (level, with) in [("integrity", ""), ("private", PRIVATE)] {
+        for w in ["mem", "shm"] {
+            let key = format!("{level}_vs_clear_{w}");
+            let r = level_vs_clear(rows, w, with);
+            if let Some((_, names)) = &r {
+                best.insert(key.clone(), names.clone());
+            }
+            out.push((key, r.map(|x| x.0)));
         }
-        out.push((key, r.map(|x| x.0)));
     }
+    let r = private_vs_scp(rows);
+    if let Some((_, names)) = &r {
+        best.insert("private_vs_scp".into(), names.clone());
+    }
+    out.push(("private_vs_scp".into(), r.map(|x| x.0)));
     // The same ratios with ferry on its native tcp driver alone (ofi+shm is a shared-memory
     // transport: it wins on one host but says nothing about a network).
     for (key, fw, peer, value, better) in &picks[..5] {
@@ -358,10 +377,10 @@ fn checksum_cost(rows: &[CpRow], with: &str) -> Option<(f64, String)> {
     Some((round(cost, 3), format!("{} vs {}", on.label(), off.label())))
 }
 
-/// What the default data protection (`integrity`) keeps of `clear`'s throughput on
-/// `workload`: GB/s of the driver's default row ÷ its [`CLEAR`] row, for the driver whose
-/// default row is fastest.
-fn integrity_vs_clear(rows: &[CpRow], workload: &str) -> Option<(f64, String)> {
+/// What a data protection level keeps of `clear`'s throughput on `workload`: GB/s of the
+/// driver's row of variant suffix `with` (`""`: the default, `integrity`; [`PRIVATE`]) ÷
+/// its [`CLEAR`] row, for the driver whose row at the level is fastest.
+fn level_vs_clear(rows: &[CpRow], workload: &str, with: &str) -> Option<(f64, String)> {
     let row = |variant: &str| {
         rows.iter().find(|r| {
             r.workload == workload
@@ -375,13 +394,27 @@ fn integrity_vs_clear(rows: &[CpRow], workload: &str) -> Option<(f64, String)> {
         .iter()
         .filter(|r| r.workload == workload && r.tool == "ferry")
         .filter_map(|r| r.variant.strip_suffix(CLEAR))
-        .filter_map(|d| Some((row(d)?, row(&format!("{d}{CLEAR}"))?)))
+        .filter_map(|d| Some((row(&format!("{d}{with}"))?, row(&format!("{d}{CLEAR}"))?)))
         .max_by(|a, b| gbps(a.0).total_cmp(&gbps(b.0)))?;
     let ratio = gbps(on) / gbps(off);
     Some((
         round(ratio, 3),
         format!("{} vs {}", on.label(), off.label()),
     ))
+}
+
+/// ferry encrypting (its fastest [`PRIVATE`] row on `shm`) against OpenSSH's fastest
+/// encrypted copy of the same file (`scp` or `rsync -e ssh`), GB/s.
+fn private_vs_scp(rows: &[CpRow]) -> Option<(f64, String)> {
+    let fastest = |pick: &dyn Fn(&CpRow) -> bool| {
+        rows.iter()
+            .filter(|r| r.workload == "shm" && pick(r))
+            .filter_map(|r| Some((r.gbps.filter(|g| *g > 0.0)?, r.label())))
+            .max_by(|a, b| a.0.total_cmp(&b.0))
+    };
+    let (f, fname) = fastest(&|r| r.tool == "ferry" && r.variant.ends_with(PRIVATE))?;
+    let (p, pname) = fastest(&|r| r.tool == "scp" || r.tool == "rsync")?;
+    Some((round(f / p, 3), format!("{fname} vs {pname}")))
 }
 
 /// Each goal checked.
@@ -599,6 +632,39 @@ mod tests {
         let t = targets(&s);
         let verdict = |k: &str| t.iter().find(|t| t.metric == k).map(Target::verdict);
         assert_eq!(verdict("integrity_vs_clear_mem"), Some("FAIL"));
+    }
+
+    #[test]
+    fn private_is_measured_against_clear_and_against_openssh() {
+        let rows = vec![
+            row("mem", "ferry", "tcp", 2.0, 1.0),
+            row("mem", "ferry", "tcp clear", 2.5, 0.8),
+            row("mem", "ferry", "tcp private", 2.2, 1.2),
+            row("shm", "ferry", "tcp private", 1.6, 1.2),
+            row("shm", "ferry", "ofi+tcp private", 1.8, 1.2),
+            row("shm", "scp", "", 0.3, 2.0),
+            row("shm", "scp", "aes256-gcm@openssh.com", 0.6, 2.0),
+            row("shm", "rsync", "-e ssh", 0.5, 2.0),
+            row("shm", "gridftp", "-p 4", 2.0, 3.0),
+        ];
+        let (s, best) = summary(&rows);
+        assert_eq!(s.get("private_vs_clear_mem"), Some(0.88));
+        assert_eq!(
+            best["private_vs_clear_mem"],
+            "ferry tcp private vs ferry tcp clear"
+        );
+        // ferry's fastest private shm row against OpenSSH's fastest copy.
+        assert_eq!(s.get("private_vs_scp"), Some(3.0));
+        assert_eq!(
+            best["private_vs_scp"],
+            "ferry ofi+tcp private vs scp aes256-gcm@openssh.com"
+        );
+        // Private rows are no result elsewhere: the default row (2.0) is ferry's best mem.
+        assert_eq!(s.get("mem_vs_gridftp"), Some(1.0));
+        let t = targets(&s);
+        let verdict = |k: &str| t.iter().find(|t| t.metric == k).map(Target::verdict);
+        assert_eq!(verdict("private_vs_clear_mem"), Some("pass"));
+        assert_eq!(verdict("private_vs_scp"), Some("pass"));
     }
 
     #[test]

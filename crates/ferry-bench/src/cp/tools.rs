@@ -187,6 +187,161 @@ impl Server {
     }
 }
 
+/// A throwaway OpenSSH server on a free loopback port (`scp`, `rsync -e ssh` rows): its own
+/// host key, configuration and a client key allowed in, made in a temporary directory
+/// removed with it. The peer users reach for when they want their data encrypted.
+pub struct Sshd {
+    /// The `sshd -D` process.
+    pub server: Server,
+    /// The client's private key.
+    key: std::path::PathBuf,
+    /// Whom the client logs in as (this user).
+    user: String,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for Sshd {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Where `sshd` lives, as an absolute path (sshd re-executes itself and refuses to start
+/// otherwise): on the PATH, or in /usr/sbin (not on every user's PATH).
+fn sshd_program() -> Option<std::path::PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(std::iter::once("/usr/sbin".into()))
+        .map(|d| d.join("sshd"))
+        .find(|p| p.is_absolute() && p.is_file())
+}
+
+impl Sshd {
+    /// Starts one, or says why not (OpenSSH's server or client not installed).
+    pub fn start() -> Result<Sshd> {
+        let prog = sshd_program()
+            .context("sshd not installed (openssh-server; run scripts/install-deps.sh): skipped")?;
+        for p in ["ssh", "scp", "ssh-keygen"] {
+            if !installed(p) {
+                bail!("{p} not installed (openssh-client): skipped");
+            }
+        }
+        let dir = std::env::temp_dir().join(format!("ferry-bench-sshd-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let user = whoami()?;
+        let port = free_port()?;
+        for key in ["host_key", "client_key"] {
+            let st = Command::new("ssh-keygen")
+                .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+                .arg(dir.join(key))
+                .stdin(Stdio::null())
+                .status()
+                .context("running ssh-keygen")?;
+            if !st.success() {
+                bail!("ssh-keygen failed ({st})");
+            }
+        }
+        std::fs::copy(dir.join("client_key.pub"), dir.join("authorized_keys"))
+            .context("writing authorized_keys")?;
+        let cfg = dir.join("sshd_config");
+        std::fs::write(&cfg, sshd_config(&dir, port)).context("writing sshd_config")?;
+        if rustix::process::getuid().is_root() {
+            // sshd's privilege separation directory, which its package makes at boot.
+            let _ = std::fs::create_dir_all("/run/sshd");
+        }
+        let mut child = Command::new(&prog)
+            .args(["-D", "-e", "-f"])
+            .arg(&cfg)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting sshd")?;
+        wait_listening(port, &mut child, "sshd")?;
+        Ok(Sshd {
+            server: Server {
+                child,
+                addr: port.to_string(),
+            },
+            key: dir.join("client_key"),
+            user,
+            dir,
+        })
+    }
+
+    /// The ssh options every client here takes: this server's port, the client key, and
+    /// no host-key bookkeeping (the host key is a throwaway).
+    fn ssh_opts(&self, port_flag: &str) -> Vec<String> {
+        let mut v = vec![port_flag.to_string(), self.server.addr.clone(), "-i".into()];
+        v.push(self.key.display().to_string());
+        for o in [
+            "StrictHostKeyChecking=no",
+            "UserKnownHostsFile=/dev/null",
+            "BatchMode=yes",
+            "LogLevel=ERROR",
+        ] {
+            v.extend(["-o".to_string(), o.to_string()]);
+        }
+        v
+    }
+
+    /// `user@127.0.0.1:path`.
+    fn remote(&self, path: &Path) -> String {
+        format!("{}@127.0.0.1:{}", self.user, path.display())
+    }
+
+    /// `scp` of `src` on this server to `dst`, with `cipher` if not empty.
+    pub fn scp(&self, cipher: &str, src: &Path, dst: &Path) -> Command {
+        let mut c = Command::new("scp");
+        c.arg("-q").args(self.ssh_opts("-P"));
+        if !cipher.is_empty() {
+            c.args(["-c", cipher]);
+        }
+        c.arg(self.remote(src)).arg(dst);
+        c
+    }
+
+    /// `rsync -e ssh` of `src` on this server to `dst` (whole file: nothing to compare).
+    pub fn rsync(&self, src: &Path, dst: &Path) -> Command {
+        let mut c = Command::new("rsync");
+        let ssh = std::iter::once("ssh".to_string())
+            .chain(self.ssh_opts("-p"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        c.args(["-q", "--whole-file", "-e", &ssh])
+            .arg(self.remote(src))
+            .arg(dst);
+        c
+    }
+}
+
+/// An `sshd_config` for a server of its own on 127.0.0.1:`port` whose files are in `dir`:
+/// key logins only, this user's key only, root allowed (the bench may run as root), SFTP
+/// for scp (OpenSSH 9's scp speaks SFTP).
+fn sshd_config(dir: &Path, port: u16) -> String {
+    let d = dir.display();
+    format!(
+        "Port {port}\nListenAddress 127.0.0.1\nHostKey {d}/host_key\n\
+         AuthorizedKeysFile {d}/authorized_keys\nPidFile none\nPermitRootLogin yes\n\
+         StrictModes no\nUsePAM no\nPasswordAuthentication no\n\
+         KbdInteractiveAuthentication no\nSubsystem sftp internal-sftp\n"
+    )
+}
+
+/// This process's user name (`id -un`).
+fn whoami() -> Result<String> {
+    let out = Command::new("id")
+        .arg("-un")
+        .output()
+        .context("running id -un")?;
+    let name = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if name.is_empty() {
+        bail!("no user name for this process");
+    }
+    Ok(name)
+}
+
 /// How long a server may keep working after its client exited (a forking server reaps
 /// the session's process) before its CPU is read.
 const SETTLE: Duration = Duration::from_millis(200);

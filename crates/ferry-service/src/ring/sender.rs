@@ -93,7 +93,7 @@ pub struct Sender {
     /// was 40 % of a memory-mode server's CPU.
     zero_digest: Option<(usize, BlockDigest)>,
     /// How each block's check value is computed: CRC-32C, or the connection's integrity
-    /// tag ([`crate::secure::protect`]).
+    /// tag; or how it is encrypted, at `private` ([`crate::secure::protect`]).
     pub check: BlockCheck,
     timeout: Duration,
     /// Read files with direct I/O (`O_DIRECT`, bypassing the page cache) where the
@@ -313,11 +313,12 @@ impl Sender {
         let res = self.fill(range, slot, &buf, piece, after_read);
         match res {
             Ok(len) => {
+                let wire = len + self.check.trailer();
                 let msg = buf
-                    .slice(..FRAME_HEAD + len)
+                    .slice(..FRAME_HEAD + wire)
                     .map_err(|e| Error::conn(format!("slice staging block: {e}")))?;
                 self.msgs[slot] = Some(msg);
-                self.ring.filled(slot, FRAME_HEAD + len);
+                self.ring.filled(slot, FRAME_HEAD + wire);
                 (range.progress)(len as u64);
                 Ok(())
             }
@@ -328,7 +329,8 @@ impl Sender {
         }
     }
 
-    /// Fills `buf` (slot `slot`) with `piece` and its header; the payload's length.
+    /// Fills `buf` (slot `slot`) with `piece` and its header; the payload's length (a sealed
+    /// block's [`BlockCheck::trailer`] follows it).
     fn fill(
         &mut self,
         range: &mut RangeRead<'_, '_>,
@@ -338,7 +340,7 @@ impl Sender {
         after_read: &mut dyn FnMut(u64, &[u8]) -> Result<()>,
     ) -> Result<usize> {
         let n = usize::try_from(piece.len).map_err(|_| Error::conn("internal: block too large"))?;
-        if buf.len() < FRAME_HEAD + n {
+        if buf.len() < FRAME_HEAD + n + self.check.trailer() {
             return Err(Error::conn("internal: staging block too small"));
         }
         let (mem, at) = (buf.buffer(), buf.offset() + FRAME_HEAD);
@@ -352,6 +354,9 @@ impl Sender {
                     mem.copy_from(at, &zero_block(self.block()), 0, self.block());
                 }
             }
+        }
+        if self.check.seals() {
+            return self.seal(range, slot, buf, piece, after_read);
         }
         // A zero source's staging blocks hold zeros (`zeroed`), so one digest serves them
         // all (its block's place goes into the check value after).
@@ -385,15 +390,48 @@ impl Sender {
         Ok(n)
     }
 
-    /// `slot`'s block (allocated on its first use), with byte 0 where a frame header starts.
+    /// Encrypts the block read into `buf`'s payload area in place (once the digest was fed
+    /// its bytes) and writes its header: the frame's header, ciphertext and seal trailer.
+    /// The payload's length.
+    fn seal(
+        &mut self,
+        range: &mut RangeRead<'_, '_>,
+        slot: SlotId,
+        buf: &ExsBuf,
+        piece: Piece,
+        after_read: &mut dyn FnMut(u64, &[u8]) -> Result<()>,
+    ) -> Result<usize> {
+        let n = piece.len as usize;
+        let (mem, at, check) = (buf.buffer(), buf.offset() + FRAME_HEAD, self.check);
+        // The ciphertext replaces a zero source's zeros: cleared again before next use.
+        self.zeroed.remove(&slot);
+        mem.with_bytes_mut(at, n + check.trailer(), |b| -> Result<()> {
+            after_read(piece.offset, &b[..n])?;
+            check.seal(piece.transfer, piece.offset, b)
+        })?;
+        let head = (range.head)(&piece, 0)?;
+        buf.write_at(0, &head)
+            .map_err(|e| Error::conn(format!("fill staging block: {e}")))?;
+        test_corrupt(buf, FRAME_HEAD, n);
+        Ok(n)
+    }
+
+    /// `slot`'s block (allocated on its first use, or again if the one kept is too small
+    /// for a sealed block's trailer), with byte 0 where a frame header starts.
     fn block_of(&mut self, sock: &ExsSocket, slot: SlotId) -> Result<ExsBuf> {
-        match self.blocks[slot].take() {
-            Some(b) => b
-                .slice(HEAD_ROOM - FRAME_HEAD..)
-                .map_err(|e| Error::conn(format!("slice staging block: {e}"))),
-            None => {
-                let buf =
-                    alloc_aligned(sock, FRAME_HEAD + self.block(), "staging block", Use::Send)?;
+        let room = FRAME_HEAD + self.block() + self.check.trailer();
+        let kept = self.blocks[slot].take().map(|b| {
+            b.slice(HEAD_ROOM - FRAME_HEAD..)
+                .map_err(|e| Error::conn(format!("slice staging block: {e}")))
+        });
+        match kept {
+            Some(Ok(b)) if b.len() >= room => Ok(b),
+            Some(Err(e)) => Err(e),
+            small => {
+                if let Some(Ok(b)) = small {
+                    self.staged_bytes = self.staged_bytes.saturating_sub(pinned(&b));
+                }
+                let buf = alloc_aligned(sock, room, "staging block", Use::Send)?;
                 self.staged_bytes += pinned(&buf);
                 Ok(buf)
             }

@@ -7,8 +7,11 @@
 //!   that only the two ends know (the TLS exporter under [`DATA_LABEL`], one key per
 //!   direction), so a byte changed on the path fails the block's check: the receiver
 //!   re-fetches it, as it does a block whose CRC failed, and never writes it.
-//! - [`Level::Private`]: reserved for encrypted blocks; no server of this version offers
-//!   it, so a client that requires it is refused (fail closed), never served less.
+//! - [`Level::Private`]: each block is encrypted and authenticated with AES-256-GCM under
+//!   a key per direction (the TLS exporter under [`PRIVATE_LABEL`]), in place in its
+//!   staging block whether it then travels as a message or by RMA, and opened in place in
+//!   the receiver's buffer; a block that fails to open is re-fetched, never written
+//!   ([`BlockCheck::seal`], [`BlockCheck::open`]).
 //!
 //! The tag is [`tag`]: the first four bytes of BLAKE3 keyed by the session key over the
 //! block's transfer, offset, length and the BLAKE3 of its bytes. It takes the CRC-32C's
@@ -29,14 +32,29 @@
 //! single-stream paths to hash by tree, which is
 //! left for later (`docs/security.md`, "Cost").
 
+use std::cell::RefCell;
 use std::fmt;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
 
 use crate::error::{Error, Kind, Result};
 
 /// The label of the TLS exporter value the data keys derive from (RFC 8446 7.5); the
 /// context is the direction ([`Direction`]).
 pub const DATA_LABEL: &[u8] = b"EXPORTER-ferry-data-integrity";
+
+/// The label of the exporter value the `private` level's AES-256-GCM keys derive from (a
+/// key of its own, never the integrity key); the context is the direction.
+pub const PRIVATE_LABEL: &[u8] = b"EXPORTER-ferry-data-private";
+
+/// The bytes a `private` block carries after its ciphertext: the 16-byte AES-GCM tag, then
+/// the 8-byte sequence number its nonce was made from (little-endian).
+pub const SEAL_TRAILER: usize = AEAD_TAG + 8;
+
+/// The AES-GCM tag's length.
+const AEAD_TAG: usize = 16;
 
 /// How a connection's data blocks are protected, weakest first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -45,7 +63,7 @@ pub enum Level {
     Clear,
     /// A keyed tag per block (the default).
     Integrity,
-    /// Encrypted blocks (not offered by this version).
+    /// Encrypted and authenticated blocks (AES-256-GCM).
     Private,
 }
 
@@ -73,11 +91,6 @@ impl Level {
         [Level::Clear, Level::Integrity, Level::Private]
             .into_iter()
             .find(|l| l.code() == code)
-    }
-
-    /// Whether this version can protect data at this level.
-    pub fn built(self) -> bool {
-        self != Level::Private
     }
 }
 
@@ -118,16 +131,10 @@ pub fn check_allowed(levels: &[Level]) -> Result<()> {
     if levels.is_empty() {
         return Err(Error::new(
             Kind::Usage,
-            "[security] protection lists no level: name at least one of clear, integrity",
+            "[security] protection lists no level: name at least one of clear, integrity, private",
         ));
     }
-    match levels.iter().find(|l| !l.built()) {
-        Some(l) => Err(Error::new(
-            Kind::Usage,
-            format!("[security] protection: {l} is not offered by this version of ferry"),
-        )),
-        None => Ok(()),
-    }
+    Ok(())
 }
 
 /// Which way a block travels, the context of its key's exporter value.
@@ -139,7 +146,8 @@ pub enum Direction {
     ToClient,
 }
 
-/// A block's check value: CRC-32C, or the keyed tag of a session.
+/// A block's check value: CRC-32C, or the keyed tag of a session; or, at `private`, the
+/// block's encryption, which checks it too.
 #[derive(Clone, Copy, PartialEq, Eq, Default)]
 pub enum BlockCheck {
     /// CRC-32C of the bytes (clear data, and frames that carry their own check).
@@ -147,6 +155,9 @@ pub enum BlockCheck {
     Crc,
     /// The tag keyed by one direction's session key ([`tag`]).
     Tag([u8; 32]),
+    /// AES-256-GCM under one direction's `private` key ([`BlockCheck::seal`]): the block's
+    /// check value field is 0 and its bytes are followed by [`SEAL_TRAILER`] bytes.
+    Seal([u8; 32]),
 }
 
 impl fmt::Debug for BlockCheck {
@@ -155,6 +166,7 @@ impl fmt::Debug for BlockCheck {
         f.write_str(match self {
             BlockCheck::Crc => "Crc",
             BlockCheck::Tag(_) => "Tag(..)",
+            BlockCheck::Seal(_) => "Seal(..)",
         })
     }
 }
@@ -175,11 +187,13 @@ impl BlockCheck {
         BlockCheck::Tag(key)
     }
 
-    /// Reads the bytes of a block.
+    /// Reads the bytes of a block (a sealed block has no digest: its seal checks it, and
+    /// this one fails every check).
     pub fn digest(&self, bytes: &[u8]) -> BlockDigest {
         match self {
             BlockCheck::Crc => BlockDigest::Crc(crc32c::crc32c(bytes)),
             BlockCheck::Tag(_) => BlockDigest::Hash(*blake3::hash(bytes).as_bytes()),
+            BlockCheck::Seal(_) => BlockDigest::Crc(!crc32c::crc32c(bytes)),
         }
     }
 
@@ -195,6 +209,11 @@ impl BlockCheck {
                 !u32::from_le_bytes([h[0], h[1], h[2], h[3]])
             }
             (BlockCheck::Tag(_), BlockDigest::Crc(c)) => !c,
+            // Sealed blocks are checked by opening them, never by a value.
+            (BlockCheck::Seal(_), BlockDigest::Crc(c)) => !c,
+            (BlockCheck::Seal(_), BlockDigest::Hash(h)) => {
+                !u32::from_le_bytes([h[0], h[1], h[2], h[3]])
+            }
         }
     }
 
@@ -204,9 +223,82 @@ impl BlockCheck {
         self.value(&self.digest(bytes), transfer, offset, len)
     }
 
-    /// Whether `value` is the check value of `bytes` as a block of `transfer` at `offset`.
+    /// Whether `value` is the check value of `bytes` as a block of `transfer` at `offset`
+    /// (never, for a sealed block: [`BlockCheck::open`] checks those).
     pub fn verify(&self, transfer: u32, offset: u64, bytes: &[u8], value: u32) -> bool {
-        self.compute(transfer, offset, bytes) == value
+        !self.seals() && self.compute(transfer, offset, bytes) == value
+    }
+
+    /// Whether blocks are encrypted (`private`): sealed by [`BlockCheck::seal`] and opened
+    /// by [`BlockCheck::open`] instead of carrying a check value.
+    pub fn seals(&self) -> bool {
+        matches!(self, BlockCheck::Seal(_))
+    }
+
+    /// The bytes a block carries after its data on the wire: [`SEAL_TRAILER`] when sealed.
+    pub fn trailer(&self) -> usize {
+        if self.seals() {
+            SEAL_TRAILER
+        } else {
+            0
+        }
+    }
+
+    /// Encrypts a block of `transfer` at `offset` in place: `buf` holds its bytes followed
+    /// by [`SEAL_TRAILER`] bytes of room, which receive the tag and the nonce's sequence
+    /// number. The associated data is the block's transfer, offset and length, so a block
+    /// moved elsewhere fails to open.
+    ///
+    /// The nonce is the next value of a 64-bit counter shared by every sealing in this
+    /// process, so it never repeats under one key: each direction's key is a connection's
+    /// own (its TLS exporter), only one process seals with it (the sending side), and every
+    /// seal, a re-sent block's included, takes a value no seal took before.
+    pub fn seal(&self, transfer: u32, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let BlockCheck::Seal(key) = self else {
+            return Err(Error::conn(
+                "internal: sealing a block of a connection without private keys",
+            ));
+        };
+        let n = buf
+            .len()
+            .checked_sub(SEAL_TRAILER)
+            .ok_or_else(|| Error::conn("internal: no room for a block's seal"))?;
+        let seq = SEALED.fetch_add(1, Ordering::Relaxed);
+        if seq == u64::MAX {
+            return Err(Error::conn("internal: block nonces exhausted"));
+        }
+        let (data, trailer) = buf.split_at_mut(n);
+        let tag = with_aead(key, |k| {
+            k.seal_in_place_separate_tag(nonce(seq), block_aad(transfer, offset, n), data)
+        })
+        .map_err(|_| Error::conn("internal: block encryption failed"))?;
+        trailer[..AEAD_TAG].copy_from_slice(tag.as_ref());
+        trailer[AEAD_TAG..].copy_from_slice(&seq.to_le_bytes());
+        Ok(())
+    }
+
+    /// Decrypts a sealed block of `transfer` at `offset`, `len` bytes, in place: `wire` is
+    /// its ciphertext and [`SEAL_TRAILER`]. Its plaintext, or `None` if it does not open
+    /// (changed on the path, moved, cut, or not sealed at all): never data then.
+    pub fn open<'a>(
+        &self,
+        transfer: u32,
+        offset: u64,
+        len: u32,
+        wire: &'a mut [u8],
+    ) -> Option<&'a [u8]> {
+        let BlockCheck::Seal(key) = self else {
+            return None;
+        };
+        let n = usize::try_from(len).ok()?;
+        if wire.len() != n.checked_add(SEAL_TRAILER)? {
+            return None;
+        }
+        let (sealed, seq) = wire.split_at_mut(n + AEAD_TAG);
+        let seq = u64::from_le_bytes(seq.try_into().ok()?);
+        let aad = block_aad(transfer, offset, n);
+        let plain = with_aead(key, |k| k.open_in_place(nonce(seq), aad, sealed)).ok()?;
+        Some(&*plain)
     }
 
     /// Whether `digest` is of the kind this check reads (a cached digest of another kind is
@@ -225,8 +317,53 @@ impl BlockCheck {
             BlockCheck::Tag(_) => {
                 "block integrity tag mismatch (changed on the path?); it will be sent again"
             }
+            BlockCheck::Seal(_) => {
+                "private block failed to open (changed on the path?); it will be sent again"
+            }
         }
     }
+}
+
+/// The sequence numbers of this process's block nonces ([`BlockCheck::seal`]).
+static SEALED: AtomicU64 = AtomicU64::new(0);
+
+/// A block's 96-bit nonce: its 64-bit sequence number, little-endian, then four zeros.
+fn nonce(seq: u64) -> Nonce {
+    let mut n = [0u8; 12];
+    n[..8].copy_from_slice(&seq.to_le_bytes());
+    Nonce::assume_unique_for_key(n)
+}
+
+/// A block's associated data: its transfer, offset and length, little-endian.
+fn block_aad(transfer: u32, offset: u64, len: usize) -> Aad<[u8; 16]> {
+    let mut a = [0u8; 16];
+    a[..4].copy_from_slice(&transfer.to_le_bytes());
+    a[4..12].copy_from_slice(&offset.to_le_bytes());
+    // A block is at most MAX_BLOCK bytes; a length past u32 cannot be one.
+    a[12..].copy_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_le_bytes());
+    Aad::from(a)
+}
+
+/// Runs `f` with the AES-256-GCM key of `key`, expanded once per thread and key (a
+/// thread seals or opens one connection's blocks in a row).
+fn with_aead<R>(
+    key: &[u8; 32],
+    f: impl FnOnce(&LessSafeKey) -> std::result::Result<R, ring::error::Unspecified>,
+) -> std::result::Result<R, ring::error::Unspecified> {
+    thread_local! {
+        static KEY: RefCell<Option<([u8; 32], LessSafeKey)>> = const { RefCell::new(None) };
+    }
+    KEY.with(|cell| {
+        let mut cached = cell.borrow_mut();
+        if cached.as_ref().is_none_or(|(k, _)| k != key) {
+            let unbound = UnboundKey::new(&AES_256_GCM, key)?;
+            *cached = Some((*key, LessSafeKey::new(unbound)));
+        }
+        match cached.as_ref() {
+            Some((_, k)) => f(k),
+            None => Err(ring::error::Unspecified),
+        }
+    })
 }
 
 /// A block's integrity tag: the first four bytes of BLAKE3 keyed by `key` over the
@@ -272,18 +409,15 @@ impl Protection {
         server: bool,
         export: impl Fn(&[u8], &[u8]) -> Result<[u8; 32]>,
     ) -> Result<Protection> {
-        if !level.built() {
-            return Err(Error::new(
-                Kind::Usage,
-                format!("data protection {level} is not offered by this version of ferry"),
-            ));
-        }
         if level == Level::Clear {
             return Ok(Protection::default());
         }
         let key = |d: Direction| -> Result<BlockCheck> {
             let ctx = [d as u8];
-            Ok(BlockCheck::keyed(export(DATA_LABEL, &ctx)?))
+            Ok(match level {
+                Level::Private => BlockCheck::Seal(export(PRIVATE_LABEL, &ctx)?),
+                _ => BlockCheck::keyed(export(DATA_LABEL, &ctx)?),
+            })
         };
         let (send, recv) = if server {
             (Direction::ToClient, Direction::ToServer)
@@ -335,15 +469,74 @@ mod tests {
     }
 
     #[test]
-    fn clear_is_crc_and_private_is_not_built() {
+    fn clear_is_crc_and_every_level_is_offered() {
         let (c, s) = pair(Level::Clear);
         assert_eq!(c.send, BlockCheck::Crc);
         assert_eq!(s.recv.compute(1, 0, b"abc"), crc32c::crc32c(b"abc"));
-        let no = Protection::new(Level::Private, false, |_, _| Ok([0; 32]));
-        assert!(no.is_err());
-        assert!(check_allowed(&[Level::Private]).is_err());
+        assert!(check_allowed(&[Level::Private]).is_ok());
         assert!(check_allowed(&[]).is_err());
         assert!(check_allowed(DEFAULT_ALLOWED).is_ok());
+    }
+
+    /// A private block opens only as sealed: its bytes, its place and its direction; its
+    /// ciphertext shows none of its bytes, and no two seals share a nonce.
+    #[test]
+    fn a_sealed_block_opens_only_where_it_was_sealed() {
+        let (client, server) = pair(Level::Private);
+        assert!(client.send.seals() && server.recv.seals());
+        let data: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
+        let seal = |d: &[u8]| {
+            let mut wire = d.to_vec();
+            wire.resize(d.len() + SEAL_TRAILER, 0);
+            client.send.seal(3, 4096, &mut wire).unwrap();
+            wire
+        };
+        let wire = seal(&data);
+        assert!(!wire.windows(64).any(|w| data.windows(64).any(|d| d == w)));
+        let open = |check: &BlockCheck, t: u32, o: u64, len: u32, w: &[u8]| {
+            let mut w = w.to_vec();
+            check.open(t, o, len, &mut w).map(<[u8]>::to_vec)
+        };
+        assert_eq!(open(&server.recv, 3, 4096, 5000, &wire), Some(data.clone()));
+        let mut flipped = wire.clone();
+        flipped[17] ^= 1;
+        assert_eq!(
+            open(&server.recv, 3, 4096, 5000, &flipped),
+            None,
+            "a changed byte"
+        );
+        let mut seq = wire.clone();
+        seq[5000 + 16] ^= 1;
+        assert_eq!(
+            open(&server.recv, 3, 4096, 5000, &seq),
+            None,
+            "another nonce"
+        );
+        assert_eq!(
+            open(&server.recv, 3, 8192, 5000, &wire),
+            None,
+            "another offset"
+        );
+        assert_eq!(
+            open(&server.recv, 4, 4096, 5000, &wire),
+            None,
+            "another transfer"
+        );
+        assert_eq!(
+            open(&server.recv, 3, 4096, 4999, &wire[1..]),
+            None,
+            "cut short"
+        );
+        assert_eq!(open(&client.recv, 3, 4096, 5000, &wire), None, "reflected");
+        assert_eq!(open(&server.recv, 3, 4096, 5000, &data), None, "not sealed");
+        // The same block sealed again (a re-fetch) takes a new nonce.
+        let again = seal(&data);
+        assert_ne!(again[5000 + 16..], wire[5000 + 16..]);
+        assert_ne!(again[..5000], wire[..5000]);
+        assert!(
+            !server.recv.verify(3, 4096, &data, 0),
+            "no check value passes"
+        );
     }
 
     #[test]
@@ -356,5 +549,6 @@ mod tests {
         assert_eq!(Level::from_code(9), None);
         assert!(Level::Clear < Level::Integrity && Level::Integrity < Level::Private);
         assert_eq!(format!("{:?}", BlockCheck::Tag([1; 32])), "Tag(..)");
+        assert_eq!(format!("{:?}", BlockCheck::Seal([1; 32])), "Seal(..)");
     }
 }
