@@ -161,19 +161,35 @@ fn msg() -> impl Strategy<Value = Msg> {
             s(100),
             s(300),
             s(100),
-            1u16..=16
+            1u16..=16,
+            proptest::option::of(any::<[u8; 32]>()),
         )
-            .prop_map(|(flags, file_id, path, dest, dest_path, token, streams)| {
-                Msg::SendTo {
-                    flags,
-                    file_id,
-                    path,
-                    dest,
-                    dest_path,
-                    token,
-                    streams,
+            .prop_map(
+                |(flags, file_id, path, dest, dest_path, token, streams, grant)| {
+                    Msg::SendTo {
+                        flags,
+                        file_id,
+                        path,
+                        dest,
+                        dest_path,
+                        token,
+                        streams,
+                        grant,
+                    }
                 }
-            }),
+            ),
+        (0u8..2, any::<u32>(), s(300)).prop_map(|(flags, ttl_secs, path)| Msg::Grant {
+            flags,
+            ttl_secs,
+            path,
+        }),
+        (any::<u64>(), any::<[u8; 32]>(), any::<u32>()).prop_map(|(id, secret, ttl_secs)| {
+            Msg::Granted {
+                id,
+                secret,
+                ttl_secs,
+            }
+        }),
         (any::<u32>(), any::<u64>(), any::<u64>()).prop_map(|(file_id, done, total)| {
             Msg::Progress {
                 file_id,

@@ -444,21 +444,20 @@ fn third_party(
                 c.minor
             );
         }
+        let (dest_path, token, grant) = dest_credential(c, src, dst, recursive, opts)?;
         c.link.send(&Msg::SendTo {
             flags: if recursive { proto::SEND_RECURSIVE } else { 0 },
             file_id,
             path: src.path.clone(),
             dest: dst.addr.clone(),
-            dest_path: dst.path.clone(),
-            token: opts
-                .dest_token
-                .clone()
-                .unwrap_or_else(|| opts.token.clone()),
+            dest_path,
+            token,
             streams: if c.minor >= proto::MINOR_SEND_STREAMS {
                 streams
             } else {
                 1
             },
+            grant,
         })?;
         let mut shown = 0;
         loop {
@@ -485,17 +484,16 @@ fn third_party(
                     c.stats.blocks_resent += blocks_resent;
                     return Ok(());
                 }
-                // Only the destination refuses a token here (the source took ours at HELLO).
+                // Only the destination refuses a credential here (the source took ours at
+                // HELLO): a forwarded token, or a grant (expired, or used already).
                 Msg::Error {
                     code: ErrorCode::AuthRefused,
+                    message,
                     ..
                 } => {
                     return Err(XferError::new(
                         Kind::Auth,
-                        format!(
-                            "the destination {} refused the token sent to it: pass its token with --dest-token or FERRY_DEST_TOKEN (without either, the source's token is sent)",
-                            dst.addr
-                        ),
+                        format!("the destination refused the source server: {message}"),
                     ))
                 }
                 Msg::Error { code, message, .. } => return Err(remote_err(code, &message)),
@@ -503,6 +501,96 @@ fn third_party(
             }
         }
     })
+}
+
+/// What the source server of a third-party copy presents to the destination, and where
+/// the copy lands there: `(dest_path, token, grant)`.
+///
+/// Both servers speak protocol 1.9: this client, authenticated to the destination with its
+/// own key or token, places the copy there (the rule of `ferry cp`, creating the directory
+/// it names) and asks for a grant to write that one path (a tree for a directory); the
+/// source proves the grant there, and the user's token stays here. With an older server the
+/// user's destination token is sent to the source instead, inside its sealed channel, only
+/// when the user allows it (`--forward-token`): refused otherwise.
+fn dest_credential(
+    c: &mut Client,
+    src: &Remote,
+    dst: &Remote,
+    recursive: bool,
+    opts: &Options,
+) -> Result<(String, String, Option<[u8; 32]>)> {
+    let token = opts
+        .dest_token
+        .clone()
+        .unwrap_or_else(|| opts.token.clone());
+    let dopts = Options {
+        token: token.clone(),
+        ..opts.clone()
+    };
+    let mut d = Client::connect(&dst.addr, &dopts).map_err(|e| match e.kind {
+        Kind::Auth => dest_refused(dst),
+        _ => XferError::new(e.kind, format!("destination {}: {}", dst.addr, e.msg)),
+    })?;
+    let oldest = c.minor.min(d.minor);
+    if oldest < proto::MINOR_GRANTS {
+        d.bye();
+        let old = if c.minor < proto::MINOR_GRANTS {
+            &src.addr
+        } else {
+            &dst.addr
+        };
+        if opts.forward_token && !token.is_empty() {
+            tracing::warn!(
+                "{old} speaks transfer protocol 1.{oldest}, without grants: sending the source server your destination token (--forward-token)"
+            );
+            return Ok((dst.path.clone(), token, None));
+        }
+        return Err(XferError::new(
+            Kind::Usage,
+            format!(
+                "{old} speaks transfer protocol 1.{oldest}, too old for grants (1.{}): the source server would need your destination token itself; allow that with --forward-token (it travels inside the source's TLS channel), or upgrade the older server",
+                proto::MINOR_GRANTS
+            ),
+        ));
+    }
+    let entry = c.stat(&src.path)?;
+    let tree = entry.kind == EntryKind::Dir;
+    if tree && !recursive {
+        return Err(XferError::new(
+            Kind::Usage,
+            format!("{}: is a directory; use -r to copy trees", src.path),
+        ));
+    }
+    let target = d.target(&src.path, tree, &dst.path)?;
+    d.link.send(&Msg::Grant {
+        flags: if tree { proto::GRANT_TREE } else { 0 },
+        ttl_secs: 0,
+        path: target.clone(),
+    })?;
+    let secret = match d.link.recv_msg()? {
+        Msg::Granted { secret, .. } => secret,
+        Msg::Error { code, message, .. } => {
+            return Err(XferError::new(
+                crate::error::remote(code, &message).kind,
+                format!("the destination {} gave no grant: {message}", dst.addr),
+            ))
+        }
+        m => return Err(unexpected(&m)),
+    };
+    d.bye();
+    Ok((target, String::new(), Some(secret)))
+}
+
+/// The error for a destination that refused this client's credential (its own answer
+/// names the source's options, which are not the ones to change).
+fn dest_refused(dst: &Remote) -> XferError {
+    XferError::new(
+        Kind::Auth,
+        format!(
+            "the destination {} refused your credential: pass its token with --dest-token or FERRY_DEST_TOKEN (without either, the source's token is used), or add your key to its authorized_keys",
+            dst.addr
+        ),
+    )
 }
 
 /// A local tree: its directories (relative, parents first) and files, and what was

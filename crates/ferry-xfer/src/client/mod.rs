@@ -209,6 +209,10 @@ pub struct Options {
     pub retries: u32,
     /// Token for the destination server of a third-party copy (`None`: the same token).
     pub dest_token: Option<String>,
+    /// Let a third-party copy send the destination credential (the token) to the source
+    /// server when either server is too old for grants (`ferry cp --forward-token`);
+    /// without it such a copy is refused (docs/security.md, "Third-party copies").
+    pub forward_token: bool,
     /// Parallel streams (connections) per copy, 1 to [`proto::MAX_STREAMS`]; more than one
     /// needs a protocol 1.2 server (an older one gets one stream and a note).
     pub streams: u16,
@@ -250,6 +254,7 @@ impl Default for Options {
             filter: Filter::default(),
             retries: 0,
             dest_token: None,
+            forward_token: false,
             streams: 1,
             auto_streams: false,
             chunk: crate::parallel::DEFAULT_CHUNK,

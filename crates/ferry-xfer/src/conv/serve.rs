@@ -59,10 +59,13 @@ pub struct SendToReq {
     pub dest: String,
     /// The path there.
     pub dest_path: String,
-    /// The token for the destination.
+    /// The token for the destination (empty with a grant).
     pub token: String,
     /// Streams to the destination.
     pub streams: u16,
+    /// The destination's grant (`ferry_service::grants`), proven there instead of a token;
+    /// `dest_path` is then the placed target.
+    pub grant: Option<[u8; 32]>,
 }
 
 /// What the server does with one request.
@@ -146,6 +149,15 @@ pub enum Route {
     },
     /// SEND_TO: a copy from this server to another.
     SendTo(SendToReq),
+    /// GRANT: mint a grant for another server to write `path` here.
+    Grant {
+        /// The path and everything beneath it.
+        tree: bool,
+        /// Seconds it may wait for its use (0: the default).
+        ttl_secs: u32,
+        /// `root/relative/path`.
+        path: String,
+    },
     /// Not a request (a reply or a data frame): the connection ends.
     Unexpected(Msg),
 }
@@ -325,6 +337,7 @@ impl Router {
                 dest_path,
                 token,
                 streams,
+                grant,
             } => Route::SendTo(SendToReq {
                 file_id,
                 recursive: flags & proto::SEND_RECURSIVE != 0,
@@ -333,7 +346,17 @@ impl Router {
                 dest_path,
                 token,
                 streams,
+                grant,
             }),
+            Msg::Grant {
+                flags,
+                ttl_secs,
+                path,
+            } => Route::Grant {
+                tree: flags & proto::GRANT_TREE != 0,
+                ttl_secs,
+                path,
+            },
             Msg::Copies => Route::Copies,
             Msg::AbortCopy { id } => Route::AbortCopy(id),
             m => Route::Unexpected(m),
@@ -361,6 +384,7 @@ impl Route {
                 file_id, length, ..
             } => ("close", format!("#{file_id}"), *length, false),
             Route::SendTo(req) => ("send_to", req.path.clone(), 0, false),
+            Route::Grant { path, .. } => ("grant", path.clone(), 0, false),
             Route::Copies => ("copies", String::new(), 0, true),
             Route::AbortCopy(id) => ("abort_copy", format!("#{id}"), 0, false),
             Route::Bye
@@ -386,6 +410,8 @@ impl Route {
                 Some((path, true, req.file_id))
             }
             Route::SendTo(req) => Some((&req.path, false, req.file_id)),
+            // Only what the credential may write can be granted.
+            Route::Grant { path, .. } => Some((path, true, 0)),
             Route::Virtual(msg) => {
                 let write = matches!(
                     msg,

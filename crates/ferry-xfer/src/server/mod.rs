@@ -690,6 +690,11 @@ impl Server {
                 blake3,
             } => self.close(link, session, file_id, length, blake3),
             Route::SendTo(req) => self.send_to(link, req, st),
+            Route::Grant {
+                tree,
+                ttl_secs,
+                path,
+            } => self.grant(link, session, tree, ttl_secs, &path),
             Route::Copies => {
                 for m in self.copies.list(&st.owner) {
                     link.send(&m)?;
@@ -708,6 +713,46 @@ impl Server {
                 }
             }
             Route::Unexpected(m) => Err(XferError::conn(format!("unexpected request {m:?}"))),
+        }
+    }
+
+    /// GRANT: mints a grant for another server to write `path` here on this session's
+    /// credential's behalf ([`ferry_service::grants`]); the route was permitted as a write
+    /// by that credential. Only over TLS: the secret must never cross the wire in clear.
+    fn grant(
+        &self,
+        link: &Link,
+        session: &Session,
+        tree: bool,
+        ttl_secs: u32,
+        path: &str,
+    ) -> Result<()> {
+        if link.secure().is_none() {
+            let message = "grants are given only over a secure (TLS) connection";
+            return reply_refusal(link, 0, refuse(ErrorCode::AuthRefused, message));
+        }
+        let ttl = Duration::from_secs(u64::from(ttl_secs));
+        match self
+            .cfg
+            .auth
+            .grants
+            .mint(&session.principal, path, tree, ttl)
+        {
+            Ok(m) => {
+                tracing::info!(
+                    "{}: {} for {path}{} for {} s",
+                    session.principal.id,
+                    ferry_service::grants::label(m.id, &session.principal.id),
+                    if tree { " and beneath" } else { "" },
+                    m.ttl.as_secs()
+                );
+                link.send(&Msg::Granted {
+                    id: m.id,
+                    secret: m.seed,
+                    ttl_secs: u32::try_from(m.ttl.as_secs()).unwrap_or(u32::MAX),
+                })
+            }
+            Err(e) => reply_refusal(link, 0, refuse(crate::error::code_of(&e), e.msg)),
         }
     }
 
@@ -733,6 +778,7 @@ impl Server {
                 dest: &req.dest,
                 dest_path: &req.dest_path,
                 token: &req.token,
+                grant: req.grant,
                 streams,
                 ring: grant.ring,
                 block: grant.block,
@@ -747,6 +793,15 @@ impl Server {
     fn join(&self, join: u64, stream: u16, principal: Principal) -> PResult<Arc<Session>> {
         let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
         if join == 0 {
+            // A grant opens one session, once; that session's streams join it below.
+            if let Some(scope) = &principal.rights.scope {
+                if !self.cfg.auth.grants.claim(scope.grant) {
+                    return Err(refuse(
+                        ErrorCode::AuthRefused,
+                        "this grant was already used: a grant opens one session",
+                    ));
+                }
+            }
             if stream != 0 {
                 return Err(refuse(
                     ErrorCode::BadRequest,
