@@ -562,21 +562,12 @@ fn dest_credential(
         ));
     }
     let target = d.target(&src.path, tree, &dst.path)?;
-    d.link.send(&Msg::Grant {
-        flags: if tree { proto::GRANT_TREE } else { 0 },
-        ttl_secs: 0,
-        path: target.clone(),
+    let (_, secret) = d.grant(&target, tree, 0).map_err(|e| {
+        XferError::new(
+            e.kind,
+            format!("the destination {} gave no grant: {}", dst.addr, e.msg),
+        )
     })?;
-    let secret = match d.link.recv_msg()? {
-        Msg::Granted { secret, .. } => secret,
-        Msg::Error { code, message, .. } => {
-            return Err(XferError::new(
-                crate::error::remote(code, &message).kind,
-                format!("the destination {} gave no grant: {message}", dst.addr),
-            ))
-        }
-        m => return Err(unexpected(&m)),
-    };
     d.bye();
     Ok((target, String::new(), Some(secret)))
 }

@@ -687,6 +687,24 @@ impl Client {
         }
     }
 
+    /// Asks the server for a grant (1.9, `ferry_service::grants`): another server may then
+    /// write `path` here (and beneath it with `tree`) on this client's credential's behalf,
+    /// for one session, within `ttl_secs` (0: the server's default, 60 s). Returns the
+    /// grant's id and its secret, to be handed only to that server.
+    pub fn grant(&mut self, path: &str, tree: bool, ttl_secs: u32) -> Result<(u64, [u8; 32])> {
+        self.needs(proto::MINOR_GRANTS, "give grants")?;
+        self.link.send(&Msg::Grant {
+            flags: if tree { proto::GRANT_TREE } else { 0 },
+            ttl_secs,
+            path: path.into(),
+        })?;
+        match self.link.recv_msg()? {
+            Msg::Granted { id, secret, .. } => Ok((id, secret)),
+            Msg::Error { code, message, .. } => Err(remote_err(code, &message)),
+            m => Err(unexpected(&m)),
+        }
+    }
+
     /// A usage error unless the server speaks `minor` or later (it can do `what`).
     fn needs(&self, minor: u16, what: &str) -> Result<()> {
         if self.minor < minor {
