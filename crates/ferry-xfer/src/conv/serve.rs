@@ -387,12 +387,28 @@ impl Route {
             Route::Grant { path, .. } => ("grant", path.clone(), 0, false),
             Route::Copies => ("copies", String::new(), 0, true),
             Route::AbortCopy(id) => ("abort_copy", format!("#{id}"), 0, false),
+            Route::Virtual(msg) => return Route::virtual_audited(msg),
             Route::Bye
             | Route::Batch(_)
             | Route::Refuse { .. }
-            | Route::Virtual(_)
             | Route::PutRange { .. }
             | Route::Unexpected(_) => return None,
+        })
+    }
+
+    /// [`Route::audited`] for a request of the memory root ([`Route::Virtual`]): what the
+    /// same request of a real root is called, and the bytes it asks to move.
+    pub fn virtual_audited(msg: &Msg) -> Option<(&'static str, String, u64, bool)> {
+        Some(match msg {
+            Msg::Stat { path } => ("stat", path.clone(), 0, true),
+            Msg::List { path } => ("list", path.clone(), 0, true),
+            Msg::Sum { path } => ("sum", path.clone(), 0, true),
+            Msg::Mkdir { path, .. } => ("mkdir", path.clone(), 0, false),
+            Msg::Remove { path } => ("remove", path.clone(), 0, false),
+            Msg::Get { path, length, .. } => ("get", path.clone(), *length, false),
+            Msg::Put { path, size, .. } => ("put", path.clone(), *size, false),
+            Msg::Open { path, size, .. } => ("open", path.clone(), *size, false),
+            _ => return None,
         })
     }
 
