@@ -2,7 +2,7 @@
 //! with real `ferry serve` processes on loopback: a user who has only a key copies from A
 //! to B (A proves a grant B minted, never the user's credential); a grant writes its one
 //! path or tree, once, before it expires, and reads nothing; a read-only credential gets
-//! none; B's audit names the grant and who granted it.
+//! none; a grant opens no other face; B's audit names the grant and who granted it.
 
 mod common;
 
@@ -10,6 +10,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferry_service::channel::Channel;
 use ferry_service::keys::ClientKey;
 use ferry_service::secure::ClientSecurity;
 use ferry_xfer::client::{Client, Options};
@@ -168,6 +169,13 @@ fn a_grant_writes_its_path_once_before_it_expires() {
     let (_, tree) = user.grant("d/t/", true, 0).unwrap();
     let (_, short) = user.grant("d/late", false, 1).unwrap();
     user.bye();
+
+    // A grant opens file transfer only: the collective I/O face refuses it at SELECT.
+    let mut ch = Channel::connect_with(&b.addr, Duration::from_secs(5), &sec).unwrap();
+    let key = ClientKey::from_seed(&seed).unwrap();
+    let e = ch.select_as(&b.addr, "cio", "", Some(&key)).unwrap_err();
+    assert!(e.msg.contains("file transfer only"), "{e}");
+    ch.close();
 
     // Its one session writes d/x, and nothing else, and reads nothing.
     let mut g = Client::connect(&b.addr, &holder(&seed, &sec)).unwrap();
