@@ -531,27 +531,9 @@ fn dest_credential(
         Kind::Auth => dest_refused(dst),
         _ => XferError::new(e.kind, format!("destination {}: {}", dst.addr, e.msg)),
     })?;
-    let oldest = c.minor.min(d.minor);
-    if oldest < proto::MINOR_GRANTS {
+    if c.minor.min(d.minor) < proto::MINOR_GRANTS {
         d.bye();
-        let old = if c.minor < proto::MINOR_GRANTS {
-            &src.addr
-        } else {
-            &dst.addr
-        };
-        if opts.forward_token && !token.is_empty() {
-            tracing::warn!(
-                "{old} speaks transfer protocol 1.{oldest}, without grants: sending the source server your destination token (--forward-token)"
-            );
-            return Ok((dst.path.clone(), token, None));
-        }
-        return Err(XferError::new(
-            Kind::Usage,
-            format!(
-                "{old} speaks transfer protocol 1.{oldest}, too old for grants (1.{}): the source server would need your destination token itself; allow that with --forward-token (it travels inside the source's TLS channel), or upgrade the older server",
-                proto::MINOR_GRANTS
-            ),
-        ));
+        return without_grants((c.minor, &src.addr), dst, token, opts.forward_token);
     }
     let entry = c.stat(&src.path)?;
     let tree = entry.kind == EntryKind::Dir;
@@ -570,6 +552,35 @@ fn dest_credential(
     })?;
     d.bye();
     Ok((target, String::new(), Some(secret)))
+}
+
+/// [`dest_credential`] when the source (its minor and address) or the destination is older
+/// than grants: the destination token goes to the source only if the user allows it.
+fn without_grants(
+    (src_minor, src_addr): (u16, &str),
+    dst: &Remote,
+    token: String,
+    forward: bool,
+) -> Result<(String, String, Option<[u8; 32]>)> {
+    let old = if src_minor < proto::MINOR_GRANTS {
+        src_addr
+    } else {
+        &dst.addr
+    };
+    if forward && !token.is_empty() {
+        tracing::warn!(
+            "{old} speaks a transfer protocol without grants (before 1.{}): sending the source server your destination token (--forward-token)",
+            proto::MINOR_GRANTS
+        );
+        return Ok((dst.path.clone(), token, None));
+    }
+    Err(XferError::new(
+        Kind::Usage,
+        format!(
+            "{old} speaks a transfer protocol too old for grants (before 1.{}): the source server would need your destination token itself; allow that with --forward-token (it travels inside the source's TLS channel), or upgrade the older server",
+            proto::MINOR_GRANTS
+        ),
+    ))
 }
 
 /// The error for a destination that refused this client's credential (its own answer
