@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ferry_service::admit::{more, Admission, Handshake as Pass, Slot, Turned};
+use ferry_service::audit::{Audit, Record};
 use ferry_service::drain::DrainReport;
 use ferry_service::error::{Error, Kind, Result};
 
@@ -330,6 +331,8 @@ pub struct BlockServer {
     admission: Arc<Admission>,
     /// TLS, offered with `NBD_OPT_STARTTLS` when the configuration names a certificate.
     tls: Option<Arc<rustls::ServerConfig>>,
+    /// Where a record of each session goes (the daemon's audit log; none: not recorded).
+    audit: Option<Arc<Audit>>,
 }
 
 impl std::fmt::Debug for BlockServer {
@@ -383,7 +386,14 @@ impl BlockServer {
             shared: Arc::default(),
             admission: Admission::new(&BlockConfig::default().limits(), no_staging),
             tls: None,
+            audit: None,
         })
+    }
+
+    /// Records each session (export, bytes read and written, duration, how it ended) in
+    /// `audit`, the audit log the daemon's other faces write to.
+    pub fn set_audit(&mut self, audit: Arc<Audit>) {
+        self.audit = Some(audit);
     }
 
     /// The exports served.
@@ -468,6 +478,7 @@ impl BlockServer {
             exports: self.exports.clone(),
             shared: self.shared.clone(),
             tls: self.tls.clone(),
+            audit: self.audit.clone(),
         };
         let spawned = std::thread::Builder::new()
             .name("ferry-nbd-conn".into())
@@ -529,12 +540,48 @@ struct Serving {
     exports: Arc<Vec<Export>>,
     shared: Arc<Shared>,
     tls: Option<Arc<rustls::ServerConfig>>,
+    audit: Option<Arc<Audit>>,
+}
+
+/// What the audit says of one session: its export, when it began, the bytes it read and
+/// wrote.
+struct Audited<'a> {
+    export: &'a str,
+    time: std::time::SystemTime,
+    began: Instant,
+    read: u64,
+    written: u64,
+}
+
+impl Serving {
+    /// Records a session that ended with `end` (NBD has no credential: `anonymous`, or
+    /// `tls client` over TLS).
+    fn audit(&self, peer: &str, tls: bool, s: &Audited, end: &End) {
+        let Some(audit) = &self.audit else {
+            return;
+        };
+        audit.write(
+            &Record {
+                time: s.time,
+                peer: peer.to_string(),
+                credential: if tls { "tls client" } else { "anonymous" }.into(),
+                face: "block",
+                op: "session",
+                path: s.export.to_string(),
+                bytes: s.read + s.written,
+                duration: s.began.elapsed(),
+                error: end.as_ref().err().cloned(),
+                read_written: Some((s.read, s.written)),
+            },
+            false,
+        );
+    }
 }
 
 /// One connection, on its own thread: handshake, then transmission.
 fn connection(stream: Stream, pass: Pass, on: &Serving, peer: &str) {
     let id = on.shared.register(&stream);
-    let end = serve_connection(stream, pass, on);
+    let end = serve_connection(stream, pass, on, peer);
     // The server's clone of the socket: shut down, so the client sees the end whatever
     // the connection thread still holds.
     if let Some(s) = on.shared.unregister(id) {
@@ -547,7 +594,7 @@ fn connection(stream: Stream, pass: Pass, on: &Serving, peer: &str) {
 }
 
 /// The connection's life; `Ok` says how it ended well, `Err` what went wrong.
-fn serve_connection(stream: Stream, pass: Pass, on: &Serving) -> End {
+fn serve_connection(stream: Stream, pass: Pass, on: &Serving, peer: &str) -> End {
     stream.prepare().map_err(|e| e.to_string())?;
     stream
         .set_write_timeout(Some(pass.left()))
@@ -561,8 +608,17 @@ fn serve_connection(stream: Stream, pass: Pass, on: &Serving) -> End {
         .get(n.export)
         .ok_or("handshake chose an export that does not exist")?;
     // `_slot` holds the connection's place among max_connections until it ends.
-    let end = transmission(&stream, export, &n, &on.shared);
+    let (time, began) = (std::time::SystemTime::now(), Instant::now());
+    let (end, read, written) = transmission(&stream, export, &n, &on.shared);
     stream.shutdown();
+    let session = Audited {
+        export: &export.info.name,
+        time,
+        began,
+        read,
+        written,
+    };
+    on.audit(peer, matches!(stream, Stream::Tls(_)), &session, &end);
     end
 }
 
@@ -697,12 +753,21 @@ struct Conn<'a> {
     session: Session,
     pool: Pool,
     shared: &'a Shared,
+    /// Bytes read by the client's reads, for the audit.
+    read: AtomicU64,
+    /// Bytes written by its writes, for the audit.
+    written: AtomicU64,
 }
 
 /// Bytes of requests read ahead (a few hundred request headers).
 const READ_AHEAD: usize = 16 * 1024;
 
-fn transmission(stream: &Stream, export: &Export, n: &Negotiated, shared: &Shared) -> End {
+fn transmission(
+    stream: &Stream,
+    export: &Export,
+    n: &Negotiated,
+    shared: &Shared,
+) -> (End, u64, u64) {
     let conn = Conn {
         stream,
         reader: Mutex::new(Reader {
@@ -720,6 +785,8 @@ fn transmission(stream: &Stream, export: &Export, n: &Negotiated, shared: &Share
         },
         pool: Pool::default(),
         shared,
+        read: AtomicU64::new(0),
+        written: AtomicU64::new(0),
     };
     std::thread::scope(|s| {
         // The first worker is this thread; the others are started beside it.
@@ -736,7 +803,11 @@ fn transmission(stream: &Stream, export: &Export, n: &Negotiated, shared: &Share
         conn.work();
     });
     let end = lock(&conn.reader).end.take();
-    end.unwrap_or(Ok("closed the connection"))
+    (
+        end.unwrap_or(Ok("closed the connection")),
+        conn.read.into_inner(),
+        conn.written.into_inner(),
+    )
 }
 
 impl Conn<'_> {
@@ -854,12 +925,20 @@ impl Conn<'_> {
         let b = self.backend;
         match cmd {
             Command::Read { offset, len, df } if self.session.structured => {
+                self.read.fetch_add(u64::from(len), Ordering::Relaxed);
                 self.read_structured(cookie, offset, len, df)
             }
-            Command::Read { offset, len, .. } => self.read_simple(cookie, offset, len),
+            Command::Read { offset, len, .. } => {
+                self.read.fetch_add(u64::from(len), Ordering::Relaxed);
+                self.read_simple(cookie, offset, len)
+            }
             Command::Write { offset, len, fua } => {
                 let data = payload.map_or(&[][..], |p| p.data(len as usize));
-                self.send_result(cookie, b.write_at(data, offset, fua))
+                let r = b.write_at(data, offset, fua);
+                if r.is_ok() {
+                    self.written.fetch_add(u64::from(len), Ordering::Relaxed);
+                }
+                self.send_result(cookie, r)
             }
             Command::Flush => self.send_result(cookie, b.flush()),
             Command::Trim { offset, len, fua } => {

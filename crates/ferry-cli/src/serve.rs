@@ -231,8 +231,12 @@ fn faces(
     roots: &[RootConfig],
     block: Option<&BlockConfig>,
 ) -> Result<Daemon, XferError> {
-    let nbd = block.map(ferry_block::BlockServer::new).transpose()?;
+    let mut nbd = block.map(ferry_block::BlockServer::new).transpose()?;
     let mut daemon = if block.is_some() && cfg.roots.is_empty() && !cfg.mem {
+        if let Some(nbd) = &mut nbd {
+            let audit = ferry_service::audit::Audit::open(cfg.audit_log.as_deref())?;
+            nbd.set_audit(Arc::new(audit));
+        }
         let admission = Admission::new(&cfg.limits, |_, _| 0);
         // No EXS listener: TLS is never offered, no identity is made.
         let security = ferry_service::secure::ServerSecurity::none();
@@ -240,6 +244,11 @@ fn faces(
     } else {
         let xfer = ferry_xfer::server::Server::new(cfg)?;
         let (auth, admission) = (xfer.auth().clone(), xfer.admission().clone());
+        // One audit log for every face.
+        let audit = xfer.audit().clone();
+        if let Some(nbd) = &mut nbd {
+            nbd.set_audit(audit.clone());
+        }
         let security = xfer.security().clone();
         if let Some(fp) = security.fingerprint() {
             tracing::info!("identity {fp} (clients pin it; `ferry serve --fingerprint` prints it)");
@@ -256,9 +265,13 @@ fn faces(
         let writable: Vec<(String, PathBuf)> = (roots.iter().filter(|r| !r.read_only))
             .map(|r| (r.name.clone(), r.path.clone()))
             .collect();
-        let cio =
-            ferry_cio::server::Server::new(cio_cfg, &writable, auth.clone(), admission.clone())
-                .map_err(cio_err)?;
+        let cio = ferry_cio::server::Server::new(
+            cio_cfg,
+            &writable,
+            (auth.clone(), admission.clone()),
+            audit.clone(),
+        )
+        .map_err(cio_err)?;
         daemon.add_service(ferry_cio::server::SERVICE, cio)?;
         // The block exports' RMA path on the fabric port, over the NBD server's storage.
         if let Some(nbd) = &nbd {

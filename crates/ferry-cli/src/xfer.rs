@@ -217,6 +217,11 @@ pub struct CpArgs {
     /// Token for the destination server of a server-to-server copy [default: $FERRY_DEST_TOKEN, else the same token].
     #[arg(long, value_name = "TOKEN")]
     dest_token: Option<String>,
+    /// For a server-to-server copy with a server too old for grants (protocol 1.9): send
+    /// the source server the destination token (inside its TLS channel). Without it such a
+    /// copy is refused; with grants the token never leaves this host.
+    #[arg(long)]
+    forward_token: bool,
     /// Staging block size in bytes (the server may lower it).
     #[arg(long, value_name = "BYTES", default_value_t = ferry_xfer::DEFAULT_BLOCK)]
     block_size: u32,
@@ -463,6 +468,7 @@ pub fn cp(a: CpArgs, quiet: bool, verbose: bool) -> Result<(), XferError> {
         dest_token: a
             .dest_token
             .or_else(|| std::env::var("FERRY_DEST_TOKEN").ok()),
+        forward_token: a.forward_token,
         resume: !a.no_resume,
         skip: if a.no_clobber {
             Skip::Existing

@@ -248,6 +248,37 @@ fn a_private_capture_shows_no_file_bytes_ofi_tcp() {
     private_capture("ofi+tcp");
 }
 
+/// A third-party copy through two recording proxies, one in front of each server: what
+/// crosses between the client and A, the client and B, and A and B holds no token and no
+/// file name. The source proves B's grant there; the user's token never goes to A.
+#[test]
+fn a_third_party_capture_shows_no_token() {
+    let b = secret_server("tcp", &[]);
+    let tb = tap(hostport(&b.addr), Tamper::None);
+    let b_via = format!("tcp://{}", tb.addr);
+    let a = secret_server("tcp", &["--allow-third-party", &b_via]);
+    let ta = tap(hostport(&a.addr), Tamper::None);
+    std::fs::write(a.root.join(NAME), pattern(3 << 20, 8)).unwrap();
+    let o = cp_secret(&[
+        &format!("tcp://{}/d/{NAME}", ta.addr),
+        &format!("{b_via}/d/copy-{NAME}"),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    same_file(&a.root.join(NAME), &b.root.join(format!("copy-{NAME}")));
+    for (who, t) in [("client and A", &ta), ("client or A and B", &tb)] {
+        let seen = t.seen();
+        assert!(!seen.is_empty(), "nothing crossed between {who}");
+        assert!(
+            !holds(&seen, SECRET.as_bytes()) && !holds(&seen, TOKEN.as_bytes()),
+            "a token crossed between {who} in clear"
+        );
+        assert!(
+            !holds(&seen, NAME.as_bytes()),
+            "the file name crossed between {who}"
+        );
+    }
+}
+
 /// A byte flipped in a sealed control record (the client's Finished, then its SELECT)
 /// breaks the connection: the copy fails and nothing lands.
 #[test]

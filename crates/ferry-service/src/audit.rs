@@ -25,7 +25,7 @@ pub struct Record {
     pub peer: String,
     /// Who it authenticated as ([`crate::auth::Principal::id`]).
     pub credential: String,
-    /// The face (`xfer`, `cio`).
+    /// The face (`xfer`, `cio`, `block`).
     pub face: &'static str,
     /// The operation (`get`, `put`, `list`, `remove`, ...).
     pub op: &'static str,
@@ -37,12 +37,15 @@ pub struct Record {
     pub duration: Duration,
     /// `None` if it succeeded; else why not (what the client was told).
     pub error: Option<String>,
+    /// For a session that both reads and writes (a block device's): the bytes read and
+    /// the bytes written (`bytes` is their sum), as `read` and `written` in the JSON line.
+    pub read_written: Option<(u64, u64)>,
 }
 
 impl Record {
     /// The record as one JSON object (no newline).
     pub fn json(&self) -> String {
-        serde_json::json!({
+        let mut v = serde_json::json!({
             "time": rfc3339(self.time),
             "peer": self.peer,
             "credential": self.credential,
@@ -53,8 +56,12 @@ impl Record {
             "duration_s": (self.duration.as_secs_f64() * 1e6).round() / 1e6,
             "result": if self.error.is_some() { "error" } else { "ok" },
             "error": self.error,
-        })
-        .to_string()
+        });
+        if let (Some((read, written)), Some(o)) = (self.read_written, v.as_object_mut()) {
+            o.insert("read".into(), read.into());
+            o.insert("written".into(), written.into());
+        }
+        v.to_string()
     }
 
     /// The record as a line for people: `PEER CREDENTIAL: OP PATH, BYTES in SECONDS: ok`.
@@ -163,6 +170,7 @@ mod tests {
             bytes: 42,
             duration: Duration::from_millis(1500),
             error: None,
+            read_written: None,
         };
         let v: serde_json::Value = serde_json::from_str(&r.json()).unwrap();
         assert_eq!(v["result"], "ok");
@@ -177,5 +185,15 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(&failed.json()).unwrap();
         assert_eq!(v["result"], "error");
         assert_eq!(v["error"], "no root named \"x\"");
+        assert!(v.get("read").is_none());
+        let session = Record {
+            read_written: Some((40, 2)),
+            ..failed
+        };
+        let v: serde_json::Value = serde_json::from_str(&session.json()).unwrap();
+        assert_eq!(
+            (v["read"].as_u64(), v["written"].as_u64()),
+            (Some(40), Some(2))
+        );
     }
 }

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::error::{Error, Kind, Result};
-pub use crate::rights::Rights;
+pub use crate::rights::{Rights, Scope};
 
 /// Tokens shorter than this draw a warning: a guessable secret protects nothing.
 pub const MIN_TOKEN_LEN: usize = 16;
@@ -44,6 +44,10 @@ pub struct AuthConfig {
     /// The keys of the authorized-keys file, once loaded ([`AuthConfig::load_token_files`]).
     #[serde(skip)]
     pub keys: Vec<crate::keys::AuthorizedKey>,
+    /// The grants this server minted and not yet dropped ([`crate::grants`]): shared by
+    /// every clone, so the floor that checks them and the face that mints them agree.
+    #[serde(skip)]
+    pub grants: crate::grants::Grants,
 }
 
 /// Who a connection authenticated as, and what it may do: what the audit log names and the
@@ -66,6 +70,7 @@ impl Principal {
             rights: Rights {
                 roots: None,
                 read_only: !write,
+                scope: None,
             },
         }
     }
@@ -151,14 +156,18 @@ impl AuthConfig {
     }
 
     /// The holder of the authorized key `key` when `signature` is its signature of the
-    /// connection's exporter value `binding` ([`crate::keys::verify`]).
+    /// connection's exporter value `binding` ([`crate::keys::verify`]), or of a live grant
+    /// whose key it is ([`crate::grants::Grants::accepts`]).
     pub fn accepts_key(
         &self,
         key: &[u8; 32],
         signature: &[u8; 64],
         binding: &[u8; 32],
     ) -> Option<Principal> {
-        let k = self.keys.iter().find(|k| &k.key == key)?;
+        let Some(k) = self.keys.iter().find(|k| &k.key == key) else {
+            // Not an authorized key: perhaps a grant's, which is proven the same way.
+            return self.grants.accepts(key, signature, binding);
+        };
         crate::keys::verify(key, binding, signature).then(|| Principal {
             id: format!("key {}", crate::keys::fingerprint(key)),
             rights: k.rights.clone(),
@@ -301,6 +310,7 @@ mod tests {
         let limited = Rights {
             roots: Some(vec!["a".into(), "b".into()]),
             read_only: true,
+            scope: None,
         };
         assert_eq!(
             read_token_file(&f).unwrap(),

@@ -66,6 +66,13 @@ impl ClientKey {
         Ok(ClientKey { pair })
     }
 
+    /// The key pair whose 32-byte secret is `seed` (a grant's, [`crate::grants`]).
+    pub fn from_seed(seed: &[u8; 32]) -> Result<ClientKey> {
+        let pair = Ed25519KeyPair::from_seed_unchecked(seed)
+            .map_err(|_| Error::new(Kind::Usage, "not an Ed25519 seed"))?;
+        Ok(ClientKey { pair })
+    }
+
     /// The public key.
     pub fn public(&self) -> [u8; 32] {
         let mut k = [0u8; 32];

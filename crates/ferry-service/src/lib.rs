@@ -51,6 +51,7 @@ pub mod daemon;
 pub mod direct;
 pub mod drain;
 pub mod error;
+pub mod grants;
 pub mod hash;
 pub mod journal;
 pub mod keys;

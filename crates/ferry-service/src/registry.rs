@@ -271,6 +271,15 @@ impl Registry {
                     (Some(t), None, None, _) => adm.authenticate(&hs.addr, &self.auth, t).map(Some),
                     (None, None, None, _) => Ok(None),
                 };
+                // A grant lets its holder write one path by file transfer, and nothing else.
+                let checked = match checked {
+                    Ok(Some(p)) if p.rights.scope.is_some() && service != LEGACY_SERVICE => {
+                        Err(crate::admit::AuthRefused {
+                            message: "a grant is for file transfer only",
+                        })
+                    }
+                    other => other,
+                };
                 match checked {
                     Ok(principal) => {
                         send(sock, secure, &Floor::Selected)?;

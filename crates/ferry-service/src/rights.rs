@@ -12,6 +12,40 @@ pub struct Rights {
     pub roots: Option<Vec<String>>,
     /// Reading only: uploads, removals and new directories are refused.
     pub read_only: bool,
+    /// A grant's limit ([`crate::grants`]): the one path or tree it may write, and nothing
+    /// else (no reads); `None` for keys, tokens and anonymous clients.
+    pub scope: Option<Scope>,
+}
+
+/// Where a grant may write: one path, or a tree (the path and everything beneath it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scope {
+    /// The grant's id (what the audit names, and what its single use is counted by).
+    pub grant: u64,
+    /// `root/relative/path`, without a trailing `/`.
+    pub path: String,
+    /// The path and everything beneath it, not only the path.
+    pub tree: bool,
+}
+
+impl Scope {
+    /// Whether `path` is the scope's path or, for a tree, beneath it. A path with `.`,
+    /// `..` or empty components is never covered: it could lead out of the scope while
+    /// staying in the root.
+    pub fn covers(&self, path: &str) -> bool {
+        let path = path.strip_suffix('/').unwrap_or(path);
+        if path
+            .split('/')
+            .any(|c| c.is_empty() || c == "." || c == "..")
+        {
+            return false;
+        }
+        path == self.path
+            || (self.tree
+                && path
+                    .strip_prefix(self.path.as_str())
+                    .is_some_and(|rest| rest.starts_with('/')))
+    }
 }
 
 impl Rights {
@@ -19,6 +53,7 @@ impl Rights {
     pub const ALL: Rights = Rights {
         roots: None,
         read_only: false,
+        scope: None,
     };
 
     /// Whether the root named `name` is granted.
@@ -60,5 +95,27 @@ impl Rights {
             }
         }
         Ok(rights)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_scope_covers_its_path_or_tree_only() {
+        let file = Scope {
+            grant: 1,
+            path: "d/x".into(),
+            tree: false,
+        };
+        assert!(file.covers("d/x") && !file.covers("d/x/y") && !file.covers("d/y"));
+        assert!(!file.covers("d/xy") && !file.covers("d") && !file.covers("e/x"));
+        let tree = Scope { tree: true, ..file };
+        assert!(tree.covers("d/x") && tree.covers("d/x/y/z") && tree.covers("d/x/"));
+        assert!(!tree.covers("d/xy") && !tree.covers("d/y"));
+        for sneaky in ["d/x/../y", "d/x/./y", "d/x//y", "d/x/..", "/d/x"] {
+            assert!(!tree.covers(sneaky), "{sneaky}");
+        }
     }
 }

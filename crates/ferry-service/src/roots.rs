@@ -148,9 +148,23 @@ impl Roots {
     /// Whether a credential with `rights` may use `path` (`write`: create, change or remove
     /// something there): a root it is not granted is "no root named ..." (as a root that
     /// does not exist: it learns nothing of it), a write by a read-only credential is
-    /// refused. Every face calls this where it resolves a client's path; the roots' own
+    /// refused, and a grant's holder only writes its scope ([`crate::rights::Scope`]).
+    /// Every face calls this where it resolves a client's path; the roots' own
     /// read-only setting is checked on top, by every write.
     pub fn permit(&self, rights: &Rights, path: &str, write: bool) -> PResult<()> {
+        if let Some(scope) = &rights.scope {
+            // A grant writes its path and nothing else; it reads nothing.
+            if !write || !scope.covers(path) {
+                return Err(refuse(
+                    Denial::PermissionDenied,
+                    format!(
+                        "{path}: refused, the grant used covers only writing {}{}",
+                        scope.path,
+                        if scope.tree { " and beneath it" } else { "" }
+                    ),
+                ));
+            }
+        }
         let name = path.split('/').next().unwrap_or("");
         // "" is the list of roots (which the face filters), or an absolute path, which
         // every resolution refuses.

@@ -66,6 +66,10 @@ pub const MINOR_KEYS: u16 = 9;
 /// sends PROTECT right after WELCOME to servers of this minor or later, and a server of it
 /// serves an older client over TLS only if it allows `clear` (`docs/security.md`).
 pub const MINOR_PROTECT: u16 = 9;
+/// The first minor version with grants (GRANT, GRANTED, SEND_TO's [`SEND_GRANT`]): a client
+/// asks a destination of this minor or later for a grant instead of sending a source
+/// server the user's token (`docs/security.md`, "Third-party copies").
+pub const MINOR_GRANTS: u16 = 9;
 /// The most GETs in one GETS frame.
 pub const MAX_GETS: usize = 64;
 /// The most streams a session may have.
@@ -275,6 +279,13 @@ pub const SEND_FILTER: u8 = 16;
 pub const SEND_ONLY: u8 = 32;
 /// The most patterns in each of SEND_TO's pattern lists.
 pub const MAX_PATTERNS: usize = 256;
+/// SEND_TO flag (1.9): a 32-byte grant from the destination follows `streams`
+/// (`ferry_service::grants`): the source server proves it there instead of a token (the
+/// frame's `token` is then empty), and `dest_path` is where the copy lands, already placed
+/// by the client.
+pub const SEND_GRANT: u8 = 4;
+/// GRANT flag: the grant covers the path and everything beneath it (a tree).
+pub const GRANT_TREE: u8 = 1;
 /// COPIED flag (1.9): a `skipped u64` follows `blocks_resent`: entries of the source tree the
 /// copy left out (symbolic links, devices, sockets, FIFOs). Set exactly when `skipped` > 0.
 pub const COPIED_SKIPPED: u8 = 1;
@@ -536,6 +547,9 @@ ferry_wire::frames! {
             token: String as Str<MAX_TOKEN>,
             /// Streams to the destination (1: one; more: a parallel copy, 1.4).
             streams: u16 as Streams,
+            /// The destination's grant (flag [`SEND_GRANT`], 1.9): the secret the source
+            /// proves there instead of a token.
+            grant: Option<[u8; 32]> as IfFlag<SEND_GRANT, Raw>,
             /// Follow symbolic links that stay inside the root ([`SEND_FOLLOW`], 1.9).
             follow: bool as Flag<SEND_FOLLOW>,
             /// `--include` and `--exclude` patterns ([`SEND_FILTER`], 1.9).
@@ -548,6 +562,27 @@ ferry_wire::frames! {
             >,
             /// Copy only these files of the tree ([`SEND_ONLY`], 1.9).
             only: Option<Vec<String>> as IfFlag<SEND_ONLY, List<Str<MAX_PATH>, { u16::MAX as usize }>>,
+        },
+        /// Client → server (1.9, secure connections only): mint a grant for another server to
+        /// write `path` here (a tree with [`GRANT_TREE`]) on the asking credential's behalf,
+        /// once, within `ttl_secs` (0: the server's default, 60 s). Reply: GRANTED or ERROR.
+        Grant = 40 {
+            /// [`GRANT_TREE`] or 0.
+            flags: u8 as Flags<GRANT_TREE>,
+            /// Seconds it may wait for its use (the server caps it).
+            ttl_secs: u32 as Le,
+            /// `root/relative/path` it lets be written.
+            path: String as Str<MAX_PATH>,
+        },
+        /// Server → client (1.9): the grant: its id (what the audit names) and its secret,
+        /// which the client hands only to the source server, inside its sealed SEND_TO.
+        Granted = 41 {
+            /// The grant's id.
+            id: u64 as Le,
+            /// The secret (an Ed25519 seed; the server keeps only its public key).
+            secret: [u8; 32] as Raw,
+            /// Seconds it is accepted for.
+            ttl_secs: u32 as Le,
         },
         /// How far a third-party copy has got (at most a few per second).
         Progress = 33 {
@@ -1282,6 +1317,7 @@ mod tests {
                     follow: false,
                     patterns: None,
                     only: None,
+                    grant: None,
                 },
             ),
             (
@@ -1297,6 +1333,7 @@ mod tests {
                     follow: false,
                     patterns: None,
                     only: None,
+                    grant: None,
                 },
             ),
             (
@@ -1312,6 +1349,39 @@ mod tests {
                     follow: true,
                     patterns: Some((vec!["*.h5".into()], vec!["*.tmp".into(), "x/".into()])),
                     only: Some(vec!["d/e".into()]),
+                    grant: None,
+                },
+            ),
+            (
+                "send_to_grant",
+                Msg::SendTo {
+                    flags: 0,
+                    file_id: 12,
+                    path: "a".into(),
+                    dest: "b".into(),
+                    dest_path: "c".into(),
+                    token: String::new(),
+                    streams: 2,
+                    grant: Some([0xcd; 32]),
+                    follow: false,
+                    patterns: None,
+                    only: None,
+                },
+            ),
+            (
+                "grant",
+                Msg::Grant {
+                    flags: GRANT_TREE,
+                    ttl_secs: 60,
+                    path: "d/x".into(),
+                },
+            ),
+            (
+                "granted",
+                Msg::Granted {
+                    id: 0x0102_0304_0506_0708,
+                    secret: [0xef; 32],
+                    ttl_secs: 60,
                 },
             ),
             (
@@ -1443,6 +1513,9 @@ mod tests {
 ("send_to", "26000000200100000c0000000500722f73726309007463703a2f2f683a310300642f78010074"),
 ("send_to_streams", "19000000200200000c00000001006101006201006300000400"),
 ("send_to_filter", "3300000020390000030000000100610100620100630000010004002a2e6835020005002a2e746d700200782f01000300642f65"),
+("send_to_grant", "39000000200600000c00000001006101006201006300000200cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd"),
+("grant", "11000000280100003c0000000300642f78"),
+("granted", "34000000290000000807060504030201efefefefefefefefefefefefefefefefefefefefefefefefefefefefefefefef3c000000"),
 ("progress", "1c000000210000000d00000005000000000000000a00000000000000"),
 ("copied", "24000000220000000e000000020000000000000003000000000000000400000000000000"),
 ("copied_skipped", "2c000000220100000e0000000200000000000000030000000000000004000000000000000500000000000000"),
@@ -1484,7 +1557,7 @@ mod tests {
         };
         assert_eq!(fixed(file), FILE_HEADER_LEN);
         assert_eq!(fixed(Msg::Pack { count: 1, len: 0 }), PACK_HEADER_LEN);
-        assert_eq!(Msg::CODES.len(), 34, "every frame type has a row");
+        assert_eq!(Msg::CODES.len(), 36, "every frame type has a row");
     }
 
     /// Decoding speed of the golden frames (a quick A/B for codec changes):

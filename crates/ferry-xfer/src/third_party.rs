@@ -10,6 +10,11 @@
 //! (`third_party` in the config, `--allow-third-party`), so an authenticated client cannot
 //! turn it into a probe of other hosts.
 //!
+//! The destination credential is a grant the destination minted for the client (protocol
+//! 1.9, `ferry_service::grants`): proven there like a key, it lets this server write the one
+//! path the client placed, once, for a minute; the user's own token travels only to a
+//! destination too old for grants, and only when the user allows it (`--forward-token`).
+//!
 //! The copies in progress are listed ([`Copies`]): their owner (the credential that asked)
 //! can see them from another connection (COPIES) and stop one (ABORT_COPY), as
 //! `ferry copies` does.
@@ -46,8 +51,11 @@ pub(crate) struct SendTo<'a> {
     pub dest: &'a str,
     /// Destination path there.
     pub dest_path: &'a str,
-    /// Token for the destination.
+    /// Token for the destination (empty with a grant).
     pub token: &'a str,
+    /// The destination's grant (protocol 1.9), proven there instead of a token; `dest_path`
+    /// is then the placed target, which this server does not look at (a grant only writes).
+    pub grant: Option<[u8; 32]>,
     /// Streams to the destination.
     pub streams: u16,
     /// Follow symbolic links that stay inside the root (`-L`).
@@ -274,17 +282,28 @@ fn copy(
             format!("destination {}: {}", req.dest, e.msg),
         )
     };
+    let key = match &req.grant {
+        Some(seed) => Some(std::sync::Arc::new(
+            ferry_service::grants::key_of(seed).map_err(at_dest)?,
+        )),
+        None => None,
+    };
     let opts = Options {
         token: req.token.to_string(),
+        key,
         block_size: req.block,
         ring: req.ring,
         streams: req.streams,
         ..Options::default()
     };
     let mut c = Client::connect(req.dest, &opts).map_err(at_dest)?;
-    let target = c
-        .target(req.path, entry.kind == EntryKind::Dir, req.dest_path)
-        .map_err(at_dest)?;
+    let target = match req.grant {
+        // The client placed it, with its own credential; the grant may not look.
+        Some(_) => req.dest_path.to_string(),
+        None => c
+            .target(req.path, entry.kind == EntryKind::Dir, req.dest_path)
+            .map_err(at_dest)?,
+    };
     running
         .total
         .store(files.iter().map(|f| f.1).sum(), Ordering::Relaxed);

@@ -167,7 +167,8 @@ fn msg() -> impl Strategy<Value = Msg> {
                 proptest::collection::vec(s(50), 0..4),
                 proptest::collection::vec(s(50), 0..4)
             )),
-            proptest::option::of(proptest::collection::vec(s(300), 0..20))
+            proptest::option::of(proptest::collection::vec(s(300), 0..20)),
+            proptest::option::of(any::<[u8; 32]>()),
         )
             .prop_map(
                 |(
@@ -181,6 +182,7 @@ fn msg() -> impl Strategy<Value = Msg> {
                     follow,
                     patterns,
                     only,
+                    grant,
                 )| {
                     Msg::SendTo {
                         flags,
@@ -193,9 +195,22 @@ fn msg() -> impl Strategy<Value = Msg> {
                         follow,
                         patterns,
                         only,
+                        grant,
                     }
                 }
             ),
+        (0u8..2, any::<u32>(), s(300)).prop_map(|(flags, ttl_secs, path)| Msg::Grant {
+            flags,
+            ttl_secs,
+            path,
+        }),
+        (any::<u64>(), any::<[u8; 32]>(), any::<u32>()).prop_map(|(id, secret, ttl_secs)| {
+            Msg::Granted {
+                id,
+                secret,
+                ttl_secs,
+            }
+        }),
         (any::<u32>(), any::<u64>(), any::<u64>()).prop_map(|(file_id, done, total)| {
             Msg::Progress {
                 file_id,

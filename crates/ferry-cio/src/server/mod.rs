@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use ferry_dtype::Datatype;
 use ferry_exs::runtime::ExsListener;
 use ferry_service::admit::{Admission, Handshake};
+use ferry_service::audit::{Audit, Record};
 use ferry_service::auth::AuthConfig;
 use ferry_service::channel::Channel;
 use ferry_service::drain::{Drain, DrainReport};
@@ -60,6 +61,8 @@ pub struct Server {
     sessions: Mutex<HashMap<(u64, String), Arc<Shared>>>,
     /// Requests in flight, and the drain.
     drain: Drain,
+    /// Where a record of each open and close goes (the daemon's audit log).
+    audit: Arc<Audit>,
 }
 
 /// One session shared by its ranks' connections.
@@ -126,6 +129,15 @@ fn route(st: &mut State, outs: Vec<Output>) -> Vec<Job> {
     jobs
 }
 
+/// The bytes a read or write of `len` moved: all of them once it succeeded.
+fn moved(outcome: &Outcome, len: u64) -> u64 {
+    if outcome.is_ok() {
+        len
+    } else {
+        0
+    }
+}
+
 /// One rank's connection once open.
 struct RankConn {
     shared: Arc<Shared>,
@@ -135,16 +147,18 @@ struct RankConn {
     /// Datatype descriptions received, by BLAKE3 (the decoding's outcome).
     types: HashMap<[u8; 32], Result<Datatype>>,
     chunk: usize,
+    /// Bytes this rank read and wrote since its open, for the audit's close record.
+    moved: u64,
 }
 
 impl Server {
     /// The face over the server's exported roots (`(name, directory)`), behind its
-    /// authentication and admission.
+    /// authentication and admission, recording its opens and closes in `audit`.
     pub fn new(
         cfg: CioConfig,
         roots: &[(String, PathBuf)],
-        auth: AuthConfig,
-        admission: Arc<Admission>,
+        (auth, admission): (AuthConfig, Arc<Admission>),
+        audit: Arc<Audit>,
     ) -> Result<Arc<Server>> {
         cfg.validate()?;
         let exports = Exports::open(roots.iter().map(|(n, p)| (n.as_str(), p.as_path())))?;
@@ -155,6 +169,7 @@ impl Server {
             admission,
             sessions: Mutex::new(HashMap::new()),
             drain: Drain::new(),
+            audit,
         }))
     }
 
@@ -179,7 +194,13 @@ impl Server {
     }
 
     /// Serves one connection: OPEN, then requests until CLOSE or an error.
-    fn connection(&self, ch: &mut Channel, hs: Handshake, first: Option<Vec<u8>>) -> Result<()> {
+    fn connection(
+        &self,
+        ch: &mut Channel,
+        hs: Handshake,
+        first: Option<Vec<u8>>,
+        peer: &str,
+    ) -> Result<()> {
         let bytes = first_frame(ch, &hs, first)?;
         let (major, job, rank, size, mode, path, token) = match decode(&bytes)?.0 {
             Msg::Open {
@@ -262,7 +283,26 @@ impl Server {
             view: View::default(),
             types: HashMap::new(),
             chunk: self.cfg.chunk as usize,
+            moved: 0,
         };
+        let audit = |op, bytes, (time, began): (std::time::SystemTime, Instant), error| {
+            self.audit.write(
+                &Record {
+                    time,
+                    peer: peer.to_string(),
+                    credential: principal.id.clone(),
+                    face: SERVICE,
+                    op,
+                    path: path.clone(),
+                    bytes,
+                    duration: began.elapsed(),
+                    error,
+                    read_written: None,
+                },
+                false,
+            )
+        };
+        let opening = (std::time::SystemTime::now(), Instant::now());
         // An open file is in flight for the drain until it is closed: a drain lets the
         // job finish its I/O through the grace period, then ends the connection between
         // requests (the job's other ranks fail with RankLost). Counted before the OPEN is
@@ -283,12 +323,22 @@ impl Server {
                 return Err(CioError::conn("internal: OPEN answered with data"))
             }
             Err(e) => {
+                audit("open", 0, opening, Some(e.to_string()));
                 send_error(ch, &e)?;
                 return Ok(());
             }
         }
+        audit("open", 0, opening, None);
         tracing::debug!("job {job:#x} rank {rank}/{size}: opened {path}");
-        self.requests(ch, &mut me)
+        let res = self.requests(ch, &mut me);
+        // The close: what this rank moved while the file was open, and how it ended (a
+        // connection that ends without CLOSE says why).
+        let error = res
+            .as_ref()
+            .err()
+            .map(|e| format!("ended without CLOSE: {e}"));
+        audit("close", me.moved, opening, error);
+        res
     }
 
     /// Joins (or starts) the session of `job` and `path` as `rank` of `size`.
@@ -397,6 +447,7 @@ impl Server {
                     Ok(Work::Write { extents, data })
                 });
                 let outcome = self.collective(me, CallKind::WriteAtAll, work);
+                me.moved += moved(&outcome, len);
                 answer(ch, outcome, me.chunk)
             }
             Msg::ReadAtAll { offset, len } => {
@@ -404,6 +455,7 @@ impl Server {
                     .read_extents(me, offset, len)
                     .map(|extents| Work::Read { extents });
                 let outcome = self.collective(me, CallKind::ReadAtAll, work);
+                me.moved += moved(&outcome, len);
                 answer(ch, outcome, me.chunk)
             }
             Msg::WriteAt { offset, len } => {
@@ -420,6 +472,7 @@ impl Server {
                     }
                     Ok(Reply::Done(len))
                 });
+                me.moved += moved(&outcome, len);
                 answer(ch, outcome, me.chunk)
             }
             Msg::ReadAt { offset, len } => {
@@ -428,6 +481,7 @@ impl Server {
                     let mut streams = files::read_regions(&file, &[extents])?;
                     Ok(Reply::Stream(streams.pop().unwrap_or_default()))
                 });
+                me.moved += moved(&outcome, len);
                 answer(ch, outcome, me.chunk)
             }
             Msg::GetSize => {
@@ -665,7 +719,7 @@ impl Service for Server {
         let mut ch = Channel::new(sock, queue);
         // Every frame of collective I/O goes through the channel's control path: all sealed.
         ch.seal(secure);
-        match self.connection(&mut ch, hs, first) {
+        match self.connection(&mut ch, hs, first, &peer) {
             Ok(()) => tracing::debug!("{peer}: done"),
             Err(e) => tracing::info!("{peer}: connection ended: {e}"),
         }

@@ -55,7 +55,8 @@ pub fn start(driver: &str, timeout: Duration) -> Running {
         ..AuthConfig::default()
     };
     let admission = Admission::new(&LimitsConfig::default(), |_, _| 0);
-    let server = Server::new(cfg, &[("d".into(), root.clone())], auth, admission).unwrap();
+    let audit = Arc::new(ferry_service::audit::Audit::open(None).unwrap());
+    let server = Server::new(cfg, &[("d".into(), root.clone())], (auth, admission), audit).unwrap();
     let listeners = ferry_service::serve::bind_all(&[listen]).unwrap();
     let addr = listeners[0].local_addr();
     let quit = Arc::new(AtomicBool::new(false));

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -284,4 +285,22 @@ pub fn same_tree(a: &Path, b: &Path) {
         a.display(),
         b.display()
     );
+}
+
+/// `ferry keygen -f DIR/NAME`; the private key's path and its public-key line.
+pub fn keygen(dir: &Path, name: &str) -> (PathBuf, String) {
+    let key = dir.join(name);
+    let mut c = ferry();
+    c.args(["keygen", "-C", name, "-f"]).arg(&key);
+    let o = run(c);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("SHA256:"));
+    let line = std::fs::read_to_string(dir.join(format!("{name}.pub"))).unwrap();
+    (key, line.trim().to_string())
+}
+
+/// A private file (mode 600) at `path` holding `text`.
+pub fn private(path: &Path, text: &str) {
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
 }

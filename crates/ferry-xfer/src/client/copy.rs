@@ -458,37 +458,39 @@ fn third_party(
                 c.minor
             );
         }
-        let token = opts
-            .dest_token
-            .clone()
-            .unwrap_or_else(|| opts.token.clone());
         let streams = if c.minor >= proto::MINOR_SEND_STREAMS {
             streams
         } else {
             1
         };
-        let request = |file_id, only| Msg::SendTo {
+        let request = |file_id, only, (dest_path, token, grant): Credential| Msg::SendTo {
             flags: if recursive { proto::SEND_RECURSIVE } else { 0 },
             file_id,
             path: src.path.clone(),
             dest: dst.addr.clone(),
-            dest_path: dst.path.clone(),
-            token: token.clone(),
+            dest_path,
+            token,
             streams,
             follow: opts.follow_links,
             patterns: opts.filter.patterns(),
             only,
+            grant,
         };
+        let mut cred = dest_credential(c, src, dst, recursive, opts)?;
         // Patterns too long for one frame are the user's to shorten, not a retry's.
-        let base = proto::to_vec(&request(0, None))
+        let base = proto::to_vec(&request(0, None, cred.clone()))
             .map_err(|e| XferError::new(Kind::Usage, format!("--include/--exclude: {e}")))?
             .len();
         let chunks = only_chunks(opts.filter.only_files(), base);
         let mut sent = 0;
-        for only in chunks {
+        for (i, only) in chunks.into_iter().enumerate() {
+            if i > 0 && cred.2.is_some() {
+                // A grant serves one copy: each request of a long list gets its own.
+                cred = dest_credential(c, src, dst, recursive, opts)?;
+            }
             let file_id = c.id();
-            c.link.send(&request(file_id, only))?;
-            sent += watch_copy(c, dst, progress, sent)?;
+            c.link.send(&request(file_id, only, cred.clone()))?;
+            sent += watch_copy(c, progress, sent)?;
         }
         Ok(())
     })
@@ -524,7 +526,7 @@ fn only_chunks(only: Option<&HashSet<String>>, base: usize) -> Vec<Option<Vec<St
 /// Watches one SEND_TO to its end: PROGRESS frames to `progress` (after `before` bytes of
 /// the copy's earlier requests), then the counts of COPIED into the connection's stats.
 /// Returns the bytes it copied.
-fn watch_copy(c: &mut Client, dst: &Remote, progress: &dyn Progress, before: u64) -> Result<u64> {
+fn watch_copy(c: &mut Client, progress: &dyn Progress, before: u64) -> Result<u64> {
     let mut shown = 0;
     loop {
         match c.link.recv_msg()? {
@@ -550,23 +552,117 @@ fn watch_copy(c: &mut Client, dst: &Remote, progress: &dyn Progress, before: u64
                 c.stats.blocks_resent += blocks_resent;
                 return Ok(bytes);
             }
-            // Only the destination refuses a token here (the source took ours at HELLO).
+            // Only the destination refuses a credential here (the source took ours at
+            // HELLO): a forwarded token, or a grant (expired, or used already).
             Msg::Error {
                 code: ErrorCode::AuthRefused,
+                message,
                 ..
             } => {
                 return Err(XferError::new(
                     Kind::Auth,
-                    format!(
-                        "the destination {} refused the token sent to it: pass its token with --dest-token or FERRY_DEST_TOKEN (without either, the source's token is sent)",
-                        dst.addr
-                    ),
+                    format!("the destination refused the source server: {message}"),
                 ))
             }
             Msg::Error { code, message, .. } => return Err(remote_err(code, &message)),
             m => return Err(unexpected(&m)),
         }
     }
+}
+
+/// What the source server of a third-party copy presents to the destination, and where
+/// the copy lands there: `(dest_path, token, grant)`.
+type Credential = (String, String, Option<[u8; 32]>);
+
+/// The [`Credential`] of a third-party copy.
+///
+/// Both servers speak protocol 1.9: this client, authenticated to the destination with its
+/// own key or token, places the copy there (the rule of `ferry cp`, creating the directory
+/// it names) and asks for a grant to write that one path (a tree for a directory); the
+/// source proves the grant there, and the user's token stays here. With an older server the
+/// user's destination token is sent to the source instead, inside its sealed channel, only
+/// when the user allows it (`--forward-token`): refused otherwise.
+fn dest_credential(
+    c: &mut Client,
+    src: &Remote,
+    dst: &Remote,
+    recursive: bool,
+    opts: &Options,
+) -> Result<Credential> {
+    let token = opts
+        .dest_token
+        .clone()
+        .unwrap_or_else(|| opts.token.clone());
+    let dopts = Options {
+        token: token.clone(),
+        ..opts.clone()
+    };
+    let mut d = Client::connect(&dst.addr, &dopts).map_err(|e| match e.kind {
+        Kind::Auth => dest_refused(dst),
+        _ => XferError::new(e.kind, format!("destination {}: {}", dst.addr, e.msg)),
+    })?;
+    if c.minor.min(d.minor) < proto::MINOR_GRANTS {
+        d.bye();
+        return without_grants((c.minor, &src.addr), dst, token, opts.forward_token);
+    }
+    let entry = c.stat(&src.path)?;
+    let tree = entry.kind == EntryKind::Dir;
+    if tree && !recursive {
+        return Err(XferError::new(
+            Kind::Usage,
+            format!("{}: is a directory; use -r to copy trees", src.path),
+        ));
+    }
+    let target = d.target(&src.path, tree, &dst.path)?;
+    let (_, secret) = d.grant(&target, tree, 0).map_err(|e| {
+        XferError::new(
+            e.kind,
+            format!("the destination {} gave no grant: {}", dst.addr, e.msg),
+        )
+    })?;
+    d.bye();
+    Ok((target, String::new(), Some(secret)))
+}
+
+/// [`dest_credential`] when the source (its minor and address) or the destination is older
+/// than grants: the destination token goes to the source only if the user allows it.
+fn without_grants(
+    (src_minor, src_addr): (u16, &str),
+    dst: &Remote,
+    token: String,
+    forward: bool,
+) -> Result<Credential> {
+    let old = if src_minor < proto::MINOR_GRANTS {
+        src_addr
+    } else {
+        &dst.addr
+    };
+    if forward && !token.is_empty() {
+        tracing::warn!(
+            "{old} speaks a transfer protocol without grants (before 1.{}): sending the source server your destination token (--forward-token)",
+            proto::MINOR_GRANTS
+        );
+        return Ok((dst.path.clone(), token, None));
+    }
+    Err(XferError::new(
+        Kind::Usage,
+        format!(
+            "{old} speaks a transfer protocol too old for grants (before 1.{}): the source server would need your destination token itself; allow that with --forward-token (it travels inside the source's TLS channel), or upgrade the older server",
+            proto::MINOR_GRANTS
+        ),
+    ))
+}
+
+/// The error for a destination that refused this client's credential (its own answer
+/// names the source's options, which are not the ones to change).
+fn dest_refused(dst: &Remote) -> XferError {
+    XferError::new(
+        Kind::Auth,
+        format!(
+            "the destination {} refused your credential: pass its token with --dest-token or FERRY_DEST_TOKEN (without either, the source's token is used), or add your key to its authorized_keys",
+            dst.addr
+        ),
+    )
 }
 
 /// A local tree: its directories (relative, parents first) and files, and what was
@@ -689,6 +785,7 @@ mod tests {
                 follow: false,
                 patterns: None,
                 only: Some(chunk),
+                grant: None,
             };
             assert!(proto::to_vec(&msg).is_ok());
         }

@@ -222,6 +222,10 @@ pub struct Options {
     pub retries: u32,
     /// Token for the destination server of a third-party copy (`None`: the same token).
     pub dest_token: Option<String>,
+    /// Let a third-party copy send the destination credential (the token) to the source
+    /// server when either server is too old for grants (`ferry cp --forward-token`);
+    /// without it such a copy is refused (docs/security.md, "Third-party copies").
+    pub forward_token: bool,
     /// Parallel streams (connections) per copy, 1 to [`proto::MAX_STREAMS`]; more than one
     /// needs a protocol 1.2 server (an older one gets one stream and a note).
     pub streams: u16,
@@ -263,6 +267,7 @@ impl Default for Options {
             filter: Filter::default(),
             retries: 0,
             dest_token: None,
+            forward_token: false,
             streams: 1,
             auto_streams: false,
             chunk: crate::parallel::DEFAULT_CHUNK,
@@ -757,6 +762,24 @@ impl Client {
         self.link.send(&Msg::AbortCopy { id })?;
         match self.link.recv_msg()? {
             Msg::Ok { .. } => Ok(()),
+            Msg::Error { code, message, .. } => Err(remote_err(code, &message)),
+            m => Err(unexpected(&m)),
+        }
+    }
+
+    /// Asks the server for a grant (1.9, `ferry_service::grants`): another server may then
+    /// write `path` here (and beneath it with `tree`) on this client's credential's behalf,
+    /// for one session, within `ttl_secs` (0: the server's default, 60 s). Returns the
+    /// grant's id and its secret, to be handed only to that server.
+    pub fn grant(&mut self, path: &str, tree: bool, ttl_secs: u32) -> Result<(u64, [u8; 32])> {
+        self.needs(proto::MINOR_GRANTS, "give grants")?;
+        self.link.send(&Msg::Grant {
+            flags: if tree { proto::GRANT_TREE } else { 0 },
+            ttl_secs,
+            path: path.into(),
+        })?;
+        match self.link.recv_msg()? {
+            Msg::Granted { id, secret, .. } => Ok((id, secret)),
             Msg::Error { code, message, .. } => Err(remote_err(code, &message)),
             m => Err(unexpected(&m)),
         }

@@ -59,7 +59,7 @@ pub struct SendToReq {
     pub dest: String,
     /// The path there.
     pub dest_path: String,
-    /// The token for the destination.
+    /// The token for the destination (empty with a grant).
     pub token: String,
     /// Streams to the destination.
     pub streams: u16,
@@ -69,6 +69,9 @@ pub struct SendToReq {
     pub patterns: Option<(Vec<String>, Vec<String>)>,
     /// Copy only these files of the tree (1.9: what a sync found to differ).
     pub only: Option<Vec<String>>,
+    /// The destination's grant (`ferry_service::grants`), proven there instead of a token;
+    /// `dest_path` is then the placed target.
+    pub grant: Option<[u8; 32]>,
 }
 
 /// What the server does with one request.
@@ -152,6 +155,15 @@ pub enum Route {
     },
     /// SEND_TO: a copy from this server to another.
     SendTo(SendToReq),
+    /// GRANT: mint a grant for another server to write `path` here.
+    Grant {
+        /// The path and everything beneath it.
+        tree: bool,
+        /// Seconds it may wait for its use (0: the default).
+        ttl_secs: u32,
+        /// `root/relative/path`.
+        path: String,
+    },
     /// Not a request (a reply or a data frame): the connection ends.
     Unexpected(Msg),
 }
@@ -334,6 +346,7 @@ impl Router {
                 follow,
                 patterns,
                 only,
+                grant,
             } => Route::SendTo(SendToReq {
                 file_id,
                 recursive: flags & proto::SEND_RECURSIVE != 0,
@@ -345,7 +358,17 @@ impl Router {
                 follow,
                 patterns,
                 only,
+                grant,
             }),
+            Msg::Grant {
+                flags,
+                ttl_secs,
+                path,
+            } => Route::Grant {
+                tree: flags & proto::GRANT_TREE != 0,
+                ttl_secs,
+                path,
+            },
             Msg::Copies => Route::Copies,
             Msg::AbortCopy { id } => Route::AbortCopy(id),
             m => Route::Unexpected(m),
@@ -373,14 +396,31 @@ impl Route {
                 file_id, length, ..
             } => ("close", format!("#{file_id}"), *length, false),
             Route::SendTo(req) => ("send_to", req.path.clone(), 0, false),
+            Route::Grant { path, .. } => ("grant", path.clone(), 0, false),
             Route::Copies => ("copies", String::new(), 0, true),
             Route::AbortCopy(id) => ("abort_copy", format!("#{id}"), 0, false),
+            Route::Virtual(msg) => return Route::virtual_audited(msg),
             Route::Bye
             | Route::Batch(_)
             | Route::Refuse { .. }
-            | Route::Virtual(_)
             | Route::PutRange { .. }
             | Route::Unexpected(_) => return None,
+        })
+    }
+
+    /// [`Route::audited`] for a request of the memory root ([`Route::Virtual`]): what the
+    /// same request of a real root is called, and the bytes it asks to move.
+    pub fn virtual_audited(msg: &Msg) -> Option<(&'static str, String, u64, bool)> {
+        Some(match msg {
+            Msg::Stat { path } => ("stat", path.clone(), 0, true),
+            Msg::List { path } => ("list", path.clone(), 0, true),
+            Msg::Sum { path } => ("sum", path.clone(), 0, true),
+            Msg::Mkdir { path, .. } => ("mkdir", path.clone(), 0, false),
+            Msg::Remove { path } => ("remove", path.clone(), 0, false),
+            Msg::Get { path, length, .. } => ("get", path.clone(), *length, false),
+            Msg::Put { path, size, .. } => ("put", path.clone(), *size, false),
+            Msg::Open { path, size, .. } => ("open", path.clone(), *size, false),
+            _ => return None,
         })
     }
 
@@ -398,6 +438,8 @@ impl Route {
                 Some((path, true, req.file_id))
             }
             Route::SendTo(req) => Some((&req.path, false, req.file_id)),
+            // Only what the credential may write can be granted.
+            Route::Grant { path, .. } => Some((path, true, 0)),
             Route::Virtual(msg) => {
                 let write = matches!(
                     msg,

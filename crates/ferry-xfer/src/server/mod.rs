@@ -62,8 +62,8 @@ pub struct Server {
     admission: Arc<Admission>,
     /// Its TLS identity, and whether clear clients are let in.
     security: ServerSecurity,
-    /// Where a record of each request goes.
-    audit: Audit,
+    /// Where a record of each request goes (shared with the daemon's other faces).
+    audit: Arc<Audit>,
 }
 
 impl Service for Server {
@@ -143,7 +143,7 @@ impl Server {
         )?;
         let admission = Admission::new(&cfg.limits, staging_cost);
         let security = cfg.security.load()?;
-        let audit = Audit::open(cfg.audit_log.as_deref())?;
+        let audit = Arc::new(Audit::open(cfg.audit_log.as_deref())?);
         Ok(Arc::new(Server {
             admission,
             security,
@@ -167,6 +167,12 @@ impl Server {
     /// The addresses it is configured to listen on.
     pub fn listen(&self) -> &[String] {
         &self.cfg.listen
+    }
+
+    /// Where its audit records go (`audit_log`): the daemon's other faces write theirs
+    /// there too.
+    pub fn audit(&self) -> &Arc<Audit> {
+        &self.audit
     }
 
     /// Who may use it.
@@ -461,9 +467,15 @@ impl Server {
                 }
                 Route::Batch(gets) => st.batch.extend(gets),
                 Route::Virtual(msg) => {
-                    if !self.virtual_request(link, tx, &msg, session)? {
-                        self.execute(link, session, tx, st, router.dispatch(msg))?
-                    }
+                    // The memory root's requests are audited as the real roots' are.
+                    let audit = Route::virtual_audited(&msg);
+                    let peer = st.peer.clone();
+                    self.with_audit(session, &peer, audit, || {
+                        if self.virtual_request(link, tx, &msg, session)? {
+                            return Ok(());
+                        }
+                        self.execute_route(link, session, tx, st, router.dispatch(msg))
+                    })?
                 }
                 route => self.execute(link, session, tx, st, route)?,
             }
@@ -525,6 +537,7 @@ impl Server {
                     bytes: 0,
                     duration: Duration::ZERO,
                     error: Some(r.message.clone()),
+                    read_written: None,
                 },
                 quiet,
             );
@@ -579,26 +592,43 @@ impl Server {
         st: &mut Requests,
         route: Route,
     ) -> Result<()> {
-        let Some((op, path, asked, quiet)) = route.audited() else {
-            return self.execute_route(link, session, tx, st, route);
+        let audit = route.audited();
+        let peer = st.peer.clone();
+        self.with_audit(session, &peer, audit, || {
+            self.execute_route(link, session, tx, st, route)
+        })
+    }
+
+    /// Runs one request (`run`) and records it in the audit as `audit` names it (op, path,
+    /// bytes asked, quiet): by whom, how long it took, and how it ended (the refusal the
+    /// client was told, or the error that ended the connection). `None`: not audited.
+    fn with_audit(
+        &self,
+        session: &Session,
+        peer: &str,
+        audit: Option<(&'static str, String, u64, bool)>,
+        run: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        let Some((op, path, asked, quiet)) = audit else {
+            return run();
         };
         let (time, began) = (std::time::SystemTime::now(), std::time::Instant::now());
         let _ = take_refusal();
-        let res = self.execute_route(link, session, tx, st, route);
+        let res = run();
         let error = match &res {
             Ok(()) => take_refusal(),
             Err(e) => Some(e.msg.clone()),
         };
         // A GET to the end names no length: the file's size says what it moved.
         let bytes = match (op, asked, &error) {
-            ("get", u64::MAX, None) => self.roots.stat(&path).map_or(0, |m| m.size),
+            ("get", u64::MAX, None) => self.size_of(&path),
             ("get", u64::MAX, Some(_)) => 0,
             _ => asked,
         };
         self.audit.write(
             &Record {
                 time,
-                peer: st.peer.clone(),
+                peer: peer.to_string(),
                 credential: session.principal.id.clone(),
                 face: SERVICE,
                 op,
@@ -606,10 +636,19 @@ impl Server {
                 bytes,
                 duration: began.elapsed(),
                 error,
+                read_written: None,
             },
             quiet,
         );
         res
+    }
+
+    /// The size of the file `path` names: a real root's, or a memory root's zero file.
+    fn size_of(&self, path: &str) -> u64 {
+        match crate::mem::classify(path) {
+            Some(Ok(crate::mem::Virtual::Zero(n))) if self.cfg.mem => n,
+            _ => self.roots.stat(path).map_or(0, |m| m.size),
+        }
     }
 
     /// Executes one route.
@@ -690,6 +729,11 @@ impl Server {
                 blake3,
             } => self.close(link, session, file_id, length, blake3),
             Route::SendTo(req) => self.send_to(link, req, st),
+            Route::Grant {
+                tree,
+                ttl_secs,
+                path,
+            } => self.grant(link, session, tree, ttl_secs, &path),
             Route::Copies => {
                 for m in self.copies.list(&st.owner) {
                     link.send(&m)?;
@@ -708,6 +752,46 @@ impl Server {
                 }
             }
             Route::Unexpected(m) => Err(XferError::conn(format!("unexpected request {m:?}"))),
+        }
+    }
+
+    /// GRANT: mints a grant for another server to write `path` here on this session's
+    /// credential's behalf ([`ferry_service::grants`]); the route was permitted as a write
+    /// by that credential. Only over TLS: the secret must never cross the wire in clear.
+    fn grant(
+        &self,
+        link: &Link,
+        session: &Session,
+        tree: bool,
+        ttl_secs: u32,
+        path: &str,
+    ) -> Result<()> {
+        if link.secure().is_none() {
+            let message = "grants are given only over a secure (TLS) connection";
+            return reply_refusal(link, 0, refuse(ErrorCode::AuthRefused, message));
+        }
+        let ttl = Duration::from_secs(u64::from(ttl_secs));
+        match self
+            .cfg
+            .auth
+            .grants
+            .mint(&session.principal, path, tree, ttl)
+        {
+            Ok(m) => {
+                tracing::info!(
+                    "{}: {} for {path}{} for {} s",
+                    session.principal.id,
+                    ferry_service::grants::label(m.id, &session.principal.id),
+                    if tree { " and beneath" } else { "" },
+                    m.ttl.as_secs()
+                );
+                link.send(&Msg::Granted {
+                    id: m.id,
+                    secret: m.seed,
+                    ttl_secs: u32::try_from(m.ttl.as_secs()).unwrap_or(u32::MAX),
+                })
+            }
+            Err(e) => reply_refusal(link, 0, refuse(crate::error::code_of(&e), e.msg)),
         }
     }
 
@@ -733,6 +817,7 @@ impl Server {
                 dest: &req.dest,
                 dest_path: &req.dest_path,
                 token: &req.token,
+                grant: req.grant,
                 streams,
                 follow: req.follow,
                 patterns: req.patterns.as_ref(),
@@ -750,6 +835,15 @@ impl Server {
     fn join(&self, join: u64, stream: u16, principal: Principal) -> PResult<Arc<Session>> {
         let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
         if join == 0 {
+            // A grant opens one session, once; that session's streams join it below.
+            if let Some(scope) = &principal.rights.scope {
+                if !self.cfg.auth.grants.claim(scope.grant) {
+                    return Err(refuse(
+                        ErrorCode::AuthRefused,
+                        "this grant was already used: a grant opens one session",
+                    ));
+                }
+            }
             if stream != 0 {
                 return Err(refuse(
                     ErrorCode::BadRequest,
