@@ -1095,9 +1095,7 @@ fn several_sources_filters_and_no_clobber() {
     assert_eq!(std::fs::read(many.join("x")).unwrap(), b"mine");
     ok(&cp(&[&s.url("x"), many.to_str().unwrap()], &[]));
     same_file(&s.root.join("x"), &many.join("x"));
-    // (Filters work server to server: tests/xfer_sync.rs; --no-clobber not yet.)
-    let o = cp(&["-r", "-n", &s.url("t"), &s.url("t2")], &[]);
-    fails(&o, 1, "not available for server-to-server copies");
+    // (Filters and --no-clobber server to server: tests/xfer_sync.rs.)
     let o = cp(
         &["-r", "--include", "[", &s.url("t"), f.to_str().unwrap()],
         &[],
