@@ -436,7 +436,7 @@ fn third_party(
             return Err(XferError::new(
                 Kind::Usage,
                 format!(
-                    "{} speaks transfer protocol 1.{}: its third-party copies take no --include, --exclude or -L (1.{} does); upgrade it, or copy through this host in two steps",
+                    "{} speaks transfer protocol 1.{}: its third-party copies take no --include, --exclude, -L, -n or sync's list of files (1.{} does); upgrade it, or copy through this host in two steps",
                     src.addr,
                     c.minor,
                     proto::MINOR_SEND_FILTER
