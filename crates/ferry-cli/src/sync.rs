@@ -95,15 +95,7 @@ pub fn sync(a: SyncArgs, quiet: bool) -> Result<(), XferError> {
             println!("remove {p}");
         }
     } else if !quiet {
-        let skipped = match r.stats.entries_skipped {
-            0 => String::new(),
-            n if a.follow_links => format!(
-                ", {n} entr(y/ies) not copied (links out of the root or to nothing, special files; see the warnings)"
-            ),
-            n => format!(
-                ", {n} entr(y/ies) not copied (symlinks: -L follows them; see the warnings)"
-            ),
-        };
+        let skipped = crate::xfer::skipped_hint(r.stats.entries_skipped, a.follow_links);
         eprintln!(
             "{} file(s) copied ({}), {} unchanged, {} removed{skipped}, in {secs:.2} s",
             r.copied.len(),

@@ -548,12 +548,7 @@ pub fn cp(a: CpArgs, quiet: bool, verbose: bool) -> Result<(), XferError> {
                         s.files_skipped
                     );
                 }
-                if s.entries_skipped > 0 {
-                    notes += &format!(
-                        ", {} entr(y/ies) not copied (symlinks: -L follows them; see the warnings)",
-                        s.entries_skipped
-                    );
-                }
+                notes += &skipped_hint(s.entries_skipped, a.follow_links);
                 if s.retries > 0 {
                     notes += &format!(", {} reconnection(s)", s.retries);
                 }
@@ -630,6 +625,18 @@ pub fn sum(a: SumArgs) -> Result<(), XferError> {
     };
     println!("{}  {shown}", client::hex(&hash));
     Ok(())
+}
+
+/// The summary's note on `n` tree entries not copied ("" when none): without `-L` it says
+/// `-L` follows links; with it, the links skipped are those it could not follow.
+pub(crate) fn skipped_hint(n: u64, follow_links: bool) -> String {
+    match n {
+        0 => String::new(),
+        n if follow_links => format!(
+            ", {n} entr(y/ies) not copied (with -L: symlinks to nothing, in a loop or out of a server's root, and special files; see the warnings)"
+        ),
+        n => format!(", {n} entr(y/ies) not copied (symlinks: -L follows them; see the warnings)"),
+    }
 }
 
 #[cfg(test)]

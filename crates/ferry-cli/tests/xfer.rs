@@ -983,6 +983,19 @@ fn symlinks_are_counted_or_followed() {
         &[],
     ));
     assert_eq!(counts(&v), (Some(4), Some(1)), "{v}");
+    let human = run({
+        let mut c = ferry();
+        c.args(["cp", "-r", "-L", "--token", TOKEN, &s.url("t")])
+            .arg(local.join("hl"));
+        c
+    });
+    assert!(human.status.success(), "{human:?}");
+    let said = String::from_utf8_lossy(&human.stderr);
+    assert!(
+        said.contains("1 entr(y/ies) not copied (with -L: symlinks to nothing")
+            && !said.contains("-L follows them"),
+        "the dangling link, not advice to pass -L again: {said}"
+    );
     same_file(&s.root.join("t/f"), &local.join("b/t/lf"));
     same_file(&s.root.join("t/d/g"), &local.join("b/t/ld/g"));
     assert!(std::fs::symlink_metadata(local.join("b/t/lf"))
@@ -1082,9 +1095,7 @@ fn several_sources_filters_and_no_clobber() {
     assert_eq!(std::fs::read(many.join("x")).unwrap(), b"mine");
     ok(&cp(&[&s.url("x"), many.to_str().unwrap()], &[]));
     same_file(&s.root.join("x"), &many.join("x"));
-    // (Filters work server to server: tests/xfer_sync.rs; --no-clobber not yet.)
-    let o = cp(&["-r", "-n", &s.url("t"), &s.url("t2")], &[]);
-    fails(&o, 1, "not available for server-to-server copies");
+    // (Filters and --no-clobber server to server: tests/xfer_sync.rs.)
     let o = cp(
         &["-r", "--include", "[", &s.url("t"), f.to_str().unwrap()],
         &[],

@@ -220,3 +220,34 @@ fn third_party_trees_take_filters_and_follow_links_inside_the_root() {
     assert_eq!(v["entries_skipped"].as_u64(), Some(0), "{v}");
     std::fs::remove_dir_all(&outside).unwrap();
 }
+
+/// `cp -n` between two servers plans as sync does: what the destination has is left alone
+/// (counted as skipped, as `-n` counts it in other copies), the rest lands; a single file
+/// too; a directory still needs -r. A plain copy then replaces the file `-n` kept.
+#[test]
+fn no_clobber_between_servers_keeps_what_the_destination_has() {
+    let (a, b) = pair();
+    let t = a.root.join("t");
+    std::fs::create_dir_all(t.join("d")).unwrap();
+    std::fs::write(t.join("a"), pattern(1000, 1)).unwrap();
+    std::fs::write(t.join("b"), pattern(2000, 2)).unwrap();
+    std::fs::write(t.join("d/c"), pattern(3000, 3)).unwrap();
+    let m = b.root.join("m/t");
+    std::fs::create_dir_all(&m).unwrap();
+    std::fs::write(m.join("a"), b"mine").unwrap();
+    let v = ok(&cp(&["-r", "-n", &a.url("t"), &b.url("m")], &[]));
+    let counts = |v: &serde_json::Value| (v["files"].as_u64(), v["files_skipped"].as_u64());
+    assert_eq!(counts(&v), (Some(3), Some(1)), "{v}");
+    assert_eq!(std::fs::read(m.join("a")).unwrap(), b"mine");
+    same_file(&t.join("b"), &m.join("b"));
+    same_file(&t.join("d/c"), &m.join("d/c"));
+    let v = ok(&cp(&["-n", &a.url("t/b"), &b.url("m/t/a")], &[]));
+    assert_eq!(counts(&v), (Some(1), Some(1)), "{v}");
+    assert_eq!(std::fs::read(m.join("a")).unwrap(), b"mine");
+    let v = ok(&cp(&["-n", &a.url("t/b"), &b.url("one")], &[]));
+    assert_eq!(counts(&v), (Some(1), Some(0)), "{v}");
+    same_file(&t.join("b"), &b.root.join("one"));
+    fails(&cp(&["-n", &a.url("t"), &b.url("m2")], &[]), 1, "use -r");
+    ok(&cp(&["-r", &a.url("t"), &b.url("m")], &[]));
+    same_file(&t.join("a"), &m.join("a"));
+}

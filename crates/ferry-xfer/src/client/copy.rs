@@ -23,6 +23,11 @@ pub fn copy(
     opts: &Options,
     progress: &dyn Progress,
 ) -> Result<Stats> {
+    // -n between two servers: the source server cannot see the destination, so a sync's
+    // plan (a client on each) chooses the files it sends.
+    if let (Skip::Existing, Location::Remote(_), Location::Remote(_)) = (opts.skip, src, dst) {
+        return super::sync::copy_no_clobber(src, dst, recursive, opts, progress);
+    }
     let mut total = Stats::default();
     let mut opts = opts.clone();
     let mut delay = RETRY_DELAY;
@@ -416,12 +421,6 @@ fn third_party(
     progress: &dyn Progress,
     total: &mut Stats,
 ) -> Result<()> {
-    if opts.skip == Skip::Existing {
-        return Err(XferError::new(
-            Kind::Usage,
-            "--no-clobber is not available for server-to-server copies yet: use ferry sync, or copy through this host in two steps",
-        ));
-    }
     with_client(&mut None, src, opts, total, |c| {
         if c.minor < 1 {
             return Err(XferError::new(
@@ -437,7 +436,7 @@ fn third_party(
             return Err(XferError::new(
                 Kind::Usage,
                 format!(
-                    "{} speaks transfer protocol 1.{}: its third-party copies take no --include, --exclude or -L (1.{} does); upgrade it, or copy through this host in two steps",
+                    "{} speaks transfer protocol 1.{}: its third-party copies take no --include, --exclude, -L, -n or sync's list of files (1.{} does); upgrade it, or copy through this host in two steps",
                     src.addr,
                     c.minor,
                     proto::MINOR_SEND_FILTER

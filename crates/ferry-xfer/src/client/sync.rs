@@ -13,9 +13,15 @@
 //! in SEND_TO, split over as many requests as its frames need): the data goes straight
 //! from server to server, each request costs the source one connection to the
 //! destination (not one per file), and the source server applies the same filter and
-//! `-L` as the plan did.
+//! `-L` as the plan did. A file the source loses between the plan and the copy is not sent:
+//! when the source's COPIED counts fewer files than the plan listed, the destination is
+//! listed again and the report names as copied only the files it now holds with the
+//! source's size and mtime.
+//!
+//! `ferry cp -n` between two servers is the same plan and copy, leaving alone every file the
+//! destination already has (and deleting nothing).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use super::place::{local_place, remote_target, AtDest};
@@ -61,6 +67,40 @@ pub fn sync(
     opts: &Options,
     progress: &dyn Progress,
 ) -> Result<SyncReport> {
+    run(src, dst, how, Leave::Unchanged, opts, progress)
+}
+
+/// `ferry cp -n` between two servers: the plan of a sync that leaves alone every file the
+/// destination has (counted as skipped, as `-n` counts them in other copies), then one
+/// third-party copy of the others. A directory needs `recursive`.
+pub(super) fn copy_no_clobber(
+    src: &Location,
+    dst: &Location,
+    recursive: bool,
+    opts: &Options,
+    progress: &dyn Progress,
+) -> Result<Stats> {
+    let leave = Leave::Existing { recursive };
+    Ok(run(src, dst, SyncHow::default(), leave, opts, progress)?.stats)
+}
+
+/// Which destination files a plan leaves alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Leave {
+    /// Those with the source's size and mtime (or BLAKE3, `--checksum`): a sync.
+    Unchanged,
+    /// Every file there (`cp -n`); a source directory needs `recursive`.
+    Existing { recursive: bool },
+}
+
+fn run(
+    src: &Location,
+    dst: &Location,
+    how: SyncHow,
+    leave: Leave,
+    opts: &Options,
+    progress: &dyn Progress,
+) -> Result<SyncReport> {
     // Sources on clients[0], destinations on the last one (the same, unless both remote).
     let mut clients = match (src, dst) {
         (Location::Local(_), Location::Remote(r)) | (Location::Remote(r), Location::Local(_)) => {
@@ -72,9 +112,19 @@ pub fn sync(
         ],
         _ => return Err(not_two_ends()),
     };
-    let plan = plan(&mut clients, src, dst, how, opts)?;
+    let plan = plan(&mut clients, src, dst, how, leave, opts)?;
+    if let (Leave::Existing { recursive: false }, true) = (leave, plan.tree) {
+        let name = match src {
+            Location::Remote(r) => r.path.as_str(),
+            _ => "",
+        };
+        return Err(XferError::new(
+            Kind::Usage,
+            format!("{name}: is a directory; use -r to copy trees"),
+        ));
+    }
     let mut report = SyncReport {
-        copied: plan.copy.iter().cloned().collect(),
+        copied: plan.copy.keys().cloned().collect(),
         removed: plan.remove.clone(),
         ..SyncReport::default()
     };
@@ -85,14 +135,25 @@ pub fn sync(
     }
     if !plan.copy.is_empty() || plan.missing_dirs {
         let narrowed = Options {
-            filter: opts.filter.only(plan.copy),
+            filter: opts.filter.only(plan.copy.keys().cloned().collect()),
             skip: Skip::Nothing,
             ..opts.clone()
         };
         report.stats = super::copy(src, dst, true, &narrowed, progress)?;
+        report.copied = copied_files(&plan.copy, report.stats.files, || {
+            let side = dest_side(&plan.target, clients.len());
+            match walk(&mut clients, &side, false, &opts.filter) {
+                Ok((t, _)) => Ok(t),
+                Err(e) if e.kind == Kind::NotFound => Ok(Tree::default()),
+                Err(e) => Err(e),
+            }
+        })?;
     }
     report.stats.files += plan.unchanged;
     report.stats.files_skipped += plan.unchanged;
+    if let Leave::Existing { .. } = leave {
+        report.stats.bytes += plan.unchanged_bytes;
+    }
     report.stats.entries_skipped = plan.skipped;
     for rel in &plan.remove {
         match &plan.target {
@@ -135,13 +196,49 @@ enum Target {
     Remote(String),
 }
 
+/// The files a copy of `planned` (relative, with the source's size and mtime) copied,
+/// sorted, when the copy counted `sent` files. The source sends what it finds when it
+/// copies: a file gone since the plan is missing from the count, and then the destination's
+/// tree after the copy (`relist`) says which landed — those it holds with the source's size
+/// and mtime. (With `--checksum`, a lost file whose old copy already had its size and mtime
+/// counts as copied: a listing cannot tell.)
+fn copied_files(
+    planned: &HashMap<String, (u64, i64)>,
+    sent: u64,
+    relist: impl FnOnce() -> Result<Tree>,
+) -> Result<Vec<String>> {
+    let mut out: Vec<String> = if sent >= planned.len() as u64 {
+        planned.keys().cloned().collect()
+    } else {
+        relist()?
+            .files
+            .into_iter()
+            .filter(|(p, s, m)| planned.get(p) == Some(&(*s, *m)))
+            .map(|f| f.0)
+            .collect()
+    };
+    out.sort();
+    Ok(out)
+}
+
+/// The side a sync's target is on (`n` clients, the destination's the last).
+fn dest_side(target: &Target, n: usize) -> Side<'_> {
+    match target {
+        Target::Local(p) => Side::Local(p),
+        Target::Remote(p) => Side::Remote(n - 1, p),
+    }
+}
+
 /// What a sync will do.
 struct Plan {
     target: Target,
-    /// Source files to copy (relative).
-    copy: HashSet<String>,
-    /// Files left alone as unchanged.
+    /// Whether the source is a directory.
+    tree: bool,
+    /// Source files to copy (relative), with their size and mtime.
+    copy: HashMap<String, (u64, i64)>,
+    /// Files left alone as unchanged, and their bytes.
     unchanged: u64,
+    unchanged_bytes: u64,
     /// Source entries the walk skipped (symlinks not followed, special files).
     skipped: u64,
     /// Whether the copy has directories to create even if no file differs.
@@ -155,6 +252,7 @@ fn plan(
     src: &Location,
     dst: &Location,
     how: SyncHow,
+    leave: Leave,
     opts: &Options,
 ) -> Result<Plan> {
     let (src_side, src_name) = match src {
@@ -177,10 +275,7 @@ fn plan(
         }
         _ => return Err(not_two_ends()),
     };
-    let dest_side = match &target {
-        Target::Local(p) => Side::Local(p),
-        Target::Remote(p) => Side::Remote(clients.len() - 1, p),
-    };
+    let dest_side = dest_side(&target, clients.len());
     // What is there now (nothing if the target is missing), through the same filter:
     // what it leaves out is protected from --delete.
     let (there, there_at_all) = match walk(clients, &dest_side, false, &opts.filter) {
@@ -193,10 +288,11 @@ fn plan(
         .iter()
         .map(|(p, s, m)| (p.as_str(), (*s, *m)))
         .collect();
-    let mut copy = HashSet::new();
-    let mut unchanged = 0;
+    let mut copy = HashMap::new();
+    let (mut unchanged, mut unchanged_bytes) = (0, 0);
     for (rel, size, mtime) in &source.files {
         let same = match theirs.get(rel.as_str()) {
+            Some(_) if leave != Leave::Unchanged => true,
             Some(&(s, _)) if how.checksum => {
                 s == *size && same_content(clients, &src_side, &dest_side, rel)?
             }
@@ -205,8 +301,9 @@ fn plan(
         };
         if same {
             unchanged += 1;
+            unchanged_bytes += size;
         } else {
-            copy.insert(rel.clone());
+            copy.insert(rel.clone(), (*size, *mtime));
         }
     }
     let dirs_there: HashSet<&str> = there.dirs.iter().map(String::as_str).collect();
@@ -219,8 +316,10 @@ fn plan(
     };
     Ok(Plan {
         target,
+        tree,
         copy,
         unchanged,
+        unchanged_bytes,
         skipped: source.skipped.len() as u64,
         missing_dirs,
         remove,
@@ -335,5 +434,32 @@ mod tests {
             ["a/old", "b/c/z", "link", "b/c", "b"]
         );
         assert!(extraneous(&source, &source).is_empty());
+    }
+
+    /// A copy whose COPIED counts every planned file copied them all (no second listing);
+    /// one that counts fewer (the source lost "gone" after the plan) names only what the
+    /// destination now holds with the source's size and mtime: not "gone", whose old copy
+    /// there differs, nor "absent".
+    #[test]
+    fn a_file_lost_after_the_plan_is_not_reported_copied() {
+        let planned: HashMap<String, (u64, i64)> =
+            [("a", 10), ("d/b", 20), ("gone", 30), ("absent", 40)]
+                .into_iter()
+                .map(|(p, s)| (p.to_string(), (s, 7)))
+                .collect();
+        let all = copied_files(&planned, 4, || panic!("no listing when all were sent"));
+        assert_eq!(all.unwrap(), ["a", "absent", "d/b", "gone"]);
+        let after = Tree {
+            dirs: vec!["d".into()],
+            files: vec![
+                ("a".into(), 10, 7),
+                ("d/b".into(), 20, 7),
+                ("gone".into(), 3, 1),
+                ("other".into(), 5, 5),
+            ],
+            skipped: Vec::new(),
+        };
+        let some = copied_files(&planned, 2, || Ok(after));
+        assert_eq!(some.unwrap(), ["a", "d/b"]);
     }
 }
