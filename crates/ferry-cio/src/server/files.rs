@@ -359,7 +359,8 @@ fn read_domain(
     read_fully(file, span, lo)?;
     let mut out = Vec::with_capacity(wants.len());
     for extents in wants {
-        let mut stream = pool.bytes(0);
+        let n: u64 = extents.iter().map(|e| e.len).sum();
+        let mut stream = pool.bytes(n as usize);
         domain::gather(extents, lo, span, &mut stream).ok_or_else(|| {
             CioError::new(ErrorClass::Io, "internal: a read extent outside its span")
         })?;

@@ -844,7 +844,7 @@ fn answer(ch: &Channel, outcome: Outcome, me: &RankConn) -> Result<()> {
     match outcome {
         Ok(Reply::Done(n)) => send(ch, &Msg::Done(n)),
         Ok(Reply::Stream(s)) => {
-            let sent = send_stream(ch, &s, me.chunk);
+            let sent = send_stream(ch, &s, me.chunk, &me.shared.pool);
             let n = s.len() as u64;
             me.shared.pool.give_bytes(s);
             sent?;
@@ -854,16 +854,17 @@ fn answer(ch: &Channel, outcome: Outcome, me: &RankConn) -> Result<()> {
     }
 }
 
-/// Sends `data` as DATA frames of at most `chunk` bytes.
-fn send_stream(ch: &Channel, data: &[u8], chunk: usize) -> Result<()> {
-    let mut frame = Vec::with_capacity(HEADER_LEN + chunk.min(data.len()));
-    for piece in data.chunks(chunk.max(1)) {
+/// Sends `data` as DATA frames of at most `chunk` bytes (built in a buffer of `pool`'s).
+fn send_stream(ch: &Channel, data: &[u8], chunk: usize, pool: &Pool) -> Result<()> {
+    let mut frame = pool.bytes(HEADER_LEN + chunk.min(data.len()));
+    let sent = data.chunks(chunk.max(1)).try_for_each(|piece| {
         frame.clear();
         let header = proto::data_header(piece.len() as u32)
             .map_err(|e| CioError::conn(format!("encode DATA: {e}")))?;
         frame.extend_from_slice(&header);
         frame.extend_from_slice(piece);
-        ch.send_frame(&frame)?;
-    }
-    Ok(())
+        Ok(ch.send_frame(&frame)?)
+    });
+    pool.give_bytes(frame);
+    sent
 }
