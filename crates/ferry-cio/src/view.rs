@@ -40,22 +40,40 @@ const MAX_FLAT_RUNS: u64 = 1 << 16;
 /// The most extents [`View::extents`] makes room for up front (32 MiB of them).
 const MAX_RESERVE: u64 = 1 << 21;
 
-/// One tile of a file type, flattened: its merged runs relative to the tile's origin, in
-/// stream order, and the stream bytes of the tile before each.
+/// One tile of a file type, flattened: `reps` repetitions, `step` bytes apart, of one
+/// period's runs (the whole tile is one period unless it is a long vector, whose block is
+/// the period).
 #[derive(Debug)]
 struct Tile {
+    /// The period's merged runs, relative to the tile's origin, in stream order.
     runs: Vec<Segment>,
     /// `starts[i]`: the stream bytes of the runs before `runs[i]` (`starts[0]` is 0).
     starts: Vec<u64>,
+    /// Stream bytes in one period.
+    size: u64,
+    /// Periods in a tile.
+    reps: u64,
+    /// Bytes from one period to the next.
+    step: i64,
 }
 
 impl Tile {
-    /// The flattened tile of `filetype`, if it has at most [`MAX_FLAT_RUNS`] runs.
-    fn of(filetype: &Datatype) -> Option<Tile> {
-        if filetype.segment_count_hint(1) > MAX_FLAT_RUNS {
-            return None;
+    /// The flattened tile of `filetype`: whole if it has at most `max_runs` runs, else as
+    /// repetitions of a period of at most that many; None if neither.
+    fn of(filetype: &Datatype, max_runs: u64) -> Option<Tile> {
+        if filetype.segment_count_hint(1) <= max_runs {
+            return Tile::periodic(filetype, 1, 0);
         }
-        let runs = filetype.flatten(1).ok()?;
+        match filetype.repeats() {
+            Some((reps, step, period)) if reps > 1 && period.segment_count_hint(1) <= max_runs => {
+                Tile::periodic(&period, reps, step)
+            }
+            _ => None,
+        }
+    }
+
+    fn periodic(period: &Datatype, reps: u64, step: i64) -> Option<Tile> {
+        let runs = period.flatten(1).ok()?;
         let starts = runs
             .iter()
             .scan(0u64, |at, r| {
@@ -64,17 +82,25 @@ impl Tile {
                 Some(start)
             })
             .collect();
-        Some(Tile { runs, starts })
+        let size = period.size();
+        (size > 0).then_some(Tile {
+            runs,
+            starts,
+            size,
+            reps,
+            step,
+        })
     }
 
-    /// The run holding stream byte `within` of the tile (below the tile's size), and how
-    /// far into that run it lies.
-    fn find(&self, within: u64) -> (usize, u64) {
+    /// The period holding stream byte `within` of the tile (below the tile's size), the
+    /// run of the period holding it, and how far into that run it lies.
+    fn find(&self, within: u64) -> (u64, usize, u64) {
+        let (rep, inner) = (within / self.size, within % self.size);
         let i = self
             .starts
-            .partition_point(|&s| s <= within)
+            .partition_point(|&s| s <= inner)
             .saturating_sub(1);
-        (i, within - self.starts.get(i).copied().unwrap_or(0))
+        (rep, i, inner - self.starts.get(i).copied().unwrap_or(0))
     }
 }
 
@@ -140,7 +166,7 @@ impl View {
                 -filetype.true_lb()
             )));
         }
-        let tile = Tile::of(&filetype).map(Arc::new);
+        let tile = Tile::of(&filetype, MAX_FLAT_RUNS).map(Arc::new);
         Ok(View {
             disp,
             etype,
@@ -210,12 +236,15 @@ impl View {
         }))
     }
 
-    /// [`View::extents`] from the flattened tile: run by run, tile by tile.
+    /// [`View::extents`] from the flattened tile: run by run, period by period, tile by
+    /// tile.
     fn extents_by_tile(&self, tile: &Tile, w: &Window, out: &mut Vec<Extent>) -> Result<()> {
         let extent = i128::from(self.filetype.extent());
-        let (mut i, mut skip) = tile.find(w.within);
+        let step = i128::from(tile.step);
+        let (mut rep, mut i, mut skip) = tile.find(w.within);
         let mut origin = i128::from(w.base);
-        if let [run] = tile.runs[..] {
+        let mut period = origin + i128::from(rep) * step;
+        if let ([run], 1) = (&tile.runs[..], tile.reps) {
             if i128::from(run.len) == extent {
                 // Tiles that continue each other (a contiguous file type): one extent.
                 let at = origin + i128::from(run.offset) + i128::from(w.within);
@@ -225,8 +254,8 @@ impl View {
         // At most one piece per run met: room up front (within reason) rather than a
         // dozen reallocations of a million pieces.
         let runs = u64::try_from(tile.runs.len()).unwrap_or(u64::MAX);
-        let tiles = (w.within + w.len).div_ceil(self.filetype.size());
-        let room = tiles.saturating_mul(runs).min(MAX_RESERVE);
+        let periods = (w.within % tile.size + w.len).div_ceil(tile.size);
+        let room = periods.saturating_mul(runs).min(MAX_RESERVE);
         out.reserve(usize::try_from(room).unwrap_or(0));
         let mut left = w.len;
         while left > 0 {
@@ -234,7 +263,7 @@ impl View {
             let n = (run.len - skip).min(left);
             push(
                 out,
-                origin + i128::from(run.offset) + i128::from(skip),
+                period + i128::from(run.offset) + i128::from(skip),
                 n,
                 w,
             )?;
@@ -243,7 +272,14 @@ impl View {
             i += 1;
             if i == tile.runs.len() {
                 i = 0;
-                origin += extent;
+                rep += 1;
+                if rep == tile.reps {
+                    rep = 0;
+                    origin += extent;
+                    period = origin;
+                } else {
+                    period += step;
+                }
             }
         }
         Ok(())
@@ -382,10 +418,22 @@ mod tests {
 
     /// The extents of a window both ways: from the flattened tile and by the cursor.
     fn both_ways(v: &View, offset: u64, len: u64) -> (Result<Vec<Extent>>, Result<Vec<Extent>>) {
+        both_ways_flat(v, offset, len, MAX_FLAT_RUNS)
+    }
+
+    /// [`both_ways`] with tiles kept flat up to `max_runs` runs (a smaller limit makes
+    /// vectors repeat their period).
+    fn both_ways_flat(
+        v: &View,
+        offset: u64,
+        len: u64,
+        max_runs: u64,
+    ) -> (Result<Vec<Extent>>, Result<Vec<Extent>>) {
+        let tile = Tile::of(&v.filetype, max_runs);
         let run = |by_tile: bool| -> Result<Vec<Extent>> {
             let mut out = Vec::new();
             if let Some(w) = v.window(offset, len)? {
-                match (&v.tile, by_tile) {
+                match (&tile, by_tile) {
                     (Some(tile), true) => v.extents_by_tile(tile, &w, &mut out)?,
                     _ => v.extents_by_cursor(&w, &mut out)?,
                 }
@@ -459,20 +507,30 @@ mod tests {
             prop_assert!(v.tile.is_some());
             let (by_tile, by_cursor) = both_ways(&v, offset, count * etype);
             prop_assert_eq!(by_tile, by_cursor);
+            // Tiles of more than one run repeat the period of their vector, if they are one.
+            let (by_period, by_cursor) = both_ways_flat(&v, offset, count * etype, 1);
+            prop_assert_eq!(by_period, by_cursor);
         }
     }
 
-    /// The seed's view on a million ints: one run per tile, every other int, starting at
-    /// the rank's; a window starting mid-stream.
+    /// The seed's view on a million ints: every other int, starting at the rank's, as
+    /// the seed program sets it (one tile: a vector of a million ints, resized) and as one
+    /// int per tile; a window starting mid-stream.
     #[test]
     fn the_seed_view_maps_by_arithmetic() {
-        let ft = Datatype::resized(&int(), 0, 8).unwrap();
-        let v = View::new(4, int(), ft).unwrap();
-        let (by_tile, by_cursor) = both_ways(&v, 1000, 4 * 1_024_000);
-        let by_tile = by_tile.unwrap();
-        assert_eq!(by_tile.len(), 1_024_000);
-        assert_eq!(by_tile[0], Extent { file: 8004, len: 4 });
-        assert_eq!(by_tile, by_cursor.unwrap());
+        let n = 1_024_000;
+        let vector = Datatype::vector(n, 1, 2, &int()).unwrap();
+        let seed = Datatype::resized(&vector, 0, 8 * n as i64).unwrap();
+        let per_int = Datatype::resized(&int(), 0, 8).unwrap();
+        for ft in [seed, per_int] {
+            let v = View::new(4, int(), ft).unwrap();
+            assert!(v.tile.as_ref().is_some_and(|t| t.runs.len() == 1), "{v:?}");
+            let (by_tile, by_cursor) = both_ways(&v, 1000, 4 * (n - 1000));
+            let by_tile = by_tile.unwrap();
+            assert_eq!(by_tile.len(), n as usize - 1000);
+            assert_eq!(by_tile[0], Extent { file: 8004, len: 4 });
+            assert_eq!(by_tile, by_cursor.unwrap());
+        }
         // A contiguous view is one extent, however long.
         let v = View::new(0, int(), int()).unwrap();
         let mut out = Vec::new();
