@@ -66,6 +66,9 @@ pub struct File {
     types: HashSet<[u8; 32]>,
     /// The file's size when it was opened.
     size_at_open: u64,
+    /// The DATA frame a write packs into, kept from call to call (a fresh one of
+    /// megabytes would be faulted in page by page on every call).
+    frame: Vec<u8>,
     closed: bool,
 }
 
@@ -132,6 +135,7 @@ impl File {
                     chunk: chunk as usize,
                     types: HashSet::new(),
                     size_at_open: size,
+                    frame: Vec::new(),
                     closed: false,
                 })
             }
@@ -330,7 +334,7 @@ impl File {
             Msg::WriteAt { offset, len }
         };
         send(&self.ch, &head)?;
-        let mut frame = Vec::with_capacity(HEADER_LEN + self.chunk.min(len as usize));
+        let mut frame = std::mem::take(&mut self.frame);
         let mut pos = 0u64;
         while pos < len {
             let n = (len - pos).min(self.chunk as u64) as usize;
@@ -341,6 +345,7 @@ impl File {
             self.ch.send_frame(&frame)?;
             pos += n as u64;
         }
+        self.frame = frame;
         self.done()
     }
 

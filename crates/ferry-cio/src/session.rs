@@ -21,6 +21,7 @@
 
 use std::time::{Duration, Instant};
 
+use crate::domain;
 use crate::error::{CioError, ErrorClass};
 use crate::view::Extent;
 
@@ -101,6 +102,19 @@ pub enum Action {
         pieces: Vec<Piece>,
         /// Each rank's data stream.
         data: Vec<Vec<u8>>,
+    },
+    /// Write a collective call of many small pieces close together through one buffer over
+    /// the file span `[lo, hi)` they cover ([`crate::domain`]): every rank's pieces copied
+    /// in, then `regions` written, each at once; the holes between them never are.
+    PlaceDomain {
+        /// The span's first byte.
+        lo: u64,
+        /// The span's end.
+        hi: u64,
+        /// The claimed runs `(file offset, length)`, ascending and apart: what is written.
+        regions: Vec<(u64, u64)>,
+        /// Each rank's extents (stream order) and data stream.
+        ranks: Vec<(Vec<Extent>, Vec<u8>)>,
     },
     /// Read the file regions every rank's extents cover; rank `r` receives the bytes of
     /// `wants[r]`, in order.
@@ -411,17 +425,39 @@ fn agreed(kind: CallKind, works: &[Work]) -> Result<u64, CioError> {
     first.ok_or_else(|| CioError::new(ErrorClass::Arg, format!("{kind:?} without its value")))
 }
 
-/// A write's placement ([`Action::PlaceWrite`]): every rank's pieces (`works[r]` is rank
-/// `r`'s [`Work::Write`]) sorted by file offset; pieces that overlap are an error (which
-/// rank's byte would land depends on nothing MPI defines), and nothing is written.
+/// A write's placement: for many small pieces close together, one buffer over the span
+/// they cover ([`Action::PlaceDomain`]); otherwise every rank's pieces (`works[r]` is rank
+/// `r`'s [`Work::Write`]) sorted by file offset ([`Action::PlaceWrite`]). Pieces that
+/// overlap are an error (which rank's byte would land depends on nothing MPI defines),
+/// and nothing is written.
 pub fn placement(works: Vec<Work>) -> Result<Action, CioError> {
-    let mut lists = Vec::with_capacity(works.len());
-    let mut data = Vec::with_capacity(works.len());
-    for (rank, w) in works.into_iter().enumerate() {
-        let (extents, bytes) = match w {
+    let ranks: Vec<(Vec<Extent>, Vec<u8>)> = works
+        .into_iter()
+        .map(|w| match w {
             Work::Write { extents, data } => (extents, data),
             _ => (Vec::new(), Vec::new()),
-        };
+        })
+        .collect();
+    let lists = || ranks.iter().map(|(e, _)| e.as_slice());
+    if let Some((lo, hi)) = domain::dense_span(lists()) {
+        // None: an overlap, which the piece-by-piece placement below reports exactly.
+        if let Some(regions) = domain::claim(lists(), (lo, hi)) {
+            return Ok(Action::PlaceDomain {
+                lo,
+                hi,
+                regions,
+                ranks,
+            });
+        }
+    }
+    place_pieces(ranks)
+}
+
+/// [`placement`] piece by piece: every rank's pieces merged by file offset.
+fn place_pieces(ranks: Vec<(Vec<Extent>, Vec<u8>)>) -> Result<Action, CioError> {
+    let mut lists = Vec::with_capacity(ranks.len());
+    let mut data = Vec::with_capacity(ranks.len());
+    for (rank, (extents, bytes)) in ranks.into_iter().enumerate() {
         let mut at = 0u64;
         let mut pieces = Vec::with_capacity(extents.len());
         for e in extents {
@@ -530,6 +566,34 @@ mod tests {
         };
         let files: Vec<(u64, Rank, u64)> = pieces.iter().map(|p| (p.file, p.rank, p.at)).collect();
         assert_eq!(files, [(0, 0, 0), (4, 1, 0), (8, 0, 4), (12, 1, 4)]);
+    }
+
+    /// Many small interleaved pieces: one domain buffer, one region; overlapping ones fail
+    /// with the exact range, as piece by piece, and nothing is placed.
+    #[test]
+    fn many_small_pieces_make_one_domain_and_overlaps_still_fail() {
+        let ints = |first: u64| (0..300).map(|i| (first + 8 * i, 4)).collect::<Vec<_>>();
+        let now = Instant::now();
+        let mut s = Session::new(2, T);
+        s.arrive(0, CallKind::WriteAtAll, write(&ints(0)), now);
+        let out = s.arrive(1, CallKind::WriteAtAll, write(&ints(4)), now);
+        let [Output::Run {
+            action: Action::PlaceDomain {
+                lo, hi, regions, ..
+            },
+            ..
+        }] = &out[..]
+        else {
+            panic!("{out:?}")
+        };
+        assert_eq!((*lo, *hi, regions.as_slice()), (0, 2400, &[(0, 2400)][..]));
+        s.arrive(0, CallKind::WriteAtAll, write(&ints(0)), now);
+        let out = s.arrive(1, CallKind::WriteAtAll, write(&ints(2)), now);
+        assert!(
+            matches!(&out[..], [Output::Fail { ranks, error }]
+                if ranks == &[0, 1] && error.message.contains("overlapping pieces") && error.message.contains("[2, 4)")),
+            "{out:?}"
+        );
     }
 
     #[test]

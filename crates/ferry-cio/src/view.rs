@@ -4,10 +4,19 @@
 //! tiled from the displacement, one tile every extent; the view's data stream is the data
 //! of those tiles in order, and an offset counts etypes of that stream. A call at `offset`
 //! moving `len` bytes covers stream bytes `[offset * etype.size, + len)`, and
-//! [`View::extents`] turns that window into file extents by walking the file type lazily
-//! ([`ferry_dtype::Cursor`], seeked to the window), never materializing the tiles before it.
+//! [`View::extents`] turns that window into file extents.
+//!
+//! The tile is flattened once, when the view is set ([`View::new`]): its runs and where
+//! each starts in the tile's stream. A call then finds its first run by a binary search
+//! and steps run by run, tile by tile, with arithmetic only (the seed's view, one 4-byte
+//! int per tile, costs one step per int, not a walk of the type tree per piece). A file
+//! type of very many runs per tile is not kept flat; its calls walk it lazily
+//! ([`ferry_dtype::Cursor`], seeked to the window), never materializing the tiles before
+//! the window.
 
-use ferry_dtype::{Cursor, Datatype};
+use std::sync::Arc;
+
+use ferry_dtype::{Cursor, Datatype, Segment};
 
 use crate::error::{CioError, ErrorClass, Result};
 
@@ -24,22 +33,96 @@ pub struct Extent {
     pub len: u64,
 }
 
+/// The most runs a file type's tile may have to be kept flat (16 bytes and 8 bytes each
+/// per view); a larger tile is walked by a cursor in each call.
+const MAX_FLAT_RUNS: u64 = 1 << 16;
+
+/// The most extents [`View::extents`] makes room for up front (32 MiB of them).
+const MAX_RESERVE: u64 = 1 << 21;
+
+/// One tile of a file type, flattened: `reps` repetitions, `step` bytes apart, of one
+/// period's runs (the whole tile is one period unless it is a long vector, whose block is
+/// the period).
+#[derive(Debug)]
+struct Tile {
+    /// The period's merged runs, relative to the tile's origin, in stream order.
+    runs: Vec<Segment>,
+    /// `starts[i]`: the stream bytes of the runs before `runs[i]` (`starts[0]` is 0).
+    starts: Vec<u64>,
+    /// Stream bytes in one period.
+    size: u64,
+    /// Periods in a tile.
+    reps: u64,
+    /// Bytes from one period to the next.
+    step: i64,
+}
+
+impl Tile {
+    /// The flattened tile of `filetype`: whole if it has at most `max_runs` runs, else as
+    /// repetitions of a period of at most that many; None if neither.
+    fn of(filetype: &Datatype, max_runs: u64) -> Option<Tile> {
+        if filetype.segment_count_hint(1) <= max_runs {
+            return Tile::periodic(filetype, 1, 0);
+        }
+        match filetype.repeats() {
+            Some((reps, step, period)) if reps > 1 && period.segment_count_hint(1) <= max_runs => {
+                Tile::periodic(&period, reps, step)
+            }
+            _ => None,
+        }
+    }
+
+    fn periodic(period: &Datatype, reps: u64, step: i64) -> Option<Tile> {
+        let runs = period.flatten(1).ok()?;
+        let starts = runs
+            .iter()
+            .scan(0u64, |at, r| {
+                let start = *at;
+                *at += r.len;
+                Some(start)
+            })
+            .collect();
+        let size = period.size();
+        (size > 0).then_some(Tile {
+            runs,
+            starts,
+            size,
+            reps,
+            step,
+        })
+    }
+
+    /// The period holding stream byte `within` of the tile (below the tile's size), the
+    /// run of the period holding it, and how far into that run it lies.
+    fn find(&self, within: u64) -> (u64, usize, u64) {
+        let (rep, inner) = (within / self.size, within % self.size);
+        let i = self
+            .starts
+            .partition_point(|&s| s <= inner)
+            .saturating_sub(1);
+        (rep, i, inner - self.starts.get(i).copied().unwrap_or(0))
+    }
+}
+
 /// A validated file view.
 #[derive(Debug, Clone)]
 pub struct View {
     disp: u64,
     etype: Datatype,
     filetype: Datatype,
+    /// The file type's tile flattened, unless it has too many runs.
+    tile: Option<Arc<Tile>>,
 }
 
 impl Default for View {
     /// The view every file starts with: displacement 0, bytes for etype and file type.
     fn default() -> Self {
-        View {
+        View::new(0, Datatype::byte(), Datatype::byte()).unwrap_or_else(|_| View {
             disp: 0,
             etype: Datatype::byte(),
             filetype: Datatype::byte(),
-        }
+            tile: None,
+        })
     }
 }
 
@@ -83,10 +166,12 @@ impl View {
                 -filetype.true_lb()
             )));
         }
+        let tile = Tile::of(&filetype, MAX_FLAT_RUNS).map(Arc::new);
         Ok(View {
             disp,
             etype,
             filetype,
+            tile,
         })
     }
 
@@ -115,6 +200,17 @@ impl View {
     /// an offset or an extent beyond what a file can address, or more than
     /// [`MAX_EXTENTS`] pieces, is an error.
     pub fn extents(&self, offset: u64, len: u64, out: &mut Vec<Extent>) -> Result<()> {
+        match self.window(offset, len)? {
+            None => Ok(()),
+            Some(w) => match &self.tile {
+                Some(tile) => self.extents_by_tile(tile, &w, out),
+                None => self.extents_by_cursor(&w, out),
+            },
+        }
+    }
+
+    /// Where the window of `len` bytes at etype `offset` starts, or None if it is empty.
+    fn window(&self, offset: u64, len: u64) -> Result<Option<Window>> {
         let esize = self.etype.size();
         if !len.is_multiple_of(esize) {
             return Err(ty(format!(
@@ -122,53 +218,138 @@ impl View {
             )));
         }
         if len == 0 {
-            return Ok(());
+            return Ok(None);
         }
-        let too_far = || {
-            arg(format!(
-                "offset {offset} (+{len} bytes) lies beyond what a file can address"
-            ))
-        };
-        let start = offset.checked_mul(esize).ok_or_else(too_far)?;
+        let start = offset
+            .checked_mul(esize)
+            .ok_or_else(|| too_far(offset, len))?;
         let fsize = self.filetype.size();
         let (tile, within) = (start / fsize, start % fsize);
-        let tiles = within.checked_add(len).ok_or_else(too_far)?.div_ceil(fsize);
         // The first tile's origin: disp + tile * extent, which must fit a file offset.
         let base = i128::from(self.disp) + i128::from(tile) * i128::from(self.filetype.extent());
-        let base = i64::try_from(base).map_err(|_| too_far())?;
-        let mut c = Cursor::new(&self.filetype, tiles).map_err(|_| too_far())?;
-        c.seek(within).map_err(|_| too_far())?;
-        let mut left = len;
+        let base = i64::try_from(base).map_err(|_| too_far(offset, len))?;
+        Ok(Some(Window {
+            offset,
+            len,
+            within,
+            base,
+        }))
+    }
+
+    /// [`View::extents`] from the flattened tile: run by run, period by period, tile by
+    /// tile.
+    fn extents_by_tile(&self, tile: &Tile, w: &Window, out: &mut Vec<Extent>) -> Result<()> {
+        let extent = i128::from(self.filetype.extent());
+        let step = i128::from(tile.step);
+        let (mut rep, mut i, mut skip) = tile.find(w.within);
+        let mut origin = i128::from(w.base);
+        let mut period = origin + i128::from(rep) * step;
+        if let ([run], 1) = (&tile.runs[..], tile.reps) {
+            if i128::from(run.len) == extent {
+                // Tiles that continue each other (a contiguous file type): one extent.
+                let at = origin + i128::from(run.offset) + i128::from(w.within);
+                return push(out, at, w.len, w);
+            }
+        }
+        // At most one piece per run met: room up front (within reason) rather than a
+        // dozen reallocations of a million pieces.
+        let runs = u64::try_from(tile.runs.len()).unwrap_or(u64::MAX);
+        let periods = (w.within % tile.size + w.len).div_ceil(tile.size);
+        let room = periods.saturating_mul(runs).min(MAX_RESERVE);
+        out.reserve(usize::try_from(room).unwrap_or(0));
+        let mut left = w.len;
         while left > 0 {
-            let s = c.next_segment(left).ok_or_else(too_far)?;
-            let at = i128::from(base) + i128::from(s.offset);
-            let end = at + i128::from(s.len);
-            if at < 0 || end > i128::from(i64::MAX) {
-                return Err(too_far());
-            }
-            let e = Extent {
-                file: at as u64,
-                len: s.len,
-            };
-            let full = out.len() >= MAX_EXTENTS;
-            match out.last_mut() {
-                Some(last) if last.file + last.len == e.file => last.len += e.len,
-                _ if full => {
-                    return Err(arg(format!(
-                    "the call covers more than {MAX_EXTENTS} separate pieces of the file; split it"
-                )))
+            let run = tile.runs.get(i).ok_or_else(|| w.too_far())?;
+            let n = (run.len - skip).min(left);
+            push(
+                out,
+                period + i128::from(run.offset) + i128::from(skip),
+                n,
+                w,
+            )?;
+            left -= n;
+            skip = 0;
+            i += 1;
+            if i == tile.runs.len() {
+                i = 0;
+                rep += 1;
+                if rep == tile.reps {
+                    rep = 0;
+                    origin += extent;
+                    period = origin;
+                } else {
+                    period += step;
                 }
-                _ => out.push(e),
             }
+        }
+        Ok(())
+    }
+
+    /// [`View::extents`] by walking the file type with a cursor (tiles of many runs).
+    fn extents_by_cursor(&self, w: &Window, out: &mut Vec<Extent>) -> Result<()> {
+        let tiles = (w.within + w.len).div_ceil(self.filetype.size());
+        let mut c = Cursor::new(&self.filetype, tiles).map_err(|_| w.too_far())?;
+        c.seek(w.within).map_err(|_| w.too_far())?;
+        let mut left = w.len;
+        while left > 0 {
+            let s = c.next_segment(left).ok_or_else(|| w.too_far())?;
+            push(out, i128::from(w.base) + i128::from(s.offset), s.len, w)?;
             left -= s.len;
         }
         Ok(())
     }
 }
 
+/// A call's window of a view's stream, located.
+struct Window {
+    offset: u64,
+    len: u64,
+    /// The window's first stream byte within its first tile.
+    within: u64,
+    /// The file offset of the first tile's origin.
+    base: i64,
+}
+
+impl Window {
+    fn too_far(&self) -> CioError {
+        too_far(self.offset, self.len)
+    }
+}
+
+fn too_far(offset: u64, len: u64) -> CioError {
+    arg(format!(
+        "offset {offset} (+{len} bytes) lies beyond what a file can address"
+    ))
+}
+
+/// Appends the extent of `len` bytes at file offset `at` to `out`, merged with the last
+/// one if they touch; an offset outside a file, or one piece too many, is an error.
+#[inline]
+fn push(out: &mut Vec<Extent>, at: i128, len: u64, w: &Window) -> Result<()> {
+    let end = at + i128::from(len);
+    if at < 0 || end > i128::from(i64::MAX) {
+        return Err(w.too_far());
+    }
+    let file = at as u64;
+    let full = out.len() >= MAX_EXTENTS;
+    match out.last_mut() {
+        Some(last) if last.file + last.len == file => last.len += len,
+        _ if full => {
+            return Err(arg(format!(
+                "the call covers more than {MAX_EXTENTS} separate pieces of the file; split it"
+            )))
+        }
+        _ => out.push(Extent { file, len }),
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ferry_dtype::Order;
+    use proptest::prelude::*;
+    use proptest::test_runner::RngSeed;
 
     fn int() -> Datatype {
         Datatype::primitive(4).unwrap()
@@ -233,5 +414,133 @@ mod tests {
             ErrorClass::Type
         );
         assert!(out.is_empty());
+    }
+
+    /// The extents of a window both ways: from the flattened tile and by the cursor.
+    fn both_ways(v: &View, offset: u64, len: u64) -> (Result<Vec<Extent>>, Result<Vec<Extent>>) {
+        both_ways_flat(v, offset, len, MAX_FLAT_RUNS)
+    }
+
+    /// [`both_ways`] with tiles kept flat up to `max_runs` runs (a smaller limit makes
+    /// vectors repeat their period).
+    fn both_ways_flat(
+        v: &View,
+        offset: u64,
+        len: u64,
+        max_runs: u64,
+    ) -> (Result<Vec<Extent>>, Result<Vec<Extent>>) {
+        let tile = Tile::of(&v.filetype, max_runs);
+        let run = |by_tile: bool| -> Result<Vec<Extent>> {
+            let mut out = Vec::new();
+            if let Some(w) = v.window(offset, len)? {
+                match (&tile, by_tile) {
+                    (Some(tile), true) => v.extents_by_tile(tile, &w, &mut out)?,
+                    _ => v.extents_by_cursor(&w, &mut out)?,
+                }
+            }
+            Ok(out)
+        };
+        (run(true), run(false))
+    }
+
+    /// A vector or subarray file type (of a vector, or resized), with holes, negative
+    /// strides and lower bounds below the origin.
+    fn filetype() -> impl Strategy<Value = Option<Datatype>> {
+        let prim = (1u64..=4).prop_map(|n| Datatype::primitive(n).ok());
+        let vector = (1u64..5, 1u64..4, -6i64..9, prim.clone())
+            .prop_map(|(c, b, st, t)| Datatype::vector(c, b, st, &t?).ok());
+        let subarray = (
+            prop::collection::vec((1u64..6, 0u64..6, 0u64..6), 1..=3),
+            any::<bool>(),
+            prim,
+        )
+            .prop_map(|(dims, c_order, t)| {
+                let sizes: Vec<u64> = dims.iter().map(|d| d.0).collect();
+                let subs: Vec<u64> = dims.iter().map(|d| 1 + d.1 % d.0).collect();
+                let starts: Vec<u64> = dims
+                    .iter()
+                    .zip(&subs)
+                    .map(|(d, s)| d.2 % (d.0 - s + 1))
+                    .collect();
+                let order = if c_order { Order::C } else { Order::Fortran };
+                Datatype::subarray(&sizes, &subs, &starts, order, &t?).ok()
+            });
+        let base = prop_oneof![vector, subarray];
+        (base, 0u8..3, -8i64..8, 1i64..48, 1u64..3, -5i64..6).prop_map(
+            |(t, how, lb, extent, count, stride)| {
+                let t = t?;
+                match how {
+                    0 => Some(t),
+                    1 => Datatype::resized(&t, lb, extent).ok(),
+                    _ => Datatype::hvector(count, 1, stride * 4, &t).ok(),
+                }
+            },
+        )
+    }
+
+    fn config() -> ProptestConfig {
+        ProptestConfig {
+            cases: 512,
+            rng_seed: RngSeed::Fixed(17),
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        }
+    }
+
+    proptest! {
+        #![proptest_config(config())]
+
+        /// The arithmetic mapping over the flattened tile gives exactly the cursor's file
+        /// ranges: any view (a displacement, an etype of 1 or more bytes), any window
+        /// (starting mid-tile, spanning tiles), errors alike.
+        #[test]
+        fn the_tile_mapping_matches_the_cursor(
+            ft in filetype(),
+            disp in 0i64..64,
+            etype in prop_oneof![Just(1u64), 1u64..=4],
+            offset in 0u64..40,
+            count in 0u64..60,
+        ) {
+            let Some(ft) = ft else { return Err(TestCaseError::reject("no type")) };
+            let Ok(et) = Datatype::primitive(etype) else { return Err(TestCaseError::reject("etype")) };
+            let Ok(v) = View::new(disp, et, ft) else { return Err(TestCaseError::reject("bad view")) };
+            prop_assert!(v.tile.is_some());
+            let (by_tile, by_cursor) = both_ways(&v, offset, count * etype);
+            prop_assert_eq!(by_tile, by_cursor);
+            // Tiles of more than one run repeat the period of their vector, if they are one.
+            let (by_period, by_cursor) = both_ways_flat(&v, offset, count * etype, 1);
+            prop_assert_eq!(by_period, by_cursor);
+        }
+    }
+
+    /// The seed's view on a million ints: every other int, starting at the rank's, as
+    /// the seed program sets it (one tile: a vector of a million ints, resized) and as one
+    /// int per tile; a window starting mid-stream.
+    #[test]
+    fn the_seed_view_maps_by_arithmetic() {
+        let n = 1_024_000;
+        let vector = Datatype::vector(n, 1, 2, &int()).unwrap();
+        let seed = Datatype::resized(&vector, 0, 8 * n as i64).unwrap();
+        let per_int = Datatype::resized(&int(), 0, 8).unwrap();
+        for ft in [seed, per_int] {
+            let v = View::new(4, int(), ft).unwrap();
+            assert!(v.tile.as_ref().is_some_and(|t| t.runs.len() == 1), "{v:?}");
+            let (by_tile, by_cursor) = both_ways(&v, 1000, 4 * (n - 1000));
+            let by_tile = by_tile.unwrap();
+            assert_eq!(by_tile.len(), n as usize - 1000);
+            assert_eq!(by_tile[0], Extent { file: 8004, len: 4 });
+            assert_eq!(by_tile, by_cursor.unwrap());
+        }
+        // A contiguous view is one extent, however long.
+        let v = View::new(0, int(), int()).unwrap();
+        let mut out = Vec::new();
+        v.extents(3, 1 << 40, &mut out).unwrap();
+        assert_eq!(
+            out,
+            [Extent {
+                file: 12,
+                len: 1 << 40
+            }]
+        );
     }
 }

@@ -808,6 +808,24 @@ impl Datatype {
         Ok((whole.0.size > 0).then_some(whole.0.true_lb..whole.0.true_ub))
     }
 
+    /// The type's data as repetitions of one period, if it is built that way (a vector,
+    /// hvector or contiguous type, under any resizing): `(count, stride, period)`, the data
+    /// of `count` copies of `period` in order, copy `i` at `i * stride` bytes from the
+    /// origin. A caller can then flatten one period rather than every run of a long vector
+    /// (an MPI-IO file type of a million strided ints is one period of one int).
+    pub fn repeats(&self) -> Option<(u64, i64, Datatype)> {
+        match &self.0.kind {
+            Kind::Resized { child } => child.repeats(),
+            Kind::Vector {
+                count,
+                blocklen,
+                stride,
+                child,
+            } => Some((*count, *stride, Self::contiguous(*blocklen, child).ok()?)),
+            _ => None,
+        }
+    }
+
     /// The merged segments of `count` instances, materialized: for tests and small types.
     /// Large layouts should be walked with a [`crate::Cursor`].
     pub fn flatten(&self, count: u64) -> Result<Vec<crate::Segment>> {

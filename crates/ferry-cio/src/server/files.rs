@@ -16,9 +16,11 @@ use std::path::Path;
 use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
 
+use super::pool::Pool;
+use crate::domain;
 use crate::error::{CioError, ErrorClass, Result};
 use crate::proto::amode;
-use crate::session::Piece;
+use crate::session::{Action, Piece};
 use crate::view::Extent;
 
 /// The most bytes gathered into one write: runs of touching pieces longer than this are
@@ -233,11 +235,55 @@ pub fn io_error(what: &str, e: &std::io::Error) -> CioError {
     CioError::new(class, format!("{what}: {e}"))
 }
 
+/// Runs a write action ([`Action::PlaceWrite`] or [`Action::PlaceDomain`], whose buffer
+/// comes from `pool`); any other action writes nothing.
+pub fn write(file: &File, action: &Action, pool: &Pool) -> Result<()> {
+    match action {
+        Action::PlaceWrite { pieces, data } => place_write(file, pieces, data),
+        Action::PlaceDomain {
+            lo,
+            hi,
+            regions,
+            ranks,
+        } => {
+            let span = usize::try_from(hi - lo)
+                .map_err(|_| CioError::new(ErrorClass::Arg, "a write's span too large"))?;
+            let mut buf = pool.bytes(span);
+            // The holes between regions are never written: a spare buffer's old bytes
+            // there are harmless, so it is not cleared.
+            buf.resize(span, 0);
+            let written = write_domain(file, &mut buf, *lo, regions, ranks);
+            pool.give_bytes(buf);
+            written
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Copies every rank's pieces into `buf` (the file's bytes from `lo`) and writes the
+/// claimed regions, each at once.
+fn write_domain(
+    file: &File,
+    buf: &mut [u8],
+    lo: u64,
+    regions: &[(u64, u64)],
+    ranks: &[(Vec<Extent>, Vec<u8>)],
+) -> Result<()> {
+    domain::place(buf, lo, ranks)
+        .ok_or_else(|| CioError::new(ErrorClass::Arg, "a piece outside its rank's data"))?;
+    for &(at, len) in regions {
+        let from = (at - lo) as usize;
+        file.write_all_at(&buf[from..from + len as usize], at)
+            .map_err(|e| io_error("collective write", &e))?;
+    }
+    Ok(())
+}
+
 /// Writes `pieces` (sorted by file offset, disjoint) from `data[rank]`: each run of pieces
 /// that touch is gathered and written at once (in writes of at most [`GATHER`] bytes), a
 /// lone piece straight from its rank's stream. Only the pieces' bytes are written: holes
 /// between runs are never filled, so nothing is read before it is written.
-pub fn place_write(file: &File, pieces: &[Piece], data: &[Vec<u8>]) -> Result<()> {
+fn place_write(file: &File, pieces: &[Piece], data: &[Vec<u8>]) -> Result<()> {
     let write = |buf: &[u8], at: u64| {
         file.write_all_at(buf, at)
             .map_err(|e| io_error("collective write", &e))
@@ -279,18 +325,54 @@ fn piece_bytes<'a>(data: &'a [Vec<u8>], p: &Piece) -> Result<&'a [u8]> {
 
 /// Reads what every rank wants (`wants[r]`, rank `r`'s extents in stream order): the file
 /// regions their extents cover are read once each (overlapping wants share them), and each
-/// rank gets exactly its bytes, in its stream's order. A rank's stream stops at the end of
-/// the file: it gets the bytes of its extents that lie before it, up to the first that
-/// does not.
-pub fn read_regions(file: &File, wants: &[Vec<Extent>]) -> Result<Vec<Vec<u8>>> {
+/// rank gets exactly its bytes, in its stream's order (many small pieces close together:
+/// the span they cover is read at once into a buffer of `pool`'s, see [`domain`]). A rank's
+/// stream stops at the end of the file: it gets the bytes of its extents that lie before
+/// it, up to the first that does not (`wants` is cut there). The streams are `pool`'s
+/// buffers, to be given back once sent.
+pub fn read_regions(file: &File, wants: &mut [Vec<Extent>], pool: &Pool) -> Result<Vec<Vec<u8>>> {
     let size = file
         .metadata()
         .map_err(|e| io_error("collective read", &e))?
         .len();
-    // Each rank's extents, clipped to the end of the file.
-    let clipped: Vec<Vec<Extent>> = wants.iter().map(|w| clip(w, size)).collect();
-    let all = crate::session::merge_by_offset(clipped.clone(), |e| e.file);
-    // The regions: the union of every extent, read into one buffer back to back.
+    for w in wants.iter_mut() {
+        clip(w, size);
+    }
+    if let Some((lo, hi)) = domain::dense_span(wants.iter().map(Vec::as_slice)) {
+        let mut span = pool.bytes((hi - lo) as usize);
+        span.resize((hi - lo) as usize, 0);
+        let streams = read_domain(file, &mut span, lo, wants, pool);
+        pool.give_bytes(span);
+        return streams;
+    }
+    read_pieces(file, wants, pool)
+}
+
+/// Reads the span from `lo` into `span` at once and copies each rank's pieces out of it.
+fn read_domain(
+    file: &File,
+    span: &mut [u8],
+    lo: u64,
+    wants: &[Vec<Extent>],
+    pool: &Pool,
+) -> Result<Vec<Vec<u8>>> {
+    read_fully(file, span, lo)?;
+    let mut out = Vec::with_capacity(wants.len());
+    for extents in wants {
+        let n: u64 = extents.iter().map(|e| e.len).sum();
+        let mut stream = pool.bytes(n as usize);
+        domain::gather(extents, lo, span, &mut stream).ok_or_else(|| {
+            CioError::new(ErrorClass::Io, "internal: a read extent outside its span")
+        })?;
+        out.push(stream);
+    }
+    Ok(out)
+}
+
+/// [`read_regions`] region by region: the union of every rank's extents, merged by file
+/// offset, read into one buffer back to back.
+fn read_pieces(file: &File, wants: &[Vec<Extent>], pool: &Pool) -> Result<Vec<Vec<u8>>> {
+    let all = crate::session::merge_by_offset(wants.to_vec(), |e| e.file);
     let mut regions: Vec<(u64, u64, usize)> = Vec::new(); // (file, len, buffer offset)
     for e in all {
         if let Some((f, l, _)) = regions.last_mut() {
@@ -311,10 +393,10 @@ pub fn read_regions(file: &File, wants: &[Vec<Extent>]) -> Result<Vec<Vec<u8>>> 
         read_fully(file, &mut buf[at..at + l as usize], f)?;
     }
     // Each rank's stream from the regions.
-    let mut out = Vec::with_capacity(clipped.len());
-    for extents in &clipped {
+    let mut out = Vec::with_capacity(wants.len());
+    for extents in wants {
         let n: u64 = extents.iter().map(|e| e.len).sum();
-        let mut stream = Vec::with_capacity(n as usize);
+        let mut stream = pool.bytes(n as usize);
         let mut r = 0;
         for e in extents {
             // Every extent lies inside the region that starts at or before it: the one of
@@ -343,25 +425,23 @@ pub fn read_regions(file: &File, wants: &[Vec<Extent>]) -> Result<Vec<Vec<u8>>> 
     Ok(out)
 }
 
-/// The extents of a stream that lie before `size`: all of them up to the first that
-/// reaches it, that one cut.
-fn clip(extents: &[Extent], size: u64) -> Vec<Extent> {
-    let mut out = Vec::new();
-    for e in extents {
-        if e.file >= size {
-            break;
-        }
-        let len = e.len.min(size - e.file);
-        out.push(Extent { file: e.file, len });
-        if len < e.len {
-            break;
-        }
+/// Cuts a stream's extents at `size`: all of them up to the first that reaches it, that
+/// one shortened.
+fn clip(extents: &mut Vec<Extent>, size: u64) {
+    let Some(i) = extents.iter().position(|e| e.file + e.len > size) else {
+        return;
+    };
+    let e = extents[i];
+    if e.file < size {
+        extents[i].len = size - e.file;
+        extents.truncate(i + 1);
+    } else {
+        extents.truncate(i);
     }
-    out
 }
 
 /// Reads `buf.len()` bytes at `at`; bytes past the end of the file (it shrank meanwhile)
-/// stay zero.
+/// are zeroed (a spare buffer must not show an earlier call's bytes).
 fn read_fully(file: &File, buf: &mut [u8], at: u64) -> Result<()> {
     let mut done = 0;
     while done < buf.len() {
@@ -372,6 +452,7 @@ fn read_fully(file: &File, buf: &mut [u8], at: u64) -> Result<()> {
             Err(e) => return Err(io_error("collective read", &e)),
         }
     }
+    buf[done..].fill(0);
     Ok(())
 }
 

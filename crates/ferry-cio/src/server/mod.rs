@@ -10,6 +10,7 @@
 //! that breaks the protocol ends only itself; its session learns the rank is gone.
 
 mod files;
+mod pool;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -28,6 +29,7 @@ use ferry_service::drain::{Drain, DrainReport};
 use ferry_service::registry::{Conn, Registry, Service};
 
 pub use files::Exports;
+use pool::Pool;
 
 use crate::config::CioConfig;
 use crate::error::{CioError, ErrorClass, Result};
@@ -69,6 +71,8 @@ pub struct Server {
 struct Shared {
     path: String,
     st: Mutex<State>,
+    /// The buffers of finished calls, for the next ones.
+    pool: Pool,
 }
 
 struct State {
@@ -354,6 +358,7 @@ impl Server {
             None => {
                 let s = Arc::new(Shared {
                     path: path.to_string(),
+                    pool: Pool::new(size as usize),
                     st: Mutex::new(State {
                         machine: Session::new(size, self.cfg.timeout()),
                         waiters: (0..size).map(|_| None).collect(),
@@ -436,19 +441,19 @@ impl Server {
                 if let (Ok(_), Ok(v)) = (&outcome, view) {
                     me.view = v;
                 }
-                answer(ch, outcome, me.chunk)
+                answer(ch, outcome, me)
             }
             Msg::WriteAtAll { offset, len } => {
-                let data = self.recv_data(ch, len)?;
+                let data = self.recv_data(ch, len, &me.shared.pool)?;
                 let work = data.and_then(|data| {
                     writable(me.amode)?;
-                    let mut extents = Vec::new();
+                    let mut extents = me.shared.pool.extents();
                     me.view.extents(offset, len, &mut extents)?;
                     Ok(Work::Write { extents, data })
                 });
                 let outcome = self.collective(me, CallKind::WriteAtAll, work);
                 me.moved += moved(&outcome, len);
-                answer(ch, outcome, me.chunk)
+                answer(ch, outcome, me)
             }
             Msg::ReadAtAll { offset, len } => {
                 let work = self
@@ -456,33 +461,34 @@ impl Server {
                     .map(|extents| Work::Read { extents });
                 let outcome = self.collective(me, CallKind::ReadAtAll, work);
                 me.moved += moved(&outcome, len);
-                answer(ch, outcome, me.chunk)
+                answer(ch, outcome, me)
             }
             Msg::WriteAt { offset, len } => {
-                let data = self.recv_data(ch, len)?;
+                let data = self.recv_data(ch, len, &me.shared.pool)?;
                 let outcome = data.and_then(|data| {
                     writable(me.amode)?;
-                    let mut extents = Vec::new();
+                    let mut extents = me.shared.pool.extents();
                     me.view.extents(offset, len, &mut extents)?;
                     let file = file_of(me)?;
-                    if let Action::PlaceWrite { pieces, data } =
-                        session::placement(vec![Work::Write { extents, data }])?
-                    {
-                        files::place_write(&file, &pieces, &data)?;
-                    }
-                    Ok(Reply::Done(len))
+                    let action = session::placement(vec![Work::Write { extents, data }])?;
+                    let written = files::write(&file, &action, &me.shared.pool);
+                    recycle(&me.shared.pool, action);
+                    written.map(|()| Reply::Done(len))
                 });
                 me.moved += moved(&outcome, len);
-                answer(ch, outcome, me.chunk)
+                answer(ch, outcome, me)
             }
             Msg::ReadAt { offset, len } => {
                 let outcome = self.read_extents(me, offset, len).and_then(|extents| {
                     let file = file_of(me)?;
-                    let mut streams = files::read_regions(&file, &[extents])?;
-                    Ok(Reply::Stream(streams.pop().unwrap_or_default()))
+                    let mut wants = [extents];
+                    let streams = files::read_regions(&file, &mut wants, &me.shared.pool);
+                    let [extents] = wants;
+                    me.shared.pool.give_extents(extents);
+                    Ok(Reply::Stream(streams?.pop().unwrap_or_default()))
                 });
                 me.moved += moved(&outcome, len);
-                answer(ch, outcome, me.chunk)
+                answer(ch, outcome, me)
             }
             Msg::GetSize => {
                 let size = file_of(me).and_then(|f| {
@@ -503,15 +509,15 @@ impl Server {
                 };
                 let work = writable(me.amode).map(|()| Work::Value(n));
                 let outcome = self.collective(me, kind, work);
-                answer(ch, outcome, me.chunk)
+                answer(ch, outcome, me)
             }
             Msg::Sync => {
                 let outcome = self.collective(me, CallKind::Sync, Ok(Work::Nothing));
-                answer(ch, outcome, me.chunk)
+                answer(ch, outcome, me)
             }
             Msg::Close => {
                 let outcome = self.collective(me, CallKind::Close, Ok(Work::Nothing));
-                answer(ch, outcome, me.chunk)
+                answer(ch, outcome, me)
             }
             m => Err(CioError::conn(format!("unexpected frame {m:?}"))),
         }
@@ -526,7 +532,7 @@ impl Server {
             ));
         }
         self.check_len(len)?;
-        let mut extents = Vec::new();
+        let mut extents = me.shared.pool.extents();
         me.view.extents(offset, len, &mut extents)?;
         Ok(extents)
     }
@@ -547,10 +553,10 @@ impl Server {
     /// Receives the `len` bytes of data stream that follow a write request. A write over
     /// the limit is received and dropped (`Ok(Err(..))`): the connection stays in step.
     /// A DATA frame out of place, or more bytes than announced, ends the connection.
-    fn recv_data(&self, ch: &mut Channel, len: u64) -> Result<Result<Vec<u8>>> {
+    fn recv_data(&self, ch: &mut Channel, len: u64, pool: &Pool) -> Result<Result<Vec<u8>>> {
         let verdict = self.check_len(len);
         let keep = verdict.is_ok();
-        let mut data = Vec::with_capacity(if keep { len.min(64 << 20) as usize } else { 0 });
+        let mut data = pool.bytes(if keep { len.min(64 << 20) as usize } else { 0 });
         let mut got = 0u64;
         while got < len {
             let n = ch.recv_with(|bytes| -> Result<u64> {
@@ -655,15 +661,27 @@ impl Server {
                 }
             }
             Action::Nothing => all(Ok(0)),
-            Action::PlaceWrite { pieces, data } => {
-                let lens: Vec<u64> = data.iter().map(|d| d.len() as u64).collect();
-                match need().and_then(|f| files::place_write(&f, &pieces, &data)) {
+            Action::PlaceWrite { .. } | Action::PlaceDomain { .. } => {
+                let lens: Vec<u64> = match &action {
+                    Action::PlaceWrite { data, .. } => {
+                        data.iter().map(|d| d.len() as u64).collect()
+                    }
+                    Action::PlaceDomain { ranks, .. } => {
+                        ranks.iter().map(|(_, d)| d.len() as u64).collect()
+                    }
+                    _ => Vec::new(),
+                };
+                let written = need().and_then(|f| files::write(&f, &action, &shared.pool));
+                recycle(&shared.pool, action);
+                match written {
                     Ok(()) => lens.into_iter().map(|l| Ok(Reply::Done(l))).collect(),
                     Err(e) => all(Err(e)),
                 }
             }
-            Action::ReadRegions { wants } => {
-                match need().and_then(|f| files::read_regions(&f, &wants)) {
+            Action::ReadRegions { mut wants } => {
+                let read = need().and_then(|f| files::read_regions(&f, &mut wants, &shared.pool));
+                recycle(&shared.pool, Action::ReadRegions { wants });
+                match read {
                     Ok(streams) => streams.into_iter().map(|s| Ok(Reply::Stream(s))).collect(),
                     Err(e) => all(Err(e)),
                 }
@@ -769,6 +787,21 @@ impl Drop for Attached<'_> {
     }
 }
 
+/// Gives the buffers of a finished action back to its session's pool.
+fn recycle(pool: &Pool, action: Action) {
+    match action {
+        Action::PlaceWrite { data, .. } => data.into_iter().for_each(|d| pool.give_bytes(d)),
+        Action::PlaceDomain { ranks, .. } => {
+            for (extents, data) in ranks {
+                pool.give_extents(extents);
+                pool.give_bytes(data);
+            }
+        }
+        Action::ReadRegions { wants } => wants.into_iter().for_each(|w| pool.give_extents(w)),
+        _ => {}
+    }
+}
+
 /// The file of a rank's session.
 fn file_of(me: &RankConn) -> Result<Arc<std::fs::File>> {
     me.shared
@@ -859,28 +892,33 @@ fn send_error(ch: &Channel, e: &CioError) -> Result<()> {
     )
 }
 
-/// Answers a request: DATA frames for a read's bytes, then DONE; or ERROR.
-fn answer(ch: &Channel, outcome: Outcome, chunk: usize) -> Result<()> {
+/// Answers a request: DATA frames for a read's bytes (whose buffer then goes back to the
+/// session's pool), then DONE; or ERROR.
+fn answer(ch: &Channel, outcome: Outcome, me: &RankConn) -> Result<()> {
     match outcome {
         Ok(Reply::Done(n)) => send(ch, &Msg::Done(n)),
         Ok(Reply::Stream(s)) => {
-            send_stream(ch, &s, chunk)?;
-            send(ch, &Msg::Done(s.len() as u64))
+            let sent = send_stream(ch, &s, me.chunk, &me.shared.pool);
+            let n = s.len() as u64;
+            me.shared.pool.give_bytes(s);
+            sent?;
+            send(ch, &Msg::Done(n))
         }
         Err(e) => send_error(ch, &e),
     }
 }
 
-/// Sends `data` as DATA frames of at most `chunk` bytes.
-fn send_stream(ch: &Channel, data: &[u8], chunk: usize) -> Result<()> {
-    let mut frame = Vec::with_capacity(HEADER_LEN + chunk.min(data.len()));
-    for piece in data.chunks(chunk.max(1)) {
+/// Sends `data` as DATA frames of at most `chunk` bytes (built in a buffer of `pool`'s).
+fn send_stream(ch: &Channel, data: &[u8], chunk: usize, pool: &Pool) -> Result<()> {
+    let mut frame = pool.bytes(HEADER_LEN + chunk.min(data.len()));
+    let sent = data.chunks(chunk.max(1)).try_for_each(|piece| {
         frame.clear();
         let header = proto::data_header(piece.len() as u32)
             .map_err(|e| CioError::conn(format!("encode DATA: {e}")))?;
         frame.extend_from_slice(&header);
         frame.extend_from_slice(piece);
-        ch.send_frame(&frame)?;
-    }
-    Ok(())
+        Ok(ch.send_frame(&frame)?)
+    });
+    pool.give_bytes(frame);
+    sent
 }
