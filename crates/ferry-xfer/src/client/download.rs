@@ -814,5 +814,6 @@ fn open_writer(
     if sink.choose_direct(&part.file, direct) {
         tracing::debug!("{}: writing with direct I/O", l.dest.display());
     }
+    sink.hash_held_behind(&part.file);
     BlockWriter::with_sink(sink, &part.file, ring)
 }
