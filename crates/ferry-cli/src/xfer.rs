@@ -334,31 +334,115 @@ pub fn remote_of(target: &str, driver: &str) -> Result<ferry_xfer::url::Remote, 
     }
 }
 
-struct Bar(Option<indicatif::ProgressBar>);
+/// `ferry cp`'s progress: a bar on a terminal (bytes, and files for tree copies), and the
+/// file counts either way (for `--json`). Several sources are copied one after the other:
+/// each reports its own totals, which add to those of the sources before it.
+struct Bar {
+    bar: Option<indicatif::ProgressBar>,
+    /// Show the file count (a tree copy, or several sources).
+    tree: bool,
+    count: std::sync::Mutex<Count>,
+}
+
+/// What [`Bar`] counted.
+#[derive(Debug, Default, Clone, Copy)]
+struct Count {
+    /// Files complete (copied or found there), over all sources.
+    done: u64,
+    /// Files listed, over the sources listed so far.
+    total: u64,
+    /// Sources not yet listed: the total is then a lower bound.
+    more: bool,
+    /// The sources before the current one: bytes, files listed, files done.
+    before: (u64, u64, u64),
+}
+
+/// `done/total files` as the bar shows it; `≥total` while sources remain to be listed.
+fn files_label(done: u64, total: u64, more: bool) -> String {
+    let at_least = if more { "≥" } else { "" };
+    format!("{done}/{at_least}{total} files")
+}
+
+impl Bar {
+    fn new(bar: Option<indicatif::ProgressBar>, tree: bool) -> Bar {
+        Bar {
+            bar,
+            tree,
+            count: Default::default(),
+        }
+    }
+
+    fn count(&self) -> std::sync::MutexGuard<'_, Count> {
+        self.count.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Redraws the file count.
+    fn show_files(&self, c: &Count) {
+        if let (Some(b), true) = (&self.bar, self.tree) {
+            b.set_message(files_label(c.done, c.total, c.more));
+        }
+    }
+
+    /// The next source starts (`more`: others follow it); what the last one reported
+    /// stays counted.
+    fn next_source(&self, more: bool) {
+        let mut c = self.count();
+        let bytes = self.bar.as_ref().map_or(0, |b| b.position());
+        c.before = (bytes, c.total, c.done);
+        c.more = more;
+        self.show_files(&c);
+    }
+
+    /// Files complete and listed.
+    #[cfg(test)]
+    fn files_counted(&self) -> (u64, u64) {
+        let c = self.count();
+        (c.done, c.total)
+    }
+}
 
 impl Progress for Bar {
     fn total(&self, bytes: u64) {
-        if let Some(b) = &self.0 {
-            b.set_length(bytes);
+        if let Some(b) = &self.bar {
+            b.set_length(self.count().before.0 + bytes);
         }
     }
     fn add(&self, bytes: u64) {
-        if let Some(b) = &self.0 {
+        if let Some(b) = &self.bar {
             b.inc(bytes);
         }
     }
     fn already_there(&self, bytes: u64) {
-        if let Some(b) = &self.0 {
+        if let Some(b) = &self.bar {
             // Counted, then the rate estimate starts afresh: a resumed gigabyte is not a
-            // gigabyte a second.
+            // gigabyte a second. The tick makes the estimator take the jump now (an `inc`
+            // records only when the bar's update budget allows), so the reset drops it.
             b.inc(bytes);
+            b.tick();
             b.reset_eta();
         }
     }
     fn restart(&self) {
-        if let Some(b) = &self.0 {
-            b.set_position(0);
+        let mut c = self.count();
+        if let Some(b) = &self.bar {
+            // Back to where this source began, and a rate that starts afresh (the next
+            // attempt reports what is already there again).
+            b.set_position(c.before.0);
+            b.tick();
+            b.reset_eta();
         }
+        (c.total, c.done) = (c.before.1, c.before.2);
+        self.show_files(&c);
+    }
+    fn files(&self, files: u64) {
+        let mut c = self.count();
+        c.total = c.before.1 + files;
+        self.show_files(&c);
+    }
+    fn file_done(&self) {
+        let mut c = self.count();
+        c.done += 1;
+        self.show_files(&c);
     }
 }
 
@@ -385,10 +469,11 @@ fn copy_each(
     dst: &Location,
     recursive: bool,
     opts: &Options,
-    progress: &dyn Progress,
+    progress: &Bar,
 ) -> Result<Stats, XferError> {
     let mut total = Stats::default();
-    for src in srcs {
+    for (i, src) in srcs.iter().enumerate() {
+        progress.next_source(i + 1 < srcs.len());
         total.add(&client::copy(src, dst, recursive, opts, progress)?);
     }
     Ok(total)
@@ -491,22 +576,27 @@ pub fn cp(a: CpArgs, quiet: bool, verbose: bool) -> Result<(), XferError> {
         follow_links: a.follow_links,
         ..a.remote.options()?
     };
+    // A tree copy (or several sources, or a pattern) shows its file count too.
+    let tree = a.recursive || srcs.len() > 1 || globbed;
     let bar = (!quiet && !a.json && std::io::stderr().is_terminal()).then(|| {
         let b = indicatif::ProgressBar::new(0);
-        if let Ok(style) = indicatif::ProgressStyle::with_template(
-            "{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}",
-        ) {
+        let template = if tree {
+            "{bar:40} {bytes}/{total_bytes} {msg} {binary_bytes_per_sec} ETA {eta}"
+        } else {
+            "{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}"
+        };
+        if let Ok(style) = indicatif::ProgressStyle::with_template(template) {
             b.set_style(style);
         }
         b
     });
     crate::log::show_bar(bar.as_ref());
-    let bar = Bar(bar);
+    let bar = Bar::new(bar, tree);
     let start = Instant::now();
     let res =
         expand_globs(srcs, &opts).and_then(|srcs| copy_each(&srcs, &dst, a.recursive, &opts, &bar));
     crate::log::show_bar(None);
-    if let Some(b) = &bar.0 {
+    if let Some(b) = &bar.bar {
         b.finish_and_clear();
     }
     let secs = start.elapsed().as_secs_f64();
@@ -641,26 +731,109 @@ pub(crate) fn skipped_hint(n: u64, follow_links: bool) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{shell_word, Bar};
+    use super::{files_label, shell_word, Bar};
     use ferry_xfer::client::Progress;
 
-    /// What a resume finds in place moves the bar but not its rate.
-    #[test]
-    fn bytes_already_there_stay_out_of_the_rate() {
-        let pb = indicatif::ProgressBar::with_draw_target(
-            Some(4 << 30),
-            indicatif::ProgressDrawTarget::hidden(),
-        );
-        let bar = Bar(Some(pb.clone()));
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        bar.already_there(2 << 30);
+    fn hidden_bar(len: u64) -> indicatif::ProgressBar {
+        indicatif::ProgressBar::with_draw_target(Some(len), indicatif::ProgressDrawTarget::hidden())
+    }
+
+    /// Many small reports in a row, as a copy of small files makes: the bar's update
+    /// budget (ten in a burst, then one a millisecond) is spent, so the next `inc` is not
+    /// recorded by the rate estimator at once.
+    fn busy(bar: &Bar) {
+        for _ in 0..50 {
+            bar.add(1);
+        }
+    }
+
+    /// 5 MiB in about 0.1 s after `bar` was credited bytes at once: the rate must be that
+    /// of the 5 MiB (tens of MB/s), nowhere near the bytes credited.
+    fn moves_5_mib_and_rates_them(bar: &Bar, pb: &indicatif::ProgressBar) {
         for _ in 0..5 {
             std::thread::sleep(std::time::Duration::from_millis(20));
             bar.add(1 << 20);
         }
-        assert_eq!(pb.position(), (2 << 30) + (5 << 20));
-        // 5 MiB in about 0.1 s: tens of MB/s, nowhere near the 2 GiB credited at once.
         assert!(pb.per_sec() < 1e9, "rate {} B/s", pb.per_sec());
+    }
+
+    /// What a resume finds in place moves the bar but not its rate, also when it comes
+    /// right after many small reports (the bar then records the jump late: it read
+    /// "722 GiB/s" after a resume).
+    #[test]
+    fn bytes_already_there_stay_out_of_the_rate() {
+        let pb = hidden_bar(4 << 30);
+        let bar = Bar::new(Some(pb.clone()), false);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        busy(&bar);
+        bar.already_there(2 << 30);
+        moves_5_mib_and_rates_them(&bar, &pb);
+        assert_eq!(pb.position(), 50 + (2 << 30) + (5 << 20));
+    }
+
+    /// A retry starts the bar over where its source began and its rate afresh; what the
+    /// next attempt finds in place stays out of the rate as on a first resume.
+    #[test]
+    fn a_retry_counts_again_without_a_false_rate() {
+        let pb = hidden_bar(4 << 30);
+        let bar = Bar::new(Some(pb.clone()), true);
+        bar.files(2);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        bar.add(3 << 30);
+        bar.file_done();
+        busy(&bar);
+        bar.restart();
+        assert_eq!(pb.position(), 0);
+        assert_eq!(bar.files_counted(), (0, 0));
+        bar.total(4 << 30);
+        bar.files(2);
+        bar.already_there(3 << 30);
+        bar.file_done();
+        moves_5_mib_and_rates_them(&bar, &pb);
+        assert_eq!(pb.position(), (3 << 30) + (5 << 20));
+        assert_eq!(pb.message(), "1/2 files");
+    }
+
+    /// A tree's bar counts files beside bytes; with several sources the count adds up,
+    /// marked as a lower bound while sources remain to be listed.
+    #[test]
+    fn tree_copies_count_files() {
+        let pb = hidden_bar(0);
+        let bar = Bar::new(Some(pb.clone()), true);
+        bar.next_source(true);
+        bar.total(300);
+        bar.files(3);
+        for _ in 0..3 {
+            bar.add(100);
+            bar.file_done();
+        }
+        assert_eq!(pb.message(), "3/≥3 files");
+        bar.next_source(false);
+        bar.total(50);
+        bar.files(2);
+        assert_eq!(pb.length(), Some(350));
+        assert_eq!(pb.message(), "3/5 files");
+        bar.already_there(50);
+        bar.file_done();
+        bar.file_done();
+        assert_eq!(pb.message(), "5/5 files");
+        assert_eq!(bar.files_counted(), (5, 5));
+        // A single file's bar shows no count (and a copy without a bar still counts).
+        let plain = Bar::new(Some(hidden_bar(0)), false);
+        plain.files(1);
+        plain.file_done();
+        assert_eq!(plain.bar.as_ref().map(|b| b.message()), Some(String::new()));
+        let none = Bar::new(None, true);
+        none.files(4);
+        none.file_done();
+        assert_eq!(none.files_counted(), (1, 4));
+    }
+
+    #[test]
+    fn file_counts_read_as_done_of_total() {
+        assert_eq!(files_label(412, 1000, false), "412/1000 files");
+        assert_eq!(files_label(412, 1000, true), "412/≥1000 files");
+        assert_eq!(files_label(0, 0, false), "0/0 files");
     }
 
     #[test]

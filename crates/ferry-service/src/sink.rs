@@ -164,6 +164,15 @@ impl BlockSink {
         s
     }
 
+    /// A resumed file: starts hashing the prefix verified before from `file` on a thread
+    /// ([`SharedTree::fill_behind`]) while the rest arrives, instead of reading it back
+    /// after the last block.
+    pub fn hash_held_behind(&self, file: &File) {
+        if let (Some(tree), Some(j)) = (&self.tree, &self.journal) {
+            tree.fill_behind(file, vec![(0, j.prefix())]);
+        }
+    }
+
     /// The transfer this sink receives.
     pub fn transfer(&self) -> u32 {
         self.file_id

@@ -19,7 +19,8 @@
 //! block is a whole number of units (a 4 MiB block is one unit, a 3 MiB block three of 1 MiB).
 
 use std::fs::File;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
+use std::thread::JoinHandle;
 
 use blake3::hazmat::Mode;
 use blake3::hazmat::{merge_subtrees_non_root, merge_subtrees_root, ChainingValue, HasherExt};
@@ -152,6 +153,29 @@ impl Geometry {
             .collect()
     }
 
+    /// `ranges` cut to the units they cover whole, in pieces of about [`FILL_PIECE`]
+    /// bytes, each a whole number of units (the file's last unit may be short).
+    fn whole_units(&self, ranges: &[(u64, u64)]) -> Vec<(u64, u64)> {
+        let unit = self.unit;
+        let piece = FILL_PIECE.max(unit) / unit * unit;
+        let mut out = Vec::new();
+        for &(lo, hi) in ranges {
+            let lo = lo.div_ceil(unit).saturating_mul(unit);
+            let hi = if hi >= self.size {
+                self.size
+            } else {
+                hi / unit * unit
+            };
+            let mut pos = lo;
+            while pos < hi {
+                let end = hi.min(pos.saturating_add(piece));
+                out.push((pos, end));
+                pos = end;
+            }
+        }
+        out
+    }
+
     /// The value of the unit starting at `lo` holding `bytes` (all of it).
     fn value(&self, lo: u64, bytes: &[u8]) -> ChainingValue {
         if self.size <= self.unit {
@@ -164,24 +188,108 @@ impl Geometry {
     }
 }
 
+/// Units (by index) and their values, as [`Geometry::values`] gives them.
+type UnitValues = Vec<(usize, Option<ChainingValue>)>;
+
+/// Units of this size cut a file for [`hash_file_parallel`].
+const PAR_UNIT: u64 = 1 << 20;
+
+/// BLAKE3 of the first `size` bytes of `file`, read and hashed by up to `threads` threads
+/// at once, each over its own span of the file (the whole-file hash follows from the
+/// spans' chaining values, see the module notes): a server answering SUM for a resumed
+/// download hashes the whole source before the first block goes out, so this is time
+/// the copy waits.
+pub fn hash_file_parallel(file: &File, size: u64, threads: usize) -> std::io::Result<[u8; 32]> {
+    let Some(mut tree) = BlockTree::new(size, PAR_UNIT) else {
+        return crate::hash::hash_file(file, size);
+    };
+    let units = tree.cvs.len() as u64;
+    let threads = (threads.max(1) as u64)
+        .min(units.div_ceil(FILL_PIECE / PAR_UNIT))
+        .max(1);
+    if threads <= 1 {
+        return crate::hash::hash_file(file, size);
+    }
+    let geo = tree.geo;
+    let per = units.div_ceil(threads) * PAR_UNIT;
+    let spans: Vec<(u64, u64)> = (0..threads)
+        .map(|i| ((i * per).min(size), ((i + 1) * per).min(size)))
+        .filter(|(lo, hi)| lo < hi)
+        .collect();
+    let results: Vec<std::io::Result<UnitValues>> = std::thread::scope(|s| {
+        let handles: Vec<_> = spans
+            .iter()
+            .map(|&span| s.spawn(move || hash_span(geo, file, span)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(std::io::Error::other("a hashing thread panicked")))
+            })
+            .collect()
+    });
+    for values in results {
+        for (i, v) in values? {
+            if let Some(slot) = tree.cvs.get_mut(i) {
+                *slot = v;
+            }
+        }
+    }
+    tree.root()
+        .ok_or_else(|| std::io::Error::other("internal: a unit of the file was not hashed"))
+}
+
+/// The units' values of `[lo, hi)` of `file` (whole units), read in pieces.
+fn hash_span(geo: Geometry, file: &File, (lo, hi): (u64, u64)) -> std::io::Result<UnitValues> {
+    use std::os::unix::fs::FileExt;
+    let mut out = Vec::new();
+    let mut buf = Vec::new();
+    for (a, b) in geo.whole_units(&[(lo, hi)]) {
+        buf.resize((b - a) as usize, 0);
+        file.read_exact_at(&mut buf, a)?;
+        out.extend(geo.values(a, &buf));
+    }
+    Ok(out)
+}
+
 /// Units in the left subtree of a node over `n ≥ 2` units: the largest power of two below `n`.
 fn left_units(n: usize) -> usize {
     1 << (usize::BITS - 1 - (n - 1).leading_zeros())
 }
 
 /// A [`BlockTree`] the receivers of one file's ranges share (parallel streams): each hashes
-/// its blocks outside the lock and only stores the values under it.
+/// its blocks outside the lock and only stores the values under it. A resumed part's
+/// verified ranges can be hashed on a thread of their own while the rest arrives
+/// ([`SharedTree::fill_behind`]).
 #[derive(Debug, Clone)]
-pub struct SharedTree(Arc<Mutex<BlockTree>>);
+pub struct SharedTree(Arc<Shared>);
+
+#[derive(Debug)]
+struct Shared {
+    tree: Mutex<BlockTree>,
+    /// The thread hashing ranges already in the file, if one was started.
+    behind: Mutex<Option<JoinHandle<()>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Bytes the background fill reads and hashes at a time (a whole number of units).
+const FILL_PIECE: u64 = 8 << 20;
 
 impl SharedTree {
     /// Shares `tree`.
     pub fn new(tree: BlockTree) -> SharedTree {
-        SharedTree(Arc::new(Mutex::new(tree)))
+        SharedTree(Arc::new(Shared {
+            tree: Mutex::new(tree),
+            behind: Mutex::new(None),
+        }))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BlockTree> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.0.tree)
     }
 
     /// [`BlockTree::record`], hashing without holding the lock.
@@ -196,12 +304,67 @@ impl SharedTree {
         }
     }
 
-    /// [`BlockTree::fill`] from `file`, then [`BlockTree::root`].
+    /// Starts hashing `ranges` of `file` (a resumed part's verified bytes, which no block of
+    /// this transfer brings again) on a thread, so the final [`SharedTree::root_filling_from`]
+    /// does not read them back serially after the last block: a resume then costs what
+    /// the bytes it moves cost, not that plus a read of what it did not move. Only units
+    /// the ranges cover whole are recorded (ranges start and end on block boundaries, so
+    /// that is all of them); whatever the thread does not supply (it stops at a read error,
+    /// or when the tree is dropped) the final fill reads.
+    pub fn fill_behind(&self, file: &File, ranges: Vec<(u64, u64)>) {
+        let geo = self.lock().geo;
+        let pieces = geo.whole_units(&ranges);
+        if pieces.is_empty() {
+            return;
+        }
+        let Ok(file) = file.try_clone() else {
+            return;
+        };
+        let tree = Arc::downgrade(&self.0);
+        let spawned = std::thread::Builder::new()
+            .name("ferry-hash-held".into())
+            .spawn(move || fill_pieces(&tree, geo, &file, &pieces));
+        match spawned {
+            Ok(h) => *lock(&self.0.behind) = Some(h),
+            Err(e) => tracing::debug!("no background hashing ({e}); hashed at the end"),
+        }
+    }
+
+    /// [`BlockTree::fill`] from `file` (after the background fill, if one runs, ended),
+    /// then [`BlockTree::root`].
     pub fn root_filling_from(&self, file: &File) -> std::io::Result<[u8; 32]> {
+        let behind = lock(&self.0.behind).take();
+        if let Some(h) = behind {
+            // A thread that failed left its units missing: the fill below reads them.
+            let _ = h.join();
+        }
         let mut t = self.lock();
         t.fill(file)?;
         t.root()
             .ok_or_else(|| std::io::Error::other("internal: a unit of the file was not hashed"))
+    }
+}
+
+/// The background fill: reads `pieces` of `file` and records their units' values into the
+/// tree while it lives (hashing outside its lock).
+fn fill_pieces(tree: &Weak<Shared>, geo: Geometry, file: &File, pieces: &[(u64, u64)]) {
+    use std::os::unix::fs::FileExt;
+    let mut buf = Vec::new();
+    for &(lo, hi) in pieces {
+        buf.resize((hi - lo) as usize, 0);
+        if file.read_exact_at(&mut buf, lo).is_err() {
+            return;
+        }
+        let values = geo.values(lo, &buf);
+        let Some(shared) = tree.upgrade() else {
+            return;
+        };
+        let mut t = lock(&shared.tree);
+        for (i, v) in values {
+            if let (Some(slot), Some(v)) = (t.cvs.get_mut(i), v) {
+                *slot = Some(v);
+            }
+        }
     }
 }
 
@@ -286,6 +449,63 @@ mod tests {
             tree.root_filling_from(&f).unwrap(),
             *blake3::hash(&bytes).as_bytes()
         );
+        let _ = std::fs::remove_file(&p);
+    }
+
+    /// A resumed part: its verified ranges hashed on a thread while the other blocks are
+    /// recorded give the plain hash, and leave nothing for the final fill to read.
+    #[test]
+    fn ranges_held_are_hashed_behind() {
+        let (size, block) = (40 << 20 | 1234, 1u64 << 20);
+        let bytes = data(size, 3);
+        let p = std::env::temp_dir().join(format!("ferry-tree-behind-{}", std::process::id()));
+        std::fs::write(&p, &bytes).unwrap();
+        let f = File::open(&p).unwrap();
+        let tree = SharedTree::new(BlockTree::new(size as u64, block).unwrap());
+        // Held: the first 17 blocks and blocks 30..32; the rest arrives meanwhile.
+        let held = vec![(0, 17 * block), (30 * block, 32 * block)];
+        tree.fill_behind(&f, held.clone());
+        for b in (0..(size as u64).div_ceil(block)).filter(|&b| !(b < 17 || (30..32).contains(&b)))
+        {
+            let lo = (b * block) as usize;
+            let hi = (lo + block as usize).min(size);
+            tree.record(lo as u64, &bytes[lo..hi]);
+        }
+        let behind = tree.0.behind.lock().unwrap().take().unwrap();
+        behind.join().unwrap();
+        assert!(tree.lock().missing().is_empty());
+        assert_eq!(
+            tree.root_filling_from(&f).unwrap(),
+            *blake3::hash(&bytes).as_bytes()
+        );
+        // Ranges that end at the file's end, or on no unit boundary, cover whole units only.
+        let geo = tree.lock().geo;
+        assert_eq!(
+            geo.whole_units(&[(39 << 20, size as u64)]),
+            vec![(39 << 20, size as u64)]
+        );
+        assert_eq!(geo.whole_units(&[(1, (1 << 20) + 5)]), vec![]);
+        let _ = std::fs::remove_file(&p);
+    }
+
+    /// A file hashed by several threads, each over its own span, gives the plain hash;
+    /// sizes around the unit and the spans' edges, and a file shorter than asked fails.
+    #[test]
+    fn files_hashed_in_parallel_give_the_plain_hash() {
+        let p = std::env::temp_dir().join(format!("ferry-tree-par-{}", std::process::id()));
+        for size in [0usize, 1000, PAR_UNIT as usize, 17 << 20, (40 << 20) + 3] {
+            let bytes = data(size, 9);
+            std::fs::write(&p, &bytes).unwrap();
+            let f = File::open(&p).unwrap();
+            for threads in [1, 2, 3, 8] {
+                assert_eq!(
+                    hash_file_parallel(&f, size as u64, threads).unwrap(),
+                    *blake3::hash(&bytes).as_bytes(),
+                    "size {size}, {threads} threads"
+                );
+            }
+            assert!(hash_file_parallel(&f, size as u64 + (9 << 20), 2).is_err());
+        }
         let _ = std::fs::remove_file(&p);
     }
 

@@ -192,11 +192,14 @@ impl Upload {
             ),
             _ => (None, None),
         };
-        // What a resume found in place is read into the tree at CLOSE.
+        // What a resume found in place is hashed into the tree on a thread meanwhile.
         let tree = file
             .as_ref()
             .and_then(|_| BlockTree::new(size, u64::from(block)))
             .map(SharedTree::new);
+        if let (Some(t), Some(f)) = (&tree, &file) {
+            t.fill_behind(f, done.iter().collect());
+        }
         Ok(Upload {
             path: path.to_string(),
             size,

@@ -279,6 +279,7 @@ pub(crate) fn plan_download(
         };
         let bytes: u64 = files.iter().map(|f| f.2).sum();
         progress.total(bytes);
+        progress.files(files.len() as u64);
         c.fit_window(super::tune::mean_size(bytes, files.len()));
         let mut jobs = Vec::new();
         for (path, dest, size, mtime) in files {
@@ -291,6 +292,7 @@ pub(crate) fn plan_download(
                 c.stats.files_skipped += 1;
                 c.stats.bytes += size;
                 progress.already_there(size);
+                progress.file_done();
                 continue;
             }
             jobs.push(DlJob {
@@ -387,6 +389,7 @@ pub(crate) fn plan_upload(
             files
         };
         progress.total(files.iter().map(|f| f.1).sum());
+        progress.files(files.len() as u64);
         let mut out = Vec::new();
         for (rel, size, mtime) in files {
             if there
@@ -397,6 +400,7 @@ pub(crate) fn plan_upload(
                 c.stats.files_skipped += 1;
                 c.stats.bytes += size;
                 progress.already_there(size);
+                progress.file_done();
                 continue;
             }
             let src = if rel.is_empty() {

@@ -469,7 +469,7 @@ impl Client {
     ) -> Result<()> {
         loop {
             self.refill(conv, jobs, locals, progress)?;
-            self.execute(conv, locals, commits)?;
+            self.execute(conv, locals, commits, progress)?;
             if conv.is_idle() {
                 return Ok(());
             }
@@ -479,12 +479,12 @@ impl Client {
             ferry_fabric::timeline::mark("cp.msg", last as u64);
             for (i, msg) in msgs.into_iter().enumerate() {
                 conv.on_msg(msg)?;
-                self.execute(conv, locals, commits)?;
+                self.execute(conv, locals, commits, progress)?;
                 // A PACK answers many GETs: ask for the next ones as soon as half the
                 // window is back, not after the whole pack is written.
                 if i + 1 < last {
                     self.refill(conv, jobs, locals, progress)?;
-                    self.execute(conv, locals, commits)?;
+                    self.execute(conv, locals, commits, progress)?;
                 }
             }
         }
@@ -630,6 +630,7 @@ impl Client {
         conv: &mut Downloader,
         locals: &mut Locals,
         commits: &mut CommitPool,
+        progress: &dyn Progress,
     ) -> Result<()> {
         while let Some(action) = conv.poll() {
             match action {
@@ -653,18 +654,18 @@ impl Client {
                 }
                 Action::Commit { file, size, mode } => {
                     self.commit(locals.remove(&file), mode, commits)?;
-                    self.count(Some(size));
+                    self.count(Some(size), progress);
                 }
                 Action::Finish { file, size } => {
                     if let Some(l) = locals.remove(&file) {
                         let done = finish(l, size)?;
-                        self.count(done);
+                        self.count(done, progress);
                     }
                 }
                 Action::SourceHash { file, hash } => {
                     let chunk = locals.get(&file).and_then(|l| l.chunk.as_ref());
                     let done = chunk.map(|ch| ch.file.source_hash(hash)).transpose()?;
-                    self.count(done.flatten());
+                    self.count(done.flatten(), progress);
                 }
             }
         }
@@ -687,10 +688,11 @@ impl Client {
     }
 
     /// Counts a file of `size` bytes copied (`None`: none completed).
-    fn count(&mut self, size: Option<u64>) {
+    fn count(&mut self, size: Option<u64>, progress: &dyn Progress) {
         if let Some(size) = size {
             self.stats.files += 1;
             self.stats.bytes += size;
+            progress.file_done();
         }
     }
 }
@@ -812,5 +814,6 @@ fn open_writer(
     if sink.choose_direct(&part.file, direct) {
         tracing::debug!("{}: writing with direct I/O", l.dest.display());
     }
+    sink.hash_held_behind(&part.file);
     BlockWriter::with_sink(sink, &part.file, ring)
 }

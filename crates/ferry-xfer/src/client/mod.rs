@@ -357,6 +357,11 @@ pub trait Progress {
     }
     /// Starting over (a retry): the next attempt reports what is already there again.
     fn restart(&self) {}
+    /// The number of files the copy holds, once its listing is complete (reported with
+    /// [`Progress::total`]).
+    fn files(&self, _files: u64) {}
+    /// One more file complete: copied and verified, or found already there and skipped.
+    fn file_done(&self) {}
 }
 
 impl Progress for () {}

@@ -138,6 +138,7 @@ impl Client {
                 self.stats.files += 1;
                 self.stats.bytes += size;
                 progress.add(size);
+                progress.file_done();
             }
         }
         Ok(())
@@ -187,6 +188,7 @@ impl Client {
         self.converse(up, (src, None), stamp, path, progress)?;
         self.stats.files += 1;
         self.stats.bytes += size;
+        progress.file_done();
         Ok(())
     }
 

@@ -121,11 +121,15 @@ impl SharedDl {
             ),
             _ => (None, None),
         };
-        // Blocks are hashed as they land; what a resume found in place is read at the end.
+        // Blocks are hashed as they land; what a resume found in place is hashed on a
+        // thread meanwhile.
         let tree = file
             .as_ref()
             .and_then(|_| BlockTree::new(size, u64::from(block)))
             .map(SharedTree::new);
+        if let (Some(t), Some(f)) = (&tree, &file) {
+            t.fill_behind(f, done.iter().collect());
+        }
         let zero_src = crate::mem::classify(&job.path).is_some();
         let shared = Arc::new(SharedDl {
             path: job.path.clone(),

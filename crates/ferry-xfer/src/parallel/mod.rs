@@ -54,13 +54,47 @@ pub(crate) fn chunks(missing: &[(u64, u64)], chunk: u64) -> Vec<(u64, u64)> {
     out
 }
 
-/// Progress from the stream threads, handed to the caller's reporter by the main thread.
+/// Progress from the stream threads, handed to the caller's reporter by the main thread:
+/// bytes moved, bytes found already there (kept apart: they are no part of a rate), files
+/// completed.
 #[derive(Default)]
-struct Counter(AtomicU64);
+struct Counter {
+    moved: AtomicU64,
+    held: AtomicU64,
+    files: AtomicU64,
+}
+
+/// What a [`Counter`] reported last: (moved, held, files).
+type Shown = (u64, u64, u64);
 
 impl Progress for Counter {
     fn add(&self, bytes: u64) {
-        self.0.fetch_add(bytes, Ordering::Relaxed);
+        self.moved.fetch_add(bytes, Ordering::Relaxed);
+    }
+    fn already_there(&self, bytes: u64) {
+        self.held.fetch_add(bytes, Ordering::Relaxed);
+    }
+    fn file_done(&self) {
+        self.files.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl Counter {
+    /// Reports to `progress` what changed since `shown`, which it updates.
+    fn relay(&self, progress: &dyn Progress, shown: &mut Shown) {
+        let now = (
+            self.moved.load(Ordering::Relaxed),
+            self.held.load(Ordering::Relaxed),
+            self.files.load(Ordering::Relaxed),
+        );
+        if now.1 > shown.1 {
+            progress.already_there(now.1 - shown.1);
+        }
+        progress.add(now.0 - shown.0);
+        for _ in shown.2..now.2 {
+            progress.file_done();
+        }
+        *shown = now;
     }
 }
 
@@ -138,7 +172,7 @@ fn run_streams(
             })
         };
         let mut handles: Vec<_> = clients.into_iter().map(spawn).collect();
-        let mut shown = 0;
+        let mut shown: Shown = (0, 0, 0);
         // The growth search's measuring period: from when (after a stream's slow start),
         // and the bytes at that moment.
         let mut mark: Option<(Instant, u64)> = None;
@@ -147,9 +181,8 @@ fn run_streams(
             Instant::now() + grow.as_ref().map_or(Duration::ZERO, |g| g.0.period() / 2);
         while !handles.iter().all(|h| h.is_finished()) {
             std::thread::sleep(Duration::from_millis(10));
-            let now = counter.0.load(Ordering::Relaxed);
-            progress.add(now - shown);
-            shown = now;
+            counter.relay(progress, &mut shown);
+            let now = shown.0;
             let Some((growth, join)) = grow.as_mut() else {
                 continue;
             };
@@ -190,7 +223,7 @@ fn run_streams(
                 }
             }
         }
-        progress.add(counter.0.load(Ordering::Relaxed) - shown);
+        counter.relay(progress, &mut shown);
         let mut out = (Vec::new(), Vec::new());
         for h in handles {
             match h.join() {

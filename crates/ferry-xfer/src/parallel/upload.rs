@@ -248,7 +248,7 @@ fn upload_stream(c: &mut Client, q: &UpQueue, progress: &dyn Progress) -> Result
                 };
                 let ranges = chunks(&lock(&up.left).missing(size), q.chunk);
                 if ranges.is_empty() {
-                    close_upload(c, &up)?;
+                    close_upload(c, &up, progress)?;
                     continue;
                 }
                 let mut queue = lock(&q.queue);
@@ -259,7 +259,7 @@ fn upload_stream(c: &mut Client, q: &UpQueue, progress: &dyn Progress) -> Result
             UpJob::Range(up, lo, hi) => {
                 put_range(c, &up, lo, hi, progress)?;
                 if up.range_done(lo, hi) {
-                    close_upload(c, &up)?;
+                    close_upload(c, &up, progress)?;
                 }
             }
         }
@@ -360,7 +360,7 @@ fn unmatchable(h: Option<[u8; 32]>) -> [u8; 32] {
 /// Every range of `up` arrived: CLOSE it with the source's hash. If the source changed
 /// since it was opened (every range and the hash were read since), the CLOSE carries a hash
 /// that cannot match, so the server drops the part, and the upload fails (integrity).
-fn close_upload(c: &mut Client, up: &SharedUp) -> Result<()> {
+fn close_upload(c: &mut Client, up: &SharedUp, progress: &dyn Progress) -> Result<()> {
     let mut blake3 = up.hash()?;
     let changed = match &up.file {
         Some((f, stamp)) => stamp.check(f, &up.path).err(),
@@ -382,6 +382,7 @@ fn close_upload(c: &mut Client, up: &SharedUp) -> Result<()> {
         Msg::Ok { .. } => {
             c.stats.files += 1;
             c.stats.bytes += up.size;
+            progress.file_done();
             Ok(())
         }
         Msg::Error { code, message, .. } => Err(remote_err(code, &message)),

@@ -9,7 +9,6 @@ use crate::link::{BlockSender, BlockWriter, Digest, Link, Source, Span};
 use crate::mem::{Virtual, MEM_ROOT};
 use crate::proto::{Entry, EntryKind, ErrorCode, Msg};
 use crate::session::{Session, Upload};
-use ferry_service::hash::hash_file;
 use ferry_service::stamp::Stamp;
 use ferry_service::sumcache::{self, Reading};
 use std::cell::RefCell;
@@ -276,28 +275,33 @@ impl Server {
     /// changed while it was (such a hash matches no version of it).
     pub(super) fn sum(&self, link: &mut Link, tx: &mut BlockSender, path: &str) -> Result<()> {
         let epoch = sumcache::epoch();
-        let found = self
-            .roots
-            .open_read(path)
-            .map_err(Refusal::from)
-            .and_then(|(f, st)| {
-                let size = st.st_size as u64;
-                let io = |e: String| refuse(ErrorCode::Io, e);
-                let held = Held::new(&f, &st, epoch, self.cfg.checksum_cache, path)
-                    .map_err(|e| io(e.msg))?;
-                if let Some(hash) = held.cached() {
-                    return Ok((size, hash));
-                }
-                let changed = |e: XferError| refuse(ErrorCode::Integrity, e.msg);
-                // A read cut short by a truncation is a changed file, not a disk error.
-                let hash = hash_file(&f, size).map_err(|e| match held.check(path) {
-                    Err(c) => changed(c),
-                    Ok(()) => io(format!("{path}: {e}")),
-                })?;
-                held.check(path).map_err(changed)?;
-                held.store(&hash);
-                Ok((size, hash))
-            });
+        let found =
+            self.roots
+                .open_read(path)
+                .map_err(Refusal::from)
+                .and_then(|(f, st)| {
+                    let size = st.st_size as u64;
+                    let io = |e: String| refuse(ErrorCode::Io, e);
+                    let held = Held::new(&f, &st, epoch, self.cfg.checksum_cache, path)
+                        .map_err(|e| io(e.msg))?;
+                    if let Some(hash) = held.cached() {
+                        return Ok((size, hash));
+                    }
+                    let changed = |e: XferError| refuse(ErrorCode::Integrity, e.msg);
+                    // A read cut short by a truncation is a changed file, not a disk error.
+                    // A resumed download waits for this answer before its first block:
+                    // hashed on every core there is.
+                    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+                    let hash = ferry_service::tree::hash_file_parallel(&f, size, threads).map_err(
+                        |e| match held.check(path) {
+                            Err(c) => changed(c),
+                            Ok(()) => io(format!("{path}: {e}")),
+                        },
+                    )?;
+                    held.check(path).map_err(changed)?;
+                    held.store(&hash);
+                    Ok((size, hash))
+                });
         let mut conv = Responder::new(false, GET_PIECE);
         conv.sum(found);
         self.answer(link, tx, &mut conv, path, None)

@@ -344,6 +344,7 @@ impl Dest<'_> {
         if s.choose_direct(&p.file, server.cfg.direct) {
             tracing::debug!("{path}: writing with direct I/O");
         }
+        s.hash_held_behind(&p.file);
         (*part, *sink) = (Some(p), Some(Box::new(s)));
         Ok(offset)
     }
