@@ -84,10 +84,18 @@ fn threads_on() {
     assert!(staging_threads());
 }
 
+/// A path in the temporary directory no other test of this process uses: tests run in
+/// parallel, and two drivers' runs of one test name their files alike.
+fn scratch_path(name: &str) -> std::path::PathBuf {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    std::env::temp_dir().join(format!("ferry-ring-{name}-{}-{n}", std::process::id()))
+}
+
 /// A source file of `len` pattern bytes (already unlinked) and its bytes.
 fn source(len: usize, name: &str) -> (std::fs::File, Vec<u8>) {
     let data = pattern(len);
-    let path = std::env::temp_dir().join(format!("ferry-ring-{name}-{}", std::process::id()));
+    let path = scratch_path(name);
     std::fs::write(&path, &data).expect("write the source");
     let file = std::fs::File::open(&path).expect("open the source");
     let _ = std::fs::remove_file(&path);
@@ -250,7 +258,7 @@ fn held_blocks_land(url: &str) {
 
 /// A new empty file under the temporary directory, already unlinked, open read-write.
 fn tempfile_in_tmp(name: &str) -> std::fs::File {
-    let path = std::env::temp_dir().join(format!("ferry-ring-{name}-{}", std::process::id()));
+    let path = scratch_path(name);
     let f = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
