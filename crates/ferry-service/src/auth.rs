@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::error::{Error, Kind, Result};
-pub use crate::rights::{Rights, Scope};
+pub use crate::rights::{Principal, Rights, Scope};
 
 /// Tokens shorter than this draw a warning: a guessable secret protects nothing.
 pub const MIN_TOKEN_LEN: usize = 16;
@@ -50,36 +50,7 @@ pub struct AuthConfig {
     pub grants: crate::grants::Grants,
 }
 
-/// Who a connection authenticated as, and what it may do: what the audit log names and the
-/// faces enforce.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Principal {
-    /// Names the credential without revealing it: `key SHA256:...`, `token 0123abcd...`
-    /// (its identifier, [`crate::secure::token_id`]) or `anonymous`.
-    pub id: String,
-    /// What it may do.
-    pub rights: Rights,
-}
-
 impl Principal {
-    /// A client without a credential on a server that lets anonymous clients in (reading
-    /// only unless `write`).
-    pub fn anonymous(write: bool) -> Principal {
-        Principal {
-            id: "anonymous".into(),
-            rights: Rights {
-                roots: None,
-                read_only: !write,
-                scope: None,
-            },
-        }
-    }
-
-    /// Whether this is an anonymous client (no credential).
-    pub fn is_anonymous(&self) -> bool {
-        self.id == "anonymous"
-    }
-
     /// The holder of `token`, with the rights its token-file line gives.
     pub fn token(auth: &AuthConfig, token: &str) -> Principal {
         Principal {

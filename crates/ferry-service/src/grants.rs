@@ -20,9 +20,8 @@ use std::time::{Duration, Instant};
 
 use ring::rand::{SecureRandom, SystemRandom};
 
-use crate::auth::Principal;
 use crate::error::{Error, Kind, Result};
-use crate::rights::{Rights, Scope};
+use crate::rights::{Principal, Rights, Scope};
 
 /// A grant's life when the client asks for none.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(60);

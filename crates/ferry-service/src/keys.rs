@@ -66,7 +66,7 @@ impl ClientKey {
         Ok(ClientKey { pair })
     }
 
-    /// The key pair whose 32-byte secret is `seed` (a grant's, [`crate::grants`]).
+    /// The key pair whose 32-byte secret is `seed` (a grant's: the grants module).
     pub fn from_seed(seed: &[u8; 32]) -> Result<ClientKey> {
         let pair = Ed25519KeyPair::from_seed_unchecked(seed)
             .map_err(|_| Error::new(Kind::Usage, "not an Ed25519 seed"))?;

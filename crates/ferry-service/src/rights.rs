@@ -1,10 +1,10 @@
 //! What a credential may do (a token's or a key's options): which roots it sees and
 //! whether it may write there. Its own module so that the authorized-keys reader
-//! ([`crate::keys`]) and the credential check ([`crate::auth`]) both use it without
+//! (the keys module) and the credential check (the auth module) both use it without
 //! importing each other.
 
 /// What one credential may do: which roots it sees, and whether it may write there.
-/// Enforced where a face resolves a path ([`crate::roots::Roots::permit`]), on top of the
+/// Enforced where a face resolves a path (`Roots::permit` in the roots module), on top of the
 /// roots' own read-only setting.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Rights {
@@ -12,7 +12,7 @@ pub struct Rights {
     pub roots: Option<Vec<String>>,
     /// Reading only: uploads, removals and new directories are refused.
     pub read_only: bool,
-    /// A grant's limit ([`crate::grants`]): the one path or tree it may write, and nothing
+    /// A grant's limit (the grants module): the one path or tree it may write, and nothing
     /// else (no reads); `None` for keys, tokens and anonymous clients.
     pub scope: Option<Scope>,
 }
@@ -95,6 +95,37 @@ impl Rights {
             }
         }
         Ok(rights)
+    }
+}
+
+/// Who a connection authenticated as, and what it may do: what the audit log names and the
+/// faces enforce.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    /// Names the credential without revealing it: `key SHA256:...`, `token 0123abcd...`
+    /// (its identifier, `crate::secure::token_id`) or `anonymous`.
+    pub id: String,
+    /// What it may do.
+    pub rights: Rights,
+}
+
+impl Principal {
+    /// A client without a credential on a server that lets anonymous clients in (reading
+    /// only unless `write`).
+    pub fn anonymous(write: bool) -> Principal {
+        Principal {
+            id: "anonymous".into(),
+            rights: Rights {
+                roots: None,
+                read_only: !write,
+                scope: None,
+            },
+        }
+    }
+
+    /// Whether this is an anonymous client (no credential).
+    pub fn is_anonymous(&self) -> bool {
+        self.id == "anonymous"
     }
 }
 

@@ -11,11 +11,11 @@ use std::sync::Arc;
 use rustix::fs::{Access, AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 
-use crate::auth::Rights;
 use crate::beneath::{mkdir_in, open_beneath, open_dir_beneath};
 use crate::error::{refuse, Denial, Error, PResult, Refusal, Result};
 use crate::journal::{journal_name, Ident, Journal};
 use crate::landing::{open_part, Found, OpenHow, Progress};
+use crate::rights::Rights;
 
 /// An exported directory, held open.
 struct Root {
