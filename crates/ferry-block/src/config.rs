@@ -70,6 +70,13 @@ pub struct BlockConfig {
     /// The private key (PEM) of [`BlockConfig::tls_certificate`].
     #[serde(default)]
     pub tls_key: Option<PathBuf>,
+    /// The RMA path: chunks registered and delegated to each session (its credits, the
+    /// requests it may have in flight).
+    #[serde(default = "defaults::pool_chunks")]
+    pub pool_chunks: u16,
+    /// The RMA path: bytes per chunk, the largest request (`"1MiB"` or a number of bytes).
+    #[serde(default = "defaults::chunk_size", deserialize_with = "size_u32")]
+    pub chunk_size: u32,
 }
 
 /// The admission defaults: the service floor's (`[limits]` of file transfer).
@@ -87,6 +94,13 @@ mod defaults {
     }
     pub fn handshake_timeout() -> f64 {
         LimitsConfig::default().handshake_timeout
+    }
+    /// 16 chunks of 1 MiB: 1 MiB requests at queue depth 16.
+    pub fn pool_chunks() -> u16 {
+        16
+    }
+    pub fn chunk_size() -> u32 {
+        1 << 20
     }
 }
 
@@ -221,6 +235,8 @@ impl Default for BlockConfig {
             handshake_timeout: defaults::handshake_timeout(),
             tls_certificate: None,
             tls_key: None,
+            pool_chunks: defaults::pool_chunks(),
+            chunk_size: defaults::chunk_size(),
         }
     }
 }
@@ -277,6 +293,7 @@ impl BlockConfig {
         for a in &self.listen {
             ListenAddr::parse(a)?;
         }
+        check_pool(self.pool_chunks, self.chunk_size)?;
         if self.exports.is_empty() {
             return usage(
                 "[block] exports nothing: add a [[block.export]] with name and path (or memory)"
@@ -302,6 +319,24 @@ impl BlockConfig {
         }
         Ok(())
     }
+}
+
+/// The RMA path's pool within the protocol's bounds.
+fn check_pool(chunks: u16, chunk_size: u32) -> Result<()> {
+    use crate::deleg::proto::{MAX_CHUNK, MAX_CHUNKS, MIN_CHUNK};
+    if chunks == 0 || chunks > MAX_CHUNKS {
+        return usage(format!(
+            "[block] pool_chunks = {chunks}: give 1 to {MAX_CHUNKS} chunks per session"
+        ));
+    }
+    if !(MIN_CHUNK..=MAX_CHUNK).contains(&chunk_size) {
+        return usage(format!(
+            "[block] chunk_size = {chunk_size}: give {} KiB to {} MiB",
+            MIN_CHUNK >> 10,
+            MAX_CHUNK >> 20
+        ));
+    }
+    Ok(())
 }
 
 fn check_export(e: &ExportConfig) -> Result<()> {
@@ -343,6 +378,12 @@ fn size_opt<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Optio
         Size::Bytes(n) => Ok(Some(n)),
         Size::Text(t) => parse_size(&t).map(Some).map_err(serde::de::Error::custom),
     }
+}
+
+/// A size in bytes (`"1MiB"` or a number) that fits 32 bits.
+fn size_u32<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<u32, D::Error> {
+    let n = size_opt(d)?.unwrap_or(0);
+    u32::try_from(n).map_err(|_| serde::de::Error::custom(format!("{n} bytes is too large")))
 }
 
 #[cfg(test)]
@@ -439,5 +480,27 @@ mod tests {
         let e = BlockConfig::from_toml("max_connections = 0\n[[export]]\nname = \"a\"\nmemory = 5")
             .unwrap_err();
         assert!(e.msg.contains("[block] max_connections"), "{}", e.msg);
+    }
+
+    #[test]
+    fn the_rma_pool_is_configured_and_checked() {
+        let c = BlockConfig::from_toml("[[export]]\nname = \"a\"\nmemory = 5").unwrap();
+        assert_eq!((c.pool_chunks, c.chunk_size), (16, 1 << 20));
+        let c = BlockConfig::from_toml(
+            "pool_chunks = 32\nchunk_size = \"256KiB\"\n[[export]]\nname = \"a\"\nmemory = 5",
+        )
+        .unwrap();
+        assert_eq!((c.pool_chunks, c.chunk_size), (32, 256 << 10));
+        for (t, needle) in [
+            ("pool_chunks = 0", "pool_chunks = 0"),
+            ("pool_chunks = 257", "1 to 256"),
+            ("chunk_size = 100", "chunk_size = 100"),
+            ("chunk_size = \"32MiB\"", "4 KiB to 16 MiB"),
+            ("chunk_size = \"8GiB\"", "too large"),
+        ] {
+            let e = BlockConfig::from_toml(&format!("{t}\n[[export]]\nname = \"a\"\nmemory = 5"))
+                .unwrap_err();
+            assert!(e.msg.contains(needle), "{t}: {}", e.msg);
+        }
     }
 }

@@ -1,8 +1,9 @@
 //! The block face's RMA path over real fabric connections on loopback (native tcp, ofi+tcp,
 //! ofi+shm), hosted by the service floor in this process: every scheme writes and reads
 //! back the same bytes, FLUSH/TRIM/WRITE_ZEROES work, a key rotated after every I/O keeps
-//! working, and a client naming a chunk that is not its own loses its session while
-//! another client's goes on.
+//! working, a session shared by threads keeps many writes in flight (run at once by the
+//! server) with reads and FLUSHes between them, and a client naming a chunk that is not its
+//! own loses its session while another client's goes on.
 
 #[path = "common/mod.rs"]
 mod common;
@@ -65,6 +66,11 @@ fn server(tag: &str, path: &std::path::Path, pool: PoolConfig) -> Vec<String> {
         export("mem", Arc::new(MemoryBackend::new(SIZE))),
         export("file", Arc::new(file)),
     ];
+    server_with(tag, exports, pool)
+}
+
+/// A floor hosting the block face over `exports`, as [`server`].
+fn server_with(tag: &str, exports: Vec<Export>, pool: PoolConfig) -> Vec<String> {
     let auth = AuthConfig {
         tokens: vec!["tok".into()],
         anonymous: false,
@@ -129,7 +135,7 @@ fn every_scheme_round_trips_on_every_driver() {
         for (i, (scheme, read)) in schemes.into_iter().enumerate() {
             for name in ["mem", "file"] {
                 let what = format!("{addr} {name} {scheme:?} {read:?}");
-                let mut c = Client::connect(addr, &opts(name, scheme, read)).expect(&what);
+                let c = Client::connect(addr, &opts(name, scheme, read)).expect(&what);
                 assert_eq!(c.size(), SIZE);
                 // More than the pool holds, not chunk-aligned: pipelined and split.
                 let data = pattern(3 << 20 | 123, i as u8);
@@ -155,6 +161,111 @@ fn every_scheme_round_trips_on_every_driver() {
     let _ = std::fs::remove_file(path);
 }
 
+/// A file backend that counts the writes under way at once (each held a moment, so
+/// writes that may overlap do).
+struct Overlap {
+    file: FileBackend,
+    now: std::sync::atomic::AtomicUsize,
+    most: std::sync::atomic::AtomicUsize,
+}
+
+impl Backend for Overlap {
+    fn size(&self) -> u64 {
+        self.file.size()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.file.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> std::io::Result<()> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let n = self.now.fetch_add(1, SeqCst) + 1;
+        self.most.fetch_max(n, SeqCst);
+        std::thread::sleep(Duration::from_millis(2));
+        let r = self.file.write_at(buf, offset, fua);
+        self.now.fetch_sub(1, SeqCst);
+        r
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.file.flush()
+    }
+    fn trim(&self, offset: u64, len: u64, fua: bool) -> std::io::Result<()> {
+        self.file.trim(offset, len, fua)
+    }
+    fn write_zeroes(
+        &self,
+        offset: u64,
+        len: u64,
+        how: ferry_block::backend::Zeroing,
+    ) -> std::io::Result<()> {
+        self.file.write_zeroes(offset, len, how)
+    }
+    fn extents(&self, offset: u64, len: u64) -> std::io::Result<Vec<ferry_block::backend::Extent>> {
+        self.file.extents(offset, len)
+    }
+}
+
+/// One session shared by threads keeps many writes in flight: the server runs them at
+/// once (not one after another), reads and FLUSHes interleaved with them see every byte
+/// written before, and after a FLUSH's reply the backing file holds them.
+#[test]
+fn many_writes_in_flight_with_reads_and_flushes() {
+    let path = backing("inflight");
+    let overlap = Arc::new(Overlap {
+        file: FileBackend::open(&path, false, false).unwrap(),
+        now: Default::default(),
+        most: Default::default(),
+    });
+    let pool = PoolConfig {
+        chunks: 8,
+        chunk_size: 64 << 10,
+    };
+    let addrs = server_with("inflight", vec![export("file", overlap.clone())], pool);
+    const THREADS: usize = 6;
+    const REGION: usize = 1 << 20;
+    for (k, addr) in addrs.iter().enumerate() {
+        let o = opts("file", Scheme::Delegated, ReadMode::ServerWrite);
+        let c = Client::connect(addr, &o).expect(addr);
+        overlap.most.store(0, std::sync::atomic::Ordering::SeqCst);
+        std::thread::scope(|s| {
+            for t in 0..THREADS {
+                let (c, path) = (&c, &path);
+                s.spawn(move || {
+                    let base = ((k * THREADS + t) * REGION) as u64;
+                    let data = pattern(REGION, (k * THREADS + t) as u8);
+                    // Pieces of uneven sizes, each a few chunks: requests of several
+                    // threads in flight together.
+                    let mut at = 0;
+                    let mut round = 0;
+                    while at < REGION {
+                        let n = (100_000 + 37_000 * round).min(REGION - at);
+                        c.write_at(base + at as u64, &data[at..at + n], false)
+                            .expect(addr);
+                        at += n;
+                        round += 1;
+                        let mut back = vec![0; at];
+                        c.read_at(base, &mut back).expect(addr);
+                        assert!(back == data[..at], "{addr} thread {t}: read back differs");
+                        if round % 2 == 0 {
+                            c.flush().expect(addr);
+                            let mut f = std::fs::File::open(path).unwrap();
+                            let mut disk = vec![0; at];
+                            use std::io::{Read, Seek};
+                            f.seek(std::io::SeekFrom::Start(base)).unwrap();
+                            f.read_exact(&mut disk).unwrap();
+                            assert!(disk == data[..at], "{addr} thread {t}: not in the file");
+                        }
+                    }
+                });
+            }
+        });
+        c.flush().expect(addr);
+        let most = overlap.most.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(most > 1, "{addr}: the server ran one write at a time");
+        c.close();
+    }
+    let _ = std::fs::remove_file(path);
+}
+
 /// A copy-scheme session whose first request is a whole-chunk READ: its reply is the
 /// largest message, and must not land in the buffer DELEGATE came in.
 #[test]
@@ -163,7 +274,7 @@ fn a_first_read_of_a_whole_chunk_fits() {
     let addrs = server("first-read", &path, PoolConfig::default());
     for addr in &addrs {
         for scheme in [Scheme::Copy, Scheme::Delegated] {
-            let mut c = Client::connect(addr, &opts("mem", scheme, ReadMode::ServerWrite)).unwrap();
+            let c = Client::connect(addr, &opts("mem", scheme, ReadMode::ServerWrite)).unwrap();
             let mut buf = vec![1u8; 4 << 20];
             c.read_at(0, &mut buf).expect(addr);
             assert!(buf.iter().all(|b| *b == 0), "{addr}");
@@ -187,7 +298,7 @@ fn always_invalidate_rotates_keys_and_keeps_working() {
         for read in [ReadMode::ServerFill, ReadMode::ServerWrite] {
             let mut o = opts("mem", Scheme::Delegated, read);
             o.always_invalidate = true;
-            let mut c = Client::connect(addr, &o).expect(addr);
+            let c = Client::connect(addr, &o).expect(addr);
             let data = pattern(1 << 20, 3);
             c.write_at(0, &data, true).expect(addr);
             let mut back = vec![0; data.len()];
@@ -231,7 +342,7 @@ fn a_forged_chunk_ends_that_session_only() {
         },
     );
     for addr in &addrs {
-        let mut good =
+        let good =
             Client::connect(addr, &opts("mem", Scheme::Delegated, ReadMode::ServerFill)).unwrap();
         good.write_at(0, &pattern(100_000, 9), false).unwrap();
         let forgeries = [

@@ -288,7 +288,7 @@ fn faces(
                 exports,
                 auth,
                 admission,
-                ferry_block::deleg::server::PoolConfig::default(),
+                block.map_or_else(Default::default, ferry_block::deleg::server::PoolConfig::of),
             );
             daemon.add_service(ferry_block::deleg::SERVICE, Arc::new(face))?;
         }

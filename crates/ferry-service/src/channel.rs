@@ -383,6 +383,12 @@ impl Channel {
         &self.sock
     }
 
+    /// The queue the socket's events go to (a thread waiting in a receive is woken early
+    /// by its [`EventQueue::wake`]).
+    pub fn queue(&self) -> &EventQueue {
+        &self.q
+    }
+
     /// Posts receive buffers until `count` are outstanding, each `size` bytes (the first
     /// call fixes the size; later messages must fit it).
     pub fn post_ring(&mut self, count: usize, size: usize) -> Result<()> {

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, Result};
 use ferry_block::backend::memory::MemoryBackend;
 use ferry_block::config::ExportConfig;
-use ferry_block::deleg::attach::RemoteBackend;
+use ferry_block::deleg::attach::{RemoteBackend, DEFAULT_SESSIONS};
 use ferry_block::deleg::client::{Client, Options};
 use ferry_block::deleg::proto::{ReadMode, Scheme};
 use ferry_block::deleg::server::{FabricService, PoolConfig};
@@ -213,7 +213,7 @@ fn row(client: &str, path: &str, transport: &str, w: &Workload) -> BlockRow {
 /// GB/s of the direct client streaming `w` over the region for `secs` (its requests are
 /// pipelined up to the server's credits: QD 16 with the default pool).
 fn direct(addr: &str, way: &Way, w: &Workload, region: u64, secs: f64) -> Result<f64> {
-    let mut c = Client::connect(addr, &options(way))?;
+    let c = Client::connect(addr, &options(way))?;
     let call = (64u64 << 20).min(region);
     let mut buf = vec![0x5au8; call as usize];
     let (start, mut bytes, mut at) = (Instant::now(), 0u64, 0u64);
@@ -245,7 +245,7 @@ fn attached(
     dir: &Path,
     out: &Path,
 ) -> Result<f64> {
-    let remote = RemoteBackend::connect(addr, &options(way), 4)?;
+    let remote = RemoteBackend::connect(addr, &options(way), DEFAULT_SESSIONS)?;
     let sock = dir.join(format!("attach-{}.sock", way.path));
     let _ = std::fs::remove_file(&sock);
     let cfg = ExportConfig::memory("mem", region);

@@ -1,42 +1,44 @@
 //! `ferry block attach`: an export of a remote `ferry serve`, reached over the RMA path,
 //! served to local NBD clients (fio, nbdcopy, qemu-img, nbdfuse) by the NBD server of this
 //! crate. [`RemoteBackend`] is the [`Backend`] it serves: every call goes to one of a few
-//! sessions ([`Client`]s) with the remote export, so the NBD server's concurrent requests
-//! stay concurrent on the fabric.
+//! sessions ([`Client`]s) with the remote export, each shared by the NBD server's workers,
+//! so their requests stay in flight together on the fabric (up to each session's credits).
 
 use std::io;
-use std::sync::{Condvar, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use ferry_service::Kind;
 
 use super::client::{Client, Options};
 use crate::backend::{Backend, Extent, Zeroing};
 
-/// Sessions an attachment opens by default: the NBD server's workers each get one.
+/// Sessions an attachment opens by default: each keeps up to its credits (16 with the
+/// default pool) requests in flight, and each is served by a thread and a few workers of
+/// the remote server.
 pub const DEFAULT_SESSIONS: usize = 4;
 
 /// A remote export as a local backend.
 pub struct RemoteBackend {
     size: u64,
     readonly: bool,
-    /// Sessions not in use.
-    idle: Mutex<Vec<Client>>,
-    returned: Condvar,
+    sessions: Vec<Client>,
+    /// The session the next call starts looking at (round robin).
+    next: AtomicUsize,
 }
 
 impl RemoteBackend {
     /// Opens `sessions` sessions (at least one) with the export at `addr` as `opts` says.
     pub fn connect(addr: &str, opts: &Options, sessions: usize) -> ferry_service::Result<Self> {
-        let mut idle = Vec::new();
+        let mut all = Vec::new();
         for _ in 0..sessions.max(1) {
-            idle.push(Client::connect(addr, opts)?);
+            all.push(Client::connect(addr, opts)?);
         }
-        let (size, readonly) = (idle[0].size(), idle[0].readonly());
+        let (size, readonly) = (all[0].size(), all[0].readonly());
         Ok(RemoteBackend {
             size,
             readonly,
-            idle: Mutex::new(idle),
-            returned: Condvar::new(),
+            sessions: all,
+            next: AtomicUsize::new(0),
         })
     }
 
@@ -45,36 +47,21 @@ impl RemoteBackend {
         self.readonly
     }
 
-    /// Runs `f` on an idle session, waiting for one if all are busy. A session that fails
-    /// at the connection level is dropped; the call fails, and so will the next ones once
-    /// none is left.
-    fn with<R>(&self, f: impl FnOnce(&mut Client) -> ferry_service::Result<R>) -> io::Result<R> {
-        let mut c = {
-            let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-            loop {
-                if let Some(c) = idle.pop() {
-                    break c;
-                }
-                let (g, timeout) = self
-                    .returned
-                    .wait_timeout(idle, std::time::Duration::from_secs(60))
-                    .unwrap_or_else(|p| p.into_inner());
-                idle = g;
-                if timeout.timed_out() && idle.is_empty() {
-                    return Err(io::Error::new(
-                        io::ErrorKind::NotConnected,
-                        "no session with the remote export is left",
-                    ));
-                }
-            }
+    /// Runs `f` on the next session that is not broken (round robin). A session that broke
+    /// at the connection level is passed over from then on; the call fails once none is left.
+    fn with<R>(&self, f: impl FnOnce(&Client) -> ferry_service::Result<R>) -> io::Result<R> {
+        let n = self.sessions.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        let Some(c) = (0..n)
+            .map(|i| &self.sessions[(start + i) % n])
+            .find(|c| !c.is_broken())
+        else {
+            return Err(io::Error::new(
+                io::ErrorKind::NotConnected,
+                "no session with the remote export is left",
+            ));
         };
-        let r = f(&mut c);
-        let broken = matches!(&r, Err(e) if e.kind == Kind::Connection);
-        if !broken {
-            self.idle.lock().unwrap_or_else(|p| p.into_inner()).push(c);
-            self.returned.notify_one();
-        }
-        r.map_err(to_io)
+        f(c).map_err(to_io)
     }
 }
 

@@ -1,17 +1,20 @@
 //! The Rust API of the block fabric path: a session with one export of a `ferry serve`,
 //! reads and writes at offsets, flush, trim, zeroes.
 //!
-//! A call's bytes are cut into requests of at most the delegated chunk size and kept
-//! in flight up to the server's credits (queue depth), so one large call is a pipelined
-//! sequential stream. Under delegation a write copies into the chunk's local staging
-//! buffer, RMA-writes it into the server's chunk, then names the chunk; a read has the
-//! server fill the chunk and RMA-reads it back ([`ReadMode::ServerFill`]), or names the
-//! staging buffer, which the server RMA-writes ([`ReadMode::ServerWrite`]).
+//! A [`Client`] is shared by many threads (`&self`): each call is cut into requests of at
+//! most the delegated chunk size, and every request of every caller is kept in flight up to
+//! the server's credits (queue depth), one chunk each. The caller's thread stages its own
+//! data (a write copies into the chunk's local staging buffer; a read copies out of it); a
+//! driver thread, the session's only user of the connection, posts the RMAs, sends the
+//! requests and matches the replies, in any order, by handle. Under delegation a write
+//! RMA-writes the staging buffer into the server's chunk, then names the chunk; a read has
+//! the server fill the chunk and RMA-reads it back ([`ReadMode::ServerFill`]), or names
+//! the staging buffer, which the server RMA-writes ([`ReadMode::ServerWrite`]).
 //!
 //! ```no_run
 //! use ferry_block::deleg::client::{Client, Options};
 //! # fn run() -> ferry_service::Result<()> {
-//! let mut c = Client::connect("ofi+shm://ferry", &Options::new("disk"))?;
+//! let c = Client::connect("ofi+shm://ferry", &Options::new("disk"))?;
 //! c.write_at(0, &[7u8; 1 << 20], false)?;
 //! let mut back = vec![0u8; 1 << 20];
 //! c.read_at(0, &mut back)?;
@@ -19,8 +22,10 @@
 //! # Ok(()) }
 //! ```
 
-use std::collections::HashMap;
-use std::time::Duration;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use ferry_exs::proto::EventKind;
 use ferry_exs::runtime::{EventQueue, ExsBuf};
@@ -71,48 +76,72 @@ impl Options {
 /// measured (`docs/block.md`, "The RDMA path").
 pub const DEFAULT_READ: ReadMode = ReadMode::ServerWrite;
 
-/// What a request in flight waits for.
-#[derive(Debug, Clone, Copy)]
-enum Op {
-    /// A write (its slot is freed by the reply).
-    Write { slot: u16 },
-    /// A read into `dst[at..at + len]` through slot `slot`.
-    Read { slot: u16, at: usize, len: usize },
-    /// FLUSH, TRIM, WRITE_ZEROES.
-    Plain { slot: u16 },
+/// One request a caller hands to the driver (its slot taken, its write data staged).
+#[derive(Debug)]
+struct Submit {
+    ticket: u64,
+    slot: u16,
+    cmd: Cmd,
+    flags: u8,
+    offset: u64,
+    len: u32,
+    /// A WRITE's bytes under the copy scheme.
+    inline: Option<Vec<u8>>,
 }
 
-/// What an RMA of the client's waits to do once complete.
-#[derive(Debug, Clone, Copy)]
-enum Rma {
-    /// The write's data is in the chunk: send the WRITE.
-    Written { offset: u64, len: u32, fua: bool },
-    /// The chunk's data is in the staging buffer: copy it to `dst[at..]`.
-    Read { at: usize, len: usize },
+/// What a request ended with: a copy-scheme READ's bytes, or nothing.
+type Outcome = Result<Option<Vec<u8>>>;
+
+/// What callers and the driver share.
+struct State {
+    slots: FirstFit,
+    /// Requests not yet picked up by the driver.
+    submitted: VecDeque<Submit>,
+    /// Requests finished, by ticket, until their caller takes the outcome.
+    done: HashMap<u64, Outcome>,
+    next_ticket: u64,
+    /// Why the session broke (every call fails from then on).
+    broken: Option<Error>,
+    /// The client is closing: the driver ends once nothing is in flight.
+    closing: bool,
 }
 
-/// A session with one export.
+struct Shared {
+    state: Mutex<State>,
+    /// Signalled when a slot is freed, a request finishes or the session breaks.
+    changed: Condvar,
+    /// Signalled when a request is submitted (or the client closes).
+    work: Condvar,
+    /// The connection's queue and the driver's RMA queue: woken on a submission, so the
+    /// driver, waiting on either, picks it up at once.
+    wake: [EventQueue; 2],
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn submit(&self, st: &mut State, s: Submit) {
+        st.submitted.push_back(s);
+        self.work.notify_one();
+        for q in &self.wake {
+            q.wake();
+        }
+    }
+}
+
+/// A session with one export, shareable by threads.
 pub struct Client {
-    ch: Channel,
-    /// Where this client's own RMAs complete.
-    rq: EventQueue,
+    shared: Arc<Shared>,
+    driver: Option<JoinHandle<()>>,
     size: u64,
     readonly: bool,
     chunk_size: u32,
     scheme: Scheme,
-    read: ReadMode,
-    /// The delegated chunks (their current keys).
-    chunks: Vec<RemoteSlice>,
-    /// One registered staging buffer per slot (absent while an RMA holds it).
-    staging: Vec<Option<ExsBuf>>,
-    /// The staging buffers' remote ranges (RTRS reads name them).
-    staging_remote: Vec<RemoteSlice>,
-    slots: FirstFit,
-    inflight: HashMap<u64, Op>,
-    rmas: HashMap<u16, Rma>,
-    next_handle: u64,
-    /// The first error a request of the current call got.
-    failed: Option<Error>,
+    /// One registered staging buffer per slot (delegated scheme).
+    staging: Arc<Vec<ExsBuf>>,
+    timeout: Duration,
 }
 
 impl Client {
@@ -172,55 +201,53 @@ impl Client {
                 Scheme::Delegated => 0,
             };
         ch.post_ring(slots, reply_max.max(2 * proto::MAX_TEXT + 64))?;
-        let mut c = Client {
-            rq: EventQueue::new().map_err(|e| Error::io("create event queue", &e))?,
+        let (staging, staging_remote) = match opts.scheme {
+            Scheme::Delegated => register_staging(&ch, slots, chunk_size, opts.read)?,
+            Scheme::Copy => (Vec::new(), Vec::new()),
+        };
+        let rq = EventQueue::new().map_err(|e| Error::io("create event queue", &e))?;
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                slots: FirstFit::new(slots),
+                submitted: VecDeque::new(),
+                done: HashMap::new(),
+                next_ticket: 1,
+                broken: None,
+                closing: false,
+            }),
+            changed: Condvar::new(),
+            work: Condvar::new(),
+            wake: [ch.queue().clone(), rq.clone()],
+        });
+        let staging = Arc::new(staging);
+        let driver = Driver {
             ch,
+            rq,
+            shared: shared.clone(),
+            scheme: opts.scheme,
+            read: opts.read,
+            chunk_size,
+            chunks,
+            staging: staging.clone(),
+            staging_remote,
+            inflight: HashMap::new(),
+            rmas: HashMap::new(),
+            next_handle: 1,
+        };
+        let driver = std::thread::Builder::new()
+            .name("ferry-block-client".into())
+            .spawn(move || driver.run())
+            .map_err(|e| Error::io("start the block client's driver", &e))?;
+        Ok(Client {
+            shared,
+            driver: Some(driver),
             size,
             readonly,
             chunk_size,
             scheme: opts.scheme,
-            read: opts.read,
-            chunks,
-            staging: Vec::new(),
-            staging_remote: Vec::new(),
-            slots: FirstFit::new(slots),
-            inflight: HashMap::new(),
-            rmas: HashMap::new(),
-            next_handle: 1,
-            failed: None,
-        };
-        if c.scheme == Scheme::Delegated {
-            c.register_staging(slots)?;
-        }
-        Ok(c)
-    }
-
-    /// One registered staging buffer per slot; under RTRS the server may write into them
-    /// (granted on this connection only).
-    fn register_staging(&mut self, slots: usize) -> Result<()> {
-        let rtrs = self.read == ReadMode::ServerWrite;
-        let access = if rtrs {
-            Access::REMOTE_WRITE
-        } else {
-            Access::LOCAL
-        };
-        let sock = self.ch.socket();
-        for _ in 0..slots {
-            let buf = sock
-                .alloc_with(self.chunk_size as usize, access)
-                .map_err(|e| Error::conn(format!("register a staging buffer: {e}")))?;
-            if rtrs {
-                sock.grant(&buf)
-                    .map_err(|e| Error::conn(format!("grant a staging buffer: {e}")))?;
-            }
-            let remote = buf
-                .region()
-                .remote(..)
-                .map_err(|e| Error::conn(format!("a staging buffer's range: {e}")))?;
-            self.staging.push(Some(buf));
-            self.staging_remote.push(remote);
-        }
-        Ok(())
+            staging,
+            timeout: opts.timeout,
+        })
     }
 
     /// The export's size in bytes.
@@ -238,51 +265,119 @@ impl Client {
         self.chunk_size
     }
 
-    /// Writes `data` at `offset`; with `fua`, durable when this returns.
-    pub fn write_at(&mut self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
-        self.check_range(offset, data.len() as u64)?;
-        let step = self.chunk_size as usize;
-        for (i, piece) in data.chunks(step).enumerate() {
-            let off = offset + (i * step) as u64;
-            let slot = self.take_slot(&mut [])?;
-            self.start_write(slot, off, piece, fua)?;
-        }
-        self.finish(&mut [])
+    /// Whether the session broke (its connection failed or the server ended it).
+    pub fn is_broken(&self) -> bool {
+        self.shared.lock().broken.is_some()
     }
 
-    /// Fills `buf` from `offset`.
-    pub fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> Result<()> {
+    /// Writes `data` at `offset`; with `fua`, durable when this returns.
+    pub fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
+        self.check_range(offset, data.len() as u64)?;
+        let flags = if fua { rflag::FUA } else { 0 };
+        let step = self.chunk_size as usize;
+        let mut tickets = Vec::with_capacity(data.len().div_ceil(step.max(1)));
+        let mut first_err = None;
+        for (i, piece) in data.chunks(step).enumerate() {
+            let slot = match self.take_slot() {
+                Ok(s) => s,
+                Err(e) => {
+                    first_err = Some(e);
+                    break;
+                }
+            };
+            let inline = match self.scheme {
+                Scheme::Copy => Some(piece.to_vec()),
+                Scheme::Delegated => {
+                    if let Err(e) = self.staging[usize::from(slot)].write_at(0, piece) {
+                        self.release(slot);
+                        first_err = Some(Error::conn(format!("stage a write: {e}")));
+                        break;
+                    }
+                    None
+                }
+            };
+            let off = offset + (i * step) as u64;
+            let len = piece.len() as u32;
+            tickets.push(self.submit(slot, Cmd::Write, flags, off, len, inline));
+        }
+        let r = self.wait_all(&tickets);
+        first_err.map_or(r, Err)
+    }
+
+    /// Fills `buf` from `offset`. Its requests stay in flight up to the free slots; each
+    /// finished one is copied out (its slot freed) before this call waits for another slot,
+    /// so a call longer than the pool never waits on itself.
+    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.check_range(offset, buf.len() as u64)?;
         let step = self.chunk_size as usize;
+        let mut pending = VecDeque::new();
+        let mut first_err = None;
         let mut at = 0;
-        while at < buf.len() {
-            let len = step.min(buf.len() - at);
-            let slot = self.take_slot(buf)?;
-            self.start_read(slot, offset + at as u64, at, len)?;
-            at += len;
+        while (at < buf.len() && first_err.is_none()) || !pending.is_empty() {
+            if at < buf.len() && first_err.is_none() {
+                match self.slot(pending.is_empty()) {
+                    Ok(Some(slot)) => {
+                        let len = step.min(buf.len() - at);
+                        let off = offset + at as u64;
+                        let t = self.submit(slot, Cmd::Read, 0, off, len as u32, None);
+                        pending.push_back((t, slot, at, len));
+                        at += len;
+                        continue;
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        first_err = Some(e);
+                        continue;
+                    }
+                }
+            }
+            let Some((t, slot, a, len)) = pending.pop_front() else {
+                break;
+            };
+            let r = self
+                .outcome(t)?
+                .and_then(|payload| self.copy_out(slot, payload, &mut buf[a..a + len]));
+            self.release(slot);
+            if let Err(e) = r {
+                first_err.get_or_insert(e);
+            }
         }
-        self.finish(buf)
+        first_err.map_or(Ok(()), Err)
     }
 
     /// Makes every acknowledged write durable.
-    pub fn flush(&mut self) -> Result<()> {
+    pub fn flush(&self) -> Result<()> {
         self.plain(Cmd::Flush, 0, 0, 0)
     }
 
     /// Discards `len` bytes at `offset` (a hint).
-    pub fn trim(&mut self, offset: u64, len: u32) -> Result<()> {
+    pub fn trim(&self, offset: u64, len: u32) -> Result<()> {
         self.plain(Cmd::Trim, offset, len, 0)
     }
 
     /// Makes `len` bytes at `offset` read as zeroes (a hole allowed unless `no_hole`).
-    pub fn write_zeroes(&mut self, offset: u64, len: u32, no_hole: bool) -> Result<()> {
+    pub fn write_zeroes(&self, offset: u64, len: u32, no_hole: bool) -> Result<()> {
         let flags = if no_hole { rflag::NO_HOLE } else { 0 };
         self.plain(Cmd::WriteZeroes, offset, len, flags)
     }
 
-    /// Closes the session.
-    pub fn close(self) {
-        self.ch.close();
+    /// Closes the session (after the requests in flight).
+    pub fn close(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        {
+            let mut st = self.shared.lock();
+            st.closing = true;
+            self.shared.work.notify_all();
+            for q in &self.shared.wake {
+                q.wake();
+            }
+        }
+        if let Some(d) = self.driver.take() {
+            let _ = d.join();
+        }
     }
 
     fn check_range(&self, offset: u64, len: u64) -> Result<()> {
@@ -299,71 +394,327 @@ impl Client {
         }
     }
 
-    fn plain(&mut self, cmd: Cmd, offset: u64, len: u32, flags: u8) -> Result<()> {
-        let slot = self.take_slot(&mut [])?;
-        self.send_request(cmd, flags, offset, len, Data::None, Op::Plain { slot })?;
-        self.finish(&mut [])
+    fn plain(&self, cmd: Cmd, offset: u64, len: u32, flags: u8) -> Result<()> {
+        let slot = self.take_slot()?;
+        let t = self.submit(slot, cmd, flags, offset, len, None);
+        self.wait_all(&[t])
     }
 
-    /// A free slot, waiting for requests in flight to finish while none is.
-    fn take_slot(&mut self, dst: &mut [u8]) -> Result<u16> {
+    /// A free slot (a request's credit and chunk), waiting while every one is in use.
+    fn take_slot(&self) -> Result<u16> {
         loop {
-            if let Some(s) = self.slots.alloc() {
+            if let Some(s) = self.slot(true)? {
                 return Ok(s);
             }
-            self.step(dst)?;
         }
     }
 
-    /// Waits for everything in flight, then reports the first error a request got.
-    fn finish(&mut self, dst: &mut [u8]) -> Result<()> {
-        while !self.inflight.is_empty() || !self.rmas.is_empty() {
-            self.step(dst)?;
-        }
-        match self.failed.take() {
-            Some(e) => Err(e),
-            None => Ok(()),
+    /// A free slot; `None` at once if every one is in use, unless `wait`.
+    fn slot(&self, wait: bool) -> Result<Option<u16>> {
+        let mut st = self.shared.lock();
+        loop {
+            if let Some(e) = &st.broken {
+                return Err(e.clone());
+            }
+            if let Some(s) = st.slots.alloc() {
+                return Ok(Some(s));
+            }
+            if !wait {
+                return Ok(None);
+            }
+            st = self.wait(st)?;
         }
     }
 
-    fn start_write(&mut self, slot: u16, offset: u64, piece: &[u8], fua: bool) -> Result<()> {
-        let len = piece.len() as u32;
-        if self.scheme == Scheme::Copy {
-            let flags = if fua { rflag::FUA } else { 0 };
-            let data = Data::Inline(piece.to_vec());
-            return self.send_request(Cmd::Write, flags, offset, len, data, Op::Write { slot });
-        }
-        let buf = self.staging_buf(slot)?;
-        buf.write_at(0, piece)
-            .map_err(|e| Error::conn(format!("stage a write: {e}")))?;
-        self.post_rma(slot, true, buf, len, Rma::Written { offset, len, fua })
+    fn release(&self, slot: u16) {
+        self.shared.lock().slots.release(slot);
+        self.shared.changed.notify_all();
     }
 
-    fn start_read(&mut self, slot: u16, offset: u64, at: usize, len: usize) -> Result<()> {
-        let op = Op::Read { slot, at, len };
-        let n = len as u32;
+    fn submit(
+        &self,
+        slot: u16,
+        cmd: Cmd,
+        flags: u8,
+        offset: u64,
+        len: u32,
+        inline: Option<Vec<u8>>,
+    ) -> u64 {
+        let mut st = self.shared.lock();
+        let ticket = st.next_ticket;
+        st.next_ticket += 1;
+        let s = Submit {
+            ticket,
+            slot,
+            cmd,
+            flags,
+            offset,
+            len,
+            inline,
+        };
+        self.shared.submit(&mut st, s);
+        ticket
+    }
+
+    /// Waits for a change (a slot, a finished request), no longer than the session's
+    /// timeout (the driver itself gives up on a silent server).
+    fn wait<'a>(&self, st: MutexGuard<'a, State>) -> Result<MutexGuard<'a, State>> {
+        let (st, to) = self
+            .shared
+            .changed
+            .wait_timeout(st, self.timeout + Duration::from_secs(1))
+            .unwrap_or_else(|p| p.into_inner());
+        if to.timed_out() && st.broken.is_none() {
+            return Err(Error::conn("the block client's driver stopped answering"));
+        }
+        Ok(st)
+    }
+
+    /// Waits for every ticket of a call; the first error once all are done.
+    fn wait_all(&self, tickets: &[u64]) -> Result<()> {
+        let mut first_err = None;
+        for t in tickets {
+            if let Err(e) = self.outcome(*t)? {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// Waits for a ticket's outcome (`Err` outside: the session stopped answering).
+    fn outcome(&self, ticket: u64) -> Result<Outcome> {
+        let mut st = self.shared.lock();
+        loop {
+            if let Some(o) = st.done.remove(&ticket) {
+                return Ok(o);
+            }
+            st = self.wait(st)?;
+        }
+    }
+
+    /// A finished READ's bytes into `out`: from the reply (copy scheme) or the staging buffer.
+    fn copy_out(&self, slot: u16, payload: Option<Vec<u8>>, out: &mut [u8]) -> Result<()> {
+        match (self.scheme, payload) {
+            (Scheme::Copy, Some(p)) if p.len() == out.len() => {
+                out.copy_from_slice(&p);
+                Ok(())
+            }
+            (Scheme::Copy, _) => Err(Error::conn("a READ's reply is not its length")),
+            (Scheme::Delegated, _) => {
+                let b = &self.staging[usize::from(slot)];
+                b.buffer().read_at(b.offset(), out);
+                Ok(())
+            }
+        }
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// One registered staging buffer per slot and their remote ranges; under RTRS the server
+/// may write into them (granted on this connection only).
+fn register_staging(
+    ch: &Channel,
+    slots: usize,
+    chunk_size: u32,
+    read: ReadMode,
+) -> Result<(Vec<ExsBuf>, Vec<RemoteSlice>)> {
+    let rtrs = read == ReadMode::ServerWrite;
+    let access = if rtrs {
+        Access::REMOTE_WRITE
+    } else {
+        Access::LOCAL
+    };
+    let sock = ch.socket();
+    let (mut bufs, mut remotes) = (Vec::new(), Vec::new());
+    for _ in 0..slots {
+        let buf = sock
+            .alloc_with(chunk_size as usize, access)
+            .map_err(|e| Error::conn(format!("register a staging buffer: {e}")))?;
+        if rtrs {
+            sock.grant(&buf)
+                .map_err(|e| Error::conn(format!("grant a staging buffer: {e}")))?;
+        }
+        let remote = buf
+            .region()
+            .remote(..)
+            .map_err(|e| Error::conn(format!("a staging buffer's range: {e}")))?;
+        bufs.push(buf);
+        remotes.push(remote);
+    }
+    Ok((bufs, remotes))
+}
+
+/// What a request in flight waits for.
+#[derive(Debug, Clone, Copy)]
+struct Op {
+    ticket: u64,
+    slot: u16,
+    cmd: Cmd,
+    len: u32,
+}
+
+/// What an RMA of the driver's waits to do once complete.
+#[derive(Debug)]
+enum Rma {
+    /// The write's data is in the chunk: send the WRITE.
+    Written(Submit),
+    /// The chunk's data is in the staging buffer: the READ is done.
+    Read { ticket: u64 },
+}
+
+/// The session's connection and everything in flight on it, on a thread of its own.
+struct Driver {
+    ch: Channel,
+    /// Where the driver's own RMAs complete.
+    rq: EventQueue,
+    shared: Arc<Shared>,
+    scheme: Scheme,
+    read: ReadMode,
+    chunk_size: u32,
+    /// The delegated chunks (their current keys).
+    chunks: Vec<RemoteSlice>,
+    staging: Arc<Vec<ExsBuf>>,
+    staging_remote: Vec<RemoteSlice>,
+    inflight: HashMap<u64, Op>,
+    rmas: HashMap<u16, Rma>,
+    next_handle: u64,
+}
+
+impl Driver {
+    fn run(mut self) {
+        let r = self.serve();
+        let mut st = self.shared.lock();
+        let e = match r {
+            Ok(()) => Error::conn("the block session is closed"),
+            Err(e) => e,
+        };
+        // Whatever was in flight fails with the session.
+        let tickets = self
+            .inflight
+            .values()
+            .map(|o| o.ticket)
+            .chain(self.rmas.values().map(|r| match r {
+                Rma::Written(s) => s.ticket,
+                Rma::Read { ticket } => *ticket,
+            }))
+            .chain(st.submitted.iter().map(|s| s.ticket))
+            .collect::<Vec<_>>();
+        st.submitted.clear();
+        for t in tickets {
+            st.done.insert(t, Err(e.clone()));
+        }
+        st.broken = Some(e);
+        self.shared.changed.notify_all();
+        drop(st);
+        self.ch.close();
+    }
+
+    /// Starts what callers submitted and finishes what the server answered, until the
+    /// client closes with nothing in flight, or the session breaks.
+    fn serve(&mut self) -> Result<()> {
+        let mut heard = Instant::now();
+        loop {
+            let subs = {
+                let mut st = self.shared.lock();
+                if st.submitted.is_empty() && self.idle() {
+                    if st.closing {
+                        return Ok(());
+                    }
+                    st = self.shared.work.wait(st).unwrap_or_else(|p| p.into_inner());
+                    heard = Instant::now();
+                }
+                std::mem::take(&mut st.submitted)
+            };
+            for s in subs {
+                self.start(s)?;
+            }
+            if self.idle() {
+                continue;
+            }
+            let progressed = if self.rmas.is_empty() {
+                self.reply_step()?
+            } else {
+                self.rma_step()?
+            };
+            if progressed {
+                heard = Instant::now();
+            } else if heard.elapsed() >= self.ch.timeout {
+                return Err(Error::conn(if self.rmas.is_empty() {
+                    "the server did not answer"
+                } else {
+                    "an RMA to the server hung"
+                }));
+            }
+        }
+    }
+
+    fn idle(&self) -> bool {
+        self.inflight.is_empty() && self.rmas.is_empty()
+    }
+
+    /// Starts a submitted request: a delegated WRITE's RMA first, anything else its REQUEST.
+    fn start(&mut self, s: Submit) -> Result<()> {
+        match (s.cmd, self.scheme) {
+            (Cmd::Write, Scheme::Delegated) => {
+                let (slot, len) = (s.slot, s.len);
+                self.post_rma(slot, true, len, Rma::Written(s))
+            }
+            (Cmd::Write, Scheme::Copy) => {
+                let data = Data::Inline(s.inline.unwrap_or_default());
+                let op = Op {
+                    ticket: s.ticket,
+                    slot: s.slot,
+                    cmd: s.cmd,
+                    len: s.len,
+                };
+                self.send_request(op, s.flags, s.offset, data)
+            }
+            (Cmd::Read, _) => self.start_read(s),
+            _ => {
+                let op = Op {
+                    ticket: s.ticket,
+                    slot: s.slot,
+                    cmd: s.cmd,
+                    len: s.len,
+                };
+                self.send_request(op, s.flags, s.offset, Data::None)
+            }
+        }
+    }
+
+    fn start_read(&mut self, s: Submit) -> Result<()> {
+        let op = Op {
+            ticket: s.ticket,
+            slot: s.slot,
+            cmd: Cmd::Read,
+            len: s.len,
+        };
         let (flags, data) = match (self.scheme, self.read) {
             (Scheme::Copy, _) => (0, Data::None),
-            (Scheme::Delegated, ReadMode::ServerFill) => (0, Data::Chunk { chunk: slot, at: 0 }),
+            (Scheme::Delegated, ReadMode::ServerFill) => (
+                0,
+                Data::Chunk {
+                    chunk: s.slot,
+                    at: 0,
+                },
+            ),
             (Scheme::Delegated, ReadMode::ServerWrite) => {
-                let r = self.staging_remote[usize::from(slot)];
-                (rflag::REMOTE, Data::Remote(sub(r, n)?))
+                let r = self.staging_remote[usize::from(s.slot)];
+                (rflag::REMOTE, Data::Remote(sub(r, s.len)?))
             }
         };
-        self.send_request(Cmd::Read, flags, offset, n, data, op)
-    }
-
-    fn staging_buf(&mut self, slot: u16) -> Result<ExsBuf> {
-        self.staging
-            .get_mut(usize::from(slot))
-            .and_then(Option::take)
-            .ok_or_else(|| Error::conn("internal: a staging buffer in use twice"))
+        self.send_request(op, flags, s.offset, data)
     }
 
     /// RMA between slot `slot`'s staging buffer (its first `len` bytes) and its chunk.
-    fn post_rma(&mut self, slot: u16, write: bool, buf: ExsBuf, len: u32, then: Rma) -> Result<()> {
+    fn post_rma(&mut self, slot: u16, write: bool, len: u32, then: Rma) -> Result<()> {
         let remote = sub(self.chunks[usize::from(slot)], len)?;
-        let part = buf
+        let part = ExsBuf::new(self.staging[usize::from(slot)].region().clone())
             .slice(..len as usize)
             .map_err(|e| Error::conn(format!("a staging slice: {e}")))?;
         self.rmas.insert(slot, then);
@@ -373,57 +724,27 @@ impl Client {
         Ok(())
     }
 
-    fn send_request(
-        &mut self,
-        cmd: Cmd,
-        flags: u8,
-        offset: u64,
-        len: u32,
-        data: Data,
-        op: Op,
-    ) -> Result<()> {
+    fn send_request(&mut self, op: Op, flags: u8, offset: u64, data: Data) -> Result<()> {
         let handle = self.next_handle;
         self.next_handle += 1;
         self.inflight.insert(handle, op);
         self.ch.send_frame(&proto::encode(&Msg::Request {
             handle,
-            cmd,
+            cmd: op.cmd,
             flags,
             offset,
-            len,
+            len: op.len,
             data,
         }))
     }
 
-    /// Waits for one thing: an RMA of ours when one is out (they finish first and unblock
-    /// requests), else a reply.
-    fn step(&mut self, dst: &mut [u8]) -> Result<()> {
-        if !self.rmas.is_empty() {
-            return self.rma_done(dst);
-        }
-        let mut frame = Vec::new();
-        self.ch.recv_into(&mut frame)?;
-        match proto::decode(&frame) {
-            Ok(Msg::Reply {
-                handle,
-                error,
-                rekey,
-                payload,
-            }) => self.reply(handle, error, rekey, payload, dst),
-            Ok(Msg::Error { message }) => Err(Error::conn(format!(
-                "the server ended the session: {message}"
-            ))),
-            Ok(m) => Err(Error::conn(format!("expected REPLY, got {m:?}"))),
-            Err(e) => Err(Error::conn(e.to_string())),
-        }
-    }
-
-    fn rma_done(&mut self, dst: &mut [u8]) -> Result<()> {
+    /// Waits for one of our RMAs; false if woken (a submission) first.
+    fn rma_step(&mut self) -> Result<bool> {
         let ev = loop {
             match self.rq.dequeue(self.ch.timeout) {
                 Some(ev) if ev.kind == EventKind::Rma => break ev,
                 Some(_) => continue,
-                None => return Err(Error::conn("an RMA to the server hung")),
+                None => return Ok(false),
             }
         };
         let slot = u16::try_from(ev.ctx).unwrap_or(u16::MAX);
@@ -431,26 +752,47 @@ impl Client {
             .rmas
             .remove(&slot)
             .ok_or_else(|| Error::conn("internal: an RMA nobody posted"))?;
-        let buf = ev
-            .buf
-            .map(|b| ExsBuf::new(b.region().clone()))
-            .ok_or_else(|| Error::conn("an RMA completed without its buffer"))?;
         ev.result
             .map_err(|e| Error::conn(format!("RMA to the server's chunk: {e}")))?;
         match then {
-            Rma::Written { offset, len, fua } => {
-                self.staging[usize::from(slot)] = Some(buf);
-                let flags = if fua { rflag::FUA } else { 0 };
+            Rma::Written(s) => {
                 let data = Data::Chunk { chunk: slot, at: 0 };
-                self.send_request(Cmd::Write, flags, offset, len, data, Op::Write { slot })
+                let op = Op {
+                    ticket: s.ticket,
+                    slot,
+                    cmd: Cmd::Write,
+                    len: s.len,
+                };
+                self.send_request(op, s.flags, s.offset, data)?;
             }
-            Rma::Read { at, len } => {
-                copy_to(&buf, dst, at, len)?;
-                self.staging[usize::from(slot)] = Some(buf);
-                self.slots.release(slot);
-                Ok(())
-            }
+            // The slot stays taken until its caller copied the bytes out.
+            Rma::Read { ticket } => self.finish(ticket, None, Ok(None)),
         }
+        Ok(true)
+    }
+
+    /// Waits for a reply; false if woken (a submission) first.
+    fn reply_step(&mut self) -> Result<bool> {
+        let mut frame = Vec::new();
+        if !self.ch.recv_within(&mut frame, self.ch.timeout)? {
+            return Ok(false);
+        }
+        match proto::decode(&frame) {
+            Ok(Msg::Reply {
+                handle,
+                error,
+                rekey,
+                payload,
+            }) => self.reply(handle, error, rekey, payload)?,
+            Ok(Msg::Error { message }) => {
+                return Err(Error::conn(format!(
+                    "the server ended the session: {message}"
+                )))
+            }
+            Ok(m) => return Err(Error::conn(format!("expected REPLY, got {m:?}"))),
+            Err(e) => return Err(Error::conn(e.to_string())),
+        }
+        Ok(true)
     }
 
     fn reply(
@@ -459,55 +801,47 @@ impl Client {
         error: u32,
         rekey: Option<RemoteSlice>,
         payload: Vec<u8>,
-        dst: &mut [u8],
     ) -> Result<()> {
         let op = self
             .inflight
             .remove(&handle)
             .ok_or_else(|| Error::conn(format!("a REPLY to handle {handle}, not in flight")))?;
-        let slot = match op {
-            Op::Write { slot } | Op::Read { slot, .. } | Op::Plain { slot } => slot,
-        };
         if let Some(k) = rekey {
-            match self.chunks.get_mut(usize::from(slot)) {
+            match self.chunks.get_mut(usize::from(op.slot)) {
                 Some(c) if k.len == u64::from(self.chunk_size) => *c = k,
                 _ => return Err(Error::conn("a rekeyed chunk that is not ours")),
             }
         }
+        let is_read = op.cmd == Cmd::Read;
         if error != 0 {
-            self.failed.get_or_insert_with(|| nbd_error(error));
-            self.slots.release(slot);
+            // A failed read's slot is freed by its caller with the others of the call.
+            let free = (!is_read).then_some(op.slot);
+            self.finish(op.ticket, free, Err(nbd_error(error)));
             return Ok(());
         }
-        match op {
-            Op::Read { slot, at, len } => match (self.scheme, self.read) {
-                (Scheme::Copy, _) => {
-                    if payload.len() != len {
-                        return Err(Error::conn("a READ's reply is not its length"));
-                    }
-                    dst[at..at + len].copy_from_slice(&payload);
-                    self.slots.release(slot);
-                    Ok(())
-                }
-                (Scheme::Delegated, ReadMode::ServerFill) => {
-                    // The chunk stays ours until this read of it completes: the fence
-                    // that keeps a later request from overwriting it first.
-                    let buf = self.staging_buf(slot)?;
-                    self.post_rma(slot, false, buf, len as u32, Rma::Read { at, len })
-                }
-                (Scheme::Delegated, ReadMode::ServerWrite) => {
-                    let buf = self.staging_buf(slot)?;
-                    let r = copy_to(&buf, dst, at, len);
-                    self.staging[usize::from(slot)] = Some(buf);
-                    self.slots.release(slot);
-                    r
-                }
-            },
-            _ => {
-                self.slots.release(slot);
-                Ok(())
+        match (is_read, self.scheme, self.read) {
+            (false, ..) => self.finish(op.ticket, Some(op.slot), Ok(None)),
+            (true, Scheme::Copy, _) => self.finish(op.ticket, None, Ok(Some(payload))),
+            // The chunk stays ours until this read of it completes: the fence that keeps
+            // a later request from overwriting it first.
+            (true, Scheme::Delegated, ReadMode::ServerFill) => {
+                self.post_rma(op.slot, false, op.len, Rma::Read { ticket: op.ticket })?
+            }
+            (true, Scheme::Delegated, ReadMode::ServerWrite) => {
+                self.finish(op.ticket, None, Ok(None))
             }
         }
+        Ok(())
+    }
+
+    /// Hands a request's outcome to its caller, freeing `slot` if given.
+    fn finish(&self, ticket: u64, slot: Option<u16>, outcome: Outcome) {
+        let mut st = self.shared.lock();
+        if let Some(s) = slot {
+            st.slots.release(s);
+        }
+        st.done.insert(ticket, outcome);
+        self.shared.changed.notify_all();
     }
 }
 
@@ -515,15 +849,6 @@ impl Client {
 fn sub(r: RemoteSlice, len: u32) -> Result<RemoteSlice> {
     r.sub(0, u64::from(len))
         .map_err(|e| Error::conn(format!("a chunk range: {e}")))
-}
-
-/// Copies the first `len` bytes of `buf` to `dst[at..]`.
-fn copy_to(buf: &ExsBuf, dst: &mut [u8], at: usize, len: usize) -> Result<()> {
-    let out = dst
-        .get_mut(at..at + len)
-        .ok_or_else(|| Error::conn("internal: a read past its buffer"))?;
-    buf.buffer().read_at(buf.offset(), out);
-    Ok(())
 }
 
 /// A request's NBD error as the caller sees it.

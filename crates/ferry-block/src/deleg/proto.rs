@@ -1,9 +1,9 @@
-//! The block fabric protocol, version 1.0: pure encode/decode, no I/O.
+//! The block fabric protocol, version 1.1: pure encode/decode, no I/O.
 //!
 //! A connection selects the floor's service `block`, sends HELLO (the export, the data
 //! scheme and token) and gets DELEGATE: the export's size and the pool of chunks the server
 //! registered for this session alone (one remote range and key per chunk) with the credits
-//! (requests the client may have outstanding). Then REQUEST / REPLY, answered in order.
+//! (requests the client may have outstanding). Then REQUEST / REPLY, answered in any order (by handle).
 //! Every EXS message is one frame: an 8-byte header (`len u32` total length, `type u8`,
 //! `flags u8`, 2 reserved zero bytes) and a body. Integers are little-endian; strings are
 //! `len u16` + UTF-8. The decoder accepts only what the encoder produces and never
@@ -15,7 +15,7 @@ use ferry_wire::{ReadError, Reader, Writer};
 /// Protocol major version: a peer with another major is refused at HELLO.
 pub const VERSION_MAJOR: u16 = 1;
 /// Protocol minor version.
-pub const VERSION_MINOR: u16 = 0;
+pub const VERSION_MINOR: u16 = 1;
 /// Header length in bytes.
 pub const HEADER_LEN: usize = 8;
 /// The fixed part of a REQUEST body.

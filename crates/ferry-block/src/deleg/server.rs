@@ -1,13 +1,14 @@
 //! The block fabric face: one thread per session, which registers and delegates the
-//! session's chunk pool, then serves its requests in order.
+//! session's chunk pool, then reads its requests and answers them, with a few workers
+//! that carry out the writes meanwhile (replies out of order, matched by handle).
 
 use std::io;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use ferry_exs::proto::EventKind;
 use ferry_exs::runtime::{EventQueue, ExsBuf, ExsSocket};
-use ferry_fabric::{Access, RemoteSlice};
+use ferry_fabric::{Access, Buffer, RemoteSlice};
 use ferry_service::admit::{Admission, Handshake};
 use ferry_service::auth::{AuthConfig, Principal};
 use ferry_service::channel::Channel;
@@ -30,6 +31,16 @@ pub struct PoolConfig {
     pub chunks: u16,
     /// Bytes per chunk: the largest request.
     pub chunk_size: u32,
+}
+
+impl PoolConfig {
+    /// The pool `[block]` configures (`pool_chunks`, `chunk_size`).
+    pub fn of(cfg: &crate::config::BlockConfig) -> PoolConfig {
+        PoolConfig {
+            chunks: cfg.pool_chunks,
+            chunk_size: cfg.chunk_size,
+        }
+    }
 }
 
 impl Default for PoolConfig {
@@ -76,6 +87,7 @@ impl FabricService {
     fn session(
         &self,
         ch: &mut Channel,
+        wake: EventQueue,
         hs: Handshake,
         first: Option<Vec<u8>>,
         floor: Option<Principal>,
@@ -157,6 +169,7 @@ impl FabricService {
         }))?;
         let mut s = Session {
             ch,
+            wake,
             backend: exp.backend.as_ref(),
             size: exp.info.size,
             readonly: readonly_for(exp),
@@ -169,7 +182,7 @@ impl FabricService {
             rq: EventQueue::new().map_err(|e| Error::io("create event queue", &e))?,
             scratch: Vec::new(),
         };
-        s.serve()
+        s.serve(usize::from(self.pool.chunks).min(MAX_WORKERS))
     }
 }
 
@@ -184,10 +197,11 @@ impl Service for FabricService {
             principal,
             secure,
         } = conn;
+        let wake = queue.clone();
         let mut ch = Channel::new(sock, queue);
         let sealed = secure.is_some();
         ch.seal(secure);
-        match self.session(&mut ch, hs, first, principal, sealed) {
+        match self.session(&mut ch, wake, hs, first, principal, sealed) {
             Ok(()) => tracing::debug!("{peer}: block session done"),
             Err(e) => tracing::info!("{peer}: block session ended: {e}"),
         }
@@ -255,6 +269,8 @@ fn grant(sock: &ExsSocket, buf: &ExsBuf) -> Result<RemoteSlice> {
 /// One session being served.
 struct Session<'a> {
     ch: &'a mut Channel,
+    /// The channel's event queue: workers wake the session's reader through it.
+    wake: EventQueue,
     backend: &'a dyn Backend,
     size: u64,
     readonly: bool,
@@ -273,16 +289,173 @@ struct Session<'a> {
 /// What a request got: the NBD errno (0: done), and the copy scheme's READ data.
 type Outcome = (u32, Option<RemoteSlice>, Vec<u8>);
 
+/// Workers per session at most: enough to keep a few backend writes (and a FLUSH) going
+/// while the reader takes the next requests, few enough for a small machine.
+const MAX_WORKERS: usize = 4;
+
+/// A request checked and handed to a worker: every command but READ.
+struct Job {
+    handle: u64,
+    cmd: Cmd,
+    flags: u8,
+    offset: u64,
+    len: u32,
+    data: JobData,
+}
+
+/// Where a job's WRITE bytes are.
+enum JobData {
+    None,
+    /// In a delegated chunk: written to the backend from the registered memory itself.
+    Chunk {
+        chunk: u16,
+        memory: Buffer,
+        at: u32,
+    },
+    /// Inside the request (copy scheme).
+    Inline(Vec<u8>),
+}
+
+/// A job done, for the reader to answer.
+struct Done {
+    handle: u64,
+    chunk: Option<u16>,
+    result: io::Result<()>,
+}
+
+impl Job {
+    /// Carries the job out on `backend`.
+    fn run(&self, backend: &dyn Backend) -> io::Result<()> {
+        let fua = self.flags & rflag::FUA != 0;
+        match (self.cmd, &self.data) {
+            (Cmd::Write, JobData::Chunk { memory, at, .. }) => {
+                memory.with_bytes(*at as usize, self.len as usize, |b| {
+                    backend.write_at(b, self.offset, fua)
+                })
+            }
+            (Cmd::Write, JobData::Inline(b)) => backend.write_at(b, self.offset, fua),
+            (Cmd::Flush, _) => backend.flush(),
+            (Cmd::Trim, _) => backend.trim(self.offset, u64::from(self.len), fua),
+            (Cmd::WriteZeroes, _) => {
+                let how = Zeroing {
+                    may_trim: self.flags & rflag::NO_HOLE == 0,
+                    fast: false,
+                    fua,
+                };
+                backend.write_zeroes(self.offset, u64::from(self.len), how)
+            }
+            // Refused by the checks before a job is made.
+            (Cmd::Read, _) | (Cmd::Write, JobData::None) => unreachable_scheme(),
+        }
+    }
+
+    fn done(self, result: io::Result<()>) -> Done {
+        let chunk = match self.data {
+            JobData::Chunk { chunk, .. } => Some(chunk),
+            _ => None,
+        };
+        Done {
+            handle: self.handle,
+            chunk,
+            result,
+        }
+    }
+}
+
+/// A worker: takes jobs until the reader is gone, hands each result back and wakes the
+/// reader (which may be waiting for the client's next request).
+fn work(
+    backend: &dyn Backend,
+    jobs: &Mutex<mpsc::Receiver<Job>>,
+    done: mpsc::Sender<Done>,
+    wake: &EventQueue,
+) {
+    loop {
+        let job = match jobs.lock().unwrap_or_else(|p| p.into_inner()).recv() {
+            Ok(j) => j,
+            Err(_) => return,
+        };
+        let result = job.run(backend);
+        if done.send(job.done(result)).is_err() {
+            return;
+        }
+        wake.wake();
+    }
+}
+
+/// What the reader does with a request it has checked.
+enum Next {
+    /// Answer now (an error found by the checks, or a READ served in place).
+    Reply(Outcome),
+    /// Hand to a worker.
+    Job(Job),
+}
+
 impl Session<'_> {
     /// Serves requests until the client goes, or breaks the protocol (which ends this
-    /// session alone: its error says why).
-    fn serve(&mut self) -> Result<()> {
+    /// session alone: its error says why). This thread reads and checks every request and
+    /// sends every reply; writes, FLUSH, TRIM and WRITE_ZEROES go to a few workers, so the
+    /// next requests are read while the backend works, and their replies go out as they
+    /// finish (out of order: the client matches them by handle). A FLUSH covers every
+    /// write replied to before it arrived: those are in the backend already.
+    fn serve(&mut self, workers: usize) -> Result<()> {
+        let (job_tx, job_rx) = mpsc::channel::<Job>();
+        let (done_tx, done_rx) = mpsc::channel::<Done>();
+        let job_rx = Mutex::new(job_rx);
+        let (backend, wake) = (self.backend, self.wake.clone());
+        std::thread::scope(|s| {
+            let mut started = 0;
+            for _ in 0..workers {
+                let (done, jobs, wake) = (done_tx.clone(), &job_rx, &wake);
+                let spawned = std::thread::Builder::new()
+                    .name("ferry-block-io".into())
+                    .spawn_scoped(s, move || work(backend, jobs, done, wake));
+                match spawned {
+                    Ok(_) => started += 1,
+                    Err(e) => {
+                        // Fewer workers (or none: the reader runs the jobs) all the same.
+                        tracing::warn!("cannot start a block session worker: {e}");
+                        break;
+                    }
+                }
+            }
+            drop(done_tx);
+            let jobs = (started > 0).then_some(&job_tx);
+            let r = self.read_loop(jobs, &done_rx);
+            // The workers finish the jobs they hold, then see the queue closed.
+            drop(job_tx);
+            r
+        })
+    }
+
+    /// The reader: requests in, replies out, until the client goes or breaks the protocol.
+    fn read_loop(
+        &mut self,
+        jobs: Option<&mpsc::Sender<Job>>,
+        done: &mpsc::Receiver<Done>,
+    ) -> Result<()> {
+        let mut pending = 0usize;
+        let mut heard = Instant::now();
+        let mut frame = Vec::new();
         loop {
-            let mut frame = Vec::new();
-            if let Err(e) = self.ch.recv_into(&mut frame) {
-                // The client went (closed, or its connection broke): the session's end.
-                tracing::debug!("block session: {e}");
-                return Ok(());
+            while let Ok(d) = done.try_recv() {
+                pending = pending.saturating_sub(1);
+                self.answer_done(d)?;
+            }
+            let wait = self.ch.timeout;
+            match self.ch.recv_within(&mut frame, wait) {
+                Ok(true) => heard = Instant::now(),
+                // Woken by a worker, or the client is quiet.
+                Ok(false) if pending > 0 || heard.elapsed() < wait => continue,
+                Ok(false) => {
+                    tracing::debug!("block session: the client was silent for {wait:?}");
+                    return Ok(());
+                }
+                Err(e) => {
+                    // The client went (closed, or its connection broke): the session's end.
+                    tracing::debug!("block session: {e}");
+                    return Ok(());
+                }
             }
             let msg = match proto::decode(&frame) {
                 Ok(m) => m,
@@ -299,17 +472,46 @@ impl Session<'_> {
             else {
                 return self.violation("expected REQUEST".into());
             };
-            let (error, rekey, payload) = match self.request(cmd, flags, offset, len, data) {
-                Ok(o) => o,
+            let job = match self.request(handle, cmd, flags, offset, len, data) {
+                Ok(Next::Reply(o)) => {
+                    self.send_reply(handle, o)?;
+                    continue;
+                }
+                Ok(Next::Job(j)) => j,
                 Err(Violation(m)) => return self.violation(m),
             };
-            self.ch.send_frame(&proto::encode(&Msg::Reply {
-                handle,
-                error,
-                rekey,
-                payload,
-            }))?;
+            match jobs {
+                Some(tx) => match tx.send(job) {
+                    Ok(()) => pending += 1,
+                    Err(mpsc::SendError(job)) => self.run_here(job)?,
+                },
+                None => self.run_here(job)?,
+            }
         }
+    }
+
+    /// Runs a job on the reader itself (no worker could be started).
+    fn run_here(&mut self, job: Job) -> Result<()> {
+        let result = job.run(self.backend);
+        self.answer_done(job.done(result))
+    }
+
+    /// Answers a job done (rotating its chunk's key first if the session asked).
+    fn answer_done(&mut self, d: Done) -> Result<()> {
+        let outcome = match d.chunk {
+            Some(chunk) => self.after_chunk_io(d.result, chunk),
+            None => (errno(d.result), None, Vec::new()),
+        };
+        self.send_reply(d.handle, outcome)
+    }
+
+    fn send_reply(&self, handle: u64, (error, rekey, payload): Outcome) -> Result<()> {
+        self.ch.send_frame(&proto::encode(&Msg::Reply {
+            handle,
+            error,
+            rekey,
+            payload,
+        }))
     }
 
     /// Tells the client why its session ends, and ends it.
@@ -320,14 +522,17 @@ impl Session<'_> {
         Err(Error::conn(message))
     }
 
+    /// Checks a request: a violation ends the session; an error or a READ is answered
+    /// here; anything else becomes a job.
     fn request(
         &mut self,
+        handle: u64,
         cmd: Cmd,
         flags: u8,
         offset: u64,
         len: u32,
         data: Data,
-    ) -> std::result::Result<Outcome, Violation> {
+    ) -> std::result::Result<Next, Violation> {
         if matches!(cmd, Cmd::Read | Cmd::Write) && len > self.chunk_size {
             return Err(Violation(format!(
                 "a {len}-byte request is larger than the {}-byte chunk",
@@ -354,40 +559,36 @@ impl Session<'_> {
                 "a {cmd:?} whose data does not fit the session's scheme"
             )));
         }
-        let fua = flags & rflag::FUA != 0;
         let writes = !matches!(cmd, Cmd::Read | Cmd::Flush);
         if writes && self.readonly {
-            return Ok((consts::EPERM, None, Vec::new()));
+            return Ok(Next::Reply((consts::EPERM, None, Vec::new())));
         }
         let inside = offset
             .checked_add(u64::from(len))
             .is_some_and(|end| end <= self.size);
         if !inside && cmd != Cmd::Flush {
-            return Ok((consts::EINVAL, None, Vec::new()));
+            return Ok(Next::Reply((consts::EINVAL, None, Vec::new())));
         }
-        let done = match (cmd, data) {
-            (Cmd::Write, Data::Chunk { chunk, at }) => {
-                let buf = self.chunks.bufs[usize::from(chunk)].buffer();
-                let r = buf.with_bytes(at as usize, len as usize, |b| {
-                    self.backend.write_at(b, offset, fua)
-                });
-                return Ok(self.after_chunk_io(r, chunk));
-            }
-            (Cmd::Write, Data::Inline(b)) => self.backend.write_at(&b, offset, fua),
-            (Cmd::Read, data) => return self.read(offset, len, data),
-            (Cmd::Flush, _) => self.backend.flush(),
-            (Cmd::Trim, _) => self.backend.trim(offset, u64::from(len), fua),
-            (Cmd::WriteZeroes, _) => {
-                let how = Zeroing {
-                    may_trim: flags & rflag::NO_HOLE == 0,
-                    fast: false,
-                    fua,
-                };
-                self.backend.write_zeroes(offset, u64::from(len), how)
-            }
-            (Cmd::Write, _) => unreachable_scheme(),
+        if cmd == Cmd::Read {
+            return self.read(offset, len, data).map(Next::Reply);
+        }
+        let data = match data {
+            Data::Chunk { chunk, at } => JobData::Chunk {
+                chunk,
+                memory: self.chunks.bufs[usize::from(chunk)].buffer().clone(),
+                at,
+            },
+            Data::Inline(b) => JobData::Inline(b),
+            Data::None | Data::Remote(_) => JobData::None,
         };
-        Ok((errno(done), None, Vec::new()))
+        Ok(Next::Job(Job {
+            handle,
+            cmd,
+            flags,
+            offset,
+            len,
+            data,
+        }))
     }
 
     fn read(

@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -56,6 +56,8 @@ struct Shared {
     /// When a dequeuer last drove the sockets (µs since `epoch`; 0: it went to sleep).
     driven_at: AtomicU64,
     epoch: Instant,
+    /// Set by [`EventQueue::wake`]: the next (or current) `dequeue` returns `None` at once.
+    woken: AtomicBool,
 }
 
 /// A queue sockets deliver events to. Cheap to clone (shared handle).
@@ -76,6 +78,7 @@ impl EventQueue {
                 sources: Mutex::new(Vec::new()),
                 driven_at: AtomicU64::new(0),
                 epoch: Instant::now(),
+                woken: AtomicBool::new(false),
             }),
         })
     }
@@ -181,6 +184,21 @@ impl EventQueue {
         !self.is_empty()
     }
 
+    /// Makes the thread blocked in [`Self::dequeue`] on this queue return `None` now (or the
+    /// next call, if none is waiting): for a thread that waits both for its sockets and for
+    /// work other threads finish (they wake it when they have).
+    pub fn wake(&self) {
+        self.shared.woken.store(true, Ordering::Release);
+        // Taken so a dequeuer between its look at the flag and its sleep cannot miss it.
+        let _q = self.lock();
+        self.shared.ready.notify_all();
+    }
+
+    /// Whether [`Self::wake`] was called since the last look (which clears it).
+    fn take_wake(&self) -> bool {
+        self.shared.woken.swap(false, Ordering::AcqRel)
+    }
+
     /// Takes the next event without blocking.
     pub fn try_dequeue(&self) -> Option<ExsEvent> {
         let mut q = self.lock();
@@ -206,6 +224,9 @@ impl EventQueue {
             if let Some(ev) = self.try_dequeue() {
                 return Some(ev);
             }
+            if self.take_wake() {
+                return None;
+            }
             if self.drive(&sources) {
                 busy = Instant::now();
                 continue;
@@ -230,6 +251,9 @@ impl EventQueue {
                     let _ = rustix::io::read(&self.shared.efd, &mut b);
                 }
                 return Some(ev);
+            }
+            if self.take_wake() {
+                return None;
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
