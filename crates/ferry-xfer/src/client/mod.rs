@@ -644,12 +644,13 @@ impl Client {
 
     /// `path`'s entry from the last [`Client::look`] at it (once), else a fresh look.
     pub(crate) fn look_once(&mut self, path: &str, list: bool) -> Result<Entry> {
-        match &mut self.looked {
-            Some(l) if l.path == path && l.entry.is_some() => l
-                .entry
-                .take()
-                .ok_or_else(|| XferError::conn("internal: no entry")),
-            _ => self.look(path, list),
+        let kept = match &mut self.looked {
+            Some(l) if l.path == path => l.entry.take(),
+            _ => None,
+        };
+        match kept {
+            Some(entry) => Ok(entry),
+            None => self.look(path, list),
         }
     }
 
