@@ -6,6 +6,7 @@
 //! (A B A B); medians; the summary takes ferry's best driver against the peer's best variant
 //! (see bench/results/README.md).
 
+mod costs;
 pub(crate) mod data;
 mod plot;
 mod report;
@@ -273,6 +274,9 @@ pub fn run(args: &CpArgs) -> Result<()> {
             notes.push(format!("{name}: {e:#}"));
         }
     }
+    // Measured before the transfers start, while no server or client competes for the
+    // core.
+    let check_rates = clear.then(costs::CheckRates::measure);
     let mut cells = cells_of(&plan, &drivers);
     cells.retain(|c| args.only.is_empty() || args.only.contains(&c.row.workload));
     warm_up(&plan, &ws, &servers);
@@ -303,6 +307,9 @@ pub fn run(args: &CpArgs) -> Result<()> {
     drop(ws);
     let rows: Vec<CpRow> = cells.into_iter().map(Cell::finish).collect();
     let (summary, best) = report::summary(&rows);
+    let ceilings = check_rates
+        .zip(report::best_clear_mem(&rows))
+        .map(|(r, c)| r.ceilings(c));
     let report = CpReport {
         report: Report {
             bench: "cp",
@@ -315,6 +322,8 @@ pub fn run(args: &CpArgs) -> Result<()> {
         },
         best,
         notes,
+        check_rates,
+        ceilings,
     };
     let png = |p: &Path| report.png(p);
     emit(
