@@ -48,29 +48,52 @@ pub fn run_noncontig(args: &NoncontigArgs) -> Result<()> {
 
 /// `ferry bench exs`: EXS per driver against a TCP socket blast and the raw fabric.
 pub fn run_exs(args: &ExsArgs) -> Result<()> {
-    exs::run(args)
+    with_own_identity(|| exs::run(args))
 }
 
 /// `ferry bench cp`: `ferry cp` against GridFTP, xrdcp and iperf3 on loopback.
 pub fn run_cp(args: &CpArgs) -> Result<()> {
-    cp::run(args)
+    with_own_identity(|| cp::run(args))
 }
 
 /// `ferry bench block`: ferry's NBD server against nbdkit and qemu-nbd through fio.
 pub fn run_block(args: &BlockArgs) -> Result<()> {
-    block::run(args)
+    with_own_identity(|| block::run(args))
 }
 
 /// `ferry bench wan`: the seed's figures 7–10 on the WAN emulator, with GridFTP and
 /// iperf3 on the same path.
 pub fn run_wan(args: &WanArgs) -> Result<()> {
-    wan::run(args)
+    with_own_identity(|| wan::run(args))
 }
 
 /// `ferry bench cio`: the ECIO seed's pattern through ferry's MPI-IO interposer against
 /// ROMIO and OMPIO.
 pub fn run_cio(args: &CioArgs) -> Result<()> {
-    cio::run(args)
+    with_own_identity(|| cio::run(args))
+}
+
+/// Runs a bench whose `ferry serve` and `ferry cp` children keep their server identity and
+/// pinned keys in a directory of the run's own (`FERRY_STATE_DIR`, `FERRY_KNOWN_HOSTS`,
+/// each unless the caller set it), removed afterwards: a bench starts dozens of loopback
+/// servers on fresh ports, which would otherwise each be pinned in the user's
+/// `~/.config/ferry/known_hosts` (and a port reused later by another server identity
+/// refused there as a changed key).
+fn with_own_identity<T>(run: impl FnOnce() -> Result<T>) -> Result<T> {
+    let dir = std::env::temp_dir().join(format!("ferry-bench-identity-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    for (var, path) in [
+        ("FERRY_STATE_DIR", dir.join("state")),
+        ("FERRY_KNOWN_HOSTS", dir.join("known_hosts")),
+    ] {
+        if std::env::var_os(var).is_none() {
+            // Before the bench starts any thread that could read the environment.
+            std::env::set_var(var, path);
+        }
+    }
+    let res = run();
+    let _ = std::fs::remove_dir_all(&dir);
+    res
 }
 
 /// The peer process `bench fabric` and `bench noncontig` spawn per driver: listens on

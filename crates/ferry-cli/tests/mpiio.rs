@@ -106,10 +106,21 @@ fn mpirun(np: u32, io: Io, program: &[&str]) -> Command {
     .args(["--mca", "btl_vader_single_copy_mechanism", "none"]);
     match io {
         Io::Ferry => {
+            // The ranks pin the test servers' identity in this test process's own
+            // known-hosts file, as `isolate` gives every other client: the user's
+            // (~/.config/ferry) would hold another run's key for a reused port.
+            let sec = security_dir();
             c.arg("-x")
                 .arg(format!("LD_PRELOAD={}", mpi().lib.display()))
                 .args(["-x", &format!("FERRY_TOKEN={TOKEN}")])
-                .args(["-x", "FERRY_MPIIO_VERBOSE=1"]);
+                .args(["-x", "FERRY_MPIIO_VERBOSE=1"])
+                .arg("-x")
+                .arg(format!(
+                    "FERRY_KNOWN_HOSTS={}",
+                    sec.join("known_hosts").display()
+                ))
+                .arg("-x")
+                .arg(format!("XDG_CONFIG_HOME={}", sec.join("config").display()));
         }
         Io::Local(mca) => {
             for (k, v) in mca {
