@@ -8,7 +8,7 @@
 
 use std::sync::{Mutex, MutexGuard};
 
-use crate::view::Extent;
+use crate::view::{Extent, Extents};
 
 /// Buffers kept per rank of the session, of each kind.
 const PER_RANK: usize = 3;
@@ -74,8 +74,11 @@ impl Pool {
         v
     }
 
-    /// Keeps `v` for a later call (dropped if enough are kept).
-    pub fn give_extents(&self, v: Vec<Extent>) {
+    /// Keeps a list's room for a later call (dropped if enough are kept).
+    pub fn give_extents(&self, e: Extents) {
+        let Extents::List(v) = e else {
+            return;
+        };
         let mut spare = lock(&self.extents);
         if v.capacity() > 0 && spare.len() < self.keep {
             spare.push(v);
