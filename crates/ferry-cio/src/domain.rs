@@ -138,10 +138,11 @@ pub fn place(buf: &mut [u8], lo: u64, ranks: &[(Extents, Vec<u8>)]) -> Option<()
 
 /// Fills `out` with the stream of `extents` taken from `span`, which holds the file's
 /// bytes from offset `lo` (the read twin of [`place`]); None if an extent lies outside
-/// the span.
+/// the span. Every byte of `out` is written: its old bytes need not be cleared.
 pub fn gather(extents: &Extents, lo: u64, span: &[u8], out: &mut Vec<u8>) -> Option<()> {
-    out.clear();
-    out.resize(usize::try_from(extents.bytes()).ok()?, 0);
+    let n = usize::try_from(extents.bytes()).ok()?;
+    out.truncate(n);
+    out.resize(n, 0);
     match extents {
         Extents::Strided(s) if s.len <= s.period => {
             let (from, to) = span_of(s, lo)?;

@@ -248,10 +248,9 @@ pub fn write(file: &File, action: &Action, pool: &Pool) -> Result<()> {
         } => {
             let span = usize::try_from(hi - lo)
                 .map_err(|_| CioError::new(ErrorClass::Arg, "a write's span too large"))?;
-            let mut buf = pool.bytes(span);
             // The holes between regions are never written: a spare buffer's old bytes
             // there are harmless, so it is not cleared.
-            buf.resize(span, 0);
+            let mut buf = pool.dirty(span);
             let written = write_domain(file, &mut buf, *lo, regions, ranks);
             pool.give_bytes(buf);
             written
@@ -339,8 +338,8 @@ pub fn read_regions(file: &File, wants: &mut [Extents], pool: &Pool) -> Result<V
         w.clip(size);
     }
     if let Some((lo, hi)) = domain::dense_span(wants.iter()) {
-        let mut span = pool.bytes((hi - lo) as usize);
-        span.resize((hi - lo) as usize, 0);
+        // Read whole (zeros past the end of the file): not cleared first.
+        let mut span = pool.dirty((hi - lo) as usize);
         let streams = read_domain(file, &mut span, lo, wants, pool);
         pool.give_bytes(span);
         return streams;
@@ -359,7 +358,7 @@ fn read_domain(
     read_fully(file, span, lo)?;
     let mut out = Vec::with_capacity(wants.len());
     for extents in wants {
-        let mut stream = pool.bytes(extents.bytes() as usize);
+        let mut stream = pool.dirty(extents.bytes() as usize);
         domain::gather(extents, lo, span, &mut stream).ok_or_else(|| {
             CioError::new(ErrorClass::Io, "internal: a read extent outside its span")
         })?;

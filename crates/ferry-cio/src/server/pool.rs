@@ -38,17 +38,33 @@ impl Pool {
     /// it (a rank's stream and a call's domain, twice as large, each find their like),
     /// else a new one.
     pub fn bytes(&self, want: usize) -> Vec<u8> {
+        let mut v = self.take(want);
+        v.clear();
+        v
+    }
+
+    /// A buffer of `want` bytes holding what a spare one held (zeros past its old
+    /// length): for a buffer whose every byte read is written first, which need not be
+    /// cleared (8 MiB of zeros a call, else).
+    pub fn dirty(&self, want: usize) -> Vec<u8> {
+        let mut v = self.take(want);
+        v.truncate(want);
+        v.resize(want, 0);
+        v
+    }
+
+    /// The smallest spare buffer with room for `want` bytes, as it was given back, or a
+    /// new one.
+    fn take(&self, want: usize) -> Vec<u8> {
         let mut spare = lock(&self.bytes);
         let fit = (spare.iter().enumerate())
             .filter(|(_, v)| v.capacity() >= want)
             .min_by_key(|(_, v)| v.capacity())
             .map(|(i, _)| i);
-        let mut v = match fit {
+        match fit {
             Some(i) => spare.swap_remove(i),
             None => Vec::with_capacity(want),
-        };
-        v.clear();
-        v
+        }
     }
 
     /// Keeps `v` for a later call; if enough are kept, it replaces the smallest one
