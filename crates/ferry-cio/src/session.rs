@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use crate::domain;
 use crate::error::{CioError, ErrorClass};
-use crate::view::Extent;
+use crate::view::Extents;
 
 /// A rank of the session's communicator.
 pub type Rank = u32;
@@ -60,14 +60,14 @@ pub enum Work {
     /// A write: the file extents of its data stream in stream order, and the stream.
     Write {
         /// Where each run of the stream goes.
-        extents: Vec<Extent>,
+        extents: Extents,
         /// The data stream.
         data: Vec<u8>,
     },
     /// A read: the file extents of the stream it wants, in stream order.
     Read {
         /// Where each run of the stream comes from.
-        extents: Vec<Extent>,
+        extents: Extents,
     },
 }
 
@@ -114,13 +114,13 @@ pub enum Action {
         /// The claimed runs `(file offset, length)`, ascending and apart: what is written.
         regions: Vec<(u64, u64)>,
         /// Each rank's extents (stream order) and data stream.
-        ranks: Vec<(Vec<Extent>, Vec<u8>)>,
+        ranks: Vec<(Extents, Vec<u8>)>,
     },
     /// Read the file regions every rank's extents cover; rank `r` receives the bytes of
     /// `wants[r]`, in order.
     ReadRegions {
         /// Each rank's extents, in stream order.
-        wants: Vec<Vec<Extent>>,
+        wants: Vec<Extents>,
     },
     /// Truncate or extend the file.
     SetSize(u64),
@@ -398,7 +398,7 @@ fn plan(arrivals: Vec<Arrival>) -> Result<(CallKind, Action), CioError> {
                 .into_iter()
                 .map(|w| match w {
                     Work::Read { extents } => extents,
-                    _ => Vec::new(),
+                    _ => Extents::default(),
                 })
                 .collect(),
         },
@@ -431,14 +431,14 @@ fn agreed(kind: CallKind, works: &[Work]) -> Result<u64, CioError> {
 /// overlap are an error (which rank's byte would land depends on nothing MPI defines),
 /// and nothing is written.
 pub fn placement(works: Vec<Work>) -> Result<Action, CioError> {
-    let ranks: Vec<(Vec<Extent>, Vec<u8>)> = works
+    let ranks: Vec<(Extents, Vec<u8>)> = works
         .into_iter()
         .map(|w| match w {
             Work::Write { extents, data } => (extents, data),
-            _ => (Vec::new(), Vec::new()),
+            _ => (Extents::default(), Vec::new()),
         })
         .collect();
-    let lists = || ranks.iter().map(|(e, _)| e.as_slice());
+    let lists = || ranks.iter().map(|(e, _)| e);
     if let Some((lo, hi)) = domain::dense_span(lists()) {
         // None: an overlap, which the piece-by-piece placement below reports exactly.
         if let Some(regions) = domain::claim(lists(), (lo, hi)) {
@@ -454,13 +454,13 @@ pub fn placement(works: Vec<Work>) -> Result<Action, CioError> {
 }
 
 /// [`placement`] piece by piece: every rank's pieces merged by file offset.
-fn place_pieces(ranks: Vec<(Vec<Extent>, Vec<u8>)>) -> Result<Action, CioError> {
+fn place_pieces(ranks: Vec<(Extents, Vec<u8>)>) -> Result<Action, CioError> {
     let mut lists = Vec::with_capacity(ranks.len());
     let mut data = Vec::with_capacity(ranks.len());
     for (rank, (extents, bytes)) in ranks.into_iter().enumerate() {
         let mut at = 0u64;
-        let mut pieces = Vec::with_capacity(extents.len());
-        for e in extents {
+        let mut pieces = Vec::with_capacity(usize::try_from(extents.count()).unwrap_or(0));
+        for e in extents.iter() {
             if e.len > 0 {
                 pieces.push(Piece {
                     file: e.file,
@@ -538,13 +538,13 @@ mod tests {
     const T: Duration = Duration::from_secs(10);
 
     fn write(extents: &[(u64, u64)]) -> Result<Work, CioError> {
-        let extents: Vec<Extent> = extents
+        let extents: Vec<crate::view::Extent> = extents
             .iter()
-            .map(|&(file, len)| Extent { file, len })
+            .map(|&(file, len)| crate::view::Extent { file, len })
             .collect();
         let n: u64 = extents.iter().map(|e| e.len).sum();
         Ok(Work::Write {
-            extents,
+            extents: extents.into(),
             data: vec![0; n as usize],
         })
     }

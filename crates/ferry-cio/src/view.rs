@@ -33,6 +33,141 @@ pub struct Extent {
     pub len: u64,
 }
 
+/// Equal runs at a fixed period: `count` runs of `len` bytes, the first at file offset
+/// `first`, each `period` bytes after the one before (the seed's view: one 4-byte int
+/// every 8 bytes). A call of such a view is kept in these four numbers, not listed run
+/// by run, and placed and gathered with a tight loop ([`crate::domain`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Strided {
+    /// File offset of the first run.
+    pub first: u64,
+    /// Bytes in each run (at least 1).
+    pub len: u64,
+    /// Bytes from one run's start to the next's (at least 1).
+    pub period: u64,
+    /// Runs (at least 1).
+    pub count: u64,
+}
+
+impl Strided {
+    /// Run `i` (below `count`).
+    #[inline]
+    pub fn run(&self, i: u64) -> Extent {
+        Extent {
+            file: self.first + i * self.period,
+            len: self.len,
+        }
+    }
+
+    /// The file offset just past the last run.
+    pub fn end(&self) -> u64 {
+        self.first + (self.count - 1) * self.period + self.len
+    }
+}
+
+/// The file extents of one call: equal runs at a fixed period, or a list in stream order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Extents {
+    /// Equal runs at a fixed period, none touching the next.
+    Strided(Strided),
+    /// Any extents.
+    List(Vec<Extent>),
+}
+
+impl Default for Extents {
+    fn default() -> Self {
+        Extents::List(Vec::new())
+    }
+}
+
+impl From<Vec<Extent>> for Extents {
+    fn from(v: Vec<Extent>) -> Self {
+        Extents::List(v)
+    }
+}
+
+impl Extents {
+    /// Every extent, in stream order.
+    pub fn iter(&self) -> impl Iterator<Item = Extent> + '_ {
+        let (list, strided) = match self {
+            Extents::List(v) => (v.as_slice(), None),
+            Extents::Strided(s) => (&[][..], Some(*s)),
+        };
+        let runs = strided
+            .into_iter()
+            .flat_map(|s| (0..s.count).map(move |i| s.run(i)));
+        list.iter().copied().chain(runs)
+    }
+
+    /// How many extents.
+    pub fn count(&self) -> u64 {
+        match self {
+            Extents::List(v) => v.len() as u64,
+            Extents::Strided(s) => s.count,
+        }
+    }
+
+    /// The bytes of data stream they hold.
+    pub fn bytes(&self) -> u64 {
+        match self {
+            Extents::List(v) => v.iter().map(|e| e.len).sum(),
+            Extents::Strided(s) => s.count * s.len,
+        }
+    }
+
+    /// The extents as a list (a strided call listed run by run; `spare` gives the room).
+    pub fn into_list(self, mut spare: Vec<Extent>) -> Vec<Extent> {
+        match self {
+            Extents::List(v) => v,
+            Extents::Strided(s) => {
+                spare.clear();
+                spare.extend((0..s.count).map(|i| s.run(i)));
+                spare
+            }
+        }
+    }
+
+    /// Cuts a stream's extents at file offset `size`: all of them up to the first that
+    /// reaches it, that one shortened (a read stops at the end of the file).
+    pub fn clip(&mut self, size: u64) {
+        match self {
+            Extents::List(v) => clip_list(v, size),
+            Extents::Strided(s) => {
+                if s.end() <= size {
+                    return;
+                }
+                // Runs wholly before `size`; a run cut short makes the list irregular.
+                let whole = match size.checked_sub(s.first + s.len) {
+                    Some(room) => room / s.period + 1,
+                    None => 0,
+                };
+                let next = s.first + whole * s.period;
+                if whole > 0 && next >= size {
+                    s.count = whole;
+                } else {
+                    let mut v = std::mem::take(self).into_list(Vec::new());
+                    clip_list(&mut v, size);
+                    *self = Extents::List(v);
+                }
+            }
+        }
+    }
+}
+
+/// [`Extents::clip`] of a list.
+fn clip_list(extents: &mut Vec<Extent>, size: u64) {
+    let Some(i) = extents.iter().position(|e| e.file + e.len > size) else {
+        return;
+    };
+    let e = extents[i];
+    if e.file < size {
+        extents[i].len = size - e.file;
+        extents.truncate(i + 1);
+    } else {
+        extents.truncate(i);
+    }
+}
+
 /// The most runs a file type's tile may have to be kept flat (16 bytes and 8 bytes each
 /// per view); a larger tile is walked by a cursor in each call.
 const MAX_FLAT_RUNS: u64 = 1 << 16;
@@ -207,6 +342,61 @@ impl View {
                 None => self.extents_by_cursor(&w, out),
             },
         }
+    }
+
+    /// The extents [`View::extents`] lists, kept as [`Strided`] where the view is one run
+    /// per period at a fixed period and the window holds whole runs (`spare` is the room
+    /// for a list otherwise). Errors are [`View::extents`]'s.
+    pub fn pieces(&self, offset: u64, len: u64, mut spare: Vec<Extent>) -> Result<Extents> {
+        if let Some(s) = self.strided(offset, len)? {
+            return Ok(Extents::Strided(s));
+        }
+        spare.clear();
+        self.extents(offset, len, &mut spare)?;
+        Ok(Extents::List(spare))
+    }
+
+    /// The window as equal runs at a fixed period, if it is that (None leaves the window,
+    /// and any error in it, to the general mapping).
+    fn strided(&self, offset: u64, len: u64) -> Result<Option<Strided>> {
+        let (Some(tile), Some(w)) = (&self.tile, self.window(offset, len)?) else {
+            return Ok(None);
+        };
+        let [run] = tile.runs[..] else {
+            return Ok(None);
+        };
+        // One run per period; the periods of a tile and those of the next tile must be
+        // equally far apart.
+        let extent = i128::from(self.filetype.extent());
+        let period = match tile.reps {
+            1 => extent,
+            reps if i128::from(tile.step) * i128::from(reps) == extent => i128::from(tile.step),
+            _ => return Ok(None),
+        };
+        if run.len == 0 {
+            return Ok(None);
+        }
+        let whole_runs = w.within.is_multiple_of(run.len) && len.is_multiple_of(run.len);
+        // Runs that touch (or overlap) are merged (or kept) by the list.
+        if !whole_runs || period <= i128::from(run.len) {
+            return Ok(None);
+        }
+        let count = len / run.len;
+        if count > MAX_EXTENTS as u64 {
+            return Ok(None);
+        }
+        let first =
+            i128::from(w.base) + i128::from(run.offset) + i128::from(w.within / run.len) * period;
+        let end = first + i128::from(count - 1) * period + i128::from(run.len);
+        if first < 0 || end > i128::from(i64::MAX) {
+            return Ok(None);
+        }
+        Ok(Some(Strided {
+            first: first as u64,
+            len: run.len,
+            period: period as u64,
+            count,
+        }))
     }
 
     /// Where the window of `len` bytes at etype `offset` starts, or None if it is empty.
@@ -511,6 +701,90 @@ mod tests {
             let (by_period, by_cursor) = both_ways_flat(&v, offset, count * etype, 1);
             prop_assert_eq!(by_period, by_cursor);
         }
+    }
+
+    /// A file type of one run per period: a block of ints resized to a longer extent, or
+    /// the seed's vector of single blocks resized to its whole length (its tile repeats
+    /// a period), with a lower bound that may shift the run; sometimes a tile whose
+    /// periods do not continue into the next tile's.
+    fn one_run_filetype() -> impl Strategy<Value = Option<Datatype>> {
+        (1u64..4, 1u64..6, -3i64..4, 0u8..3, 1u64..6, 0i64..3).prop_map(
+            |(block, gap, lb, how, count, slack)| {
+                let run = Datatype::contiguous(block, &int()).ok()?;
+                let period = 4 * (block + gap) as i64;
+                match how {
+                    0 => Datatype::resized(&run, lb, period).ok(),
+                    _ => {
+                        let stride = (block + gap) as i64;
+                        let v = Datatype::vector(count, block, stride, &int()).ok()?;
+                        let extent = period * count as i64 + 4 * slack * i64::from(how - 1);
+                        Datatype::resized(&v, 0, extent).ok()
+                    }
+                }
+            },
+        )
+    }
+
+    proptest! {
+        #![proptest_config(config())]
+
+        /// A call kept strided is exactly the list [`View::extents`] makes of it, errors
+        /// alike: any one-run view, windows starting mid-run or mid-tile, and the general
+        /// file types (which mostly stay lists).
+        #[test]
+        fn strided_pieces_match_the_list(
+            ft in prop_oneof![one_run_filetype(), filetype()],
+            disp in 0i64..64,
+            etype in prop_oneof![Just(4u64), 1u64..=4],
+            offset in 0u64..40,
+            count in 0u64..60,
+        ) {
+            let Some(ft) = ft else { return Err(TestCaseError::reject("no type")) };
+            let Ok(et) = Datatype::primitive(etype) else { return Err(TestCaseError::reject("etype")) };
+            let Ok(v) = View::new(disp, et, ft) else { return Err(TestCaseError::reject("bad view")) };
+            let len = count * etype;
+            let mut listed = Vec::new();
+            let listed = v.extents(offset, len, &mut listed).map(|()| listed);
+            let pieces = v.pieces(offset, len, Vec::new());
+            let as_list = pieces.as_ref().map(|p| p.iter().collect::<Vec<_>>()).map_err(Clone::clone);
+            prop_assert_eq!(as_list, listed);
+            if let Ok(p) = &pieces {
+                prop_assert_eq!(p.count(), p.iter().count() as u64);
+                prop_assert_eq!(p.bytes(), if p.count() == 0 { 0 } else { len });
+            }
+        }
+
+        /// A strided read cut at the end of the file keeps exactly the runs (and the part
+        /// of a run) a list cut there keeps.
+        #[test]
+        fn strided_clip_matches_the_list(
+            first in 0u64..40, len in 1u64..6, gap in 1u64..6, count in 1u64..20, size in 0u64..160,
+        ) {
+            let s = Extents::Strided(Strided { first, len, period: len + gap, count });
+            let mut list = Extents::List(s.iter().collect());
+            let mut cut = s.clone();
+            cut.clip(size);
+            list.clip(size);
+            prop_assert_eq!(cut.iter().collect::<Vec<_>>(), list.iter().collect::<Vec<_>>());
+        }
+    }
+
+    /// The seed's view is kept strided: one int every 8 bytes, a million of them.
+    #[test]
+    fn the_seed_view_is_strided() {
+        let n = 1_024_000u64;
+        let vector = Datatype::vector(n, 1, 2, &int()).unwrap();
+        let seed = Datatype::resized(&vector, 0, 8 * n as i64).unwrap();
+        let v = View::new(4, int(), seed).unwrap();
+        assert_eq!(
+            v.pieces(0, 4 * n, Vec::new()).unwrap(),
+            Extents::Strided(Strided {
+                first: 4,
+                len: 4,
+                period: 8,
+                count: n
+            })
+        );
     }
 
     /// The seed's view on a million ints: every other int, starting at the rank's, as

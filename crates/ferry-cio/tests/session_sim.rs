@@ -43,11 +43,11 @@ fn work(kind: CallKind, r: Rank, size: Rank) -> Work {
         CallKind::Open => Work::Value(8),
         CallKind::SetSize | CallKind::Preallocate => Work::Value(64),
         CallKind::WriteAtAll => Work::Write {
-            extents: (0..3).map(ext).collect(),
+            extents: (0..3).map(ext).collect::<Vec<_>>().into(),
             data: vec![r as u8; 12],
         },
         CallKind::ReadAtAll => Work::Read {
-            extents: (0..3).map(ext).collect(),
+            extents: (0..3).map(ext).collect::<Vec<_>>().into(),
         },
         _ => Work::Nothing,
     }

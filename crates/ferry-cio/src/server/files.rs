@@ -21,7 +21,7 @@ use crate::domain;
 use crate::error::{CioError, ErrorClass, Result};
 use crate::proto::amode;
 use crate::session::{Action, Piece};
-use crate::view::Extent;
+use crate::view::Extents;
 
 /// The most bytes gathered into one write: runs of touching pieces longer than this are
 /// written in several.
@@ -248,10 +248,9 @@ pub fn write(file: &File, action: &Action, pool: &Pool) -> Result<()> {
         } => {
             let span = usize::try_from(hi - lo)
                 .map_err(|_| CioError::new(ErrorClass::Arg, "a write's span too large"))?;
-            let mut buf = pool.bytes(span);
             // The holes between regions are never written: a spare buffer's old bytes
             // there are harmless, so it is not cleared.
-            buf.resize(span, 0);
+            let mut buf = pool.dirty(span);
             let written = write_domain(file, &mut buf, *lo, regions, ranks);
             pool.give_bytes(buf);
             written
@@ -267,7 +266,7 @@ fn write_domain(
     buf: &mut [u8],
     lo: u64,
     regions: &[(u64, u64)],
-    ranks: &[(Vec<Extent>, Vec<u8>)],
+    ranks: &[(Extents, Vec<u8>)],
 ) -> Result<()> {
     domain::place(buf, lo, ranks)
         .ok_or_else(|| CioError::new(ErrorClass::Arg, "a piece outside its rank's data"))?;
@@ -330,17 +329,17 @@ fn piece_bytes<'a>(data: &'a [Vec<u8>], p: &Piece) -> Result<&'a [u8]> {
 /// stream stops at the end of the file: it gets the bytes of its extents that lie before
 /// it, up to the first that does not (`wants` is cut there). The streams are `pool`'s
 /// buffers, to be given back once sent.
-pub fn read_regions(file: &File, wants: &mut [Vec<Extent>], pool: &Pool) -> Result<Vec<Vec<u8>>> {
+pub fn read_regions(file: &File, wants: &mut [Extents], pool: &Pool) -> Result<Vec<Vec<u8>>> {
     let size = file
         .metadata()
         .map_err(|e| io_error("collective read", &e))?
         .len();
     for w in wants.iter_mut() {
-        clip(w, size);
+        w.clip(size);
     }
-    if let Some((lo, hi)) = domain::dense_span(wants.iter().map(Vec::as_slice)) {
-        let mut span = pool.bytes((hi - lo) as usize);
-        span.resize((hi - lo) as usize, 0);
+    if let Some((lo, hi)) = domain::dense_span(wants.iter()) {
+        // Read whole (zeros past the end of the file): not cleared first.
+        let mut span = pool.dirty((hi - lo) as usize);
         let streams = read_domain(file, &mut span, lo, wants, pool);
         pool.give_bytes(span);
         return streams;
@@ -353,14 +352,13 @@ fn read_domain(
     file: &File,
     span: &mut [u8],
     lo: u64,
-    wants: &[Vec<Extent>],
+    wants: &[Extents],
     pool: &Pool,
 ) -> Result<Vec<Vec<u8>>> {
     read_fully(file, span, lo)?;
     let mut out = Vec::with_capacity(wants.len());
     for extents in wants {
-        let n: u64 = extents.iter().map(|e| e.len).sum();
-        let mut stream = pool.bytes(n as usize);
+        let mut stream = pool.dirty(extents.bytes() as usize);
         domain::gather(extents, lo, span, &mut stream).ok_or_else(|| {
             CioError::new(ErrorClass::Io, "internal: a read extent outside its span")
         })?;
@@ -371,8 +369,9 @@ fn read_domain(
 
 /// [`read_regions`] region by region: the union of every rank's extents, merged by file
 /// offset, read into one buffer back to back.
-fn read_pieces(file: &File, wants: &[Vec<Extent>], pool: &Pool) -> Result<Vec<Vec<u8>>> {
-    let all = crate::session::merge_by_offset(wants.to_vec(), |e| e.file);
+fn read_pieces(file: &File, wants: &[Extents], pool: &Pool) -> Result<Vec<Vec<u8>>> {
+    let lists = wants.iter().map(|w| w.iter().collect()).collect();
+    let all = crate::session::merge_by_offset(lists, |e| e.file);
     let mut regions: Vec<(u64, u64, usize)> = Vec::new(); // (file, len, buffer offset)
     for e in all {
         if let Some((f, l, _)) = regions.last_mut() {
@@ -395,10 +394,9 @@ fn read_pieces(file: &File, wants: &[Vec<Extent>], pool: &Pool) -> Result<Vec<Ve
     // Each rank's stream from the regions.
     let mut out = Vec::with_capacity(wants.len());
     for extents in wants {
-        let n: u64 = extents.iter().map(|e| e.len).sum();
-        let mut stream = pool.bytes(n as usize);
+        let mut stream = pool.bytes(extents.bytes() as usize);
         let mut r = 0;
-        for e in extents {
+        for e in extents.iter() {
             // Every extent lies inside the region that starts at or before it: the one of
             // the extent before (views mostly ascend), else found by binary search.
             let inside = |r: usize| {
@@ -423,21 +421,6 @@ fn read_pieces(file: &File, wants: &[Vec<Extent>], pool: &Pool) -> Result<Vec<Ve
         out.push(stream);
     }
     Ok(out)
-}
-
-/// Cuts a stream's extents at `size`: all of them up to the first that reaches it, that
-/// one shortened.
-fn clip(extents: &mut Vec<Extent>, size: u64) {
-    let Some(i) = extents.iter().position(|e| e.file + e.len > size) else {
-        return;
-    };
-    let e = extents[i];
-    if e.file < size {
-        extents[i].len = size - e.file;
-        extents.truncate(i + 1);
-    } else {
-        extents.truncate(i);
-    }
 }
 
 /// Reads `buf.len()` bytes at `at`; bytes past the end of the file (it shrank meanwhile)

@@ -35,7 +35,7 @@ use crate::config::CioConfig;
 use crate::error::{CioError, ErrorClass, Result};
 use crate::proto::{self, amode, Desc, Msg, HEADER_LEN, MAX_CACHED_TYPES};
 use crate::session::{self, Action, CallKind, Output, Rank, Session, Work};
-use crate::view::{Extent, View};
+use crate::view::{Extents, View};
 
 /// The name the face is hosted under in a server's registry.
 pub const SERVICE: &str = "cio";
@@ -150,6 +150,8 @@ struct RankConn {
     view: View,
     /// Datatype descriptions received, by BLAKE3 (the decoding's outcome).
     types: HashMap<[u8; 32], Result<Datatype>>,
+    /// Views set before, flattened (HDF5 sets the same view again in every call).
+    views: Views,
     chunk: usize,
     /// Bytes this rank read and wrote since its open, for the audit's close record.
     moved: u64,
@@ -286,6 +288,7 @@ impl Server {
             amode: mode,
             view: View::default(),
             types: HashMap::new(),
+            views: Views::default(),
             chunk: self.cfg.chunk as usize,
             moved: 0,
         };
@@ -432,9 +435,10 @@ impl Server {
                 etype,
                 filetype,
             } => {
+                let key = (disp, desc_hash(&etype), desc_hash(&filetype));
                 let view = resolve(&mut me.types, etype).and_then(|e| {
                     let f = resolve(&mut me.types, filetype)?;
-                    View::new(disp, e, f)
+                    me.views.get_or_make(key, || View::new(disp, e, f))
                 });
                 let work = view.as_ref().map(|_| Work::Nothing).map_err(Clone::clone);
                 let outcome = self.collective(me, CallKind::SetView, work);
@@ -447,8 +451,7 @@ impl Server {
                 let data = self.recv_data(ch, len, &me.shared.pool)?;
                 let work = data.and_then(|data| {
                     writable(me.amode)?;
-                    let mut extents = me.shared.pool.extents();
-                    me.view.extents(offset, len, &mut extents)?;
+                    let extents = me.view.pieces(offset, len, me.shared.pool.extents())?;
                     Ok(Work::Write { extents, data })
                 });
                 let outcome = self.collective(me, CallKind::WriteAtAll, work);
@@ -467,8 +470,7 @@ impl Server {
                 let data = self.recv_data(ch, len, &me.shared.pool)?;
                 let outcome = data.and_then(|data| {
                     writable(me.amode)?;
-                    let mut extents = me.shared.pool.extents();
-                    me.view.extents(offset, len, &mut extents)?;
+                    let extents = me.view.pieces(offset, len, me.shared.pool.extents())?;
                     let file = file_of(me)?;
                     let action = session::placement(vec![Work::Write { extents, data }])?;
                     let written = files::write(&file, &action, &me.shared.pool);
@@ -524,7 +526,7 @@ impl Server {
     }
 
     /// The extents of a read of `len` bytes at `offset` (a file opened for reading).
-    fn read_extents(&self, me: &RankConn, offset: u64, len: u64) -> Result<Vec<Extent>> {
+    fn read_extents(&self, me: &RankConn, offset: u64, len: u64) -> Result<Extents> {
         if me.amode & amode::WRONLY != 0 {
             return Err(CioError::new(
                 ErrorClass::Access,
@@ -532,9 +534,7 @@ impl Server {
             ));
         }
         self.check_len(len)?;
-        let mut extents = me.shared.pool.extents();
-        me.view.extents(offset, len, &mut extents)?;
-        Ok(extents)
+        me.view.pieces(offset, len, me.shared.pool.extents())
     }
 
     fn check_len(&self, len: u64) -> Result<()> {
@@ -844,6 +844,38 @@ fn resolve(types: &mut HashMap<[u8; 32], Result<Datatype>>, d: Desc) -> Result<D
             types.insert(h, t.clone());
             t
         }
+    }
+}
+
+/// A SET_VIEW's key: its displacement and the BLAKE3 of its etype's and file type's
+/// descriptions.
+type ViewKey = (i64, [u8; 32], [u8; 32]);
+
+/// The views a connection set, flattened, by their key: setting one again costs a lookup
+/// (at most [`MAX_CACHED_TYPES`] kept; all forgotten when one more would be too many).
+#[derive(Default)]
+struct Views(HashMap<ViewKey, View>);
+
+impl Views {
+    /// The view of `key`, kept or made by `make` (and kept if it is valid).
+    fn get_or_make(&mut self, key: ViewKey, make: impl FnOnce() -> Result<View>) -> Result<View> {
+        if let Some(v) = self.0.get(&key) {
+            return Ok(v.clone());
+        }
+        let v = make()?;
+        if self.0.len() >= MAX_CACHED_TYPES {
+            self.0.clear();
+        }
+        self.0.insert(key, v.clone());
+        Ok(v)
+    }
+}
+
+/// The BLAKE3 of a datatype description, sent or named.
+fn desc_hash(d: &Desc) -> [u8; 32] {
+    match d {
+        Desc::Hash(h) => *h,
+        Desc::Inline(bytes) => *blake3::hash(bytes).as_bytes(),
     }
 }
 

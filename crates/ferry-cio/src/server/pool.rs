@@ -8,7 +8,7 @@
 
 use std::sync::{Mutex, MutexGuard};
 
-use crate::view::Extent;
+use crate::view::{Extent, Extents};
 
 /// Buffers kept per rank of the session, of each kind.
 const PER_RANK: usize = 3;
@@ -38,17 +38,33 @@ impl Pool {
     /// it (a rank's stream and a call's domain, twice as large, each find their like),
     /// else a new one.
     pub fn bytes(&self, want: usize) -> Vec<u8> {
+        let mut v = self.take(want);
+        v.clear();
+        v
+    }
+
+    /// A buffer of `want` bytes holding what a spare one held (zeros past its old
+    /// length): for a buffer whose every byte read is written first, which need not be
+    /// cleared (8 MiB of zeros a call, else).
+    pub fn dirty(&self, want: usize) -> Vec<u8> {
+        let mut v = self.take(want);
+        v.truncate(want);
+        v.resize(want, 0);
+        v
+    }
+
+    /// The smallest spare buffer with room for `want` bytes, as it was given back, or a
+    /// new one.
+    fn take(&self, want: usize) -> Vec<u8> {
         let mut spare = lock(&self.bytes);
         let fit = (spare.iter().enumerate())
             .filter(|(_, v)| v.capacity() >= want)
             .min_by_key(|(_, v)| v.capacity())
             .map(|(i, _)| i);
-        let mut v = match fit {
+        match fit {
             Some(i) => spare.swap_remove(i),
             None => Vec::with_capacity(want),
-        };
-        v.clear();
-        v
+        }
     }
 
     /// Keeps `v` for a later call; if enough are kept, it replaces the smallest one
@@ -74,8 +90,11 @@ impl Pool {
         v
     }
 
-    /// Keeps `v` for a later call (dropped if enough are kept).
-    pub fn give_extents(&self, v: Vec<Extent>) {
+    /// Keeps a list's room for a later call (dropped if enough are kept).
+    pub fn give_extents(&self, e: Extents) {
+        let Extents::List(v) = e else {
+            return;
+        };
         let mut spare = lock(&self.extents);
         if v.capacity() > 0 && spare.len() < self.keep {
             spare.push(v);

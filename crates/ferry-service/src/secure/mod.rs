@@ -327,6 +327,9 @@ pub(crate) trait Wire {
 pub struct Secure {
     tls: Mutex<rustls::Connection>,
     binding: [u8; 32],
+    /// Room for the next sealed message, kept from an earlier one (used under the `tls`
+    /// lock): a large frame sealed into fresh memory would fault its pages in every time.
+    sealed: Mutex<Vec<u8>>,
 }
 
 impl std::fmt::Debug for Secure {
@@ -362,7 +365,9 @@ impl Secure {
         let mut w = tls.writer();
         std::io::Write::write_all(&mut w, frame)
             .map_err(|e| Error::conn(format!("seal a frame: {e}")))?;
-        let mut out = Vec::with_capacity(HEADER_LEN + frame.len() + seal_room(frame.len()));
+        let mut out = std::mem::take(&mut *self.sealed.lock().unwrap_or_else(|p| p.into_inner()));
+        out.clear();
+        out.reserve(HEADER_LEN + frame.len() + seal_room(frame.len()));
         out.extend_from_slice(&[0; HEADER_LEN]);
         while tls.wants_write() {
             tls.write_tls(&mut out)
@@ -371,7 +376,9 @@ impl Secure {
         let len = out.len() as u32;
         out[..4].copy_from_slice(&len.to_le_bytes());
         out[4] = TLS_TYPE;
-        send(&out)
+        let sent = send(&out);
+        *self.sealed.lock().unwrap_or_else(|p| p.into_inner()) = out;
+        sent
     }
 
     /// Opens a sealed message into `out` (the one frame it carries). A message that is not
@@ -473,6 +480,7 @@ fn handshake(
     Ok(Secure {
         tls: Mutex::new(tls),
         binding,
+        sealed: Mutex::new(Vec::new()),
     })
 }
 
