@@ -954,3 +954,41 @@ fn send_stream(ch: &Channel, data: &[u8], chunk: usize, pool: &Pool) -> Result<(
     pool.give_bytes(frame);
     sent
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A view set again (same displacement, same descriptions) is the kept one, not
+    /// flattened again; a refused view is not kept; a full cache starts over.
+    #[test]
+    fn views_are_kept_by_their_key() {
+        let mut views = Views::default();
+        let mut made = 0;
+        let key = |d: i64| (d, [1; 32], [2; 32]);
+        for _ in 0..3 {
+            let v = views.get_or_make(key(4), || {
+                made += 1;
+                View::new(4, Datatype::byte(), Datatype::byte())
+            });
+            assert_eq!(v.unwrap().disp(), 4);
+        }
+        assert_eq!(made, 1);
+        for _ in 0..2 {
+            let bad = views.get_or_make(key(-1), || {
+                made += 1;
+                View::new(-1, Datatype::byte(), Datatype::byte())
+            });
+            assert_eq!(bad.unwrap_err().class, ErrorClass::Arg);
+        }
+        assert_eq!(made, 3);
+        for d in 0..MAX_CACHED_TYPES as i64 + 1 {
+            views
+                .get_or_make(key(100 + d), || {
+                    View::new(0, Datatype::byte(), Datatype::byte())
+                })
+                .unwrap();
+        }
+        assert!(views.0.len() <= MAX_CACHED_TYPES);
+    }
+}
