@@ -178,7 +178,7 @@ impl FabricService {
             read,
             always_invalidate,
             chunks,
-            rtrs: None,
+            rtrs: Vec::new(),
             rq: EventQueue::new().map_err(|e| Error::io("create event queue", &e))?,
         };
         s.serve(usize::from(self.pool.chunks).min(MAX_WORKERS))
@@ -278,8 +278,9 @@ struct Session<'a> {
     read: ReadMode,
     always_invalidate: bool,
     chunks: Chunks,
-    /// The registered buffer RTRS reads are written from.
-    rtrs: Option<ExsBuf>,
+    /// Registered buffers RTRS reads are read into and RMA-written from, free for the
+    /// next (as many as such reads were ever in flight at once).
+    rtrs: Vec<ExsBuf>,
     /// Where the server's own RMAs complete.
     rq: EventQueue,
 }
@@ -311,8 +312,9 @@ enum JobData {
     /// Inside the request (copy scheme WRITE).
     Inline(Vec<u8>),
     /// The client's registered range a READ's bytes are RMA-written into (RTRS), by the
-    /// reader once the worker has read them.
-    Remote(RemoteSlice),
+    /// reader once the worker has read them into `buf`, a registered buffer of the
+    /// session's own (never granted: nothing but this job touches it).
+    Remote { remote: RemoteSlice, buf: ExsBuf },
 }
 
 /// A job done, for the reader to answer.
@@ -338,6 +340,13 @@ impl Job {
                 memory.write_at(*at as usize, scratch);
                 Ok(Vec::new())
             }
+            (Cmd::Read, JobData::Remote { buf, .. }) => {
+                let b = buf.buffer();
+                b.with_bytes_mut(buf.offset(), self.len as usize, |out| {
+                    backend.read_at(out, self.offset)
+                })?;
+                Ok(Vec::new())
+            }
             (Cmd::Read, _) => {
                 let mut out = vec![0; self.len as usize];
                 backend.read_at(&mut out, self.offset).map(|()| out)
@@ -359,7 +368,7 @@ impl Job {
                 none(backend.write_zeroes(self.offset, u64::from(self.len), how))
             }
             // Refused by the scheme check before a job is made.
-            (Cmd::Write, JobData::None | JobData::Remote(_)) => none(unreachable_scheme()),
+            (Cmd::Write, JobData::None | JobData::Remote { .. }) => none(unreachable_scheme()),
         }
     }
 
@@ -515,8 +524,12 @@ impl Session<'_> {
     fn answer_done(&mut self, d: Done) -> Result<()> {
         let outcome = match (d.data, d.result) {
             (JobData::Chunk { chunk, .. }, r) => self.after_chunk_io(r.map(drop), chunk),
+            (JobData::Remote { buf, .. }, Err(e)) => {
+                self.rtrs.push(buf);
+                (nbd_errno(&e), None, Vec::new())
+            }
             (_, Err(e)) => (nbd_errno(&e), None, Vec::new()),
-            (JobData::Remote(remote), Ok(bytes)) => match self.write_remote(remote, &bytes) {
+            (JobData::Remote { remote, buf }, Ok(_)) => match self.write_remote(remote, buf) {
                 Ok(()) => (0, None, Vec::new()),
                 Err(Violation(m)) => return self.violation(m),
             },
@@ -598,7 +611,10 @@ impl Session<'_> {
                 at,
             },
             Data::Inline(b) => JobData::Inline(b),
-            Data::Remote(r) => JobData::Remote(r),
+            Data::Remote(remote) => JobData::Remote {
+                remote,
+                buf: self.rtrs_buf()?,
+            },
             Data::None => JobData::None,
         };
         Ok(Next::Job(Job {
@@ -611,26 +627,30 @@ impl Session<'_> {
         }))
     }
 
-    /// RMA-writes `bytes` into the client's `remote` range and waits for it: a range the
-    /// fabric refuses (not the client's, or not granted) ends the session.
+    /// A registered buffer for an RTRS read: a free one, or a new one.
+    fn rtrs_buf(&mut self) -> std::result::Result<ExsBuf, Violation> {
+        match self.rtrs.pop() {
+            Some(b) => Ok(b),
+            None => self
+                .ch
+                .socket()
+                .alloc_with(self.chunk_size as usize, Access::LOCAL)
+                .map_err(|e| Violation(format!("register an RTRS buffer: {e}"))),
+        }
+    }
+
+    /// RMA-writes the first `remote.len` bytes of `buf` into the client's `remote` range
+    /// and waits for it (then `buf` is free again): a range the fabric refuses (not the
+    /// client's, or not granted) ends the session.
     fn write_remote(
         &mut self,
         remote: RemoteSlice,
-        bytes: &[u8],
+        buf: ExsBuf,
     ) -> std::result::Result<(), Violation> {
-        let sock = self.ch.socket();
-        let buf = match self.rtrs.take() {
-            Some(b) => b,
-            None => sock
-                .alloc_with(self.chunk_size as usize, Access::LOCAL)
-                .map_err(|e| Violation(format!("register the RTRS buffer: {e}")))?,
-        };
         let whole = buf.region().clone();
-        let n = bytes.len();
-        buf.write_at(0, bytes)
-            .map_err(|e| Violation(e.to_string()))?;
+        let n = usize::try_from(remote.len).unwrap_or(usize::MAX);
         let part = buf.slice(..n).map_err(|e| Violation(e.to_string()))?;
-        sock.rma(&self.rq, true, part, remote, 0);
+        self.ch.socket().rma(&self.rq, true, part, remote, 0);
         let ev = loop {
             match self.rq.dequeue(RMA_TIMEOUT) {
                 Some(ev) if ev.kind == EventKind::Rma => break ev,
@@ -638,7 +658,7 @@ impl Session<'_> {
                 None => return Err(Violation("the RMA into the client's memory hung".into())),
             }
         };
-        self.rtrs = Some(ExsBuf::new(whole));
+        self.rtrs.push(ExsBuf::new(whole));
         ev.result
             .map_err(|e| Violation(format!("the client's range was refused: {e}")))
     }
