@@ -161,12 +161,26 @@ fn every_scheme_round_trips_on_every_driver() {
     let _ = std::fs::remove_file(path);
 }
 
-/// A file backend that counts the writes under way at once (each held a moment, so
-/// writes that may overlap do).
+/// A file backend that counts the writes, and the reads, under way at once (each held a
+/// moment, so those that may overlap do).
 struct Overlap {
     file: FileBackend,
     now: std::sync::atomic::AtomicUsize,
     most: std::sync::atomic::AtomicUsize,
+    reads_now: std::sync::atomic::AtomicUsize,
+    reads_most: std::sync::atomic::AtomicUsize,
+}
+
+impl Overlap {
+    fn new(path: &std::path::Path) -> Overlap {
+        Overlap {
+            file: FileBackend::open(path, false, false).unwrap(),
+            now: Default::default(),
+            most: Default::default(),
+            reads_now: Default::default(),
+            reads_most: Default::default(),
+        }
+    }
 }
 
 impl Backend for Overlap {
@@ -174,7 +188,13 @@ impl Backend for Overlap {
         self.file.size()
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-        self.file.read_at(buf, offset)
+        use std::sync::atomic::Ordering::SeqCst;
+        let n = self.reads_now.fetch_add(1, SeqCst) + 1;
+        self.reads_most.fetch_max(n, SeqCst);
+        std::thread::sleep(Duration::from_millis(2));
+        let r = self.file.read_at(buf, offset);
+        self.reads_now.fetch_sub(1, SeqCst);
+        r
     }
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> std::io::Result<()> {
         use std::sync::atomic::Ordering::SeqCst;
@@ -210,11 +230,7 @@ impl Backend for Overlap {
 #[test]
 fn many_writes_in_flight_with_reads_and_flushes() {
     let path = backing("inflight");
-    let overlap = Arc::new(Overlap {
-        file: FileBackend::open(&path, false, false).unwrap(),
-        now: Default::default(),
-        most: Default::default(),
-    });
+    let overlap = Arc::new(Overlap::new(&path));
     let pool = PoolConfig {
         chunks: 8,
         chunk_size: 64 << 10,
@@ -262,6 +278,43 @@ fn many_writes_in_flight_with_reads_and_flushes() {
         let most = overlap.most.load(std::sync::atomic::Ordering::SeqCst);
         assert!(most > 1, "{addr}: the server ran one write at a time");
         c.close();
+    }
+    let _ = std::fs::remove_file(path);
+}
+
+/// A long READ on a session is served by several of the server's workers at once (its
+/// requests in flight together), in every read scheme, and reads back what was written.
+#[test]
+fn reads_in_flight_run_at_once_in_every_scheme() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let path = backing("reads");
+    let overlap = Arc::new(Overlap::new(&path));
+    let pool = PoolConfig {
+        chunks: 8,
+        chunk_size: 64 << 10,
+    };
+    let addrs = server_with("reads", vec![export("file", overlap.clone())], pool);
+    let data = pattern(1 << 20, 9);
+    std::fs::write(&path, &data).unwrap();
+    let schemes = [
+        (Scheme::Copy, ReadMode::ServerWrite),
+        (Scheme::Delegated, ReadMode::ServerFill),
+        (Scheme::Delegated, ReadMode::ServerWrite),
+    ];
+    for addr in &addrs {
+        for (scheme, read) in schemes {
+            let c = Client::connect(addr, &opts("file", scheme, read)).expect(addr);
+            overlap.reads_most.store(0, SeqCst);
+            let mut back = vec![0; data.len()];
+            c.read_at(0, &mut back).expect(addr);
+            assert!(
+                back == data,
+                "{addr} {scheme:?} {read:?}: read back differs"
+            );
+            let most = overlap.reads_most.load(SeqCst);
+            assert!(most > 1, "{addr} {scheme:?} {read:?}: one read at a time");
+            c.close();
+        }
     }
     let _ = std::fs::remove_file(path);
 }

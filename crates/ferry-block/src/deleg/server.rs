@@ -1,6 +1,6 @@
 //! The block fabric face: one thread per session, which registers and delegates the
 //! session's chunk pool, then reads its requests and answers them, with a few workers
-//! that carry out the writes meanwhile (replies out of order, matched by handle).
+//! that carry out the reads and writes meanwhile (replies out of order, matched by handle).
 
 use std::io;
 use std::sync::{mpsc, Arc, Mutex};
@@ -178,9 +178,8 @@ impl FabricService {
             read,
             always_invalidate,
             chunks,
-            rtrs: None,
+            rtrs: Vec::new(),
             rq: EventQueue::new().map_err(|e| Error::io("create event queue", &e))?,
-            scratch: Vec::new(),
         };
         s.serve(usize::from(self.pool.chunks).min(MAX_WORKERS))
     }
@@ -279,21 +278,21 @@ struct Session<'a> {
     read: ReadMode,
     always_invalidate: bool,
     chunks: Chunks,
-    /// The registered buffer RTRS reads are written from.
-    rtrs: Option<ExsBuf>,
+    /// Registered buffers RTRS reads are read into and RMA-written from, free for the
+    /// next (as many as such reads were ever in flight at once).
+    rtrs: Vec<ExsBuf>,
     /// Where the server's own RMAs complete.
     rq: EventQueue,
-    scratch: Vec<u8>,
 }
 
 /// What a request got: the NBD errno (0: done), and the copy scheme's READ data.
 type Outcome = (u32, Option<RemoteSlice>, Vec<u8>);
 
-/// Workers per session at most: enough to keep a few backend writes (and a FLUSH) going
-/// while the reader takes the next requests, few enough for a small machine.
+/// Workers per session at most: enough to keep a few backend reads and writes (and a
+/// FLUSH) going while the reader takes the next requests, few enough for a small machine.
 const MAX_WORKERS: usize = 4;
 
-/// A request checked and handed to a worker: every command but READ.
+/// A request checked and handed to a worker.
 struct Job {
     handle: u64,
     cmd: Cmd,
@@ -303,60 +302,81 @@ struct Job {
     data: JobData,
 }
 
-/// Where a job's WRITE bytes are.
+/// Where a job's data is (WRITE), or goes (READ).
 enum JobData {
+    /// Nowhere (FLUSH, TRIM, WRITE_ZEROES), or in the reply (a copy scheme READ).
     None,
-    /// In a delegated chunk: written to the backend from the registered memory itself.
-    Chunk {
-        chunk: u16,
-        memory: Buffer,
-        at: u32,
-    },
-    /// Inside the request (copy scheme).
+    /// In a delegated chunk: a WRITE goes to the backend from the registered memory itself;
+    /// a READ fills it (the client RMA-reads it after the reply).
+    Chunk { chunk: u16, memory: Buffer, at: u32 },
+    /// Inside the request (copy scheme WRITE).
     Inline(Vec<u8>),
+    /// The client's registered range a READ's bytes are RMA-written into (RTRS), by the
+    /// reader once the worker has read them into `buf`, a registered buffer of the
+    /// session's own (never granted: nothing but this job touches it).
+    Remote { remote: RemoteSlice, buf: ExsBuf },
 }
 
 /// A job done, for the reader to answer.
 struct Done {
     handle: u64,
-    chunk: Option<u16>,
-    result: io::Result<()>,
+    cmd: Cmd,
+    data: JobData,
+    /// What the backend said, and a READ's bytes when the reply (copy scheme) or the
+    /// reader's RMA (RTRS) carries them.
+    result: io::Result<Vec<u8>>,
 }
 
 impl Job {
-    /// Carries the job out on `backend`.
-    fn run(&self, backend: &dyn Backend) -> io::Result<()> {
+    /// Carries the job out on `backend`; a READ's bytes come back unless they went into
+    /// its chunk. `scratch`: the worker's own buffer for a READ into a chunk.
+    fn run(&self, backend: &dyn Backend, scratch: &mut Vec<u8>) -> io::Result<Vec<u8>> {
         let fua = self.flags & rflag::FUA != 0;
+        let none = |r: io::Result<()>| r.map(|()| Vec::new());
         match (self.cmd, &self.data) {
-            (Cmd::Write, JobData::Chunk { memory, at, .. }) => {
-                memory.with_bytes(*at as usize, self.len as usize, |b| {
-                    backend.write_at(b, self.offset, fua)
-                })
+            (Cmd::Read, JobData::Chunk { memory, at, .. }) => {
+                scratch.resize(self.len as usize, 0);
+                backend.read_at(scratch, self.offset)?;
+                memory.write_at(*at as usize, scratch);
+                Ok(Vec::new())
             }
-            (Cmd::Write, JobData::Inline(b)) => backend.write_at(b, self.offset, fua),
-            (Cmd::Flush, _) => backend.flush(),
-            (Cmd::Trim, _) => backend.trim(self.offset, u64::from(self.len), fua),
+            (Cmd::Read, JobData::Remote { buf, .. }) => {
+                let b = buf.buffer();
+                b.with_bytes_mut(buf.offset(), self.len as usize, |out| {
+                    backend.read_at(out, self.offset)
+                })?;
+                Ok(Vec::new())
+            }
+            (Cmd::Read, _) => {
+                let mut out = vec![0; self.len as usize];
+                backend.read_at(&mut out, self.offset).map(|()| out)
+            }
+            (Cmd::Write, JobData::Chunk { memory, at, .. }) => {
+                none(memory.with_bytes(*at as usize, self.len as usize, |b| {
+                    backend.write_at(b, self.offset, fua)
+                }))
+            }
+            (Cmd::Write, JobData::Inline(b)) => none(backend.write_at(b, self.offset, fua)),
+            (Cmd::Flush, _) => none(backend.flush()),
+            (Cmd::Trim, _) => none(backend.trim(self.offset, u64::from(self.len), fua)),
             (Cmd::WriteZeroes, _) => {
                 let how = Zeroing {
                     may_trim: self.flags & rflag::NO_HOLE == 0,
                     fast: false,
                     fua,
                 };
-                backend.write_zeroes(self.offset, u64::from(self.len), how)
+                none(backend.write_zeroes(self.offset, u64::from(self.len), how))
             }
-            // Refused by the checks before a job is made.
-            (Cmd::Read, _) | (Cmd::Write, JobData::None) => unreachable_scheme(),
+            // Refused by the scheme check before a job is made.
+            (Cmd::Write, JobData::None | JobData::Remote { .. }) => none(unreachable_scheme()),
         }
     }
 
-    fn done(self, result: io::Result<()>) -> Done {
-        let chunk = match self.data {
-            JobData::Chunk { chunk, .. } => Some(chunk),
-            _ => None,
-        };
+    fn done(self, result: io::Result<Vec<u8>>) -> Done {
         Done {
             handle: self.handle,
-            chunk,
+            cmd: self.cmd,
+            data: self.data,
             result,
         }
     }
@@ -370,12 +390,13 @@ fn work(
     done: mpsc::Sender<Done>,
     wake: &EventQueue,
 ) {
+    let mut scratch = Vec::new();
     loop {
         let job = match jobs.lock().unwrap_or_else(|p| p.into_inner()).recv() {
             Ok(j) => j,
             Err(_) => return,
         };
-        let result = job.run(backend);
+        let result = job.run(backend, &mut scratch);
         if done.send(job.done(result)).is_err() {
             return;
         }
@@ -385,7 +406,7 @@ fn work(
 
 /// What the reader does with a request it has checked.
 enum Next {
-    /// Answer now (an error found by the checks, or a READ served in place).
+    /// Answer now (an error found by the checks).
     Reply(Outcome),
     /// Hand to a worker.
     Job(Job),
@@ -394,10 +415,11 @@ enum Next {
 impl Session<'_> {
     /// Serves requests until the client goes, or breaks the protocol (which ends this
     /// session alone: its error says why). This thread reads and checks every request and
-    /// sends every reply; writes, FLUSH, TRIM and WRITE_ZEROES go to a few workers, so the
-    /// next requests are read while the backend works, and their replies go out as they
-    /// finish (out of order: the client matches them by handle). A FLUSH covers every
-    /// write replied to before it arrived: those are in the backend already.
+    /// sends every reply (and makes an RTRS READ's RMA); the backend work of every request
+    /// goes to a few workers, so the next requests are read while the backend works, and
+    /// their replies go out as they finish (out of order: the client matches them by
+    /// handle). A FLUSH covers every write replied to before it arrived: those are in the
+    /// backend already.
     fn serve(&mut self, workers: usize) -> Result<()> {
         let (job_tx, job_rx) = mpsc::channel::<Job>();
         let (done_tx, done_rx) = mpsc::channel::<Done>();
@@ -492,15 +514,28 @@ impl Session<'_> {
 
     /// Runs a job on the reader itself (no worker could be started).
     fn run_here(&mut self, job: Job) -> Result<()> {
-        let result = job.run(self.backend);
+        let result = job.run(self.backend, &mut Vec::new());
         self.answer_done(job.done(result))
     }
 
-    /// Answers a job done (rotating its chunk's key first if the session asked).
+    /// Answers a job done: an RTRS READ's bytes RMA-written to the client first (a range
+    /// the fabric refuses ends the session), a chunk's key rotated first if the session
+    /// asked.
     fn answer_done(&mut self, d: Done) -> Result<()> {
-        let outcome = match d.chunk {
-            Some(chunk) => self.after_chunk_io(d.result, chunk),
-            None => (errno(d.result), None, Vec::new()),
+        let outcome = match (d.data, d.result) {
+            (JobData::Chunk { chunk, .. }, r) => self.after_chunk_io(r.map(drop), chunk),
+            (JobData::Remote { buf, .. }, Err(e)) => {
+                self.rtrs.push(buf);
+                (nbd_errno(&e), None, Vec::new())
+            }
+            (_, Err(e)) => (nbd_errno(&e), None, Vec::new()),
+            (JobData::Remote { remote, buf }, Ok(_)) => match self.write_remote(remote, buf) {
+                Ok(()) => (0, None, Vec::new()),
+                Err(Violation(m)) => return self.violation(m),
+            },
+            // A copy scheme READ's bytes go in the reply.
+            (JobData::None, Ok(bytes)) if d.cmd == Cmd::Read => (0, None, bytes),
+            (JobData::None | JobData::Inline(_), Ok(_)) => (0, None, Vec::new()),
         };
         self.send_reply(d.handle, outcome)
     }
@@ -522,8 +557,8 @@ impl Session<'_> {
         Err(Error::conn(message))
     }
 
-    /// Checks a request: a violation ends the session; an error or a READ is answered
-    /// here; anything else becomes a job.
+    /// Checks a request: a violation ends the session; an error is answered here; anything
+    /// else becomes a job.
     fn request(
         &mut self,
         handle: u64,
@@ -569,9 +604,6 @@ impl Session<'_> {
         if !inside && cmd != Cmd::Flush {
             return Ok(Next::Reply((consts::EINVAL, None, Vec::new())));
         }
-        if cmd == Cmd::Read {
-            return self.read(offset, len, data).map(Next::Reply);
-        }
         let data = match data {
             Data::Chunk { chunk, at } => JobData::Chunk {
                 chunk,
@@ -579,7 +611,11 @@ impl Session<'_> {
                 at,
             },
             Data::Inline(b) => JobData::Inline(b),
-            Data::None | Data::Remote(_) => JobData::None,
+            Data::Remote(remote) => JobData::Remote {
+                remote,
+                buf: self.rtrs_buf()?,
+            },
+            Data::None => JobData::None,
         };
         Ok(Next::Job(Job {
             handle,
@@ -591,47 +627,30 @@ impl Session<'_> {
         }))
     }
 
-    fn read(
-        &mut self,
-        offset: u64,
-        len: u32,
-        data: Data,
-    ) -> std::result::Result<Outcome, Violation> {
-        self.scratch.resize(len as usize, 0);
-        if let Err(e) = self.backend.read_at(&mut self.scratch, offset) {
-            return Ok((nbd_errno(&e), None, Vec::new()));
-        }
-        match data {
-            Data::Chunk { chunk, at } => {
-                self.chunks.bufs[usize::from(chunk)]
-                    .buffer()
-                    .write_at(at as usize, &self.scratch);
-                Ok(self.after_chunk_io(Ok(()), chunk))
-            }
-            Data::Remote(remote) => {
-                self.write_remote(remote)?;
-                Ok((0, None, Vec::new()))
-            }
-            _ => Ok((0, None, std::mem::take(&mut self.scratch))),
+    /// A registered buffer for an RTRS read: a free one, or a new one.
+    fn rtrs_buf(&mut self) -> std::result::Result<ExsBuf, Violation> {
+        match self.rtrs.pop() {
+            Some(b) => Ok(b),
+            None => self
+                .ch
+                .socket()
+                .alloc_with(self.chunk_size as usize, Access::LOCAL)
+                .map_err(|e| Violation(format!("register an RTRS buffer: {e}"))),
         }
     }
 
-    /// RMA-writes the scratch bytes into the client's `remote` range and waits for it: a
-    /// range the fabric refuses (not the client's, or not granted) ends the session.
-    fn write_remote(&mut self, remote: RemoteSlice) -> std::result::Result<(), Violation> {
-        let sock = self.ch.socket();
-        let buf = match self.rtrs.take() {
-            Some(b) => b,
-            None => sock
-                .alloc_with(self.chunk_size as usize, Access::LOCAL)
-                .map_err(|e| Violation(format!("register the RTRS buffer: {e}")))?,
-        };
+    /// RMA-writes the first `remote.len` bytes of `buf` into the client's `remote` range
+    /// and waits for it (then `buf` is free again): a range the fabric refuses (not the
+    /// client's, or not granted) ends the session.
+    fn write_remote(
+        &mut self,
+        remote: RemoteSlice,
+        buf: ExsBuf,
+    ) -> std::result::Result<(), Violation> {
         let whole = buf.region().clone();
-        let n = self.scratch.len();
-        buf.write_at(0, &self.scratch)
-            .map_err(|e| Violation(e.to_string()))?;
+        let n = usize::try_from(remote.len).unwrap_or(usize::MAX);
         let part = buf.slice(..n).map_err(|e| Violation(e.to_string()))?;
-        sock.rma(&self.rq, true, part, remote, 0);
+        self.ch.socket().rma(&self.rq, true, part, remote, 0);
         let ev = loop {
             match self.rq.dequeue(RMA_TIMEOUT) {
                 Some(ev) if ev.kind == EventKind::Rma => break ev,
@@ -639,7 +658,7 @@ impl Session<'_> {
                 None => return Err(Violation("the RMA into the client's memory hung".into())),
             }
         };
-        self.rtrs = Some(ExsBuf::new(whole));
+        self.rtrs.push(ExsBuf::new(whole));
         ev.result
             .map_err(|e| Violation(format!("the client's range was refused: {e}")))
     }
