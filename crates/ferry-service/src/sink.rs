@@ -74,6 +74,10 @@ pub struct BlockSink {
     stored: u64,
 }
 
+/// The most units (32 bytes of chaining value each) a fresh file's hash tree keeps
+/// ([`BlockSink::journaled`]): 32 MiB of values, a 4 TiB file in 4 MiB blocks.
+pub const MAX_FRESH_UNITS: usize = 1 << 20;
+
 /// How a sink stores runs of zeros.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Holes {
@@ -157,13 +161,18 @@ impl BlockSink {
     /// file's final hash reads back only the part verified before (not the whole file,
     /// which made a resume slower than a fresh copy).
     ///
-    /// Its blocks always go into the file's hash tree, fresh or resumed: a block whose tag
-    /// read its spans ([`BlockSpans`]) gives the tree their values, so its bytes are hashed
-    /// once for both.
+    /// Its blocks go into the file's hash tree, fresh or resumed: a block whose tag read
+    /// its spans ([`BlockSpans`]) gives the tree their values, so its bytes are hashed once
+    /// for both. A fresh file of more than [`MAX_FRESH_UNITS`] units (tiny blocks, huge
+    /// file) is hashed in order instead, its tree's memory not worth the pass it saves.
     pub fn journaled(file_id: u32, size: u64, journal: Progress) -> Self {
         let mut s = Self::new(file_id, size);
-        s.tree = BlockTree::new(size, u64::from(journal.block())).map(SharedTree::new);
-        s.rehash = s.tree.is_some() || journal.prefix() > 0;
+        let resumed = journal.prefix() > 0;
+        let block = u64::from(journal.block());
+        s.tree = BlockTree::new(size, block)
+            .filter(|t| resumed || t.units() <= MAX_FRESH_UNITS)
+            .map(SharedTree::new);
+        s.rehash = s.tree.is_some() || resumed;
         s.journal = Some(journal);
         s
     }

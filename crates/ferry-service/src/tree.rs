@@ -57,6 +57,11 @@ impl BlockTree {
         })
     }
 
+    /// How many units cut the file.
+    pub fn units(&self) -> usize {
+        self.cvs.len()
+    }
+
     /// The file's size.
     pub fn size(&self) -> u64 {
         self.geo.size
