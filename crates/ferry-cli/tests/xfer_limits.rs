@@ -261,6 +261,7 @@ fn refused_uploads(addr: &str, uploads: u32, how: Refused) -> Option<Link> {
             offset: 0,
             len: block_size,
             crc32c: crc,
+            spans: false,
         };
         let mut frame = proto::encode_block_header(&h).ok()?.to_vec();
         frame.extend_from_slice(&payload);

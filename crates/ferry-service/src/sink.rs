@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::journal::RangeSet;
 use crate::landing::{Progress, SharedProgress};
 use crate::secure::protect::BlockCheck;
-use crate::tree::{BlockTree, SharedTree};
+use crate::tree::{BlockSpans, BlockTree, SharedTree};
 
 /// One block as its sender described it: the transfer it belongs to, where it lies in the
 /// file, its length and its check value, and how the receiver checks it (a face decodes it
@@ -31,6 +31,9 @@ pub struct Block {
     pub crc32c: u32,
     /// How the check value is verified.
     pub check: BlockCheck,
+    /// The sender digested the block by its [`BlockSpans`] (a file's block at `integrity`,
+    /// the BLOCK header's `TREE` flag, [`crate::secure::protect`]).
+    pub spans: bool,
 }
 
 /// Receives the blocks of one transfer into `file`: verifies each block's
@@ -70,6 +73,10 @@ pub struct BlockSink {
     /// checkpoint).
     stored: u64,
 }
+
+/// The most units (32 bytes of chaining value each) a fresh file's hash tree keeps
+/// ([`BlockSink::journaled`]): 32 MiB of values, a 4 TiB file in 4 MiB blocks.
+pub const MAX_FRESH_UNITS: usize = 1 << 20;
 
 /// How a sink stores runs of zeros.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,15 +158,21 @@ impl BlockSink {
 
     /// A sink that journals its verified prefix as it goes ([`crate::landing`]) and starts
     /// where the journal's prefix ends (those bytes are not expected again). A resumed
-    /// file's blocks go into its hash tree as they arrive, so the final hash reads back
-    /// only the part verified before (not the whole file, which made a resume slower than
-    /// a fresh copy).
+    /// file's final hash reads back only the part verified before (not the whole file,
+    /// which made a resume slower than a fresh copy).
+    ///
+    /// Its blocks go into the file's hash tree, fresh or resumed: a block whose tag read
+    /// its spans ([`BlockSpans`]) gives the tree their values, so its bytes are hashed once
+    /// for both. A fresh file of more than [`MAX_FRESH_UNITS`] units (tiny blocks, huge
+    /// file) is hashed in order instead, its tree's memory not worth the pass it saves.
     pub fn journaled(file_id: u32, size: u64, journal: Progress) -> Self {
         let mut s = Self::new(file_id, size);
-        if journal.prefix() > 0 {
-            s.rehash = true;
-            s.tree = BlockTree::new(size, u64::from(journal.block())).map(SharedTree::new);
-        }
+        let resumed = journal.prefix() > 0;
+        let block = u64::from(journal.block());
+        s.tree = BlockTree::new(size, block)
+            .filter(|t| resumed || t.units() <= MAX_FRESH_UNITS)
+            .map(SharedTree::new);
+        s.rehash = s.tree.is_some() || resumed;
         s.journal = Some(journal);
         s
     }
@@ -231,14 +244,30 @@ impl BlockSink {
     /// Checks one BLOCK against its check value (CRC-32C or integrity tag) and the
     /// transfer's bounds; writes it if good (to `file`; `None` is the null sink of memory
     /// mode: nothing is written or hashed), remembers its range for a re-fetch if not.
+    ///
+    /// A block flagged as digested by its spans ([`Block::spans`]) is checked by them, and
+    /// they go on to the file's hash tree: its bytes are read once.
     pub fn block(&mut self, file: Option<&File>, h: &Block, payload: &[u8]) -> Result<()> {
         self.check_bounds(h)?;
-        let good = || h.check.verify(h.transfer, h.offset, payload, h.crc32c);
-        if !crate::hash::checksums_off() && !good() {
+        if crate::hash::checksums_off() {
+            self.accept(file, h, payload, None);
+            return Ok(());
+        }
+        let spans = h
+            .spans
+            .then(|| BlockSpans::of(h.offset, payload, self.size))
+            .flatten();
+        let good = match (&spans, h.spans) {
+            (Some(s), _) => h.check.verify_spans(h.transfer, h.offset, s, h.crc32c),
+            // Flagged, but no spans in it: no sender digests such a block so.
+            (None, true) => false,
+            (None, false) => h.check.verify(h.transfer, h.offset, payload, h.crc32c),
+        };
+        if !good {
             self.refetch(h, h.check.failure());
             return Ok(());
         }
-        self.accept(file, h, payload);
+        self.accept(file, h, payload, spans.as_ref());
         Ok(())
     }
 
@@ -249,14 +278,21 @@ impl BlockSink {
     pub fn sealed_block(&mut self, file: Option<&File>, h: &Block, wire: &mut [u8]) -> Result<()> {
         self.check_bounds(h)?;
         match h.check.open(h.transfer, h.offset, h.len, wire) {
-            Some(plain) => self.accept(file, h, plain),
+            Some(plain) => self.accept(file, h, plain, None),
             None => self.refetch(h, h.check.failure()),
         }
         Ok(())
     }
 
-    /// Lands a checked block: writes and hashes it (a memory-mode sink only records it).
-    fn accept(&mut self, file: Option<&File>, h: &Block, payload: &[u8]) {
+    /// Lands a checked block: writes and hashes it (from `spans`, its tag's, where the
+    /// file's tree takes them; a memory-mode sink only records it).
+    fn accept(
+        &mut self,
+        file: Option<&File>,
+        h: &Block,
+        payload: &[u8],
+        spans: Option<&BlockSpans>,
+    ) {
         let Some(file) = file else {
             if self.window.is_some() {
                 self.got.insert(h.offset, h.offset + u64::from(h.len));
@@ -265,7 +301,7 @@ impl BlockSink {
         };
         self.store(file, h, payload);
         if let Some(t) = &self.tree {
-            t.record(h.offset, payload);
+            t.record_spans(h.offset, payload, spans);
         }
         if h.offset == self.hashed && !self.rehash {
             self.hasher.update(payload);
@@ -285,7 +321,10 @@ impl BlockSink {
         payload: &[u8],
         blake3: &[u8; 32],
     ) -> Result<()> {
-        let fresh = h.offset == 0 && self.hashed == 0 && !self.rehash && self.window.is_none();
+        // A fresh file (no part of it verified before, no range of a parallel transfer):
+        // its FILE frame's hash is the whole file's, in order.
+        let resumed = self.journal.as_ref().is_some_and(|j| j.prefix() > 0);
+        let fresh = h.offset == 0 && self.hashed == 0 && !resumed && self.window.is_none();
         let (Some(file), true) = (file, fresh && u64::from(h.len) == self.size) else {
             return self.block(file, h, payload);
         };
@@ -299,6 +338,7 @@ impl BlockSink {
         self.store(file, h, payload);
         self.hasher = hasher;
         self.hashed = self.size;
+        self.rehash = false;
         Ok(())
     }
 
@@ -524,6 +564,7 @@ mod tests {
             len: len as u32,
             crc32c,
             check: BlockCheck::Crc,
+            spans: false,
         }
     }
 
@@ -561,6 +602,90 @@ mod tests {
         assert!(sink
             .whole_file(Some(&file), &header(data.len(), crc), &data, &good)
             .is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// At `integrity`, a fresh file's blocks tagged by their spans are checked by them and
+    /// give the file's tree its values: the whole-file hash needs no byte read again (the
+    /// file changed on disk after the blocks were written still hashes as sent). A changed
+    /// byte, a tag of the plain digest under the spans' flag, or spans of another place are
+    /// caught and listed for a re-fetch.
+    #[test]
+    fn a_fresh_file_is_hashed_from_its_blocks_tags() {
+        use crate::journal::{Ident, Journal};
+        use crate::secure::protect::{Level, Protection};
+        use std::os::unix::fs::FileExt;
+        const BLOCK: usize = 64 * 1024;
+        let export = |label: &[u8], ctx: &[u8]| -> Result<[u8; 32]> {
+            Ok(*blake3::Hasher::new()
+                .update(label)
+                .update(ctx)
+                .finalize()
+                .as_bytes())
+        };
+        let client = Protection::new(Level::Integrity, false, export).unwrap();
+        let server = Protection::new(Level::Integrity, true, export).unwrap();
+        let dir = std::env::temp_dir().join(format!("ferry-sink-spans-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let data: Vec<u8> = (0..5 * BLOCK as u32 + 999)
+            .map(|i| (i * 13 + i / 97) as u8)
+            .collect();
+        let size = data.len() as u64;
+        let part = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(dir.join("part"))
+            .unwrap();
+        let jfile = File::create(dir.join("journal")).unwrap();
+        let journal = Journal::create(jfile, Ident { size, mtime: 1 }, BLOCK as u32).unwrap();
+        let mut sink = BlockSink::journaled(7, size, Progress::new(journal));
+        let tagged = |offset: usize, bytes: &[u8]| {
+            let spans = BlockSpans::of(offset as u64, bytes, size).unwrap();
+            let tag = client
+                .send
+                .spans_value(&spans, 7, offset as u64, bytes.len() as u32);
+            Block {
+                transfer: 7,
+                offset: offset as u64,
+                len: bytes.len() as u32,
+                crc32c: tag,
+                check: server.recv,
+                spans: true,
+            }
+        };
+        for (i, chunk) in data.chunks(BLOCK).enumerate() {
+            let at = i * BLOCK;
+            let h = tagged(at, chunk);
+            if i == 1 {
+                let mut changed = chunk.to_vec();
+                changed[77] ^= 1;
+                sink.block(Some(&part), &h, &changed).unwrap();
+                let plain = Block {
+                    crc32c: client.send.compute(7, at as u64, chunk),
+                    ..h
+                };
+                sink.block(Some(&part), &plain, chunk).unwrap();
+                let moved = Block {
+                    offset: (at + BLOCK) as u64,
+                    ..h
+                };
+                sink.block(Some(&part), &moved, &data[at + BLOCK..at + 2 * BLOCK])
+                    .unwrap();
+                assert_eq!(sink.bad.len(), 3, "every change is caught");
+                sink.bad.clear();
+            }
+            sink.block(Some(&part), &h, chunk).unwrap();
+        }
+        assert!(sink.bad.is_empty());
+        assert!(
+            sink.tree.as_ref().unwrap().root().is_some(),
+            "every unit has its value"
+        );
+        part.write_all_at(b"changed after it was written", 10)
+            .unwrap();
+        assert_eq!(&sink.hash(&part).unwrap(), blake3::hash(&data).as_bytes());
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -663,6 +788,7 @@ mod tests {
                 len: chunk.len() as u32,
                 crc32c: crc32c::crc32c(chunk),
                 check: BlockCheck::Crc,
+                spans: false,
             };
             sink.block(Some(&file), &h, chunk).unwrap();
         }
@@ -691,6 +817,7 @@ mod tests {
                 len: block as u32,
                 crc32c: crc32c::crc32c(c),
                 check: BlockCheck::Crc,
+                spans: false,
             };
             sink.block(Some(&file), &h, c).unwrap();
         }

@@ -57,6 +57,11 @@ impl BlockTree {
         })
     }
 
+    /// How many units cut the file.
+    pub fn units(&self) -> usize {
+        self.cvs.len()
+    }
+
     /// The file's size.
     pub fn size(&self) -> u64 {
         self.geo.size
@@ -72,6 +77,23 @@ impl BlockTree {
                 *slot = value;
             }
         }
+    }
+
+    /// Records a block's [`BlockSpans`] if they are this tree's units (same place, same
+    /// length): true then. False, recording nothing, if they are cut otherwise (another
+    /// block size, or a file's last block longer than a unit); the caller then records the
+    /// bytes ([`BlockTree::record`]).
+    pub fn record_spans(&mut self, spans: &BlockSpans) -> bool {
+        let slots = self.geo.slots(spans);
+        let Some(slots) = slots else {
+            return false;
+        };
+        for (i, v) in slots {
+            if let Some(slot) = self.cvs.get_mut(i) {
+                *slot = Some(v);
+            }
+        }
+        true
     }
 
     /// The ranges of the file whose units have no value yet, merged where they touch.
@@ -153,6 +175,21 @@ impl Geometry {
             .collect()
     }
 
+    /// The unit index of each of `spans` with its value, if every span is exactly a unit
+    /// of this geometry (a unit's value is a root hash exactly when the file is one unit,
+    /// and a span's exactly when its block is the whole file: the same test).
+    fn slots(&self, spans: &BlockSpans) -> Option<Vec<(usize, ChainingValue)>> {
+        spans
+            .ranges()
+            .map(|((lo, hi), v)| {
+                let unit_end = lo.saturating_add(self.unit).min(self.size);
+                (lo % self.unit == 0 && hi == unit_end)
+                    .then(|| usize::try_from(lo / self.unit).ok().map(|i| (i, *v)))
+                    .flatten()
+            })
+            .collect()
+    }
+
     /// `ranges` cut to the units they cover whole, in pieces of about [`FILL_PIECE`]
     /// bytes, each a whole number of units (the file's last unit may be short).
     fn whole_units(&self, ranges: &[(u64, u64)]) -> Vec<(u64, u64)> {
@@ -185,6 +222,103 @@ impl Geometry {
             .set_input_offset(lo)
             .update(bytes)
             .finalize_non_root()
+    }
+}
+
+/// The smallest span a block's tree digest reads ([`BlockSpans`]): smaller ones would be
+/// hashed one chunk at a time, without BLAKE3's parallelism across chunks.
+pub const MIN_SPAN: u64 = 4096;
+
+/// A block's bytes as whole subtrees of its file's BLAKE3 tree (see the module notes):
+/// what its integrity tag reads, and what the file's [`BlockTree`] takes without hashing
+/// the bytes again ([`BlockTree::record_spans`]). So a file transfer at `integrity` hashes
+/// each byte once per side.
+///
+/// The spans depend only on the block's place and the file's size, so both ends cut a
+/// block alike without agreeing on anything else: a block that is the whole file is one
+/// span whose value is the file's root hash; else the span is the largest power of two
+/// dividing the block's offset and, unless the block ends the file, its length (every
+/// span, the last one possibly short, is then an aligned subtree). Spans shorter than
+/// [`MIN_SPAN`] are not taken: such a block keeps the plain digest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockSpans {
+    offset: u64,
+    end: u64,
+    /// Bytes per span (a power of two; the last span may be shorter).
+    span: u64,
+    /// Each span's chaining value, or the root hash of a block that is the whole file.
+    values: Vec<ChainingValue>,
+}
+
+impl BlockSpans {
+    /// The spans of the block `bytes` at `offset` of a file of `size` bytes, with their
+    /// values (the bytes hashed once), or `None` if the block is empty, outside the file, or
+    /// not cut in spans of at least [`MIN_SPAN`] bytes.
+    pub fn of(offset: u64, bytes: &[u8], size: u64) -> Option<BlockSpans> {
+        let n = bytes.len() as u64;
+        let end = offset.checked_add(n).filter(|&e| n > 0 && e <= size)?;
+        if offset == 0 && end == size {
+            return Some(BlockSpans {
+                offset,
+                end,
+                span: n,
+                values: vec![*blake3::hash(bytes).as_bytes()],
+            });
+        }
+        let low = |x: u64| {
+            if x == 0 {
+                u64::MAX
+            } else {
+                x & x.wrapping_neg()
+            }
+        };
+        let span = if end < size {
+            low(offset).min(low(n))
+        } else {
+            low(offset)
+        };
+        if span < MIN_SPAN {
+            return None;
+        }
+        let values = bytes
+            .chunks(usize::try_from(span).unwrap_or(usize::MAX))
+            .enumerate()
+            .map(|(k, piece)| {
+                blake3::Hasher::new()
+                    .set_input_offset(offset + k as u64 * span)
+                    .update(piece)
+                    .finalize_non_root()
+            })
+            .collect();
+        Some(BlockSpans {
+            offset,
+            end,
+            span,
+            values,
+        })
+    }
+
+    /// The block's length.
+    pub fn block_len(&self) -> u32 {
+        u32::try_from(self.end - self.offset).unwrap_or(u32::MAX)
+    }
+
+    /// The 32 bytes the block's tag reads: BLAKE3 in derive-key mode (its own context, so
+    /// it never equals the plain BLAKE3 of some bytes) over the spans' values in order.
+    pub fn digest(&self) -> [u8; 32] {
+        let mut h = blake3::Hasher::new_derive_key("ferry 1.9 block spans");
+        for v in &self.values {
+            h.update(v);
+        }
+        *h.finalize().as_bytes()
+    }
+
+    /// Each span's range and value.
+    fn ranges(&self) -> impl Iterator<Item = ((u64, u64), &ChainingValue)> + '_ {
+        self.values.iter().enumerate().map(|(k, v)| {
+            let lo = self.offset + k as u64 * self.span;
+            ((lo, lo.saturating_add(self.span).min(self.end)), v)
+        })
     }
 }
 
@@ -304,6 +438,15 @@ impl SharedTree {
         }
     }
 
+    /// Records the block `data` at `offset` from its [`BlockSpans`] when they are this
+    /// tree's units (no hashing), else by hashing its bytes ([`SharedTree::record`]).
+    pub fn record_spans(&self, offset: u64, data: &[u8], spans: Option<&BlockSpans>) {
+        let taken = spans.is_some_and(|s| self.lock().record_spans(s));
+        if !taken {
+            self.record(offset, data);
+        }
+    }
+
     /// Starts hashing `ranges` of `file` (a resumed part's verified bytes, which no block of
     /// this transfer brings again) on a thread, so the final [`SharedTree::root_filling_from`]
     /// does not read them back serially after the last block: a resume then costs what
@@ -328,6 +471,11 @@ impl SharedTree {
             Ok(h) => *lock(&self.0.behind) = Some(h),
             Err(e) => tracing::debug!("no background hashing ({e}); hashed at the end"),
         }
+    }
+
+    /// The whole file's BLAKE3, once every unit has its value ([`BlockTree::root`]).
+    pub fn root(&self) -> Option<[u8; 32]> {
+        self.lock().root()
     }
 
     /// [`BlockTree::fill`] from `file` (after the background fill, if one runs, ended),
@@ -507,6 +655,67 @@ mod tests {
             assert!(hash_file_parallel(&f, size as u64 + (9 << 20), 2).is_err());
         }
         let _ = std::fs::remove_file(&p);
+    }
+
+    /// The root built from the spans every block's tag reads equals the plain hash, with
+    /// no block hashed twice when the block size is a power of two; and for sizes around
+    /// the unit and block boundaries, whatever the block size.
+    #[test]
+    fn roots_from_the_tags_spans_equal_the_plain_hash() {
+        for block in [4096u64, 1 << 16, 3 << 12, 5 << 14] {
+            for mult in [0u64, 1, 2, 3, 4, 7, 8, 9] {
+                for delta in [-4097i64, -1, 0, 1, 1024, 4096] {
+                    let Ok(size) = usize::try_from((mult * block) as i64 + delta) else {
+                        continue;
+                    };
+                    let bytes = data(size, mult as u8);
+                    let mut tree = BlockTree::new(size as u64, block).unwrap();
+                    let mut rehashed = 0;
+                    for lo in (0..size).step_by(block as usize) {
+                        let piece = &bytes[lo..(lo + block as usize).min(size)];
+                        let spans = BlockSpans::of(lo as u64, piece, size as u64)
+                            .expect("a block cut at a multiple of the block size has spans");
+                        if !tree.record_spans(&spans) {
+                            rehashed += 1;
+                            tree.record(lo as u64, piece);
+                        }
+                    }
+                    let want = Some(*blake3::hash(&bytes).as_bytes());
+                    assert_eq!(tree.root(), want, "size {size} block {block}");
+                    if block.is_power_of_two() {
+                        assert_eq!(rehashed, 0, "size {size} block {block}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// A block's spans, and so its tag's digest, change with any byte, its offset, or where
+    /// the file ends; blocks too finely aligned keep the plain digest.
+    #[test]
+    fn spans_bind_bytes_place_and_size() {
+        let bytes = data(3 << 14, 1);
+        let at = |o: u64, b: &[u8], size: u64| BlockSpans::of(o, b, size).unwrap().digest();
+        let d = at(1 << 16, &bytes, 1 << 20);
+        let mut changed = bytes.clone();
+        changed[40_000] ^= 1;
+        assert_ne!(at(1 << 16, &changed, 1 << 20), d, "a changed byte");
+        assert_ne!(at(1 << 17, &bytes, 1 << 20), d, "another offset");
+        assert_ne!(
+            at(1 << 16, &bytes, (1 << 16) + (3 << 14)),
+            d,
+            "the file's end"
+        );
+        assert_ne!(at(0, &bytes, 3 << 14), *blake3::hash(&bytes).as_bytes());
+        assert!(
+            BlockSpans::of(1024, &bytes, 1 << 20).is_none(),
+            "1 KiB aligned"
+        );
+        assert!(BlockSpans::of(0, &[], 0).is_none(), "empty");
+        assert!(
+            BlockSpans::of(1 << 20, &bytes, 1 << 20).is_none(),
+            "past the end"
+        );
     }
 
     #[test]

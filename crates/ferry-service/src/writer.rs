@@ -475,6 +475,7 @@ mod tests {
             len: BLOCK as u32,
             crc32c: crc32c::crc32c(&bytes),
             check: Default::default(),
+            spans: false,
         };
         (block, bytes)
     }

@@ -23,7 +23,7 @@ const BLOCK: u32 = 64 << 10;
 const RING: usize = 3;
 
 /// This test's block header: transfer, offset, length, CRC-32C (little-endian), zero pad.
-fn head(p: &Piece, crc: u32) -> Result<[u8; FRAME_HEAD]> {
+fn head(p: &Piece, crc: u32, _spans: bool) -> Result<[u8; FRAME_HEAD]> {
     let mut h = [0u8; FRAME_HEAD];
     h[..4].copy_from_slice(&p.transfer.to_le_bytes());
     h[4..12].copy_from_slice(&p.offset.to_le_bytes());
@@ -237,6 +237,7 @@ fn held_blocks_land(url: &str) {
                 len: field(b, 12) as u32,
                 crc32c: u32::from_le_bytes(b[20..24].try_into().expect("4 bytes")),
                 check: Default::default(),
+                spans: false,
             });
             got += u64::from(block.len);
             writer

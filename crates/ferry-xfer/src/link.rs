@@ -142,6 +142,7 @@ fn decode_control(v: &[u8]) -> Result<Msg> {
 pub fn received(h: &BlockHeader, check: BlockCheck) -> Block {
     Block {
         check,
+        spans: h.spans,
         ..Block::from(h)
     }
 }
@@ -156,6 +157,7 @@ impl From<&BlockHeader> for Block {
             len: h.len,
             crc32c: h.crc32c,
             check: Default::default(),
+            spans: false,
         }
     }
 }
@@ -226,13 +228,14 @@ impl BlockSender {
         self.ring.direct = self.direct;
         self.ring.check = link.protection().send;
         let sealed = self.ring.check.seals();
-        let head = |p: &Piece, crc32c: u32| {
+        let head = |p: &Piece, crc32c: u32, spans: bool| {
             let h = BlockHeader {
                 file_id: p.transfer,
                 stream: 0,
                 offset: p.offset,
                 len: p.len as u32,
                 crc32c,
+                spans,
             };
             let head = if sealed {
                 proto::encode_sealed_block_header(&h)
@@ -243,6 +246,11 @@ impl BlockSender {
         };
         self.ring
             .send_range(link.socket(), src, span.into(), digest, progress, &head)
+    }
+
+    /// The most payload bytes a block carries.
+    pub fn block(&self) -> u64 {
+        self.ring.block() as u64
     }
 
     /// Whether a file of `size` bytes fits in one FILE frame (header and payload in one
@@ -538,6 +546,7 @@ mod tests {
             offset: 0,
             len: 1,
             crc32c: 0,
+            spans: false,
         };
         let block = proto::encode_block_header(&h).unwrap();
         assert_eq!(DATA_TYPES, &[block[4]]);

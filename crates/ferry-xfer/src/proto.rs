@@ -88,6 +88,11 @@ pub const BLOCK_HEADER_LEN: usize = HEADER_LEN + 4 + 2 + 2 + 8 + 4 + 4;
 /// AES-256-GCM ciphertext, `len` bytes, followed by [`BLOCK_SEAL_TRAILER`] bytes (the tag
 /// and the nonce's sequence number); the check value field is 0.
 pub const BLOCK_SEALED: u8 = 1;
+/// BLOCK header flag (1.9, data protection `integrity`): the check value is the tag of the
+/// block's spans, the chaining values of the subtrees of the file's BLAKE3 tree it holds
+/// (`ferry_service::tree::BlockSpans`), which the sender of a file sets and the receiver
+/// follows ("Data protection" in `docs/protocol.md`).
+pub const BLOCK_SPANS: u8 = 2;
 /// The bytes after a sealed BLOCK's ciphertext ([`BLOCK_SEALED`]).
 pub const BLOCK_SEAL_TRAILER: usize = 24;
 /// The length of a FILE frame without its payload.
@@ -240,8 +245,11 @@ pub struct BlockHeader {
     pub offset: u64,
     /// Payload length.
     pub len: u32,
-    /// CRC-32C (Castagnoli) of the payload.
+    /// CRC-32C (Castagnoli) of the payload, or its integrity tag (1.9).
     pub crc32c: u32,
+    /// The integrity tag read the block's spans, not the plain BLAKE3 of its bytes (header
+    /// flag [`BLOCK_SPANS`], 1.9).
+    pub spans: bool,
 }
 
 /// PUT flag: continue the server's `.ferry-part` of this file if it holds one of the same
@@ -706,7 +714,7 @@ struct BlockCodec;
 impl Field<BlockHeader> for BlockCodec {
     const MIN: usize = BLOCK_HEADER_LEN - HEADER_LEN;
     const MAX: usize = Self::MIN + MAX_BLOCK as usize + BLOCK_SEAL_TRAILER;
-    const FLAGS: u8 = BLOCK_SEALED;
+    const FLAGS: u8 = BLOCK_SEALED | BLOCK_SPANS;
     const PAYLOAD: bool = true;
     fn put(
         h: &BlockHeader,
@@ -723,6 +731,9 @@ impl Field<BlockHeader> for BlockCodec {
         w.u64(h.offset);
         w.u32(h.len);
         w.u32(h.crc32c);
+        if h.spans {
+            cx.flags |= BLOCK_SPANS;
+        }
         cx.payload_len = h.len as usize;
         Ok(())
     }
@@ -738,6 +749,7 @@ impl Field<BlockHeader> for BlockCodec {
             offset: r.u64()?,
             len: r.u32()?,
             crc32c: r.u32()?,
+            spans: cx.flags & BLOCK_SPANS != 0,
         };
         if h.len > MAX_BLOCK {
             return Err(ReadError::TooLong {
@@ -1067,6 +1079,7 @@ mod tests {
             offset: 1 << 40,
             len: 3,
             crc32c: crc32c::crc32c(b"abc"),
+            spans: false,
         };
         let mut v = encode_block_header(&h).unwrap().to_vec();
         v.extend_from_slice(b"abc");
@@ -1075,6 +1088,16 @@ mod tests {
         assert!(decode(&v[..v.len() - 1]).is_err());
         v.push(0);
         assert!(decode(&v).is_err());
+        // The SPANS flag (1.9) travels in the header's flags byte, sealed or not.
+        let spans = BlockHeader { spans: true, ..h };
+        let mut v = encode_block_header(&spans).unwrap().to_vec();
+        assert_eq!(v[5], BLOCK_SPANS);
+        v.extend_from_slice(b"abc");
+        assert_eq!(decode(&v).unwrap(), (Msg::Block(spans), &b"abc"[..]));
+        let sealed = encode_sealed_block_header(&spans).unwrap();
+        assert_eq!(sealed[5], BLOCK_SPANS | BLOCK_SEALED);
+        v[5] |= 4;
+        assert!(decode(&v).is_err(), "an unknown flag");
     }
 
     #[test]
@@ -1112,6 +1135,7 @@ mod tests {
             offset: 0x1_0000_0001,
             len: 5,
             crc32c: 0xdead_beef,
+            spans: false,
         };
         let hash = [0xab; 32];
         let msgs: Vec<(&'static str, Msg)> = vec![
@@ -1546,6 +1570,7 @@ mod tests {
             offset: 0,
             len: 0,
             crc32c: 0,
+            spans: false,
         };
         assert_eq!(fixed(Msg::Block(h)), BLOCK_HEADER_LEN);
         let file = Msg::File {

@@ -139,7 +139,7 @@ proptest! {
         let mut covered = vec![false; len as usize];
         for i in &order {
             let (offset, n) = *i.get(&blocks);
-            rx.on_block(&BlockHeader { file_id: 3, stream: 0, offset, len: n, crc32c: 0 });
+            rx.on_block(&BlockHeader { file_id: 3, stream: 0, offset, len: n, crc32c: 0, spans: false });
             prop_assert!(matches!(rx.poll(), Some(RxAction::Land)), "no match");
             for b in offset..offset + u64::from(n) {
                 covered[(b - lo) as usize] = true;
@@ -174,7 +174,7 @@ proptest! {
         rx.handle(RxEvent::Opened(Ok(0)));
         rx.poll();
         rx.poll();
-        let h = |offset| BlockHeader { file_id: 1, stream: 0, offset, len: 100, crc32c: 0 };
+        let h = |offset| BlockHeader { file_id: 1, stream: 0, offset, len: 100, crc32c: 0, spans: false };
         for o in [0, 100, 200] {
             rx.on_block(&h(o));
             rx.poll();
@@ -237,6 +237,7 @@ fn refusals_say_whether_a_part_is_dropped() {
             offset: 4,
             len: 6,
             crc32c: 0,
+            spans: false,
         });
         rx.poll();
         rx.handle(RxEvent::Msg(Msg::FileDone {

@@ -367,7 +367,7 @@ proptest! {
 
     #[test]
     fn blocks_round_trip(file_id in any::<u32>(), offset in 0u64..(1 << 50), data in proptest::collection::vec(any::<u8>(), 0..5000)) {
-        let h = BlockHeader { file_id, stream: 0, offset, len: data.len() as u32, crc32c: crc32c_of(&data) };
+        let h = BlockHeader { file_id, stream: 0, offset, len: data.len() as u32, crc32c: crc32c_of(&data), spans: false };
         let mut bytes = proto::encode_block_header(&h).unwrap().to_vec();
         bytes.extend_from_slice(&data);
         let (back, payload) = proto::decode(&bytes).unwrap();

@@ -200,6 +200,7 @@ fn send_blocks(link: &Link, file_id: u32, data: &[u8], from: usize, to: usize) {
             offset: pos as u64,
             len: n as u32,
             crc32c: crc32c::crc32c(&data[pos..pos + n]),
+            spans: false,
         };
         let mut v = proto::encode_block_header(&h).unwrap().to_vec();
         v.extend_from_slice(&data[pos..pos + n]);
@@ -390,6 +391,7 @@ fn protocol_breaker_loses_only_its_connection() {
         offset: 0,
         len: 3,
         crc32c: 0,
+        spans: false,
     })
     .unwrap()
     .to_vec();

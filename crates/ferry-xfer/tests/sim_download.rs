@@ -169,7 +169,7 @@ mod machine {
                     0 => conv.on_msg(Msg::Ready { file_id: file, size: n % 4096, mode: m, offset: 0 }),
                     1 => conv.on_msg(Msg::FileDone { file_id: file, length: n, blake3: (m % 2 == 0).then_some(hash) }),
                     2 => conv.on_msg(Msg::SumReply { size: n, blake3: hash }),
-                    3 => conv.on_msg(Msg::Block(BlockHeader { file_id: file, stream: 0, offset: n, len: m, crc32c: m })),
+                    3 => conv.on_msg(Msg::Block(BlockHeader { file_id: file, stream: 0, offset: n, len: m, crc32c: m, spans: false })),
                     4 => conv.on_msg(Msg::Error { code: ErrorCode::Io, file_id: file, message: "no".into() }),
                     5 => conv.checked(file, if m % 2 == 0 { vec![] } else { vec![(n, m)] }),
                     _ => conv.hashed(file, hash),

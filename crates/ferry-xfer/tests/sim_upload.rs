@@ -639,6 +639,7 @@ impl Sim {
             offset,
             len: payload.len() as u32,
             crc32c: crc32c::crc32c(&payload),
+            spans: false,
         };
         if !payload.is_empty() && self.rng.chance(f.corrupt) {
             let i = self.rng.below(payload.len() as u64) as usize;

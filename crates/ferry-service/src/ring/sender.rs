@@ -24,6 +24,15 @@ use crate::channel::{alloc_aligned, exs_err, pinned, Use, FRAME_HEAD, HEAD_ROOM}
 use crate::direct::{direct_aligned, open_direct_or_warn};
 use crate::error::{Error, Result};
 use crate::secure::protect::{BlockCheck, BlockDigest};
+use crate::tree::BlockSpans;
+
+/// Writes a block frame's header: given the block, its check value, and whether that value
+/// was computed from the block's [`BlockSpans`] (the face flags the frame so).
+pub type Head<'a> = dyn Fn(&Piece, u32, bool) -> Result<[u8; FRAME_HEAD]> + 'a;
+
+/// What a range's reader hands on of each block: its offset, its bytes, and the spans its
+/// tag read, if it did.
+type AfterRead<'a> = dyn FnMut(u64, &[u8], Option<&BlockSpans>) -> Result<()> + 'a;
 
 /// What hashes the bytes of a sent range as they are read.
 pub enum Digest<'a> {
@@ -31,8 +40,8 @@ pub enum Digest<'a> {
     None,
     /// One hasher fed every byte in order (a range that is the whole file).
     Stream(&'a mut blake3::Hasher),
-    /// The file's hash tree, given each block at its offset (one range of a file that
-    /// several streams send, [`crate::tree`]).
+    /// The file's hash tree, given each block at its offset ([`crate::tree`]): from the
+    /// spans its integrity tag read where it can, so the bytes are hashed once.
     Tree(&'a crate::tree::SharedTree),
 }
 
@@ -200,7 +209,7 @@ impl Sender {
         Ok(())
     }
 
-    /// Sends `piece` of `src` as block frames whose header `head(piece, crc32c)` writes,
+    /// Sends `piece` of `src` as block frames whose header `head(piece, check, spans)` writes,
     /// feeding every byte read to `digest`, and `progress` with each block's length. Each block is read straight into its registered staging block (no copy; a
     /// zero source's blocks are zeroed once), and its CRC-32C is computed there. For ranges
     /// of more than two blocks with staging threads on, the hash runs on its own thread,
@@ -212,13 +221,14 @@ impl Sender {
         piece: Piece,
         digest: Digest<'_>,
         progress: &dyn Fn(u64),
-        head: &dyn Fn(&Piece, u32) -> Result<[u8; FRAME_HEAD]>,
+        head: &Head<'_>,
     ) -> Result<()> {
         let block = self.block() as u64;
         let mut range = RangeRead {
             src,
             piece,
             direct: None,
+            size: None,
             block,
             progress,
             head,
@@ -235,7 +245,7 @@ impl Sender {
                             let _ = back_tx.send(v);
                         }
                     });
-                    let res = self.read_and_send(sock, &mut range, &mut |_, b: &[u8]| {
+                    let res = self.read_and_send(sock, &mut range, &mut |_, b: &[u8], _| {
                         let mut v = back_rx.try_recv().unwrap_or_default();
                         v.clear();
                         v.extend_from_slice(b);
@@ -248,15 +258,15 @@ impl Sender {
                     joined.map_err(|_| Error::conn("the hashing thread failed"))
                 })
             }
-            Digest::Stream(h) => self.read_and_send(sock, &mut range, &mut |_, b: &[u8]| {
+            Digest::Stream(h) => self.read_and_send(sock, &mut range, &mut |_, b: &[u8], _| {
                 h.update(b);
                 Ok(())
             }),
-            Digest::Tree(t) => self.read_and_send(sock, &mut range, &mut |at, b: &[u8]| {
-                t.record(at, b);
+            Digest::Tree(t) => self.read_and_send(sock, &mut range, &mut |at, b: &[u8], spans| {
+                t.record_spans(at, b, spans);
                 Ok(())
             }),
-            Digest::None => self.read_and_send(sock, &mut range, &mut |_, _: &[u8]| Ok(())),
+            Digest::None => self.read_and_send(sock, &mut range, &mut |_, _: &[u8], _| Ok(())),
         }
     }
 
@@ -265,7 +275,7 @@ impl Sender {
         &mut self,
         sock: &ExsSocket,
         range: &mut RangeRead<'_, '_>,
-        after_read: &mut dyn FnMut(u64, &[u8]) -> Result<()>,
+        after_read: &mut AfterRead<'_>,
     ) -> Result<()> {
         range.prepare(self.direct);
         self.ring.queue(range.piece);
@@ -318,7 +328,7 @@ impl Sender {
         range: &mut RangeRead<'_, '_>,
         slot: SlotId,
         piece: Piece,
-        after_read: &mut dyn FnMut(u64, &[u8]) -> Result<()>,
+        after_read: &mut AfterRead<'_>,
     ) -> Result<()> {
         let buf = self.block_of(sock, slot)?;
         // Until it is filled the slot's block is held here: put it back if anything fails.
@@ -349,7 +359,7 @@ impl Sender {
         slot: SlotId,
         buf: &ExsBuf,
         piece: Piece,
-        after_read: &mut dyn FnMut(u64, &[u8]) -> Result<()>,
+        after_read: &mut AfterRead<'_>,
     ) -> Result<usize> {
         let n = usize::try_from(piece.len).map_err(|_| Error::conn("internal: block too large"))?;
         if buf.len() < FRAME_HEAD + n + self.check.trailer() {
@@ -371,29 +381,41 @@ impl Sender {
             return self.seal(range, slot, buf, piece, after_read);
         }
         // A zero source's staging blocks hold zeros (`zeroed`), so one digest serves them
-        // all (its block's place goes into the check value after).
+        // all (its block's place goes into the check value after). A file's blocks at
+        // `integrity` are digested by their spans, which the file's hash tree takes too.
         let check = self.check;
         let zero = match (range.src, self.zero_digest) {
             (Source::Zero, Some((len, d))) if len == n && check.reads_as(&d) => Some(d),
             _ => None,
         };
-        let digest = mem.with_bytes(at, n, |b| -> Result<Option<BlockDigest>> {
-            after_read(piece.offset, b)?;
-            if crate::hash::checksums_off() {
-                return Ok(None);
-            }
-            Ok(Some(zero.unwrap_or_else(|| check.digest(b))))
+        let checked = !crate::hash::checksums_off();
+        let by_spans = checked && check.reads_spans() && matches!(range.src, Source::File(_));
+        let size = range.size;
+        // The digest, and whether it is the spans' (the block's header says so).
+        let digest = mem.with_bytes(at, n, |b| -> Result<Option<(BlockDigest, bool)>> {
+            let spans = size
+                .filter(|_| by_spans)
+                .and_then(|size| BlockSpans::of(piece.offset, b, size));
+            after_read(piece.offset, b, spans.as_ref())?;
+            Ok(match spans {
+                Some(s) => Some((BlockDigest::Hash(s.digest()), true)),
+                None if checked => Some((zero.unwrap_or_else(|| check.digest(b)), false)),
+                None => None,
+            })
         })?;
-        let value = match digest {
-            Some(d) => {
+        let (value, spans) = match digest {
+            Some((d, spans)) => {
                 if matches!(range.src, Source::Zero) {
                     self.zero_digest = Some((n, d));
                 }
-                check.value(&d, piece.transfer, piece.offset, n as u32)
+                (
+                    check.value(&d, piece.transfer, piece.offset, n as u32),
+                    spans,
+                )
             }
-            None => 0,
+            None => (0, false),
         };
-        let head = (range.head)(&piece, value)?;
+        let head = (range.head)(&piece, value, spans)?;
         buf.write_at(0, &head)
             .map_err(|e| Error::conn(format!("fill staging block: {e}")))?;
         if test_corrupt(buf, FRAME_HEAD, n) {
@@ -411,17 +433,17 @@ impl Sender {
         slot: SlotId,
         buf: &ExsBuf,
         piece: Piece,
-        after_read: &mut dyn FnMut(u64, &[u8]) -> Result<()>,
+        after_read: &mut AfterRead<'_>,
     ) -> Result<usize> {
         let n = piece.len as usize;
         let (mem, at, check) = (buf.buffer(), buf.offset() + FRAME_HEAD, self.check);
         // The ciphertext replaces a zero source's zeros: cleared again before next use.
         self.zeroed.remove(&slot);
         mem.with_bytes_mut(at, n + check.trailer(), |b| -> Result<()> {
-            after_read(piece.offset, &b[..n])?;
+            after_read(piece.offset, &b[..n], None)?;
             check.seal(piece.transfer, piece.offset, b)
         })?;
-        let head = (range.head)(&piece, 0)?;
+        let head = (range.head)(&piece, 0, false)?;
         buf.write_at(0, &head)
             .map_err(|e| Error::conn(format!("fill staging block: {e}")))?;
         test_corrupt(buf, FRAME_HEAD, n);
@@ -476,18 +498,24 @@ struct RangeRead<'s, 'f> {
     src: Source<'s>,
     piece: Piece,
     direct: Option<std::fs::File>,
+    /// The file's size when the range started (what its blocks' spans are cut by).
+    size: Option<u64>,
     /// The block size, the most read ahead at a time.
     block: u64,
     progress: &'f dyn Fn(u64),
-    head: &'f dyn Fn(&Piece, u32) -> Result<[u8; FRAME_HEAD]>,
+    head: &'f Head<'f>,
 }
 
 impl RangeRead<'_, '_> {
-    /// Opens the direct handle, or advises the kernel of a sequential read of the range.
+    /// Opens the direct handle, or advises the kernel of a sequential read of the range;
+    /// notes the file's size.
     fn prepare(&mut self, direct: bool) {
         let Source::File(file) = self.src else {
             return;
         };
+        // The size the transfer announced, unless the file changed since: then its blocks'
+        // tags fail, and the change is caught before the copy could commit.
+        self.size = file.metadata().ok().map(|m| m.len());
         if direct {
             self.direct = open_direct_or_warn(file, false);
         } else {

@@ -14,23 +14,33 @@
 //!   ([`BlockCheck::seal`], [`BlockCheck::open`]).
 //!
 //! The tag is [`tag`]: the first four bytes of BLAKE3 keyed by the session key over the
-//! block's transfer, offset, length and the BLAKE3 of its bytes. It takes the CRC-32C's
-//! four header bytes, so the frame keeps its length and its payload's alignment, and the
-//! CRC goes (the tag catches everything it did). Four bytes are a forgery chance of 2⁻³²
-//! per altered block, each attempt costing the attacker a re-fetch the receiver logs; the
-//! whole-file BLAKE3, which travels sealed in FILE_DONE, is the backstop: a file is
+//! block's transfer, offset, length and a 32-byte digest of its bytes. It takes the
+//! CRC-32C's four header bytes, so the frame keeps its length and its payload's alignment,
+//! and the CRC goes (the tag catches everything it did). Four bytes are a forgery chance of
+//! 2⁻³² per altered block, each attempt costing the attacker a re-fetch the receiver logs;
+//! the whole-file BLAKE3, which travels sealed in FILE_DONE, is the backstop: a file is
 //! committed only if it matches, so a forged block that passed its tag still fails the
-//! copy. The inner BLAKE3 of the bytes does not depend on the block's place, so a zero
-//! source computes it once per block length ([`BlockCheck::digest`]), as it did its CRC.
+//! copy.
+//!
+//! The digest comes in two kinds, and the BLOCK header's `TREE` flag says which:
+//! - a block of a file (the sender reads a file and both ends hash it whole) is digested by
+//!   its [`BlockSpans`]: the chaining values of the aligned subtrees of the file's BLAKE3
+//!   tree it holds, which the file's [`crate::tree::BlockTree`] takes as they are. The bytes
+//!   are hashed once per side for the tag and the whole-file hash together;
+//! - any other block (a zero source's) by the plain BLAKE3 of its bytes
+//!   ([`BlockCheck::digest`]), which does not depend on the block's place, so a zero source
+//!   computes it once per block length, as it did its CRC.
+//!
+//! The flag travels outside the tag; flipping it only makes the receiver read the other
+//! digest, which fails (the spans' digest is derived under its own context and never equals
+//! a plain hash), so the block is re-fetched, as with any change on the path.
 //!
 //! Measured on this project's 2-core machine (AVX-512, VAES; per-core rates, 4 MiB
 //! blocks, loaded, `docs/security.md`, "Cost"): CRC-32C 6.5–8 GB/s, this tag 1.5–1.85
-//! GB/s, so integrity costs about four times the CRC per byte on each side; *ring*'s
-//! AES-256-GCM seals at 2.6–3 GB/s (ChaCha20-Poly1305 0.8, GMAC over associated data
-//! 0.55). Reusing the per-block chaining values the whole-file hash already computes
-//! ([`crate::tree`]) would remove the hash pass on file transfers; it needs the
-//! single-stream paths to hash by tree, which is
-//! left for later (`docs/security.md`, "Cost").
+//! GB/s, so on a block with no file hash (memory mode) integrity costs about four times the
+//! CRC per byte on each side; on a file transfer it costs nothing beyond the whole-file
+//! hash, which clear transfers compute too. *ring*'s AES-256-GCM seals at 2.6–3 GB/s
+//! (ChaCha20-Poly1305 0.8, GMAC over associated data 0.55).
 
 use std::cell::RefCell;
 use std::fmt;
@@ -40,6 +50,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
 
 use crate::error::{Error, Kind, Result};
+use crate::tree::BlockSpans;
 
 /// The label of the TLS exporter value the data keys derive from (RFC 8446 7.5); the
 /// context is the direction ([`Direction`]).
@@ -301,6 +312,25 @@ impl BlockCheck {
         Some(&*plain)
     }
 
+    /// Whether this check reads a file's blocks by their [`BlockSpans`] when the sender
+    /// flags them so (the integrity tag; a CRC or a seal reads the bytes themselves).
+    pub fn reads_spans(&self) -> bool {
+        matches!(self, BlockCheck::Tag(_))
+    }
+
+    /// The tag of a block of `transfer` at `offset`, `len` bytes, whose bytes gave `spans`;
+    /// for a check that does not read spans ([`BlockCheck::reads_spans`]), a value that no
+    /// receiver accepts as such.
+    pub fn spans_value(&self, spans: &BlockSpans, transfer: u32, offset: u64, len: u32) -> u32 {
+        self.value(&BlockDigest::Hash(spans.digest()), transfer, offset, len)
+    }
+
+    /// Whether `value` is the tag of a block of `transfer` at `offset` whose bytes gave
+    /// `spans` (never, for a check that does not read spans).
+    pub fn verify_spans(&self, transfer: u32, offset: u64, spans: &BlockSpans, value: u32) -> bool {
+        self.reads_spans() && self.spans_value(spans, transfer, offset, spans.block_len()) == value
+    }
+
     /// Whether `digest` is of the kind this check reads (a cached digest of another kind is
     /// computed again).
     pub fn reads_as(&self, digest: &BlockDigest) -> bool {
@@ -466,6 +496,47 @@ mod tests {
         assert!(!client.recv.verify(3, 4096, &data, v));
         // An attacker's CRC is not the tag.
         assert!(!server.recv.verify(3, 4096, &data, crc32c::crc32c(&data)));
+    }
+
+    /// A file block's tag (by its spans) checks its bytes, its offset and its transfer, and
+    /// is never the tag of the plain digest of the same bytes.
+    #[test]
+    fn a_spans_tag_checks_the_bytes_and_their_place() {
+        let (client, server) = pair(Level::Integrity);
+        let size = 5 << 20;
+        let data: Vec<u8> = (0..1u32 << 20).map(|i| (i % 253) as u8).collect();
+        let spans = |o: u64, d: &[u8]| BlockSpans::of(o, d, size).unwrap();
+        let v = client
+            .send
+            .spans_value(&spans(1 << 20, &data), 3, 1 << 20, 1 << 20);
+        assert!(server
+            .recv
+            .verify_spans(3, 1 << 20, &spans(1 << 20, &data), v));
+        let mut changed = data.clone();
+        changed[12_345] ^= 1;
+        assert!(!server
+            .recv
+            .verify_spans(3, 1 << 20, &spans(1 << 20, &changed), v));
+        assert!(
+            !server
+                .recv
+                .verify_spans(3, 2 << 20, &spans(2 << 20, &data), v),
+            "another offset"
+        );
+        assert!(!server
+            .recv
+            .verify_spans(4, 1 << 20, &spans(1 << 20, &data), v));
+        assert!(!client
+            .recv
+            .verify_spans(3, 1 << 20, &spans(1 << 20, &data), v));
+        assert!(
+            !server.recv.verify(3, 1 << 20, &data, v),
+            "the plain digest"
+        );
+        let (clear, _) = pair(Level::Clear);
+        assert!(!clear
+            .recv
+            .verify_spans(3, 1 << 20, &spans(1 << 20, &data), v));
     }
 
     #[test]

@@ -782,6 +782,7 @@ fn take_file(
         offset: 0,
         len,
         crc32c,
+        spans: false,
     };
     l.writer()?.push_file(&h, payload, &blake3)?;
     let done = Msg::FileDone {

@@ -9,7 +9,7 @@ use crate::conv::upload::{Action, Event, PutFiles, PutJob, Uploader, PUT_WINDOW}
 use crate::error::{Kind, Result, XferError};
 use crate::link::{Digest, FileMeta, Source, Span};
 use crate::proto;
-use ferry_service::tree::SharedTree;
+use ferry_service::tree::{BlockTree, SharedTree};
 
 /// Opens a local regular file for upload: the file and what a PUT says of it. The open is
 /// non-blocking (opening a FIFO waits for a writer) and anything but a regular file is
@@ -204,6 +204,14 @@ impl Client {
         progress: &dyn Progress,
     ) -> Result<()> {
         let mut hasher = blake3::Hasher::new();
+        // At `integrity` a whole file is hashed by its blocks' places, from the spans their
+        // tags read (each byte once): its own tree, made when its first range goes out,
+        // with what a resume skipped read back behind it.
+        let by_spans = self.link.protection().send.reads_spans()
+            && tree.is_none()
+            && matches!(src, Source::File(_));
+        let mut own: Option<SharedTree> = None;
+        let mut skipped = 0;
         loop {
             let Some(action) = up.poll() else {
                 let m = self.link.recv_msg()?;
@@ -215,29 +223,37 @@ impl Client {
                 Action::Resumed { offset, hash } => {
                     tracing::info!("{path}: resuming at byte {offset}");
                     if let (Source::File(file), true) = (src, hash) {
-                        ferry_service::hash::hash_range(
-                            file,
-                            0,
-                            offset,
-                            &mut hasher,
-                            &mut Vec::new(),
-                        )
-                        .map_err(|e| XferError::io(path, &e))?;
+                        if by_spans {
+                            skipped = offset;
+                        } else {
+                            hash_prefix(file, offset, &mut hasher, path)?;
+                        }
                     }
                     self.stats.resumed_bytes += offset;
                     progress.already_there(offset);
                 }
                 Action::SendRange { span, hash, resend } => {
-                    let digest = match (hash, tree) {
-                        (true, _) => Digest::Stream(&mut hasher),
-                        (false, Some(t)) => Digest::Tree(t),
-                        (false, None) => Digest::None,
+                    if let (true, true, None, Source::File(file)) = (hash, by_spans, &own, src) {
+                        own = self.own_tree(file, span, skipped);
+                        if own.is_none() {
+                            hash_prefix(file, skipped, &mut hasher, path)?;
+                        }
+                    }
+                    let digest = match (hash, tree, &own) {
+                        (true, _, Some(t)) => Digest::Tree(t),
+                        (true, _, None) => Digest::Stream(&mut hasher),
+                        (false, Some(t), _) => Digest::Tree(t),
+                        (false, None, _) => Digest::None,
                     };
                     let sent = self.send_span(src, span, digest, resend, progress);
-                    up.handle(match sent {
-                        Ok(()) => Event::Sent {
-                            digest: hash.then(|| *hasher.finalize().as_bytes()),
-                        },
+                    let digest = || match (&own, src) {
+                        (Some(t), Source::File(file)) => t
+                            .root_filling_from(file)
+                            .map_err(|e| XferError::io(path, &e)),
+                        _ => Ok(*hasher.finalize().as_bytes()),
+                    };
+                    up.handle(match sent.and_then(|()| hash.then(digest).transpose()) {
+                        Ok(digest) => Event::Sent { digest },
                         Err(e) => Event::SendFailed(e),
                     });
                 }
@@ -253,6 +269,18 @@ impl Client {
                 Action::Done => return Ok(()),
             }
         }
+    }
+
+    /// The hash tree of the whole file `file` whose first range out is `span` (it ends the
+    /// file), the `skipped` bytes before it (a resume) hashed from the file on a thread
+    /// meanwhile; `None` if the blocks cannot cut it in units.
+    fn own_tree(&self, file: &std::fs::File, span: Span, skipped: u64) -> Option<SharedTree> {
+        let size = span.offset.checked_add(span.len)?;
+        let tree = SharedTree::new(BlockTree::new(size, self.tx.block())?);
+        if skipped > 0 {
+            tree.fill_behind(file, vec![(0, skipped)]);
+        }
+        Some(tree)
     }
 
     /// Sends `span` of `src` as BLOCKs, counting its bytes as they go (a connection that
@@ -280,4 +308,15 @@ impl Client {
         self.stats.wire_bytes += wire.take();
         sent
     }
+}
+
+/// Feeds the first `len` bytes of `file` (what a resumed upload does not send) to `hasher`.
+fn hash_prefix(
+    file: &std::fs::File,
+    len: u64,
+    hasher: &mut blake3::Hasher,
+    path: &str,
+) -> Result<()> {
+    ferry_service::hash::hash_range(file, 0, len, hasher, &mut Vec::new())
+        .map_err(|e| XferError::io(path, &e))
 }

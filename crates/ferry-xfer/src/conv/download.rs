@@ -12,6 +12,7 @@ use std::collections::{HashMap, VecDeque};
 
 use crate::error::{Kind, Result, XferError};
 use crate::proto::{self, ErrorCode, Msg};
+use ferry_service::tree::{BlockTree, SharedTree};
 
 /// Where a job's data lands, as far as the conversation cares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -481,11 +482,20 @@ struct Serving {
     piece: u64,
     end: u64,
     /// The whole file's hash, when the GET is for all of it and it is not known.
-    hasher: Option<blake3::Hasher>,
+    hasher: Option<FileHash>,
     /// The whole file's hash, when the GET is for all of it and it is known.
     known: Option<[u8; 32]>,
     /// Answered by a FILE frame.
     frame: bool,
+}
+
+/// How a whole-file GET hashes what it sends.
+#[derive(Debug)]
+enum FileHash {
+    /// In order (boxed: a hasher is about 2 KiB).
+    Stream(Box<blake3::Hasher>),
+    /// By its blocks' places ([`Responder::tree`]).
+    Tree(SharedTree),
 }
 
 /// The server's half of the download conversation: GETs in (with what opening the source
@@ -521,9 +531,33 @@ impl Responder {
         self.serving.is_none()
     }
 
-    /// The hash the runtime feeds what it reads, while the GET wants one.
+    /// The hash the runtime feeds what it reads, while the GET wants one (and it is not
+    /// taken by blocks, [`Responder::tree`]).
     pub fn hasher(&mut self) -> Option<&mut blake3::Hasher> {
-        self.serving.as_mut().and_then(|s| s.hasher.as_mut())
+        match self.serving.as_mut().and_then(|s| s.hasher.as_mut()) {
+            Some(FileHash::Stream(h)) => Some(h),
+            _ => None,
+        }
+    }
+
+    /// The whole file's hash tree, for a runtime that sends it in blocks of `block` bytes
+    /// and hashes each at its place (from the spans its integrity tag read,
+    /// [`ferry_service::tree::BlockSpans`], so each byte is hashed once): asked before the
+    /// first piece, it replaces [`Responder::hasher`] for this GET. `None` when the GET
+    /// wants no hash, or the hasher was already fed.
+    pub fn tree(&mut self, block: u64) -> Option<SharedTree> {
+        // Blocks are cut from pieces: the tree's unit must divide both.
+        let block = block.min(self.piece);
+        let s = self.serving.as_mut()?;
+        match &s.hasher {
+            Some(FileHash::Tree(t)) => Some(t.clone()),
+            Some(FileHash::Stream(_)) if s.pos == s.start => {
+                let t = SharedTree::new(BlockTree::new(s.end - s.start, block)?);
+                s.hasher = Some(FileHash::Tree(t.clone()));
+                Some(t)
+            }
+            _ => None,
+        }
     }
 
     /// A GET of `length` bytes at `offset` of `path` as transfer `file_id`; `source` is what
@@ -574,7 +608,8 @@ impl Responder {
         serving.end = offset + len;
         let whole = src.hash && offset == 0 && len == src.size;
         serving.known = src.known.filter(|_| whole);
-        serving.hasher = (whole && serving.known.is_none()).then(blake3::Hasher::new);
+        serving.hasher =
+            (whole && serving.known.is_none()).then(|| FileHash::Stream(Box::default()));
         self.serving = Some(serving);
         self.next_piece();
     }
@@ -629,12 +664,24 @@ impl Responder {
         let Some(s) = self.serving.take() else {
             return;
         };
+        let blake3 = match (s.known, s.hasher) {
+            (Some(known), _) => Some(known),
+            (None, Some(FileHash::Stream(h))) => Some(*h.finalize().as_bytes()),
+            (None, Some(FileHash::Tree(t))) => match t.root() {
+                Some(root) => Some(root),
+                None => {
+                    // Every block sent went into the tree: a unit missing is a bug, and the
+                    // client must not take the file without its hash.
+                    let why = format!("{}: internal: a part of the file was not hashed", s.path);
+                    return self.refuse(s.file_id, ErrorCode::Io, why);
+                }
+            },
+            (None, None) => None,
+        };
         self.out.push_back(Reply::Send(Msg::FileDone {
             file_id: s.file_id,
             length: s.end - s.start,
-            blake3: s
-                .known
-                .or_else(|| s.hasher.map(|h| *h.finalize().as_bytes())),
+            blake3,
         }));
     }
 

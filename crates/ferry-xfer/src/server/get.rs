@@ -371,7 +371,14 @@ impl Server {
                     let source = file.map_or(Source::Zero, |h| Source::File(h.file));
                     // Checked after every piece: a change stops the rest from being read
                     // and sent.
-                    let digest = conv.hasher().map_or(Digest::None, Digest::Stream);
+                    // At `integrity` a whole file is hashed by its blocks' places, from the
+                    // spans their tags read: each byte once.
+                    let by_spans = link.protection().send.reads_spans();
+                    let tree = by_spans.then(|| conv.tree(tx.block())).flatten();
+                    let digest = match &tree {
+                        Some(t) => Digest::Tree(t),
+                        None => conv.hasher().map_or(Digest::None, Digest::Stream),
+                    };
                     tx.send_range(link, source, span, digest, &|_| {})
                         .and_then(|()| unchanged())
                 }

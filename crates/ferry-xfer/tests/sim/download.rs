@@ -958,6 +958,7 @@ impl Server {
                             offset: offset + (i * self.block as usize) as u64,
                             len: chunk.len() as u32,
                             crc32c: crc32c::crc32c(chunk),
+                            spans: false,
                         };
                         wire.send(
                             Dir::Down,
