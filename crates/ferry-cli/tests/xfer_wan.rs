@@ -156,8 +156,10 @@ fn stop(child: &mut Child) {
 /// bandwidth-delay product in segments over the initial window: 9 round trips) — 15 in all.
 ///
 /// Not met yet (docs/wan.md, "Figures"): on the loaded 2-core development host the copy
-/// took 3.5–4.7 s in a release build (6.4 s before the window followed the path), most of
-/// it before the first answer arrived; run it with `--ignored` to measure.
+/// took 2.5–3.0 s in a release build with the window refilled by quarters in eager GETS
+/// frames (2.6–3.7 s before, 6.4 s before the window followed the path): 0.7 s to the
+/// first GETS, 0.8 s more before the first PACK had crossed a cold connection, then about
+/// a PACK (4 MiB) per 100 ms; run it with `--ignored` to measure.
 #[test]
 #[ignore = "the bound is not met yet: docs/wan.md, Figures"]
 fn a_tree_of_small_files_streams_at_distance() {
