@@ -491,8 +491,12 @@ fn parse_buffer(s: &str) -> Result<u64, String> {
 /// What the copy chose from its path, as `-v` prints it.
 fn describe_tuning(t: &client::Tuning) -> String {
     format!(
-        "path: round trip {:.1} ms; staging {} × {} = {} per stream; {} GETs in flight; {} stream(s){}",
+        "path: round trip {:.1} ms{}; staging {} × {} = {} per stream; {} GETs in flight; {} stream(s){}",
         t.rtt_us as f64 / 1000.0,
+        match t.tcp_rtt_us {
+            0 => String::new(),
+            us => format!(" (TCP's least {:.1} ms)", us as f64 / 1000.0),
+        },
         t.ring,
         human_size(u64::from(t.block)),
         human_size(t.buffer()),
@@ -506,6 +510,7 @@ fn describe_tuning(t: &client::Tuning) -> String {
 fn tuning_json(t: &client::Tuning) -> serde_json::Value {
     serde_json::json!({
         "rtt_ms": t.rtt_us as f64 / 1000.0,
+        "tcp_rtt_ms": (t.tcp_rtt_us > 0).then(|| t.tcp_rtt_us as f64 / 1000.0),
         "block_size": t.block,
         "ring": t.ring,
         "buffer": t.buffer(),

@@ -97,6 +97,13 @@ pub trait Endpoint: Send + Sync {
         let _ = region;
         Ok(())
     }
+    /// The smallest round trip the transport itself measured on this connection so far
+    /// (TCP's, from `TCP_INFO`), if it measures one: unlike a request timed by the
+    /// application, it does not grow while a busy host keeps the process from running.
+    /// Default: `None`.
+    fn path_rtt(&self) -> Option<std::time::Duration> {
+        None
+    }
     /// Turns on RMA from the peer. Endpoints a [`Listener`] accepts start with it off (every
     /// RMA request refused alike) so that nothing is served before the layer above has
     /// authenticated the peer; call this once it has. Connected endpoints start with it on.

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_exs::runtime::{default_config, ExsListener};
+use ferry_exs::runtime::ExsListener;
 
 use crate::admit::{more, Admission, Turned};
 use crate::error::{Error, Kind, Result};
@@ -23,7 +23,7 @@ pub fn bind(addr: &str) -> Result<ExsListener> {
     let fabric: ferry_fabric::Address = addr
         .parse()
         .map_err(|e| Error::new(Kind::Usage, format!("bad listen address {addr}: {e}")))?;
-    ExsListener::bind(addr, default_config(&fabric))
+    ExsListener::bind(addr, crate::channel::exs_config(&fabric))
         .map(ExsListener::defer_remote_access)
         .map_err(|e| {
             Error::conn(format!(

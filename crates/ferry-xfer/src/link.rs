@@ -359,6 +359,11 @@ impl BlockSender {
         }
     }
 
+    /// Whether a PACK is open (frames wait in it for [`BlockSender::flush_pack`]).
+    pub fn pack_open(&self) -> bool {
+        self.pack.is_some()
+    }
+
     /// Sends the open PACK, if any: as a PACK frame, or as the bare FILE frame when it holds
     /// only one. The server calls it before any other frame and before it waits for requests,
     /// so answers leave in request order.

@@ -118,3 +118,30 @@ fn a_default_server_serves_older_clients_as_before() {
     link.send(&Msg::Stat { path: "d/a".into() }).unwrap();
     assert!(matches!(link.recv_msg().unwrap(), Msg::Entry(e) if e.size == 3));
 }
+
+/// A 1.9 client may send its PROTECT right behind its HELLO, before WELCOME comes (a
+/// round trip sooner): the server answers WELCOME, then OK, and serves the requests after.
+#[test]
+fn a_protect_may_travel_with_the_hello() {
+    let addr = start(Some(vec![Level::Integrity]));
+    let mut link = Link::connect(&addr, T).unwrap();
+    link.post_ring(4, BLOCK_HEADER_LEN + 64 * 1024).unwrap();
+    link.send(&Msg::Hello {
+        major: proto::VERSION_MAJOR,
+        minor: proto::VERSION_MINOR,
+        block_size: 64 * 1024,
+        session: 0,
+        stream: 0,
+        token: "tok".into(),
+    })
+    .unwrap();
+    link.send(&Msg::Protect {
+        level: Level::Integrity.code(),
+    })
+    .unwrap();
+    let m = link.recv_msg().unwrap();
+    assert!(matches!(m, Msg::Welcome { .. }), "{m:?}");
+    assert_eq!(link.recv_msg().unwrap(), Msg::Ok { file_id: 0 });
+    link.send(&Msg::Stat { path: "d/a".into() }).unwrap();
+    assert!(matches!(link.recv_msg().unwrap(), Msg::Entry(e) if e.size == 3));
+}

@@ -66,28 +66,38 @@ mod machine {
     }
 
     fn settings() -> impl Strategy<Value = Settings> {
-        (1u16..=proto::VERSION_MINOR, 1usize..64, 1usize..4).prop_map(
-            |(minor, window, chunks_ahead)| Settings {
+        (
+            1u16..=proto::VERSION_MINOR,
+            1usize..64,
+            0usize..70,
+            prop_oneof![Just(proto::MAX_CONTROL), 0usize..4096],
+            1usize..4,
+        )
+            .prop_map(|(minor, window, refill, frame, chunks_ahead)| Settings {
                 minor,
                 window,
+                refill,
+                frame,
                 chunks_ahead,
                 retries: ferry_xfer::BLOCK_RETRIES,
-            },
-        )
+            })
     }
 
     /// The requests the machine sent: (file, offset, length) of each GET, the files whose
-    /// SUM came just before their GET.
-    fn requests(conv: &mut Downloader) -> (Vec<(u32, u64, u64)>, Vec<u32>) {
+    /// SUM came just before their GET. A GETS frame of several files stays within `frame`
+    /// bytes (one file alone may exceed it: every file must be asked for).
+    fn requests(conv: &mut Downloader, frame: usize) -> (Vec<(u32, u64, u64)>, Vec<u32>) {
         let (mut gets, mut summed, mut sum_pending) = (Vec::new(), Vec::new(), false);
         while let Some(a) = conv.poll() {
             match a {
                 Action::Send(Msg::Gets { files }) => {
                     assert!(!files.is_empty() && files.len() <= proto::MAX_GETS);
-                    assert!(proto::to_vec(&Msg::Gets {
-                        files: files.clone()
+                    let len = proto::to_vec(&Msg::Gets {
+                        files: files.clone(),
                     })
-                    .is_ok());
+                    .map(|v| v.len());
+                    assert!(len.is_ok());
+                    assert!(files.len() == 1 || len.is_ok_and(|n| n <= frame));
                     gets.extend(files.into_iter().map(|(f, _)| (f, 0, u64::MAX)));
                 }
                 Action::Send(Msg::Get {
@@ -134,7 +144,7 @@ mod machine {
             prop_assert_eq!(conv.in_flight(), started.len());
             let chunks = started.iter().filter(|j| matches!(j.landing, Landing::Chunk { .. })).count();
             prop_assert!(chunks <= s.chunks_ahead);
-            let (gets, summed) = requests(&mut conv);
+            let (gets, summed) = requests(&mut conv, s.frame);
             prop_assert_eq!(gets.len(), started.len());
             for job in &started {
                 let asked: Vec<_> = gets.iter().filter(|g| g.0 == job.file).collect();

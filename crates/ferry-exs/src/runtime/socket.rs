@@ -485,6 +485,19 @@ impl ExsSocket {
         self.inner.ep.peer()
     }
 
+    /// The smallest round trip the transport measured on this connection so far (the tcp
+    /// driver's `TCP_INFO`), if its driver measures one.
+    pub fn path_rtt(&self) -> Option<Duration> {
+        self.inner.ep.path_rtt()
+    }
+
+    /// Reads [`ExsSocket::path_rtt`] from another thread while the socket's owner uses it
+    /// (a copy's controller watching its streams). Keep it no longer than the socket.
+    pub fn rtt_probe(&self) -> impl Fn() -> Option<Duration> + Send + Sync + 'static {
+        let ep = self.inner.ep.clone();
+        move || ep.path_rtt()
+    }
+
     /// `exs_close`: tells the peer and completes every pending operation (with
     /// [`ExsError::Canceled`]); a Close event follows on the queue. A second call fails with
     /// [`ExsError::NotConnected`].

@@ -44,6 +44,7 @@ pub fn copy(
                 let list = recursive && matches!(src, Location::Remote(_));
                 let c = Client::connect(&r.addr, &opts).map(|mut c| {
                     let _ = c.look(&r.path, list);
+                    c.sample_path();
                     c
                 });
                 let long = c.as_ref().is_ok_and(|c| {

@@ -444,6 +444,8 @@ impl Client {
         let mut conv = Downloader::new(Settings {
             minor: self.minor,
             window: self.get_window,
+            refill: super::tune::refill_for(self.get_window, self.rtt),
+            frame: super::tune::gets_frame(self.rtt, self.link.immediate()),
             chunks_ahead: crate::parallel::CHUNKS_AHEAD,
             retries: crate::BLOCK_RETRIES,
         });

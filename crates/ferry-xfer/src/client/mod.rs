@@ -404,7 +404,14 @@ struct Looked {
 /// Agrees on the data protection `level` with the server at `addr` (protocol `minor`), or
 /// fails: the connection's blocks are then checked as agreed. Fails closed: never a weaker
 /// level than asked, whatever the server or the path says.
-fn agree_protection(link: &mut Link, addr: &str, minor: u16, level: Level) -> Result<()> {
+/// `sent`: the PROTECT went with the HELLO already (its answer follows WELCOME).
+fn agree_protection(
+    link: &mut Link,
+    addr: &str,
+    minor: u16,
+    level: Level,
+    sent: bool,
+) -> Result<()> {
     if link.secure().is_none() {
         // A clear connection carries clear data only: checked before connecting.
         return Ok(());
@@ -418,9 +425,11 @@ fn agree_protection(link: &mut Link, addr: &str, minor: u16, level: Level) -> Re
             format!("{addr} speaks ferry protocol 1.{minor}, which has no data protection levels, and this copy requires {level}: upgrade the server, or use --protect clear (blocks checked by CRC-32C, whole files by their sealed BLAKE3)"),
         ));
     }
-    link.send(&Msg::Protect {
-        level: level.code(),
-    })?;
+    if !sent {
+        link.send(&Msg::Protect {
+            level: level.code(),
+        })?;
+    }
     match link.recv_msg()? {
         Msg::Ok { file_id: 0 } => link.protect(level, false),
         Msg::Error { code, message, .. } => Err(remote_err(code, &message)),
@@ -498,6 +507,15 @@ impl Client {
             stream,
             token,
         })?;
+        // PROTECT goes with the HELLO, a round trip sooner, when the level needs a 1.9
+        // server anyway (an older one is refused below, whatever it made of the frame);
+        // `clear` waits for WELCOME: an older server serves it without PROTECT.
+        let protect_early = link.secure().is_some() && level != Level::Clear;
+        if protect_early {
+            link.send(&Msg::Protect {
+                level: level.code(),
+            })?;
+        }
         let (block, minor, session) = match link.recv_msg() {
             Ok(Msg::Welcome {
                 block_size,
@@ -510,11 +528,13 @@ impl Client {
             Err(e) => return Err(e),
         };
         let measured = hello_sent.elapsed();
+        // TCP's own samples (from its handshake on) are not lengthened by a busy host.
+        let tcp = link.socket().path_rtt();
         // This host is no distance, however long a busy scheduler made the handshake.
         let rtt = if tune::is_local(addr) {
             Duration::ZERO
         } else {
-            measured
+            tcp.map_or(measured, |t| t.min(measured))
         };
         if !(proto::MIN_BLOCK..=proto::MAX_BLOCK).contains(&block) {
             return Err(XferError::conn(format!(
@@ -524,13 +544,18 @@ impl Client {
         link.timeout = opts.idle_timeout;
         let ring = tune::ring_for(opts.buffer, opts.ring, rtt, block);
         link.post_ring(ring.max(2), BLOCK_HEADER_LEN + block as usize)?;
-        agree_protection(&mut link, addr, minor, level)?;
+        agree_protection(&mut link, addr, minor, level, protect_early)?;
         let mut tx = BlockSender::new(block, ring, opts.idle_timeout)?;
         tx.direct = opts.direct;
         let get_window = tune::get_window(opts.buffer, rtt, u64::from(block));
         let stats = Stats {
             tuning: Tuning {
-                rtt_us: measured.as_micros().try_into().unwrap_or(u64::MAX),
+                rtt_us: measured
+                    .min(tcp.unwrap_or(measured))
+                    .as_micros()
+                    .try_into()
+                    .unwrap_or(u64::MAX),
+                tcp_rtt_us: tcp.map_or(0, tune::micros),
                 ring,
                 block,
                 get_window,
@@ -571,6 +596,19 @@ impl Client {
         if rtt < self.rtt {
             self.rtt = rtt;
             self.stats.tuning.rtt_us = rtt.as_micros().try_into().unwrap_or(u64::MAX);
+        }
+    }
+
+    /// Takes the transport's smallest round trip so far ([`ExsSocket::path_rtt`]: TCP's
+    /// own, which a busy host does not lengthen) as a sample, and shows it.
+    ///
+    /// [`ExsSocket::path_rtt`]: ferry_exs::runtime::ExsSocket::path_rtt
+    pub(crate) fn sample_path(&mut self) {
+        if let Some(t) = self.link.socket().path_rtt() {
+            self.stats.tuning.tcp_rtt_us = tune::micros(t);
+            if !self.rtt.is_zero() {
+                self.sample_rtt(t);
+            }
         }
     }
 

@@ -49,8 +49,12 @@ pub enum Buffer {
 /// What a copy decided from its path (shown by `ferry cp -v` and `--json`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Tuning {
-    /// The smallest handshake round trip seen, in microseconds.
+    /// The smallest round trip seen (handshakes, requests, the transport's own), in
+    /// microseconds.
     pub rtt_us: u64,
+    /// The smallest round trip TCP itself measured on the copy's connections (`TCP_INFO`,
+    /// at connect and as the copy goes), in microseconds; 0 where the driver measures none.
+    pub tcp_rtt_us: u64,
     /// Staging blocks per connection (receive buffers posted, blocks sent ahead).
     pub ring: usize,
     /// The negotiated block size.
@@ -78,8 +82,16 @@ impl Tuning {
         if o.rtt_us > 0 {
             self.rtt_us = self.rtt_us.min(o.rtt_us);
         }
+        if o.tcp_rtt_us > 0 && (self.tcp_rtt_us == 0 || o.tcp_rtt_us < self.tcp_rtt_us) {
+            self.tcp_rtt_us = o.tcp_rtt_us;
+        }
         self.streams = self.streams.max(o.streams);
     }
+}
+
+/// `d` in whole microseconds (saturating).
+pub fn micros(d: Duration) -> u64 {
+    d.as_micros().try_into().unwrap_or(u64::MAX)
 }
 
 /// Bytes `rate` (bytes per second) carries in `rtt`.
@@ -119,6 +131,30 @@ pub fn get_window(buffer: Buffer, rtt: Duration, mean_size: u64) -> usize {
     usize::try_from(want)
         .unwrap_or(usize::MAX)
         .clamp(super::GET_WINDOW, MAX_GET_WINDOW)
+}
+
+/// Free places of a window of `window` GETs before a refill asks for more: half of it on
+/// a short path, as before (fewer, fuller GETS frames); a quarter on a long one, where the
+/// window must stay nearly full to cover the path. (Refilled in halves, a window of 256
+/// moved 128 files per four round trips at 50 ms.)
+pub fn refill_for(window: usize, rtt: Duration) -> usize {
+    if long_path(rtt) {
+        (window / 4).max(1)
+    } else {
+        window - window / 2
+    }
+}
+
+/// The most bytes of a GETS frame over a path of round trip `rtt` when the link sends
+/// messages of up to `immediate` bytes inside their advertisement: on a long path no
+/// more, so the frame arrives in half a round trip instead of being pulled in one and a
+/// half; on a short one as large as a control frame may be.
+pub fn gets_frame(rtt: Duration, immediate: usize) -> usize {
+    if long_path(rtt) {
+        immediate
+    } else {
+        crate::proto::MAX_CONTROL
+    }
 }
 
 /// The mean size of `count` files of `bytes` together (for sizing a window of requests).
@@ -277,6 +313,21 @@ mod tests {
             get_window(Buffer::Path, ms(50), 1 << 30),
             super::super::GET_WINDOW
         );
+    }
+
+    #[test]
+    fn a_long_path_refills_early_in_frames_that_travel_with_their_advert() {
+        let ms = Duration::from_millis;
+        assert_eq!(
+            refill_for(32, ms(0)),
+            16,
+            "a short path: in halves, as before"
+        );
+        assert_eq!(refill_for(33, ms(1)), 17);
+        assert_eq!(refill_for(256, ms(50)), 64);
+        assert_eq!(refill_for(2, ms(50)), 1);
+        assert_eq!(gets_frame(ms(0), 4096), crate::proto::MAX_CONTROL);
+        assert_eq!(gets_frame(ms(50), 4096), 4096);
     }
 
     #[test]

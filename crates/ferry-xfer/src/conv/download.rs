@@ -59,6 +59,15 @@ pub struct Settings {
     pub minor: u16,
     /// GETs kept outstanding.
     pub window: usize,
+    /// Free places in the window before a refill starts (to a 1.3 server or newer), so that
+    /// each GETS frame carries several files: half the window on a short path; a small
+    /// share of it on a long one, where the window must stay nearly full to cover the
+    /// bandwidth-delay product.
+    pub refill: usize,
+    /// Most bytes of a GETS frame (at most a control frame's): on a long path the link's
+    /// immediate size, so that a frame travels inside its advertisement (half a round
+    /// trip) instead of being pulled (a round trip and a half).
+    pub frame: usize,
     /// Chunks of shared files kept outstanding.
     pub chunks_ahead: usize,
     /// CRC rounds (re-GETs of the failed ranges) before a file fails.
@@ -186,9 +195,12 @@ impl Downloader {
     }
 
     /// Whether a refill may start now: always to an older server; to a 1.3 one only once
-    /// half the window is back, so that each GETS batch carries several files.
+    /// [`Settings::refill`] places of the window are free, so that each GETS batch carries
+    /// several files.
     pub fn refill_open(&self) -> bool {
-        self.settings.minor < proto::MINOR_FILE || self.live.len() <= self.settings.window / 2
+        let window = self.settings.window.max(1);
+        let free = window.saturating_sub(self.live.len());
+        self.settings.minor < proto::MINOR_FILE || free >= self.settings.refill.clamp(1, window)
     }
 
     /// Whether one more job fits in the window (and under the chunk limit).
@@ -213,8 +225,7 @@ impl Downloader {
         if whole && self.settings.minor >= proto::MINOR_FILE {
             // Whole files go out in GETS frames, several per message.
             let bytes: usize = self.gets.iter().map(|(_, p)| p.len() + 6).sum();
-            if self.gets.len() >= proto::MAX_GETS
-                || bytes + job.path.len() + 6 > proto::MAX_CONTROL - 64
+            if self.gets.len() >= proto::MAX_GETS || bytes + job.path.len() + 6 > self.frame_room()
             {
                 self.flush();
             }
@@ -246,6 +257,15 @@ impl Downloader {
                 rounds: 0,
             },
         );
+    }
+
+    /// Bytes of paths (with their ids and lengths) a GETS frame may carry: the frame's
+    /// limit less room for its header (and a seal's).
+    fn frame_room(&self) -> usize {
+        self.settings
+            .frame
+            .min(proto::MAX_CONTROL)
+            .saturating_sub(64)
     }
 
     /// Sends the batched whole-file GETs as one GETS frame.

@@ -190,10 +190,13 @@ impl Router {
         matches!(msg, Msg::PutFile { .. })
     }
 
-    /// Whether `msg`'s answer may join an open PACK: only whole-file GETs of real files
-    /// (anything else sends the PACK first, so answers leave in request order).
+    /// Whether `msg`'s answer may join an open PACK: only whole-file GETs of real files,
+    /// and a GETS, which is such GETs (each is asked again as it is answered); anything
+    /// else sends the PACK first, so answers leave in request order. (A GETS that sent the
+    /// PACK made every batch end in a PACK of the one file that did not fit the last.)
     pub fn packs(&self, msg: &Msg) -> bool {
         match msg {
+            Msg::Gets { .. } => true,
             Msg::Get {
                 offset: 0,
                 length: u64::MAX,
@@ -592,6 +595,25 @@ mod tests {
         assert!(!mem.packs(&get()));
         assert!(matches!(router().route(get(), false), Route::Get { .. }));
         assert!(router().packs(&get()));
+    }
+
+    #[test]
+    fn a_gets_keeps_the_open_pack_and_other_requests_send_it() {
+        let gets = Msg::Gets {
+            files: vec![(1, "r/a".into()), (2, "r/b".into())],
+        };
+        assert!(
+            router().packs(&gets),
+            "the next batch's files join the pack"
+        );
+        let ranged = Msg::Get {
+            file_id: 1,
+            offset: 5,
+            length: u64::MAX,
+            path: "r/a".into(),
+        };
+        assert!(!router().packs(&ranged));
+        assert!(!router().packs(&Msg::Stat { path: "r".into() }));
     }
 
     #[test]

@@ -163,6 +163,9 @@ fn run_streams(
     work: &(dyn Fn(&mut Client, &dyn Progress) -> Result<()> + Sync),
 ) -> (Vec<Client>, Result<()>) {
     let counter = Counter::default();
+    // Each stream's transport round trip, read while the streams work: the path, not a
+    // handshake a busy host slowed down, decides whether more streams can help.
+    let mut probes: Vec<Box<dyn Fn() -> Option<Duration> + Send + Sync>> = Vec::new();
     let (clients, results): (Vec<Client>, Vec<Result<()>>) = std::thread::scope(|s| {
         let spawn = |mut c: Client| {
             let counter = &counter;
@@ -171,7 +174,11 @@ fn run_streams(
                 (c, r)
             })
         };
-        let mut handles: Vec<_> = clients.into_iter().map(spawn).collect();
+        let mut handles = Vec::new();
+        for c in clients {
+            probes.push(Box::new(c.link.socket().rtt_probe()));
+            handles.push(spawn(c));
+        }
         let mut shown: Shown = (0, 0, 0);
         // The growth search's measuring period: from when (after a stream's slow start),
         // and the bytes at that moment.
@@ -196,6 +203,15 @@ fn run_streams(
             let rate = (now - bytes) as f64 / since.elapsed().as_secs_f64();
             let streams = handles.len() as u16;
             mark = None;
+            let path = probes.iter().filter_map(|p| p()).min();
+            if let Some(rtt) = path.filter(|&r| !tune::long_path(r)) {
+                tracing::debug!(
+                    "TCP measured a round trip of {:.2} ms: a short path; keeping {streams} stream(s)",
+                    rtt.as_secs_f64() * 1e3
+                );
+                growth.stop();
+                continue;
+            }
             if !growth.add_after(streams, rate) {
                 tracing::debug!(
                     "{streams} stream(s) deliver {:.0} Mbit/s; keeping {streams}",
@@ -210,6 +226,7 @@ fn run_streams(
                         rate * 8e-6,
                         streams + 1
                     );
+                    probes.push(Box::new(c.link.socket().rtt_probe()));
                     handles.push(spawn(c));
                     // Its slow start is not measured.
                     settle_until = Instant::now() + growth.period() / 2;
@@ -263,7 +280,8 @@ pub(crate) fn grower<'a>(
 
 fn finish_clients(clients: Vec<Client>, total: &mut Stats, ok: bool) {
     let streams = clients.len() as u16;
-    for c in clients {
+    for mut c in clients {
+        c.sample_path();
         total.add(&c.stats);
         if ok {
             c.bye();

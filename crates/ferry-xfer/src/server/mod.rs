@@ -432,18 +432,19 @@ impl Server {
             }
             let msg = match st.batch.pop_front() {
                 Some(m) => m,
-                None => {
-                    tx.flush_pack(link)?;
-                    self.wait_request(link, session, st)?
-                }
+                None => self.wait_request(link, session, tx, st)?,
             };
-            // The first request came one round trip after WELCOME went out.
-            if let Some(welcomed) = st.welcomed.take() {
-                self.grow_to_path(link, tx, st, welcomed.elapsed());
-            }
             if let Msg::Protect { level } = msg {
                 self.agree_protection(link, level, st)?;
                 continue;
+            }
+            // The first request after PROTECT (which a client may send with its HELLO) came
+            // one round trip after WELCOME went out, or later if the client was busy; TCP's
+            // own smallest round trip is not lengthened so.
+            if let Some(welcomed) = st.welcomed.take() {
+                let waited = welcomed.elapsed();
+                let rtt = link.socket().path_rtt().map_or(waited, |t| t.min(waited));
+                self.grow_to_path(link, tx, st, rtt);
             }
             if !st.agreed && link.secure().is_some() && !self.security.serves_unprotected() {
                 let message = "this server requires a data protection level (PROTECT, protocol 1.9) before any request";
@@ -548,14 +549,24 @@ impl Server {
         }
     }
 
-    /// The next request: waiting PUT_FILE commits go when no request is there to join them.
-    fn wait_request(&self, link: &mut Link, session: &Session, st: &mut Requests) -> Result<Msg> {
-        let arrived = if st.commits.is_empty() {
+    /// The next request. What waits to leave goes when no request is there to join it: the
+    /// open PACK (the next GETS, already here, fills it further: a client at distance asks
+    /// in small frames, and full PACKs are fewer adverts and acknowledgements) and the
+    /// PUT_FILE commits. A request that does not join them sends them first (the loop).
+    fn wait_request(
+        &self,
+        link: &mut Link,
+        session: &Session,
+        tx: &mut BlockSender,
+        st: &mut Requests,
+    ) -> Result<Msg> {
+        let arrived = if st.commits.is_empty() && !tx.pack_open() {
             None
         } else {
             link.recv_held_within(Duration::ZERO)?
         };
         if arrived.is_none() {
+            tx.flush_pack(link)?;
             st.commits.flush(link)?;
         }
         ferry_fabric::timeline::mark("srv.wait", 0);

@@ -398,6 +398,8 @@ impl<'a> Session<'a> {
         let conv = Downloader::new(Settings {
             minor: setup.minor,
             window: setup.window,
+            refill: setup.window - setup.window / 2,
+            frame: ferry_xfer::proto::MAX_CONTROL,
             chunks_ahead: 2,
             retries: ferry_xfer::BLOCK_RETRIES,
         });

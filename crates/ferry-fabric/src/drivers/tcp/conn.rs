@@ -392,6 +392,11 @@ impl Endpoint for TcpEndpoint {
         self.local.clone()
     }
 
+    fn path_rtt(&self) -> Option<std::time::Duration> {
+        use std::os::fd::AsFd;
+        crate::sys::tcp_min_rtt(self.conn.stream.as_fd())
+    }
+
     fn grant(&self, region: &MemoryRegion) -> Result<()> {
         if region.domain() != self.domain.id {
             return Err(FabricError::InvalidArgument(
