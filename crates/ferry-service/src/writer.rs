@@ -23,7 +23,7 @@ use std::time::Instant;
 use crate::channel::Held;
 use crate::error::{Error, Result};
 use crate::landing::{checkpoint_bytes, CHECKPOINT_EVERY};
-use crate::ring::{staging_threads, staging_threads_off, Action, Cadence, LandRing, Piece, SlotId};
+use crate::ring::{staging_threads, Action, Cadence, LandRing, Piece, SlotId};
 use crate::sink::{Block, BlockSink};
 
 /// Files from this size on get a writer thread (with staging threads on); smaller ones are
@@ -244,22 +244,18 @@ impl BlockWriter {
 
     /// A writer feeding `sink` (e.g. one that journals, [`BlockSink::journaled`]).
     pub fn with_sink(sink: BlockSink, file: &File, ring: usize) -> Result<Self> {
+        let size = sink.size();
         let file = file
             .try_clone()
             .map_err(|e| Error::io("duplicate file handle", &e))?;
-        if sink.size() < THREADED_MIN || !staging_threads() {
+        if size < THREADED_MIN || !staging_threads() {
             return Ok(Self::inline(sink, Some(file)));
         }
-        Self::threaded(sink, Some(file), ring, "ferry-writer")
-    }
-
-    /// A writer whose ring runs on a thread of its own, `name`d.
-    fn threaded(sink: BlockSink, file: Option<File>, ring: usize, name: &str) -> Result<Self> {
         let ring = ring.max(1);
         let (tx, rx) = sync_channel::<ToWriter>(ring);
-        let lander = Lander::new(sink, file, ring);
+        let lander = Lander::new(sink, Some(file), ring);
         let handle = std::thread::Builder::new()
-            .name(name.into())
+            .name("ferry-writer".into())
             .spawn(move || write_loop(lander, rx))
             .map_err(|e| Error::io("start writer thread", &e))?;
         Ok(BlockWriter {
@@ -274,24 +270,14 @@ impl BlockWriter {
     }
 
     /// The null sink of memory mode for transfer `file_id` (`size` bytes): every block's
-    /// check value and bounds are checked, nothing is written or hashed; with a ring of
-    /// `ring` blocks (see [`BlockWriter::null_sink`]).
-    pub fn null(file_id: u32, size: u64, ring: usize) -> Result<Self> {
-        Self::null_sink(BlockSink::new(file_id, size), ring)
+    /// CRC-32C and bounds are checked, nothing is written or hashed.
+    pub fn null(file_id: u32, size: u64) -> Self {
+        Self::null_sink(BlockSink::new(file_id, size))
     }
 
-    /// The null sink feeding `sink` (e.g. one range of a parallel transfer). From
-    /// [`THREADED_MIN`] bytes on, its blocks are checked on a thread of its own, holding at
-    /// most `ring` of them, so checking one block overlaps receiving the next: checking is
-    /// all a null sink does, and done on the receiving thread it adds its whole time to
-    /// every block's (an `integrity` tag costs about as much per byte as a memory-to-memory
-    /// copy moves; see `docs/security.md`, "Cost"). Unlike a disk writer's thread, this one
-    /// runs on two cores as well: `FERRY_STAGING_THREADS=off` keeps it inline.
-    pub fn null_sink(sink: BlockSink, ring: usize) -> Result<Self> {
-        if sink.size() < THREADED_MIN || staging_threads_off() {
-            return Ok(Self::inline(sink, None));
-        }
-        Self::threaded(sink, None, ring, "ferry-checker")
+    /// The null sink feeding `sink` (e.g. one range of a parallel transfer).
+    pub fn null_sink(sink: BlockSink) -> Self {
+        Self::inline(sink, None)
     }
 
     /// Takes a whole file that came in one frame, checked against the file's BLAKE3

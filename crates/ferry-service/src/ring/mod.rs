@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 pub mod sender;
 
-pub use sender::{staging_threads, staging_threads_off, Digest, Sender, Source, Staged};
+pub use sender::{staging_threads, Digest, Sender, Source, Staged};
 
 /// A slot's index in its ring.
 pub type SlotId = usize;

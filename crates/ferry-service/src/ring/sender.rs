@@ -60,23 +60,11 @@ pub enum Source<'a> {
 /// extra threads share them with the EXS progress threads and the hand-offs cost more than
 /// the overlap gains (the measurement is in `docs/xfer.md`, "Tuning").
 pub fn staging_threads() -> bool {
-    staging_threads_setting()
-        .unwrap_or_else(|| std::thread::available_parallelism().is_ok_and(|n| n.get() >= 4))
-}
-
-/// Whether `FERRY_STAGING_THREADS` turns the staging threads off explicitly (threads that
-/// pay on any host, such as a null sink's checker, run unless it does).
-pub fn staging_threads_off() -> bool {
-    staging_threads_setting() == Some(false)
-}
-
-/// `FERRY_STAGING_THREADS`: `Some(on)` when set to on/1 or off/0.
-fn staging_threads_setting() -> Option<bool> {
-    static SET: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    *SET.get_or_init(|| match std::env::var("FERRY_STAGING_THREADS").as_deref() {
-        Ok("on") | Ok("1") => Some(true),
-        Ok("off") | Ok("0") => Some(false),
-        _ => None,
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| match std::env::var("FERRY_STAGING_THREADS").as_deref() {
+        Ok("on") | Ok("1") => true,
+        Ok("off") | Ok("0") => false,
+        _ => std::thread::available_parallelism().is_ok_and(|n| n.get() >= 4),
     })
 }
 

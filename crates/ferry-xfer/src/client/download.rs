@@ -810,7 +810,7 @@ fn open_writer(
     }
     let (Some(part), journal) = (l.part.as_ref(), l.journal.take()) else {
         // No part: the null sink.
-        return BlockWriter::null(id, size, ring);
+        return Ok(BlockWriter::null(id, size));
     };
     let journal = journal.ok_or_else(|| XferError::conn("READY twice"))?;
     let mut sink = BlockSink::journaled(id, size, journal);

@@ -192,7 +192,7 @@ impl SharedDl {
                 sink.choose_direct(f, direct);
                 BlockWriter::with_sink(sink, f, ring)
             }
-            None => Ok(BlockWriter::null_sink(sink, ring)?),
+            None => Ok(BlockWriter::null_sink(sink)),
         }
     }
 

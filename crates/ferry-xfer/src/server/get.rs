@@ -135,7 +135,7 @@ impl Server {
                     mode: 0o222,
                     offset: 0,
                 })?;
-                let mut sink = BlockWriter::null(file_id, *size, self.cfg.ring)?;
+                let mut sink = BlockWriter::null(file_id, *size);
                 match self.receive_into(link, &mut sink, file_id, path)? {
                     None => {}
                     Some((_, Err(r))) => reply_refusal(link, file_id, r)?,

@@ -377,7 +377,7 @@ impl Dest<'_> {
                         sink.choose_direct(f, direct);
                         BlockWriter::with_sink(sink, f, ring)
                     }
-                    None => Ok(BlockWriter::null_sink(sink, ring)?),
+                    None => Ok(BlockWriter::null_sink(sink)),
                 }
             }
         }
