@@ -1,16 +1,11 @@
 //! What checking a block costs one core here: the rates of the per-block work each
 //! protection level adds, measured through the functions the transfer itself calls
 //! ([`BlockCheck`]), so a ratio such as `integrity_vs_clear_mem` can be read against what
-//! this CPU allows.
+//! this CPU does per byte.
 //!
 //! Each rate is of this thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`), not the wall clock:
 //! on a loaded host a pass timed by the wall clock includes the time other processes held
 //! the core (one such run read a third of the rate its CPU time gives).
-//!
-//! A memory-to-memory copy's receiver checks every block on its receiving thread, so a
-//! level whose check runs slower than the clear copy moves bytes at no more than its check
-//! rate: the run's `ceilings` say so for each level (the check rate ÷ the fastest clear
-//! row, capped at 1).
 
 use std::time::Duration;
 
@@ -80,25 +75,6 @@ impl CheckRates {
             memcpy,
         }
     }
-
-    /// The highest `level ÷ clear` a memory-to-memory copy can reach here, for a clear copy
-    /// at `clear_gbps`: the receiving thread's check rate over the clear rate, at most 1.
-    pub fn ceilings(&self, clear_gbps: f64) -> Ceilings {
-        let cap = |r: f64| (r / clear_gbps).min(1.0);
-        Ceilings {
-            integrity_vs_clear_mem: cap(self.integrity_tag),
-            private_vs_clear_mem: cap(self.private_open.min(self.private_seal)),
-        }
-    }
-}
-
-/// What [`CheckRates::ceilings`] allows the summary's protection ratios.
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct Ceilings {
-    /// The ceiling of `integrity_vs_clear_mem`.
-    pub integrity_vs_clear_mem: f64,
-    /// The ceiling of `private_vs_clear_mem`.
-    pub private_vs_clear_mem: f64,
 }
 
 /// GB/s of [`BLOCK`]-byte passes of `pass` over [`SPAN`].
@@ -135,7 +111,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn rates_are_measured_and_ceilings_capped() {
+    fn every_rate_is_measured() {
         let r = CheckRates::measure();
         for v in [
             r.crc32c,
@@ -146,9 +122,5 @@ mod tests {
         ] {
             assert!(v.is_finite() && v > 0.01, "{r:?}");
         }
-        let c = r.ceilings(0.001);
-        assert_eq!(c.integrity_vs_clear_mem, 1.0);
-        let c = r.ceilings(r.integrity_tag * 2.0);
-        assert!((c.integrity_vs_clear_mem - 0.5).abs() < 1e-9);
     }
 }

@@ -307,9 +307,6 @@ pub fn run(args: &CpArgs) -> Result<()> {
     drop(ws);
     let rows: Vec<CpRow> = cells.into_iter().map(Cell::finish).collect();
     let (summary, best) = report::summary(&rows);
-    let ceilings = check_rates
-        .zip(report::best_clear_mem(&rows))
-        .map(|(r, c)| r.ceilings(c));
     let report = CpReport {
         report: Report {
             bench: "cp",
@@ -323,7 +320,6 @@ pub fn run(args: &CpArgs) -> Result<()> {
         best,
         notes,
         check_rates,
-        ceilings,
     };
     let png = |p: &Path| report.png(p);
     emit(

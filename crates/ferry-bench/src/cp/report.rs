@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::costs::{Ceilings, CheckRates};
+use super::costs::CheckRates;
 use crate::exs::ExsSummary as Summary;
 use crate::report::{human_size, num, round, summary_text, Report, Target};
 
@@ -96,8 +96,6 @@ pub struct CpReport {
     /// One core's rates of each protection level's per-block work (runs with the `mem`
     /// or `shm` workload).
     pub check_rates: Option<CheckRates>,
-    /// What those rates allow the protection ratios on this machine.
-    pub ceilings: Option<Ceilings>,
 }
 
 /// The issue's goals: (summary key, op, bound).
@@ -409,14 +407,6 @@ fn level_vs_clear(rows: &[CpRow], workload: &str, with: &str) -> Option<(f64, St
     ))
 }
 
-/// The fastest ferry `mem` row at [`CLEAR`], GB/s: what the protection ceilings are of.
-pub fn best_clear_mem(rows: &[CpRow]) -> Option<f64> {
-    rows.iter()
-        .filter(|r| r.workload == "mem" && r.tool == "ferry" && r.variant.ends_with(CLEAR))
-        .filter_map(|r| r.gbps.filter(|g| *g > 0.0))
-        .max_by(f64::total_cmp)
-}
-
 /// ferry encrypting (its fastest [`PRIVATE`] row on `shm`) against OpenSSH's fastest
 /// encrypted copy of the same file (`scp` or `rsync -e ssh`), GB/s.
 fn private_vs_scp(rows: &[CpRow]) -> Option<(f64, String)> {
@@ -496,14 +486,6 @@ impl CpReport {
                 "\nper-block work on one core, GB/s: crc32c {:.2}, integrity tag {:.2}, \
                  private seal {:.2} / open {:.2}, memcpy {:.2}",
                 r.crc32c, r.integrity_tag, r.private_seal, r.private_open, r.memcpy
-            );
-        }
-        if let Some(c) = &self.ceilings {
-            let _ = writeln!(
-                s,
-                "what those allow a receiver checking on one thread: integrity_vs_clear_mem \
-                 <= {:.2}, private_vs_clear_mem <= {:.2}",
-                c.integrity_vs_clear_mem, c.private_vs_clear_mem
             );
         }
         s
