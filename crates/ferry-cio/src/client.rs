@@ -31,6 +31,7 @@ use std::time::Duration;
 
 use ferry_dtype::{Datatype, Packer, Unpacker};
 use ferry_service::channel::Channel;
+use ferry_service::secure::ClientSecurity;
 use ferry_service::select::{self, Floor};
 
 use crate::error::{CioError, ErrorClass, Result};
@@ -77,8 +78,23 @@ impl File {
     /// `ofi+tcp://h:p`, `ofi+shm://name`) as rank `comm.rank` of `comm.size`, with access
     /// mode `mode` ([`crate::amode`] bits) and `token`. Collective: returns once every
     /// rank opened the file.
+    /// The server's identity is checked against the known-hosts file
+    /// (`FERRY_KNOWN_HOSTS`, or `~/.config/ferry/known_hosts`), pinned on first use.
     pub fn open(addr: &str, path: &str, comm: Comm, mode: u32, token: &str) -> Result<File> {
-        let mut ch = Channel::connect(addr, CONNECT_TIMEOUT)?;
+        Self::open_with(addr, path, comm, mode, token, &ClientSecurity::default())
+    }
+
+    /// [`File::open`], with the server's identity checked as `sec` says (a pinned
+    /// fingerprint, a CA file, another known-hosts file, or a clear connection).
+    pub fn open_with(
+        addr: &str,
+        path: &str,
+        comm: Comm,
+        mode: u32,
+        token: &str,
+        sec: &ClientSecurity,
+    ) -> Result<File> {
+        let mut ch = Channel::connect_with(addr, CONNECT_TIMEOUT, sec)?;
         ch.post_ring(RING, HEADER_LEN + MAX_CHUNK as usize)?;
         ch.timeout = CALL_TIMEOUT;
         let selected = select::encode(&Floor::Select {

@@ -10,11 +10,23 @@ use serde_json::Value;
 
 #[test]
 fn quick_json_run() {
+    // The bench's servers have identities of their own, so its clients must leave the
+    // user's known-hosts file alone: a pin left there would refuse the next server to take
+    // the same port.
+    let known_hosts = std::env::temp_dir().join(format!(
+        "ferry-bench-block-known-hosts-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&known_hosts);
     let out = Command::new(env!("CARGO_BIN_EXE_ferry"))
         .args(["bench", "block", "--quick", "--json"])
         .env("RUST_LOG", "warn")
+        .env("FERRY_KNOWN_HOSTS", &known_hosts)
         .output()
         .expect("ferry runs");
+    let pinned = std::fs::read_to_string(&known_hosts).unwrap_or_default();
+    let _ = std::fs::remove_file(&known_hosts);
+    assert_eq!(pinned, "", "bench block wrote to the known-hosts file");
     assert!(
         out.status.success(),
         "bench block failed: {}",

@@ -65,12 +65,13 @@ fn seed_pattern(driver: &str, p: u64) {
                     rank: r as u32,
                     size: p as u32,
                 };
-                let mut f = File::open(
+                let mut f = File::open_with(
                     &addr,
                     "d/seed.bin",
                     comm,
                     amode::CREATE | amode::RDWR,
                     TOKEN,
+                    &client_security(),
                 )
                 .unwrap();
                 let int = Datatype::primitive(4).unwrap();
@@ -143,12 +144,13 @@ fn cio_table_in_the_config() {
         rank: 0,
         size: 1,
     };
-    let mut f = File::open(
+    let mut f = File::open_with(
         &s.addr,
         "d/one.bin",
         comm,
         amode::CREATE | amode::WRONLY,
         TOKEN,
+        &client_security(),
     )
     .unwrap();
     let byte = Datatype::byte();

@@ -41,6 +41,16 @@ pub fn isolate(c: &mut Command) {
         .env("XDG_CONFIG_HOME", dir.join("config"));
 }
 
+/// How an in-process client (a library call, not a `ferry` child) checks this test
+/// process's servers: by the same known-hosts file as the [`isolate`]d children, not the
+/// run's or the user's.
+pub fn client_security() -> ferry_service::secure::ClientSecurity {
+    ferry_service::secure::ClientSecurity {
+        known_hosts: security_dir().join("known_hosts"),
+        ..Default::default()
+    }
+}
+
 /// The fingerprint of this test process's server identity (`ferry serve --fingerprint`).
 pub fn fingerprint() -> String {
     let mut c = ferry();
