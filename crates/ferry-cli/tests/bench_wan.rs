@@ -26,6 +26,8 @@ fn quick_json_run_on_the_emulator() {
             "4",
             "--drivers",
             "tcp",
+            "--size",
+            "256M",
             "--out",
         ])
         .arg(&out_dir)
@@ -55,6 +57,9 @@ fn quick_json_run_on_the_emulator() {
     assert_eq!(ferry["rtt_ms"], 10);
     assert!(ferry["gbit_s"].as_f64().is_some_and(|g| g > 0.0), "{ferry}");
     assert!(ferry["link_share"].as_f64().is_some(), "{ferry}");
+    // The rate reached on the line: some, and no more than the bottleneck passes.
+    let reached = ferry["reached_gbit_s"].as_f64().expect("reached_gbit_s");
+    assert!(reached > 0.0 && reached <= 2.1, "{ferry}");
     assert!(ferry["streams"].as_u64().is_some_and(|s| s >= 1), "{ferry}");
     assert!(ferry["staging"].as_u64().is_some(), "{ferry}");
     let buffered = row("ferry", "tcp --buffer 4M");
@@ -87,6 +92,12 @@ fn quick_json_run_on_the_emulator() {
     ];
     for k in goals {
         assert!(s[k].is_number() || s[k].is_null(), "{k}: {s}");
+    }
+    for k in [
+        "wan_mem_reached_vs_link_50ms",
+        "wan_mem_reached_iperf3_vs_link_50ms",
+    ] {
+        assert!(s.get(k).is_some(), "{k}: {s}");
     }
     let metrics: Vec<&str> = v["targets"]
         .as_array()

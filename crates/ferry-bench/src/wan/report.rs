@@ -35,6 +35,12 @@ pub struct WanRow {
     pub gbit_s: Option<f64>,
     /// `gbit_s` ÷ the bottleneck rate.
     pub link_share: Option<f64>,
+    /// The rate the transfer reached: IP bytes the emulated line carried towards the
+    /// client over the best 2-second window of the transfer's first 20 s (its whole span
+    /// if shorter), Gbit/s; measured alike for every tool (set-up and slow start left out).
+    pub reached_gbit_s: Option<f64>,
+    /// `reached_gbit_s` ÷ the bottleneck rate (which bills IP bytes, so at most about 1).
+    pub reached_share: Option<f64>,
     /// What ferry chose (its `--json` `path`): streams used.
     pub streams: Option<u64>,
     /// What ferry chose: staging bytes per stream.
@@ -84,9 +90,18 @@ pub const GOALS: [(&str, &str, f64); 7] = [
 
 /// The fastest row among `rows` matching `keep`: (Gbit/s, label).
 fn best(rows: &[WanRow], keep: impl Fn(&WanRow) -> bool) -> Option<(f64, String)> {
+    best_by(rows, |r| r.gbit_s, keep)
+}
+
+/// The row among `rows` matching `keep` with the highest `rate`: (Gbit/s, label).
+fn best_by(
+    rows: &[WanRow],
+    rate: impl Fn(&WanRow) -> Option<f64>,
+    keep: impl Fn(&WanRow) -> bool,
+) -> Option<(f64, String)> {
     rows.iter()
         .filter(|r| keep(r))
-        .filter_map(|r| Some((r.gbit_s.filter(|g| *g > 0.0)?, r.label())))
+        .filter_map(|r| Some((rate(r).filter(|g| *g > 0.0)?, r.label())))
         .max_by(|a, b| a.0.total_cmp(&b.0))
 }
 
@@ -100,7 +115,9 @@ fn ratio(a: Option<(f64, String)>, b: Option<(f64, String)>) -> Option<(f64, Str
 
 /// The summary and the rows each ratio took. ferry's best row (any driver, any flags)
 /// against the peer's best setting, except where a key says otherwise:
-/// `wan_mem_vs_link_50ms` and the `_default` keys take ferry without flags.
+/// `wan_mem_vs_link_50ms` and the `_default` keys take ferry without flags, and the
+/// `_reached_` keys the rate reached on the line (`reached_gbit_s`) instead of the average:
+/// ferry without flags and iperf3 `-P 1`, each ÷ the bottleneck.
 pub fn summary(rows: &[WanRow], rate_bps: u64) -> (Summary, BTreeMap<String, String>) {
     let at = |w: &'static str, rtt: u32| move |r: &WanRow| r.workload == w && r.rtt_ms == rtt;
     let ferry = |w: &'static str, rtt: u32| move |r: &WanRow| at(w, rtt)(r) && r.tool == "ferry";
@@ -115,6 +132,24 @@ pub fn summary(rows: &[WanRow], rate_bps: u64) -> (Summary, BTreeMap<String, Str
         (
             "wan_mem_vs_link_50ms",
             ratio(best(rows, default("mem", 50)), link.clone()),
+        ),
+        (
+            "wan_mem_reached_vs_link_50ms",
+            ratio(
+                best_by(rows, |r| r.reached_gbit_s, default("mem", 50)),
+                link.clone(),
+            ),
+        ),
+        (
+            "wan_mem_reached_iperf3_vs_link_50ms",
+            ratio(
+                best_by(
+                    rows,
+                    |r| r.reached_gbit_s,
+                    |r| at("mem", 50)(r) && r.label() == "iperf3 -P 1",
+                ),
+                link.clone(),
+            ),
         ),
         (
             "wan_mem_vs_gridftp_50ms",
@@ -233,8 +268,8 @@ impl WanReport {
         }
         let _ = writeln!(
             s,
-            "\n{:<7} {:>5} {:<34} {:>9} {:>6} {:>8} {:>6} {:>4} {:>9}",
-            "work", "RTT", "tool", "size", "files", "Gbit/s", "link", "str", "staging"
+            "\n{:<7} {:>5} {:<34} {:>9} {:>6} {:>8} {:>6} {:>8} {:>4} {:>9}",
+            "work", "RTT", "tool", "size", "files", "Gbit/s", "link", "reached", "str", "staging"
         );
         for r in &rep.rows {
             let _ = write!(
@@ -252,9 +287,10 @@ impl WanReport {
             }
             let _ = writeln!(
                 s,
-                "{} {} {} {:>9}",
+                "{} {} {} {} {:>9}",
                 num(r.gbit_s, 8, 3),
                 num(r.link_share, 6, 2),
+                num(r.reached_gbit_s, 8, 3),
                 num(r.streams.map(|x| x as f64), 4, 0),
                 r.staging.map_or("-".into(), human_size)
             );
@@ -288,7 +324,7 @@ mod tests {
         let csv = crate::report::csv::<WanRow>(&[]).unwrap();
         assert_eq!(
             csv,
-            "workload,rtt_ms,tool,variant,buffer,bytes,files,gbit_s,link_share,streams,staging,reps,error\n"
+            "workload,rtt_ms,tool,variant,buffer,bytes,files,gbit_s,link_share,reached_gbit_s,reached_share,streams,staging,reps,error\n"
         );
     }
 
@@ -325,6 +361,11 @@ mod tests {
         assert_eq!(s.get("ccsm_vs_gridftp"), Some(2.0));
         assert_eq!(s.get("viz_vs_gridftp"), None);
         assert_eq!(s.get("smallfiles_vs_gridftp_50ms"), Some(3.0));
+        assert_eq!(
+            s.get("wan_mem_reached_vs_link_50ms"),
+            None,
+            "no line samples"
+        );
         let t = targets(&s);
         let verdict = |k: &str| t.iter().find(|t| t.metric == k).map(Target::verdict);
         assert_eq!(verdict("wan_mem_vs_link_50ms"), Some("pass"));
@@ -332,6 +373,33 @@ mod tests {
         assert_eq!(verdict("viz_vs_gridftp"), Some("missing"));
         let t = targets(&Summary(vec![("staging_gain_disk_50ms".into(), Some(1.0))]));
         assert_eq!(t[3].verdict(), "FAIL", "> 1.0 is strict");
+    }
+
+    #[test]
+    fn reached_keys_take_the_line_rate_of_ferry_without_flags_and_iperf3_p1() {
+        let reached = |mut r: WanRow, g: f64| {
+            r.reached_gbit_s = Some(g);
+            r
+        };
+        let rows = vec![
+            reached(row("mem", 50, "ferry", "tcp", 0.9), 1.8),
+            reached(row("mem", 50, "ferry", "tcp --buffer 64M", 1.0), 1.96),
+            reached(row("mem", 50, "iperf3", "-P 1", 1.6), 1.7),
+            reached(row("mem", 50, "iperf3", "-P 4", 1.8), 1.9),
+            reached(row("mem", 100, "ferry", "tcp", 0.5), 1.0),
+        ];
+        let (s, names) = summary(&rows, 2_000_000_000);
+        assert_eq!(
+            s.get("wan_mem_vs_link_50ms"),
+            Some(0.45),
+            "the average unchanged"
+        );
+        assert_eq!(s.get("wan_mem_reached_vs_link_50ms"), Some(0.9));
+        assert_eq!(
+            names["wan_mem_reached_vs_link_50ms"],
+            "ferry tcp vs bottleneck"
+        );
+        assert_eq!(s.get("wan_mem_reached_iperf3_vs_link_50ms"), Some(0.85));
     }
 
     #[test]
