@@ -142,7 +142,7 @@ fn exs_session(plan: &Plan, n: usize, cells: &mut [Cell], st: &mut DriverStatus)
                 Kind::Stream(_, size, window) => {
                     client.stream(size, plan.count(c.op, size, window), window)
                 }
-                Kind::Latency(_, size) => client.latency(size, plan.warm, plan.pings, Wait::Block),
+                Kind::Latency(_, size) => client.latency(size, plan.warm, plan.pings),
                 Kind::PingPong(..) | Kind::FabricRead(_) | Kind::Blast(_) => continue,
             };
             let what = format!("{} {} {} B", mode.name(), c.op, grid_size(c.kind));
