@@ -177,6 +177,11 @@ impl Cell {
         self.error.get_or_insert_with(|| why.into());
     }
 
+    /// Whether the cell has failed.
+    pub fn failed(&self) -> bool {
+        self.error.is_some()
+    }
+
     /// The mode this cell measures, if it is an EXS cell.
     pub fn mode(&self) -> Option<Mode> {
         match self.kind {

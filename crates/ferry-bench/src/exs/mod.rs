@@ -168,7 +168,8 @@ fn ping_pong_programs(grid: &[Vec<Cell>]) -> Option<Programs> {
 
 /// One repetition's paired ping-pong rounds on a driver (see [`pairs`]): each round a run
 /// of the Rust program and one of the C program, moments apart; which goes first, and
-/// whether the runs poll or block first, alternate from round to round.
+/// whether the runs poll or block first, alternate from round to round. A program that
+/// fails once fails its rows and is not run again.
 fn latency_pairs(
     plan: &Plan,
     n: &mut usize,
@@ -194,7 +195,8 @@ fn latency_pairs(
         };
         let mut got: Vec<(Lang, PingPong)> = Vec::new();
         for lang in order {
-            if lang == Lang::C && programs.c_missing().is_some() {
+            // A program that failed (or is missing) is not run again: its rows are void.
+            if cells.iter().any(|c| is_pingpong(c, lang) && c.failed()) {
                 continue;
             }
             *n += 1;
