@@ -92,6 +92,14 @@ impl Plan {
         self
     }
 
+    /// Only the latency cells (every mode, the paired ping-pongs): the latency ratios, with
+    /// the repetitions of `self`, in a fraction of the time.
+    pub fn latency_only(mut self) -> Plan {
+        self.sizes.clear();
+        self.inflight_sizes.clear();
+        self
+    }
+
     /// Messages for a point of `size` bytes with `window` in flight: at most `total` bytes
     /// (the in-flight sweep's for `op` `inflight`) and `max_msgs`, at least 2 × `window`.
     pub fn count(&self, op: &str, size: usize, window: usize) -> u64 {
@@ -268,7 +276,10 @@ pub fn grid_of(driver: &str, plan: &Plan) -> Vec<Cell> {
             cells.push(Cell::new(driver, "latency", kind));
         }
     }
-    cells.push(Cell::new(driver, "stream", Kind::FabricRead(LARGE)));
+    // The fabric reference is for the stream points (none in a latency-only plan).
+    if !plan.sizes.is_empty() {
+        cells.push(Cell::new(driver, "stream", Kind::FabricRead(LARGE)));
+    }
     cells
 }
 
@@ -310,5 +321,8 @@ mod tests {
                 Kind::FabricRead(LARGE)
             ]
         );
+        let lat = grid_of("tcp", &Plan::new(true).latency_only());
+        assert_eq!(lat.len(), 13);
+        assert!(lat.iter().all(|c| c.op == "latency"));
     }
 }

@@ -49,6 +49,11 @@ pub struct ExsArgs {
     /// reference: the `large_vs_fabric` ratios, in a fraction of the time.
     #[arg(long)]
     large_only: bool,
+    /// Measure only latency (every mode, and the paired Rust and C ping-pongs): the latency
+    /// ratios, `capi_vs_rust_latency` and `poll_vs_block_latency` included, in a fraction
+    /// of the time.
+    #[arg(long, conflicts_with = "large_only")]
+    latency_only: bool,
     /// Print exactly one JSON object on stdout instead of the table (files only with --out).
     #[arg(long)]
     json: bool,
@@ -62,9 +67,10 @@ pub struct ExsArgs {
 
 /// Runs the benchmark and prints (and writes) the report.
 pub fn run(args: &ExsArgs) -> Result<()> {
-    let plan = match args.large_only {
-        true => Plan::new(args.quick).large_only(),
-        false => Plan::new(args.quick),
+    let plan = match (args.large_only, args.latency_only) {
+        (true, _) => Plan::new(args.quick).large_only(),
+        (_, true) => Plan::new(args.quick).latency_only(),
+        _ => Plan::new(args.quick),
     };
     let drivers = addr::drivers(&args.drivers)?;
     let mut grid: Vec<Vec<Cell>> = drivers.iter().map(|d| grid_of(d, &plan)).collect();
@@ -93,12 +99,18 @@ pub fn run(args: &ExsArgs) -> Result<()> {
                 latency_pairs(&plan, &mut n, p, cells, pairs);
             }
             n += 1;
-            if let Some(c) = cells.last_mut() {
+            let fabric = cells
+                .last_mut()
+                .filter(|c| matches!(c.kind, Kind::FabricRead(_)));
+            if let Some(c) = fabric {
                 match fabric_read(&plan, &st.driver, n) {
                     Ok(m) => c.add(m),
                     Err(e) => c.fail(format!("fabric reference: {e:#}")),
                 }
             }
+        }
+        if plan.sizes.is_empty() {
+            continue; // latency only: no stream point to compare with the socket
         }
         tracing::info!("reference: TCP socket blast");
         n += 1;
@@ -108,7 +120,9 @@ pub fn run(args: &ExsArgs) -> Result<()> {
         }
     }
     let mut rows: Vec<ExsRow> = grid.into_iter().flatten().map(Cell::row).collect();
-    rows.push(blast.row());
+    if !plan.sizes.is_empty() {
+        rows.push(blast.row());
+    }
     let summary = report::summary(&rows, &drivers, &pairs);
     let report = Report {
         bench: "exs",
