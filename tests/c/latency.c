@@ -3,8 +3,9 @@
  * with exs_qdequeue(q, ev, 1, -1) (blocking), then the same with exs_qdequeue(q, ev, 1, 0)
  * in a loop (polling). The client prints the median one-way latency of each, in
  * microseconds (half the round trip). Every byte is checked. Polling must not be the slow
- * way: its median may be at most 3 x blocking's + 200 us (loose, for a shared CI host; a
- * zero-timeout dequeue used to wait for a progress thread's tick: 5-8 ms against 40-60 us).
+ * way: without the optional arguments its median may be at most 3 x blocking's + 200 us
+ * (loose, for a shared CI host; a zero-timeout dequeue used to wait for a progress
+ * thread's tick: 5-8 ms against 40-60 us).
  *
  *   latency server LISTEN_URL ADDR_FILE [ROUNDS WARM SMALL_MAX [POLL_FIRST]]
  *   latency client ADDR [ROUNDS WARM SMALL_MAX [POLL_FIRST]]
@@ -182,8 +183,11 @@ int main(int argc, char **argv)
         median[polling] = t[o.rounds / 2];
     }
     free(t);
-    CHECK(median[1] <= 3 * median[0] + 200, "polling %.1f us against blocking %.1f us",
-          median[1], median[0]);
+    /* The suite's bound; a bench run (its arguments given) reports the two medians and
+     * leaves judging them to its targets, so a burst on a loaded host costs no data. */
+    if (argc == (server ? 4 : 3))
+        CHECK(median[1] <= 3 * median[0] + 200, "polling %.1f us against blocking %.1f us",
+              median[1], median[0]);
     if (!server)
         printf("%s: one-way latency, %d B, median of %ld: blocking %.2f us, polling %.2f us\n",
                g_role, LEN, o.rounds, median[0], median[1]);
