@@ -3,17 +3,21 @@
  * with exs_qdequeue(q, ev, 1, -1) (blocking), then the same with exs_qdequeue(q, ev, 1, 0)
  * in a loop (polling). The client prints the median one-way latency of each, in
  * microseconds (half the round trip). Every byte is checked. Polling must not be the slow
- * way: its median may be at most 3 x blocking's + 200 us (loose, for a shared CI host; a
- * zero-timeout dequeue used to wait for a progress thread's tick: 5-8 ms against 40-60 us).
+ * way: without the optional arguments its median may be at most 3 x blocking's + 200 us
+ * (loose, for a shared CI host; a zero-timeout dequeue used to wait for a progress
+ * thread's tick: 5-8 ms against 40-60 us).
  *
- *   latency server LISTEN_URL ADDR_FILE [ROUNDS WARM SMALL_MAX]
- *   latency client ADDR [ROUNDS WARM SMALL_MAX]
+ *   latency server LISTEN_URL ADDR_FILE [ROUNDS WARM SMALL_MAX [POLL_FIRST]]
+ *   latency client ADDR [ROUNDS WARM SMALL_MAX [POLL_FIRST]]
  *
  * The optional arguments (the same on both sides) are what `ferry bench exs` runs for its
- * C-API row: ROUNDS recorded round trips after WARM unrecorded ones, and
+ * C-API rows: ROUNDS recorded round trips after WARM unrecorded ones,
  * EXS_F_SET_SMALL_PACKET_MAX set to SMALL_MAX on the client (0: normal mode, every message
- * read by RMA as the bench's normal row does); without them 500 rounds, no warm-up, the
- * default small packet size (10 bytes then travel as immediate data).
+ * read by RMA as the bench's normal row does), and with POLL_FIRST 1 the polling phase
+ * before the blocking one (the bench alternates the order); without them 500 rounds, no
+ * warm-up, the default small packet size (10 bytes then travel as immediate data),
+ * blocking first. `ferry bench exs-pingpong` is this program's twin in Rust, with the same
+ * arguments (all of them) and output.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <time.h>
@@ -23,10 +27,10 @@
 #define ROUNDS 500
 #define LEN 10
 
-/* The optional arguments after the role's own: ROUNDS WARM SMALL_MAX (SMALL_MAX -1: the
- * default). */
+/* The optional arguments after the role's own: ROUNDS WARM SMALL_MAX [POLL_FIRST]
+ * (SMALL_MAX -1: the default). */
 struct opts {
-    long rounds, warm, small;
+    long rounds, warm, small, poll_first;
 };
 
 static long number(const char *s, long lo, long hi)
@@ -40,14 +44,16 @@ static long number(const char *s, long lo, long hi)
 
 static struct opts parse_opts(int argc, char **argv, int first)
 {
-    struct opts o = {ROUNDS, 0, -1};
+    struct opts o = {ROUNDS, 0, -1, 0};
     if (argc == first)
         return o;
-    if (argc != first + 3)
+    if (argc != first + 3 && argc != first + 4)
         usage(argv[0]);
     o.rounds = number(argv[first], 1, 10000000);
     o.warm = number(argv[first + 1], 0, 10000000);
     o.small = number(argv[first + 2], 0, 65536);
+    if (argc == first + 4)
+        o.poll_first = number(argv[first + 3], 0, 1);
     return o;
 }
 
@@ -133,7 +139,8 @@ int main(int argc, char **argv)
     double *t = malloc((size_t)o.rounds * sizeof *t);
     CHECK(t != NULL, "%s", "malloc");
     double median[2];
-    for (int polling = 0; polling < 2; polling++) {
+    for (int phase = 0; phase < 2; phase++) {
+        int polling = o.poll_first ? !phase : phase;
         /* The server keeps a recv posted for the next ping, as `ferry bench exs`'s peer
          * does: re-posted as soon as a ping is in, before the answer goes out. */
         int ping_in = 0;
@@ -176,8 +183,11 @@ int main(int argc, char **argv)
         median[polling] = t[o.rounds / 2];
     }
     free(t);
-    CHECK(median[1] <= 3 * median[0] + 200, "polling %.1f us against blocking %.1f us",
-          median[1], median[0]);
+    /* The suite's bound; a bench run (its arguments given) reports the two medians and
+     * leaves judging them to its targets, so a burst on a loaded host costs no data. */
+    if (argc == (server ? 4 : 3))
+        CHECK(median[1] <= 3 * median[0] + 200, "polling %.1f us against blocking %.1f us",
+              median[1], median[0]);
     if (!server)
         printf("%s: one-way latency, %d B, median of %ld: blocking %.2f us, polling %.2f us\n",
                g_role, LEN, o.rounds, median[0], median[1]);

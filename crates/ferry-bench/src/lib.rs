@@ -106,3 +106,9 @@ pub fn run_fabric_peer(listen: &str) -> Result<()> {
 pub fn run_exs_peer(listen: &str) -> Result<()> {
     exs::run_peer(listen)
 }
+
+/// The Rust twin of `tests/c/latency.c` that `bench exs` pairs the C-API rows with: `args`
+/// are its role and arguments (`server LISTEN_URL ADDR_FILE ...` or `client ADDR ...`).
+pub fn run_exs_pingpong(args: &[String]) -> Result<()> {
+    exs::run_pingpong(args)
+}

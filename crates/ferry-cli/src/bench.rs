@@ -41,6 +41,14 @@ pub enum BenchCmd {
         #[arg(long)]
         listen: String,
     },
+    /// Internal: the Rust twin of tests/c/latency.c that `bench exs` runs beside it.
+    #[command(hide = true)]
+    ExsPingpong {
+        /// `server LISTEN_URL ADDR_FILE ROUNDS WARM SMALL_MAX POLL_FIRST` or
+        /// `client ADDR ROUNDS WARM SMALL_MAX POLL_FIRST`.
+        #[arg(num_args = 1.., allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Noncontiguous I/O per driver (the EXIO paper's figure 5): bandwidth by message size
     /// for messages in 16 segments 1 MiB apart, moved contiguously, by pack/unpack and by
     /// zero-copy RMA gather, with the CPU of both sides.
@@ -66,5 +74,6 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
         BenchCmd::Wan(args) => ferry_bench::run_wan(&args),
         BenchCmd::Cio(args) => ferry_bench::run_cio(&args),
         BenchCmd::ExsPeer { listen } => ferry_bench::run_exs_peer(&listen),
+        BenchCmd::ExsPingpong { args } => ferry_bench::run_exs_pingpong(&args),
     }
 }

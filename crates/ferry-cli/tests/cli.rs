@@ -203,7 +203,7 @@ fn exs_quick_json_has_the_summary_keys() {
         "tcp_exs_vs_socket",
         "socket_gbps",
         // The C-API ping-pong (tests/c/latency.c built against libferry at run time) and
-        // the polling one, each against the blocking Rust ping-pong.
+        // the polling one, each paired with the blocking Rust ping-pong round by round.
         "capi_vs_rust_latency",
         "capi_vs_rust_latency_tcp",
         "poll_vs_block_latency",
@@ -228,8 +228,10 @@ fn exs_quick_json_has_the_summary_keys() {
         "normal",
         "immediate",
         "persistent",
+        "rust",
         "poll",
         "capi",
+        "capi-poll",
         "fabric-read",
         "blast",
     ] {

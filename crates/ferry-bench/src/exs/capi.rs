@@ -1,11 +1,13 @@
-//! The C-API row of `bench exs`: the normal-mode ping-pong through libferry's C API, run by
-//! the C conformance suite's `tests/c/latency.c` (a server and a client process, both C).
+//! The paired ping-pong rows of `bench exs`: the normal-mode ping-pong through libferry's C
+//! API, run by the C conformance suite's `tests/c/latency.c`, and its Rust twin
+//! (`ferry bench exs-pingpong`, see [`super::pingpong`]), each a server and a client process
+//! started afresh, with the same arguments, launched and read the same way.
 //!
-//! It is built at run time from this checkout, as a user would: libferry.so by cargo in
-//! the profile and target directory of the running `ferry` (a no-op when it is up to date,
-//! and never a stale library), then the program by `cc` against it and `exs.h`. Without a
-//! checkout, cargo or a C compiler the row is reported missing with the reason; the rest of
-//! the bench runs.
+//! The C program is built at run time from this checkout, as a user would: libferry.so by
+//! cargo in the profile and target directory of the running `ferry` (a no-op when it is up to
+//! date, and never a stale library), then the program by `cc` against it and `exs.h`.
+//! Without a checkout, cargo or a C compiler the C rows are reported missing with the reason;
+//! the Rust twin and the rest of the bench run.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -15,19 +17,118 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context, Result};
 use ferry_fabric::Address;
 
-use super::client::Measured;
+use super::pingpong::Opts;
 use crate::cpu;
 
-/// Longest the C server may take to publish its address.
+/// Longest a server may take to publish its address.
 const LISTEN: Duration = Duration::from_secs(20);
-/// Longest one C ping-pong run (blocking then polling rounds) may take.
+/// Longest one ping-pong run (blocking and polling phases) may take.
 const RUN: Duration = Duration::from_secs(120);
+
+/// Which program a run uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lang {
+    /// `ferry bench exs-pingpong`, through the Rust runtime.
+    Rust,
+    /// `tests/c/latency.c`, through libferry.
+    C,
+}
+
+/// What one run measured: the client's median one-way latencies and the CPU of both sides.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PingPong {
+    /// Median one-way latency with blocking dequeues, µs.
+    pub block_us: f64,
+    /// Median one-way latency with zero-timeout dequeues in a loop, µs.
+    pub poll_us: f64,
+    /// CPU seconds of the server (the answering side).
+    pub send_cpu: f64,
+    /// CPU seconds of the client (the timing side).
+    pub recv_cpu: f64,
+}
 
 /// The built C ping-pong, in a temporary directory removed on drop.
 pub struct CPingPong {
     dir: PathBuf,
     exe: PathBuf,
+}
+
+/// The two ping-pong programs; the C one may be missing (with the reason).
+pub struct Programs {
+    c: Result<CPingPong, String>,
+    dir: PathBuf,
     runs: usize,
+}
+
+impl Programs {
+    /// Builds the C program (or keeps why not) beside the Rust one, which is this binary.
+    pub fn build() -> Programs {
+        let c = CPingPong::build().map_err(|e| format!("C-API row not built: {e:#}"));
+        if let Err(why) = &c {
+            tracing::warn!("{why}");
+        }
+        let dir = std::env::temp_dir().join(format!("ferry-bench-pp-{}", std::process::id()));
+        Programs { c, dir, runs: 0 }
+    }
+
+    /// Why the C program is missing, if it is.
+    pub fn c_missing(&self) -> Option<&str> {
+        self.c.as_ref().err().map(String::as_str)
+    }
+
+    /// One run of `lang`'s program on the driver listening at `listen`: a server and a client
+    /// process, `o` on both sides; the client's medians.
+    pub fn run(&mut self, lang: Lang, listen: &Address, o: Opts) -> Result<PingPong> {
+        let program = |role: &str| -> Result<Command> {
+            match lang {
+                Lang::C => {
+                    let c = self.c.as_ref().map_err(|why| anyhow::anyhow!("{why}"))?;
+                    let mut cmd = Command::new(&c.exe);
+                    cmd.arg(role);
+                    Ok(cmd)
+                }
+                Lang::Rust => {
+                    let exe = std::env::current_exe().context("locating the ferry binary")?;
+                    let mut cmd = Command::new(exe);
+                    cmd.args(["bench", "exs-pingpong", role]);
+                    Ok(cmd)
+                }
+            }
+        };
+        std::fs::create_dir_all(&self.dir)
+            .with_context(|| format!("creating {}", self.dir.display()))?;
+        self.runs += 1;
+        let addr_file = self.dir.join(format!("addr-{}", self.runs));
+        let tail = o.args();
+        let c0 = cpu::children_usage();
+        let mut server = Proc::spawn(
+            program("server")?
+                .arg(listen.to_string())
+                .arg(&addr_file)
+                .args(&tail),
+        )?;
+        let addr = server.published(&addr_file)?;
+        let mut client = Proc::spawn(program("client")?.arg(&addr).args(&tail))?;
+        let (status, out, err) = client.finish(RUN)?;
+        let c1 = cpu::children_usage();
+        ensure!(status.success(), "{lang:?} client {status}: {}", err.trim());
+        let (status, _, err) = server.finish(LISTEN)?;
+        let c2 = cpu::children_usage();
+        ensure!(status.success(), "{lang:?} server {status}: {}", err.trim());
+        let (block_us, poll_us) = medians(&out)?;
+        Ok(PingPong {
+            block_us,
+            poll_us,
+            send_cpu: c2.secs_since(c1),
+            recv_cpu: c1.secs_since(c0),
+        })
+    }
+}
+
+impl Drop for Programs {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 impl CPingPong {
@@ -47,7 +148,6 @@ impl CPingPong {
         let pp = CPingPong {
             exe: dir.join("latency"),
             dir,
-            runs: 0,
         };
         // The library under its SONAME (libferry.so.0, what the program loads) and the
         // link name, as `make install` lays them out; a copy, so a rebuild during the run
@@ -76,48 +176,6 @@ impl CPingPong {
             String::from_utf8_lossy(&out.stderr).trim()
         );
         Ok(pp)
-    }
-
-    /// One run on the driver listening at `listen`: `warm` unrecorded then `rounds`
-    /// recorded round trips of `size` bytes in normal mode (small packets off), blocking
-    /// dequeues on both sides; the median one-way latency (half the round trip) the client
-    /// reports. The client is the receiving side for CPU, the server the sending side.
-    pub fn run(
-        &mut self,
-        listen: &Address,
-        size: usize,
-        warm: usize,
-        rounds: usize,
-    ) -> Result<Measured> {
-        ensure!(
-            size == 10,
-            "tests/c/latency.c sends 10-byte messages, not {size}"
-        );
-        self.runs += 1;
-        let addr_file = self.dir.join(format!("addr-{}", self.runs));
-        let tail = [rounds.to_string(), warm.to_string(), "0".into()];
-        let c0 = cpu::children_usage();
-        let mut server = Proc::spawn(
-            Command::new(&self.exe)
-                .arg("server")
-                .arg(listen.to_string())
-                .arg(&addr_file)
-                .args(&tail),
-        )?;
-        let addr = server.published(&addr_file)?;
-        let mut client = Proc::spawn(Command::new(&self.exe).arg("client").arg(&addr).args(&tail))?;
-        let (status, out, err) = client.finish(RUN)?;
-        let c1 = cpu::children_usage();
-        ensure!(status.success(), "C client {status}: {}", err.trim());
-        let (status, _, err) = server.finish(LISTEN)?;
-        let c2 = cpu::children_usage();
-        ensure!(status.success(), "C server {status}: {}", err.trim());
-        Ok(Measured {
-            value: blocking_us(&out)?,
-            bytes: 0,
-            send_cpu: c2.secs_since(c1),
-            recv_cpu: c1.secs_since(c0),
-        })
     }
 }
 
@@ -178,18 +236,23 @@ fn last_lines(stderr: &[u8]) -> String {
     lines[lines.len().saturating_sub(3)..].join(" / ")
 }
 
-/// The blocking median from the client's line `... blocking 41.23 us, polling 39.87 us`.
-fn blocking_us(out: &str) -> Result<f64> {
+/// The blocking and polling medians from the client's line
+/// `... blocking 41.23 us, polling 39.87 us` (both programs print it).
+fn medians(out: &str) -> Result<(f64, f64)> {
     let line = out.lines().find(|l| l.contains("one-way latency"));
-    let v = line
-        .and_then(|l| l.split_once("blocking "))
-        .and_then(|(_, rest)| rest.split_whitespace().next())
-        .and_then(|n| n.parse::<f64>().ok())
-        .filter(|v| v.is_finite() && *v > 0.0);
-    v.with_context(|| format!("no blocking latency in the C client's output {out:?}"))
+    let after = |word: &str| {
+        line.and_then(|l| l.split_once(word))
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .and_then(|n| n.parse::<f64>().ok())
+            .filter(|v| v.is_finite() && *v > 0.0)
+    };
+    match (after("blocking "), after("polling ")) {
+        (Some(b), Some(p)) => Ok((b, p)),
+        _ => bail!("no blocking and polling latency in the client's output {out:?}"),
+    }
 }
 
-/// A C process, killed and reaped if dropped while it runs.
+/// A ping-pong process, killed and reaped if dropped while it runs.
 struct Proc(Child);
 
 impl Proc {
@@ -199,7 +262,7 @@ impl Proc {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .context("starting the C ping-pong")?;
+            .context("starting a ping-pong program")?;
         Ok(Proc(child))
     }
 
@@ -214,11 +277,11 @@ impl Proc {
             }
             if let Some(st) = self.0.try_wait()? {
                 let (_, err) = self.output();
-                bail!("C server {st} before listening: {}", err.trim());
+                bail!("server {st} before listening: {}", err.trim());
             }
             ensure!(
                 Instant::now() < deadline,
-                "C server not listening after {LISTEN:?}"
+                "server not listening after {LISTEN:?}"
             );
             std::thread::sleep(Duration::from_millis(5));
         }
@@ -234,7 +297,7 @@ impl Proc {
             }
             ensure!(
                 Instant::now() < deadline,
-                "C ping-pong still running after {limit:?}"
+                "ping-pong still running after {limit:?}"
             );
             std::thread::sleep(Duration::from_millis(2));
         };
@@ -270,12 +333,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_client_line_gives_the_blocking_median() {
+    fn the_client_line_gives_both_medians() {
         let line = "latency client: one-way latency, 10 B, median of 1000: blocking 41.23 us, \
                     polling 39.87 us\n";
-        assert_eq!(blocking_us(line).unwrap(), 41.23);
-        assert!(blocking_us("").is_err());
-        assert!(blocking_us("one-way latency: blocking nan us").is_err());
+        assert_eq!(medians(line).unwrap(), (41.23, 39.87));
+        assert!(medians("").is_err());
+        assert!(medians("one-way latency: blocking nan us, polling 3 us").is_err());
+        assert!(medians("one-way latency: blocking 3 us").is_err());
     }
 
     #[test]

@@ -12,7 +12,7 @@ use ferry_exs::runtime::{EventQueue, ExsBuf, ExsSocket};
 use ferry_fabric::Address;
 
 use super::cmd::{expect, number, Cmd};
-use super::conn::{Conn, Mode, Wait, OP_TIMEOUT};
+use super::conn::{Conn, Mode, OP_TIMEOUT};
 use crate::child::PeerProcess;
 use crate::cpu::{self, Usage};
 use crate::report::median;
@@ -144,15 +144,9 @@ impl Client {
     /// `size`-byte answer received. Persistent: the round trip is a `size`-byte recv against
     /// the peer's exposed block, from posting to completion: the RMA read's request and
     /// response, with the sender uninvolved (no advertisement, no acknowledgment, which is
-    /// where the paper's 30-45 % of normal latency comes from). Both sides wait for their
-    /// events as `wait` says.
-    pub fn latency(
-        &mut self,
-        size: usize,
-        warm: usize,
-        count: usize,
-        wait: Wait,
-    ) -> Result<Measured> {
+    /// where the paper's 30-45 % of normal latency comes from). Both sides block in their
+    /// dequeues.
+    pub fn latency(&mut self, size: usize, warm: usize, count: usize) -> Result<Measured> {
         let (mode, c) = self.conn.as_ref().context("no connection open")?;
         let peer = &mut self.peer;
         let (u0, p0) = (cpu::self_usage(), peer_usage(peer)?);
@@ -164,7 +158,6 @@ impl Client {
             let cmd = Cmd::Pong {
                 size: size as u64,
                 count: rounds as u64,
-                wait,
             };
             peer.send(&cmd.to_string())?;
         }
@@ -178,7 +171,7 @@ impl Client {
             }
             let mut elapsed = None;
             while rbuf.is_none() || (ping && sbuf.is_none()) {
-                let ev = c.next_with(wait)?;
+                let ev = c.next()?;
                 ensure!(ev.len == size as u64, "{:?} of {} B", ev.kind, ev.len);
                 let buf = Some(ev.buf.context("event without its buffer")?);
                 if ev.kind == EventKind::Recv {

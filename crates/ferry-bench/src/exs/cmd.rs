@@ -5,8 +5,7 @@
 //! - `open MODE BYTES` → `addr URL` (listening), then `ok` once the EXS connection is up with
 //!   BYTES registered; in persistent mode all BYTES are posted as one PERSISTENT send.
 //! - `send SIZE COUNT WINDOW` → `done` after COUNT sends of SIZE bytes, WINDOW in flight.
-//! - `pong SIZE COUNT [poll]` → `done` after answering COUNT messages of SIZE bytes with one
-//!   each; with `poll`, waiting for events by zero-timeout dequeues instead of blocking.
+//! - `pong SIZE COUNT` → `done` after answering COUNT messages of SIZE bytes with one each.
 //! - `close` → `ok` once the EXS connection is closed.
 //! - `usage` → `usage USER_US SYS_US` (getrusage of the peer process so far).
 //! - `blast SIZE TOTAL` → `port PORT` (a TCP listener on 127.0.0.1), then `done` after
@@ -16,7 +15,7 @@
 
 use anyhow::{bail, Context, Result};
 
-use super::conn::{Mode, Wait};
+use super::conn::Mode;
 
 /// One command to the peer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,8 +24,8 @@ pub enum Cmd {
     Open { mode: Mode, bytes: u64 },
     /// Send `count` messages of `size` bytes, `window` in flight.
     Send { size: u64, count: u64, window: u64 },
-    /// Answer `count` messages of `size` bytes, waiting for events as `wait` says.
-    Pong { size: u64, count: u64, wait: Wait },
+    /// Answer `count` messages of `size` bytes.
+    Pong { size: u64, count: u64 },
     /// Close the EXS connection.
     Close,
     /// Report CPU usage.
@@ -44,13 +43,7 @@ impl std::fmt::Display for Cmd {
                 count,
                 window,
             } => write!(f, "send {size} {count} {window}"),
-            Cmd::Pong { size, count, wait } => {
-                write!(f, "pong {size} {count}")?;
-                match wait {
-                    Wait::Block => Ok(()),
-                    Wait::Poll => f.write_str(" poll"),
-                }
-            }
+            Cmd::Pong { size, count } => write!(f, "pong {size} {count}"),
             Cmd::Close => f.write_str("close"),
             Cmd::Usage => f.write_str("usage"),
             Cmd::Blast { size, total } => write!(f, "blast {size} {total}"),
@@ -90,17 +83,10 @@ impl Cmd {
                 }
             }
             "pong" => {
-                let wait = match w.get(3) {
-                    Some(&"poll") if w.len() == 4 => Wait::Poll,
-                    _ => {
-                        args(2)?;
-                        Wait::Block
-                    }
-                };
+                args(2)?;
                 Cmd::Pong {
                     size: n(1)?,
                     count: n(2)?,
-                    wait,
                 }
             }
             "blast" => {
@@ -151,16 +137,7 @@ mod tests {
                 count: 2,
                 window: 3,
             },
-            Cmd::Pong {
-                size: 10,
-                count: 5,
-                wait: Wait::Block,
-            },
-            Cmd::Pong {
-                size: 10,
-                count: 5,
-                wait: Wait::Poll,
-            },
+            Cmd::Pong { size: 10, count: 5 },
             Cmd::Close,
             Cmd::Usage,
             Cmd::Blast {
@@ -175,7 +152,7 @@ mod tests {
             "open fast 1",
             "send 1 2",
             "send a b c",
-            "pong 1 2 spin",
+            "pong 1 2 poll",
             "jump",
         ] {
             assert!(Cmd::parse(bad).is_err(), "{bad}");

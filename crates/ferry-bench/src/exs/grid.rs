@@ -1,7 +1,8 @@
 //! What `bench exs` measures (the plan) and the cells that collect each point's repetitions.
 
+use super::capi::Lang;
 use super::client::Measured;
-use super::conn::Mode;
+use super::conn::{Mode, Wait};
 use super::report::ExsRow;
 use crate::report::{median, round};
 
@@ -15,7 +16,7 @@ pub const LARGE: usize = 16 * MIB;
 pub const STREAM_WINDOW: usize = 8;
 /// Latency payloads.
 pub const LATENCY_SIZES: [usize; 3] = [1, 10, 100];
-/// The payload of the polling and C-API ping-pongs (and of the summary's latency ratios).
+/// The payload of the paired ping-pongs (and of the summary's latency ratios).
 pub const PING: usize = 10;
 
 /// How much to measure.
@@ -38,6 +39,10 @@ pub struct Plan {
     pub warm: usize,
     /// Repetitions (median taken).
     pub reps: usize,
+    /// Paired ping-pong rounds per repetition (see [`super::pairs`]).
+    pub pair_rounds: usize,
+    /// Round trips recorded per phase of a paired run, after [`Plan::warm`] unrecorded.
+    pub pair_pings: usize,
     /// Latency payloads (none: no latency cells).
     pub latency_sizes: Vec<usize>,
 }
@@ -56,6 +61,8 @@ impl Plan {
                 pings: 1000,
                 warm: 100,
                 reps: 1,
+                pair_rounds: 3,
+                pair_pings: 300,
                 latency_sizes: LATENCY_SIZES.to_vec(),
             }
         } else {
@@ -69,6 +76,8 @@ impl Plan {
                 pings: 2000,
                 warm: 200,
                 reps: 3,
+                pair_rounds: 5,
+                pair_pings: 400,
                 latency_sizes: LATENCY_SIZES.to_vec(),
             }
         }
@@ -80,6 +89,14 @@ impl Plan {
         self.sizes = vec![LARGE];
         self.inflight_sizes.clear();
         self.latency_sizes.clear();
+        self
+    }
+
+    /// Only the latency cells (every mode, the paired ping-pongs): the latency ratios, with
+    /// the repetitions of `self`, in a fraction of the time.
+    pub fn latency_only(mut self) -> Plan {
+        self.sizes.clear();
+        self.inflight_sizes.clear();
         self
     }
 
@@ -108,11 +125,9 @@ pub enum Kind {
     Stream(Mode, usize, usize),
     /// EXS latency: payload.
     Latency(Mode, usize),
-    /// The normal-mode ping-pong with both sides polling (zero-timeout dequeues): payload.
-    PollLatency(usize),
-    /// The normal-mode ping-pong through libferry's C API (`tests/c/latency.c`, blocking
-    /// dequeues, both sides C programs): payload.
-    CapiLatency(usize),
+    /// A paired normal-mode ping-pong between two fresh processes (`tests/c/latency.c` or
+    /// its Rust twin `bench exs-pingpong`), both sides waiting as `Wait` says: payload.
+    PingPong(Lang, Wait, usize),
     /// The driver's raw fabric RMA read bandwidth at this size.
     FabricRead(usize),
     /// The plain TCP socket blast at this write size.
@@ -170,12 +185,16 @@ impl Cell {
         self.error.get_or_insert_with(|| why.into());
     }
 
+    /// Whether the cell has failed.
+    pub fn failed(&self) -> bool {
+        self.error.is_some()
+    }
+
     /// The mode this cell measures, if it is an EXS cell.
     pub fn mode(&self) -> Option<Mode> {
         match self.kind {
             Kind::Stream(m, ..) | Kind::Latency(m, _) => Some(m),
-            Kind::PollLatency(_) => Some(Mode::Normal),
-            Kind::CapiLatency(_) | Kind::FabricRead(_) | Kind::Blast(_) => None,
+            Kind::PingPong(..) | Kind::FabricRead(_) | Kind::Blast(_) => None,
         }
     }
 
@@ -187,8 +206,7 @@ impl Cell {
         let (mode, size, inflight, latency) = match self.kind {
             Kind::Stream(m, s, w) => (m.name(), s, Some(w), false),
             Kind::Latency(m, s) => (m.name(), s, None, true),
-            Kind::PollLatency(s) => ("poll", s, None, true),
-            Kind::CapiLatency(s) => ("capi", s, None, true),
+            Kind::PingPong(lang, wait, s) => (pingpong_mode(lang, wait), s, None, true),
             Kind::FabricRead(s) => ("fabric-read", s, None, false),
             Kind::Blast(s) => ("blast", s, None, false),
         };
@@ -210,9 +228,27 @@ impl Cell {
     }
 }
 
+/// The row mode of a paired ping-pong: `rust` (the reference), `poll`, `capi`, `capi-poll`.
+pub fn pingpong_mode(lang: Lang, wait: Wait) -> &'static str {
+    match (lang, wait) {
+        (Lang::Rust, Wait::Block) => "rust",
+        (Lang::Rust, Wait::Poll) => "poll",
+        (Lang::C, Wait::Block) => "capi",
+        (Lang::C, Wait::Poll) => "capi-poll",
+    }
+}
+
+/// The paired ping-pong cells, in row order.
+pub const PINGPONGS: [(Lang, Wait); 4] = [
+    (Lang::Rust, Wait::Block),
+    (Lang::Rust, Wait::Poll),
+    (Lang::C, Wait::Block),
+    (Lang::C, Wait::Poll),
+];
+
 /// The cells of one driver, in the order a session measures them: per mode, the size sweep,
-/// then (normal) the in-flight sweep, then latency (normal: and the polling ping-pong); then
-/// the C-API ping-pong; last the fabric reference.
+/// then (normal) the in-flight sweep, then latency; then the paired ping-pongs; last the
+/// fabric reference.
 pub fn grid_of(driver: &str, plan: &Plan) -> Vec<Cell> {
     let mut cells = Vec::new();
     for mode in Mode::ALL {
@@ -233,14 +269,17 @@ pub fn grid_of(driver: &str, plan: &Plan) -> Vec<Cell> {
         for &s in &plan.latency_sizes {
             cells.push(Cell::new(driver, "latency", Kind::Latency(mode, s)));
         }
-        if mode == Mode::Normal && plan.latency_sizes.contains(&PING) {
-            cells.push(Cell::new(driver, "latency", Kind::PollLatency(PING)));
-        }
     }
     if plan.latency_sizes.contains(&PING) {
-        cells.push(Cell::new(driver, "latency", Kind::CapiLatency(PING)));
+        for (lang, wait) in PINGPONGS {
+            let kind = Kind::PingPong(lang, wait, PING);
+            cells.push(Cell::new(driver, "latency", kind));
+        }
     }
-    cells.push(Cell::new(driver, "stream", Kind::FabricRead(LARGE)));
+    // The fabric reference is for the stream points (none in a latency-only plan).
+    if !plan.sizes.is_empty() {
+        cells.push(Cell::new(driver, "stream", Kind::FabricRead(LARGE)));
+    }
     cells
 }
 
@@ -263,9 +302,14 @@ mod tests {
             .iter()
             .filter(|c| matches!(c.kind, Kind::Stream(Mode::Immediate, ..)));
         assert_eq!(imm.count(), 5, "immediate stops at 64 KiB");
-        assert_eq!(g.iter().filter(|c| c.op == "latency").count(), 11);
-        assert!(g.iter().any(|c| c.kind == Kind::PollLatency(PING)));
-        assert!(g.iter().any(|c| c.kind == Kind::CapiLatency(PING)));
+        assert_eq!(g.iter().filter(|c| c.op == "latency").count(), 13);
+        let modes: Vec<&str> = PINGPONGS
+            .iter()
+            .map(|&(l, w)| pingpong_mode(l, w))
+            .collect();
+        assert_eq!(modes, ["rust", "poll", "capi", "capi-poll"]);
+        let pp = |l, w| Kind::PingPong(l, w, PING);
+        assert!(g.iter().any(|c| c.kind == pp(Lang::C, Wait::Poll)));
         assert_eq!(g.last().map(|c| c.kind), Some(Kind::FabricRead(LARGE)));
         let large = grid_of("ofi+shm", &Plan::new(false).large_only());
         let kinds: Vec<Kind> = large.iter().map(|c| c.kind).collect();
@@ -277,5 +321,8 @@ mod tests {
                 Kind::FabricRead(LARGE)
             ]
         );
+        let lat = grid_of("tcp", &Plan::new(true).latency_only());
+        assert_eq!(lat.len(), 13);
+        assert!(lat.iter().all(|c| c.op == "latency"));
     }
 }

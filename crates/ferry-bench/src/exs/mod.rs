@@ -11,7 +11,9 @@ mod client;
 mod cmd;
 mod conn;
 mod grid;
+mod pairs;
 mod peer;
+mod pingpong;
 mod plot;
 mod report;
 
@@ -25,13 +27,17 @@ use super::addr;
 use super::refs::Memcpy;
 use super::report::{emit, DriverStatus, Machine, Report};
 use super::session::{Op, Session};
+use capi::{Lang, PingPong, Programs};
 use client::{Client, Measured};
 use conn::Wait;
 use grid::{grid_of, Cell, Kind, Plan, REGION};
+use pairs::Pairs;
+use pingpong::Opts;
 use report::ExsRow;
 pub use report::ExsSummary;
 
 pub use peer::run as run_peer;
+pub use pingpong::run as run_pingpong;
 
 /// Options of `ferry bench exs`.
 #[derive(Args)]
@@ -43,6 +49,11 @@ pub struct ExsArgs {
     /// reference: the `large_vs_fabric` ratios, in a fraction of the time.
     #[arg(long)]
     large_only: bool,
+    /// Measure only latency (every mode, and the paired Rust and C ping-pongs): the latency
+    /// ratios, `capi_vs_rust_latency` and `poll_vs_block_latency` included, in a fraction
+    /// of the time.
+    #[arg(long, conflicts_with = "large_only")]
+    latency_only: bool,
     /// Print exactly one JSON object on stdout instead of the table (files only with --out).
     #[arg(long)]
     json: bool,
@@ -56,19 +67,21 @@ pub struct ExsArgs {
 
 /// Runs the benchmark and prints (and writes) the report.
 pub fn run(args: &ExsArgs) -> Result<()> {
-    let plan = match args.large_only {
-        true => Plan::new(args.quick).large_only(),
-        false => Plan::new(args.quick),
+    let plan = match (args.large_only, args.latency_only) {
+        (true, _) => Plan::new(args.quick).large_only(),
+        (_, true) => Plan::new(args.quick).latency_only(),
+        _ => Plan::new(args.quick),
     };
     let drivers = addr::drivers(&args.drivers)?;
     let mut grid: Vec<Vec<Cell>> = drivers.iter().map(|d| grid_of(d, &plan)).collect();
     let mut status: Vec<DriverStatus> = drivers.iter().map(|d| DriverStatus::new(d)).collect();
     let mut blast = Cell::new("socket", "stream", Kind::Blast(grid::LARGE));
     let memcpy = Memcpy::new().measure(5).value;
-    let mut c_api = c_ping_pong(&grid);
+    let mut programs = ping_pong_programs(&grid);
+    let mut pairs: Vec<Pairs> = drivers.iter().map(|d| Pairs::new(d)).collect();
     let mut n = 0;
     for rep in 1..=plan.reps {
-        for (cells, st) in grid.iter_mut().zip(&mut status) {
+        for ((cells, st), pairs) in grid.iter_mut().zip(&mut status).zip(&mut pairs) {
             if st.error.is_some() {
                 continue;
             }
@@ -82,20 +95,22 @@ pub fn run(args: &ExsArgs) -> Result<()> {
                 }
                 st.error = Some(why);
             }
-            if let Some(c) = cells
-                .iter_mut()
-                .find(|c| matches!(c.kind, Kind::CapiLatency(_)))
-            {
-                n += 1;
-                c_api_latency(&plan, n, &mut c_api, c);
+            if let Some(p) = programs.as_mut() {
+                latency_pairs(&plan, &mut n, p, cells, pairs);
             }
             n += 1;
-            if let Some(c) = cells.last_mut() {
+            let fabric = cells
+                .last_mut()
+                .filter(|c| matches!(c.kind, Kind::FabricRead(_)));
+            if let Some(c) = fabric {
                 match fabric_read(&plan, &st.driver, n) {
                     Ok(m) => c.add(m),
                     Err(e) => c.fail(format!("fabric reference: {e:#}")),
                 }
             }
+        }
+        if plan.sizes.is_empty() {
+            continue; // latency only: no stream point to compare with the socket
         }
         tracing::info!("reference: TCP socket blast");
         n += 1;
@@ -105,8 +120,10 @@ pub fn run(args: &ExsArgs) -> Result<()> {
         }
     }
     let mut rows: Vec<ExsRow> = grid.into_iter().flatten().map(Cell::row).collect();
-    rows.push(blast.row());
-    let summary = report::summary(&rows, &drivers);
+    if !plan.sizes.is_empty() {
+        rows.push(blast.row());
+    }
+    let summary = report::summary(&rows, &drivers, &pairs);
     let report = Report {
         bench: "exs",
         quick: args.quick,
@@ -139,9 +156,8 @@ fn exs_session(plan: &Plan, n: usize, cells: &mut [Cell], st: &mut DriverStatus)
                 Kind::Stream(_, size, window) => {
                     client.stream(size, plan.count(c.op, size, window), window)
                 }
-                Kind::Latency(_, size) => client.latency(size, plan.warm, plan.pings, Wait::Block),
-                Kind::PollLatency(size) => client.latency(size, plan.warm, plan.pings, Wait::Poll),
-                Kind::CapiLatency(_) | Kind::FabricRead(_) | Kind::Blast(_) => continue,
+                Kind::Latency(_, size) => client.latency(size, plan.warm, plan.pings),
+                Kind::PingPong(..) | Kind::FabricRead(_) | Kind::Blast(_) => continue,
             };
             let what = format!("{} {} {} B", mode.name(), c.op, grid_size(c.kind));
             c.add(m.with_context(|| what)?);
@@ -151,39 +167,91 @@ fn exs_session(plan: &Plan, n: usize, cells: &mut [Cell], st: &mut DriverStatus)
     Ok(())
 }
 
-/// The C ping-pong, built if the grid has a C-API cell (or why it could not be).
-fn c_ping_pong(grid: &[Vec<Cell>]) -> Option<Result<capi::CPingPong, String>> {
+/// The ping-pong programs, if the grid has paired ping-pong cells (the C one built then).
+fn ping_pong_programs(grid: &[Vec<Cell>]) -> Option<Programs> {
     let wanted = grid
         .iter()
         .flatten()
-        .any(|c| matches!(c.kind, Kind::CapiLatency(_)));
+        .any(|c| matches!(c.kind, Kind::PingPong(..)));
     if !wanted {
         return None;
     }
-    tracing::info!("building libferry.so and tests/c/latency.c for the C-API row");
-    let built = capi::CPingPong::build().map_err(|e| format!("C-API row not built: {e:#}"));
-    if let Err(why) = &built {
-        tracing::warn!("{why}");
-    }
-    Some(built)
+    tracing::info!("building libferry.so and tests/c/latency.c for the C-API rows");
+    Some(Programs::build())
 }
 
-/// One repetition of `cell`'s C-API ping-pong (the cell fails if the program is missing).
-fn c_api_latency(
+/// One repetition's paired ping-pong rounds on a driver (see [`pairs`]): each round a run
+/// of the Rust program and one of the C program, moments apart; which goes first, and
+/// whether the runs poll or block first, alternate from round to round. A program that
+/// fails once fails its rows and is not run again.
+fn latency_pairs(
     plan: &Plan,
-    n: usize,
-    c_api: &mut Option<Result<capi::CPingPong, String>>,
-    cell: &mut Cell,
+    n: &mut usize,
+    programs: &mut Programs,
+    cells: &mut [Cell],
+    pairs: &mut Pairs,
 ) {
-    let m = match c_api {
-        Some(Ok(pp)) => addr::address(&cell.driver, n)
-            .and_then(|a| pp.run(&a, grid_size(cell.kind), plan.warm, plan.pings)),
-        Some(Err(why)) => return cell.fail(why.clone()),
-        None => return cell.fail("C-API row not built"),
+    if let Some(why) = programs.c_missing() {
+        let c_cells = cells.iter_mut().filter(|c| is_pingpong(c, Lang::C));
+        c_cells.for_each(|c| c.fail(why));
+    }
+    for _ in 0..plan.pair_rounds {
+        let round = pairs.rounds();
+        let o = Opts {
+            rounds: plan.pair_pings,
+            warm: plan.warm,
+            small: 0,
+            poll_first: round % 2 == 1,
+        };
+        let order = match round % 2 {
+            0 => [Lang::Rust, Lang::C],
+            _ => [Lang::C, Lang::Rust],
+        };
+        let mut got: Vec<(Lang, PingPong)> = Vec::new();
+        for lang in order {
+            // A program that failed (or is missing) is not run again: its rows are void.
+            if cells.iter().any(|c| is_pingpong(c, lang) && c.failed()) {
+                continue;
+            }
+            *n += 1;
+            let run = addr::address(&pairs.driver, *n).and_then(|a| programs.run(lang, &a, o));
+            match run {
+                Ok(m) => got.push((lang, m)),
+                Err(e) => {
+                    let why = format!("{lang:?} ping-pong: {e:#}");
+                    tracing::warn!("{}: {why}", pairs.driver);
+                    let failed = cells.iter_mut().filter(|c| is_pingpong(c, lang));
+                    failed.for_each(|c| c.fail(why.clone()));
+                }
+            }
+        }
+        for (lang, m) in &got {
+            for c in cells.iter_mut().filter(|c| is_pingpong(c, *lang)) {
+                c.add(pingpong_measured(c.kind, m));
+            }
+        }
+        let of = |lang| got.iter().find(|(l, _)| *l == lang).map(|(_, m)| m);
+        if let Some(rust) = of(Lang::Rust) {
+            pairs.add(rust, of(Lang::C));
+        }
+    }
+}
+
+fn is_pingpong(c: &Cell, lang: Lang) -> bool {
+    matches!(c.kind, Kind::PingPong(l, ..) if l == lang)
+}
+
+/// The phase of `m` that a ping-pong cell of `kind` records (the run's CPU for either).
+fn pingpong_measured(kind: Kind, m: &PingPong) -> Measured {
+    let value = match kind {
+        Kind::PingPong(_, Wait::Poll, _) => m.poll_us,
+        _ => m.block_us,
     };
-    match m {
-        Ok(m) => cell.add(m),
-        Err(e) => cell.fail(format!("C-API ping-pong: {e:#}")),
+    Measured {
+        value,
+        bytes: 0,
+        send_cpu: m.send_cpu,
+        recv_cpu: m.recv_cpu,
     }
 }
 
@@ -191,8 +259,7 @@ fn grid_size(k: Kind) -> usize {
     match k {
         Kind::Stream(_, s, _)
         | Kind::Latency(_, s)
-        | Kind::PollLatency(s)
-        | Kind::CapiLatency(s)
+        | Kind::PingPong(_, _, s)
         | Kind::FabricRead(s)
         | Kind::Blast(s) => s,
     }

@@ -12,7 +12,7 @@ use ferry_exs::runtime::{EventQueue, ExsBuf, ExsListener};
 use ferry_fabric::Address;
 
 use super::cmd::Cmd;
-use super::conn::{Conn, Mode, Wait};
+use super::conn::{Conn, Mode};
 use crate::cpu;
 
 /// Longest wait for the client to connect.
@@ -73,7 +73,7 @@ impl Peer {
                 count,
                 window,
             } => self.send(size, count, window),
-            Cmd::Pong { size, count, wait } => self.pong(size, count, wait),
+            Cmd::Pong { size, count } => self.pong(size, count),
             Cmd::Close => {
                 if let Some(c) = self.conn.take() {
                     c.close()?;
@@ -147,9 +147,8 @@ impl Peer {
         Ok("done".into())
     }
 
-    /// Answers `count` messages of `size` bytes with one message of `size` bytes each,
-    /// waiting for events as `wait` says.
-    fn pong(&mut self, size: u64, count: u64, wait: Wait) -> Result<String> {
+    /// Answers `count` messages of `size` bytes with one message of `size` bytes each.
+    fn pong(&mut self, size: u64, count: u64) -> Result<String> {
         const SENDS: usize = 4;
         let (c, sz) = self.conn(size, 1 + SENDS as u64)?;
         let mut free: Vec<ExsBuf> = (1..=SENDS).map(|i| c.slot(i, sz)).collect::<Result<_>>()?;
@@ -161,7 +160,7 @@ impl Peer {
                 started.elapsed() < Duration::from_secs(600),
                 "ping-pong too long"
             );
-            let ev = c.next_with(wait)?;
+            let ev = c.next()?;
             let buf = ev.buf.context("event without its buffer")?;
             match ev.kind {
                 EventKind::Recv => {

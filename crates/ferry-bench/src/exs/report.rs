@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use serde::ser::{Serialize, SerializeMap, Serializer};
 
 use super::grid::{LARGE, PING};
+use super::pairs::Pairs;
 use crate::report::{human_size, num, round, Report, Target};
 
 /// One measured point (median over repetitions) or a failed one (values null, `error` set).
@@ -12,9 +13,10 @@ use crate::report::{human_size, num, round, Report, Target};
 pub struct ExsRow {
     /// Driver, or `socket` for the plain TCP blast.
     pub driver: String,
-    /// `normal`, `immediate`, `persistent`, `poll` (the normal-mode ping-pong with both sides
-    /// polling), `capi` (the normal-mode ping-pong through libferry's C API, both sides C),
-    /// `fabric-read` (the driver's raw RMA read) or `blast` (the socket).
+    /// `normal`, `immediate`, `persistent`, the paired ping-pongs between two fresh
+    /// processes in normal mode (`rust`: the Rust runtime, blocking dequeues; `poll`: the
+    /// same polling; `capi`: through libferry's C API, blocking; `capi-poll`: the same
+    /// polling), `fabric-read` (the driver's raw RMA read) or `blast` (the socket).
     pub mode: String,
     /// `stream` (size sweep), `inflight` (in-flight sweep) or `latency`.
     pub op: String,
@@ -80,9 +82,10 @@ fn suffix(driver: &str) -> String {
     format!("_{}", driver.replace(['+', '-'], "_"))
 }
 
-/// Derives the summary from the rows: each ratio per driver (suffixed), and unsuffixed for
-/// the native tcp driver.
-pub fn summary(rows: &[ExsRow], drivers: &[String]) -> ExsSummary {
+/// Derives the summary: each ratio per driver (suffixed), and unsuffixed for the native tcp
+/// driver; `capi_vs_rust_latency` and `poll_vs_block_latency` from the paired rounds, the
+/// others from the rows.
+pub fn summary(rows: &[ExsRow], drivers: &[String], pairs: &[Pairs]) -> ExsSummary {
     let find = |d: &str, mode: &str, op: &str, size: usize| {
         let r = rows
             .iter()
@@ -91,6 +94,7 @@ pub fn summary(rows: &[ExsRow], drivers: &[String]) -> ExsSummary {
     };
     let ratio = |a: Option<f64>, b: Option<f64>| Some(round(a? / b?, 4)).filter(|r| r.is_finite());
     let lat = |d: &str, mode: &str| find(d, mode, "latency", PING);
+    let paired = |d: &str| pairs.iter().find(|p| p.driver == d);
     // In GOALS order.
     let metrics = |d: &str| -> [Option<f64>; PER_DRIVER] {
         [
@@ -100,8 +104,8 @@ pub fn summary(rows: &[ExsRow], drivers: &[String]) -> ExsSummary {
                 find(d, "normal", "stream", LARGE),
                 find(d, "fabric-read", "stream", LARGE),
             ),
-            ratio(lat(d, "capi"), lat(d, "normal")),
-            ratio(lat(d, "poll"), lat(d, "normal")),
+            paired(d).and_then(Pairs::capi_vs_rust),
+            paired(d).and_then(Pairs::poll_vs_block),
         ]
     };
     let socket = find("socket", "blast", "stream", LARGE);
@@ -255,8 +259,9 @@ impl Report<ExsRow, ExsSummary> {
         let _ = writeln!(
             s,
             "\nlatency, µs (normal, immediate: one-way = half a ping-pong round trip; \
-             persistent: half of one pull, recv posted → completed; poll: normal with \
-             zero-timeout dequeues; capi: normal through libferry's C API)\n\
+             persistent: half of one pull, recv posted → completed; rust, poll, capi, \
+             capi-poll: normal between two fresh processes, Rust or libferry's C API, \
+             blocking or zero-timeout dequeues)\n\
              {:<8} {:<11} {:>7} {:>9} {:>8}",
             "driver", "mode", "size", "µs", "×normal"
         );
@@ -283,6 +288,7 @@ impl Report<ExsRow, ExsSummary> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::capi::PingPong;
     use super::*;
 
     #[test]
@@ -316,15 +322,25 @@ mod tests {
             row("tcp", "normal", "latency", 10, 50.0),
             row("tcp", "immediate", "latency", 10, 20.0),
             row("tcp", "persistent", "latency", 10, 25.0),
-            row("tcp", "capi", "latency", 10, 52.5),
-            row("tcp", "poll", "latency", 10, 45.0),
+            // The latency ratios of the paired rows come from the paired rounds, not these.
+            row("tcp", "capi", "latency", 10, 80.0),
+            row("tcp", "poll", "latency", 10, 80.0),
             row("ofi+shm", "normal", "latency", 10, 20.0),
-            row("ofi+shm", "poll", "latency", 10, 22.0),
             row("tcp", "normal", "stream", LARGE, 1.9),
             row("tcp", "fabric-read", "stream", LARGE, 2.0),
             row("socket", "blast", "stream", LARGE, 1.0),
         ];
-        let s = summary(&rows, &["tcp".into()]);
+        let pp = |block_us, poll_us| PingPong {
+            block_us,
+            poll_us,
+            send_cpu: 0.0,
+            recv_cpu: 0.0,
+        };
+        let mut tcp = Pairs::new("tcp");
+        tcp.add(&pp(50.0, 45.0), Some(&pp(52.5, 50.0)));
+        let mut shm = Pairs::new("ofi+shm");
+        shm.add(&pp(20.0, 22.0), None);
+        let s = summary(&rows, &["tcp".into()], &[tcp, shm]);
         assert_eq!(s.get("immediate_vs_normal_latency"), Some(0.4));
         assert_eq!(s.get("immediate_vs_normal_latency_tcp"), Some(0.4));
         assert_eq!(s.get("persistent_vs_normal_latency"), Some(0.5));
