@@ -5,6 +5,8 @@
 //! collective_timeout = 120.0   # seconds a collective call waits for the last rank
 //! max_call_bytes = 1073741824  # the most data-stream bytes one rank moves in one call
 //! chunk = 4194304              # DATA payload size (4096 ..= 4 MiB)
+//! write_behind = 268435456     # a collective write of up to this many bytes is answered
+//!                              # before it is written (0: never)
 //! ```
 //!
 //! The files are those of the server's exported roots (`[[root]]`), behind its `[auth]`.
@@ -31,6 +33,12 @@ pub struct CioConfig {
     /// The DATA payload size (a message of the data stream).
     #[serde(default = "default_chunk")]
     pub chunk: u32,
+    /// The most data bytes (all ranks') of a collective write answered before it reaches
+    /// the file: its buffers are held until it is written, one such write per session
+    /// ([`crate::server`]'s write-behind). A larger call is written, then answered. 0:
+    /// every collective write is written before it is answered.
+    #[serde(default = "default_write_behind")]
+    pub write_behind: u64,
 }
 
 fn default_timeout() -> f64 {
@@ -39,6 +47,10 @@ fn default_timeout() -> f64 {
 
 fn default_max_call() -> u64 {
     1 << 30
+}
+
+fn default_write_behind() -> u64 {
+    256 << 20
 }
 
 fn default_chunk() -> u32 {
@@ -51,6 +63,7 @@ impl Default for CioConfig {
             collective_timeout: default_timeout(),
             max_call_bytes: default_max_call(),
             chunk: default_chunk(),
+            write_behind: default_write_behind(),
         }
     }
 }

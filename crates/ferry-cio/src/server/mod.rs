@@ -9,6 +9,7 @@
 //! thread answers its own rank. Independent requests are served on the spot. A connection
 //! that breaks the protocol ends only itself; its session learns the rank is gone.
 
+mod behind;
 mod files;
 mod pool;
 
@@ -28,6 +29,7 @@ use ferry_service::channel::Channel;
 use ferry_service::drain::{Drain, DrainReport};
 use ferry_service::registry::{Conn, Registry, Service};
 
+use behind::Behind;
 pub use files::Exports;
 use pool::Pool;
 
@@ -73,6 +75,8 @@ struct Shared {
     st: Mutex<State>,
     /// The buffers of finished calls, for the next ones.
     pool: Pool,
+    /// The collective write answered and not yet written, if any.
+    behind: Behind,
 }
 
 struct State {
@@ -362,6 +366,7 @@ impl Server {
                 let s = Arc::new(Shared {
                     path: path.to_string(),
                     pool: Pool::new(size as usize),
+                    behind: Behind::new(self.cfg.write_behind),
                     st: Mutex::new(State {
                         machine: Session::new(size, self.cfg.timeout()),
                         waiters: (0..size).map(|_| None).collect(),
@@ -456,7 +461,11 @@ impl Server {
                 });
                 let outcome = self.collective(me, CallKind::WriteAtAll, work);
                 me.moved += moved(&outcome, len);
-                answer(ch, outcome, me)
+                let answered = answer(ch, outcome, me);
+                // The write behind, if this rank's arrival completed the call: after its
+                // answer left, so no rank waits for the file.
+                me.shared.behind.flush(&me.shared.pool);
+                answered
             }
             Msg::ReadAtAll { offset, len } => {
                 let work = self
@@ -630,8 +639,24 @@ impl Server {
         }
     }
 
-    /// One file action; the answer of each of `n` ranks.
+    /// One file action, after the write behind (if any) reached the file; the answer of
+    /// each of `n` ranks. The error of a write behind is every rank's answer to the next
+    /// call, which then does nothing on the file (but CLOSE, which still closes it).
     fn act(&self, shared: &Shared, action: Action, n: usize) -> Vec<Outcome> {
+        shared.behind.settle(&shared.pool);
+        let Some(earlier) = shared.behind.take_error() else {
+            return self.act_now(shared, action, n);
+        };
+        match action {
+            Action::Close => drop(self.act_now(shared, action, n)),
+            other => recycle(&shared.pool, other),
+        }
+        (0..n).map(|_| Err(earlier.clone())).collect()
+    }
+
+    /// [`Server::act`] on a settled file: writes that fit the write-behind cap are queued
+    /// and answered at once.
+    fn act_now(&self, shared: &Shared, action: Action, n: usize) -> Vec<Outcome> {
         let all = |r: Result<u64>| -> Vec<Outcome> {
             (0..n).map(|_| r.clone().map(Reply::Done)).collect()
         };
@@ -671,8 +696,17 @@ impl Server {
                     }
                     _ => Vec::new(),
                 };
-                let written = need().and_then(|f| files::write(&f, &action, &shared.pool));
-                recycle(&shared.pool, action);
+                let written = match need() {
+                    Ok(f) if shared.behind.takes(lens.iter().sum()) => {
+                        shared.behind.queue(f, action, &shared.pool);
+                        Ok(())
+                    }
+                    f => {
+                        let w = f.and_then(|f| files::write(&f, &action, &shared.pool));
+                        recycle(&shared.pool, action);
+                        w
+                    }
+                };
                 match written {
                     Ok(()) => lens.into_iter().map(|l| Ok(Reply::Done(l))).collect(),
                     Err(e) => all(Err(e)),
@@ -777,6 +811,8 @@ impl Drop for Attached<'_> {
             (jobs, !st.attached.iter().any(|&a| a))
         };
         self.server.run(&self.shared, jobs);
+        // A write answered before this rank left still reaches the file.
+        self.shared.behind.flush(&self.shared.pool);
         if empty {
             let mut map = self.server.sessions();
             let key = (self.job, self.shared.path.clone());
@@ -802,8 +838,9 @@ fn recycle(pool: &Pool, action: Action) {
     }
 }
 
-/// The file of a rank's session.
+/// The file of a rank's session, once no write is behind (a rank reads its own writes).
 fn file_of(me: &RankConn) -> Result<Arc<std::fs::File>> {
+    me.shared.behind.settle(&me.shared.pool);
     me.shared
         .lock()
         .file

@@ -35,6 +35,18 @@ impl Drop for Running {
 
 /// Starts a server on `driver` (`tcp`, `ofi+tcp`, `ofi+shm`), collective timeout `timeout`.
 pub fn start(driver: &str, timeout: Duration) -> Running {
+    start_with(
+        driver,
+        CioConfig {
+            collective_timeout: timeout.as_secs_f64(),
+            chunk: 64 * 1024,
+            ..CioConfig::default()
+        },
+    )
+}
+
+/// Starts a server on `driver` with the settings `cfg`.
+pub fn start_with(driver: &str, cfg: CioConfig) -> Running {
     static N: AtomicU32 = AtomicU32::new(0);
     let n = N.fetch_add(1, Ordering::Relaxed);
     let tag = format!("ferry-cio-{}-{n}", std::process::id());
@@ -44,11 +56,6 @@ pub fn start(driver: &str, timeout: Duration) -> Running {
     let listen = match driver {
         "ofi+shm" => format!("ofi+shm://{tag}"),
         d => format!("{d}://127.0.0.1:0"),
-    };
-    let cfg = CioConfig {
-        collective_timeout: timeout.as_secs_f64(),
-        chunk: 64 * 1024,
-        ..CioConfig::default()
     };
     let auth = AuthConfig {
         tokens: vec![TOKEN.into()],
