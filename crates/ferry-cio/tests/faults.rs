@@ -9,7 +9,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{job, start, TOKEN};
+use common::{job, ranks, start, TOKEN};
 use ferry_cio::proto::{self, Desc, Msg};
 use ferry_cio::{amode, CioError, Comm, ErrorClass, File};
 use ferry_dtype::Datatype;
@@ -21,37 +21,6 @@ const RW: u32 = amode::CREATE | amode::RDWR;
 
 fn int() -> Datatype {
     Datatype::primitive(4).unwrap()
-}
-
-/// Runs `f(rank, file)` on `size` ranks of one job opening `path`, each on its thread.
-fn ranks<R: Send + 'static>(
-    addr: &str,
-    path: &str,
-    size: u32,
-    f: impl Fn(u32, File) -> R + Send + Sync + Copy + 'static,
-) -> Vec<R> {
-    let key = job();
-    let handles: Vec<_> = (0..size)
-        .map(|rank| {
-            let (addr, path) = (addr.to_string(), path.to_string());
-            std::thread::spawn(move || {
-                let file = File::open(
-                    &addr,
-                    &path,
-                    Comm {
-                        job: key,
-                        rank,
-                        size,
-                    },
-                    RW,
-                    TOKEN,
-                )
-                .unwrap();
-                f(rank, file)
-            })
-        })
-        .collect();
-    handles.into_iter().map(|h| h.join().unwrap()).collect()
 }
 
 fn class<T>(r: Result<T, CioError>) -> ErrorClass {

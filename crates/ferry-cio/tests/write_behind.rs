@@ -12,36 +12,11 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{job, start, start_with, TOKEN};
-use ferry_cio::{amode, CioConfig, Comm, ErrorClass, File};
+use common::{ranks, start, start_with};
+use ferry_cio::{CioConfig, ErrorClass, File};
 use ferry_dtype::Datatype;
 
 const T: Duration = Duration::from_secs(10);
-const RW: u32 = amode::CREATE | amode::RDWR;
-
-/// Runs `f(rank, file)` on `size` ranks of one job opening `path`, each on its thread.
-fn ranks<R: Send + 'static>(
-    addr: &str,
-    path: &str,
-    size: u32,
-    f: impl Fn(u32, File) -> R + Send + Sync + Copy + 'static,
-) -> Vec<R> {
-    let key = job();
-    let handles: Vec<_> = (0..size)
-        .map(|rank| {
-            let (addr, path) = (addr.to_string(), path.to_string());
-            std::thread::spawn(move || {
-                let comm = Comm {
-                    job: key,
-                    rank,
-                    size,
-                };
-                f(rank, File::open(&addr, &path, comm, RW, TOKEN).unwrap())
-            })
-        })
-        .collect();
-    handles.into_iter().map(|h| h.join().unwrap()).collect()
-}
 
 /// Rank `rank`'s view of the seed's pattern over `size` ranks: one int every `size` ints.
 fn interleaved(f: &mut File, rank: u32, size: u32) {

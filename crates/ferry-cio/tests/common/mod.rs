@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_cio::server::Server;
-use ferry_cio::CioConfig;
+use ferry_cio::{amode, CioConfig, Comm, File};
 use ferry_dtype::Datatype;
 use ferry_service::admit::{Admission, LimitsConfig};
 use ferry_service::auth::AuthConfig;
@@ -112,4 +112,31 @@ pub fn reference_place(image: &mut Vec<u8>, offsets: &[u64], stream: &[u8]) {
         }
         image[o] = b;
     }
+}
+
+/// Runs `f(rank, file)` on `size` ranks of one job opening `path`, each on its thread.
+pub fn ranks<R: Send + 'static>(
+    addr: &str,
+    path: &str,
+    size: u32,
+    f: impl Fn(u32, File) -> R + Send + Sync + Copy + 'static,
+) -> Vec<R> {
+    let key = job();
+    let handles: Vec<_> = (0..size)
+        .map(|rank| {
+            let (addr, path) = (addr.to_string(), path.to_string());
+            std::thread::spawn(move || {
+                let comm = Comm {
+                    job: key,
+                    rank,
+                    size,
+                };
+                f(
+                    rank,
+                    File::open(&addr, &path, comm, amode::CREATE | amode::RDWR, TOKEN).unwrap(),
+                )
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
 }
