@@ -1031,6 +1031,8 @@ fn interrupted_copy_says_how_to_continue() {
     assert_eq!(line["continue_with"].as_str(), Some(again.trim()), "{line}");
     let mut c = Command::new(words[0]);
     c.args(&words[1..]).env_remove("FERRY_TOKEN");
+    // The printed command, run as the user would, but against this test's known hosts.
+    common::isolate(&mut c);
     let v = ok(&finish(
         c.stdout(Stdio::piped())
             .stderr(Stdio::piped())
