@@ -12,10 +12,18 @@ pub fn xfer_frame(data: &[u8]) {
     if let Ok((msg, payload)) = proto::decode(data) {
         let mut again = Vec::new();
         proto::encode(&msg, &mut again).expect("a decoded frame encodes");
-        if let Msg::Block(proto::BlockHeader { len, .. })
-        | Msg::File { len, .. }
-        | Msg::Pack { len, .. }
-        | Msg::PutFile { len, .. } = &msg
+        if let Msg::Block(h) = &msg {
+            // A sealed block carries the seal trailer after its `len` ciphertext bytes.
+            if data[5] & proto::BLOCK_SEALED != 0 {
+                let header = proto::encode_sealed_block_header(h).expect("a decoded header");
+                again = header.to_vec();
+                assert_eq!(payload.len(), h.len as usize + proto::BLOCK_SEAL_TRAILER);
+            } else {
+                assert_eq!(payload.len(), h.len as usize);
+            }
+            again.extend_from_slice(payload);
+        } else if let Msg::File { len, .. } | Msg::Pack { len, .. } | Msg::PutFile { len, .. } =
+            &msg
         {
             assert_eq!(payload.len(), *len as usize);
             again.extend_from_slice(payload);

@@ -760,11 +760,15 @@ impl Field<BlockHeader> for BlockCodec {
         if h.offset.checked_add(u64::from(h.len)).is_none() {
             return Err(ReadError::Invalid("block range overflows"));
         }
-        let trailer = if cx.flags & BLOCK_SEALED != 0 {
-            BLOCK_SEAL_TRAILER
-        } else {
-            0
-        };
+        let sealed = cx.flags & BLOCK_SEALED != 0;
+        // A sealed block's check value is its tag, in the trailer; the field is 0, so
+        // each block has one encoding.
+        if sealed && h.crc32c != 0 {
+            return Err(ReadError::Invalid(
+                "a sealed block's check value field is not 0",
+            ));
+        }
+        let trailer = if sealed { BLOCK_SEAL_TRAILER } else { 0 };
         cx.payload = r.take(h.len as usize + trailer)?;
         Ok(h)
     }

@@ -414,6 +414,31 @@ fn crc_is_castagnoli() {
     assert_eq!(crc32c_of(&[0u8; 32]), 0x8A91_36AA);
 }
 
+/// A sealed BLOCK is its header, `len` ciphertext bytes and the seal trailer; its check value
+/// field is 0 and nothing else decodes. (The first input is one the fuzzer found when the
+/// fuzz target still expected `len` payload bytes of every block.)
+#[test]
+fn sealed_blocks_decode_canonically() {
+    let h = BlockHeader {
+        file_id: 0,
+        stream: 0,
+        offset: 0xff04_0000_0000_001a,
+        len: 11,
+        crc32c: 0,
+        spans: false,
+    };
+    let mut bytes = proto::encode_sealed_block_header(&h).unwrap().to_vec();
+    bytes.extend_from_slice(&[0u8; 11 + proto::BLOCK_SEAL_TRAILER]);
+    let (back, payload) = proto::decode(&bytes).unwrap();
+    assert_eq!(back, Msg::Block(h));
+    assert_eq!(payload.len(), 11 + proto::BLOCK_SEAL_TRAILER);
+    xfer_frame::xfer_frame(&bytes);
+    // The same block with a nonzero check value field.
+    bytes[28] = 1;
+    assert!(proto::decode(&bytes).is_err());
+    xfer_frame::xfer_frame(&bytes);
+}
+
 #[test]
 fn seed_corpus() {
     for m in [Msg::Bye, Msg::Ok { file_id: 1 }] {
