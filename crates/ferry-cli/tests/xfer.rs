@@ -432,6 +432,7 @@ fn ferry_bound_by_permissions() -> Command {
         .arg(env!("CARGO_BIN_EXE_ferry"))
         .env("RUST_LOG", "warn")
         .env_remove("FERRY_TOKEN");
+    isolate(&mut c);
     c
 }
 

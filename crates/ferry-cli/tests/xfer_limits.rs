@@ -380,6 +380,7 @@ fn cmd_for_server() -> std::process::Command {
         Ok(bin) => {
             let mut c = std::process::Command::new(bin);
             c.env("RUST_LOG", "warn");
+            isolate(&mut c);
             c
         }
         Err(_) => ferry(),
