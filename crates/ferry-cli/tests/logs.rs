@@ -18,7 +18,6 @@ fn server_log(flags: &[&str], wait: Duration) -> String {
     cmd.env_remove("RUST_LOG")
         .env_remove("FERRY_LOG")
         .env_remove("NO_COLOR");
-    isolate(&mut cmd);
     let s = serve_logging(cmd, "tcp", &[], flags, Stdio::from(file));
     let mut c = ferry();
     c.args(["cp", "--token", "not-the-token", &s.url("x"), "/dev/null"]);
