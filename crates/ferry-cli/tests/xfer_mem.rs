@@ -74,6 +74,13 @@ fn zeros_into_files_and_refusals() {
     assert_eq!(v["bytes"].as_u64(), Some(3 << 20));
     let got = std::fs::read(s.root.join("z3")).unwrap();
     assert!(got.len() == 3 << 20 && got.iter().all(|b| *b == 0));
+    // In parallel, the zeros' hash made beside the streams is the one the server checks.
+    let v = ok(&cp(&["-p", "2", "zero:40M", &s.at("d/z40")], &[]));
+    assert_eq!(v["bytes"].as_u64(), Some(40 << 20));
+    assert_eq!(
+        std::fs::metadata(s.root.join("z40")).unwrap().len(),
+        40 << 20
+    );
     fails(
         &cp(&[&s.at("mem/null"), "null:"], &[]),
         1,
@@ -100,6 +107,36 @@ fn zeros_into_files_and_refusals() {
         "no root named",
     );
     std::fs::remove_dir_all(&local).unwrap();
+}
+
+/// A parallel upload of a zero source to a file sends data at once: the client used to hash
+/// the whole size of zeros before the first block, so a terabyte sent nothing for minutes.
+/// The hash is made beside the streams now. Seen in the server's root: the part file is
+/// given its full size when the first block of zeros lands (as a hole), and not before.
+#[test]
+fn a_parallel_zero_upload_starts_at_once() {
+    let s = serve_as(ferry(), "tcp", &[], &[]);
+    let mut c = ferry();
+    c.args(["cp", "--token", TOKEN, "-p", "2", "zero:1T", &s.url("big")])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut child = c.spawn().expect("spawn ferry cp");
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let landed = loop {
+        let largest = std::fs::read_dir(&s.root)
+            .unwrap()
+            .filter_map(|e| e.ok()?.metadata().ok())
+            .map(|m| m.len())
+            .max()
+            .unwrap_or(0);
+        if largest > 0 || std::time::Instant::now() > end {
+            break largest;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(landed, 1 << 40, "no block of the upload landed in 5 s");
 }
 
 /// A download of a server's zero source into `null:` on several streams starts moving

@@ -56,15 +56,27 @@ pub fn classify(path: &str) -> Option<std::result::Result<Virtual, String>> {
 
 /// BLAKE3 of `size` zero bytes (what a zero source's data hashes to).
 pub fn zero_hash(size: u64) -> [u8; 32] {
+    let never = std::sync::atomic::AtomicBool::new(false);
+    zero_hash_unless(size, &never).unwrap_or_default()
+}
+
+/// [`zero_hash`], given up (`None`) soon after `stop` is set: a terabyte of zeros takes
+/// minutes, and nobody needs the hash of an upload that was abandoned.
+pub fn zero_hash_unless(size: u64, stop: &std::sync::atomic::AtomicBool) -> Option<[u8; 32]> {
+    // BLAKE3 numbers its chunks, so equal runs of zeros hash differently by position: there
+    // is no shortcut, only the work.
     let zeros = vec![0u8; 1 << 20];
     let mut h = blake3::Hasher::new();
     let mut left = size;
     while left > 0 {
+        if stop.load(std::sync::atomic::Ordering::Relaxed) {
+            return None;
+        }
         let n = left.min(zeros.len() as u64) as usize;
         h.update(&zeros[..n]);
         left -= n as u64;
     }
-    *h.finalize().as_bytes()
+    Some(*h.finalize().as_bytes())
 }
 
 #[cfg(test)]

@@ -39,9 +39,43 @@ struct SharedUp {
 enum HashJob {
     /// Known (`None`: none is sent).
     Ready(Option<[u8; 32]>),
+    /// A zero source's, worked out on a thread of its own while the streams send (hashing a
+    /// large size of zeros first would hold back the first byte).
+    Zeros(ZeroHash),
     /// The source's: its tree, completed from the file where the ranges sent did not
     /// cover it (what a resumed server held), or the whole file read.
     Source,
+}
+
+/// The hash of a zero source on its own thread, given up when the upload is dropped.
+struct ZeroHash {
+    job: Option<std::thread::JoinHandle<Option<[u8; 32]>>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl ZeroHash {
+    fn start(size: u64) -> ZeroHash {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let job = std::thread::spawn(move || crate::mem::zero_hash_unless(size, &flag));
+        ZeroHash {
+            job: Some(job),
+            stop,
+        }
+    }
+
+    fn wait(mut self) -> Result<[u8; 32]> {
+        self.job
+            .take()
+            .and_then(|job| job.join().ok().flatten())
+            .ok_or_else(|| XferError::conn("internal: the hash of the zeros was not made"))
+    }
+}
+
+impl Drop for ZeroHash {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
 }
 
 impl SharedUp {
@@ -63,6 +97,7 @@ impl SharedUp {
         let job = lock(&self.hash).take();
         match job {
             Some(HashJob::Ready(h)) => Ok(h),
+            Some(HashJob::Zeros(job)) => job.wait().map(Some),
             Some(HashJob::Source) => {
                 let Some((f, _)) = &self.file else {
                     return Err(XferError::conn("internal: no source to hash"));
@@ -315,7 +350,7 @@ fn open_upload(
     let to_null = crate::mem::classify(path) == Some(Ok(crate::mem::Virtual::Null));
     let (hash, tree) = match (&file, to_null) {
         (_, true) => (HashJob::Ready(None), None),
-        (None, false) => (HashJob::Ready(Some(crate::mem::zero_hash(size))), None),
+        (None, false) => (HashJob::Zeros(ZeroHash::start(size)), None),
         // Hashed as the streams read it to send it: each byte once.
         (Some(_), false) => (
             HashJob::Source,
