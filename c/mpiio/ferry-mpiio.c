@@ -17,8 +17,9 @@
  *
  * Hints (MPI_Info): ferry_url (the file's ferry URL, for programs that cannot change the
  * name), ferry_token (else $FERRY_TOKEN), ferry_mode (ecio, the default, or independent:
- * collective calls move each rank's data on its own). cb_*, romio_* and every other hint
- * are accepted and ignored. The guide is docs/cio.md. */
+ * collective calls move each rank's data on its own), ferry_pipeline (write pipelining:
+ * off, on, CALLS or CALLS,BYTES; else $FERRY_CIO_PIPELINE). cb_*, romio_* and every other
+ * hint are accepted and ignored. The guide is docs/cio.md. */
 
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -527,7 +528,7 @@ static int split_url(const char *url, char *addr, size_t alen, char *path, size_
 
 int MPI_File_open(MPI_Comm comm, const char *filename, int amode, MPI_Info info, MPI_File *fh)
 {
-    char url[1024], addr[1024], path[1024], token[1024], mode[64];
+    char url[1024], addr[1024], path[1024], token[1024], mode[64], pipeline[64];
     if (!ferry_url(filename, info, url, sizeof url))
         return PMPI_File_open(comm, filename, amode, info, fh);
     if (split_url(url, addr, sizeof addr, path, sizeof path) != 0) {
@@ -552,6 +553,14 @@ int MPI_File_open(MPI_Comm comm, const char *filename, int amode, MPI_Info info,
                             tok, &cf, NULL);
     if (rc != 0)
         return fail_nofile(comm, ferry_to_mpi_class(rc), ferry_cio_last_error());
+    /* A bad value fails the open on every rank that gave it (each leaves the session). */
+    int pipelined = hint(info, "ferry_pipeline", pipeline, sizeof pipeline);
+    if (pipelined && (rc = ferry_cio_set_pipeline(cf, pipeline)) != 0) {
+        char msg[1200];
+        snprintf(msg, sizeof msg, "hint ferry_pipeline: %s", ferry_cio_last_error());
+        ferry_cio_abandon(cf);
+        return fail_nofile(comm, ferry_to_mpi_class(rc), msg);
+    }
     struct ferry_file *f = calloc(1, sizeof *f);
     if (!f) {
         ferry_cio_abandon(cf);
@@ -568,6 +577,8 @@ int MPI_File_open(MPI_Comm comm, const char *filename, int amode, MPI_Info info,
     PMPI_Info_create(&f->info);
     PMPI_Info_set(f->info, "ferry_url", url);
     PMPI_Info_set(f->info, "ferry_mode", independent ? "independent" : "ecio");
+    if (pipelined)
+        PMPI_Info_set(f->info, "ferry_pipeline", pipeline);
     f->slot = table_add(f);
     if (f->slot < 0) {
         ferry_cio_abandon(cf);

@@ -3,11 +3,13 @@
 //! Every rank of a job opens the file with the same job key, path and access mode, each
 //! on a connection of its own ([`File::open`]); collective calls (`set_view`,
 //! `write_at_all`, `read_at_all`, `set_size`, `preallocate`, `sync`, `close`) return once
-//! every rank made them. A rank packs its memory buffer by its memory type and sends the
-//! data stream; the server places it by the rank's view. In this slice the data moves in
-//! EXS messages of the chunk the server chose (4 MiB by default), not yet by RMA from the
-//! caller's memory. The MPI-IO interposer `libferry-mpiio.so` (crate ferry-mpiio and
-//! `c/mpiio/`) wraps this API.
+//! every rank made them — but for writes when [`Pipeline`] is on: a write then returns
+//! once its data is handed to the connection, and its answer is collected later. A rank
+//! packs its memory buffer by its memory type and sends the data stream; the server
+//! places it by the rank's view. In this slice the data moves in EXS messages of the
+//! chunk the server chose (4 MiB by default), not yet by RMA from the caller's memory.
+//! The MPI-IO interposer `libferry-mpiio.so` (crate ferry-mpiio and `c/mpiio/`) wraps
+//! this API.
 //!
 //! ```no_run
 //! use ferry_cio::{amode, Comm, File};
@@ -26,7 +28,7 @@
 //! # Ok(()) }
 //! ```
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::time::Duration;
 
 use ferry_dtype::{Datatype, Packer, Unpacker};
@@ -59,6 +61,92 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(3600);
 /// Receive buffers kept posted.
 const RING: usize = 3;
 
+/// The environment variable that sets [`Pipeline`] for every file a process opens
+/// (`off`, `on`, `CALLS` or `CALLS,BYTES`); the interposer's hint `ferry_pipeline` takes
+/// the same values for one file.
+pub const PIPELINE_ENV: &str = "FERRY_CIO_PIPELINE";
+
+/// Client-side write pipelining: a write returns once its data is handed to the
+/// connection, and its answer is collected later.
+///
+/// At most `calls` writes and `bytes` bytes of data stream are outstanding (a single write
+/// larger than `bytes` goes alone); a call that needs an answer (a read, `size`,
+/// `set_view`, `set_size`, `preallocate`, `sync`, `close`) first collects every
+/// outstanding answer, in order. The first error of a deferred write is returned by the
+/// next call that learns of it, at the latest by the next call that needs an answer;
+/// that call still does what it was asked (a collective call must reach the server from
+/// every rank, whatever each rank has learned). See `docs/cio.md`, "Write pipelining".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pipeline {
+    /// The most writes outstanding (0: none; every write waits for its answer).
+    pub calls: usize,
+    /// The most data-stream bytes outstanding.
+    pub bytes: u64,
+}
+
+impl Pipeline {
+    /// Every write waits for its answer (the default).
+    pub const OFF: Pipeline = Pipeline { calls: 0, bytes: 0 };
+
+    /// What `on` means: 16 writes and 8 MiB. Sixteen small calls hide the round trip of
+    /// each (and the wait for the other ranks), while the server keeps at most sixteen
+    /// small answers queued for a rank that is not reading them and an error surfaces
+    /// within sixteen calls; beyond a few MiB a write's time is its bandwidth, not its
+    /// round trip, so two 4 MiB chunks in flight are enough, and every byte in flight is
+    /// a copy the client holds until it is sent.
+    pub const ON: Pipeline = Pipeline {
+        calls: 16,
+        bytes: 8 << 20,
+    };
+
+    /// Parses `off` / `0`, `on`, `CALLS` (with [`Pipeline::ON`]'s bytes) or
+    /// `CALLS,BYTES`.
+    pub fn parse(s: &str) -> Result<Pipeline> {
+        let bad = || {
+            CioError::new(
+                ErrorClass::Arg,
+                format!("write pipelining {s:?}: off, on, CALLS or CALLS,BYTES (say 16,8388608)"),
+            )
+        };
+        let s = s.trim();
+        match s {
+            "off" | "0" => return Ok(Pipeline::OFF),
+            "on" => return Ok(Pipeline::ON),
+            _ => {}
+        }
+        let (calls, bytes) = match s.split_once(',') {
+            Some((c, b)) => (c.trim(), Some(b.trim())),
+            None => (s, None),
+        };
+        let calls: usize = calls.parse().map_err(|_| bad())?;
+        let bytes = match bytes {
+            Some(b) => b.parse().map_err(|_| bad())?,
+            None => Pipeline::ON.bytes,
+        };
+        if calls > 0 && bytes == 0 {
+            return Err(bad());
+        }
+        Ok(Pipeline { calls, bytes })
+    }
+
+    /// The setting of [`PIPELINE_ENV`] ([`Pipeline::OFF`] when unset).
+    pub fn from_env() -> Result<Pipeline> {
+        match std::env::var(PIPELINE_ENV) {
+            Ok(v) => Pipeline::parse(&v)
+                .map_err(|e| CioError::new(e.class, format!("{PIPELINE_ENV}: {}", e.message))),
+            Err(std::env::VarError::NotPresent) => Ok(Pipeline::OFF),
+            Err(e) => Err(CioError::new(
+                ErrorClass::Arg,
+                format!("{PIPELINE_ENV}: {e}"),
+            )),
+        }
+    }
+
+    fn on(&self) -> bool {
+        self.calls > 0
+    }
+}
+
 /// One rank's open file.
 pub struct File {
     ch: Channel,
@@ -71,6 +159,15 @@ pub struct File {
     /// megabytes would be faulted in page by page on every call).
     frame: Vec<u8>,
     closed: bool,
+    /// How many writes may be outstanding.
+    pipeline: Pipeline,
+    /// The data-stream bytes of each write sent and not yet answered, oldest first.
+    outstanding: VecDeque<u64>,
+    /// Their sum.
+    outstanding_bytes: u64,
+    /// The first error of a deferred write not yet returned, and how many deferred writes
+    /// failed after it.
+    deferred: Option<(CioError, u64)>,
 }
 
 impl File {
@@ -80,6 +177,8 @@ impl File {
     /// rank opened the file.
     /// The server's identity is checked against the known-hosts file
     /// (`FERRY_KNOWN_HOSTS`, or `~/.config/ferry/known_hosts`), pinned on first use.
+    ///
+    /// Writes are pipelined as [`PIPELINE_ENV`] says (off when unset; [`File::set_pipeline`]).
     pub fn open(addr: &str, path: &str, comm: Comm, mode: u32, token: &str) -> Result<File> {
         Self::open_with(addr, path, comm, mode, token, &ClientSecurity::default())
     }
@@ -94,6 +193,7 @@ impl File {
         token: &str,
         sec: &ClientSecurity,
     ) -> Result<File> {
+        let pipeline = Pipeline::from_env()?;
         let mut ch = Channel::connect_with(addr, CONNECT_TIMEOUT, sec)?;
         ch.post_ring(RING, HEADER_LEN + MAX_CHUNK as usize)?;
         ch.timeout = CALL_TIMEOUT;
@@ -153,6 +253,10 @@ impl File {
                     size_at_open: size,
                     frame: Vec::new(),
                     closed: false,
+                    pipeline,
+                    outstanding: VecDeque::new(),
+                    outstanding_bytes: 0,
+                    deferred: None,
                 })
             }
             Msg::Error { class, message } => Err(CioError::new(class, message)),
@@ -165,10 +269,28 @@ impl File {
         self.size_at_open
     }
 
+    /// Sets how many writes may be outstanding from now on, after collecting the answers
+    /// of those outstanding (an error among them is returned by the next call, as
+    /// always; `Err` here only if the connection broke).
+    pub fn set_pipeline(&mut self, pipeline: Pipeline) -> Result<()> {
+        let r = self.settle();
+        self.pipeline = pipeline;
+        r
+    }
+
+    /// How many writes may be outstanding.
+    pub fn pipeline(&self) -> Pipeline {
+        self.pipeline
+    }
+
     /// Collective: sets this rank's view: `disp` bytes into the file, offsets counting
     /// `etype`s, the data placed by `filetype` tiled from `disp`. A type sent before on
     /// this file travels as its hash.
     pub fn set_view(&mut self, disp: i64, etype: &Datatype, filetype: &Datatype) -> Result<()> {
+        self.settled(|f| f.set_view_now(disp, etype, filetype))
+    }
+
+    fn set_view_now(&mut self, disp: i64, etype: &Datatype, filetype: &Datatype) -> Result<()> {
         let etype = self.describe(etype);
         let filetype = self.describe(filetype);
         send(
@@ -278,42 +400,124 @@ impl File {
         self.read(false, offset, buf, origin, count, memtype)
     }
 
-    /// Independent: the file's size now.
+    /// Independent: the file's size now (after this rank's outstanding writes).
     pub fn size(&mut self) -> Result<u64> {
-        send(&self.ch, &Msg::GetSize)?;
-        match recv(&mut self.ch)? {
-            Msg::Size(n) => Ok(n),
-            Msg::Error { class, message } => Err(CioError::new(class, message)),
-            m => Err(CioError::conn(format!("expected SIZE, got {m:?}"))),
-        }
+        self.settled(|f| {
+            send(&f.ch, &Msg::GetSize)?;
+            match recv(&mut f.ch)? {
+                Msg::Size(n) => Ok(n),
+                Msg::Error { class, message } => Err(CioError::new(class, message)),
+                m => Err(CioError::conn(format!("expected SIZE, got {m:?}"))),
+            }
+        })
     }
 
     /// Collective: truncates or extends the file to `size` bytes (the same on every rank).
     pub fn set_size(&mut self, size: u64) -> Result<()> {
-        send(&self.ch, &Msg::SetSize(size))?;
-        self.done().map(|_| ())
+        self.answered(&Msg::SetSize(size))
     }
 
     /// Collective: allocates the first `size` bytes; the file grows to at least `size`.
     pub fn preallocate(&mut self, size: u64) -> Result<()> {
-        send(&self.ch, &Msg::Preallocate(size))?;
-        self.done().map(|_| ())
+        self.answered(&Msg::Preallocate(size))
     }
 
     /// Collective: every rank's writes are durable and visible to every rank once it
-    /// returns.
+    /// returns. With write pipelining, it returns the first error of this rank's
+    /// deferred writes not yet returned.
     pub fn sync(&mut self) -> Result<()> {
-        send(&self.ch, &Msg::Sync)?;
-        self.done().map(|_| ())
+        self.answered(&Msg::Sync)
     }
 
-    /// Collective: closes the file (durable, as after [`File::sync`]).
+    /// Collective: closes the file (durable, as after [`File::sync`]), returning the
+    /// first error of a deferred write not yet returned, if any.
     pub fn close(mut self) -> Result<()> {
+        let r = self.answered(&Msg::Close);
         self.closed = true;
-        send(&self.ch, &Msg::Close)?;
-        let r = self.done().map(|_| ());
         self.ch.close();
         r
+    }
+
+    /// Sends `msg`, a request answered DONE, once every outstanding write is answered.
+    fn answered(&mut self, msg: &Msg) -> Result<()> {
+        self.settled(|f| {
+            send(&f.ch, msg)?;
+            f.done().map(|_| ())
+        })
+    }
+
+    /// Runs `call` once every outstanding write is answered; the first deferred error
+    /// wins over the call's own result (which its message then carries), and the call
+    /// runs even so: every rank's collective call must reach the server. A broken
+    /// connection stops before the call.
+    fn settled<T>(&mut self, call: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
+        if let Err(e) = self.settle() {
+            return self.with_deferred(Err(e));
+        }
+        let r = call(self);
+        self.with_deferred(r)
+    }
+
+    /// Collects the answers of every outstanding write, oldest first; `Err` only when the
+    /// connection broke (a write's failure is kept as deferred).
+    fn settle(&mut self) -> Result<()> {
+        while !self.outstanding.is_empty() {
+            self.collect(true)?;
+        }
+        Ok(())
+    }
+
+    /// Collects the oldest outstanding write's answer, waiting for it if `wait`, else only
+    /// if it already arrived. Whether one was collected.
+    fn collect(&mut self, wait: bool) -> Result<bool> {
+        let Some(&len) = self.outstanding.front() else {
+            return Ok(false);
+        };
+        let mut v = Vec::new();
+        if wait {
+            self.ch.recv_into(&mut v)?;
+        } else if !self.ch.recv_within(&mut v, Duration::ZERO)? {
+            return Ok(false);
+        }
+        self.outstanding.pop_front();
+        self.outstanding_bytes -= len;
+        match decode(&v)?.0 {
+            Msg::Done(n) if n == len => {}
+            Msg::Done(n) => {
+                return Err(CioError::conn(format!(
+                    "the server answered {n} bytes to a write of {len}"
+                )))
+            }
+            Msg::Error { class, message } => self.defer(CioError::new(
+                class,
+                format!("an earlier write, returned before its answer, failed: {message}"),
+            )),
+            m => return Err(CioError::conn(format!("expected DONE, got {m:?}"))),
+        }
+        Ok(true)
+    }
+
+    /// Keeps a deferred write's error: the first one is returned, later ones counted.
+    fn defer(&mut self, e: CioError) {
+        match &mut self.deferred {
+            Some((_, more)) => *more += 1,
+            None => self.deferred = Some((e, 0)),
+        }
+    }
+
+    /// `r`, unless a deferred error waits: then that error (and `r`'s, if `r` failed too,
+    /// in its message).
+    fn with_deferred<T>(&mut self, r: Result<T>) -> Result<T> {
+        let Some((mut e, more)) = self.deferred.take() else {
+            return r;
+        };
+        if more > 0 {
+            e.message += &format!(" ({more} later deferred writes failed too)");
+        }
+        if let Err(own) = r {
+            e.message += &format!("; then this call failed too: {own}");
+        }
+        Err(e)
     }
 
     /// A datatype for SET_VIEW: its hash if the server keeps it, else its description
@@ -349,6 +553,9 @@ impl File {
         } else {
             Msg::WriteAt { offset, len }
         };
+        if self.pipeline.on() {
+            self.make_room(len)?;
+        }
         send(&self.ch, &head)?;
         let mut frame = std::mem::take(&mut self.frame);
         let mut pos = 0u64;
@@ -362,10 +569,42 @@ impl File {
             pos += n as u64;
         }
         self.frame = frame;
-        self.done()
+        if !self.pipeline.on() {
+            let r = self.done();
+            return self.with_deferred(r);
+        }
+        self.outstanding.push_back(len);
+        self.outstanding_bytes += len;
+        self.with_deferred(Ok(len))
+    }
+
+    /// Before a pipelined write of `len` bytes: collects the answers that already arrived,
+    /// then waits for the oldest until the write fits the pipeline's bounds (a write
+    /// larger than the byte bound goes alone).
+    fn make_room(&mut self, len: u64) -> Result<()> {
+        while self.collect(false)? {}
+        while !self.outstanding.is_empty()
+            && (self.outstanding.len() >= self.pipeline.calls
+                || self.outstanding_bytes.saturating_add(len) > self.pipeline.bytes)
+        {
+            self.collect(true)?;
+        }
+        Ok(())
     }
 
     fn read(
+        &mut self,
+        collective: bool,
+        offset: u64,
+        buf: &mut [u8],
+        origin: usize,
+        count: u64,
+        memtype: &Datatype,
+    ) -> Result<u64> {
+        self.settled(|f| f.read_now(collective, offset, buf, origin, count, memtype))
+    }
+
+    fn read_now(
         &mut self,
         collective: bool,
         offset: u64,

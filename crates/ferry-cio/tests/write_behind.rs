@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::{ranks, start, start_with};
-use ferry_cio::{CioConfig, ErrorClass, File};
+use ferry_cio::{CioConfig, ErrorClass, File, Pipeline};
 use ferry_dtype::Datatype;
 
 const T: Duration = Duration::from_secs(10);
@@ -196,4 +196,111 @@ fn without_write_behind_the_failing_write_fails_its_call() {
         got,
         [(Err(ErrorClass::Io), Ok(())), (Err(ErrorClass::Io), Ok(()))]
     );
+}
+
+/// With write pipelining on a client and `write_behind = 0` on the server, the failing
+/// write returns at once with the bytes it asked for; its error (the server's answer to
+/// it) comes back from the rank's next call that learns of it, with its class — here
+/// `sync`, `close`, or the independent `size` — once, and never lost.
+#[test]
+fn a_pipelined_write_that_fails_is_reported_by_a_later_call() {
+    let (mut child, addr, root) = limited_server(0);
+    let far = |rank: u32, f: &mut File| {
+        let data = vec![rank as u8 + 1; 4096];
+        f.set_pipeline(Pipeline::ON).unwrap();
+        f.write_at_all(
+            (8 << 20) + 4096 * u64::from(rank),
+            &data,
+            4096,
+            &Datatype::byte(),
+        )
+        .map_err(|e| e.class)
+    };
+    let is_deferred_efbig = |e: &ferry_cio::CioError| {
+        e.class == ErrorClass::Io
+            && e.message.contains("earlier write")
+            && e.message.contains("large")
+    };
+    // SYNC reports it on every rank, then CLOSE is clean.
+    let synced = ranks(&addr, "d/pipe-sync.bin", 2, move |rank, mut f| {
+        let wrote = far(rank, &mut f);
+        (wrote, f.sync(), f.close())
+    });
+    for (wrote, sync, close) in synced {
+        assert_eq!(wrote, Ok(4096), "returned before its answer");
+        let e = sync.unwrap_err();
+        assert!(is_deferred_efbig(&e), "{e}");
+        close.unwrap();
+    }
+    // CLOSE reports it (and still closes).
+    let closed = ranks(&addr, "d/pipe-close.bin", 2, move |rank, mut f| {
+        (far(rank, &mut f), f.close())
+    });
+    for (wrote, close) in closed {
+        assert_eq!(wrote, Ok(4096));
+        let e = close.unwrap_err();
+        assert!(is_deferred_efbig(&e), "{e}");
+    }
+    // An independent call that needs an answer reports it too; the file stays usable.
+    let sized = ranks(&addr, "d/pipe-size.bin", 2, move |rank, mut f| {
+        let wrote = far(rank, &mut f);
+        let size = f.size();
+        let again = f.size();
+        (wrote, size, again, f.close())
+    });
+    for (wrote, size, again, close) in sized {
+        assert_eq!(wrote, Ok(4096));
+        let e = size.unwrap_err();
+        assert!(is_deferred_efbig(&e), "{e}");
+        assert_eq!(again.unwrap(), 0, "reported once; nothing was written");
+        close.unwrap();
+    }
+    // A later write that finds the error returns it, and is written all the same.
+    let later = ranks(&addr, "d/pipe-next.bin", 1, move |_, mut f| {
+        let wrote = far(0, &mut f);
+        // Its answer is in by the time the next write looks for answers.
+        std::thread::sleep(Duration::from_millis(500));
+        let next = f.write_at(0, &[7u8; 4096], 4096, &Datatype::byte());
+        (wrote, next, f.close())
+    });
+    let (wrote, next, close) = later.into_iter().next().unwrap();
+    assert_eq!(wrote, Ok(4096));
+    let e = next.unwrap_err();
+    assert!(is_deferred_efbig(&e), "{e}");
+    close.unwrap();
+    let next_file = std::fs::read(root.join("pipe-next.bin")).unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&root);
+    assert_eq!(next_file, vec![7u8; 4096]);
+}
+
+/// With the server's write-behind (the default) and write pipelining together, a write
+/// that fails behind is still reported, by SYNC, on every rank.
+#[test]
+fn a_pipelined_write_that_fails_behind_is_reported_by_sync() {
+    let (mut child, addr, root) = limited_server(CioConfig::default().write_behind);
+    let got = ranks(&addr, "d/pipe-behind.bin", 2, move |rank, mut f| {
+        f.set_pipeline(Pipeline::ON).unwrap();
+        let data = vec![rank as u8 + 1; 4096];
+        let wrote = f
+            .write_at_all(
+                (8 << 20) + 4096 * u64::from(rank),
+                &data,
+                4096,
+                &Datatype::byte(),
+            )
+            .map_err(|e| e.class);
+        (wrote, f.sync(), f.close())
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&root);
+    for (wrote, sync, close) in got {
+        assert_eq!(wrote, Ok(4096));
+        let e = sync.unwrap_err();
+        assert_eq!(e.class, ErrorClass::Io, "{e}");
+        assert!(e.message.contains("large"), "{e}");
+        close.unwrap();
+    }
 }

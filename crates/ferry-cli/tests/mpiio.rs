@@ -264,6 +264,33 @@ fn seed_pattern_np4_ofi_shm() {
     seed("ofi+shm", 4);
 }
 
+/// The seed's pattern with write pipelining on (hint `ferry_pipeline=on`), 20 collective
+/// writes then 20 reads: the file still equals ROMIO's. A bad value of the hint fails the
+/// open with MPI_ERR_ARG and ferry's message.
+#[test]
+fn seed_pattern_pipelined_np2_tcp() {
+    let count = seed_count().to_string();
+    let hint = ["20", "wr", "ferry_pipeline=on"];
+    same_as(
+        "tcp",
+        2,
+        "seed",
+        &[&count, hint[0], hint[1], hint[2]],
+        ROMIO,
+    );
+    let s = serve_as(ferry(), "tcp", &[], &[]);
+    let url = format!("ferry+{}", s.url("bad-hint"));
+    let cmd = argv("seed", &url, &["4096", "1", "wr", "ferry_pipeline=lots"]);
+    let cmd: Vec<&str> = cmd.iter().map(String::as_str).collect();
+    let out = run_mpi(mpirun(2, Io::Ferry, &cmd));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a bad ferry_pipeline opened: {err}");
+    assert!(
+        err.contains("ferry_pipeline") && err.contains("CALLS,BYTES"),
+        "no clear message: {err}"
+    );
+}
+
 /// Views and memory types of every constructor (subarray, darray, indexed, struct,
 /// dup(hvector), indexed_block, hindexed_block; vector memory, a negative lower bound, a
 /// named type with a hole): the file equals OMPIO's with fcoll `individual`. (ROMIO 3.2.1

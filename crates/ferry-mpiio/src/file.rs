@@ -4,7 +4,7 @@
 use std::ffi::{c_char, c_void, CStr};
 
 use ferry_cio::view::{Extent, View};
-use ferry_cio::{CioError, Comm, ErrorClass, File};
+use ferry_cio::{CioError, Comm, ErrorClass, File, Pipeline};
 use ferry_dtype::Datatype;
 
 use crate::dt::{dt, FerryDt};
@@ -300,6 +300,27 @@ pub unsafe extern "C" fn ferry_cio_preallocate(f: *mut FerryCioFile, size: u64) 
 pub unsafe extern "C" fn ferry_cio_sync(f: *mut FerryCioFile) -> i32 {
     // SAFETY: forwarded caller contract.
     unsafe { with_file(f, |h| h.file.sync()) }
+}
+
+/// Sets write pipelining for this file from `spec` (`off`, `on`, `CALLS` or
+/// `CALLS,BYTES`, as `FERRY_CIO_PIPELINE`), after collecting the answers of the writes
+/// outstanding. A bad `spec` is `Arg` and changes nothing.
+///
+/// # Safety
+/// `f` is a live file handle, `spec` NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn ferry_cio_set_pipeline(f: *mut FerryCioFile, spec: *const c_char) -> i32 {
+    let spec = match cstr(spec, "the pipelining setting") {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    // SAFETY: forwarded caller contract.
+    unsafe {
+        with_file(f, |h| {
+            let p = Pipeline::parse(spec)?;
+            h.file.set_pipeline(p)
+        })
+    }
 }
 
 /// The byte offset in the file of etype `offset` of the current view.
