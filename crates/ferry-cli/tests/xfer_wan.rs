@@ -157,8 +157,8 @@ fn stop(child: &mut Child) {
 /// bandwidth-delay product in segments over the initial window: 9 round trips) — 15 in all.
 ///
 /// Not met yet (docs/wan.md, "Figures"): on the loaded 2-core development host the copy
-/// took 1.56–1.79 s in a release build at load 7–10 with the whole tree asked for in one
-/// window of GETs (2.4–4.8 s for the build before, at the same loads): 0.42 s to the first
+/// took 1.42–1.80 s in a release build at load 7–9 with the whole tree asked for in one
+/// window of GETs (1.7–3.3 s for the build before, at the same loads): 0.42 s to the first
 /// GETS, 0.43 s more before the first PACK had crossed a cold connection, then about
 /// 800 Mbit/s; run it with `--ignored` to measure.
 #[test]
