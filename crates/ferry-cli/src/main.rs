@@ -113,8 +113,15 @@ fn main() -> Result<()> {
         Cmd::Bench { which } => return bench::run(which),
         Cmd::Serve(a) => serve::serve(a),
         Cmd::Block { which } => block::run(which),
-        Cmd::Cp(a) => xfer::cp(a, cli.quiet, cli.verbose > 0),
-        Cmd::Sync(a) => sync::sync(a, cli.quiet),
+        Cmd::Cp(a) => {
+            // A tree's window of GETs holds a part file open per GET.
+            ferry_xfer::client::tune::raise_open_file_limit();
+            xfer::cp(a, cli.quiet, cli.verbose > 0)
+        }
+        Cmd::Sync(a) => {
+            ferry_xfer::client::tune::raise_open_file_limit();
+            sync::sync(a, cli.quiet)
+        }
         Cmd::Ls(a) => ls::ls(a),
         Cmd::Copies(a) => copies::copies(a),
         Cmd::Sum(a) => xfer::sum(a),

@@ -548,7 +548,10 @@ impl Client {
         Ok(msgs)
     }
 
-    /// Starts downloads of the next jobs while the conversation has room for them.
+    /// Starts downloads of the next jobs while the conversation has room for them. Each
+    /// GETS frame leaves as soon as it is full, before the part files of the next ones
+    /// are opened: a window of 1,000 files on a loaded disk took 200 ms to open, with
+    /// nothing asked for yet.
     fn refill(
         &mut self,
         conv: &mut Downloader,
@@ -564,9 +567,24 @@ impl Client {
                 let (local, job) = self.prepare(job, progress)?;
                 locals.insert(job.file, local);
                 conv.start(job);
+                if conv.has_output() {
+                    self.send_requests(conv)?;
+                }
             }
         }
         conv.flush();
+        Ok(())
+    }
+
+    /// Sends the requests (GETS, GET, SUM) the conversation has queued, while only
+    /// requests are queued (any other action waits for [`Client::execute`]).
+    fn send_requests(&mut self, conv: &mut Downloader) -> Result<()> {
+        while let Some(msg) = conv.next_request() {
+            if let Msg::Gets { files } = &msg {
+                ferry_fabric::timeline::mark("cp.gets", files.len() as u64);
+            }
+            self.link.send(&msg)?;
+        }
         Ok(())
     }
 

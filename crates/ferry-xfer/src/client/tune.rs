@@ -24,10 +24,16 @@ pub const ASSUMED_RATE: u64 = 10_000_000_000 / 8;
 pub const MIN_BUFFER: u64 = crate::DEFAULT_RING as u64 * crate::DEFAULT_BLOCK as u64;
 /// Most staging a path-sized connection holds (receive buffers are registered memory).
 pub const MAX_BUFFER: u64 = 128 << 20;
-/// Most GETs a path-sized download keeps outstanding: each holds an open part file, and
-/// 256 stay well inside the usual limit of 1,024 open files (64 KiB files: 16 MiB asked
-/// for, twice the bandwidth-delay product of 1 Gbit/s at 60 ms).
-pub const MAX_GET_WINDOW: usize = 256;
+/// Most GETs a path-sized download keeps outstanding (64 KiB files: 64 MiB asked for). A
+/// GET's answer arrives about two round trips after it leaves (the GETS frame, the PACK's
+/// advert, its pull, its bytes), so the window must hold twice the bandwidth-delay
+/// product and then some: 256 (16 MiB) left a 1 Gbit/s path at 50 ms idle between PACKs.
+/// Each GET holds an open part file: [`open_file_room`] keeps the window inside the
+/// process's limit on open files.
+pub const MAX_GET_WINDOW: usize = 1024;
+/// Open files kept free for everything else (sockets, the journal, libraries, the
+/// streams' other connections) when the window is sized to the open-file limit.
+pub const OTHER_FILES: u64 = 128;
 /// Round trips up to this are a local path: one stream, the loopback-tuned defaults.
 pub const LOCAL_RTT: Duration = Duration::from_millis(2);
 /// Most streams a copy without `-p` grows to.
@@ -124,13 +130,53 @@ pub fn ring_for(buffer: Buffer, fixed: usize, rtt: Duration, block: u32) -> usiz
 /// `mean_size` bytes keep twice the path's bandwidth-delay product (at [`ASSUMED_RATE`])
 /// requested: at least [`super::GET_WINDOW`], at most [`MAX_GET_WINDOW`].
 pub fn get_window(buffer: Buffer, rtt: Duration, mean_size: u64) -> usize {
+    get_window_within(buffer, rtt, mean_size, open_file_room())
+}
+
+/// [`get_window`] with at most `room` GETs outstanding (never fewer than
+/// [`super::GET_WINDOW`]).
+pub fn get_window_within(buffer: Buffer, rtt: Duration, mean_size: u64, room: usize) -> usize {
     if buffer == Buffer::Fixed || !long_path(rtt) {
         return super::GET_WINDOW;
     }
     let want = (2 * bdp(rtt, ASSUMED_RATE)).div_ceil(mean_size.max(4096));
     usize::try_from(want)
         .unwrap_or(usize::MAX)
+        .min(room)
         .clamp(super::GET_WINDOW, MAX_GET_WINDOW)
+}
+
+/// The GETs one stream may keep outstanding within the process's open-file limit
+/// (`RLIMIT_NOFILE`'s soft limit): what [`OTHER_FILES`] leaves, shared by the most streams a
+/// copy grows to ([`MAX_AUTO_STREAMS`]).
+pub fn open_file_room() -> usize {
+    let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .unwrap_or(u64::MAX);
+    room_within(soft)
+}
+
+/// Raises this process's soft limit on open files to its hard limit (as the Go runtime
+/// does for every program), so a copy's window of GETs is not held to the soft limit's
+/// common default of 1,024. Best effort: the limit stays where it was if it cannot move.
+pub fn raise_open_file_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let lim = getrlimit(Resource::Nofile);
+    if lim.current < lim.maximum {
+        let raised = rustix::process::Rlimit {
+            current: lim.maximum,
+            maximum: lim.maximum,
+        };
+        if let Err(e) = setrlimit(Resource::Nofile, raised) {
+            tracing::debug!("open-file limit stays at {:?}: {e}", lim.current);
+        }
+    }
+}
+
+/// [`open_file_room`] under a soft limit of `soft` open files.
+fn room_within(soft: u64) -> usize {
+    let each = soft.saturating_sub(OTHER_FILES) / u64::from(MAX_AUTO_STREAMS);
+    usize::try_from(each).unwrap_or(usize::MAX)
 }
 
 /// Free places of a window of `window` GETs before a refill asks for more: half of it on
@@ -300,8 +346,19 @@ mod tests {
             get_window(Buffer::Path, ms(0), 65536),
             super::super::GET_WINDOW
         );
-        // 50 ms at 10 Gbit/s: 125 MB in flight, 1,908 files of 64 KiB: the ceiling.
-        assert_eq!(get_window(Buffer::Path, ms(50), 65536), MAX_GET_WINDOW);
+        // 50 ms at 10 Gbit/s: 125 MB in flight, 1,908 files of 64 KiB: the ceiling, if
+        // the open-file limit leaves room for it.
+        let w = |rtt, size, room| get_window_within(Buffer::Path, rtt, size, room);
+        assert_eq!(w(ms(50), 65536, usize::MAX), MAX_GET_WINDOW);
+        // 1,024 open files (a common soft limit, which `ferry` raises to the hard one
+        // where it can) for 8 streams: 112 each.
+        assert_eq!(room_within(1024), 112);
+        assert_eq!(w(ms(50), 65536, room_within(1024)), 112);
+        assert_eq!(w(ms(50), 65536, room_within(256)), super::super::GET_WINDOW);
+        // 20,000: 2,484 each, over the ceiling.
+        assert_eq!(w(ms(50), 65536, room_within(20_000)), MAX_GET_WINDOW);
+        assert_eq!(w(ms(50), 65536, room_within(4096)), 496);
+        assert!(get_window(Buffer::Path, ms(50), 65536) <= open_file_room().max(32));
         // 2.5 ms: 6.25 MB → 96 files.
         assert_eq!(get_window(Buffer::Path, ms(2) + ms(1) / 2, 65536), 96);
         assert_eq!(

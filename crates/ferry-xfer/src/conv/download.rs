@@ -179,6 +179,22 @@ impl Downloader {
         self.out.pop_front()
     }
 
+    /// Whether actions wait to be polled (e.g. a GETS frame that filled while jobs started).
+    pub fn has_output(&self) -> bool {
+        !self.out.is_empty()
+    }
+
+    /// The next action if it is a message to send (a request), leaving any other in place.
+    pub fn next_request(&mut self) -> Option<Msg> {
+        match self.out.front() {
+            Some(Action::Send(_)) => match self.out.pop_front() {
+                Some(Action::Send(m)) => Some(m),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
     /// Whether no file is in flight (all started ones are finished).
     pub fn is_idle(&self) -> bool {
         self.live.is_empty()

@@ -388,7 +388,8 @@ pub(crate) fn download(
         resume: opts.resume,
         force: opts.force,
     };
-    let (clients, res) = run_streams(clients, grow, progress, &|c, counter| {
+    let left = || !lock(&q.queue).is_empty();
+    let (clients, res) = run_streams(clients, grow, (progress, &left), &|c, counter| {
         c.set_resume(q.resume);
         c.fit_window(mean);
         let mut jobs = std::iter::from_fn(|| q.next());

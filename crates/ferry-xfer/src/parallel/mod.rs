@@ -153,13 +153,14 @@ fn join_stream(session: u64, r: &Remote, opts: &Options, i: u16) -> Result<Clien
 pub(crate) type Joiner<'a> = Box<dyn Fn(u16) -> Result<Client> + Sync + 'a>;
 
 /// Runs `work` on every client, each on its own thread, relaying their progress to
-/// `progress`; with `grow`, adds streams while the delivery rate grows ([`Growth`]).
-/// Returns the clients (for their counters) and the first error (connection failures last:
-/// they are usually the consequence of another) after every thread ended.
+/// `progress`; with `grow`, adds streams while the delivery rate grows ([`Growth`]) and
+/// `left` says jobs wait that no stream has taken yet. Returns the clients (for their
+/// counters) and the first error (connection failures last: they are usually the
+/// consequence of another) after every thread ended.
 fn run_streams(
     clients: Vec<Client>,
     mut grow: Option<(Growth, Joiner<'_>)>,
-    progress: &dyn Progress,
+    (progress, left): (&dyn Progress, &dyn Fn() -> bool),
     work: &(dyn Fn(&mut Client, &dyn Progress) -> Result<()> + Sync),
 ) -> (Vec<Client>, Result<()>) {
     let counter = Counter::default();
@@ -209,6 +210,13 @@ fn run_streams(
                     "TCP measured a round trip of {:.2} ms: a short path; keeping {streams} stream(s)",
                     rtt.as_secs_f64() * 1e3
                 );
+                growth.stop();
+                continue;
+            }
+            if !left() {
+                // Every job is on a stream already (a window of GETs can hold a whole
+                // tree): a new one would only add its handshake to the copy's end.
+                tracing::debug!("nothing left for another stream; keeping {streams}");
                 growth.stop();
                 continue;
             }

@@ -238,7 +238,8 @@ pub(crate) fn upload_planned(
         resume: opts.resume,
         open,
     };
-    let (clients, res) = run_streams(clients, grow, progress, &|c, counter| {
+    let left = || !lock(&q.queue).is_empty();
+    let (clients, res) = run_streams(clients, grow, (progress, &left), &|c, counter| {
         c.set_resume(q.resume);
         let r = upload_stream(c, &q, counter);
         if r.is_err() {
