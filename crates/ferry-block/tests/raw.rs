@@ -227,6 +227,70 @@ fn errors_keep_the_connection_and_replies_match_cookies() {
     assert!(tail.is_empty());
 }
 
+/// A memory export's requests are served by the connection's reader as they arrive and
+/// their replies written together: a pipeline of writes, reads, a flush, a trim, an error
+/// and a read after it, all sent in one piece, is answered once per cookie, each read
+/// seeing the writes before it, data and headers in the right places.
+#[test]
+fn a_pipeline_on_a_memory_export_is_answered_in_order() {
+    let s = start(vec![ExportConfig::memory("mem", 1 << 20)], &[]);
+    let mut c = connect(&s);
+    hello(&mut c);
+    go(&mut c, "mem");
+    let a = pattern(0, 4096);
+    let b = pattern(7, 4096);
+    let mut burst = Vec::new();
+    let mut req = |kind: u16, cookie: u64, offset: u64, len: u32, data: &[u8]| {
+        let h = RequestHeader {
+            flags: 0,
+            kind,
+            cookie,
+            offset,
+            len,
+        };
+        burst.extend_from_slice(&encode_request(&h));
+        burst.extend_from_slice(data);
+    };
+    req(CMD_WRITE, 1, 8192, 4096, &a);
+    req(CMD_READ, 2, 8192, 4096, &[]);
+    req(CMD_FLUSH, 3, 0, 0, &[]);
+    req(CMD_WRITE, 4, 8192, 4096, &b);
+    req(CMD_READ, 5, 8192, 4096, &[]);
+    req(CMD_READ, 6, 1 << 20, 4096, &[]); // out of range: an error, the pipeline goes on
+    req(CMD_TRIM, 7, 0, 4096, &[]);
+    req(CMD_READ, 8, 8190, 6, &[]);
+    // Two whole pages of the memory export: received straight into new pages.
+    let big = pattern(3, 128 * 1024);
+    req(CMD_WRITE, 9, 128 * 1024, 128 * 1024, &big);
+    req(CMD_READ, 10, 128 * 1024, 128 * 1024, &[]);
+    // Enough small reads to fill more than one batch.
+    for i in 0..100u64 {
+        req(CMD_READ, 100 + i, 65536 + i * 512, 512, &[]);
+    }
+    c.write_all(&burst).unwrap();
+    let mut expect: Vec<(u64, u32, Vec<u8>)> = vec![
+        (1, 0, vec![]),
+        (2, 0, a.clone()),
+        (3, 0, vec![]),
+        (4, 0, vec![]),
+        (5, 0, b.clone()),
+        (6, EINVAL, vec![]),
+        (7, 0, vec![]),
+        (8, 0, vec![0, 0, b[0], b[1], b[2], b[3]]),
+        (9, 0, vec![]),
+        (10, 0, big.clone()),
+    ];
+    expect.extend((0..100).map(|i| (100 + i, 0, vec![0u8; 512])));
+    for (cookie, err, data) in expect {
+        assert_eq!(simple_reply(&mut c), (err, cookie));
+        assert_eq!(read_n(&mut c, data.len()), data, "data of cookie {cookie}");
+    }
+    request(&mut c, CMD_DISC, 0, 0, 0);
+    let mut tail = Vec::new();
+    let _ = c.read_to_end(&mut tail);
+    assert!(tail.is_empty(), "bytes after the last reply");
+}
+
 #[test]
 fn unix_socket_listener_serves() {
     let (_dir, img, first) = disk("unix");
