@@ -196,8 +196,17 @@ fn ext4_through_nbdfuse_and_fuse2fs_holds_an_unpacked_tree() {
 
     let mnt = dir.join("mnt");
     std::fs::create_dir_all(&mnt).unwrap();
-    run(Command::new("fuse2fs").arg(&file).arg(&mnt));
-    let mut fs = Mount::wait(&mnt, None).expect("fuse2fs mounts the file system");
+    // In the foreground, as a child: unmounting returns before a FUSE server has finished
+    // writing (fuse2fs writes the superblock and its checksum as it exits), so the check
+    // below waits for the process itself, not only for the mount to go.
+    let fuse2fs = Command::new("fuse2fs")
+        .arg(&file)
+        .arg(&mnt)
+        .arg("-f")
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("fuse2fs starts");
+    let mut fs = Mount::wait(&mnt, Some(fuse2fs)).expect("fuse2fs mounts the file system");
     run(Command::new("tar").arg("xzf").arg(&tgz).arg("-C").arg(&mnt));
     fs.unmount();
     assert!(!mounted(&mnt), "{} still mounted", mnt.display());
