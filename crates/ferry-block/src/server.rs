@@ -3,13 +3,11 @@
 //! a thread per connection that runs the handshake ([`crate::nbd::handshake`]) and then
 //! becomes one of the connection's workers, which take turns reading a request and each
 //! serve the request they read against the export's [`Backend`], answering out of order
-//! (replies written whole under one lock); on a backend that never blocks (memory) the
-//! connection's one thread serves each request as it reads it and writes the replies of
-//! the requests that arrived together with one `writev`; and the drain a SIGTERM starts. A client that
+//! (replies written whole under one lock); and the drain a SIGTERM starts. A client that
 //! breaks the protocol loses its own connection; nothing it sends can stop the others.
 
 use std::collections::HashMap;
-use std::io::{self, BufRead, BufReader, IoSlice, IoSliceMut, Read, Write};
+use std::io::{self, BufReader, IoSlice, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -25,7 +23,7 @@ use ferry_service::error::{Error, Kind, Result};
 
 use crate::backend::file::FileBackend;
 use crate::backend::memory::MemoryBackend;
-use crate::backend::{nbd_errno, Backend, SharedRead, Zeroing};
+use crate::backend::{nbd_errno, Backend, Zeroing};
 use crate::buf::{Buf, Pool};
 use crate::config::{BlockConfig, ExportConfig, ListenAddr, Storage, TlsPolicy};
 use crate::nbd::consts::{ESHUTDOWN, REQUEST_LEN};
@@ -161,17 +159,6 @@ impl Read for &Stream {
             Stream::Tcp(s) => (&*s).read(buf),
             Stream::Unix(s) => (&*s).read(buf),
             Stream::Tls(t) => t.read_plain(buf),
-        }
-    }
-
-    fn read_vectored(&mut self, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
-        match self {
-            Stream::Tcp(s) => (&*s).read_vectored(bufs),
-            Stream::Unix(s) => (&*s).read_vectored(bufs),
-            Stream::Tls(t) => match bufs.iter_mut().find(|b| !b.is_empty()) {
-                Some(b) => t.read_plain(b),
-                None => Ok(0),
-            },
         }
     }
 }
@@ -315,27 +302,6 @@ impl Shared {
     fn unregister(&self, id: u64) -> Option<Stream> {
         lock(&self.conns).remove(&id)
     }
-}
-
-/// Fills every byte of `parts` from `r`: first with what it has read ahead, then straight
-/// from the socket, several buffers a system call (not through `r`'s buffer, which would
-/// copy the data once more).
-fn read_exact_vectored(
-    r: &mut BufReader<&Stream>,
-    mut parts: &mut [IoSliceMut<'_>],
-) -> io::Result<()> {
-    let n = r.buffer().read_vectored(parts)?;
-    r.consume(n);
-    IoSliceMut::advance_slices(&mut parts, n);
-    while !parts.is_empty() {
-        match r.get_mut().read_vectored(parts) {
-            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-            Ok(n) => IoSliceMut::advance_slices(&mut parts, n),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
 
 /// Writes every byte of `parts` (`Write::write_all_vectored` is not stable yet).
@@ -762,9 +728,6 @@ struct Job {
     header: RequestHeader,
     cmd: std::result::Result<Command, Refusal>,
     payload: Option<Buf>,
-    /// A write the backend took as its data was read ([`Backend::write_received`]): its
-    /// result.
-    written: Option<io::Result<()>>,
 }
 
 /// How a connection ended: `Ok` says how it ended well, `Err` what went wrong.
@@ -779,125 +742,14 @@ struct Reader<'a> {
     end: Option<End>,
 }
 
-/// Where the bytes of one part of a [`Batch`] are.
-enum Part {
-    /// `heads[from..to]`: reply headers and whole replies without data, back to back.
-    Head(usize, usize),
-    /// `len` bytes from `from` of `shared[i]`.
-    Shared(usize, usize, usize),
-    /// `len` bytes from `from` of the data of `bufs[i]`.
-    Buf(usize, usize, usize),
-}
-
-/// The memory a reply's data is sent from.
-#[derive(Clone, Copy)]
-enum Src {
-    /// Pages the backend shares (an index in [`Batch::shared`]).
-    Shared(usize),
-    /// A buffer the data was read into (an index in [`Batch::bufs`]).
-    Buf(usize),
-}
-
-/// Replies waiting to be written, in order, by one vectored write: headers copied
-/// together, data left where it lies (pinned pages, read buffers) until it is sent.
-#[derive(Default)]
-struct Batch {
-    heads: Vec<u8>,
-    parts: Vec<Part>,
-    shared: Vec<SharedRead>,
-    bufs: Vec<Buf>,
-    /// Data bytes queued.
-    bytes: usize,
-    /// Replies queued, each a request in flight until the batch is written.
-    replies: usize,
-}
-
-/// Most replies one batch holds: a write of the first ones is not put off for long.
-const BATCH_REPLIES: usize = 64;
-/// Most data bytes one batch holds: small replies go out together, a long read's alone
-/// (batching saves system calls, which long replies do not spend much on, and a client
-/// waiting for its first reply should not wait for the copy of several more).
-const BATCH_BYTES: usize = 256 << 10;
-
-impl Batch {
-    /// Appends reply bytes (a header, or a whole reply without data).
-    fn head(&mut self, bytes: &[u8]) {
-        let from = self.heads.len();
-        self.heads.extend_from_slice(bytes);
-        let to = self.heads.len();
-        // Headers queued back to back go out as one slice.
-        match self.parts.last_mut() {
-            Some(Part::Head(_, end)) if *end == from => *end = to,
-            _ => self.parts.push(Part::Head(from, to)),
-        }
-    }
-
-    fn add_shared(&mut self, s: SharedRead) -> Src {
-        self.shared.push(s);
-        Src::Shared(self.shared.len() - 1)
-    }
-
-    fn add_buf(&mut self, b: Buf) -> Src {
-        self.bufs.push(b);
-        Src::Buf(self.bufs.len() - 1)
-    }
-
-    /// Appends `len` data bytes from `from` of `src`.
-    fn data(&mut self, src: Src, from: usize, len: usize) {
-        self.bytes += len;
-        self.parts.push(match src {
-            Src::Shared(i) => Part::Shared(i, from, len),
-            Src::Buf(i) => Part::Buf(i, from, len),
-        });
-    }
-
-    fn is_empty(&self) -> bool {
-        self.parts.is_empty()
-    }
-
-    fn full(&self) -> bool {
-        self.replies >= BATCH_REPLIES || self.bytes >= BATCH_BYTES
-    }
-
-    /// Every byte queued, in order, for one vectored write.
-    fn slices(&self) -> Vec<IoSlice<'_>> {
-        let mut out = Vec::with_capacity(self.parts.len() + 1);
-        for p in &self.parts {
-            match *p {
-                Part::Head(from, to) => out.push(IoSlice::new(&self.heads[from..to])),
-                Part::Shared(i, from, len) => out.extend(self.shared[i].slices(from, len)),
-                Part::Buf(i, from, len) => {
-                    out.push(IoSlice::new(&self.bufs[i].data(from + len)[from..]));
-                }
-            }
-        }
-        out
-    }
-
-    /// Empties the batch, giving its buffers back to `pool`.
-    fn clear(&mut self, pool: &Pool) {
-        self.heads.clear();
-        self.parts.clear();
-        self.shared.clear();
-        for b in self.bufs.drain(..) {
-            pool.put(b);
-        }
-        self.bytes = 0;
-        self.replies = 0;
-    }
-}
-
 /// The transmission phase of one connection.
 struct Conn<'a> {
     stream: &'a Stream,
     /// Held by the worker whose turn it is to read the next request.
     reader: Mutex<Reader<'a>>,
-    /// Held while replies are written, so replies never interleave.
+    /// Held while one reply is written, so replies never interleave.
     write_lock: Mutex<()>,
     backend: &'a dyn Backend,
-    /// The backend never blocks ([`Backend::never_blocks`]): the reader serves every
-    /// request itself and batches the replies.
-    inline: bool,
     session: Session,
     pool: Pool,
     shared: &'a Shared,
@@ -907,9 +759,8 @@ struct Conn<'a> {
     written: AtomicU64,
 }
 
-/// Bytes of requests read ahead: a few thousand request headers, or a dozen 4 KiB writes
-/// (a longer write's data beyond what was read ahead is read straight into its buffer).
-const READ_AHEAD: usize = 64 * 1024;
+/// Bytes of requests read ahead (a few hundred request headers).
+const READ_AHEAD: usize = 16 * 1024;
 
 fn transmission(
     stream: &Stream,
@@ -917,7 +768,6 @@ fn transmission(
     n: &Negotiated,
     shared: &Shared,
 ) -> (End, u64, u64) {
-    let inline = export.backend.never_blocks();
     let conn = Conn {
         stream,
         reader: Mutex::new(Reader {
@@ -926,7 +776,6 @@ fn transmission(
         }),
         write_lock: Mutex::new(()),
         backend: export.backend.as_ref(),
-        inline,
         session: Session {
             size: export.info.size,
             readonly: export.info.readonly,
@@ -939,12 +788,9 @@ fn transmission(
         read: AtomicU64::new(0),
         written: AtomicU64::new(0),
     };
-    // A backend that never blocks is served by the reader alone: more threads would only
-    // take turns at the socket.
-    let workers = if inline { 1 } else { WORKERS };
     std::thread::scope(|s| {
         // The first worker is this thread; the others are started beside it.
-        for _ in 1..workers {
+        for _ in 1..WORKERS {
             let spawned = std::thread::Builder::new()
                 .name("ferry-nbd-work".into())
                 .spawn_scoped(s, || conn.work());
@@ -968,17 +814,15 @@ impl Conn<'_> {
     /// A worker, in turn with the others: takes the reader, reads one request, lets the
     /// reader go, serves the request and writes its reply; until the connection ends. A
     /// request is thus served by the thread that read it, with no hand-over between
-    /// threads, and while it is served the next worker reads the next request. (On a
-    /// backend that never blocks the reader serves every request: see [`Conn::take_turn`].)
+    /// threads, and while it is served the next worker reads the next request.
     fn work(&self) {
-        let mut batch = Batch::default();
         loop {
             let job = {
                 let mut rd = lock(&self.reader);
                 if rd.end.is_some() {
                     return;
                 }
-                match self.take_turn(&mut rd.r, &mut batch) {
+                match self.next_request(&mut rd.r) {
                     Ok(job) => job,
                     Err(end) => {
                         rd.end = Some(end);
@@ -986,53 +830,9 @@ impl Conn<'_> {
                     }
                 }
             };
-            self.serve(job, &mut batch);
-            self.send_batch(&mut batch);
+            self.serve(job);
+            self.shared.in_flight.fetch_sub(1, Ordering::SeqCst);
         }
-    }
-
-    /// With the reader held: the next request, for this worker to serve once it has let
-    /// the reader go. On a backend that never blocks, serves each request at once instead
-    /// and queues its reply, and writes the queued replies together when the next request
-    /// is not all read into memory yet (reading it may wait for the client, who may be
-    /// waiting for those replies) or the batch is full; so the requests a client sends
-    /// together are read with one system call and answered with one.
-    fn take_turn(
-        &self,
-        r: &mut BufReader<&Stream>,
-        batch: &mut Batch,
-    ) -> std::result::Result<Job, End> {
-        loop {
-            if !batch.is_empty() && (batch.full() || !self.buffered(r.buffer())) {
-                self.send_batch(batch);
-            }
-            let job = match self.next_request(r) {
-                Ok(job) => job,
-                Err(end) => {
-                    // The replies owed before the end still go out.
-                    self.send_batch(batch);
-                    return Err(end);
-                }
-            };
-            if !self.inline {
-                return Ok(job);
-            }
-            self.serve(job, batch);
-        }
-    }
-
-    /// Whether the next request, header and data, is already read into `buf` (taking it
-    /// needs no system call, so cannot wait for the client).
-    fn buffered(&self, buf: &[u8]) -> bool {
-        let Some(h) = buf.first_chunk::<REQUEST_LEN>() else {
-            return false;
-        };
-        // A header that does not decode ends the connection at once: no wait either.
-        let plen = decode_request(h)
-            .ok()
-            .and_then(|h| self.session.payload_len(&h).ok())
-            .unwrap_or(0);
-        buf.len() >= REQUEST_LEN + plen as usize
     }
 
     /// Reads and checks the next request (counted in flight); `Err` when the client
@@ -1051,20 +851,7 @@ impl Conn<'_> {
             .session
             .payload_len(&header)
             .map_err(|e| Err(e.to_string()))? as usize;
-        let cmd = if self.shared.draining.load(Ordering::SeqCst) {
-            Err(Refusal {
-                errno: ESHUTDOWN,
-                why: "the server is shutting down",
-            })
-        } else {
-            self.session.check(&header)
-        };
-        let written = match cmd {
-            Ok(Command::Write { offset, .. }) if plen > 0 => self.receive_write(r, offset, plen)?,
-            _ => None,
-        };
-        // The data of a write the backend did not take, or of a refused one.
-        let payload = if plen > 0 && written.is_none() {
+        let payload = if plen > 0 {
             let mut b = self.pool.get(plen);
             if let Err(e) = r.read_exact(b.data_mut(plen)) {
                 self.pool.put(b);
@@ -1074,6 +861,14 @@ impl Conn<'_> {
         } else {
             None
         };
+        let cmd = if self.shared.draining.load(Ordering::SeqCst) {
+            Err(Refusal {
+                errno: ESHUTDOWN,
+                why: "the server is shutting down",
+            })
+        } else {
+            self.session.check(&header)
+        };
         if cmd == Ok(Command::Disconnect) {
             return Err(Ok("disconnected"));
         }
@@ -1082,61 +877,23 @@ impl Conn<'_> {
             header,
             cmd,
             payload,
-            written,
         })
     }
 
-    /// A checked write's `len` bytes of data read from `r` straight into the backend's
-    /// memory where it takes them ([`Backend::write_received`]): the write's result, or
-    /// `None` when the data is to be read into a buffer; `Err` when the socket fails.
-    fn receive_write(
-        &self,
-        r: &mut BufReader<&Stream>,
-        offset: u64,
-        len: usize,
-    ) -> std::result::Result<Option<io::Result<()>>, End> {
-        let mut broken = None;
-        let mut fill = |into: &mut [IoSliceMut<'_>]| {
-            read_exact_vectored(r, into).inspect_err(|e| broken = Some(e.to_string()))
-        };
-        let res = self.backend.write_received(offset, len, &mut fill);
-        match broken {
-            Some(e) => Err(Err(format!("reading a write's data: {e}"))),
-            None => Ok(res),
-        }
-    }
-
-    /// Serves `job` against the backend and queues its reply in `out`.
-    fn serve(&self, job: Job, out: &mut Batch) {
+    fn serve(&self, job: Job) {
         let cookie = job.header.cookie;
-        match job.cmd {
-            Err(r) => out.head(&reply::error(
+        let sent = match job.cmd {
+            Err(r) => self.send(&reply::error(
                 self.session.structured,
                 cookie,
                 r.errno,
                 r.why,
             )),
-            Ok(cmd) => self.run(cmd, cookie, job.payload.as_ref(), job.written, out),
-        }
+            Ok(cmd) => self.run(cmd, cookie, job.payload.as_ref()),
+        };
         if let Some(b) = job.payload {
             self.pool.put(b);
         }
-        out.replies += 1;
-    }
-
-    /// Writes the queued replies with one vectored write (nothing when none are queued),
-    /// under the write lock so they never interleave with another worker's.
-    fn send_batch(&self, b: &mut Batch) {
-        if b.is_empty() {
-            return;
-        }
-        let sent = {
-            let mut parts = b.slices();
-            let _one = lock(&self.write_lock);
-            write_all_vectored(self.stream, &mut parts)
-        };
-        self.shared.in_flight.fetch_sub(b.replies, Ordering::SeqCst);
-        b.clear(&self.pool);
         if let Err(e) = sent {
             // The socket is broken: end the connection (the reader sees it close).
             tracing::debug!("NBD reply not sent: {e}");
@@ -1144,11 +901,18 @@ impl Conn<'_> {
         }
     }
 
+    /// Writes one whole reply.
+    fn send(&self, bytes: &[u8]) -> io::Result<()> {
+        let _one = lock(&self.write_lock);
+        let mut w = self.stream;
+        w.write_all(bytes)
+    }
+
     /// The reply to a command without data: success, or its error.
-    fn result(&self, cookie: u64, r: io::Result<()>, out: &mut Batch) {
+    fn send_result(&self, cookie: u64, r: io::Result<()>) -> io::Result<()> {
         match r {
-            Ok(()) => out.head(&reply::simple(cookie, 0)),
-            Err(e) => out.head(&reply::error(
+            Ok(()) => self.send(&reply::simple(cookie, 0)),
+            Err(e) => self.send(&reply::error(
                 self.session.structured,
                 cookie,
                 nbd_errno(&e),
@@ -1157,40 +921,31 @@ impl Conn<'_> {
         }
     }
 
-    fn run(
-        &self,
-        cmd: Command,
-        cookie: u64,
-        payload: Option<&Buf>,
-        written: Option<io::Result<()>>,
-        out: &mut Batch,
-    ) {
+    fn run(&self, cmd: Command, cookie: u64, payload: Option<&Buf>) -> io::Result<()> {
         let b = self.backend;
         match cmd {
             Command::Read { offset, len, df } if self.session.structured => {
                 self.read.fetch_add(u64::from(len), Ordering::Relaxed);
-                self.read_structured(cookie, offset, len, df, out)
+                self.read_structured(cookie, offset, len, df)
             }
             Command::Read { offset, len, .. } => {
                 self.read.fetch_add(u64::from(len), Ordering::Relaxed);
-                self.read_simple(cookie, offset, len, out)
+                self.read_simple(cookie, offset, len)
             }
             Command::Write { offset, len, fua } => {
-                let r = written.unwrap_or_else(|| {
-                    let data = payload.map_or(&[][..], |p| p.data(len as usize));
-                    b.write_at(data, offset, fua)
-                });
+                let data = payload.map_or(&[][..], |p| p.data(len as usize));
+                let r = b.write_at(data, offset, fua);
                 if r.is_ok() {
                     self.written.fetch_add(u64::from(len), Ordering::Relaxed);
                 }
-                self.result(cookie, r, out)
+                self.send_result(cookie, r)
             }
-            Command::Flush => self.result(cookie, b.flush(), out),
+            Command::Flush => self.send_result(cookie, b.flush()),
             Command::Trim { offset, len, fua } => {
-                self.result(cookie, b.trim(offset, u64::from(len), fua), out)
+                self.send_result(cookie, b.trim(offset, u64::from(len), fua))
             }
             Command::Cache { offset, len } => {
-                self.result(cookie, b.cache(offset, u64::from(len)), out)
+                self.send_result(cookie, b.cache(offset, u64::from(len)))
             }
             Command::WriteZeroes {
                 offset,
@@ -1204,52 +959,54 @@ impl Conn<'_> {
                     fast,
                     fua,
                 };
-                self.result(cookie, b.write_zeroes(offset, u64::from(len), how), out)
+                self.send_result(cookie, b.write_zeroes(offset, u64::from(len), how))
             }
             Command::BlockStatus {
                 offset,
                 len,
                 req_one,
-            } => self.block_status(cookie, offset, len, req_one, out),
-            Command::Disconnect => {}
+            } => self.block_status(cookie, offset, len, req_one),
+            Command::Disconnect => Ok(()),
         }
     }
 
-    fn read_simple(&self, cookie: u64, offset: u64, len: u32, out: &mut Batch) {
+    /// Writes one whole reply gathered from `parts` (headers and data in place: one
+    /// vectored write, no copy into a reply buffer).
+    fn send_vectored(&self, parts: &mut [IoSlice<'_>]) -> io::Result<()> {
+        let _one = lock(&self.write_lock);
+        write_all_vectored(self.stream, parts)
+    }
+
+    fn read_simple(&self, cookie: u64, offset: u64, len: u32) -> io::Result<()> {
         let len = len as usize;
+        let ok = reply::simple(cookie, 0);
         if let Some(shared) = self.backend.read_shared(offset, len) {
-            out.head(&reply::simple(cookie, 0));
-            let src = out.add_shared(shared);
-            return out.data(src, 0, len);
+            let mut parts = vec![IoSlice::new(&ok)];
+            parts.extend(shared.slices(0, len));
+            return self.send_vectored(&mut parts);
         }
         let mut buf = self.pool.get(len);
-        match self.backend.read_at(buf.data_mut(len), offset) {
-            Ok(()) => {
-                out.head(&reply::simple(cookie, 0));
-                let src = out.add_buf(buf);
-                out.data(src, 0, len);
-            }
-            Err(e) => {
-                self.pool.put(buf);
-                out.head(&reply::simple(cookie, nbd_errno(&e)));
-            }
-        }
+        let sent = match self.backend.read_at(buf.data_mut(len), offset) {
+            Ok(()) => self.send(buf.framed(&ok, len)),
+            Err(e) => self.send(&reply::simple(cookie, nbd_errno(&e))),
+        };
+        self.pool.put(buf);
+        sent
     }
 
     /// A structured read: zero runs as holes (in reads of at least [`SPARSE_READ_MIN`]),
-    /// the rest as data, every byte read before anything is queued (so an error is one
-    /// error chunk, never a broken data chunk). Memory the backend shares is sent from
-    /// where it lies, and tells the holes itself.
-    fn read_structured(&self, cookie: u64, offset: u64, len: u32, df: bool, out: &mut Batch) {
+    /// the rest as data, every byte read before anything is sent (so an error is one error
+    /// chunk, never a broken data chunk). Memory the backend shares is sent from where it
+    /// lies, and tells the holes itself.
+    fn read_structured(&self, cookie: u64, offset: u64, len: u32, df: bool) -> io::Result<()> {
         if len == 0 {
-            return out.head(&reply::done(cookie));
+            return self.send(&reply::done(cookie));
         }
         let sparse = !df && len >= SPARSE_READ_MIN;
         if let Some(shared) = self.backend.read_shared(offset, len as usize) {
             let extents = if sparse { shared.extents() } else { Vec::new() };
             let pieces = reply::plan_read(offset, len, &extents, df);
-            let src = out.add_shared(shared);
-            return queue_pieces(out, cookie, offset, &pieces, src);
+            return self.send_pieces(cookie, offset, &pieces, |at, n| shared.slices(at, n));
         }
         let extents = if sparse {
             // Unknown allocation is read as data.
@@ -1267,39 +1024,55 @@ impl Conn<'_> {
             if let Err(e) = self.backend.read_at(into, p.offset) {
                 self.pool.put(buf);
                 let msg = format!("read failed: {e}");
-                return out.head(&reply::error_chunk(cookie, nbd_errno(&e), &msg));
+                return self.send(&reply::error_chunk(cookie, nbd_errno(&e), &msg));
             }
         }
-        let src = out.add_buf(buf);
-        queue_pieces(out, cookie, offset, &pieces, src);
+        let data = buf.data(len as usize);
+        let sent = self.send_pieces(cookie, offset, &pieces, |at, n| {
+            vec![IoSlice::new(&data[at..at + n])]
+        });
+        self.pool.put(buf);
+        sent
     }
 
-    fn block_status(&self, cookie: u64, offset: u64, len: u32, req_one: bool, out: &mut Batch) {
+    /// The chunks of a structured read in one vectored write: a hole chunk for each hole
+    /// piece, a data chunk with `data(at, len)` (bytes from `at` in the request) for the
+    /// others, the last flagged done.
+    fn send_pieces<'d>(
+        &self,
+        cookie: u64,
+        offset: u64,
+        pieces: &[Piece],
+        data: impl Fn(usize, usize) -> Vec<IoSlice<'d>>,
+    ) -> io::Result<()> {
+        let last = pieces.len().saturating_sub(1);
+        let heads: Vec<Vec<u8>> = (pieces.iter().enumerate())
+            .map(|(i, p)| match p.hole {
+                true => reply::offset_hole(cookie, p.offset, p.len, i == last).to_vec(),
+                false => reply::offset_data(cookie, p.offset, p.len, i == last).to_vec(),
+            })
+            .collect();
+        let mut parts = Vec::with_capacity(pieces.len() * 2);
+        for (p, h) in pieces.iter().zip(&heads) {
+            parts.push(IoSlice::new(h));
+            if !p.hole {
+                parts.extend(data((p.offset - offset) as usize, p.len as usize));
+            }
+        }
+        self.send_vectored(&mut parts)
+    }
+
+    fn block_status(&self, cookie: u64, offset: u64, len: u32, req_one: bool) -> io::Result<()> {
         let id = self.session.base_allocation.unwrap_or(BASE_ALLOCATION_ID);
         match self.backend.extents(offset, u64::from(len)) {
             Ok(ext) => {
                 let d = reply::status_descriptors(len, &ext, req_one);
-                out.head(&reply::block_status(cookie, id, &d))
+                self.send(&reply::block_status(cookie, id, &d))
             }
             Err(e) => {
                 let msg = format!("block status failed: {e}");
-                out.head(&reply::error_chunk(cookie, nbd_errno(&e), &msg))
+                self.send(&reply::error_chunk(cookie, nbd_errno(&e), &msg))
             }
-        }
-    }
-}
-
-/// Queues the chunks of a structured read: a hole chunk for each hole piece, a data chunk
-/// with its bytes of `src` (from the request's first byte at `offset`) for the others,
-/// the last flagged done.
-fn queue_pieces(out: &mut Batch, cookie: u64, offset: u64, pieces: &[Piece], src: Src) {
-    let last = pieces.len().saturating_sub(1);
-    for (i, p) in pieces.iter().enumerate() {
-        if p.hole {
-            out.head(&reply::offset_hole(cookie, p.offset, p.len, i == last));
-        } else {
-            out.head(&reply::offset_data(cookie, p.offset, p.len, i == last));
-            out.data(src, (p.offset - offset) as usize, p.len as usize);
         }
     }
 }

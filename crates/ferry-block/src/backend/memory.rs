@@ -6,8 +6,8 @@
 //! lock held; a write to a pinned page writes a fresh copy of it.
 
 use std::collections::HashMap;
-use std::io::{self, IoSliceMut};
-use std::sync::{Arc, Mutex, RwLock};
+use std::io;
+use std::sync::{Arc, RwLock};
 
 use super::{Backend, Extent, SharedPage, SharedRead, Zeroing};
 
@@ -17,8 +17,6 @@ const PAGE: u64 = 64 * 1024;
 const SHARDS: u64 = 64;
 /// Most extents one allocation query returns.
 const MAX_EXTENTS: usize = 1024;
-/// Most replaced pages kept to receive later writes (4 MiB).
-const SPARE_PAGES: usize = 64;
 
 type Pages = HashMap<u64, SharedPage>;
 
@@ -27,9 +25,6 @@ type Pages = HashMap<u64, SharedPage>;
 pub struct MemoryBackend {
     size: u64,
     shards: Vec<RwLock<Pages>>,
-    /// Pages that whole-page writes replaced and nobody holds: the next such writes
-    /// receive their data into them (no allocation, no zeroing).
-    spare: Mutex<Vec<Vec<u8>>>,
 }
 
 impl MemoryBackend {
@@ -38,22 +33,6 @@ impl MemoryBackend {
         MemoryBackend {
             size,
             shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(),
-            spare: Mutex::new(Vec::new()),
-        }
-    }
-
-    /// A page to receive a write into: a spare one (its old bytes all overwritten
-    /// before it is used), or a new one.
-    fn spare_page(&self) -> Vec<u8> {
-        let spare = self.spare.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        spare.unwrap_or_else(|| vec![0u8; PAGE as usize])
-    }
-
-    /// Keeps `page` for a later write, up to [`SPARE_PAGES`].
-    fn give_back(&self, page: Vec<u8>) {
-        let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
-        if spare.len() < SPARE_PAGES {
-            spare.push(page);
         }
     }
 
@@ -133,41 +112,6 @@ impl Backend for MemoryBackend {
         Ok(())
     }
 
-    /// Whole pages only: each is received into a page of its own, then put in place of
-    /// the old one (which a reply may still hold: it keeps what it read). A write that
-    /// covers part of a page goes through [`Backend::write_at`].
-    fn write_received(
-        &self,
-        offset: u64,
-        len: usize,
-        fill: &mut dyn FnMut(&mut [IoSliceMut<'_>]) -> io::Result<()>,
-    ) -> Option<io::Result<()>> {
-        if len == 0 || !offset.is_multiple_of(PAGE) || !(len as u64).is_multiple_of(PAGE) {
-            return None;
-        }
-        let mut pages: Vec<Vec<u8>> = (0..len / PAGE as usize)
-            .map(|_| self.spare_page())
-            .collect();
-        let mut into: Vec<IoSliceMut<'_>> = pages.iter_mut().map(|p| IoSliceMut::new(p)).collect();
-        if let Err(e) = fill(&mut into) {
-            drop(into);
-            for p in pages {
-                self.give_back(p);
-            }
-            return Some(Err(e));
-        }
-        drop(into);
-        let first = offset / PAGE;
-        for (page, p) in (first..).zip(pages) {
-            let old = write(self.shard(page)).insert(page, Arc::new(p));
-            // The page replaced receives a later write unless a reply still holds it.
-            if let Some(v) = old.and_then(|o| Arc::try_unwrap(o).ok()) {
-                self.give_back(v);
-            }
-        }
-        Some(Ok(()))
-    }
-
     fn flush(&self) -> io::Result<()> {
         Ok(())
     }
@@ -181,10 +125,6 @@ impl Backend for MemoryBackend {
         // Dropping or clearing pages is always faster than a write: FAST_ZERO is honoured.
         self.zero(offset, len);
         Ok(())
-    }
-
-    fn never_blocks(&self) -> bool {
-        true
     }
 
     fn read_shared(&self, offset: u64, len: usize) -> Option<SharedRead> {
@@ -262,52 +202,6 @@ mod tests {
         .unwrap();
         m.read_at(&mut b, PAGE * 3 - 4).unwrap();
         assert_eq!(&b, b"\0\0\0\0\0\0o\0\0");
-    }
-
-    #[test]
-    fn whole_page_writes_are_received_in_place_and_partial_ones_are_not() {
-        let m = MemoryBackend::new(1 << 20);
-        let data: Vec<u8> = (0..2 * PAGE as usize).map(|i| (i % 253) as u8).collect();
-        let mut at = 0;
-        let mut from_socket = |into: &mut [IoSliceMut<'_>]| {
-            for b in into.iter_mut() {
-                let n = b.len();
-                b.copy_from_slice(&data[at..at + n]);
-                at += n;
-            }
-            Ok(())
-        };
-        // Part of a page: not taken, nothing read from the "socket".
-        let none = m.write_received(PAGE / 2, PAGE as usize, &mut from_socket);
-        assert!(none.is_none());
-        let pinned = m.read_shared(PAGE, 8).unwrap();
-        let r = m.write_received(PAGE, 2 * PAGE as usize, &mut from_socket);
-        assert!(matches!(r, Some(Ok(()))));
-        assert_eq!(at, 2 * PAGE as usize);
-        let mut back = vec![0u8; 2 * PAGE as usize];
-        m.read_at(&mut back, PAGE).unwrap();
-        assert_eq!(back, data);
-        // A read taken before the write keeps what it read (zeroes).
-        assert_eq!(gather(&pinned, 0, 8), vec![0u8; 8]);
-        // A socket failing halfway writes nothing, and a page given back is overwritten
-        // whole before it is used again.
-        let mut broken = |into: &mut [IoSliceMut<'_>]| {
-            into[0].fill(0xee);
-            Err(io::Error::other("gone"))
-        };
-        let r = m.write_received(0, 2 * PAGE as usize, &mut broken);
-        assert!(matches!(r, Some(Err(_))));
-        let mut first = vec![1u8; PAGE as usize];
-        m.read_at(&mut first, 0).unwrap();
-        assert!(first.iter().all(|&b| b == 0), "a failed write left bytes");
-        let mut sevens = |into: &mut [IoSliceMut<'_>]| {
-            into.iter_mut().for_each(|b| b.fill(7));
-            Ok(())
-        };
-        let r = m.write_received(0, PAGE as usize, &mut sevens);
-        assert!(matches!(r, Some(Ok(()))));
-        m.read_at(&mut first, 0).unwrap();
-        assert!(first.iter().all(|&b| b == 7));
     }
 
     /// Bytes of a shared read, gathered.

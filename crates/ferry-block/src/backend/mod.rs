@@ -3,7 +3,7 @@
 //! ([`memory::MemoryBackend`], sparse, for benchmarks). Backends are shared by every
 //! connection to the export and called from many threads at once.
 
-use std::io::{self, IoSlice, IoSliceMut};
+use std::io::{self, IoSlice};
 use std::sync::Arc;
 
 use crate::nbd::consts;
@@ -54,21 +54,6 @@ pub trait Backend: Send + Sync + 'static {
     /// Writes `buf` at `offset`; with `fua`, durable before returning.
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()>;
 
-    /// Takes a write of `len` bytes at `offset` whose data `fill` puts straight into the
-    /// storage's own memory (called once, with buffers that add up to `len`, to fill in
-    /// order), so the data is not copied again after the socket. `None`, with `fill` not
-    /// called, where the storage cannot for this range: the caller then reads the data
-    /// into a buffer for [`Backend::write_at`]. When `fill` fails, its error is returned
-    /// and nothing is written.
-    fn write_received(
-        &self,
-        _offset: u64,
-        _len: usize,
-        _fill: &mut dyn FnMut(&mut [IoSliceMut<'_>]) -> io::Result<()>,
-    ) -> Option<io::Result<()>> {
-        None
-    }
-
     /// Makes every write that has returned durable.
     fn flush(&self) -> io::Result<()>;
 
@@ -81,16 +66,6 @@ pub trait Backend: Send + Sync + 'static {
     /// The allocation of the range from `offset`, in order; may stop short of `len` (the
     /// caller treats the rest as allocated data).
     fn extents(&self, offset: u64, len: u64) -> io::Result<Vec<Extent>>;
-
-    /// Whether every request is served at the speed of a memory copy, never waiting on a
-    /// device: a connection's reader then serves requests itself, one after another, and
-    /// writes the replies of the requests that arrived together in one system call (no
-    /// hand-over to other threads, no reply written alone). False for storage where a
-    /// request can wait (a file's page cache miss, a device), whose requests are served
-    /// concurrently.
-    fn never_blocks(&self) -> bool {
-        false
-    }
 
     /// Reads a range ahead into a cache where there is one.
     fn cache(&self, _offset: u64, _len: u64) -> io::Result<()> {
