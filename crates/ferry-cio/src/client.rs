@@ -163,8 +163,6 @@ pub struct File {
     pipeline: Pipeline,
     /// The data-stream bytes of each write sent and not yet answered, oldest first.
     outstanding: VecDeque<u64>,
-    /// Their sum.
-    outstanding_bytes: u64,
     /// The first error of a deferred write not yet returned, and how many deferred writes
     /// failed after it.
     deferred: Option<(CioError, u64)>,
@@ -255,7 +253,6 @@ impl File {
                     closed: false,
                     pipeline,
                     outstanding: VecDeque::new(),
-                    outstanding_bytes: 0,
                     deferred: None,
                 })
             }
@@ -480,7 +477,6 @@ impl File {
             return Ok(false);
         }
         self.outstanding.pop_front();
-        self.outstanding_bytes -= len;
         match decode(&v)?.0 {
             Msg::Done(n) if n == len => {}
             Msg::Done(n) => {
@@ -574,7 +570,6 @@ impl File {
             return self.with_deferred(r);
         }
         self.outstanding.push_back(len);
-        self.outstanding_bytes += len;
         self.with_deferred(Ok(len))
     }
 
@@ -585,7 +580,7 @@ impl File {
         while self.collect(false)? {}
         while !self.outstanding.is_empty()
             && (self.outstanding.len() >= self.pipeline.calls
-                || self.outstanding_bytes.saturating_add(len) > self.pipeline.bytes)
+                || self.outstanding.iter().sum::<u64>().saturating_add(len) > self.pipeline.bytes)
         {
             self.collect(true)?;
         }
