@@ -25,7 +25,7 @@ use ferry_block::{BlockServer, Export, ExportConfig};
 use ferry_service::admit::{Admission, LimitsConfig};
 use ferry_service::auth::AuthConfig;
 use ferry_service::channel::Channel;
-use ferry_service::registry::Registry;
+use ferry_service::registry::{Registry, Service};
 use ferry_service::secure::{ClientSecurity, ServerSecurity};
 use ferry_service::serve::{bind_all, serve_until};
 
@@ -71,15 +71,29 @@ fn server(tag: &str, path: &std::path::Path, pool: PoolConfig) -> Vec<String> {
 
 /// A floor hosting the block face over `exports`, as [`server`].
 fn server_with(tag: &str, exports: Vec<Export>, pool: PoolConfig) -> Vec<String> {
+    server_and_face(tag, exports, pool).0
+}
+
+/// [`server_with`], also handing back the face (for its drain).
+fn server_and_face(
+    tag: &str,
+    exports: Vec<Export>,
+    pool: PoolConfig,
+) -> (Vec<String>, Arc<FabricService>) {
     let auth = AuthConfig {
         tokens: vec!["tok".into()],
         anonymous: false,
         ..AuthConfig::default()
     };
     let admission = Admission::new(&LimitsConfig::default(), |_, _| 0);
-    let face = FabricService::new(exports, auth.clone(), admission.clone(), pool);
+    let face = Arc::new(FabricService::new(
+        exports,
+        auth.clone(),
+        admission.clone(),
+        pool,
+    ));
     let mut reg = Registry::new(auth, security().0.clone());
-    reg.add(SERVICE, Arc::new(face)).unwrap();
+    reg.add(SERVICE, face.clone()).unwrap();
     let shm = format!("ofi+shm://ferry-block-{tag}-{}", std::process::id());
     let listeners = bind_all(&[
         "tcp://127.0.0.1:0".into(),
@@ -91,7 +105,7 @@ fn server_with(tag: &str, exports: Vec<Export>, pool: PoolConfig) -> Vec<String>
     let quit = Arc::new(AtomicBool::new(false));
     let reg = Arc::new(reg);
     std::thread::spawn(move || serve_until(&reg, &admission, &listeners, &quit));
-    addrs
+    (addrs, face)
 }
 
 fn opts(export: &str, scheme: Scheme, read: ReadMode) -> Options {
@@ -525,4 +539,29 @@ fn standard_clients_through_attach_on_every_driver() {
         nbd.drain(Duration::from_millis(100));
     }
     let _ = std::fs::remove_file(path);
+}
+
+/// The face's drain waits for its sessions: one still attached is reported abandoned (and
+/// keeps working: a session ends when its client goes), a new session is refused once the
+/// drain began, and when the client detaches the drain finds nothing left.
+#[test]
+fn a_drain_waits_for_attached_sessions_and_refuses_new_ones() {
+    let exports = vec![export("mem", Arc::new(MemoryBackend::new(SIZE)))];
+    let (addrs, face) = server_and_face("drain", exports, PoolConfig::default());
+    let shm = &addrs[2];
+    let o = opts("mem", Scheme::Delegated, ReadMode::ServerWrite);
+    let c = Client::connect(shm, &o).unwrap();
+    c.write_at(0, &pattern(4096, 7), false).unwrap();
+    let r = face.drain(Duration::from_millis(100));
+    assert_eq!((r.in_flight, r.abandoned), (1, 1));
+    let mut back = vec![0u8; 4096];
+    c.read_at(0, &mut back).unwrap();
+    assert_eq!(back, pattern(4096, 7));
+    let refused = Client::connect(shm, &o).err().expect("a session after the drain began");
+    assert!(
+        refused.to_string().contains("shutting down"),
+        "refused with: {refused}"
+    );
+    drop(c);
+    assert_eq!(face.drain(T).abandoned, 0);
 }

@@ -110,20 +110,33 @@ impl Drain {
     /// then tells the rest to stop and waits a little (5 s) for them.
     pub fn run(&self, grace: Duration) -> DrainReport {
         self.begin();
-        let in_flight = self.at_drain.load(Ordering::SeqCst);
-        let wait = |limit: Duration| {
-            let end = Instant::now() + limit;
-            while self.in_flight.load(Ordering::SeqCst) > 0 && Instant::now() < end {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        };
-        wait(grace);
+        self.wait_idle(grace);
         if self.in_flight.load(Ordering::SeqCst) > 0 {
             self.stop.store(true, Ordering::SeqCst);
-            wait(Duration::from_secs(5));
+            self.wait_idle(Duration::from_secs(5));
         }
+        self.report()
+    }
+
+    /// Drains work that cannot be told to stop (it ends when its peer goes): begins (if
+    /// not yet) and waits up to `grace`; what still runs is reported abandoned.
+    pub fn wait(&self, grace: Duration) -> DrainReport {
+        self.begin();
+        self.wait_idle(grace);
+        self.report()
+    }
+
+    /// Waits up to `limit` for nothing to be in flight.
+    fn wait_idle(&self, limit: Duration) {
+        let end = Instant::now() + limit;
+        while self.in_flight.load(Ordering::SeqCst) > 0 && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn report(&self) -> DrainReport {
         DrainReport {
-            in_flight,
+            in_flight: self.at_drain.load(Ordering::SeqCst),
             interrupted: self.interrupted.load(Ordering::SeqCst),
             abandoned: self.in_flight.load(Ordering::SeqCst),
         }
@@ -134,6 +147,30 @@ impl Drain {
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    /// `wait` never tells anything to stop: what ends within the grace period is not
+    /// counted, what outlives it is reported abandoned and keeps running.
+    #[test]
+    fn a_wait_reports_what_outlives_it_without_stopping_it() {
+        let d = Arc::new(Drain::new());
+        let (d2, release) = (d.clone(), Arc::new(AtomicBool::new(false)));
+        let r2 = release.clone();
+        let held = std::thread::spawn(move || {
+            let _c = d2.count();
+            while !r2.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        });
+        while d.in_flight.load(Ordering::SeqCst) == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let r = d.wait(Duration::from_millis(50));
+        assert!(d.draining() && !d.stopping());
+        assert_eq!((r.in_flight, r.abandoned), (1, 1));
+        release.store(true, Ordering::SeqCst);
+        held.join().unwrap();
+        assert_eq!(d.wait(Duration::from_secs(5)).abandoned, 0);
+    }
 
     /// A transfer that ends within the grace period is not stopped; one that outlives it
     /// sees `stopping()` and is counted as interrupted once it stops.

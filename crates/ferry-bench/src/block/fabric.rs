@@ -20,7 +20,7 @@ use ferry_block::deleg::server::{FabricService, PoolConfig};
 use ferry_block::{BlockServer, Export};
 use ferry_service::admit::{Admission, LimitsConfig};
 use ferry_service::auth::AuthConfig;
-use ferry_service::registry::Registry;
+use ferry_service::registry::{Registry, Service};
 use ferry_service::secure::{ClientSecurity, ServerSecurity};
 use ferry_service::serve::{bind_all, serve_until};
 
@@ -83,11 +83,23 @@ pub struct FabricRun {
 struct Floor {
     addrs: Vec<(&'static str, String)>,
     quit: Arc<AtomicBool>,
+    server: Option<std::thread::JoinHandle<()>>,
+    face: Arc<FabricService>,
 }
 
 impl Drop for Floor {
+    /// Stops accepting, closes the listeners and waits for the sessions to end: the
+    /// process may exit right after, and libfabric's exit-time teardown must not meet a
+    /// thread still closing an endpoint (a segfault in the shm provider was seen so).
     fn drop(&mut self) {
         self.quit.store(true, Ordering::SeqCst);
+        if let Some(t) = self.server.take() {
+            let _ = t.join();
+        }
+        let left = self.face.drain(Duration::from_secs(5)).abandoned;
+        if left > 0 {
+            tracing::warn!("{left} block sessions still running at the bench's end");
+        }
     }
 }
 
@@ -107,8 +119,9 @@ fn floor(region: u64, dir: &Path) -> Result<Floor> {
     );
     // Clear connections, as a trusted network's (TLS would cost the copy scheme alone).
     let security = ServerSecurity::from_state_dir(&dir.join("state"), true)?;
+    let face = Arc::new(face);
     let mut reg = Registry::new(auth, security);
-    reg.add(ferry_block::deleg::SERVICE, Arc::new(face))?;
+    reg.add(ferry_block::deleg::SERVICE, face.clone())?;
     let shm = format!("ofi+shm://ferry-bench-block-{}", std::process::id());
     let names = ["tcp", "ofi+shm"];
     let listeners = bind_all(&["tcp://127.0.0.1:0".to_string(), shm])?;
@@ -118,8 +131,13 @@ fn floor(region: u64, dir: &Path) -> Result<Floor> {
         .collect();
     let quit = Arc::new(AtomicBool::new(false));
     let (reg, q) = (Arc::new(reg), quit.clone());
-    std::thread::spawn(move || serve_until(&reg, &admission, &listeners, &q));
-    Ok(Floor { addrs, quit })
+    let server = std::thread::spawn(move || serve_until(&reg, &admission, &listeners, &q));
+    Ok(Floor {
+        addrs,
+        quit,
+        server: Some(server),
+        face,
+    })
 }
 
 fn options(w: &Way) -> Options {

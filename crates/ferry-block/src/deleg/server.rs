@@ -12,6 +12,7 @@ use ferry_fabric::{Access, Buffer, RemoteSlice};
 use ferry_service::admit::{Admission, Handshake};
 use ferry_service::auth::{AuthConfig, Principal};
 use ferry_service::channel::Channel;
+use ferry_service::drain::{Drain, DrainReport};
 use ferry_service::registry::{Conn, Service};
 use ferry_service::{Error, Kind, Result};
 
@@ -59,6 +60,9 @@ pub struct FabricService {
     auth: AuthConfig,
     admission: Arc<Admission>,
     pool: PoolConfig,
+    /// The sessions being served, for the drain: a process that exits while a session's
+    /// thread still closes its endpoint races libfabric's own exit-time teardown.
+    sessions: Drain,
 }
 
 impl FabricService {
@@ -79,6 +83,7 @@ impl FabricService {
             auth,
             admission,
             pool,
+            sessions: Drain::new(),
         }
     }
 
@@ -121,6 +126,9 @@ impl FabricService {
                     proto::VERSION_MINOR
                 ),
             );
+        }
+        if self.sessions.draining() {
+            return refuse(ch, "the server is shutting down".into());
         }
         let principal = match floor {
             Some(p) => p,
@@ -187,6 +195,7 @@ impl FabricService {
 
 impl Service for FabricService {
     fn serve_connection(&self, conn: Conn) {
+        let _live = self.sessions.count();
         let Conn {
             sock,
             queue,
@@ -206,6 +215,16 @@ impl Service for FabricService {
         }
         // Closing drops the session's registrations with it: its keys die here.
         ch.close();
+    }
+
+    fn begin_drain(&self) {
+        self.sessions.begin();
+    }
+
+    /// Waits up to `grace` for the sessions to end (their clients detach); sessions still
+    /// attached then are reported abandoned: a session stops only when its client goes.
+    fn drain(&self, grace: Duration) -> DrainReport {
+        self.sessions.wait(grace)
     }
 }
 
