@@ -98,7 +98,24 @@ enum Cmd {
     },
 }
 
-fn main() -> Result<()> {
+/// Ends through [`ferry_fabric::exit_now`] (standard streams flushed, shared-memory names
+/// unlinked, then `_exit`), not through the C library's `exit`: threads that are not
+/// joined (a session a server left running, a progress thread) may still be closing
+/// libfabric objects, and libfabric's exit-time teardown running beside them is a crash
+/// (one was seen in the shm provider's `smr_free`). Nothing of ferry's needs the exit
+/// handlers: files are flushed and closed by their owners before `run` returns.
+fn main() {
+    let code = match run() {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("Error: {e:?}");
+            1
+        }
+    };
+    ferry_fabric::exit_now(code)
+}
+
+fn run() -> Result<()> {
     ferry_fabric::timeline::mark("main.start", 0);
     let cli = match Cli::try_parse() {
         Ok(c) => c,
@@ -139,7 +156,7 @@ fn main() -> Result<()> {
     ferry_fabric::timeline::flush();
     if let Err(e) = res {
         eprintln!("ferry: {e}");
-        std::process::exit(e.kind.exit_code());
+        ferry_fabric::exit_now(e.kind.exit_code());
     }
     Ok(())
 }

@@ -72,7 +72,7 @@ fn hint_on_interrupt(resuming: bool) {
                 eprintln!(
                     "\nferry: interrupted; what was verified is kept. To continue:\n  {again}"
                 );
-                std::process::exit(130);
+                ferry_fabric::exit_now(130);
             }
         });
     if let Err(e) = spawned {

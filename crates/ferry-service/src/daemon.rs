@@ -209,7 +209,7 @@ fn watch_signals(faces: Arc<Vec<Face>>, quit: Arc<AtomicBool>) -> Result<()> {
                 faces.iter().for_each(Face::begin_drain);
                 if quit.swap(true, Ordering::SeqCst) {
                     eprintln!("ferry serve: second signal {sig}; exiting without draining");
-                    std::process::exit(1);
+                    ferry_fabric::exit_now(1);
                 }
             }
         })

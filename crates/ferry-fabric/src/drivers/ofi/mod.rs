@@ -49,6 +49,11 @@
 //!   at receive time.
 //! - `fi_cq_sread` on ofi_rxm was seen spinning forever after a connection teardown, so the
 //!   progress thread sleeps on its own.
+//! - Exit: libfabric tears its providers down in a destructor that `exit` runs while the
+//!   process's other threads go on; a thread still closing an endpoint then (an in-process
+//!   server that was not joined) crashed once in shm's `smr_free`, reading a region
+//!   already unmapped. The `ferry` binary ends with `_exit` ([`crate::exit_now`]: streams
+//!   flushed, shm names unlinked), and in-process servers are joined before returning.
 //!
 //! # A peer that dies
 //!
