@@ -557,7 +557,9 @@ fn a_drain_waits_for_attached_sessions_and_refuses_new_ones() {
     let mut back = vec![0u8; 4096];
     c.read_at(0, &mut back).unwrap();
     assert_eq!(back, pattern(4096, 7));
-    let refused = Client::connect(shm, &o).err().expect("a session after the drain began");
+    let refused = Client::connect(shm, &o)
+        .err()
+        .expect("a session after the drain began");
     assert!(
         refused.to_string().contains("shutting down"),
         "refused with: {refused}"

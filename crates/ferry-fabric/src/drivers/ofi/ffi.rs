@@ -336,8 +336,33 @@ struct Closer {
     what: &'static str,
 }
 
+/// Keeps closes and the process's exit apart. `exit` runs libfabric's teardown (a library
+/// destructor, after the `atexit` handlers) while the process's other threads go on, and a
+/// thread closing an endpoint beside it crashed in shm's `smr_free` (module notes). Every
+/// close holds this gate shared; [`bar_closes_at_exit`] takes it for good.
+static CLOSES: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+/// The `atexit` handler (registered when the first fabric opens): waits up to a second for
+/// the closes in progress, then keeps the gate, so a close that comes later waits for the
+/// process to end instead of running beside libfabric's teardown.
+extern "C" fn bar_closes_at_exit() {
+    use std::sync::TryLockError;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    loop {
+        match CLOSES.try_write() {
+            Ok(gate) => return std::mem::forget(gate),
+            Err(TryLockError::Poisoned(p)) => return std::mem::forget(p.into_inner()),
+            Err(TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            Err(TryLockError::WouldBlock) => return,
+        }
+    }
+}
+
 impl Drop for Closer {
     fn drop(&mut self) {
+        let _gate = CLOSES.read().unwrap_or_else(|p| p.into_inner());
         // SAFETY: fid is an open libfabric object owned by this Closer, closed exactly once;
         // owners are arranged so children close first.
         let ret = unsafe { sys::fi_close(self.fid) };
@@ -602,6 +627,11 @@ impl Fabric {
     /// Opens fabric, domain, CQ, AV and endpoint for `info` and enables the endpoint.
     /// `name` overrides the endpoint's own address (fi_setname) before it is enabled.
     pub fn open(info: &Info, name: Option<&[u8]>, quirks: Quirks) -> Result<Fabric> {
+        static GATE: std::sync::Once = std::sync::Once::new();
+        // SAFETY: registering a plain extern "C" fn with no captured state.
+        GATE.call_once(|| unsafe {
+            libc::atexit(bar_closes_at_exit);
+        });
         let raw = info.0.as_ptr();
         let mut fabric: *mut sys::fid_fabric = ptr::null_mut();
         // SAFETY: raw is a valid fi_info from getinfo (of the library info.1); its fabric_attr

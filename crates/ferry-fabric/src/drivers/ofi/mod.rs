@@ -52,8 +52,10 @@
 //! - Exit: libfabric tears its providers down in a destructor that `exit` runs while the
 //!   process's other threads go on; a thread still closing an endpoint then (an in-process
 //!   server that was not joined) crashed once in shm's `smr_free`, reading a region
-//!   already unmapped. The `ferry` binary ends with `_exit` ([`crate::exit_now`]: streams
-//!   flushed, shm names unlinked), and in-process servers are joined before returning.
+//!   already unmapped. So every close holds a gate that an `atexit` handler takes for good
+//!   (`ffi::CLOSES`): a close that comes after it waits for the process to end. The `ferry`
+//!   binary also ends with `_exit` ([`crate::exit_now`]: streams flushed, shm names
+//!   unlinked), and in-process servers are joined before returning.
 //!
 //! # A peer that dies
 //!
