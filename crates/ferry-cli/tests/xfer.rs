@@ -589,6 +589,74 @@ fn big_tree(files: usize) {
     std::fs::remove_dir_all(&local).unwrap();
 }
 
+/// The first `(what, type)` mark's line in a client's timeline (`FERRY_TIMELINE`): its
+/// position in the order the process recorded them.
+fn first_mark(lines: &[(String, u64)], what: &str, kind: u64) -> usize {
+    lines
+        .iter()
+        .position(|(w, k)| w == what && *k == kind)
+        .unwrap_or_else(|| panic!("no {what} {kind} in the timeline: {lines:?}"))
+}
+
+/// A tree copy's handshake does not wait for its answers: over TLS the client sends the
+/// SELECT, HELLO, PROTECT and the tree's STAT and LIST before SELECTED and WELCOME come
+/// back (frame types from the client's own timeline, in the order it recorded them), and
+/// waits for each answer in turn with `FERRY_PIPELINE_HANDSHAKE=0` (so the assertion can
+/// fail). The copies are byte-identical either way.
+#[test]
+fn a_tree_copy_sends_its_first_requests_with_the_handshake() {
+    let s = serve("tcp", &[]);
+    let src = s.root.join("tree");
+    make_tree(&src, 30);
+    for pipelined in [true, false] {
+        let marks = scratch("timeline");
+        let local = scratch("local");
+        let prefix = marks.join("t");
+        let mut env = vec![("FERRY_TIMELINE", prefix.to_str().unwrap())];
+        if !pipelined {
+            env.push(("FERRY_PIPELINE_HANDSHAKE", "0"));
+        }
+        let v = ok(&cp(&["-r", &s.url("tree"), local.to_str().unwrap()], &env));
+        assert_eq!(v["files"].as_u64(), Some(30));
+        same_tree(&src, &local.join("tree"));
+        let file = std::fs::read_dir(&marks).unwrap().next().unwrap().unwrap();
+        let text = std::fs::read_to_string(file.path()).unwrap();
+        // `ns thread what type`; a process records its marks in order.
+        let lines: Vec<(String, u64)> = text
+            .lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split(' ').collect();
+                (f.len() == 4 && f[2].starts_with("chan."))
+                    .then(|| (f[2].to_string(), f[3].parse().unwrap()))
+            })
+            .collect();
+        let (hello, stat, list) = (
+            first_mark(&lines, "chan.tx", 1),
+            first_mark(&lines, "chan.tx", 4),
+            first_mark(&lines, "chan.tx", 6),
+        );
+        let (selected, welcome, entry) = (
+            first_mark(&lines, "chan.rx", 0xF1),
+            first_mark(&lines, "chan.rx", 2),
+            first_mark(&lines, "chan.rx", 5),
+        );
+        assert!(hello < stat && stat < list && selected < welcome && welcome < entry);
+        if pipelined {
+            assert!(
+                list < selected,
+                "the HELLO, STAT and LIST left before SELECTED arrived: {lines:?}"
+            );
+        } else {
+            assert!(
+                selected < hello && welcome < stat,
+                "each waited for the answer before it: {lines:?}"
+            );
+        }
+        std::fs::remove_dir_all(&marks).unwrap();
+        std::fs::remove_dir_all(&local).unwrap();
+    }
+}
+
 /// 1,000 small files down and up (tcp).
 #[test]
 fn thousand_small_files() {

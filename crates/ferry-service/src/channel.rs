@@ -23,7 +23,7 @@ use ferry_exs::proto::Config;
 use ferry_exs::proto::{EventKind, Flags};
 use ferry_exs::runtime::{default_config, EventQueue, ExsBuf, ExsSocket};
 use ferry_exs::ExsError;
-use ferry_fabric::Access;
+use ferry_fabric::{timeline, Access};
 
 use crate::admit::{Handshake, Stage};
 use crate::direct::DIRECT_ALIGN;
@@ -363,6 +363,21 @@ impl Channel {
         token: &str,
         key: Option<&crate::keys::ClientKey>,
     ) -> Result<()> {
+        let keyed = self.send_select(service, token, key)?;
+        self.selected(addr, service, keyed)
+    }
+
+    /// Sends the SELECT of [`Channel::select_as`] without waiting for its answer, so the
+    /// face's first frames can follow it at once (protocol 1.6: the server answers the
+    /// SELECT before any of them); [`Channel::selected`] takes the answer. One receive
+    /// buffer is posted for it first. Whether it carries a key proof (for the error of an
+    /// older server) is returned.
+    pub fn send_select(
+        &mut self,
+        service: &str,
+        token: &str,
+        key: Option<&crate::keys::ClientKey>,
+    ) -> Result<bool> {
         let proof = match (&self.secure, token.is_empty()) {
             (Some(s), false) => Some((secure::token_id(token), secure::prove(token, s.binding()))),
             _ => None,
@@ -381,6 +396,12 @@ impl Channel {
         })
         .map_err(|e| Error::conn(format!("encode SELECT: {e}")))?;
         self.send_frame(&bytes)?;
+        Ok(keyed)
+    }
+
+    /// The answer to a SELECT [`Channel::send_select`] sent (`keyed`: with a key proof):
+    /// `Ok` once selected. Its buffer is not posted again: the face posts its own next.
+    pub fn selected(&mut self, addr: &str, service: &str, keyed: bool) -> Result<()> {
         let answer = self.recv_first().map_err(|e| {
             if keyed {
                 Error::conn(format!(
@@ -440,6 +461,7 @@ impl Channel {
     /// Sends `bytes`, a whole encoded frame (with its payload, if any), as one message,
     /// copied into a registered buffer.
     pub fn send_frame(&self, bytes: &[u8]) -> Result<()> {
+        mark_frame("chan.tx", bytes);
         match &self.secure {
             Some(s) => s.seal(bytes, |sealed| self.send_raw(sealed)),
             None => self.send_raw(bytes),
@@ -661,15 +683,17 @@ impl Channel {
         let Some((buf, len)) = self.next_done_within(wait)? else {
             return Ok(None);
         };
-        let Some(sec) = self.secure.clone() else {
-            return Ok(Some(Delivered::Raw(buf, len)));
-        };
         let kind = buf
             .buffer()
             .with_bytes(buf.offset(), len.min(floor::HEADER_LEN), |h| {
                 h.get(4).copied()
             });
+        let Some(sec) = self.secure.clone() else {
+            timeline::mark("chan.rx", kind.map_or(0, u64::from));
+            return Ok(Some(Delivered::Raw(buf, len)));
+        };
         if kind.is_some_and(|t| self.data_types.contains(&t)) {
+            timeline::mark("chan.rx", kind.map_or(0, u64::from));
             return Ok(Some(Delivered::Raw(buf, len)));
         }
         // Opened from its receive buffer (no copy), into the room an earlier one left.
@@ -683,6 +707,7 @@ impl Channel {
             self.recv_bytes = self.recv_bytes.saturating_sub(pinned(&buf));
         }
         opened?;
+        mark_frame("chan.rx", &frame);
         Ok(Some(Delivered::Opened(frame)))
     }
 
@@ -772,6 +797,13 @@ impl secure::Wire for ChannelWire<'_> {
 
 /// The receive buffer of a handshake message (a TLS flight cut to the immediate size).
 const HANDSHAKE_BUF: usize = 4096;
+
+/// Marks a control frame sent or received on the process's timeline
+/// ([`ferry_fabric::timeline`], off unless `FERRY_TIMELINE` is set), with its type byte:
+/// what shows a handshake's frames leaving before the answers to the ones before them.
+fn mark_frame(what: &'static str, frame: &[u8]) {
+    timeline::mark(what, frame.get(4).copied().map_or(0, u64::from));
+}
 
 /// Copies the first `len` bytes of a received buffer into `out` (resized to them).
 pub(crate) fn copy_out(buf: &ExsBuf, len: usize, out: &mut Vec<u8>) {

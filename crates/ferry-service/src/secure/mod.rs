@@ -330,6 +330,9 @@ pub struct Secure {
     /// Room for the next sealed message, kept from an earlier one (used under the `tls`
     /// lock): a large frame sealed into fresh memory would fault its pages in every time.
     sealed: Mutex<Vec<u8>>,
+    /// The shortest wait, during the handshake, from this side's flight to the peer's
+    /// answer to it: a round trip of the path (and the peer's handshake work).
+    rtt: Option<std::time::Duration>,
 }
 
 impl std::fmt::Debug for Secure {
@@ -341,6 +344,14 @@ impl std::fmt::Debug for Secure {
 impl Secure {
     fn lock(&self) -> MutexGuard<'_, rustls::Connection> {
         self.tls.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The handshake's round trip: from a flight this side sent to the peer's answer
+    /// (for the server, its ServerHello to the client's Finished). A server learns the
+    /// path's round trip from it when a client sends its requests without waiting for
+    /// WELCOME, which leaves no later wait to time.
+    pub fn handshake_rtt(&self) -> Option<std::time::Duration> {
+        self.rtt
     }
 
     /// The TLS exporter value a token proof is computed over (unique to this session).
@@ -442,6 +453,7 @@ fn handshake(
 ) -> Result<Secure> {
     let chunk = wire.immediate().min(512).saturating_sub(HEADER_LEN).max(64);
     let mut next = first;
+    let mut rtt: Option<std::time::Duration> = None;
     loop {
         // What this side has to say first: its flight, or the alert of a failure.
         let mut flight = Vec::new();
@@ -457,7 +469,15 @@ fn handshake(
         }
         let msg = match next.take() {
             Some(m) => m,
-            None => wire.recv_msg()?,
+            None => {
+                let sent = std::time::Instant::now();
+                let m = wire.recv_msg()?;
+                if !flight.is_empty() {
+                    let waited = sent.elapsed();
+                    rtt = Some(rtt.map_or(waited, |r| r.min(waited)));
+                }
+                m
+            }
         };
         let records = tls_payload(&msg)
             .ok_or_else(|| Error::conn("the peer sent a clear message during the TLS handshake"))?;
@@ -481,6 +501,7 @@ fn handshake(
         tls: Mutex::new(tls),
         binding,
         sealed: Mutex::new(Vec::new()),
+        rtt,
     })
 }
 

@@ -37,13 +37,12 @@ pub fn copy(
         let mut first = None;
         let spread = match data_remote(src, dst) {
             Some(r) if opts.auto_streams => {
-                // A STAT is a second sample of the round trip: the handshake's includes
-                // the server allocating the connection's staging. Its answer (and, for a
-                // tree download, the top level's listing, asked with it) is kept for the
-                // plan; an error is the plan's to report.
+                // The path's STAT (and, for a tree download, the top level's listing)
+                // goes with the handshake; its answer is kept for the plan, and an error
+                // is the plan's to report. TCP's own round trip is the second sample (the
+                // handshake's includes the server allocating the connection's staging).
                 let list = recursive && matches!(src, Location::Remote(_));
-                let c = Client::connect(&r.addr, &opts).map(|mut c| {
-                    let _ = c.look(&r.path, list);
+                let c = Client::connect_and_look(&r.addr, &opts, &r.path, list).map(|mut c| {
                     c.sample_path();
                     c
                 });

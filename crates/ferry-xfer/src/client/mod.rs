@@ -441,6 +441,14 @@ fn agree_protection(
     }
 }
 
+/// Whether a connection sends its SELECT, HELLO, PROTECT and first requests without
+/// waiting for each answer (the default); `FERRY_PIPELINE_HANDSHAKE=0` turns it off (to
+/// compare, or for a server that mishandles it).
+fn pipelines() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("FERRY_PIPELINE_HANDSHAKE").map_or(true, |v| v != "0"))
+}
+
 pub(crate) fn remote_err(code: proto::ErrorCode, message: &str) -> XferError {
     crate::error::remote(code, message)
 }
@@ -470,6 +478,31 @@ impl Client {
         session: u64,
         stream: u16,
     ) -> Result<Client> {
+        Self::connect_looking(addr, opts, session, stream, None)
+    }
+
+    /// Connects and looks at `path` as [`Client::look`] does (`list`: its listing too),
+    /// the STAT and LIST sent right behind the HELLO when the handshake lets them
+    /// ([`pipelines`]): a round trip less before a copy's plan. What it learned is kept for
+    /// the plan; an answer refused leaves nothing kept (the plan asks again and reports).
+    pub fn connect_and_look(addr: &str, opts: &Options, path: &str, list: bool) -> Result<Client> {
+        Self::connect_looking(addr, opts, 0, 0, Some((path, list)))
+    }
+
+    /// [`Client::connect_as`], sending `look`'s STAT (and LIST) with the handshake.
+    ///
+    /// Over TLS the SELECT, HELLO, PROTECT and the look leave back to back after the TLS
+    /// Finished, and their answers (SELECTED, WELCOME, OK, ENTRY, ENTRIES) come back in one
+    /// round trip: the server answers in order, and EXS holds the frames that arrive before
+    /// the server posts a buffer for them (they count against the client's send credits
+    /// until then). `FERRY_PIPELINE_HANDSHAKE=0` waits for each answer instead.
+    pub(crate) fn connect_looking(
+        addr: &str,
+        opts: &Options,
+        session: u64,
+        stream: u16,
+        look: Option<(&str, bool)>,
+    ) -> Result<Client> {
         let level = opts.security.level();
         if opts.security.clear && level != Level::Clear {
             return Err(XferError::new(
@@ -477,29 +510,28 @@ impl Client {
                 format!("data protection {level} needs TLS: a clear connection (--insecure-clear) carries clear data only (--protect clear)"),
             ));
         }
+        let pipeline = pipelines();
         let mut link = Link::connect_with(addr, opts.timeout, &opts.security)?;
         link.timeout = HANDSHAKE_TIMEOUT;
         // Over TLS the token is proven in the floor's SELECT, never sent; a clear
         // connection sends it in the HELLO, as every version did.
-        let token = if link.secure().is_some() {
-            link.select_as(
-                addr,
-                crate::server::SERVICE,
-                &opts.token,
-                opts.key.as_deref(),
-            )?;
+        let secure = link.secure().is_some();
+        let selecting = if secure {
+            let keyed =
+                link.send_select(crate::server::SERVICE, &opts.token, opts.key.as_deref())?;
+            if !pipeline {
+                link.selected(addr, crate::server::SERVICE, keyed)?;
+            }
+            Some(keyed).filter(|_| pipeline)
+        } else {
+            None
+        };
+        let token = if secure {
             String::new()
         } else {
             opts.token.clone()
         };
         let proposed = opts.block_size.clamp(proto::MIN_BLOCK, proto::MAX_BLOCK);
-        // The handshake's buffer is re-posted for the first answers after it, and a 1.3
-        // server may answer a GET with a FILE frame as large as any block: every buffer this
-        // client posts holds a block (the agreed size is at most the proposed one).
-        link.post_ring(
-            1,
-            proto::MAX_CONTROL.max(BLOCK_HEADER_LEN + proposed as usize),
-        )?;
         // The handshake's round trip is the path's first RTT sample (plus the server's
         // token check and admission, well under a millisecond).
         let hello_sent = std::time::Instant::now();
@@ -514,12 +546,31 @@ impl Client {
         // PROTECT goes with the HELLO, a round trip sooner, when the level needs a 1.9
         // server anyway (an older one is refused below, whatever it made of the frame);
         // `clear` waits for WELCOME: an older server serves it without PROTECT.
-        let protect_early = link.secure().is_some() && level != Level::Clear;
+        let protect_early = secure && level != Level::Clear;
         if protect_early {
             link.send(&Msg::Protect {
                 level: level.code(),
             })?;
         }
+        // The first requests follow when nothing must come between them and the HELLO: a
+        // `clear` level's PROTECT waits for WELCOME, and must be the first request.
+        let looking = look.filter(|_| pipeline && (protect_early || !secure));
+        if let Some((path, list)) = looking {
+            link.send(&Msg::Stat { path: path.into() })?;
+            if list {
+                link.send(&Msg::List { path: path.into() })?;
+            }
+        }
+        if let Some(keyed) = selecting {
+            link.selected(addr, crate::server::SERVICE, keyed)?;
+        }
+        // The handshake's buffer is re-posted for the first answers after it, and a 1.3
+        // server may answer a GET with a FILE frame as large as any block: every buffer this
+        // client posts holds a block (the agreed size is at most the proposed one).
+        link.post_ring(
+            1,
+            proto::MAX_CONTROL.max(BLOCK_HEADER_LEN + proposed as usize),
+        )?;
         let (block, minor, session) = match link.recv_msg() {
             Ok(Msg::Welcome {
                 block_size,
@@ -568,7 +619,7 @@ impl Client {
             },
             ..Stats::default()
         };
-        Ok(Client {
+        let mut client = Client {
             link,
             block,
             minor,
@@ -584,7 +635,20 @@ impl Client {
             session,
             looked: None,
             stats,
-        })
+        };
+        match (looking, look) {
+            (Some((path, list)), _) => client.looked(path, list)?,
+            (None, Some((path, list))) => {
+                // Refused looks are the plan's to report; a broken connection is now.
+                if let Err(e) = client.look(path, list) {
+                    if e.kind == Kind::Connection {
+                        return Err(e);
+                    }
+                }
+            }
+            (None, None) => {}
+        }
+        Ok(client)
     }
 
     /// The handshake's round trip: the path's RTT as this connection measured it (zero to
@@ -660,8 +724,37 @@ impl Client {
         if list {
             self.link.send(&Msg::List { path: path.into() })?;
         }
+        let (entry, rtt) = self.look_answers(path, list, sent)?;
+        self.sample_rtt(rtt);
+        Ok(entry)
+    }
+
+    /// Takes the answers to a look sent with the handshake ([`Client::connect_and_look`]):
+    /// kept as [`Client::look`] keeps them; a refused STAT keeps nothing (the plan asks
+    /// again and reports it). Its wait is no round-trip sample: the answers queued behind
+    /// the handshake's.
+    fn looked(&mut self, path: &str, list: bool) -> Result<()> {
+        match self.look_answers(path, list, std::time::Instant::now()) {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind == Kind::Connection => Err(e),
+            Err(_) => {
+                self.looked = None;
+                Ok(())
+            }
+        }
+    }
+
+    /// The answers to a STAT of `path` (and its LIST, with `list`) sent at `sent`: the
+    /// entry, kept with the listing for the plan, and how long the STAT's answer took.
+    fn look_answers(
+        &mut self,
+        path: &str,
+        list: bool,
+        sent: std::time::Instant,
+    ) -> Result<(Entry, Duration)> {
+        self.looked = None;
         let answer = self.link.recv_msg()?;
-        self.sample_rtt(sent.elapsed());
+        let rtt = sent.elapsed();
         let listing = match list {
             // Any other refusal is the walk's to report, if it comes to one.
             true => match self.listed(path) {
@@ -681,7 +774,7 @@ impl Client {
             entry: Some(entry.clone()),
             listing: listing.filter(|_| entry.kind == EntryKind::Dir),
         });
-        Ok(entry)
+        Ok((entry, rtt))
     }
 
     /// `path`'s entry from the last [`Client::look`] at it (once), else a fresh look.

@@ -440,10 +440,16 @@ impl Server {
             }
             // The first request after PROTECT (which a client may send with its HELLO) came
             // one round trip after WELCOME went out, or later if the client was busy; TCP's
-            // own smallest round trip is not lengthened so.
+            // own smallest round trip is not lengthened so. A client that sent its first
+            // requests with its HELLO leaves no wait to time: the TLS handshake's round
+            // trip stands in for TCP's on drivers that do not know it.
             if let Some(welcomed) = st.welcomed.take() {
                 let waited = welcomed.elapsed();
-                let rtt = link.socket().path_rtt().map_or(waited, |t| t.min(waited));
+                let rtt = link
+                    .socket()
+                    .path_rtt()
+                    .or_else(|| link.secure().and_then(|s| s.handshake_rtt()))
+                    .unwrap_or(waited);
                 self.grow_to_path(link, tx, st, rtt);
             }
             if !st.agreed && link.secure().is_some() && !self.security.serves_unprotected() {
