@@ -92,12 +92,12 @@ impl Pipeline {
     /// Every write waits for its answer.
     pub const OFF: Pipeline = Pipeline { calls: 0, bytes: 0 };
 
-    /// What `on` means, and the default: 16 writes and 8 MiB. Sixteen small calls hide the round trip of
-    /// each (and the wait for the other ranks), while the server keeps at most sixteen
-    /// small answers queued for a rank that is not reading them and an error surfaces
-    /// within sixteen calls; beyond a few MiB a write's time is its bandwidth, not its
-    /// round trip, so two 4 MiB chunks in flight are enough, and every byte in flight is
-    /// a copy the client holds until it is sent.
+    /// What `on` means, and the default: 16 writes and 8 MiB. Sixteen small calls hide
+    /// the round trip of each (and the wait for the other ranks), while the server keeps
+    /// at most sixteen small answers queued for a rank that is not reading them and an
+    /// error surfaces within sixteen calls; beyond a few MiB a write's time is its
+    /// bandwidth, not its round trip, so two 4 MiB chunks in flight are enough, and every
+    /// byte in flight is a copy the client holds until it is sent.
     pub const ON: Pipeline = Pipeline {
         calls: 16,
         bytes: 8 << 20,

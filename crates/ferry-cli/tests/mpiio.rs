@@ -407,16 +407,20 @@ fn errors_np2_tcp() {
     assert!(!ran.file.exists(), "MPI_File_delete left the file");
 }
 
-/// Runs `fault FILE MODE` on 3 ranks (the last one fails the collective write) and checks
-/// that rank 0's call failed with MPI_ERR_OTHER in bounded time and that the same server
-/// serves the next job; returns what the ranks printed.
-fn rank_lost(mode: &str) -> String {
+/// Runs `fault FILE MODE [pipelined]` on 3 ranks (the last one fails the collective write)
+/// and checks that rank 0's write (or, pipelined, its next sync) failed with MPI_ERR_OTHER
+/// in bounded time and that the same server serves the next job; returns what the ranks
+/// printed.
+fn rank_lost(mode: &str, pipelined: bool) -> String {
     let s = serve_as(ferry(), "tcp", &[], &[]);
     let url = format!("ferry+{}", s.url("fault"));
     let mut cmd = mpirun(3, Io::Ferry, &[]);
     // Without it mpirun ends the whole job when a rank dies.
-    cmd.arg("--enable-recovery")
-        .args(argv("fault", &url, &[mode]));
+    cmd.arg("--enable-recovery").args(argv(
+        "fault",
+        &url,
+        &[mode, if pipelined { "pipelined" } else { "off" }],
+    ));
     let start = std::time::Instant::now();
     let out = run_mpi(cmd);
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -442,7 +446,16 @@ fn rank_lost(mode: &str) -> String {
 /// MPI error at once (the server sees the connection end), and the server goes on serving.
 #[test]
 fn rank_killed_mid_collective_np3_tcp() {
-    rank_lost("kill");
+    let text = rank_lost("kill", false);
+    assert!(text.contains("write_at_all returned"), "{text}");
+}
+
+/// The same with write pipelining on (the default): the write returns at once, and the
+/// next `MPI_File_sync` reports the lost rank with MPI_ERR_OTHER in bounded time.
+#[test]
+fn rank_killed_mid_collective_pipelined_np3_tcp() {
+    let text = rank_lost("kill", true);
+    assert!(text.contains("returned class"), "{text}");
 }
 
 /// A rank whose memory type cannot be decoded (it fails with MPI_ERR_TYPE before reaching
@@ -450,7 +463,7 @@ fn rank_killed_mid_collective_np3_tcp() {
 /// of waiting for it while it waits for them in MPI_Barrier.
 #[test]
 fn rank_failing_its_memory_type_np3_tcp() {
-    let text = rank_lost("type");
+    let text = rank_lost("type", false);
     assert!(text.contains("(MPI_ERR_TYPE)"), "rank 2: {text}");
 }
 
@@ -505,8 +518,10 @@ fn bench_cio_quick_shape() {
             assert!(r["server_cpu_ms"].as_f64().is_some(), "{r}");
             assert!(r["rank_cpu_ms"].as_f64().is_some(), "{r}");
             assert_eq!(r["resent_bytes"].as_u64(), Some(0), "{r}");
+            assert_eq!(r["client"], "pipeline+cache", "{r}");
         }
     }
+    assert_eq!(row("romio", "cb-off", "local", "read")["client"], "", "{v}");
     assert_eq!(
         row("romio", "two-phase", "local", "write")["resent_bytes"].as_u64(),
         Some(8_000)
@@ -527,7 +542,7 @@ fn bench_cio_quick_shape() {
     assert_eq!(targets.len(), 6, "{v}");
     let csv = std::fs::read_to_string(out_dir.join("cio.csv")).expect("cio.csv");
     assert!(
-        csv.starts_with("io,variant,driver,np,count,op,bytes,iters,ms,"),
+        csv.starts_with("io,variant,driver,client,np,count,op,bytes,iters,ms,"),
         "{csv}"
     );
     assert_eq!(csv.lines().count(), 15, "{csv}");
