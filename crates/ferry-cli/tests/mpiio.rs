@@ -291,6 +291,37 @@ fn seed_pattern_pipelined_np2_tcp() {
     );
 }
 
+/// The seed's pattern with the client's pipelining and read cache off (hints
+/// `ferry_pipeline=off`, `ferry_read_cache=off`: every call a round trip, collective reads
+/// gathered by the server), 5 writes then 5 reads: the file still equals ROMIO's. A bad
+/// `ferry_read_cache` fails the open with MPI_ERR_ARG and ferry's message.
+#[test]
+fn seed_pattern_plain_np2_tcp() {
+    let count = seed_count().to_string();
+    let args = [
+        &count,
+        "5",
+        "wr",
+        "ferry_pipeline=off",
+        "ferry_read_cache=off",
+    ];
+    same_as("tcp", 2, "seed", &args, ROMIO);
+    let s = serve_as(ferry(), "tcp", &[], &[]);
+    let url = format!("ferry+{}", s.url("bad-cache"));
+    let cmd = argv("seed", &url, &["4096", "1", "wr", "ferry_read_cache=lots"]);
+    let cmd: Vec<&str> = cmd.iter().map(String::as_str).collect();
+    let out = run_mpi(mpirun(2, Io::Ferry, &cmd));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a bad ferry_read_cache opened: {err}"
+    );
+    assert!(
+        err.contains("ferry_read_cache") && err.contains("64M"),
+        "no clear message: {err}"
+    );
+}
+
 /// Views and memory types of every constructor (subarray, darray, indexed, struct,
 /// dup(hvector), indexed_block, hindexed_block; vector memory, a negative lower bound, a
 /// named type with a hole): the file equals OMPIO's with fcoll `individual`. (ROMIO 3.2.1
