@@ -18,8 +18,9 @@
  * Hints (MPI_Info): ferry_url (the file's ferry URL, for programs that cannot change the
  * name), ferry_token (else $FERRY_TOKEN), ferry_mode (ecio, the default, or independent:
  * collective calls move each rank's data on its own), ferry_pipeline (write pipelining:
- * off, on, CALLS or CALLS,BYTES; else $FERRY_CIO_PIPELINE). cb_*, romio_* and every other
- * hint are accepted and ignored. The guide is docs/cio.md. */
+ * off, on, CALLS or CALLS,BYTES; else $FERRY_CIO_PIPELINE, on by default), ferry_read_cache
+ * (the client's read cache: off, on or a size; else $FERRY_CIO_READ_CACHE, on by default).
+ * cb_*, romio_* and every other hint are accepted and ignored. The guide is docs/cio.md. */
 
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -528,7 +529,7 @@ static int split_url(const char *url, char *addr, size_t alen, char *path, size_
 
 int MPI_File_open(MPI_Comm comm, const char *filename, int amode, MPI_Info info, MPI_File *fh)
 {
-    char url[1024], addr[1024], path[1024], token[1024], mode[64], pipeline[64];
+    char url[1024], addr[1024], path[1024], token[1024], mode[64], pipeline[64], cache[64];
     if (!ferry_url(filename, info, url, sizeof url))
         return PMPI_File_open(comm, filename, amode, info, fh);
     if (split_url(url, addr, sizeof addr, path, sizeof path) != 0) {
@@ -561,6 +562,13 @@ int MPI_File_open(MPI_Comm comm, const char *filename, int amode, MPI_Info info,
         ferry_cio_abandon(cf);
         return fail_nofile(comm, ferry_to_mpi_class(rc), msg);
     }
+    int cached = hint(info, "ferry_read_cache", cache, sizeof cache);
+    if (cached && (rc = ferry_cio_set_read_cache(cf, cache)) != 0) {
+        char msg[1200];
+        snprintf(msg, sizeof msg, "hint ferry_read_cache: %s", ferry_cio_last_error());
+        ferry_cio_abandon(cf);
+        return fail_nofile(comm, ferry_to_mpi_class(rc), msg);
+    }
     struct ferry_file *f = calloc(1, sizeof *f);
     if (!f) {
         ferry_cio_abandon(cf);
@@ -579,6 +587,8 @@ int MPI_File_open(MPI_Comm comm, const char *filename, int amode, MPI_Info info,
     PMPI_Info_set(f->info, "ferry_mode", independent ? "independent" : "ecio");
     if (pipelined)
         PMPI_Info_set(f->info, "ferry_pipeline", pipeline);
+    if (cached)
+        PMPI_Info_set(f->info, "ferry_read_cache", cache);
     f->slot = table_add(f);
     if (f->slot < 0) {
         ferry_cio_abandon(cf);

@@ -6,7 +6,10 @@
  * - `type`: the last rank's memory type cannot be decoded (a darray spanning 128 MiB, past
  *   what the interposer flattens): it fails with MPI_ERR_TYPE and leaves the session,
  *   then waits in MPI_Barrier for the others.
- *   mpirun --enable-recovery -np 2 ./fault FILE [kill|type] */
+ * The file is opened with write pipelining off (hint ferry_pipeline=off), so the write
+ * itself fails; with a third argument `pipelined` it is on (the default): the write may
+ * return at once, and then MPI_File_sync must report the error.
+ *   mpirun --enable-recovery -np 2 ./fault FILE [kill|type] [pipelined] */
 #include <mpi.h>
 #include <signal.h>
 #include <stdio.h>
@@ -26,7 +29,12 @@ int main(int argc, char **argv)
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
     MPI_File fh;
-    if (MPI_File_open(MPI_COMM_WORLD, argv[1], MPI_MODE_CREATE | MPI_MODE_WRONLY, MPI_INFO_NULL, &fh) != MPI_SUCCESS) {
+    int pipelined = argc > 3 && strcmp(argv[3], "pipelined") == 0;
+    MPI_Info info;
+    MPI_Info_create(&info);
+    if (!pipelined)
+        MPI_Info_set(info, "ferry_pipeline", "off");
+    if (MPI_File_open(MPI_COMM_WORLD, argv[1], MPI_MODE_CREATE | MPI_MODE_WRONLY, info, &fh) != MPI_SUCCESS) {
         fprintf(stderr, "fault: open failed\n");
         MPI_Abort(MPI_COMM_WORLD, 2);
     }
@@ -53,6 +61,11 @@ int main(int argc, char **argv)
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     int rc = MPI_File_write_at_all(fh, 0, data, count, mt, MPI_STATUS_IGNORE);
+    const char *call = "write_at_all";
+    if (pipelined && rc == MPI_SUCCESS) { /* the write's error comes back from here */
+        rc = MPI_File_sync(fh);
+        call = "sync";
+    }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
     int cls = MPI_SUCCESS, len = 0;
@@ -60,7 +73,7 @@ int main(int argc, char **argv)
     MPI_Error_class(rc, &cls);
     MPI_Error_string(rc, text, &len);
     if (r == 0) {
-        printf("fault: rank 0: write_at_all returned class %d%s after %.0f ms: %s\n", cls,
+        printf("fault: rank 0: %s returned class %d%s after %.0f ms: %s\n", call, cls,
                cls == MPI_ERR_OTHER ? " (MPI_ERR_OTHER)" : "", ms, text);
         printf(rc != MPI_SUCCESS ? "fault: ok\n" : "fault: the write succeeded\n");
         fflush(stdout);
@@ -76,6 +89,7 @@ int main(int argc, char **argv)
     MPI_Barrier(MPI_COMM_WORLD);
     MPI_File_close(&fh);
     MPI_Type_free(&ft);
+    MPI_Info_free(&info);
     MPI_Finalize();
     return rc != MPI_SUCCESS ? 0 : 6;
 }

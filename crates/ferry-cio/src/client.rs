@@ -3,8 +3,11 @@
 //! Every rank of a job opens the file with the same job key, path and access mode, each
 //! on a connection of its own ([`File::open`]); collective calls (`set_view`,
 //! `write_at_all`, `read_at_all`, `set_size`, `preallocate`, `sync`, `close`) return once
-//! every rank made them — but for writes when [`Pipeline`] is on: a write then returns
-//! once its data is handed to the connection, and its answer is collected later. A rank
+//! every rank made them — but for writes while [`Pipeline`] is on (the default): a write
+//! then returns once its data is handed to the connection, and its answer is collected
+//! later; and for reads while the read cache is on (the default, [`File::set_read_cache`]):
+//! a read of data this rank read since its last sync point is served locally, and any other
+//! read, collective or not, is fetched by this rank alone. A rank
 //! packs its memory buffer by its memory type and sends the data stream; the server
 //! places it by the rank's view. In this slice the data moves in EXS messages of the
 //! chunk the server chose (4 MiB by default), not yet by RMA from the caller's memory.
@@ -38,6 +41,7 @@ use ferry_service::select::{self, Floor};
 
 use crate::error::{CioError, ErrorClass, Result};
 use crate::proto::{self, Desc, Msg, HEADER_LEN, MAX_CACHED_TYPES, MAX_CHUNK};
+use crate::readcache::{read_cache_from_env, ReadCache};
 
 /// A rank's place in its job: the communicator of an MPI-IO open.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,15 +89,15 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    /// Every write waits for its answer (the default).
+    /// Every write waits for its answer.
     pub const OFF: Pipeline = Pipeline { calls: 0, bytes: 0 };
 
-    /// What `on` means: 16 writes and 8 MiB. Sixteen small calls hide the round trip of
-    /// each (and the wait for the other ranks), while the server keeps at most sixteen
-    /// small answers queued for a rank that is not reading them and an error surfaces
-    /// within sixteen calls; beyond a few MiB a write's time is its bandwidth, not its
-    /// round trip, so two 4 MiB chunks in flight are enough, and every byte in flight is
-    /// a copy the client holds until it is sent.
+    /// What `on` means, and the default: 16 writes and 8 MiB. Sixteen small calls hide
+    /// the round trip of each (and the wait for the other ranks), while the server keeps
+    /// at most sixteen small answers queued for a rank that is not reading them and an
+    /// error surfaces within sixteen calls; beyond a few MiB a write's time is its
+    /// bandwidth, not its round trip, so two 4 MiB chunks in flight are enough, and every
+    /// byte in flight is a copy the client holds until it is sent.
     pub const ON: Pipeline = Pipeline {
         calls: 16,
         bytes: 8 << 20,
@@ -129,12 +133,12 @@ impl Pipeline {
         Ok(Pipeline { calls, bytes })
     }
 
-    /// The setting of [`PIPELINE_ENV`] ([`Pipeline::OFF`] when unset).
+    /// The setting of [`PIPELINE_ENV`] ([`Pipeline::ON`] when unset).
     pub fn from_env() -> Result<Pipeline> {
         match std::env::var(PIPELINE_ENV) {
             Ok(v) => Pipeline::parse(&v)
                 .map_err(|e| CioError::new(e.class, format!("{PIPELINE_ENV}: {}", e.message))),
-            Err(std::env::VarError::NotPresent) => Ok(Pipeline::OFF),
+            Err(std::env::VarError::NotPresent) => Ok(Pipeline::ON),
             Err(e) => Err(CioError::new(
                 ErrorClass::Arg,
                 format!("{PIPELINE_ENV}: {e}"),
@@ -166,6 +170,12 @@ pub struct File {
     /// The first error of a deferred write not yet returned, and how many deferred writes
     /// failed after it.
     deferred: Option<(CioError, u64)>,
+    /// Reads answered since the last sync point.
+    cache: ReadCache,
+    /// The current view as the read cache knows it: the hash of its displacement and
+    /// type descriptions and its etype's size; None after a failed `set_view` (the
+    /// server's view is then not known, and reads bypass the cache).
+    view: Option<([u8; 32], u64)>,
 }
 
 impl File {
@@ -176,7 +186,9 @@ impl File {
     /// The server's identity is checked against the known-hosts file
     /// (`FERRY_KNOWN_HOSTS`, or `~/.config/ferry/known_hosts`), pinned on first use.
     ///
-    /// Writes are pipelined as [`PIPELINE_ENV`] says (off when unset; [`File::set_pipeline`]).
+    /// Writes are pipelined as [`PIPELINE_ENV`] says (on when unset; [`File::set_pipeline`]),
+    /// and reads cached as [`crate::READ_CACHE_ENV`] says (on, 64 MiB, when unset;
+    /// [`File::set_read_cache`]).
     pub fn open(addr: &str, path: &str, comm: Comm, mode: u32, token: &str) -> Result<File> {
         Self::open_with(addr, path, comm, mode, token, &ClientSecurity::default())
     }
@@ -192,6 +204,7 @@ impl File {
         sec: &ClientSecurity,
     ) -> Result<File> {
         let pipeline = Pipeline::from_env()?;
+        let cache = read_cache_from_env()?;
         let mut ch = Channel::connect_with(addr, CONNECT_TIMEOUT, sec)?;
         ch.post_ring(RING, HEADER_LEN + MAX_CHUNK as usize)?;
         ch.timeout = CALL_TIMEOUT;
@@ -254,6 +267,8 @@ impl File {
                     pipeline,
                     outstanding: VecDeque::new(),
                     deferred: None,
+                    cache: ReadCache::new(cache),
+                    view: Some(([0; 32], 1)),
                 })
             }
             Msg::Error { class, message } => Err(CioError::new(class, message)),
@@ -288,8 +303,15 @@ impl File {
     }
 
     fn set_view_now(&mut self, disp: i64, etype: &Datatype, filetype: &Datatype) -> Result<()> {
-        let etype = self.describe(etype);
-        let filetype = self.describe(filetype);
+        let esize = etype.size();
+        let (etype, eh) = self.describe(etype);
+        let (filetype, fh) = self.describe(filetype);
+        let mut key = blake3::Hasher::new();
+        key.update(&disp.to_le_bytes());
+        key.update(&eh);
+        key.update(&fh);
+        // Unknown until the server answers: a failed SET_VIEW may leave either view.
+        self.view = None;
         send(
             &self.ch,
             &Msg::SetView {
@@ -298,7 +320,9 @@ impl File {
                 filetype,
             },
         )?;
-        self.done().map(|_| ())
+        self.done()?;
+        self.view = Some((*key.finalize().as_bytes(), esize));
+        Ok(())
     }
 
     /// Collective: writes `count` instances of `memtype` from `buf` (displacement 0 at
@@ -411,11 +435,13 @@ impl File {
 
     /// Collective: truncates or extends the file to `size` bytes (the same on every rank).
     pub fn set_size(&mut self, size: u64) -> Result<()> {
+        self.cache.clear();
         self.answered(&Msg::SetSize(size))
     }
 
     /// Collective: allocates the first `size` bytes; the file grows to at least `size`.
     pub fn preallocate(&mut self, size: u64) -> Result<()> {
+        self.cache.clear();
         self.answered(&Msg::Preallocate(size))
     }
 
@@ -423,12 +449,14 @@ impl File {
     /// returns. With write pipelining, it returns the first error of this rank's
     /// deferred writes not yet returned.
     pub fn sync(&mut self) -> Result<()> {
+        self.cache.clear();
         self.answered(&Msg::Sync)
     }
 
     /// Collective: closes the file (durable, as after [`File::sync`]), returning the
     /// first error of a deferred write not yet returned, if any.
     pub fn close(mut self) -> Result<()> {
+        self.cache.clear();
         let r = self.answered(&Msg::Close);
         self.closed = true;
         self.ch.close();
@@ -518,17 +546,18 @@ impl File {
 
     /// A datatype for SET_VIEW: its hash if the server keeps it, else its description
     /// (which the server then keeps; both sides forget all when the cache would overflow).
-    fn describe(&mut self, t: &Datatype) -> Desc {
+    /// Also its hash.
+    fn describe(&mut self, t: &Datatype) -> (Desc, [u8; 32]) {
         let bytes = t.encode();
         let h = *blake3::hash(&bytes).as_bytes();
         if self.types.contains(&h) {
-            return Desc::Hash(h);
+            return (Desc::Hash(h), h);
         }
         if self.types.len() >= MAX_CACHED_TYPES {
             self.types.clear();
         }
         self.types.insert(h);
-        Desc::Inline(bytes)
+        (Desc::Inline(bytes), h)
     }
 
     fn write(
@@ -543,6 +572,9 @@ impl File {
         let mut p = Packer::new(memtype, count)?;
         // The layout is checked against the buffer before anything is sent.
         p.pack(buf, origin, 0, &mut [])?;
+        // A read after this rank's own write must see it: what was read before is
+        // forgotten (every rank makes a collective write, so every rank forgets).
+        self.cache.clear();
         let len = p.packed_size();
         let head = if collective {
             Msg::WriteAtAll { offset, len }
@@ -596,9 +628,55 @@ impl File {
         count: u64,
         memtype: &Datatype,
     ) -> Result<u64> {
-        self.settled(|f| f.read_now(collective, offset, buf, origin, count, memtype))
+        if self.cache.limit() == 0 {
+            return self
+                .settled(|f| f.read_now(collective, offset, buf, origin, count, memtype, None));
+        }
+        let mut u = Unpacker::new(memtype, count)?;
+        u.unpack(buf, origin, 0, &[])?;
+        let len = u.packed_size();
+        if len == 0 {
+            return self.with_deferred(Ok(0));
+        }
+        // Where the window starts in the view's data stream (None: bypass the cache; the
+        // server judges the call).
+        let at = self
+            .view
+            .and_then(|(key, esize)| Some((key, offset.checked_mul(esize)?)));
+        if let Some((key, start)) = at {
+            if let Some(bytes) = self.cache.lookup(&key, start, len) {
+                u.unpack(buf, origin, 0, bytes)?;
+                let n = bytes.len() as u64;
+                return self.with_deferred(Ok(n));
+            }
+        }
+        // A miss is fetched on its own, even in a collective read: the other ranks may all
+        // hit, and a collective request would wait for them.
+        let keep = at.filter(|_| self.cache.keeps(len));
+        self.settled(|f| {
+            let mut stream = keep.map(|_| Vec::with_capacity(len as usize));
+            let n = f.read_now(false, offset, buf, origin, count, memtype, stream.as_mut())?;
+            if let (Some((key, start)), Some(data)) = (keep, stream) {
+                f.cache.insert(key, start, len, data);
+            }
+            Ok(n)
+        })
     }
 
+    /// Sets the read cache's size for this file (0: off), forgetting what it held; see
+    /// `docs/cio.md`, "Read cache". Every rank of the file must use the same setting
+    /// (with it on, a collective read's miss is fetched by an independent request).
+    pub fn set_read_cache(&mut self, bytes: u64) {
+        self.cache.set_limit(bytes);
+    }
+
+    /// The read cache's size (0: off).
+    pub fn read_cache(&self) -> u64 {
+        self.cache.limit()
+    }
+
+    /// Reads from the server, appending the data stream to `keep` if given.
+    #[allow(clippy::too_many_arguments)]
     fn read_now(
         &mut self,
         collective: bool,
@@ -607,6 +685,7 @@ impl File {
         origin: usize,
         count: u64,
         memtype: &Datatype,
+        mut keep: Option<&mut Vec<u8>>,
     ) -> Result<u64> {
         let mut u = Unpacker::new(memtype, count)?;
         u.unpack(buf, origin, 0, &[])?;
@@ -627,6 +706,9 @@ impl File {
                             return Err(CioError::conn("the server sent more data than asked"));
                         }
                         u.unpack(buf, origin, pos, payload)?;
+                        if let Some(k) = keep.as_deref_mut() {
+                            k.extend_from_slice(payload);
+                        }
                         Ok(Step::Data(payload.len() as u64))
                     }
                     Msg::Done(n) => Ok(Step::Done(n)),

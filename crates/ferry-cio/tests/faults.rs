@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::{job, ranks, start, TOKEN};
 use ferry_cio::proto::{self, Desc, Msg};
-use ferry_cio::{amode, CioError, Comm, ErrorClass, File};
+use ferry_cio::{amode, CioError, Comm, ErrorClass, File, Pipeline};
 use ferry_dtype::Datatype;
 use ferry_service::channel::Channel;
 use ferry_service::select::{self, Floor};
@@ -30,10 +30,17 @@ fn class<T>(r: Result<T, CioError>) -> ErrorClass {
     }
 }
 
+/// An error of a deferred write: its class, and a message saying it was an earlier write.
+fn deferred(e: &CioError, class: ErrorClass, says: &str) -> bool {
+    e.class == class && e.message.contains("earlier write") && e.message.contains(says)
+}
+
 #[test]
 fn overlapping_pieces_fail_every_rank_and_write_nothing() {
     let srv = start("tcp", T);
     let errs = ranks(&srv.addr, "d/overlap.bin", 2, |rank, mut f| {
+        // Pipelining off: the failing write reports its own error.
+        f.set_pipeline(Pipeline::OFF).unwrap();
         // Both ranks' views start at byte 0: their first ints overlap.
         let data = vec![rank as u8 + 1; 16];
         let e = f.write_at_all(0, &data, 4, &int()).unwrap_err();
@@ -46,6 +53,31 @@ fn overlapping_pieces_fail_every_rank_and_write_nothing() {
     }
     assert_eq!(
         std::fs::metadata(srv.root.join("overlap.bin"))
+            .unwrap()
+            .len(),
+        0
+    );
+}
+
+/// With write pipelining (the default) the overlapping write returns at once; its error
+/// comes back from `sync` on every rank with its class, and nothing is written.
+#[test]
+fn overlapping_pieces_pipelined_fail_the_next_sync() {
+    let srv = start("tcp", T);
+    let got = ranks(&srv.addr, "d/overlap-pipe.bin", 2, |rank, mut f| {
+        assert!(f.pipeline().calls > 0, "pipelining is on by default");
+        let data = vec![rank as u8 + 1; 16];
+        let wrote = f.write_at_all(0, &data, 4, &int()).map_err(|e| e.class);
+        (wrote, f.sync(), f.close())
+    });
+    for (wrote, sync, close) in got {
+        assert_eq!(wrote, Ok(16));
+        let e = sync.unwrap_err();
+        assert!(deferred(&e, ErrorClass::Arg, "overlapping"), "{e}");
+        close.unwrap();
+    }
+    assert_eq!(
+        std::fs::metadata(srv.root.join("overlap-pipe.bin"))
             .unwrap()
             .len(),
         0
@@ -80,6 +112,7 @@ fn a_negative_displacement_fails_the_collective_view() {
 fn an_offset_beyond_any_file_is_refused() {
     let srv = start("tcp", T);
     let errs = ranks(&srv.addr, "d/far.bin", 1, |_, mut f| {
+        f.set_pipeline(Pipeline::OFF).unwrap();
         f.set_view(0, &int(), &int()).unwrap();
         let e = f
             .write_at_all(u64::MAX / 2, &[0; 4], 1, &int())
@@ -90,6 +123,27 @@ fn an_offset_beyond_any_file_is_refused() {
     assert_eq!(errs[0].class, ErrorClass::Arg, "{}", errs[0]);
     assert_eq!(
         std::fs::metadata(srv.root.join("far.bin")).unwrap().len(),
+        0
+    );
+}
+
+/// Pipelined (the default), the far write returns at once and `close` reports its error.
+#[test]
+fn an_offset_beyond_any_file_pipelined_fails_the_close() {
+    let srv = start("tcp", T);
+    let got = ranks(&srv.addr, "d/far-pipe.bin", 1, |_, mut f| {
+        f.set_view(0, &int(), &int()).unwrap();
+        let wrote = f.write_at_all(u64::MAX / 2, &[0; 4], 1, &int());
+        (wrote.map_err(|e| e.class), f.close())
+    });
+    let (wrote, close) = got.into_iter().next().unwrap();
+    assert_eq!(wrote, Ok(4));
+    let e = close.unwrap_err();
+    assert!(deferred(&e, ErrorClass::Arg, ""), "{e}");
+    assert_eq!(
+        std::fs::metadata(srv.root.join("far-pipe.bin"))
+            .unwrap()
+            .len(),
         0
     );
 }
@@ -239,11 +293,20 @@ fn paths_outside_the_roots_and_bad_tokens_are_refused() {
         TOKEN,
     )
     .unwrap();
+    f.set_pipeline(Pipeline::OFF).unwrap();
     assert_eq!(
         class(f.write_at(0, b"y", 1, &Datatype::byte())),
         ErrorClass::Access
     );
     let mut one = [0u8; 1];
+    assert_eq!(f.read_at(0, &mut one, 1, &Datatype::byte()).unwrap(), 1);
+    assert_eq!(&one, b"x");
+    // Pipelined, the refused write returns at once and the next call that needs an
+    // answer reports it (a read, which still reads); it is reported once.
+    f.set_pipeline(Pipeline::ON).unwrap();
+    assert_eq!(f.write_at(0, b"y", 1, &Datatype::byte()).unwrap(), 1);
+    let e = f.read_at(0, &mut one, 1, &Datatype::byte()).unwrap_err();
+    assert!(deferred(&e, ErrorClass::Access, ""), "{e}");
     assert_eq!(f.read_at(0, &mut one, 1, &Datatype::byte()).unwrap(), 1);
     assert_eq!(&one, b"x");
     f.close().unwrap();
@@ -348,9 +411,10 @@ fn child_rank_that_gets_killed() {
     };
     let mut it = spec.split(' ');
     let (addr, job) = (it.next().unwrap(), it.next().unwrap().parse().unwrap());
+    let path = it.next().unwrap_or("d/killed.bin");
     let _f = File::open(
         addr,
-        "d/killed.bin",
+        path,
         Comm {
             job,
             rank: 1,
@@ -364,9 +428,9 @@ fn child_rank_that_gets_killed() {
     std::thread::sleep(Duration::from_secs(60));
 }
 
-#[test]
-fn a_killed_rank_fails_the_others_at_once() {
-    let srv = start("tcp", Duration::from_secs(60));
+/// Opens `path` as rank 0 of 2 with a child process as rank 1, which is killed 300 ms
+/// later (the killer thread's handle is returned).
+fn open_with_a_doomed_rank(addr: &str, path: &str) -> (File, std::thread::JoinHandle<()>) {
     let key = job();
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
@@ -375,13 +439,13 @@ fn a_killed_rank_fails_the_others_at_once() {
             "--ignored",
             "--nocapture",
         ])
-        .env("CIO_CHILD", format!("{} {key}", srv.addr))
+        .env("CIO_CHILD", format!("{addr} {key} {path}"))
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let mut f = File::open(
-        &srv.addr,
-        "d/killed.bin",
+    let f = File::open(
+        addr,
+        path,
         Comm {
             job: key,
             rank: 0,
@@ -391,12 +455,20 @@ fn a_killed_rank_fails_the_others_at_once() {
         TOKEN,
     )
     .unwrap();
-    // Both opened (the open is collective); kill rank 1 while rank 0 waits in a write.
+    // Both opened (the open is collective); kill rank 1 while rank 0 waits in a call.
     let killer = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(300));
         child.kill().unwrap();
         child.wait().unwrap();
     });
+    (f, killer)
+}
+
+#[test]
+fn a_killed_rank_fails_the_others_at_once() {
+    let srv = start("tcp", Duration::from_secs(60));
+    let (mut f, killer) = open_with_a_doomed_rank(&srv.addr, "d/killed.bin");
+    f.set_pipeline(Pipeline::OFF).unwrap();
     let t = Instant::now();
     let e = f.write_at_all(0, &[7; 8], 2, &int()).unwrap_err();
     assert_eq!(e.class, ErrorClass::RankLost, "{e}");
@@ -415,6 +487,27 @@ fn a_killed_rank_fails_the_others_at_once() {
         n
     });
     assert_eq!(n, [4]);
+}
+
+/// Pipelined (the default), the write returns at once and the next `sync` reports the
+/// lost rank (for the write, then its own failure) within a bounded time.
+#[test]
+fn a_killed_rank_pipelined_fails_the_next_sync() {
+    let srv = start("tcp", Duration::from_secs(60));
+    let (mut f, killer) = open_with_a_doomed_rank(&srv.addr, "d/killed-pipe.bin");
+    let t = Instant::now();
+    assert_eq!(f.write_at_all(0, &[7; 8], 2, &int()).unwrap(), 8);
+    let e = f.sync().unwrap_err();
+    assert!(deferred(&e, ErrorClass::RankLost, ""), "{e}");
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    killer.join().unwrap();
+    drop(f);
+    assert_eq!(
+        std::fs::metadata(srv.root.join("killed-pipe.bin"))
+            .unwrap()
+            .len(),
+        0
+    );
 }
 
 /// A drain refuses new opens (Busy) and lets open files work through the grace period;

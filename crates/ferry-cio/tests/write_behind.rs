@@ -180,6 +180,7 @@ fn a_write_that_fails_behind_is_reported_by_sync_or_close() {
 fn without_write_behind_the_failing_write_fails_its_call() {
     let (mut child, addr, root) = limited_server(0);
     let got = ranks(&addr, "d/full-now.bin", 2, move |rank, mut f| {
+        f.set_pipeline(Pipeline::OFF).unwrap();
         let data = vec![rank as u8 + 1; 4096];
         let wrote = f.write_at_all(
             (8 << 20) + 4096 * u64::from(rank),

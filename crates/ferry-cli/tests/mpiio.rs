@@ -291,6 +291,37 @@ fn seed_pattern_pipelined_np2_tcp() {
     );
 }
 
+/// The seed's pattern with the client's pipelining and read cache off (hints
+/// `ferry_pipeline=off`, `ferry_read_cache=off`: every call a round trip, collective reads
+/// gathered by the server), 5 writes then 5 reads: the file still equals ROMIO's. A bad
+/// `ferry_read_cache` fails the open with MPI_ERR_ARG and ferry's message.
+#[test]
+fn seed_pattern_plain_np2_tcp() {
+    let count = seed_count().to_string();
+    let args = [
+        &count,
+        "5",
+        "wr",
+        "ferry_pipeline=off",
+        "ferry_read_cache=off",
+    ];
+    same_as("tcp", 2, "seed", &args, ROMIO);
+    let s = serve_as(ferry(), "tcp", &[], &[]);
+    let url = format!("ferry+{}", s.url("bad-cache"));
+    let cmd = argv("seed", &url, &["4096", "1", "wr", "ferry_read_cache=lots"]);
+    let cmd: Vec<&str> = cmd.iter().map(String::as_str).collect();
+    let out = run_mpi(mpirun(2, Io::Ferry, &cmd));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a bad ferry_read_cache opened: {err}"
+    );
+    assert!(
+        err.contains("ferry_read_cache") && err.contains("64M"),
+        "no clear message: {err}"
+    );
+}
+
 /// Views and memory types of every constructor (subarray, darray, indexed, struct,
 /// dup(hvector), indexed_block, hindexed_block; vector memory, a negative lower bound, a
 /// named type with a hole): the file equals OMPIO's with fcoll `individual`. (ROMIO 3.2.1
@@ -407,16 +438,20 @@ fn errors_np2_tcp() {
     assert!(!ran.file.exists(), "MPI_File_delete left the file");
 }
 
-/// Runs `fault FILE MODE` on 3 ranks (the last one fails the collective write) and checks
-/// that rank 0's call failed with MPI_ERR_OTHER in bounded time and that the same server
-/// serves the next job; returns what the ranks printed.
-fn rank_lost(mode: &str) -> String {
+/// Runs `fault FILE MODE [pipelined]` on 3 ranks (the last one fails the collective write)
+/// and checks that rank 0's write (or, pipelined, its next sync) failed with MPI_ERR_OTHER
+/// in bounded time and that the same server serves the next job; returns what the ranks
+/// printed.
+fn rank_lost(mode: &str, pipelined: bool) -> String {
     let s = serve_as(ferry(), "tcp", &[], &[]);
     let url = format!("ferry+{}", s.url("fault"));
     let mut cmd = mpirun(3, Io::Ferry, &[]);
     // Without it mpirun ends the whole job when a rank dies.
-    cmd.arg("--enable-recovery")
-        .args(argv("fault", &url, &[mode]));
+    cmd.arg("--enable-recovery").args(argv(
+        "fault",
+        &url,
+        &[mode, if pipelined { "pipelined" } else { "off" }],
+    ));
     let start = std::time::Instant::now();
     let out = run_mpi(cmd);
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -442,7 +477,16 @@ fn rank_lost(mode: &str) -> String {
 /// MPI error at once (the server sees the connection end), and the server goes on serving.
 #[test]
 fn rank_killed_mid_collective_np3_tcp() {
-    rank_lost("kill");
+    let text = rank_lost("kill", false);
+    assert!(text.contains("write_at_all returned"), "{text}");
+}
+
+/// The same with write pipelining on (the default): the write returns at once, and the
+/// next `MPI_File_sync` reports the lost rank with MPI_ERR_OTHER in bounded time.
+#[test]
+fn rank_killed_mid_collective_pipelined_np3_tcp() {
+    let text = rank_lost("kill", true);
+    assert!(text.contains("returned class"), "{text}");
 }
 
 /// A rank whose memory type cannot be decoded (it fails with MPI_ERR_TYPE before reaching
@@ -450,7 +494,7 @@ fn rank_killed_mid_collective_np3_tcp() {
 /// of waiting for it while it waits for them in MPI_Barrier.
 #[test]
 fn rank_failing_its_memory_type_np3_tcp() {
-    let text = rank_lost("type");
+    let text = rank_lost("type", false);
     assert!(text.contains("(MPI_ERR_TYPE)"), "rank 2: {text}");
 }
 
@@ -505,8 +549,10 @@ fn bench_cio_quick_shape() {
             assert!(r["server_cpu_ms"].as_f64().is_some(), "{r}");
             assert!(r["rank_cpu_ms"].as_f64().is_some(), "{r}");
             assert_eq!(r["resent_bytes"].as_u64(), Some(0), "{r}");
+            assert_eq!(r["client"], "pipeline+cache", "{r}");
         }
     }
+    assert_eq!(row("romio", "cb-off", "local", "read")["client"], "", "{v}");
     assert_eq!(
         row("romio", "two-phase", "local", "write")["resent_bytes"].as_u64(),
         Some(8_000)
@@ -527,7 +573,7 @@ fn bench_cio_quick_shape() {
     assert_eq!(targets.len(), 6, "{v}");
     let csv = std::fs::read_to_string(out_dir.join("cio.csv")).expect("cio.csv");
     assert!(
-        csv.starts_with("io,variant,driver,np,count,op,bytes,iters,ms,"),
+        csv.starts_with("io,variant,driver,client,np,count,op,bytes,iters,ms,"),
         "{csv}"
     );
     assert_eq!(csv.lines().count(), 15, "{csv}");

@@ -4,7 +4,7 @@
 use std::ffi::{c_char, c_void, CStr};
 
 use ferry_cio::view::{Extent, View};
-use ferry_cio::{CioError, Comm, ErrorClass, File, Pipeline};
+use ferry_cio::{parse_read_cache, CioError, Comm, ErrorClass, File, Pipeline};
 use ferry_dtype::Datatype;
 
 use crate::dt::{dt, FerryDt};
@@ -319,6 +319,31 @@ pub unsafe extern "C" fn ferry_cio_set_pipeline(f: *mut FerryCioFile, spec: *con
         with_file(f, |h| {
             let p = Pipeline::parse(spec)?;
             h.file.set_pipeline(p)
+        })
+    }
+}
+
+/// Sets the read cache for this file from `spec` (`off`, `on` or a size in bytes with an
+/// optional `K`, `M` or `G` suffix, as `FERRY_CIO_READ_CACHE`), forgetting what it held.
+/// A bad `spec` is `Arg` and changes nothing.
+///
+/// # Safety
+/// `f` is a live file handle, `spec` NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn ferry_cio_set_read_cache(
+    f: *mut FerryCioFile,
+    spec: *const c_char,
+) -> i32 {
+    let spec = match cstr(spec, "the read cache setting") {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    // SAFETY: forwarded caller contract.
+    unsafe {
+        with_file(f, |h| {
+            let bytes = parse_read_cache(spec)?;
+            h.file.set_read_cache(bytes);
+            Ok(())
         })
     }
 }

@@ -52,7 +52,9 @@ pub struct CioArgs {
     #[arg(long)]
     budget: Option<f64>,
     /// Only the configurations whose label (`romio two-phase`, `ferry ecio ofi+shm`, ...)
-    /// contains one of these words, comma-separated (e.g. `ferry`, `cb-off,ecio`).
+    /// contains one of these words, comma-separated (e.g. `ferry`, `cb-off,ecio`). The
+    /// row `ferry ecio-nocache tcp` (ECIO with the client's write pipelining and read
+    /// cache off) runs only when a word holds `nocache` (e.g. `ecio,nocache,cb-off`).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// The interposer [default: libferry-mpiio.so beside the ferry binary, where `make
@@ -99,6 +101,10 @@ struct Config {
     how: Io,
     /// Aggregators of a two-phase collective (0: no redistribution among ranks).
     aggregators: u64,
+    /// ferry's client settings (`pipeline+cache`, `plain`); empty for MPI-IO.
+    client: &'static str,
+    /// Run only when `--only` names it (a word holding `nocache`).
+    opt_in: bool,
 }
 
 impl Config {
@@ -119,13 +125,18 @@ fn configs() -> Vec<Config> {
         driver: "local",
         how: Io::Local { mca, hints },
         aggregators,
+        client: "",
+        opt_in: false,
     };
+    // The interposer's defaults: write pipelining and the read cache on.
     let ferry = |variant, driver, hints| Config {
         io: "ferry",
         variant,
         driver,
         how: Io::Ferry { hints },
         aggregators: 0,
+        client: "pipeline+cache",
+        opt_in: false,
     };
     vec![
         local("romio", "two-phase", ROMIO, &[], 1),
@@ -147,6 +158,17 @@ fn configs() -> Vec<Config> {
         ferry("ecio", "tcp", &[]),
         ferry("ecio", "ofi+shm", &[]),
         ferry("independent", "tcp", &["ferry_mode=independent"]),
+        // The gain of the client's pipelining and cache, visible in one run; not an ECIO
+        // row of the summary.
+        Config {
+            client: "plain",
+            opt_in: true,
+            ..ferry(
+                "ecio-nocache",
+                "tcp",
+                &["ferry_pipeline=off", "ferry_read_cache=off"],
+            )
+        },
     ]
 }
 
@@ -237,7 +259,12 @@ pub fn run(args: &CioArgs) -> Result<()> {
     let ferry = Ferry::start(&dir, &root, mpi::interposer(args.mpiio_lib.as_deref()));
     let configs: Vec<Config> = (configs().into_iter())
         .filter(|c| {
-            args.only.is_empty() || args.only.iter().any(|w| c.label().contains(w.as_str()))
+            let named = |w: &String| c.label().contains(w.as_str());
+            if c.opt_in {
+                args.only.iter().any(|w| w.contains("nocache") && named(w))
+            } else {
+                args.only.is_empty() || args.only.iter().any(named)
+            }
         })
         .collect();
     let mut notes = vec![
@@ -337,6 +364,7 @@ fn measure(c: &Config, p: &Point, seed: &Path, root: &Path, ferry: &Ferry) -> Ci
         io: c.io.into(),
         variant: c.variant.into(),
         driver: c.driver.into(),
+        client: c.client.into(),
         np: p.np,
         count: p.count,
         op: op.into(),

@@ -18,6 +18,9 @@ pub struct CioRow {
     pub variant: String,
     /// `local` (MPI-IO on the server's root directory) or the ferry driver.
     pub driver: String,
+    /// ferry's client settings: `pipeline+cache` (the defaults: write pipelining and the
+    /// read cache on) or `plain` (both off, row `ecio-nocache`); empty for MPI-IO.
+    pub client: String,
     /// Ranks.
     pub np: u32,
     /// MPI_INTs over all ranks.
@@ -201,7 +204,7 @@ impl CioReport {
         }
         let _ = writeln!(
             s,
-            "\n{:<28} {:>2} {:>8} {:<5} {:>5} {:>10} {:>10} {:>9} {:>9} {:>9} {:>10}",
+            "\n{:<28} {:>2} {:>8} {:<5} {:>5} {:>10} {:>10} {:>9} {:>9} {:>9} {:>10} client",
             "MPI-IO",
             "np",
             "count",
@@ -229,14 +232,15 @@ impl CioReport {
             }
             let _ = writeln!(
                 s,
-                "{:>5} {} {} {} {} {} {:>10}",
+                "{:>5} {} {} {} {} {} {:>10} {}",
                 r.iters,
                 num(r.ms, 10, 2),
                 num(r.ms_min, 10, 2),
                 num(r.mb_s, 9, 1),
                 num(r.rank_cpu_ms, 9, 2),
                 num(r.server_cpu_ms, 9, 2),
-                r.resent_bytes
+                r.resent_bytes,
+                r.client
             );
         }
         let _ = writeln!(
@@ -284,7 +288,7 @@ mod tests {
         let csv = crate::report::csv::<CioRow>(&[]).unwrap();
         assert_eq!(
             csv,
-            "io,variant,driver,np,count,op,bytes,iters,ms,ms_min,mb_s,rank_cpu_ms,\
+            "io,variant,driver,client,np,count,op,bytes,iters,ms,ms_min,mb_s,rank_cpu_ms,\
              server_cpu_ms,resent_bytes,error\n"
         );
     }

@@ -55,6 +55,13 @@ const IDLE: Duration = Duration::from_secs(3600);
 /// How often a connection waiting for its rank's next request looks at the drain.
 const RECV_SLICE: Duration = Duration::from_millis(250);
 
+/// How long a connection whose last answer went out waits for the client to close first.
+/// Closing an EXS socket cancels the sends still queued on it (waiting for the peer's
+/// credits), so a server closing right after answering CLOSE could lose that answer and
+/// the client would see its close fail with "the peer closed the connection"; the client
+/// closes once it has the answer.
+const CLOSE_LINGER: Duration = Duration::from_secs(2);
+
 /// A running collective I/O face.
 pub struct Server {
     cfg: CioConfig,
@@ -772,7 +779,12 @@ impl Service for Server {
         // Every frame of collective I/O goes through the channel's control path: all sealed.
         ch.seal(secure);
         match self.connection(&mut ch, hs, first, &peer) {
-            Ok(()) => tracing::debug!("{peer}: done"),
+            Ok(()) => {
+                tracing::debug!("{peer}: done");
+                // Until the client closes (an error: its close), anything else, or the
+                // linger's end.
+                let _ = ch.recv_within(&mut Vec::new(), CLOSE_LINGER);
+            }
             Err(e) => tracing::info!("{peer}: connection ended: {e}"),
         }
         ch.close();

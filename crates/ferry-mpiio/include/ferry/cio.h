@@ -60,6 +60,9 @@ int ferry_cio_preallocate(ferry_cio_file *f, uint64_t size);
 int ferry_cio_sync(ferry_cio_file *f);
 /* spec: off, on, CALLS or CALLS,BYTES (as FERRY_CIO_PIPELINE). */
 int ferry_cio_set_pipeline(ferry_cio_file *f, const char *spec);
+/* spec: off, on or a size in bytes with an optional K, M or G suffix
+ * (as FERRY_CIO_READ_CACHE). */
+int ferry_cio_set_read_cache(ferry_cio_file *f, const char *spec);
 int ferry_cio_byte_offset(ferry_cio_file *f, uint64_t offset, uint64_t *out);
 int ferry_cio_close(ferry_cio_file *f);
 void ferry_cio_abandon(ferry_cio_file *f);
