@@ -19,7 +19,7 @@
  * name), ferry_token (else $FERRY_TOKEN), ferry_mode (ecio, the default, or independent:
  * collective calls move each rank's data on its own), ferry_pipeline (write pipelining:
  * off, on, CALLS or CALLS,BYTES; else $FERRY_CIO_PIPELINE, on by default), ferry_read_cache
- * (the client's read cache: off, on or a size; else $FERRY_CIO_READ_CACHE, on by default).
+ * (the client's read cache: off, on or a size; else $FERRY_CIO_READ_CACHE, off by default).
  * cb_*, romio_* and every other hint are accepted and ignored. The guide is docs/cio.md. */
 
 #define _GNU_SOURCE

@@ -5,7 +5,7 @@
 //! `write_at_all`, `read_at_all`, `set_size`, `preallocate`, `sync`, `close`) return once
 //! every rank made them — but for writes while [`Pipeline`] is on (the default): a write
 //! then returns once its data is handed to the connection, and its answer is collected
-//! later; and for reads while the read cache is on (the default, [`File::set_read_cache`]):
+//! later; and for reads while the read cache is on (off by default, [`File::set_read_cache`]):
 //! a read of data this rank read since its last sync point is served locally, and any other
 //! read, collective or not, is fetched by this rank alone. A rank
 //! packs its memory buffer by its memory type and sends the data stream; the server
@@ -187,7 +187,7 @@ impl File {
     /// (`FERRY_KNOWN_HOSTS`, or `~/.config/ferry/known_hosts`), pinned on first use.
     ///
     /// Writes are pipelined as [`PIPELINE_ENV`] says (on when unset; [`File::set_pipeline`]),
-    /// and reads cached as [`crate::READ_CACHE_ENV`] says (on, 64 MiB, when unset;
+    /// and reads cached as [`crate::READ_CACHE_ENV`] says (off when unset;
     /// [`File::set_read_cache`]).
     pub fn open(addr: &str, path: &str, comm: Comm, mode: u32, token: &str) -> Result<File> {
         Self::open_with(addr, path, comm, mode, token, &ClientSecurity::default())

@@ -20,7 +20,8 @@ use crate::error::{CioError, ErrorClass, Result};
 /// interposer's hint `ferry_read_cache` takes the same values for one file.
 pub const READ_CACHE_ENV: &str = "FERRY_CIO_READ_CACHE";
 
-/// The read cache's size when on (64 MiB): a few large calls or very many small ones.
+/// The read cache's size when turned on (`on`, 64 MiB): a few large calls or very many
+/// small ones.
 pub const DEFAULT_READ_CACHE: u64 = 64 << 20;
 
 /// The most entries kept: a lookup scans them, newest first.
@@ -51,12 +52,15 @@ pub fn parse_read_cache(s: &str) -> Result<u64> {
     n.checked_mul(1 << shift).ok_or_else(bad)
 }
 
-/// The setting of [`READ_CACHE_ENV`] ([`DEFAULT_READ_CACHE`] when unset).
+/// The setting of [`READ_CACHE_ENV`] (off when unset). Off by default: with it on, data
+/// another rank wrote after this rank read it stays unseen until this rank's next sync
+/// point, as MPI's nonatomic mode allows but a program that only puts a barrier between
+/// the write and the read (which works on a local file system) does not expect.
 pub fn read_cache_from_env() -> Result<u64> {
     match std::env::var(READ_CACHE_ENV) {
         Ok(v) => parse_read_cache(&v)
             .map_err(|e| CioError::new(e.class, format!("{READ_CACHE_ENV}: {}", e.message))),
-        Err(std::env::VarError::NotPresent) => Ok(DEFAULT_READ_CACHE),
+        Err(std::env::VarError::NotPresent) => Ok(0),
         Err(e) => Err(CioError::new(
             ErrorClass::Arg,
             format!("{READ_CACHE_ENV}: {e}"),

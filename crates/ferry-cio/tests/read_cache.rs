@@ -12,7 +12,7 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use common::{job, start, TOKEN};
-use ferry_cio::{amode, Comm, File};
+use ferry_cio::{amode, Comm, File, DEFAULT_READ_CACHE};
 use ferry_dtype::Datatype;
 
 const T: Duration = Duration::from_secs(10);
@@ -25,8 +25,9 @@ fn ints(base: u32, n: u32) -> Vec<u8> {
     (base..base + n).flat_map(u32::to_le_bytes).collect()
 }
 
-/// Runs `f(rank, file, barrier)` on `size` ranks of one job opening `path`, each on its
-/// thread, with a barrier they share (MPI_Barrier's stand-in).
+/// Runs `f(rank, file, barrier)` on `size` ranks of one job opening `path` with the read
+/// cache on (it is off by default), each on its thread, with a barrier they share
+/// (MPI_Barrier's stand-in).
 fn ranks_with_barrier<R: Send + 'static>(
     addr: &str,
     path: &str,
@@ -49,8 +50,10 @@ fn ranks_with_barrier<R: Send + 'static>(
                     rank,
                     size,
                 };
-                let file =
+                let mut file =
                     File::open(&addr, &path, comm, amode::CREATE | amode::RDWR, TOKEN).unwrap();
+                assert_eq!(file.read_cache(), 0, "the read cache is off by default");
+                file.set_read_cache(DEFAULT_READ_CACHE);
                 f(rank, file, &b)
             })
         })
@@ -93,7 +96,6 @@ impl Drop for Watchdog {
 fn another_ranks_write_is_seen_after_sync_barrier_sync() {
     let srv = start("tcp", T);
     let got = ranks_with_barrier(&srv.addr, "d/other.bin", 2, |rank, mut f, b| {
-        assert!(f.read_cache() > 0, "the read cache is on by default");
         let (first, second) = (ints(0, 256), ints(5000, 256));
         if rank == 0 {
             f.write_at(0, &first, 256, &int()).unwrap();

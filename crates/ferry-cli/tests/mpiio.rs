@@ -549,7 +549,7 @@ fn bench_cio_quick_shape() {
             assert!(r["server_cpu_ms"].as_f64().is_some(), "{r}");
             assert!(r["rank_cpu_ms"].as_f64().is_some(), "{r}");
             assert_eq!(r["resent_bytes"].as_u64(), Some(0), "{r}");
-            assert_eq!(r["client"], "pipeline+cache", "{r}");
+            assert_eq!(r["client"], "pipeline", "{r}");
         }
     }
     assert_eq!(row("romio", "cb-off", "local", "read")["client"], "", "{v}");

@@ -101,7 +101,7 @@ struct Config {
     how: Io,
     /// Aggregators of a two-phase collective (0: no redistribution among ranks).
     aggregators: u64,
-    /// ferry's client settings (`pipeline+cache`, `plain`); empty for MPI-IO.
+    /// ferry's client settings (`pipeline`, `plain`); empty for MPI-IO.
     client: &'static str,
     /// Run only when `--only` names it (a word holding `nocache`).
     opt_in: bool,
@@ -128,14 +128,17 @@ fn configs() -> Vec<Config> {
         client: "",
         opt_in: false,
     };
-    // The interposer's defaults: write pipelining and the read cache on.
+    // The interposer's defaults: write pipelining on, the read cache off unless the
+    // environment the ranks inherit turns it on.
+    let cached =
+        std::env::var("FERRY_CIO_READ_CACHE").is_ok_and(|v| !matches!(v.trim(), "" | "off" | "0"));
     let ferry = |variant, driver, hints| Config {
         io: "ferry",
         variant,
         driver,
         how: Io::Ferry { hints },
         aggregators: 0,
-        client: "pipeline+cache",
+        client: if cached { "pipeline+cache" } else { "pipeline" },
         opt_in: false,
     };
     vec![

@@ -18,8 +18,8 @@ pub struct CioRow {
     pub variant: String,
     /// `local` (MPI-IO on the server's root directory) or the ferry driver.
     pub driver: String,
-    /// ferry's client settings: `pipeline+cache` (the defaults: write pipelining and the
-    /// read cache on) or `plain` (both off, row `ecio-nocache`); empty for MPI-IO.
+    /// ferry's client settings: `pipeline` (the defaults: write pipelining on, the read
+    /// cache off) or `plain` (both off, row `ecio-nocache`); empty for MPI-IO.
     pub client: String,
     /// Ranks.
     pub np: u32,
