@@ -181,6 +181,71 @@ impl Buffer {
         })
     }
 
+    /// Maps `len` bytes of `file` from `offset` (a multiple of the page size) read-only,
+    /// right after `head` writable bytes (at most a page) of anonymous memory: one contiguous
+    /// buffer of `head + len` bytes, so a frame's header can go in front of a file's bytes
+    /// that are never read into user space (the kernel copies them from the page cache when
+    /// it writes the buffer to a socket). The file's pages are mapped up front
+    /// (`MAP_POPULATE`: one walk instead of a fault per few pages).
+    ///
+    /// Only `head` may be written. Touching a file page past the file's end (it was truncated
+    /// after the map) raises SIGBUS in user space; the kernel's own copy (`sendmsg`) gets
+    /// `EFAULT` instead, so a caller hands the buffer only to drivers that copy it in the
+    /// kernel, and never reads it itself.
+    pub fn map_file_after(
+        file: &std::fs::File,
+        offset: u64,
+        len: usize,
+        head: usize,
+    ) -> Result<Self> {
+        use rustix::mm::{mmap, mmap_anonymous, munmap, MapFlags, ProtFlags};
+        let bad = |what: &str| FabricError::InvalidArgument(format!("map_file_after: {what}"));
+        if len == 0 || head > PAGE || offset % PAGE as u64 != 0 {
+            return Err(bad("empty, unaligned, or head larger than a page"));
+        }
+        let size = len
+            .checked_next_multiple_of(PAGE)
+            .and_then(|n| n.checked_add(PAGE))
+            .ok_or_else(|| bad("length overflows"))?;
+        // SAFETY: a fresh private anonymous mapping aliases no Rust object.
+        let base = unsafe {
+            mmap_anonymous(
+                std::ptr::null_mut(),
+                size,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::PRIVATE,
+            )
+        }
+        .map_err(|e| FabricError::io("mmap head", e.into()))? as usize;
+        // SAFETY: MAP_FIXED replaces only pages of the mapping just made (base + PAGE up to
+        // base + size), which nothing else refers to.
+        let mapped = unsafe {
+            mmap(
+                (base + PAGE) as *mut _,
+                size - PAGE,
+                ProtFlags::READ,
+                MapFlags::PRIVATE | MapFlags::FIXED | MapFlags::POPULATE,
+                file,
+                offset,
+            )
+        };
+        if let Err(e) = mapped {
+            // SAFETY: the mapping made above, not yet shared.
+            unsafe {
+                let _ = munmap(base as *mut _, size);
+            }
+            return Err(FabricError::io("mmap file", e.into()));
+        }
+        Ok(Self {
+            raw: Arc::new(RawMem {
+                ptr: NonNull::new((base + PAGE - head) as *mut u8)
+                    .ok_or_else(|| bad("null mapping"))?,
+                len: head + len,
+                source: Source::File { base, size },
+            }),
+        })
+    }
+
     /// A buffer over memory the caller owns and keeps: the C API registers user memory
     /// this way. Nothing is freed when the last handle drops.
     ///
@@ -724,6 +789,56 @@ mod tests {
         assert_eq!(&b.to_vec()[..6], b"\0\0efg\0");
         a.copy_from(1, &a.clone(), 0, 4);
         assert_eq!(a.to_vec(), b"aabcdfgh");
+    }
+
+    /// A file's pages after a header: the bytes are the header's then the file's; a file
+    /// truncated under the mapping fails the kernel's copy of it (EFAULT), not the process.
+    #[test]
+    fn a_file_after_a_header_and_a_truncation_under_it() {
+        use std::io::Read;
+        let path = std::env::temp_dir().join(format!("ferry-map-after-{}", std::process::id()));
+        let data: Vec<u8> = (0..3 * PAGE as u32).map(|i| (i % 253) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        assert!(
+            Buffer::map_file_after(&file, 100, 10, 8).is_err(),
+            "unaligned"
+        );
+        assert!(
+            Buffer::map_file_after(&file, 0, 10, PAGE + 1).is_err(),
+            "head too large"
+        );
+        let b = Buffer::map_file_after(&file, PAGE as u64, 2 * PAGE, 8).unwrap();
+        b.write_at(0, b"HEADER!!");
+        let mut want = b"HEADER!!".to_vec();
+        want.extend_from_slice(&data[PAGE..]);
+        assert_eq!(b.to_vec(), want);
+        // Truncated: writing the buffer to a socket fails once it reaches the lost pages.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(PAGE as u64)
+            .unwrap();
+        let (a, mut peer) = std::os::unix::net::UnixStream::pair().unwrap();
+        // SAFETY: the buffer lives; only the kernel reads these bytes (the point of the test).
+        let bytes = unsafe { b.bytes(0, b.len()) };
+        let mut sent = 0;
+        let err = loop {
+            match rustix::io::write(&a, &bytes[sent..]) {
+                Ok(0) => break None,
+                Ok(n) => sent += n,
+                Err(e) => break Some(e),
+            }
+        };
+        assert_eq!(err, Some(rustix::io::Errno::FAULT));
+        assert!(sent <= 8, "only the header was readable: {sent} bytes went");
+        drop(a);
+        let mut got = Vec::new();
+        peer.read_to_end(&mut got).unwrap();
+        assert_eq!(got, b"HEADER!!"[..sent]);
+        drop(b);
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]

@@ -309,6 +309,7 @@ impl Server {
                     duration: began.elapsed(),
                     error,
                     read_written: None,
+                    unread: 0,
                 },
                 false,
             )

@@ -549,6 +549,14 @@ impl ExsSocket {
         self.inner.ep.capabilities().provider.clone()
     }
 
+    /// Whether the connection runs on the native tcp driver, which copies a send's memory
+    /// to the socket in the kernel (`sendmsg`) and never in user space for sends larger
+    /// than its inline size: a send from a file mapping the file shrank under fails there
+    /// (`EFAULT`) instead of raising SIGBUS in this process.
+    pub fn native_tcp(&self) -> bool {
+        self.inner.ep.capabilities().driver == "tcp"
+    }
+
     /// Drops the socket without telling the peer, as a crashed process would (tests only).
     #[doc(hidden)]
     pub fn abort(mut self) {

@@ -33,6 +33,16 @@ impl Span {
         self.len
     }
 
+    /// The span without its first `n` bytes (at most its length).
+    pub(super) fn after(&self, n: usize) -> Span {
+        let n = n.min(self.len);
+        Span {
+            buf: self.buf.clone(),
+            off: self.off + n,
+            len: self.len - n,
+        }
+    }
+
     /// The bytes, for writev.
     pub(super) fn io_slice(&self) -> IoSlice<'_> {
         // SAFETY: `new` checked the range. A peer-granted concurrent write into memory being
