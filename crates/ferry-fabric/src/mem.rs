@@ -200,7 +200,7 @@ impl Buffer {
     ) -> Result<Self> {
         use rustix::mm::{mmap, mmap_anonymous, munmap, MapFlags, ProtFlags};
         let bad = |what: &str| FabricError::InvalidArgument(format!("map_file_after: {what}"));
-        if len == 0 || head > PAGE || offset % PAGE as u64 != 0 {
+        if len == 0 || head > PAGE || !offset.is_multiple_of(PAGE as u64) {
             return Err(bad("empty, unaligned, or head larger than a page"));
         }
         let size = len

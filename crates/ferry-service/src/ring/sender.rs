@@ -507,7 +507,7 @@ impl Sender {
         use crate::sumcache::Checks;
         let size = range.size?;
         let (block, at) = (blocks.block, piece.offset);
-        let whole = at % block == 0 && piece.len == block.min(size.saturating_sub(at));
+        let whole = at.is_multiple_of(block) && piece.len == block.min(size.saturating_sub(at));
         if !whole || piece.len < MIN_UNREAD || !blocks.covers(size) || !zero_copy_sends() {
             return None;
         }
@@ -568,7 +568,7 @@ impl Sender {
         let Some(c) = self.collect.as_mut() else {
             return;
         };
-        let whole = piece.offset % c.block == 0
+        let whole = piece.offset.is_multiple_of(c.block)
             && piece.len == c.block.min(c.size.saturating_sub(piece.offset));
         let slot = usize::try_from(piece.offset / c.block)
             .ok()
