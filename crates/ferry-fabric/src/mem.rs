@@ -35,8 +35,26 @@ enum Source {
     /// A private mapping of a file: `size` bytes from `base` (page aligned, at or before the
     /// buffer's start).
     File { base: usize, size: usize },
+    /// [`Buffer::map_file_after`]'s: a head then a file's pages, `size` bytes from `base`;
+    /// the file (its own descriptor) and where its bytes start, so a driver can send them
+    /// with `sendfile` instead of through the mapping.
+    FileAfter {
+        base: usize,
+        size: usize,
+        part: FilePart,
+    },
     /// Memory the caller owns (the C API's `exs_mregister`): never freed here.
     Borrowed,
+}
+
+/// The file behind the bytes of a [`Buffer::map_file_after`] buffer from `head` on.
+pub struct FilePart {
+    /// The file (a descriptor of its own).
+    pub file: std::fs::File,
+    /// The file offset of the buffer's byte `head`.
+    pub offset: u64,
+    /// Bytes of the buffer before the file's.
+    pub head: usize,
 }
 
 /// Buffers at least this large are mapped with transparent huge pages: the kernel then pins
@@ -122,6 +140,10 @@ impl Drop for RawMem {
             Source::File { base, size } => unsafe {
                 let _ = rustix::mm::munmap(base as *mut _, size);
             },
+            // SAFETY: base..base+size is the mapping made in `map_file_after`, unmapped once.
+            Source::FileAfter { base, size, .. } => unsafe {
+                let _ = rustix::mm::munmap(base as *mut _, size);
+            },
             Source::Borrowed => {}
         }
     }
@@ -184,9 +206,9 @@ impl Buffer {
     /// Maps `len` bytes of `file` from `offset` (a multiple of the page size) read-only,
     /// right after `head` writable bytes (at most a page) of anonymous memory: one contiguous
     /// buffer of `head + len` bytes, so a frame's header can go in front of a file's bytes
-    /// that are never read into user space (the kernel copies them from the page cache when
-    /// it writes the buffer to a socket). The file's pages are mapped up front
-    /// (`MAP_POPULATE`: one walk instead of a fault per few pages).
+    /// that are never read into user space: a driver that knows (the native tcp driver,
+    /// [`Buffer::file_part`]) sends them with `sendfile` from the page cache, another has the
+    /// kernel copy them from the mapping when it writes the buffer to a socket.
     ///
     /// Only `head` may be written. Touching a file page past the file's end (it was truncated
     /// after the map) raises SIGBUS in user space; the kernel's own copy (`sendmsg`) gets
@@ -203,6 +225,9 @@ impl Buffer {
         if len == 0 || head > PAGE || !offset.is_multiple_of(PAGE as u64) {
             return Err(bad("empty, unaligned, or head larger than a page"));
         }
+        let own = file
+            .try_clone()
+            .map_err(|e| FabricError::io("duplicate the file's descriptor", e))?;
         let size = len
             .checked_next_multiple_of(PAGE)
             .and_then(|n| n.checked_add(PAGE))
@@ -224,7 +249,7 @@ impl Buffer {
                 (base + PAGE) as *mut _,
                 size - PAGE,
                 ProtFlags::READ,
-                MapFlags::PRIVATE | MapFlags::FIXED | MapFlags::POPULATE,
+                MapFlags::PRIVATE | MapFlags::FIXED,
                 file,
                 offset,
             )
@@ -241,9 +266,26 @@ impl Buffer {
                 ptr: NonNull::new((base + PAGE - head) as *mut u8)
                     .ok_or_else(|| bad("null mapping"))?,
                 len: head + len,
-                source: Source::File { base, size },
+                source: Source::FileAfter {
+                    base,
+                    size,
+                    part: FilePart {
+                        file: own,
+                        offset,
+                        head,
+                    },
+                },
             }),
         })
+    }
+
+    /// The file behind the buffer's bytes from [`FilePart::head`] on, if it was made by
+    /// [`Buffer::map_file_after`].
+    pub fn file_part(&self) -> Option<&FilePart> {
+        match &self.raw.source {
+            Source::FileAfter { part, .. } => Some(part),
+            _ => None,
+        }
     }
 
     /// A buffer over memory the caller owns and keeps: the C API registers user memory

@@ -549,10 +549,10 @@ impl ExsSocket {
         self.inner.ep.capabilities().provider.clone()
     }
 
-    /// Whether the connection runs on the native tcp driver, which copies a send's memory
-    /// to the socket in the kernel (`sendmsg`) and never in user space for sends larger
-    /// than its inline size: a send from a file mapping the file shrank under fails there
-    /// (`EFAULT`) instead of raising SIGBUS in this process.
+    /// Whether the connection runs on the native tcp driver, which never reads a send's
+    /// memory in user space for sends larger than its inline size (it writes it with
+    /// `sendmsg`, and a file mapping's pages with `sendfile`): a send from a file mapping the
+    /// file shrank under fails there instead of raising SIGBUS in this process.
     pub fn native_tcp(&self) -> bool {
         self.inner.ep.capabilities().driver == "tcp"
     }

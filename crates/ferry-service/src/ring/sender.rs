@@ -53,9 +53,10 @@ pub enum Source<'a> {
     /// A file whose blocks' checks the checksum cache holds ([`crate::sumcache::Blocks`],
     /// for the version of the file as opened): each whole block whose check is there and
     /// of the sender's kind is sent without being read ([`Sender::send_range`]); the others
-    /// are read as [`Source::File`]'s. Only for a driver that copies a send's memory in the
-    /// kernel (the native tcp driver's `sendmsg`): a file truncated under the mapping then
-    /// makes that send fail (`EFAULT`) where a copy in user space would raise SIGBUS.
+    /// are read as [`Source::File`]'s. Only for a driver that never reads a send's memory in
+    /// user space (the native tcp driver: `sendfile`, or `sendmsg` from the mapping): a file
+    /// truncated under the mapping then makes that send fail where a read here would raise
+    /// SIGBUS.
     Vouched(&'a std::fs::File, &'a crate::sumcache::Blocks),
     /// Zeros (memory-to-memory mode: no file is read).
     Zero,
