@@ -206,9 +206,10 @@ impl Buffer {
     /// Maps `len` bytes of `file` from `offset` (a multiple of the page size) read-only,
     /// right after `head` writable bytes (at most a page) of anonymous memory: one contiguous
     /// buffer of `head + len` bytes, so a frame's header can go in front of a file's bytes
-    /// that are never read into user space: a driver that knows (the native tcp driver,
-    /// [`Buffer::file_part`]) sends them with `sendfile` from the page cache, another has the
-    /// kernel copy them from the mapping when it writes the buffer to a socket.
+    /// that are never read into user space: the kernel copies them from the page cache when
+    /// it writes the buffer to a socket, or a driver that knows (the native tcp driver with
+    /// `FERRY_TCP_SENDFILE=on`, [`Buffer::file_part`]) sends them with `sendfile`. The file's
+    /// pages are mapped up front (`MAP_POPULATE`) unless they go by `sendfile`.
     ///
     /// Only `head` may be written. Touching a file page past the file's end (it was truncated
     /// after the map) raises SIGBUS in user space; the kernel's own copy (`sendmsg`) gets
@@ -228,6 +229,12 @@ impl Buffer {
         let own = file
             .try_clone()
             .map_err(|e| FabricError::io("duplicate the file's descriptor", e))?;
+        // The kernel's copy from the mapping walks its pages: mapped up front, one walk
+        // instead of a fault per few pages. `sendfile` never touches them.
+        let flags = match crate::drivers::tcp::sendfile_sends() {
+            true => MapFlags::PRIVATE | MapFlags::FIXED,
+            false => MapFlags::PRIVATE | MapFlags::FIXED | MapFlags::POPULATE,
+        };
         let size = len
             .checked_next_multiple_of(PAGE)
             .and_then(|n| n.checked_add(PAGE))
@@ -249,7 +256,7 @@ impl Buffer {
                 (base + PAGE) as *mut _,
                 size - PAGE,
                 ProtFlags::READ,
-                MapFlags::PRIVATE | MapFlags::FIXED,
+                flags,
                 file,
                 offset,
             )

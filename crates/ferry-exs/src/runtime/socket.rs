@@ -551,7 +551,7 @@ impl ExsSocket {
 
     /// Whether the connection runs on the native tcp driver, which never reads a send's
     /// memory in user space for sends larger than its inline size (it writes it with
-    /// `sendmsg`, and a file mapping's pages with `sendfile`): a send from a file mapping the
+    /// `sendmsg`, or a file mapping's pages with `sendfile`): a send from a file mapping the
     /// file shrank under fails there instead of raising SIGBUS in this process.
     pub fn native_tcp(&self) -> bool {
         self.inner.ep.capabilities().driver == "tcp"

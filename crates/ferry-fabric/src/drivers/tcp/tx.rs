@@ -129,14 +129,18 @@ enum Piece<'a> {
 }
 
 /// The job's bytes as pieces (empty ones left out), appended to `out`; returns their total.
-/// A payload in a file mapping ([`crate::mem::Buffer::map_file_after`]) goes as the file's
-/// range: sent by `sendfile` from the page cache, never read through the mapping.
+/// With [`super::sendfile_sends`], a payload in a file mapping
+/// ([`crate::mem::Buffer::map_file_after`]) goes as the file's range: sent by `sendfile`
+/// from the page cache, never read through the mapping.
 fn pieces<'a>(job: &'a Job, out: &mut Vec<Piece<'a>>) -> usize {
-    let Payload::Spans(spans) = &job.payload else {
-        let mut iov = Vec::with_capacity(2);
-        let total = slices(job, &mut iov);
-        out.extend(iov.into_iter().map(Piece::Mem));
-        return total;
+    let spans = match &job.payload {
+        Payload::Spans(spans) if super::sendfile_sends() => spans,
+        _ => {
+            let mut iov = Vec::with_capacity(2);
+            let total = slices(job, &mut iov);
+            out.extend(iov.into_iter().map(Piece::Mem));
+            return total;
+        }
     };
     let mut total = job.header.as_bytes().len();
     if total > 0 {
