@@ -327,7 +327,11 @@ fn a_cached_file_is_sent_unread_the_second_time() {
             std::fs::remove_file(local.join("huge")).unwrap();
             let e = entry_bytes(&path).expect("an entry");
             assert_eq!(&e[..8], b"FERRYB32", "round {round}: not format 2");
-            assert_eq!(e[80], if clear { 1 } else { 2 }, "the check's kind");
+            assert_eq!(
+                e[80..82],
+                [1, if clear { 1 } else { 2 }],
+                "one list, its kind"
+            );
         }
         let size = HUGE as u64;
         let unread = if off { 0 } else { size };
@@ -411,4 +415,39 @@ fn a_file_truncated_while_sent_unread_fails_the_copy_not_the_server() {
     let o = cp(&[&url, &here], &[]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     same_file(&path, &local.join("huge"));
+}
+
+/// A file copied at `integrity` and at `clear` in turn keeps both kinds of checks in its
+/// entry: after one copy at each level, the next ones at both are sent unread.
+#[test]
+fn both_levels_keep_their_checks() {
+    let dir = scratch("levels");
+    let audit = dir.join("audit.jsonl");
+    let s = serve(&[
+        "--audit-log",
+        audit.to_str().unwrap(),
+        "--protection",
+        "clear,integrity",
+    ]);
+    let path = s.root.join("huge");
+    std::fs::write(&path, pattern(HUGE, 14)).unwrap();
+    let local = dir.join("local");
+    std::fs::create_dir(&local).unwrap();
+    let (url, here) = (s.url("huge"), local.display().to_string());
+    for clear in [false, true, false, true] {
+        let mut a = if clear {
+            vec!["--protect", "clear"]
+        } else {
+            vec![]
+        };
+        a.extend([url.as_str(), here.as_str()]);
+        let o = cp(&a, &[]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        same_file(&path, &local.join("huge"));
+        std::fs::remove_file(local.join("huge")).unwrap();
+    }
+    assert_eq!(entry_bytes(&path).unwrap()[80], 2, "two lists of checks");
+    let size = HUGE as u64;
+    let want = [(size, 0), (size, 0), (size, size), (size, size)];
+    assert_eq!(gets(&audit, 4), want);
 }

@@ -7,9 +7,10 @@
 //! rewritten once the file has been hashed again).
 //!
 //! **Formats.** Format 1 ([`MAGIC`], 80 bytes) holds only the root. Format 2 ([`MAGIC2`])
-//! holds the root and, for one block size, every block's check as a sender computes it
-//! ([`Blocks`]: the CRC-32C of each block at data protection `clear`, 4 bytes a block; the
-//! 32 bytes the `integrity` tag is keyed over otherwise): a server whose block size and
+//! holds the root and, for one block size per kind of check, every block's check as a sender
+//! computes it ([`Blocks`]: the CRC-32C of each block at data protection `clear`, 4 bytes a
+//! block; the 32 bytes the `integrity` tag is keyed over otherwise; both kinds when the file
+//! was sent at both levels and the attribute holds them): a server whose block size and
 //! check match sends the file's blocks without reading them (`sendfile`-like, straight from
 //! the page cache), taking each header's check from the entry. It is written when a server
 //! sent the whole file in blocks of one size and hashed it (or had its root from a format 1
@@ -67,8 +68,9 @@ const MAGIC: [u8; 8] = *b"FERRYB31";
 const MAGIC2: [u8; 8] = *b"FERRYB32";
 
 /// Bytes of a format 1 entry: magic, size, mtime seconds and nanoseconds, inode, device,
-/// root. A format 2 entry follows the same fields with the check's kind (1 byte), the block
-/// size and the number of blocks (4 bytes each) and the checks.
+/// root. A format 2 entry follows the same fields with the number of lists of checks (1 or
+/// 2, 1 byte), each the check's kind (1 byte: 1 CRC-32C, 2 span digests), the block size and
+/// the number of blocks (4 bytes each) and the checks.
 const ENTRY_LEN: usize = 8 + 8 + 8 + 8 + 8 + 8 + 32;
 
 /// The most bytes of an entry: Linux's limit on one extended attribute's value.
@@ -136,8 +138,9 @@ impl Blocks {
 pub struct Entry {
     /// The whole file's BLAKE3.
     pub root: [u8; 32],
-    /// Its blocks' checks (format 2).
-    pub blocks: Option<Blocks>,
+    /// Its blocks' checks (format 2): a list per kind of check (CRC-32C, span digests), each
+    /// for one block size.
+    pub blocks: Vec<Blocks>,
 }
 
 /// The key of an entry: what `fstat` says of the version of the file it hashed.
@@ -176,25 +179,60 @@ impl Key {
         v
     }
 
-    /// A format 2 entry, or `None` if it would not fit [`MAX_ENTRY`] or the checks are not
-    /// the file's every block.
-    fn encode2(&self, root: &[u8; 32], blocks: &Blocks) -> Option<Vec<u8>> {
-        let c = &blocks.checks;
-        let len = ENTRY_LEN + 9 + c.len() * c.bytes_each();
-        if len > MAX_ENTRY || !blocks.covers(self.size) {
+    /// A format 2 entry with the checks of each of `all` (at most one list per kind), or
+    /// `None` if it would not fit [`MAX_ENTRY`] or a list is not of the file's every block.
+    fn encode2(&self, root: &[u8; 32], all: &[Blocks]) -> Option<Vec<u8>> {
+        let len = ENTRY_LEN
+            + 1
+            + all
+                .iter()
+                .map(|b| 9 + b.checks.len() * b.checks.bytes_each())
+                .sum::<usize>();
+        if len > MAX_ENTRY || all.is_empty() || all.iter().any(|b| !b.covers(self.size)) {
             return None;
         }
         let mut v = Vec::with_capacity(len);
         let mut w = Writer::new(&mut v);
         self.encode_head(&MAGIC2, root, &mut w);
-        w.u8(c.kind());
-        w.u32(u32::try_from(blocks.block).ok()?);
-        w.u32(u32::try_from(c.len()).ok()?);
-        match c {
-            Checks::Crc(v) => v.iter().for_each(|x| w.u32(*x)),
-            Checks::Spans(v) => v.iter().for_each(|x| w.bytes(x)),
+        w.u8(u8::try_from(all.len()).ok()?);
+        for blocks in all {
+            let c = &blocks.checks;
+            w.u8(c.kind());
+            w.u32(u32::try_from(blocks.block).ok()?);
+            w.u32(u32::try_from(c.len()).ok()?);
+            match c {
+                Checks::Crc(v) => v.iter().for_each(|x| w.u32(*x)),
+                Checks::Spans(v) => v.iter().for_each(|x| w.bytes(x)),
+            }
         }
         Some(v)
+    }
+
+    /// One list of checks of a format 2 entry.
+    fn read_blocks(&self, r: &mut Reader<'_>) -> Option<Blocks> {
+        let kind = r.u8().ok()?;
+        let block = u64::from(r.u32().ok()?);
+        let n = r.u32().ok()? as usize;
+        // The count is checked against the file before anything is allocated for it.
+        if block == 0 || self.size.div_ceil(block) != n as u64 {
+            return None;
+        }
+        let checks = match kind {
+            1 => Checks::Crc(
+                (0..n)
+                    .map(|_| r.u32())
+                    .collect::<std::result::Result<_, _>>()
+                    .ok()?,
+            ),
+            2 => Checks::Spans(
+                (0..n)
+                    .map(|_| r.array::<32>())
+                    .collect::<std::result::Result<_, _>>()
+                    .ok()?,
+            ),
+            _ => return None,
+        };
+        Some(Blocks { block, checks })
     }
 
     /// What `entry` says if it is a well-formed entry (either format) of this key.
@@ -210,33 +248,17 @@ impl Key {
         if !ok {
             return None;
         }
-        let blocks = if magic == MAGIC2 {
-            let kind = r.u8().ok()?;
-            let block = u64::from(r.u32().ok()?);
-            let n = r.u32().ok()? as usize;
-            // The count is checked against the file before anything is allocated for it.
-            if block == 0 || self.size.div_ceil(block) != n as u64 {
+        let mut blocks = Vec::new();
+        if magic == MAGIC2 {
+            // One list per kind of check at most.
+            let n = r.u8().ok()?;
+            if n == 0 || n > 2 {
                 return None;
             }
-            let checks = match kind {
-                1 => Checks::Crc(
-                    (0..n)
-                        .map(|_| r.u32())
-                        .collect::<std::result::Result<_, _>>()
-                        .ok()?,
-                ),
-                2 => Checks::Spans(
-                    (0..n)
-                        .map(|_| r.array::<32>())
-                        .collect::<std::result::Result<_, _>>()
-                        .ok()?,
-                ),
-                _ => return None,
-            };
-            Some(Blocks { block, checks })
-        } else {
-            None
-        };
+            for _ in 0..n {
+                blocks.push(self.read_blocks(&mut r)?);
+            }
+        }
         r.finish().ok()?;
         Some(Entry { root, blocks })
     }
@@ -352,20 +374,25 @@ impl Reading {
     }
 
     /// [`Reading::store`] with the file's blocks' checks too (format 2), read from the same
-    /// version: unless the entry already holds both. Where the file system cannot keep that
-    /// much, the root alone (format 1).
+    /// version: unless the entry already holds them. Checks of the other kind the entry
+    /// holds for the same root stay (a file served at `clear` and at `integrity` keeps both),
+    /// if the attribute can hold both. Where the file system cannot keep that much, the root
+    /// alone (format 1).
     pub fn store_blocks(&self, stamp: &mut Stamp, file: &File, root: &[u8; 32], blocks: &Blocks) {
         if !self.enabled {
             return;
         }
-        let want = Entry {
-            root: *root,
-            blocks: Some(blocks.clone()),
-        };
-        if self.entry(file) == Some(want) {
-            return;
+        let mut all = vec![blocks.clone()];
+        if let Some(e) = self.entry(file).filter(|e| e.root == *root) {
+            if e.blocks.contains(blocks) {
+                return;
+            }
+            let kind = blocks.checks.kind();
+            all.extend(e.blocks.into_iter().filter(|b| b.checks.kind() != kind));
         }
-        match self.key.encode2(root, blocks) {
+        let entry = self.key.encode2(root, &all);
+        let entry = entry.or_else(|| self.key.encode2(root, &all[..1]));
+        match entry {
             Some(entry) if self.write(stamp, file, &entry) => {}
             _ => self.store(stamp, file, root),
         }
@@ -485,10 +512,12 @@ mod tests {
                 block: 4 << 20,
                 checks,
             };
-            let entry = key.encode2(&root, &blocks).expect("fits");
+            let entry = key
+                .encode2(&root, std::slice::from_ref(&blocks))
+                .expect("fits");
             let got = key.matches(&entry).expect("matches");
             assert_eq!(got.root, root);
-            assert_eq!(got.blocks.as_ref(), Some(&blocks));
+            assert_eq!(got.blocks, std::slice::from_ref(&blocks));
             // Cut short or longer, or another size: refused.
             assert_eq!(key.matches(&entry[..entry.len() - 1]), None);
             let mut longer = entry.clone();
@@ -505,7 +534,7 @@ mod tests {
             block: 4 << 20,
             checks: Checks::Crc(vec![1, 2]),
         };
-        assert_eq!(key.encode2(&root, &short), None);
+        assert_eq!(key.encode2(&root, &[short]), None);
         // More than an attribute holds: not written.
         let huge = Key {
             size: 4096 << 20,
@@ -515,9 +544,15 @@ mod tests {
             block: 1 << 20,
             checks: Checks::Spans(vec![[0u8; 32]; 4096]),
         };
-        assert_eq!(huge.encode2(&root, &many), None);
+        assert_eq!(huge.encode2(&root, &[many]), None);
         let v1 = key.encode(&root);
-        assert_eq!(key.matches(&v1), Some(Entry { root, blocks: None }));
+        assert_eq!(
+            key.matches(&v1),
+            Some(Entry {
+                root,
+                blocks: vec![]
+            })
+        );
     }
 
     /// Two readers of one file: the entry one of them writes moves ctime, and the other's
@@ -561,28 +596,39 @@ mod tests {
         let _ = std::fs::remove_file(&p2);
     }
 
-    /// Stored with blocks' checks: format 2, read back whole; a later store of the same root
-    /// alone keeps it; checks too many for an attribute store the root alone (format 1).
+    /// Stored with blocks' checks: format 2, read back whole; checks of the other kind join
+    /// them, of the same kind replace them; a later store of the same root alone keeps them;
+    /// checks too many for an attribute store the root alone (format 1).
     #[test]
     fn store_blocks_writes_format_2_or_falls_back() {
         let (p, f) = file("blocks", 3000);
         let st = rustix::fs::fstat(&f).unwrap();
         let (r, mut s) = Reading::start(&f, &st, epoch(), true).unwrap();
-        let blocks = Blocks {
+        let crc = Blocks {
             block: 1024,
             checks: Checks::Crc(vec![10, 20, 30]),
         };
-        r.store_blocks(&mut s, &f, &[8u8; 32], &blocks);
-        let want = Entry {
-            root: [8u8; 32],
-            blocks: Some(blocks),
+        let root = [8u8; 32];
+        r.store_blocks(&mut s, &f, &root, &crc);
+        let entry = |blocks: Vec<Blocks>| Some(Entry { root, blocks });
+        assert_eq!(r.entry(&f), entry(vec![crc.clone()]));
+        let spans = Blocks {
+            block: 1024,
+            checks: Checks::Spans(vec![[1u8; 32]; 3]),
         };
-        assert_eq!(r.entry(&f), Some(want.clone()));
-        r.store(&mut s, &f, &[8u8; 32]);
+        r.store_blocks(&mut s, &f, &root, &spans);
+        assert_eq!(r.entry(&f), entry(vec![spans.clone(), crc.clone()]));
+        let crc2 = Blocks {
+            block: 1000,
+            checks: Checks::Crc(vec![1, 2, 3]),
+        };
+        r.store_blocks(&mut s, &f, &root, &crc2);
+        assert_eq!(r.entry(&f), entry(vec![crc2.clone(), spans]));
+        r.store(&mut s, &f, &root);
         assert_eq!(
-            r.entry(&f),
-            Some(want),
-            "the root alone replaced the blocks"
+            r.entry(&f).map(|e| e.blocks.len()),
+            Some(2),
+            "the root alone replaced them"
         );
         r.check(&mut s, &f, "f").unwrap();
         let many = Blocks {
@@ -594,7 +640,7 @@ mod tests {
             r.entry(&f),
             Some(Entry {
                 root: [9u8; 32],
-                blocks: None
+                blocks: vec![]
             })
         );
         drop(r);

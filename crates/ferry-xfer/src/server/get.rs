@@ -289,8 +289,8 @@ impl Server {
             known: entry.as_ref().filter(|_| whole).map(|e| e.root),
         };
         let (block, check) = (tx.block(), link.protection().send);
-        let blocks = entry.and_then(|e| e.blocks);
-        let kept = blocks.as_ref().is_some_and(|b| fits(b, block, check));
+        let blocks = entry.and_then(|e| e.blocks.into_iter().find(|b| fits(b, block, check)));
+        let kept = blocks.is_some();
         // The entry's blocks' checks vouch for the file as opened: its blocks go unread, on
         // a driver that copies sends in the kernel. A GET of at most one block is read: that
         // is what a client asks again for a block that failed its check (from a stale entry,
