@@ -572,6 +572,7 @@ impl Serving {
                 duration: s.began.elapsed(),
                 error: end.as_ref().err().cloned(),
                 read_written: Some((s.read, s.written)),
+                unread: 0,
             },
             false,
         );

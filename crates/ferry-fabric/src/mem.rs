@@ -35,8 +35,26 @@ enum Source {
     /// A private mapping of a file: `size` bytes from `base` (page aligned, at or before the
     /// buffer's start).
     File { base: usize, size: usize },
+    /// [`Buffer::map_file_after`]'s: a head then a file's pages, `size` bytes from `base`;
+    /// the file (its own descriptor) and where its bytes start, so a driver can send them
+    /// with `sendfile` instead of through the mapping.
+    FileAfter {
+        base: usize,
+        size: usize,
+        part: FilePart,
+    },
     /// Memory the caller owns (the C API's `exs_mregister`): never freed here.
     Borrowed,
+}
+
+/// The file behind the bytes of a [`Buffer::map_file_after`] buffer from `head` on.
+pub struct FilePart {
+    /// The file (a descriptor of its own).
+    pub file: std::fs::File,
+    /// The file offset of the buffer's byte `head`.
+    pub offset: u64,
+    /// Bytes of the buffer before the file's.
+    pub head: usize,
 }
 
 /// Buffers at least this large are mapped with transparent huge pages: the kernel then pins
@@ -122,6 +140,10 @@ impl Drop for RawMem {
             Source::File { base, size } => unsafe {
                 let _ = rustix::mm::munmap(base as *mut _, size);
             },
+            // SAFETY: base..base+size is the mapping made in `map_file_after`, unmapped once.
+            Source::FileAfter { base, size, .. } => unsafe {
+                let _ = rustix::mm::munmap(base as *mut _, size);
+            },
             Source::Borrowed => {}
         }
     }
@@ -179,6 +201,98 @@ impl Buffer {
                 source: Source::File { base, size },
             }),
         })
+    }
+
+    /// Maps `len` bytes of `file` from `offset` (a multiple of the page size) read-only,
+    /// right after `head` writable bytes (at most a page) of anonymous memory: one contiguous
+    /// buffer of `head + len` bytes, so a frame's header can go in front of a file's bytes
+    /// that are never read into user space: the kernel copies them from the page cache when
+    /// it writes the buffer to a socket, or a driver that knows (the native tcp driver with
+    /// `FERRY_TCP_SENDFILE=on`, [`Buffer::file_part`]) sends them with `sendfile`. The file's
+    /// pages are mapped up front (`MAP_POPULATE`) unless they go by `sendfile`.
+    ///
+    /// Only `head` may be written. Touching a file page past the file's end (it was truncated
+    /// after the map) raises SIGBUS in user space; the kernel's own copy (`sendmsg`) gets
+    /// `EFAULT` instead, so a caller hands the buffer only to drivers that copy it in the
+    /// kernel, and never reads it itself.
+    pub fn map_file_after(
+        file: &std::fs::File,
+        offset: u64,
+        len: usize,
+        head: usize,
+    ) -> Result<Self> {
+        use rustix::mm::{mmap, mmap_anonymous, munmap, MapFlags, ProtFlags};
+        let bad = |what: &str| FabricError::InvalidArgument(format!("map_file_after: {what}"));
+        if len == 0 || head > PAGE || !offset.is_multiple_of(PAGE as u64) {
+            return Err(bad("empty, unaligned, or head larger than a page"));
+        }
+        let own = file
+            .try_clone()
+            .map_err(|e| FabricError::io("duplicate the file's descriptor", e))?;
+        // The kernel's copy from the mapping walks its pages: mapped up front, one walk
+        // instead of a fault per few pages. `sendfile` never touches them.
+        let flags = match crate::drivers::tcp::sendfile_sends() {
+            true => MapFlags::PRIVATE | MapFlags::FIXED,
+            false => MapFlags::PRIVATE | MapFlags::FIXED | MapFlags::POPULATE,
+        };
+        let size = len
+            .checked_next_multiple_of(PAGE)
+            .and_then(|n| n.checked_add(PAGE))
+            .ok_or_else(|| bad("length overflows"))?;
+        // SAFETY: a fresh private anonymous mapping aliases no Rust object.
+        let base = unsafe {
+            mmap_anonymous(
+                std::ptr::null_mut(),
+                size,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::PRIVATE,
+            )
+        }
+        .map_err(|e| FabricError::io("mmap head", e.into()))? as usize;
+        // SAFETY: MAP_FIXED replaces only pages of the mapping just made (base + PAGE up to
+        // base + size), which nothing else refers to.
+        let mapped = unsafe {
+            mmap(
+                (base + PAGE) as *mut _,
+                size - PAGE,
+                ProtFlags::READ,
+                flags,
+                file,
+                offset,
+            )
+        };
+        if let Err(e) = mapped {
+            // SAFETY: the mapping made above, not yet shared.
+            unsafe {
+                let _ = munmap(base as *mut _, size);
+            }
+            return Err(FabricError::io("mmap file", e.into()));
+        }
+        Ok(Self {
+            raw: Arc::new(RawMem {
+                ptr: NonNull::new((base + PAGE - head) as *mut u8)
+                    .ok_or_else(|| bad("null mapping"))?,
+                len: head + len,
+                source: Source::FileAfter {
+                    base,
+                    size,
+                    part: FilePart {
+                        file: own,
+                        offset,
+                        head,
+                    },
+                },
+            }),
+        })
+    }
+
+    /// The file behind the buffer's bytes from [`FilePart::head`] on, if it was made by
+    /// [`Buffer::map_file_after`].
+    pub fn file_part(&self) -> Option<&FilePart> {
+        match &self.raw.source {
+            Source::FileAfter { part, .. } => Some(part),
+            _ => None,
+        }
     }
 
     /// A buffer over memory the caller owns and keeps: the C API registers user memory
@@ -724,6 +838,56 @@ mod tests {
         assert_eq!(&b.to_vec()[..6], b"\0\0efg\0");
         a.copy_from(1, &a.clone(), 0, 4);
         assert_eq!(a.to_vec(), b"aabcdfgh");
+    }
+
+    /// A file's pages after a header: the bytes are the header's then the file's; a file
+    /// truncated under the mapping fails the kernel's copy of it (EFAULT), not the process.
+    #[test]
+    fn a_file_after_a_header_and_a_truncation_under_it() {
+        use std::io::Read;
+        let path = std::env::temp_dir().join(format!("ferry-map-after-{}", std::process::id()));
+        let data: Vec<u8> = (0..3 * PAGE as u32).map(|i| (i % 253) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        assert!(
+            Buffer::map_file_after(&file, 100, 10, 8).is_err(),
+            "unaligned"
+        );
+        assert!(
+            Buffer::map_file_after(&file, 0, 10, PAGE + 1).is_err(),
+            "head too large"
+        );
+        let b = Buffer::map_file_after(&file, PAGE as u64, 2 * PAGE, 8).unwrap();
+        b.write_at(0, b"HEADER!!");
+        let mut want = b"HEADER!!".to_vec();
+        want.extend_from_slice(&data[PAGE..]);
+        assert_eq!(b.to_vec(), want);
+        // Truncated: writing the buffer to a socket fails once it reaches the lost pages.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(PAGE as u64)
+            .unwrap();
+        let (a, mut peer) = std::os::unix::net::UnixStream::pair().unwrap();
+        // SAFETY: the buffer lives; only the kernel reads these bytes (the point of the test).
+        let bytes = unsafe { b.bytes(0, b.len()) };
+        let mut sent = 0;
+        let err = loop {
+            match rustix::io::write(&a, &bytes[sent..]) {
+                Ok(0) => break None,
+                Ok(n) => sent += n,
+                Err(e) => break Some(e),
+            }
+        };
+        assert_eq!(err, Some(rustix::io::Errno::FAULT));
+        assert!(sent <= 8, "only the header was readable: {sent} bytes went");
+        drop(a);
+        let mut got = Vec::new();
+        peer.read_to_end(&mut got).unwrap();
+        assert_eq!(got, b"HEADER!!"[..sent]);
+        drop(b);
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]

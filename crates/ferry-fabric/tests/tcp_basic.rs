@@ -477,3 +477,43 @@ fn direct_writes_hand_over_to_the_writer_when_the_socket_fills() {
         }
     }
 }
+
+/// A buffer of a header and a file's pages (`Buffer::map_file_after`) travels whole, the
+/// file's part by `sendfile`, as a send and as an RMA read's source; a file truncated under
+/// it makes the send fail and the connection end, and the process carries on.
+#[test]
+fn a_file_after_a_header_is_sent_and_a_truncated_one_fails() {
+    let path = std::env::temp_dir().join(format!("ferry-tcp-file-{}", std::process::id()));
+    let data = pattern(3 << 20, 7);
+    std::fs::write(&path, &data).unwrap();
+    let file = std::fs::File::open(&path).unwrap();
+    let p = pair();
+    let buf = ferry_fabric::Buffer::map_file_after(&file, 1 << 20, 2 << 20, 16).unwrap();
+    buf.write_at(0, b"sixteen bytes!!!");
+    let src = p
+        .client
+        .domain()
+        .register(&buf, Access::REMOTE_READ)
+        .unwrap();
+    let mut want = b"sixteen bytes!!!".to_vec();
+    want.extend_from_slice(&data[1 << 20..]);
+    let dst = register(&*p.server, want.len(), Access::LOCAL);
+    p.server.post_recv(&[dst.full()], 1).unwrap();
+    p.client.post_send(&[src.full()], 2).unwrap();
+    assert_eq!(ok(&*p.client).len, want.len() as u64);
+    assert_eq!(ok(&*p.server).len, want.len() as u64);
+    assert!(dst.buffer().to_vec() == want, "sent bytes differ");
+    // Truncated: the file's part cannot be sent; the send fails, nothing crashes.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(1 << 20)
+        .unwrap();
+    let dst = register(&*p.server, want.len(), Access::LOCAL);
+    p.server.post_recv(&[dst.full()], 3).unwrap();
+    p.client.post_send(&[src.full()], 4).unwrap();
+    let (c, _) = failed(&*p.client);
+    assert_eq!(c.context, 4);
+    let _ = std::fs::remove_file(&path);
+}

@@ -40,6 +40,10 @@ pub struct Record {
     /// For a session that both reads and writes (a block device's): the bytes read and
     /// the bytes written (`bytes` is their sum), as `read` and `written` in the JSON line.
     pub read_written: Option<(u64, u64)>,
+    /// Of `bytes`, those sent straight from the page cache, never read into the server's
+    /// memory (a file whose blocks' checks the checksum cache holds,
+    /// [`crate::sumcache`]): `unread` in the JSON line, when any.
+    pub unread: u64,
 }
 
 impl Record {
@@ -60,6 +64,9 @@ impl Record {
         if let (Some((read, written)), Some(o)) = (self.read_written, v.as_object_mut()) {
             o.insert("read".into(), read.into());
             o.insert("written".into(), written.into());
+        }
+        if let (n @ 1.., Some(o)) = (self.unread, v.as_object_mut()) {
+            o.insert("unread".into(), n.into());
         }
         v.to_string()
     }
@@ -171,6 +178,7 @@ mod tests {
             duration: Duration::from_millis(1500),
             error: None,
             read_written: None,
+            unread: 0,
         };
         let v: serde_json::Value = serde_json::from_str(&r.json()).unwrap();
         assert_eq!(v["result"], "ok");
@@ -188,6 +196,7 @@ mod tests {
         assert!(v.get("read").is_none());
         let session = Record {
             read_written: Some((40, 2)),
+            unread: 0,
             ..failed
         };
         let v: serde_json::Value = serde_json::from_str(&session.json()).unwrap();

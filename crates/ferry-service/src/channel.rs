@@ -64,7 +64,7 @@ pub(crate) enum Use {
 /// default) the peer reads what we send and never touches what we receive into; with push,
 /// the reverse. Nothing else of ours is reachable by the peer, and only on its own
 /// connection.
-fn rights(sock: &ExsSocket, what: Use) -> Access {
+pub(crate) fn rights(sock: &ExsSocket, what: Use) -> Access {
     match (sock.config().push, what) {
         (false, Use::Send) => Access::REMOTE_READ,
         (true, Use::Recv) => Access::REMOTE_WRITE,

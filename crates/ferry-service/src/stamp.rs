@@ -110,12 +110,26 @@ fn changed(what: &str, before: &Stamp, now: &Stamp) -> String {
 /// PATH is removed again (at most 30 s), so a test can change the source at a known point
 /// of the copy. Unset in normal use.
 pub fn test_pause_after_read() {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    static DONE: AtomicBool = AtomicBool::new(false);
-    let Some(marker) = std::env::var_os("FERRY_TEST_PAUSE_READ") else {
+    static DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    pause_once("FERRY_TEST_PAUSE_READ", &DONE);
+}
+
+/// Test hook: `FERRY_TEST_PAUSE_UNREAD=PATH` is [`test_pause_after_read`] for the first
+/// block of a range sent unread (from the checksum cache's checks, see
+/// `crate::ring::sender::Source::Vouched`), after that block's send was prepared. Unset in
+/// normal use.
+pub fn test_pause_after_unread() {
+    static DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    pause_once("FERRY_TEST_PAUSE_UNREAD", &DONE);
+}
+
+/// The first time it is called with `done`, if the variable `var` names a file: creates it
+/// and waits until it is removed (at most 30 s).
+fn pause_once(var: &str, done: &std::sync::atomic::AtomicBool) {
+    let Some(marker) = std::env::var_os(var) else {
         return;
     };
-    if DONE.swap(true, Ordering::SeqCst) {
+    if done.swap(true, std::sync::atomic::Ordering::SeqCst) {
         return;
     }
     if std::fs::write(&marker, b"paused\n").is_err() {

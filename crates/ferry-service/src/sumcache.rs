@@ -4,14 +4,28 @@
 //!
 //! The entry is keyed by what `fstat` says of the file: size, mtime (to the nanosecond),
 //! inode and device. Read with a key that differs in any of them, it is ignored (and
-//! rewritten once the file has been hashed again). It holds only the root: the per-block
-//! chaining values ([`crate::tree`]) would be 32 bytes per block, kilobytes for large files,
-//! and only ranged reads could use them, which the whole-file checks ferry makes never need.
+//! rewritten once the file has been hashed again).
+//!
+//! **Formats.** Format 1 ([`MAGIC`], 80 bytes) holds only the root. Format 2 ([`MAGIC2`])
+//! holds the root and, for one block size per kind of check, every block's check as a sender
+//! computes it ([`Blocks`]: the CRC-32C of each block at data protection `clear`, 4 bytes a
+//! block; the 32 bytes the `integrity` tag is keyed over otherwise; both kinds when the file
+//! was sent at both levels and the attribute holds them): a server whose block size and
+//! check match sends the file's blocks without reading them (`sendfile`-like, straight from
+//! the page cache), taking each header's check from the entry. It is written when a server
+//! sent the whole file in blocks of one size and hashed it (or had its root from a format 1
+//! entry) in that pass, and bounded by [`MAX_ENTRY`] (Linux's limit on one attribute's
+//! value: 2,000 blocks of hashes, 16,000 of CRCs; 8 or 64 GiB at 4 MiB blocks); a file
+//! system that keeps less (ext4 about 4 KiB) gets format 1 instead. Both are read. The
+//! per-block chaining values of the file's tree ([`crate::tree`]) are not kept: ranged
+//! reads alone could use them.
 //!
 //! **What it cannot see.** ctime is not in the key (setting the attribute moves it), so
 //! content rewritten with the same size and the mtime set back (`touch -d`, `utimes`)
-//! keeps a stale entry: the sender then announces the old hash, and the receiver, which
-//! hashes what it got, refuses the file (exit 4, integrity) rather than commit it; the
+//! keeps a stale entry: the sender then announces the old hash (and, from a format 2 entry,
+//! the old blocks' checks, which the receiver's checks fail: it fetches those blocks again,
+//! and a GET of one block is always read), and the receiver, which hashes what it got,
+//! refuses the file (exit 4, integrity) rather than commit it; the
 //! entry stays wrong until the file's size or mtime changes, or the cache is turned off
 //! (`checksum_cache = false`, `ferry serve --no-checksum-cache`), or the attribute removed
 //! (`setfattr -x user.ferry.blake3 FILE`). A change made *while* ferry reads is caught by
@@ -47,11 +61,87 @@ pub const MIN_CACHED: u64 = 1 << 20;
 /// The extended attribute holding the entry.
 pub const XATTR: &str = "user.ferry.blake3";
 
-/// The entry's first bytes (format 1).
+/// The entry's first bytes (format 1: the root).
 const MAGIC: [u8; 8] = *b"FERRYB31";
 
-/// Bytes of an entry: magic, size, mtime seconds and nanoseconds, inode, device, root.
+/// The entry's first bytes (format 2: the root and the blocks' checks, [`Blocks`]).
+const MAGIC2: [u8; 8] = *b"FERRYB32";
+
+/// Bytes of a format 1 entry: magic, size, mtime seconds and nanoseconds, inode, device,
+/// root. A format 2 entry follows the same fields with the number of lists of checks (1 or
+/// 2, 1 byte), each the check's kind (1 byte: 1 CRC-32C, 2 span digests), the block size and
+/// the number of blocks (4 bytes each) and the checks.
 const ENTRY_LEN: usize = 8 + 8 + 8 + 8 + 8 + 8 + 32;
+
+/// The most bytes of an entry: Linux's limit on one extended attribute's value.
+pub const MAX_ENTRY: usize = 64 << 10;
+
+/// The checks of a file's blocks, as a sender's check computes them (see
+/// `ferry_service::secure::protect::BlockCheck`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Checks {
+    /// Each block's CRC-32C (data protection `clear`).
+    Crc(Vec<u32>),
+    /// Each block's digest of its spans of the file's tree ([`crate::tree::BlockSpans`]),
+    /// what the `integrity` tag is keyed over for a block flagged so.
+    Spans(Vec<[u8; 32]>),
+}
+
+impl Checks {
+    fn kind(&self) -> u8 {
+        match self {
+            Checks::Crc(_) => 1,
+            Checks::Spans(_) => 2,
+        }
+    }
+
+    /// Blocks checked.
+    pub fn len(&self) -> usize {
+        match self {
+            Checks::Crc(v) => v.len(),
+            Checks::Spans(v) => v.len(),
+        }
+    }
+
+    /// Whether no block is.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn bytes_each(&self) -> usize {
+        match self {
+            Checks::Crc(_) => 4,
+            Checks::Spans(_) => 32,
+        }
+    }
+}
+
+/// A whole file's blocks of `block` bytes (from offset 0; the last one shorter) and each
+/// one's check: what a format 2 entry keeps besides the root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Blocks {
+    /// The block size.
+    pub block: u64,
+    /// The checks, one per block.
+    pub checks: Checks,
+}
+
+impl Blocks {
+    /// Whether these are the checks of every block of a file of `size` bytes.
+    pub fn covers(&self, size: u64) -> bool {
+        self.block > 0 && size.div_ceil(self.block) == self.checks.len() as u64
+    }
+}
+
+/// What an entry says of the file it matches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// The whole file's BLAKE3.
+    pub root: [u8; 32],
+    /// Its blocks' checks (format 2): a list per kind of check (CRC-32C, span digests), each
+    /// for one block size.
+    pub blocks: Vec<Blocks>,
+}
 
 /// The key of an entry: what `fstat` says of the version of the file it hashed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,29 +162,105 @@ impl Key {
         }
     }
 
-    fn encode(&self, root: &[u8; 32]) -> Vec<u8> {
-        let mut v = Vec::with_capacity(ENTRY_LEN);
-        let mut w = Writer::new(&mut v);
-        w.bytes(&MAGIC);
+    fn encode_head(&self, magic: &[u8; 8], root: &[u8; 32], w: &mut Writer<'_>) {
+        w.bytes(magic);
         w.u64(self.size);
         w.i64(self.mtime.0);
         w.i64(self.mtime.1);
         w.u64(self.ino);
         w.u64(self.dev);
         w.bytes(root);
+    }
+
+    /// A format 1 entry.
+    fn encode(&self, root: &[u8; 32]) -> Vec<u8> {
+        let mut v = Vec::with_capacity(ENTRY_LEN);
+        self.encode_head(&MAGIC, root, &mut Writer::new(&mut v));
         v
     }
 
-    /// The root of `entry` if it is a well-formed entry of this key.
-    fn matches(&self, entry: &[u8]) -> Option<[u8; 32]> {
+    /// A format 2 entry with the checks of each of `all` (at most one list per kind), or
+    /// `None` if it would not fit [`MAX_ENTRY`] or a list is not of the file's every block.
+    fn encode2(&self, root: &[u8; 32], all: &[Blocks]) -> Option<Vec<u8>> {
+        let len = ENTRY_LEN
+            + 1
+            + all
+                .iter()
+                .map(|b| 9 + b.checks.len() * b.checks.bytes_each())
+                .sum::<usize>();
+        if len > MAX_ENTRY || all.is_empty() || all.iter().any(|b| !b.covers(self.size)) {
+            return None;
+        }
+        let mut v = Vec::with_capacity(len);
+        let mut w = Writer::new(&mut v);
+        self.encode_head(&MAGIC2, root, &mut w);
+        w.u8(u8::try_from(all.len()).ok()?);
+        for blocks in all {
+            let c = &blocks.checks;
+            w.u8(c.kind());
+            w.u32(u32::try_from(blocks.block).ok()?);
+            w.u32(u32::try_from(c.len()).ok()?);
+            match c {
+                Checks::Crc(v) => v.iter().for_each(|x| w.u32(*x)),
+                Checks::Spans(v) => v.iter().for_each(|x| w.bytes(x)),
+            }
+        }
+        Some(v)
+    }
+
+    /// One list of checks of a format 2 entry.
+    fn read_blocks(&self, r: &mut Reader<'_>) -> Option<Blocks> {
+        let kind = r.u8().ok()?;
+        let block = u64::from(r.u32().ok()?);
+        let n = r.u32().ok()? as usize;
+        // The count is checked against the file before anything is allocated for it.
+        if block == 0 || self.size.div_ceil(block) != n as u64 {
+            return None;
+        }
+        let checks = match kind {
+            1 => Checks::Crc(
+                (0..n)
+                    .map(|_| r.u32())
+                    .collect::<std::result::Result<_, _>>()
+                    .ok()?,
+            ),
+            2 => Checks::Spans(
+                (0..n)
+                    .map(|_| r.array::<32>())
+                    .collect::<std::result::Result<_, _>>()
+                    .ok()?,
+            ),
+            _ => return None,
+        };
+        Some(Blocks { block, checks })
+    }
+
+    /// What `entry` says if it is a well-formed entry (either format) of this key.
+    fn matches(&self, entry: &[u8]) -> Option<Entry> {
         let mut r = Reader::new(entry);
-        let ok = r.array::<8>().ok()? == MAGIC
+        let magic = r.array::<8>().ok()?;
+        let ok = (magic == MAGIC || magic == MAGIC2)
             && r.u64().ok()? == self.size
             && (r.i64().ok()?, r.i64().ok()?) == self.mtime
             && r.u64().ok()? == self.ino
             && r.u64().ok()? == self.dev;
         let root = r.array::<32>().ok()?;
-        (ok && r.finish().is_ok()).then_some(root)
+        if !ok {
+            return None;
+        }
+        let mut blocks = Vec::new();
+        if magic == MAGIC2 {
+            // One list per kind of check at most.
+            let n = r.u8().ok()?;
+            if n == 0 || n > 2 {
+                return None;
+            }
+            for _ in 0..n {
+                blocks.push(self.read_blocks(&mut r)?);
+            }
+        }
+        r.finish().ok()?;
+        Some(Entry { root, blocks })
     }
 }
 
@@ -160,12 +326,17 @@ impl Reading {
 
     /// The cached BLAKE3 of the file, if its entry matches the file as opened.
     pub fn cached(&self, file: &File) -> Option<[u8; 32]> {
+        self.entry(file).map(|e| e.root)
+    }
+
+    /// The file's entry (either format), if it matches the file as opened.
+    pub fn entry(&self, file: &File) -> Option<Entry> {
         if !self.enabled {
             return None;
         }
-        let mut buf = [0u8; ENTRY_LEN + 1];
+        let mut buf = vec![0u8; MAX_ENTRY];
         let n = rustix::fs::fgetxattr(file, XATTR, &mut buf[..]).ok()?;
-        self.key.matches(&buf[..n])
+        self.key.matches(buf.get(..n)?)
     }
 
     /// [`Stamp::check`], except that a ctime moved only by entries this process wrote
@@ -198,23 +369,62 @@ impl Reading {
         if !self.enabled || self.cached(file) == Some(*root) {
             return;
         }
-        let mut guard = readers();
-        let Ok(before) = Stamp::now(file) else { return };
-        if before != *stamp {
+        let entry = self.key.encode(root);
+        self.write(stamp, file, &entry);
+    }
+
+    /// [`Reading::store`] with the file's blocks' checks too (format 2), read from the same
+    /// version: unless the entry already holds them. Checks of the other kind the entry
+    /// holds for the same root stay (a file served at `clear` and at `integrity` keeps both),
+    /// if the attribute can hold both. Where the file system cannot keep that much, the root
+    /// alone (format 1).
+    pub fn store_blocks(&self, stamp: &mut Stamp, file: &File, root: &[u8; 32], blocks: &Blocks) {
+        if !self.enabled {
             return;
+        }
+        let mut all = vec![blocks.clone()];
+        if let Some(e) = self.entry(file).filter(|e| e.root == *root) {
+            if e.blocks.contains(blocks) {
+                return;
+            }
+            let kind = blocks.checks.kind();
+            all.extend(e.blocks.into_iter().filter(|b| b.checks.kind() != kind));
+        }
+        let entry = self.key.encode2(root, &all);
+        let entry = entry.or_else(|| self.key.encode2(root, &all[..1]));
+        match entry {
+            Some(entry) if self.write(stamp, file, &entry) => {}
+            _ => self.store(stamp, file, root),
+        }
+    }
+
+    /// Writes `entry` if the file still has `stamp` (see [`Reading::store`]); whether it
+    /// did.
+    fn write(&self, stamp: &mut Stamp, file: &File, entry: &[u8]) -> bool {
+        let mut guard = readers();
+        let Ok(before) = Stamp::now(file) else {
+            return false;
+        };
+        if before != *stamp {
+            return false;
         }
         WRITES.fetch_add(1, Ordering::SeqCst);
-        let entry = self.key.encode(root);
         let flags = rustix::fs::XattrFlags::empty();
-        if let Err(e) = rustix::fs::fsetxattr(file, XATTR, &entry, flags) {
-            tracing::debug!("no checksum cache for this file: {e}");
-            return;
+        if let Err(e) = rustix::fs::fsetxattr(file, XATTR, entry, flags) {
+            tracing::debug!(
+                "no checksum cache entry of {} bytes for this file: {e}",
+                entry.len()
+            );
+            return false;
         }
-        let Ok(after) = Stamp::now(file) else { return };
+        let Ok(after) = Stamp::now(file) else {
+            return true;
+        };
         if let Some(r) = guard.as_mut().and_then(|m| m.get_mut(&self.id)) {
             r.moves.push((before.ctime(), after.ctime()));
         }
         *stamp = after;
+        true
     }
 }
 
@@ -256,7 +466,7 @@ mod tests {
         let root = [3u8; 32];
         let entry = key.encode(&root);
         assert_eq!(entry.len(), ENTRY_LEN);
-        assert_eq!(key.matches(&entry), Some(root));
+        assert_eq!(key.matches(&entry).map(|e| e.root), Some(root));
         let others = [
             Key {
                 size: key.size + 1,
@@ -280,6 +490,69 @@ mod tests {
         let mut longer = entry.clone();
         longer.push(0);
         assert_eq!(key.matches(&longer), None);
+    }
+
+    /// A format 2 entry keeps the blocks' checks of one block size, is refused if they are
+    /// not the file's every block or would not fit an attribute, and a format 1 entry still
+    /// reads (root alone).
+    #[test]
+    fn format_2_keeps_the_blocks_checks() {
+        let key = Key {
+            size: (8 << 20) + 1,
+            mtime: (1_700_000_000, 5),
+            ino: 9,
+            dev: 3,
+        };
+        let root = [7u8; 32];
+        for checks in [
+            Checks::Crc(vec![1, 2, 3]),
+            Checks::Spans(vec![[4u8; 32], [5u8; 32], [6u8; 32]]),
+        ] {
+            let blocks = Blocks {
+                block: 4 << 20,
+                checks,
+            };
+            let entry = key
+                .encode2(&root, std::slice::from_ref(&blocks))
+                .expect("fits");
+            let got = key.matches(&entry).expect("matches");
+            assert_eq!(got.root, root);
+            assert_eq!(got.blocks, std::slice::from_ref(&blocks));
+            // Cut short or longer, or another size: refused.
+            assert_eq!(key.matches(&entry[..entry.len() - 1]), None);
+            let mut longer = entry.clone();
+            longer.push(0);
+            assert_eq!(key.matches(&longer), None);
+            let bigger = Key {
+                size: 12 << 20 | 1,
+                ..key
+            };
+            assert_eq!(bigger.matches(&entry), None);
+        }
+        // Two checks for a file of three blocks: not written.
+        let short = Blocks {
+            block: 4 << 20,
+            checks: Checks::Crc(vec![1, 2]),
+        };
+        assert_eq!(key.encode2(&root, &[short]), None);
+        // More than an attribute holds: not written.
+        let huge = Key {
+            size: 4096 << 20,
+            ..key
+        };
+        let many = Blocks {
+            block: 1 << 20,
+            checks: Checks::Spans(vec![[0u8; 32]; 4096]),
+        };
+        assert_eq!(huge.encode2(&root, &[many]), None);
+        let v1 = key.encode(&root);
+        assert_eq!(
+            key.matches(&v1),
+            Some(Entry {
+                root,
+                blocks: vec![]
+            })
+        );
     }
 
     /// Two readers of one file: the entry one of them writes moves ctime, and the other's
@@ -321,6 +594,57 @@ mod tests {
         assert!(rustix::fs::fgetxattr(&f2, XATTR, &mut buf[..]).is_err());
         let _ = std::fs::remove_file(&p);
         let _ = std::fs::remove_file(&p2);
+    }
+
+    /// Stored with blocks' checks: format 2, read back whole; checks of the other kind join
+    /// them, of the same kind replace them; a later store of the same root alone keeps them;
+    /// checks too many for an attribute store the root alone (format 1).
+    #[test]
+    fn store_blocks_writes_format_2_or_falls_back() {
+        let (p, f) = file("blocks", 3000);
+        let st = rustix::fs::fstat(&f).unwrap();
+        let (r, mut s) = Reading::start(&f, &st, epoch(), true).unwrap();
+        let crc = Blocks {
+            block: 1024,
+            checks: Checks::Crc(vec![10, 20, 30]),
+        };
+        let root = [8u8; 32];
+        r.store_blocks(&mut s, &f, &root, &crc);
+        let entry = |blocks: Vec<Blocks>| Some(Entry { root, blocks });
+        assert_eq!(r.entry(&f), entry(vec![crc.clone()]));
+        let spans = Blocks {
+            block: 1024,
+            checks: Checks::Spans(vec![[1u8; 32]; 3]),
+        };
+        r.store_blocks(&mut s, &f, &root, &spans);
+        assert_eq!(r.entry(&f), entry(vec![spans.clone(), crc.clone()]));
+        let crc2 = Blocks {
+            block: 1000,
+            checks: Checks::Crc(vec![1, 2, 3]),
+        };
+        r.store_blocks(&mut s, &f, &root, &crc2);
+        assert_eq!(r.entry(&f), entry(vec![crc2.clone(), spans]));
+        r.store(&mut s, &f, &root);
+        assert_eq!(
+            r.entry(&f).map(|e| e.blocks.len()),
+            Some(2),
+            "the root alone replaced them"
+        );
+        r.check(&mut s, &f, "f").unwrap();
+        let many = Blocks {
+            block: 1,
+            checks: Checks::Spans(vec![[1u8; 32]; 3000]),
+        };
+        r.store_blocks(&mut s, &f, &[9u8; 32], &many);
+        assert_eq!(
+            r.entry(&f),
+            Some(Entry {
+                root: [9u8; 32],
+                blocks: vec![]
+            })
+        );
+        drop(r);
+        let _ = std::fs::remove_file(&p);
     }
 
     /// A reader that opened the file before another wrote an entry, and registered after,

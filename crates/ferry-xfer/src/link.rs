@@ -248,6 +248,17 @@ impl BlockSender {
             .send_range(link.socket(), src, span.into(), digest, progress, &head)
     }
 
+    /// Gathers the checks of the blocks of a whole file of `size` bytes sent from now on, for
+    /// the checksum cache ([`Sender::collect_checks`]).
+    pub fn collect_checks(&mut self, size: u64) {
+        self.ring.collect_checks(size);
+    }
+
+    /// The checks gathered, if of every block ([`Sender::take_checks`]); gathering stops.
+    pub fn take_checks(&mut self) -> Option<ferry_service::sumcache::Blocks> {
+        self.ring.take_checks()
+    }
+
     /// The most payload bytes a block carries.
     pub fn block(&self) -> u64 {
         self.ring.block() as u64

@@ -316,6 +316,7 @@ impl Server {
                     duration: began.elapsed(),
                     error,
                     read_written: None,
+                    unread: 0,
                 },
                 false,
             )

@@ -165,6 +165,17 @@ impl SendRing {
         self.pending.clear();
     }
 
+    /// Gives up the filled slots not yet sent (the rest of a range that failed): free
+    /// again, returned so the runtime takes their contents back.
+    pub fn cancel_ready(&mut self) -> Vec<SlotId> {
+        let slots: Vec<SlotId> = self.ready.drain(..).map(|(slot, _)| slot).collect();
+        for &slot in &slots {
+            self.state[slot] = SlotState::Free;
+            self.free.push(slot);
+        }
+        slots
+    }
+
     /// A free slot for the runtime to fill itself (frames it builds), or `None` while every
     /// slot is busy: wait for a send to complete.
     pub fn claim(&mut self) -> Option<SlotId> {
@@ -548,6 +559,26 @@ mod tests {
             prop_assert_eq!(written, arrived, "every block written exactly once");
             prop_assert_eq!(ring.credits(), slots, "every slot reposted");
         }
+    }
+
+    #[test]
+    fn filled_slots_given_up_are_free_and_never_sent() {
+        let mut ring = SendRing::new(2, 10);
+        ring.queue(Piece {
+            transfer: 1,
+            offset: 0,
+            len: 40,
+        });
+        let Some(Action::ReadInto { slot, .. }) = ring.step() else {
+            panic!("a read first");
+        };
+        ring.filled(slot, 10);
+        // Filled, not yet sent: given up with the rest of the range.
+        assert_eq!(ring.cancel_ready(), [slot]);
+        ring.cancel_pending();
+        assert_eq!(ring.credits(), 2);
+        assert_eq!(ring.step(), None, "nothing left to send");
+        assert!(ring.claim().is_some() && ring.claim().is_some());
     }
 
     #[test]

@@ -20,7 +20,7 @@ use ferry_exs::proto::{EventKind, Flags};
 use ferry_exs::runtime::{EventQueue, ExsBuf, ExsSocket};
 
 use super::{Action, Piece, SendRing, SlotId};
-use crate::channel::{alloc_aligned, exs_err, pinned, Use, FRAME_HEAD, HEAD_ROOM};
+use crate::channel::{alloc_aligned, exs_err, pinned, rights, Use, FRAME_HEAD, HEAD_ROOM};
 use crate::direct::{direct_aligned, open_direct_or_warn};
 use crate::error::{Error, Result};
 use crate::secure::protect::{BlockCheck, BlockDigest};
@@ -50,8 +50,72 @@ pub enum Digest<'a> {
 pub enum Source<'a> {
     /// A file, read at the range's offsets.
     File(&'a std::fs::File),
+    /// A file whose blocks' checks the checksum cache holds ([`crate::sumcache::Blocks`],
+    /// for the version of the file as opened): each whole block whose check is there and
+    /// of the sender's kind is sent without being read ([`Sender::send_range`]); the others
+    /// are read as [`Source::File`]'s. Only for a driver that never reads a send's memory in
+    /// user space (the native tcp driver: `sendfile`, or `sendmsg` from the mapping): a file
+    /// truncated under the mapping then makes that send fail where a read here would raise
+    /// SIGBUS.
+    Vouched(&'a std::fs::File, &'a crate::sumcache::Blocks),
     /// Zeros (memory-to-memory mode: no file is read).
     Zero,
+}
+
+impl<'a> Source<'a> {
+    /// The file read, if any.
+    fn file(&self) -> Option<&'a std::fs::File> {
+        match *self {
+            Source::File(f) | Source::Vouched(f, _) => Some(f),
+            Source::Zero => None,
+        }
+    }
+}
+
+/// Blocks shorter than this are read even when vouched for: mapping costs more than the
+/// copy, and the drivers copy small sends in user space (the tcp driver's inline sends and
+/// the rest of a frame the posting thread wrote part of, up to 16 KiB).
+pub const MIN_UNREAD: u64 = 256 << 10;
+
+/// Payload bytes this process sent without reading them ([`Source::Vouched`]).
+static UNREAD: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// The same, sent by this thread (a server's connection thread: its audit reads it).
+    static UNREAD_HERE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Payload bytes this process has sent straight from the page cache, never read into user
+/// space ([`Source::Vouched`]).
+pub fn unread_bytes() -> u64 {
+    UNREAD.load(Ordering::Relaxed)
+}
+
+/// [`unread_bytes`] sent by the calling thread.
+pub fn unread_bytes_here() -> u64 {
+    UNREAD_HERE.with(|c| c.get())
+}
+
+/// Whether vouched blocks may be sent without a read: `FERRY_ZERO_COPY_SENDS=off` turns it
+/// off (for A/B measurements; the cache still saves the whole-file hash).
+pub fn zero_copy_sends() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        !matches!(
+            std::env::var("FERRY_ZERO_COPY_SENDS").as_deref(),
+            Ok("off") | Ok("0")
+        ) && std::env::var_os("FERRY_TEST_CORRUPT_BLOCKS").is_none()
+    })
+}
+
+/// The checks of a whole file's blocks as a range of it is sent from offset 0 in whole
+/// blocks ([`Sender::collect_checks`]), for the checksum cache.
+#[derive(Debug)]
+struct Collect {
+    size: u64,
+    block: u64,
+    /// Each block's digest and whether it is its spans'.
+    got: Vec<Option<(BlockDigest, bool)>>,
 }
 
 /// Whether the staging ring runs its helper threads (the receiver's disk writer, the
@@ -110,6 +174,11 @@ pub struct Sender {
     pub direct: bool,
     /// Bytes of the staging blocks allocated so far (each slot's, on its first use).
     staged_bytes: u64,
+    /// Slots whose send is a file mapping ([`Source::Vouched`]), not their block: the file
+    /// and the end of the range mapped, checked again just before the send is posted.
+    mapped: Vec<Option<(std::fs::File, u64)>>,
+    /// The blocks' checks being gathered, if asked ([`Sender::collect_checks`]).
+    collect: Option<Collect>,
 }
 
 impl Sender {
@@ -121,6 +190,7 @@ impl Sender {
             dq: EventQueue::new().map_err(|e| Error::io("create event queue", &e))?,
             blocks: (0..ring.slots()).map(|_| None).collect(),
             msgs: (0..ring.slots()).map(|_| None).collect(),
+            mapped: (0..ring.slots()).map(|_| None).collect(),
             ring,
             zeroed: HashSet::new(),
             zero_digest: None,
@@ -128,6 +198,7 @@ impl Sender {
             timeout,
             direct: false,
             staged_bytes: 0,
+            collect: None,
         })
     }
 
@@ -197,6 +268,49 @@ impl Sender {
         Ok(())
     }
 
+    /// Gathers the check of every block of a file of `size` bytes sent from now on (from a
+    /// file, at block offsets, whole blocks), until [`Sender::take_checks`].
+    pub fn collect_checks(&mut self, size: u64) {
+        let block = self.block() as u64;
+        let n = usize::try_from(size.div_ceil(block)).unwrap_or(0);
+        self.collect = (n > 0).then(|| Collect {
+            size,
+            block,
+            got: vec![None; n],
+        });
+    }
+
+    /// The checks gathered since [`Sender::collect_checks`], if they are of every block and
+    /// of one kind (a connection's blocks all are); gathering stops.
+    pub fn take_checks(&mut self) -> Option<crate::sumcache::Blocks> {
+        use crate::sumcache::{Blocks, Checks};
+        let c = self.collect.take()?;
+        let got: Vec<(BlockDigest, bool)> = c.got.into_iter().collect::<Option<_>>()?;
+        let checks = match got.first()? {
+            (BlockDigest::Crc(_), false) => Checks::Crc(
+                got.iter()
+                    .map(|d| match d {
+                        (BlockDigest::Crc(x), false) => Some(*x),
+                        _ => None,
+                    })
+                    .collect::<Option<_>>()?,
+            ),
+            (BlockDigest::Hash(_), true) => Checks::Spans(
+                got.iter()
+                    .map(|d| match d {
+                        (BlockDigest::Hash(h), true) => Some(*h),
+                        _ => None,
+                    })
+                    .collect::<Option<_>>()?,
+            ),
+            _ => return None,
+        };
+        Some(Blocks {
+            block: c.block,
+            checks,
+        })
+    }
+
     /// Sends `piece` of `src` as block frames whose header `head(piece, check, spans)` writes,
     /// feeding every byte read to `digest`, and `progress` with each block's length. Each block is read straight into its registered staging block (no copy; a
     /// zero source's blocks are zeroed once), and its CRC-32C is computed there. For ranges
@@ -212,6 +326,11 @@ impl Sender {
         head: &Head<'_>,
     ) -> Result<()> {
         let block = self.block() as u64;
+        // A vouched block is never read: a range that must be hashed is read.
+        let src = match (src, &digest) {
+            (Source::Vouched(f, _), Digest::Stream(_) | Digest::Tree(_)) => Source::File(f),
+            _ => src,
+        };
         let mut range = RangeRead {
             src,
             piece,
@@ -272,6 +391,13 @@ impl Sender {
         });
         if res.is_err() {
             self.ring.cancel_pending();
+            // Nor are the blocks filled and not yet sent: none lingers behind the failure.
+            for slot in self.ring.cancel_ready() {
+                let msg = self.msgs[slot].take();
+                if self.mapped[slot].take().is_none() {
+                    self.blocks[slot] = msg.map(|m| ExsBuf::new(m.region().clone()));
+                }
+            }
         }
         res
     }
@@ -296,6 +422,12 @@ impl Sender {
                     let msg = self.msgs[slot]
                         .take()
                         .ok_or_else(|| Error::conn("internal: a send of an empty slot"))?;
+                    if let Err(e) = self.still_mapped(slot) {
+                        // Not posted: its credit comes back, its mapping goes.
+                        self.mapped[slot] = None;
+                        self.ring.sent(slot);
+                        return Err(e);
+                    }
                     sock.send_to(Some(&self.dq), msg, 0, Flags::NONE, slot as u64);
                 }
                 Some(Action::Wait) if self.ring.has_pending() => self.reap_one()?,
@@ -308,6 +440,27 @@ impl Sender {
         }
     }
 
+    /// Fails if `slot` sends a file mapping whose range the file no longer holds (truncated
+    /// since it was mapped): a send posted now would end the connection (`EFAULT`), an
+    /// error here fails only the transfer, as a changed source. (A truncation after this
+    /// check still ends the connection, and nothing else.)
+    fn still_mapped(&self, slot: SlotId) -> Result<()> {
+        let Some((file, end)) = &self.mapped[slot] else {
+            return Ok(());
+        };
+        let size = file
+            .metadata()
+            .map_err(|e| Error::io("stat the file being sent", &e))?
+            .len();
+        if size < *end {
+            return Err(Error::io(
+                format!("send up to offset {end}"),
+                &std::io::Error::from(std::io::ErrorKind::UnexpectedEof),
+            ));
+        }
+        Ok(())
+    }
+
     /// Reads `piece` into `slot`'s block, checksums it, writes its frame header and marks
     /// it filled.
     fn fill_block(
@@ -318,6 +471,11 @@ impl Sender {
         piece: Piece,
         after_read: &mut AfterRead<'_>,
     ) -> Result<()> {
+        if let Source::Vouched(file, blocks) = range.src {
+            if let Some((digest, spans)) = self.vouched(range, blocks, piece) {
+                return self.fill_unread(sock, range, file, slot, piece, digest, spans);
+            }
+        }
         let buf = self.block_of(sock, slot)?;
         // Until it is filled the slot's block is held here: put it back if anything fails.
         let res = self.fill(range, slot, &buf, piece, after_read);
@@ -339,6 +497,88 @@ impl Sender {
         }
     }
 
+    /// The cached digest of `piece` if it may be sent unread: a whole block of the entry's
+    /// size at a block offset, large enough, of the check this sender computes.
+    fn vouched(
+        &self,
+        range: &RangeRead<'_, '_>,
+        blocks: &crate::sumcache::Blocks,
+        piece: Piece,
+    ) -> Option<(BlockDigest, bool)> {
+        use crate::sumcache::Checks;
+        let size = range.size?;
+        let (block, at) = (blocks.block, piece.offset);
+        let whole = at.is_multiple_of(block) && piece.len == block.min(size.saturating_sub(at));
+        if !whole || piece.len < MIN_UNREAD || !blocks.covers(size) || !zero_copy_sends() {
+            return None;
+        }
+        let i = usize::try_from(at / block).ok()?;
+        match (&blocks.checks, self.check) {
+            (Checks::Crc(v), BlockCheck::Crc) => Some((BlockDigest::Crc(*v.get(i)?), false)),
+            (Checks::Spans(v), BlockCheck::Tag(_)) => Some((BlockDigest::Hash(*v.get(i)?), true)),
+            _ => None,
+        }
+    }
+
+    /// Sends `piece` of `file` from a mapping of its pages, with no read into user space,
+    /// under a header whose check comes from the checksum cache (`digest`, of its spans or
+    /// not). The file is checked to still hold the piece before the send is posted
+    /// ([`Sender::still_mapped`]); a truncation after that fails the send in the kernel
+    /// (the connection ends), never in this process.
+    #[allow(clippy::too_many_arguments)]
+    fn fill_unread(
+        &mut self,
+        sock: &ExsSocket,
+        range: &RangeRead<'_, '_>,
+        file: &std::fs::File,
+        slot: SlotId,
+        piece: Piece,
+        digest: BlockDigest,
+        spans: bool,
+    ) -> Result<()> {
+        let n = usize::try_from(piece.len).map_err(|_| Error::conn("internal: block too large"))?;
+        // Checked again before the send is posted ([`Sender::still_mapped`]).
+        let kept = file
+            .try_clone()
+            .map_err(|e| Error::io("hold the file being sent", &e))?;
+        let map = ferry_fabric::Buffer::map_file_after(file, piece.offset, n, FRAME_HEAD)
+            .map_err(|e| Error::conn(format!("map the file being sent: {e}")))?;
+        let buf = sock
+            .register_with(map, rights(sock, Use::Send))
+            .map_err(|e| Error::conn(format!("register the file being sent: {e}")))?;
+        let value = self
+            .check
+            .value(&digest, piece.transfer, piece.offset, n as u32);
+        let head = (range.head)(&piece, value, spans)?;
+        buf.write_at(0, &head)
+            .map_err(|e| Error::conn(format!("fill block header: {e}")))?;
+        self.msgs[slot] = Some(buf);
+        self.mapped[slot] = Some((kept, piece.end()));
+        self.ring.filled(slot, FRAME_HEAD + n);
+        UNREAD.fetch_add(piece.len, Ordering::Relaxed);
+        UNREAD_HERE.with(|c| c.set(c.get() + piece.len));
+        (range.progress)(piece.len);
+        if piece.offset == range.piece.offset {
+            crate::stamp::test_pause_after_unread();
+        }
+        Ok(())
+    }
+
+    /// Notes `piece`'s check for the checksum cache, if gathering and it is a whole block.
+    fn note_check(&mut self, piece: Piece, digest: Option<(BlockDigest, bool)>) {
+        let Some(c) = self.collect.as_mut() else {
+            return;
+        };
+        let whole = piece.offset.is_multiple_of(c.block)
+            && piece.len == c.block.min(c.size.saturating_sub(piece.offset));
+        let slot = usize::try_from(piece.offset / c.block)
+            .ok()
+            .and_then(|i| c.got.get_mut(i));
+        if let (true, Some(slot), Some(d)) = (whole, slot, digest) {
+            *slot = Some(d);
+        }
+    }
+
     /// Fills `buf` (slot `slot`) with `piece` and its header; the payload's length (a sealed
     /// block's [`BlockCheck::trailer`] follows it).
     fn fill(
@@ -355,7 +595,7 @@ impl Sender {
         }
         let (mem, at) = (buf.buffer(), buf.offset() + FRAME_HEAD);
         match range.src {
-            Source::File(_) => {
+            Source::File(_) | Source::Vouched(..) => {
                 self.zeroed.remove(&slot);
                 range.read(buf, piece)?;
             }
@@ -377,7 +617,7 @@ impl Sender {
             _ => None,
         };
         let checked = !crate::hash::checksums_off();
-        let by_spans = checked && check.reads_spans() && matches!(range.src, Source::File(_));
+        let by_spans = checked && check.reads_spans() && range.src.file().is_some();
         let size = range.size;
         // The digest, and whether it is the spans' (the block's header says so).
         let digest = mem.with_bytes(at, n, |b| -> Result<Option<(BlockDigest, bool)>> {
@@ -391,6 +631,9 @@ impl Sender {
                 None => None,
             })
         })?;
+        if range.src.file().is_some() {
+            self.note_check(piece, digest);
+        }
         let (value, spans) = match digest {
             Some((d, spans)) => {
                 if matches!(range.src, Source::Zero) {
@@ -471,7 +714,10 @@ impl Sender {
                 .ok()
                 .filter(|&s| s < self.blocks.len())
                 .ok_or_else(|| Error::conn("internal: a send completion of no slot"))?;
-            if let Some(buf) = ev.buf {
+            if self.mapped[slot].take().is_some() {
+                // A file mapping: unmapped as it drops; the slot's block stays as it was.
+                drop(ev.buf);
+            } else if let Some(buf) = ev.buf {
                 // The send used part of the block; keep the whole block.
                 self.blocks[slot] = Some(ExsBuf::new(buf.region().clone()));
             }
@@ -498,7 +744,7 @@ impl RangeRead<'_, '_> {
     /// Opens the direct handle, or advises the kernel of a sequential read of the range;
     /// notes the file's size.
     fn prepare(&mut self, direct: bool) {
-        let Source::File(file) = self.src else {
+        let Some(file) = self.src.file() else {
             return;
         };
         // The size the transfer announced, unless the file changed since: then its blocks'
@@ -519,7 +765,7 @@ impl RangeRead<'_, '_> {
 
     /// Reads `piece` of the file into `buf`'s payload area.
     fn read(&self, buf: &ExsBuf, piece: Piece) -> Result<()> {
-        let Source::File(file) = self.src else {
+        let Some(file) = self.src.file() else {
             return Ok(());
         };
         let (pos, n) = (piece.offset, piece.len as usize);

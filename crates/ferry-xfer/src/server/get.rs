@@ -9,8 +9,10 @@ use crate::link::{BlockSender, BlockWriter, Digest, Link, Source, Span};
 use crate::mem::{Virtual, MEM_ROOT};
 use crate::proto::{Entry, EntryKind, ErrorCode, Msg};
 use crate::session::{Session, Upload};
+use ferry_service::ring::sender::zero_copy_sends;
+use ferry_service::secure::protect::BlockCheck;
 use ferry_service::stamp::Stamp;
-use ferry_service::sumcache::{self, Reading};
+use ferry_service::sumcache::{self, Blocks, Checks, Reading};
 use std::cell::RefCell;
 use std::fs::File;
 
@@ -52,6 +54,11 @@ impl<'a> Held<'a> {
         self.reading.as_ref().and_then(|r| r.cached(self.file))
     }
 
+    /// The file's checksum cache entry (its BLAKE3, and its blocks' checks if kept).
+    fn entry(&self) -> Option<sumcache::Entry> {
+        self.reading.as_ref().and_then(|r| r.entry(self.file))
+    }
+
     /// Fails (integrity) if the file changed since it was opened.
     fn check(&self, path: &str) -> Result<()> {
         let mut stamp = self.stamp.borrow_mut();
@@ -61,12 +68,26 @@ impl<'a> Held<'a> {
         }
     }
 
-    /// Keeps `root`, just computed from the unchanged file, in the checksum cache.
-    fn store(&self, root: &[u8; 32]) {
+    /// Keeps `root`, just computed from the unchanged file, in the checksum cache, with
+    /// its blocks' checks if they were gathered in the same pass.
+    fn store(&self, root: &[u8; 32], blocks: Option<Blocks>) {
         if let Some(r) = &self.reading {
-            r.store(&mut self.stamp.borrow_mut(), self.file, root);
+            let mut stamp = self.stamp.borrow_mut();
+            match blocks {
+                Some(b) => r.store_blocks(&mut stamp, self.file, root, &b),
+                None => r.store(&mut stamp, self.file, root),
+            }
         }
     }
+}
+
+/// Whether `blocks` are checks a sender of blocks of `block` bytes under `check` sends.
+fn fits(blocks: &Blocks, block: u64, check: BlockCheck) -> bool {
+    blocks.block == block
+        && matches!(
+            (&blocks.checks, check),
+            (Checks::Crc(_), BlockCheck::Crc) | (Checks::Spans(_), BlockCheck::Tag(_))
+        )
 }
 
 impl Server {
@@ -220,7 +241,7 @@ impl Server {
             known: None,
         });
         conv.get((file_id, offset, length), "mem/zero", zeros);
-        self.answer(link, tx, &mut conv, "mem/zero", None)
+        self.answer(link, tx, &mut conv, "mem/zero", None, None)
     }
 
     /// Answers a GET of a file ([`Responder`]): READY, BLOCKs, FILE_DONE; or, when `tx` sends
@@ -246,7 +267,7 @@ impl Server {
             Ok(f) => f,
             Err(r) => {
                 conv.get(req, path, Err(r.into()));
-                return self.answer(link, tx, &mut conv, path, None);
+                return self.answer(link, tx, &mut conv, path, None, None);
             }
         };
         let held = match Held::new(&file, &st, epoch, self.cfg.checksum_cache, path) {
@@ -254,20 +275,37 @@ impl Server {
             Err(e) => {
                 // This GET fails (its file could not be stat'ed); the connection stays.
                 conv.get(req, path, Err(refuse(ErrorCode::Io, e.msg)));
-                return self.answer(link, tx, &mut conv, path, None);
+                return self.answer(link, tx, &mut conv, path, None, None);
             }
         };
         let size = st.st_size as u64;
         let whole = offset == 0 && length >= size;
+        let entry = held.entry();
         let source = conv::Source {
             size,
             mode: st.st_mode & 0o7777,
             fits: tx.file_fits(size),
             hash: !ferry_service::hash::checksums_off(),
-            known: whole.then(|| held.cached()).flatten(),
+            known: entry.as_ref().filter(|_| whole).map(|e| e.root),
         };
+        let (block, check) = (tx.block(), link.protection().send);
+        let blocks = entry.and_then(|e| e.blocks.into_iter().find(|b| fits(b, block, check)));
+        let kept = blocks.is_some();
+        // The entry's blocks' checks vouch for the file as opened: its blocks go unread, on
+        // a driver that copies sends in the kernel. A GET of at most one block is read: that
+        // is what a client asks again for a block that failed its check (from a stale entry,
+        // the blind spot), so it gets the block's real check.
+        let vouch = blocks
+            .filter(|_| kept && length > block && zero_copy_sends() && link.socket().native_tcp());
+        // A whole file sent in blocks gives its blocks' checks to the cache, if it lacks them.
+        if whole && !kept && self.cfg.checksum_cache && size >= sumcache::MIN_CACHED {
+            tx.collect_checks(size);
+        }
         conv.get(req, path, Ok(source));
-        self.answer(link, tx, &mut conv, path, Some(&held))
+        let res = self.answer(link, tx, &mut conv, path, Some(&held), vouch.as_ref());
+        // Checks not stored (the GET failed, or was answered in one FILE frame) go.
+        let _ = tx.take_checks();
+        res
     }
 
     /// Answers a SUM of `path` ([`Responder::sum`]): the whole file's BLAKE3 (from the
@@ -299,17 +337,18 @@ impl Server {
                         },
                     )?;
                     held.check(path).map_err(changed)?;
-                    held.store(&hash);
+                    held.store(&hash, None);
                     Ok((size, hash))
                 });
         let mut conv = Responder::new(false, GET_PIECE);
         conv.sum(found);
-        self.answer(link, tx, &mut conv, path, None)
+        self.answer(link, tx, &mut conv, path, None, None)
     }
 
     /// Carries out a GET's replies: frames, FILE frames and pieces read from `file` (held to
-    /// its stamp), or zeros if `None`. A broken connection ends the GET (and the connection)
-    /// at once; a drain stops it between pieces.
+    /// its stamp; those of its blocks `vouch` has checks of sent unread), or zeros if `None`.
+    /// A broken connection ends the GET (and the connection) at once; a drain stops it
+    /// between pieces.
     fn answer(
         &self,
         link: &mut Link,
@@ -317,6 +356,7 @@ impl Server {
         conv: &mut Responder,
         path: &str,
         file: Option<&Held<'_>>,
+        vouch: Option<&Blocks>,
     ) -> Result<()> {
         let unchanged = || file.map_or(Ok(()), |h| h.check(path));
         let mut pieces = 0;
@@ -335,7 +375,7 @@ impl Server {
                     ) = (&msg, file)
                     {
                         // Read from the file as its stamp still was after the last piece.
-                        held.store(h);
+                        held.store(h, tx.take_checks());
                     }
                     continue;
                 }
@@ -368,7 +408,11 @@ impl Server {
                         offset,
                         len,
                     };
-                    let source = file.map_or(Source::Zero, |h| Source::File(h.file));
+                    let source = match (file, vouch) {
+                        (Some(h), Some(b)) => Source::Vouched(h.file, b),
+                        (Some(h), None) => Source::File(h.file),
+                        (None, _) => Source::Zero,
+                    };
                     // Checked after every piece: a change stops the rest from being read
                     // and sent.
                     // At `integrity` a whole file is hashed by its blocks' places, from the

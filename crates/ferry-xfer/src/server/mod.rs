@@ -545,6 +545,7 @@ impl Server {
                     duration: Duration::ZERO,
                     error: Some(r.message.clone()),
                     read_written: None,
+                    unread: 0,
                 },
                 quiet,
             );
@@ -631,7 +632,10 @@ impl Server {
         };
         let (time, began) = (std::time::SystemTime::now(), std::time::Instant::now());
         let _ = take_refusal();
+        // Bytes sent unread are counted per thread: this request's run on this one.
+        let unread = ferry_service::ring::sender::unread_bytes_here();
         let res = run();
+        let unread = ferry_service::ring::sender::unread_bytes_here() - unread;
         let error = match &res {
             Ok(()) => take_refusal(),
             Err(e) => Some(e.msg.clone()),
@@ -654,6 +658,7 @@ impl Server {
                 duration: began.elapsed(),
                 error,
                 read_written: None,
+                unread,
             },
             quiet,
         );

@@ -71,18 +71,30 @@ impl Job {
         }
     }
 
-    /// What is left of this job after its first `n` wire bytes, as a copy.
+    /// What is left of this job after its first `n` wire bytes. A payload in registered
+    /// memory stays there, never copied in user space: it may be a file's mapping
+    /// (`exs_sendfile`, a vouched block), whose pages past a truncated file's end raise
+    /// SIGBUS when touched here but fail only the write (`EFAULT`) in the kernel.
     fn tail(&self, n: usize) -> Job {
-        let mut bytes = self.header.as_bytes().to_vec();
-        match &self.payload {
-            Payload::None => {}
-            Payload::Inline(v) => bytes.extend_from_slice(v),
-            Payload::Spans(spans) => bytes.extend(io::copy_out(spans)),
-        }
-        bytes.drain(..n.min(bytes.len()));
+        let head = self.header.as_bytes().len();
+        let mut skip = n.saturating_sub(head);
+        let payload = match &self.payload {
+            Payload::None => Payload::None,
+            Payload::Inline(v) => Payload::Inline(v.get(skip..).unwrap_or(&[]).to_vec()),
+            Payload::Spans(spans) => Payload::Spans(
+                spans
+                    .iter()
+                    .filter_map(|s| {
+                        let cut = skip.min(s.len());
+                        skip -= cut;
+                        (cut < s.len()).then(|| s.after(cut))
+                    })
+                    .collect(),
+            ),
+        };
         Job {
-            header: Header::EMPTY,
-            payload: Payload::Inline(bytes),
+            header: self.header.after(n),
+            payload,
             done: self.done,
         }
     }
@@ -447,6 +459,59 @@ impl Drop for TcpEndpoint {
         for t in self.threads.drain(..) {
             // A driver thread that panicked has nothing left to clean up.
             let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mem::Buffer;
+
+    /// The wire bytes of a job: header, then payload.
+    fn wire(job: &Job) -> Vec<u8> {
+        let mut v = job.header.as_bytes().to_vec();
+        match &job.payload {
+            Payload::None => {}
+            Payload::Inline(b) => v.extend_from_slice(b),
+            Payload::Spans(spans) => v.extend(io::copy_out(spans)),
+        }
+        v
+    }
+
+    /// What is left of a job after any number of its bytes is the rest of its bytes, and a
+    /// payload in registered memory stays there (not copied: it may be a file's mapping).
+    #[test]
+    fn the_tail_of_a_job_keeps_its_spans() {
+        let buf = Buffer::from_slice(&(0..200u8).collect::<Vec<_>>());
+        let spans = vec![
+            Span::new(buf.clone(), 10, 50).unwrap(),
+            Span::new(buf.clone(), 100, 0).unwrap(),
+            Span::new(buf, 120, 70).unwrap(),
+        ];
+        let job = Job::control(Frame::Send { len: 120 }, Payload::Spans(spans));
+        let all = wire(&job);
+        for n in [
+            0,
+            1,
+            7,
+            all.len() - 120,
+            all.len() - 70,
+            all.len() - 1,
+            all.len(),
+        ] {
+            let rest = job.tail(n);
+            assert_eq!(wire(&rest), all[n..], "after {n} bytes");
+            assert!(
+                matches!(rest.payload, Payload::Spans(_)),
+                "copied after {n} bytes"
+            );
+            assert_eq!(rest.wire_len(), all.len() - n);
+        }
+        let inline = Job::control(Frame::Send { len: 3 }, Payload::Inline(vec![1, 2, 3]));
+        let all = wire(&inline);
+        for n in 0..=all.len() {
+            assert_eq!(wire(&inline.tail(n)), all[n..]);
         }
     }
 }

@@ -123,6 +123,15 @@ impl Header {
     pub fn as_bytes(&self) -> &[u8] {
         &self.bytes[..usize::from(self.len)]
     }
+
+    /// What is left of the header after its first `n` bytes.
+    pub fn after(&self, n: usize) -> Header {
+        let rest = self.as_bytes().get(n..).unwrap_or(&[]);
+        let mut h = Header::EMPTY;
+        h.bytes[..rest.len()].copy_from_slice(rest);
+        h.len = rest.len() as u8;
+        h
+    }
 }
 
 /// Header size of a frame type, or `None` for an unknown type.

@@ -33,6 +33,34 @@ impl Span {
         self.len
     }
 
+    /// The part of the span in a file ([`Buffer::file_part`]): the bytes before it (in
+    /// memory), then the file, its offset and the bytes there. `None` for a span of memory.
+    pub(super) fn in_file(&self) -> Option<(usize, &std::fs::File, u64, usize)> {
+        let part = self.buf.file_part()?;
+        let before = part.head.saturating_sub(self.off).min(self.len);
+        let start = self.off + before;
+        let offset = part.offset + (start - part.head) as u64;
+        Some((before, &part.file, offset, self.len - before))
+    }
+
+    /// The span's bytes `from..to` (clamped to it), for writev.
+    pub(super) fn io_part(&self, from: usize, to: usize) -> IoSlice<'_> {
+        let to = to.min(self.len);
+        let from = from.min(to);
+        // SAFETY: as `io_slice`, over a part of the checked range.
+        IoSlice::new(unsafe { self.buf.bytes(self.off + from, to - from) })
+    }
+
+    /// The span without its first `n` bytes (at most its length).
+    pub(super) fn after(&self, n: usize) -> Span {
+        let n = n.min(self.len);
+        Span {
+            buf: self.buf.clone(),
+            off: self.off + n,
+            len: self.len - n,
+        }
+    }
+
     /// The bytes, for writev.
     pub(super) fn io_slice(&self) -> IoSlice<'_> {
         // SAFETY: `new` checked the range. A peer-granted concurrent write into memory being

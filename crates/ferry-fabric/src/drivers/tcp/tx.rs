@@ -116,29 +116,177 @@ pub(super) fn write_now(conn: &Conn, job: &Job) -> io::Result<usize> {
     Ok(written)
 }
 
+/// A stretch of a batch's bytes: memory for `sendmsg`, or a file's range for `sendfile`.
+enum Piece<'a> {
+    Mem(IoSlice<'a>),
+    File {
+        file: &'a std::fs::File,
+        offset: u64,
+        len: usize,
+        /// The same bytes through the mapping, for a file system without `sendfile`.
+        mapped: IoSlice<'a>,
+    },
+}
+
+/// The job's bytes as pieces (empty ones left out), appended to `out`; returns their total.
+/// With [`super::sendfile_sends`], a payload in a file mapping
+/// ([`crate::mem::Buffer::map_file_after`]) goes as the file's range: sent by `sendfile`
+/// from the page cache, never read through the mapping.
+fn pieces<'a>(job: &'a Job, out: &mut Vec<Piece<'a>>) -> usize {
+    let spans = match &job.payload {
+        Payload::Spans(spans) if super::sendfile_sends() => spans,
+        _ => {
+            let mut iov = Vec::with_capacity(2);
+            let total = slices(job, &mut iov);
+            out.extend(iov.into_iter().map(Piece::Mem));
+            return total;
+        }
+    };
+    let mut total = job.header.as_bytes().len();
+    if total > 0 {
+        out.push(Piece::Mem(IoSlice::new(job.header.as_bytes())));
+    }
+    for s in spans {
+        total += s.len();
+        match s.in_file() {
+            None if s.len() > 0 => out.push(Piece::Mem(s.io_slice())),
+            None => {}
+            Some((before, file, offset, len)) => {
+                if before > 0 {
+                    out.push(Piece::Mem(s.io_part(0, before)));
+                }
+                if len > 0 {
+                    let mapped = s.io_part(before, before + len);
+                    out.push(Piece::File {
+                        file,
+                        offset,
+                        len,
+                        mapped,
+                    });
+                }
+            }
+        }
+    }
+    total
+}
+
 /// Writes every job of `batch`, completing sends as soon as their bytes are out. On failure
 /// returns the error and how many jobs were fully written.
 fn write_batch(conn: &Conn, batch: &[Job]) -> Result<(), (io::Error, usize)> {
-    let mut iov = Vec::with_capacity(batch.len() * 2);
+    let mut all = Vec::with_capacity(batch.len() * 2);
     let mut ends = Vec::with_capacity(batch.len());
     let mut total = 0;
     for job in batch {
-        total += slices(job, &mut iov);
+        total += pieces(job, &mut all);
         ends.push(total);
     }
-    let (mut bufs, mut written, mut done) = (&mut iov[..], 0, 0);
-    while written < total {
-        let n = match send(conn, bufs, SendFlags::empty()) {
-            Ok(0) => return Err((io::ErrorKind::WriteZero.into(), done)),
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err((e, done)),
-        };
+    let (mut written, mut done) = (0, 0);
+    let mut wrote = |n: usize, done: &mut usize| {
         written += n;
-        IoSlice::advance_slices(&mut bufs, n);
         let upto = ends.partition_point(|&end| end <= written);
-        sends_written(conn, &batch[done..upto]);
-        done = upto;
+        sends_written(conn, &batch[*done..upto]);
+        *done = upto;
+    };
+    let mut rest = &all[..];
+    while let Some(first) = rest.first() {
+        if let Piece::File {
+            file,
+            offset,
+            len,
+            mapped,
+        } = *first
+        {
+            send_file(conn, (file, offset, len), mapped, &mut |n| {
+                wrote(n, &mut done)
+            })
+            .map_err(|e| (e, done))?;
+            rest = &rest[1..];
+            continue;
+        }
+        let run = rest
+            .iter()
+            .take_while(|p| matches!(p, Piece::Mem(_)))
+            .count();
+        let mut iov: Vec<IoSlice<'_>> = rest[..run]
+            .iter()
+            .filter_map(|p| match p {
+                Piece::Mem(s) => Some(*s),
+                Piece::File { .. } => None,
+            })
+            .collect();
+        rest = &rest[run..];
+        // A file's bytes follow: let the kernel join them to these in one segment.
+        let flags = if rest.is_empty() {
+            SendFlags::empty()
+        } else {
+            SendFlags::MORE
+        };
+        let run_total: usize = iov.iter().map(|s| s.len()).sum();
+        let (mut bufs, mut sent) = (&mut iov[..], 0);
+        while sent < run_total {
+            let n = match send(conn, bufs, flags) {
+                Ok(0) => return Err((io::ErrorKind::WriteZero.into(), done)),
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err((e, done)),
+            };
+            sent += n;
+            IoSlice::advance_slices(&mut bufs, n);
+            wrote(n, &mut done);
+        }
+    }
+    Ok(())
+}
+
+/// Sends `len` bytes of `file` from `offset` with `sendfile`, reporting each step's bytes;
+/// where the file system has no `sendfile`, the same bytes through their mapping (`mapped`,
+/// copied by the kernel). A file that ends before (truncated since the send was posted)
+/// fails the connection: the frame cannot be completed.
+fn send_file(
+    conn: &Conn,
+    (file, mut offset, len): (&std::fs::File, u64, usize),
+    mapped: IoSlice<'_>,
+    wrote: &mut dyn FnMut(usize),
+) -> io::Result<()> {
+    use rustix::io::Errno;
+    let mut left = len;
+    while left > 0 {
+        match rustix::fs::sendfile(&conn.stream, file, Some(&mut offset), left) {
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the file being sent ended early (truncated while it was sent)",
+                ))
+            }
+            Ok(n) => {
+                left -= n;
+                wrote(n);
+            }
+            Err(Errno::INTR) => {}
+            Err(Errno::INVAL | Errno::NOSYS | Errno::OPNOTSUPP) if left == len => {
+                return send_mapped(conn, mapped, wrote)
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Writes all of `bytes` with `sendmsg`, reporting each step's bytes.
+fn send_mapped(conn: &Conn, bytes: IoSlice<'_>, wrote: &mut dyn FnMut(usize)) -> io::Result<()> {
+    let mut iov = [bytes];
+    let (mut bufs, total, mut sent) = (&mut iov[..], bytes.len(), 0);
+    while sent < total {
+        match send(conn, bufs, SendFlags::empty()) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                sent += n;
+                IoSlice::advance_slices(&mut bufs, n);
+                wrote(n);
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
     }
     Ok(())
 }
