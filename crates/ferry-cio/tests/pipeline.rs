@@ -10,11 +10,9 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{ranks, start};
+use common::{ranks, start, Watchdog};
 use ferry_cio::{ErrorClass, File, Pipeline};
 use ferry_dtype::Datatype;
 
@@ -35,35 +33,6 @@ fn ints(rank: u32, call: u32, n: u32) -> Vec<u8> {
     (0..n)
         .flat_map(|i| (rank << 28 | call << 16 | i).to_le_bytes())
         .collect()
-}
-
-/// Ends the test process if `what` is not done within `limit`: a deadlock fails the test
-/// instead of hanging it. Dropped (done) it stands down.
-struct Watchdog(Arc<AtomicBool>);
-
-impl Watchdog {
-    fn new(what: &'static str, limit: Duration) -> Watchdog {
-        let done = Arc::new(AtomicBool::new(false));
-        let d = done.clone();
-        std::thread::spawn(move || {
-            let start = Instant::now();
-            while start.elapsed() < limit {
-                if d.load(Ordering::SeqCst) {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            eprintln!("{what}: not done within {limit:?} (deadlock?)");
-            std::process::exit(101);
-        });
-        Watchdog(done)
-    }
-}
-
-impl Drop for Watchdog {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::SeqCst);
-    }
 }
 
 /// 200 collective writes of the bench's smallest count (4,000 ints per rank) and then an

@@ -7,11 +7,10 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{job, start, TOKEN};
+use common::{job, start, Watchdog, TOKEN};
 use ferry_cio::{amode, Comm, File, DEFAULT_READ_CACHE};
 use ferry_dtype::Datatype;
 
@@ -59,34 +58,6 @@ fn ranks_with_barrier<R: Send + 'static>(
         })
         .collect();
     handles.into_iter().map(|h| h.join().unwrap()).collect()
-}
-
-/// Ends the test process if not dropped within `limit`: a hang fails the test.
-struct Watchdog(Arc<AtomicBool>);
-
-impl Watchdog {
-    fn new(what: &'static str, limit: Duration) -> Watchdog {
-        let done = Arc::new(AtomicBool::new(false));
-        let d = done.clone();
-        std::thread::spawn(move || {
-            let start = Instant::now();
-            while start.elapsed() < limit {
-                if d.load(Ordering::SeqCst) {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            eprintln!("{what}: not done within {limit:?} (hang?)");
-            std::process::exit(101);
-        });
-        Watchdog(done)
-    }
-}
-
-impl Drop for Watchdog {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::SeqCst);
-    }
 }
 
 /// Rank 0 writes, both sync: rank 1 reads it, twice. Rank 0 writes more with no sync:

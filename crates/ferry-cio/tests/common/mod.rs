@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ferry_cio::server::Server;
 use ferry_cio::{amode, CioConfig, Comm, File};
@@ -139,4 +139,33 @@ pub fn ranks<R: Send + 'static>(
         })
         .collect();
     handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+/// Ends the test process if `what` is not done within `limit`: a deadlock fails the test
+/// instead of hanging it. Dropped (done) it stands down.
+pub struct Watchdog(Arc<AtomicBool>);
+
+impl Watchdog {
+    pub fn new(what: &'static str, limit: Duration) -> Watchdog {
+        let done = Arc::new(AtomicBool::new(false));
+        let d = done.clone();
+        std::thread::spawn(move || {
+            let start = Instant::now();
+            while start.elapsed() < limit {
+                if d.load(Ordering::SeqCst) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            eprintln!("{what}: not done within {limit:?} (deadlock?)");
+            std::process::exit(101);
+        });
+        Watchdog(done)
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
 }
