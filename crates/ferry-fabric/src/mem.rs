@@ -136,12 +136,9 @@ impl Drop for RawMem {
             Source::Map(size) => unsafe {
                 let _ = rustix::mm::munmap(self.ptr.as_ptr().cast(), size);
             },
-            // SAFETY: base..base+size is the file mapping made in `map_file`, unmapped once.
-            Source::File { base, size } => unsafe {
-                let _ = rustix::mm::munmap(base as *mut _, size);
-            },
-            // SAFETY: base..base+size is the mapping made in `map_file_after`, unmapped once.
-            Source::FileAfter { base, size, .. } => unsafe {
+            // SAFETY: base..base+size is the mapping made in `map_file` or `map_file_after`,
+            // unmapped once.
+            Source::File { base, size } | Source::FileAfter { base, size, .. } => unsafe {
                 let _ = rustix::mm::munmap(base as *mut _, size);
             },
             Source::Borrowed => {}
