@@ -144,6 +144,51 @@ fn send_recv_sizes(driver: &str) {
     }
 }
 
+/// A send from a file mapping (a header page, then the file's pages) whose file shrank
+/// after the map: whether the driver copies it in the kernel (EFAULT: the send fails) or in
+/// user space (the guard's zeros: the buffer says it is torn), the process lives, no byte
+/// that was not the file's arrives as the file's, and the connection goes on or reports
+/// its loss: it never hangs.
+fn send_from_a_truncated_file_mapping(driver: &str) {
+    let p = pair(driver);
+    let path =
+        std::env::temp_dir().join(format!("ferry-conf-trunc-{driver}-{}", std::process::id()));
+    let len = 1 << 20;
+    let data = pattern(len, 7);
+    std::fs::write(&path, &data).unwrap();
+    let file = std::fs::File::open(&path).unwrap();
+    let map = Buffer::map_file_after(&file, 0, len, 8).unwrap();
+    map.write_at(0, b"HEADER!!");
+    let src = p.client.domain().register(&map, Access::LOCAL).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(len as u64 / 2)
+        .unwrap();
+    let dst = register(&*p.server, len + 64, Access::LOCAL);
+    p.server.post_recv(&[dst.full()], 1).unwrap();
+    p.client.post_send(&[src.full()], 2).unwrap();
+    let sent = p.client.cq().wait(T).expect("the send completes");
+    if sent.result.is_ok() {
+        assert!(
+            map.file_torn(),
+            "{driver}: the lost half was sent without a trace"
+        );
+        let r = ok(&*p.server);
+        let got = dst.buffer().to_vec();
+        let half = 8 + len / 2;
+        assert_eq!(r.len as usize, 8 + len);
+        assert_eq!(&got[8..half], &data[..len / 2], "{driver}: the kept half");
+        assert!(
+            got[half..8 + len].iter().all(|&b| b == 0),
+            "{driver}: zeros"
+        );
+    }
+    drop((src, map));
+    std::fs::remove_file(&path).unwrap();
+}
+
 fn send_gather_recv_scatter(driver: &str) {
     let p = pair(driver);
     let n = p.client.capabilities().max_gather.min(4);
@@ -773,6 +818,10 @@ macro_rules! conformance {
             #[test]
             fn send_recv_sizes() {
                 super::send_recv_sizes($driver)
+            }
+            #[test]
+            fn send_from_a_truncated_file_mapping() {
+                super::send_from_a_truncated_file_mapping($driver)
             }
             #[test]
             fn send_gather_recv_scatter() {

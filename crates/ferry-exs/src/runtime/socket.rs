@@ -549,14 +549,6 @@ impl ExsSocket {
         self.inner.ep.capabilities().provider.clone()
     }
 
-    /// Whether the connection runs on the native tcp driver, which never reads a send's
-    /// memory in user space for sends larger than its inline size (it writes it with
-    /// `sendmsg`, or a file mapping's pages with `sendfile`): a send from a file mapping the
-    /// file shrank under fails there instead of raising SIGBUS in this process.
-    pub fn native_tcp(&self) -> bool {
-        self.inner.ep.capabilities().driver == "tcp"
-    }
-
     /// Drops the socket without telling the peer, as a crashed process would (tests only).
     #[doc(hidden)]
     pub fn abort(mut self) {

@@ -714,9 +714,19 @@ impl Sender {
                 .ok()
                 .filter(|&s| s < self.blocks.len())
                 .ok_or_else(|| Error::conn("internal: a send completion of no slot"))?;
-            if self.mapped[slot].take().is_some() {
+            if let Some((_, end)) = self.mapped[slot].take() {
                 // A file mapping: unmapped as it drops; the slot's block stays as it was.
+                // Torn: read in user space (a provider's copy) after the file shrank, so
+                // zeros went instead of the file's bytes: the file changed under the send.
+                let torn = ev.buf.as_ref().is_some_and(|b| b.buffer().file_torn());
                 drop(ev.buf);
+                if torn {
+                    self.ring.sent(slot);
+                    return Err(Error::io(
+                        format!("send up to offset {end}"),
+                        &std::io::Error::from(std::io::ErrorKind::UnexpectedEof),
+                    ));
+                }
             } else if let Some(buf) = ev.buf {
                 // The send used part of the block; keep the whole block.
                 self.blocks[slot] = Some(ExsBuf::new(buf.region().clone()));

@@ -17,6 +17,9 @@ use std::sync::{Arc, Weak};
 
 use crate::error::{FabricError, Result};
 
+mod guard;
+use guard::Guard;
+
 const PAGE: usize = 4096;
 
 /// The raw allocation behind a [`Buffer`].
@@ -33,8 +36,12 @@ enum Source {
     /// An anonymous mapping of this many bytes, 2 MiB aligned and eligible for huge pages.
     Map(usize),
     /// A private mapping of a file: `size` bytes from `base` (page aligned, at or before the
-    /// buffer's start).
-    File { base: usize, size: usize },
+    /// buffer's start), its file pages under `guard` (taken off before the unmap).
+    File {
+        base: usize,
+        size: usize,
+        guard: Option<Guard>,
+    },
     /// [`Buffer::map_file_after`]'s: a head then a file's pages, `size` bytes from `base`;
     /// the file (its own descriptor) and where its bytes start, so a driver can send them
     /// with `sendfile` instead of through the mapping.
@@ -42,6 +49,7 @@ enum Source {
         base: usize,
         size: usize,
         part: FilePart,
+        guard: Option<Guard>,
     },
     /// Memory the caller owns (the C API's `exs_mregister`): never freed here.
     Borrowed,
@@ -129,21 +137,40 @@ impl RawMem {
 
 impl Drop for RawMem {
     fn drop(&mut self) {
-        match self.source {
+        match &mut self.source {
             // SAFETY: ptr came from alloc_zeroed with exactly this layout and is freed once.
-            Source::Heap(layout) => unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) },
+            Source::Heap(layout) => unsafe { alloc::dealloc(self.ptr.as_ptr(), *layout) },
             // SAFETY: ptr..ptr+size is the mapping made in `map`, unmapped once.
             Source::Map(size) => unsafe {
-                let _ = rustix::mm::munmap(self.ptr.as_ptr().cast(), size);
+                let _ = rustix::mm::munmap(self.ptr.as_ptr().cast(), *size);
             },
-            // SAFETY: base..base+size is the mapping made in `map_file` or `map_file_after`,
-            // unmapped once.
-            Source::File { base, size } | Source::FileAfter { base, size, .. } => unsafe {
-                let _ = rustix::mm::munmap(base as *mut _, size);
-            },
+            Source::File { base, size, guard }
+            | Source::FileAfter {
+                base, size, guard, ..
+            } => {
+                // Unguarded first: once unmapped, the addresses may be mapped again by
+                // anyone, and a fault there is not the guard's to answer.
+                drop(guard.take());
+                // SAFETY: base..base+size is the mapping made in `map_file` or
+                // `map_file_after`, unmapped once.
+                unsafe {
+                    let _ = rustix::mm::munmap(*base as *mut _, *size);
+                }
+            }
             Source::Borrowed => {}
         }
     }
+}
+
+/// Guards the file pages of the mapping `base..base + size`, from `from` to its end
+/// ([`guard`]); unmaps the whole mapping if it cannot be guarded.
+fn guard_or_unmap((base, size): (usize, usize), from: usize) -> Result<Guard> {
+    Guard::new(from, base + size - from).inspect_err(|_| {
+        // SAFETY: the caller's fresh mapping, not yet handed to anyone.
+        unsafe {
+            let _ = rustix::mm::munmap(base as *mut _, size);
+        }
+    })
 }
 
 /// A page-aligned, zero-initialised byte buffer that the fabric can register.
@@ -167,8 +194,9 @@ impl Buffer {
     /// mapping of the page cache, so the fabric sends straight from it (`exs_sendfile`) and a
     /// write through the buffer never reaches the file.
     ///
-    /// Like every file mapping, it assumes the file is not truncated below `offset + len`
-    /// while the buffer lives: touching a page past the new end raises SIGBUS.
+    /// If the file is truncated below `offset + len` while the buffer lives, the pages past
+    /// its new end read as zeros from the first touch on ([`Buffer::file_torn`] then says
+    /// so): a read there raises SIGBUS, which the mapping's guard answers ([`guard`]).
     pub fn map_file(file: &std::fs::File, offset: u64, len: usize) -> Result<Self> {
         use rustix::mm::{mmap, MapFlags, ProtFlags};
         if len == 0 {
@@ -195,7 +223,11 @@ impl Buffer {
             raw: Arc::new(RawMem {
                 ptr: NonNull::new((base + skew) as *mut u8).ok_or_else(|| bad("null mapping"))?,
                 len,
-                source: Source::File { base, size },
+                source: Source::File {
+                    base,
+                    size,
+                    guard: Some(guard_or_unmap((base, size), base)?),
+                },
             }),
         })
     }
@@ -208,10 +240,11 @@ impl Buffer {
     /// `FERRY_TCP_SENDFILE=on`, [`Buffer::file_part`]) sends them with `sendfile`. The file's
     /// pages are mapped up front (`MAP_POPULATE`) unless they go by `sendfile`.
     ///
-    /// Only `head` may be written. Touching a file page past the file's end (it was truncated
-    /// after the map) raises SIGBUS in user space; the kernel's own copy (`sendmsg`) gets
-    /// `EFAULT` instead, so a caller hands the buffer only to drivers that copy it in the
-    /// kernel, and never reads it itself.
+    /// Only `head` may be written. A file page past the file's end (it was truncated after
+    /// the map) fails the kernel's own copy (`sendmsg`: `EFAULT`); read in user space (a
+    /// provider's bounce copy, a hash) it reads as zeros from the first such page on, and
+    /// [`Buffer::file_torn`] says so ([`guard`]): whoever sends or hashes such a buffer
+    /// checks that before trusting what it read.
     pub fn map_file_after(
         file: &std::fs::File,
         offset: u64,
@@ -278,6 +311,7 @@ impl Buffer {
                         offset,
                         head,
                     },
+                    guard: Some(guard_or_unmap((base, size), base + PAGE)?),
                 },
             }),
         })
@@ -289,6 +323,18 @@ impl Buffer {
         match &self.raw.source {
             Source::FileAfter { part, .. } => Some(part),
             _ => None,
+        }
+    }
+
+    /// Whether this buffer maps a file that shrank under it: a read of a page past its new
+    /// end faulted, and the pages from there on read as zeros, not as the file. Reads the
+    /// mapping had before the fault were the file's.
+    pub fn file_torn(&self) -> bool {
+        match &self.raw.source {
+            Source::File { guard, .. } | Source::FileAfter { guard, .. } => {
+                guard.as_ref().is_some_and(Guard::torn)
+            }
+            _ => false,
         }
     }
 
@@ -884,6 +930,47 @@ mod tests {
         peer.read_to_end(&mut got).unwrap();
         assert_eq!(got, b"HEADER!!"[..sent]);
         drop(b);
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    /// A file truncated under its mappings: reading them in user space (what a provider's
+    /// bounce copy or a hash does) gets zeros past the new end instead of SIGBUS killing the
+    /// process, and the buffers say they are torn; an untouched or unharmed one does not.
+    #[test]
+    fn a_read_past_a_truncation_gets_zeros_and_a_torn_buffer_not_sigbus() {
+        let path = std::env::temp_dir().join(format!("ferry-map-torn-{}", std::process::id()));
+        let data: Vec<u8> = (0..4 * PAGE as u32).map(|i| (i % 251) as u8 | 1).collect();
+        std::fs::write(&path, &data).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        let after = Buffer::map_file_after(&file, 0, 4 * PAGE, 8).unwrap();
+        let plain = Buffer::map_file(&file, PAGE as u64, 3 * PAGE).unwrap();
+        let kept = Buffer::map_file(&file, 0, PAGE).unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(2 * PAGE as u64 + 100)
+            .unwrap();
+        assert!(!after.file_torn() && !plain.file_torn(), "nothing read yet");
+        let got = after.to_vec();
+        assert_eq!(&got[8..8 + 2 * PAGE], &data[..2 * PAGE], "the pages kept");
+        // The page holding the new end keeps the file's bytes up to it (zeros after).
+        assert_eq!(
+            &got[8 + 2 * PAGE..8 + 2 * PAGE + 100],
+            &data[2 * PAGE..2 * PAGE + 100]
+        );
+        assert!(
+            got[8 + 3 * PAGE..].iter().all(|&b| b == 0),
+            "lost pages read as zeros"
+        );
+        assert!(after.file_torn());
+        let got = plain.to_vec();
+        assert_eq!(&got[..PAGE], &data[PAGE..2 * PAGE]);
+        assert!(got[2 * PAGE..].iter().all(|&b| b == 0));
+        assert!(plain.file_torn());
+        assert_eq!(kept.to_vec(), &data[..PAGE]);
+        assert!(!kept.file_torn(), "a mapping inside the new size is whole");
+        drop((after, plain, kept));
         std::fs::remove_file(&path).unwrap();
     }
 
