@@ -157,7 +157,7 @@ fn send_from_a_truncated_file_mapping(driver: &str) {
     let data = pattern(len, 7);
     std::fs::write(&path, &data).unwrap();
     let file = std::fs::File::open(&path).unwrap();
-    let map = Buffer::map_file_after(&file, 0, len, 8).unwrap();
+    let map = Buffer::map_file_after(&file, 0, len, 8, true).unwrap();
     map.write_at(0, b"HEADER!!");
     let src = p.client.domain().register(&map, Access::LOCAL).unwrap();
     std::fs::OpenOptions::new()

@@ -488,7 +488,7 @@ fn a_file_after_a_header_is_sent_and_a_truncated_one_fails() {
     std::fs::write(&path, &data).unwrap();
     let file = std::fs::File::open(&path).unwrap();
     let p = pair();
-    let buf = ferry_fabric::Buffer::map_file_after(&file, 1 << 20, 2 << 20, 16).unwrap();
+    let buf = ferry_fabric::Buffer::map_file_after(&file, 1 << 20, 2 << 20, 16, false).unwrap();
     buf.write_at(0, b"sixteen bytes!!!");
     let src = p
         .client

@@ -237,8 +237,10 @@ impl Buffer {
     /// buffer of `head + len` bytes, so a frame's header can go in front of a file's bytes
     /// that are never read into user space: the kernel copies them from the page cache when
     /// it writes the buffer to a socket, or a driver that knows (the native tcp driver with
-    /// `FERRY_TCP_SENDFILE=on`, [`Buffer::file_part`]) sends them with `sendfile`. The file's
-    /// pages are mapped up front (`MAP_POPULATE`) unless they go by `sendfile`.
+    /// `FERRY_TCP_SENDFILE=on`, [`Buffer::file_part`]) sends them with `sendfile`. With
+    /// `populate` the file's pages are mapped up front (`MAP_POPULATE`): one walk instead of
+    /// a fault per few pages, for a buffer whose bytes will be read (a hash, the kernel's
+    /// copy); without it, for one whose pages go by `sendfile` and are never touched.
     ///
     /// Only `head` may be written. A file page past the file's end (it was truncated after
     /// the map) fails the kernel's own copy (`sendmsg`: `EFAULT`); read in user space (a
@@ -250,6 +252,7 @@ impl Buffer {
         offset: u64,
         len: usize,
         head: usize,
+        populate: bool,
     ) -> Result<Self> {
         use rustix::mm::{mmap, mmap_anonymous, munmap, MapFlags, ProtFlags};
         let bad = |what: &str| FabricError::InvalidArgument(format!("map_file_after: {what}"));
@@ -259,11 +262,9 @@ impl Buffer {
         let own = file
             .try_clone()
             .map_err(|e| FabricError::io("duplicate the file's descriptor", e))?;
-        // The kernel's copy from the mapping walks its pages: mapped up front, one walk
-        // instead of a fault per few pages. `sendfile` never touches them.
-        let flags = match crate::drivers::tcp::sendfile_sends() {
-            true => MapFlags::PRIVATE | MapFlags::FIXED,
-            false => MapFlags::PRIVATE | MapFlags::FIXED | MapFlags::POPULATE,
+        let flags = match populate {
+            true => MapFlags::PRIVATE | MapFlags::FIXED | MapFlags::POPULATE,
+            false => MapFlags::PRIVATE | MapFlags::FIXED,
         };
         let size = len
             .checked_next_multiple_of(PAGE)
@@ -893,14 +894,14 @@ mod tests {
         std::fs::write(&path, &data).unwrap();
         let file = std::fs::File::open(&path).unwrap();
         assert!(
-            Buffer::map_file_after(&file, 100, 10, 8).is_err(),
+            Buffer::map_file_after(&file, 100, 10, 8, true).is_err(),
             "unaligned"
         );
         assert!(
-            Buffer::map_file_after(&file, 0, 10, PAGE + 1).is_err(),
+            Buffer::map_file_after(&file, 0, 10, PAGE + 1, true).is_err(),
             "head too large"
         );
-        let b = Buffer::map_file_after(&file, PAGE as u64, 2 * PAGE, 8).unwrap();
+        let b = Buffer::map_file_after(&file, PAGE as u64, 2 * PAGE, 8, true).unwrap();
         b.write_at(0, b"HEADER!!");
         let mut want = b"HEADER!!".to_vec();
         want.extend_from_slice(&data[PAGE..]);
@@ -942,7 +943,7 @@ mod tests {
         let data: Vec<u8> = (0..4 * PAGE as u32).map(|i| (i % 251) as u8 | 1).collect();
         std::fs::write(&path, &data).unwrap();
         let file = std::fs::File::open(&path).unwrap();
-        let after = Buffer::map_file_after(&file, 0, 4 * PAGE, 8).unwrap();
+        let after = Buffer::map_file_after(&file, 0, 4 * PAGE, 8, true).unwrap();
         let plain = Buffer::map_file(&file, PAGE as u64, 3 * PAGE).unwrap();
         let kept = Buffer::map_file(&file, 0, PAGE).unwrap();
         std::fs::OpenOptions::new()

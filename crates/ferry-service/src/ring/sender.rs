@@ -476,13 +476,15 @@ impl Sender {
     ) -> Result<()> {
         if let Source::Vouched(file, blocks) = range.src {
             if let Some((digest, spans)) = self.vouched(range, blocks, piece) {
-                if let Some(map) = self.map_piece(sock, file, piece) {
+                // Pages the tcp driver sends by `sendfile` are never touched here.
+                let populate = !ferry_fabric::drivers::tcp::sendfile_sends();
+                if let Some(map) = self.map_piece(sock, file, piece, populate) {
                     return self.fill_unread(range, file, slot, piece, map, digest, spans);
                 }
             }
         }
         if let Some(file) = self.maps_reads(range, piece) {
-            if let Some(map) = self.map_piece(sock, file, piece) {
+            if let Some(map) = self.map_piece(sock, file, piece, true) {
                 return self.fill_from_mapping(range, file, slot, piece, map, after_read);
             }
         }
@@ -541,11 +543,18 @@ impl Sender {
         (aligned && plain).then_some(file)
     }
 
-    /// `piece` of `file` mapped behind room for its frame header and registered for the
-    /// send, or `None` if that cannot be done now (the block is then read as any other).
-    fn map_piece(&self, sock: &ExsSocket, file: &std::fs::File, piece: Piece) -> Option<ExsBuf> {
+    /// `piece` of `file` mapped behind room for its frame header (its pages mapped up front
+    /// if `populate`) and registered for the send, or `None` if that cannot be done now (the
+    /// block is then read as any other).
+    fn map_piece(
+        &self,
+        sock: &ExsSocket,
+        file: &std::fs::File,
+        piece: Piece,
+        populate: bool,
+    ) -> Option<ExsBuf> {
         let n = usize::try_from(piece.len).ok()?;
-        let map = ferry_fabric::Buffer::map_file_after(file, piece.offset, n, FRAME_HEAD)
+        let map = ferry_fabric::Buffer::map_file_after(file, piece.offset, n, FRAME_HEAD, populate)
             .inspect_err(|e| tracing::debug!("map the file being sent: {e}; reading it"))
             .ok()?;
         sock.register_with(map, rights(sock, Use::Send))
