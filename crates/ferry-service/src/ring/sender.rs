@@ -484,6 +484,7 @@ impl Sender {
             }
         }
         if let Some(file) = self.maps_reads(range, piece) {
+            range.advise_next(file, piece);
             if let Some(map) = self.map_piece(sock, file, piece, true) {
                 return self.fill_from_mapping(range, file, slot, piece, map, after_read);
             }
@@ -890,16 +891,7 @@ impl RangeRead<'_, '_> {
         let read = match &self.direct {
             Some(d) if aligned => mem.read_file_at(at, n, d, pos),
             _ => {
-                // The disk reads the next block while this one is read, checked and sent.
-                let (next, end) = (pos + n as u64, self.piece.end());
-                if next < end && self.direct.is_none() {
-                    let _ = rustix::fs::fadvise(
-                        file,
-                        next,
-                        std::num::NonZeroU64::new((end - next).min(self.block)),
-                        rustix::fs::Advice::WillNeed,
-                    );
-                }
+                self.advise_next(file, piece);
                 mem.read_file_at(at, n, file, pos)
             }
         };
@@ -908,6 +900,20 @@ impl RangeRead<'_, '_> {
             crate::stamp::test_pause_after_read();
         }
         Ok(())
+    }
+
+    /// Asks the kernel to read the block after `piece` now, so the disk reads it while
+    /// this one is checked and sent (through the page cache only).
+    fn advise_next(&self, file: &std::fs::File, piece: Piece) {
+        let (next, end) = (piece.end(), self.piece.end());
+        if next < end && self.direct.is_none() {
+            let _ = rustix::fs::fadvise(
+                file,
+                next,
+                std::num::NonZeroU64::new((end - next).min(self.block)),
+                rustix::fs::Advice::WillNeed,
+            );
+        }
     }
 }
 
