@@ -48,16 +48,15 @@ pub enum Digest<'a> {
 /// Where the bytes of a sent range come from.
 #[derive(Debug, Clone, Copy)]
 pub enum Source<'a> {
-    /// A file, read at the range's offsets: large pieces through a mapping of its pages,
-    /// hashed there and sent from it ([`Sender::fill_from_mapping`]), the rest copied into
-    /// staging blocks.
+    /// A file, read at the range's offsets.
     File(&'a std::fs::File),
     /// A file whose blocks' checks the checksum cache holds ([`crate::sumcache::Blocks`],
     /// for the version of the file as opened): each whole block whose check is there and
-    /// of the sender's kind is sent without being read ([`Sender::send_range`]), from a
-    /// mapping of its pages; the others are read as [`Source::File`]'s. A file truncated
-    /// under such a mapping fails the send in the kernel, or reads as zeros that the mapping
-    /// reports ([`ferry_fabric::Buffer::file_torn`]): the transfer fails, not the process.
+    /// of the sender's kind is sent without being read ([`Sender::send_range`]); the others
+    /// are read as [`Source::File`]'s. Only for a driver that never reads a send's memory in
+    /// user space (the native tcp driver: `sendfile`, or `sendmsg` from the mapping): a file
+    /// truncated under the mapping then makes that send fail where a read here would raise
+    /// SIGBUS.
     Vouched(&'a std::fs::File, &'a crate::sumcache::Blocks),
     /// Zeros (memory-to-memory mode: no file is read).
     Zero,
@@ -313,12 +312,10 @@ impl Sender {
     }
 
     /// Sends `piece` of `src` as block frames whose header `head(piece, check, spans)` writes,
-    /// feeding every byte read to `digest`, and `progress` with each block's length. A
-    /// large block of a file is mapped and checked in place, then sent from the mapping;
-    /// others are read straight into their registered staging block (a zero source's are
-    /// zeroed once) and checked there. For ranges of more than two blocks with staging
-    /// threads on, the whole-file hash runs on its own thread, fed copies of the blocks, so
-    /// reading, checks and hashing overlap.
+    /// feeding every byte read to `digest`, and `progress` with each block's length. Each block is read straight into its registered staging block (no copy; a
+    /// zero source's blocks are zeroed once), and its CRC-32C is computed there. For ranges
+    /// of more than two blocks with staging threads on, the hash runs on its own thread,
+    /// fed copies of the blocks, so reading, CRC and hashing overlap.
     pub fn send_range(
         &mut self,
         sock: &ExsSocket,
@@ -476,17 +473,7 @@ impl Sender {
     ) -> Result<()> {
         if let Source::Vouched(file, blocks) = range.src {
             if let Some((digest, spans)) = self.vouched(range, blocks, piece) {
-                // Pages the tcp driver sends by `sendfile` are never touched here.
-                let populate = !ferry_fabric::drivers::tcp::sendfile_sends();
-                if let Some(map) = self.map_piece(sock, file, piece, populate) {
-                    return self.fill_unread(range, file, slot, piece, map, digest, spans);
-                }
-            }
-        }
-        if let Some(file) = self.maps_reads(range, piece) {
-            range.advise_next(file, piece);
-            if let Some(map) = self.map_piece(sock, file, piece, true) {
-                return self.fill_from_mapping(range, file, slot, piece, map, after_read);
+                return self.fill_unread(sock, range, file, slot, piece, digest, spans);
             }
         }
         let buf = self.block_of(sock, slot)?;
@@ -533,120 +520,49 @@ impl Sender {
         }
     }
 
-    /// The file whose `piece` is read from a mapping of its pages rather than copied into a
-    /// staging block, if it may be: at least [`MIN_UNREAD`] bytes from a page boundary, of a
-    /// file read through the page cache (not direct I/O), at a level that does not seal
-    /// blocks in place. The kernel (or the provider) then copies it once, to the wire.
-    fn maps_reads<'s>(&self, range: &RangeRead<'s, '_>, piece: Piece) -> Option<&'s std::fs::File> {
-        let file = range.src.file()?;
-        let aligned = piece.offset.is_multiple_of(4096) && piece.len >= MIN_UNREAD;
-        let plain = range.direct.is_none() && !self.check.seals() && zero_copy_sends();
-        (aligned && plain).then_some(file)
-    }
-
-    /// `piece` of `file` mapped behind room for its frame header (its pages mapped up front
-    /// if `populate`) and registered for the send, or `None` if that cannot be done now (the
-    /// block is then read as any other).
-    fn map_piece(
-        &self,
-        sock: &ExsSocket,
-        file: &std::fs::File,
-        piece: Piece,
-        populate: bool,
-    ) -> Option<ExsBuf> {
-        let n = usize::try_from(piece.len).ok()?;
-        let map = ferry_fabric::Buffer::map_file_after(file, piece.offset, n, FRAME_HEAD, populate)
-            .inspect_err(|e| tracing::debug!("map the file being sent: {e}; reading it"))
-            .ok()?;
-        sock.register_with(map, rights(sock, Use::Send))
-            .inspect_err(|e| tracing::debug!("register the file being sent: {e}; reading it"))
-            .ok()
-    }
-
-    /// Sends `piece` of `file` from its mapping `map`, with no read into user space, under a
-    /// header whose check comes from the checksum cache (`digest`, of its spans or not).
+    /// Sends `piece` of `file` from a mapping of its pages, with no read into user space,
+    /// under a header whose check comes from the checksum cache (`digest`, of its spans or
+    /// not). The file is checked to still hold the piece before the send is posted
+    /// ([`Sender::still_mapped`]); a truncation after that fails the send in the kernel
+    /// (the connection ends), never in this process.
     #[allow(clippy::too_many_arguments)]
     fn fill_unread(
         &mut self,
+        sock: &ExsSocket,
         range: &RangeRead<'_, '_>,
         file: &std::fs::File,
         slot: SlotId,
         piece: Piece,
-        map: ExsBuf,
         digest: BlockDigest,
         spans: bool,
     ) -> Result<()> {
-        let value = self
-            .check
-            .value(&digest, piece.transfer, piece.offset, piece.len as u32);
-        self.post_mapped(range, file, slot, piece, map, value, spans)?;
-        UNREAD.fetch_add(piece.len, Ordering::Relaxed);
-        UNREAD_HERE.with(|c| c.set(c.get() + piece.len));
-        if piece.offset == range.piece.offset {
-            crate::stamp::test_pause_after_unread();
-        }
-        Ok(())
-    }
-
-    /// Sends `piece` of `file` from its mapping `map`, hashed there: what a read would
-    /// give the block's check and `after_read`, without the copy into a staging block. A
-    /// file that shrank under the mapping while it was hashed (a page read as zeros, or
-    /// the piece past its end) fails the block as a changed source.
-    fn fill_from_mapping(
-        &mut self,
-        range: &RangeRead<'_, '_>,
-        file: &std::fs::File,
-        slot: SlotId,
-        piece: Piece,
-        map: ExsBuf,
-        after_read: &mut AfterRead<'_>,
-    ) -> Result<()> {
-        let n = piece.len as usize;
-        let mem = map.buffer().clone();
-        let digest = mem.with_bytes(map.offset() + FRAME_HEAD, n, |b| {
-            self.digest_block(range, piece, b, after_read)
-        })?;
-        let size = file.metadata().map(|m| m.len()).unwrap_or(0);
-        if mem.file_torn() || size < piece.end() {
-            return Err(Error::io(
-                format!("read at offset {}", piece.offset),
-                &std::io::Error::from(std::io::ErrorKind::UnexpectedEof),
-            ));
-        }
-        let (value, spans) = self.check_value(range, piece, digest);
-        self.post_mapped(range, file, slot, piece, map, value, spans)?;
-        if piece.offset == range.piece.offset {
-            crate::stamp::test_pause_after_read();
-        }
-        Ok(())
-    }
-
-    /// Writes the header of `piece`'s frame (check `value`, of its spans or not) in front
-    /// of its mapping `map` and queues the send on `slot`. The file is checked to still
-    /// hold the piece before the send is posted ([`Sender::still_mapped`]); a truncation
-    /// after that fails the send in the kernel, or reads zeros that the completion reports
-    /// ([`ferry_fabric::Buffer::file_torn`]): the transfer fails, never the process.
-    #[allow(clippy::too_many_arguments)]
-    fn post_mapped(
-        &mut self,
-        range: &RangeRead<'_, '_>,
-        file: &std::fs::File,
-        slot: SlotId,
-        piece: Piece,
-        map: ExsBuf,
-        value: u32,
-        spans: bool,
-    ) -> Result<()> {
+        let n = usize::try_from(piece.len).map_err(|_| Error::conn("internal: block too large"))?;
+        // Checked again before the send is posted ([`Sender::still_mapped`]).
         let kept = file
             .try_clone()
             .map_err(|e| Error::io("hold the file being sent", &e))?;
+        // The kernel's copy walks the pages (mapped up front); `sendfile` never touches them.
+        let populate = !ferry_fabric::drivers::tcp::sendfile_sends();
+        let map = ferry_fabric::Buffer::map_file_after(file, piece.offset, n, FRAME_HEAD, populate)
+            .map_err(|e| Error::conn(format!("map the file being sent: {e}")))?;
+        let buf = sock
+            .register_with(map, rights(sock, Use::Send))
+            .map_err(|e| Error::conn(format!("register the file being sent: {e}")))?;
+        let value = self
+            .check
+            .value(&digest, piece.transfer, piece.offset, n as u32);
         let head = (range.head)(&piece, value, spans)?;
-        map.write_at(0, &head)
+        buf.write_at(0, &head)
             .map_err(|e| Error::conn(format!("fill block header: {e}")))?;
-        self.msgs[slot] = Some(map);
+        self.msgs[slot] = Some(buf);
         self.mapped[slot] = Some((kept, piece.end()));
-        self.ring.filled(slot, FRAME_HEAD + piece.len as usize);
+        self.ring.filled(slot, FRAME_HEAD + n);
+        UNREAD.fetch_add(piece.len, Ordering::Relaxed);
+        UNREAD_HERE.with(|c| c.set(c.get() + piece.len));
         (range.progress)(piece.len);
+        if piece.offset == range.piece.offset {
+            crate::stamp::test_pause_after_unread();
+        }
         Ok(())
     }
 
@@ -697,8 +613,41 @@ impl Sender {
         // A zero source's staging blocks hold zeros (`zeroed`), so one digest serves them
         // all (its block's place goes into the check value after). A file's blocks at
         // `integrity` are digested by their spans, which the file's hash tree takes too.
-        let digest = mem.with_bytes(at, n, |b| self.digest_block(range, piece, b, after_read))?;
-        let (value, spans) = self.check_value(range, piece, digest);
+        let check = self.check;
+        let zero = match (range.src, self.zero_digest) {
+            (Source::Zero, Some((len, d))) if len == n && check.reads_as(&d) => Some(d),
+            _ => None,
+        };
+        let checked = !crate::hash::checksums_off();
+        let by_spans = checked && check.reads_spans() && range.src.file().is_some();
+        let size = range.size;
+        // The digest, and whether it is the spans' (the block's header says so).
+        let digest = mem.with_bytes(at, n, |b| -> Result<Option<(BlockDigest, bool)>> {
+            let spans = size
+                .filter(|_| by_spans)
+                .and_then(|size| BlockSpans::of(piece.offset, b, size));
+            after_read(piece.offset, b, spans.as_ref())?;
+            Ok(match spans {
+                Some(s) => Some((BlockDigest::Hash(s.digest()), true)),
+                None if checked => Some((zero.unwrap_or_else(|| check.digest(b)), false)),
+                None => None,
+            })
+        })?;
+        if range.src.file().is_some() {
+            self.note_check(piece, digest);
+        }
+        let (value, spans) = match digest {
+            Some((d, spans)) => {
+                if matches!(range.src, Source::Zero) {
+                    self.zero_digest = Some((n, d));
+                }
+                (
+                    check.value(&d, piece.transfer, piece.offset, n as u32),
+                    spans,
+                )
+            }
+            None => (0, false),
+        };
         let head = (range.head)(&piece, value, spans)?;
         buf.write_at(0, &head)
             .map_err(|e| Error::conn(format!("fill staging block: {e}")))?;
@@ -706,60 +655,6 @@ impl Sender {
             self.zeroed.remove(&slot);
         }
         Ok(n)
-    }
-
-    /// The digest of `piece`'s bytes `b` for its check, and whether it is the spans' (the
-    /// block's header says so), after `after_read` was given them. A zero source's blocks
-    /// all hold zeros, so one digest serves them all (its block's place goes into the check
-    /// value after). A file's blocks at `integrity` are digested by their spans, which the
-    /// file's hash tree takes too.
-    fn digest_block(
-        &self,
-        range: &RangeRead<'_, '_>,
-        piece: Piece,
-        b: &[u8],
-        after_read: &mut AfterRead<'_>,
-    ) -> Result<Option<(BlockDigest, bool)>> {
-        let check = self.check;
-        let zero = match (range.src, self.zero_digest) {
-            (Source::Zero, Some((len, d))) if len == b.len() && check.reads_as(&d) => Some(d),
-            _ => None,
-        };
-        let checked = !crate::hash::checksums_off();
-        let by_spans = checked && check.reads_spans() && range.src.file().is_some();
-        let spans = range
-            .size
-            .filter(|_| by_spans)
-            .and_then(|size| BlockSpans::of(piece.offset, b, size));
-        after_read(piece.offset, b, spans.as_ref())?;
-        Ok(match spans {
-            Some(s) => Some((BlockDigest::Hash(s.digest()), true)),
-            None if checked => Some((zero.unwrap_or_else(|| check.digest(b)), false)),
-            None => None,
-        })
-    }
-
-    /// The check value `piece`'s header carries for `digest`, and whether it reads spans;
-    /// notes a file block's check for the checksum cache, a zero block's digest for the
-    /// next.
-    fn check_value(
-        &mut self,
-        range: &RangeRead<'_, '_>,
-        piece: Piece,
-        digest: Option<(BlockDigest, bool)>,
-    ) -> (u32, bool) {
-        if range.src.file().is_some() {
-            self.note_check(piece, digest);
-        }
-        let Some((d, spans)) = digest else {
-            return (0, false);
-        };
-        let n = piece.len as usize;
-        if matches!(range.src, Source::Zero) {
-            self.zero_digest = Some((n, d));
-        }
-        let value = self.check.value(&d, piece.transfer, piece.offset, n as u32);
-        (value, spans)
     }
 
     /// Encrypts the block read into `buf`'s payload area in place (once the digest was fed
@@ -891,7 +786,16 @@ impl RangeRead<'_, '_> {
         let read = match &self.direct {
             Some(d) if aligned => mem.read_file_at(at, n, d, pos),
             _ => {
-                self.advise_next(file, piece);
+                // The disk reads the next block while this one is read, checked and sent.
+                let (next, end) = (pos + n as u64, self.piece.end());
+                if next < end && self.direct.is_none() {
+                    let _ = rustix::fs::fadvise(
+                        file,
+                        next,
+                        std::num::NonZeroU64::new((end - next).min(self.block)),
+                        rustix::fs::Advice::WillNeed,
+                    );
+                }
                 mem.read_file_at(at, n, file, pos)
             }
         };
@@ -900,20 +804,6 @@ impl RangeRead<'_, '_> {
             crate::stamp::test_pause_after_read();
         }
         Ok(())
-    }
-
-    /// Asks the kernel to read the block after `piece` now, so the disk reads it while
-    /// this one is checked and sent (through the page cache only).
-    fn advise_next(&self, file: &std::fs::File, piece: Piece) {
-        let (next, end) = (piece.end(), self.piece.end());
-        if next < end && self.direct.is_none() {
-            let _ = rustix::fs::fadvise(
-                file,
-                next,
-                std::num::NonZeroU64::new((end - next).min(self.block)),
-                rustix::fs::Advice::WillNeed,
-            );
-        }
     }
 }
 
