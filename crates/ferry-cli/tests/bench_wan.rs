@@ -62,6 +62,12 @@ fn quick_json_run_on_the_emulator() {
     assert!(reached > 0.0 && reached <= 2.1, "{ferry}");
     assert!(ferry["streams"].as_u64().is_some_and(|s| s >= 1), "{ferry}");
     assert!(ferry["staging"].as_u64().is_some(), "{ferry}");
+    // The reference of checksum_cost_line: the client checking nothing.
+    let unchecked = row("ferry", "tcp no-checksums");
+    assert!(
+        unchecked["gbit_s"].as_f64().is_some_and(|g| g > 0.0),
+        "{unchecked}"
+    );
     let buffered = row("ferry", "tcp --buffer 4M");
     assert_eq!(buffered["buffer"].as_u64(), Some(4 << 20), "{buffered}");
     assert_eq!(buffered["staging"].as_u64(), Some(4 << 20), "{buffered}");
@@ -93,6 +99,7 @@ fn quick_json_run_on_the_emulator() {
     for k in goals {
         assert!(s[k].is_number() || s[k].is_null(), "{k}: {s}");
     }
+    assert!(s["checksum_cost_line"].is_number(), "{s}");
     for k in [
         "wan_mem_reached_vs_link_50ms",
         "wan_mem_reached_iperf3_vs_link_50ms",

@@ -74,6 +74,9 @@ pub struct WanArgs {
 }
 
 const WORKLOADS: [&str; 4] = ["mem", "disk", "trace", "small"];
+/// The variant flag of a ferry row whose client checks nothing (`FERRY_TEST_NO_CHECKSUMS`):
+/// a reference, never a result.
+pub const NO_CHECKSUMS: &str = "no-checksums";
 /// The round trips of the application traces and of the small-file tree.
 const CCSM_RTT: u32 = 30;
 const VIZ_RTT: u32 = 80;
@@ -263,6 +266,8 @@ fn cells_of(plan: &Plan, drivers: &[String], runs: &dyn Fn(&str) -> bool) -> Vec
             for d in drivers {
                 v.push(cell("ferry", d.clone()));
             }
+            // The reference of what integrity costs at line rate (`checksum_cost_line`).
+            v.push(cell("ferry", format!("{sweep} {NO_CHECKSUMS}")));
             for &b in &plan.buffers {
                 v.push(cell("ferry", format!("{sweep} --buffer {}M", mb(b))));
             }
@@ -564,6 +569,11 @@ fn transfer(
                     }
                     "--direct" => {
                         c.arg("--direct");
+                    }
+                    // The receiver checks no block (a zero source's tags cost its server
+                    // one digest per block length): what the client's checks cost.
+                    NO_CHECKSUMS => {
+                        c.env("FERRY_TEST_NO_CHECKSUMS", "1");
                     }
                     _ => {}
                 }

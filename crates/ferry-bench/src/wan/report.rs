@@ -61,6 +61,16 @@ impl WanRow {
     pub fn is_default(&self) -> bool {
         self.tool == "ferry" && !self.variant.contains(' ')
     }
+
+    /// A ferry row whose client checked nothing: the reference of `checksum_cost_line`,
+    /// never a result.
+    pub fn is_unchecked(&self) -> bool {
+        self.tool == "ferry"
+            && self
+                .variant
+                .split_whitespace()
+                .any(|w| w == super::NO_CHECKSUMS)
+    }
 }
 
 /// The report's JSON: the common envelope plus which rows each summary ratio used.
@@ -120,7 +130,9 @@ fn ratio(a: Option<(f64, String)>, b: Option<(f64, String)>) -> Option<(f64, Str
 /// ferry without flags and iperf3 `-P 1`, each ÷ the bottleneck.
 pub fn summary(rows: &[WanRow], rate_bps: u64) -> (Summary, BTreeMap<String, String>) {
     let at = |w: &'static str, rtt: u32| move |r: &WanRow| r.workload == w && r.rtt_ms == rtt;
-    let ferry = |w: &'static str, rtt: u32| move |r: &WanRow| at(w, rtt)(r) && r.tool == "ferry";
+    let ferry = |w: &'static str, rtt: u32| {
+        move |r: &WanRow| at(w, rtt)(r) && r.tool == "ferry" && !r.is_unchecked()
+    };
     let gridftp =
         |w: &'static str, rtt: u32| move |r: &WanRow| at(w, rtt)(r) && r.tool == "gridftp";
     // The traces run at one round trip each (30 and 80 ms): any row of the workload.
@@ -129,6 +141,7 @@ pub fn summary(rows: &[WanRow], rate_bps: u64) -> (Summary, BTreeMap<String, Str
     let link = Some((rate_bps as f64 / 1e9, "bottleneck".to_string()));
     let default = |w: &'static str, rtt: u32| move |r: &WanRow| ferry(w, rtt)(r) && r.is_default();
     let entries: Vec<(&str, Option<(f64, String)>)> = vec![
+        ("checksum_cost_line", checksum_cost(rows)),
         (
             "wan_mem_vs_link_50ms",
             ratio(best(rows, default("mem", 50)), link.clone()),
@@ -230,6 +243,24 @@ pub fn summary(rows: &[WanRow], rate_bps: u64) -> (Summary, BTreeMap<String, Str
     (Summary(out), names)
 }
 
+/// 1 − ferry's memory-to-memory rate ÷ the same driver's with the client checking nothing,
+/// at the shortest round trip measured: what integrity costs when the line, not the CPU,
+/// sets the pace.
+fn checksum_cost(rows: &[WanRow]) -> Option<(f64, String)> {
+    let without = rows
+        .iter()
+        .filter(|r| r.workload == "mem" && r.is_unchecked() && r.gbit_s.is_some())
+        .min_by_key(|r| r.rtt_ms)?;
+    let rtt = without.rtt_ms;
+    let driver = without.variant.split_whitespace().next()?;
+    let with = rows.iter().find(|r| {
+        r.workload == "mem" && r.rtt_ms == rtt && r.tool == "ferry" && r.variant == driver
+    })?;
+    let cost = 1.0 - with.gbit_s? / without.gbit_s.filter(|g| *g > 0.0)?;
+    let names = format!("{} vs {} at {rtt} ms", with.label(), without.label());
+    Some((round(cost, 3), names))
+}
+
 /// Each goal checked (`>` is checked as `>=` a hair above the bound).
 pub fn targets(s: &Summary) -> Vec<Target> {
     GOALS
@@ -325,6 +356,31 @@ mod tests {
         assert_eq!(
             csv,
             "workload,rtt_ms,tool,variant,buffer,bytes,files,gbit_s,link_share,reached_gbit_s,reached_share,streams,staging,reps,error\n"
+        );
+    }
+
+    /// The client-checks-nothing row is the reference of `checksum_cost_line` and never
+    /// ferry's best row, even when it is the fastest.
+    #[test]
+    fn the_unchecked_row_is_a_reference_not_a_result() {
+        let rows = vec![
+            row("mem", 0, "ferry", "tcp", 1.9),
+            row("mem", 0, "ferry", "tcp no-checksums", 2.0),
+            row("mem", 0, "gridftp", "-p 4", 1.0),
+            row("mem", 50, "ferry", "tcp", 1.5),
+            row("mem", 50, "ferry", "tcp no-checksums", 1.5),
+            row("mem", 50, "gridftp", "-p 4", 1.0),
+        ];
+        let (s, names) = summary(&rows, 2_000_000_000);
+        assert_eq!(s.get("checksum_cost_line"), Some(0.05));
+        assert_eq!(
+            names["checksum_cost_line"],
+            "ferry tcp vs ferry tcp no-checksums at 0 ms"
+        );
+        assert_eq!(s.get("wan_mem_vs_gridftp_50ms"), Some(1.5));
+        assert_eq!(
+            names["wan_mem_vs_gridftp_50ms"],
+            "ferry tcp vs gridftp -p 4"
         );
     }
 
