@@ -433,6 +433,18 @@ impl Channel {
         self.sock.config().small_packet_max_size as usize
     }
 
+    /// The longest control frame that crosses inside its advertisement, in half a round
+    /// trip instead of one and a half: the immediate size both sides settled, less the
+    /// seal of a secure channel. A face that can split an answer (LIST's ENTRIES, a
+    /// client's GETS) keeps its frames this short on a long path.
+    pub fn frame_room(&self) -> usize {
+        let imm = self.sock.immediate_max();
+        match self.secure {
+            Some(_) => imm.saturating_sub(secure::seal_room(imm)),
+            None => imm,
+        }
+    }
+
     /// The queue the socket's events go to (a thread waiting in a receive is woken early
     /// by its [`EventQueue::wake`]).
     pub fn queue(&self) -> &EventQueue {

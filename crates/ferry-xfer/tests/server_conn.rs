@@ -1297,3 +1297,37 @@ fn failed_uploads_leave_no_temporary_files() {
         assert!(!dir.join(n).exists(), "{n}");
     }
 }
+
+/// A LIST answer longer than the link's immediate size comes in several ENTRIES frames, each
+/// short enough to cross inside its advertisement (half a round trip, not one and a half),
+/// together every entry once.
+#[test]
+fn a_long_listing_comes_in_frames_that_travel_immediately() {
+    let (addr, dir) = start("tcp", false);
+    let names: Vec<String> = (0..300).map(|i| format!("a-rather-long-name-{i:05}")).collect();
+    for n in &names {
+        std::fs::write(dir.join(n), b"x").unwrap();
+    }
+    let (mut link, answer) = hello(&addr, proto::VERSION_MAJOR, "tok");
+    assert!(matches!(answer, Msg::Welcome { .. }), "{answer:?}");
+    let room = link.frame_room();
+    assert!(room >= 1024, "immediate size {room}");
+    link.send(&Msg::List { path: "d".into() }).unwrap();
+    let (mut frames, mut got) = (0, Vec::new());
+    loop {
+        let m = link.recv_msg().unwrap();
+        let len = proto::to_vec(&m).unwrap().len();
+        let Msg::Entries { more, entries } = m else {
+            panic!("not ENTRIES: {m:?}");
+        };
+        assert!(len <= room, "a frame of {len} bytes, room {room}");
+        frames += 1;
+        got.extend(entries.into_iter().map(|e| e.name));
+        if !more {
+            break;
+        }
+    }
+    got.sort();
+    assert_eq!(got, names);
+    assert!(frames > 1, "one frame of {} entries", got.len());
+}

@@ -544,6 +544,12 @@ impl ExsSocket {
         self.inner.lock().conn.credits()
     }
 
+    /// The largest message that travels inside its advertisement: the smaller of both
+    /// sides' `small_packet_max_size`, as the handshake settled it.
+    pub fn immediate_max(&self) -> usize {
+        usize::try_from(self.inner.lock().conn.immediate_max()).unwrap_or(usize::MAX)
+    }
+
     /// The driver's name and provider (for logs and benchmarks).
     pub fn driver(&self) -> String {
         self.inner.ep.capabilities().provider.clone()

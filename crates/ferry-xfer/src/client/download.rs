@@ -445,7 +445,7 @@ impl Client {
             minor: self.minor,
             window: self.get_window,
             refill: super::tune::refill_for(self.get_window, self.rtt),
-            frame: super::tune::gets_frame(self.rtt, self.link.immediate()),
+            frame: super::tune::gets_frame(self.rtt, self.link.frame_room()),
             chunks_ahead: crate::parallel::CHUNKS_AHEAD,
             retries: crate::BLOCK_RETRIES,
         });

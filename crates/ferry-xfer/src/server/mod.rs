@@ -1105,17 +1105,28 @@ fn reply_refusal(link: &Link, file_id: u32, r: impl Into<Refusal>) -> Result<()>
     })
 }
 
+/// Answers a LIST with ENTRIES frames, each short enough to travel inside its
+/// advertisement (`Channel::frame_room`: half a round trip, where a longer one is pulled
+/// in one and a half; at 50 ms a tree's listing took a round trip more per level), or as
+/// long as a control frame may be where the link takes less than a few entries that way.
 fn send_entries(link: &Link, entries: Vec<Entry>) -> Result<()> {
+    // A frame's header and count; each entry's fixed fields and its name (EntryCodec).
+    const FRAME: usize = proto::HEADER_LEN + 2;
+    const ENTRY: usize = 1 + 4 + 8 + 8 + 2;
+    let room = match link.frame_room() {
+        r if r >= FRAME + 8 * (ENTRY + 64) => r,
+        _ => proto::MAX_CONTROL,
+    };
     let mut batch: Vec<Entry> = Vec::new();
-    let mut bytes = 0;
+    let mut bytes = FRAME;
     for e in entries {
-        let sz = e.name.len() + 32;
-        if bytes + sz > proto::MAX_CONTROL - 64 {
+        let sz = ENTRY + e.name.len();
+        if !batch.is_empty() && bytes + sz > room.min(proto::MAX_CONTROL - 64) {
             link.send(&Msg::Entries {
                 more: true,
                 entries: std::mem::take(&mut batch),
             })?;
-            bytes = 0;
+            bytes = FRAME;
         }
         bytes += sz;
         batch.push(e);
