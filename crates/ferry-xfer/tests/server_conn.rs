@@ -1304,7 +1304,9 @@ fn failed_uploads_leave_no_temporary_files() {
 #[test]
 fn a_long_listing_comes_in_frames_that_travel_immediately() {
     let (addr, dir) = start("tcp", false);
-    let names: Vec<String> = (0..300).map(|i| format!("a-rather-long-name-{i:05}")).collect();
+    let names: Vec<String> = (0..300)
+        .map(|i| format!("a-rather-long-name-{i:05}"))
+        .collect();
     for n in &names {
         std::fs::write(dir.join(n), b"x").unwrap();
     }

@@ -286,24 +286,21 @@ impl Sender {
         use crate::sumcache::{Blocks, Checks};
         let c = self.collect.take()?;
         let got: Vec<(BlockDigest, bool)> = c.got.into_iter().collect::<Option<_>>()?;
-        let checks = match got.first()? {
-            (BlockDigest::Crc(_), false) => Checks::Crc(
-                got.iter()
-                    .map(|d| match d {
-                        (BlockDigest::Crc(x), false) => Some(*x),
-                        _ => None,
-                    })
-                    .collect::<Option<_>>()?,
-            ),
-            (BlockDigest::Hash(_), true) => Checks::Spans(
-                got.iter()
-                    .map(|d| match d {
-                        (BlockDigest::Hash(h), true) => Some(*h),
-                        _ => None,
-                    })
-                    .collect::<Option<_>>()?,
-            ),
-            _ => return None,
+        if got.is_empty() {
+            return None;
+        }
+        // One kind for the whole file: every block's CRC, or every block's span digest.
+        let crc = |d: &(BlockDigest, bool)| match d {
+            (BlockDigest::Crc(x), false) => Some(*x),
+            _ => None,
+        };
+        let spans = |d: &(BlockDigest, bool)| match d {
+            (BlockDigest::Hash(h), true) => Some(*h),
+            _ => None,
+        };
+        let checks = match got.iter().map(crc).collect::<Option<_>>() {
+            Some(v) => Checks::Crc(v),
+            None => Checks::Spans(got.iter().map(spans).collect::<Option<_>>()?),
         };
         Some(Blocks {
             block: c.block,
@@ -312,10 +309,12 @@ impl Sender {
     }
 
     /// Sends `piece` of `src` as block frames whose header `head(piece, check, spans)` writes,
-    /// feeding every byte read to `digest`, and `progress` with each block's length. Each block is read straight into its registered staging block (no copy; a
-    /// zero source's blocks are zeroed once), and its CRC-32C is computed there. For ranges
-    /// of more than two blocks with staging threads on, the hash runs on its own thread,
-    /// fed copies of the blocks, so reading, CRC and hashing overlap.
+    /// feeding every byte read to `digest`, and `progress` with each block's length. Each
+    /// block is read straight into its registered staging block (no copy; a zero source's
+    /// blocks are zeroed once), and its check is computed there; blocks the checksum cache
+    /// vouches for go from a mapping of the file, unread. For ranges of more than two blocks
+    /// with staging threads on, the hash runs on its own thread, fed copies of the blocks,
+    /// so reading, checks and hashing overlap.
     pub fn send_range(
         &mut self,
         sock: &ExsSocket,
