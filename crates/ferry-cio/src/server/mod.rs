@@ -431,17 +431,30 @@ impl Server {
                 continue;
             }
             idle = Duration::ZERO;
-            let msg = decode(&bytes)?.0;
+            let (msg, payload) = decode(&bytes)?;
             let closing = matches!(msg, Msg::Close);
-            self.request(ch, me, msg)?;
+            // An inline write's data, out of the receive buffer (as DATA's is).
+            let inline = match msg {
+                Msg::WriteAtAllInline { .. } | Msg::WriteAtInline { .. } => {
+                    Some(self.inline_data(payload, &me.shared.pool))
+                }
+                _ => None,
+            };
+            self.request(ch, me, msg, inline)?;
             if closing {
                 return Ok(());
             }
         }
     }
 
-    /// Serves one request and answers it.
-    fn request(&self, ch: &mut Channel, me: &mut RankConn, msg: Msg) -> Result<()> {
+    /// Serves one request and answers it; `inline` is an inline write's data.
+    fn request(
+        &self,
+        ch: &mut Channel,
+        me: &mut RankConn,
+        msg: Msg,
+        inline: Option<Result<Vec<u8>>>,
+    ) -> Result<()> {
         match msg {
             Msg::SetView {
                 disp,
@@ -462,18 +475,15 @@ impl Server {
             }
             Msg::WriteAtAll { offset, len } => {
                 let data = self.recv_data(ch, len, &me.shared.pool)?;
-                let work = data.and_then(|data| {
-                    writable(me.amode)?;
-                    let extents = me.view.pieces(offset, len, me.shared.pool.extents())?;
-                    Ok(Work::Write { extents, data })
-                });
-                let outcome = self.collective(me, CallKind::WriteAtAll, work);
-                me.moved += moved(&outcome, len);
-                let answered = answer(ch, outcome, me);
-                // The write behind, if this rank's arrival completed the call: after its
-                // answer left, so no rank waits for the file.
-                me.shared.behind.flush(&me.shared.pool);
-                answered
+                self.write_at_all(ch, me, offset, len, data)
+            }
+            Msg::WriteAtAllInline { offset, len } => {
+                let data = inline.unwrap_or_else(|| Err(CioError::conn("internal: no data")));
+                self.write_at_all(ch, me, offset, u64::from(len), data)
+            }
+            Msg::WriteAtInline { offset, len } => {
+                let data = inline.unwrap_or_else(|| Err(CioError::conn("internal: no data")));
+                self.write_at(ch, me, offset, u64::from(len), data)
             }
             Msg::ReadAtAll { offset, len } => {
                 let work = self
@@ -485,17 +495,7 @@ impl Server {
             }
             Msg::WriteAt { offset, len } => {
                 let data = self.recv_data(ch, len, &me.shared.pool)?;
-                let outcome = data.and_then(|data| {
-                    writable(me.amode)?;
-                    let extents = me.view.pieces(offset, len, me.shared.pool.extents())?;
-                    let file = file_of(me)?;
-                    let action = session::placement(vec![Work::Write { extents, data }])?;
-                    let written = files::write(&file, &action, &me.shared.pool);
-                    recycle(&me.shared.pool, action);
-                    written.map(|()| Reply::Done(len))
-                });
-                me.moved += moved(&outcome, len);
-                answer(ch, outcome, me)
+                self.write_at(ch, me, offset, len, data)
             }
             Msg::ReadAt { offset, len } => {
                 let outcome = self.read_extents(me, offset, len).and_then(|extents| {
@@ -540,6 +540,62 @@ impl Server {
             }
             m => Err(CioError::conn(format!("unexpected frame {m:?}"))),
         }
+    }
+
+    /// A collective write of `len` bytes at `offset`, its data received (`Err`: received
+    /// and refused), whichever form it came in.
+    fn write_at_all(
+        &self,
+        ch: &Channel,
+        me: &mut RankConn,
+        offset: u64,
+        len: u64,
+        data: Result<Vec<u8>>,
+    ) -> Result<()> {
+        let work = data.and_then(|data| {
+            writable(me.amode)?;
+            let extents = me.view.pieces(offset, len, me.shared.pool.extents())?;
+            Ok(Work::Write { extents, data })
+        });
+        let outcome = self.collective(me, CallKind::WriteAtAll, work);
+        me.moved += moved(&outcome, len);
+        let answered = answer(ch, outcome, me);
+        // The write behind, if this rank's arrival completed the call: after its
+        // answer left, so no rank waits for the file.
+        me.shared.behind.flush(&me.shared.pool);
+        answered
+    }
+
+    /// An independent write of `len` bytes at `offset`, its data received (`Err`: received
+    /// and refused), whichever form it came in.
+    fn write_at(
+        &self,
+        ch: &Channel,
+        me: &mut RankConn,
+        offset: u64,
+        len: u64,
+        data: Result<Vec<u8>>,
+    ) -> Result<()> {
+        let outcome = data.and_then(|data| {
+            writable(me.amode)?;
+            let extents = me.view.pieces(offset, len, me.shared.pool.extents())?;
+            let file = file_of(me)?;
+            let action = session::placement(vec![Work::Write { extents, data }])?;
+            let written = files::write(&file, &action, &me.shared.pool);
+            recycle(&me.shared.pool, action);
+            written.map(|()| Reply::Done(len))
+        });
+        me.moved += moved(&outcome, len);
+        answer(ch, outcome, me)
+    }
+
+    /// An inline write's data, copied out of the receive buffer into one of the pool's
+    /// (`Err`: over `max_call_bytes`, refused as a two-frame write of that size is).
+    fn inline_data(&self, payload: &[u8], pool: &Pool) -> Result<Vec<u8>> {
+        self.check_len(payload.len() as u64)?;
+        let mut data = pool.bytes(payload.len());
+        data.extend_from_slice(payload);
+        Ok(data)
     }
 
     /// The extents of a read of `len` bytes at `offset` (a file opened for reading).
