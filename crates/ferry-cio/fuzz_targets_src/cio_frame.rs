@@ -8,7 +8,7 @@ use ferry_cio::proto::{self, Msg};
 
 /// Checks one input: the decoder never panics; whatever it accepts is no longer than the
 /// largest frame a peer may send, carries a payload only if its type does (DATA and the
-/// inline writes, exactly their `len` bytes), and re-encodes to exactly the same bytes (it
+/// inline frames, exactly their `len` bytes), and re-encodes to exactly the same bytes (it
 /// accepts only canonical frames).
 pub fn cio_frame(data: &[u8]) {
     let Ok((msg, payload)) = proto::decode(data) else {
@@ -19,7 +19,10 @@ pub fn cio_frame(data: &[u8]) {
     let mut again = Vec::new();
     proto::encode(&msg, &mut again).expect("a decoded frame encodes");
     match &msg {
-        Msg::Data { len } | Msg::WriteAtAllInline { len, .. } | Msg::WriteAtInline { len, .. } => {
+        Msg::Data { len }
+        | Msg::WriteAtAllInline { len, .. }
+        | Msg::WriteAtInline { len, .. }
+        | Msg::DataDone { len } => {
             assert_eq!(payload.len(), *len as usize);
             if !matches!(msg, Msg::Data { .. }) {
                 assert!(payload.len() <= proto::MAX_INLINE);

@@ -832,12 +832,26 @@ impl File {
                         Ok(Step::Data(payload.len() as u64))
                     }
                     Msg::Done(n) => Ok(Step::Done(n)),
+                    // The whole answer in one frame (a server of 1.2 or later).
+                    Msg::DataDone { .. } => {
+                        if pos != 0 || payload.len() as u64 > len {
+                            return Err(CioError::conn(
+                                "the server sent DATA_DONE after DATA, or more data than asked",
+                            ));
+                        }
+                        u.unpack(buf, origin, 0, payload)?;
+                        if let Some(k) = keep.as_deref_mut() {
+                            k.extend_from_slice(payload);
+                        }
+                        Ok(Step::Whole(payload.len() as u64))
+                    }
                     Msg::Error { class, message } => Err(CioError::new(class, message)),
                     m => Err(CioError::conn(format!("expected DATA or DONE, got {m:?}"))),
                 }
             })??;
             match step {
                 Step::Data(n) => pos += n,
+                Step::Whole(n) => return Ok(n),
                 Step::Done(n) if n == pos => return Ok(n),
                 Step::Done(n) => {
                     return Err(CioError::conn(format!(
@@ -872,6 +886,8 @@ impl Drop for File {
 enum Step {
     Data(u64),
     Done(u64),
+    /// DATA_DONE: the whole answer, of this many bytes.
+    Whole(u64),
 }
 
 fn data_header(n: usize) -> Result<[u8; HEADER_LEN]> {

@@ -4,7 +4,7 @@
 //! `cio`, sends OPEN (the job, its rank, the rank count, the path, the access mode and its
 //! token), and every later request is answered in order. Every EXS message is exactly one
 //! frame: an 8-byte header (`len u32` total length, `type u8`, `flags u8`, 2 reserved zero
-//! bytes) and a body; only DATA and the inline writes (1.2) carry a payload. All integers
+//! bytes) and a body; only DATA and the inline frames (1.2) carry a payload. All integers
 //! are little-endian; strings are `len u16` + UTF-8. The decoder accepts only what the
 //! encoder produces and never panics. The specification is `docs/protocol.md`, section
 //! "Collective I/O protocol".
@@ -17,9 +17,11 @@ use crate::error::ErrorClass;
 pub const VERSION_MAJOR: u16 = 1;
 /// Protocol minor version: 1.1 removes a file opened with DELETE_ON_CLOSE at its close
 /// (1.0 answered Unsupported); 1.2 adds the inline writes (WRITE_AT_ALL_INLINE,
-/// WRITE_AT_INLINE), which a client sends only to a server that said 1.2 or later.
+/// WRITE_AT_INLINE), which a client sends only to a server that said 1.2 or later, and
+/// the inline read answer (DATA_DONE), which a server sends only to a client that did.
 pub const VERSION_MINOR: u16 = 2;
-/// The first minor version whose server takes the inline writes.
+/// The first minor version whose server takes the inline writes and whose client takes
+/// the inline read answer.
 pub const MINOR_INLINE: u16 = 2;
 /// Header length in bytes.
 pub const HEADER_LEN: usize = 8;
@@ -205,6 +207,13 @@ ferry_wire::frames! {
             /// Bytes of data stream (the payload's length, at most [`MAX_INLINE`]).
             len: u32 as Payload<MAX_INLINE>,
         },
+        /// Since 1.2, server → a 1.2 client: the whole answer to READ_AT_ALL or READ_AT
+        /// that moved at most [`MAX_INLINE`] bytes: the bytes read as the payload, and
+        /// DONE with their count (in place of DATA frames and DONE).
+        DataDone = 19 {
+            /// Bytes read (the payload's length, at most [`MAX_INLINE`]).
+            len: u32 as Payload<MAX_INLINE>,
+        },
     }
 }
 
@@ -255,7 +264,7 @@ impl Field<Desc> for DescCodec {
     }
 }
 
-/// Appends the encoding of `msg` to `out`. For [`Msg::Data`] and the inline writes only
+/// Appends the encoding of `msg` to `out`. For [`Msg::Data`] and the inline frames only
 /// the header and body are written: the caller appends exactly `len` payload bytes.
 pub fn encode(msg: &Msg, out: &mut Vec<u8>) -> Result<(), TooLong> {
     let mut w = Writer::new(out);
@@ -305,7 +314,7 @@ fn max_frame(code: u8) -> usize {
     }
 }
 
-/// Decodes one whole message: the frame, and for DATA and the inline writes its payload
+/// Decodes one whole message: the frame, and for DATA and the inline frames its payload
 /// (empty otherwise).
 pub fn decode(b: &[u8]) -> Result<(Msg, &[u8]), DecodeError> {
     let mut r = Reader::new(b);
@@ -384,6 +393,7 @@ mod tests {
             // 1.2 (here without payload bytes; `inline_writes_carry_their_data` with).
             Msg::WriteAtAllInline { offset: 13, len: 0 },
             Msg::WriteAtInline { offset: 14, len: 0 },
+            Msg::DataDone { len: 0 },
         ]
     }
 
@@ -445,6 +455,7 @@ mod tests {
     "1a000000100000000b000e0072616e6b73206469736167726565",
     "10000000110000000d00000000000000",
     "10000000120000000e00000000000000",
+    "0800000013000000",
     ];
 
     /// An inline write with `n` payload bytes.
@@ -483,6 +494,26 @@ mod tests {
                 assert_eq!(msg, want);
             }
         }
+    }
+
+    #[test]
+    fn a_read_answer_carries_its_data() {
+        let mut v = to_vec(&Msg::DataDone { len: 3 }).unwrap();
+        v.extend_from_slice(b"xyz");
+        assert_eq!(decode(&v).unwrap(), (Msg::DataDone { len: 3 }, &b"xyz"[..]));
+        assert!(to_vec(&Msg::DataDone {
+            len: MAX_INLINE as u32 + 1
+        })
+        .is_err());
+        let mut over = to_vec(&Msg::DataDone {
+            len: MAX_INLINE as u32,
+        })
+        .unwrap();
+        over.resize(over.len() + MAX_INLINE + 1, 0);
+        let n = over.len() as u32;
+        over[..4].copy_from_slice(&n.to_le_bytes());
+        assert_eq!(decode(&over), Err(DecodeError::TooLarge));
+        assert!(decode(&v[..v.len() - 1]).is_err());
     }
 
     #[test]

@@ -3,16 +3,20 @@
 //! hold: the server applies it exactly as the request-then-DATA form (placement by the
 //! view, collective matching with ranks that sent the other form, error classes and
 //! messages, in both pipeline modes); the client sends it only to a server that said 1.2,
-//! and never when it is switched off (`File::set_inline(0)`), which is the old form.
+//! and never when it is switched off (`File::set_inline(0)`), which is the old form. A
+//! read's answer of at most [`MAX_INLINE`] bytes comes back as one DATA_DONE frame to a
+//! client that said 1.2, and as DATA frames and DONE to an older one.
 
 mod common;
 
 use std::time::Duration;
 
 use common::{job, ranks, start, start_with, TOKEN};
-use ferry_cio::proto::{MAX_INLINE, VERSION_MINOR};
+use ferry_cio::proto::{self, Msg, MAX_INLINE, VERSION_MAJOR, VERSION_MINOR};
 use ferry_cio::{amode, CioConfig, CioError, Comm, ErrorClass, File, Pipeline};
 use ferry_dtype::Datatype;
+use ferry_service::channel::Channel;
+use ferry_service::select::{self, Floor};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -195,7 +199,8 @@ fn an_inline_write_over_max_call_bytes_is_refused() {
 }
 
 /// Writes of every size around the inline limit, and zero bytes, land alike with inline
-/// writes on and off (off is what a 1.1 server gets).
+/// writes on and off (off is what a 1.1 server gets), and read back whole (answers of up
+/// to the limit come inline, larger ones as DATA frames), also past the end of the file.
 #[test]
 fn sizes_around_the_limit_land_with_inline_on_and_off() {
     let srv = start("tcp", T);
@@ -216,8 +221,20 @@ fn sizes_around_the_limit_land_with_inline_on_and_off() {
             let data = stream(k as u8, n);
             let wrote = f.write_at(at, &data, n as u64, &Datatype::byte()).unwrap();
             assert_eq!(wrote, n as u64);
+            let mut back = vec![0u8; n];
+            let read = f
+                .read_at(at, &mut back, n as u64, &Datatype::byte())
+                .unwrap();
+            assert_eq!(read, n as u64);
+            assert!(back == data, "{n} bytes read back");
             at += n as u64;
         }
+        // A read reaching past the end gets what there is.
+        let mut tail = vec![0u8; 200];
+        let read = f
+            .read_at(at - 100, &mut tail, 200, &Datatype::byte())
+            .unwrap();
+        assert_eq!(read, 100);
         f.close().unwrap();
         let file = std::fs::read(srv.root.join(&path[2..])).unwrap();
         let want: Vec<u8> = sizes
@@ -226,5 +243,97 @@ fn sizes_around_the_limit_land_with_inline_on_and_off() {
             .flat_map(|(k, &n)| stream(k as u8, n))
             .collect();
         assert!(file == want, "inline {inline}");
+    }
+}
+
+/// A raw connection that selected `cio` and opened `path` alone, saying protocol
+/// `1.minor`; the server's OPENED.
+fn raw_open(addr: &str, path: &str, minor: u16) -> (Channel, Msg) {
+    let mut ch = Channel::connect(addr, T).unwrap();
+    ch.post_ring(2, 1 << 20).unwrap();
+    let sel = Floor::Select {
+        service: "cio".into(),
+        token: None,
+        proof: None,
+        key: None,
+    };
+    ch.send_frame(&select::encode(&sel).unwrap()).unwrap();
+    let open = Msg::Open {
+        major: VERSION_MAJOR,
+        minor,
+        job: job(),
+        rank: 0,
+        size: 1,
+        amode: amode::CREATE | amode::RDWR,
+        path: path.into(),
+        token: TOKEN.into(),
+    };
+    ch.send_frame(&proto::to_vec(&open).unwrap()).unwrap();
+    let mut v = Vec::new();
+    ch.recv_into(&mut v).unwrap();
+    assert_eq!(select::decode(&v).unwrap(), Floor::Selected);
+    let opened = next(&mut ch).0;
+    (ch, opened)
+}
+
+/// The next frame and its payload.
+fn next(ch: &mut Channel) -> (Msg, Vec<u8>) {
+    let mut v = Vec::new();
+    ch.recv_into(&mut v).unwrap();
+    let (m, p) = proto::decode(&v).unwrap();
+    (m, p.to_vec())
+}
+
+/// A frame with a payload.
+fn with_payload(msg: &Msg, payload: &[u8]) -> Vec<u8> {
+    let mut v = proto::to_vec(msg).unwrap();
+    v.extend_from_slice(payload);
+    v
+}
+
+/// A client that says 1.1 writes in the two-frame form and gets a small read's answer as
+/// DATA then DONE; one that says 1.2 writes inline and gets it as one DATA_DONE. Both
+/// see the same bytes.
+#[test]
+fn a_read_answer_is_inline_only_for_a_client_of_1_2() {
+    let srv = start("tcp", T);
+    let data = stream(9, 100);
+    for minor in [1, 2] {
+        let (mut ch, opened) = raw_open(&srv.addr, &format!("d/raw-{minor}.bin"), minor);
+        assert!(
+            matches!(opened, Msg::Opened { minor: m, .. } if m == VERSION_MINOR),
+            "{opened:?}"
+        );
+        if minor < 2 {
+            let head = Msg::WriteAt {
+                offset: 0,
+                len: 100,
+            };
+            ch.send_frame(&proto::to_vec(&head).unwrap()).unwrap();
+            let mut frame = proto::data_header(100).unwrap().to_vec();
+            frame.extend_from_slice(&data);
+            ch.send_frame(&frame).unwrap();
+        } else {
+            let head = Msg::WriteAtInline {
+                offset: 0,
+                len: 100,
+            };
+            ch.send_frame(&with_payload(&head, &data)).unwrap();
+        }
+        assert_eq!(next(&mut ch).0, Msg::Done(100));
+        let read = Msg::ReadAt {
+            offset: 0,
+            len: 100,
+        };
+        ch.send_frame(&proto::to_vec(&read).unwrap()).unwrap();
+        if minor < 2 {
+            assert_eq!(next(&mut ch), (Msg::Data { len: 100 }, data.clone()));
+            assert_eq!(next(&mut ch).0, Msg::Done(100));
+        } else {
+            assert_eq!(next(&mut ch), (Msg::DataDone { len: 100 }, data.clone()));
+        }
+        ch.send_frame(&proto::to_vec(&Msg::Close).unwrap()).unwrap();
+        assert_eq!(next(&mut ch).0, Msg::Done(0));
+        ch.close();
     }
 }

@@ -26,8 +26,14 @@ fn frame() -> impl Strategy<Value = (Msg, Vec<u8>)> {
             },
             p
         )),
-        payload.prop_map(|p| (
+        payload.clone().prop_map(|p| (
             Msg::Data {
+                len: p.len() as u32
+            },
+            p
+        )),
+        payload.prop_map(|p| (
+            Msg::DataDone {
                 len: p.len() as u32
             },
             p

@@ -166,6 +166,8 @@ struct RankConn {
     chunk: usize,
     /// Bytes this rank read and wrote since its open, for the audit's close record.
     moved: u64,
+    /// The client takes a read's answer inline (DATA_DONE; its OPEN said 1.2 or later).
+    inline_answers: bool,
 }
 
 impl Server {
@@ -219,9 +221,10 @@ impl Server {
         peer: &str,
     ) -> Result<()> {
         let bytes = first_frame(ch, &hs, first)?;
-        let (major, job, rank, size, mode, path, token) = match decode(&bytes)?.0 {
+        let (major, minor, job, rank, size, mode, path, token) = match decode(&bytes)?.0 {
             Msg::Open {
                 major,
+                minor,
                 job,
                 rank,
                 size,
@@ -229,7 +232,7 @@ impl Server {
                 path,
                 token,
                 ..
-            } => (major, job, rank, size, amode, path, token),
+            } => (major, minor, job, rank, size, amode, path, token),
             m => return Err(CioError::conn(format!("expected OPEN, got {m:?}"))),
         };
         if major != proto::VERSION_MAJOR {
@@ -302,6 +305,7 @@ impl Server {
             views: Views::default(),
             chunk: self.cfg.chunk as usize,
             moved: 0,
+            inline_answers: minor >= proto::MINOR_INLINE,
         };
         let audit = |op, bytes, (time, began): (std::time::SystemTime, Instant), error| {
             self.audit.write(
@@ -1030,11 +1034,17 @@ fn send_error(ch: &Channel, e: &CioError) -> Result<()> {
     )
 }
 
-/// Answers a request: DATA frames for a read's bytes (whose buffer then goes back to the
-/// session's pool), then DONE; or ERROR.
+/// Answers a request: a read's bytes (whose buffer then goes back to the session's pool)
+/// in one DATA_DONE if they fit and the client takes it, else DATA frames, then DONE; or
+/// ERROR.
 fn answer(ch: &Channel, outcome: Outcome, me: &RankConn) -> Result<()> {
     match outcome {
         Ok(Reply::Done(n)) => send(ch, &Msg::Done(n)),
+        Ok(Reply::Stream(s)) if me.inline_answers && s.len() <= proto::MAX_INLINE => {
+            let sent = send_data_done(ch, &s, &me.shared.pool);
+            me.shared.pool.give_bytes(s);
+            sent
+        }
         Ok(Reply::Stream(s)) => {
             let sent = send_stream(ch, &s, me.chunk, &me.shared.pool);
             let n = s.len() as u64;
@@ -1044,6 +1054,23 @@ fn answer(ch: &Channel, outcome: Outcome, me: &RankConn) -> Result<()> {
         }
         Err(e) => send_error(ch, &e),
     }
+}
+
+/// Sends `data` (at most [`proto::MAX_INLINE`] bytes) as one DATA_DONE frame (built in a
+/// buffer of `pool`'s).
+fn send_data_done(ch: &Channel, data: &[u8], pool: &Pool) -> Result<()> {
+    let mut frame = pool.bytes(HEADER_LEN + data.len());
+    let head = Msg::DataDone {
+        len: data.len() as u32,
+    };
+    let sent = proto::encode(&head, &mut frame)
+        .map_err(|e| CioError::conn(format!("encode DATA_DONE: {e}")))
+        .and_then(|()| {
+            frame.extend_from_slice(data);
+            Ok(ch.send_frame(&frame)?)
+        });
+    pool.give_bytes(frame);
+    sent
 }
 
 /// Sends `data` as DATA frames of at most `chunk` bytes (built in a buffer of `pool`'s).
