@@ -40,7 +40,7 @@ use ferry_service::secure::ClientSecurity;
 use ferry_service::select::{self, Floor};
 
 use crate::error::{CioError, ErrorClass, Result};
-use crate::proto::{self, Desc, Msg, HEADER_LEN, MAX_CACHED_TYPES, MAX_CHUNK};
+use crate::proto::{self, Desc, Msg, HEADER_LEN, MAX_CACHED_TYPES, MAX_CHUNK, MAX_INLINE};
 use crate::readcache::{read_cache_from_env, ReadCache};
 
 /// A rank's place in its job: the communicator of an MPI-IO open.
@@ -69,6 +69,49 @@ const RING: usize = 3;
 /// (`off`, `on`, `CALLS` or `CALLS,BYTES`); the interposer's hint `ferry_pipeline` takes
 /// the same values for one file.
 pub const PIPELINE_ENV: &str = "FERRY_CIO_PIPELINE";
+
+/// The environment variable that sets the largest write sent inline (its data in the
+/// request's own frame) for every file a process opens: a byte count, at most
+/// [`MAX_INLINE`] (larger values are taken as it), `0` or `off` for never; unset:
+/// [`MAX_INLINE`]. See [`File::set_inline`].
+pub const INLINE_ENV: &str = "FERRY_CIO_INLINE";
+
+/// The setting of [`INLINE_ENV`] ([`MAX_INLINE`] when unset).
+fn inline_from_env() -> Result<usize> {
+    match std::env::var(INLINE_ENV) {
+        Ok(v) => parse_inline(&v),
+        Err(std::env::VarError::NotPresent) => Ok(MAX_INLINE),
+        Err(e) => Err(CioError::new(ErrorClass::Arg, format!("{INLINE_ENV}: {e}"))),
+    }
+}
+
+/// Parses an [`INLINE_ENV`] value: a byte count (capped at [`MAX_INLINE`]), `on` or `off`.
+fn parse_inline(v: &str) -> Result<usize> {
+    match v.trim() {
+        "off" => Ok(0),
+        "on" => Ok(MAX_INLINE),
+        n => n
+            .parse::<u64>()
+            .map(|n| n.min(MAX_INLINE as u64) as usize)
+            .map_err(|_| {
+                CioError::new(
+                    ErrorClass::Arg,
+                    format!("{INLINE_ENV} {v:?}: a byte count (at most {MAX_INLINE}), on or off"),
+                )
+            }),
+    }
+}
+
+/// The largest write sent inline to a server of minor version `server_minor` that chose
+/// `chunk`, with the client's setting `wanted`: 0 (never) for a server older than 1.2,
+/// which knows only the request-then-DATA form; never more than a chunk, so an inline
+/// write is never a larger message than the DATA frames the server expects.
+pub(crate) fn inline_limit(server_minor: u16, wanted: usize, chunk: usize) -> usize {
+    if server_minor < proto::MINOR_INLINE {
+        return 0;
+    }
+    wanted.min(chunk).min(MAX_INLINE)
+}
 
 /// Client-side write pipelining: a write returns once its data is handed to the
 /// connection, and its answer is collected later.
@@ -172,6 +215,10 @@ pub struct File {
     deferred: Option<(CioError, u64)>,
     /// Reads answered since the last sync point.
     cache: ReadCache,
+    /// The server's minor version (OPENED's).
+    server_minor: u16,
+    /// The largest write the caller wants sent inline ([`File::set_inline`]).
+    inline: usize,
     /// The current view as the read cache knows it: the hash of its displacement and
     /// type descriptions and its etype's size; None after a failed `set_view` (the
     /// server's view is then not known, and reads bypass the cache).
@@ -205,6 +252,7 @@ impl File {
     ) -> Result<File> {
         let pipeline = Pipeline::from_env()?;
         let cache = read_cache_from_env()?;
+        let inline = inline_from_env()?;
         let mut ch = Channel::connect_with(addr, CONNECT_TIMEOUT, sec)?;
         ch.post_ring(RING, HEADER_LEN + MAX_CHUNK as usize)?;
         ch.timeout = CALL_TIMEOUT;
@@ -253,7 +301,10 @@ impl File {
         }
         match recv(&mut ch)? {
             Msg::Opened {
-                major, chunk, size, ..
+                major,
+                minor,
+                chunk,
+                size,
             } if major == proto::VERSION_MAJOR
                 && (proto::MIN_CHUNK..=MAX_CHUNK).contains(&chunk) =>
             {
@@ -268,6 +319,8 @@ impl File {
                     outstanding: VecDeque::new(),
                     deferred: None,
                     cache: ReadCache::new(cache),
+                    server_minor: minor,
+                    inline,
                     view: Some(([0; 32], 1)),
                 })
             }
@@ -293,6 +346,25 @@ impl File {
     /// How many writes may be outstanding.
     pub fn pipeline(&self) -> Pipeline {
         self.pipeline
+    }
+
+    /// Sets the largest write (bytes of data stream) sent inline from now on: its data in
+    /// the request's own frame, one message instead of two. 0: never; at most
+    /// [`MAX_INLINE`] and the server's chunk; a server older than protocol 1.2 never gets
+    /// one. The default is [`INLINE_ENV`]'s setting.
+    pub fn set_inline(&mut self, bytes: usize) {
+        self.inline = bytes;
+    }
+
+    /// The largest write this file sends inline (0: none; always 0 on a server older than
+    /// protocol 1.2).
+    pub fn inline(&self) -> usize {
+        inline_limit(self.server_minor, self.inline, self.chunk)
+    }
+
+    /// The server's protocol minor version.
+    pub fn server_minor(&self) -> u16 {
+        self.server_minor
     }
 
     /// Collective: sets this rank's view: `disp` bytes into the file, offsets counting
@@ -576,16 +648,70 @@ impl File {
         // forgotten (every rank makes a collective write, so every rank forgets).
         self.cache.clear();
         let len = p.packed_size();
+        if self.pipeline.on() {
+            self.make_room(len)?;
+        }
+        let mut frame = std::mem::take(&mut self.frame);
+        let sent = match u32::try_from(len) {
+            Ok(n) if n as usize <= self.inline() => {
+                self.send_inline(collective, offset, &mut p, buf, origin, n, &mut frame)
+            }
+            _ => self.send_stream(collective, offset, &mut p, buf, origin, len, &mut frame),
+        };
+        self.frame = frame;
+        sent?;
+        if !self.pipeline.on() {
+            let r = self.done();
+            return self.with_deferred(r);
+        }
+        self.outstanding.push_back(len);
+        self.with_deferred(Ok(len))
+    }
+
+    /// Sends a write of `len` bytes as one frame: the request with its data.
+    #[allow(clippy::too_many_arguments)]
+    fn send_inline(
+        &self,
+        collective: bool,
+        offset: u64,
+        p: &mut Packer,
+        buf: &[u8],
+        origin: usize,
+        len: u32,
+        frame: &mut Vec<u8>,
+    ) -> Result<()> {
+        let head = if collective {
+            Msg::WriteAtAllInline { offset, len }
+        } else {
+            Msg::WriteAtInline { offset, len }
+        };
+        frame.clear();
+        proto::encode(&head, frame)
+            .map_err(|e| CioError::new(ErrorClass::Arg, format!("encode: {e}")))?;
+        let at = frame.len();
+        frame.resize(at + len as usize, 0);
+        p.pack(buf, origin, 0, &mut frame[at..])?;
+        Ok(self.ch.send_frame(frame)?)
+    }
+
+    /// Sends a write of `len` bytes as its request, then DATA frames of a chunk.
+    #[allow(clippy::too_many_arguments)]
+    fn send_stream(
+        &self,
+        collective: bool,
+        offset: u64,
+        p: &mut Packer,
+        buf: &[u8],
+        origin: usize,
+        len: u64,
+        frame: &mut Vec<u8>,
+    ) -> Result<()> {
         let head = if collective {
             Msg::WriteAtAll { offset, len }
         } else {
             Msg::WriteAt { offset, len }
         };
-        if self.pipeline.on() {
-            self.make_room(len)?;
-        }
         send(&self.ch, &head)?;
-        let mut frame = std::mem::take(&mut self.frame);
         let mut pos = 0u64;
         while pos < len {
             let n = (len - pos).min(self.chunk as u64) as usize;
@@ -593,16 +719,10 @@ impl File {
             frame.extend_from_slice(&data_header(n)?);
             frame.resize(HEADER_LEN + n, 0);
             p.pack(buf, origin, pos, &mut frame[HEADER_LEN..])?;
-            self.ch.send_frame(&frame)?;
+            self.ch.send_frame(frame)?;
             pos += n as u64;
         }
-        self.frame = frame;
-        if !self.pipeline.on() {
-            let r = self.done();
-            return self.with_deferred(r);
-        }
-        self.outstanding.push_back(len);
-        self.with_deferred(Ok(len))
+        Ok(())
     }
 
     /// Before a pipelined write of `len` bytes: collects the answers that already arrived,
@@ -712,12 +832,26 @@ impl File {
                         Ok(Step::Data(payload.len() as u64))
                     }
                     Msg::Done(n) => Ok(Step::Done(n)),
+                    // The whole answer in one frame (a server of 1.2 or later).
+                    Msg::DataDone { .. } => {
+                        if pos != 0 || payload.len() as u64 > len {
+                            return Err(CioError::conn(
+                                "the server sent DATA_DONE after DATA, or more data than asked",
+                            ));
+                        }
+                        u.unpack(buf, origin, 0, payload)?;
+                        if let Some(k) = keep.as_deref_mut() {
+                            k.extend_from_slice(payload);
+                        }
+                        Ok(Step::Whole(payload.len() as u64))
+                    }
                     Msg::Error { class, message } => Err(CioError::new(class, message)),
                     m => Err(CioError::conn(format!("expected DATA or DONE, got {m:?}"))),
                 }
             })??;
             match step {
                 Step::Data(n) => pos += n,
+                Step::Whole(n) => return Ok(n),
                 Step::Done(n) if n == pos => return Ok(n),
                 Step::Done(n) => {
                     return Err(CioError::conn(format!(
@@ -752,6 +886,8 @@ impl Drop for File {
 enum Step {
     Data(u64),
     Done(u64),
+    /// DATA_DONE: the whole answer, of this many bytes.
+    Whole(u64),
 }
 
 fn data_header(n: usize) -> Result<[u8; HEADER_LEN]> {
@@ -772,4 +908,39 @@ fn recv(ch: &mut Channel) -> Result<Msg> {
     let mut v = Vec::new();
     ch.recv_into(&mut v)?;
     Ok(decode(&v)?.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server older than 1.2 never gets an inline write, whatever the setting; a newer
+    /// one gets writes up to the setting, the chunk and the protocol's limit.
+    #[test]
+    fn inline_only_to_a_server_that_takes_it() {
+        for minor in [0, 1] {
+            assert_eq!(inline_limit(minor, MAX_INLINE, 1 << 20), 0);
+            assert_eq!(inline_limit(minor, 100, 1 << 20), 0);
+        }
+        assert_eq!(inline_limit(2, MAX_INLINE, 1 << 20), MAX_INLINE);
+        assert_eq!(inline_limit(3, MAX_INLINE, 1 << 20), MAX_INLINE);
+        assert_eq!(inline_limit(2, 0, 1 << 20), 0);
+        assert_eq!(inline_limit(2, 100, 1 << 20), 100);
+        assert_eq!(inline_limit(2, MAX_INLINE, 4096), 4096);
+        assert_eq!(inline_limit(2, usize::MAX, 1 << 20), MAX_INLINE);
+    }
+
+    #[test]
+    fn the_inline_setting_parses() {
+        assert_eq!(parse_inline("off").unwrap(), 0);
+        assert_eq!(parse_inline("0").unwrap(), 0);
+        assert_eq!(parse_inline("on").unwrap(), MAX_INLINE);
+        assert_eq!(parse_inline(" 4096 ").unwrap(), 4096);
+        assert_eq!(parse_inline("99999999999").unwrap(), MAX_INLINE);
+        for bad in ["", "yes", "-1", "4k"] {
+            let e = parse_inline(bad).unwrap_err();
+            assert_eq!(e.class, ErrorClass::Arg, "{bad:?}");
+            assert!(e.message.contains(INLINE_ENV), "{bad:?}: {e}");
+        }
+    }
 }

@@ -38,7 +38,7 @@ pub mod server;
 pub mod session;
 pub mod view;
 
-pub use client::{Comm, File, Pipeline, PIPELINE_ENV};
+pub use client::{Comm, File, Pipeline, INLINE_ENV, PIPELINE_ENV};
 pub use config::CioConfig;
 pub use error::{CioError, ErrorClass, Result};
 pub use proto::amode;

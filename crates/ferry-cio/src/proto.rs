@@ -1,10 +1,10 @@
-//! The collective I/O protocol, version 1.0: pure encode/decode, no I/O.
+//! The collective I/O protocol, version 1.2: pure encode/decode, no I/O.
 //!
 //! A connection is one rank's handle of one file: the client selects the floor's service
 //! `cio`, sends OPEN (the job, its rank, the rank count, the path, the access mode and its
 //! token), and every later request is answered in order. Every EXS message is exactly one
 //! frame: an 8-byte header (`len u32` total length, `type u8`, `flags u8`, 2 reserved zero
-//! bytes) and a body; only DATA carries a payload (a chunk of a data stream). All integers
+//! bytes) and a body; only DATA and the inline frames (1.2) carry a payload. All integers
 //! are little-endian; strings are `len u16` + UTF-8. The decoder accepts only what the
 //! encoder produces and never panics. The specification is `docs/protocol.md`, section
 //! "Collective I/O protocol".
@@ -16,12 +16,22 @@ use crate::error::ErrorClass;
 /// Protocol major version: a peer with another major is refused at OPEN.
 pub const VERSION_MAJOR: u16 = 1;
 /// Protocol minor version: 1.1 removes a file opened with DELETE_ON_CLOSE at its close
-/// (1.0 answered Unsupported).
-pub const VERSION_MINOR: u16 = 1;
+/// (1.0 answered Unsupported); 1.2 adds the inline writes (WRITE_AT_ALL_INLINE,
+/// WRITE_AT_INLINE), which a client sends only to a server that said 1.2 or later, and
+/// the inline read answer (DATA_DONE), which a server sends only to a client that did.
+pub const VERSION_MINOR: u16 = 2;
+/// The first minor version whose server takes the inline writes and whose client takes
+/// the inline read answer.
+pub const MINOR_INLINE: u16 = 2;
 /// Header length in bytes.
 pub const HEADER_LEN: usize = 8;
-/// The largest frame but DATA and SET_VIEW.
+/// The largest frame but DATA, SET_VIEW and the inline writes.
 pub const MAX_CONTROL: usize = 64 * 1024;
+/// The most data-stream bytes an inline write (WRITE_AT_ALL_INLINE, WRITE_AT_INLINE)
+/// carries: a write this small travels as one message instead of a request and a DATA
+/// frame (one send, one receive and one wake-up fewer on each side), and its frame
+/// still fits every server's receive buffers (at least [`MAX_SET_VIEW`]).
+pub const MAX_INLINE: usize = 64 * 1024;
 /// The largest DATA payload (a chunk of a data stream); the server's OPENED says the chunk
 /// both sides use, at most this.
 pub const MAX_CHUNK: u32 = 4 << 20;
@@ -181,6 +191,29 @@ ferry_wire::frames! {
             /// What happened, with what to do.
             message: String as Str<MAX_MESSAGE>,
         },
+        /// Since 1.2: WRITE_AT_ALL with its whole data stream in this frame's payload (no
+        /// DATA follows). Answer DONE or ERROR.
+        WriteAtAllInline = 17 {
+            /// Offset in etypes of the view.
+            offset: u64 as Le,
+            /// Bytes of data stream: the payload's length (not encoded; the frame length
+            /// gives it), at most [`MAX_INLINE`].
+            len: u32 as Payload<MAX_INLINE>,
+        },
+        /// Since 1.2: WRITE_AT with its whole data stream in this frame's payload.
+        WriteAtInline = 18 {
+            /// Offset in etypes of the view.
+            offset: u64 as Le,
+            /// Bytes of data stream (the payload's length, at most [`MAX_INLINE`]).
+            len: u32 as Payload<MAX_INLINE>,
+        },
+        /// Since 1.2, server → a 1.2 client: the whole answer to READ_AT_ALL or READ_AT
+        /// that moved at most [`MAX_INLINE`] bytes: the bytes read as the payload, and
+        /// DONE with their count (in place of DATA frames and DONE).
+        DataDone = 19 {
+            /// Bytes read (the payload's length, at most [`MAX_INLINE`]).
+            len: u32 as Payload<MAX_INLINE>,
+        },
     }
 }
 
@@ -231,8 +264,8 @@ impl Field<Desc> for DescCodec {
     }
 }
 
-/// Appends the encoding of `msg` to `out`. For [`Msg::Data`] only the header is written:
-/// the caller appends exactly `len` payload bytes.
+/// Appends the encoding of `msg` to `out`. For [`Msg::Data`] and the inline frames only
+/// the header and body are written: the caller appends exactly `len` payload bytes.
 pub fn encode(msg: &Msg, out: &mut Vec<u8>) -> Result<(), TooLong> {
     let mut w = Writer::new(out);
     w.zeros(HEADER_LEN);
@@ -281,7 +314,8 @@ fn max_frame(code: u8) -> usize {
     }
 }
 
-/// Decodes one whole message: the frame, and for DATA its payload (empty otherwise).
+/// Decodes one whole message: the frame, and for DATA and the inline frames its payload
+/// (empty otherwise).
 pub fn decode(b: &[u8]) -> Result<(Msg, &[u8]), DecodeError> {
     let mut r = Reader::new(b);
     let len = r.u32()?;
@@ -356,6 +390,10 @@ mod tests {
                 class: ErrorClass::NotSame,
                 message: "ranks disagree".into(),
             },
+            // 1.2 (here without payload bytes; `inline_writes_carry_their_data` with).
+            Msg::WriteAtAllInline { offset: 13, len: 0 },
+            Msg::WriteAtInline { offset: 14, len: 0 },
+            Msg::DataDone { len: 0 },
         ]
     }
 
@@ -365,10 +403,13 @@ mod tests {
             let v = to_vec(&m).unwrap();
             assert_eq!(decode(&v).unwrap(), (m.clone(), &[][..]), "{m:?}");
             assert!(decode(&v[..v.len() - 1]).is_err(), "{m:?} short");
+            // One byte more is damage, but for a frame with a payload (the byte is then
+            // its payload: `inline_writes_carry_their_data`).
             let mut long = v.clone();
             long.push(0);
             long[0] = long[0].wrapping_add(1);
-            assert!(decode(&long).is_err(), "{m:?} long");
+            let payload = Msg::carries_payload(v[4]);
+            assert_eq!(decode(&long).is_err(), !payload, "{m:?} long");
             let mut flagged = v.clone();
             flagged[5] = 0x80;
             assert!(decode(&flagged).is_err(), "{m:?} flags");
@@ -381,7 +422,7 @@ mod tests {
         assert_eq!(max_frame(8), HEADER_LEN + MAX_CHUNK as usize);
     }
 
-    /// The bytes of every frame of version 1.0: the wire must not change.
+    /// The bytes of every frame (1.0, and 1.2's inline writes): the wire must not change.
     #[test]
     fn golden_bytes() {
         let got: Vec<String> = every_frame()
@@ -412,7 +453,100 @@ mod tests {
     "100000000e0000000b00000000000000",
     "100000000f0000000c00000000000000",
     "1a000000100000000b000e0072616e6b73206469736167726565",
+    "10000000110000000d00000000000000",
+    "10000000120000000e00000000000000",
+    "0800000013000000",
     ];
+
+    /// An inline write with `n` payload bytes.
+    fn inline(collective: bool, offset: u64, payload: &[u8]) -> Vec<u8> {
+        let len = payload.len() as u32;
+        let msg = if collective {
+            Msg::WriteAtAllInline { offset, len }
+        } else {
+            Msg::WriteAtInline { offset, len }
+        };
+        let mut v = to_vec(&msg).unwrap();
+        v.extend_from_slice(payload);
+        v
+    }
+
+    #[test]
+    fn inline_writes_carry_their_data() {
+        for collective in [true, false] {
+            for n in [1, 100, 4096, MAX_INLINE] {
+                let data: Vec<u8> = (0..n).map(|i| (i * 7) as u8).collect();
+                let v = inline(collective, 42, &data);
+                assert_eq!(v.len(), HEADER_LEN + 8 + n);
+                let (msg, payload) = decode(&v).unwrap();
+                assert_eq!(payload, &data[..]);
+                let want = if collective {
+                    Msg::WriteAtAllInline {
+                        offset: 42,
+                        len: n as u32,
+                    }
+                } else {
+                    Msg::WriteAtInline {
+                        offset: 42,
+                        len: n as u32,
+                    }
+                };
+                assert_eq!(msg, want);
+            }
+        }
+    }
+
+    #[test]
+    fn a_read_answer_carries_its_data() {
+        let mut v = to_vec(&Msg::DataDone { len: 3 }).unwrap();
+        v.extend_from_slice(b"xyz");
+        assert_eq!(decode(&v).unwrap(), (Msg::DataDone { len: 3 }, &b"xyz"[..]));
+        assert!(to_vec(&Msg::DataDone {
+            len: MAX_INLINE as u32 + 1
+        })
+        .is_err());
+        let mut over = to_vec(&Msg::DataDone {
+            len: MAX_INLINE as u32,
+        })
+        .unwrap();
+        over.resize(over.len() + MAX_INLINE + 1, 0);
+        let n = over.len() as u32;
+        over[..4].copy_from_slice(&n.to_le_bytes());
+        assert_eq!(decode(&over), Err(DecodeError::TooLarge));
+        assert!(decode(&v[..v.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn inline_writes_refuse_truncation_and_excess() {
+        let v = inline(true, 1, &[9; 100]);
+        // A frame cut short: its length says more than arrived.
+        assert!(matches!(
+            decode(&v[..v.len() - 1]),
+            Err(DecodeError::Length { .. })
+        ));
+        // A body cut short (the offset incomplete) with a matching length.
+        let mut cut = v[..HEADER_LEN + 4].to_vec();
+        cut[..4].copy_from_slice(&((HEADER_LEN + 4) as u32).to_le_bytes());
+        assert!(decode(&cut).is_err());
+        // One byte over the inline limit is refused both ways.
+        assert!(to_vec(&Msg::WriteAtInline {
+            offset: 0,
+            len: MAX_INLINE as u32 + 1,
+        })
+        .is_err());
+        let mut over = inline(false, 0, &vec![0; MAX_INLINE]);
+        over.push(0);
+        let n = over.len() as u32;
+        over[..4].copy_from_slice(&n.to_le_bytes());
+        assert_eq!(decode(&over), Err(DecodeError::TooLarge));
+        assert_eq!(max_frame(17), HEADER_LEN + 8 + MAX_INLINE);
+        // Inline frames fit the receive buffers every server keeps.
+        assert!(max_frame(17) <= MAX_SET_VIEW);
+        // No flags are defined for them.
+        let mut flagged = v.clone();
+        flagged[5] = 1;
+        assert!(decode(&flagged).is_err());
+    }
 
     #[test]
     fn data_carries_its_payload() {

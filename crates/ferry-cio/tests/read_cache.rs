@@ -79,6 +79,9 @@ fn another_ranks_write_is_seen_after_sync_barrier_sync() {
             assert_eq!(f.read_at_all(0, &mut back, 256, &int()).unwrap(), 1024);
             assert_eq!(back, first, "rank {rank}");
         }
+        // Both read before rank 0 writes again (without it rank 1's first read, a miss,
+        // could reach the server after that write and see it).
+        b.wait();
         if rank == 0 {
             f.write_at(0, &second, 256, &int()).unwrap();
         }

@@ -166,6 +166,8 @@ struct RankConn {
     chunk: usize,
     /// Bytes this rank read and wrote since its open, for the audit's close record.
     moved: u64,
+    /// The client takes a read's answer inline (DATA_DONE; its OPEN said 1.2 or later).
+    inline_answers: bool,
 }
 
 impl Server {
@@ -219,9 +221,10 @@ impl Server {
         peer: &str,
     ) -> Result<()> {
         let bytes = first_frame(ch, &hs, first)?;
-        let (major, job, rank, size, mode, path, token) = match decode(&bytes)?.0 {
+        let (major, minor, job, rank, size, mode, path, token) = match decode(&bytes)?.0 {
             Msg::Open {
                 major,
+                minor,
                 job,
                 rank,
                 size,
@@ -229,7 +232,7 @@ impl Server {
                 path,
                 token,
                 ..
-            } => (major, job, rank, size, amode, path, token),
+            } => (major, minor, job, rank, size, amode, path, token),
             m => return Err(CioError::conn(format!("expected OPEN, got {m:?}"))),
         };
         if major != proto::VERSION_MAJOR {
@@ -302,6 +305,7 @@ impl Server {
             views: Views::default(),
             chunk: self.cfg.chunk as usize,
             moved: 0,
+            inline_answers: minor >= proto::MINOR_INLINE,
         };
         let audit = |op, bytes, (time, began): (std::time::SystemTime, Instant), error| {
             self.audit.write(
@@ -431,17 +435,30 @@ impl Server {
                 continue;
             }
             idle = Duration::ZERO;
-            let msg = decode(&bytes)?.0;
+            let (msg, payload) = decode(&bytes)?;
             let closing = matches!(msg, Msg::Close);
-            self.request(ch, me, msg)?;
+            // An inline write's data, out of the receive buffer (as DATA's is).
+            let inline = match msg {
+                Msg::WriteAtAllInline { .. } | Msg::WriteAtInline { .. } => {
+                    Some(self.inline_data(payload, &me.shared.pool))
+                }
+                _ => None,
+            };
+            self.request(ch, me, msg, inline)?;
             if closing {
                 return Ok(());
             }
         }
     }
 
-    /// Serves one request and answers it.
-    fn request(&self, ch: &mut Channel, me: &mut RankConn, msg: Msg) -> Result<()> {
+    /// Serves one request and answers it; `inline` is an inline write's data.
+    fn request(
+        &self,
+        ch: &mut Channel,
+        me: &mut RankConn,
+        msg: Msg,
+        inline: Option<Result<Vec<u8>>>,
+    ) -> Result<()> {
         match msg {
             Msg::SetView {
                 disp,
@@ -462,18 +479,15 @@ impl Server {
             }
             Msg::WriteAtAll { offset, len } => {
                 let data = self.recv_data(ch, len, &me.shared.pool)?;
-                let work = data.and_then(|data| {
-                    writable(me.amode)?;
-                    let extents = me.view.pieces(offset, len, me.shared.pool.extents())?;
-                    Ok(Work::Write { extents, data })
-                });
-                let outcome = self.collective(me, CallKind::WriteAtAll, work);
-                me.moved += moved(&outcome, len);
-                let answered = answer(ch, outcome, me);
-                // The write behind, if this rank's arrival completed the call: after its
-                // answer left, so no rank waits for the file.
-                me.shared.behind.flush(&me.shared.pool);
-                answered
+                self.write_at_all(ch, me, offset, len, data)
+            }
+            Msg::WriteAtAllInline { offset, len } => {
+                let data = inline.unwrap_or_else(|| Err(CioError::conn("internal: no data")));
+                self.write_at_all(ch, me, offset, u64::from(len), data)
+            }
+            Msg::WriteAtInline { offset, len } => {
+                let data = inline.unwrap_or_else(|| Err(CioError::conn("internal: no data")));
+                self.write_at(ch, me, offset, u64::from(len), data)
             }
             Msg::ReadAtAll { offset, len } => {
                 let work = self
@@ -485,17 +499,7 @@ impl Server {
             }
             Msg::WriteAt { offset, len } => {
                 let data = self.recv_data(ch, len, &me.shared.pool)?;
-                let outcome = data.and_then(|data| {
-                    writable(me.amode)?;
-                    let extents = me.view.pieces(offset, len, me.shared.pool.extents())?;
-                    let file = file_of(me)?;
-                    let action = session::placement(vec![Work::Write { extents, data }])?;
-                    let written = files::write(&file, &action, &me.shared.pool);
-                    recycle(&me.shared.pool, action);
-                    written.map(|()| Reply::Done(len))
-                });
-                me.moved += moved(&outcome, len);
-                answer(ch, outcome, me)
+                self.write_at(ch, me, offset, len, data)
             }
             Msg::ReadAt { offset, len } => {
                 let outcome = self.read_extents(me, offset, len).and_then(|extents| {
@@ -540,6 +544,62 @@ impl Server {
             }
             m => Err(CioError::conn(format!("unexpected frame {m:?}"))),
         }
+    }
+
+    /// A collective write of `len` bytes at `offset`, its data received (`Err`: received
+    /// and refused), whichever form it came in.
+    fn write_at_all(
+        &self,
+        ch: &Channel,
+        me: &mut RankConn,
+        offset: u64,
+        len: u64,
+        data: Result<Vec<u8>>,
+    ) -> Result<()> {
+        let work = data.and_then(|data| {
+            writable(me.amode)?;
+            let extents = me.view.pieces(offset, len, me.shared.pool.extents())?;
+            Ok(Work::Write { extents, data })
+        });
+        let outcome = self.collective(me, CallKind::WriteAtAll, work);
+        me.moved += moved(&outcome, len);
+        let answered = answer(ch, outcome, me);
+        // The write behind, if this rank's arrival completed the call: after its
+        // answer left, so no rank waits for the file.
+        me.shared.behind.flush(&me.shared.pool);
+        answered
+    }
+
+    /// An independent write of `len` bytes at `offset`, its data received (`Err`: received
+    /// and refused), whichever form it came in.
+    fn write_at(
+        &self,
+        ch: &Channel,
+        me: &mut RankConn,
+        offset: u64,
+        len: u64,
+        data: Result<Vec<u8>>,
+    ) -> Result<()> {
+        let outcome = data.and_then(|data| {
+            writable(me.amode)?;
+            let extents = me.view.pieces(offset, len, me.shared.pool.extents())?;
+            let file = file_of(me)?;
+            let action = session::placement(vec![Work::Write { extents, data }])?;
+            let written = files::write(&file, &action, &me.shared.pool);
+            recycle(&me.shared.pool, action);
+            written.map(|()| Reply::Done(len))
+        });
+        me.moved += moved(&outcome, len);
+        answer(ch, outcome, me)
+    }
+
+    /// An inline write's data, copied out of the receive buffer into one of the pool's
+    /// (`Err`: over `max_call_bytes`, refused as a two-frame write of that size is).
+    fn inline_data(&self, payload: &[u8], pool: &Pool) -> Result<Vec<u8>> {
+        self.check_len(payload.len() as u64)?;
+        let mut data = pool.bytes(payload.len());
+        data.extend_from_slice(payload);
+        Ok(data)
     }
 
     /// The extents of a read of `len` bytes at `offset` (a file opened for reading).
@@ -974,11 +1034,17 @@ fn send_error(ch: &Channel, e: &CioError) -> Result<()> {
     )
 }
 
-/// Answers a request: DATA frames for a read's bytes (whose buffer then goes back to the
-/// session's pool), then DONE; or ERROR.
+/// Answers a request: a read's bytes (whose buffer then goes back to the session's pool)
+/// in one DATA_DONE if they fit and the client takes it, else DATA frames, then DONE; or
+/// ERROR.
 fn answer(ch: &Channel, outcome: Outcome, me: &RankConn) -> Result<()> {
     match outcome {
         Ok(Reply::Done(n)) => send(ch, &Msg::Done(n)),
+        Ok(Reply::Stream(s)) if me.inline_answers && s.len() <= proto::MAX_INLINE => {
+            let sent = send_data_done(ch, &s, &me.shared.pool);
+            me.shared.pool.give_bytes(s);
+            sent
+        }
         Ok(Reply::Stream(s)) => {
             let sent = send_stream(ch, &s, me.chunk, &me.shared.pool);
             let n = s.len() as u64;
@@ -988,6 +1054,23 @@ fn answer(ch: &Channel, outcome: Outcome, me: &RankConn) -> Result<()> {
         }
         Err(e) => send_error(ch, &e),
     }
+}
+
+/// Sends `data` (at most [`proto::MAX_INLINE`] bytes) as one DATA_DONE frame (built in a
+/// buffer of `pool`'s).
+fn send_data_done(ch: &Channel, data: &[u8], pool: &Pool) -> Result<()> {
+    let mut frame = pool.bytes(HEADER_LEN + data.len());
+    let head = Msg::DataDone {
+        len: data.len() as u32,
+    };
+    let sent = proto::encode(&head, &mut frame)
+        .map_err(|e| CioError::conn(format!("encode DATA_DONE: {e}")))
+        .and_then(|()| {
+            frame.extend_from_slice(data);
+            Ok(ch.send_frame(&frame)?)
+        });
+    pool.give_bytes(frame);
+    sent
 }
 
 /// Sends `data` as DATA frames of at most `chunk` bytes (built in a buffer of `pool`'s).
