@@ -3,7 +3,8 @@
 //! a thread per connection that runs the handshake ([`crate::nbd::handshake`]) and then
 //! becomes one of the connection's workers, which take turns reading a request and each
 //! serve the request they read against the export's [`Backend`], answering out of order
-//! (replies written whole under one lock); and the drain a SIGTERM starts. A client that
+//! (replies written whole under one lock; a short request of an otherwise idle connection
+//! is served by its reader, which keeps its turn); and the drain a SIGTERM starts. A client that
 //! breaks the protocol loses its own connection; nothing it sends can stop the others.
 
 use std::collections::HashMap;
@@ -92,6 +93,11 @@ impl ZeroCopyReads {
         }
     }
 }
+/// Longest request an idle connection's reading worker serves itself.
+const INLINE_MAX: u32 = 64 * 1024;
+/// The environment variable that turns off serving an idle connection's short requests on
+/// the reading worker (`off`): every request is then handed to the next worker as before.
+pub const INLINE_IDLE_ENV: &str = "FERRY_NBD_INLINE_IDLE";
 /// How often the accept loop looks at its quit flag.
 const POLL_INTERVAL: Duration = Duration::from_millis(200);
 
@@ -384,6 +390,16 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Whether [`INLINE_IDLE_ENV`] leaves inline serving on (anything but `off`, `0`, `no`,
+/// `false`).
+fn inline_idle_from_env() -> bool {
+    let v = std::env::var(INLINE_IDLE_ENV).unwrap_or_default();
+    !matches!(
+        v.trim().to_ascii_lowercase().as_str(),
+        "off" | "0" | "no" | "false"
+    )
+}
+
 /// The NBD service of `ferry serve`: its exports, listeners and admission.
 pub struct BlockServer {
     exports: Arc<Vec<Export>>,
@@ -397,6 +413,8 @@ pub struct BlockServer {
     audit: Option<Arc<Audit>>,
     /// When long reads of file exports go out by `sendfile`.
     zero_copy_reads: ZeroCopyReads,
+    /// Whether an idle connection's short requests are served by the worker that read them.
+    inline_idle: bool,
 }
 
 impl std::fmt::Debug for BlockServer {
@@ -452,7 +470,14 @@ impl BlockServer {
             tls: None,
             audit: None,
             zero_copy_reads: ZeroCopyReads::from_env(),
+            inline_idle: inline_idle_from_env(),
         })
+    }
+
+    /// Whether the worker that reads a short request of an otherwise idle connection
+    /// serves it itself, keeping the socket (on unless [`INLINE_IDLE_ENV`] said `off`).
+    pub fn set_inline_idle(&mut self, on: bool) {
+        self.inline_idle = on;
     }
 
     /// When long reads of file exports are sent by `sendfile` (by default what
@@ -551,6 +576,7 @@ impl BlockServer {
             tls: self.tls.clone(),
             audit: self.audit.clone(),
             zero_copy_reads: self.zero_copy_reads,
+            inline_idle: self.inline_idle,
         };
         let spawned = std::thread::Builder::new()
             .name("ferry-nbd-conn".into())
@@ -614,6 +640,7 @@ struct Serving {
     tls: Option<Arc<rustls::ServerConfig>>,
     audit: Option<Arc<Audit>>,
     zero_copy_reads: ZeroCopyReads,
+    inline_idle: bool,
 }
 
 /// What the audit says of one session: its export, when it began, the bytes it read and
@@ -829,6 +856,10 @@ struct Conn<'a> {
     shared: &'a Shared,
     /// Long reads of a file go out by `sendfile` ([`Conn::send_from_file`]).
     zero_copy_reads: bool,
+    /// Short requests of an otherwise idle connection are served by the reading worker.
+    inline_idle: bool,
+    /// Requests being served by workers that let the reader go.
+    busy: AtomicUsize,
     /// Bytes read by the client's reads, for the audit.
     read: AtomicU64,
     /// Bytes written by its writes, for the audit.
@@ -857,6 +888,8 @@ fn transmission(stream: &Stream, export: &Export, n: &Negotiated, on: &Serving) 
         pool: Pool::default(),
         shared: &on.shared,
         zero_copy_reads: on.zero_copy_reads.applies(stream),
+        inline_idle: on.inline_idle,
+        busy: AtomicUsize::new(0),
         read: AtomicU64::new(0),
         written: AtomicU64::new(0),
     };
@@ -889,21 +922,49 @@ impl Conn<'_> {
     /// threads, and while it is served the next worker reads the next request.
     fn work(&self) {
         loop {
-            let job = {
-                let mut rd = lock(&self.reader);
+            let mut rd = lock(&self.reader);
+            let job = loop {
                 if rd.end.is_some() {
                     return;
                 }
-                match self.next_request(&mut rd.r) {
+                let job = match self.next_request(&mut rd.r) {
                     Ok(job) => job,
                     Err(end) => {
                         rd.end = Some(end);
                         return;
                     }
+                };
+                if !self.serve_inline(&job, &rd) {
+                    break job;
                 }
+                // Nothing else in flight and nothing more read: letting the reader go would
+                // only wake another worker to wait on the socket in this one's place.
+                self.serve(job);
+                self.shared.in_flight.fetch_sub(1, Ordering::SeqCst);
             };
+            // Counted busy before the reader goes, so the next reader never serves
+            // inline beside it.
+            self.busy.fetch_add(1, Ordering::SeqCst);
+            drop(rd);
             self.serve(job);
+            self.busy.fetch_sub(1, Ordering::SeqCst);
             self.shared.in_flight.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Whether the worker holding the reader serves `job` itself before reading on: when
+    /// no other request of the connection is being served, none is waiting in the read
+    /// buffer, and the job is short (a request arriving meanwhile waits for it).
+    fn serve_inline(&self, job: &Job, rd: &Reader<'_>) -> bool {
+        let idle = rd.r.buffer().is_empty() && self.busy.load(Ordering::SeqCst) == 0;
+        if !self.inline_idle || !idle {
+            return false;
+        }
+        match job.cmd {
+            Err(_) => true,
+            Ok(Command::Read { len, .. }) => len <= INLINE_MAX,
+            Ok(Command::Write { len, fua, .. }) => len <= INLINE_MAX && !fua,
+            Ok(_) => false,
         }
     }
 

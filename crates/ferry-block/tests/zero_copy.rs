@@ -13,7 +13,8 @@ use ferry_block::BlockServer;
 
 const MIB: u64 = 1 << 20;
 
-/// A server of `exports` on loopback TCP and on the Unix socket `sock`, reads sent `mode`.
+/// A server of `exports` on loopback TCP and on the Unix socket `sock`, reads sent `mode`
+/// (and short requests of an idle connection served by their reader but with `Off`).
 fn serve(exports: Vec<ExportConfig>, sock: &std::path::Path, mode: ZeroCopyReads) -> Running {
     let cfg = BlockConfig {
         listen: vec!["127.0.0.1:0".into(), format!("unix:{}", sock.display())],
@@ -22,6 +23,7 @@ fn serve(exports: Vec<ExportConfig>, sock: &std::path::Path, mode: ZeroCopyReads
     };
     let mut server = BlockServer::new(&cfg).expect("server starts");
     server.set_zero_copy_reads(mode);
+    server.set_inline_idle(mode != ZeroCopyReads::Off);
     start_server(server)
 }
 
