@@ -8,6 +8,7 @@
 
 use std::fs::File;
 use std::io;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -85,6 +86,12 @@ impl FileBackend {
             Some(d) if direct_aligned(addr, pos, len) => d,
             _ => &self.file,
         }
+    }
+
+    /// The file's length now (a regular file may have been truncated since it was opened).
+    fn current_len(&self) -> io::Result<u64> {
+        let st = rustix::fs::fstat(&self.file)?;
+        Ok(u64::try_from(st.st_size).unwrap_or(0))
     }
 
     fn sync(&self) -> io::Result<()> {
@@ -221,8 +228,14 @@ impl Backend for FileBackend {
         while pos < end && out.len() < MAX_EXTENTS {
             let next_data = match rustix::fs::seek(&self.file, SeekFrom::Data(pos)) {
                 Ok(d) => d,
-                // No data after pos: a hole to the end of the file.
-                Err(Errno::NXIO) => end,
+                // No data after pos: a hole to the end of the file, or a file cut short
+                // since it was opened (its lost end must not read as zeroes).
+                Err(Errno::NXIO) => {
+                    if self.current_len()? < end {
+                        return Err(truncated());
+                    }
+                    end
+                }
                 // No SEEK_DATA here: everything is data.
                 Err(_) => return Ok(vec![data(end - offset)]),
             };
@@ -240,11 +253,39 @@ impl Backend for FileBackend {
         Ok(out)
     }
 
+    fn send_source(&self, offset: u64, len: u64) -> Option<io::Result<BorrowedFd<'_>>> {
+        if self.direct.is_some() {
+            // Reads bypass the page cache: sendfile would fill it, and read what a direct
+            // write may not have reached yet.
+            return None;
+        }
+        if !self.device {
+            // The header promises `len` bytes: a file cut short since it was opened is
+            // found now, while an error reply can still be sent.
+            let end = match self.current_len() {
+                Ok(n) => n,
+                Err(e) => return Some(Err(e)),
+            };
+            if offset.saturating_add(len) > end {
+                return Some(Err(truncated()));
+            }
+        }
+        Some(Ok(self.file.as_fd()))
+    }
+
     fn cache(&self, offset: u64, len: u64) -> io::Result<()> {
         let len = std::num::NonZeroU64::new(len);
         rustix::fs::fadvise(&self.file, offset, len, rustix::fs::Advice::WillNeed)
             .map_err(io::Error::from)
     }
+}
+
+/// The error of a read past the end of a file truncated under the export (an NBD EIO).
+pub(crate) fn truncated() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::UnexpectedEof,
+        "the file ends before the range read (truncated under the export)",
+    )
 }
 
 fn data(len: u64) -> Extent {

@@ -4,6 +4,7 @@
 //! connection to the export and called from many threads at once.
 
 use std::io::{self, IoSlice};
+use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 
 use crate::nbd::consts;
@@ -77,6 +78,15 @@ pub trait Backend: Send + Sync + 'static {
     /// held across the socket write); `None` where the storage has no such memory (the
     /// caller then reads into a buffer with [`Backend::read_at`]).
     fn read_shared(&self, _offset: u64, _len: usize) -> Option<SharedRead> {
+        None
+    }
+
+    /// The file a read of `[offset, offset + len)` may be sent from with `sendfile(2)`
+    /// (the page cache's pages go to the socket, no copy through a user buffer): `None`
+    /// where the storage is no such file or bypasses the page cache (`O_DIRECT`);
+    /// `Some(Err)` when the range is no longer all there (a file truncated under the
+    /// export), which the caller answers with an error before it sends any header.
+    fn send_source(&self, _offset: u64, _len: u64) -> Option<io::Result<BorrowedFd<'_>>> {
         None
     }
 }

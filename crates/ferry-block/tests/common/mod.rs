@@ -55,7 +55,12 @@ pub fn start(exports: Vec<ExportConfig>, extra: &[String]) -> Running {
 
 /// Starts a server of `cfg` (its first listen address is the one [`Running::base`] names).
 pub fn start_config(cfg: BlockConfig) -> Running {
-    let server = Arc::new(BlockServer::new(&cfg).expect("server starts"));
+    start_server(BlockServer::new(&cfg).expect("server starts"))
+}
+
+/// Serves `server` (made and adjusted by the caller) on a thread until dropped.
+pub fn start_server(server: BlockServer) -> Running {
+    let server = Arc::new(server);
     let base = server.local_addrs()[0].clone();
     let quit = Arc::new(AtomicBool::new(false));
     let (s, q) = (server.clone(), quit.clone());
