@@ -408,7 +408,6 @@ impl Reading {
         if before != *stamp {
             return false;
         }
-        WRITES.fetch_add(1, Ordering::SeqCst);
         let flags = rustix::fs::XattrFlags::empty();
         if let Err(e) = rustix::fs::fsetxattr(file, XATTR, entry, flags) {
             tracing::debug!(
@@ -417,6 +416,12 @@ impl Reading {
             );
             return false;
         }
+        // Counted once the attribute is written, not before: a reader whose epoch came
+        // between the count and the write could otherwise have taken its stamp before the
+        // write, registered after this writer (the file's last reader) let go of the moves,
+        // and found the epoch unchanged — then the attribute's ctime move would fail its
+        // copy as a changed source (seen as a rare failure of four concurrent GETs).
+        WRITES.fetch_add(1, Ordering::SeqCst);
         let Ok(after) = Stamp::now(file) else {
             return true;
         };
