@@ -45,6 +45,21 @@ fn child(delay_us: u64) -> ! {
     std::process::exit(0)
 }
 
+/// Removes the shm regions a child that exited mid-close left behind (16 MiB each in
+/// /dev/shm: the provider unlinks a region when its endpoint closes, which the exit cut
+/// short).
+fn remove_regions_of(pid: u32) {
+    let prefix = format!("ferry-exit-{pid}-");
+    let Ok(dir) = std::fs::read_dir("/dev/shm") else {
+        return;
+    };
+    for e in dir.flatten() {
+        if e.file_name().to_string_lossy().starts_with(&prefix) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
 #[test]
 fn exiting_while_another_thread_closes_endpoints_is_clean() {
     if let Ok(d) = std::env::var(CHILD) {
@@ -52,15 +67,20 @@ fn exiting_while_another_thread_closes_endpoints_is_clean() {
     }
     let me = std::env::current_exe().unwrap();
     for i in 0..24u64 {
-        let out = Command::new(&me)
+        let child = Command::new(&me)
             .args([
                 "--exact",
                 "exiting_while_another_thread_closes_endpoints_is_clean",
                 "--nocapture",
             ])
             .env(CHILD, (i * 397 % 6000).to_string())
-            .output()
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
             .unwrap();
+        let pid = child.id();
+        let out = child.wait_with_output().unwrap();
+        remove_regions_of(pid);
         assert!(
             out.status.success(),
             "run {i} ended {:?}: {}",
