@@ -391,6 +391,11 @@ impl Shared {
         text.strip_prefix("ofi+shm://").map(str::to_owned)
     }
 
+    /// This endpoint's own shm region name, on the shm provider.
+    pub fn own_shm_region(&self) -> Option<String> {
+        self.shm_region(&self.name)
+    }
+
     /// Sends a control message to `peer`: injected where it fits (all but CONNECT on the
     /// providers tested), else from a freshly registered buffer.
     pub fn send_control(&self, peer: FiAddr, msg: &Control) -> Result<()> {

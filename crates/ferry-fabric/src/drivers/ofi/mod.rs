@@ -77,6 +77,8 @@ mod ffi;
 mod gate;
 mod info;
 mod progress;
+#[allow(unsafe_code)] // shared memory: reads the shm provider's region lock word.
+mod region_lock;
 mod rma;
 mod wedge;
 mod wire;

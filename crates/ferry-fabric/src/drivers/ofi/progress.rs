@@ -15,6 +15,11 @@
 //! traffic nobody on this side initiated (an incoming message for a receive posted long ago,
 //! the target side of RMA) can wait up to one nap.
 //!
+//! On shm, while a peer holds this endpoint's region lock (its CMA copy of an RMA into or
+//! out of our memory), the thread waits [`HELD_NAP`] at a time instead of entering the
+//! provider, where a CQ read would spin on that lock until the copy ends
+//! (`region_lock.rs`).
+//!
 //! Polling with `yield` beat busy-polling (which starves the application's own threads on 2
 //! cores) and napping early in 8-byte ping-pong, and costs little CPU idle (figures:
 //! docs/fabric.md, "Driver tuning").
@@ -26,6 +31,7 @@ use std::time::{Duration, Instant};
 use super::domain::{Reply, Shared};
 use super::endpoint::Conn;
 use super::ffi::{errno, strerror, CqError, Event};
+use super::region_lock::RegionLock;
 use crate::cq::{Completion, OpKind};
 use crate::error::{FabricError, RemoteAccessError};
 use crate::mem::LocalSlice;
@@ -57,6 +63,29 @@ const GRANTED_NAP: Duration = Duration::from_micros(100);
 /// before, the idle clock ran out during the copy and the thread napped at once. An empty CQ
 /// read takes about a microsecond (measured: docs/fabric.md, "Driver tuning").
 const BUSY_CALL: Duration = Duration::from_micros(20);
+
+/// A peer holding this endpoint's shm region lock longer than this is copying (a CMA copy
+/// of an RMA: about a millisecond per 4 MiB piece), not putting a message in our queue.
+const HELD_SHORT: Duration = Duration::from_micros(20);
+/// How long the progress thread waits, off the CPU, while a peer copies, before it looks
+/// again.
+const HELD_NAP: Duration = Duration::from_micros(50);
+/// How long the lock may stay held before the thread enters the provider anyway, to spin
+/// there under the watchdog's eye (`wedge.rs`: a peer killed holding it): far longer than
+/// any copy.
+const HELD_MAX: Duration = Duration::from_millis(100);
+
+/// For how long a peer has held our shm region's lock (`region_lock.rs`), if it holds it
+/// now, so that a CQ read would spin until it lets go; `since` keeps when that began, and
+/// after [`HELD_MAX`] the answer is `None`.
+fn peer_holds_region(lock: Option<&RegionLock>, since: &mut Option<Instant>) -> Option<Duration> {
+    if !lock.is_some_and(RegionLock::held) {
+        *since = None;
+        return None;
+    }
+    let held = since.get_or_insert_with(Instant::now).elapsed();
+    (held < HELD_MAX).then_some(held)
+}
 
 /// An operation handed to libfabric.
 pub(super) struct Op {
@@ -252,6 +281,14 @@ pub(super) fn run(shared: Arc<Shared>) {
     let mut nap = MIN_NAP;
     let sweep_every = (shared.keepalive.every / 2).max(Duration::from_millis(10));
     let mut next_sweep = Instant::now();
+    let region_lock = shared
+        .gate
+        .enabled()
+        .then(|| shared.own_shm_region())
+        .filter(|_| std::env::var_os("FERRY_TEST_NO_REGION_LOCK").is_none())
+        .flatten()
+        .and_then(|name| RegionLock::find(&name));
+    let mut held_since = None;
     #[cfg(feature = "test-hooks")]
     let wedge_at = super::wedge::test_wedge_at();
     while !shared.stopping() {
@@ -262,6 +299,18 @@ pub(super) fn run(shared: Arc<Shared>) {
         if Instant::now() >= next_sweep {
             shared.keepalive();
             next_sweep = Instant::now() + sweep_every;
+        }
+        if let Some(held) = peer_holds_region(region_lock.as_ref(), &mut held_since) {
+            // A message being put in our queue holds the lock for a microsecond or two;
+            // only a copy holds it longer.
+            if held < HELD_SHORT {
+                std::hint::spin_loop();
+            } else {
+                std::thread::park_timeout(HELD_NAP);
+            }
+            last = Instant::now();
+            nap = MIN_NAP;
+            continue;
         }
         let began = Instant::now();
         if progress(&shared) > 0 || began.elapsed() >= BUSY_CALL {
