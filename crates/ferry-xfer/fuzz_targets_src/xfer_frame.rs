@@ -40,7 +40,10 @@ pub fn xfer_frame(data: &[u8]) {
                     .map(|(_, p)| p.len() + proto::FILE_HEADER_LEN)
                     .sum();
                 assert_eq!(sum, payload.len());
+                assert!(proto::pack_tag(&[1; 32], 0, count, payload).is_ok());
             }
+            // Tagging what the decoder did not accept fails or tags, never panics.
+            let _ = proto::pack_tag(&[1; 32], 0, count, payload);
         }
     }
 }

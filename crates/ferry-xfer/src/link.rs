@@ -14,7 +14,7 @@ use std::time::Duration;
 use ferry_exs::runtime::{EventQueue, ExsBuf, ExsSocket};
 use ferry_service::channel::{Channel, FRAME_HEAD};
 use ferry_service::ring::{self, Piece, Sender, Staged};
-use ferry_service::secure::protect::BlockCheck;
+use ferry_service::secure::protect::{BlockCheck, Level};
 use ferry_service::secure::ClientSecurity;
 use ferry_service::sink::Block;
 
@@ -27,9 +27,13 @@ use crate::proto::{self, BlockHeader, Msg, BLOCK_HEADER_LEN};
 /// The frames that may arrive in clear on a secure connection (protocol 1.7): BLOCK (type
 /// 11, `docs/protocol.md`), whose payload goes from a staging block by RMA or as a bulk
 /// message; its range is checked by its integrity tag (1.9, keyed by the session; a CRC-32C
-/// at the `clear` level) and the whole file by the BLAKE3 that FILE_DONE (sealed) carries. Every other frame is sealed, the whole-file
-/// frames FILE, PACK and PUT_FILE included ([`BlockSender::send_whole`]).
+/// at the `clear` level) and the whole file by the BLAKE3 that FILE_DONE (sealed) carries.
+/// Every other frame is sealed, the whole-file frames FILE, PACK and PUT_FILE included
+/// ([`BlockSender::send_whole`]), except PACKs tagged by the session ([`TAGGED_DATA_TYPES`]).
 pub const DATA_TYPES: &[u8] = &[11];
+/// The same and PACK (type 25), on a connection whose PACKs carry a tag keyed by the
+/// session (1.10, `integrity`: [`proto::pack_tag`]).
+pub const TAGGED_DATA_TYPES: &[u8] = &[11, 25];
 
 /// How long a handshake may take.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -195,6 +199,10 @@ pub struct BlockSender {
     pub inline: bool,
     /// Gather FILE frames into PACK frames (a 1.4 peer).
     pub packing: bool,
+    /// Send PACKs clear with a tag where the link is at `integrity` (a 1.10 peer).
+    pub tagging: bool,
+    /// Tagged PACKs sent on this link (the next one's `seq`, [`proto::pack_tag`]).
+    packs_tagged: u64,
     /// The PACK being filled.
     pack: Option<Pack>,
 }
@@ -208,6 +216,8 @@ impl BlockSender {
             direct: false,
             inline: false,
             packing: false,
+            tagging: false,
+            packs_tagged: 0,
             pack: None,
         })
     }
@@ -302,13 +312,20 @@ impl BlockSender {
                 let block = self.ring.claim(link.socket())?;
                 // Packed, frames follow the PACK header; a frame that leaves no room for
                 // it goes alone, bare, from the block's start.
-                let packed = self.packing && proto::PACK_HEADER_LEN + frame <= block.buf.len();
-                let start = if packed { proto::PACK_HEADER_LEN } else { 0 };
+                let tag = self.tag_key(link).is_some();
+                let head = if tag {
+                    proto::TAGGED_PACK_HEADER_LEN
+                } else {
+                    proto::PACK_HEADER_LEN
+                };
+                let packed = self.packing && head + frame <= block.buf.len();
+                let start = if packed { head } else { 0 };
                 Pack {
                     block,
                     start,
                     fill: start,
                     count: 0,
+                    tagged: packed && tag,
                 }
             }
         };
@@ -370,6 +387,15 @@ impl BlockSender {
         }
     }
 
+    /// The key PACKs are tagged with on `link`: its `integrity` key toward the peer, when
+    /// the peer takes tagged PACKs ([`BlockSender::tagging`]).
+    fn tag_key<'a>(&self, link: &'a Link) -> Option<&'a [u8; 32]> {
+        let p = link.protection();
+        (self.tagging && p.level == Level::Integrity)
+            .then(|| p.send.tag_key())
+            .flatten()
+    }
+
     /// Whether a PACK is open (frames wait in it for [`BlockSender::flush_pack`]).
     pub fn pack_open(&self) -> bool {
         self.pack.is_some()
@@ -383,11 +409,23 @@ impl BlockSender {
             return Ok(());
         };
         ferry_fabric::timeline::mark("srv.pack", u64::from(p.count));
-        if p.count == 1 {
+        if p.count == 1 && !p.tagged {
             return self.send_whole(link, p.block, p.start..p.fill);
         }
         let frames = (p.fill - p.start) as u32;
-        let head = proto::encode_pack_header(p.count, frames)
+        let tag = match self.tag_key(link).filter(|_| p.tagged) {
+            Some(key) => {
+                let at = p.block.buf.offset() + p.start;
+                let seq = self.packs_tagged;
+                let tag = p.block.buf.buffer().with_bytes(at, frames as usize, |f| {
+                    proto::pack_tag(key, seq, p.count, f)
+                });
+                self.packs_tagged += 1;
+                Some(tag.map_err(|e| XferError::conn(format!("internal: tag a pack: {e}")))?)
+            }
+            None => None,
+        };
+        let head = proto::encode_pack_header(p.count, tag, frames)
             .map_err(|e| XferError::conn(format!("encode pack: {e}")))
             .and_then(|head| {
                 p.block
@@ -396,6 +434,8 @@ impl BlockSender {
                     .map_err(|e| XferError::conn(format!("fill staging block: {e}")))
             });
         match head {
+            // A tagged PACK is checked by its tag: it needs no seal.
+            Ok(()) if tag.is_some() => self.ring.send(link.socket(), p.block, 0..p.fill),
             Ok(()) => self.send_whole(link, p.block, 0..p.fill),
             Err(e) => {
                 self.ring.release(p.block);
@@ -470,6 +510,8 @@ struct Pack {
     fill: usize,
     /// FILE frames in it.
     count: u16,
+    /// It leaves tagged, clear (a PACK even of one frame).
+    tagged: bool,
 }
 
 impl Pack {

@@ -1,4 +1,4 @@
-//! The file-transfer control protocol, version 1.9: pure encode/decode, no I/O.
+//! The file-transfer control protocol, version 1.10: pure encode/decode, no I/O.
 //!
 //! Every EXS message on a transfer connection is exactly one frame (a PACK frame carries
 //! several FILE frames inside it). A frame is an 8-byte
@@ -18,7 +18,7 @@ use ferry_wire::{
 /// Protocol major version: a peer with another major is refused at HELLO.
 pub const VERSION_MAJOR: u16 = 1;
 /// Protocol minor version.
-pub const VERSION_MINOR: u16 = 9;
+pub const VERSION_MINOR: u16 = 10;
 /// The first minor version with parallel streams (session join, OPEN/HAVE/PUT_RANGE/CLOSE).
 pub const MINOR_STREAMS: u16 = 2;
 /// The first minor version with FILE frames (a small file's READY, BLOCK and FILE_DONE in
@@ -70,6 +70,10 @@ pub const MINOR_PROTECT: u16 = 9;
 /// asks a destination of this minor or later for a grant instead of sending a source
 /// server the user's token (`docs/security.md`, "Third-party copies").
 pub const MINOR_GRANTS: u16 = 9;
+/// The first minor version with tagged PACKs ([`PACK_TAGGED`]): to a client of this minor
+/// or later at the `integrity` level, a server sends every PACK in clear with a tag keyed
+/// by the session instead of sealing it (and a pack of one file as a PACK too).
+pub const MINOR_TAGGED_PACK: u16 = 10;
 /// The most GETs in one GETS frame.
 pub const MAX_GETS: usize = 64;
 /// The most streams a session may have.
@@ -99,6 +103,8 @@ pub const BLOCK_SEAL_TRAILER: usize = 24;
 pub const FILE_HEADER_LEN: usize = HEADER_LEN + 4 + 4 + 4 + 32;
 /// The length of a PACK frame without the frames it carries.
 pub const PACK_HEADER_LEN: usize = HEADER_LEN + 2 + 2;
+/// The same with the tag of a [`PACK_TAGGED`] PACK.
+pub const TAGGED_PACK_HEADER_LEN: usize = PACK_HEADER_LEN + 32;
 /// The most bytes of frames one PACK carries: a PACK fills at most one receive buffer of
 /// the largest block size (`BLOCK_HEADER_LEN + MAX_BLOCK`).
 pub const MAX_PACK: usize = MAX_BLOCK as usize + BLOCK_HEADER_LEN - PACK_HEADER_LEN;
@@ -294,6 +300,8 @@ pub const MAX_PATTERNS: usize = 256;
 pub const SEND_GRANT: u8 = 4;
 /// GRANT flag: the grant covers the path and everything beneath it (a tree).
 pub const GRANT_TREE: u8 = 1;
+/// PACK flag (1.10): a 32-byte tag follows `count` ([`pack_tag`]); the PACK travels clear.
+pub const PACK_TAGGED: u8 = 1;
 /// COPIED flag (1.9): a `skipped u64` follows `blocks_resent`: entries of the source tree the
 /// copy left out (symbolic links, devices, sockets, FIFOs). Set exactly when `skipped` > 0.
 pub const COPIED_SKIPPED: u8 = 1;
@@ -423,6 +431,8 @@ ferry_wire::frames! {
         Pack = 25 {
             /// How many FILE frames follow (at least 1).
             count: u16 as PackCount,
+            /// Flag [`PACK_TAGGED`] (1.10): the tag of the frames ([`pack_tag`]).
+            tag: Option<[u8; 32]> as IfFlag<PACK_TAGGED, Raw>,
             /// Bytes of the frames that follow (not encoded; the frame length gives it).
             len: u32 as Payload<MAX_PACK>,
         },
@@ -959,13 +969,46 @@ pub fn encode_file_header(
 }
 
 /// The header of a PACK frame ([`Msg::Pack`]) of `count` FILE frames taking `len` bytes,
-/// which follow it in the same message.
-pub fn encode_pack_header(count: u16, len: u32) -> Result<[u8; PACK_HEADER_LEN], EncodeError> {
-    let mut v = Vec::with_capacity(PACK_HEADER_LEN);
-    encode(&Msg::Pack { count, len }, &mut v)?;
-    let mut a = [0u8; PACK_HEADER_LEN];
-    a.copy_from_slice(&v);
-    Ok(a)
+/// which follow it in the same message, with `tag` if tagged ([`TAGGED_PACK_HEADER_LEN`]
+/// bytes, else [`PACK_HEADER_LEN`]).
+pub fn encode_pack_header(
+    count: u16,
+    tag: Option<[u8; 32]>,
+    len: u32,
+) -> Result<Vec<u8>, EncodeError> {
+    let mut v = Vec::with_capacity(TAGGED_PACK_HEADER_LEN);
+    encode(&Msg::Pack { count, tag, len }, &mut v)?;
+    Ok(v)
+}
+
+/// The tag of a [`PACK_TAGGED`] PACK: BLAKE3 keyed by `key` (the session's `integrity` key
+/// of the direction) over `"ferry 1.10 pack\0"`, `seq` (how many tagged PACKs the
+/// connection carried that way before this one), `count` (little-endian) and the header of
+/// each of the `frames` in order (the first [`FILE_HEADER_LEN`] bytes of each FILE frame:
+/// its length, `file_id`, mode, CRC-32C and BLAKE3). The header binds each payload through
+/// its BLAKE3, which the receiver checks before it commits the file. `frames` must be what
+/// [`decode_pack`] accepts (a receiver tags only what it took apart), else the error.
+pub fn pack_tag(
+    key: &[u8; 32],
+    seq: u64,
+    count: u16,
+    frames: &[u8],
+) -> Result<[u8; 32], DecodeError> {
+    let mut h = blake3::Hasher::new_keyed(key);
+    h.update(b"ferry 1.10 pack\0");
+    h.update(&seq.to_le_bytes());
+    h.update(&count.to_le_bytes());
+    let mut rest = frames;
+    while !rest.is_empty() {
+        let head = rest.get(..FILE_HEADER_LEN).ok_or(DecodeError::Truncated)?;
+        let n = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+        if n < FILE_HEADER_LEN || n > rest.len() {
+            return Err(DecodeError::Truncated);
+        }
+        h.update(head);
+        rest = &rest[n..];
+    }
+    Ok(*h.finalize().as_bytes())
 }
 
 /// Takes apart the frames of a PACK (`count` and `frames` as [`decode`] returned them): each
@@ -1257,7 +1300,22 @@ mod tests {
                     len: 3,
                 },
             ),
-            ("pack", Msg::Pack { count: 2, len: 200 }),
+            (
+                "pack",
+                Msg::Pack {
+                    count: 2,
+                    tag: None,
+                    len: 200,
+                },
+            ),
+            (
+                "tagged pack",
+                Msg::Pack {
+                    count: 2,
+                    tag: Some([7; 32]),
+                    len: 200,
+                },
+            ),
             (
                 "put_file",
                 Msg::PutFile {
@@ -1523,6 +1581,7 @@ mod tests {
 ("block", "250000000b0000000900000003000000010000000100000005000000efbeadde"),
 ("file", "370000001700000006000000a40100004d000000abababababababababababababababababababababababababababababababab"),
 ("pack", "d40000001900000002000000"),
+("tagged pack", "f400000019010000020000000707070707070707070707070707070707070707070707070707070707070707"),
 ("put_file", "410000001a010000080000008001000015cd5b0700000000abababababababababababababababababababababababababababababababab0300722f73"),
 ("file_done", "340000000c010000090000000010000000000000abababababababababababababababababababababababababababababababab"),
 ("file_done_nohash", "340000000c0000000900000000100000000000000000000000000000000000000000000000000000000000000000000000000000"),
@@ -1585,7 +1644,14 @@ mod tests {
             len: 0,
         };
         assert_eq!(fixed(file), FILE_HEADER_LEN);
-        assert_eq!(fixed(Msg::Pack { count: 1, len: 0 }), PACK_HEADER_LEN);
+        assert_eq!(
+            fixed(Msg::Pack {
+                count: 1,
+                tag: None,
+                len: 0
+            }),
+            PACK_HEADER_LEN
+        );
         assert_eq!(Msg::CODES.len(), 36, "every frame type has a row");
     }
 

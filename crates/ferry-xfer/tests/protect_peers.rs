@@ -2,7 +2,8 @@
 //! protection"): a real in-process server on loopback, driven frame by frame over TLS. A
 //! server whose `[security] protection` is set refuses a client older than 1.9 and a 1.9
 //! client that skips PROTECT, each with a clear error; a default server serves older
-//! clients as 1.8 did; PROTECT comes once.
+//! clients as 1.8 did; PROTECT comes once. PACKs to a 1.10 client at `integrity` travel
+//! clear with a tag keyed by the session; to a 1.9 client, sealed as before.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -23,6 +24,7 @@ fn start(protection: Option<Vec<Level>>) -> String {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("a"), b"abc").unwrap();
+    std::fs::write(dir.join("b"), b"hello").unwrap();
     let mut cfg = ServerConfig {
         listen: vec!["tcp://127.0.0.1:0".into()],
         block_size: 64 * 1024,
@@ -144,4 +146,78 @@ fn a_protect_may_travel_with_the_hello() {
     assert_eq!(link.recv_msg().unwrap(), Msg::Ok { file_id: 0 });
     link.send(&Msg::Stat { path: "d/a".into() }).unwrap();
     assert!(matches!(link.recv_msg().unwrap(), Msg::Entry(e) if e.size == 3));
+}
+
+/// Agrees on `integrity` on a link to a client of `minor` (after [`hello`]); its key for
+/// what it receives.
+fn integrity(link: &mut Link) -> [u8; 32] {
+    link.send(&Msg::Protect {
+        level: Level::Integrity.code(),
+    })
+    .unwrap();
+    assert_eq!(link.recv_msg().unwrap(), Msg::Ok { file_id: 0 });
+    link.protect(Level::Integrity, false).unwrap();
+    *link.protection().recv.tag_key().unwrap()
+}
+
+/// Asks for `names` under `d/` with file ids from `first`; the answer's frame and payload.
+fn gets(link: &mut Link, first: u32, names: &[&str]) -> std::io::Result<Vec<u8>> {
+    link.send(&Msg::Gets {
+        files: names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (first + i as u32, format!("d/{n}")))
+            .collect(),
+    })
+    .unwrap();
+    let mut buf = Vec::new();
+    link.recv_into(&mut buf)
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    Ok(buf)
+}
+
+#[test]
+fn packs_to_a_current_client_at_integrity_travel_clear_with_a_tag() {
+    let addr = start(None);
+    // 1.10: every PACK tagged, a pack of one file too, each tag in its connection's order.
+    let (mut link, _) = hello(&addr, proto::MINOR_TAGGED_PACK);
+    let key = integrity(&mut link);
+    link.set_data_types(ferry_xfer::link::TAGGED_DATA_TYPES);
+    for (seq, names) in [(0, vec!["a", "b"]), (1, vec!["b"])] {
+        let buf = gets(&mut link, 10 * seq as u32 + 1, &names).unwrap();
+        let (m, payload) = proto::decode(&buf).unwrap();
+        let Msg::Pack { count, tag, .. } = m else {
+            panic!("expected a PACK, got {m:?}");
+        };
+        assert_eq!(usize::from(count), names.len());
+        assert_eq!(
+            proto::decode_pack(count, payload).unwrap().len(),
+            names.len()
+        );
+        let want = proto::pack_tag(&key, seq, count, payload).unwrap();
+        assert_eq!(tag, Some(want), "pack {seq}");
+    }
+    // It came clear: a client that takes no clear PACK loses the connection to it.
+    let (mut link, _) = hello(&addr, proto::MINOR_TAGGED_PACK);
+    integrity(&mut link);
+    assert!(gets(&mut link, 1, &["a", "b"]).is_err());
+    // 1.9: sealed and untagged as before, a single file as a bare FILE.
+    let (mut link, _) = hello(&addr, proto::MINOR_TAGGED_PACK - 1);
+    integrity(&mut link);
+    let buf = gets(&mut link, 1, &["a", "b"]).unwrap();
+    let (m, _) = proto::decode(&buf).unwrap();
+    assert!(
+        matches!(
+            m,
+            Msg::Pack {
+                count: 2,
+                tag: None,
+                ..
+            }
+        ),
+        "{m:?}"
+    );
+    let buf = gets(&mut link, 11, &["b"]).unwrap();
+    let (m, _) = proto::decode(&buf).unwrap();
+    assert!(matches!(m, Msg::File { file_id: 11, .. }), "{m:?}");
 }

@@ -305,18 +305,19 @@ proptest! {
     }
 
     #[test]
-    fn packs_round_trip(files in proptest::collection::vec((any::<u32>(), proptest::collection::vec(any::<u8>(), 0..700)), 1..12), at in any::<usize>(), byte in any::<u8>()) {
+    fn packs_round_trip(files in proptest::collection::vec((any::<u32>(), proptest::collection::vec(any::<u8>(), 0..700)), 1..12), tag in proptest::option::of(any::<[u8; 32]>()), at in any::<usize>(), byte in any::<u8>()) {
         let mut frames = Vec::new();
         for (id, data) in &files {
             let head = proto::encode_file_header(*id, 0o644, crc32c_of(data), [7; 32], data.len() as u32).unwrap();
             frames.extend_from_slice(&head);
             frames.extend_from_slice(data);
         }
-        let mut bytes = proto::encode_pack_header(files.len() as u16, frames.len() as u32).unwrap().to_vec();
-        prop_assert_eq!(bytes.len(), proto::PACK_HEADER_LEN);
+        let mut bytes = proto::encode_pack_header(files.len() as u16, tag, frames.len() as u32).unwrap();
+        let head = if tag.is_some() { proto::TAGGED_PACK_HEADER_LEN } else { proto::PACK_HEADER_LEN };
+        prop_assert_eq!(bytes.len(), head);
         bytes.extend_from_slice(&frames);
         let (back, payload) = proto::decode(&bytes).unwrap();
-        prop_assert_eq!(&back, &Msg::Pack { count: files.len() as u16, len: frames.len() as u32 });
+        prop_assert_eq!(&back, &Msg::Pack { count: files.len() as u16, tag, len: frames.len() as u32 });
         let got = proto::decode_pack(files.len() as u16, payload).unwrap();
         prop_assert_eq!(got.len(), files.len());
         for ((msg, data), (id, want)) in got.iter().zip(&files) {
@@ -329,6 +330,20 @@ proptest! {
         prop_assert!(proto::decode_pack(files.len() as u16 + 1, payload).is_err());
         if files.len() > 1 {
             prop_assert!(proto::decode_pack(files.len() as u16 - 1, payload).is_err());
+        }
+        // The tag covers every frame header and the pack's place in its connection; a
+        // payload is covered through the BLAKE3 in its header (checked per file).
+        let key = [9; 32];
+        let count = files.len() as u16;
+        let t = proto::pack_tag(&key, 5, count, payload).unwrap();
+        prop_assert_ne!(t, proto::pack_tag(&key, 6, count, payload).unwrap());
+        prop_assert_ne!(t, proto::pack_tag(&[8; 32], 5, count, payload).unwrap());
+        let mut other = payload.to_vec();
+        let i = at % proto::FILE_HEADER_LEN;
+        if i >= 8 {
+            // a header field of the first frame (not its length or type, which decode checks)
+            other[i] ^= 1;
+            prop_assert_ne!(t, proto::pack_tag(&key, 5, count, &other).unwrap());
         }
         // Any byte changed or any cut: refused or read as some other canonical pack, never
         // a panic (the fuzz body checks the rest).

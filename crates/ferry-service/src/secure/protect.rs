@@ -197,6 +197,15 @@ impl BlockCheck {
         BlockCheck::Tag(key)
     }
 
+    /// The session key of a keyed check ([`BlockCheck::Tag`]), for tags of other frames
+    /// than blocks (a face's own, with its own domain separation); `None` otherwise.
+    pub fn tag_key(&self) -> Option<&[u8; 32]> {
+        match self {
+            BlockCheck::Tag(key) => Some(key),
+            _ => None,
+        }
+    }
+
     /// Reads the bytes of a block (a sealed block has no digest: its seal checks it, and
     /// this one fails every check).
     pub fn digest(&self, bytes: &[u8]) -> BlockDigest {

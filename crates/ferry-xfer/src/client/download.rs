@@ -506,6 +506,7 @@ impl Client {
         let wire = &mut self.stats.wire_bytes;
         let (direct, ring) = (self.direct, self.ring);
         let check = self.link.recv_check();
+        let packs = &mut self.packs;
         let held = self.link.recv_held()?;
         let mut block = None;
         let msgs = held.with_bytes(|bytes| -> Result<Vec<Msg>> {
@@ -519,11 +520,12 @@ impl Client {
                 Ok(done)
             };
             match msg {
-                Msg::Pack { count, .. } => proto::decode_pack(count, payload)
-                    .map_err(|e| XferError::conn(format!("the server sent a bad pack: {e}")))?
-                    .into_iter()
-                    .map(|(m, p)| take_file(m, p))
-                    .collect(),
+                Msg::Pack { count, tag, .. } => {
+                    let files = proto::decode_pack(count, payload)
+                        .map_err(|e| XferError::conn(format!("the server sent a bad pack: {e}")))?;
+                    packs.check(tag, count, payload)?;
+                    files.into_iter().map(|(m, p)| take_file(m, p)).collect()
+                }
                 Msg::File { .. } => Ok(vec![take_file(msg, payload)?]),
                 Msg::Block(h) => {
                     block = Some((h, bytes.len() - payload.len()));

@@ -393,8 +393,66 @@ pub struct Client {
     pub(crate) session: u64,
     /// What [`Client::look`] learned of a path and no one has used yet.
     looked: Option<Looked>,
+    /// How this connection's PACKs are checked.
+    pub(crate) packs: PackCheck,
     /// Counters so far.
     pub stats: Stats,
+}
+
+/// How a connection's PACKs are checked: sealed by TLS (or on a clear connection), or, to a
+/// client of 1.10 at `integrity`, clear with a tag keyed by the session
+/// ([`proto::pack_tag`]).
+#[derive(Debug, Default)]
+pub(crate) struct PackCheck {
+    /// The session key of tagged PACKs; `None`: PACKs carry no tag.
+    key: Option<[u8; 32]>,
+    /// Tagged PACKs received so far: the next one's `seq`.
+    seq: u64,
+}
+
+impl PackCheck {
+    /// The check of `link`'s PACKs from a server of protocol `minor`; lets tagged PACKs
+    /// arrive clear on it.
+    fn agree(link: &mut Link, minor: u16) -> PackCheck {
+        let p = link.protection();
+        let key = (link.secure().is_some()
+            && minor >= proto::MINOR_TAGGED_PACK
+            && p.level == Level::Integrity)
+            .then(|| p.recv.tag_key().copied())
+            .flatten();
+        if key.is_some() {
+            link.set_data_types(crate::link::TAGGED_DATA_TYPES);
+        }
+        PackCheck { key, seq: 0 }
+    }
+
+    /// Checks a PACK's `tag` over its `count` `frames` (which [`proto::decode_pack`]
+    /// accepted): present and right when the connection tags PACKs, absent otherwise.
+    pub(crate) fn check(&mut self, tag: Option<[u8; 32]>, count: u16, frames: &[u8]) -> Result<()> {
+        match (self.key.as_ref(), tag) {
+            (None, None) => Ok(()),
+            (Some(key), Some(tag)) => {
+                let want = proto::pack_tag(key, self.seq, count, frames)
+                    .map_err(|e| XferError::conn(format!("the server sent a bad pack: {e}")))?;
+                self.seq += 1;
+                // blake3::Hash compares in constant time.
+                if blake3::Hash::from(want) == blake3::Hash::from(tag) {
+                    Ok(())
+                } else {
+                    Err(XferError::new(
+                        Kind::Integrity,
+                        "a PACK failed its integrity tag (changed, reordered or replayed on the way): closing the connection",
+                    ))
+                }
+            }
+            (Some(_), None) => Err(XferError::conn(
+                "the server sent a PACK without its integrity tag on a connection that tags them",
+            )),
+            (None, Some(_)) => Err(XferError::conn(
+                "the server sent a tagged PACK on a connection that does not tag them",
+            )),
+        }
+    }
 }
 
 /// A path's STAT answer, and its LIST answer when it was asked for with it
@@ -600,6 +658,7 @@ impl Client {
         let ring = tune::ring_for(opts.buffer, opts.ring, rtt, block);
         link.post_ring(ring.max(2), BLOCK_HEADER_LEN + block as usize)?;
         agree_protection(&mut link, addr, minor, level, protect_early)?;
+        let packs = PackCheck::agree(&mut link, minor);
         let mut tx = BlockSender::new(block, ring, opts.idle_timeout)?;
         tx.direct = opts.direct;
         let get_window = tune::get_window(opts.buffer, rtt, u64::from(block));
@@ -634,6 +693,7 @@ impl Client {
             next_id: 1,
             session,
             looked: None,
+            packs,
             stats,
         };
         match (looking, look) {
@@ -1021,4 +1081,64 @@ pub(crate) fn basename(path: &str) -> &str {
 /// Hex of a hash.
 pub fn hex(h: &[u8; 32]) -> String {
     h.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pack of two FILE frames.
+    fn frames() -> Vec<u8> {
+        let mut v = Vec::new();
+        for (id, data) in [(1u32, &b"abc"[..]), (2, &b"hello"[..])] {
+            let hash = *blake3::hash(data).as_bytes();
+            let len = data.len() as u32;
+            v.extend_from_slice(&proto::encode_file_header(id, 0o644, 0, hash, len).unwrap());
+            v.extend_from_slice(data);
+        }
+        v
+    }
+
+    #[test]
+    fn a_tagged_connection_takes_each_pack_only_with_its_own_tag_in_order() {
+        let key = [3; 32];
+        let f = frames();
+        let tag = |seq| Some(proto::pack_tag(&key, seq, 2, &f).unwrap());
+        let mut c = PackCheck {
+            key: Some(key),
+            seq: 0,
+        };
+        c.check(tag(0), 2, &f).unwrap();
+        c.check(tag(1), 2, &f).unwrap();
+        // Replayed (an earlier place), forged, missing: each refused.
+        let e = c.check(tag(1), 2, &f).unwrap_err();
+        assert_eq!(e.kind, Kind::Integrity, "{e}");
+        let mut c = PackCheck {
+            key: Some(key),
+            seq: 0,
+        };
+        let mut forged = tag(0).unwrap();
+        forged[31] ^= 1;
+        assert_eq!(
+            c.check(Some(forged), 2, &f).unwrap_err().kind,
+            Kind::Integrity
+        );
+        assert!(c.check(None, 2, &f).is_err());
+        // Another file's header changed under a good tag.
+        let mut changed = f.clone();
+        changed[8] ^= 1;
+        let mut c = PackCheck {
+            key: Some(key),
+            seq: 0,
+        };
+        assert!(c.check(tag(0), 2, &changed).is_err());
+    }
+
+    #[test]
+    fn an_untagged_connection_refuses_a_tagged_pack() {
+        let f = frames();
+        let mut c = PackCheck::default();
+        c.check(None, 2, &f).unwrap();
+        assert!(c.check(Some([0; 32]), 2, &f).is_err());
+    }
 }
