@@ -387,6 +387,34 @@ impl BlockSender {
         }
     }
 
+    /// Writes the PACK header of `p` at its block's start, tagged if `p` is ([`proto::pack_tag`],
+    /// the next `seq` of this link); whether it is.
+    fn pack_head(&mut self, link: &Link, p: &Pack) -> Result<bool> {
+        let frames = p.fill - p.start;
+        let tag = match (p.tagged, self.tag_key(link)) {
+            (false, _) => None,
+            (true, Some(key)) => {
+                let at = p.block.buf.offset() + p.start;
+                let seq = self.packs_tagged;
+                let tag = p
+                    .block
+                    .buf
+                    .buffer()
+                    .with_bytes(at, frames, |f| proto::pack_tag(key, seq, p.count, f));
+                Some(tag.map_err(|e| XferError::conn(format!("internal: tag a pack: {e}")))?)
+            }
+            (true, None) => return Err(XferError::conn("internal: a tagged pack without a key")),
+        };
+        let head = proto::encode_pack_header(p.count, tag, frames as u32)
+            .map_err(|e| XferError::conn(format!("encode pack: {e}")))?;
+        p.block
+            .buf
+            .write_at(0, &head)
+            .map_err(|e| XferError::conn(format!("fill staging block: {e}")))?;
+        self.packs_tagged += u64::from(tag.is_some());
+        Ok(tag.is_some())
+    }
+
     /// The key PACKs are tagged with on `link`: its `integrity` key toward the peer, when
     /// the peer takes tagged PACKs ([`BlockSender::tagging`]).
     fn tag_key<'a>(&self, link: &'a Link) -> Option<&'a [u8; 32]> {
@@ -412,31 +440,11 @@ impl BlockSender {
         if p.count == 1 && !p.tagged {
             return self.send_whole(link, p.block, p.start..p.fill);
         }
-        let frames = (p.fill - p.start) as u32;
-        let tag = match self.tag_key(link).filter(|_| p.tagged) {
-            Some(key) => {
-                let at = p.block.buf.offset() + p.start;
-                let seq = self.packs_tagged;
-                let tag = p.block.buf.buffer().with_bytes(at, frames as usize, |f| {
-                    proto::pack_tag(key, seq, p.count, f)
-                });
-                self.packs_tagged += 1;
-                Some(tag.map_err(|e| XferError::conn(format!("internal: tag a pack: {e}")))?)
-            }
-            None => None,
-        };
-        let head = proto::encode_pack_header(p.count, tag, frames)
-            .map_err(|e| XferError::conn(format!("encode pack: {e}")))
-            .and_then(|head| {
-                p.block
-                    .buf
-                    .write_at(0, &head)
-                    .map_err(|e| XferError::conn(format!("fill staging block: {e}")))
-            });
+        let head = self.pack_head(link, &p);
         match head {
             // A tagged PACK is checked by its tag: it needs no seal.
-            Ok(()) if tag.is_some() => self.ring.send(link.socket(), p.block, 0..p.fill),
-            Ok(()) => self.send_whole(link, p.block, 0..p.fill),
+            Ok(true) => self.ring.send(link.socket(), p.block, 0..p.fill),
+            Ok(false) => self.send_whole(link, p.block, 0..p.fill),
             Err(e) => {
                 self.ring.release(p.block);
                 Err(e)
