@@ -29,11 +29,13 @@ use crate::proto::{self, BlockHeader, Msg, BLOCK_HEADER_LEN};
 /// message; its range is checked by its integrity tag (1.9, keyed by the session; a CRC-32C
 /// at the `clear` level) and the whole file by the BLAKE3 that FILE_DONE (sealed) carries.
 /// Every other frame is sealed, the whole-file frames FILE, PACK and PUT_FILE included
-/// ([`BlockSender::send_whole`]), except PACKs tagged by the session ([`TAGGED_DATA_TYPES`]).
+/// ([`BlockSender::send_whole`]), except PACKs a 1.10 server tags or seals in place with the
+/// session's keys ([`CLEAR_PACK_TYPES`]).
 pub const DATA_TYPES: &[u8] = &[11];
-/// The same and PACK (type 25), on a connection whose PACKs carry a tag keyed by the
-/// session (1.10, `integrity`: [`proto::pack_tag`]).
-pub const TAGGED_DATA_TYPES: &[u8] = &[11, 25];
+/// The same and PACK (type 25), on a connection whose PACKs travel clear, tagged
+/// (`integrity`: [`proto::pack_tag`]) or sealed in place (`private`) with the session's
+/// keys (1.10).
+pub const CLEAR_PACK_TYPES: &[u8] = &[11, 25];
 
 /// How long a handshake may take.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -199,10 +201,10 @@ pub struct BlockSender {
     pub inline: bool,
     /// Gather FILE frames into PACK frames (a 1.4 peer).
     pub packing: bool,
-    /// Send PACKs clear with a tag where the link is at `integrity` (a 1.10 peer).
-    pub tagging: bool,
-    /// Tagged PACKs sent on this link (the next one's `seq`, [`proto::pack_tag`]).
-    packs_tagged: u64,
+    /// Send PACKs clear, tagged at `integrity` or sealed in place at `private` (a 1.10 peer).
+    pub clear_packs: bool,
+    /// PACKs sent tagged or sealed in place on this link (the next one's `seq`).
+    packs_numbered: u64,
     /// The PACK being filled.
     pack: Option<Pack>,
 }
@@ -216,8 +218,8 @@ impl BlockSender {
             direct: false,
             inline: false,
             packing: false,
-            tagging: false,
-            packs_tagged: 0,
+            clear_packs: false,
+            packs_numbered: 0,
             pack: None,
         })
     }
@@ -301,8 +303,11 @@ impl BlockSender {
             .filter(|_| self.file_fits(size))
             .ok_or_else(|| XferError::conn("internal: file too large for one FILE frame"))?;
         let frame = proto::FILE_HEADER_LEN + n;
-        let room =
-            |p: &Pack| p.count < u16::MAX && p.packed() && p.fill + frame <= p.block.buf.len();
+        let room = |p: &Pack| {
+            p.count < u16::MAX
+                && p.packed()
+                && p.fill + frame + p.way.trailer() <= p.block.buf.len()
+        };
         if self.pack.as_ref().is_some_and(|p| !room(p)) {
             self.flush_pack(link)?;
         }
@@ -312,25 +317,21 @@ impl BlockSender {
                 let block = self.ring.claim(link.socket())?;
                 // Packed, frames follow the PACK header; a frame that leaves no room for
                 // it goes alone, bare, from the block's start.
-                let tag = self.tag_key(link).is_some();
-                let head = if tag {
-                    proto::TAGGED_PACK_HEADER_LEN
-                } else {
-                    proto::PACK_HEADER_LEN
-                };
-                let packed = self.packing && head + frame <= block.buf.len();
+                let way = self.pack_way(link);
+                let head = way.header();
+                let packed = self.packing && head + frame + way.trailer() <= block.buf.len();
                 let start = if packed { head } else { 0 };
                 Pack {
                     block,
                     start,
                     fill: start,
                     count: 0,
-                    tagged: packed && tag,
+                    way: if packed { way } else { PackWay::Tls },
                 }
             }
         };
         let at = pack.fill;
-        let filled = if at + frame > pack.block.buf.len() {
+        let filled = if at + frame + pack.way.trailer() > pack.block.buf.len() {
             Err(XferError::conn("internal: staging block too small"))
         } else {
             fill_file_frame(&pack.block.buf, at, file, file_id, mode, n).and_then(|()| unchanged())
@@ -387,41 +388,53 @@ impl BlockSender {
         }
     }
 
-    /// Writes the PACK header of `p` at its block's start, tagged if `p` is ([`proto::pack_tag`],
-    /// the next `seq` of this link); whether it is.
-    fn pack_head(&mut self, link: &Link, p: &Pack) -> Result<bool> {
+    /// Tags or seals `p`'s frames as its way says (the next `seq` of this link) and writes
+    /// its PACK header at its block's start; `p.fill` then covers a seal's trailer.
+    fn pack_head(&mut self, link: &Link, p: &mut Pack) -> Result<()> {
         let frames = p.fill - p.start;
-        let tag = match (p.tagged, self.tag_key(link)) {
-            (false, _) => None,
-            (true, Some(key)) => {
-                let at = p.block.buf.offset() + p.start;
-                let seq = self.packs_tagged;
-                let tag = p
-                    .block
-                    .buf
-                    .buffer()
-                    .with_bytes(at, frames, |f| proto::pack_tag(key, seq, p.count, f));
+        let at = p.block.buf.offset() + p.start;
+        let buf = p.block.buf.buffer();
+        let (seq, count, check) = (self.packs_numbered, p.count, link.protection().send);
+        let tag = match p.way {
+            PackWay::Tls => None,
+            PackWay::Tagged => {
+                let key = check
+                    .tag_key()
+                    .ok_or_else(|| XferError::conn("internal: a tagged pack without a key"))?;
+                let tag = buf.with_bytes(at, frames, |f| proto::pack_tag(key, seq, count, f));
                 Some(tag.map_err(|e| XferError::conn(format!("internal: tag a pack: {e}")))?)
             }
-            (true, None) => return Err(XferError::conn("internal: a tagged pack without a key")),
+            PackWay::Sealed => {
+                let context = proto::pack_seal_context(seq, count);
+                let n = frames + proto::BLOCK_SEAL_TRAILER;
+                buf.with_bytes_mut(at, n, |f| check.seal_frames(&context, f))?;
+                p.fill += proto::BLOCK_SEAL_TRAILER;
+                None
+            }
         };
-        let head = proto::encode_pack_header(p.count, tag, frames as u32)
+        let sealed = p.way == PackWay::Sealed;
+        let len = (p.fill - p.start) as u32;
+        let head = proto::encode_pack_header(count, tag, sealed, len)
             .map_err(|e| XferError::conn(format!("encode pack: {e}")))?;
         p.block
             .buf
             .write_at(0, &head)
             .map_err(|e| XferError::conn(format!("fill staging block: {e}")))?;
-        self.packs_tagged += u64::from(tag.is_some());
-        Ok(tag.is_some())
+        self.packs_numbered += u64::from(p.way != PackWay::Tls);
+        Ok(())
     }
 
-    /// The key PACKs are tagged with on `link`: its `integrity` key toward the peer, when
-    /// the peer takes tagged PACKs ([`BlockSender::tagging`]).
-    fn tag_key<'a>(&self, link: &'a Link) -> Option<&'a [u8; 32]> {
+    /// How PACKs leave on `link`: clear, tagged at `integrity` or sealed in place at
+    /// `private`, to a peer that takes them so ([`BlockSender::clear_packs`]); else sealed
+    /// by TLS as before.
+    fn pack_way(&self, link: &Link) -> PackWay {
         let p = link.protection();
-        (self.tagging && p.level == Level::Integrity)
-            .then(|| p.send.tag_key())
-            .flatten()
+        match p.level {
+            _ if !self.clear_packs || link.secure().is_none() => PackWay::Tls,
+            Level::Integrity if p.send.tag_key().is_some() => PackWay::Tagged,
+            Level::Private if p.send.seals() => PackWay::Sealed,
+            _ => PackWay::Tls,
+        }
     }
 
     /// Whether a PACK is open (frames wait in it for [`BlockSender::flush_pack`]).
@@ -433,18 +446,17 @@ impl BlockSender {
     /// only one. The server calls it before any other frame and before it waits for requests,
     /// so answers leave in request order.
     pub fn flush_pack(&mut self, link: &Link) -> Result<()> {
-        let Some(p) = self.pack.take() else {
+        let Some(mut p) = self.pack.take() else {
             return Ok(());
         };
         ferry_fabric::timeline::mark("srv.pack", u64::from(p.count));
-        if p.count == 1 && !p.tagged {
+        if p.count == 1 && p.way == PackWay::Tls {
             return self.send_whole(link, p.block, p.start..p.fill);
         }
-        let head = self.pack_head(link, &p);
-        match head {
-            // A tagged PACK is checked by its tag: it needs no seal.
-            Ok(true) => self.ring.send(link.socket(), p.block, 0..p.fill),
-            Ok(false) => self.send_whole(link, p.block, 0..p.fill),
+        match self.pack_head(link, &mut p) {
+            // Tagged or sealed in place, it needs no TLS seal.
+            Ok(()) if p.way != PackWay::Tls => self.ring.send(link.socket(), p.block, 0..p.fill),
+            Ok(()) => self.send_whole(link, p.block, 0..p.fill),
             Err(e) => {
                 self.ring.release(p.block);
                 Err(e)
@@ -518,8 +530,37 @@ struct Pack {
     fill: usize,
     /// FILE frames in it.
     count: u16,
-    /// It leaves tagged, clear (a PACK even of one frame).
-    tagged: bool,
+    /// How it leaves (tagged or sealed in place: a PACK even of one frame).
+    way: PackWay,
+}
+
+/// How a PACK leaves (protocol 1.10, [`BlockSender::clear_packs`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PackWay {
+    /// Sealed by TLS (or on a clear connection, as it is).
+    Tls,
+    /// Clear with a tag keyed by the session ([`proto::pack_tag`]), at `integrity`.
+    Tagged,
+    /// Clear, its frames sealed in place with the session's key, at `private`.
+    Sealed,
+}
+
+impl PackWay {
+    /// The PACK header's length.
+    fn header(self) -> usize {
+        match self {
+            PackWay::Tagged => proto::TAGGED_PACK_HEADER_LEN,
+            _ => proto::PACK_HEADER_LEN,
+        }
+    }
+
+    /// The bytes after the frames.
+    fn trailer(self) -> usize {
+        match self {
+            PackWay::Sealed => proto::BLOCK_SEAL_TRAILER,
+            _ => 0,
+        }
+    }
 }
 
 impl Pack {

@@ -302,6 +302,10 @@ pub const SEND_GRANT: u8 = 4;
 pub const GRANT_TREE: u8 = 1;
 /// PACK flag (1.10): a 32-byte tag follows `count` ([`pack_tag`]); the PACK travels clear.
 pub const PACK_TAGGED: u8 = 1;
+/// PACK flag (1.10, data protection `private`): the frames are AES-256-GCM ciphertext
+/// followed by the seal trailer ([`BLOCK_SEAL_TRAILER`] bytes), sealed in place with the
+/// session's `private` key over [`pack_seal_context`]; the PACK travels clear.
+pub const PACK_SEALED: u8 = 2;
 /// COPIED flag (1.9): a `skipped u64` follows `blocks_resent`: entries of the source tree the
 /// copy left out (symbolic links, devices, sockets, FIFOs). Set exactly when `skipped` > 0.
 pub const COPIED_SKIPPED: u8 = 1;
@@ -433,6 +437,8 @@ ferry_wire::frames! {
             count: u16 as PackCount,
             /// Flag [`PACK_TAGGED`] (1.10): the tag of the frames ([`pack_tag`]).
             tag: Option<[u8; 32]> as IfFlag<PACK_TAGGED, Raw>,
+            /// Flag [`PACK_SEALED`] (1.10): the frames are sealed in place.
+            sealed: bool as Flag<PACK_SEALED>,
             /// Bytes of the frames that follow (not encoded; the frame length gives it).
             len: u32 as Payload<MAX_PACK>,
         },
@@ -968,17 +974,37 @@ pub fn encode_file_header(
     Ok(a)
 }
 
-/// The header of a PACK frame ([`Msg::Pack`]) of `count` FILE frames taking `len` bytes,
-/// which follow it in the same message, with `tag` if tagged ([`TAGGED_PACK_HEADER_LEN`]
-/// bytes, else [`PACK_HEADER_LEN`]).
+/// The header of a PACK frame ([`Msg::Pack`]) of `count` FILE frames taking `len` bytes
+/// (with a sealed PACK's trailer), which follow it in the same message, with `tag` if tagged
+/// ([`TAGGED_PACK_HEADER_LEN`] bytes, else [`PACK_HEADER_LEN`]).
 pub fn encode_pack_header(
     count: u16,
     tag: Option<[u8; 32]>,
+    sealed: bool,
     len: u32,
 ) -> Result<Vec<u8>, EncodeError> {
     let mut v = Vec::with_capacity(TAGGED_PACK_HEADER_LEN);
-    encode(&Msg::Pack { count, tag, len }, &mut v)?;
+    encode(
+        &Msg::Pack {
+            count,
+            tag,
+            sealed,
+            len,
+        },
+        &mut v,
+    )?;
     Ok(v)
+}
+
+/// The associated data of a [`PACK_SEALED`] PACK's seal: `"ferry 1.10 pack\0"`, `seq`
+/// (sealed PACKs the connection carried that way before this one) and `count`,
+/// little-endian (26 bytes: never a block's).
+pub fn pack_seal_context(seq: u64, count: u16) -> [u8; 26] {
+    let mut c = [0u8; 26];
+    c[..16].copy_from_slice(b"ferry 1.10 pack\0");
+    c[16..24].copy_from_slice(&seq.to_le_bytes());
+    c[24..].copy_from_slice(&count.to_le_bytes());
+    c
 }
 
 /// The tag of a [`PACK_TAGGED`] PACK: BLAKE3 keyed by `key` (the session's `integrity` key
@@ -1305,6 +1331,7 @@ mod tests {
                 Msg::Pack {
                     count: 2,
                     tag: None,
+                    sealed: false,
                     len: 200,
                 },
             ),
@@ -1313,7 +1340,17 @@ mod tests {
                 Msg::Pack {
                     count: 2,
                     tag: Some([7; 32]),
+                    sealed: false,
                     len: 200,
+                },
+            ),
+            (
+                "sealed pack",
+                Msg::Pack {
+                    count: 2,
+                    tag: None,
+                    sealed: true,
+                    len: 224,
                 },
             ),
             (
@@ -1582,6 +1619,7 @@ mod tests {
 ("file", "370000001700000006000000a40100004d000000abababababababababababababababababababababababababababababababab"),
 ("pack", "d40000001900000002000000"),
 ("tagged pack", "f400000019010000020000000707070707070707070707070707070707070707070707070707070707070707"),
+("sealed pack", "ec0000001902000002000000"),
 ("put_file", "410000001a010000080000008001000015cd5b0700000000abababababababababababababababababababababababababababababababab0300722f73"),
 ("file_done", "340000000c010000090000000010000000000000abababababababababababababababababababababababababababababababab"),
 ("file_done_nohash", "340000000c0000000900000000100000000000000000000000000000000000000000000000000000000000000000000000000000"),
@@ -1648,6 +1686,7 @@ mod tests {
             fixed(Msg::Pack {
                 count: 1,
                 tag: None,
+                sealed: false,
                 len: 0
             }),
             PACK_HEADER_LEN

@@ -2,8 +2,9 @@
 //! protection"): a real in-process server on loopback, driven frame by frame over TLS. A
 //! server whose `[security] protection` is set refuses a client older than 1.9 and a 1.9
 //! client that skips PROTECT, each with a clear error; a default server serves older
-//! clients as 1.8 did; PROTECT comes once. PACKs to a 1.10 client at `integrity` travel
-//! clear with a tag keyed by the session; to a 1.9 client, sealed as before.
+//! clients as 1.8 did; PROTECT comes once. PACKs to a 1.10 client travel clear, tagged
+//! (`integrity`) or sealed in place (`private`) with the session's keys; to a 1.9 client,
+//! sealed by TLS as before.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -148,15 +149,19 @@ fn a_protect_may_travel_with_the_hello() {
     assert!(matches!(link.recv_msg().unwrap(), Msg::Entry(e) if e.size == 3));
 }
 
-/// Agrees on `integrity` on a link to a client of `minor` (after [`hello`]); its key for
-/// what it receives.
-fn integrity(link: &mut Link) -> [u8; 32] {
+/// Agrees on `level` on a link (after [`hello`]).
+fn agree(link: &mut Link, level: Level) {
     link.send(&Msg::Protect {
-        level: Level::Integrity.code(),
+        level: level.code(),
     })
     .unwrap();
     assert_eq!(link.recv_msg().unwrap(), Msg::Ok { file_id: 0 });
-    link.protect(Level::Integrity, false).unwrap();
+    link.protect(level, false).unwrap();
+}
+
+/// Agrees on `integrity` on a link (after [`hello`]); its key for what it receives.
+fn integrity(link: &mut Link) -> [u8; 32] {
+    agree(link, Level::Integrity);
     *link.protection().recv.tag_key().unwrap()
 }
 
@@ -182,7 +187,7 @@ fn packs_to_a_current_client_at_integrity_travel_clear_with_a_tag() {
     // 1.10: every PACK tagged, a pack of one file too, each tag in its connection's order.
     let (mut link, _) = hello(&addr, proto::MINOR_TAGGED_PACK);
     let key = integrity(&mut link);
-    link.set_data_types(ferry_xfer::link::TAGGED_DATA_TYPES);
+    link.set_data_types(ferry_xfer::link::CLEAR_PACK_TYPES);
     for (seq, names) in [(0, vec!["a", "b"]), (1, vec!["b"])] {
         let buf = gets(&mut link, 10 * seq as u32 + 1, &names).unwrap();
         let (m, payload) = proto::decode(&buf).unwrap();
@@ -220,4 +225,42 @@ fn packs_to_a_current_client_at_integrity_travel_clear_with_a_tag() {
     let buf = gets(&mut link, 11, &["b"]).unwrap();
     let (m, _) = proto::decode(&buf).unwrap();
     assert!(matches!(m, Msg::File { file_id: 11, .. }), "{m:?}");
+}
+
+#[test]
+fn packs_to_a_current_client_at_private_travel_clear_sealed_in_place() {
+    let addr = start(Some(vec![Level::Private]));
+    let (mut link, _) = hello(&addr, proto::MINOR_TAGGED_PACK);
+    agree(&mut link, Level::Private);
+    link.set_data_types(ferry_xfer::link::CLEAR_PACK_TYPES);
+    let check = link.protection().recv;
+    for (seq, names) in [(0, vec!["a", "b"]), (1, vec!["b"])] {
+        let mut buf = gets(&mut link, 10 * seq as u32 + 1, &names).unwrap();
+        let (m, payload) = proto::decode(&buf).unwrap();
+        let Msg::Pack {
+            count, tag, sealed, ..
+        } = m
+        else {
+            panic!("expected a PACK, got {m:?}");
+        };
+        assert!(sealed && tag.is_none());
+        let at = buf.len() - payload.len();
+        // Its frames are ciphertext: they open only under this session's key, in this place.
+        assert!(proto::decode_pack(count, payload).is_err());
+        let mut other = buf[at..].to_vec();
+        let wrong = proto::pack_seal_context(seq + 1, count);
+        assert!(check.open_frames(&wrong, &mut other).is_none());
+        let context = proto::pack_seal_context(seq, count);
+        let frames = check.open_frames(&context, &mut buf[at..]).expect("opens");
+        let files = proto::decode_pack(count, frames).unwrap();
+        assert_eq!(files.len(), names.len());
+        let (Msg::File { blake3, .. }, data) = &files[0] else {
+            panic!("not a FILE");
+        };
+        assert_eq!(blake3::hash(data).as_bytes(), blake3);
+    }
+    // It came clear: a client that takes no clear PACK loses the connection to it.
+    let (mut link, _) = hello(&addr, proto::MINOR_TAGGED_PACK);
+    agree(&mut link, Level::Private);
+    assert!(gets(&mut link, 1, &["a", "b"]).is_err());
 }

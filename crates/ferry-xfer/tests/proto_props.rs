@@ -312,12 +312,12 @@ proptest! {
             frames.extend_from_slice(&head);
             frames.extend_from_slice(data);
         }
-        let mut bytes = proto::encode_pack_header(files.len() as u16, tag, frames.len() as u32).unwrap();
+        let mut bytes = proto::encode_pack_header(files.len() as u16, tag, false, frames.len() as u32).unwrap();
         let head = if tag.is_some() { proto::TAGGED_PACK_HEADER_LEN } else { proto::PACK_HEADER_LEN };
         prop_assert_eq!(bytes.len(), head);
         bytes.extend_from_slice(&frames);
         let (back, payload) = proto::decode(&bytes).unwrap();
-        prop_assert_eq!(&back, &Msg::Pack { count: files.len() as u16, tag, len: frames.len() as u32 });
+        prop_assert_eq!(&back, &Msg::Pack { count: files.len() as u16, tag, sealed: false, len: frames.len() as u32 });
         let got = proto::decode_pack(files.len() as u16, payload).unwrap();
         prop_assert_eq!(got.len(), files.len());
         for ((msg, data), (id, want)) in got.iter().zip(&files) {

@@ -273,27 +273,8 @@ impl BlockCheck {
     /// own (its TLS exporter), only one process seals with it (the sending side), and every
     /// seal, a re-sent block's included, takes a value no seal took before.
     pub fn seal(&self, transfer: u32, offset: u64, buf: &mut [u8]) -> Result<()> {
-        let BlockCheck::Seal(key) = self else {
-            return Err(Error::conn(
-                "internal: sealing a block of a connection without private keys",
-            ));
-        };
-        let n = buf
-            .len()
-            .checked_sub(SEAL_TRAILER)
-            .ok_or_else(|| Error::conn("internal: no room for a block's seal"))?;
-        let seq = SEALED.fetch_add(1, Ordering::Relaxed);
-        if seq == u64::MAX {
-            return Err(Error::conn("internal: block nonces exhausted"));
-        }
-        let (data, trailer) = buf.split_at_mut(n);
-        let tag = with_aead(key, |k| {
-            k.seal_in_place_separate_tag(nonce(seq), block_aad(transfer, offset, n), data)
-        })
-        .map_err(|_| Error::conn("internal: block encryption failed"))?;
-        trailer[..AEAD_TAG].copy_from_slice(tag.as_ref());
-        trailer[AEAD_TAG..].copy_from_slice(&seq.to_le_bytes());
-        Ok(())
+        let n = buf.len().saturating_sub(SEAL_TRAILER);
+        self.seal_with(block_aad(transfer, offset, n).as_ref(), buf)
     }
 
     /// Decrypts a sealed block of `transfer` at `offset`, `len` bytes, in place: `wire` is
@@ -306,17 +287,66 @@ impl BlockCheck {
         len: u32,
         wire: &'a mut [u8],
     ) -> Option<&'a [u8]> {
-        let BlockCheck::Seal(key) = self else {
-            return None;
-        };
         let n = usize::try_from(len).ok()?;
         if wire.len() != n.checked_add(SEAL_TRAILER)? {
             return None;
         }
+        self.open_with(block_aad(transfer, offset, n).as_ref(), wire)
+    }
+
+    /// Encrypts, as [`BlockCheck::seal`] does a block, a face's own frames in place, bound
+    /// to `context` (their place, with the face's own domain separation: at least
+    /// [`MIN_CONTEXT`] bytes, so it never reads as a block's 16).
+    pub fn seal_frames(&self, context: &[u8], buf: &mut [u8]) -> Result<()> {
+        if context.len() < MIN_CONTEXT {
+            return Err(Error::conn("internal: a seal's context is too short"));
+        }
+        self.seal_with(context, buf)
+    }
+
+    /// Decrypts what [`BlockCheck::seal_frames`] sealed with `context` in place; `None` if it
+    /// does not open.
+    pub fn open_frames<'a>(&self, context: &[u8], wire: &'a mut [u8]) -> Option<&'a [u8]> {
+        if context.len() < MIN_CONTEXT {
+            return None;
+        }
+        self.open_with(context, wire)
+    }
+
+    /// [`BlockCheck::seal`] with associated data `aad`.
+    fn seal_with(&self, aad: &[u8], buf: &mut [u8]) -> Result<()> {
+        let BlockCheck::Seal(key) = self else {
+            return Err(Error::conn(
+                "internal: sealing on a connection without private keys",
+            ));
+        };
+        let n = buf
+            .len()
+            .checked_sub(SEAL_TRAILER)
+            .ok_or_else(|| Error::conn("internal: no room for a seal"))?;
+        let seq = SEALED.fetch_add(1, Ordering::Relaxed);
+        if seq == u64::MAX {
+            return Err(Error::conn("internal: seal nonces exhausted"));
+        }
+        let (data, trailer) = buf.split_at_mut(n);
+        let tag = with_aead(key, |k| {
+            k.seal_in_place_separate_tag(nonce(seq), Aad::from(aad), data)
+        })
+        .map_err(|_| Error::conn("internal: encryption failed"))?;
+        trailer[..AEAD_TAG].copy_from_slice(tag.as_ref());
+        trailer[AEAD_TAG..].copy_from_slice(&seq.to_le_bytes());
+        Ok(())
+    }
+
+    /// [`BlockCheck::open`] of `wire` (ciphertext and trailer) with associated data `aad`.
+    fn open_with<'a>(&self, aad: &[u8], wire: &'a mut [u8]) -> Option<&'a [u8]> {
+        let BlockCheck::Seal(key) = self else {
+            return None;
+        };
+        let n = wire.len().checked_sub(SEAL_TRAILER)?;
         let (sealed, seq) = wire.split_at_mut(n + AEAD_TAG);
         let seq = u64::from_le_bytes(seq.try_into().ok()?);
-        let aad = block_aad(transfer, offset, n);
-        let plain = with_aead(key, |k| k.open_in_place(nonce(seq), aad, sealed)).ok()?;
+        let plain = with_aead(key, |k| k.open_in_place(nonce(seq), Aad::from(aad), sealed)).ok()?;
         Some(&*plain)
     }
 
@@ -373,14 +403,18 @@ fn nonce(seq: u64) -> Nonce {
 }
 
 /// A block's associated data: its transfer, offset and length, little-endian.
-fn block_aad(transfer: u32, offset: u64, len: usize) -> Aad<[u8; 16]> {
+fn block_aad(transfer: u32, offset: u64, len: usize) -> [u8; 16] {
     let mut a = [0u8; 16];
     a[..4].copy_from_slice(&transfer.to_le_bytes());
     a[4..12].copy_from_slice(&offset.to_le_bytes());
     // A block is at most MAX_BLOCK bytes; a length past u32 cannot be one.
     a[12..].copy_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_le_bytes());
-    Aad::from(a)
+    a
 }
+
+/// The shortest context of [`BlockCheck::seal_frames`]: longer than a block's associated
+/// data, so no sealed frame opens as a block or the other way round.
+pub const MIN_CONTEXT: usize = 17;
 
 /// Runs `f` with the AES-256-GCM key of `key`, expanded once per thread and key (a
 /// thread seals or opens one connection's blocks in a row).
@@ -629,5 +663,30 @@ mod tests {
         assert!(Level::Clear < Level::Integrity && Level::Integrity < Level::Private);
         assert_eq!(format!("{:?}", BlockCheck::Tag([1; 32])), "Tag(..)");
         assert_eq!(format!("{:?}", BlockCheck::Seal([1; 32])), "Seal(..)");
+    }
+
+    #[test]
+    fn frames_sealed_in_place_open_only_in_their_context_and_never_as_a_block() {
+        let check = BlockCheck::Seal([4; 32]);
+        let context = [7u8; MIN_CONTEXT + 9];
+        let plain = b"two FILE frames".to_vec();
+        let mut wire = plain.clone();
+        wire.resize(plain.len() + SEAL_TRAILER, 0);
+        check.seal_frames(&context, &mut wire).unwrap();
+        assert_ne!(&wire[..plain.len()], &plain[..]);
+        assert!(check
+            .open_frames(&[8u8; MIN_CONTEXT + 9], &mut wire.clone())
+            .is_none());
+        assert!(check
+            .open(0, 0, plain.len() as u32, &mut wire.clone())
+            .is_none());
+        assert_eq!(check.open_frames(&context, &mut wire).unwrap(), &plain[..]);
+        // A block sealed never opens as frames, and a short context is refused outright.
+        let mut block = plain.clone();
+        block.resize(plain.len() + SEAL_TRAILER, 0);
+        check.seal(1, 0, &mut block).unwrap();
+        assert!(check.open_frames(&context, &mut block.clone()).is_none());
+        assert!(check.seal_frames(&[0; 16], &mut block).is_err());
+        assert!(BlockCheck::Crc.seal_frames(&context, &mut wire).is_err());
     }
 }

@@ -507,12 +507,13 @@ impl Client {
         let (direct, ring) = (self.direct, self.ring);
         let check = self.link.recv_check();
         let packs = &mut self.packs;
-        let held = self.link.recv_held()?;
+        let mut held = self.link.recv_held()?;
         let mut block = None;
-        let msgs = held.with_bytes(|bytes| -> Result<Vec<Msg>> {
+        let msgs = held.with_bytes_mut(|bytes| -> Result<Vec<Msg>> {
             ferry_fabric::timeline::mark("cp.got", bytes.len() as u64);
             let (msg, payload) = proto::decode(bytes)
                 .map_err(|e| XferError::conn(format!("the server sent a bad frame: {e}")))?;
+            let at = bytes.len() - payload.len();
             let mut take_file = |msg, payload: &[u8]| -> Result<Msg> {
                 let (done, len) = take_file(conv, locals, msg, payload, (direct, ring))?;
                 progress.add(len);
@@ -520,11 +521,15 @@ impl Client {
                 Ok(done)
             };
             match msg {
-                Msg::Pack { count, tag, .. } => {
-                    let files = proto::decode_pack(count, payload)
-                        .map_err(|e| XferError::conn(format!("the server sent a bad pack: {e}")))?;
-                    packs.check(tag, count, payload)?;
-                    files.into_iter().map(|(m, p)| take_file(m, p)).collect()
+                Msg::Pack {
+                    count, tag, sealed, ..
+                } => {
+                    let frames = packs.open((count, tag, sealed), &mut bytes[at..])?;
+                    proto::decode_pack(count, frames)
+                        .map_err(|e| XferError::conn(format!("the server sent a bad pack: {e}")))?
+                        .into_iter()
+                        .map(|(m, p)| take_file(m, p))
+                        .collect()
                 }
                 Msg::File { .. } => Ok(vec![take_file(msg, payload)?]),
                 Msg::Block(h) => {

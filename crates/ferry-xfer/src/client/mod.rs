@@ -29,6 +29,7 @@ use std::time::Duration;
 use crate::error::{Kind, Result, XferError};
 use crate::link::{BlockSender, Link, HANDSHAKE_TIMEOUT};
 use crate::proto::{self, Entry, EntryKind, Msg, BLOCK_HEADER_LEN};
+use ferry_service::secure::protect::BlockCheck;
 use ferry_service::secure::{ClientSecurity, Level};
 
 use copy::walk_local;
@@ -399,59 +400,77 @@ pub struct Client {
     pub stats: Stats,
 }
 
-/// How a connection's PACKs are checked: sealed by TLS (or on a clear connection), or, to a
-/// client of 1.10 at `integrity`, clear with a tag keyed by the session
-/// ([`proto::pack_tag`]).
+/// How a connection's PACKs are checked: sealed by TLS (or on a clear connection), or, from
+/// a server of 1.10, clear with a tag keyed by the session (`integrity`,
+/// [`proto::pack_tag`]) or sealed in place with its `private` key.
 #[derive(Debug, Default)]
 pub(crate) struct PackCheck {
-    /// The session key of tagged PACKs; `None`: PACKs carry no tag.
-    key: Option<[u8; 32]>,
-    /// Tagged PACKs received so far: the next one's `seq`.
+    /// What the connection's PACKs carry: `Crc` (nothing of their own), `Tag` or `Seal`.
+    check: BlockCheck,
+    /// PACKs tagged or sealed in place received so far: the next one's `seq`.
     seq: u64,
 }
 
 impl PackCheck {
-    /// The check of `link`'s PACKs from a server of protocol `minor`; lets tagged PACKs
-    /// arrive clear on it.
+    /// The check of `link`'s PACKs from a server of protocol `minor`; lets PACKs arrive
+    /// clear on it when they carry a check of their own.
     fn agree(link: &mut Link, minor: u16) -> PackCheck {
         let p = link.protection();
-        let key = (link.secure().is_some()
-            && minor >= proto::MINOR_TAGGED_PACK
-            && p.level == Level::Integrity)
-            .then(|| p.recv.tag_key().copied())
-            .flatten();
-        if key.is_some() {
-            link.set_data_types(crate::link::TAGGED_DATA_TYPES);
+        let clear = link.secure().is_some() && minor >= proto::MINOR_TAGGED_PACK;
+        let check = match p.level {
+            Level::Integrity | Level::Private if clear => p.recv,
+            _ => BlockCheck::Crc,
+        };
+        if check != BlockCheck::Crc {
+            link.set_data_types(crate::link::CLEAR_PACK_TYPES);
         }
-        PackCheck { key, seq: 0 }
+        PackCheck { check, seq: 0 }
     }
 
-    /// Checks a PACK's `tag` over its `count` `frames` (which [`proto::decode_pack`]
-    /// accepted): present and right when the connection tags PACKs, absent otherwise.
-    pub(crate) fn check(&mut self, tag: Option<[u8; 32]>, count: u16, frames: &[u8]) -> Result<()> {
-        match (self.key.as_ref(), tag) {
-            (None, None) => Ok(()),
-            (Some(key), Some(tag)) => {
-                let want = proto::pack_tag(key, self.seq, count, frames)
+    /// Checks a PACK of `count` frames with `tag`, `sealed` as its header says, whose
+    /// `payload` follows: its frames' bytes (opened in place when sealed), to take apart
+    /// with [`proto::decode_pack`]. The tag or seal must be there exactly when the
+    /// connection agreed on one, and right: else the connection ends.
+    pub(crate) fn open<'a>(
+        &mut self,
+        (count, tag, sealed): (u16, Option<[u8; 32]>, bool),
+        payload: &'a mut [u8],
+    ) -> Result<&'a [u8]> {
+        let seq = self.seq;
+        let frames = match (&self.check, tag, sealed) {
+            (BlockCheck::Crc, None, false) => return Ok(payload),
+            (BlockCheck::Tag(key), Some(tag), false) => {
+                let want = proto::pack_tag(key, seq, count, payload)
                     .map_err(|e| XferError::conn(format!("the server sent a bad pack: {e}")))?;
-                self.seq += 1;
                 // blake3::Hash compares in constant time.
-                if blake3::Hash::from(want) == blake3::Hash::from(tag) {
-                    Ok(())
-                } else {
-                    Err(XferError::new(
-                        Kind::Integrity,
-                        "a PACK failed its integrity tag (changed, reordered or replayed on the way): closing the connection",
-                    ))
-                }
+                (blake3::Hash::from(want) == blake3::Hash::from(tag)).then_some(&*payload)
             }
-            (Some(_), None) => Err(XferError::conn(
-                "the server sent a PACK without its integrity tag on a connection that tags them",
-            )),
-            (None, Some(_)) => Err(XferError::conn(
-                "the server sent a tagged PACK on a connection that does not tag them",
-            )),
-        }
+            (check @ BlockCheck::Seal(_), None, true) => {
+                check.open_frames(&proto::pack_seal_context(seq, count), payload)
+            }
+            _ => {
+                return Err(XferError::conn(format!(
+                    "the server sent a PACK {} on a connection whose PACKs are {}",
+                    match (tag.is_some(), sealed) {
+                        (true, _) => "tagged",
+                        (_, true) => "sealed in place",
+                        _ => "with no tag nor seal",
+                    },
+                    match self.check {
+                        BlockCheck::Crc => "sealed by TLS",
+                        BlockCheck::Tag(_) => "tagged",
+                        BlockCheck::Seal(_) => "sealed in place",
+                    }
+                )))
+            }
+        };
+        self.seq += 1;
+        frames.ok_or_else(|| {
+            XferError::new(
+                Kind::Integrity,
+                "a PACK failed its integrity check (changed, reordered or replayed on the way): closing the connection",
+            )
+        })
     }
 }
 
@@ -1099,46 +1118,66 @@ mod tests {
         v
     }
 
+    fn tagged(key: [u8; 32]) -> PackCheck {
+        PackCheck {
+            check: BlockCheck::Tag(key),
+            seq: 0,
+        }
+    }
+
     #[test]
     fn a_tagged_connection_takes_each_pack_only_with_its_own_tag_in_order() {
         let key = [3; 32];
         let f = frames();
         let tag = |seq| Some(proto::pack_tag(&key, seq, 2, &f).unwrap());
-        let mut c = PackCheck {
-            key: Some(key),
-            seq: 0,
-        };
-        c.check(tag(0), 2, &f).unwrap();
-        c.check(tag(1), 2, &f).unwrap();
-        // Replayed (an earlier place), forged, missing: each refused.
-        let e = c.check(tag(1), 2, &f).unwrap_err();
+        let mut c = tagged(key);
+        assert_eq!(c.open((2, tag(0), false), &mut f.clone()).unwrap(), &f[..]);
+        c.open((2, tag(1), false), &mut f.clone()).unwrap();
+        // Replayed (an earlier place), forged, missing, sealed instead: each refused.
+        let e = c.open((2, tag(1), false), &mut f.clone()).unwrap_err();
         assert_eq!(e.kind, Kind::Integrity, "{e}");
-        let mut c = PackCheck {
-            key: Some(key),
-            seq: 0,
-        };
         let mut forged = tag(0).unwrap();
         forged[31] ^= 1;
-        assert_eq!(
-            c.check(Some(forged), 2, &f).unwrap_err().kind,
-            Kind::Integrity
-        );
-        assert!(c.check(None, 2, &f).is_err());
-        // Another file's header changed under a good tag.
+        let mut copy = f.clone();
+        let e = tagged(key).open((2, Some(forged), false), &mut copy);
+        assert_eq!(e.unwrap_err().kind, Kind::Integrity);
+        assert!(tagged(key).open((2, None, false), &mut f.clone()).is_err());
+        assert!(tagged(key).open((2, None, true), &mut f.clone()).is_err());
+        // A file's header changed under a good tag.
         let mut changed = f.clone();
         changed[8] ^= 1;
-        let mut c = PackCheck {
-            key: Some(key),
-            seq: 0,
-        };
-        assert!(c.check(tag(0), 2, &changed).is_err());
+        assert!(tagged(key).open((2, tag(0), false), &mut changed).is_err());
     }
 
     #[test]
-    fn an_untagged_connection_refuses_a_tagged_pack() {
+    fn a_private_connection_takes_packs_sealed_in_place_in_order() {
+        let key = BlockCheck::Seal([5; 32]);
+        let f = frames();
+        let sealed = |seq| {
+            let mut b = f.clone();
+            b.resize(f.len() + proto::BLOCK_SEAL_TRAILER, 0);
+            key.seal_frames(&proto::pack_seal_context(seq, 2), &mut b)
+                .unwrap();
+            b
+        };
+        let mut c = PackCheck { check: key, seq: 0 };
+        assert_eq!(c.open((2, None, true), &mut sealed(0)).unwrap(), &f[..]);
+        // Replayed, changed, or clear: refused.
+        let e = c.open((2, None, true), &mut sealed(0)).unwrap_err();
+        assert_eq!(e.kind, Kind::Integrity);
+        let mut changed = sealed(2);
+        changed[3] ^= 1;
+        assert!(c.open((2, None, true), &mut changed).is_err());
+        let mut c = PackCheck { check: key, seq: 0 };
+        assert!(c.open((2, None, false), &mut f.clone()).is_err());
+    }
+
+    #[test]
+    fn an_untagged_connection_refuses_a_tagged_or_sealed_pack() {
         let f = frames();
         let mut c = PackCheck::default();
-        c.check(None, 2, &f).unwrap();
-        assert!(c.check(Some([0; 32]), 2, &f).is_err());
+        c.open((2, None, false), &mut f.clone()).unwrap();
+        assert!(c.open((2, Some([0; 32]), false), &mut f.clone()).is_err());
+        assert!(c.open((2, None, true), &mut f.clone()).is_err());
     }
 }

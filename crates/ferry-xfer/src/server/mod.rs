@@ -386,8 +386,8 @@ impl Server {
         // those of one GETS batch several to a PACK (1.4).
         tx.inline = minor >= proto::MINOR_FILE;
         tx.packing = minor >= proto::MINOR_PACK;
-        // And travel clear with a tag at `integrity` (1.10).
-        tx.tagging = minor >= proto::MINOR_TAGGED_PACK;
+        // And travel clear, tagged or sealed in place by the session's keys (1.10).
+        tx.clear_packs = minor >= proto::MINOR_TAGGED_PACK;
         tx.direct = self.cfg.direct;
         let mut st = Requests {
             peer,
