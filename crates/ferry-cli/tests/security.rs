@@ -134,9 +134,9 @@ fn secret_server(driver: &str, extra: &[&str]) -> Server {
 
 /// An upload of a file of several blocks and of a small one (which 1.6 sent as one clear
 /// PUT_FILE data frame, path included) and downloads of both, on `driver`, through a
-/// recording proxy: the capture holds neither the token nor the file's name, nor the small
-/// file's bytes (whole-file frames go sealed), yet the copies land; the large file's
-/// blocks cross in clear in this slice.
+/// recording proxy: the capture holds neither the token nor the file's name, yet the copies
+/// land; at the default `integrity` level the large file's blocks cross in clear, and since
+/// 1.10 so do the small file's bytes in the PACK that brings it back (tagged, not sealed).
 fn capture(driver: &str) {
     let s = secret_server(driver, &[]);
     let t = tap(hostport(&s.addr), Tamper::None);
@@ -166,7 +166,10 @@ fn capture(driver: &str) {
         holds(&seen, &big[..4096]),
         "the proxy saw the blocks (clear in this slice)"
     );
-    assert!(!holds(&seen, tiny), "a small file's bytes crossed in clear");
+    assert!(
+        holds(&seen, tiny),
+        "the small file's PACK crossed sealed at integrity"
+    );
     assert!(
         !holds(&seen, SECRET.as_bytes()),
         "the token crossed in clear"
@@ -203,8 +206,9 @@ fn holds_any_of(seen: &[u8], data: &[u8]) -> bool {
 }
 
 /// At `private` on `driver`, through a recording proxy: an upload of a file of several
-/// blocks, its download in one stream and in two (ranged GETs): every copy lands, and the
-/// capture holds no 64 bytes of the file (at the default level it holds them all).
+/// blocks, its download in one stream and in two (ranged GETs), and a small file's round
+/// trip (a PUT_FILE up, a PACK sealed in place down): every copy lands, and the capture
+/// holds no 64 bytes of either file (at the default level it holds them all).
 fn private_capture(driver: &str) {
     let s = secret_server(driver, &["--protection", "private,integrity"]);
     let t = tap(hostport(&s.addr), Tamper::None);
@@ -226,9 +230,23 @@ fn private_capture(driver: &str) {
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         same_file(&src, &back);
     }
+    let small = dir.join("small");
+    let tiny = pattern(2000, 13);
+    std::fs::write(&small, &tiny).unwrap();
+    let o = cp_secret(&[&private[..], &[small.to_str().unwrap(), &via("small")]].concat());
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let back_small = dir.join("back-small");
+    let from = via("small");
+    let o = cp_secret(&[&private[..], &[from.as_str(), back_small.to_str().unwrap()]].concat());
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    same_file(&small, &back_small);
     assert!(
         !holds_any_of(&t.seen(), &data),
         "file bytes crossed in clear"
+    );
+    assert!(
+        !holds_any_of(&t.seen(), &tiny),
+        "a small file's bytes crossed in clear"
     );
     // The check sees them at the default level, which leaves blocks readable.
     let plain = via("plain");
