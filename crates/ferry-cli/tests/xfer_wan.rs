@@ -198,12 +198,13 @@ fn a_tree_of_small_files_streams_at_distance() {
 }
 
 /// An upload without `-p` at 50 ms has its second stream from the start: it connects
-/// while the first plans, so 128 MiB of zeros (two ranges, which the first stream alone
-/// would take one after the other, leaving nothing for a stream the search adds 1.5 s
-/// in) go over two streams. A download opens none at once by default (slower on this
-/// path: docs/wan.md, session 19) unless `FERRY_UPFRONT_STREAMS` asks, and then the first
-/// stream takes only its share of the jobs, so the second has work when it is ready. A
-/// server that admits one connection leaves the copy on one stream, finished.
+/// while the first plans (256 MiB of zeros; one file under 256 MiB opens none). A download
+/// opens none at once by default (slower on this path: docs/wan.md, session 19) unless
+/// `FERRY_UPFRONT_STREAMS` asks, and then the first stream takes only its share of the
+/// jobs, so the second has work when it is ready: 128 MiB (two chunks, both of which the
+/// first stream alone would ask for at once, leaving nothing for a stream the search adds
+/// 1.5 s in) move over two streams. A server that admits one connection leaves the copy
+/// on one stream, finished.
 #[test]
 fn a_copy_at_distance_has_two_streams_from_the_start() {
     let _g = serial();
@@ -213,17 +214,19 @@ fn a_copy_at_distance_has_two_streams_from_the_start() {
     let srv = serve_in_a(&wan);
     let streams = |v: &Value| {
         eprintln!(
-            "128 MiB at 50 ms: {:.2} s, {:.0} Mbit/s; path {}",
+            "{} bytes at 50 ms: {:.2} s, {:.0} Mbit/s; path {}",
+            v["bytes"],
             v["seconds"].as_f64().unwrap(),
             rate(v) / 1e6,
             v["path"]
         );
-        assert_eq!(v["bytes"], 128 << 20, "{v}");
         assert_eq!(v["path"]["streams_auto"], true, "{v}");
         v["path"]["streams"].as_u64().unwrap()
     };
-    let up = ok(&run(cp_in_b(&wan, &["zero:128M", &srv.at("mem/null")])));
+    let up = ok(&run(cp_in_b(&wan, &["zero:256M", &srv.at("mem/null")])));
     assert!(streams(&up) >= 2, "an upload on one stream: {}", up["path"]);
+    let up = ok(&run(cp_in_b(&wan, &["zero:16M", &srv.at("mem/null")])));
+    assert_eq!(streams(&up), 1, "{}", up["path"]);
     let src = srv.at("mem/zero/128M");
     let mut asked = cp_in_b(&wan, &[&src, "null:"]);
     asked.env("FERRY_UPFRONT_STREAMS", "2");
@@ -253,7 +256,7 @@ fn a_copy_at_distance_has_two_streams_from_the_start() {
     let mut child = cmd.spawn().expect("spawn ferry serve in namespace A");
     let addr = common::listening(&mut child, 1).remove(0);
     let one = Server { child, addr, root };
-    let up = run(cp_in_b(&wan, &["zero:128M", &one.at("mem/null")]));
+    let up = run(cp_in_b(&wan, &["zero:256M", &one.at("mem/null")]));
     assert_eq!(streams(&ok(&up)), 1);
 }
 

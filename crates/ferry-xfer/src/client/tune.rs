@@ -49,8 +49,13 @@ pub const GROWTH: f64 = 0.10;
 /// about ten round trips at 50 ms, and a stream the search adds after its first period
 /// (1.5 s in) came too late for a short copy: opened at once, a 1,000 × 64 KiB tree went up
 /// 18 % faster at 50 ms and 1 Gbit/s, 1 GiB of zeros 13 % faster at 2 Gbit/s (docs/wan.md,
-/// session 19).
+/// session 19). A single file under [`UPFRONT_MIN_FILE`] opens one.
 pub const UPFRONT_UPLOAD: u16 = 2;
+/// The smallest single file an upload opens [`UPFRONT_UPLOAD`] streams at once for: a
+/// short copy does not repay a second slow start fighting the first for the bottleneck's
+/// queue (128 MiB at 50 ms and 1 Gbit/s went up 10 % slower over two streams from the
+/// start; 256 MiB took as long either way, 1 GiB 7 % less time).
+pub const UPFRONT_MIN_FILE: u64 = 256 << 20;
 /// Streams a download without `-p` opens at once on a long path: one. Two at once were
 /// slower on the emulator (their slow starts overran the bottleneck's queue together, and
 /// the second, starting two round trips later, lost most: a 1,000-file tree 8 %, 256 MiB
@@ -254,6 +259,16 @@ pub fn upfront_streams(rtt: Duration, max: u16, want: u16) -> u16 {
         return 1;
     }
     want.clamp(1, max.max(1))
+}
+
+/// Streams an upload without `-p` opens at once (before the path is known): of a single
+/// file of `size` bytes, [`UPFRONT_UPLOAD`] if it is at least [`UPFRONT_MIN_FILE`], else
+/// one; of a tree (`None`), [`UPFRONT_UPLOAD`].
+pub fn upload_upfront(size: Option<u64>) -> u16 {
+    match size {
+        Some(n) if n < UPFRONT_MIN_FILE => 1,
+        _ => UPFRONT_UPLOAD,
+    }
 }
 
 /// The most jobs one of `streams` working streams may take from a queue of `jobs` (those
@@ -463,6 +478,12 @@ mod tests {
         assert_eq!(upfront_streams(ms(50), 8, 0), 1);
         assert_eq!(upfront_streams(ms(50), 8, 3), 3);
         assert_eq!(upfront_streams(ms(50), 8, 99), 8);
+        // An upload of one small file opens one; a large file or a tree two.
+        assert_eq!(upload_upfront(Some(128 << 20)), 1);
+        assert_eq!(upload_upfront(Some(0)), 1);
+        assert_eq!(upload_upfront(Some(UPFRONT_MIN_FILE)), UPFRONT_UPLOAD);
+        assert_eq!(upload_upfront(Some(1 << 30)), 2);
+        assert_eq!(upload_upfront(None), 2);
         // Never past the search's maximum.
         assert_eq!(upfront_streams(ms(50), 1, UPFRONT_UPLOAD), 1);
         assert_eq!(upfront_streams(ms(50), 0, UPFRONT_UPLOAD), 1);

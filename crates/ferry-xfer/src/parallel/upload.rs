@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use super::{
     chunk_size, chunks, finish_clients, grower, join_streams, lock, run_streams, Early, Joiner,
 };
-use crate::client::tune::Growth;
+use crate::client::tune::{self, Growth};
 use crate::client::{
     open_source, plan_upload, remote_err, unexpected, Client, Options, Progress, Stats,
 };
@@ -180,7 +180,12 @@ pub(crate) fn upload(
     };
     // On a long path the next streams connect while this one plans. (No share is held
     // back for them: a stream takes whole files 16 at a time and ranges one by one.)
-    let early = Early::start(&c0, r, opts, crate::client::tune::UPFRONT_UPLOAD);
+    let single = match &md {
+        Some(md) if md.is_dir() => None,
+        Some(md) => Some(md.len()),
+        None => Some(zero_size),
+    };
+    let early = Early::start(&c0, r, opts, tune::upload_upfront(single));
     let planned = match (local, &md) {
         (Some(l), Some(md)) => plan_upload(&mut c0, l, md, r, opts, progress)
             .map(|v| v.into_iter().map(|(s, p, n)| (Some(s), p, n)).collect()),
