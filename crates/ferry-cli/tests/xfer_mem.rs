@@ -21,13 +21,23 @@ const SIZE: u64 = 2 * BLOCK + 12345;
 fn zero_to_null(driver: &str) {
     let s = serve(driver, true, &[]);
     let zero = s.at(&format!("mem/zero/{SIZE}"));
-    let v = ok(&cp(&[&zero, "null:"], &[]));
+    // On loopback a copy without -p keeps one stream and opens nothing more, whatever
+    // FERRY_UPFRONT_STREAMS asks for a long path.
+    let v = ok(&cp(&[&zero, "null:"], &[("FERRY_UPFRONT_STREAMS", "4")]));
     assert_eq!(
         (v["files"].as_u64(), v["bytes"].as_u64()),
         (Some(1), Some(SIZE)),
         "{v}"
     );
     assert_eq!(v["blocks_resent"].as_u64(), Some(0), "{v}");
+    assert_eq!(
+        (
+            v["path"]["streams"].as_u64(),
+            v["path"]["streams_auto"].as_bool()
+        ),
+        (Some(1), Some(true)),
+        "{v}"
+    );
     let v = ok(&cp(&[&format!("zero:{SIZE}"), &s.at("mem/null")], &[]));
     assert_eq!(
         (v["files"].as_u64(), v["bytes"].as_u64()),

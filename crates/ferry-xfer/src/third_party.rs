@@ -29,7 +29,7 @@ use crate::config::ServerConfig;
 use crate::error::XferError;
 use crate::export::{refuse, Refusal};
 use crate::link::{FileMeta, Link};
-use crate::parallel::{join_streams, upload_planned};
+use crate::parallel::{join_streams, upload_planned, Early};
 use crate::proto::{self, EntryKind, ErrorCode, Msg};
 use crate::url::Remote;
 use ferry_exs::runtime::Closer;
@@ -365,8 +365,8 @@ fn copy(
             let copying = AtomicBool::new(true);
             std::thread::scope(|s| {
                 s.spawn(|| cancel_when_gone(&client, &to_dest, &copying, &running.aborted));
-                let res =
-                    upload_planned(c, others, None, planned, &open, &opts, &relay, &mut stats);
+                let streams = (others, None, &Early::none());
+                let res = upload_planned(c, streams, planned, &open, &opts, &relay, &mut stats);
                 copying.store(false, Ordering::Release);
                 res
             })

@@ -12,8 +12,12 @@
 //!   authoritative: a client ring larger than the server's only holds buffers it does not
 //!   fill.
 //! - The delivery rate is measured as the copy goes ([`Growth`]): on a long path a copy
-//!   without `-p` starts with one stream and adds one while the rate grows by at least
-//!   [`GROWTH`], up to [`MAX_AUTO_STREAMS`].
+//!   without `-p` starts with the streams [`upfront_streams`] says (an upload
+//!   [`UPFRONT_UPLOAD`], a download [`UPFRONT_DOWNLOAD`], `FERRY_UPFRONT_STREAMS` for
+//!   either: the extra ones connect on their own threads while the first plans, and jobs
+//!   are shared between them from the start), then adds one more while the rate grows by
+//!   at least [`GROWTH`], up to [`MAX_AUTO_STREAMS`]. A short path keeps one stream and
+//!   opens nothing more.
 
 use std::time::Duration;
 
@@ -40,6 +44,23 @@ pub const LOCAL_RTT: Duration = Duration::from_millis(2);
 pub const MAX_AUTO_STREAMS: u16 = 8;
 /// The rate must grow by this share after a stream was added for another to be tried.
 pub const GROWTH: f64 = 0.10;
+/// Streams an upload without `-p` opens at once on a long path, before any rate is
+/// measured (the search then measures two, tries three, …). Each stream's slow start takes
+/// about ten round trips at 50 ms, and a stream the search adds after its first period
+/// (1.5 s in) came too late for a short copy: opened at once, a 1,000 × 64 KiB tree went up
+/// 18 % faster at 50 ms and 1 Gbit/s, 1 GiB of zeros 13 % faster at 2 Gbit/s (docs/wan.md,
+/// session 19). A single file under [`UPFRONT_MIN_FILE`] opens one.
+pub const UPFRONT_UPLOAD: u16 = 2;
+/// The smallest single file an upload opens [`UPFRONT_UPLOAD`] streams at once for: a
+/// short copy does not repay a second slow start fighting the first for the bottleneck's
+/// queue (128 MiB at 50 ms and 1 Gbit/s went up 10 % slower over two streams from the
+/// start; 256 MiB took as long either way, 1 GiB 7 % less time).
+pub const UPFRONT_MIN_FILE: u64 = 256 << 20;
+/// Streams a download without `-p` opens at once on a long path: one. Two at once were
+/// slower on the emulator (their slow starts overran the bottleneck's queue together, and
+/// the second, starting two round trips later, lost most: a 1,000-file tree 8 %, 256 MiB
+/// 9 % at 1 Gbit/s), so a download's second stream comes from the search, as before.
+pub const UPFRONT_DOWNLOAD: u16 = 1;
 
 /// How a connection's staging (the seed's "file buffer") is sized.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -230,6 +251,45 @@ pub fn long_path(rtt: Duration) -> bool {
     rtt > LOCAL_RTT
 }
 
+/// Streams a copy without `-p` opens before data moves over a path of round trip `rtt`,
+/// when it may grow to `max`: `want` ([`UPFRONT_UPLOAD`] or [`UPFRONT_DOWNLOAD`], or what
+/// `FERRY_UPFRONT_STREAMS` says) on a long path, within 1..=`max`; one on a short path.
+pub fn upfront_streams(rtt: Duration, max: u16, want: u16) -> u16 {
+    if !long_path(rtt) {
+        return 1;
+    }
+    want.clamp(1, max.max(1))
+}
+
+/// Streams an upload without `-p` opens at once (before the path is known): of a single
+/// file of `size` bytes, [`UPFRONT_UPLOAD`] if it is at least [`UPFRONT_MIN_FILE`], else
+/// one; of a tree (`None`), [`UPFRONT_UPLOAD`].
+pub fn upload_upfront(size: Option<u64>) -> u16 {
+    match size {
+        Some(n) if n < UPFRONT_MIN_FILE => 1,
+        _ => UPFRONT_UPLOAD,
+    }
+}
+
+/// The most jobs one of `streams` working streams may take from a queue of `jobs` (those
+/// taken so far and those left) while `waiting` more are still connecting: an even share
+/// of them all, so that a window of up to [`MAX_GET_WINDOW`] GETs on the first stream does
+/// not ask for a whole tree before the others are ready. No limit once none is waiting.
+pub fn fair_share(jobs: usize, streams: usize, waiting: usize) -> usize {
+    if waiting == 0 {
+        return usize::MAX;
+    }
+    jobs.div_ceil(streams + waiting)
+}
+
+/// `FERRY_UPFRONT_STREAMS`, if set to a number: the streams a copy without `-p` opens at
+/// once on a long path, uploads and downloads alike (1: the search alone, as before).
+pub fn upfront_knob() -> Option<u16> {
+    std::env::var("FERRY_UPFRONT_STREAMS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+}
+
 /// The stream-count search of a copy without `-p`: it measures the delivery rate over
 /// periods of [`Growth::period`] and says when to add a stream.
 #[derive(Debug)]
@@ -401,6 +461,46 @@ mod tests {
         for remote in ["tcp://198.18.0.1:7370", "ofi+tcp://dtn1:7370", "nonsense"] {
             assert!(!is_local(remote), "{remote}");
         }
+    }
+
+    #[test]
+    fn a_long_path_opens_streams_up_front_a_short_one_none() {
+        let ms = Duration::from_millis;
+        // Loopback, a LAN, and the threshold itself: one stream, whatever is wanted.
+        assert_eq!(upfront_streams(ms(0), 8, UPFRONT_UPLOAD), 1);
+        assert_eq!(upfront_streams(LOCAL_RTT, 8, UPFRONT_UPLOAD), 1);
+        assert_eq!(upfront_streams(ms(1), 8, 4), 1);
+        // Beyond it: an upload opens two at once, a download one.
+        assert_eq!(upfront_streams(ms(3), 8, UPFRONT_UPLOAD), 2);
+        assert_eq!(upfront_streams(ms(50), 8, UPFRONT_UPLOAD), 2);
+        assert_eq!(upfront_streams(ms(50), 8, UPFRONT_DOWNLOAD), 1);
+        // What FERRY_UPFRONT_STREAMS asks for, within 1..=max.
+        assert_eq!(upfront_streams(ms(50), 8, 0), 1);
+        assert_eq!(upfront_streams(ms(50), 8, 3), 3);
+        assert_eq!(upfront_streams(ms(50), 8, 99), 8);
+        // An upload of one small file opens one; a large file or a tree two.
+        assert_eq!(upload_upfront(Some(128 << 20)), 1);
+        assert_eq!(upload_upfront(Some(0)), 1);
+        assert_eq!(upload_upfront(Some(UPFRONT_MIN_FILE)), UPFRONT_UPLOAD);
+        assert_eq!(upload_upfront(Some(1 << 30)), 2);
+        assert_eq!(upload_upfront(None), 2);
+        // Never past the search's maximum.
+        assert_eq!(upfront_streams(ms(50), 1, UPFRONT_UPLOAD), 1);
+        assert_eq!(upfront_streams(ms(50), 0, UPFRONT_UPLOAD), 1);
+    }
+
+    #[test]
+    fn a_stream_takes_its_share_while_others_connect() {
+        // 1,000 files, one stream working and one connecting: 500 each.
+        assert_eq!(fair_share(1000, 1, 1), 500);
+        assert_eq!(fair_share(1001, 1, 1), 501);
+        assert_eq!(fair_share(1000, 1, 2), 334);
+        assert_eq!(fair_share(3, 2, 1), 1);
+        // A single job is taken at once.
+        assert_eq!(fair_share(1, 1, 1), 1);
+        // Nobody waiting: no limit.
+        assert_eq!(fair_share(1000, 2, 0), usize::MAX);
+        assert_eq!(fair_share(0, 1, 0), usize::MAX);
     }
 
     #[test]

@@ -3,12 +3,12 @@
 use std::collections::VecDeque;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::{chunk_size, chunks, finish_clients, grower, join_streams, lock, run_streams};
+use super::{chunk_size, chunks, finish_clients, grower, join_streams, lock, run_streams, Early};
 use crate::client::{
-    plan_download, system_time, Client, DlJob, LocalPart, Options, Progress, Stats,
+    plan_download, system_time, tune, Client, DlJob, LocalPart, Options, Progress, Stats,
 };
 use crate::error::{Kind, Result, XferError};
 use crate::link::BlockWriter;
@@ -294,6 +294,8 @@ impl SharedDl {
 /// The download work queue the streams share.
 struct DlQueue {
     queue: Mutex<VecDeque<DlJob>>,
+    /// Jobs handed to streams so far.
+    taken: AtomicUsize,
     opened: Mutex<Vec<Arc<SharedDl>>>,
     failed: Mutex<Option<XferError>>,
     abort: AtomicBool,
@@ -315,6 +317,7 @@ impl DlQueue {
         let mut q = lock(&self.queue);
         let job = q.pop_front()?;
         if job.chunk.is_some() || job.ident.size <= self.chunk {
+            self.taken.fetch_add(1, Ordering::Relaxed);
             return Some(job);
         }
         let how = (self.resume, self.force);
@@ -327,6 +330,7 @@ impl DlQueue {
                         ..job.clone()
                     });
                 }
+                self.taken.fetch_add(1, Ordering::Relaxed);
                 q.pop_front()
             }
             Err(e) => {
@@ -334,6 +338,25 @@ impl DlQueue {
                 None
             }
         }
+    }
+
+    /// [`DlQueue::next`] for a stream that took `mine` jobs so far, while streams of
+    /// `early` are still connecting: none past its share ([`tune::fair_share`]).
+    fn next_share(&self, early: &Early, mine: &mut usize) -> Option<DlJob> {
+        let waiting = early.waiting();
+        if waiting > 0 {
+            let jobs = self.taken.load(Ordering::Relaxed) + lock(&self.queue).len();
+            if *mine >= tune::fair_share(jobs, early.working(), waiting) {
+                return None;
+            }
+        }
+        let job = self.next()?;
+        *mine += 1;
+        Some(job)
+    }
+
+    fn is_empty(&self) -> bool {
+        lock(&self.queue).is_empty()
     }
 
     fn fail(&self, e: XferError) {
@@ -357,6 +380,9 @@ pub(crate) fn download(
         Some(c) => c,
         None => Client::connect(&r.addr, opts)?,
     };
+    // Streams opened at once connect while this one lists and plans (none by default for
+    // a download: see `tune::UPFRONT_DOWNLOAD`; `FERRY_UPFRONT_STREAMS` asks for them).
+    let early = Early::start(&c0, r, opts, tune::UPFRONT_DOWNLOAD);
     let planned = plan_download(&mut c0, r, local, recursive, opts, progress);
     let jobs = match planned {
         Ok(j) => j,
@@ -379,6 +405,7 @@ pub(crate) fn download(
     clients.extend(others);
     let q = DlQueue {
         queue: Mutex::new(jobs.into()),
+        taken: AtomicUsize::new(0),
         opened: Mutex::new(Vec::new()),
         failed: Mutex::new(None),
         abort: AtomicBool::new(false),
@@ -388,12 +415,21 @@ pub(crate) fn download(
         resume: opts.resume,
         force: opts.force,
     };
-    let left = || !lock(&q.queue).is_empty();
-    let (clients, res) = run_streams(clients, grow, (progress, &left), &|c, counter| {
+    let left = || !q.is_empty();
+    let (clients, res) = run_streams(clients, grow, &early, (progress, &left), &|c, counter| {
         c.set_resume(q.resume);
         c.fit_window(mean);
-        let mut jobs = std::iter::from_fn(|| q.next());
-        let r = c.download_from(&mut jobs, counter);
+        // While streams are still connecting, a stream's window of GETs takes no more than
+        // its share of the jobs; one that finished its share before they are ready takes
+        // the rest rather than wait for them.
+        let mut mine = 0;
+        let mut r = c.download_from(
+            &mut std::iter::from_fn(|| q.next_share(&early, &mut mine)),
+            counter,
+        );
+        if r.is_ok() && !q.is_empty() {
+            r = c.download_from(&mut std::iter::from_fn(|| q.next()), counter);
+        }
         if r.is_err() {
             q.abort.store(true, Ordering::SeqCst);
         }

@@ -15,12 +15,18 @@
 //! the stream that opened the file. Uploads OPEN the file (HAVE lists what a resumed part
 //! holds), send each chunk with PUT_RANGE on whichever stream is free, and CLOSE it with
 //! the source's BLAKE3, merged from the blocks the streams hashed as they read them.
+//!
+//! A copy without `-p` on a long path opens its first extra streams at once ([`Early`]):
+//! they connect on their own threads while stream 0 plans, join the copy as they come,
+//! and until they have, a download stream takes no more than its share of the jobs
+//! ([`tune::fair_share`]).
 
 mod download;
 mod upload;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::client::tune::{self, Growth};
@@ -152,14 +158,119 @@ fn join_stream(session: u64, r: &Remote, opts: &Options, i: u16) -> Result<Clien
 /// Opens stream `i` of the copy's session (for a copy that grows its stream count).
 pub(crate) type Joiner<'a> = Box<dyn Fn(u16) -> Result<Client> + Sync + 'a>;
 
+/// The streams a copy without `-p` opens before data moves ([`tune::upfront_streams`]):
+/// each connects on its own thread while stream 0 lists and plans, and joins the copy
+/// when it is ready ([`run_streams`]). One that cannot connect is left out (the copy goes
+/// on with the streams it has), and one still connecting when the copy ends is left to
+/// finish on its own.
+pub(crate) struct Early {
+    /// The connecting threads, by stream number.
+    pending: Mutex<Vec<(u16, JoinHandle<Result<Client>>)>>,
+    /// Streams still connecting.
+    waiting: AtomicUsize,
+    /// Streams working (set by [`run_streams`]).
+    working: AtomicUsize,
+}
+
+impl Early {
+    /// None: the copy's streams are the ones it starts with.
+    pub(crate) fn none() -> Early {
+        Early {
+            pending: Mutex::new(Vec::new()),
+            waiting: AtomicUsize::new(0),
+            working: AtomicUsize::new(1),
+        }
+    }
+
+    /// Starts connecting the streams after `c0` that a copy without `-p` opens at once
+    /// over `c0`'s path: `want` in all ([`tune::UPFRONT_UPLOAD`] or
+    /// [`tune::UPFRONT_DOWNLOAD`]), unless `FERRY_UPFRONT_STREAMS` says otherwise; none on a
+    /// short path, with `-p`, or to a server without sessions.
+    pub(crate) fn start(c0: &Client, r: &Remote, opts: &Options, want: u16) -> Early {
+        let early = Early::none();
+        if !opts.auto_streams || c0.minor < proto::MINOR_STREAMS {
+            return early;
+        }
+        let max = opts.streams.clamp(1, proto::MAX_STREAMS);
+        let want = tune::upfront_knob().unwrap_or(want);
+        let n = tune::upfront_streams(c0.rtt(), max, want);
+        if n <= 1 {
+            return early;
+        }
+        tracing::debug!("a long path: opening {n} streams at once");
+        let mut pending = lock(&early.pending);
+        for i in 1..n {
+            let (session, r, opts) = (c0.session, r.clone(), opts.clone());
+            let spawned = std::thread::Builder::new()
+                .name(format!("ferry-stream-{i}"))
+                .spawn(move || join_stream(session, &r, &opts, i));
+            match spawned {
+                Ok(h) => pending.push((i, h)),
+                Err(e) => tracing::debug!("stream {i} not started ({e})"),
+            }
+        }
+        early.waiting.store(pending.len(), Ordering::SeqCst);
+        drop(pending);
+        early
+    }
+
+    /// Streams still connecting.
+    pub(crate) fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::SeqCst)
+    }
+
+    /// Streams working.
+    pub(crate) fn working(&self) -> usize {
+        self.working.load(Ordering::SeqCst)
+    }
+
+    /// The streams that finished connecting (or failed to) since the last call.
+    fn ready(&self) -> Vec<(u16, Result<Client>)> {
+        let mut pending = lock(&self.pending);
+        if pending.iter().all(|(_, h)| !h.is_finished()) {
+            return Vec::new();
+        }
+        let (done, still): (Vec<_>, Vec<_>) = pending.drain(..).partition(|(_, h)| h.is_finished());
+        *pending = still;
+        done.into_iter()
+            .map(|(i, h)| {
+                let res = h
+                    .join()
+                    .unwrap_or_else(|_| Err(XferError::conn("a connecting thread failed")));
+                (i, res)
+            })
+            .collect()
+    }
+
+    /// A stream left connecting or out: one fewer waited for.
+    fn resolved(&self) {
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// The copy ended: streams still connecting are left to finish on their own (waiting
+    /// for them would add a handshake to the copy's end); nothing waits for them now.
+    fn abandon(&self) {
+        let left = std::mem::take(&mut *lock(&self.pending));
+        if !left.is_empty() {
+            tracing::debug!(
+                "{} stream(s) still connecting when the copy ended",
+                left.len()
+            );
+        }
+        self.waiting.store(0, Ordering::SeqCst);
+    }
+}
+
 /// Runs `work` on every client, each on its own thread, relaying their progress to
-/// `progress`; with `grow`, adds streams while the delivery rate grows ([`Growth`]) and
-/// `left` says jobs wait that no stream has taken yet. Returns the clients (for their
+/// `progress`; starts it on each of the `early` streams as it connects; with `grow`, once
+/// none of those is waited for, adds streams while the delivery rate grows ([`Growth`])
+/// and `left` says jobs wait that no stream has taken yet. Returns the clients (for their
 /// counters) and the first error (connection failures last: they are usually the
 /// consequence of another) after every thread ended.
 fn run_streams(
     clients: Vec<Client>,
     mut grow: Option<(Growth, Joiner<'_>)>,
+    early: &Early,
     (progress, left): (&dyn Progress, &dyn Fn() -> bool),
     work: &(dyn Fn(&mut Client, &dyn Progress) -> Result<()> + Sync),
 ) -> (Vec<Client>, Result<()>) {
@@ -176,6 +287,7 @@ fn run_streams(
             })
         };
         let mut handles = Vec::new();
+        early.working.store(clients.len(), Ordering::SeqCst);
         for c in clients {
             probes.push(Box::new(c.link.socket().rtt_probe()));
             handles.push(spawn(c));
@@ -191,10 +303,37 @@ fn run_streams(
             std::thread::sleep(Duration::from_millis(10));
             counter.relay(progress, &mut shown);
             let now = shown.0;
+            for (i, res) in early.ready() {
+                match res {
+                    Ok(c) => {
+                        tracing::debug!("stream {} joined the copy", i + 1);
+                        probes.push(Box::new(c.link.socket().rtt_probe()));
+                        handles.push(spawn(c));
+                        early.working.fetch_add(1, Ordering::SeqCst);
+                        // Its slow start is not measured.
+                        if let Some((growth, _)) = &grow {
+                            settle_until = Instant::now() + growth.period() / 2;
+                        }
+                    }
+                    Err(e) => {
+                        // The copy goes on with the streams it has; one that could not
+                        // connect says the next would not either.
+                        tracing::warn!(
+                            "stream {} could not connect ({e}); copying without it",
+                            i + 1
+                        );
+                        if let Some((growth, _)) = grow.as_mut() {
+                            growth.stop();
+                        }
+                    }
+                }
+                early.resolved();
+            }
             let Some((growth, join)) = grow.as_mut() else {
                 continue;
             };
-            if growth.done() || Instant::now() < settle_until {
+            if growth.done() || early.waiting() > 0 || Instant::now() < settle_until {
+                mark = None;
                 continue;
             }
             let (since, bytes) = *mark.get_or_insert((Instant::now(), now));
@@ -248,6 +387,7 @@ fn run_streams(
                 }
             }
         }
+        early.abandon();
         counter.relay(progress, &mut shown);
         let mut out = (Vec::new(), Vec::new());
         for h in handles {

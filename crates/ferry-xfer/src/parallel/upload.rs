@@ -6,8 +6,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::{chunk_size, chunks, finish_clients, grower, join_streams, lock, run_streams, Joiner};
-use crate::client::tune::Growth;
+use super::{
+    chunk_size, chunks, finish_clients, grower, join_streams, lock, run_streams, Early, Joiner,
+};
+use crate::client::tune::{self, Growth};
 use crate::client::{
     open_source, plan_upload, remote_err, unexpected, Client, Options, Progress, Stats,
 };
@@ -176,6 +178,14 @@ pub(crate) fn upload(
         Some(c) => c,
         None => Client::connect(&r.addr, opts)?,
     };
+    // On a long path the next streams connect while this one plans. (No share is held
+    // back for them: a stream takes whole files 16 at a time and ranges one by one.)
+    let single = match &md {
+        Some(md) if md.is_dir() => None,
+        Some(md) => Some(md.len()),
+        None => Some(zero_size),
+    };
+    let early = Early::start(&c0, r, opts, tune::upload_upfront(single));
     let planned = match (local, &md) {
         (Some(l), Some(md)) => plan_upload(&mut c0, l, md, r, opts, progress)
             .map(|v| v.into_iter().map(|(s, p, n)| (Some(s), p, n)).collect()),
@@ -200,8 +210,13 @@ pub(crate) fn upload(
     };
     let open = |p: &Path| open_source(p);
     let grow = grower(&c0, r, opts);
-    upload_planned(c0, others, grow, files, &open, opts, progress, total)
+    let streams = (others, grow, &early);
+    upload_planned(c0, streams, files, &open, opts, progress, total)
 }
+
+/// An upload's streams besides the first: those joined already, the search that adds
+/// more, and those connecting.
+pub(crate) type Streams<'a, 'e> = (Vec<Client>, Option<(Growth, Joiner<'a>)>, &'e Early);
 
 /// Uploads `files` ((source, remote path, size); source `None`: zeros) over `c0` and the
 /// streams `others` joined to its session: whole files (PUT_FILE or PUT) and ranges of
@@ -210,8 +225,7 @@ pub(crate) fn upload(
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn upload_planned(
     c0: Client,
-    others: Vec<Client>,
-    grow: Option<(Growth, Joiner<'_>)>,
+    (others, grow, early): Streams<'_, '_>,
     files: Vec<(Option<PathBuf>, String, u64)>,
     open: &Opener,
     opts: &Options,
@@ -220,7 +234,7 @@ pub(crate) fn upload_planned(
 ) -> Result<()> {
     let chunk = chunk_size(opts, c0.block_size());
     // A copy that may grow its streams splits large files from the start.
-    let parallel = !others.is_empty() || grow.is_some();
+    let parallel = !others.is_empty() || grow.is_some() || early.waiting() > 0;
     let mut clients = vec![c0];
     clients.extend(others);
     let jobs = files
@@ -239,7 +253,7 @@ pub(crate) fn upload_planned(
         open,
     };
     let left = || !lock(&q.queue).is_empty();
-    let (clients, res) = run_streams(clients, grow, (progress, &left), &|c, counter| {
+    let (clients, res) = run_streams(clients, grow, early, (progress, &left), &|c, counter| {
         c.set_resume(q.resume);
         let r = upload_stream(c, &q, counter);
         if r.is_err() {
