@@ -51,6 +51,20 @@ fn path(rate_bps: u64) -> Config {
 
 /// `ferry serve --mem` in namespace A, exporting a scratch directory as root `d`.
 fn serve_in_a(wan: &Wan) -> Server {
+    serve_in_a_with(wan, |_| {})
+}
+
+/// `ferry serve --mem` in namespace A as [`serve_in_a`] does, its debug log going to the
+/// file `log`.
+fn serve_in_a_logging(wan: &Wan, log: &std::path::Path) -> Server {
+    let log = std::fs::File::create(log).expect("create the server's log");
+    serve_in_a_with(wan, |cmd| {
+        cmd.env("RUST_LOG", "ferry_xfer=debug").stderr(log);
+    })
+}
+
+/// [`serve_in_a`] with `more` done to its command first (arguments, environment, stderr).
+fn serve_in_a_with(wan: &Wan, more: impl FnOnce(&mut Command)) -> Server {
     let root = scratch("wan-root");
     let mut cmd = wan.exec_in_a(ferry());
     cmd.args(["serve", "--mem", "--token", TOKEN, "--root"])
@@ -59,23 +73,7 @@ fn serve_in_a(wan: &Wan) -> Server {
         .arg(format!("tcp://{}:0", wan.a().addr))
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
-    let mut child = cmd.spawn().expect("spawn ferry serve in namespace A");
-    let addr = common::listening(&mut child, 1).remove(0);
-    Server { child, addr, root }
-}
-
-/// `ferry serve --mem` in namespace A as [`serve_in_a`] does, its debug log going to the
-/// file `log`.
-fn serve_in_a_logging(wan: &Wan, log: &std::path::Path) -> Server {
-    let root = scratch("wan-root");
-    let mut cmd = wan.exec_in_a(ferry());
-    cmd.args(["serve", "--mem", "--token", TOKEN, "--root"])
-        .arg(format!("d={}", root.display()))
-        .arg("--listen")
-        .arg(format!("tcp://{}:0", wan.a().addr))
-        .env("RUST_LOG", "ferry_xfer=debug")
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(log).expect("create the server's log"));
+    more(&mut cmd);
     let mut child = cmd.spawn().expect("spawn ferry serve in namespace A");
     let addr = common::listening(&mut child, 1).remove(0);
     Server { child, addr, root }
@@ -240,22 +238,12 @@ fn a_copy_at_distance_has_two_streams_from_the_start() {
     assert_eq!(streams(&down), 1, "{}", down["path"]);
     drop(srv);
     // One connection admitted: the second stream is refused, the copy goes on without it.
-    let root = scratch("wan-one-conn");
-    let config = root.join("serve.toml");
+    let config = scratch("wan-one-conn").join("serve.toml");
     std::fs::write(&config, "[limits]\nmax_connections = 1\n").unwrap();
     std::fs::set_permissions(&config, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
-    let mut cmd = wan.exec_in_a(ferry());
-    cmd.args(["serve", "--mem", "--token", TOKEN, "--config"])
-        .arg(&config)
-        .arg("--root")
-        .arg(format!("d={}", root.display()))
-        .arg("--listen")
-        .arg(format!("tcp://{}:0", wan.a().addr))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-    let mut child = cmd.spawn().expect("spawn ferry serve in namespace A");
-    let addr = common::listening(&mut child, 1).remove(0);
-    let one = Server { child, addr, root };
+    let one = serve_in_a_with(&wan, |cmd| {
+        cmd.arg("--config").arg(&config);
+    });
     let up = run(cp_in_b(&wan, &["zero:256M", &one.at("mem/null")]));
     assert_eq!(streams(&ok(&up)), 1);
 }
