@@ -224,6 +224,28 @@ impl BlockSender {
         })
     }
 
+    /// A sender like this one (the same block size, the same ways of sending, the same
+    /// count of numbered PACKs) with `ring` blocks in flight; this one must have nothing in
+    /// flight and no PACK open.
+    pub fn with_ring(&self, ring: usize, timeout: Duration) -> Result<Self> {
+        if self.pack.is_some() {
+            return Err(XferError::conn(
+                "internal: a sender regrown with a PACK open",
+            ));
+        }
+        let block = u32::try_from(self.ring.block())
+            .map_err(|_| XferError::conn("internal: a block size past u32"))?;
+        Ok(BlockSender {
+            ring: Sender::new(block, ring, timeout)?,
+            direct: self.direct,
+            inline: self.inline,
+            packing: self.packing,
+            clear_packs: self.clear_packs,
+            packs_numbered: self.packs_numbered,
+            pack: None,
+        })
+    }
+
     /// Sends `span` of `src` as BLOCK frames of `span.file_id`, feeding every byte read to
     /// `digest`, and `progress` with each block's length (see
     /// [`Sender::send_range`]: read in place, checked there, no copy), each block carrying

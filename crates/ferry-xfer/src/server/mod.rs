@@ -511,10 +511,9 @@ impl Server {
             _ => return,
         };
         let ring = st.ring + grant.ring;
-        let Ok(mut grown) = BlockSender::new(st.block, ring, link.timeout) else {
+        let Ok(grown) = tx.with_ring(ring, link.timeout) else {
             return;
         };
-        (grown.inline, grown.packing, grown.direct) = (tx.inline, tx.packing, tx.direct);
         *tx = grown;
         tracing::debug!(
             "round trip {:.1} ms: send ring grown from {} to {ring} blocks of {} bytes",
