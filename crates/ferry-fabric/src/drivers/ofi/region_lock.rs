@@ -28,10 +28,6 @@ pub(super) struct RegionLock {
     free: i32,
 }
 
-// SAFETY: the pointer addresses shared memory that stays mapped while the domain's
-// endpoint is open (`RegionLock::find`'s contract); it is only read, atomically.
-unsafe impl Send for RegionLock {}
-
 impl RegionLock {
     /// The lock of region `name` (`/dev/shm/NAME`), mapped by this process, if its layout
     /// is 1.17's.
