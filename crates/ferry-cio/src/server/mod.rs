@@ -556,11 +556,7 @@ impl Server {
         len: u64,
         data: Result<Vec<u8>>,
     ) -> Result<()> {
-        let work = data.and_then(|data| {
-            writable(me.amode)?;
-            let extents = me.view.pieces(offset, len, me.shared.pool.extents())?;
-            Ok(Work::Write { extents, data })
-        });
+        let work = write_work(me, offset, len, data);
         let outcome = self.collective(me, CallKind::WriteAtAll, work);
         me.moved += moved(&outcome, len);
         let answered = answer(ch, outcome, me);
@@ -580,11 +576,9 @@ impl Server {
         len: u64,
         data: Result<Vec<u8>>,
     ) -> Result<()> {
-        let outcome = data.and_then(|data| {
-            writable(me.amode)?;
-            let extents = me.view.pieces(offset, len, me.shared.pool.extents())?;
+        let outcome = write_work(me, offset, len, data).and_then(|work| {
             let file = file_of(me)?;
-            let action = session::placement(vec![Work::Write { extents, data }])?;
+            let action = session::placement(vec![work])?;
             let written = files::write(&file, &action, &me.shared.pool);
             recycle(&me.shared.pool, action);
             written.map(|()| Reply::Done(len))
@@ -922,6 +916,15 @@ fn file_of(me: &RankConn) -> Result<Arc<std::fs::File>> {
 }
 
 /// Refuses writes to a file opened read-only.
+/// The placement of a write of `len` bytes at `offset` through `me`'s view, its data
+/// received (`Err`: received and refused), if the file is open for writing.
+fn write_work(me: &RankConn, offset: u64, len: u64, data: Result<Vec<u8>>) -> Result<Work> {
+    let data = data?;
+    writable(me.amode)?;
+    let extents = me.view.pieces(offset, len, me.shared.pool.extents())?;
+    Ok(Work::Write { extents, data })
+}
+
 fn writable(mode: u32) -> Result<()> {
     if mode & amode::RDONLY != 0 {
         return Err(CioError::new(
