@@ -21,7 +21,7 @@ use ferry_service::sink::Block;
 pub use ferry_service::ring::{staging_threads, Digest, Source};
 pub use ferry_service::writer::BlockWriter;
 
-use crate::error::{Result, XferError};
+use crate::error::{Kind, Result, XferError};
 use crate::proto::{self, BlockHeader, Msg, BLOCK_HEADER_LEN};
 
 /// The frames that may arrive in clear on a secure connection (protocol 1.7): BLOCK (type
@@ -106,6 +106,15 @@ impl Link {
         let mut v = Vec::new();
         self.recv_into(&mut v)?;
         decode_control(&v)
+    }
+
+    /// The next control frame if one has arrived (no wait).
+    pub fn try_recv_msg(&mut self) -> Result<Option<Msg>> {
+        let mut v = Vec::new();
+        if !self.recv_within(&mut v, Duration::ZERO)? {
+            return Ok(None);
+        }
+        decode_control(&v).map(Some)
     }
 
     /// Like [`Link::recv_msg`], but the buffer is not posted again: for the handshake's
@@ -325,9 +334,56 @@ impl BlockSender {
             .filter(|_| self.file_fits(size))
             .ok_or_else(|| XferError::conn("internal: file too large for one FILE frame"))?;
         let frame = proto::FILE_HEADER_LEN + n;
+        self.join_pack(link, (frame, Whole::File), |buf, at| {
+            fill_file_frame(buf, at, file, file_id, mode, n).and_then(|()| unchanged())
+        })
+    }
+
+    /// Whether a file of `size` bytes uploaded to `path` fits in one PUT_FILE frame.
+    pub fn put_file_fits(&self, path: &str, size: u64) -> bool {
+        size.saturating_add(proto::put_file_header_len(path) as u64)
+            <= (BLOCK_HEADER_LEN + self.ring.block()) as u64
+    }
+
+    /// Sends the whole of `file` ([`BlockSender::put_file_fits`]) to `path` as one PUT_FILE
+    /// frame of `file_id` with `flags` (PUT_FILE's): read with one `pread` into a registered
+    /// staging block, its BLAKE3 computed there, sent without a copy. With
+    /// [`BlockSender::packing`] (a 1.11 server) the frame joins the open PACK as
+    /// [`BlockSender::send_file`]'s do. A source that changed since `meta` was taken
+    /// ([`ferry_service::stamp`]) is not sent: an integrity error.
+    pub fn send_put_file(
+        &mut self,
+        link: &Link,
+        file: &std::fs::File,
+        (file_id, flags): (u32, u8),
+        path: &str,
+        meta: &FileMeta,
+    ) -> Result<()> {
+        let size = meta.size;
+        let n = usize::try_from(size)
+            .ok()
+            .filter(|_| self.put_file_fits(path, size))
+            .ok_or_else(|| XferError::conn("internal: file too large for one PUT_FILE frame"))?;
+        let frame = proto::put_file_header_len(path) + n;
+        self.join_pack(link, (frame, Whole::PutFile), |buf, at| {
+            fill_put_file(buf, at, file, (file_id, flags), path, meta, n)
+        })
+    }
+
+    /// Writes a whole-file frame of `len` bytes and `kind` with `fill` (at its offset in a
+    /// staging block) into the open PACK, or a new one when it does not fit or holds frames
+    /// of another kind. A frame that leaves no room for a PACK header goes alone, bare. If
+    /// `fill` fails, nothing of this frame is sent (what the PACK held before still goes).
+    fn join_pack(
+        &mut self,
+        link: &Link,
+        (frame, kind): (usize, Whole),
+        fill: impl FnOnce(&ExsBuf, usize) -> Result<()>,
+    ) -> Result<()> {
         let room = |p: &Pack| {
             p.count < u16::MAX
                 && p.packed()
+                && p.kind == kind
                 && p.fill + frame + p.way.trailer() <= p.block.buf.len()
         };
         if self.pack.as_ref().is_some_and(|p| !room(p)) {
@@ -339,7 +395,7 @@ impl BlockSender {
                 let block = self.ring.claim(link.socket())?;
                 // Packed, frames follow the PACK header; a frame that leaves no room for
                 // it goes alone, bare, from the block's start.
-                let way = self.pack_way(link);
+                let way = self.pack_way(link, kind);
                 let head = way.header();
                 let packed = self.packing && head + frame + way.trailer() <= block.buf.len();
                 let start = if packed { head } else { 0 };
@@ -348,6 +404,7 @@ impl BlockSender {
                     start,
                     fill: start,
                     count: 0,
+                    kind,
                     way: if packed { way } else { PackWay::Tls },
                 }
             }
@@ -356,7 +413,7 @@ impl BlockSender {
         let filled = if at + frame + pack.way.trailer() > pack.block.buf.len() {
             Err(XferError::conn("internal: staging block too small"))
         } else {
-            fill_file_frame(&pack.block.buf, at, file, file_id, mode, n).and_then(|()| unchanged())
+            fill(&pack.block.buf, at)
         };
         if let Err(e) = filled {
             // Nothing of this file is in the block: what it held before still goes.
@@ -377,37 +434,9 @@ impl BlockSender {
         Ok(())
     }
 
-    /// Whether a file of `size` bytes uploaded to `path` fits in one PUT_FILE frame.
-    pub fn put_file_fits(&self, path: &str, size: u64) -> bool {
-        size.saturating_add(proto::put_file_header_len(path) as u64)
-            <= (BLOCK_HEADER_LEN + self.ring.block()) as u64
-    }
-
-    /// Sends the whole of `file` ([`BlockSender::put_file_fits`]) to `path` as one PUT_FILE
-    /// frame of `file_id` with `flags` (PUT_FILE's): read with one `pread` into a registered
-    /// staging block, its BLAKE3 computed there, sent without a copy. A source that changed
-    /// since `meta` was taken ([`ferry_service::stamp`]) is not sent: an integrity error.
-    pub fn send_put_file(
-        &mut self,
-        link: &Link,
-        file: &std::fs::File,
-        (file_id, flags): (u32, u8),
-        path: &str,
-        meta: &FileMeta,
-    ) -> Result<()> {
-        let size = meta.size;
-        let n = usize::try_from(size)
-            .ok()
-            .filter(|_| self.put_file_fits(path, size))
-            .ok_or_else(|| XferError::conn("internal: file too large for one PUT_FILE frame"))?;
-        let block = self.ring.claim(link.socket())?;
-        match fill_put_file(&block.buf, file, (file_id, flags), path, meta, n) {
-            Ok(len) => self.send_whole(link, block, 0..len),
-            Err(e) => {
-                self.ring.release(block);
-                Err(e)
-            }
-        }
+    /// Whole-file frames waiting in the open PACK (sent at [`BlockSender::flush_pack`]).
+    pub fn packed(&self) -> usize {
+        self.pack.as_ref().map_or(0, |p| usize::from(p.count))
     }
 
     /// Tags or seals `p`'s frames as its way says (the next `seq` of this link) and writes
@@ -446,14 +475,17 @@ impl BlockSender {
         Ok(())
     }
 
-    /// How PACKs leave on `link`: clear, tagged at `integrity` or sealed in place at
-    /// `private`, to a peer that takes them so ([`BlockSender::clear_packs`]); else sealed
-    /// by TLS as before.
-    fn pack_way(&self, link: &Link) -> PackWay {
+    /// How PACKs of `kind` leave on `link`: clear, tagged at `integrity` or sealed in place
+    /// at `private`, to a peer that takes them so ([`BlockSender::clear_packs`]); else sealed
+    /// by TLS as before. PUT_FILE frames name their paths: never clear, so sealed by TLS at
+    /// `integrity`.
+    fn pack_way(&self, link: &Link, kind: Whole) -> PackWay {
         let p = link.protection();
         match p.level {
             _ if !self.clear_packs || link.secure().is_none() => PackWay::Tls,
-            Level::Integrity if p.send.tag_key().is_some() => PackWay::Tagged,
+            Level::Integrity if kind == Whole::File && p.send.tag_key().is_some() => {
+                PackWay::Tagged
+            }
             Level::Private if p.send.seals() => PackWay::Sealed,
             _ => PackWay::Tls,
         }
@@ -464,9 +496,10 @@ impl BlockSender {
         self.pack.is_some()
     }
 
-    /// Sends the open PACK, if any: as a PACK frame, or as the bare FILE frame when it holds
-    /// only one. The server calls it before any other frame and before it waits for requests,
-    /// so answers leave in request order.
+    /// Sends the open PACK, if any: as a PACK frame, or as the bare frame when it holds only
+    /// one and goes sealed by TLS. The server calls it before any other frame and before it
+    /// waits for requests, so answers leave in request order; a client before any other
+    /// request and before it waits for answers to the files in it.
     pub fn flush_pack(&mut self, link: &Link) -> Result<()> {
         let Some(mut p) = self.pack.take() else {
             return Ok(());
@@ -529,6 +562,99 @@ impl BlockSender {
     }
 }
 
+/// How the PACKs a connection receives are checked: sealed by TLS (or on a clear
+/// connection), or clear with a tag keyed by the session (`integrity`, [`proto::pack_tag`],
+/// a 1.10 server's FILE frames) or sealed in place with its `private` key (those and, from a
+/// 1.11 client, PUT_FILE frames).
+#[derive(Debug, Default)]
+pub struct PackCheck {
+    /// What the connection's PACKs carry: `Crc` (nothing of their own), `Tag` or `Seal`.
+    check: BlockCheck,
+    /// PACKs tagged or sealed in place received so far: the next one's `seq`.
+    seq: u64,
+}
+
+impl PackCheck {
+    /// The check of the PACKs of FILE frames a server of protocol `minor` sends on `link`
+    /// (a client's); lets PACKs arrive clear on it when they carry a check of their own.
+    pub(crate) fn for_downloads(link: &mut Link, minor: u16) -> PackCheck {
+        let p = link.protection();
+        let clear = link.secure().is_some() && minor >= proto::MINOR_TAGGED_PACK;
+        let check = match p.level {
+            Level::Integrity | Level::Private if clear => p.recv,
+            _ => BlockCheck::Crc,
+        };
+        Self::taking(link, check)
+    }
+
+    /// The check of the PACKs of PUT_FILE frames a client of protocol `minor` sends on
+    /// `link` (a server's, once the level is agreed): sealed in place at `private` from a
+    /// client of 1.11, else sealed by TLS (they name paths: never merely tagged).
+    pub(crate) fn for_uploads(link: &mut Link, minor: u16) -> PackCheck {
+        let p = link.protection();
+        let clear = link.secure().is_some() && minor >= proto::MINOR_PUT_PACK;
+        let check = match p.level {
+            Level::Private if clear => p.recv,
+            _ => BlockCheck::Crc,
+        };
+        Self::taking(link, check)
+    }
+
+    /// Checks PACKs by `check`, taken in clear on `link` when it is the session's own.
+    fn taking(link: &mut Link, check: BlockCheck) -> PackCheck {
+        if check != BlockCheck::Crc {
+            link.set_data_types(CLEAR_PACK_TYPES);
+        }
+        PackCheck { check, seq: 0 }
+    }
+
+    /// Checks a PACK of `count` frames with `tag`, `sealed` as its header says, whose
+    /// `payload` follows: its frames' bytes (opened in place when sealed), to take apart
+    /// with [`proto::decode_pack`] or [`proto::decode_put_pack`]. The tag or seal must be there exactly when the
+    /// connection agreed on one, and right: else the connection ends.
+    pub(crate) fn open<'a>(
+        &mut self,
+        (count, tag, sealed): (u16, Option<[u8; 32]>, bool),
+        payload: &'a mut [u8],
+    ) -> Result<&'a [u8]> {
+        let seq = self.seq;
+        let frames = match (&self.check, tag, sealed) {
+            (BlockCheck::Crc, None, false) => return Ok(payload),
+            (BlockCheck::Tag(key), Some(tag), false) => {
+                let want = proto::pack_tag(key, seq, count, payload)
+                    .map_err(|e| XferError::conn(format!("the peer sent a bad pack: {e}")))?;
+                // blake3::Hash compares in constant time.
+                (blake3::Hash::from(want) == blake3::Hash::from(tag)).then_some(&*payload)
+            }
+            (check @ BlockCheck::Seal(_), None, true) => {
+                check.open_frames(&proto::pack_seal_context(seq, count), payload)
+            }
+            _ => {
+                return Err(XferError::conn(format!(
+                    "the peer sent a PACK {} on a connection whose PACKs are {}",
+                    match (tag.is_some(), sealed) {
+                        (true, _) => "tagged",
+                        (_, true) => "sealed in place",
+                        _ => "with no tag nor seal",
+                    },
+                    match self.check {
+                        BlockCheck::Crc => "sealed by TLS",
+                        BlockCheck::Tag(_) => "tagged",
+                        BlockCheck::Seal(_) => "sealed in place",
+                    }
+                )))
+            }
+        };
+        self.seq += 1;
+        frames.ok_or_else(|| {
+            XferError::new(
+                Kind::Integrity,
+                "a PACK failed its integrity check (changed, reordered or replayed on the way): closing the connection",
+            )
+        })
+    }
+}
+
 /// What a PUT_FILE says of its file besides the bytes.
 #[derive(Debug, Clone, Copy)]
 pub struct FileMeta {
@@ -543,17 +669,29 @@ pub struct FileMeta {
     pub stamp: ferry_service::stamp::Stamp,
 }
 
-/// A staging block filling with FILE frames (see [`BlockSender::send_file`]).
+/// A staging block filling with whole-file frames (see [`BlockSender::send_file`],
+/// [`BlockSender::send_put_file`]).
 struct Pack {
     block: Staged,
     /// Where the first frame starts: after the PACK header's room, or 0 for a bare frame.
     start: usize,
     /// Bytes used, from the block's start.
     fill: usize,
-    /// FILE frames in it.
+    /// Frames in it.
     count: u16,
+    /// What they are.
+    kind: Whole,
     /// How it leaves (tagged or sealed in place: a PACK even of one frame).
     way: PackWay,
+}
+
+/// The whole-file frames a PACK carries: one kind to a PACK.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Whole {
+    /// FILE (a download's, 1.4).
+    File,
+    /// PUT_FILE (an upload's, 1.11).
+    PutFile,
 }
 
 /// How a PACK leaves (protocol 1.10, [`BlockSender::clear_packs`]).
@@ -615,26 +753,24 @@ fn fill_file_frame(
     Ok(())
 }
 
-/// Reads the whole of `file` (`n` bytes, as `meta` describes it) into `buf` after a
+/// Reads the whole of `file` (`n` bytes, as `meta` describes it) into `buf` at `at` after a
 /// PUT_FILE header for `path`, checks the source did not change, and writes the header
-/// (with the BLAKE3 of the bytes read) in front: the frame's length.
+/// (with the BLAKE3 of the bytes read) in front.
 fn fill_put_file(
     buf: &ExsBuf,
+    at: usize,
     file: &std::fs::File,
     (file_id, flags): (u32, u8),
     path: &str,
     meta: &FileMeta,
     n: usize,
-) -> Result<usize> {
-    let head_len = proto::put_file_header_len(path);
-    if buf.len() < head_len + n {
-        return Err(XferError::conn("internal: staging block too small"));
-    }
-    read_payload(buf, head_len, file, n)?;
+) -> Result<()> {
+    let data = at + proto::put_file_header_len(path);
+    read_payload(buf, data, file, n)?;
     meta.stamp.check(file, path)?;
     let blake3 = buf
         .buffer()
-        .with_bytes(buf.offset() + head_len, n, |b| *blake3::hash(b).as_bytes());
+        .with_bytes(buf.offset() + data, n, |b| *blake3::hash(b).as_bytes());
     let msg = Msg::PutFile {
         flags,
         file_id,
@@ -645,10 +781,10 @@ fn fill_put_file(
         len: n as u32,
     };
     let head = proto::to_vec(&msg).map_err(|e| XferError::conn(format!("encode: {e}")))?;
-    buf.write_at(0, &head)
+    buf.write_at(at, &head)
         .map_err(|e| XferError::conn(format!("fill staging block: {e}")))?;
-    ring::sender::test_corrupt(buf, head_len, n);
-    Ok(head_len + n)
+    ring::sender::test_corrupt(buf, data, n);
+    Ok(())
 }
 
 /// Reads the first `n` bytes of `file` into `buf` at `at` (one `pread`).
@@ -690,5 +826,80 @@ mod tests {
         })
         .unwrap();
         assert!(!DATA_TYPES.contains(&whole[4]), "PUT_FILE names a path");
+    }
+
+    /// A pack of two FILE frames.
+    fn frames() -> Vec<u8> {
+        let mut v = Vec::new();
+        for (id, data) in [(1u32, &b"abc"[..]), (2, &b"hello"[..])] {
+            let hash = *blake3::hash(data).as_bytes();
+            let len = data.len() as u32;
+            v.extend_from_slice(&proto::encode_file_header(id, 0o644, 0, hash, len).unwrap());
+            v.extend_from_slice(data);
+        }
+        v
+    }
+
+    fn tagged(key: [u8; 32]) -> PackCheck {
+        PackCheck {
+            check: BlockCheck::Tag(key),
+            seq: 0,
+        }
+    }
+
+    #[test]
+    fn a_tagged_connection_takes_each_pack_only_with_its_own_tag_in_order() {
+        let key = [3; 32];
+        let f = frames();
+        let tag = |seq| Some(proto::pack_tag(&key, seq, 2, &f).unwrap());
+        let mut c = tagged(key);
+        assert_eq!(c.open((2, tag(0), false), &mut f.clone()).unwrap(), &f[..]);
+        c.open((2, tag(1), false), &mut f.clone()).unwrap();
+        // Replayed (an earlier place), forged, missing, sealed instead: each refused.
+        let e = c.open((2, tag(1), false), &mut f.clone()).unwrap_err();
+        assert_eq!(e.kind, Kind::Integrity, "{e}");
+        let mut forged = tag(0).unwrap();
+        forged[31] ^= 1;
+        let mut copy = f.clone();
+        let e = tagged(key).open((2, Some(forged), false), &mut copy);
+        assert_eq!(e.unwrap_err().kind, Kind::Integrity);
+        assert!(tagged(key).open((2, None, false), &mut f.clone()).is_err());
+        assert!(tagged(key).open((2, None, true), &mut f.clone()).is_err());
+        // A file's header changed under a good tag.
+        let mut changed = f.clone();
+        changed[8] ^= 1;
+        assert!(tagged(key).open((2, tag(0), false), &mut changed).is_err());
+    }
+
+    #[test]
+    fn a_private_connection_takes_packs_sealed_in_place_in_order() {
+        let key = BlockCheck::Seal([5; 32]);
+        let f = frames();
+        let sealed = |seq| {
+            let mut b = f.clone();
+            b.resize(f.len() + proto::BLOCK_SEAL_TRAILER, 0);
+            key.seal_frames(&proto::pack_seal_context(seq, 2), &mut b)
+                .unwrap();
+            b
+        };
+        let mut c = PackCheck { check: key, seq: 0 };
+        assert_eq!(c.open((2, None, true), &mut sealed(0)).unwrap(), &f[..]);
+        // Replayed, changed, or clear: refused.
+        let e = c.open((2, None, true), &mut sealed(0)).unwrap_err();
+        assert_eq!(e.kind, Kind::Integrity);
+        let mut changed = sealed(2);
+        changed[3] ^= 1;
+        assert!(c.open((2, None, true), &mut changed).is_err());
+        let mut c = PackCheck { check: key, seq: 0 };
+        assert!(c.open((2, None, false), &mut f.clone()).is_err());
+    }
+
+    #[test]
+    fn an_untagged_connection_refuses_a_tagged_or_sealed_pack() {
+        let f = frames();
+        let mut c = PackCheck::default();
+        c.open((2, None, false), &mut f.clone()).unwrap();
+        assert!(c.open((2, Some([0; 32]), false), &mut f.clone()).is_err());
+        assert!(c.open((2, None, true), &mut f.clone()).is_err());
     }
 }

@@ -18,7 +18,7 @@ use ferry_wire::{
 /// Protocol major version: a peer with another major is refused at HELLO.
 pub const VERSION_MAJOR: u16 = 1;
 /// Protocol minor version.
-pub const VERSION_MINOR: u16 = 10;
+pub const VERSION_MINOR: u16 = 11;
 /// The first minor version with parallel streams (session join, OPEN/HAVE/PUT_RANGE/CLOSE).
 pub const MINOR_STREAMS: u16 = 2;
 /// The first minor version with FILE frames (a small file's READY, BLOCK and FILE_DONE in
@@ -74,6 +74,10 @@ pub const MINOR_GRANTS: u16 = 9;
 /// or later at the `integrity` level, a server sends every PACK in clear with a tag keyed
 /// by the session instead of sealing it (and a pack of one file as a PACK too).
 pub const MINOR_TAGGED_PACK: u16 = 10;
+/// The first minor version with PACKs of PUT_FILE frames ([`decode_put_pack`]): a client of
+/// this minor or later uploads small files to a server of this minor or later several to a
+/// message, sealed by TLS (a PUT_FILE names its path) or sealed in place at `private`.
+pub const MINOR_PUT_PACK: u16 = 11;
 /// The most GETs in one GETS frame.
 pub const MAX_GETS: usize = 64;
 /// The most streams a session may have.
@@ -431,7 +435,8 @@ ferry_wire::frames! {
         },
         /// Several FILE frames in one message (1.4, server → client, to a client whose HELLO said
         /// minor ≥ 4): the frames follow the header back to back, each with its own header and
-        /// payload; [`decode_pack`] takes them apart.
+        /// payload; [`decode_pack`] takes them apart. From 1.11 also client → server with
+        /// PUT_FILE frames ([`decode_put_pack`]), to a server whose WELCOME said minor ≥ 11.
         Pack = 25 {
             /// How many FILE frames follow (at least 1).
             count: u16 as PackCount,
@@ -484,6 +489,14 @@ ferry_wire::frames! {
         Ok = 14 {
             /// Transfer id (0 for MKDIR).
             file_id: u32 as Le,
+        },
+        /// Success of `count` PUT_FILEs in a row (1.11, to a client whose HELLO said minor ≥
+        /// 11): the `count` oldest unanswered, the last of which is `file_id`, are committed.
+        Oks = 27 {
+            /// The last file of the run.
+            file_id: u32 as Le,
+            /// How many files (at least 2).
+            count: u32 as Le,
         },
         /// Create a directory (existing is fine).
         Mkdir = 15 {
@@ -1041,13 +1054,34 @@ pub fn pack_tag(
 /// must be a whole FILE frame, and together exactly `count` of them fill `frames`. Returns
 /// each [`Msg::File`] with its payload.
 pub fn decode_pack(count: u16, frames: &[u8]) -> Result<Vec<(Msg, &[u8])>, DecodeError> {
+    decode_frames(count, frames, |m| matches!(m, Msg::File { .. }))
+        .map_err(|e| e.unwrap_or(DecodeError::Malformed("a pack carries only FILE frames")))
+}
+
+/// Takes apart the frames of a PACK a client sent (1.11): as [`decode_pack`], but each a
+/// whole PUT_FILE frame. Returns each [`Msg::PutFile`] with its payload.
+pub fn decode_put_pack(count: u16, frames: &[u8]) -> Result<Vec<(Msg, &[u8])>, DecodeError> {
+    decode_frames(count, frames, |m| matches!(m, Msg::PutFile { .. })).map_err(|e| {
+        e.unwrap_or(DecodeError::Malformed(
+            "an upload's pack carries only PUT_FILE frames",
+        ))
+    })
+}
+
+/// Exactly `count` whole frames filling `frames`, each of which `kind` takes (`Err(None)`
+/// when one is of another kind).
+fn decode_frames(
+    count: u16,
+    frames: &[u8],
+    kind: impl Fn(&Msg) -> bool,
+) -> Result<Vec<(Msg, &[u8])>, Option<DecodeError>> {
     let mut out = Vec::with_capacity(usize::from(count));
     let mut rest = frames;
     while !rest.is_empty() {
         if out.len() == usize::from(count) {
-            return Err(DecodeError::Malformed(
+            return Err(Some(DecodeError::Malformed(
                 "bytes after the last frame of a pack",
-            ));
+            )));
         }
         let head: [u8; 4] = rest
             .get(..4)
@@ -1056,16 +1090,16 @@ pub fn decode_pack(count: u16, frames: &[u8]) -> Result<Vec<(Msg, &[u8])>, Decod
         let n = u32::from_le_bytes(head) as usize;
         let frame = rest.get(..n).ok_or(DecodeError::Truncated)?;
         let (msg, payload) = decode(frame)?;
-        if !matches!(msg, Msg::File { .. }) {
-            return Err(DecodeError::Malformed("a pack carries only FILE frames"));
+        if !kind(&msg) {
+            return Err(None);
         }
         out.push((msg, payload));
         rest = &rest[n..];
     }
     if out.len() != usize::from(count) {
-        return Err(DecodeError::Malformed(
+        return Err(Some(DecodeError::Malformed(
             "fewer frames in a pack than it counts",
-        ));
+        )));
     }
     Ok(out)
 }
@@ -1390,6 +1424,13 @@ mod tests {
             ),
             ("ok", Msg::Ok { file_id: 11 }),
             (
+                "oks",
+                Msg::Oks {
+                    file_id: 12,
+                    count: 3,
+                },
+            ),
+            (
                 "mkdir",
                 Msg::Mkdir {
                     mode: 0o700,
@@ -1625,6 +1666,7 @@ mod tests {
 ("file_done_nohash", "340000000c0000000900000000100000000000000000000000000000000000000000000000000000000000000000000000000000"),
 ("resend", "260000000d0000000a0000000200000000000000000000100000000000000200000007000000"),
 ("ok", "0c0000000e0000000b000000"),
+("oks", "100000001b0000000c00000003000000"),
 ("mkdir", "110000000f000000c00100000300722f64"),
 ("gets", "1d000000180000000200010000000300722f61020000000400722f6262"),
 ("sum", "0d000000100000000300722f68"),
@@ -1691,7 +1733,7 @@ mod tests {
             }),
             PACK_HEADER_LEN
         );
-        assert_eq!(Msg::CODES.len(), 36, "every frame type has a row");
+        assert_eq!(Msg::CODES.len(), 37, "every frame type has a row");
     }
 
     /// Decoding speed of the golden frames (a quick A/B for codec changes):

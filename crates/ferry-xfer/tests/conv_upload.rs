@@ -328,30 +328,66 @@ fn close_and_whole_file_verdicts() {
     assert!(matches!(check_whole("f", b"abd", &h), Err(r) if r.code == ErrorCode::Integrity));
 }
 
-/// The PUT_FILE window: answers in request order; a damaged file goes again by PUT, any
-/// other refusal or an answer to another file ends the upload.
+/// The PUT_FILE window: answers in request order, OK or OKS for a run; a damaged file goes
+/// again by PUT, any other refusal or an answer to another file ends the upload.
 #[test]
 fn put_file_answers_come_in_order() {
-    use ferry_xfer::conv::upload::PutFiles;
+    use ferry_xfer::conv::upload::{Committed, PutFiles};
     let mut w = PutFiles::default();
     for id in 1..=3 {
         w.sent(id, format!("f{id}"), u64::from(id) * 10);
     }
-    assert!(w.over(2) && !w.over(3));
-    assert_eq!(w.answer(Msg::Ok { file_id: 1 }).unwrap(), Some(10));
+    assert!(w.over(0, (2, 1000)) && !w.over(0, (3, 1000)));
+    assert!(w.over(0, (3, 59)) && !w.over(0, (3, 60)));
+    // The newest two still in a PACK not sent yet: only the oldest counts.
+    assert!(!w.over(2, (1, 10)) && w.over(2, (0, 10)) && !w.over(3, (0, 0)));
+    let one = Committed {
+        files: 1,
+        bytes: 10,
+    };
+    assert_eq!(w.answer(Msg::Ok { file_id: 1 }).unwrap(), one);
     let damaged = Msg::Error {
         code: ErrorCode::Integrity,
         file_id: 2,
         message: "bad".into(),
     };
-    assert_eq!(w.answer(damaged).unwrap(), None);
+    assert_eq!(w.answer(damaged).unwrap(), Committed::default());
     assert!(w.answer(Msg::Ok { file_id: 9 }).is_err());
-    assert!(!w.over(0));
+    assert_eq!(w.answer(Msg::Ok { file_id: 3 }).unwrap().bytes, 30);
+    assert!(!w.over(0, (0, 0)));
     assert_eq!(w.again(), ["f2"]);
-    w.sent(4, "f4".into(), 1);
+    // A run: its count and last file must be the oldest waiting.
+    for id in 4..=7 {
+        w.sent(id, format!("f{id}"), 1);
+    }
+    assert!(w
+        .answer(Msg::Oks {
+            file_id: 6,
+            count: 2
+        })
+        .is_err());
+    assert!(w
+        .answer(Msg::Oks {
+            file_id: 8,
+            count: 5
+        })
+        .is_err());
+    assert!(w
+        .answer(Msg::Oks {
+            file_id: 5,
+            count: 0
+        })
+        .is_err());
+    let run = w
+        .answer(Msg::Oks {
+            file_id: 6,
+            count: 3,
+        })
+        .unwrap();
+    assert_eq!(run, Committed { files: 3, bytes: 3 });
     let full = Msg::Error {
         code: ErrorCode::NoSpace,
-        file_id: 4,
+        file_id: 7,
         message: "full".into(),
     };
     assert!(w.answer(full).is_err());

@@ -813,16 +813,45 @@ fn put_file_as(
     v
 }
 
+/// A PACK of `frames` (PUT_FILE frames, 1.11), sealed by the channel's TLS when sent.
+fn put_pack(frames: &[Vec<u8>]) -> Vec<u8> {
+    let body: Vec<u8> = frames.concat();
+    let mut v =
+        proto::encode_pack_header(frames.len() as u16, None, false, body.len() as u32).unwrap();
+    v.extend_from_slice(&body);
+    v
+}
+
+/// The next `n` answers to PUT_FILEs: (file_id, None) for each committed (OK, or OKS for a
+/// run of consecutive ids), (file_id, Some(code)) for each refused.
+fn put_answers(link: &mut Link, n: usize) -> Vec<(u32, Option<ErrorCode>)> {
+    let mut answers = Vec::new();
+    while answers.len() < n {
+        match link.recv_msg().unwrap() {
+            Msg::Ok { file_id } => answers.push((file_id, None)),
+            Msg::Oks { file_id, count } => {
+                assert!(count >= 2, "a run of {count}");
+                answers.extend((file_id + 1 - count..=file_id).map(|id| (id, None)));
+            }
+            Msg::Error { file_id, code, .. } => answers.push((file_id, Some(code))),
+            m => panic!("unexpected {m:?}"),
+        }
+    }
+    answers
+}
+
 /// PUT_FILEs sent back to back, the first as the first request after WELCOME and larger
-/// than the handshake's buffer: each answered in order, OK or ERROR, without waiting for
-/// the client (the server commits them in groups; a refusal waits for the files before it,
-/// and a second upload of a file lands after the first). Good files land whole with their mode and mtime; a damaged one (BLAKE3) is
+/// than the handshake's buffer: each answered in order, OK or ERROR (or OKS for a run, to a
+/// client of 1.11), without waiting for the client (the server commits them in groups; a
+/// refusal waits for the files before it, and a second upload of a file lands after the
+/// first). Good files land whole with their mode and mtime; a damaged one (BLAKE3) is
 /// refused with Integrity, one leaving its root with PermissionDenied, and neither leaves a
-/// file or a temporary behind.
-fn put_files_stream(driver: &str) {
+/// file or a temporary behind. `packed`: all but the first in one PACK (1.11), each
+/// answered as if it had come alone.
+fn put_files_stream(driver: &str, minor: u16, packed: bool) {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let (addr, dir) = start(driver, false);
-    let (mut link, m) = hello_minor(&addr, proto::VERSION_MINOR);
+    let (mut link, m) = hello_minor(&addr, minor);
     assert!(matches!(m, Msg::Welcome { minor, .. } if minor >= proto::MINOR_PUT_FILE));
     // 65,563 bytes with its header: more than the 64 KiB handshake buffer, within a block.
     let big: Vec<u8> = (0..65_500u32).map(|i| (i * 11) as u8).collect();
@@ -838,17 +867,15 @@ fn put_files_stream(driver: &str) {
         // The same file again: it lands after the first.
         put_file(6, "d/five", b"FIVE!", hash(b"FIVE!")),
     ];
-    for f in &frames {
-        link.send_frame(f).unwrap();
+    if packed {
+        link.send_frame(&frames[0]).unwrap();
+        link.send_frame(&put_pack(&frames[1..])).unwrap();
+    } else {
+        for f in &frames {
+            link.send_frame(f).unwrap();
+        }
     }
-    let mut answers = Vec::new();
-    for _ in 0..frames.len() {
-        answers.push(match link.recv_msg().unwrap() {
-            Msg::Ok { file_id } => (file_id, None),
-            Msg::Error { file_id, code, .. } => (file_id, Some(code)),
-            m => panic!("unexpected {m:?}"),
-        });
-    }
+    let answers = put_answers(&mut link, frames.len());
     assert_eq!(
         answers,
         vec![
@@ -883,12 +910,57 @@ fn put_files_stream(driver: &str) {
 
 #[test]
 fn put_files_stream_tcp() {
-    put_files_stream("tcp");
+    put_files_stream("tcp", proto::VERSION_MINOR, false);
+    put_files_stream("tcp", proto::MINOR_PUT_PACK - 1, false);
 }
 
 #[test]
 fn put_files_stream_ofi_shm() {
-    put_files_stream("ofi+shm");
+    put_files_stream("ofi+shm", proto::VERSION_MINOR, false);
+}
+
+#[test]
+fn put_files_packed_tcp() {
+    put_files_stream("tcp", proto::VERSION_MINOR, true);
+}
+
+#[test]
+fn put_files_packed_ofi_shm() {
+    put_files_stream("ofi+shm", proto::VERSION_MINOR, true);
+}
+
+/// A PACK from a client of 1.10 (which has none to send), or one that carries other
+/// frames than PUT_FILE, or fewer than it counts, ends that connection; the server serves
+/// the next.
+#[test]
+fn a_bad_put_pack_ends_its_connection() {
+    let (addr, dir) = start("tcp", false);
+    let hash = *blake3::hash(b"x").as_bytes();
+    let one = put_file(1, "d/x", b"x", hash);
+    let stat = proto::to_vec(&Msg::Stat { path: "d".into() }).unwrap();
+    // Two counted, one there.
+    let mut short = put_pack(&[one.clone(), one.clone()]);
+    short.truncate(short.len() - one.len());
+    let len = (short.len() as u32).to_le_bytes();
+    short[..4].copy_from_slice(&len);
+    for (minor, pack) in [
+        (proto::MINOR_PUT_PACK - 1, put_pack(&[one.clone()])),
+        (proto::VERSION_MINOR, put_pack(&[stat])),
+        (proto::VERSION_MINOR, short),
+    ] {
+        let (mut link, _) = hello_minor(&addr, minor);
+        link.send_frame(&pack).unwrap();
+        assert!(
+            link.recv_msg().is_err(),
+            "minor {minor}: the connection ends"
+        );
+        assert!(!dir.join("x").exists());
+    }
+    let (mut link, _) = hello_minor(&addr, proto::VERSION_MINOR);
+    link.send_frame(&put_pack(&[one])).unwrap();
+    assert_eq!(put_answers(&mut link, 1), [(1, None)]);
+    assert_eq!(std::fs::read(dir.join("x")).unwrap(), b"x");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Sends PUT of `size` bytes to `path` with `flags` and `mode`; the server's answer.

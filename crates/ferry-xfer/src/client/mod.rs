@@ -27,9 +27,8 @@ mod upload;
 use std::time::Duration;
 
 use crate::error::{Kind, Result, XferError};
-use crate::link::{BlockSender, Link, HANDSHAKE_TIMEOUT};
+use crate::link::{BlockSender, Link, PackCheck, HANDSHAKE_TIMEOUT};
 use crate::proto::{self, Entry, EntryKind, Msg, BLOCK_HEADER_LEN};
-use ferry_service::secure::protect::BlockCheck;
 use ferry_service::secure::{ClientSecurity, Level};
 
 use copy::walk_local;
@@ -400,80 +399,6 @@ pub struct Client {
     pub stats: Stats,
 }
 
-/// How a connection's PACKs are checked: sealed by TLS (or on a clear connection), or, from
-/// a server of 1.10, clear with a tag keyed by the session (`integrity`,
-/// [`proto::pack_tag`]) or sealed in place with its `private` key.
-#[derive(Debug, Default)]
-pub(crate) struct PackCheck {
-    /// What the connection's PACKs carry: `Crc` (nothing of their own), `Tag` or `Seal`.
-    check: BlockCheck,
-    /// PACKs tagged or sealed in place received so far: the next one's `seq`.
-    seq: u64,
-}
-
-impl PackCheck {
-    /// The check of `link`'s PACKs from a server of protocol `minor`; lets PACKs arrive
-    /// clear on it when they carry a check of their own.
-    fn agree(link: &mut Link, minor: u16) -> PackCheck {
-        let p = link.protection();
-        let clear = link.secure().is_some() && minor >= proto::MINOR_TAGGED_PACK;
-        let check = match p.level {
-            Level::Integrity | Level::Private if clear => p.recv,
-            _ => BlockCheck::Crc,
-        };
-        if check != BlockCheck::Crc {
-            link.set_data_types(crate::link::CLEAR_PACK_TYPES);
-        }
-        PackCheck { check, seq: 0 }
-    }
-
-    /// Checks a PACK of `count` frames with `tag`, `sealed` as its header says, whose
-    /// `payload` follows: its frames' bytes (opened in place when sealed), to take apart
-    /// with [`proto::decode_pack`]. The tag or seal must be there exactly when the
-    /// connection agreed on one, and right: else the connection ends.
-    pub(crate) fn open<'a>(
-        &mut self,
-        (count, tag, sealed): (u16, Option<[u8; 32]>, bool),
-        payload: &'a mut [u8],
-    ) -> Result<&'a [u8]> {
-        let seq = self.seq;
-        let frames = match (&self.check, tag, sealed) {
-            (BlockCheck::Crc, None, false) => return Ok(payload),
-            (BlockCheck::Tag(key), Some(tag), false) => {
-                let want = proto::pack_tag(key, seq, count, payload)
-                    .map_err(|e| XferError::conn(format!("the server sent a bad pack: {e}")))?;
-                // blake3::Hash compares in constant time.
-                (blake3::Hash::from(want) == blake3::Hash::from(tag)).then_some(&*payload)
-            }
-            (check @ BlockCheck::Seal(_), None, true) => {
-                check.open_frames(&proto::pack_seal_context(seq, count), payload)
-            }
-            _ => {
-                return Err(XferError::conn(format!(
-                    "the server sent a PACK {} on a connection whose PACKs are {}",
-                    match (tag.is_some(), sealed) {
-                        (true, _) => "tagged",
-                        (_, true) => "sealed in place",
-                        _ => "with no tag nor seal",
-                    },
-                    match self.check {
-                        BlockCheck::Crc => "sealed by TLS",
-                        BlockCheck::Tag(_) => "tagged",
-                        BlockCheck::Seal(_) => "sealed in place",
-                    }
-                )))
-            }
-        };
-        self.seq += 1;
-        frames.ok_or_else(|| {
-            XferError::new(
-                Kind::Integrity,
-                "a PACK failed its integrity check (changed, reordered or replayed on the way): closing the connection",
-            )
-        })
-    }
-}
-
 /// A path's STAT answer, and its LIST answer when it was asked for with it
 /// ([`Client::look`]), kept for the plan that follows.
 struct Looked {
@@ -677,9 +602,12 @@ impl Client {
         let ring = tune::ring_for(opts.buffer, opts.ring, rtt, block);
         link.post_ring(ring.max(2), BLOCK_HEADER_LEN + block as usize)?;
         agree_protection(&mut link, addr, minor, level, protect_early)?;
-        let packs = PackCheck::agree(&mut link, minor);
+        let packs = PackCheck::for_downloads(&mut link, minor);
         let mut tx = BlockSender::new(block, ring, opts.idle_timeout)?;
         tx.direct = opts.direct;
+        // Small files go up several to a message (1.11), sealed in place at `private`.
+        tx.packing = minor >= proto::MINOR_PUT_PACK;
+        tx.clear_packs = tx.packing;
         let get_window = tune::get_window(opts.buffer, rtt, u64::from(block));
         let stats = Stats {
             tuning: Tuning {
@@ -1100,84 +1028,4 @@ pub(crate) fn basename(path: &str) -> &str {
 /// Hex of a hash.
 pub fn hex(h: &[u8; 32]) -> String {
     h.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A pack of two FILE frames.
-    fn frames() -> Vec<u8> {
-        let mut v = Vec::new();
-        for (id, data) in [(1u32, &b"abc"[..]), (2, &b"hello"[..])] {
-            let hash = *blake3::hash(data).as_bytes();
-            let len = data.len() as u32;
-            v.extend_from_slice(&proto::encode_file_header(id, 0o644, 0, hash, len).unwrap());
-            v.extend_from_slice(data);
-        }
-        v
-    }
-
-    fn tagged(key: [u8; 32]) -> PackCheck {
-        PackCheck {
-            check: BlockCheck::Tag(key),
-            seq: 0,
-        }
-    }
-
-    #[test]
-    fn a_tagged_connection_takes_each_pack_only_with_its_own_tag_in_order() {
-        let key = [3; 32];
-        let f = frames();
-        let tag = |seq| Some(proto::pack_tag(&key, seq, 2, &f).unwrap());
-        let mut c = tagged(key);
-        assert_eq!(c.open((2, tag(0), false), &mut f.clone()).unwrap(), &f[..]);
-        c.open((2, tag(1), false), &mut f.clone()).unwrap();
-        // Replayed (an earlier place), forged, missing, sealed instead: each refused.
-        let e = c.open((2, tag(1), false), &mut f.clone()).unwrap_err();
-        assert_eq!(e.kind, Kind::Integrity, "{e}");
-        let mut forged = tag(0).unwrap();
-        forged[31] ^= 1;
-        let mut copy = f.clone();
-        let e = tagged(key).open((2, Some(forged), false), &mut copy);
-        assert_eq!(e.unwrap_err().kind, Kind::Integrity);
-        assert!(tagged(key).open((2, None, false), &mut f.clone()).is_err());
-        assert!(tagged(key).open((2, None, true), &mut f.clone()).is_err());
-        // A file's header changed under a good tag.
-        let mut changed = f.clone();
-        changed[8] ^= 1;
-        assert!(tagged(key).open((2, tag(0), false), &mut changed).is_err());
-    }
-
-    #[test]
-    fn a_private_connection_takes_packs_sealed_in_place_in_order() {
-        let key = BlockCheck::Seal([5; 32]);
-        let f = frames();
-        let sealed = |seq| {
-            let mut b = f.clone();
-            b.resize(f.len() + proto::BLOCK_SEAL_TRAILER, 0);
-            key.seal_frames(&proto::pack_seal_context(seq, 2), &mut b)
-                .unwrap();
-            b
-        };
-        let mut c = PackCheck { check: key, seq: 0 };
-        assert_eq!(c.open((2, None, true), &mut sealed(0)).unwrap(), &f[..]);
-        // Replayed, changed, or clear: refused.
-        let e = c.open((2, None, true), &mut sealed(0)).unwrap_err();
-        assert_eq!(e.kind, Kind::Integrity);
-        let mut changed = sealed(2);
-        changed[3] ^= 1;
-        assert!(c.open((2, None, true), &mut changed).is_err());
-        let mut c = PackCheck { check: key, seq: 0 };
-        assert!(c.open((2, None, false), &mut f.clone()).is_err());
-    }
-
-    #[test]
-    fn an_untagged_connection_refuses_a_tagged_or_sealed_pack() {
-        let f = frames();
-        let mut c = PackCheck::default();
-        c.open((2, None, false), &mut f.clone()).unwrap();
-        assert!(c.open((2, Some([0; 32]), false), &mut f.clone()).is_err());
-        assert!(c.open((2, None, true), &mut f.clone()).is_err());
-    }
 }

@@ -76,6 +76,24 @@ impl Client {
         progress: &dyn Progress,
     ) -> Result<()> {
         let mut window = PutFiles::default();
+        self.put_each(files, &mut window, open, progress)?;
+        self.settle_puts(&mut window, open, progress)
+    }
+
+    /// Sends `files`: each small one whole (PUT_FILE, several to a PACK for a 1.11 server)
+    /// into `window`, whose answers are taken as they come and when it is full; a larger
+    /// one, or any to an older server, by PUT once every answer is in. Ends with answers
+    /// still to come: [`Client::settle_puts`] takes them.
+    pub(crate) fn put_each<K>(
+        &mut self,
+        files: impl IntoIterator<Item = (K, String)>,
+        window: &mut PutFiles<(K, String)>,
+        open: &dyn Fn(&K) -> Result<(File, FileMeta)>,
+        progress: &dyn Progress,
+    ) -> Result<()> {
+        // Unanswered: what the staging ring holds (sized to the path), as files at most
+        // PUT_WINDOW.
+        let room = (PUT_WINDOW, self.ring as u64 * u64::from(self.block));
         for (src, path) in files {
             // A file small enough for one frame has nothing worth resuming: it goes whole
             // (the server's whole-file write drops any earlier part and journal of it).
@@ -83,7 +101,7 @@ impl Client {
                 self.minor >= proto::MINOR_PUT_FILE && crate::mem::classify(&path).is_none();
             let (file, meta) = open(&src)?;
             if !(whole && self.tx.put_file_fits(&path, meta.size)) {
-                self.take_answers(&mut window, 0, progress)?;
+                self.take_answers(window, None, progress)?;
                 self.put_meta(&file, &meta, &path, progress)?;
                 continue;
             }
@@ -93,9 +111,19 @@ impl Client {
                 .send_put_file(&self.link, &file, (file_id, flags), &path, &meta)?;
             self.stats.wire_bytes += meta.size;
             window.sent(file_id, (src, path), meta.size);
-            self.take_answers(&mut window, PUT_WINDOW, progress)?;
+            self.take_answers(window, Some(room), progress)?;
         }
-        self.take_answers(&mut window, 0, progress)?;
+        Ok(())
+    }
+
+    /// Takes every answer of `window`, then sends again by PUT what arrived damaged.
+    pub(crate) fn settle_puts<K>(
+        &mut self,
+        window: &mut PutFiles<(K, String)>,
+        open: &dyn Fn(&K) -> Result<(File, FileMeta)>,
+        progress: &dyn Progress,
+    ) -> Result<()> {
+        self.take_answers(window, None, progress)?;
         // What arrived damaged goes again by PUT, with its CRC-checked blocks and RESENDs.
         for (src, path) in window.again() {
             self.stats.blocks_resent += 1;
@@ -124,24 +152,38 @@ impl Client {
         )
     }
 
-    /// Takes the server's answers to PUT_FILEs, oldest first, until at most `keep` are
-    /// unanswered ([`PutFiles::answer`]).
+    /// Takes the server's answers to PUT_FILEs, oldest first: those that are there, then
+    /// more until the files sent and unanswered fit in `room` (files, bytes); with no room,
+    /// every answer, the open PACK sent first ([`PutFiles::answer`]).
     fn take_answers<K>(
         &mut self,
         window: &mut PutFiles<K>,
-        keep: usize,
+        room: Option<(usize, u64)>,
         progress: &dyn Progress,
     ) -> Result<()> {
-        while window.over(keep) {
-            let m = self.link.recv_msg()?;
-            if let Some(size) = window.answer(m)? {
-                self.stats.files += 1;
-                self.stats.bytes += size;
-                progress.add(size);
+        if room.is_none() {
+            self.tx.flush_pack(&self.link)?;
+        }
+        let room = room.unwrap_or((0, 0));
+        loop {
+            let m = if window.over(self.tx.packed(), room) {
+                self.link.recv_msg()?
+            } else if window.over(self.tx.packed(), (0, 0)) {
+                match self.link.try_recv_msg()? {
+                    Some(m) => m,
+                    None => return Ok(()),
+                }
+            } else {
+                return Ok(());
+            };
+            let done = window.answer(m)?;
+            self.stats.files += done.files;
+            self.stats.bytes += done.bytes;
+            progress.add(done.bytes);
+            for _ in 0..done.files {
                 progress.file_done();
             }
         }
-        Ok(())
     }
 
     /// Uploads `size` zero bytes (the `zero:SIZE` source of memory mode) to a remote path;

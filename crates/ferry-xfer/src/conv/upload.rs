@@ -716,17 +716,22 @@ impl Receiver {
     }
 }
 
-/// PUT_FILEs a client keeps unanswered before it waits for the oldest answer.
-pub const PUT_WINDOW: usize = 32;
+/// PUT_FILEs a client keeps unanswered before it waits for the oldest answer (at most;
+/// also at most [`PutFiles::over`]'s bytes).
+pub const PUT_WINDOW: usize = 1024;
 
-/// The client's window of whole files sent by PUT_FILE (1.4), whose answers are not waited
-/// for one by one: they come in request order, OK or ERROR. A file the server found damaged
-/// (Integrity) is kept to go again by PUT; any other refusal ends the upload. `K` names a
-/// file's source for the caller.
+/// The client's window of whole files sent by PUT_FILE (1.4), alone or several to a PACK
+/// (1.11), whose answers are not waited for one by one: they come in request order, OK or
+/// ERROR, or OKS for a run of them (1.11). A file the server found damaged (Integrity) is
+/// kept to go again by PUT; any other refusal ends the upload. `K` names a file's source
+/// for the caller.
 #[derive(Debug)]
 pub struct PutFiles<K> {
-    /// Sent and unanswered: transfer id, the caller's name of the file, its size.
+    /// Sent (or packed to be sent) and unanswered: transfer id, the caller's name of the
+    /// file, its size.
     waiting: VecDeque<(u32, K, u64)>,
+    /// Their bytes.
+    bytes: u64,
     /// Refused as damaged: to send again by PUT.
     again: Vec<K>,
 }
@@ -735,41 +740,75 @@ impl<K> Default for PutFiles<K> {
     fn default() -> Self {
         PutFiles {
             waiting: VecDeque::new(),
+            bytes: 0,
             again: Vec::new(),
         }
     }
 }
 
+/// Files and bytes the server committed, from one answer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Committed {
+    /// Files.
+    pub files: u64,
+    /// Their bytes.
+    pub bytes: u64,
+}
+
 impl<K> PutFiles<K> {
-    /// A PUT_FILE of `size` bytes went as transfer `file_id`.
+    /// A PUT_FILE of `size` bytes went (or joined the PACK to go) as transfer `file_id`.
     pub fn sent(&mut self, file_id: u32, key: K, size: u64) {
         self.waiting.push_back((file_id, key, size));
+        self.bytes += size;
     }
 
-    /// Whether more than `keep` files wait for their answer (the caller then takes one).
-    pub fn over(&self, keep: usize) -> bool {
-        self.waiting.len() > keep
+    /// Whether, the newest `packed` files aside (in a PACK not sent yet), more than
+    /// `files` files or `bytes` bytes wait for their answer (the caller then takes one).
+    pub fn over(&self, packed: usize, (files, bytes): (usize, u64)) -> bool {
+        let sent = self.waiting.len().saturating_sub(packed);
+        if sent == 0 {
+            return false;
+        }
+        let unsent: u64 = self.waiting.iter().rev().take(packed).map(|w| w.2).sum();
+        sent > files || self.bytes - unsent > bytes
     }
 
-    /// The server's answer to the oldest file: `Some(size)` if it was committed, `None` if
-    /// it goes again by PUT ([`PutFiles::again`]); an error ends the upload.
-    pub fn answer(&mut self, m: Msg) -> Result<Option<u64>, XferError> {
-        let Some((file_id, key, size)) = self.waiting.pop_front() else {
-            return Err(unexpected(&m));
-        };
+    /// The server's answer to the oldest files: what it committed; a file refused as
+    /// damaged goes again by PUT ([`PutFiles::again`]); an error ends the upload.
+    pub fn answer(&mut self, m: Msg) -> Result<Committed, XferError> {
         match m {
-            Msg::Ok { file_id: id } if id == file_id => Ok(Some(size)),
+            Msg::Ok { file_id } => self.committed(file_id, 1, &m),
+            Msg::Oks { file_id, count } => self.committed(file_id, count, &m),
             Msg::Error {
-                file_id: id,
+                file_id,
                 code: ErrorCode::Integrity,
                 ..
-            } if id == file_id => {
-                self.again.push(key);
-                Ok(None)
+            } if self.waiting.front().is_some_and(|w| w.0 == file_id) => {
+                if let Some((_, key, size)) = self.waiting.pop_front() {
+                    self.bytes -= size;
+                    self.again.push(key);
+                }
+                Ok(Committed::default())
             }
             Msg::Error { code, message, .. } => Err(crate::error::remote(code, &message)),
             m => Err(unexpected(&m)),
         }
+    }
+
+    /// The `count` oldest files, the last of them `file_id`, were committed (`m` said so).
+    fn committed(&mut self, file_id: u32, count: u32, m: &Msg) -> Result<Committed, XferError> {
+        let n = usize::try_from(count).unwrap_or(usize::MAX);
+        let last = n.checked_sub(1).and_then(|i| self.waiting.get(i));
+        if last.is_none_or(|w| w.0 != file_id) {
+            return Err(unexpected(m));
+        }
+        let mut done = Committed::default();
+        for (_, _, size) in self.waiting.drain(..n) {
+            done.files += 1;
+            done.bytes += size;
+        }
+        self.bytes -= done.bytes;
+        Ok(done)
     }
 
     /// The files to send again by PUT (once every answer is in).

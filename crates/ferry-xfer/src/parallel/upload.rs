@@ -13,7 +13,7 @@ use crate::client::tune::{self, Growth};
 use crate::client::{
     open_source, plan_upload, remote_err, unexpected, Client, Options, Progress, Stats,
 };
-use crate::conv::upload::{held_ranges, Uploader};
+use crate::conv::upload::{held_ranges, PutFiles, Uploader};
 use crate::error::{Kind, Result, XferError};
 use crate::link::{FileMeta, Source};
 use crate::proto::{self, Msg};
@@ -119,8 +119,9 @@ impl SharedUp {
 
 /// Upload work.
 enum UpJob {
-    /// A whole file, one PUT (small files, or every file of a 1.1 server).
-    Whole(PathBuf, String),
+    /// A whole file, one PUT or PUT_FILE (small files, or every file of a 1.1 server), of
+    /// about this size.
+    Whole(PathBuf, String, u64),
     /// A large file to OPEN and split (`None`: zeros).
     Big(Option<PathBuf>, String, u64),
     /// One range of an OPENed file.
@@ -240,7 +241,7 @@ pub(crate) fn upload_planned(
     let jobs = files
         .into_iter()
         .map(|(src, path, size)| match src {
-            Some(src) if !parallel || size <= chunk => UpJob::Whole(src, path),
+            Some(src) if !parallel || size <= chunk => UpJob::Whole(src, path, size),
             src => UpJob::Big(src, path, size),
         })
         .collect::<VecDeque<_>>();
@@ -265,29 +266,24 @@ pub(crate) fn upload_planned(
     res
 }
 
-/// Whole files a stream takes from the queue at once.
-const WHOLE_BATCH: usize = 16;
+/// Most whole files a stream takes from the queue at once (and no more bytes than a
+/// block: a PACK's worth, 1.11).
+const WHOLE_BATCH: usize = 256;
 
-/// One stream's share of an upload.
+/// One stream's share of an upload. Whole files' answers are taken as they come, across
+/// batches, and all of them before a large file's conversation and at the end.
 fn upload_stream(c: &mut Client, q: &UpQueue, progress: &dyn Progress) -> Result<()> {
+    let mut window = PutFiles::default();
+    let open = |p: &PathBuf| (q.open)(p);
     while let Some(job) = q.next() {
+        if !matches!(job, UpJob::Whole(..)) {
+            c.settle_puts(&mut window, &open, progress)?;
+        }
         match job {
-            UpJob::Whole(src, path) => {
+            UpJob::Whole(src, path, size) => {
                 // Whole files stream (PUT_FILE): take the next few along with this one.
-                let mut batch = vec![(src, path)];
-                let mut queue = lock(&q.queue);
-                while batch.len() < WHOLE_BATCH {
-                    match queue.pop_front() {
-                        Some(UpJob::Whole(src, path)) => batch.push((src, path)),
-                        Some(other) => {
-                            queue.push_front(other);
-                            break;
-                        }
-                        None => break,
-                    }
-                }
-                drop(queue);
-                c.upload_each(batch, &|p: &PathBuf| (q.open)(p), progress)?
+                let batch = whole_batch(q, (src, path, size), u64::from(c.block_size()));
+                c.put_each(batch, &mut window, &open, progress)?
             }
             UpJob::Big(None, path, size) if c.minor < proto::MINOR_STREAMS => {
                 c.upload_zero(size, &path, progress)?
@@ -314,7 +310,33 @@ fn upload_stream(c: &mut Client, q: &UpQueue, progress: &dyn Progress) -> Result
             }
         }
     }
-    Ok(())
+    c.settle_puts(&mut window, &open, progress)
+}
+
+/// `first` and the whole files queued right after it: at most [`WHOLE_BATCH`] files and
+/// `bytes` bytes (`first` whatever its size).
+fn whole_batch(
+    q: &UpQueue,
+    (src, path, size): (PathBuf, String, u64),
+    bytes: u64,
+) -> Vec<(PathBuf, String)> {
+    let mut batch = vec![(src, path)];
+    let mut taken = size;
+    let mut queue = lock(&q.queue);
+    while batch.len() < WHOLE_BATCH {
+        match queue.pop_front() {
+            Some(UpJob::Whole(src, path, size)) if taken + size <= bytes => {
+                taken += size;
+                batch.push((src, path));
+            }
+            Some(other) => {
+                queue.push_front(other);
+                break;
+            }
+            None => break,
+        }
+    }
+    batch
 }
 
 /// OPENs a parallel upload of `src` (`None`: zeros) to `path`: the shared state with what

@@ -23,7 +23,7 @@ use crate::config::ServerConfig;
 pub(crate) use crate::conv::serve::PutReq;
 use crate::conv::serve::{Route, Router, SendToReq, DRAINING};
 use crate::error::{Kind, Result, XferError};
-use crate::link::{BlockSender, Link};
+use crate::link::{BlockSender, Link, PackCheck};
 use crate::proto::{self, Entry, ErrorCode, Msg, BLOCK_HEADER_LEN};
 use crate::session::Session;
 use ferry_service::admit::{Admission, AuthRefused, Handshake};
@@ -291,6 +291,7 @@ impl Server {
             Some(level) => {
                 link.protect(level, true)?;
                 st.agreed = true;
+                st.packs = PackCheck::for_uploads(link, st.minor);
                 link.send(&Msg::Ok { file_id: 0 })
             }
             None => {
@@ -394,8 +395,10 @@ impl Server {
             block,
             ring,
             batch: std::collections::VecDeque::new(),
-            put_file: None,
-            commits: put::Commits::default(),
+            held: None,
+            put_at: None,
+            packs: PackCheck::default(),
+            commits: put::Commits::new(minor >= proto::MINOR_PUT_PACK),
             minor,
             owner,
             welcomed: remote.then_some(welcomed),
@@ -428,12 +431,18 @@ impl Server {
         // what finishing the work in progress means; the listeners take no new connections.
         let _in_flight = self.drain.count();
         loop {
-            // The frame of a PUT_FILE refused unwritten (while draining, say) goes back.
-            if let Some(frame) = st.put_file.take() {
-                link.give_back(frame)?;
+            // The frames of PUT_FILEs answered (or refused unwritten, while draining, say)
+            // go back once none is left to answer.
+            if st.batch.is_empty() {
+                if let Some(frame) = st.held.take() {
+                    link.give_back(frame)?;
+                }
             }
             let msg = match st.batch.pop_front() {
-                Some(m) => m,
+                Some((m, at)) => {
+                    st.put_at = at;
+                    m
+                }
                 None => self.wait_request(link, session, tx, st)?,
             };
             if let Msg::Protect { level } = msg {
@@ -474,7 +483,7 @@ impl Server {
                     reply_refusal(link, file_id, refusal)?;
                     return Err(self.stopped("a request"));
                 }
-                Route::Batch(gets) => st.batch.extend(gets),
+                Route::Batch(gets) => st.batch.extend(gets.into_iter().map(|m| (m, None))),
                 Route::Virtual(msg) => {
                     // The memory root's requests are audited as the real roots' are.
                     let audit = Route::virtual_audited(&msg);
@@ -724,21 +733,18 @@ impl Server {
                 blake3,
                 len,
             } => {
-                let frame = st
-                    .put_file
-                    .take()
-                    .ok_or_else(|| XferError::conn("internal: a PUT_FILE without its frame"))?;
-                // Landed from its receive buffer, which goes back to the peer after.
-                let res = frame.with_bytes(|b| {
+                let (Some(frame), Some(at)) = (&st.held, st.put_at.take()) else {
+                    return Err(XferError::conn("internal: a PUT_FILE without its frame"));
+                };
+                // Landed from its receive buffer, which goes back to the peer after (the
+                // loop's next turn, once no other file of its PACK waits).
+                frame.with_bytes(|b| {
                     let payload = b
-                        .len()
-                        .checked_sub(len as usize)
-                        .and_then(|at| b.get(at..))
+                        .get(at..)
+                        .and_then(|p| p.get(..len as usize))
                         .ok_or_else(|| XferError::conn("PUT_FILE shorter than its payload"))?;
                     self.put_file(link, &mut st.commits, &req, &path, payload, &blake3)
-                });
-                link.give_back(frame)?;
-                res
+                })
             }
             Route::Open(req, path) => self.open(link, session, &req, &path),
             Route::PutRange {
@@ -917,11 +923,16 @@ struct Requests {
     block: u32,
     /// The connection's ring.
     ring: usize,
-    /// The GETs of a GETS frame, answered one by one as if each had come alone.
-    batch: std::collections::VecDeque<Msg>,
-    /// The PUT_FILE being answered, in its receive buffer (its payload is the frame's last
-    /// `len` bytes, written from there: no copy).
-    put_file: Option<Held>,
+    /// The GETs of a GETS frame or the PUT_FILEs of a PACK (1.11, each with where its
+    /// payload starts in `held`), answered one by one as if each had come alone.
+    batch: std::collections::VecDeque<(Msg, Option<usize>)>,
+    /// The receive buffer of the PUT_FILE or the PACK of them being answered, kept until
+    /// their files are written from it (no copy).
+    held: Option<Held>,
+    /// Where the payload of the PUT_FILE being answered starts in `held`.
+    put_at: Option<usize>,
+    /// How the client's PACKs of PUT_FILEs are checked (1.11; once the level is agreed).
+    packs: PackCheck,
     /// PUT_FILEs written and waiting to be committed together.
     commits: put::Commits,
     /// The client's protocol minor version.
@@ -939,22 +950,57 @@ struct Requests {
 
 impl Requests {
     /// Decodes the request `held` in place. Its receive buffer goes back to the peer at once,
-    /// but a PUT_FILE's, which is kept until the file is written.
-    fn take_request(&mut self, link: &mut Link, held: Held) -> Result<Msg> {
+    /// but a PUT_FILE's or a PACK's of them (1.11), which is kept until the files are
+    /// written: a PACK's PUT_FILEs are then answered one by one from [`Requests::batch`].
+    fn take_request(&mut self, link: &mut Link, mut held: Held) -> Result<Msg> {
         let msg = held.with_bytes(decode_request);
-        match msg {
-            Ok(m @ Msg::PutFile { .. }) => {
-                if let Some(old) = self.put_file.replace(held) {
-                    link.give_back(old)?;
-                }
-                Ok(m)
+        let files = match msg {
+            Ok(m @ Msg::PutFile { len, .. }) => {
+                self.put_at = held.len().checked_sub(len as usize);
+                vec![(m, self.put_at)]
             }
+            Ok(Msg::Pack {
+                count, tag, sealed, ..
+            }) if self.minor >= proto::MINOR_PUT_PACK => {
+                let packs = &mut self.packs;
+                held.with_bytes_mut(|b| unpack(packs, (count, tag, sealed), b))?
+            }
+            Ok(Msg::Pack { .. }) => return Err(XferError::conn("unexpected data frame")),
             other => {
                 link.give_back(held)?;
-                other
+                return other;
             }
+        };
+        if let Some(old) = self.held.replace(held) {
+            link.give_back(old)?;
         }
+        self.batch.extend(files);
+        let (m, at) = self
+            .batch
+            .pop_front()
+            .ok_or_else(|| XferError::conn("internal: a PACK with no file"))?;
+        self.put_at = at;
+        Ok(m)
     }
+}
+
+/// Checks and takes apart a client's PACK of PUT_FILE frames (1.11) in `b`, its whole
+/// message (opened in place when sealed): each PUT_FILE with where its payload starts in `b`.
+fn unpack(
+    packs: &mut PackCheck,
+    head: (u16, Option<[u8; 32]>, bool),
+    b: &mut [u8],
+) -> Result<Vec<(Msg, Option<usize>)>> {
+    let bad = |e| XferError::conn(format!("the client sent a bad pack: {e}"));
+    let (_, frames) = proto::decode(b).map_err(bad)?;
+    let at = b.len() - frames.len();
+    let base = b.as_ptr() as usize;
+    let frames = packs.open(head, &mut b[at..])?;
+    Ok(proto::decode_put_pack(head.0, frames)
+        .map_err(bad)?
+        .into_iter()
+        .map(|(m, payload)| (m, Some(payload.as_ptr() as usize - base)))
+        .collect())
 }
 
 /// The next request on a connection, in its receive buffer. While it waits, the session
@@ -987,11 +1033,11 @@ fn next_request(
     }
 }
 
-/// Decodes a request (a data frame is an error here).
+/// Decodes a request (a data frame is an error here, but a PACK: [`Requests::take_request`]).
 fn decode_request(buf: &[u8]) -> Result<Msg> {
     let (msg, _) = proto::decode(buf)
         .map_err(|e| XferError::conn(format!("the peer sent a bad frame: {e}")))?;
-    if matches!(msg, Msg::Block(_) | Msg::File { .. } | Msg::Pack { .. }) {
+    if matches!(msg, Msg::Block(_) | Msg::File { .. }) {
         return Err(XferError::conn("unexpected data frame"));
     }
     Ok(msg)

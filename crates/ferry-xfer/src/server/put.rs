@@ -463,6 +463,8 @@ const SYNC_THREADS: usize = 8;
 #[derive(Default)]
 pub(super) struct Commits {
     pending: Vec<Waiting>,
+    /// Answer a run of committed files with one OKS frame (a client of 1.11).
+    oks: bool,
 }
 
 /// A PUT_FILE written and verified, waiting for its commit.
@@ -495,6 +497,14 @@ impl Waiting {
 }
 
 impl Commits {
+    /// No file waiting yet; runs of OKs go as one OKS frame if `oks` (a client of 1.11).
+    pub(super) fn new(oks: bool) -> Commits {
+        Commits {
+            pending: Vec::new(),
+            oks,
+        }
+    }
+
     /// Whether files are waiting.
     pub(super) fn is_empty(&self) -> bool {
         self.pending.is_empty()
@@ -550,7 +560,12 @@ impl Commits {
             *res = rustix::fs::fsync(&*dir).map_err(std::io::Error::from);
         }
         // Every answer is tried; the first that cannot be sent is the result (the files are
-        // committed all the same: they were whole and verified).
+        // committed all the same: they were whole and verified). A run of OKs goes as one
+        // OKS frame to a client that takes it.
+        let mut answers = Answers {
+            run: None,
+            oks: self.oks,
+        };
         let mut sent = Ok(());
         for (file_id, path, res) in placed {
             let res = res.and_then(|at| match &dirs[at].2 {
@@ -561,15 +576,46 @@ impl Commits {
                 continue;
             }
             sent = match res {
-                Ok(()) => link.send(&Msg::Ok { file_id }),
-                Err(e) => reply_refusal(
-                    link,
-                    file_id,
-                    refuse(ErrorCode::Io, format!("{path}: commit failed: {e}")),
-                ),
+                Ok(()) => answers.ok(link, file_id),
+                Err(e) => answers.end(link).and_then(|()| {
+                    reply_refusal(
+                        link,
+                        file_id,
+                        refuse(ErrorCode::Io, format!("{path}: commit failed: {e}")),
+                    )
+                }),
             };
         }
-        sent
+        sent.and(answers.end(link))
+    }
+}
+
+/// The OKs of a group of commits, in order: each alone, or runs of them as OKS frames.
+struct Answers {
+    /// The run not sent yet: its last file and how many files.
+    run: Option<(u32, u32)>,
+    /// Whether the client takes OKS (1.11).
+    oks: bool,
+}
+
+impl Answers {
+    /// `file_id` was committed.
+    fn ok(&mut self, link: &mut Link, file_id: u32) -> Result<()> {
+        if !self.oks {
+            return link.send(&Msg::Ok { file_id });
+        }
+        let count = self.run.map_or(0, |(_, n)| n) + 1;
+        self.run = Some((file_id, count));
+        Ok(())
+    }
+
+    /// Sends the run (before another answer, and at the end).
+    fn end(&mut self, link: &mut Link) -> Result<()> {
+        match self.run.take() {
+            Some((file_id, 1)) => link.send(&Msg::Ok { file_id }),
+            Some((file_id, count)) => link.send(&Msg::Oks { file_id, count }),
+            None => Ok(()),
+        }
     }
 }
 
