@@ -44,6 +44,20 @@ pub fn xfer_frame(data: &[u8]) {
             }
             // Tagging what the decoder did not accept fails or tags, never panics.
             let _ = proto::pack_tag(&[1; 32], 0, count, payload);
+            // An upload's pack (1.11): each frame it accepts is a whole PUT_FILE, and they
+            // fill it exactly; never both kinds at once.
+            if let Ok(puts) = proto::decode_put_pack(count, payload) {
+                assert_eq!(puts.len(), count as usize);
+                let sum: usize = puts
+                    .iter()
+                    .map(|(m, p)| match m {
+                        Msg::PutFile { path, .. } => proto::put_file_header_len(path) + p.len(),
+                        m => panic!("a PUT_FILE pack gave {m:?}"),
+                    })
+                    .sum();
+                assert_eq!(sum, payload.len());
+                assert!(count == 0 || proto::decode_pack(count, payload).is_err());
+            }
         }
     }
 }

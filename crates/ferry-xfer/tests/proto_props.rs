@@ -378,6 +378,47 @@ proptest! {
         let inner = proto::to_vec(&m).unwrap();
         prop_assert!(proto::decode_pack(1, &inner).is_err());
         prop_assert!(proto::decode_pack(0, &[]).is_ok_and(|v| v.is_empty()));
+        if !matches!(m, Msg::PutFile { .. }) {
+            prop_assert!(proto::decode_put_pack(1, &inner).is_err());
+        }
+    }
+
+    /// An upload's PACK (1.11): PUT_FILE frames back to back, each with its path and
+    /// payload, taken apart exactly; a count that disagrees, or a FILE frame among them,
+    /// is refused; any change or cut is refused or read canonically, never a panic.
+    #[test]
+    fn put_packs_round_trip(files in proptest::collection::vec((any::<u32>(), s(40), proptest::collection::vec(any::<u8>(), 0..700)), 1..12), at in any::<usize>(), byte in any::<u8>()) {
+        let mut frames = Vec::new();
+        for (id, path, data) in &files {
+            let m = Msg::PutFile { flags: 0, file_id: *id, mode: 0o644, mtime: 7, blake3: [3; 32], path: path.clone(), len: data.len() as u32 };
+            frames.extend_from_slice(&proto::to_vec(&m).unwrap());
+            frames.extend_from_slice(data);
+        }
+        let count = files.len() as u16;
+        let mut bytes = proto::encode_pack_header(count, None, false, frames.len() as u32).unwrap();
+        bytes.extend_from_slice(&frames);
+        let (_, payload) = proto::decode(&bytes).unwrap();
+        let got = proto::decode_put_pack(count, payload).unwrap();
+        for ((msg, data), (id, want_path, want)) in got.iter().zip(&files) {
+            let same = matches!(msg, Msg::PutFile { file_id, path, .. } if file_id == id && path == want_path);
+            prop_assert!(same);
+            prop_assert_eq!(*data, &want[..]);
+        }
+        prop_assert!(proto::decode_pack(count, payload).is_err());
+        prop_assert!(proto::decode_put_pack(count + 1, payload).is_err());
+        if count > 1 {
+            prop_assert!(proto::decode_put_pack(count - 1, payload).is_err());
+        }
+        let file = proto::encode_file_header(1, 0o644, 0, [7; 32], 0).unwrap();
+        let mixed = [payload, &file[..]].concat();
+        prop_assert!(proto::decode_put_pack(count + 1, &mixed).is_err());
+        xfer_frame::xfer_frame(&bytes);
+        let mut bad = bytes.clone();
+        let i = at % bad.len();
+        bad[i] = byte;
+        xfer_frame::xfer_frame(&bad);
+        bad.truncate(at % (bad.len() + 1));
+        xfer_frame::xfer_frame(&bad);
     }
 
     #[test]
