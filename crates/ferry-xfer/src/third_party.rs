@@ -315,10 +315,9 @@ fn copy(
     };
     relay.send();
     if entry.kind == EntryKind::Dir {
-        c.mkdir(&target, entry.mode).map_err(at_dest)?;
-        for d in &dirs {
-            c.mkdir(&join(&target, d), 0o755).map_err(at_dest)?;
-        }
+        let made = dirs.iter().map(|d| (join(&target, d), 0o755));
+        c.mkdirs(std::iter::once((target.clone(), entry.mode)).chain(made))
+            .map_err(at_dest)?;
     }
     // Sources open in this server's sandbox as they go; a file it cannot read ends the copy
     // with its own refusal, not the destination's.

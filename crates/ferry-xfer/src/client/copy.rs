@@ -382,10 +382,8 @@ pub(crate) fn plan_upload(
                         .collect();
                 }
             }
-            c.mkdir(&target, 0o755)?;
-            for d in &dirs {
-                c.mkdir(&join(&target, d), 0o755)?;
-            }
+            let made = dirs.iter().map(|d| (join(&target, d), 0o755));
+            c.mkdirs(std::iter::once((target.clone(), 0o755)).chain(made))?;
             files
         };
         progress.total(files.iter().map(|f| f.1).sum());
