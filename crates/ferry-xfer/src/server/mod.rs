@@ -955,10 +955,7 @@ impl Requests {
     fn take_request(&mut self, link: &mut Link, mut held: Held) -> Result<Msg> {
         let msg = held.with_bytes(decode_request);
         let files = match msg {
-            Ok(m @ Msg::PutFile { len, .. }) => {
-                self.put_at = held.len().checked_sub(len as usize);
-                vec![(m, self.put_at)]
-            }
+            Ok(m @ Msg::PutFile { len, .. }) => vec![(m, held.len().checked_sub(len as usize))],
             Ok(Msg::Pack {
                 count, tag, sealed, ..
             }) if self.minor >= proto::MINOR_PUT_PACK => {
@@ -978,7 +975,7 @@ impl Requests {
         let (m, at) = self
             .batch
             .pop_front()
-            .ok_or_else(|| XferError::conn("internal: a PACK with no file"))?;
+            .ok_or_else(|| XferError::conn("the client sent a PACK of no file"))?;
         self.put_at = at;
         Ok(m)
     }
