@@ -850,7 +850,19 @@ fn put_answers(link: &mut Link, n: usize) -> Vec<(u32, Option<ErrorCode>)> {
 /// answered as if it had come alone.
 fn put_files_stream(driver: &str, minor: u16, packed: bool) {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    let (addr, dir) = start(driver, false);
+    // The token may use root `d` only: a PUT_FILE to `ro` is refused by its route.
+    let (addr, dir) = start_cfg(driver, |cfg| {
+        cfg.roots.push(RootConfig {
+            name: "ro".into(),
+            path: std::env::temp_dir(),
+            read_only: false,
+        });
+        let only_d = ferry_service::rights::Rights {
+            roots: Some(vec!["d".into()]),
+            ..ferry_service::rights::Rights::ALL
+        };
+        cfg.auth.token_rights.insert("tok".into(), only_d);
+    });
     let (mut link, m) = hello_minor(&addr, minor);
     assert!(matches!(m, Msg::Welcome { minor, .. } if minor >= proto::MINOR_PUT_FILE));
     // 65,563 bytes with its header: more than the 64 KiB handshake buffer, within a block.
@@ -866,6 +878,9 @@ fn put_files_stream(driver: &str, minor: u16, packed: bool) {
         put_file(5, "d/five", b"five", hash(b"five")),
         // The same file again: it lands after the first.
         put_file(6, "d/five", b"FIVE!", hash(b"FIVE!")),
+        // Refused by the request's route (a root the token may not use), before anything
+        // is read: still answered after the files before it.
+        put_file(7, "ro/f", b"f", hash(b"f")),
     ];
     if packed {
         link.send_frame(&frames[0]).unwrap();
@@ -884,7 +899,8 @@ fn put_files_stream(driver: &str, minor: u16, packed: bool) {
             (3, Some(ErrorCode::PermissionDenied)),
             (4, None),
             (5, None),
-            (6, None)
+            (6, None),
+            (7, Some(ErrorCode::NotFound))
         ]
     );
     assert!(std::fs::read(dir.join("big")).unwrap() == big);

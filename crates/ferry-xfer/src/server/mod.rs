@@ -696,7 +696,11 @@ impl Server {
             Route::Bye | Route::Batch(_) | Route::Virtual(_) => Err(XferError::conn(
                 "internal: a route the request loop takes is executed",
             )),
-            Route::Refuse { file_id, refusal } => reply_refusal(link, file_id, refusal),
+            Route::Refuse { file_id, refusal } => {
+                // Answers keep request order: PUT_FILEs waiting to be committed go first.
+                st.commits.flush(link)?;
+                reply_refusal(link, file_id, refusal)
+            }
             Route::Stat(path) => match crate::export::stat(&self.roots, &path) {
                 Ok(e) => link.send(&Msg::Entry(e)),
                 Err(r) => reply_refusal(link, 0, r),
