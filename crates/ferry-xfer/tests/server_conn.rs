@@ -960,7 +960,10 @@ fn a_bad_put_pack_ends_its_connection() {
     let len = (short.len() as u32).to_le_bytes();
     short[..4].copy_from_slice(&len);
     for (minor, pack) in [
-        (proto::MINOR_PUT_PACK - 1, put_pack(&[one.clone()])),
+        (
+            proto::MINOR_PUT_PACK - 1,
+            put_pack(std::slice::from_ref(&one)),
+        ),
         (proto::VERSION_MINOR, put_pack(&[stat])),
         (proto::VERSION_MINOR, short),
     ] {
