@@ -87,6 +87,15 @@ fn cp_in_b(wan: &Wan, args: &[&str]) -> Command {
     c
 }
 
+/// 1,000 files of `size` bytes under `tree`, 100 to a directory (`d0/f0` … `d9/f999`).
+fn thousand_files(tree: &std::path::Path, size: usize) {
+    for i in 0..1000 {
+        let dir = tree.join(format!("d{}", i / 100));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(format!("f{i}")), pattern(size, i as u8)).unwrap();
+    }
+}
+
 /// The rate a copy reported (bits/s of file data that crossed the network).
 fn rate(v: &Value) -> f64 {
     v["wire_bytes"].as_f64().unwrap() * 8.0 / v["seconds"].as_f64().unwrap()
@@ -170,11 +179,7 @@ fn a_tree_of_small_files_streams_at_distance() {
     };
     let srv = serve_in_a(&wan);
     let tree = srv.root.join("tree");
-    for i in 0..1000 {
-        let dir = tree.join(format!("d{}", i / 100));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join(format!("f{i}")), pattern(64 << 10, i as u8)).unwrap();
-    }
+    thousand_files(&tree, 64 << 10);
     let out = scratch("wan-tree");
     let v = ok(&run(cp_in_b(
         &wan,
@@ -211,11 +216,7 @@ fn a_tree_of_small_files_goes_up_at_distance() {
     };
     let srv = serve_in_a(&wan);
     let tree = scratch("wan-up-tree").join("tree");
-    for i in 0..1000 {
-        let dir = tree.join(format!("d{}", i / 100));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join(format!("f{i}")), pattern(64 << 10, i as u8)).unwrap();
-    }
+    thousand_files(&tree, 64 << 10);
     let v = ok(&run(cp_in_b(
         &wan,
         &["-r", tree.to_str().unwrap(), &srv.url("")],
@@ -301,11 +302,7 @@ fn a_tree_of_small_files_is_asked_for_in_one_window() {
     };
     let srv = serve_in_a(&wan);
     let tree = srv.root.join("small");
-    for i in 0..1000 {
-        let dir = tree.join(format!("d{}", i / 100));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join(format!("f{i}")), pattern(1024, i as u8)).unwrap();
-    }
+    thousand_files(&tree, 1024);
     let out = scratch("wan-small");
     let v = ok(&run(cp_in_b(
         &wan,

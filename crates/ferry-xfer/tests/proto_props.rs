@@ -275,6 +275,17 @@ fn msg() -> impl Strategy<Value = Msg> {
     ]
 }
 
+/// `bytes` with the byte at `at` (modulo its length) set to `byte`, then cut there: the
+/// fuzz body refuses it or reads some other canonical frame, never panics.
+fn changed_and_cut(bytes: &[u8], at: usize, byte: u8) {
+    let mut bad = bytes.to_vec();
+    let i = at % bad.len();
+    bad[i] = byte;
+    xfer_frame::xfer_frame(&bad);
+    bad.truncate(at % (bad.len() + 1));
+    xfer_frame::xfer_frame(&bad);
+}
+
 proptest! {
     #[test]
     fn control_frames_round_trip(m in msg()) {
@@ -347,12 +358,7 @@ proptest! {
         }
         // Any byte changed or any cut: refused or read as some other canonical pack, never
         // a panic (the fuzz body checks the rest).
-        let mut bad = bytes.clone();
-        let i = at % bad.len();
-        bad[i] = byte;
-        xfer_frame::xfer_frame(&bad);
-        bad.truncate(at % (bad.len() + 1));
-        xfer_frame::xfer_frame(&bad);
+        changed_and_cut(&bytes, at, byte);
     }
 
     #[test]
@@ -413,12 +419,7 @@ proptest! {
         let mixed = [payload, &file[..]].concat();
         prop_assert!(proto::decode_put_pack(count + 1, &mixed).is_err());
         xfer_frame::xfer_frame(&bytes);
-        let mut bad = bytes.clone();
-        let i = at % bad.len();
-        bad[i] = byte;
-        xfer_frame::xfer_frame(&bad);
-        bad.truncate(at % (bad.len() + 1));
-        xfer_frame::xfer_frame(&bad);
+        changed_and_cut(&bytes, at, byte);
     }
 
     #[test]
