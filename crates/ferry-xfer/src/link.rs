@@ -610,8 +610,9 @@ impl PackCheck {
 
     /// Checks a PACK of `count` frames with `tag`, `sealed` as its header says, whose
     /// `payload` follows: its frames' bytes (opened in place when sealed), to take apart
-    /// with [`proto::decode_pack`] or [`proto::decode_put_pack`]. The tag or seal must be there exactly when the
-    /// connection agreed on one, and right: else the connection ends.
+    /// with [`proto::decode_pack`] or [`proto::decode_put_pack`]. The tag or seal must be
+    /// there exactly when the connection agreed on one, and right: else the connection
+    /// ends.
     pub(crate) fn open<'a>(
         &mut self,
         (count, tag, sealed): (u16, Option<[u8; 32]>, bool),

@@ -184,6 +184,12 @@ fn route(shared: &Shared, ev: Event) {
                 shared.rma_done(&conn, token);
             }
             crate::timeline::mark("ofi.cq", kind as u64);
+            // Counted before it is reported: a caller woken by this completion that posts
+            // another receive on a connection its peer closed must find it counted, or that
+            // receive is taken (and only failed later) instead of refused at once.
+            if received {
+                conn.received.fetch_add(1, SeqCst);
+            }
             conn.cq.push(Completion {
                 context,
                 op: kind,
@@ -191,7 +197,6 @@ fn route(shared: &Shared, ev: Event) {
                 result,
             });
             if received {
-                conn.received.fetch_add(1, SeqCst);
                 shared.reap(&conn);
             }
             if lost_transport {
