@@ -4,6 +4,8 @@
 //! reported once, and what a resumed copy finds already there is reported as such, never
 //! as bytes moved (a display keeps those out of its rate).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -132,6 +134,7 @@ fn opts(streams: u16, skip: Skip) -> Options {
         auto_streams: false,
         chunk: 4 * u64::from(BLOCK),
         skip,
+        security: common::security(),
         ..Options::default()
     }
 }

@@ -6,6 +6,8 @@
 //! (`integrity`) or sealed in place (`private`) with the session's keys; to a 1.9 client,
 //! sealed by TLS as before.
 
+mod common;
+
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
@@ -52,7 +54,7 @@ fn start(protection: Option<Vec<Level>>) -> String {
 
 /// Connects over TLS and sends the HELLO of a client of `minor`; the link and the answer.
 fn hello(addr: &str, minor: u16) -> (Link, Msg) {
-    let mut link = Link::connect(addr, T).unwrap();
+    let mut link = common::connect(addr, T);
     assert!(link.secure().is_some());
     link.post_ring(1, BLOCK_HEADER_LEN + 64 * 1024).unwrap();
     link.send(&Msg::Hello {
@@ -127,7 +129,7 @@ fn a_default_server_serves_older_clients_as_before() {
 #[test]
 fn a_protect_may_travel_with_the_hello() {
     let addr = start(Some(vec![Level::Integrity]));
-    let mut link = Link::connect(&addr, T).unwrap();
+    let mut link = common::connect(&addr, T);
     link.post_ring(4, BLOCK_HEADER_LEN + 64 * 1024).unwrap();
     link.send(&Msg::Hello {
         major: proto::VERSION_MAJOR,

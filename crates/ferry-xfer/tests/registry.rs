@@ -4,10 +4,12 @@
 //! service not hosted is refused naming the hosted ones, and a bad SELECT loses only its
 //! own connection.
 
+mod common;
+
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use ferry_service::registry::{probe, Answer};
+use ferry_service::registry::{probe_with, Answer};
 use ferry_service::select::{self, Floor};
 use ferry_xfer::client::{Client, Options};
 use ferry_xfer::config::{AuthConfig, RootConfig, ServerConfig};
@@ -66,7 +68,7 @@ fn hello() -> Msg {
 /// Connects, sends SELECT `service` and a HELLO right behind it (not waiting for the
 /// answer, as a client may); returns the link and the floor's answer.
 fn select_then_hello(addr: &str, service: &str) -> (Link, Floor) {
-    let mut link = Link::connect(addr, T).unwrap();
+    let mut link = common::connect(addr, T);
     link.post_ring(2, proto::MAX_CONTROL).unwrap();
     let sel = select::encode(&Floor::Select {
         service: service.into(),
@@ -91,7 +93,7 @@ fn a_hello_without_selection_is_still_served() {
     let (addrs, dir) = start(&["tcp://127.0.0.1:0", &shm]);
     std::fs::write(dir.join("f"), b"legacy").unwrap();
     for addr in &addrs {
-        let mut link = Link::connect(addr, T).unwrap();
+        let mut link = common::connect(addr, T);
         link.post_ring(1, proto::MAX_CONTROL).unwrap();
         link.send(&hello()).unwrap();
         assert!(
@@ -102,6 +104,7 @@ fn a_hello_without_selection_is_still_served() {
             addr,
             &Options {
                 token: "tok".into(),
+                security: common::security(),
                 ..Options::default()
             },
         )
@@ -127,7 +130,10 @@ fn selecting_xfer_is_answered_then_the_hello() {
     })
     .unwrap();
     assert!(matches!(link.recv_msg().unwrap(), Msg::Entries { .. }));
-    assert_eq!(probe(&addrs[0], "xfer", T).unwrap(), Answer::Selected);
+    assert_eq!(
+        probe_with(&addrs[0], "xfer", T, &common::security()).unwrap(),
+        Answer::Selected
+    );
 }
 
 /// A service the server does not run is refused with the list of those it does, and the
@@ -146,12 +152,12 @@ fn an_unhosted_service_is_refused_naming_the_hosted_ones() {
     let next = link.recv_msg();
     assert!(next.is_err(), "the connection must close, got {next:?}");
     assert_eq!(
-        probe(&addrs[0], "nbd", T).unwrap(),
+        probe_with(&addrs[0], "nbd", T, &common::security()).unwrap(),
         Answer::Hosted(vec!["xfer".into()])
     );
     // An empty name only asks for the list.
     assert_eq!(
-        probe(&addrs[0], "", T).unwrap(),
+        probe_with(&addrs[0], "", T, &common::security()).unwrap(),
         Answer::Hosted(vec!["xfer".into()])
     );
 }
@@ -160,7 +166,7 @@ fn an_unhosted_service_is_refused_naming_the_hosted_ones() {
 #[test]
 fn a_bad_selection_loses_only_its_connection() {
     let (addrs, _) = start(&["tcp://127.0.0.1:0"]);
-    let mut link = Link::connect(&addrs[0], T).unwrap();
+    let mut link = common::connect(&addrs[0], T);
     link.post_ring(1, proto::MAX_CONTROL).unwrap();
     // SELECT of a name with an upper-case letter and a control character.
     let mut bad = select::encode(&Floor::Select {
@@ -177,7 +183,10 @@ fn a_bad_selection_loses_only_its_connection() {
         link.recv_msg().is_err(),
         "a bad SELECT closes its connection"
     );
-    assert_eq!(probe(&addrs[0], "xfer", T).unwrap(), Answer::Selected);
+    assert_eq!(
+        probe_with(&addrs[0], "xfer", T, &common::security()).unwrap(),
+        Answer::Selected
+    );
 }
 
 /// Two listeners on two drivers share one server: a file uploaded through one is read
@@ -191,6 +200,7 @@ fn two_listeners_serve_one_server() {
     std::fs::create_dir_all(dir.join("sub")).unwrap();
     let opts = Options {
         token: "tok".into(),
+        security: common::security(),
         ..Options::default()
     };
     for addr in &addrs {

@@ -2,6 +2,8 @@
 //! version and auth refusals, ranged GETs, requests this version refuses, and a client that
 //! breaks the protocol losing only its own connection.
 
+mod common;
+
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
@@ -64,7 +66,7 @@ fn start_cfg(driver: &str, tweak: impl FnOnce(&mut ServerConfig)) -> (String, st
 
 /// Connects and sends HELLO; returns the link and the server's answer.
 fn hello(addr: &str, major: u16, token: &str) -> (Link, Msg) {
-    let mut link = Link::connect(addr, T).unwrap();
+    let mut link = common::connect(addr, T);
     link.post_ring(1, proto::MAX_CONTROL).unwrap();
     link.send(&Msg::Hello {
         major,
@@ -82,7 +84,7 @@ fn hello(addr: &str, major: u16, token: &str) -> (Link, Msg) {
 /// Connects and sends HELLO as a client of `minor` with a 64 KiB block, as `ferry cp` does
 /// (the handshake's buffer holds a block too); once answered, posts 4 block-sized buffers.
 fn hello_minor(addr: &str, minor: u16) -> (Link, Msg) {
-    let mut link = Link::connect(addr, T).unwrap();
+    let mut link = common::connect(addr, T);
     link.post_ring(1, BLOCK_HEADER_LEN + 64 * 1024).unwrap();
     link.send(&Msg::Hello {
         major: proto::VERSION_MAJOR,
@@ -379,6 +381,7 @@ fn protocol_breaker_loses_only_its_connection() {
         &addr,
         &Options {
             token: "tok".into(),
+            security: common::security(),
             ..Options::default()
         },
     )
@@ -411,7 +414,7 @@ fn protocol_breaker_loses_only_its_connection() {
 
 /// Connects and sends HELLO joining `session` as `stream`; returns the link and the answer.
 fn join(addr: &str, session: u64, stream: u16, token: &str) -> (Link, Msg) {
-    let mut link = Link::connect(addr, T).unwrap();
+    let mut link = common::connect(addr, T);
     link.post_ring(1, proto::MAX_CONTROL).unwrap();
     link.send(&Msg::Hello {
         major: proto::VERSION_MAJOR,
@@ -473,6 +476,7 @@ fn bogus_sessions(driver: &str) {
         &addr,
         &Options {
             token: "tok".into(),
+            security: common::security(),
             ..Options::default()
         },
     )

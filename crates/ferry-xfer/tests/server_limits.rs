@@ -2,6 +2,8 @@
 //! with a message while the connections already in keep working, and a silent session is
 //! closed after `idle_timeout` while one that keeps asking stays.
 
+mod common;
+
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -47,7 +49,7 @@ fn start(limits: LimitsConfig) -> String {
 /// Connects and sends HELLO with the good token; returns the link (its ring posted) and the
 /// server's answer.
 fn hello(addr: &str) -> (Link, Msg) {
-    let mut link = Link::connect(addr, T).unwrap();
+    let mut link = common::connect(addr, T);
     link.post_ring(1, BLOCK_HEADER_LEN + 64 * 1024).unwrap();
     link.send(&Msg::Hello {
         major: proto::VERSION_MAJOR,
