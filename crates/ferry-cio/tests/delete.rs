@@ -19,7 +19,7 @@ fn open(
     size: u32,
     mode: u32,
 ) -> ferry_cio::Result<File> {
-    File::open(
+    common::open(
         addr,
         path,
         Comm {

@@ -150,7 +150,7 @@ fn an_offset_beyond_any_file_pipelined_fails_the_close() {
 
 /// A raw connection that selected `cio` and sent `first` (its face's first frame).
 fn raw(addr: &str, first: &[u8]) -> Channel {
-    let mut ch = Channel::connect(addr, T).unwrap();
+    let mut ch = Channel::connect_with(addr, T, &common::security()).unwrap();
     ch.post_ring(2, 1 << 20).unwrap();
     let sel = Floor::Select {
         service: "cio".into(),
@@ -229,7 +229,7 @@ fn a_description_whose_extent_overflows_is_a_type_error() {
 fn paths_outside_the_roots_and_bad_tokens_are_refused() {
     let srv = start("tcp", T);
     let open = |path: &str, token: &str| {
-        File::open(
+        common::open(
             &srv.addr,
             path,
             Comm {
@@ -255,7 +255,7 @@ fn paths_outside_the_roots_and_bad_tokens_are_refused() {
     );
     assert!(!srv.root.parent().unwrap().join("escape.bin").exists());
     // Access modes.
-    let bad = File::open(
+    let bad = common::open(
         &srv.addr,
         "d/m.bin",
         Comm {
@@ -268,7 +268,7 @@ fn paths_outside_the_roots_and_bad_tokens_are_refused() {
     );
     assert_eq!(class(bad), ErrorClass::Amode);
     std::fs::write(srv.root.join("exists.bin"), b"x").unwrap();
-    let excl = File::open(
+    let excl = common::open(
         &srv.addr,
         "d/exists.bin",
         Comm {
@@ -281,7 +281,7 @@ fn paths_outside_the_roots_and_bad_tokens_are_refused() {
     );
     assert_eq!(class(excl), ErrorClass::FileExists);
     // A read-only file refuses writes; a write-only one, reads.
-    let mut f = File::open(
+    let mut f = common::open(
         &srv.addr,
         "d/exists.bin",
         Comm {
@@ -310,7 +310,7 @@ fn paths_outside_the_roots_and_bad_tokens_are_refused() {
     assert_eq!(f.read_at(0, &mut one, 1, &Datatype::byte()).unwrap(), 1);
     assert_eq!(&one, b"x");
     f.close().unwrap();
-    let mut f = File::open(
+    let mut f = common::open(
         &srv.addr,
         "d/exists.bin",
         Comm {
@@ -365,7 +365,7 @@ fn a_silent_rank_fails_the_others_after_the_timeout() {
     let key = job();
     let addr = srv.addr.clone();
     let silent = std::thread::spawn(move || {
-        let f = File::open(
+        let f = common::open(
             &addr,
             "d/silent.bin",
             Comm {
@@ -380,7 +380,7 @@ fn a_silent_rank_fails_the_others_after_the_timeout() {
         std::thread::sleep(Duration::from_secs(4));
         drop(f);
     });
-    let mut f = File::open(
+    let mut f = common::open(
         &srv.addr,
         "d/silent.bin",
         Comm {
@@ -412,7 +412,7 @@ fn child_rank_that_gets_killed() {
     let mut it = spec.split(' ');
     let (addr, job) = (it.next().unwrap(), it.next().unwrap().parse().unwrap());
     let path = it.next().unwrap_or("d/killed.bin");
-    let _f = File::open(
+    let _f = common::open(
         addr,
         path,
         Comm {
@@ -443,7 +443,7 @@ fn open_with_a_doomed_rank(addr: &str, path: &str) -> (File, std::thread::JoinHa
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let f = File::open(
+    let f = common::open(
         addr,
         path,
         Comm {
@@ -521,10 +521,10 @@ fn a_drain_refuses_new_opens_and_then_ends_open_files() {
         rank: 0,
         size: 1,
     };
-    let mut f = File::open(&srv.addr, "d/drain.bin", one(), RW, TOKEN).unwrap();
+    let mut f = common::open(&srv.addr, "d/drain.bin", one(), RW, TOKEN).unwrap();
     srv.server.begin_drain();
     assert_eq!(
-        class(File::open(&srv.addr, "d/new.bin", one(), RW, TOKEN)),
+        class(common::open(&srv.addr, "d/new.bin", one(), RW, TOKEN)),
         ErrorClass::Busy
     );
     assert_eq!(f.write_at(0, b"still", 5, &Datatype::byte()).unwrap(), 5);

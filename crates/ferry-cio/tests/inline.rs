@@ -133,7 +133,7 @@ fn open_one(addr: &str, path: &str, mode: u32) -> File {
         rank: 0,
         size: 1,
     };
-    File::open(addr, path, comm, mode, TOKEN).unwrap()
+    common::open(addr, path, comm, mode, TOKEN).unwrap()
 }
 
 /// A file opened read-only refuses an inline write with `Access`, at once without
@@ -249,7 +249,7 @@ fn sizes_around_the_limit_land_with_inline_on_and_off() {
 /// A raw connection that selected `cio` and opened `path` alone, saying protocol
 /// `1.minor`; the server's OPENED.
 fn raw_open(addr: &str, path: &str, minor: u16) -> (Channel, Msg) {
-    let mut ch = Channel::connect(addr, T).unwrap();
+    let mut ch = Channel::connect_with(addr, T, &common::security()).unwrap();
     ch.post_ring(2, 1 << 20).unwrap();
     let sel = Floor::Select {
         service: "cio".into(),

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::{job, reference_offsets, reference_place, start, Running, TOKEN};
 use ferry_cio::view::View;
-use ferry_cio::{amode, Comm, File};
+use ferry_cio::{amode, Comm};
 use ferry_dtype::{Datatype, Order, Segment};
 use proptest::prelude::*;
 
@@ -223,7 +223,7 @@ proptest! {
                     let (addr, path) = (srv.addr.as_str(), path.as_str());
                     s.spawn(move || {
                         let comm = Comm { job: key, rank: r as u32, size };
-                        let mut f = File::open(addr, path, comm, amode::CREATE | amode::RDWR, TOKEN).unwrap();
+                        let mut f = common::open(addr, path, comm, amode::CREATE | amode::RDWR, TOKEN).unwrap();
                         f.set_view(x.disp as i64, &Datatype::byte(), &x.ft).unwrap();
                         let wrote = f
                             .write_at_all_origin(x.offset, &x.buf, x.origin, x.count, &x.mem)

@@ -50,7 +50,7 @@ fn ranks_with_barrier<R: Send + 'static>(
                     size,
                 };
                 let mut file =
-                    File::open(&addr, &path, comm, amode::CREATE | amode::RDWR, TOKEN).unwrap();
+                    common::open(&addr, &path, comm, amode::CREATE | amode::RDWR, TOKEN).unwrap();
                 assert_eq!(file.read_cache(), 0, "the read cache is off by default");
                 file.set_read_cache(DEFAULT_READ_CACHE);
                 f(rank, file, &b)

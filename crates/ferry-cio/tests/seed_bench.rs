@@ -11,7 +11,7 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use common::{job, start, TOKEN};
-use ferry_cio::{amode, Comm, File};
+use ferry_cio::{amode, Comm};
 use ferry_dtype::Datatype;
 
 const ROUNDS: usize = 5;
@@ -32,7 +32,7 @@ fn measure(addr: &str, p: u64, count: u64) -> (f64, f64) {
                 };
                 let path = format!("d/bench-{key:x}.bin");
                 let mut f =
-                    File::open(&addr, &path, comm, amode::CREATE | amode::RDWR, TOKEN).unwrap();
+                    common::open(&addr, &path, comm, amode::CREATE | amode::RDWR, TOKEN).unwrap();
                 let int = Datatype::primitive(4).unwrap();
                 let v = Datatype::vector(n, 1, 2, &int).unwrap();
                 let ft = Datatype::resized(&v, 0, 8 * n as i64).unwrap();

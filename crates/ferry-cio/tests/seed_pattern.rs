@@ -9,7 +9,7 @@ mod common;
 use std::time::Duration;
 
 use common::{job, reference_offsets, reference_place, start, TOKEN};
-use ferry_cio::{amode, Comm, File};
+use ferry_cio::{amode, Comm};
 use ferry_dtype::Datatype;
 
 const COUNT: u64 = 1_024_000;
@@ -50,7 +50,7 @@ fn seed_pattern(driver: &str, p: u64) {
                     size: p as u32,
                 };
                 let mut f =
-                    File::open(&addr, &path, comm, amode::CREATE | amode::RDWR, TOKEN).unwrap();
+                    common::open(&addr, &path, comm, amode::CREATE | amode::RDWR, TOKEN).unwrap();
                 let int = Datatype::primitive(4).unwrap();
                 let (disp, ft) = view(r, p);
                 f.set_view(disp as i64, &int, &ft).unwrap();

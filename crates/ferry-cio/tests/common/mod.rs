@@ -18,6 +18,22 @@ use ferry_service::auth::AuthConfig;
 /// The token every test server accepts.
 pub const TOKEN: &str = "cio-test-token-0001";
 
+/// A client's security whose known-hosts file is this test process's own, in the
+/// temporary directory: a test run never pins its servers into the user's
+/// (`~/.config/ferry/known_hosts`).
+pub fn security() -> ferry_service::secure::ClientSecurity {
+    let file = format!("ferry-cio-test-{}.known_hosts", std::process::id());
+    ferry_service::secure::ClientSecurity {
+        known_hosts: std::env::temp_dir().join(file),
+        ..Default::default()
+    }
+}
+
+/// [`File::open`] with [`security`].
+pub fn open(addr: &str, path: &str, comm: Comm, mode: u32, token: &str) -> ferry_cio::Result<File> {
+    File::open_with(addr, path, comm, mode, token, &security())
+}
+
 /// A running in-process server exporting a scratch directory as root `d`; stops on drop.
 pub struct Running {
     pub addr: String,
@@ -133,7 +149,7 @@ pub fn ranks<R: Send + 'static>(
                 };
                 f(
                     rank,
-                    File::open(&addr, &path, comm, amode::CREATE | amode::RDWR, TOKEN).unwrap(),
+                    open(&addr, &path, comm, amode::CREATE | amode::RDWR, TOKEN).unwrap(),
                 )
             })
         })
