@@ -341,19 +341,26 @@ fn put_file_answers_come_in_order() {
     assert!(w.over(0, (3, 59)) && !w.over(0, (3, 60)));
     // The newest two still in a PACK not sent yet: only the oldest counts.
     assert!(!w.over(2, (1, 10)) && w.over(2, (0, 10)) && !w.over(3, (0, 0)));
+    // Nor may an answer name a file not sent yet.
+    assert!(w.answer(Msg::Ok { file_id: 1 }, 3).is_err());
+    let all_three = Msg::Oks {
+        file_id: 3,
+        count: 3,
+    };
+    assert!(w.answer(all_three, 1).is_err());
     let one = Committed {
         files: 1,
         bytes: 10,
     };
-    assert_eq!(w.answer(Msg::Ok { file_id: 1 }).unwrap(), one);
+    assert_eq!(w.answer(Msg::Ok { file_id: 1 }, 0).unwrap(), one);
     let damaged = Msg::Error {
         code: ErrorCode::Integrity,
         file_id: 2,
         message: "bad".into(),
     };
-    assert_eq!(w.answer(damaged).unwrap(), Committed::default());
-    assert!(w.answer(Msg::Ok { file_id: 9 }).is_err());
-    assert_eq!(w.answer(Msg::Ok { file_id: 3 }).unwrap().bytes, 30);
+    assert_eq!(w.answer(damaged, 0).unwrap(), Committed::default());
+    assert!(w.answer(Msg::Ok { file_id: 9 }, 0).is_err());
+    assert_eq!(w.answer(Msg::Ok { file_id: 3 }, 0).unwrap().bytes, 30);
     assert!(!w.over(0, (0, 0)));
     assert_eq!(w.again(), ["f2"]);
     // A run: its count and last file must be the oldest waiting.
@@ -361,28 +368,40 @@ fn put_file_answers_come_in_order() {
         w.sent(id, format!("f{id}"), 1);
     }
     assert!(w
-        .answer(Msg::Oks {
-            file_id: 6,
-            count: 2
-        })
+        .answer(
+            Msg::Oks {
+                file_id: 6,
+                count: 2
+            },
+            0
+        )
         .is_err());
     assert!(w
-        .answer(Msg::Oks {
-            file_id: 8,
-            count: 5
-        })
+        .answer(
+            Msg::Oks {
+                file_id: 8,
+                count: 5
+            },
+            0
+        )
         .is_err());
     assert!(w
-        .answer(Msg::Oks {
-            file_id: 5,
-            count: 0
-        })
+        .answer(
+            Msg::Oks {
+                file_id: 5,
+                count: 0
+            },
+            0
+        )
         .is_err());
     let run = w
-        .answer(Msg::Oks {
-            file_id: 6,
-            count: 3,
-        })
+        .answer(
+            Msg::Oks {
+                file_id: 6,
+                count: 3,
+            },
+            0,
+        )
         .unwrap();
     assert_eq!(run, Committed { files: 3, bytes: 3 });
     let full = Msg::Error {
@@ -390,5 +409,5 @@ fn put_file_answers_come_in_order() {
         file_id: 7,
         message: "full".into(),
     };
-    assert!(w.answer(full).is_err());
+    assert!(w.answer(full, 0).is_err());
 }

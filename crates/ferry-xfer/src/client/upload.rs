@@ -176,7 +176,7 @@ impl Client {
             } else {
                 return Ok(());
             };
-            let done = window.answer(m)?;
+            let done = window.answer(m, self.tx.packed())?;
             self.stats.files += done.files;
             self.stats.bytes += done.bytes;
             progress.add(done.bytes);

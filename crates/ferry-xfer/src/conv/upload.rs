@@ -765,25 +765,32 @@ impl<K> PutFiles<K> {
     /// Whether, the newest `packed` files aside (in a PACK not sent yet), more than
     /// `files` files or `bytes` bytes wait for their answer (the caller then takes one).
     pub fn over(&self, packed: usize, (files, bytes): (usize, u64)) -> bool {
-        let sent = self.waiting.len().saturating_sub(packed);
+        let sent = self.left(packed);
         if sent == 0 {
             return false;
         }
-        let unsent: u64 = self.waiting.iter().rev().take(packed).map(|w| w.2).sum();
+        let unsent: u64 = self.waiting.iter().skip(sent).map(|w| w.2).sum();
         sent > files || self.bytes - unsent > bytes
     }
 
-    /// The server's answer to the oldest files: what it committed; a file refused as
-    /// damaged goes again by PUT ([`PutFiles::again`]); an error ends the upload.
-    pub fn answer(&mut self, m: Msg) -> Result<Committed, XferError> {
+    /// Files that have left, the newest `packed` (in a PACK not sent yet) aside.
+    fn left(&self, packed: usize) -> usize {
+        self.waiting.len().saturating_sub(packed)
+    }
+
+    /// The server's answer to the oldest files, the newest `packed` aside (not sent yet,
+    /// so no answer may name them): what it committed; a file refused as damaged goes
+    /// again by PUT ([`PutFiles::again`]); an error ends the upload.
+    pub fn answer(&mut self, m: Msg, packed: usize) -> Result<Committed, XferError> {
+        let sent = self.left(packed);
         match m {
-            Msg::Ok { file_id } => self.committed(file_id, 1, &m),
-            Msg::Oks { file_id, count } => self.committed(file_id, count, &m),
+            Msg::Ok { file_id } => self.committed((file_id, 1), sent, &m),
+            Msg::Oks { file_id, count } => self.committed((file_id, count), sent, &m),
             Msg::Error {
                 file_id,
                 code: ErrorCode::Integrity,
                 ..
-            } if self.waiting.front().is_some_and(|w| w.0 == file_id) => {
+            } if sent > 0 && self.waiting.front().is_some_and(|w| w.0 == file_id) => {
                 if let Some((_, key, size)) = self.waiting.pop_front() {
                     self.bytes -= size;
                     self.again.push(key);
@@ -795,11 +802,20 @@ impl<K> PutFiles<K> {
         }
     }
 
-    /// The `count` oldest files, the last of them `file_id`, were committed (`m` said so).
-    fn committed(&mut self, file_id: u32, count: u32, m: &Msg) -> Result<Committed, XferError> {
+    /// The `count` oldest files, the last of them `file_id`, were committed (`m` said so);
+    /// only the `sent` oldest may be.
+    fn committed(
+        &mut self,
+        (file_id, count): (u32, u32),
+        sent: usize,
+        m: &Msg,
+    ) -> Result<Committed, XferError> {
         let n = usize::try_from(count).unwrap_or(usize::MAX);
-        let last = n.checked_sub(1).and_then(|i| self.waiting.get(i));
-        if last.is_none_or(|w| w.0 != file_id) {
+        let last = n.checked_sub(1).filter(|&i| i < sent);
+        if last
+            .and_then(|i| self.waiting.get(i))
+            .is_none_or(|w| w.0 != file_id)
+        {
             return Err(unexpected(m));
         }
         let mut done = Committed::default();
