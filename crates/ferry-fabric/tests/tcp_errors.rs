@@ -544,22 +544,34 @@ fn bad_handshakes_are_refused_and_listener_goes_on() {
     ));
     still_serves(&*l);
 
-    // The client side refuses a server speaking another major.
-    let fake = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("tcp://{}", fake.local_addr().unwrap())
-        .parse()
-        .unwrap();
-    let server = std::thread::spawn(move || {
-        let (mut s, _) = fake.accept().unwrap();
-        s.write_all(&hello(7)).unwrap();
-        let mut theirs = [0u8; 32];
-        s.read_exact(&mut theirs).unwrap();
-    });
-    match ferry_fabric::connect(&url, T) {
-        Err(FabricError::VersionMismatch { peer_major: 7, .. }) => {}
-        other => panic!("expected a version mismatch, got {:?}", other.err()),
+    // The client side refuses a server speaking another major, or not ferry's, as the
+    // listener's first frame arrives: the connection fails with the reason (a connector
+    // does not wait for the listener's HELLO before its first sends).
+    for (theirs, want) in [(hello(7), "version"), (b"SSH-2.0-x\r\n".repeat(4), "HELLO")] {
+        let fake = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("tcp://{}", fake.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = fake.accept().unwrap();
+            let mut ours = [0u8; 32];
+            s.read_exact(&mut ours).unwrap();
+            s.write_all(&theirs).unwrap();
+            // Held open: the client fails on what it read, not on a closed socket.
+            let _ = s.read(&mut ours);
+        });
+        let ep = ferry_fabric::connect(&url, T).expect("connect");
+        let dst = register(&*ep, 64, Access::LOCAL);
+        ep.post_recv(&[dst.full()], 1).unwrap();
+        let (_, e) = failed(&*ep);
+        match (want, &e) {
+            ("version", FabricError::VersionMismatch { peer_major: 7, .. }) => {}
+            ("HELLO", FabricError::Protocol(why)) if why.contains("HELLO") => {}
+            _ => panic!("expected {want}, got {e:?}"),
+        }
+        drop(ep);
+        server.join().unwrap();
     }
-    server.join().unwrap();
 }
 
 /// The child side of `killed_peer_process`: connect, stream sends, wait to be killed.

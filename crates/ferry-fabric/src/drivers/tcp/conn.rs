@@ -29,6 +29,8 @@ pub(super) enum Close {
     Lost(String),
     /// The peer broke the protocol.
     Protocol(String),
+    /// The peer's HELLO names another major version (its major).
+    Version(u16),
     /// The endpoint was dropped.
     Cancelled,
 }
@@ -39,6 +41,10 @@ impl Close {
         match self {
             Close::Lost(why) => FabricError::ConnectionLost(why.clone()),
             Close::Protocol(why) => FabricError::Protocol(why.clone()),
+            Close::Version(major) => FabricError::VersionMismatch {
+                peer_major: *major,
+                our_major: super::frame::VERSION_MAJOR,
+            },
             Close::Cancelled => FabricError::Cancelled,
         }
     }

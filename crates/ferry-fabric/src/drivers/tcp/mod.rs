@@ -163,7 +163,15 @@ impl TcpDomain {
         stream
             .set_nodelay(true)
             .map_err(|e| FabricError::io("TCP_NODELAY", e))?;
-        handshake(&stream, deadline(timeout), timeout)?;
+        if accepted {
+            // The connector's HELLO is here already ([`TcpListener::accept`] waits for it).
+            handshake(&stream, deadline(timeout), timeout)?;
+        } else {
+            // The listener's HELLO comes a round trip later (it answers the connector's
+            // once that has arrived); the reader checks it as the first frame, so what the
+            // caller sends meanwhile leaves at once, right behind our HELLO.
+            send_hello(&stream, timeout)?;
+        }
         let peer = stream
             .peer_addr()
             .map_or_else(|_| "unknown peer".into(), |a| format!("tcp://{a}"));
@@ -171,6 +179,7 @@ impl TcpDomain {
             .local_addr()
             .map_or_else(|_| "unknown".into(), |a| format!("tcp://{a}"));
         let conn = Arc::new(Conn::new(stream, !accepted, peer.clone())?);
+        let hello_first = !accepted;
         let mut ep = TcpEndpoint {
             domain,
             conn,
@@ -178,8 +187,9 @@ impl TcpDomain {
             local,
             threads: Vec::with_capacity(2),
         };
-        let run_rx: fn(Arc<Conn>) = rx::run;
-        for (name, run) in [("ferry-tcp-rx", run_rx), ("ferry-tcp-tx", tx::run)] {
+        let run_rx: Box<dyn FnOnce(Arc<Conn>) + Send> = Box::new(move |c| rx::run(c, hello_first));
+        let run_tx: Box<dyn FnOnce(Arc<Conn>) + Send> = Box::new(tx::run);
+        for (name, run) in [("ferry-tcp-rx", run_rx), ("ferry-tcp-tx", run_tx)] {
             let conn = ep.conn.clone();
             // On failure `ep` drops, which stops the thread already started.
             let t = std::thread::Builder::new()
@@ -259,7 +269,34 @@ fn our_hello() -> frame::Header {
     .encode()
 }
 
-/// Exchanges HELLO frames: both sides send theirs, then check the peer's magic and major.
+/// Sends this side's HELLO (a connector: the reader checks the listener's).
+fn send_hello(stream: &TcpStream, timeout: Duration) -> Result<()> {
+    let mut s = stream;
+    stream
+        .set_write_timeout(Some(timeout.max(Duration::from_millis(1))))
+        .and_then(|()| s.write_all(our_hello().as_bytes()))
+        .and_then(|()| stream.set_write_timeout(None))
+        .map_err(|e| match e.kind() {
+            ErrorKind::WouldBlock | ErrorKind::TimedOut => FabricError::Timeout(timeout),
+            _ => FabricError::io("HELLO", e),
+        })
+}
+
+/// The peer's first frame as decoded, which must be a HELLO of our major.
+fn check_hello(
+    first: std::result::Result<Option<(Frame, usize)>, frame::DecodeError>,
+) -> Result<()> {
+    match first {
+        Ok(Some((f, _))) => rx::peers_hello(f).map_err(|c| c.error()),
+        Ok(None) => Err(FabricError::Protocol(
+            "peer did not start with HELLO".into(),
+        )),
+        Err(e) => Err(FabricError::Protocol(format!("bad HELLO: {e}"))),
+    }
+}
+
+/// Exchanges HELLO frames on an accepted connection (whose peer's HELLO has arrived):
+/// sends ours, then checks the peer's magic and major.
 fn handshake(stream: &TcpStream, deadline: Instant, timeout: Duration) -> Result<()> {
     let io_err = |e: std::io::Error| match e.kind() {
         ErrorKind::WouldBlock | ErrorKind::TimedOut => FabricError::Timeout(timeout),
@@ -292,17 +329,8 @@ fn handshake(stream: &TcpStream, deadline: Instant, timeout: Duration) -> Result
         }
         other => other,
     };
-    match peer {
-        Ok(Some((Frame::Hello { major, .. }, _))) if major == frame::VERSION_MAJOR => set(None),
-        Ok(Some((Frame::Hello { major, .. }, _))) => Err(FabricError::VersionMismatch {
-            peer_major: major,
-            our_major: frame::VERSION_MAJOR,
-        }),
-        Ok(_) => Err(FabricError::Protocol(
-            "peer did not start with HELLO".into(),
-        )),
-        Err(e) => Err(FabricError::Protocol(format!("bad HELLO: {e}"))),
-    }
+    check_hello(peer)?;
+    set(None)
 }
 
 /// How long an accepted connection may take to send its HELLO before it is dropped.

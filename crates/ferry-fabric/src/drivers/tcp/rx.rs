@@ -118,18 +118,32 @@ impl Inbound<'_> {
     }
 }
 
-/// Runs until the connection ends, then fails everything still pending.
-pub(super) fn run(conn: Arc<Conn>) {
+/// Runs until the connection ends, then fails everything still pending. A connector's
+/// reader first checks the listener's HELLO (`hello_first`).
+pub(super) fn run(conn: Arc<Conn>, hello_first: bool) {
     let mut inb = Inbound {
         stream: &conn.stream,
         buf: vec![0; STAGING].into_boxed_slice(),
         start: 0,
         end: 0,
     };
-    let why = loop {
-        if let Err(why) = inb.next_frame().and_then(|f| handle(&conn, &mut inb, f)) {
-            break why;
-        }
+    let hello = if hello_first {
+        inb.next_frame()
+            .map_err(|c| match c {
+                Close::Protocol(why) => Close::Protocol(format!("bad HELLO: {why}")),
+                c => c,
+            })
+            .and_then(peers_hello)
+    } else {
+        Ok(())
+    };
+    let why = match hello {
+        Err(why) => why,
+        Ok(()) => loop {
+            if let Err(why) = inb.next_frame().and_then(|f| handle(&conn, &mut inb, f)) {
+                break why;
+            }
+        },
     };
     let mut st = conn.lock();
     conn.close(&mut st, why);
@@ -145,6 +159,16 @@ pub(super) fn run(conn: Arc<Conn>) {
         for p in ops {
             conn.cq.push(Completion::err(p.context, op, err.error()));
         }
+    }
+}
+
+/// The peer's first frame, which must be a HELLO of our major (a HELLO of any version
+/// decodes, so another major is told apart from a peer that is not ferry's).
+pub(super) fn peers_hello(f: Frame) -> Result<(), Close> {
+    match f {
+        Frame::Hello { major, .. } if major == frame::VERSION_MAJOR => Ok(()),
+        Frame::Hello { major, .. } => Err(Close::Version(major)),
+        _ => Err(Close::Protocol("peer did not start with HELLO".into())),
     }
 }
 
