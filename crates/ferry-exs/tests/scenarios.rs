@@ -365,6 +365,73 @@ fn misuse_is_reported_per_operation() {
     );
 }
 
+/// A connector's early first message crosses right behind its HELLO, before the peer's
+/// has come (the peer needs nothing new: it takes HELLO, then the ADVERT, in order), and
+/// the credit it spent is accounted once the windows are agreed.
+#[test]
+fn an_early_first_message_crosses_with_the_handshake() {
+    let data = pattern(5, 300);
+    for seed in 0..8 {
+        let mut sim = Sim::new(seed, cfg(512, false), cfg(512, false));
+        sim.send_early(0, 1, &data);
+        // Before anything arrives, the HELLO and the message's ADVERT are both on the link.
+        let frames = sim.take_link(1);
+        let kinds: Vec<_> = frames
+            .iter()
+            .map(|f| std::mem::discriminant(&wire::decode(f).unwrap().frame))
+            .collect();
+        assert_eq!(
+            kinds.len(),
+            2,
+            "seed {seed}: HELLO and ADVERT, nothing else"
+        );
+        for f in &frames {
+            sim.inject(1, f);
+        }
+        sim.recv(1, 1, 1000, NONE, 0);
+        sim.send(0, 2, &data[..10], NONE, 0);
+        sim.recv(1, 2, 1000, NONE, 0);
+        sim.run();
+        sim.assert_quiescent();
+        sim.assert_credits_restored();
+        let r = one(&sim, 1, EventKind::Recv, 1 | RECV);
+        assert_eq!((r.result, r.len), (Ok(()), 300));
+        assert_eq!(&r.data.unwrap()[..300], &data[..]);
+        assert_eq!(one(&sim, 0, EventKind::Send, 1).result, Ok(()));
+        assert_eq!(one(&sim, 1, EventKind::Recv, 2 | RECV).len, 10);
+        assert_eq!(sim.sides[0].conn.stats().immediates, 2);
+    }
+    // Too long for this side's immediate size, or not the first: a plain send.
+    let mut sim = Sim::new(1, cfg(64, false), cfg(4096, false));
+    sim.send_early(0, 1, &data);
+    assert_eq!(
+        sim.take_link(1).len(),
+        1,
+        "only the HELLO before the peer's"
+    );
+}
+
+/// A peer whose immediate size cannot hold the early message: the connector fails with
+/// MessageSize as soon as the peer's HELLO shows it, the peer refuses the frame, and
+/// neither side panics or delivers it.
+#[test]
+fn an_early_message_the_peer_cannot_take_fails_the_connection() {
+    let data = pattern(6, 300);
+    let mut sim = Sim::new(2, cfg(512, false), cfg(100, false));
+    sim.send_early(0, 1, &data);
+    sim.recv(1, 1, 1000, NONE, 0);
+    sim.run();
+    assert_eq!(
+        one(&sim, 0, EventKind::Close, 0).result,
+        Err(ExsError::MessageSize)
+    );
+    assert_eq!(
+        one(&sim, 0, EventKind::Send, 1).result,
+        Err(ExsError::MessageSize)
+    );
+    assert!(one(&sim, 1, EventKind::Recv, 1 | RECV).result.is_err());
+}
+
 /// A HELLO of another major version is refused with a clear error on both sides.
 #[test]
 fn another_major_version_is_refused() {

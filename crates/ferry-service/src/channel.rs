@@ -239,31 +239,55 @@ impl Channel {
 
     /// Connects to a `ferry serve` and, unless `sec` asks for a clear connection, runs the
     /// TLS handshake (the server's identity checked as `sec` says) and seals the channel;
-    /// the caller names its face's data frames with [`Channel::set_data_types`].
+    /// the caller names its face's data frames with [`Channel::set_data_types`]. The TLS
+    /// ClientHello rides right behind EXS's HELLO ([`Channel::connect_first`]).
     pub fn connect_with(addr: &str, timeout: Duration, sec: &ClientSecurity) -> Result<Channel> {
-        let mut ch = Self::connect_clear(addr, timeout)?;
-        if !sec.clear {
-            let deadline = std::time::Instant::now() + timeout;
-            let secure = secure::connect(
-                sec,
-                addr,
-                &mut ChannelWire {
-                    ch: &mut ch,
-                    deadline,
-                },
-            )?;
-            ch.secure = Some(Arc::new(secure));
+        if sec.clear {
+            return Self::connect_clear(addr, timeout, None);
         }
+        let mut wire = ChannelWire {
+            ch: None,
+            addr,
+            timeout,
+            deadline: std::time::Instant::now() + timeout,
+        };
+        let secure = secure::connect(sec, addr, &mut wire)?;
+        let mut ch = wire
+            .ch
+            .ok_or_else(|| Error::conn("internal: a TLS handshake that sent nothing"))?;
+        ch.secure = Some(Arc::new(secure));
         Ok(ch)
     }
 
-    /// Connects without securing the connection.
-    fn connect_clear(addr: &str, timeout: Duration) -> Result<Channel> {
+    /// Connects with `first` as the connection's first message, sent right behind EXS's
+    /// HELLO instead of a round trip later, after the server's
+    /// ([`ExsSocket::connect_early`]; `docs/protocol.md`, "Early first message"). A
+    /// message longer than [`EARLY_MAX`], or a server whose immediate size turns out too
+    /// small for it, gets a connection first and the message after.
+    fn connect_first(addr: &str, timeout: Duration, first: &[u8]) -> Result<Channel> {
+        if first.len() <= EARLY_MAX {
+            match Self::connect_clear(addr, timeout, Some(first)) {
+                Err(e) if e.msg.contains(EARLY_REFUSED) => {}
+                other => return other,
+            }
+        }
+        let ch = Self::connect_clear(addr, timeout, None)?;
+        ch.send_raw(first)?;
+        Ok(ch)
+    }
+
+    /// Connects without securing the connection, with `first` as an early first message.
+    fn connect_clear(addr: &str, timeout: Duration, first: Option<&[u8]>) -> Result<Channel> {
         let fabric: ferry_fabric::Address = addr
             .parse()
             .map_err(|e| Error::new(Kind::Usage, format!("bad address {addr}: {e}")))?;
         let q = EventQueue::new().map_err(|e| Error::io("create event queue", &e))?;
-        let sock = ExsSocket::connect(addr, exs_config(&fabric), &q, timeout).map_err(|e| {
+        let cfg = exs_config(&fabric);
+        let sock = match first {
+            Some(first) => ExsSocket::connect_early(addr, cfg, &q, timeout, (first, CTX_CONTROL)),
+            None => ExsSocket::connect(addr, cfg, &q, timeout),
+        };
+        let sock = sock.map_err(|e| {
             // A driver missing here (libfabric not installed) is not the server's doing, and
             // a name that does not resolve is the user's to fix, not a server to start.
             use ferry_fabric::FabricError;
@@ -273,6 +297,9 @@ impl Channel {
                     if context.starts_with("resolv") =>
                 {
                     " (no such host: check its name)"
+                }
+                ferry_exs::runtime::Error::Exs(ExsError::MessageSize) if first.is_some() => {
+                    EARLY_REFUSED
                 }
                 _ => " (is `ferry serve` running there, and is the driver right?)",
             };
@@ -761,7 +788,8 @@ impl Channel {
                 }
                 EventKind::Send => {
                     ev.result.map_err(|e| exs_err("send", e))?;
-                    if let Some(b) = ev.buf {
+                    // (An early first message's buffer is smaller and local only: dropped.)
+                    if let Some(b) = ev.buf.filter(|b| b.len() >= CONTROL_BUF) {
                         let mut pool = self.ctrl_pool.lock().unwrap_or_else(|p| p.into_inner());
                         if pool.len() < CONTROL_POOL {
                             pool.push(ExsBuf::new(b.region().clone()));
@@ -780,32 +808,55 @@ impl Channel {
     }
 }
 
-/// A clear channel's messages during its TLS handshake: one receive posted at a time (and
-/// not posted again, so none is left for the face), until `deadline`.
+/// A client's messages during its TLS handshake: the first one connects (and rides with
+/// the connection's handshake, [`Channel::connect_first`]); one receive posted at a time
+/// (and not posted again, so none is left for the face), until `deadline`.
 struct ChannelWire<'a> {
-    ch: &'a mut Channel,
+    ch: Option<Channel>,
+    addr: &'a str,
+    timeout: Duration,
     deadline: std::time::Instant,
+}
+
+impl ChannelWire<'_> {
+    fn channel(&mut self) -> Result<&mut Channel> {
+        self.ch
+            .as_mut()
+            .ok_or_else(|| Error::conn("internal: a TLS handshake that waits before it sends"))
+    }
 }
 
 impl secure::Wire for ChannelWire<'_> {
     fn send_msg(&mut self, msg: &[u8]) -> Result<()> {
-        self.ch.send_raw(msg)
+        match &self.ch {
+            Some(ch) => ch.send_raw(msg),
+            None => {
+                self.ch = Some(Channel::connect_first(self.addr, self.timeout, msg)?);
+                Ok(())
+            }
+        }
     }
 
     fn recv_msg(&mut self) -> Result<Vec<u8>> {
-        self.ch.post_ring(1, HANDSHAKE_BUF)?;
-        let left = self
-            .deadline
-            .saturating_duration_since(std::time::Instant::now());
-        self.ch
-            .recv_first_within(left)?
+        let deadline = self.deadline;
+        let ch = self.channel()?;
+        ch.post_ring(1, HANDSHAKE_BUF)?;
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        ch.recv_first_within(left)?
             .ok_or_else(|| Error::conn("no answer to the TLS handshake within the connect timeout"))
     }
 
     fn immediate(&self) -> usize {
-        self.ch.sock.config().small_packet_max_size as usize
+        IMMEDIATE as usize
     }
 }
+
+/// The longest early first message ([`Channel::connect_first`]): the immediate size every
+/// `ferry serve` since TLS (1.7) offers, so a server of any version takes it.
+const EARLY_MAX: usize = 512;
+
+/// What a failed connection says when the server could not take the early first message.
+const EARLY_REFUSED: &str = " (the server's immediate size is smaller than the first message)";
 
 /// The receive buffer of a handshake message (a TLS flight cut to the immediate size).
 const HANDSHAKE_BUF: usize = 4096;

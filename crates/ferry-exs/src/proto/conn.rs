@@ -59,6 +59,9 @@ pub struct Connection<B> {
     imm_max: u64,
     /// The peer's minor version (known after the HELLO exchange).
     peer_minor: u16,
+    /// The length of a message sent right behind HELLO, before the peer's had come
+    /// ([`Connection::send_early`]): checked against the peer's limits once it has.
+    early: Option<u64>,
     stats: Stats,
     /// Ids this side gives messages, recv blocks and RMAs: strictly increasing.
     next_id: u64,
@@ -90,6 +93,7 @@ impl<B: LocalBuf> Connection<B> {
             credits: Credits::default(),
             imm_max: 0,
             peer_minor: 0,
+            early: None,
             stats: Stats::default(),
             next_id: 1,
             last_peer_id: 0,
@@ -116,6 +120,32 @@ impl<B: LocalBuf> Connection<B> {
             stalled: false,
         });
         self.settle();
+    }
+
+    /// Sends all of `buf` as this side's first message, right behind its HELLO and before
+    /// the peer's has come: inside its advertisement, on one credit. It saves the round
+    /// trip of the HELLO exchange when the first word is this side's (a connector's TLS
+    /// ClientHello). Every 1.x peer takes it: frames are handled in order, so the ADVERT
+    /// arrives after the HELLO that opens the peer's window (at least one credit), and an
+    /// immediate payload within the peer's limit is accepted. If the peer's HELLO shows a
+    /// smaller limit, the connection fails with [`ExsError::MessageSize`] (the peer refuses
+    /// the frame too) and the caller may connect again without it. Anything but a first
+    /// message of at most this side's immediate size is sent as [`Connection::send`] does.
+    pub fn send_early(&mut self, ctx: u64, buf: B) {
+        let len = buf.len();
+        let first = self.state == State::Handshake && self.next_id == 1 && self.early.is_none();
+        if !first || len == 0 || len > u64::from(self.cfg.small_packet_max_size) {
+            return self.send(ctx, buf, Flags::NONE, 0);
+        }
+        self.early = Some(len);
+        let op = send::SendOp {
+            ctx,
+            buf,
+            flags: Flags::NONE,
+            offset: 0,
+            stalled: false,
+        };
+        self.start_send(op, send::Plan::Immediate);
     }
 
     /// `exs_recv`: receives the next message into `buf` (or, with an `offset`, that range of
@@ -372,6 +402,15 @@ impl<B: LocalBuf> Connection<B> {
             self.credits = Credits::negotiate(&self.cfg, &h);
             self.imm_max = u64::from(self.cfg.small_packet_max_size.min(h.max_imm));
             self.peer_minor = h.minor;
+            if let Some(len) = self.early {
+                // The early message spent a credit of the window just agreed (never empty:
+                // both sides offer at least one).
+                let _ = self.credits.try_take();
+                if len > self.imm_max {
+                    self.shutdown(ExsError::MessageSize, None);
+                    return Ok(());
+                }
+            }
             self.state = State::Open;
             self.event(EventKind::Connect, 0, None, 0, Ok(()));
             return Ok(());

@@ -202,6 +202,36 @@ impl ExsSocket {
         Self::start(ep, cfg, queue, timeout, None)
     }
 
+    /// Connects as [`ExsSocket::connect`] does, with `first` as the connection's first
+    /// message, sent right behind this side's HELLO instead of after the peer's
+    /// ([`Connection::send_early`]): a first word that crosses with the handshake, a round
+    /// trip sooner. Its completion is a Send event with `ctx` and a buffer of this socket
+    /// (registered for local use). A peer whose immediate size cannot hold `first` fails
+    /// the connection with [`ExsError::MessageSize`]; connect again without it then.
+    pub fn connect_early(
+        addr: &str,
+        cfg: Config,
+        queue: &EventQueue,
+        timeout: Duration,
+        (first, ctx): (&[u8], u64),
+    ) -> Result<ExsSocket, Error> {
+        cfg.validate()?;
+        let addr: Address = addr.parse()?;
+        let ep = ferry_fabric::connect(&addr, timeout)?;
+        let ep: Arc<dyn Endpoint> = Arc::from(ep);
+        let buf = ExsBuf::new(
+            ep.domain()
+                .register(&Buffer::from_slice(first), Access::LOCAL)?,
+        );
+        let early = move |sock: &ExsSocket| {
+            ferry_fabric::timeline::mark("exs.send", ctx);
+            sock.post(None, ctx, Held::new(buf), |conn, token, held| {
+                conn.send_early(token, held)
+            });
+        };
+        Self::start_with(ep, cfg, queue, timeout, None, early)
+    }
+
     fn start(
         ep: Box<dyn Endpoint>,
         cfg: Config,
@@ -209,9 +239,21 @@ impl ExsSocket {
         timeout: Duration,
         cancel: Option<&AtomicBool>,
     ) -> Result<ExsSocket, Error> {
+        Self::start_with(Arc::from(ep), cfg, queue, timeout, cancel, |_| {})
+    }
+
+    /// Starts the socket's engine on `ep`, does `first` with the socket (before the
+    /// handshake is over), and waits for the handshake.
+    fn start_with(
+        ep: Arc<dyn Endpoint>,
+        cfg: Config,
+        queue: &EventQueue,
+        timeout: Duration,
+        cancel: Option<&AtomicBool>,
+        first: impl FnOnce(&ExsSocket),
+    ) -> Result<ExsSocket, Error> {
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         let id = SocketId(NEXT_ID.fetch_add(1, Ordering::Relaxed));
-        let ep: Arc<dyn Endpoint> = Arc::from(ep);
         let engine = Engine::start(ep.clone(), cfg, queue.clone(), id)?;
         let inner = Arc::new(Inner {
             id,
@@ -233,6 +275,7 @@ impl ExsSocket {
             inner,
             thread: Some(thread),
         };
+        first(&sock);
         if let Err(e) = sock.wait_open(timeout, cancel) {
             if cancel.is_some() {
                 sock.let_go();

@@ -192,6 +192,14 @@ impl Sim {
         buf
     }
 
+    /// Posts `data` as `side`'s early first message ([`Connection::send_early`]) now.
+    pub fn send_early(&mut self, side: usize, ctx: u64, data: &[u8]) {
+        let buf = self.alloc(side, data, true);
+        self.sides[side].sends_out.insert(ctx, buf.key);
+        self.sides[side].conn.send_early(ctx, buf);
+        self.drain(side);
+    }
+
     /// Posts a send of an existing buffer now.
     pub fn send_buf(&mut self, side: usize, ctx: u64, buf: SimBuf, flags: Flags, offset: u64) {
         self.sides[side].sends_out.insert(ctx, buf.key);
@@ -426,7 +434,9 @@ impl Sim {
                 let side = &mut self.sides[s];
                 side.unsolicited_out += 1;
                 side.max_unsolicited_out = side.max_unsolicited_out.max(side.unsolicited_out);
-                let window = i64::from(side.conn.credits().send_window);
+                // Every window is at least one credit (both sides offer one or more), which
+                // an early first message spends before the window is known (zero here).
+                let window = i64::from(side.conn.credits().send_window).max(1);
                 if side.unsolicited_out > window && self.tamper.is_none() {
                     let n = side.unsolicited_out;
                     self.violations.push(format!(

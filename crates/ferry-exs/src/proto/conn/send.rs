@@ -55,7 +55,7 @@ pub(super) struct Writing<B> {
 }
 
 /// How a send goes out.
-enum Plan {
+pub(super) enum Plan {
     Block(RemoteSlice),
     Immediate,
     Pull(RemoteSlice),
@@ -172,7 +172,7 @@ impl<B: LocalBuf> Connection<B> {
         })
     }
 
-    fn start_send(&mut self, op: SendOp<B>, plan: Plan) {
+    pub(super) fn start_send(&mut self, op: SendOp<B>, plan: Plan) {
         let len = op.buf.len();
         let id = self.fresh_id();
         let mut sent = Sent {
