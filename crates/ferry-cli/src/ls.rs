@@ -33,11 +33,14 @@ pub struct LsArgs {
 /// Runs `ferry ls`.
 pub fn ls(a: LsArgs) -> Result<(), XferError> {
     let r = remote_of(&a.target, &a.remote.driver)?;
-    let mut c = Client::connect(&r.addr, &a.remote.options()?)?;
-    let entry = if r.path.is_empty() {
-        None
+    let opts = a.remote.options()?;
+    // The path's STAT and LIST go with the handshake: one round trip for both.
+    let (mut c, entry) = if r.path.is_empty() {
+        (Client::connect(&r.addr, &opts)?, None)
     } else {
-        Some(c.stat(&r.path)?)
+        let mut c = Client::connect_and_look(&r.addr, &opts, &r.path, true)?;
+        let entry = c.look_once(&r.path, true)?;
+        (c, Some(entry))
     };
     let mut out = std::io::stdout().lock();
     match entry {
@@ -57,7 +60,7 @@ fn list(
     dir: &str,
     prefix: &str,
 ) -> Result<(), XferError> {
-    let entries = c.list(dir)?;
+    let entries = c.list_once(dir)?;
     for e in &entries {
         show(out, a, prefix, e);
     }

@@ -110,6 +110,21 @@ fn tree(driver: &str) {
             .any(|l| l.starts_with("-rw") && l.ends_with(" f0")),
         "-l shows the mode: {text}"
     );
+    // A file lists itself; a path that is not there fails and says so (the STAT and LIST
+    // went with the handshake, the LIST refused for both).
+    let ls = |path: &str| {
+        run({
+            let mut c = ferry();
+            c.args(["ls", "--token", TOKEN, &s.url(path)]);
+            c
+        })
+    };
+    let o = ls("tree/d0/f0");
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success() && text == "f0\n", "{text}");
+    let o = ls("tree/nothing-here");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("nothing-here"), "{err}");
     // -R --json: every file of the tree, with its exact size, once.
     let o = run({
         let mut c = ferry();

@@ -787,8 +787,9 @@ impl Client {
         Ok((entry, rtt))
     }
 
-    /// `path`'s entry from the last [`Client::look`] at it (once), else a fresh look.
-    pub(crate) fn look_once(&mut self, path: &str, list: bool) -> Result<Entry> {
+    /// `path`'s entry from the last [`Client::look`] at it (once; [`Client::connect_and_look`]
+    /// makes one with the handshake), else a fresh look.
+    pub fn look_once(&mut self, path: &str, list: bool) -> Result<Entry> {
         let kept = match &mut self.looked {
             Some(l) if l.path == path => l.entry.take(),
             _ => None,
@@ -804,6 +805,15 @@ impl Client {
         match &mut self.looked {
             Some(l) if l.path == path => l.listing.take(),
             _ => None,
+        }
+    }
+
+    /// Lists `path`: the listing the last [`Client::look`] at it kept (once), else as
+    /// [`Client::list`] does.
+    pub fn list_once(&mut self, path: &str) -> Result<Vec<Entry>> {
+        match self.looked_listing(path) {
+            Some(entries) => Ok(entries),
+            None => self.list(path),
         }
     }
 
