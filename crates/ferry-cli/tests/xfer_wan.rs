@@ -165,11 +165,10 @@ fn stop(child: &mut Child) {
 /// connection's handshake, the listing, and TCP's slow start (about log2 of the path's
 /// bandwidth-delay product in segments over the initial window: 9 round trips) — 15 in all.
 ///
-/// Not met yet (docs/wan.md, "Figures"): on the loaded 2-core development host the copy
-/// took 1.42–1.80 s in a release build at load 7–9 with the whole tree asked for in one
-/// window of GETs (1.7–3.3 s for the build before, at the same loads): 0.42 s to the first
-/// GETS, 0.43 s more before the first PACK had crossed a cold connection, then about
-/// 800 Mbit/s; run it with `--ignored` to measure.
+/// Not met reliably yet (docs/wan.md, "Session 21"): with the handshake a round trip
+/// shorter, five release runs on a quiet host took 1.27–1.56 s; the bytes alone take
+/// 0.94–0.96 s through a cold connection (`iperf3 -R -n 64000K` on the same path), whose
+/// slow start overshoots into the drop-tail queue. Run it with `--ignored` to measure.
 #[test]
 #[ignore = "the bound is not met yet: docs/wan.md, Figures"]
 fn a_tree_of_small_files_streams_at_distance() {
