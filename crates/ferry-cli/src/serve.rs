@@ -52,8 +52,8 @@ pub struct ServeArgs {
     #[arg(long)]
     mem: bool,
     /// Read and write file data with direct I/O (O_DIRECT), bypassing the page cache
-    /// (also `direct = true` in the config). Without it, uploads of 64 MiB or more are
-    /// written so on a disk filesystem anyway.
+    /// (also `direct = true` in the config). Without it, files of 64 MiB or more on a disk
+    /// filesystem are written so anyway, and read so where they are not cached.
     #[arg(long)]
     direct: bool,
     /// Keep no checksum cache: hash every file sent, and write no user.ferry.blake3

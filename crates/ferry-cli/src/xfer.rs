@@ -275,7 +275,7 @@ pub struct CpArgs {
     chunk_size: u64,
     /// Read and write local files with direct I/O (O_DIRECT), bypassing the page cache
     /// (the server's side follows its config's `direct`). Without it, files of 64 MiB or
-    /// more are written so on a disk filesystem anyway.
+    /// more on a disk filesystem are written so anyway, and read so where not cached.
     #[arg(long)]
     direct: bool,
     /// Copy what symlinks in a tree point to (a server follows only links that stay inside

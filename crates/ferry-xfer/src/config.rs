@@ -80,8 +80,9 @@ pub struct ServerConfig {
     pub mem: bool,
     /// Read and write file data with direct I/O (`O_DIRECT`), bypassing the page cache,
     /// where the filesystem allows it (a warning says when it does not). Without it, files
-    /// of 64 MiB or more landing on a disk filesystem are written with direct I/O anyway
-    /// ([`ferry_service::direct::direct_helps`]).
+    /// of 64 MiB or more on a disk filesystem are written with direct I/O anyway
+    /// ([`ferry_service::direct::direct_helps`]), and read with it where their pages are
+    /// not cached ([`ferry_service::direct::direct_read_helps`]).
     #[serde(default)]
     pub direct: bool,
     /// Keep each file's BLAKE3 (1 MiB and larger) in its `user.ferry.blake3` extended

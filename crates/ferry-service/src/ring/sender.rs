@@ -21,7 +21,7 @@ use ferry_exs::runtime::{EventQueue, ExsBuf, ExsSocket};
 
 use super::{Action, Piece, SendRing, SlotId};
 use crate::channel::{alloc_aligned, exs_err, pinned, rights, Use, FRAME_HEAD, HEAD_ROOM};
-use crate::direct::{direct_aligned, open_direct_or_warn};
+use crate::direct::{direct_aligned, direct_read_helps, open_direct, open_direct_or_warn};
 use crate::error::{Error, Result};
 use crate::secure::protect::{BlockCheck, BlockDigest};
 use crate::tree::BlockSpans;
@@ -752,8 +752,8 @@ struct RangeRead<'s, 'f> {
 }
 
 impl RangeRead<'_, '_> {
-    /// Opens the direct handle, or advises the kernel of a sequential read of the range;
-    /// notes the file's size.
+    /// Opens the direct handle (asked for, or where it helps: [`direct_read_helps`]), or
+    /// advises the kernel of a sequential read of the range; notes the file's size.
     fn prepare(&mut self, direct: bool) {
         let Some(file) = self.src.file() else {
             return;
@@ -763,7 +763,11 @@ impl RangeRead<'_, '_> {
         self.size = file.metadata().ok().map(|m| m.len());
         if direct {
             self.direct = open_direct_or_warn(file, false);
-        } else {
+        } else if direct_read_helps(file, self.size.unwrap_or(0), self.piece.offset) {
+            // Unasked: where the filesystem refuses it after all, quietly buffered.
+            self.direct = open_direct(file, false).ok();
+        }
+        if self.direct.is_none() {
             // A larger kernel readahead window for the whole range (advice only).
             let _ = rustix::fs::fadvise(
                 file,
