@@ -196,10 +196,15 @@ impl ExsSocket {
         queue: &EventQueue,
         timeout: Duration,
     ) -> Result<ExsSocket, Error> {
+        let ep = Self::dial(addr, &cfg, timeout)?;
+        Self::start_with(ep, cfg, queue, timeout, None, |_| {})
+    }
+
+    /// The fabric connection to `addr` for a socket configured with `cfg`.
+    fn dial(addr: &str, cfg: &Config, timeout: Duration) -> Result<Arc<dyn Endpoint>, Error> {
         cfg.validate()?;
         let addr: Address = addr.parse()?;
-        let ep = ferry_fabric::connect(&addr, timeout)?;
-        Self::start(ep, cfg, queue, timeout, None)
+        Ok(Arc::from(ferry_fabric::connect(&addr, timeout)?))
     }
 
     /// Connects as [`ExsSocket::connect`] does, with `first` as the connection's first
@@ -215,10 +220,7 @@ impl ExsSocket {
         timeout: Duration,
         (first, ctx): (&[u8], u64),
     ) -> Result<ExsSocket, Error> {
-        cfg.validate()?;
-        let addr: Address = addr.parse()?;
-        let ep = ferry_fabric::connect(&addr, timeout)?;
-        let ep: Arc<dyn Endpoint> = Arc::from(ep);
+        let ep = Self::dial(addr, &cfg, timeout)?;
         let buf = ExsBuf::new(
             ep.domain()
                 .register(&Buffer::from_slice(first), Access::LOCAL)?,
