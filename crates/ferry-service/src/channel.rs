@@ -261,7 +261,7 @@ impl Channel {
 
     /// Connects with `first` as the connection's first message, sent right behind EXS's
     /// HELLO instead of a round trip later, after the server's
-    /// ([`ExsSocket::connect_early`]; `docs/protocol.md`, "Early first message"). A
+    /// ([`ExsSocket::connect_early`]; `docs/protocol.md`, EXS "Handshake and versions"). A
     /// message longer than [`EARLY_MAX`], or a server whose immediate size turns out too
     /// small for it, gets a connection first and the message after.
     fn connect_first(addr: &str, timeout: Duration, first: &[u8]) -> Result<Channel> {
