@@ -197,7 +197,7 @@ impl ExsSocket {
         timeout: Duration,
     ) -> Result<ExsSocket, Error> {
         let ep = Self::dial(addr, &cfg, timeout)?;
-        Self::start_with(ep, cfg, queue, timeout, None, |_| {})
+        Self::start(ep, cfg, queue, timeout, None, |_| {})
     }
 
     /// The fabric connection to `addr` for a socket configured with `cfg`.
@@ -231,22 +231,12 @@ impl ExsSocket {
                 conn.send_early(token, held)
             });
         };
-        Self::start_with(ep, cfg, queue, timeout, None, early)
-    }
-
-    fn start(
-        ep: Box<dyn Endpoint>,
-        cfg: Config,
-        queue: &EventQueue,
-        timeout: Duration,
-        cancel: Option<&AtomicBool>,
-    ) -> Result<ExsSocket, Error> {
-        Self::start_with(Arc::from(ep), cfg, queue, timeout, cancel, |_| {})
+        Self::start(ep, cfg, queue, timeout, None, early)
     }
 
     /// Starts the socket's engine on `ep`, does `first` with the socket (before the
     /// handshake is over), and waits for the handshake.
-    fn start_with(
+    fn start(
         ep: Arc<dyn Endpoint>,
         cfg: Config,
         queue: &EventQueue,
@@ -690,7 +680,7 @@ impl ExsListener {
         let start = Instant::now();
         let ep = self.accepted(timeout)?;
         let left = timeout.saturating_sub(start.elapsed()).max(TICK);
-        ExsSocket::start(ep, self.cfg.clone(), queue, left, None)
+        ExsSocket::start(Arc::from(ep), self.cfg.clone(), queue, left, None, |_| {})
     }
 
     /// Waits up to `timeout` for the next connection and hands it over without starting EXS
@@ -725,7 +715,7 @@ impl ExsIncoming {
     /// Starts EXS on the connection with events going to `queue`, and waits up to `timeout`
     /// for the handshake.
     pub fn start(self, queue: &EventQueue, timeout: Duration) -> Result<ExsSocket, Error> {
-        ExsSocket::start(self.ep, self.cfg, queue, timeout, None)
+        ExsSocket::start(Arc::from(self.ep), self.cfg, queue, timeout, None, |_| {})
     }
 
     /// Like [`ExsIncoming::start`], but a server can call the handshake off from another
@@ -738,7 +728,14 @@ impl ExsIncoming {
         timeout: Duration,
         cancel: &AtomicBool,
     ) -> Result<ExsSocket, Error> {
-        ExsSocket::start(self.ep, self.cfg, queue, timeout, Some(cancel))
+        ExsSocket::start(
+            Arc::from(self.ep),
+            self.cfg,
+            queue,
+            timeout,
+            Some(cancel),
+            |_| {},
+        )
     }
 
     /// The peer's address.
