@@ -848,12 +848,8 @@ struct Conn<'a> {
     stream: &'a Stream,
     /// Held by the worker whose turn it is to read the next request.
     reader: Mutex<Reader<'a>>,
-    /// Held while one reply is written, so replies never interleave. `parking_lot`'s
-    /// mutex, not the standard one: a worker that has just written may take it again
-    /// ahead of those waiting (which keeps the socket busy), but only for about half a
-    /// millisecond before the longest waiter is handed it. With the standard mutex a reply
-    /// could wait behind a hundred others (p99 of 1 MiB reads at QD 16: 50–70 ms).
-    write_lock: parking_lot::Mutex<()>,
+    /// Held while one reply is written, so replies never interleave.
+    write_lock: Mutex<()>,
     backend: &'a dyn Backend,
     session: Session,
     pool: Pool,
@@ -880,7 +876,7 @@ fn transmission(stream: &Stream, export: &Export, n: &Negotiated, on: &Serving) 
             r: BufReader::with_capacity(READ_AHEAD, stream),
             end: None,
         }),
-        write_lock: parking_lot::Mutex::new(()),
+        write_lock: Mutex::new(()),
         backend: export.backend.as_ref(),
         session: Session {
             size: export.info.size,
@@ -1040,7 +1036,7 @@ impl Conn<'_> {
 
     /// Writes one whole reply.
     fn send(&self, bytes: &[u8]) -> io::Result<()> {
-        let _one = self.write_lock.lock();
+        let _one = lock(&self.write_lock);
         let mut w = self.stream;
         w.write_all(bytes)
     }
@@ -1110,7 +1106,7 @@ impl Conn<'_> {
     /// Writes one whole reply gathered from `parts` (headers and data in place: one
     /// vectored write, no copy into a reply buffer).
     fn send_vectored(&self, parts: &mut [IoSlice<'_>]) -> io::Result<()> {
-        let _one = self.write_lock.lock();
+        let _one = lock(&self.write_lock);
         write_all_vectored(self.stream, parts)
     }
 
@@ -1234,7 +1230,7 @@ impl Conn<'_> {
                 return Some(self.send(&reply::error(structured, cookie, nbd_errno(&e), &msg)));
             }
         };
-        let _one = self.write_lock.lock();
+        let _one = lock(&self.write_lock);
         Some(match pieces {
             None => send_all(sock, &reply::simple(cookie, 0), true)
                 .and_then(|()| sendfile_all(sock, file, offset, len as usize)),
