@@ -317,6 +317,59 @@ fn names_and_readiness(driver: &str) {
     assert!(!p.b.readiness().writable);
 }
 
+/// A first message sent with the HELLO (`connect_early`) reaches the listener's side as any
+/// message does, on every driver; one the listener's immediate size cannot hold fails the
+/// connection with MessageSize, and the listener goes on accepting.
+fn early_first_message(driver: &str) {
+    use ferry_exs::runtime::{EventQueue, ExsListener, ExsSocket};
+    use ferry_exs::ExsError;
+    let small = Config {
+        small_packet_max_size: 100,
+        ..Config::default()
+    };
+    let listener = ExsListener::bind(&listen_url(driver), small).expect("bind");
+    let addr = listener.local_addr();
+    let (qa, qb) = (EventQueue::new().unwrap(), EventQueue::new().unwrap());
+    let first = pattern(80, 9);
+    let (a, b) = std::thread::scope(|s| {
+        let acc = s.spawn(|| listener.accept(&qb, T));
+        let a = ExsSocket::connect_early(&addr, Config::default(), &qa, T, (&first, 5));
+        (
+            a.expect("connect early"),
+            acc.join().unwrap().expect("accept"),
+        )
+    });
+    b.recv(b.alloc(200).unwrap(), Flags::NONE, 6);
+    let ev = ok(&qb, EventKind::Recv);
+    assert_eq!(ev.buf.unwrap().to_vec()[..80], first[..]);
+    assert_eq!(ok(&qa, EventKind::Send).ctx, 5);
+    // Then the connection carries on as any other.
+    a.send(a.alloc(10).unwrap(), Flags::NONE, 7);
+    b.recv(b.alloc(10).unwrap(), Flags::NONE, 8);
+    assert_eq!(ok(&qb, EventKind::Recv).ctx, 8);
+    drop((a, b));
+    // Too long for the listener's immediates: refused, and the listener still serves.
+    let long = pattern(300, 1);
+    let refused = std::thread::scope(|s| {
+        let acc = s.spawn(|| listener.accept(&qb, T));
+        let r = ExsSocket::connect_early(&addr, Config::default(), &qa, T, (&long, 9));
+        let _ = acc.join();
+        r
+    });
+    let e = refused.expect_err("an early message over the peer's immediate size");
+    assert!(
+        matches!(e, ferry_exs::runtime::Error::Exs(ExsError::MessageSize)),
+        "{e:?}"
+    );
+    let qc = EventQueue::new().unwrap();
+    std::thread::scope(|s| {
+        let acc = s.spawn(|| listener.accept(&qb, T));
+        let c = ExsSocket::connect(&addr, Config::default(), &qc, T).expect("plain connect after");
+        acc.join().unwrap().expect("accept after");
+        drop(c);
+    });
+}
+
 macro_rules! on_all_drivers {
     ($($name:ident),*) => {
         mod tcp { $( #[test] fn $name() { super::$name("tcp") } )* }
@@ -334,5 +387,6 @@ on_all_drivers!(
     default_config_connects,
     sendfile,
     names_and_readiness,
-    per_operation_queues
+    per_operation_queues,
+    early_first_message
 );
