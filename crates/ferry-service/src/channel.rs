@@ -243,7 +243,7 @@ impl Channel {
     /// ClientHello rides right behind EXS's HELLO ([`Channel::connect_first`]).
     pub fn connect_with(addr: &str, timeout: Duration, sec: &ClientSecurity) -> Result<Channel> {
         if sec.clear {
-            return Self::connect_clear(addr, timeout, None);
+            return Self::connect_clear(addr, timeout);
         }
         let mut wire = ChannelWire {
             ch: None,
@@ -266,18 +266,30 @@ impl Channel {
     /// small for it, gets a connection first and the message after.
     fn connect_first(addr: &str, timeout: Duration, first: &[u8]) -> Result<Channel> {
         if first.len() <= EARLY_MAX {
-            match Self::connect_clear(addr, timeout, Some(first)) {
-                Err(e) if e.msg.contains(EARLY_REFUSED) => {}
-                other => return other,
+            match Self::open(addr, timeout, Some(first))? {
+                Ok(ch) => return Ok(ch),
+                // The server's immediates cannot hold it: again, the message after.
+                Err(ExsConnectError::Exs(ExsError::MessageSize)) => {}
+                Err(e) => return Err(connect_error(addr, &e)),
             }
         }
-        let ch = Self::connect_clear(addr, timeout, None)?;
+        let ch = Self::connect_clear(addr, timeout)?;
         ch.send_raw(first)?;
         Ok(ch)
     }
 
-    /// Connects without securing the connection, with `first` as an early first message.
-    fn connect_clear(addr: &str, timeout: Duration, first: Option<&[u8]>) -> Result<Channel> {
+    /// Connects without securing the connection.
+    fn connect_clear(addr: &str, timeout: Duration) -> Result<Channel> {
+        Self::open(addr, timeout, None)?.map_err(|e| connect_error(addr, &e))
+    }
+
+    /// A clear channel to `addr`, with `first` as an early first message; the inner error
+    /// is the EXS connection's, for the caller to tell a refused early message apart.
+    fn open(
+        addr: &str,
+        timeout: Duration,
+        first: Option<&[u8]>,
+    ) -> Result<std::result::Result<Channel, ExsConnectError>> {
         let fabric: ferry_fabric::Address = addr
             .parse()
             .map_err(|e| Error::new(Kind::Usage, format!("bad address {addr}: {e}")))?;
@@ -287,25 +299,7 @@ impl Channel {
             Some(first) => ExsSocket::connect_early(addr, cfg, &q, timeout, (first, CTX_CONTROL)),
             None => ExsSocket::connect(addr, cfg, &q, timeout),
         };
-        let sock = sock.map_err(|e| {
-            // A driver missing here (libfabric not installed) is not the server's doing, and
-            // a name that does not resolve is the user's to fix, not a server to start.
-            use ferry_fabric::FabricError;
-            let hint = match &e {
-                ferry_exs::runtime::Error::Fabric(FabricError::Unavailable(_)) => "",
-                ferry_exs::runtime::Error::Fabric(FabricError::Io { context, .. })
-                    if context.starts_with("resolv") =>
-                {
-                    " (no such host: check its name)"
-                }
-                ferry_exs::runtime::Error::Exs(ExsError::MessageSize) if first.is_some() => {
-                    EARLY_REFUSED
-                }
-                _ => " (is `ferry serve` running there, and is the driver right?)",
-            };
-            Error::conn(format!("cannot connect to {addr}: {e}{hint}"))
-        })?;
-        Ok(Self::new(sock, q))
+        Ok(sock.map(|sock| Self::new(sock, q)))
     }
 
     /// Wraps a connected socket whose events go to `q`.
@@ -855,8 +849,25 @@ impl secure::Wire for ChannelWire<'_> {
 /// `ferry serve` since TLS (1.7) offers, so a server of any version takes it.
 const EARLY_MAX: usize = 512;
 
-/// What a failed connection says when the server could not take the early first message.
-const EARLY_REFUSED: &str = " (the server's immediate size is smaller than the first message)";
+/// The error of a failed EXS connection.
+type ExsConnectError = ferry_exs::runtime::Error;
+
+/// What a failed connection to `addr` reports, with a hint at the likely cause.
+fn connect_error(addr: &str, e: &ExsConnectError) -> Error {
+    // A driver missing here (libfabric not installed) is not the server's doing, and a name
+    // that does not resolve is the user's to fix, not a server to start.
+    use ferry_fabric::FabricError;
+    let hint = match e {
+        ExsConnectError::Fabric(FabricError::Unavailable(_)) => "",
+        ExsConnectError::Fabric(FabricError::Io { context, .. })
+            if context.starts_with("resolv") =>
+        {
+            " (no such host: check its name)"
+        }
+        _ => " (is `ferry serve` running there, and is the driver right?)",
+    };
+    Error::conn(format!("cannot connect to {addr}: {e}{hint}"))
+}
 
 /// The receive buffer of a handshake message (a TLS flight cut to the immediate size).
 const HANDSHAKE_BUF: usize = 4096;
