@@ -6,8 +6,9 @@
 //! - the server keeps a file's BLAKE3 in `user.ferry.blake3` after SUM or a whole GET, uses
 //!   it while size, mtime, inode and device are unchanged, and ignores it when any changed;
 //!   the documented blind spot (content rewritten with size and mtime restored) is shown,
-//!   and the receiver refuses such a file rather than commit it; `--no-checksum-cache`
-//!   keeps none;
+//!   and the receiver refuses such a file rather than commit it, except one small enough
+//!   for a FILE frame, which is fetched again, hashed, and its entry mended;
+//!   `--no-checksum-cache` keeps none;
 //! - a `-p 4` download during which SUM writes the attribute (moving the file's ctime while
 //!   other streams read it) succeeds.
 
@@ -20,8 +21,8 @@ mod common;
 use common::*;
 
 const XATTR: &str = "user.ferry.blake3";
-/// Larger than a block (4 MiB), so a whole GET answers with BLOCKs and FILE_DONE (a file
-/// in one FILE frame is hashed where it is read, and not cached).
+/// Larger than a block (4 MiB), so a whole GET answers with BLOCKs and FILE_DONE (not one
+/// FILE frame, whose checks the receiver handles otherwise).
 const BIG: usize = 5 << 20;
 
 fn serve(args: &[&str]) -> Server {
@@ -195,12 +196,47 @@ fn gets_use_the_cache_unless_turned_off() {
         } else {
             fails(&o, 4, "does not match");
         }
-        // Small files are neither cached nor looked up.
+        // Files below 32 KiB are neither cached nor looked up.
         let small = s.root.join("small");
-        std::fs::write(&small, pattern(64 << 10, 5)).unwrap();
+        std::fs::write(&small, pattern((32 << 10) - 1, 5)).unwrap();
         assert_eq!(sum(&s.url("small")), sum(small.to_str().unwrap()));
         assert!(entry(&small).is_none());
     }
+}
+
+/// A file sent whole in one FILE frame (64 KiB) gets an entry at its first download and
+/// takes its hash from it at the next. In the blind spot its frame carries the stale hash:
+/// the client's check of the frame fails, it asks for the file again by length, and that
+/// answer is hashed as read: the copy lands the new content and the entry is mended.
+#[test]
+fn a_small_file_takes_its_hash_from_the_cache_and_mends_a_stale_one() {
+    let s = serve(&[]);
+    let path = s.root.join("small");
+    std::fs::write(&path, pattern(64 << 10, 6)).unwrap();
+    let local = scratch("local");
+    let down = || {
+        let _ = std::fs::remove_file(local.join("small"));
+        ok(&cp(&[&s.url("small"), local.to_str().unwrap()], &[]))
+    };
+    let first = down();
+    assert_eq!(first["blocks_resent"], 0, "{first}");
+    let stale = entry(&path).expect("no cache entry written for a FILE frame's file");
+    assert_eq!(stale.len(), 80);
+    same_file(&path, &local.join("small"));
+    // Unchanged: the entry is used and left as it was.
+    assert_eq!(down()["blocks_resent"], 0);
+    assert_eq!(entry(&path).as_deref(), Some(&stale[..]));
+    // Blind spot: the stale hash goes out, fails, and the file is fetched again, hashed.
+    rewrite_keeping_mtime(&path);
+    let mended = down();
+    assert_eq!(
+        mended["blocks_resent"], 1,
+        "the stale hash was not sent: {mended}"
+    );
+    same_file(&path, &local.join("small"));
+    let fresh = entry(&path).expect("the entry went");
+    assert_ne!(fresh, stale, "the stale entry was kept");
+    assert_eq!(down()["blocks_resent"], 0, "the mended entry is not used");
 }
 
 /// `-p 4`: SUM hashes the file and writes its entry while another stream's GET holds it

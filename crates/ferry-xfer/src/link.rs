@@ -316,27 +316,31 @@ impl BlockSender {
 
     /// Sends the whole of `file` (`size` bytes, [`BlockSender::file_fits`]) as one FILE
     /// frame of `file_id`: read with one `pread` into a registered staging block, its
-    /// CRC-32C and BLAKE3 computed there, sent without a copy. With [`BlockSender::packing`]
-    /// the frame joins the open PACK (a new one when it does not fit), which leaves at
-    /// [`BlockSender::flush_pack`] or when it is full. `unchanged` runs once the file was
-    /// read: if it fails (the source changed, [`ferry_service::stamp`]), the frame is not sent.
+    /// CRC-32C and BLAKE3 computed there (the BLAKE3 only if not `known`, from the checksum
+    /// cache), sent without a copy. With [`BlockSender::packing`] the frame joins the open
+    /// PACK (a new one when it does not fit), which leaves at [`BlockSender::flush_pack`] or
+    /// when it is full. `unchanged` runs once the file was read: if it fails (the source
+    /// changed, [`ferry_service::stamp`]), the frame is not sent. Returns the frame's BLAKE3.
     pub fn send_file(
         &mut self,
         link: &Link,
         file: &std::fs::File,
-        file_id: u32,
-        mode: u32,
+        (file_id, mode): (u32, u32),
         size: u64,
+        known: Option<[u8; 32]>,
         unchanged: &dyn Fn() -> Result<()>,
-    ) -> Result<()> {
+    ) -> Result<[u8; 32]> {
         let n = usize::try_from(size)
             .ok()
             .filter(|_| self.file_fits(size))
             .ok_or_else(|| XferError::conn("internal: file too large for one FILE frame"))?;
         let frame = proto::FILE_HEADER_LEN + n;
+        let mut sent = [0; 32];
         self.join_pack(link, (frame, Whole::File), |buf, at| {
-            fill_file_frame(buf, at, file, file_id, mode, n).and_then(|()| unchanged())
-        })
+            sent = fill_file_frame(buf, at, file, (file_id, mode), n, known)?;
+            unchanged()
+        })?;
+        Ok(sent)
     }
 
     /// Whether a file of `size` bytes uploaded to `path` fits in one PUT_FILE frame.
@@ -732,26 +736,28 @@ impl Pack {
 }
 
 /// Reads `n` bytes of `file` into `buf` at `at + FILE_HEADER_LEN` and writes the FILE
-/// frame's header (CRC-32C and BLAKE3 of those bytes) at `at`.
+/// frame's header (CRC-32C of those bytes, and their BLAKE3 unless `known`) at `at`;
+/// returns the BLAKE3 written.
 fn fill_file_frame(
     buf: &ExsBuf,
     at: usize,
     file: &std::fs::File,
-    file_id: u32,
-    mode: u32,
+    (file_id, mode): (u32, u32),
     n: usize,
-) -> Result<()> {
+    known: Option<[u8; 32]>,
+) -> Result<[u8; 32]> {
     let data = at + proto::FILE_HEADER_LEN;
     read_payload(buf, data, file, n)?;
     let (crc, hash) = buf.buffer().with_bytes(buf.offset() + data, n, |b| {
-        (crc32c::crc32c(b), *blake3::hash(b).as_bytes())
+        let hash = known.unwrap_or_else(|| *blake3::hash(b).as_bytes());
+        (crc32c::crc32c(b), hash)
     });
     let head = proto::encode_file_header(file_id, mode, crc, hash, n as u32)
         .map_err(|e| XferError::conn(format!("encode file: {e}")))?;
     buf.write_at(at, &head)
         .map_err(|e| XferError::conn(format!("fill staging block: {e}")))?;
     ring::sender::test_corrupt(buf, data, n);
-    Ok(())
+    Ok(hash)
 }
 
 /// Reads the whole of `file` (`n` bytes, as `meta` describes it) into `buf` at `at` after a

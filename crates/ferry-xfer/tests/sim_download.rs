@@ -236,7 +236,7 @@ mod machine {
             }
             prop_assert!(conv.is_idle());
             if inline && fits && offset == 0 && length == u64::MAX {
-                prop_assert_eq!(replies, vec![Reply::SendFile { file_id: 7, size, mode: 0o640 }]);
+                prop_assert_eq!(replies, vec![Reply::SendFile { file_id: 7, size, mode: 0o640, known: None }]);
                 return Ok(());
             }
             if offset > size {

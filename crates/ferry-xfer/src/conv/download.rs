@@ -491,6 +491,9 @@ pub enum Reply {
         size: u64,
         /// Its permission bits.
         mode: u32,
+        /// Its BLAKE3, if already known (the checksum cache): the frame's bytes are then
+        /// read but not hashed.
+        known: Option<[u8; 32]>,
     },
     /// Read `len` bytes at `offset` of the source and send them as BLOCKs of `file_id`,
     /// feeding [`Responder::hasher`]; then check that the source did not change, and report
@@ -627,6 +630,7 @@ impl Responder {
                 file_id,
                 size: src.size,
                 mode: src.mode,
+                known: src.known,
             });
             return;
         }

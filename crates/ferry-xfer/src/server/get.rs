@@ -23,6 +23,9 @@ struct Held<'a> {
     file: &'a File,
     stamp: RefCell<Stamp>,
     reading: Option<Reading>,
+    /// The root the file's entry held when looked up ([`Held::entry`]): storing it again
+    /// would only read the entry to find it there.
+    found: std::cell::Cell<Option<[u8; 32]>>,
 }
 
 impl<'a> Held<'a> {
@@ -46,17 +49,20 @@ impl<'a> Held<'a> {
             file,
             stamp: RefCell::new(stamp),
             reading,
+            found: Default::default(),
         })
     }
 
     /// The file's BLAKE3 from the checksum cache.
     fn cached(&self) -> Option<[u8; 32]> {
-        self.reading.as_ref().and_then(|r| r.cached(self.file))
+        self.entry().map(|e| e.root)
     }
 
     /// The file's checksum cache entry (its BLAKE3, and its blocks' checks if kept).
     fn entry(&self) -> Option<sumcache::Entry> {
-        self.reading.as_ref().and_then(|r| r.entry(self.file))
+        let entry = self.reading.as_ref().and_then(|r| r.entry(self.file));
+        self.found.set(entry.as_ref().map(|e| e.root));
+        entry
     }
 
     /// Fails (integrity) if the file changed since it was opened.
@@ -71,6 +77,9 @@ impl<'a> Held<'a> {
     /// Keeps `root`, just computed from the unchanged file, in the checksum cache, with
     /// its blocks' checks if they were gathered in the same pass.
     fn store(&self, root: &[u8; 32], blocks: Option<Blocks>) {
+        if blocks.is_none() && self.found.get() == Some(*root) {
+            return;
+        }
         if let Some(r) = &self.reading {
             let mut stamp = self.stamp.borrow_mut();
             match blocks {
@@ -279,6 +288,7 @@ impl Server {
             }
         };
         let size = st.st_size as u64;
+        super::note_served_size(size);
         let whole = offset == 0 && length >= size;
         let entry = held.entry();
         let source = conv::Source {
@@ -286,7 +296,13 @@ impl Server {
             mode: st.st_mode & 0o7777,
             fits: tx.file_fits(size),
             hash: !ferry_service::hash::checksums_off(),
-            known: entry.as_ref().filter(|_| whole).map(|e| e.root),
+            // Not for a GET of an exact length (what a client asks again for a small file
+            // whose FILE frame failed its hash): that one is hashed as read, which also
+            // mends a stale entry (the cache's blind spot).
+            known: entry
+                .as_ref()
+                .filter(|_| whole && length == u64::MAX)
+                .map(|e| e.root),
         };
         let (block, check) = (tx.block(), link.protection().send);
         let blocks = entry.and_then(|e| e.blocks.into_iter().find(|b| fits(b, block, check)));
@@ -383,11 +399,18 @@ impl Server {
                     file_id,
                     size,
                     mode,
+                    known,
                 } => {
                     let Some(held) = file else {
                         return Err(XferError::conn("a FILE frame of no file"));
                     };
-                    tx.send_file(link, held.file, file_id, mode, size, &unchanged)
+                    let sent =
+                        tx.send_file(link, held.file, (file_id, mode), size, known, &unchanged);
+                    if let (Ok(hash), None) = (&sent, known) {
+                        // Read from the file as its stamp still was after the read.
+                        held.store(hash, None);
+                    }
+                    sent.map(|_| ())
                 }
                 Reply::Read {
                     file_id,

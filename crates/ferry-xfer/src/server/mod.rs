@@ -641,7 +641,7 @@ impl Server {
             return run();
         };
         let (time, began) = (std::time::SystemTime::now(), std::time::Instant::now());
-        let _ = take_refusal();
+        let _ = (take_refusal(), take_served_size());
         // Bytes sent unread are counted per thread: this request's run on this one.
         let unread = ferry_service::ring::sender::unread_bytes_here();
         let res = run();
@@ -650,9 +650,11 @@ impl Server {
             Ok(()) => take_refusal(),
             Err(e) => Some(e.msg.clone()),
         };
-        // A GET to the end names no length: the file's size says what it moved.
+        // A GET to the end names no length: the file's size says what it moved (as the
+        // GET saw it when it opened the file, else as it is now).
+        let served = take_served_size();
         let bytes = match (op, asked, &error) {
-            ("get", u64::MAX, None) => self.size_of(&path),
+            ("get", u64::MAX, None) => served.unwrap_or_else(|| self.size_of(&path)),
             ("get", u64::MAX, Some(_)) => 0,
             _ => asked,
         };
@@ -1140,6 +1142,22 @@ thread_local! {
 /// The refusal sent since the last call, if any.
 fn take_refusal() -> Option<String> {
     REFUSED.with(|r| r.borrow_mut().take())
+}
+
+thread_local! {
+    /// The size of the file the last GET on this thread opened, for its audit record (a
+    /// second lookup of the path would cost as much as the open did, per small file).
+    static SERVED_SIZE: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+}
+
+/// Notes the size of the file a GET opened, for its audit record.
+fn note_served_size(size: u64) {
+    SERVED_SIZE.with(|s| s.set(Some(size)));
+}
+
+/// The size noted since the last call, if any.
+fn take_served_size() -> Option<u64> {
+    SERVED_SIZE.with(|s| s.take())
 }
 
 fn reply_refusal(link: &Link, file_id: u32, r: impl Into<Refusal>) -> Result<()> {

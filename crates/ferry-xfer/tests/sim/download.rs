@@ -932,13 +932,14 @@ impl Server {
                     file_id,
                     size,
                     mode,
+                    known,
                 } => {
                     let payload = data[..size as usize].to_vec();
                     let msg = Msg::File {
                         file_id,
                         mode,
                         crc32c: crc32c::crc32c(&payload),
-                        blake3: *blake3::hash(&payload).as_bytes(),
+                        blake3: known.unwrap_or_else(|| *blake3::hash(&payload).as_bytes()),
                         len: size as u32,
                     };
                     wire.send(Dir::Down, Frame { msg, payload });
