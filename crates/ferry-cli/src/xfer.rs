@@ -257,9 +257,10 @@ pub struct CpArgs {
     /// Parallel streams: copy over N connections at once (1 to 16); large files are split
     /// into chunks the streams share, trees spread their files over them. Needs a server
     /// speaking protocol 1.2 (an older one gets one stream). In a server-to-server copy the
-    /// source server opens the N streams to the destination (protocol 1.4). Without -p: one
-    /// stream on a short path (round trip up to 2 ms); on a longer one the copy starts with
-    /// one and adds streams while the rate grows (up to 8; -v and --json say how many).
+    /// source server opens the N streams to the destination (protocol 1.4). Without -p: on
+    /// a short path (round trip up to 2 ms) a tree download opens one per core (up to 4),
+    /// anything else one; on a longer path the copy starts with one and adds streams while
+    /// the rate grows (up to 8; -v and --json say how many).
     #[arg(short = 'p', long = "streams", value_name = "N",
           value_parser = clap::value_parser!(u16).range(1..=16))]
     streams: Option<u16>,

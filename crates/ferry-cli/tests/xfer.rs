@@ -592,6 +592,10 @@ fn big_tree(files: usize) {
     let down = t.elapsed();
     assert_eq!(v["files"].as_u64(), Some(files as u64));
     same_tree(&src, &local.join("many"));
+    // Over loopback a tree download without -p opens a stream per core (at most four).
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let want = cores.clamp(1, 4) as u64;
+    assert_eq!(v["path"]["streams"].as_u64(), Some(want), "{v}");
     let t = std::time::Instant::now();
     let v = ok(&cp(
         &["-r", local.join("many").to_str().unwrap(), &s.url("back")],
@@ -599,6 +603,11 @@ fn big_tree(files: usize) {
     ));
     let up = t.elapsed();
     assert_eq!(v["files"].as_u64(), Some(files as u64));
+    assert_eq!(
+        v["path"]["streams"].as_u64(),
+        Some(1),
+        "an upload keeps one: {v}"
+    );
     same_tree(&src, &s.root.join("back/many"));
     eprintln!("{files} files: down {down:?}, up {up:?}");
     std::fs::remove_dir_all(&local).unwrap();

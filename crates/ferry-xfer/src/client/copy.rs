@@ -46,11 +46,14 @@ pub fn copy(
                     c.sample_path();
                     c
                 });
-                let long = c.as_ref().is_ok_and(|c| {
-                    super::tune::long_path(c.rtt()) && c.minor >= proto::MINOR_STREAMS
+                // A long path grows its streams; a tree download over a short one opens
+                // a stream per core ([`super::tune::short_tree_streams`]).
+                let spread = c.as_ref().is_ok_and(|c| {
+                    let tree = list && super::tune::short_tree_streams_here() > 1;
+                    (super::tune::long_path(c.rtt()) || tree) && c.minor >= proto::MINOR_STREAMS
                 });
                 first = Some(c);
-                long
+                spread
             }
             _ => opts.streams > 1,
         };

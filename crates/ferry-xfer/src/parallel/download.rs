@@ -380,9 +380,18 @@ pub(crate) fn download(
         Some(c) => c,
         None => Client::connect(&r.addr, opts)?,
     };
-    // Streams opened at once connect while this one lists and plans (none by default for
-    // a download: see `tune::UPFRONT_DOWNLOAD`; `FERRY_UPFRONT_STREAMS` asks for them).
-    let early = Early::start(&c0, r, opts, tune::UPFRONT_DOWNLOAD);
+    // Streams opened at once connect while this one lists and plans: on a long path none
+    // by default (`tune::UPFRONT_DOWNLOAD`; `FERRY_UPFRONT_STREAMS` asks for them), on a
+    // short one a stream per core for a tree (`tune::short_tree_streams`).
+    let want = tune::Upfront {
+        long: tune::UPFRONT_DOWNLOAD,
+        short: if recursive {
+            tune::short_tree_streams_here()
+        } else {
+            1
+        },
+    };
+    let early = Early::start(&c0, r, opts, want);
     let planned = plan_download(&mut c0, r, local, recursive, opts, progress);
     let jobs = match planned {
         Ok(j) => j,

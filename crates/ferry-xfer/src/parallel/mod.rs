@@ -183,21 +183,27 @@ impl Early {
     }
 
     /// Starts connecting the streams after `c0` that a copy without `-p` opens at once
-    /// over `c0`'s path: `want` in all ([`tune::UPFRONT_UPLOAD`] or
-    /// [`tune::UPFRONT_DOWNLOAD`]), unless `FERRY_UPFRONT_STREAMS` says otherwise; none on a
-    /// short path, with `-p`, or to a server without sessions.
-    pub(crate) fn start(c0: &Client, r: &Remote, opts: &Options, want: u16) -> Early {
+    /// over `c0`'s path: `want` in all ([`tune::upfront_streams`]; on a long path
+    /// `FERRY_UPFRONT_STREAMS` says otherwise); none with `-p`, or to a server without
+    /// sessions.
+    pub(crate) fn start(c0: &Client, r: &Remote, opts: &Options, want: tune::Upfront) -> Early {
         let early = Early::none();
         if !opts.auto_streams || c0.minor < proto::MINOR_STREAMS {
             return early;
         }
         let max = opts.streams.clamp(1, proto::MAX_STREAMS);
-        let want = tune::upfront_knob().unwrap_or(want);
+        let want = tune::Upfront {
+            long: tune::upfront_knob().unwrap_or(want.long),
+            ..want
+        };
         let n = tune::upfront_streams(c0.rtt(), max, want);
         if n <= 1 {
             return early;
         }
-        tracing::debug!("a long path: opening {n} streams at once");
+        match tune::long_path(c0.rtt()) {
+            true => tracing::debug!("a long path: opening {n} streams at once"),
+            false => tracing::debug!("a tree over a short path: opening {n} streams at once"),
+        }
         let mut pending = lock(&early.pending);
         for i in 1..n {
             let (session, r, opts) = (c0.session, r.clone(), opts.clone());

@@ -186,7 +186,11 @@ pub(crate) fn upload(
         Some(md) => Some(md.len()),
         None => Some(zero_size),
     };
-    let early = Early::start(&c0, r, opts, tune::upload_upfront(single));
+    let want = tune::Upfront {
+        long: tune::upload_upfront(single),
+        short: 1,
+    };
+    let early = Early::start(&c0, r, opts, want);
     let planned = match (local, &md) {
         (Some(l), Some(md)) => plan_upload(&mut c0, l, md, r, opts, progress)
             .map(|v| v.into_iter().map(|(s, p, n)| (Some(s), p, n)).collect()),
