@@ -29,6 +29,12 @@ fn serve(args: &[&str]) -> Server {
     serve_as(ferry(), "tcp", &[], args)
 }
 
+/// A server that sends the blocks its entries vouch for from a mapping of the file,
+/// unread, so that the audit's `unread` counts them.
+fn serve_mapping(args: &[&str]) -> Server {
+    serve_as(ferry(), "tcp", &[("FERRY_VOUCHED_SENDS", "map")], args)
+}
+
 /// `ferry sum TARGET`'s hash.
 fn sum(target: &str) -> String {
     let mut c = ferry();
@@ -325,20 +331,35 @@ fn gets(path: &Path, n: usize) -> Vec<(u64, u64)> {
     }
 }
 
+/// How a test server sends the blocks its entries vouch for.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Vouched {
+    /// Read into staging, the checks from the entry (the default).
+    Copy,
+    /// From a mapping of the file, unread (`FERRY_VOUCHED_SENDS=map`).
+    Map,
+    /// Read and checked as any block (`FERRY_ZERO_COPY_SENDS=off`).
+    Off,
+}
+
 /// A file sent whole keeps its blocks' checks in its entry (format 2: CRC-32C at `clear`,
-/// the span digests the `integrity` tag reads otherwise); sent again, its blocks go unread
-/// (the audit's `unread`) and land byte for byte; with `FERRY_ZERO_COPY_SENDS=off` they are
-/// read. So on every driver (each takes the mapping as it takes a staging block). Rewritten
-/// with size and mtime kept (the blind spot), the copy is refused (exit 4) and nothing is
-/// committed.
+/// the span digests the `integrity` tag reads otherwise); sent again, its blocks carry
+/// those checks: read into staging, or with `FERRY_VOUCHED_SENDS=map` unread (the audit's
+/// `unread`), and land byte for byte; with `FERRY_ZERO_COPY_SENDS=off` they are read and
+/// checked. So on every driver (each takes the mapping as it takes a staging block).
+/// Rewritten with size and mtime kept (the blind spot), the copy is refused (exit 4) and
+/// nothing is committed; the block whose cached check went stale is fetched again first,
+/// which shows the cached checks were sent.
 #[test]
 fn a_cached_file_is_sent_unread_the_second_time() {
-    for (driver, clear, off) in [
-        ("tcp", false, false),
-        ("tcp", true, false),
-        ("tcp", false, true),
-        ("ofi+tcp", false, false),
-        ("ofi+shm", true, false),
+    for (driver, clear, how) in [
+        ("tcp", false, Vouched::Copy),
+        ("tcp", false, Vouched::Map),
+        ("tcp", true, Vouched::Map),
+        ("tcp", false, Vouched::Off),
+        ("ofi+tcp", false, Vouched::Map),
+        ("ofi+shm", true, Vouched::Map),
+        ("ofi+shm", false, Vouched::Copy),
     ] {
         let dir = scratch("unread");
         let audit = dir.join("audit.jsonl");
@@ -346,10 +367,10 @@ fn a_cached_file_is_sent_unread_the_second_time() {
         if clear {
             args.extend(["--protection", "clear,integrity"]);
         }
-        let env: &[(&str, &str)] = if off {
-            &[("FERRY_ZERO_COPY_SENDS", "off")]
-        } else {
-            &[]
+        let env: &[(&str, &str)] = match how {
+            Vouched::Copy => &[],
+            Vouched::Map => &[("FERRY_VOUCHED_SENDS", "map")],
+            Vouched::Off => &[("FERRY_ZERO_COPY_SENDS", "off")],
         };
         let s = serve_as(ferry(), driver, env, &args);
         let path = s.root.join("huge");
@@ -377,17 +398,23 @@ fn a_cached_file_is_sent_unread_the_second_time() {
             );
         }
         let size = HUGE as u64;
-        let unread = if off { 0 } else { size };
+        let unread = if how == Vouched::Map { size } else { 0 };
         assert_eq!(
             gets(&audit, 2),
             [(size, 0), (size, unread)],
-            "{driver} clear {clear} off {off}"
+            "{driver} clear {clear} {how:?}"
         );
         // The blind spot: the entry's checks are stale; the blocks that fail them are
         // fetched again and read, and the whole file's hash refuses the copy.
         rewrite_keeping_mtime(&path);
         let o = cp(&a, &[]);
         fails(&o, 4, "does not match");
+        let refetched = String::from_utf8_lossy(&o.stderr).contains("it will be sent again");
+        assert_eq!(
+            refetched,
+            how != Vouched::Off,
+            "{driver} clear {clear} {how:?}"
+        );
         assert!(!local.join("huge").exists());
     }
 }
@@ -398,7 +425,7 @@ fn a_cached_file_is_sent_unread_the_second_time() {
 fn a_format_1_entry_is_used_then_upgraded() {
     let dir = scratch("upgrade");
     let audit = dir.join("audit.jsonl");
-    let s = serve(&["--audit-log", audit.to_str().unwrap()]);
+    let s = serve_mapping(&["--audit-log", audit.to_str().unwrap()]);
     let path = s.root.join("huge");
     std::fs::write(&path, pattern(HUGE, 12)).unwrap();
     assert_eq!(sum(&s.url("huge")), sum(path.to_str().unwrap()));
@@ -426,7 +453,11 @@ fn a_format_1_entry_is_used_then_upgraded() {
 fn a_file_truncated_while_sent_unread_fails_the_copy_not_the_server() {
     let marker = scratch("marker").join("paused");
     let hook = marker.display().to_string();
-    let mut s = serve_as(ferry(), "tcp", &[("FERRY_TEST_PAUSE_UNREAD", &hook)], &[]);
+    let env = [
+        ("FERRY_TEST_PAUSE_UNREAD", hook.as_str()),
+        ("FERRY_VOUCHED_SENDS", "map"),
+    ];
+    let mut s = serve_as(ferry(), "tcp", &env, &[]);
     let path = s.root.join("huge");
     std::fs::write(&path, pattern(HUGE, 13)).unwrap();
     let local = scratch("local");
@@ -466,7 +497,7 @@ fn a_file_truncated_while_sent_unread_fails_the_copy_not_the_server() {
 fn both_levels_keep_their_checks() {
     let dir = scratch("levels");
     let audit = dir.join("audit.jsonl");
-    let s = serve(&[
+    let s = serve_mapping(&[
         "--audit-log",
         audit.to_str().unwrap(),
         "--protection",

@@ -307,11 +307,12 @@ impl Server {
         let (block, check) = (tx.block(), link.protection().send);
         let blocks = entry.and_then(|e| e.blocks.into_iter().find(|b| fits(b, block, check)));
         let kept = blocks.is_some();
-        // The entry's blocks' checks vouch for the file as opened: its blocks go unread, from
-        // a mapping of the file's pages (on every driver: one that copies them in user space
+        // The entry's blocks' checks vouch for the file as opened: its blocks go with them,
+        // no checksum computed (read into staging, or unread from a mapping of the file's
+        // pages, `vouched_copies`; on every driver: one that copies a mapping in user space
         // is safe from a truncation too, `Buffer::file_torn`). A GET of at most one block is
-        // read: that is what a client asks again for a block that failed its check (from a
-        // stale entry, the blind spot), so it gets the block's real check.
+        // read and checked: that is what a client asks again for a block that failed its
+        // check (from a stale entry, the blind spot), so it gets the block's real check.
         let vouch = blocks.filter(|_| kept && length > block && zero_copy_sends());
         // A whole file sent in blocks gives its blocks' checks to the cache, if it lacks them.
         if whole && !kept && self.cfg.checksum_cache && size >= sumcache::MIN_CACHED {
