@@ -313,7 +313,8 @@ impl BlockSink {
 
     /// A whole file in one block (a FILE frame), with the file's BLAKE3 from the sender:
     /// that hash covers the same bytes as the block's CRC-32C and is needed anyway, so it
-    /// is the block's check instead of both. A mismatch is re-fetched like a bad CRC.
+    /// is the block's check instead of both (a server sends a 1.12 client no CRC at all).
+    /// A mismatch is re-fetched like a bad CRC.
     pub fn whole_file(
         &mut self,
         file: Option<&File>,
@@ -321,13 +322,6 @@ impl BlockSink {
         payload: &[u8],
         blake3: &[u8; 32],
     ) -> Result<()> {
-        // A fresh file (no part of it verified before, no range of a parallel transfer):
-        // its FILE frame's hash is the whole file's, in order.
-        let resumed = self.journal.as_ref().is_some_and(|j| j.prefix() > 0);
-        let fresh = h.offset == 0 && self.hashed == 0 && !resumed && self.window.is_none();
-        let (Some(file), true) = (file, fresh && u64::from(h.len) == self.size) else {
-            return self.block(file, h, payload);
-        };
         self.check_bounds(h)?;
         let mut hasher = blake3::Hasher::new();
         hasher.update(payload);
@@ -335,6 +329,14 @@ impl BlockSink {
             self.refetch(h, "file BLAKE3 mismatch; it will be sent again");
             return Ok(());
         }
+        // A fresh file (no part of it verified before, no range of a parallel transfer):
+        // its FILE frame's hash is the whole file's, in order, and becomes the file's.
+        let resumed = self.journal.as_ref().is_some_and(|j| j.prefix() > 0);
+        let fresh = h.offset == 0 && self.hashed == 0 && !resumed && self.window.is_none();
+        let (Some(file), true) = (file, fresh && u64::from(h.len) == self.size) else {
+            self.accept(file, h, payload, None);
+            return Ok(());
+        };
         self.store(file, h, payload);
         self.hasher = hasher;
         self.hashed = self.size;
@@ -602,6 +604,15 @@ mod tests {
         assert!(sink
             .whole_file(Some(&file), &header(data.len(), crc), &data, &good)
             .is_err());
+        // The null sink (and any sink not taking the file whole) checks the hash too, and
+        // no CRC: a 1.12 server sends none.
+        let mut sink = BlockSink::new(7, data.len() as u64);
+        sink.whole_file(None, &header(data.len(), 0), &data, &good)
+            .unwrap();
+        assert!(sink.bad.is_empty());
+        sink.whole_file(None, &header(data.len(), crc), &data, &other)
+            .unwrap();
+        assert_eq!(sink.bad, vec![(0, data.len() as u32)]);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

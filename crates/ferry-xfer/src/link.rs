@@ -212,6 +212,9 @@ pub struct BlockSender {
     pub packing: bool,
     /// Send PACKs clear, tagged at `integrity` or sealed in place at `private` (a 1.10 peer).
     pub clear_packs: bool,
+    /// FILE frames carry their CRC-32C (a peer before 1.12); a 1.12 peer checks them by
+    /// their BLAKE3 alone and gets 0.
+    pub file_crc: bool,
     /// PACKs sent tagged or sealed in place on this link (the next one's `seq`).
     packs_numbered: u64,
     /// The PACK being filled.
@@ -228,6 +231,7 @@ impl BlockSender {
             inline: false,
             packing: false,
             clear_packs: false,
+            file_crc: true,
             packs_numbered: 0,
             pack: None,
         })
@@ -250,6 +254,7 @@ impl BlockSender {
             inline: self.inline,
             packing: self.packing,
             clear_packs: self.clear_packs,
+            file_crc: self.file_crc,
             packs_numbered: self.packs_numbered,
             pack: None,
         })
@@ -335,9 +340,9 @@ impl BlockSender {
             .filter(|_| self.file_fits(size))
             .ok_or_else(|| XferError::conn("internal: file too large for one FILE frame"))?;
         let frame = proto::FILE_HEADER_LEN + n;
-        let mut sent = [0; 32];
+        let (mut sent, crc) = ([0; 32], self.file_crc);
         self.join_pack(link, (frame, Whole::File), |buf, at| {
-            sent = fill_file_frame(buf, at, file, (file_id, mode), n, known)?;
+            sent = fill_file_frame(buf, at, file, (file_id, mode), (n, crc), known)?;
             unchanged()
         })?;
         Ok(sent)
@@ -736,21 +741,21 @@ impl Pack {
 }
 
 /// Reads `n` bytes of `file` into `buf` at `at + FILE_HEADER_LEN` and writes the FILE
-/// frame's header (CRC-32C of those bytes, and their BLAKE3 unless `known`) at `at`;
-/// returns the BLAKE3 written.
+/// frame's header (the CRC-32C of those bytes if `crc`, else 0; their BLAKE3 unless
+/// `known`) at `at`; returns the BLAKE3 written.
 fn fill_file_frame(
     buf: &ExsBuf,
     at: usize,
     file: &std::fs::File,
     (file_id, mode): (u32, u32),
-    n: usize,
+    (n, crc): (usize, bool),
     known: Option<[u8; 32]>,
 ) -> Result<[u8; 32]> {
     let data = at + proto::FILE_HEADER_LEN;
     read_payload(buf, data, file, n)?;
     let (crc, hash) = buf.buffer().with_bytes(buf.offset() + data, n, |b| {
         let hash = known.unwrap_or_else(|| *blake3::hash(b).as_bytes());
-        (crc32c::crc32c(b), hash)
+        (if crc { crc32c::crc32c(b) } else { 0 }, hash)
     });
     let head = proto::encode_file_header(file_id, mode, crc, hash, n as u32)
         .map_err(|e| XferError::conn(format!("encode file: {e}")))?;

@@ -528,8 +528,9 @@ fn rest_of_blocks(link: &mut Link) -> (Vec<u8>, Option<[u8; 32]>) {
 }
 
 /// A 1.3 client gets a whole small file (up to the block size less 24 bytes) as one FILE
-/// frame with the file's CRC-32C, BLAKE3 and mode; a larger file, a ranged GET, and any
-/// GET of a client older than 1.3 get READY, BLOCKs, FILE_DONE.
+/// frame with the file's CRC-32C, BLAKE3 and mode (a 1.12 client CRC 0: it checks the
+/// hash alone); a larger file, a ranged GET, and any GET of a client older than 1.3 get
+/// READY, BLOCKs, FILE_DONE.
 fn small_files_in_one_frame(driver: &str) {
     use std::os::unix::fs::PermissionsExt;
     let (addr, dir) = start(driver, false);
@@ -539,31 +540,39 @@ fn small_files_in_one_frame(driver: &str) {
     std::fs::set_permissions(dir.join("fits"), std::fs::Permissions::from_mode(0o640)).unwrap();
     std::fs::write(dir.join("over"), &data).unwrap();
     std::fs::write(dir.join("empty"), b"").unwrap();
-    let (mut link, m) = hello_minor(&addr, proto::VERSION_MINOR);
-    assert!(matches!(m, Msg::Welcome { minor, .. } if minor >= proto::MINOR_FILE));
-    for (id, name, len) in [(1, "fits", fits), (2, "empty", 0)] {
-        match get_whole(&mut link, id, &format!("d/{name}")) {
-            (
-                Msg::File {
-                    file_id,
-                    mode,
-                    crc32c,
-                    blake3,
-                    len: n,
-                },
-                payload,
-            ) => {
-                assert_eq!((file_id, n as usize), (id, len));
-                assert!(payload == data[..len]);
-                assert_eq!(crc32c, crc32c::crc32c(&data[..len]));
-                assert_eq!(blake3, *blake3::hash(&data[..len]).as_bytes());
-                if id == 1 {
-                    assert_eq!(mode, 0o640);
+    let before = proto::MINOR_FILE_HASH_ONLY - 1;
+    for minor in [before, proto::VERSION_MINOR] {
+        let (mut link, m) = hello_minor(&addr, minor);
+        assert!(matches!(m, Msg::Welcome { minor, .. } if minor >= proto::MINOR_FILE));
+        for (id, name, len) in [(1, "fits", fits), (2, "empty", 0)] {
+            match get_whole(&mut link, id, &format!("d/{name}")) {
+                (
+                    Msg::File {
+                        file_id,
+                        mode,
+                        crc32c,
+                        blake3,
+                        len: n,
+                    },
+                    payload,
+                ) => {
+                    assert_eq!((file_id, n as usize), (id, len));
+                    assert!(payload == data[..len]);
+                    let crc = match minor < proto::MINOR_FILE_HASH_ONLY {
+                        true => crc32c::crc32c(&data[..len]),
+                        false => 0,
+                    };
+                    assert_eq!(crc32c, crc, "minor {minor}");
+                    assert_eq!(blake3, *blake3::hash(&data[..len]).as_bytes());
+                    if id == 1 {
+                        assert_eq!(mode, 0o640);
+                    }
                 }
+                (m, _) => panic!("{name}: expected FILE, got {m:?}"),
             }
-            (m, _) => panic!("{name}: expected FILE, got {m:?}"),
         }
     }
+    let (mut link, _) = hello_minor(&addr, proto::VERSION_MINOR);
     // One byte more than fits: the three-frame answer, whole and hashed.
     let (m, _) = get_whole(&mut link, 3, "d/over");
     assert!(matches!(m, Msg::Ready { file_id: 3, .. }), "{m:?}");
@@ -751,7 +760,12 @@ fn packs_gather_a_gets_batch(driver: &str, mem: bool) {
                 };
                 let want = expect(order[file_id as usize - 1]);
                 assert!(payload == &want[..], "file {file_id}");
-                assert_eq!(crc32c, crc32c::crc32c(&want));
+                // A 1.12 client checks the hash alone and gets no CRC.
+                let crc = match minor < proto::MINOR_FILE_HASH_ONLY {
+                    true => crc32c::crc32c(&want),
+                    false => 0,
+                };
+                assert_eq!(crc32c, crc);
                 assert_eq!(blake3, *blake3::hash(&want).as_bytes());
                 ids.push(file_id);
             }

@@ -389,6 +389,8 @@ impl Server {
         tx.packing = minor >= proto::MINOR_PACK;
         // And travel clear, tagged or sealed in place by the session's keys (1.10).
         tx.clear_packs = minor >= proto::MINOR_TAGGED_PACK;
+        // And FILE frames with no CRC to a client that checks them by their hash (1.12).
+        tx.file_crc = minor < proto::MINOR_FILE_HASH_ONLY;
         tx.direct = self.cfg.direct;
         let mut st = Requests {
             peer,
