@@ -484,11 +484,11 @@ impl Sender {
         after_read: &mut AfterRead<'_>,
     ) -> Result<()> {
         if let Source::Vouched(file, blocks) = range.src {
-            if let Some((digest, spans)) = self.vouched(range, blocks, piece) {
+            if let Some(check) = self.vouched(range, blocks, piece) {
                 if vouched_copies() {
-                    return self.fill_vouched(sock, range, slot, piece, digest, spans);
+                    return self.fill_vouched(sock, range, slot, piece, check);
                 }
-                return self.fill_unread(sock, range, file, slot, piece, digest, spans);
+                return self.fill_unread(sock, (range, file), slot, piece, check);
             }
         }
         let buf = self.block_of(sock, slot)?;
@@ -540,16 +540,13 @@ impl Sender {
     /// not). The file is checked to still hold the piece before the send is posted
     /// ([`Sender::still_mapped`]); a truncation after that fails the send in the kernel
     /// (the connection ends), never in this process.
-    #[allow(clippy::too_many_arguments)]
     fn fill_unread(
         &mut self,
         sock: &ExsSocket,
-        range: &RangeRead<'_, '_>,
-        file: &std::fs::File,
+        (range, file): (&RangeRead<'_, '_>, &std::fs::File),
         slot: SlotId,
         piece: Piece,
-        digest: BlockDigest,
-        spans: bool,
+        (digest, spans): (BlockDigest, bool),
     ) -> Result<()> {
         let n = usize::try_from(piece.len).map_err(|_| Error::conn("internal: block too large"))?;
         // Checked again before the send is posted ([`Sender::still_mapped`]).
@@ -589,8 +586,7 @@ impl Sender {
         range: &RangeRead<'_, '_>,
         slot: SlotId,
         piece: Piece,
-        digest: BlockDigest,
-        spans: bool,
+        (digest, spans): (BlockDigest, bool),
     ) -> Result<()> {
         let n = usize::try_from(piece.len).map_err(|_| Error::conn("internal: block too large"))?;
         let buf = self.block_of(sock, slot)?;
