@@ -313,7 +313,7 @@ impl Server {
         // is safe from a truncation too, `Buffer::file_torn`). A GET of at most one block is
         // read and checked: that is what a client asks again for a block that failed its
         // check (from a stale entry, the blind spot), so it gets the block's real check.
-        let vouch = blocks.filter(|_| kept && length > block && zero_copy_sends());
+        let vouch = blocks.filter(|_| length > block && zero_copy_sends());
         // A whole file sent in blocks gives its blocks' checks to the cache, if it lacks them.
         if whole && !kept && self.cfg.checksum_cache && size >= sumcache::MIN_CACHED {
             tx.collect_checks(size);
