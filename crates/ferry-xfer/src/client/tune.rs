@@ -249,6 +249,18 @@ pub fn is_local(addr: &str) -> bool {
             .is_ok_and(|ip| ip.is_loopback())
 }
 
+/// Whether a stream of a copy to `addr` may connect while the copy's other streams move
+/// data. Not on the ofi drivers: with libfabric 1.17's tcp;ofi_rxm, a client domain opened
+/// while another domain of the same process exchanges messages was seen to break the
+/// busy connection (a message delivered again or out of order; 1 tree download in 30 to
+/// 200 on a loaded host; `crates/ferry-fabric/src/drivers/ofi/mod.rs`). Their streams
+/// connect while the others are idle: all before data moves.
+pub fn joins_while_busy(addr: &str) -> bool {
+    !addr
+        .parse::<ferry_fabric::Address>()
+        .is_ok_and(|a| matches!(a.scheme, ferry_fabric::Scheme::Ofi(_)))
+}
+
 /// Whether a path of round trip `rtt` is long enough for a copy without `-p` to try more
 /// streams (on loopback and a LAN, more streams share the same cores and rarely help).
 pub fn long_path(rtt: Duration) -> bool {
@@ -495,6 +507,18 @@ mod tests {
         }
         for remote in ["tcp://198.18.0.1:7370", "ofi+tcp://dtn1:7370", "nonsense"] {
             assert!(!is_local(remote), "{remote}");
+        }
+    }
+
+    #[test]
+    fn only_kernel_tcp_streams_join_a_busy_copy() {
+        assert!(joins_while_busy("tcp://127.0.0.1:7370"));
+        for ofi in [
+            "ofi+tcp://127.0.0.1:7370",
+            "ofi+shm://ferry",
+            "ofi+verbs://h:1",
+        ] {
+            assert!(!joins_while_busy(ofi), "{ofi}");
         }
     }
 

@@ -185,7 +185,8 @@ impl Early {
     /// Starts connecting the streams after `c0` that a copy without `-p` opens at once
     /// over `c0`'s path: `want` in all ([`tune::upfront_streams`]; on a long path
     /// `FERRY_UPFRONT_STREAMS` says otherwise); none with `-p`, or to a server without
-    /// sessions.
+    /// sessions. On a driver where streams cannot join a busy copy
+    /// ([`tune::joins_while_busy`]) they have connected (or failed to) when this returns.
     pub(crate) fn start(c0: &Client, r: &Remote, opts: &Options, want: tune::Upfront) -> Early {
         let early = Early::none();
         if !opts.auto_streams || c0.minor < proto::MINOR_STREAMS {
@@ -216,6 +217,12 @@ impl Early {
             }
         }
         early.waiting.store(pending.len(), Ordering::SeqCst);
+        if !tune::joins_while_busy(&r.addr) {
+            // They connect now, while this stream is idle ([`tune::joins_while_busy`]).
+            while !pending.iter().all(|(_, h)| h.is_finished()) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
         drop(pending);
         early
     }
@@ -417,13 +424,18 @@ fn run_streams(
 }
 
 /// A copy that chooses its stream count: the search and how to open one more stream of
-/// `c0`'s session, if the path is long and the server has sessions; `None` otherwise.
+/// `c0`'s session, if the path is long, the server has sessions and streams may join
+/// while others work ([`tune::joins_while_busy`]); `None` otherwise.
 pub(crate) fn grower<'a>(
     c0: &Client,
     r: &'a Remote,
     opts: &'a Options,
 ) -> Option<(Growth, Joiner<'a>)> {
-    if !opts.auto_streams || !tune::long_path(c0.rtt()) || c0.minor < proto::MINOR_STREAMS {
+    if !opts.auto_streams
+        || !tune::long_path(c0.rtt())
+        || c0.minor < proto::MINOR_STREAMS
+        || !tune::joins_while_busy(&r.addr)
+    {
         return None;
     }
     let session = c0.session;
