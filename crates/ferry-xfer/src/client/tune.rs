@@ -250,11 +250,9 @@ pub fn is_local(addr: &str) -> bool {
 }
 
 /// Whether a stream of a copy to `addr` may connect while the copy's other streams move
-/// data. Not on the ofi drivers: with libfabric 1.17's tcp;ofi_rxm, a client domain opened
-/// while another domain of the same process exchanges messages was seen to break the
-/// busy connection (a message delivered again or out of order; 1 tree download in 30 to
-/// 200 on a loaded host; `crates/ferry-fabric/src/drivers/ofi/mod.rs`). Their streams
-/// connect while the others are idle: all before data moves.
+/// data. Not on the ofi drivers, where a domain opened then was seen to break a busy
+/// connection of the same process (the provider defects in `ferry_fabric`'s ofi driver):
+/// their streams connect before data moves.
 pub fn joins_while_busy(addr: &str) -> bool {
     !addr
         .parse::<ferry_fabric::Address>()

@@ -52,9 +52,9 @@
 //!   arriving again or out of order, so EXS and TLS refuse it: about 1 tree download in 30
 //!   to 200 on a loaded host, a second stream connecting while the first listed the tree);
 //!   never while the other domain's connections were idle (300 downloads). ferry's own
-//!   state is per domain; the cause in the provider is not found. File transfer therefore
-//!   connects a copy's extra streams only while its others are idle on these drivers
-//!   (`ferry_xfer`'s `tune::joins_while_busy`).
+//!   state is per domain; the cause in the provider is not found, and shm was not seen
+//!   failing so. File transfer connects a copy's extra streams only while its others are
+//!   idle on every ofi provider (`ferry_xfer`'s `tune::joins_while_busy`).
 //! - `fi_cq_sread` on ofi_rxm was seen spinning forever after a connection teardown, so the
 //!   progress thread sleeps on its own.
 //! - Exit: libfabric tears its providers down in a destructor that `exit` runs while the
