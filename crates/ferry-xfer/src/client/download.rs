@@ -39,6 +39,11 @@ pub struct Dest {
 pub(crate) struct DestBase {
     fd: OwnedFd,
     last: std::sync::Mutex<Option<(String, Arc<OwnedFd>, DirFacts)>>,
+    /// The facts of every directory this copy opened, as they were at its first opening:
+    /// streams placing files in different directories take turns with `last`, and a
+    /// directory opened again after some of the copy's files landed is not empty any more,
+    /// though it holds none of the names still to come.
+    seen: std::sync::Mutex<HashMap<String, DirFacts>>,
 }
 
 /// What is decided once per directory when it is opened, instead of once per file in it.
@@ -83,7 +88,12 @@ impl DestBase {
             }
         }
         let fd = Arc::new(ferry_service::beneath::open_dir_beneath(&self.fd, dir)?);
-        let facts = DirFacts::of(&fd);
+        let facts = *self
+            .seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(dir.to_string())
+            .or_insert_with(|| DirFacts::of(&fd));
         *last = Some((dir.to_string(), fd.clone(), facts));
         Ok((fd, facts))
     }
@@ -123,6 +133,7 @@ impl Dest {
         Ok(Arc::new(DestBase {
             fd,
             last: std::sync::Mutex::new(None),
+            seen: std::sync::Mutex::new(HashMap::new()),
         }))
     }
 
