@@ -527,6 +527,16 @@ fn rest_of_blocks(link: &mut Link) -> (Vec<u8>, Option<[u8; 32]>) {
     }
 }
 
+/// The CRC-32C a FILE frame of `bytes` carries to a client of `minor`: none (0) from 1.12
+/// on, where the client checks the frame's hash alone.
+fn file_crc(minor: u16, bytes: &[u8]) -> u32 {
+    if minor < proto::MINOR_FILE_HASH_ONLY {
+        crc32c::crc32c(bytes)
+    } else {
+        0
+    }
+}
+
 /// A 1.3 client gets a whole small file (up to the block size less 24 bytes) as one FILE
 /// frame with the file's CRC-32C, BLAKE3 and mode (a 1.12 client CRC 0: it checks the
 /// hash alone); a larger file, a ranged GET, and any GET of a client older than 1.3 get
@@ -558,11 +568,7 @@ fn small_files_in_one_frame(driver: &str) {
                 ) => {
                     assert_eq!((file_id, n as usize), (id, len));
                     assert!(payload == data[..len]);
-                    let crc = match minor < proto::MINOR_FILE_HASH_ONLY {
-                        true => crc32c::crc32c(&data[..len]),
-                        false => 0,
-                    };
-                    assert_eq!(crc32c, crc, "minor {minor}");
+                    assert_eq!(crc32c, file_crc(minor, &data[..len]), "minor {minor}");
                     assert_eq!(blake3, *blake3::hash(&data[..len]).as_bytes());
                     if id == 1 {
                         assert_eq!(mode, 0o640);
@@ -760,12 +766,7 @@ fn packs_gather_a_gets_batch(driver: &str, mem: bool) {
                 };
                 let want = expect(order[file_id as usize - 1]);
                 assert!(payload == &want[..], "file {file_id}");
-                // A 1.12 client checks the hash alone and gets no CRC.
-                let crc = match minor < proto::MINOR_FILE_HASH_ONLY {
-                    true => crc32c::crc32c(&want),
-                    false => 0,
-                };
-                assert_eq!(crc32c, crc);
+                assert_eq!(crc32c, file_crc(minor, &want));
                 assert_eq!(blake3, *blake3::hash(&want).as_bytes());
                 ids.push(file_id);
             }
