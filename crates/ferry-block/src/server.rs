@@ -95,6 +95,13 @@ impl ZeroCopyReads {
 }
 /// Longest request an idle connection's reading worker serves itself.
 const INLINE_MAX: u32 = 64 * 1024;
+/// Shortest read of an in-memory export that the reading worker always serves itself.
+/// Such a read only writes its reply, and replies go out one at a time: handed to other
+/// workers, long replies queued on the reply lock, which a worker that had just written
+/// could take again ahead of the others (1 MiB reads at QD 16: p99 about 50 ms served by
+/// the workers, 5 ms by the reader, and a higher rate; docs/block.md). Shorter reads
+/// still go to the workers (at QD 1 handing them over was faster).
+const INLINE_MEMORY_READ_MIN: u32 = 64 * 1024;
 /// The environment variable that turns on serving an idle connection's short requests on
 /// the reading worker (`on`). Off by default: on a quiet host it served 4 KiB requests at
 /// QD 1 slower than handing them to the next worker (docs/block.md).
@@ -385,6 +392,26 @@ fn write_all_vectored(mut w: impl Write, mut parts: &mut [IoSlice<'_>]) -> io::R
         }
     }
     Ok(())
+}
+
+/// Whether the worker that read `cmd` serves it itself before reading on: a long read of
+/// an in-memory export ([`INLINE_MEMORY_READ_MIN`]) always; otherwise only when
+/// `idle_inline` (inline serving is on, no other request of the connection is being served
+/// and none is waiting in the read buffer) and the job is short (a request arriving
+/// meanwhile waits for it).
+fn reader_serves(
+    cmd: &std::result::Result<Command, Refusal>,
+    in_memory: bool,
+    idle_inline: bool,
+) -> bool {
+    match *cmd {
+        Ok(Command::Read { len, .. }) if in_memory && len >= INLINE_MEMORY_READ_MIN => true,
+        _ if !idle_inline => false,
+        Err(_) => true,
+        Ok(Command::Read { len, .. }) => len <= INLINE_MAX,
+        Ok(Command::Write { len, fua, .. }) => len <= INLINE_MAX && !fua,
+        Ok(_) => false,
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -937,8 +964,9 @@ impl Conn<'_> {
                 if !self.serve_inline(&job, &rd) {
                     break job;
                 }
-                // Nothing else in flight and nothing more read: letting the reader go would
-                // only wake another worker to wait on the socket in this one's place.
+                // A long read from memory only writes its reply; for anything else, nothing
+                // else is in flight and nothing more read: letting the reader go would only
+                // wake another worker to wait on the socket in this one's place.
                 self.serve(job);
                 self.shared.in_flight.fetch_sub(1, Ordering::SeqCst);
             };
@@ -952,20 +980,11 @@ impl Conn<'_> {
         }
     }
 
-    /// Whether the worker holding the reader serves `job` itself before reading on: when
-    /// no other request of the connection is being served, none is waiting in the read
-    /// buffer, and the job is short (a request arriving meanwhile waits for it).
+    /// Whether the worker holding the reader serves `job` itself before reading on
+    /// ([`reader_serves`]).
     fn serve_inline(&self, job: &Job, rd: &Reader<'_>) -> bool {
         let idle = rd.r.buffer().is_empty() && self.busy.load(Ordering::SeqCst) == 0;
-        if !self.inline_idle || !idle {
-            return false;
-        }
-        match job.cmd {
-            Err(_) => true,
-            Ok(Command::Read { len, .. }) => len <= INLINE_MAX,
-            Ok(Command::Write { len, fua, .. }) => len <= INLINE_MAX && !fua,
-            Ok(_) => false,
-        }
+        reader_serves(&job.cmd, self.backend.in_memory(), self.inline_idle && idle)
     }
 
     /// Reads and checks the next request (counted in flight); `Err` when the client
@@ -1340,6 +1359,44 @@ impl ferry_service::daemon::Endpoint for BlockServer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Long reads of an in-memory export are served by the reader whatever else the
+    /// connection does; anything else only by an idle connection's reader, when short.
+    #[test]
+    fn the_reader_serves_long_memory_reads_and_idle_short_requests() {
+        let read = |len| {
+            Ok(Command::Read {
+                offset: 0,
+                len,
+                df: false,
+            })
+        };
+        let write = |len, fua| {
+            Ok(Command::Write {
+                offset: 0,
+                len,
+                fua,
+            })
+        };
+        let long = INLINE_MEMORY_READ_MIN;
+        assert!(reader_serves(&read(long), true, false));
+        assert!(reader_serves(&read(1 << 20), true, false));
+        assert!(!reader_serves(&read(long - 1), true, false));
+        assert!(!reader_serves(&read(long), false, false));
+        assert!(!reader_serves(&write(1 << 20, false), true, false));
+        // An idle connection's short requests, when inline serving is on.
+        assert!(reader_serves(&read(INLINE_MAX), false, true));
+        assert!(!reader_serves(&read(INLINE_MAX + 1), false, true));
+        assert!(reader_serves(&write(4096, false), false, true));
+        assert!(!reader_serves(&write(4096, true), false, true));
+        assert!(!reader_serves(&Ok(Command::Flush), false, true));
+        let refused = Refusal {
+            errno: ESHUTDOWN,
+            why: "the server is shutting down",
+        };
+        assert!(reader_serves(&Err(refused), false, true));
+        assert!(!reader_serves(&Err(refused), false, false));
+    }
 
     /// A file shorter than the reply promised: `sendfile_all` fails (the caller then
     /// closes the connection) after sending exactly what the file held, never more.

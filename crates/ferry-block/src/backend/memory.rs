@@ -89,6 +89,10 @@ impl Backend for MemoryBackend {
         self.size
     }
 
+    fn in_memory(&self) -> bool {
+        true
+    }
+
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         Self::each_page(offset, buf.len() as u64, |page, in_page, r| {
             let shard = read(self.shard(page));

@@ -49,6 +49,12 @@ pub trait Backend: Send + Sync + 'static {
         true
     }
 
+    /// Whether every read is served from memory, never waiting for a disk (a server may
+    /// then serve reads on the thread that reads requests).
+    fn in_memory(&self) -> bool {
+        false
+    }
+
     /// Fills `buf` from `offset`.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
 
