@@ -14,6 +14,17 @@ pub enum Scheme {
     Ofi(String),
 }
 
+impl Scheme {
+    /// Whether a process may open a connection of this driver while its other connections
+    /// of the driver move data. Not on libfabric: with 1.17's tcp;ofi_rxm a domain opened
+    /// then was seen to break a busy connection of the same process (the provider defects
+    /// in the ofi driver's documentation), so a caller opening several connections to one
+    /// peer opens them all before data moves.
+    pub fn connects_beside_busy_ones(&self) -> bool {
+        matches!(self, Scheme::Tcp)
+    }
+}
+
 /// A parsed endpoint address.
 ///
 /// `host` is a host name or IP literal for network providers and an arbitrary name for `shm`;
@@ -116,6 +127,19 @@ impl fmt::Display for Address {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_kernel_tcp_connects_beside_busy_connections() {
+        let scheme = |a: &str| a.parse::<Address>().unwrap().scheme;
+        assert!(scheme("tcp://127.0.0.1:7370").connects_beside_busy_ones());
+        for ofi in [
+            "ofi+tcp://127.0.0.1:7370",
+            "ofi+shm://ferry",
+            "ofi+verbs://h:1",
+        ] {
+            assert!(!scheme(ofi).connects_beside_busy_ones(), "{ofi}");
+        }
+    }
 
     #[test]
     fn parses_every_form() {

@@ -250,13 +250,11 @@ pub fn is_local(addr: &str) -> bool {
 }
 
 /// Whether a stream of a copy to `addr` may connect while the copy's other streams move
-/// data. Not on the ofi drivers, where a domain opened then was seen to break a busy
-/// connection of the same process (the provider defects in `ferry_fabric`'s ofi driver):
-/// their streams connect before data moves.
+/// data: where the driver allows it ([`ferry_fabric::Scheme::connects_beside_busy_ones`]);
+/// elsewhere the streams connect before data moves.
 pub fn joins_while_busy(addr: &str) -> bool {
-    !addr
-        .parse::<ferry_fabric::Address>()
-        .is_ok_and(|a| matches!(a.scheme, ferry_fabric::Scheme::Ofi(_)))
+    addr.parse::<ferry_fabric::Address>()
+        .map_or(true, |a| a.scheme.connects_beside_busy_ones())
 }
 
 /// Whether a path of round trip `rtt` is long enough for a copy without `-p` to try more
@@ -505,18 +503,6 @@ mod tests {
         }
         for remote in ["tcp://198.18.0.1:7370", "ofi+tcp://dtn1:7370", "nonsense"] {
             assert!(!is_local(remote), "{remote}");
-        }
-    }
-
-    #[test]
-    fn only_kernel_tcp_streams_join_a_busy_copy() {
-        assert!(joins_while_busy("tcp://127.0.0.1:7370"));
-        for ofi in [
-            "ofi+tcp://127.0.0.1:7370",
-            "ofi+shm://ferry",
-            "ofi+verbs://h:1",
-        ] {
-            assert!(!joins_while_busy(ofi), "{ofi}");
         }
     }
 

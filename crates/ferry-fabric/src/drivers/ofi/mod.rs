@@ -53,8 +53,8 @@
 //!   to 200 on a loaded host, a second stream connecting while the first listed the tree);
 //!   never while the other domain's connections were idle (300 downloads). ferry's own
 //!   state is per domain; the cause in the provider is not found, and shm was not seen
-//!   failing so. File transfer connects a copy's extra streams only while its others are
-//!   idle on every ofi provider (`ferry_xfer`'s `tune::joins_while_busy`).
+//!   failing so. [`crate::Scheme::connects_beside_busy_ones`] is false for every ofi
+//!   provider, and file transfer connects a copy's extra streams while its others are idle.
 //! - `fi_cq_sread` on ofi_rxm was seen spinning forever after a connection teardown, so the
 //!   progress thread sleeps on its own.
 //! - Exit: libfabric tears its providers down in a destructor that `exit` runs while the
