@@ -11,7 +11,7 @@
 //! [`SPIN`], on up to [`YIELD`] while sends or RMAs are in flight and up to [`RECV_YIELD`]
 //! while only receives are posted; then nap, doubling from
 //! [`MIN_NAP`] to [`MAX_NAP`] ([`GRANTED_NAP`] at most on shm while peers hold checked-RMA
-//! grants to our memory). A post wakes a napping thread at once (`unpark`), so only
+//! grants to our memory; [`DEEP_NAP`] for a domain long idle with no operation posted). A post wakes a napping thread at once (`unpark`), so only
 //! traffic nobody on this side initiated (an incoming message for a receive posted long ago,
 //! the target side of RMA) can wait up to one nap.
 //!
@@ -48,6 +48,13 @@ const RECV_YIELD: Duration = Duration::from_micros(250);
 /// Shortest and longest nap.
 const MIN_NAP: Duration = Duration::from_micros(50);
 const MAX_NAP: Duration = Duration::from_millis(1);
+/// Longest nap of a domain quiet for [`DEEP_IDLE_AFTER`] with nothing posted but its
+/// control receives (no connection, no user operation): a server waiting for clients. At
+/// [`MAX_NAP`] such a domain woke about 900 times a second, and twelve idle servers beside
+/// a copy slowed it by a sixth (docs/fabric.md, "Driver tuning"). What it costs: the first
+/// message of a new peer waits up to one such nap; anything posted here wakes the thread.
+const DEEP_NAP: Duration = Duration::from_millis(10);
+const DEEP_IDLE_AFTER: Duration = Duration::from_secs(1);
 /// Longest nap on shm (where the initiator copies, `gate.rs`) while peers hold grants to
 /// our memory (checked RMA): they are reading or writing it and will speak soon (RMA_DONE,
 /// then typically an EXS ACK that frees the next send). Napping up to [`MAX_NAP`] there
@@ -280,9 +287,23 @@ pub(super) fn map_error(kind: OpKind, e: CqError, lost: bool, len: u64) -> Fabri
     }
 }
 
+/// The longest nap after `quiet` without a completion: [`DEEP_NAP`] once a domain with no
+/// user operation in flight has been quiet for [`DEEP_IDLE_AFTER`], else [`MAX_NAP`].
+fn longest_nap(quiet: Duration, user_ops_in_flight: bool) -> Duration {
+    if !user_ops_in_flight && quiet >= DEEP_IDLE_AFTER {
+        DEEP_NAP
+    } else {
+        MAX_NAP
+    }
+}
+
 /// The progress thread's loop; returns when the domain stops.
 pub(super) fn run(shared: Arc<Shared>) {
     let mut last = Instant::now();
+    // When a completion last came or a peer last copied into our memory: unlike `last`,
+    // not moved by a CQ read that only took long (one preempted on a loaded host would
+    // keep an idle domain out of its long naps).
+    let mut last_completion = Instant::now();
     let mut nap = MIN_NAP;
     let sweep_every = (shared.keepalive.every / 2).max(Duration::from_millis(10));
     let mut next_sweep = Instant::now();
@@ -314,13 +335,23 @@ pub(super) fn run(shared: Arc<Shared>) {
                 std::thread::park_timeout(HELD_NAP);
             }
             last = Instant::now();
+            last_completion = last;
             nap = MIN_NAP;
             continue;
         }
         let began = Instant::now();
-        if progress(&shared) > 0 || began.elapsed() >= BUSY_CALL {
+        let handled = progress(&shared);
+        if handled > 0 || began.elapsed() >= BUSY_CALL {
             last = Instant::now();
-            nap = MIN_NAP;
+            if handled > 0 {
+                last_completion = last;
+            }
+            // A long CQ read with no completion is a copy into our memory (shm), which
+            // only happens with user operations posted. Without them it is the provider's
+            // own slow read after a nap (tcp;ofi_rxm), and must not end the long naps.
+            if handled > 0 || shared.user_ops_in_flight() {
+                nap = MIN_NAP;
+            }
             continue;
         }
         let idle = last.elapsed();
@@ -341,9 +372,11 @@ pub(super) fn run(shared: Arc<Shared>) {
             crate::timeline::mark("ofi.nap", nap.as_micros() as u64);
             std::thread::park_timeout(nap);
             crate::timeline::mark("ofi.up", 0);
-            nap = (nap * 2).min(MAX_NAP);
+            let quiet = last_completion.elapsed();
+            nap = (nap * 2).min(longest_nap(quiet, shared.user_ops_in_flight()));
         } else {
             last = Instant::now();
+            last_completion = last;
             nap = MIN_NAP;
         }
         shared.sleeping.store(false, SeqCst);
