@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use ferry_fabric::{listen, Access, Buffer};
+use ferry_fabric::{listen, Access, Buffer, Endpoint};
 
 const T: Duration = Duration::from_secs(20);
 /// Longer than the progress thread's quiet before its long naps (`DEEP_IDLE_AFTER`).
@@ -38,29 +38,30 @@ fn progress_thread_switches() -> u64 {
     total
 }
 
+/// One byte each way on `ep`, this side first if `sends_first`.
+fn exchange(ep: &dyn Endpoint, sends_first: bool) {
+    let mr = ep
+        .domain()
+        .register(&Buffer::new(1), Access::LOCAL)
+        .unwrap();
+    for (n, send) in [sends_first, !sends_first].into_iter().enumerate() {
+        match send {
+            true => ep.post_send(&[mr.full()], n as u64).unwrap(),
+            false => ep.post_recv(&[mr.full()], n as u64).unwrap(),
+        }
+        ep.cq().wait(T).unwrap().result.unwrap();
+    }
+}
+
 /// A one-byte message from a new client to a server whose domain was idle, and back.
 fn ping(l: &dyn ferry_fabric::Listener) {
     let addr = l.local_addr();
     let client = std::thread::spawn(move || {
         let ep = ferry_fabric::connect(&addr, T).expect("connect after the quiet");
-        let mr = ep
-            .domain()
-            .register(&Buffer::new(1), Access::LOCAL)
-            .unwrap();
-        ep.post_send(&[mr.full()], 1).unwrap();
-        ep.cq().wait(T).unwrap().result.unwrap();
-        ep.post_recv(&[mr.full()], 2).unwrap();
-        ep.cq().wait(T).unwrap().result.unwrap();
+        exchange(ep.as_ref(), true);
     });
     let ep = l.accept(T).expect("accept after the quiet");
-    let mr = ep
-        .domain()
-        .register(&Buffer::new(1), Access::LOCAL)
-        .unwrap();
-    ep.post_recv(&[mr.full()], 1).unwrap();
-    ep.cq().wait(T).unwrap().result.unwrap();
-    ep.post_send(&[mr.full()], 2).unwrap();
-    ep.cq().wait(T).unwrap().result.unwrap();
+    exchange(ep.as_ref(), false);
     client.join().unwrap();
 }
 
