@@ -11,9 +11,10 @@
 //! [`SPIN`], on up to [`YIELD`] while sends or RMAs are in flight and up to [`RECV_YIELD`]
 //! while only receives are posted; then nap, doubling from
 //! [`MIN_NAP`] to [`MAX_NAP`] ([`GRANTED_NAP`] at most on shm while peers hold checked-RMA
-//! grants to our memory; [`DEEP_NAP`] for a domain long idle with no operation posted). A post wakes a napping thread at once (`unpark`), so only
-//! traffic nobody on this side initiated (an incoming message for a receive posted long ago,
-//! the target side of RMA) can wait up to one nap.
+//! grants to our memory; [`DEEP_NAP`] for a domain long quiet with no operation posted). A
+//! post wakes a napping thread at once (`unpark`), so only traffic nobody on this side
+//! initiated (an incoming message for a receive posted long ago, the target side of RMA)
+//! can wait up to one nap.
 //!
 //! On shm, while a peer holds this endpoint's region lock (its CMA copy of an RMA into or
 //! out of our memory), the thread waits [`HELD_NAP`] at a time instead of entering the
@@ -54,6 +55,8 @@ const MAX_NAP: Duration = Duration::from_millis(1);
 /// a copy slowed it by a sixth (docs/fabric.md, "Driver tuning"). What it costs: the first
 /// message of a new peer waits up to one such nap; anything posted here wakes the thread.
 const DEEP_NAP: Duration = Duration::from_millis(10);
+/// How long a domain with no user operation must be without a completion before it naps
+/// up to [`DEEP_NAP`].
 const DEEP_IDLE_AFTER: Duration = Duration::from_secs(1);
 /// Longest nap on shm (where the initiator copies, `gate.rs`) while peers hold grants to
 /// our memory (checked RMA): they are reading or writing it and will speak soon (RMA_DONE,
