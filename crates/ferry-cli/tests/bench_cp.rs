@@ -1,7 +1,7 @@
 //! `ferry bench cp --quick --json` end to end (about 30 s): one JSON object with a row per
-//! tool and workload, ferry's memory-to-memory rows measured on every driver, the summary
-//! keys the issue names (numbers, or null with the reason in a row when a peer is missing),
-//! and each target with a verdict.
+//! tool and workload, ferry's memory-to-memory, small-file and start-up rows measured on
+//! every driver, the summary keys the issue names (numbers, or null with the reason in a
+//! row when a peer is missing), and each target with a verdict.
 
 use std::process::Command;
 
@@ -41,6 +41,11 @@ fn quick_json_run() {
             small["files_per_s"].as_f64().is_some_and(|f| f > 0.0),
             "{small}"
         );
+        let start = rows
+            .iter()
+            .find(|r| r["workload"] == "start" && r["tool"] == "ferry" && r["variant"] == d)
+            .unwrap_or_else(|| panic!("no ferry start row for {d}"));
+        assert!(start["secs"].as_f64().is_some_and(|s| s > 0.0), "{start}");
     }
     // Every peer row either measured or says why not.
     for r in rows {

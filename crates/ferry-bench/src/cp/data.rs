@@ -48,6 +48,9 @@ pub(crate) fn write_data(path: &Path, len: u64, seed: u64) -> Result<()> {
         .with_context(|| format!("syncing {}", path.display()))
 }
 
+/// The `start` workload's one-byte file, in the shm directory.
+pub const TINY: &str = "tiny";
+
 impl Workspace {
     /// Creates the data of `plan` (a few seconds for the full run's 2 × 4 GiB).
     pub fn create(plan: &Plan) -> Result<Workspace> {
@@ -66,6 +69,7 @@ impl Workspace {
             ws.disk.display()
         );
         write_data(&ws.shm.join("big"), plan.mem_bytes, 0x9e37_79b9)?;
+        write_data(&ws.shm.join(TINY), 1, 0x2545_f491)?;
         write_data(&ws.disk.join("big"), plan.disk_bytes, 0x7f4a_7c15)?;
         for i in 0..plan.small_files {
             let p = ws.shm.join("small").join(format!("f{i:05}"));
@@ -84,6 +88,7 @@ impl Workspace {
         match workload {
             "disk" => (self.disk.join("big"), self.disk.join("out-big")),
             "small" => (self.shm.join("small"), self.shm.join("out-small")),
+            "start" => (self.shm.join(TINY), PathBuf::from("/dev/null")),
             _ => (self.shm.join("big"), PathBuf::from("/dev/null")),
         }
     }

@@ -41,7 +41,7 @@ pub struct CpArgs {
     /// Where to write CSV, JSON and PNG [default without --json: bench/results/cp].
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Run only these workloads, comma-separated (mem, shm, disk, small) [default: all].
+    /// Run only these workloads, comma-separated (mem, shm, disk, small, start) [default: all].
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 }
@@ -57,7 +57,7 @@ const PRIVATE: &str = report::PRIVATE;
 const CHECKSUMS_OFF: (&str, &str) = ("FERRY_TEST_NO_CHECKSUMS", "1");
 
 /// The workloads of a run, in order.
-const WORKLOADS: [&str; 4] = ["mem", "shm", "disk", "small"];
+const WORKLOADS: [&str; 5] = ["mem", "shm", "disk", "small", "start"];
 
 /// Sizes and counts of a run.
 #[derive(Debug, Clone, Copy)]
@@ -117,6 +117,7 @@ impl Cell {
                 files,
                 gbps: None,
                 files_per_s: None,
+                secs: None,
                 client_cpu_s: None,
                 server_cpu_s: None,
                 cpu_s: None,
@@ -153,6 +154,7 @@ impl Cell {
         };
         let r = &mut self.row;
         let secs = med(&|m| m.secs);
+        r.secs = med(&|m| m.secs).map(|x| round(x, 4));
         r.gbps = med(&|m| r.bytes as f64 / m.secs / 1e9).map(|x| round(x, 3));
         r.files_per_s = (r.workload == "small")
             .then(|| med(&|m| r.files as f64 / m.secs).map(|x| round(x, 1)))
@@ -187,7 +189,7 @@ fn need(prog: &str) -> Result<()> {
 pub fn run(args: &CpArgs) -> Result<()> {
     let plan = Plan::new(args.quick);
     if let Some(w) = args.only.iter().find(|w| !WORKLOADS.contains(&w.as_str())) {
-        bail!("--only: unknown workload {w:?} (mem, shm, disk, small)");
+        bail!("--only: unknown workload {w:?} (mem, shm, disk, small, start)");
     }
     let drivers = addr::drivers(&args.drivers)?;
     let mut notes = Vec::new();
@@ -405,6 +407,13 @@ fn cells_of(plan: &Plan, drivers: &[String]) -> Vec<Cell> {
         v.push(Cell::new("small", "gridftp", p, small, files));
     }
     v.push(Cell::new("small", "xrdcp", "", small, files));
+    // What a copy costs before any data moves (start-up, connection, security, one
+    // request): a one-byte file, whole-process time.
+    for d in drivers {
+        v.push(Cell::new("start", "ferry", d, 1, 1));
+    }
+    v.push(Cell::new("start", "gridftp", "-p 1", 1, 1));
+    v.push(Cell::new("start", "xrdcp", "", 1, 1));
     v
 }
 
@@ -498,6 +507,7 @@ fn transfer(plan: &Plan, ws: &Workspace, servers: &Servers, row: &CpRow) -> Resu
                     .arg(remote(&format!("mem/zero/{}", row.bytes)))
                     .arg("null:"),
                 "shm" => c.arg(remote("shm/big")).arg("null:"),
+                "start" => c.arg(remote(&format!("shm/{}", data::TINY))).arg("null:"),
                 "disk" => c.arg(remote("disk/big")).arg(&dst),
                 // The tree's contents into the output directory, as GridFTP's `-r -cd src/ dst/`.
                 _ => c.arg("-r").arg(remote("shm/small/")).arg(&dst),

@@ -15,7 +15,8 @@ use crate::report::{human_size, num, round, summary_text, Report, Target};
 pub struct CpRow {
     /// `mem` (ferry: zero source → null sink), `shm` (a file in /dev/shm → /dev/null),
     /// `disk` (a file on disk → a file on disk, caches dropped first), `small` (a tree of
-    /// small files in /dev/shm → /dev/shm).
+    /// small files in /dev/shm → /dev/shm), `start` (a one-byte file → /dev/null: the cost
+    /// of a copy before any data moves).
     pub workload: String,
     /// `ferry`, `gridftp`, `xrdcp`, `iperf3`, `scp`, `rsync`, or `fio` (the disk alone:
     /// `read`, `write`).
@@ -31,6 +32,8 @@ pub struct CpRow {
     pub gbps: Option<f64>,
     /// Files per second (small files).
     pub files_per_s: Option<f64>,
+    /// Seconds per transfer, wall time of the client (what the `start` workload reports).
+    pub secs: Option<f64>,
     /// User+system CPU seconds of the client process.
     pub client_cpu_s: Option<f64>,
     /// User+system CPU seconds of the server meanwhile.
@@ -450,8 +453,8 @@ impl CpReport {
         }
         let _ = writeln!(
             s,
-            "\n{:<6} {:<16} {:>9} {:>7} {:>8} {:>9} {:>8} {:>8}",
-            "work", "tool", "size", "files", "GB/s", "files/s", "cli cpu", "srv cpu"
+            "\n{:<6} {:<16} {:>9} {:>7} {:>8} {:>9} {:>8} {:>8} {:>8}",
+            "work", "tool", "size", "files", "GB/s", "files/s", "secs", "cli cpu", "srv cpu"
         );
         for r in &rep.rows {
             let _ = write!(
@@ -468,9 +471,10 @@ impl CpReport {
             }
             let _ = writeln!(
                 s,
-                "{} {} {} {}",
+                "{} {} {} {} {}",
                 num(r.gbps, 8, 3),
                 num(r.files_per_s, 9, 0),
+                num(r.secs, 8, 3),
                 num(r.client_cpu_s, 8, 2),
                 num(r.server_cpu_s, 8, 2)
             );
@@ -499,7 +503,7 @@ mod tests {
     #[test]
     fn csv_columns_are_the_documented_ones() {
         let csv = crate::report::csv::<CpRow>(&[]).unwrap();
-        assert_eq!(csv, "workload,tool,variant,bytes,files,gbps,files_per_s,client_cpu_s,server_cpu_s,cpu_s,reps,error\n");
+        assert_eq!(csv, "workload,tool,variant,bytes,files,gbps,files_per_s,secs,client_cpu_s,server_cpu_s,cpu_s,reps,error\n");
     }
 
     fn row(workload: &str, tool: &str, variant: &str, gbps: f64, cpu: f64) -> CpRow {
@@ -511,6 +515,7 @@ mod tests {
             files: 1,
             gbps: Some(gbps),
             files_per_s: (workload == "small").then_some(gbps * 1000.0),
+            secs: Some(1.0 / gbps),
             client_cpu_s: Some(cpu / 2.0),
             server_cpu_s: Some(cpu / 2.0),
             cpu_s: Some(cpu),
