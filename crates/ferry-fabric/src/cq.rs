@@ -65,6 +65,8 @@ struct State {
     signalled: bool,
     /// Threads blocked in `wait`.
     sleepers: usize,
+    /// Bumped by [`CompletionQueue::signal`]: a waiter that sees it change returns.
+    signals: u64,
 }
 
 /// A per-endpoint completion queue.
@@ -94,6 +96,7 @@ impl CompletionQueue {
                 queue: VecDeque::new(),
                 signalled: false,
                 sleepers: 0,
+                signals: 0,
             }),
             len: AtomicUsize::new(0),
             fd_exposed: false.into(),
@@ -166,11 +169,25 @@ impl CompletionQueue {
         }
     }
 
+    /// Ends every wait in [`Self::wait_ready`] now, as if its timeout had passed (libfabric's
+    /// `fi_cq_signal`): for an owner stopping a thread that waits here, which would
+    /// otherwise sleep out its timeout first.
+    pub fn signal(&self) {
+        let mut st = self.lock();
+        st.signals = st.signals.wrapping_add(1);
+        if st.sleepers > 0 && !st.signalled {
+            st.signalled = true;
+            let _ = rustix::io::write(&self.efd, &1u64.to_ne_bytes());
+        }
+    }
+
     /// Waits up to `timeout` until a completion is waiting, without taking it: for a
     /// consumer that must take completions under its own lock to keep their order. Spins
-    /// (yielding the CPU) for at most `spin` before it sleeps. True if one is waiting.
+    /// (yielding the CPU) for at most `spin` before it sleeps. True if one is waiting;
+    /// false at the timeout or when [`Self::signal`] is called meanwhile.
     pub fn wait_ready(&self, timeout: Duration, spin: Duration) -> bool {
         let start = Instant::now();
+        let signals = self.lock().signals;
         loop {
             if !self.is_empty() {
                 return true;
@@ -189,6 +206,9 @@ impl CompletionQueue {
                 if !st.queue.is_empty() {
                     return true;
                 }
+                if st.signals != signals {
+                    return false;
+                }
                 st.sleepers += 1;
             }
             let left = timeout.saturating_sub(start.elapsed());
@@ -200,7 +220,18 @@ impl CompletionQueue {
             );
             let mut fds = [PollFd::new(&self.efd, PollFlags::IN)];
             let _ = poll(&mut fds, Some(&ts));
-            self.lock().sleepers -= 1;
+            let mut st = self.lock();
+            st.sleepers -= 1;
+            if st.signals != signals {
+                // The last sleeper a signal woke takes back its count, so the descriptor
+                // again says only whether completions wait.
+                if st.sleepers == 0 && st.signalled && st.queue.is_empty() {
+                    st.signalled = false;
+                    let mut b = [0u8; 8];
+                    let _ = rustix::io::read(&self.efd, &mut b);
+                }
+                return !st.queue.is_empty();
+            }
         }
     }
 
@@ -277,5 +308,35 @@ mod tests {
         let c = cq.wait(Duration::from_secs(5)).unwrap();
         assert_eq!((c.context, c.len), (9, 5));
         t.join().unwrap();
+    }
+
+    /// A signal ends a long wait at once, leaves the exposed descriptor saying only whether
+    /// completions wait, and does not carry over to the next wait.
+    #[test]
+    fn a_signal_ends_a_wait_once() {
+        let cq = Arc::new(CompletionQueue::new().unwrap());
+        cq.wait_fd();
+        let waiter = {
+            let cq = cq.clone();
+            std::thread::spawn(move || {
+                let start = Instant::now();
+                let ready = cq.wait_ready(Duration::from_secs(30), Duration::ZERO);
+                (ready, start.elapsed())
+            })
+        };
+        while cq.lock().sleepers == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        cq.signal();
+        let (ready, waited) = waiter.join().unwrap();
+        assert!(!ready, "nothing was pushed");
+        assert!(waited < Duration::from_secs(10), "woken after {waited:?}");
+        assert!(!readable(&cq), "the signal's count was taken back");
+        let start = Instant::now();
+        assert!(!cq.wait_ready(Duration::from_millis(30), Duration::ZERO));
+        assert!(start.elapsed() >= Duration::from_millis(30));
+        cq.push(Completion::ok(3, OpKind::Send, 0));
+        assert!(readable(&cq));
+        assert!(cq.wait_ready(Duration::from_secs(5), Duration::ZERO));
     }
 }

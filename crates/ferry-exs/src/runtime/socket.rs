@@ -597,18 +597,24 @@ impl ExsSocket {
         self.inner.lock().user_closed = true;
     }
 
-    /// Closes the socket and leaves its progress thread to end on its own (within a
-    /// [`TICK`]; it holds what it needs): for a server calling off handshakes under a flood
-    /// of them, so the caller is not held up joining threads at every one.
+    /// Closes the socket and leaves its progress thread to end on its own (woken at once;
+    /// it holds what it needs): for a server calling off handshakes under a flood of them,
+    /// so the caller is not held up joining threads at every one.
     fn let_go(mut self) {
         let _ = self.close();
         self.inner.stop.store(true, Ordering::Release);
+        self.inner.ep.cq().signal();
         drop(self.thread.take());
     }
 
+    /// Stops the progress thread and waits for it: woken out of its completion-queue wait,
+    /// it ends at once instead of after its [`TICK`] (every socket's drop paid up to
+    /// 20 ms, a one-file `ferry cp` included).
     fn stop_thread(&mut self) {
         self.inner.stop.store(true, Ordering::Release);
+        self.inner.ep.cq().signal();
         if let Some(t) = self.thread.take() {
+            t.thread().unpark();
             let _ = t.join();
         }
     }

@@ -1039,10 +1039,10 @@ impl Client {
         Ok(target)
     }
 
-    /// Ends the session politely.
+    /// Ends the session politely. The BYE is on its way when this returns: dropping the
+    /// connection lets its last frames leave first (`ExsSocket`'s linger).
     pub fn bye(self) {
         let _ = self.link.send(&Msg::Bye);
-        std::thread::sleep(Duration::from_millis(5));
     }
 }
 
