@@ -491,6 +491,13 @@ impl Channel {
         Ok(())
     }
 
+    /// Closes the channel once its last frames have left, without the grace a plain drop
+    /// leaves the peer ([`ExsSocket::hang_up`]): for a client whose peer sends nothing
+    /// more, after its goodbye.
+    pub fn hang_up(self) {
+        self.sock.hang_up();
+    }
+
     /// Sends `bytes`, a whole encoded frame (with its payload, if any), as one message,
     /// copied into a registered buffer.
     pub fn send_frame(&self, bytes: &[u8]) -> Result<()> {

@@ -89,6 +89,12 @@ impl Link {
         Link(ch)
     }
 
+    /// Closes the connection once its last frames have left, ending its threads at once
+    /// ([`Channel::hang_up`]): after a goodbye the peer answers nothing.
+    pub fn hang_up(self) {
+        self.0.hang_up();
+    }
+
     /// How the blocks this side receives are checked (as agreed, [`Channel::protect`]).
     pub fn recv_check(&self) -> BlockCheck {
         self.protection().recv

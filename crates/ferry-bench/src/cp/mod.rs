@@ -154,7 +154,7 @@ impl Cell {
         };
         let r = &mut self.row;
         let secs = med(&|m| m.secs);
-        r.secs = med(&|m| m.secs).map(|x| round(x, 4));
+        r.secs = secs.map(|x| round(x, 4));
         r.gbps = med(&|m| r.bytes as f64 / m.secs / 1e9).map(|x| round(x, 3));
         r.files_per_s = (r.workload == "small")
             .then(|| med(&|m| r.files as f64 / m.secs).map(|x| round(x, 1)))

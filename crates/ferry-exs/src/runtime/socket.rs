@@ -597,31 +597,28 @@ impl ExsSocket {
         self.inner.lock().user_closed = true;
     }
 
-    /// Closes the socket and leaves its progress thread to end on its own (woken at once;
-    /// it holds what it needs): for a server calling off handshakes under a flood of them,
-    /// so the caller is not held up joining threads at every one.
+    /// Closes the socket and leaves its progress thread to end on its own (within a
+    /// [`TICK`]; it holds what it needs): for a server calling off handshakes under a flood
+    /// of them, so the caller is not held up joining threads at every one.
     fn let_go(mut self) {
         let _ = self.close();
         self.inner.stop.store(true, Ordering::Release);
-        self.inner.ep.cq().signal();
         drop(self.thread.take());
     }
 
-    /// Stops the progress thread and waits for it: woken out of its completion-queue wait,
-    /// it ends at once instead of after its [`TICK`] (every socket's drop paid up to
-    /// 20 ms, a one-file `ferry cp` included).
-    fn stop_thread(&mut self) {
-        self.inner.stop.store(true, Ordering::Release);
-        self.inner.ep.cq().signal();
-        if let Some(t) = self.thread.take() {
-            t.thread().unpark();
-            let _ = t.join();
-        }
+    /// Closes the socket as dropping it does, but ends its progress thread at once instead
+    /// of letting it finish its current wait (up to a [`TICK`], 20 ms): for a caller whose
+    /// peer has nothing more in flight to it, such as a client after its goodbye. A
+    /// plain drop keeps that wait, which leaves a peer that is still sending time to have
+    /// its frames taken before the endpoint goes: closed at once, a peer's sends in
+    /// flight fail, and it may see the connection reset before it reads what this side
+    /// sent last (a listener refusing a handshake was seen so).
+    pub fn hang_up(mut self) {
+        self.finish(true);
     }
-}
 
-impl Drop for ExsSocket {
-    fn drop(&mut self) {
+    /// Closes (unless the user did), lets the last frames leave, stops the progress thread.
+    fn finish(&mut self, at_once: bool) {
         if !self.inner.lock().user_closed {
             let _ = self.close();
         }
@@ -633,7 +630,27 @@ impl Drop for ExsSocket {
         {
             std::thread::sleep(Duration::from_millis(1));
         }
+        if at_once {
+            self.inner.stop.store(true, Ordering::Release);
+            self.inner.ep.cq().signal();
+            if let Some(t) = &self.thread {
+                t.thread().unpark();
+            }
+        }
         self.stop_thread();
+    }
+
+    fn stop_thread(&mut self) {
+        self.inner.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for ExsSocket {
+    fn drop(&mut self) {
+        self.finish(false);
     }
 }
 
