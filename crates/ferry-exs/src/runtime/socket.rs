@@ -593,7 +593,7 @@ impl ExsSocket {
     /// Drops the socket without telling the peer, as a crashed process would (tests only).
     #[doc(hidden)]
     pub fn abort(mut self) {
-        self.stop_thread();
+        self.stop_thread(false);
         self.inner.lock().user_closed = true;
     }
 
@@ -630,21 +630,21 @@ impl ExsSocket {
         {
             std::thread::sleep(Duration::from_millis(1));
         }
-        if at_once {
-            self.inner.stop.store(true, Ordering::Release);
-            self.inner.ep.cq().signal();
-            if let Some(t) = &self.thread {
-                t.thread().unpark();
-            }
-        }
-        self.stop_thread();
+        self.stop_thread(at_once);
     }
 
-    fn stop_thread(&mut self) {
+    /// Stops the progress thread and waits for it; `at_once` wakes it out of its wait
+    /// instead of letting the wait run out.
+    fn stop_thread(&mut self, at_once: bool) {
         self.inner.stop.store(true, Ordering::Release);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        let Some(t) = self.thread.take() else {
+            return;
+        };
+        if at_once {
+            self.inner.ep.cq().signal();
+            t.thread().unpark();
         }
+        let _ = t.join();
     }
 }
 
