@@ -67,6 +67,9 @@ struct State {
     sleepers: usize,
     /// Bumped by [`CompletionQueue::signal`]: a waiter that sees it change returns.
     signals: u64,
+    /// Sleepers the last signal woke that have not returned yet: the last of them takes
+    /// the signal's count back from the eventfd.
+    to_wake: usize,
 }
 
 /// A per-endpoint completion queue.
@@ -97,6 +100,7 @@ impl CompletionQueue {
                 signalled: false,
                 sleepers: 0,
                 signals: 0,
+                to_wake: 0,
             }),
             len: AtomicUsize::new(0),
             fd_exposed: false.into(),
@@ -175,6 +179,7 @@ impl CompletionQueue {
     pub fn signal(&self) {
         let mut st = self.lock();
         st.signals = st.signals.wrapping_add(1);
+        st.to_wake = st.sleepers;
         if st.sleepers > 0 && !st.signalled {
             st.signalled = true;
             let _ = rustix::io::write(&self.efd, &1u64.to_ne_bytes());
@@ -220,19 +225,30 @@ impl CompletionQueue {
             );
             let mut fds = [PollFd::new(&self.efd, PollFlags::IN)];
             let _ = poll(&mut fds, Some(&ts));
-            let mut st = self.lock();
-            st.sleepers -= 1;
-            if st.signals != signals {
-                // The last sleeper a signal woke takes back its count, so the descriptor
-                // again says only whether completions wait.
-                if st.sleepers == 0 && st.signalled && st.queue.is_empty() {
-                    st.signalled = false;
-                    let mut b = [0u8; 8];
-                    let _ = rustix::io::read(&self.efd, &mut b);
-                }
-                return !st.queue.is_empty();
+            if let Some(ready) = self.woken(signals) {
+                return ready;
             }
         }
+    }
+
+    /// A sleeper of [`Self::wait_ready`] that slept since the signal count `signals` is
+    /// awake: `Some` (whether a completion waits) when a signal came meanwhile, which ends
+    /// its wait, `None` to wait on. The last sleeper a signal woke takes the signal's count
+    /// back from the eventfd, so the descriptor again says only whether completions wait
+    /// (a waiter that came after the signal would otherwise find it readable and spin).
+    fn woken(&self, signals: u64) -> Option<bool> {
+        let mut st = self.lock();
+        st.sleepers -= 1;
+        if st.signals == signals {
+            return None;
+        }
+        st.to_wake = st.to_wake.saturating_sub(1);
+        if st.to_wake == 0 && st.signalled && st.queue.is_empty() {
+            st.signalled = false;
+            let mut b = [0u8; 8];
+            let _ = rustix::io::read(&self.efd, &mut b);
+        }
+        Some(!st.queue.is_empty())
     }
 
     /// Waits up to `timeout` for `n` completions and returns them in arrival order.
@@ -338,5 +354,27 @@ mod tests {
         cq.push(Completion::ok(3, OpKind::Send, 0));
         assert!(readable(&cq));
         assert!(cq.wait_ready(Duration::from_secs(5), Duration::ZERO));
+    }
+
+    /// The signal's count is taken back by the last of the sleepers it woke, even while a
+    /// waiter that came after it sleeps (the count must not keep waking that one).
+    #[test]
+    fn a_signal_is_taken_back_by_the_sleepers_it_woke() {
+        let cq = CompletionQueue::new().unwrap();
+        let sleep = |cq: &CompletionQueue| {
+            let mut st = cq.lock();
+            st.sleepers += 1;
+            st.signals
+        };
+        let before = sleep(&cq);
+        sleep(&cq);
+        cq.signal();
+        assert!(readable(&cq));
+        let after = sleep(&cq);
+        assert_eq!(cq.woken(before), Some(false));
+        assert!(readable(&cq), "a sleeper it woke is still asleep");
+        assert_eq!(cq.woken(before), Some(false));
+        assert!(!readable(&cq), "taken back, though a later waiter sleeps");
+        assert_eq!(cq.woken(after), None, "the later waiter waits on");
     }
 }
