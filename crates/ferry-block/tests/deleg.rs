@@ -2,8 +2,9 @@
 //! ofi+shm), hosted by the service floor in this process: every scheme writes and reads
 //! back the same bytes, FLUSH/TRIM/WRITE_ZEROES work, a key rotated after every I/O keeps
 //! working, a session shared by threads keeps many writes in flight (run at once by the
-//! server) with reads and FLUSHes between them, and a client naming a chunk that is not its
-//! own loses its session while another client's goes on.
+//! server) with reads and FLUSHes between them, adjacent writes merge into fewer requests,
+//! and a client naming a chunk that is not its own loses its session while another
+//! client's goes on.
 
 #[path = "common/mod.rs"]
 mod common;
@@ -292,6 +293,70 @@ fn many_writes_in_flight_with_reads_and_flushes() {
         let most = overlap.most.load(std::sync::atomic::Ordering::SeqCst);
         assert!(most > 1, "{addr}: the server ran one write at a time");
         c.close();
+    }
+    let _ = std::fs::remove_file(path);
+}
+
+/// Writes handed over together that follow one another on the export (here given in a
+/// reversed order) travel as fewer requests, their data gathered into one chunk, on every
+/// driver, with and without key rotation; the bytes land where they belong, a gap splits
+/// a run, and with merging off every write is a request of its own.
+#[test]
+fn adjacent_writes_merge_into_fewer_requests() {
+    let path = backing("merge");
+    let pool = PoolConfig {
+        chunks: 8,
+        chunk_size: 64 << 10,
+    };
+    let addrs = server("merge", &path, pool);
+    const PIECE: usize = 4096;
+    const PIECES: usize = 48;
+    // Every piece but the 20th, each eight in reverse order, from 8 KiB into the export.
+    let order: Vec<usize> = (0..PIECES).map(|i| i ^ 7).filter(|&k| k != 20).collect();
+    let data = pattern(PIECES * PIECE, 9);
+    let at = |k: usize| 8192 + (k * PIECE) as u64;
+    for addr in &addrs {
+        for (merge, invalidate) in [(true, false), (true, true), (false, false)] {
+            let mut o = opts("file", Scheme::Delegated, ReadMode::ServerWrite);
+            (o.merge, o.always_invalidate) = (merge, invalidate);
+            let c = Client::connect(addr, &o).expect(addr);
+            c.write_at(0, &vec![0xee; PIECES * PIECE + 16384], false)
+                .expect(addr);
+            let before = c.stats();
+            let ranges: Vec<(u64, &[u8])> = order
+                .iter()
+                .map(|&k| (at(k), &data[k * PIECE..(k + 1) * PIECE]))
+                .collect();
+            c.write_many(&ranges, true).expect(addr);
+            let s = c.stats();
+            let (sent, merged) = (s.requests - before.requests, s.merged_writes);
+            assert_eq!(sent + merged, order.len() as u64, "{addr}");
+            if merge {
+                // 8 slots at a time, and at least 4 gathered by one RMA on every driver.
+                assert!(
+                    sent <= 2 * (order.len() as u64).div_ceil(4),
+                    "{addr}: {sent} requests"
+                );
+            } else {
+                assert_eq!(merged, 0, "{addr}");
+            }
+            let mut back = vec![0; PIECES * PIECE + 16384];
+            c.read_at(0, &mut back).expect(addr);
+            for k in 0..PIECES {
+                let got = &back[at(k) as usize..at(k) as usize + PIECE];
+                let want: &[u8] = if k == 20 {
+                    &[0xee; PIECE]
+                } else {
+                    &data[k * PIECE..(k + 1) * PIECE]
+                };
+                assert!(got == want, "{addr} merge {merge}: piece {k} differs");
+            }
+            assert!(
+                back[..8192].iter().all(|b| *b == 0xee),
+                "{addr}: before the pieces"
+            );
+            c.close();
+        }
     }
     let _ = std::fs::remove_file(path);
 }

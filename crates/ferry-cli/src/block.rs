@@ -45,6 +45,10 @@ pub struct AttachArgs {
     /// Ask the server to rotate a chunk's key after each I/O on it.
     #[arg(long)]
     always_invalidate: bool,
+    /// Send every write as a request of its own, instead of merging writes that follow
+    /// one another on the export into one request (block aggregation).
+    #[arg(long)]
+    no_merge: bool,
     /// Sessions with the export (concurrent requests on the fabric).
     #[arg(long, default_value_t = DEFAULT_SESSIONS)]
     sessions: usize,
@@ -83,6 +87,7 @@ fn attach(a: AttachArgs) -> Result<(), XferError> {
             ReadMode::ServerWrite
         },
         always_invalidate: a.always_invalidate,
+        merge: !a.no_merge,
         security: a.trust.security(),
         ..Options::new(export)
     };

@@ -3,6 +3,9 @@
 //! crate. [`RemoteBackend`] is the [`Backend`] it serves: every call goes to one of a few
 //! sessions ([`Client`]s) with the remote export, each shared by the NBD server's workers,
 //! so their requests stay in flight together on the fabric (up to each session's credits).
+//! Writes go to the session their offset's chunk-sized span picks, so that writes which
+//! follow one another meet in one session and merge there ([`super::merge`]); reads and
+//! everything else take turns.
 
 use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -50,8 +53,26 @@ impl RemoteBackend {
     /// Runs `f` on the next session that is not broken (round robin). A session that broke
     /// at the connection level is passed over from then on; the call fails once none is left.
     fn with<R>(&self, f: impl FnOnce(&Client) -> ferry_service::Result<R>) -> io::Result<R> {
+        self.with_from(self.next.fetch_add(1, Ordering::Relaxed), f)
+    }
+
+    /// Runs `f` on the session that the span of `offset` picks (or the next one not broken).
+    fn with_at<R>(
+        &self,
+        offset: u64,
+        f: impl FnOnce(&Client) -> ferry_service::Result<R>,
+    ) -> io::Result<R> {
+        let span = u64::from(self.sessions[0].chunk_size().max(1));
+        let n = self.sessions.len() as u64;
+        self.with_from(((offset / span) % n) as usize, f)
+    }
+
+    fn with_from<R>(
+        &self,
+        start: usize,
+        f: impl FnOnce(&Client) -> ferry_service::Result<R>,
+    ) -> io::Result<R> {
         let n = self.sessions.len();
-        let start = self.next.fetch_add(1, Ordering::Relaxed);
         let Some(c) = (0..n)
             .map(|i| &self.sessions[(start + i) % n])
             .find(|c| !c.is_broken())
@@ -86,7 +107,7 @@ impl Backend for RemoteBackend {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
-        self.with(|c| c.write_at(offset, buf, fua))
+        self.with_at(offset, |c| c.write_at(offset, buf, fua))
     }
 
     /// A FLUSH on any session covers every write the export acknowledged: the remote

@@ -11,6 +11,11 @@
 //! the server fill the chunk and RMA-reads it back ([`ReadMode::ServerFill`]), or names
 //! the staging buffer, which the server RMA-writes ([`ReadMode::ServerWrite`]).
 //!
+//! Writes the driver finds waiting together whose ranges follow one another on the export
+//! go as one request ([`super::merge`]): one RMA gathers their staging buffers into the
+//! first one's chunk, where the driver allows it ([`Client::write_many`] hands a call's
+//! ranges over together; concurrent callers' writes meet in the queue).
+//!
 //! ```no_run
 //! use ferry_block::deleg::client::{Client, Options};
 //! # fn run() -> ferry_service::Result<()> {
@@ -23,6 +28,7 @@
 //! ```
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -34,6 +40,7 @@ use ferry_service::channel::Channel;
 use ferry_service::secure::ClientSecurity;
 use ferry_service::{Error, Kind, Result};
 
+use super::merge::{self, Limits, Piece};
 use super::pool::FirstFit;
 use super::proto::{self, rflag, Cmd, Data, Msg, ReadMode, Scheme};
 
@@ -50,6 +57,9 @@ pub struct Options {
     pub read: ReadMode,
     /// Ask the server to rotate a chunk's key after each I/O on it.
     pub always_invalidate: bool,
+    /// Send writes that follow one another on the export as one request (block
+    /// aggregation; delegated scheme only). On by default.
+    pub merge: bool,
     /// TLS (or clear) and the server's identity.
     pub security: ClientSecurity,
     /// How long the connection, and each wait for the server, may take.
@@ -66,6 +76,7 @@ impl Options {
             scheme: Scheme::Delegated,
             read: DEFAULT_READ,
             always_invalidate: false,
+            merge: true,
             security: ClientSecurity::default(),
             timeout: Duration::from_secs(30),
         }
@@ -79,6 +90,7 @@ pub const DEFAULT_READ: ReadMode = ReadMode::ServerWrite;
 /// One request a caller hands to the driver (its slot taken, its write data staged).
 #[derive(Debug)]
 struct Submit {
+    /// Given when handed over.
     ticket: u64,
     slot: u16,
     cmd: Cmd,
@@ -115,6 +127,20 @@ struct Shared {
     /// The connection's queue and the driver's RMA queue: woken on a submission, so the
     /// driver, waiting on either, picks it up at once.
     wake: [EventQueue; 2],
+    /// Requests sent to the server.
+    sent: AtomicU64,
+    /// Writes that went inside another's request (block aggregation).
+    merged: AtomicU64,
+}
+
+/// What a session has sent so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Stats {
+    /// Requests sent to the server.
+    pub requests: u64,
+    /// Writes of callers that travelled inside another write's request (merged), so
+    /// sent no request of their own.
+    pub merged_writes: u64,
 }
 
 impl Shared {
@@ -122,8 +148,9 @@ impl Shared {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn submit(&self, st: &mut State, s: Submit) {
-        st.submitted.push_back(s);
+    /// Queues requests for the driver, all at once (so that it sees them together).
+    fn submit(&self, st: &mut State, subs: impl IntoIterator<Item = Submit>) {
+        st.submitted.extend(subs);
         self.work.notify_one();
         for q in &self.wake {
             q.wake();
@@ -218,6 +245,12 @@ impl Client {
             changed: Condvar::new(),
             work: Condvar::new(),
             wake: [ch.queue().clone(), rq.clone()],
+            sent: AtomicU64::new(0),
+            merged: AtomicU64::new(0),
+        });
+        let merge_limits = (opts.merge && opts.scheme == Scheme::Delegated).then(|| Limits {
+            max_len: chunk_size,
+            max_parts: ch.socket().rma_gather(),
         });
         let staging = Arc::new(staging);
         let driver = Driver {
@@ -226,6 +259,7 @@ impl Client {
             shared: shared.clone(),
             scheme: opts.scheme,
             read: opts.read,
+            merge: merge_limits,
             chunk_size,
             chunks,
             staging: staging.clone(),
@@ -272,36 +306,91 @@ impl Client {
 
     /// Writes `data` at `offset`; with `fua`, durable when this returns.
     pub fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
-        self.check_range(offset, data.len() as u64)?;
+        self.write_many(&[(offset, data)], fua)
+    }
+
+    /// Writes each `(offset, data)` of `ranges`; with `fua`, all durable when this returns.
+    /// The ranges' requests reach the driver together (a chunk's worth at a time), so
+    /// ranges that follow one another on the export, in any order in `ranges`, travel as
+    /// one request (up to a chunk); the call returns when all are answered, with the first
+    /// error. Ranges must not overlap: their order on the export is not kept.
+    pub fn write_many(&self, ranges: &[(u64, &[u8])], fua: bool) -> Result<()> {
+        for (offset, data) in ranges {
+            self.check_range(*offset, data.len() as u64)?;
+        }
         let flags = if fua { rflag::FUA } else { 0 };
         let step = self.chunk_size as usize;
-        let mut tickets = Vec::with_capacity(data.len().div_ceil(step.max(1)));
+        let pieces = ranges.iter().flat_map(|&(offset, data)| {
+            data.chunks(step)
+                .enumerate()
+                .map(move |(i, p)| (offset + (i * step) as u64, p))
+        });
+        let (mut tickets, mut batch) = (Vec::new(), Vec::new());
+        // The batch goes to the driver once it holds a chunk's worth, so that pieces which
+        // could merge go together while a large write's staging overlaps its transfers.
+        let mut batch_bytes = 0;
         let mut first_err = None;
-        for (i, piece) in data.chunks(step).enumerate() {
-            let slot = match self.take_slot() {
+        for (off, piece) in pieces {
+            if batch_bytes + piece.len() > step {
+                self.submit_all(&mut batch, &mut tickets);
+                batch_bytes = 0;
+            }
+            let slot = match self.slot(false).transpose() {
+                Some(s) => s,
+                None => {
+                    self.submit_all(&mut batch, &mut tickets);
+                    batch_bytes = 0;
+                    self.take_slot()
+                }
+            };
+            let slot = match slot {
                 Ok(s) => s,
                 Err(e) => {
                     first_err = Some(e);
                     break;
                 }
             };
-            let inline = match self.scheme {
-                Scheme::Copy => Some(piece.to_vec()),
-                Scheme::Delegated => {
-                    if let Err(e) = self.staging[usize::from(slot)].write_at(0, piece) {
-                        self.release(slot);
-                        first_err = Some(Error::conn(format!("stage a write: {e}")));
-                        break;
-                    }
-                    None
+            match self.stage(slot, piece) {
+                Ok(inline) => batch.push(Submit {
+                    ticket: 0,
+                    slot,
+                    cmd: Cmd::Write,
+                    flags,
+                    offset: off,
+                    len: piece.len() as u32,
+                    inline,
+                }),
+                Err(e) => {
+                    self.release(slot);
+                    first_err = Some(e);
+                    break;
                 }
-            };
-            let off = offset + (i * step) as u64;
-            let len = piece.len() as u32;
-            tickets.push(self.submit(slot, Cmd::Write, flags, off, len, inline));
+            }
+            batch_bytes += piece.len();
         }
+        self.submit_all(&mut batch, &mut tickets);
         let r = self.wait_all(&tickets);
         first_err.map_or(r, Err)
+    }
+
+    /// Stages a write's bytes for slot `slot`: into its registered buffer (delegated), or
+    /// into the message itself (copy scheme, returned).
+    fn stage(&self, slot: u16, piece: &[u8]) -> Result<Option<Vec<u8>>> {
+        match self.scheme {
+            Scheme::Copy => Ok(Some(piece.to_vec())),
+            Scheme::Delegated => self.staging[usize::from(slot)]
+                .write_at(0, piece)
+                .map(|()| None)
+                .map_err(|e| Error::conn(format!("stage a write: {e}"))),
+        }
+    }
+
+    /// What this session has sent so far.
+    pub fn stats(&self) -> Stats {
+        Stats {
+            requests: self.shared.sent.load(Ordering::Relaxed),
+            merged_writes: self.shared.merged.load(Ordering::Relaxed),
+        }
     }
 
     /// Fills `buf` from `offset`. Its requests stay in flight up to the free slots; each
@@ -319,7 +408,7 @@ impl Client {
                     Ok(Some(slot)) => {
                         let len = step.min(buf.len() - at);
                         let off = offset + at as u64;
-                        let t = self.submit(slot, Cmd::Read, 0, off, len as u32, None);
+                        let t = self.submit(slot, Cmd::Read, 0, off, len as u32);
                         pending.push_back((t, slot, at, len));
                         at += len;
                         continue;
@@ -396,7 +485,7 @@ impl Client {
 
     fn plain(&self, cmd: Cmd, offset: u64, len: u32, flags: u8) -> Result<()> {
         let slot = self.take_slot()?;
-        let t = self.submit(slot, cmd, flags, offset, len, None);
+        let t = self.submit(slot, cmd, flags, offset, len);
         self.wait_all(&[t])
     }
 
@@ -431,29 +520,35 @@ impl Client {
         self.shared.changed.notify_all();
     }
 
-    fn submit(
-        &self,
-        slot: u16,
-        cmd: Cmd,
-        flags: u8,
-        offset: u64,
-        len: u32,
-        inline: Option<Vec<u8>>,
-    ) -> u64 {
-        let mut st = self.shared.lock();
-        let ticket = st.next_ticket;
-        st.next_ticket += 1;
+    /// Hands one request without data of its own to the driver; its ticket.
+    fn submit(&self, slot: u16, cmd: Cmd, flags: u8, offset: u64, len: u32) -> u64 {
         let s = Submit {
-            ticket,
+            ticket: 0,
             slot,
             cmd,
             flags,
             offset,
             len,
-            inline,
+            inline: None,
         };
-        self.shared.submit(&mut st, s);
-        ticket
+        let mut tickets = Vec::with_capacity(1);
+        self.submit_all(&mut vec![s], &mut tickets);
+        tickets[0]
+    }
+
+    /// Hands every request of `batch` (emptied) to the driver at once, each given its
+    /// ticket, appended to `tickets`.
+    fn submit_all(&self, batch: &mut Vec<Submit>, tickets: &mut Vec<u64>) {
+        if batch.is_empty() {
+            return;
+        }
+        let mut st = self.shared.lock();
+        for s in batch.iter_mut() {
+            s.ticket = st.next_ticket;
+            st.next_ticket += 1;
+            tickets.push(s.ticket);
+        }
+        self.shared.submit(&mut st, batch.drain(..));
     }
 
     /// Waits for a change (a slot, a finished request), no longer than the session's
@@ -550,19 +645,33 @@ fn register_staging(
 }
 
 /// What a request in flight waits for.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Op {
-    ticket: u64,
+    /// The slot whose chunk (or staging buffer) the request names.
     slot: u16,
     cmd: Cmd,
     len: u32,
+    /// The callers' requests it carries, by ticket and slot: one, or the writes merged
+    /// into it (their slots free with it).
+    parts: Vec<(u64, u16)>,
+}
+
+impl Op {
+    fn of(s: &Submit) -> Op {
+        Op {
+            slot: s.slot,
+            cmd: s.cmd,
+            len: s.len,
+            parts: vec![(s.ticket, s.slot)],
+        }
+    }
 }
 
 /// What an RMA of the driver's waits to do once complete.
 #[derive(Debug)]
 enum Rma {
-    /// The write's data is in the chunk: send the WRITE.
-    Written(Submit),
+    /// The writes' data is in the first one's chunk: send them as one WRITE.
+    Written(Vec<Submit>),
     /// The chunk's data is in the staging buffer: the READ is done.
     Read { ticket: u64 },
 }
@@ -575,6 +684,8 @@ struct Driver {
     shared: Arc<Shared>,
     scheme: Scheme,
     read: ReadMode,
+    /// How far writes merge (`None`: they do not).
+    merge: Option<Limits>,
     chunk_size: u32,
     /// The delegated chunks (their current keys).
     chunks: Vec<RemoteSlice>,
@@ -597,10 +708,10 @@ impl Driver {
         let tickets = self
             .inflight
             .values()
-            .map(|o| o.ticket)
-            .chain(self.rmas.values().map(|r| match r {
-                Rma::Written(s) => s.ticket,
-                Rma::Read { ticket } => *ticket,
+            .flat_map(|o| o.parts.iter().map(|p| p.0))
+            .chain(self.rmas.values().flat_map(|r| match r {
+                Rma::Written(subs) => subs.iter().map(|s| s.ticket).collect(),
+                Rma::Read { ticket } => vec![*ticket],
             }))
             .chain(st.submitted.iter().map(|s| s.ticket))
             .collect::<Vec<_>>();
@@ -630,8 +741,8 @@ impl Driver {
                 }
                 std::mem::take(&mut st.submitted)
             };
-            for s in subs {
-                self.start(s)?;
+            for group in self.group(subs) {
+                self.start(group)?;
             }
             if self.idle() {
                 continue;
@@ -657,43 +768,51 @@ impl Driver {
         self.inflight.is_empty() && self.rmas.is_empty()
     }
 
-    /// Starts a submitted request: a delegated WRITE's RMA first, anything else its REQUEST.
-    fn start(&mut self, s: Submit) -> Result<()> {
-        match (s.cmd, self.scheme) {
-            (Cmd::Write, Scheme::Delegated) => {
-                let (slot, len) = (s.slot, s.len);
-                self.post_rma(slot, true, len, Rma::Written(s))
-            }
-            (Cmd::Write, Scheme::Copy) => {
+    /// The requests to send for `subs`: each alone, or adjacent writes together.
+    fn group(&self, subs: VecDeque<Submit>) -> Vec<Vec<Submit>> {
+        let Some(limits) = self.merge.filter(|_| subs.len() > 1) else {
+            return subs.into_iter().map(|s| vec![s]).collect();
+        };
+        let pieces: Vec<Piece> = subs
+            .iter()
+            .map(|s| Piece {
+                write: s.cmd == Cmd::Write,
+                flags: s.flags,
+                offset: s.offset,
+                len: s.len,
+            })
+            .collect();
+        let mut subs: Vec<Option<Submit>> = subs.into_iter().map(Some).collect();
+        merge::plan(&pieces, limits)
+            .into_iter()
+            .map(|run| run.into_iter().filter_map(|k| subs[k].take()).collect())
+            .collect()
+    }
+
+    /// Starts a request: a delegated WRITE's RMA first (one gathering every write of a
+    /// merged group), anything else its REQUEST.
+    fn start(&mut self, mut group: Vec<Submit>) -> Result<()> {
+        let Some(s) = group.pop() else {
+            return Ok(());
+        };
+        if !group.is_empty() || (s.cmd, self.scheme) == (Cmd::Write, Scheme::Delegated) {
+            group.push(s);
+            let parts: Vec<(u16, u32)> = group.iter().map(|s| (s.slot, s.len)).collect();
+            return self.post_rma(&parts, true, Rma::Written(group));
+        }
+        match s.cmd {
+            Cmd::Write => {
+                let op = Op::of(&s);
                 let data = Data::Inline(s.inline.unwrap_or_default());
-                let op = Op {
-                    ticket: s.ticket,
-                    slot: s.slot,
-                    cmd: s.cmd,
-                    len: s.len,
-                };
                 self.send_request(op, s.flags, s.offset, data)
             }
-            (Cmd::Read, _) => self.start_read(s),
-            _ => {
-                let op = Op {
-                    ticket: s.ticket,
-                    slot: s.slot,
-                    cmd: s.cmd,
-                    len: s.len,
-                };
-                self.send_request(op, s.flags, s.offset, Data::None)
-            }
+            Cmd::Read => self.start_read(s),
+            _ => self.send_request(Op::of(&s), s.flags, s.offset, Data::None),
         }
     }
 
     fn start_read(&mut self, s: Submit) -> Result<()> {
-        let op = Op {
-            ticket: s.ticket,
-            slot: s.slot,
-            cmd: Cmd::Read,
-            len: s.len,
-        };
+        let op = Op::of(&s);
         let (flags, data) = match (self.scheme, self.read) {
             (Scheme::Copy, _) => (0, Data::None),
             (Scheme::Delegated, ReadMode::ServerFill) => (
@@ -711,31 +830,45 @@ impl Driver {
         self.send_request(op, flags, s.offset, data)
     }
 
-    /// RMA between slot `slot`'s staging buffer (its first `len` bytes) and its chunk.
-    fn post_rma(&mut self, slot: u16, write: bool, len: u32, then: Rma) -> Result<()> {
-        let remote = sub(self.chunks[usize::from(slot)], len)?;
-        let part = ExsBuf::new(self.staging[usize::from(slot)].region().clone())
-            .slice(..len as usize)
-            .map_err(|e| Error::conn(format!("a staging slice: {e}")))?;
+    /// RMA between the staging buffers of `parts` (each slot's first bytes, in order) and
+    /// the start of the first slot's chunk: one buffer, or several gathered.
+    fn post_rma(&mut self, parts: &[(u16, u32)], write: bool, then: Rma) -> Result<()> {
+        let Some(&(slot, _)) = parts.first() else {
+            return Ok(());
+        };
+        let total = parts.iter().map(|p| p.1).sum();
+        let remote = sub(self.chunks[usize::from(slot)], total)?;
+        let bufs = parts
+            .iter()
+            .map(|&(s, len)| {
+                ExsBuf::new(self.staging[usize::from(s)].region().clone())
+                    .slice(..len as usize)
+                    .map_err(|e| Error::conn(format!("a staging slice: {e}")))
+            })
+            .collect::<Result<Vec<_>>>()?;
         self.rmas.insert(slot, then);
         self.ch
             .socket()
-            .rma(&self.rq, write, part, remote, u64::from(slot));
+            .rma_v(&self.rq, write, bufs, remote, u64::from(slot));
         Ok(())
     }
 
     fn send_request(&mut self, op: Op, flags: u8, offset: u64, data: Data) -> Result<()> {
         let handle = self.next_handle;
         self.next_handle += 1;
-        self.inflight.insert(handle, op);
-        self.ch.send_frame(&proto::encode(&Msg::Request {
+        let frame = proto::encode(&Msg::Request {
             handle,
             cmd: op.cmd,
             flags,
             offset,
             len: op.len,
             data,
-        }))
+        });
+        let merged = op.parts.len() as u64 - 1;
+        self.inflight.insert(handle, op);
+        self.shared.sent.fetch_add(1, Ordering::Relaxed);
+        self.shared.merged.fetch_add(merged, Ordering::Relaxed);
+        self.ch.send_frame(&frame)
     }
 
     /// Waits for one of our RMAs; false if woken (a submission) first.
@@ -755,18 +888,21 @@ impl Driver {
         ev.result
             .map_err(|e| Error::conn(format!("RMA to the server's chunk: {e}")))?;
         match then {
-            Rma::Written(s) => {
-                let data = Data::Chunk { chunk: slot, at: 0 };
+            Rma::Written(subs) => {
+                let Some(first) = subs.iter().min_by_key(|s| s.offset) else {
+                    return Ok(true);
+                };
+                let (flags, offset) = (first.flags, first.offset);
                 let op = Op {
-                    ticket: s.ticket,
                     slot,
                     cmd: Cmd::Write,
-                    len: s.len,
+                    len: subs.iter().map(|s| s.len).sum(),
+                    parts: subs.iter().map(|s| (s.ticket, s.slot)).collect(),
                 };
-                self.send_request(op, s.flags, s.offset, data)?;
+                self.send_request(op, flags, offset, Data::Chunk { chunk: slot, at: 0 })?;
             }
             // The slot stays taken until its caller copied the bytes out.
-            Rma::Read { ticket } => self.finish(ticket, None, Ok(None)),
+            Rma::Read { ticket } => self.finish(&[(ticket, slot)], false, Ok(None)),
         }
         Ok(true)
     }
@@ -812,35 +948,43 @@ impl Driver {
                 _ => return Err(Error::conn("a rekeyed chunk that is not ours")),
             }
         }
-        let is_read = op.cmd == Cmd::Read;
-        if error != 0 {
-            // A failed read's slot is freed by its caller with the others of the call.
-            let free = (!is_read).then_some(op.slot);
-            self.finish(op.ticket, free, Err(nbd_error(error)));
+        if op.cmd != Cmd::Read {
+            let outcome = if error == 0 {
+                Ok(None)
+            } else {
+                Err(nbd_error(error))
+            };
+            self.finish(&op.parts, true, outcome);
             return Ok(());
         }
-        match (is_read, self.scheme, self.read) {
-            (false, ..) => self.finish(op.ticket, Some(op.slot), Ok(None)),
-            (true, Scheme::Copy, _) => self.finish(op.ticket, None, Ok(Some(payload))),
+        // A read's slot is freed by its caller, once it copied the bytes out (or failed
+        // with the others of the call).
+        match (error, self.scheme, self.read) {
+            (0, Scheme::Copy, _) => self.finish(&op.parts, false, Ok(Some(payload))),
             // The chunk stays ours until this read of it completes: the fence that keeps
             // a later request from overwriting it first.
-            (true, Scheme::Delegated, ReadMode::ServerFill) => {
-                self.post_rma(op.slot, false, op.len, Rma::Read { ticket: op.ticket })?
+            (0, Scheme::Delegated, ReadMode::ServerFill) => {
+                let ticket = op.parts[0].0;
+                self.post_rma(&[(op.slot, op.len)], false, Rma::Read { ticket })?
             }
-            (true, Scheme::Delegated, ReadMode::ServerWrite) => {
-                self.finish(op.ticket, None, Ok(None))
+            (0, Scheme::Delegated, ReadMode::ServerWrite) => {
+                self.finish(&op.parts, false, Ok(None))
             }
+            _ => self.finish(&op.parts, false, Err(nbd_error(error))),
         }
         Ok(())
     }
 
-    /// Hands a request's outcome to its caller, freeing `slot` if given.
-    fn finish(&self, ticket: u64, slot: Option<u16>, outcome: Outcome) {
+    /// Hands a request's outcome to the callers of every part (by ticket), freeing their
+    /// slots if `free`.
+    fn finish(&self, parts: &[(u64, u16)], free: bool, outcome: Outcome) {
         let mut st = self.shared.lock();
-        if let Some(s) = slot {
-            st.slots.release(s);
+        for &(ticket, slot) in parts {
+            if free {
+                st.slots.release(slot);
+            }
+            st.done.insert(ticket, outcome.clone());
         }
-        st.done.insert(ticket, outcome);
         self.shared.changed.notify_all();
     }
 }

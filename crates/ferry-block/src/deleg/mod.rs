@@ -13,12 +13,14 @@
 //!
 //! - [`proto`]: the frames, a sans-I/O codec with a fuzzed decoder.
 //! - [`pool`]: the client's first-fit allocator and the server's range check.
+//! - [`merge`]: block aggregation: adjacent writes as one request, their data gathered.
 //! - [`server`]: the face ([`server::FabricService`]), one thread per session.
 //! - [`client`]: the Rust API ([`client::Client`]).
 //! - [`attach`]: a remote export as a local backend, for `ferry block attach`.
 
 pub mod attach;
 pub mod client;
+pub mod merge;
 pub mod pool;
 pub mod proto;
 pub mod server;

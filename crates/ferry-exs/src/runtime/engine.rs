@@ -41,7 +41,9 @@ enum Pending {
 pub(crate) struct UserRma {
     pub(crate) ctx: u64,
     pub(crate) queue: EventQueue,
-    pub(crate) buf: super::ExsBuf,
+    /// The local side, in order: one buffer, or several gathered (write) or scattered
+    /// (read) by one operation.
+    pub(crate) bufs: Vec<super::ExsBuf>,
 }
 
 /// Connection lifecycle as the waiting `connect` sees it.
@@ -215,22 +217,26 @@ impl Engine {
         }
     }
 
-    /// Posts a user's one-sided RMA of all of `u.buf` to or from `remote`; a post the fabric
-    /// refuses, or one on a closed connection, is answered at once.
+    /// Posts a user's one-sided RMA of all of `u.bufs` to or from `remote`; a post the
+    /// fabric refuses (more buffers than it gathers, lengths that do not add up), or one on
+    /// a closed connection, is answered at once.
     pub(crate) fn user_rma(&mut self, u: UserRma, write: bool, remote: ferry_fabric::RemoteSlice) {
         if self.phase == Phase::Closed {
             return self.user_rma_done(u, Err(ExsError::NotConnected));
         }
-        let start = u.buf.offset();
-        let local = match u.buf.region().slice(start..start + u.buf.len()) {
-            Ok(l) => l,
-            Err(_) => return self.user_rma_done(u, Err(ExsError::Transfer)),
+        let local: Result<Vec<_>, _> = u
+            .bufs
+            .iter()
+            .map(|b| b.region().slice(b.offset()..b.offset() + b.len()))
+            .collect();
+        let Ok(local) = local else {
+            return self.user_rma_done(u, Err(ExsError::Transfer));
         };
         let c = self.ctx(Pending::User(u));
         let posted = if write {
-            self.ep.post_write(&[local], remote, c)
+            self.ep.post_write(&local, remote, c)
         } else {
-            self.ep.post_read(&[local], remote, c)
+            self.ep.post_read(&local, remote, c)
         };
         if let Err(e) = posted {
             if let Some(Pending::User(u)) = self.pending.remove(&c) {
@@ -239,15 +245,15 @@ impl Engine {
         }
     }
 
-    /// Reports a user's RMA to its queue, with its buffer.
+    /// Reports a user's RMA to its queue, with its first buffer and the bytes of all.
     fn user_rma_done(&mut self, u: UserRma, result: Result<(), ExsError>) {
-        let UserRma { ctx, queue, buf } = u;
+        let UserRma { ctx, queue, bufs } = u;
         queue.push(ExsEvent {
             kind: EventKind::Rma,
             socket: self.id,
             ctx,
-            len: buf.len() as u64,
-            buf: Some(buf),
+            len: bufs.iter().map(|b| b.len() as u64).sum(),
+            buf: bufs.into_iter().next(),
             result,
         });
     }

@@ -381,13 +381,34 @@ impl ExsSocket {
         remote: ferry_fabric::RemoteSlice,
         ctx: u64,
     ) {
+        self.rma_v(queue, write, vec![buf], remote, ctx);
+    }
+
+    /// [`ExsSocket::rma`] over several local buffers as one operation: a write gathers
+    /// `bufs` in order into `remote`, a read scatters `remote` over them (their lengths must
+    /// add up to its length; at most [`ExsSocket::rma_gather`] of them). The event hands
+    /// back the first buffer and the bytes of all.
+    pub fn rma_v(
+        &self,
+        queue: &EventQueue,
+        write: bool,
+        bufs: Vec<ExsBuf>,
+        remote: ferry_fabric::RemoteSlice,
+        ctx: u64,
+    ) {
         ferry_fabric::timeline::mark("exs.rma", ctx);
         let u = super::engine::UserRma {
             ctx,
             queue: queue.clone(),
-            buf,
+            bufs,
         };
         self.inner.with(|e| e.user_rma(u, write, remote));
+    }
+
+    /// Most local buffers one [`ExsSocket::rma_v`] may gather or scatter on this
+    /// connection's driver (1: no gathering).
+    pub fn rma_gather(&self) -> usize {
+        self.inner.ep.capabilities().rma_gather.max(1)
     }
 
     /// `exs_send`: sends all of `buf` as one message. The buffer comes back in the Send event.
