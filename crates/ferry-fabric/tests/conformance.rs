@@ -508,6 +508,40 @@ fn completion_order(driver: &str) {
     }
 }
 
+/// A driver that promises `send_after_write` keeps it: a message posted right after an RMA
+/// write (without waiting for its completion) finds the written bytes in place when it is
+/// delivered, every time.
+fn send_after_write(driver: &str) {
+    let p = pair(driver);
+    if !p.client.capabilities().ordering.send_after_write {
+        return;
+    }
+    const LEN: usize = 256 << 10;
+    let target = register(&*p.server, LEN, Access::REMOTE_WRITE);
+    let remote = advertise(&p, &target);
+    let inbox = register(&*p.server, 64, Access::LOCAL);
+    let note = register(&*p.client, 8, Access::LOCAL);
+    for round in 0..50u8 {
+        let data = pattern(LEN, round);
+        let src = p
+            .client
+            .domain()
+            .register(&Buffer::from_slice(&data), Access::LOCAL)
+            .unwrap();
+        p.server.post_recv(&[inbox.full()], 1).unwrap();
+        p.client.post_write(&[src.full()], remote, 2).unwrap();
+        p.client.post_send(&[note.full()], 3).unwrap();
+        let delivered = ok(&*p.server);
+        assert_eq!(delivered.op, OpKind::Recv);
+        assert!(
+            target.buffer().to_vec() == data,
+            "round {round}: the message overtook the write"
+        );
+        ok(&*p.client);
+        ok(&*p.client);
+    }
+}
+
 fn window_of_64(driver: &str) {
     const OPS: u64 = 10_000;
     const WINDOW: u64 = 64;
@@ -850,6 +884,10 @@ macro_rules! conformance {
             #[test]
             fn completion_order() {
                 super::completion_order($driver)
+            }
+            #[test]
+            fn send_after_write() {
+                super::send_after_write($driver)
             }
             #[test]
             fn window_of_64() {

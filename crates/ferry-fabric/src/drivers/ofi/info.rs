@@ -346,8 +346,13 @@ fn rma_piece(provider: &str) -> u64 {
 /// What the chosen provider entry can do, as ferry reports it.
 pub(super) fn capabilities(addr: &Address, info: &Info) -> Capabilities {
     let (tx_iov, rx_iov) = info.iov_limits();
-    let sink = quirks(info).sink;
+    let Quirks {
+        sink, checked_rma, ..
+    } = quirks(info);
     let order = info.msg_order();
+    // A checked RMA reaches the provider only once the target answered its request
+    // (`rma.rs`), so a send posted after it may overtake it, whatever the provider orders.
+    let rma_order = |flag: u32| !checked_rma && order & u64::from(flag) != 0;
     Capabilities {
         driver: addr.driver_name(),
         provider: info.prov_name(),
@@ -366,8 +371,8 @@ pub(super) fn capabilities(addr: &Address, info: &Info) -> Capabilities {
         rma_piece: rma_piece(&info.prov_name()),
         ordering: Ordering {
             send_after_send: order & sys::FI_ORDER_SAS as u64 != 0,
-            send_after_write: order & sys::FI_ORDER_SAW as u64 != 0,
-            write_after_write: order & sys::FI_ORDER_WAW as u64 != 0,
+            send_after_write: rma_order(sys::FI_ORDER_SAW),
+            write_after_write: rma_order(sys::FI_ORDER_WAW),
             // Inline sends complete at post time, ahead of earlier non-inline ones.
             completion_in_order: false,
         },
