@@ -111,6 +111,9 @@ struct State {
     submitted: VecDeque<Submit>,
     /// Requests finished, by ticket, until their caller takes the outcome.
     done: HashMap<u64, Outcome>,
+    /// Callers asleep until a ticket finishes, by ticket: each is woken alone, so a reply
+    /// wakes its own caller, not every thread sharing the session.
+    waiting: HashMap<u64, std::thread::Thread>,
     next_ticket: u64,
     /// Why the session broke (every call fails from then on).
     broken: Option<Error>,
@@ -120,8 +123,8 @@ struct State {
 
 struct Shared {
     state: Mutex<State>,
-    /// Signalled when a slot is freed, a request finishes or the session breaks.
-    changed: Condvar,
+    /// Signalled once per slot freed, and for all when the session breaks.
+    slot_freed: Condvar,
     /// Signalled when a request is submitted (or the client closes).
     work: Condvar,
     /// The connection's queue and the driver's RMA queue: woken on a submission, so the
@@ -238,11 +241,12 @@ impl Client {
                 slots: FirstFit::new(slots),
                 submitted: VecDeque::new(),
                 done: HashMap::new(),
+                waiting: HashMap::new(),
                 next_ticket: 1,
                 broken: None,
                 closing: false,
             }),
-            changed: Condvar::new(),
+            slot_freed: Condvar::new(),
             work: Condvar::new(),
             wake: [ch.queue().clone(), rq.clone()],
             sent: AtomicU64::new(0),
@@ -252,6 +256,7 @@ impl Client {
             max_len: chunk_size,
             max_parts: ch.socket().rma_gather(),
         });
+        let ordered = ch.socket().orders_send_after_write();
         let staging = Arc::new(staging);
         let driver = Driver {
             ch,
@@ -260,6 +265,7 @@ impl Client {
             scheme: opts.scheme,
             read: opts.read,
             merge: merge_limits,
+            ordered,
             chunk_size,
             chunks,
             staging: staging.clone(),
@@ -511,13 +517,27 @@ impl Client {
             if !wait {
                 return Ok(None);
             }
-            st = self.wait(st)?;
+            let (next, to) = self
+                .shared
+                .slot_freed
+                .wait_timeout(st, self.patience())
+                .unwrap_or_else(|p| p.into_inner());
+            st = next;
+            if to.timed_out() && st.broken.is_none() {
+                return Err(stopped_answering());
+            }
         }
     }
 
     fn release(&self, slot: u16) {
         self.shared.lock().slots.release(slot);
-        self.shared.changed.notify_all();
+        self.shared.slot_freed.notify_one();
+    }
+
+    /// How long a caller waits without news before it gives up: longer than the session's
+    /// timeout, after which the driver itself gives up on a silent server.
+    fn patience(&self) -> Duration {
+        self.timeout + Duration::from_secs(1)
     }
 
     /// Hands one request without data of its own to the driver; its ticket.
@@ -551,20 +571,6 @@ impl Client {
         self.shared.submit(&mut st, batch.drain(..));
     }
 
-    /// Waits for a change (a slot, a finished request), no longer than the session's
-    /// timeout (the driver itself gives up on a silent server).
-    fn wait<'a>(&self, st: MutexGuard<'a, State>) -> Result<MutexGuard<'a, State>> {
-        let (st, to) = self
-            .shared
-            .changed
-            .wait_timeout(st, self.timeout + Duration::from_secs(1))
-            .unwrap_or_else(|p| p.into_inner());
-        if to.timed_out() && st.broken.is_none() {
-            return Err(Error::conn("the block client's driver stopped answering"));
-        }
-        Ok(st)
-    }
-
     /// Waits for every ticket of a call; the first error once all are done.
     fn wait_all(&self, tickets: &[u64]) -> Result<()> {
         let mut first_err = None;
@@ -576,14 +582,27 @@ impl Client {
         first_err.map_or(Ok(()), Err)
     }
 
-    /// Waits for a ticket's outcome (`Err` outside: the session stopped answering).
+    /// Waits for a ticket's outcome (`Err` outside: the session stopped answering). The
+    /// caller sleeps until the driver wakes it for this ticket.
     fn outcome(&self, ticket: u64) -> Result<Outcome> {
-        let mut st = self.shared.lock();
         loop {
-            if let Some(o) = st.done.remove(&ticket) {
-                return Ok(o);
+            {
+                let mut st = self.shared.lock();
+                if let Some(o) = st.done.remove(&ticket) {
+                    st.waiting.remove(&ticket);
+                    return Ok(o);
+                }
+                st.waiting.insert(ticket, std::thread::current());
             }
-            st = self.wait(st)?;
+            let slept = Instant::now();
+            std::thread::park_timeout(self.patience());
+            if slept.elapsed() >= self.patience() {
+                let mut st = self.shared.lock();
+                if !st.done.contains_key(&ticket) {
+                    st.waiting.remove(&ticket);
+                    return Err(stopped_answering());
+                }
+            }
         }
     }
 
@@ -672,6 +691,9 @@ impl Op {
 enum Rma {
     /// The writes' data is in the first one's chunk: send them as one WRITE.
     Written(Vec<Submit>),
+    /// The WRITE went right behind the RMA (the driver orders a send after a write): only
+    /// the RMA's completion is awaited, before the request's slots are freed.
+    Sent,
     /// The chunk's data is in the staging buffer: the READ is done.
     Read { ticket: u64 },
 }
@@ -686,6 +708,10 @@ struct Driver {
     read: ReadMode,
     /// How far writes merge (`None`: they do not).
     merge: Option<Limits>,
+    /// A WRITE may follow its RMA at once: the driver delivers a send after an earlier
+    /// RMA write is in place (native tcp, ofi+tcp; not ofi+shm), as the seed relies on
+    /// InfiniBand RC doing.
+    ordered: bool,
     chunk_size: u32,
     /// The delegated chunks (their current keys).
     chunks: Vec<RemoteSlice>,
@@ -712,6 +738,7 @@ impl Driver {
             .chain(self.rmas.values().flat_map(|r| match r {
                 Rma::Written(subs) => subs.iter().map(|s| s.ticket).collect(),
                 Rma::Read { ticket } => vec![*ticket],
+                Rma::Sent => vec![],
             }))
             .chain(st.submitted.iter().map(|s| s.ticket))
             .collect::<Vec<_>>();
@@ -720,7 +747,10 @@ impl Driver {
             st.done.insert(t, Err(e.clone()));
         }
         st.broken = Some(e);
-        self.shared.changed.notify_all();
+        self.shared.slot_freed.notify_all();
+        for (_, caller) in st.waiting.drain() {
+            caller.unpark();
+        }
         drop(st);
         self.ch.close();
     }
@@ -747,10 +777,11 @@ impl Driver {
             if self.idle() {
                 continue;
             }
-            let progressed = if self.rmas.is_empty() {
-                self.reply_step()?
-            } else {
+            let progressed = if self.rmas.values().any(|r| !matches!(r, Rma::Sent)) {
                 self.rma_step()?
+            } else {
+                self.take_done_rmas()?;
+                self.reply_step()?
             };
             if progressed {
                 heard = Instant::now();
@@ -798,7 +829,11 @@ impl Driver {
         if !group.is_empty() || (s.cmd, self.scheme) == (Cmd::Write, Scheme::Delegated) {
             group.push(s);
             let parts: Vec<(u16, u32)> = group.iter().map(|s| (s.slot, s.len)).collect();
-            return self.post_rma(&parts, true, Rma::Written(group));
+            if !self.ordered {
+                return self.post_rma(&parts, true, Rma::Written(group));
+            }
+            self.post_rma(&parts, true, Rma::Sent)?;
+            return self.send_write(group);
         }
         match s.cmd {
             Cmd::Write => {
@@ -873,13 +908,17 @@ impl Driver {
 
     /// Waits for one of our RMAs; false if woken (a submission) first.
     fn rma_step(&mut self) -> Result<bool> {
-        let ev = loop {
+        loop {
             match self.rq.dequeue(self.ch.timeout) {
-                Some(ev) if ev.kind == EventKind::Rma => break ev,
+                Some(ev) if ev.kind == EventKind::Rma => return self.rma_done(ev),
                 Some(_) => continue,
                 None => return Ok(false),
             }
-        };
+        }
+    }
+
+    /// Acts on an RMA's completion.
+    fn rma_done(&mut self, ev: ferry_exs::runtime::ExsEvent) -> Result<bool> {
         let slot = u16::try_from(ev.ctx).unwrap_or(u16::MAX);
         let then = self
             .rmas
@@ -888,23 +927,38 @@ impl Driver {
         ev.result
             .map_err(|e| Error::conn(format!("RMA to the server's chunk: {e}")))?;
         match then {
-            Rma::Written(subs) => {
-                let Some(first) = subs.iter().min_by_key(|s| s.offset) else {
-                    return Ok(true);
-                };
-                let (flags, offset) = (first.flags, first.offset);
-                let op = Op {
-                    slot,
-                    cmd: Cmd::Write,
-                    len: subs.iter().map(|s| s.len).sum(),
-                    parts: subs.iter().map(|s| (s.ticket, s.slot)).collect(),
-                };
-                self.send_request(op, flags, offset, Data::Chunk { chunk: slot, at: 0 })?;
-            }
+            Rma::Written(subs) => self.send_write(subs)?,
+            Rma::Sent => {}
             // The slot stays taken until its caller copied the bytes out.
             Rma::Read { ticket } => self.finish(&[(ticket, slot)], false, Ok(None)),
         }
         Ok(true)
+    }
+
+    /// Handles the RMA completions already in, without waiting.
+    fn take_done_rmas(&mut self) -> Result<()> {
+        while let Some(ev) = self.rq.try_dequeue() {
+            if ev.kind == EventKind::Rma {
+                self.rma_done(ev)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends writes (one, or adjacent ones merged, in offset order) whose data is in the
+    /// first one's chunk, as one WRITE.
+    fn send_write(&mut self, subs: Vec<Submit>) -> Result<()> {
+        let Some(first) = subs.first() else {
+            return Ok(());
+        };
+        let (slot, flags, offset) = (first.slot, first.flags, first.offset);
+        let op = Op {
+            slot,
+            cmd: Cmd::Write,
+            len: subs.iter().map(|s| s.len).sum(),
+            parts: subs.iter().map(|s| (s.ticket, s.slot)).collect(),
+        };
+        self.send_request(op, flags, offset, Data::Chunk { chunk: slot, at: 0 })
     }
 
     /// Waits for a reply; false if woken (a submission) first.
@@ -949,6 +1003,13 @@ impl Driver {
             }
         }
         if op.cmd != Cmd::Read {
+            // A write sent right behind its RMA frees its slots once that RMA is complete.
+            let since = Instant::now();
+            while matches!(self.rmas.get(&op.slot), Some(Rma::Sent)) {
+                if !self.rma_step()? && since.elapsed() >= self.ch.timeout {
+                    return Err(Error::conn("an RMA to the server hung"));
+                }
+            }
             let outcome = if error == 0 {
                 Ok(None)
             } else {
@@ -978,15 +1039,25 @@ impl Driver {
     /// Hands a request's outcome to the callers of every part (by ticket), freeing their
     /// slots if `free`.
     fn finish(&self, parts: &[(u64, u16)], free: bool, outcome: Outcome) {
+        let mut callers = Vec::with_capacity(parts.len());
         let mut st = self.shared.lock();
         for &(ticket, slot) in parts {
             if free {
                 st.slots.release(slot);
+                self.shared.slot_freed.notify_one();
             }
             st.done.insert(ticket, outcome.clone());
+            callers.extend(st.waiting.remove(&ticket));
         }
-        self.shared.changed.notify_all();
+        drop(st);
+        for c in callers {
+            c.unpark();
+        }
     }
+}
+
+fn stopped_answering() -> Error {
+    Error::conn("the block client's driver stopped answering")
 }
 
 /// The first `len` bytes of `r`.

@@ -411,6 +411,14 @@ impl ExsSocket {
         self.inner.ep.capabilities().rma_gather.max(1)
     }
 
+    /// Whether an RMA write posted by [`ExsSocket::rma`] is in place at the peer before
+    /// a message sent after it is delivered there (the driver orders send after write, as
+    /// an InfiniBand RC queue pair does): a face may then name the written memory in a
+    /// message without waiting for the write's completion.
+    pub fn orders_send_after_write(&self) -> bool {
+        self.inner.ep.capabilities().ordering.send_after_write
+    }
+
     /// `exs_send`: sends all of `buf` as one message. The buffer comes back in the Send event.
     pub fn send(&self, buf: ExsBuf, flags: Flags, ctx: u64) {
         self.send_to(None, buf, 0, flags, ctx);
