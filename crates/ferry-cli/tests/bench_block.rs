@@ -1,6 +1,7 @@
 //! `ferry bench block --quick --json` end to end (about a minute): one JSON object with a
 //! row per server, export and fio job, ferry's rows measured on both transports and both
-//! backends, the application rows (ext4 on the export: untar, postmark, fileop), the
+//! backends, the application rows (ext4 on the export: untar, postmark, fileop), the block
+//! aggregation rows (4 KiB writes through the attach, merged and not), the
 //! summary keys the issue names (numbers, or null when a peer is missing), and each
 //! target with a verdict.
 
@@ -97,7 +98,25 @@ fn quick_json_run() {
             );
         }
     }
+    // Block aggregation: fio's 4 KiB sequential writes through the attach, merged and not.
+    for transport in ["tcp", "ofi+shm"] {
+        for path in ["zcopy", "zcopy-nomerge"] {
+            let r = rows
+                .iter()
+                .find(|r| {
+                    r["server"] == "ferry attach"
+                        && r["path"] == path
+                        && r["transport"] == transport
+                        && r["bs"] == 4096
+                })
+                .unwrap_or_else(|| panic!("no attach {path} {transport} 4 KiB row"));
+            assert!(r["gbps"].as_f64().is_some_and(|x| x > 0.0), "{r}");
+        }
+    }
     let summary = &v["summary"];
+    for k in ["merge_gain_seqwrite_4k_shm", "merge_gain_seqwrite_4k_tcp"] {
+        assert!(summary[k].is_number(), "summary {k} = {}", summary[k]);
+    }
     for k in [
         "nbd_seq_write_vs_nbdkit",
         "nbd_seq_read_vs_nbdkit",

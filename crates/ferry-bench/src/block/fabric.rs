@@ -3,6 +3,8 @@
 //! QD 16, through the direct Rust client and through `ferry block attach` (fio's nbd
 //! engine on the attach's Unix socket); also delegation with a key rotation after every
 //! I/O (`always_invalidate`) and the paper's read scheme (server fills, client RMA-reads).
+//! And block aggregation: 4 KiB sequential writes at QD 16 through the attach with adjacent
+//! writes merged (`zcopy`) and not (`zcopy-nomerge`).
 //! The face runs in this process on the service floor over a memory export.
 
 use std::path::Path;
@@ -37,6 +39,8 @@ struct Way {
     scheme: Scheme,
     read: ReadMode,
     invalidate: bool,
+    /// Adjacent writes merged into one request (block aggregation).
+    merge: bool,
 }
 
 const WAYS: [Way; 5] = [
@@ -45,32 +49,52 @@ const WAYS: [Way; 5] = [
         scheme: Scheme::Delegated,
         read: ReadMode::ServerWrite,
         invalidate: false,
+        merge: true,
     },
     Way {
         path: "zcopy-fill",
         scheme: Scheme::Delegated,
         read: ReadMode::ServerFill,
         invalidate: false,
+        merge: true,
     },
     Way {
         path: "zcopy-inval",
         scheme: Scheme::Delegated,
         read: ReadMode::ServerWrite,
         invalidate: true,
+        merge: true,
     },
     Way {
         path: "bcopy",
         scheme: Scheme::Copy,
         read: ReadMode::ServerWrite,
         invalidate: false,
+        merge: true,
     },
     Way {
         path: "nbd",
         scheme: Scheme::Copy,
         read: ReadMode::ServerWrite,
         invalidate: false,
+        merge: true,
     },
 ];
+
+/// Block aggregation's pair: the default way with merging off.
+const NOMERGE: Way = Way {
+    path: "zcopy-nomerge",
+    merge: false,
+    ..WAYS[0]
+};
+
+/// Block aggregation's job: small sequential writes, many in flight.
+const SMALL_SEQ: Workload = Workload {
+    name: "seqwrite",
+    rw: "write",
+    bs: 4096,
+    qd: 16,
+};
 
 /// The fabric rows of a run.
 pub struct FabricRun {
@@ -146,6 +170,7 @@ fn options(w: &Way) -> Options {
         scheme: w.scheme,
         read: w.read,
         always_invalidate: w.invalidate,
+        merge: w.merge,
         security: ClientSecurity {
             clear: true,
             ..ClientSecurity::default()
@@ -212,7 +237,47 @@ pub fn run(region: u64, secs: f64, reps: usize, dir: &Path, out: &Path) -> Fabri
             }
         }
     }
+    for (transport, addr) in &fl.addrs {
+        rows.extend(aggregation(transport, addr, region, secs, reps, dir, out));
+    }
     FabricRun { rows }
+}
+
+/// The block aggregation rows on one transport: fio's 4 KiB sequential writes through an
+/// attach with merging on and off, alternated, `reps` times each.
+fn aggregation(
+    transport: &str,
+    addr: &str,
+    region: u64,
+    secs: f64,
+    reps: usize,
+    dir: &Path,
+    out: &Path,
+) -> Vec<BlockRow> {
+    let ways = [WAYS[0], NOMERGE];
+    let mut samples = [Vec::new(), Vec::new()];
+    let mut errors = [None, None];
+    for rep in 0..reps {
+        for k in 0..ways.len() {
+            let i = (k + rep) % ways.len();
+            match attached(addr, &ways[i], &SMALL_SEQ, region, secs, dir, out) {
+                Ok(g) => samples[i].push(g),
+                Err(e) => errors[i] = Some(format!("{e:#}")),
+            }
+        }
+    }
+    let mut rows = Vec::new();
+    for (i, way) in ways.iter().enumerate() {
+        let mut r = row("ferry attach", way.path, transport, &SMALL_SEQ);
+        r.reps = samples[i].len();
+        r.gbps = super::median(&mut samples[i]).map(|g| super::round(g, 3));
+        r.iops = r
+            .gbps
+            .map(|g| super::round(g * 1e9 / SMALL_SEQ.bs as f64, 0));
+        r.error = errors[i].take().filter(|_| r.gbps.is_none());
+        rows.push(r);
+    }
+    rows
 }
 
 fn row(client: &str, path: &str, transport: &str, w: &Workload) -> BlockRow {
@@ -310,8 +375,13 @@ fn nbd_tcp(w: &Workload, region: u64, secs: f64, out: &Path) -> Result<f64> {
     Ok(m?.gbps)
 }
 
-/// `a ÷ b` of two rows' GB/s, rounded.
-pub fn ratio(rows: &[BlockRow], a: (&str, &str, &str), b: (&str, &str, &str)) -> Option<f64> {
+/// `a ÷ b` of two rows' GB/s (sequential writes of `bs` bytes), rounded.
+pub fn ratio(
+    rows: &[BlockRow],
+    bs: u64,
+    a: (&str, &str, &str),
+    b: (&str, &str, &str),
+) -> Option<f64> {
     let find = |(server, path, transport): (&str, &str, &str)| {
         rows.iter()
             .find(|r| {
@@ -319,6 +389,7 @@ pub fn ratio(rows: &[BlockRow], a: (&str, &str, &str), b: (&str, &str, &str)) ->
                     && r.path == path
                     && r.transport == transport
                     && r.workload == "seqwrite"
+                    && r.bs == bs
                     && r.backend == "memory"
             })
             .and_then(|r| r.gbps)

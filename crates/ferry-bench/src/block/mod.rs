@@ -303,7 +303,9 @@ pub fn run(args: &BlockArgs) -> Result<()> {
          zcopy-inval = a key rotation after every I/O, bcopy = data in messages; \
          zcopy_vs_bcopy_write_1m compares the direct client on ofi+shm, \
          zcopy_vs_nbdtcp_write_1m fio through attach (zcopy, ofi+shm) with fio on ferry's NBD \
-         over TCP (row `ferry attach nbd tcp`: in this process, memory export)"
+         over TCP (row `ferry attach nbd tcp`: in this process, memory export); \
+         merge_gain_seqwrite_4k_* fio's 4 KiB sequential writes at QD 16 through attach with \
+         adjacent writes merged (zcopy) over not (zcopy-nomerge)"
             .into(),
     );
     let report = BlockReport {
@@ -332,20 +334,33 @@ pub fn run(args: &BlockArgs) -> Result<()> {
 
 /// Fills the fabric path's summary keys from its rows (see the note `run` adds).
 fn fabric_summary(rows: &[BlockRow], summary: &mut report::Summary) {
+    const MIB: u64 = 1 << 20;
     let zb = fabric::ratio(
         rows,
+        MIB,
         ("ferry direct", "zcopy", "ofi+shm"),
         ("ferry direct", "bcopy", "ofi+shm"),
     );
     let zn = fabric::ratio(
         rows,
+        MIB,
         ("ferry attach", "zcopy", "ofi+shm"),
         ("ferry attach", "nbd", "tcp"),
     );
+    let merge = |transport| {
+        fabric::ratio(
+            rows,
+            4096,
+            ("ferry attach", "zcopy", transport),
+            ("ferry attach", "zcopy-nomerge", transport),
+        )
+    };
     for (k, v) in summary.0.iter_mut() {
         match k.as_str() {
             "zcopy_vs_bcopy_write_1m" => *v = zb,
             "zcopy_vs_nbdtcp_write_1m" => *v = zn,
+            "merge_gain_seqwrite_4k_shm" => *v = merge("ofi+shm"),
+            "merge_gain_seqwrite_4k_tcp" => *v = merge("tcp"),
             _ => {}
         }
     }

@@ -136,7 +136,12 @@ const PAIRS: [(&str, Export, &str, Export); 4] = [
 
 /// Metrics of the fabric path: null here, filled in once its rows ran (`fabric_summary` in
 /// the bench's run; they stay null when the fabric rows did not run).
-pub const LATER: [&str; 2] = ["zcopy_vs_bcopy_write_1m", "zcopy_vs_nbdtcp_write_1m"];
+pub const LATER: [&str; 4] = [
+    "zcopy_vs_bcopy_write_1m",
+    "zcopy_vs_nbdtcp_write_1m",
+    "merge_gain_seqwrite_4k_shm",
+    "merge_gain_seqwrite_4k_tcp",
+];
 
 /// The goals: (summary key, op, bound).
 pub const GOALS: [(&str, &str, f64); 9] = [
