@@ -239,6 +239,43 @@ impl Read for &Stream {
     }
 }
 
+/// How long an idle connection's reader polls for the next request before it sleeps:
+/// `FERRY_NBD_POLL_US` microseconds in `ferry serve`'s environment (default
+/// [`DEFAULT_POLL_US`]; 0: never poll).
+fn poll_time() -> Duration {
+    static T: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *T.get_or_init(|| {
+        let us = std::env::var("FERRY_NBD_POLL_US").ok();
+        Duration::from_micros(us.and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_POLL_US))
+    })
+}
+
+/// A client with one request at a time sends its next one a few tens of microseconds
+/// after our reply: polling that long saves the sleep and the wake-up (docs/block.md,
+/// "Polling for the next request").
+const DEFAULT_POLL_US: u64 = 50;
+
+/// Waits up to `limit` for the socket to hold something to read, without sleeping (a
+/// peek that does not wait, tried again); true once it does, false at the limit (the
+/// caller then sleeps in a blocking read as before).
+fn poll_readable(fd: BorrowedFd<'_>, limit: Duration) -> bool {
+    let start = Instant::now();
+    let mut probe = [0u8; 1];
+    loop {
+        let flags = rustix::net::RecvFlags::DONTWAIT | rustix::net::RecvFlags::PEEK;
+        match rustix::net::recv(fd, &mut probe[..], flags) {
+            // Data, or the end of the stream: the read that follows will not sleep.
+            Ok(_) => return true,
+            Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => {}
+            Err(_) => return true,
+        }
+        if start.elapsed() >= limit {
+            return false;
+        }
+        std::hint::spin_loop();
+    }
+}
+
 impl Write for &Stream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         match self {
@@ -990,6 +1027,7 @@ impl Conn<'_> {
     /// Reads and checks the next request (counted in flight); `Err` when the client
     /// disconnects or breaks the protocol.
     fn next_request(&self, r: &mut BufReader<&Stream>) -> std::result::Result<Job, End> {
+        self.poll_when_idle(r);
         let mut hb = [0u8; REQUEST_LEN];
         match r.read_exact(&mut hb) {
             Ok(()) => {}
@@ -1030,6 +1068,19 @@ impl Conn<'_> {
             cmd,
             payload,
         })
+    }
+
+    /// When nothing of the connection is being served and no request is buffered, polls
+    /// the socket briefly for the next request before the read sleeps ([`poll_time`]).
+    /// Not while another worker serves: the poll would take its core.
+    fn poll_when_idle(&self, r: &BufReader<&Stream>) {
+        let limit = poll_time();
+        if limit.is_zero() || !r.buffer().is_empty() || self.busy.load(Ordering::SeqCst) != 0 {
+            return;
+        }
+        if let Some(fd) = self.stream.socket_fd() {
+            poll_readable(fd, limit);
+        }
     }
 
     fn serve(&self, job: Job) {
@@ -1359,6 +1410,26 @@ impl ferry_service::daemon::Endpoint for BlockServer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The poll for the next request ends as soon as bytes (or the end of the stream) are
+    /// there, and at its limit on a quiet socket, consuming nothing.
+    #[test]
+    fn polling_sees_data_and_the_end_and_gives_up_on_silence() {
+        let (mut a, b) = UnixStream::pair().unwrap();
+        let long = Duration::from_secs(5);
+        let t = Instant::now();
+        assert!(!poll_readable(b.as_fd(), Duration::from_millis(20)));
+        assert!(t.elapsed() >= Duration::from_millis(20));
+        a.write_all(b"x").unwrap();
+        let t = Instant::now();
+        assert!(poll_readable(b.as_fd(), long));
+        assert!(t.elapsed() < long);
+        let mut got = [0u8; 1];
+        (&b).read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"x", "the poll left the byte to read");
+        drop(a);
+        assert!(poll_readable(b.as_fd(), long), "the end of the stream");
+    }
 
     /// Long reads of an in-memory export are served by the reader whatever else the
     /// connection does; anything else only by an idle connection's reader, when short.
