@@ -905,6 +905,18 @@ struct Reader<'a> {
     r: BufReader<&'a Stream>,
     /// Set by the worker that saw the connection end; the others then stop.
     end: Option<End>,
+    /// How long the connection has lately stayed idle before its next request (a moving
+    /// average): polling pays only while that is shorter than the poll.
+    gap: Duration,
+}
+
+impl Reader<'_> {
+    /// Takes one idle wait's length into [`Reader::gap`] (weight 1/8; a long pause counts
+    /// as a few polls' length, so the average comes back soon after it).
+    fn note_gap(&mut self, waited: Duration, limit: Duration) {
+        let sample = waited.min(4 * limit);
+        self.gap = (self.gap * 7 + sample) / 8;
+    }
 }
 
 /// The transmission phase of one connection.
@@ -939,6 +951,7 @@ fn transmission(stream: &Stream, export: &Export, n: &Negotiated, on: &Serving) 
         reader: Mutex::new(Reader {
             r: BufReader::with_capacity(READ_AHEAD, stream),
             end: None,
+            gap: Duration::ZERO,
         }),
         write_lock: Mutex::new(()),
         backend: export.backend.as_ref(),
@@ -991,7 +1004,7 @@ impl Conn<'_> {
                 if rd.end.is_some() {
                     return;
                 }
-                let job = match self.next_request(&mut rd.r) {
+                let job = match self.next_request(&mut rd) {
                     Ok(job) => job,
                     Err(end) => {
                         rd.end = Some(end);
@@ -1026,8 +1039,9 @@ impl Conn<'_> {
 
     /// Reads and checks the next request (counted in flight); `Err` when the client
     /// disconnects or breaks the protocol.
-    fn next_request(&self, r: &mut BufReader<&Stream>) -> std::result::Result<Job, End> {
-        self.poll_when_idle(r);
+    fn next_request(&self, rd: &mut Reader<'_>) -> std::result::Result<Job, End> {
+        let idle_since = self.wait_idle(rd);
+        let r = &mut rd.r;
         let mut hb = [0u8; REQUEST_LEN];
         match r.read_exact(&mut hb) {
             Ok(()) => {}
@@ -1036,6 +1050,10 @@ impl Conn<'_> {
             }
             Err(e) => return Err(Err(e.to_string())),
         }
+        if let Some(since) = idle_since {
+            rd.note_gap(since.elapsed(), poll_time());
+        }
+        let r = &mut rd.r;
         let header = decode_request(&hb).map_err(|e| Err(e.to_string()))?;
         let plen = self
             .session
@@ -1070,17 +1088,24 @@ impl Conn<'_> {
         })
     }
 
-    /// When nothing of the connection is being served and no request is buffered, polls
-    /// the socket briefly for the next request before the read sleeps ([`poll_time`]).
-    /// Not while another worker serves: the poll would take its core.
-    fn poll_when_idle(&self, r: &BufReader<&Stream>) {
+    /// When nothing of the connection is being served and no request is buffered, the
+    /// connection is idle: returns when that wait began, after polling the socket briefly
+    /// for the next request ([`poll_time`]) if its recent idle gaps were short enough for
+    /// a poll to catch it. A client that pauses longer (a file system above FUSE thinking
+    /// between requests) would only lose the poll's CPU. Not while another worker serves,
+    /// whose core the poll would take.
+    fn wait_idle(&self, rd: &Reader<'_>) -> Option<Instant> {
+        if !rd.r.buffer().is_empty() || self.busy.load(Ordering::SeqCst) != 0 {
+            return None;
+        }
+        let since = Instant::now();
         let limit = poll_time();
-        if limit.is_zero() || !r.buffer().is_empty() || self.busy.load(Ordering::SeqCst) != 0 {
-            return;
+        if !limit.is_zero() && rd.gap < limit {
+            if let Some(fd) = self.stream.socket_fd() {
+                poll_readable(fd, limit);
+            }
         }
-        if let Some(fd) = self.stream.socket_fd() {
-            poll_readable(fd, limit);
-        }
+        Some(since)
     }
 
     fn serve(&self, job: Job) {

@@ -568,6 +568,14 @@ impl Client {
             st.next_ticket += 1;
             tickets.push(s.ticket);
         }
+        // A session that broke since these were staged has no driver to answer them.
+        if let Some(e) = st.broken.clone() {
+            for s in batch.drain(..) {
+                st.slots.release(s.slot);
+                st.done.insert(s.ticket, Err(e.clone()));
+            }
+            return;
+        }
         self.shared.submit(&mut st, batch.drain(..));
     }
 
@@ -709,8 +717,8 @@ struct Driver {
     /// How far writes merge (`None`: they do not).
     merge: Option<Limits>,
     /// A WRITE may follow its RMA at once: the driver delivers a send after an earlier
-    /// RMA write is in place (native tcp, ofi+tcp; not ofi+shm), as the seed relies on
-    /// InfiniBand RC doing.
+    /// RMA write is in place (native tcp; not ofi, whose checked RMA asks the target
+    /// first), as the seed relies on InfiniBand RC doing.
     ordered: bool,
     chunk_size: u32,
     /// The delegated chunks (their current keys).
@@ -899,7 +907,7 @@ impl Driver {
             len: op.len,
             data,
         });
-        let merged = op.parts.len() as u64 - 1;
+        let merged = (op.parts.len() as u64).saturating_sub(1);
         self.inflight.insert(handle, op);
         self.shared.sent.fetch_add(1, Ordering::Relaxed);
         self.shared.merged.fetch_add(merged, Ordering::Relaxed);
