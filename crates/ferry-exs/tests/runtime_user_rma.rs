@@ -18,14 +18,20 @@ fn rma_done(q: &EventQueue) -> ferry_exs::runtime::ExsEvent {
     ev
 }
 
+/// A pair on `driver` whose side `b` granted `LEN` bytes to `a`: the pair, the buffer, its
+/// remote range and a queue for `a`'s RMA events.
+fn granted(driver: &str) -> (Pair, ExsBuf, RemoteSlice, EventQueue) {
+    let p = pair(driver);
+    let exposed = p.b.alloc_with(LEN, Access::ALL).unwrap();
+    p.b.grant(&exposed).unwrap();
+    let remote = exposed.region().remote(..).unwrap();
+    (p, exposed, remote, EventQueue::new().unwrap())
+}
+
 #[test]
 fn granted_memory_is_written_and_read_and_a_forged_key_is_refused() {
     for driver in DRIVERS {
-        let p = pair(driver);
-        let exposed = p.b.alloc_with(LEN, Access::ALL).unwrap();
-        p.b.grant(&exposed).unwrap();
-        let remote = exposed.region().remote(..).unwrap();
-        let rq = EventQueue::new().unwrap();
+        let (p, exposed, remote, rq) = granted(driver);
 
         let data = pattern(LEN, 7);
         let src = p.a.alloc_with(LEN, Access::LOCAL).unwrap();
@@ -64,11 +70,7 @@ fn granted_memory_is_written_and_read_and_a_forged_key_is_refused() {
 #[test]
 fn several_buffers_are_gathered_and_scattered_by_one_rma() {
     for driver in DRIVERS {
-        let p = pair(driver);
-        let exposed = p.b.alloc_with(LEN, Access::ALL).unwrap();
-        p.b.grant(&exposed).unwrap();
-        let remote = exposed.region().remote(..).unwrap();
-        let rq = EventQueue::new().unwrap();
+        let (p, exposed, remote, rq) = granted(driver);
         let n = p.a.rma_gather().min(3);
         assert!(n >= 2, "{driver}: gathers {n}");
         // Uneven pieces that fill the range.
