@@ -25,6 +25,8 @@ pub struct RemoteBackend {
     size: u64,
     readonly: bool,
     sessions: Vec<Client>,
+    /// The span of the export that picks a write's session: a chunk (the largest request).
+    span: u64,
     /// The session the next call starts looking at (round robin).
     next: AtomicUsize,
 }
@@ -37,10 +39,12 @@ impl RemoteBackend {
             all.push(Client::connect(addr, opts)?);
         }
         let (size, readonly) = (all[0].size(), all[0].readonly());
+        let span = u64::from(all[0].chunk_size().max(1));
         Ok(RemoteBackend {
             size,
             readonly,
             sessions: all,
+            span,
             next: AtomicUsize::new(0),
         })
     }
@@ -62,9 +66,8 @@ impl RemoteBackend {
         offset: u64,
         f: impl FnOnce(&Client) -> ferry_service::Result<R>,
     ) -> io::Result<R> {
-        let span = u64::from(self.sessions[0].chunk_size().max(1));
         let n = self.sessions.len() as u64;
-        self.with_from(((offset / span) % n) as usize, f)
+        self.with_from(((offset / self.span) % n) as usize, f)
     }
 
     fn with_from<R>(

@@ -830,12 +830,9 @@ impl Driver {
 
     /// Starts a request: a delegated WRITE's RMA first (one gathering every write of a
     /// merged group), anything else its REQUEST.
-    fn start(&mut self, mut group: Vec<Submit>) -> Result<()> {
-        let Some(s) = group.pop() else {
-            return Ok(());
-        };
-        if !group.is_empty() || (s.cmd, self.scheme) == (Cmd::Write, Scheme::Delegated) {
-            group.push(s);
+    fn start(&mut self, group: Vec<Submit>) -> Result<()> {
+        let delegated = |s: &Submit| (s.cmd, self.scheme) == (Cmd::Write, Scheme::Delegated);
+        if group.len() > 1 || group.first().is_some_and(delegated) {
             let parts: Vec<(u16, u32)> = group.iter().map(|s| (s.slot, s.len)).collect();
             if !self.ordered {
                 return self.post_rma(&parts, true, Rma::Written(group));
@@ -843,6 +840,9 @@ impl Driver {
             self.post_rma(&parts, true, Rma::Sent)?;
             return self.send_write(group);
         }
+        let Some(s) = group.into_iter().next() else {
+            return Ok(());
+        };
         match s.cmd {
             Cmd::Write => {
                 let op = Op::of(&s);
